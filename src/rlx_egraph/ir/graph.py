@@ -1,0 +1,446 @@
+"""The MIR graph: a DAG of typed nodes in topological order.
+
+Reads like torch.fx: ``g.matmul(x, w)`` appends a node and returns its id,
+``g.users(id)`` lists consumers, ``str(g)`` prints a table.  Every node is
+checked when it is added (op, arity, attributes, shapes, dtypes), so a Graph
+is always valid; a bad node raises :class:`GraphError` naming node, op and
+problem, and leaves the graph unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import ops as _ops  # noqa: F401  (registers every op)
+from .registry import REGISTRY, REQUIRED, Kind, OpSpec, ShapeError, TensorType
+
+FORMAT = "rlx-egraph-mir"
+FORMAT_VERSION = 1
+
+
+class GraphError(ValueError):
+    """A graph, node or file is malformed; the message names node, op and problem."""
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One node: an op applied to earlier nodes, with its inferred output type."""
+
+    id: int
+    op: str
+    inputs: tuple[int, ...]
+    attrs: dict[str, Any]
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def spec(self) -> OpSpec:
+        return REGISTRY[self.op]
+
+    @property
+    def kind(self) -> Kind:
+        return REGISTRY[self.op].kind
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.shape, self.dtype)
+
+    @property
+    def name(self) -> str | None:
+        """The name of an Input or Param leaf."""
+        return self.attrs.get("name") if self.kind is Kind.LEAF else None
+
+    def same_as(self, other: Node) -> bool:
+        """Equal op, attributes, inputs and type (ids aside)."""
+        return (self.op, self.inputs, self.shape, self.dtype) == (other.op, other.inputs, other.shape, other.dtype) \
+            and attrs_equal(self.attrs, other.attrs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Node) and self.id == other.id and self.same_as(other)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.op, self.inputs))
+
+    def __repr__(self) -> str:
+        return f"Node({self.id}, {self.op}{format_attrs(self.attrs)}, inputs={list(self.inputs)}, {self.type})"
+
+
+def attrs_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key, va in a.items():
+        vb = b[key]
+        if isinstance(va, np.ndarray) or isinstance(vb, np.ndarray):
+            if not (isinstance(va, np.ndarray) and isinstance(vb, np.ndarray)) or va.dtype != vb.dtype \
+                    or not np.array_equal(va, vb):
+                return False
+        elif va != vb:
+            return False
+    return True
+
+
+def format_attrs(attrs: dict[str, Any]) -> str:
+    if not attrs:
+        return ""
+    parts = []
+    for key, value in attrs.items():
+        if isinstance(value, np.ndarray):
+            value = f"<{value.dtype}{list(value.shape)}>"
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, str) and len(value) > 40:
+            value = value[:37] + "..."
+        parts.append(f"{key}={value}")
+    return "(" + ", ".join(parts) + ")"
+
+
+class Graph:
+    """A MIR graph.  Build it with the op methods, then :meth:`set_outputs`."""
+
+    def __init__(self, name: str = "graph") -> None:
+        self.name = name
+        self._nodes: list[Node] = []
+        self._by_id: dict[int, Node] = {}
+        self._users: dict[int, list[int]] = {}
+        self._outputs: tuple[int, ...] = ()
+        self._leaf_names: dict[str, int] = {}
+
+    # --- building ---------------------------------------------------------------
+
+    def add_node(self, op: str, inputs: Sequence[int] = (), node_id: int | None = None, **attrs: Any) -> int:
+        """Append ``op`` applied to ``inputs``; returns the new node's id."""
+        nid = len(self._nodes) if node_id is None else node_id
+        if nid in self._by_id:
+            raise GraphError(f"node {nid} ({op}): id {nid} is already used")
+        spec = REGISTRY.get(op)
+        if spec is None:
+            raise GraphError(f"node {nid}: unknown op {op!r}")
+        inputs = tuple(int(i) for i in inputs)
+        for slot, i in enumerate(inputs):
+            if i not in self._by_id:
+                raise GraphError(f"node {nid} ({op}): input {slot} refers to node {i}, which is not in the graph")
+        try:
+            attrs_c, out = spec.resolve(attrs, [self._by_id[i].type for i in inputs])
+        except ShapeError as exc:
+            raise GraphError(f"node {nid} ({op}): {exc}") from None
+        self._check_leaf(nid, spec, inputs, attrs_c)
+        node = Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
+        self._nodes.append(node)
+        self._by_id[nid] = node
+        self._users[nid] = []
+        for i in dict.fromkeys(inputs):
+            self._users[i].append(nid)
+        if spec.kind is Kind.LEAF and "name" in attrs_c:
+            self._leaf_names[attrs_c["name"]] = nid
+        return nid
+
+    def _check_leaf(self, nid: int, spec: OpSpec, inputs: tuple[int, ...], attrs: dict[str, Any]) -> None:
+        name = attrs.get("name") if spec.kind is Kind.LEAF else None
+        if name is not None and name in self._leaf_names:
+            raise GraphError(f"node {nid} ({spec.name}): name {name!r} is already used by node "
+                             f"{self._leaf_names[name]}")
+        if spec.kind is Kind.WEIGHT_PREP:
+            bad = [i for i in inputs if self._by_id[i].op not in ("Param", "ConcatParams")]
+            if bad:
+                raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0]} is "
+                                 f"{self._by_id[bad[0]].op}")
+
+    def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> int:
+        """A graph input fed at run time."""
+        return self.add_node("Input", name=name, shape=tuple(shape), dtype=dtype)
+
+    def param(self, name: str, shape: Sequence[int], dtype: str = "f32") -> int:
+        """A named weight."""
+        return self.add_node("Param", name=name, shape=tuple(shape), dtype=dtype)
+
+    def constant(self, value: Any, dtype: str | None = None) -> int:
+        """A constant tensor (dtype defaults from the array: floats are f32)."""
+        arr = np.asarray(value)
+        if dtype is None:
+            dtype = {"f": "f32", "i": "i64", "u": "i64", "b": "bool"}.get(arr.dtype.kind, "f32")
+        from .dtypes import dtype as lookup
+
+        return self.add_node("Constant", value=arr.astype(lookup(dtype).storage), dtype=dtype)
+
+    def scalar(self, value: float, dtype: str = "f32") -> int:
+        """A rank-0 constant that rules can match by value."""
+        return self.add_node("Scalar", value=float(value), dtype=dtype)
+
+    def set_outputs(self, ids: Iterable[int]) -> None:
+        ids = tuple(int(i) for i in ids)
+        missing = [i for i in ids if i not in self._by_id]
+        if missing:
+            raise GraphError(f"output refers to node {missing[0]}, which is not in the graph")
+        self._outputs = ids
+
+    # --- queries ----------------------------------------------------------------
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """All nodes in topological order."""
+        return tuple(self._nodes)
+
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        return self._outputs
+
+    def node(self, node_id: int) -> Node:
+        try:
+            return self._by_id[node_id]
+        except KeyError:
+            raise GraphError(f"no node {node_id} in graph {self.name!r}") from None
+
+    def users(self, node_id: int) -> list[int]:
+        """Ids of the nodes that read ``node_id`` (each consumer once), in topological order."""
+        self.node(node_id)
+        return list(self._users[node_id])
+
+    def use_count(self, node_id: int) -> int:
+        """Consumers plus the number of graph-output slots holding ``node_id``."""
+        return len(self.users(node_id)) + self._outputs.count(node_id)
+
+    def leaf(self, name: str) -> Node:
+        """The Input or Param leaf called ``name``."""
+        try:
+            return self._by_id[self._leaf_names[name]]
+        except KeyError:
+            raise GraphError(f"no input or parameter named {name!r}") from None
+
+    @property
+    def inputs(self) -> list[Node]:
+        return [n for n in self._nodes if n.op == "Input"]
+
+    @property
+    def params(self) -> list[Node]:
+        return [n for n in self._nodes if n.op == "Param"]
+
+    def op_counts(self) -> Counter[str]:
+        """How many nodes of each op the graph holds."""
+        return Counter(n.op for n in self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self._nodes)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._by_id
+
+    def __eq__(self, other: object) -> bool:
+        """Structural equality: same nodes (ids, ops, attributes, inputs, types) and outputs."""
+        return isinstance(other, Graph) and self._outputs == other._outputs and len(self) == len(other) \
+            and all(a == b for a, b in zip(self._nodes, other._nodes, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        rows = [("id", "op", "attrs", "inputs", "type")]
+        outs = set(self._outputs)
+        for n in self._nodes:
+            mark = " *" if n.id in outs else ""
+            rows.append((f"%{n.id}{mark}", n.op, format_attrs(n.attrs).strip("()"),
+                         ", ".join(f"%{i}" for i in n.inputs), str(n.type)))
+        widths = [max(len(r[c]) for r in rows) for c in range(5)]
+        lines = [f"graph {self.name}: {len(self)} nodes, outputs {[f'%{i}' for i in self._outputs]} (* marks outputs)"]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name!r}: {len(self)} nodes, {len(self._outputs)} outputs>"
+
+    def copy(self) -> Graph:
+        return Graph.from_dict(self.to_dict())
+
+    # --- construction from records and JSON ---------------------------------------
+
+    @classmethod
+    def from_nodes(cls, records: Iterable[dict[str, Any]], outputs: Iterable[int], name: str = "graph") -> Graph:
+        """Build a graph from node records ``{id, op, inputs, attrs}`` in any order.
+
+        Records are sorted topologically (stably); a cycle or a reference to a
+        missing node raises GraphError naming the nodes involved.
+        """
+        records = list(records)
+        by_id: dict[int, dict[str, Any]] = {}
+        for rec in records:
+            try:
+                nid = int(rec["id"])
+            except (KeyError, TypeError, ValueError):
+                raise GraphError(f"node record {rec!r} has no integer 'id'") from None
+            if nid in by_id:
+                raise GraphError(f"node {nid}: id {nid} is used twice")
+            by_id[nid] = rec
+        for nid, rec in by_id.items():
+            for slot, i in enumerate(rec.get("inputs", ())):
+                if i not in by_id:
+                    raise GraphError(f"node {nid} ({rec.get('op')}): input {slot} refers to node {i}, "
+                                     "which is not in the graph")
+        order = _topological(by_id)
+        g = cls(name)
+        for nid in order:
+            rec = by_id[nid]
+            g.add_node(rec.get("op", ""), rec.get("inputs", ()), node_id=nid, **rec.get("attrs", {}))
+        g.set_outputs(outputs)
+        return g
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description (format version included)."""
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "nodes": [{"id": n.id, "op": n.op, "inputs": list(n.inputs),
+                       "attrs": {k: _attr_to_json(v) for k, v in n.attrs.items()},
+                       "shape": list(n.shape), "dtype": n.dtype} for n in self._nodes],
+            "outputs": list(self._outputs),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Graph:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise GraphError(f"not an rlx-egraph graph: expected format {FORMAT!r}")
+        if data.get("version") != FORMAT_VERSION:
+            raise GraphError(f"graph format version {data.get('version')!r} is not supported "
+                             f"(this library reads version {FORMAT_VERSION})")
+        try:
+            records = [{"id": r["id"], "op": r["op"], "inputs": r["inputs"],
+                        "attrs": {k: _attr_from_json(v) for k, v in r.get("attrs", {}).items()}}
+                       for r in data["nodes"]]
+            outputs, name = data["outputs"], data.get("name", "graph")
+        except (KeyError, TypeError) as exc:
+            raise GraphError(f"malformed graph file: missing field {exc}") from None
+        g = cls.from_nodes(records, outputs, name)
+        for r in data["nodes"]:
+            n = g.node(r["id"])
+            if "shape" in r and (tuple(r["shape"]), r.get("dtype", n.dtype)) != (n.shape, n.dtype):
+                raise GraphError(f"node {n.id} ({n.op}): file says {r.get('dtype')}{r['shape']}, "
+                                 f"inferred {n.type}")
+        return g
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Graph:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise GraphError(f"graph file is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Graph:
+        return cls.from_json(Path(path).read_text())
+
+
+def _topological(by_id: dict[int, dict[str, Any]]) -> list[int]:
+    """Stable topological order of node records; GraphError on a cycle."""
+    state: dict[int, int] = {}
+    order: list[int] = []
+    for root in by_id:
+        if root in state:
+            continue
+        stack: list[tuple[int, int]] = [(root, 0)]
+        path: list[int] = []
+        while stack:
+            nid, k = stack.pop()
+            if k == 0:
+                if state.get(nid) == 2:
+                    continue
+                state[nid] = 1
+                path.append(nid)
+            inputs = list(by_id[nid].get("inputs", ()))
+            if k < len(inputs):
+                stack.append((nid, k + 1))
+                child = inputs[k]
+                if state.get(child) == 1:
+                    cycle = path[path.index(child):] + [child]
+                    raise GraphError(f"node {nid} ({by_id[nid].get('op')}): the graph has a cycle through nodes "
+                                     f"{' -> '.join(map(str, cycle))}")
+                if state.get(child) != 2:
+                    stack.append((child, 0))
+            else:
+                state[nid] = 2
+                path.pop()
+                order.append(nid)
+    return order
+
+
+def _attr_to_json(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return {"array": value.tolist(), "dtype": str(value.dtype), "shape": list(value.shape)}
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _attr_from_json(value: Any) -> Any:
+    if isinstance(value, dict) and "array" in value:
+        try:
+            return np.array(value["array"], dtype=value["dtype"]).reshape(value["shape"])
+        except (TypeError, ValueError) as exc:
+            raise GraphError(f"malformed array attribute: {exc}") from None
+    return value
+
+
+def _make_builder(spec: OpSpec):
+    """A Graph method ``g.<builder>(*inputs, **attrs)`` for one op, signature from its spec."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for raw in spec.inputs:
+        name = raw.rstrip("?*")
+        if raw.endswith("*"):
+            params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Sequence[int]"))
+        else:
+            default = None if raw.endswith("?") else inspect.Parameter.empty
+            params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                            annotation="int"))
+    for a in spec.attrs:
+        default = inspect.Parameter.empty if a.default is REQUIRED else a.default
+        params.append(inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=default))
+    signature = inspect.Signature(params, return_annotation="int")
+
+    def build(self: Graph, *args: Any, **kwargs: Any) -> int:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError as exc:
+            raise GraphError(f"node {len(self._nodes)} ({spec.name}): {exc}") from None
+        inputs: list[int] = []
+        attrs: dict[str, Any] = {}
+        for key, value in list(bound.arguments.items())[1:]:
+            if key in spec.attr_names:
+                attrs[key] = value
+            elif spec.variadic and key == spec.input_names[-1]:
+                inputs.extend(value)
+            elif value is not None:
+                inputs.append(value)
+        return self.add_node(spec.name, inputs, **attrs)
+
+    build.__name__ = spec.builder
+    build.__qualname__ = f"Graph.{spec.builder}"
+    build.__signature__ = signature  # type: ignore[attr-defined]
+    build.__doc__ = f"Append a {spec.name} node ({spec.kind.value}). {spec.doc}".strip()
+    return build
+
+
+def install_builders() -> None:
+    """Give Graph one builder method per registered non-leaf op (idempotent)."""
+    for spec in REGISTRY.values():
+        if spec.kind is not Kind.LEAF and not hasattr(Graph, spec.builder):
+            setattr(Graph, spec.builder, _make_builder(spec))
+
+
+install_builders()
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Graph", "GraphError", "Node", "install_builders"]

@@ -1,0 +1,499 @@
+"""Primitive MIR ops (FUSIONS.md section 2): leaves, matmuls, elementwise,
+reductions, norms, layout, transformer, vision, losses and backward ops."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...kernels import reference as K
+from ..registry import (
+    Attrs,
+    AttrSpec,
+    AttrType,
+    Kind,
+    OpSpec,
+    ShapeError,
+    TensorType,
+    non_negative,
+    positive,
+    register,
+)
+from ..shapes import (
+    axis_index,
+    broadcast,
+    matmul_shape,
+    norm_param_check,
+    require_float,
+    require_int,
+    require_rank,
+    reshape_target,
+    same_dtype,
+)
+
+T = TensorType
+I, F, B, S, D, INTS = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR, AttrType.DTYPE, AttrType.INTS
+
+
+def _dims_positive(shape: tuple[int, ...]) -> str | None:
+    return None if all(d > 0 for d in shape) else "must hold positive dimensions"
+
+
+def _at_least_one(v: int) -> str | None:
+    return None if v >= 1 else "must be >= 1"
+
+
+def _axis(default: int = -1) -> AttrSpec:
+    return AttrSpec("axis", I, default)
+
+
+def _eps(default: float) -> AttrSpec:
+    return AttrSpec("eps", F, default, check=positive)
+
+
+# --- leaves -------------------------------------------------------------------
+
+_NUMPY_TO_DTYPE = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f32", np.dtype(np.float16): "f16",
+                   np.dtype(np.int64): "i64", np.dtype(np.int32): "i32", np.dtype(np.bool_): "bool"}
+
+
+def _leaf_type(a: Attrs, ins: list[T]) -> T:
+    return T(a["shape"], a["dtype"])
+
+
+def _constant_type(a: Attrs, ins: list[T]) -> T:
+    value = a["value"]
+    if value.dtype not in _NUMPY_TO_DTYPE:
+        raise ShapeError(f"constant of numpy dtype {value.dtype} is not supported")
+    return T(tuple(int(d) for d in value.shape), a["dtype"])
+
+
+_LEAF_ATTRS = (AttrSpec("name", S), AttrSpec("shape", INTS, check=_dims_positive), AttrSpec("dtype", D, "f32"))
+
+LEAVES = [
+    OpSpec("Input", Kind.LEAF, (), _leaf_type, None, _LEAF_ATTRS, doc="A graph input fed at run time."),
+    OpSpec("Param", Kind.LEAF, (), _leaf_type, None, _LEAF_ATTRS, doc="A named weight."),
+    OpSpec("Constant", Kind.LEAF, (), _constant_type, lambda a: K.constant(a),
+           (AttrSpec("value", AttrType.ARRAY), AttrSpec("dtype", D, "f32")), doc="A constant tensor."),
+    OpSpec("Scalar", Kind.LEAF, (), lambda a, ins: T((), a["dtype"]), lambda a: K.scalar(a),
+           (AttrSpec("value", F), AttrSpec("dtype", D, "f32")),
+           doc="A rank-0 constant; rules match it by value."),
+]
+
+# --- matmul -------------------------------------------------------------------
+
+
+def _matmul_infer(k_a: int, k_b: int, name: str):
+    def infer(a: Attrs, ins: list[T]) -> T:
+        dt = same_dtype(ins, f"{name} operands")
+        require_float(ins[0], f"{name} operands")
+        return T(matmul_shape(ins[0].shape, ins[1].shape, k_a, k_b, name), dt)
+
+    return infer
+
+
+def matmul_flops(a: Attrs, ins: list[T], out: T) -> int:
+    k = ins[0].shape[-1] if ins[0].shape[-1] in (ins[1].shape[-2], ins[1].shape[-1]) else ins[0].shape[-2]
+    return 2 * out.numel * k
+
+
+MATMULS = [
+    OpSpec("MatMul", Kind.MATMUL, ("a", "b"), _matmul_infer(-1, -2, "MatMul"), lambda a, x, w: K.matmul(a, x, w),
+           flops=matmul_flops, doc="Batched [..., M, K] @ [..., K, N] with numpy broadcasting."),
+    OpSpec("MatMulAT", Kind.MATMUL, ("a", "b"), _matmul_infer(-2, -2, "MatMulAT"),
+           lambda a, x, w: K.matmul_at(a, x, w), flops=matmul_flops, doc="A^T B: [..., K, M], [..., K, N]."),
+    OpSpec("MatMulBT", Kind.MATMUL, ("a", "b"), _matmul_infer(-1, -1, "MatMulBT"),
+           lambda a, x, w: K.matmul_bt(a, x, w), flops=matmul_flops, doc="A B^T: [..., M, K], [..., N, K]."),
+]
+
+# --- elementwise --------------------------------------------------------------
+
+
+def _binary_infer(name: str, out_dtype: str | None = None):
+    def infer(a: Attrs, ins: list[T]) -> T:
+        dt = same_dtype(ins, f"{name} operands")
+        return T(broadcast(ins[0].shape, ins[1].shape), out_dtype or dt)
+
+    return infer
+
+
+def _binary(name: str, out_dtype: str | None = None) -> OpSpec:
+    fn = K.BINARY[name]
+    return OpSpec(name, Kind.ELEMENTWISE, ("a", "b"), _binary_infer(name, out_dtype), lambda a, x, y: fn(x, y),
+                  doc=f"Elementwise {name} with numpy broadcasting.")
+
+
+def _unary(name: str, float_only: bool = True) -> OpSpec:
+    fn = K.UNARY[name]
+
+    def infer(a: Attrs, ins: list[T]) -> T:
+        if float_only:
+            require_float(ins[0], f"{name} input")
+        return ins[0]
+
+    return OpSpec(name, Kind.ELEMENTWISE, ("x",), infer, lambda a, x: fn(x), doc=f"Elementwise {name}.")
+
+
+def _where_infer(a: Attrs, ins: list[T]) -> T:
+    if ins[0].dtype != "bool":
+        raise ShapeError(f"Where condition must be bool, got {ins[0].dtype}")
+    dt = same_dtype(ins[1:], "Where branches")
+    return T(broadcast(*(t.shape for t in ins)), dt)
+
+
+def _gelu_infer(a: Attrs, ins: list[T]) -> T:
+    require_float(ins[0], "Gelu input")
+    return ins[0]
+
+
+ELEMENTWISE = [
+    *(_binary(n) for n in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
+    *(_binary(n, "bool") for n in ("Greater", "Less", "Equal")),
+    OpSpec("Where", Kind.ELEMENTWISE, ("cond", "a", "b"), _where_infer, K.where, doc="cond ? a : b."),
+    *(_unary(n) for n in ("Relu", "Silu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Rsqrt", "Recip", "Erf")),
+    *(_unary(n, float_only=False) for n in ("Neg", "Abs", "Identity")),
+    OpSpec("Gelu", Kind.ELEMENTWISE, ("x",), _gelu_infer, lambda a, x: K.gelu(x, a["approximate"]),
+           (AttrSpec("approximate", S, "none", choices=("none", "tanh")),),
+           doc="GELU, erf form or the tanh approximation."),
+    OpSpec("Cast", Kind.ELEMENTWISE, ("x",), lambda a, ins: T(ins[0].shape, a["dtype"]), K.cast,
+           (AttrSpec("dtype", D),), doc="Convert to another dtype."),
+]
+
+# --- reductions ---------------------------------------------------------------
+
+
+def _softmax_infer(a: Attrs, ins: list[T]) -> T:
+    require_float(ins[0], "softmax input")
+    axis_index(a["axis"], ins[0].rank)
+    return ins[0]
+
+
+def _reduce_infer(a: Attrs, ins: list[T]) -> T:
+    x = ins[0]
+    axes = {axis_index(ax, x.rank, "reduction axis") for ax in a["axes"]}
+    if not axes or len(axes) != len(a["axes"]):
+        raise ShapeError(f"reduction axes {list(a['axes'])} must be non-empty and distinct")
+    if a["keepdims"]:
+        return T(tuple(1 if i in axes else d for i, d in enumerate(x.shape)), x.dtype)
+    return T(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
+
+
+def _sum_rows_infer(a: Attrs, ins: list[T]) -> T:
+    require_rank(ins[0], tuple(range(1, 9)), "SumRows input")
+    return T(ins[0].shape[-1:], ins[0].dtype)
+
+
+_REDUCE_ATTRS = (AttrSpec("axes", INTS), AttrSpec("keepdims", B, False))
+
+REDUCTIONS = [
+    OpSpec("Softmax", Kind.REDUCTION, ("x",), _softmax_infer, lambda a, x: K.softmax(x, a["axis"]), (_axis(),)),
+    OpSpec("LogSoftmax", Kind.REDUCTION, ("x",), _softmax_infer, lambda a, x: K.log_softmax(x, a["axis"]),
+           (_axis(),)),
+    OpSpec("ReduceSum", Kind.REDUCTION, ("x",), _reduce_infer,
+           lambda a, x: np.sum(x, axis=tuple(a["axes"]), keepdims=a["keepdims"]), _REDUCE_ATTRS),
+    OpSpec("ReduceMean", Kind.REDUCTION, ("x",), _reduce_infer,
+           lambda a, x: np.mean(x, axis=tuple(a["axes"]), keepdims=a["keepdims"]), _REDUCE_ATTRS),
+    OpSpec("SumAll", Kind.REDUCTION, ("x",), lambda a, ins: T((), ins[0].dtype), lambda a, x: np.sum(x)),
+    OpSpec("MeanAll", Kind.REDUCTION, ("x",), lambda a, ins: T((), ins[0].dtype), lambda a, x: np.mean(x)),
+    OpSpec("SumRows", Kind.REDUCTION, ("x",), _sum_rows_infer,
+           lambda a, x: np.sum(x.reshape(-1, x.shape[-1]), axis=0), doc="Sum over every axis but the last."),
+]
+
+# --- norms --------------------------------------------------------------------
+
+
+def _norm_infer(name: str, params: tuple[str, ...]):
+    def infer(a: Attrs, ins: list[T]) -> T:
+        x = ins[0]
+        require_float(x, f"{name} input")
+        same_dtype(ins, f"{name} inputs")
+        for label, p in zip(params, ins[1:], strict=False):
+            norm_param_check(x, p, a["axis"], f"{name} {label}")
+        return x
+
+    return infer
+
+
+def _group_norm_infer(a: Attrs, ins: list[T]) -> T:
+    x, w, b = ins
+    if x.rank < 2:
+        raise ShapeError(f"GroupNorm input must be [N, C, ...], got {list(x.shape)}")
+    c = x.shape[1]
+    if c % a["groups"]:
+        raise ShapeError(f"GroupNorm channels {c} are not divisible by groups={a['groups']}")
+    if w.shape != (c,) or b.shape != (c,):
+        raise ShapeError(f"GroupNorm weight/bias must be [{c}], got {list(w.shape)} and {list(b.shape)}")
+    return x
+
+
+NORMS = [
+    OpSpec("LayerNorm", Kind.NORM, ("x", "gamma", "beta"), _norm_infer("LayerNorm", ("gamma", "beta")),
+           lambda a, x, g, b: K.layer_norm(x, g, b, a["axis"], a["eps"]), (_axis(), _eps(1e-5)),
+           doc="Normalise over axes [axis, rank), then scale and shift."),
+    OpSpec("RmsNorm", Kind.NORM, ("x", "gamma", "beta?"), _norm_infer("RmsNorm", ("gamma", "beta")),
+           lambda a, x, g, b=None: K.rms_norm(x, g, b, a["axis"], a["eps"]), (_axis(), _eps(1e-6)),
+           doc="x / sqrt(mean(x^2) + eps) * gamma (+ beta)."),
+    OpSpec("GroupNorm", Kind.NORM, ("x", "w", "b"), _group_norm_infer,
+           lambda a, x, w, b: K.group_norm(x, w, b, a["groups"], a["eps"]),
+           (AttrSpec("groups", I, check=_at_least_one), _eps(1e-5))),
+]
+
+# --- layout -------------------------------------------------------------------
+
+
+def _reshape_canonical(a: Attrs, ins: list[T]) -> Attrs:
+    return {**a, "shape": reshape_target(ins[0].shape, a["shape"])}
+
+
+def _reshape_infer(a: Attrs, ins: list[T]) -> T:
+    return T(reshape_target(ins[0].shape, a["shape"]), ins[0].dtype)
+
+
+def _transpose_infer(a: Attrs, ins: list[T]) -> T:
+    x, perm = ins[0], a["perm"]
+    if sorted(perm) != list(range(x.rank)):
+        raise ShapeError(f"perm {list(perm)} is not a permutation of the {x.rank} axes")
+    return T(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def _narrow_infer(a: Attrs, ins: list[T]) -> T:
+    x = ins[0]
+    ax = axis_index(a["axis"], x.rank)
+    start, length = a["start"], a["length"]
+    if start < 0 or length < 1 or start + length > x.shape[ax]:
+        raise ShapeError(f"Narrow [{start}, {start + length}) runs past the end of axis {a['axis']} "
+                         f"(size {x.shape[ax]})")
+    return T(x.shape[:ax] + (length,) + x.shape[ax + 1:], x.dtype)
+
+
+def concat_infer(a: Attrs, ins: list[T]) -> T:
+    first = ins[0]
+    ax = axis_index(a["axis"], first.rank)
+    dt = same_dtype(ins, "Concat inputs")
+    for t in ins[1:]:
+        if t.rank != first.rank or any(d != e for i, (d, e) in enumerate(zip(t.shape, first.shape)) if i != ax):
+            raise ShapeError(f"Concat inputs {[list(t.shape) for t in ins]} differ off axis {a['axis']}")
+    return T(first.shape[:ax] + (sum(t.shape[ax] for t in ins),) + first.shape[ax + 1:], dt)
+
+
+def _expand_infer(a: Attrs, ins: list[T]) -> T:
+    if broadcast(ins[0].shape, a["shape"]) != a["shape"]:
+        raise ShapeError(f"cannot expand {list(ins[0].shape)} to {list(a['shape'])}")
+    return T(a["shape"], ins[0].dtype)
+
+
+LAYOUT = [
+    OpSpec("Reshape", Kind.LAYOUT, ("x",), _reshape_infer, lambda a, x: K.reshape(x, a["shape"]),
+           (AttrSpec("shape", INTS),), canonical=_reshape_canonical,
+           doc="View with a new shape (one -1 is resolved at build time)."),
+    OpSpec("Transpose", Kind.LAYOUT, ("x",), _transpose_infer, lambda a, x: np.transpose(x, a["perm"]),
+           (AttrSpec("perm", INTS),)),
+    OpSpec("Narrow", Kind.LAYOUT, ("x",), _narrow_infer,
+           lambda a, x: K.narrow(x, a["axis"], a["start"], a["length"]),
+           (_axis(), AttrSpec("start", I), AttrSpec("length", I)), doc="Slice [start, start+length) of one axis."),
+    OpSpec("Concat", Kind.LAYOUT, ("xs*",), concat_infer, lambda a, *xs: np.concatenate(xs, axis=a["axis"]),
+           (_axis(),)),
+    OpSpec("Expand", Kind.LAYOUT, ("x",), _expand_infer, lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
+           (AttrSpec("shape", INTS, check=_dims_positive),), doc="Broadcast to a shape."),
+]
+
+# --- transformer --------------------------------------------------------------
+
+
+def _embedding_infer(a: Attrs, ins: list[T]) -> T:
+    table, ids = ins
+    require_rank(table, 2, "Embedding table")
+    require_int(ids, "Embedding ids")
+    return T(ids.shape + table.shape[1:], table.dtype)
+
+
+def _rope_infer(a: Attrs, ins: list[T]) -> T:
+    x = ins[0]
+    require_float(x, "RoPE input")
+    if x.rank < 2 or x.shape[-1] % 2:
+        raise ShapeError(f"RoPE input must be [..., S, D] with D even, got {list(x.shape)}")
+    return x
+
+
+def attention_canonical(a: Attrs, ins: list[T]) -> Attrs:
+    """Fill kv_heads (0 means = heads) and scale (0 means 1/sqrt(head_dim))."""
+    out = dict(a)
+    out["kv_heads"] = a["kv_heads"] or a["heads"]
+    head_dim = ins[0].shape[-1] // a["heads"] if a["heads"] else 1
+    out["scale"] = a["scale"] or 1.0 / math.sqrt(head_dim)
+    return out
+
+
+def _attention_infer(a: Attrs, ins: list[T]) -> T:
+    q, k, v = ins[:3]
+    same_dtype(ins[:3], "Attention q/k/v")
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        require_rank(t, 3, f"Attention {label} ([B, S, heads*head_dim])")
+    heads, kv_heads = a["heads"], a["kv_heads"]
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        raise ShapeError(f"heads={heads} must be a positive multiple of kv_heads={kv_heads}")
+    if q.shape[-1] % heads:
+        raise ShapeError(f"q width {q.shape[-1]} is not divisible by heads={heads}")
+    hd = q.shape[-1] // heads
+    if k.shape[-1] != kv_heads * hd or v.shape[-1] != kv_heads * hd:
+        raise ShapeError(f"k/v widths {k.shape[-1]}, {v.shape[-1]} must be kv_heads*head_dim = {kv_heads * hd}")
+    if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0]:
+        raise ShapeError(f"q/k/v batch and key lengths disagree: {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    has_mask = len(ins) == 4
+    if has_mask != (a["mask"] == "custom"):
+        raise ShapeError(f"mask={a['mask']!r} {'takes' if a['mask'] == 'custom' else 'takes no'} mask tensor input")
+    if has_mask and ins[3].shape != (q.shape[0], k.shape[1]):
+        raise ShapeError(f"custom mask must be [B, Sk] = {[q.shape[0], k.shape[1]]}, got {list(ins[3].shape)}")
+    return q
+
+
+def attention_flops(a: Attrs, ins: list[T], out: T) -> int:
+    q, k = ins[0], ins[1]
+    return 4 * q.numel * k.shape[-2 if k.rank == 4 else 1]
+
+
+def _causal_attention_infer(a: Attrs, ins: list[T]) -> T:
+    q, k, v = ins
+    same_dtype(ins, "CausalAttention q/k/v")
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        require_rank(t, 4, f"CausalAttention {label} ([B, H, S, D])")
+    if q.shape[1] % k.shape[1] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
+        raise ShapeError(f"CausalAttention q/k/v shapes {list(q.shape)}, {list(k.shape)}, {list(v.shape)} "
+                         "do not fit [B, H, S, D] with H a multiple of the K/V heads")
+    return T(q.shape[:3] + v.shape[3:], q.dtype)
+
+
+def causal_canonical(a: Attrs, ins: list[T]) -> Attrs:
+    return {**a, "scale": a["scale"] or 1.0 / math.sqrt(ins[0].shape[-1])}
+
+
+_SCALE = AttrSpec("scale", F, 0.0, check=non_negative)
+
+TRANSFORMER = [
+    OpSpec("Embedding", Kind.ELEMENTWISE, ("table", "ids"), _embedding_infer, K.embedding,
+           doc="Gather rows of table [V, D] by integer ids."),
+    OpSpec("RoPE", Kind.ELEMENTWISE, ("x",), _rope_infer, lambda a, x: K.rope(x, a["theta"]),
+           (AttrSpec("theta", F, 10000.0, check=positive),),
+           doc="Rotary position embedding (rotate-half) over [..., S, D]."),
+    OpSpec("Attention", Kind.ATTENTION, ("q", "k", "v", "key_mask?"), _attention_infer, K.attention,
+           (AttrSpec("heads", I, check=_at_least_one), AttrSpec("kv_heads", I, 0),
+            AttrSpec("mask", S, "none", choices=("none", "causal", "custom")), _SCALE),
+           flops=attention_flops, canonical=attention_canonical,
+           doc="Attention on packed [B, S, heads*head_dim]; custom mask [B, Sk] (1 keeps, 0 drops)."),
+    OpSpec("CausalAttention", Kind.ATTENTION, ("q", "k", "v"), _causal_attention_infer, K.causal_attention,
+           (_SCALE,), flops=attention_flops, canonical=causal_canonical, doc="Causal attention on split heads [B, H, S, D] (GQA)."),
+]
+
+# --- vision -------------------------------------------------------------------
+
+
+def _conv_out(size: int, k: int, stride: int, pad: int) -> int:
+    out = (size + 2 * pad - k) // stride + 1
+    if out < 1:
+        raise ShapeError(f"window {k} with stride {stride} and padding {pad} does not fit size {size}")
+    return out
+
+
+def _conv_infer(a: Attrs, ins: list[T]) -> T:
+    x, w = ins
+    require_rank(x, 4, "Conv2d input ([N, C, H, W])")
+    require_rank(w, 4, "Conv2d weight ([O, C/groups, kh, kw])")
+    g = a["groups"]
+    if x.shape[1] != w.shape[1] * g or w.shape[0] % g:
+        raise ShapeError(f"Conv2d input channels {x.shape[1]} / weight {list(w.shape)} do not fit groups={g}")
+    oh = _conv_out(x.shape[2], w.shape[2], a["stride"], a["padding"])
+    ow = _conv_out(x.shape[3], w.shape[3], a["stride"], a["padding"])
+    return T((x.shape[0], w.shape[0], oh, ow), same_dtype(ins, "Conv2d operands"))
+
+
+def _conv_flops(a: Attrs, ins: list[T], out: T) -> int:
+    w = ins[1]
+    return 2 * out.numel * w.shape[1] * w.shape[2] * w.shape[3]
+
+
+def _pool_infer(a: Attrs, ins: list[T]) -> T:
+    x = ins[0]
+    require_rank(x, 4, "MaxPool2d input ([N, C, H, W])")
+    k, s, p = a["kernel"], a["stride"], a["padding"]
+    return T(x.shape[:2] + (_conv_out(x.shape[2], k, s, p), _conv_out(x.shape[3], k, s, p)), x.dtype)
+
+
+def _gap_infer(a: Attrs, ins: list[T]) -> T:
+    require_rank(ins[0], 4, "GlobalAvgPool input ([N, C, H, W])")
+    return T(ins[0].shape[:2], ins[0].dtype)
+
+
+def _upsample_infer(a: Attrs, ins: list[T]) -> T:
+    x = ins[0]
+    require_rank(x, 4, "Upsample2x input ([N, C, H, W])")
+    return T(x.shape[:2] + (2 * x.shape[2], 2 * x.shape[3]), x.dtype)
+
+
+_STRIDE = AttrSpec("stride", I, 1, check=_at_least_one)
+_PAD = AttrSpec("padding", I, 0, check=non_negative)
+
+VISION = [
+    OpSpec("Conv2d", Kind.VISION, ("x", "w"), _conv_infer, K.conv2d,
+           (_STRIDE, _PAD, AttrSpec("groups", I, 1, check=_at_least_one)), flops=_conv_flops),
+    OpSpec("MaxPool2d", Kind.VISION, ("x",), _pool_infer, K.max_pool2d,
+           (AttrSpec("kernel", I, check=_at_least_one), _STRIDE, _PAD)),
+    OpSpec("GlobalAvgPool", Kind.REDUCTION, ("x",), _gap_infer, lambda a, x: x.mean(axis=(2, 3))),
+    OpSpec("Upsample2x", Kind.VISION, ("x",), _upsample_infer, K.upsample2x, doc="Nearest-neighbour 2x."),
+]
+
+# --- losses -------------------------------------------------------------------
+
+
+def _ce_infer(a: Attrs, ins: list[T]) -> T:
+    logits, targets = ins
+    require_rank(logits, 2, "CrossEntropyLoss logits ([N, C])")
+    require_int(targets, "CrossEntropyLoss targets")
+    if targets.shape != logits.shape[:1]:
+        raise ShapeError(f"targets {list(targets.shape)} must be [{logits.shape[0]}]")
+    return T((), logits.dtype)
+
+
+def _bce_infer(a: Attrs, ins: list[T]) -> T:
+    if ins[0].shape != ins[1].shape:
+        raise ShapeError(f"BceLoss operands differ in shape: {list(ins[0].shape)} and {list(ins[1].shape)}")
+    return T((), same_dtype(ins, "BceLoss operands"))
+
+
+LOSSES = [
+    OpSpec("CrossEntropyLoss", Kind.LOSS, ("logits", "targets"), _ce_infer, K.cross_entropy_loss),
+    OpSpec("BceLoss", Kind.LOSS, ("p", "t"), _bce_infer, K.bce_loss),
+]
+
+# --- backward -----------------------------------------------------------------
+
+
+def _same_as_first(name: str):
+    def infer(a: Attrs, ins: list[T]) -> T:
+        same_dtype(ins, f"{name} inputs")
+        for t in ins[1:]:
+            if t.shape != ins[0].shape and t.rank == ins[0].rank:
+                raise ShapeError(f"{name} inputs {[list(t.shape) for t in ins]} differ in shape")
+        return ins[0]
+
+    return infer
+
+
+def _rms_grad_w_infer(a: Attrs, ins: list[T]) -> T:
+    x = ins[0]
+    return T(x.shape[axis_index(a["axis"], x.rank):], x.dtype)
+
+
+BACKWARD = [
+    OpSpec("SiluGrad", Kind.BACKWARD, ("x", "dy"), _same_as_first("SiluGrad"), K.silu_grad),
+    OpSpec("RmsNormGradX", Kind.BACKWARD, ("x", "gamma", "dy"), _same_as_first("RmsNormGradX"),
+           K.rms_norm_grad_x, (_axis(), _eps(1e-6))),
+    OpSpec("RmsNormGradW", Kind.BACKWARD, ("x", "dy"), _rms_grad_w_infer, K.rms_norm_grad_w, (_axis(), _eps(1e-6))),
+    OpSpec("LayerNormGradX", Kind.BACKWARD, ("x", "gamma", "dy"), _same_as_first("LayerNormGradX"),
+           K.layer_norm_grad_x, (_axis(), _eps(1e-5))),
+]
+
+ALL = [*LEAVES, *MATMULS, *ELEMENTWISE, *REDUCTIONS, *NORMS, *LAYOUT, *TRANSFORMER, *VISION, *LOSSES, *BACKWARD]
+register(*ALL)
+
+__all__ = ["ALL", "attention_canonical", "attention_flops", "causal_canonical", "concat_infer", "matmul_flops"]

@@ -1,0 +1,310 @@
+"""The op registry: the single source of truth for every MIR op.
+
+Each :class:`OpSpec` declares, once, an op's name (which is also its egglog
+constructor), its kind (which is its cost class), its inputs (arity), its typed
+attributes, its shape/dtype rule and its numpy kernel.  Graph builders, JSON
+I/O, validation, the egglog datatype, the decoder, the interpreter and the cost
+model are all generated from these declarations.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DTYPES
+
+
+class ShapeError(ValueError):
+    """Raised by shape rules and attribute checks; the graph adds node and op."""
+
+
+class Kind(StrEnum):
+    """What an op is; also its cost class (see :mod:`rlx_egraph.cost`)."""
+
+    LEAF = "leaf"
+    LAYOUT = "layout"
+    WEIGHT_PREP = "weight-prep"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    MATMUL = "matmul"
+    NORM = "norm"
+    ATTENTION = "attention"
+    VISION = "vision"
+    LOSS = "loss"
+    BACKWARD = "backward"
+    FUSED = "fused"
+    HOST_SYNC = "host-sync"
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches one node of this kind costs (leaves and views cost none)."""
+        return 0 if self in (Kind.LEAF, Kind.LAYOUT, Kind.WEIGHT_PREP) else 1
+
+
+class AttrType(StrEnum):
+    """Attribute value types, each with the egglog sort that carries it."""
+
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    STR = "str"
+    DTYPE = "dtype"
+    INTS = "ints"
+    ARRAY = "array"
+    JSON = "json"
+
+    @property
+    def egglog_sort(self) -> str:
+        return _EGGLOG_SORTS[self]
+
+
+_EGGLOG_SORTS = {
+    AttrType.INT: "i64",
+    AttrType.FLOAT: "f64",
+    AttrType.BOOL: "bool",
+    AttrType.STR: "String",
+    AttrType.DTYPE: "String",
+    AttrType.INTS: "IntVec",
+    AttrType.ARRAY: "String",
+    AttrType.JSON: "String",
+}
+
+REQUIRED: Any = object()
+
+
+def positive(value: float) -> str | None:
+    """Attribute check: a finite number > 0."""
+    if not math.isfinite(value) or value <= 0:
+        return "must be a finite number > 0"
+    return None
+
+
+def non_negative(value: float) -> str | None:
+    """Attribute check: a finite number >= 0."""
+    if not math.isfinite(value) or value < 0:
+        return "must be a finite number >= 0"
+    return None
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """One typed attribute of an op."""
+
+    name: str
+    type: AttrType
+    default: Any = REQUIRED
+    choices: tuple[Any, ...] = ()
+    check: Callable[[Any], str | None] | None = None
+
+    def coerce(self, value: Any) -> Any:
+        """Return ``value`` in canonical form or raise ShapeError saying why it is bad."""
+        t = self.type
+        try:
+            if t is AttrType.INT:
+                if isinstance(value, bool) or int(value) != value:
+                    raise TypeError
+                value = int(value)
+            elif t is AttrType.FLOAT:
+                if isinstance(value, bool):
+                    raise TypeError
+                value = float(value)
+                if not math.isfinite(value):
+                    raise ShapeError(f"attribute {self.name}={value} must be finite")
+            elif t is AttrType.BOOL:
+                if not isinstance(value, bool | np.bool_):
+                    raise TypeError
+                value = bool(value)
+            elif t in (AttrType.STR, AttrType.JSON):
+                if not isinstance(value, str):
+                    raise TypeError
+            elif t is AttrType.DTYPE:
+                if value not in DTYPES:
+                    raise ShapeError(f"attribute {self.name}={value!r} is not a dtype ({', '.join(DTYPES)})")
+            elif t is AttrType.INTS:
+                items = tuple(value)
+                if any(isinstance(v, bool) or int(v) != v for v in items):
+                    raise TypeError
+                value = tuple(int(v) for v in items)
+            elif t is AttrType.ARRAY:
+                value = np.array(value)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ShapeError):
+                raise
+            raise ShapeError(f"attribute {self.name}={value!r} is not of type {t.value}") from None
+        if self.choices and value not in self.choices:
+            raise ShapeError(f"attribute {self.name}={value!r} must be one of {list(self.choices)}")
+        if self.check is not None and (problem := self.check(value)) is not None:
+            raise ShapeError(f"attribute {self.name}={value!r} {problem}")
+        return value
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Shape and dtype of a tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str = "f32"
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPES[self.dtype].itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+Attrs = Mapping[str, Any]
+InferFn = Callable[[Attrs, list[TensorType]], TensorType]
+KernelFn = Callable[..., np.ndarray]
+FlopsFn = Callable[[Attrs, list[TensorType], TensorType], int]
+CanonicalFn = Callable[[Attrs, list[TensorType]], dict[str, Any]]
+
+
+def _elementwise_flops(attrs: Attrs, ins: list[TensorType], out: TensorType) -> int:
+    return out.numel
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything the project knows about one op.
+
+    ``inputs`` names each input; a trailing ``?`` marks an optional input
+    (only trailing inputs may be optional) and a ``*`` a variadic tail.
+    ``infer`` returns the output type and raises ShapeError on bad input.
+    ``kernel(attrs, *arrays)`` computes the output in the compute dtype.
+    """
+
+    name: str
+    kind: Kind
+    inputs: tuple[str, ...]
+    infer: InferFn
+    kernel: KernelFn | None
+    attrs: tuple[AttrSpec, ...] = ()
+    flops: FlopsFn = _elementwise_flops
+    doc: str = ""
+    canonical: CanonicalFn | None = None
+    builder: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.builder:
+            object.__setattr__(self, "builder", snake_case(self.name))
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(n.rstrip("?*") for n in self.inputs)
+
+    @property
+    def variadic(self) -> bool:
+        return bool(self.inputs) and self.inputs[-1].endswith("*")
+
+    @property
+    def min_arity(self) -> int:
+        return sum(1 for n in self.inputs if not n.endswith(("?", "*")))
+
+    @property
+    def max_arity(self) -> int | None:
+        return None if self.variadic else len(self.inputs)
+
+    @property
+    def attr_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.attrs)
+
+    def arity_text(self) -> str:
+        if self.variadic:
+            return f"at least {max(self.min_arity, 1)}"
+        if self.min_arity == self.max_arity:
+            return str(self.min_arity)
+        return f"{self.min_arity} to {self.max_arity}"
+
+    def check_arity(self, n: int) -> None:
+        low = max(self.min_arity, 1) if self.variadic else self.min_arity
+        high = self.max_arity
+        if n < low or (high is not None and n > high):
+            raise ShapeError(f"takes {self.arity_text()} input(s) ({', '.join(self.inputs) or 'none'}), got {n}")
+
+    def coerce_attrs(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill defaults, check types, and refuse unknown or missing attributes."""
+        unknown = sorted(set(given) - set(self.attr_names))
+        if unknown:
+            raise ShapeError(f"unknown attribute(s) {unknown}; {self.name} takes {list(self.attr_names)}")
+        out: dict[str, Any] = {}
+        for spec in self.attrs:
+            if spec.name in given:
+                out[spec.name] = spec.coerce(given[spec.name])
+            elif spec.default is REQUIRED:
+                raise ShapeError(f"missing attribute {spec.name!r}")
+            else:
+                out[spec.name] = spec.default
+        return out
+
+
+    def resolve(self, given: Mapping[str, Any], ins: list[TensorType]) -> tuple[dict[str, Any], TensorType]:
+        """Check arity and attributes, put them in canonical form, infer the output type.
+
+        Canonical form: ``axis`` attributes are stored negative (-1 is the last
+        axis) and ``axes`` sorted negative, so rules can match them literally.
+        """
+        self.check_arity(len(ins))
+        attrs = self.coerce_attrs(given)
+        if ins and "axis" in attrs:
+            rank = ins[0].rank
+            attrs["axis"] = _axis_in(attrs["axis"], rank) - rank
+        if ins and "axes" in attrs:
+            rank = ins[0].rank
+            attrs["axes"] = tuple(sorted(_axis_in(a, rank) - rank for a in attrs["axes"]))
+        if self.canonical is not None:
+            attrs = self.canonical(attrs, ins)
+        return attrs, self.infer(attrs, ins)
+
+
+def _axis_in(axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(*specs: OpSpec) -> None:
+    """Add op specs to the registry (names must be new)."""
+    for spec in specs:
+        if spec.name in REGISTRY:
+            raise ValueError(f"op {spec.name!r} is already registered")
+        if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", spec.name):
+            raise ValueError(f"op name {spec.name!r} must be CamelCase (it is an egglog constructor)")
+        REGISTRY[spec.name] = spec
+
+
+def op_spec(name: str) -> OpSpec:
+    """The spec of op ``name``; raises KeyError naming the known ops' count."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r} ({len(REGISTRY)} ops are registered)") from None
+
+
+def snake_case(name: str) -> str:
+    """``FusedMatMulBiasAct`` -> ``fused_mat_mul_bias_act``; ``MatMul`` -> ``matmul``."""
+    special = {"MatMul": "matmul", "MatMulAT": "matmul_at", "MatMulBT": "matmul_bt", "RoPE": "rope"}
+    if name in special:
+        return special[name]
+    name = name.replace("MatMulAT", "MatmulAt").replace("MatMulBT", "MatmulBt").replace("MatMul", "Matmul")
+    name = name.replace("RoPE", "Rope").replace("SwiGLU", "Swiglu")
+    name = name.replace("LN", "Ln").replace("QKV", "Qkv")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
