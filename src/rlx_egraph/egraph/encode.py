@@ -1,0 +1,107 @@
+"""Graph -> egglog text: one ``$``-prefixed ``let`` per node plus shape facts.
+
+Text is what we hand egglog: parsing a program is far faster than building
+terms one by one through the high-level Python API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..ir.graph import Graph, Node
+from ..ir.registry import AttrType
+from .schema import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
+
+
+def egglog_name(node_id: int) -> str:
+    """The global egglog name of a graph node."""
+    return f"$n{node_id}"
+
+
+def literal(value: Any, kind: AttrType) -> str:
+    """An attribute value as an egglog literal of its sort."""
+    if kind is AttrType.INT:
+        return str(int(value))
+    if kind is AttrType.FLOAT:
+        return repr(float(value))
+    if kind is AttrType.BOOL:
+        return "true" if value else "false"
+    if kind is AttrType.INTS:
+        return f"(vec-of {' '.join(map(str, value))})" if value else "(vec-empty)"
+    return json.dumps(str(value))  # String sorts; JSON escaping matches egglog's
+
+
+def array_key(value: np.ndarray) -> str:
+    """Content key of a constant array, so equal constants share one e-class."""
+    digest = hashlib.sha1(f"{value.dtype}{value.shape}".encode() + np.ascontiguousarray(value).tobytes())
+    return f"const:{digest.hexdigest()[:20]}"
+
+
+@dataclass
+class Encoding:
+    """The graph part of an egglog program and what decoding needs to undo it."""
+
+    text: str
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def node_term(node: Node, constants: dict[str, np.ndarray]) -> str:
+    """The constructor application for one node, its inputs by egglog name."""
+    spec = node.spec
+    parts = [spec.name]
+    inputs = list(node.inputs)
+    for arg in constructor_args(spec):
+        if arg.is_input:
+            if arg.variadic:
+                tail = f"({LIST_NIL})"
+                for i in reversed(inputs):
+                    tail = f"({LIST_CONS} {egglog_name(i)} {tail})"
+                parts.append(tail)
+                inputs = []
+            elif inputs:
+                parts.append(egglog_name(inputs.pop(0)))
+            else:
+                parts.append(f"({NO_INPUT})")
+            continue
+        value = node.attrs[arg.name]
+        kind = next(a.type for a in spec.attrs if a.name == arg.name)
+        if kind is AttrType.ARRAY:
+            key = array_key(value)
+            constants[key] = value
+            value = key
+        parts.append(literal(value, kind))
+    return f"({' '.join(parts)})"
+
+
+def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding:
+    """``let`` bindings for every node, then the fact tables rules read."""
+    constants: dict[str, np.ndarray] = {}
+    lets: list[str] = []
+    facts: list[str] = [f"(set (attention-block-max-tokens) {int(attention_block_max_tokens)})"]
+    param_order = 0
+    for node in graph.nodes:
+        name = egglog_name(node.id)
+        lets.append(f"(let {name} {node_term(node, constants)})")
+        facts.append(f"(set (shape {name}) {literal(node.shape, AttrType.INTS)})")
+        facts.append(f'(set (dtype {name}) "{node.dtype}")')
+        if node.op == "Param":
+            facts.append(f"(set (param-order {name}) {param_order})")
+            param_order += 1
+    return Encoding("\n".join(lets + facts) + "\n", constants)
+
+
+def dump_egglog_program(graph: Graph, rules: Any = None, attention_block_max_tokens: int = 64) -> str:
+    """The whole program for ``graph`` as text that runs as-is in egglog:
+    schema, rules, the graph as ``$``-prefixed ``let``s with shape facts, and
+    the staged saturation schedule."""
+    from .rules import load_rules
+
+    ruleset = load_rules(rules)
+    parts = [schema_text(), ruleset.text, encode_graph(graph, attention_block_max_tokens).text,
+             ruleset.schedule_text()]
+    return "\n".join(parts)
