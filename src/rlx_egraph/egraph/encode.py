@@ -84,6 +84,7 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
     lets: list[str] = []
     facts: list[str] = [f"(set (attention-block-max-tokens) {int(attention_block_max_tokens)})"]
     param_order = 0
+    perms: set[tuple[int, ...]] = set()
     for node in graph.nodes:
         name = egglog_name(node.id)
         lets.append(f"(let {name} {node_term(node, constants)})")
@@ -92,6 +93,12 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
         if node.op == "Param":
             facts.append(f"(set (param-order {name}) {param_order})")
             param_order += 1
+        elif node.op == "Transpose":
+            perms.add(node.attrs["perm"])
+    for p in sorted(perms):
+        inverse = tuple(sorted(range(len(p)), key=p.__getitem__))
+        if inverse in perms:
+            facts.append(f"(inverse-perms {literal(p, AttrType.INTS)} {literal(inverse, AttrType.INTS)})")
     return Encoding("\n".join(lets + facts) + "\n", constants)
 
 

@@ -13,6 +13,7 @@ encoder (and by rules that build new terms):
 * ``(shape ?x)`` -> ``IntVec`` of dims, ``(dtype ?x)`` -> ``String``
 * ``(param-order ?w)`` -> ``i64``: declaration order of a Param, to order concatenations
 * ``(attention-block-max-tokens)`` -> ``i64``: the batch*seq threshold of FusedAttentionBlock
+* ``(inverse-perms ?p ?q)``: perms ``p`` and ``q`` of the graph's Transposes undo each other
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ FACT_TABLES = {
     "dtype": "(function dtype (Op) String :merge old)",
     "param-order": "(function param-order (Op) i64 :merge old)",
     "attention-block-max-tokens": "(function attention-block-max-tokens () i64 :merge old)",
+    "inverse-perms": "(relation inverse-perms (IntVec IntVec))",
 }
 
 

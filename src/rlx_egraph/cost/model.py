@@ -1,0 +1,175 @@
+"""The IO cost model: what a graph costs in launches, syncs, bytes and FLOPs.
+
+Counting is target-free; a :class:`~rlx_egraph.cost.targets.Target` prices
+the counts.  One function, :func:`node_cost`, counts a node: a node whose kind
+launches nothing (leaves, layout views, load-time weight prep) costs nothing;
+any other node is one kernel launch that moves the bytes of each input slot
+plus its output, adds a host sync point if its kind is HOST_SYNC, and does
+``spec.flops`` FLOPs.  A graph's :func:`profile` is the sum of its node costs
+plus the bytes of each distinct output node read back to the host (views and
+leaves included, unlike the seed, which skipped outputs that are views).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..ir.graph import Graph
+from ..ir.registry import Kind, OpSpec, TensorType
+
+if TYPE_CHECKING:
+    from .targets import Target
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """The target-free cost of one node."""
+
+    launches: int
+    syncs: int
+    traffic_bytes: int
+    flops: int
+
+    def __add__(self, other: NodeCost) -> NodeCost:
+        return NodeCost(self.launches + other.launches, self.syncs + other.syncs,
+                        self.traffic_bytes + other.traffic_bytes, self.flops + other.flops)
+
+
+FREE = NodeCost(0, 0, 0, 0)
+
+
+def node_cost(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType], out_type: TensorType) -> NodeCost:
+    """Count one node: launches, host syncs, device bytes moved and FLOPs."""
+    launches = spec.kind.launches
+    if launches == 0:
+        return FREE
+    return NodeCost(
+        launches=launches,
+        syncs=int(spec.kind is Kind.HOST_SYNC),
+        traffic_bytes=sum(t.nbytes for t in in_types) + out_type.nbytes,
+        flops=int(spec.flops(attrs, list(in_types), out_type)),
+    )
+
+
+def _target(target: Target | str) -> Target:
+    from .targets import get_target  # targets imports this module
+
+    return get_target(target)
+
+
+@dataclass(frozen=True)
+class IoProfile:
+    """A graph's counts, priced on ``target`` (a Target, or a preset name resolved on construction).
+
+    ``ops`` names the ops the graph uses, so a target lacking one of them
+    prices the graph at infinity.
+    """
+
+    launches: int
+    sync_points: int
+    readback_bytes: int
+    traffic_bytes: int
+    flops: int
+    target: Target
+    ops: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target", _target(self.target))
+        object.__setattr__(self, "ops", frozenset(self.ops))
+
+    @property
+    def unsupported_ops(self) -> tuple[str, ...]:
+        """The ops of the graph that ``target`` lacks, sorted."""
+        return tuple(sorted(op for op in self.ops if not self.target.supports(op)))
+
+    def breakdown(self) -> dict[str, float]:
+        """Predicted ns per term; ``unsupported`` is inf when the target lacks an op, else 0."""
+        terms = self.target.terms(self.launches, self.sync_points, self.traffic_bytes, self.readback_bytes,
+                                  self.flops)
+        terms["unsupported"] = math.inf if self.unsupported_ops else 0.0
+        return terms
+
+    @property
+    def ns(self) -> float:
+        """Predicted time in ns (inf when the target lacks an op the graph uses)."""
+        return sum(self.breakdown().values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target.name,
+            "launches": self.launches,
+            "sync_points": self.sync_points,
+            "readback_bytes": self.readback_bytes,
+            "traffic_bytes": self.traffic_bytes,
+            "flops": self.flops,
+            "ops": sorted(self.ops),
+            "unsupported_ops": list(self.unsupported_ops),
+            "ns": self.ns,
+            "breakdown": self.breakdown(),
+        }
+
+    def __str__(self) -> str:
+        text = (f"{self.target.name}: {self.launches} launches, {self.sync_points} syncs, "
+                f"traffic {_bytes(self.traffic_bytes)}, readback {_bytes(self.readback_bytes)}, "
+                f"{self.flops:,} FLOPs -> {_time(self.ns)}")
+        if self.unsupported_ops:
+            text += f" (unsupported: {', '.join(self.unsupported_ops)})"
+        return text
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _time(ns: float) -> str:
+    for unit, size in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if math.isfinite(ns) and abs(ns) >= size:
+            return f"{ns / size:.2f} {unit}"
+    return f"{ns:.0f} ns" if math.isfinite(ns) else "inf ns"
+
+
+def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
+    """The IO profile of ``graph`` on ``target``: the sum of :func:`node_cost` over every node
+    (unused ones too) plus the bytes of each distinct output node read back."""
+    total = FREE
+    for node in graph.nodes:
+        total += node_cost(node.spec, node.attrs, [graph.node(i).type for i in node.inputs], node.type)
+    readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(graph.outputs))
+    return IoProfile(launches=total.launches, sync_points=total.syncs, readback_bytes=readback,
+                     traffic_bytes=total.traffic_bytes, flops=total.flops, target=_target(target),
+                     ops=frozenset(graph.op_counts()))
+
+
+@dataclass(frozen=True)
+class FusionBenefit:
+    """What rewriting one profile into another saves (positive = the rewrite helps)."""
+
+    launches_saved: int
+    sync_points_saved: int
+    readback_bytes_saved: int
+    traffic_bytes_saved: int
+    flops_saved: int
+
+    def score_ns(self, target: Target | str) -> float:
+        """The saved time on ``target``, minus its host-thunk penalty per added sync point."""
+        t = _target(target)
+        saved = t.terms(self.launches_saved, self.sync_points_saved, self.traffic_bytes_saved,
+                        self.readback_bytes_saved, self.flops_saved)
+        return sum(saved.values()) - max(0, -self.sync_points_saved) * t.host_thunk_penalty_ns
+
+
+def fusion_benefit(before: IoProfile, after: IoProfile) -> FusionBenefit:
+    """The savings of ``after`` over ``before`` (target-free)."""
+    return FusionBenefit(
+        launches_saved=before.launches - after.launches,
+        sync_points_saved=before.sync_points - after.sync_points,
+        readback_bytes_saved=before.readback_bytes - after.readback_bytes,
+        traffic_bytes_saved=before.traffic_bytes - after.traffic_bytes,
+        flops_saved=before.flops - after.flops,
+    )

@@ -1,0 +1,182 @@
+"""Cost targets: the knobs that turn an IO profile into predicted nanoseconds.
+
+A :class:`Target` prices the counts of :mod:`rlx_egraph.cost.model`::
+
+    ns = launches * dispatch_ns + syncs * roundtrip_ns + traffic_bytes / memory_bw
+       + readback_bytes / readback_bw + flops / flops_per_ns
+
+Bandwidths are in bytes per ns (1 B/ns = 1 GB/s) and compute in FLOP per ns
+(1 FLOP/ns = 1 GFLOP/s).  An op in ``unsupported`` costs infinity on that
+target, so extraction never picks it (legalisation by extraction).
+
+Where the preset figures come from:
+
+``metal`` and ``wgpu``
+    The seed's compile-time gate figures (FUSIONS.md section 4), unchanged, so
+    its gate decisions reproduce.  The seed does not model compute, so both
+    have ``flops_per_ns = inf``.  On unified memory the seed divides readback
+    by its readback bandwidth forced to 0 and then clamped to 1, i.e. it
+    charges 1 ns per byte; ``metal`` keeps that as the explicit knob
+    ``unified_readback_bw = 1.0``.  ``wgpu`` lacks ``FusedTransformerLayer``
+    and ``ElementwiseRegion``: in the seed's design that backend has no native
+    kernel for a whole transformer layer and no region-kernel codegen (its
+    regions are unfused back into single ops), so those ops must never be
+    extracted for it.
+
+``cpu`` (ours; a 2-core x86 host such as this project's machine)
+    dispatch 3 µs: a numpy ufunc call costs ~0.7 µs and this project's
+    Python interpreter ~6 µs per node; a native runtime's function call plus
+    thread-pool hand-off sits between.  memory_bw 20 B/ns: a 2-channel DRAM
+    stream (a 64 MiB ``np.copyto`` measured ~24 B/ns here).  There is no
+    separate device: roundtrip and host-thunk penalty are 0 and outputs are read
+    at memory speed (``unified``, 20 B/ns).  flops_per_ns 100: float32 BLAS
+    measured 95 GFLOP/s on a 32x256x256 matmul and 150-195 GFLOP/s on large
+    ones (two AVX2 FMA cores); non-BLAS kernels reach far less, and the figure
+    only has to rank compute against IO.  min_gain 1 µs, a third of one
+    dispatch.
+
+``cuda`` (ours; a current NVIDIA data-centre or high-end GPU)
+    dispatch 5 µs: ``cudaLaunchKernel`` host cost plus the gap between
+    dependent kernels.  roundtrip 20 µs: ``cudaStreamSynchronize`` plus a small
+    device-to-host copy.  memory_bw 1000 B/ns: HBM/GDDR6X at ~1 TB/s (RTX 4090
+    1.0, A100 1.6-2.0, H100 2-3.3 TB/s).  host_readback_bw 25 B/ns: PCIe 4.0
+    x16 (32 GB/s raw, ~25 GB/s pinned copies).  flops_per_ns 20 000: ~20 TFLOP/s
+    non-tensor-core float32 (A100 19.5).  host_thunk_penalty 100 µs: a host
+    callback drains the stream and breaks CUDA-graph capture.  min_gain 5 µs,
+    one launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.registry import REGISTRY, OpSpec, TensorType
+from .model import IoProfile, NodeCost, fusion_benefit, node_cost
+
+_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "min_gain_ns")
+_POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One backend's cost knobs (immutable; derive variants with :meth:`replace`).
+
+    ``unified_readback_bw`` is the readback bandwidth used when ``unified`` is
+    true; its default 1.0 B/ns is the seed's effective figure (see the module
+    docstring).  ``host_thunk_penalty_ns`` is charged per host-sync point a
+    fusion *adds*; ``min_gain_ns`` is the least predicted gain worth a rewrite.
+    ``region_kernels`` says whether the backend runs ElementwiseRegion natively.
+    """
+
+    name: str
+    dispatch_ns: float
+    roundtrip_ns: float
+    memory_bw: float
+    host_readback_bw: float
+    unified: bool
+    host_thunk_penalty_ns: float
+    min_gain_ns: float
+    unified_readback_bw: float = 1.0
+    flops_per_ns: float = math.inf
+    unsupported: frozenset[str] = field(default_factory=frozenset)
+    region_kernels: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a target needs a name")
+        for knob in _NON_NEGATIVE:
+            value = getattr(self, knob)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"target {self.name!r}: {knob}={value} must be a finite number >= 0")
+        for knob in _POSITIVE:
+            value = getattr(self, knob)
+            if not value > 0:
+                raise ValueError(f"target {self.name!r}: {knob}={value} must be > 0")
+        unsupported = frozenset(self.unsupported)
+        unknown = sorted(unsupported - REGISTRY.keys())
+        if unknown:
+            raise ValueError(f"target {self.name!r}: unsupported names unknown op(s) {unknown}")
+        object.__setattr__(self, "unsupported", unsupported)
+
+    @property
+    def readback_bw(self) -> float:
+        """Bytes per ns at which graph outputs reach the host."""
+        return self.unified_readback_bw if self.unified else self.host_readback_bw
+
+    def supports(self, op: str) -> bool:
+        """Whether this target can run op ``op``."""
+        return op not in self.unsupported
+
+    def replace(self, **changes: Any) -> Target:
+        """A copy with some knobs changed (validated like a new target)."""
+        return dataclasses.replace(self, **changes)
+
+    def terms(self, launches: float, syncs: float, traffic_bytes: float, readback_bytes: float,
+              flops: float) -> dict[str, float]:
+        """The predicted-time formula, term by term, in ns (inputs may be negative savings)."""
+        return {
+            "dispatch": launches * self.dispatch_ns,
+            "sync": syncs * self.roundtrip_ns,
+            "traffic": traffic_bytes / self.memory_bw,
+            "readback": readback_bytes / self.readback_bw,
+            "compute": flops / self.flops_per_ns,
+        }
+
+    def cost_ns(self, cost: NodeCost) -> float:
+        """Predicted ns of one node's counts (a node reads nothing back to the host)."""
+        return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops).values())
+
+    def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
+                out_type: TensorType) -> float:
+        """Predicted ns of one node on this target; inf when the op is unsupported.
+
+        The e-graph extractor minimises exactly this per e-node, and
+        :func:`~rlx_egraph.cost.model.profile` sums the same node costs.
+        """
+        if not self.supports(spec.name):
+            return math.inf
+        return self.cost_ns(node_cost(spec, attrs, in_types, out_type))
+
+    def should_fuse(self, before: IoProfile, after: IoProfile) -> bool:
+        """Whether rewriting ``before`` into ``after`` gains at least ``min_gain_ns`` here.
+
+        An ``after`` using an op this target lacks is never taken; otherwise a
+        ``before`` using one always is (its cost is infinite).
+        """
+        if any(not self.supports(op) for op in after.ops):
+            return False
+        if any(not self.supports(op) for op in before.ops):
+            return True
+        return fusion_benefit(before, after).score_ns(self) >= self.min_gain_ns
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(name="cpu", dispatch_ns=3_000.0, roundtrip_ns=0.0, memory_bw=20.0, host_readback_bw=20.0,
+               unified=True, unified_readback_bw=20.0, host_thunk_penalty_ns=0.0, min_gain_ns=1_000.0,
+               flops_per_ns=100.0),
+        Target(name="cuda", dispatch_ns=5_000.0, roundtrip_ns=20_000.0, memory_bw=1_000.0, host_readback_bw=25.0,
+               unified=False, host_thunk_penalty_ns=100_000.0, min_gain_ns=5_000.0, flops_per_ns=20_000.0),
+        Target(name="metal", dispatch_ns=500.0, roundtrip_ns=5_000.0, memory_bw=200.0, host_readback_bw=200.0,
+               unified=True, unified_readback_bw=1.0, host_thunk_penalty_ns=2_000_000.0, min_gain_ns=1_000.0,
+               flops_per_ns=math.inf),
+        Target(name="wgpu", dispatch_ns=3_000.0, roundtrip_ns=30_000.0, memory_bw=100.0, host_readback_bw=40.0,
+               unified=False, host_thunk_penalty_ns=25_000_000.0, min_gain_ns=10_000.0, flops_per_ns=math.inf,
+               unsupported=frozenset({"FusedTransformerLayer", "ElementwiseRegion"}), region_kernels=False),
+    )
+}
+
+
+def get_target(target: Target | str) -> Target:
+    """A preset by name, or ``target`` itself when it is already a Target."""
+    if isinstance(target, Target):
+        return target
+    try:
+        return TARGETS[target]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown target {target!r} (known: {', '.join(TARGETS)})") from None

@@ -1,0 +1,86 @@
+"""Chosen e-nodes -> a new Graph.
+
+Nodes come out in the input graph's order wherever they existed there (a new
+node right after its inputs), so an unchanged graph decodes to an equal graph.
+Every new node remembers its e-class, hence which original nodes compute the
+same value (for parity) and which rules can have built it (for reports).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ..ir.graph import Graph
+from .rules import RuleSet
+from .view import EGraphView
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """A node of the optimized graph that no node of the input graph matches."""
+
+    node: int
+    op: str
+    rules: tuple[str, ...]
+    replaces: tuple[int, ...]  # original node ids of the same value
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "op": self.op, "rules": list(self.rules), "replaces": list(self.replaces)}
+
+
+@dataclass
+class Decoded:
+    graph: Graph
+    class_of: dict[int, int]  # new node id -> e-class
+    originals: dict[int, list[int]]  # new node id -> input-graph node ids with the same value
+    fusions: list[Fusion] = field(default_factory=list)
+
+
+def decode(view: EGraphView, choice: dict[int, int], graph: Graph, rules: RuleSet,
+           fired: dict[str, int]) -> Decoded:
+    """Build the optimized graph from ``choice`` (class -> e-node)."""
+    position = {n.id: k for k, n in enumerate(graph.nodes)}
+    wanted = dict(choice)
+    for node in graph.inputs:  # graph inputs are the interface: always kept
+        c = view.class_of_node[node.id]
+        wanted.setdefault(c, next(i for i in view.classes[c].nodes if view.nodes[i].original == node.id))
+
+    key: dict[int, float] = {}
+
+    def sort_key(c: int) -> float:
+        if c not in key:
+            originals = view.classes[c].originals
+            if originals:
+                key[c] = float(min(position[o] for o in originals))
+            else:
+                children = view.nodes[wanted[c]].children
+                key[c] = max((sort_key(ch) for ch in children), default=-1.0) + 0.5
+        return key[c]
+
+    pending = {c: len(set(view.nodes[n].children)) for c, n in wanted.items()}
+    readers: dict[int, list[int]] = {}
+    for c, n in wanted.items():
+        for ch in set(view.nodes[n].children):
+            readers.setdefault(ch, []).append(c)
+    heap = [(sort_key(c), c) for c, p in pending.items() if p == 0]
+    heapq.heapify(heap)
+    out = Graph(graph.name)
+    new_id: dict[int, int] = {}
+    decoded = Decoded(out, {}, {})
+    while heap:
+        _, c = heapq.heappop(heap)
+        enode = view.nodes[wanted[c]]
+        nid = out.add_node(enode.op, [new_id[ch] for ch in enode.children], **enode.attrs)
+        new_id[c] = nid
+        decoded.class_of[nid] = c
+        decoded.originals[nid] = list(view.classes[c].originals)
+        if enode.original is None and enode.op not in ("Input", "Param"):
+            makers = tuple(r.name for r in rules.producers(enode.op) if fired.get(r.name))
+            decoded.fusions.append(Fusion(nid, enode.op, makers, tuple(view.classes[c].originals)))
+        for r in readers.get(c, ()):
+            pending[r] -= 1
+            if pending[r] == 0:
+                heapq.heappush(heap, (sort_key(r), r))
+    out.set_outputs(new_id[view.class_of_node[o]] for o in graph.outputs)
+    return decoded

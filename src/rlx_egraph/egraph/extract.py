@@ -1,0 +1,363 @@
+"""Extraction: choose one e-node per needed e-class, minimising the IO cost.
+
+The cost of a choice is a DAG cost: the sum of ``Target.node_ns`` over the
+e-classes reachable from the outputs, each counted once, so a tensor read by
+two consumers is paid for once and a fusion that keeps the unfused producer
+alive for another consumer pays for both.  Unsupported ops cost infinity
+(legalization by extraction).
+
+``greedy`` starts from the input graph itself (every original class keeps its
+original node), so the result is never worse than the input.  It then improves
+the choice by local moves: switch one class to another e-node, paying for the
+classes that become needed and refunding those no longer needed; when a switch
+alone does not pay (a wide QKV matmul), it tries to also switch the classes
+that could share what the switch brought in, and keeps the group if it pays.
+``exact`` solves the same problem as an integer program (HiGHS via scipy).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cost import Target
+from ..ir.registry import Kind
+from .view import EGraphView
+
+# A view of an intermediate (not a leaf) costs this much: never a real cost,
+# only a tie-breaker that prefers reshaping inputs to reshaping results.
+VIEW_TIE_NS = 1e-3
+EPS = 1e-9
+
+
+@dataclass
+class Extraction:
+    """Chosen e-node per class for the classes the outputs need."""
+
+    choice: dict[int, int]
+    cost_ns: float
+    method: str
+    seconds: float = 0.0
+    moves: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def node_costs(view: EGraphView, target: Target) -> list[float]:
+    """``Target.node_ns`` of every e-node (plus the view tie-breaker)."""
+    leaf_classes = {n.eclass for n in view.nodes if n.spec.kind is Kind.LEAF}
+    costs = []
+    for n in view.nodes:
+        in_types = [view.classes[c].type for c in n.children]
+        out_type = view.classes[n.eclass].type
+        cost = target.node_ns(n.spec, n.attrs, in_types, out_type)
+        if n.spec.kind is Kind.LAYOUT and any(c not in leaf_classes for c in n.children):
+            cost += VIEW_TIE_NS
+        if n.eclass in n.children:
+            cost = math.inf  # x = f(x): never a way to compute x
+        costs.append(cost)
+    return costs
+
+
+def dag_cost(view: EGraphView, choice: dict[int, int], roots: list[int], costs: list[float]) -> float:
+    """Sum of node costs over the classes reachable from ``roots`` under ``choice``."""
+    seen: set[int] = set()
+    stack = list(roots)
+    total = 0.0
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        n = choice[c]
+        total += costs[n]
+        stack.extend(view.nodes[n].children)
+    return total
+
+
+def _best_tree_choice(view: EGraphView, costs: list[float]) -> tuple[dict[int, int], dict[int, float]]:
+    """Knuth-style bottom-up pass: per class the e-node of least tree cost."""
+    parents = view.parents()
+    pending = [len(set(n.children)) for n in view.nodes]
+    best_cost: dict[int, float] = {}
+    best_node: dict[int, int] = {}
+    heap: list[tuple[float, int, int]] = []
+    for n in view.nodes:
+        if pending[n.index] == 0 and costs[n.index] < math.inf:
+            heapq.heappush(heap, (costs[n.index], n.index, n.eclass))
+    while heap:
+        cost, idx, c = heapq.heappop(heap)
+        if c in best_cost:
+            continue
+        best_cost[c], best_node[c] = cost, idx
+        for p in parents[c]:
+            pending[p] -= 1
+            if pending[p] == 0 and costs[p] < math.inf and view.nodes[p].eclass not in best_cost:
+                pn = view.nodes[p]
+                total = costs[p] + sum(best_cost[ch] for ch in set(pn.children))
+                heapq.heappush(heap, (total, p, pn.eclass))
+    return best_node, best_cost
+
+
+class _Solver:
+    """Local search over a choice, with reference counts of needed classes."""
+
+    def __init__(self, view: EGraphView, costs: list[float], choice: dict[int, int], roots: list[int]) -> None:
+        self.view, self.costs, self.choice, self.roots = view, costs, choice, roots
+        self.refs = [0] * len(view.classes)
+        self.newly_live: list[int] = []
+        for r in roots:
+            self._incref(r, [])
+        self.newly_live.clear()
+        self._order()
+
+    def _order(self) -> None:
+        """Topological position of every chosen class (children first)."""
+        order: dict[int, int] = {}
+        for start in sorted(self.choice):
+            if start in order:
+                continue
+            stack = [(start, False)]
+            while stack:
+                c, done = stack.pop()
+                if done:
+                    order.setdefault(c, len(order))
+                    continue
+                if c in order:
+                    continue
+                stack.append((c, True))
+                stack.extend((ch, False) for ch in self.view.nodes[self.choice[c]].children if ch not in order)
+        self.order = order
+
+    def _incref(self, c: int, log: list) -> float:
+        delta = 0.0
+        stack = [c]
+        while stack:
+            d = stack.pop()
+            self.refs[d] += 1
+            log.append(("ref", d, 1))
+            if self.refs[d] == 1:
+                self.newly_live.append(d)
+                n = self.choice[d]
+                delta += self.costs[n]
+                stack.extend(self.view.nodes[n].children)
+        return delta
+
+    def _decref(self, c: int, log: list) -> float:
+        delta = 0.0
+        stack = [c]
+        while stack:
+            d = stack.pop()
+            self.refs[d] -= 1
+            log.append(("ref", d, -1))
+            if self.refs[d] == 0:
+                n = self.choice[d]
+                delta -= self.costs[n]
+                stack.extend(self.view.nodes[n].children)
+        return delta
+
+    def _reaches(self, start: int, target: int) -> bool:
+        """Does ``start`` reach ``target`` through chosen e-nodes?"""
+        seen: set[int] = set()
+        stack = [start]
+        while stack:
+            c = stack.pop()
+            if c == target:
+                return True
+            if c in seen:
+                continue
+            seen.add(c)
+            stack.extend(self.view.nodes[self.choice[c]].children)
+        return False
+
+    def _acyclic_with(self, c: int, n: int) -> bool:
+        children = self.view.nodes[n].children
+        if all(self.order.get(ch, -1) < self.order[c] for ch in children if ch in self.order):
+            return all(ch in self.choice for ch in children)
+        return all(ch in self.choice and not self._reaches(ch, c) for ch in children)
+
+    def switch(self, c: int, n: int, log: list) -> float:
+        old = self.choice[c]
+        self.choice[c] = n
+        log.append(("choice", c, old))
+        delta = self.costs[n] - self.costs[old]
+        for ch in self.view.nodes[n].children:
+            delta += self._incref(ch, log)
+        for ch in self.view.nodes[old].children:
+            delta += self._decref(ch, log)
+        return delta
+
+    def undo(self, log: list) -> None:
+        for kind, c, value in reversed(log):
+            if kind == "ref":
+                self.refs[c] -= value
+            else:
+                self.choice[c] = value
+
+    def improve(self, max_passes: int = 6, max_group: int = 64) -> int:
+        """Apply improving moves until none is left; returns how many were kept."""
+        parents = self.view.parents()
+        kept = 0
+        for _ in range(max_passes):
+            improved = False
+            for c in sorted(self.order, key=self.order.__getitem__):
+                if self.refs[c] == 0 or len(self.view.classes[c].nodes) < 2:
+                    continue
+                for n in sorted(self.view.classes[c].nodes, key=lambda i: (self.costs[i], i)):
+                    if n == self.choice[c] or self.costs[n] == math.inf or not self._acyclic_with(c, n):
+                        continue
+                    if self._try_move(c, n, parents, max_group):
+                        kept += 1
+                        improved = True
+                        break
+            if not improved:
+                break
+        return kept
+
+    def _try_move(self, c: int, n: int, parents: list[list[int]], max_group: int) -> bool:
+        log: list = []
+        self.newly_live = []
+        reorder = any(self.order.get(ch, math.inf) >= self.order[c] for ch in self.view.nodes[n].children)
+        delta = self.switch(c, n, log)
+        if delta < -EPS:
+            self._commit(reorder)
+            return True
+        # Group move: other classes that could read what this switch made live.
+        brought = list(self.newly_live)
+        group = 0
+        for d in brought:
+            for p in parents[d]:
+                pc = self.view.nodes[p].eclass
+                if group >= max_group or pc == c or self.refs[pc] == 0 or self.choice.get(pc) == p:
+                    continue
+                if self.costs[p] == math.inf or not self._acyclic_with(pc, p):
+                    continue
+                sub: list = []
+                step = self.switch(pc, p, sub)
+                if step < -EPS:
+                    log.extend(sub)
+                    delta += step
+                    group += 1
+                    reorder = True
+                else:
+                    self.undo(sub)
+        if delta < -EPS:
+            self._commit(reorder)
+            return True
+        self.undo(log)
+        return False
+
+    def _commit(self, reorder: bool) -> None:
+        if reorder:
+            self._order()
+
+
+def greedy(view: EGraphView, roots: list[int], target: Target, costs: list[float] | None = None) -> Extraction:
+    """Deterministic DAG extraction: the input graph, improved by local and group moves."""
+    start = time.perf_counter()
+    costs = node_costs(view, target) if costs is None else costs
+    tree_node, _ = _best_tree_choice(view, costs)
+    choice: dict[int, int] = {}
+    for cls in view.classes:
+        original = next((i for i in cls.nodes if view.nodes[i].original is not None and costs[i] < math.inf), None)
+        pick = original if original is not None else tree_node.get(cls.id)
+        if pick is not None:
+            choice[cls.id] = pick
+    missing = [r for r in roots if r not in choice]
+    if missing:
+        ops = sorted({view.nodes[i].op for r in missing for i in view.classes[r].nodes})
+        raise ValueError(f"no supported way to compute an output on {target.name}: ops {ops} are unsupported")
+    _drop_unreachable_cycles(view, choice)
+    solver = _Solver(view, costs, choice, roots)
+    moves = solver.improve()
+    chosen = {c: solver.choice[c] for c in range(len(view.classes)) if solver.refs[c] > 0}
+    return Extraction(chosen, dag_cost(view, chosen, roots, costs), "greedy", time.perf_counter() - start, moves)
+
+
+def _drop_unreachable_cycles(view: EGraphView, choice: dict[int, int]) -> None:
+    """Keep only choices whose children all have choices (so every walk ends at leaves)."""
+    changed = True
+    while changed:
+        changed = False
+        for c, n in list(choice.items()):
+            if any(ch not in choice for ch in view.nodes[n].children):
+                del choice[c]
+                changed = True
+
+
+def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float] | None = None,
+          time_limit: float = 30.0) -> Extraction:
+    """Optimal DAG extraction as a mixed-integer program (acyclic, Tensat-style)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    start = time.perf_counter()
+    costs = node_costs(view, target) if costs is None else costs
+    reach = _reachable_classes(view, roots, costs)
+    nodes = [n.index for c in sorted(reach) for n in map(view.nodes.__getitem__, view.classes[c].nodes)
+             if costs[n.index] < math.inf and all(ch in reach for ch in n.children)]
+    col = {n: i for i, n in enumerate(nodes)}
+    classes = sorted(reach)
+    tcol = {c: len(nodes) + i for i, c in enumerate(classes)}
+    nvar = len(nodes) + len(classes)
+    big = len(classes) + 1
+    rows, lo, hi = [], [], []
+
+    def add(coeffs: dict[int, float], low: float, high: float) -> None:
+        rows.append(coeffs)
+        lo.append(low)
+        hi.append(high)
+
+    members: dict[int, list[int]] = {c: [] for c in classes}
+    for n in nodes:
+        members[view.nodes[n].eclass].append(n)
+    for c in classes:
+        add({col[n]: 1.0 for n in members[c]}, 0.0, 1.0)
+    for r in roots:
+        add({col[n]: 1.0 for n in members[r]}, 1.0, 1.0)
+    for n in nodes:
+        node = view.nodes[n]
+        for ch in set(node.children):
+            coeffs = {col[m]: 1.0 for m in members[ch]}
+            coeffs[col[n]] = coeffs.get(col[n], 0.0) - 1.0
+            add(coeffs, 0.0, math.inf)
+            # t[c] - t[ch] >= 1 - big * (1 - x[n])
+            add({tcol[node.eclass]: 1.0, tcol[ch]: -1.0, col[n]: -float(big)}, 1.0 - big, math.inf)
+    a = np.zeros((len(rows), nvar))
+    for i, coeffs in enumerate(rows):
+        for j, v in coeffs.items():
+            a[i, j] += v
+    objective = np.array([costs[n] for n in nodes] + [0.0] * len(classes))
+    integrality = np.array([1] * len(nodes) + [0] * len(classes))
+    bounds = Bounds(np.zeros(nvar), np.array([1.0] * len(nodes) + [float(big)] * len(classes)))
+    res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality, bounds=bounds,
+               options={"time_limit": time_limit})
+    if res.x is None:
+        raise RuntimeError(f"exact extraction found no solution: {res.message}")
+    picked = {view.nodes[n].eclass: n for n in nodes if res.x[col[n]] > 0.5}
+    chosen: dict[int, int] = {}
+    stack = list(roots)
+    while stack:
+        c = stack.pop()
+        if c not in chosen:
+            chosen[c] = picked[c]
+            stack.extend(view.nodes[picked[c]].children)
+    notes = [] if res.status == 0 else [f"stopped early: {res.message}"]
+    return Extraction(chosen, dag_cost(view, chosen, roots, costs), "exact", time.perf_counter() - start,
+                      notes=notes)
+
+
+def _reachable_classes(view: EGraphView, roots: list[int], costs: list[float]) -> set[int]:
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        for i in view.classes[c].nodes:
+            if costs[i] < math.inf:
+                stack.extend(view.nodes[i].children)
+    return seen

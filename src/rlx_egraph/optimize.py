@@ -1,0 +1,109 @@
+"""``optimize(graph)``: the whole pipeline, and the choice of engine.
+
+encode -> saturate (rules/*.egg) -> extract (IO cost, DAG-aware) -> decode ->
+optional parity check.  The input graph is never changed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from egglog import bindings as eb
+
+from .cost import Target, get_target, profile
+from .egraph import extract as ex
+from .egraph.decode import decode
+from .egraph.encode import encode_graph
+from .egraph.rules import STAGES, RuleSet, load_rules
+from .egraph.saturate import SaturationLimits, saturate
+from .egraph.schema import schema_text
+from .egraph.view import build_view
+from .ir.graph import Graph
+from .kernels.parity import check_parity
+from .report import OptimizeReport
+
+ENGINES = ("auto", "egglog", "fallback")
+EXTRACTIONS = ("greedy", "exact")
+
+
+def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
+             **options: Any) -> Graph:
+    """The cheapest equivalent graph under ``target``'s cost model (see :func:`optimize_with_report`)."""
+    return optimize_with_report(graph, target, rules, verify, **options)[0]
+
+
+def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
+                         engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
+                         attention_block_max_tokens: int = 64, seed: int = 0,
+                         **limits: Any) -> tuple[Graph, OptimizeReport]:
+    """Optimize ``graph``; returns the new graph and an :class:`OptimizeReport`.
+
+    ``rules``: None for the shipped rules, or rule files/folders (see ``load_rules``).
+    ``engine``: "auto" | "egglog" | "fallback".  ``extraction``: "greedy" or "exact".
+    ``exact_gap``: also solve the exact problem and report its optimum.
+    ``verify``: check every node against the input graph with numpy (raises ParityError).
+    ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, ...).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if extraction not in EXTRACTIONS:
+        raise ValueError(f"extraction must be one of {EXTRACTIONS}, got {extraction!r}")
+    if engine == "fallback":
+        raise NotImplementedError("the fallback engine is not built yet; use engine='egglog' or 'auto'")
+    try:
+        sat_limits = SaturationLimits(**limits)
+    except TypeError as exc:
+        raise TypeError(f"unknown optimize option: {exc}") from None
+    tgt = get_target(target)
+    ruleset = load_rules(rules)
+    phases: dict[str, float] = {}
+    report = OptimizeReport("egglog", "auto: the egglog engine handles every size until the fallback lands"
+                            if engine == "auto" else "requested", tgt.name)
+
+    t0 = time.perf_counter()
+    encoding = encode_graph(graph, attention_block_max_tokens)
+    egraph = eb.EGraph()
+    egraph.run_program(*egraph.parse_program(schema_text()))
+    egraph.run_program(*egraph.parse_program("\n".join(f"(ruleset {s})" for s in STAGES)))
+    egraph.run_program(*ruleset.commands())
+    egraph.run_program(*egraph.parse_program(encoding.text))
+    phases["encode"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    result = saturate(egraph, ruleset, sat_limits)
+    phases["saturate"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    view = build_view(egraph, graph, encoding.constants, ruleset)
+    roots = [view.class_of_node[o] for o in graph.outputs]
+    costs = ex.node_costs(view, tgt)
+    chosen = ex.exact(view, roots, tgt, costs) if extraction == "exact" else ex.greedy(view, roots, tgt, costs)
+    report.extracted_ns = chosen.cost_ns
+    if exact_gap:
+        report.exact_ns = ex.exact(view, roots, tgt, costs).cost_ns
+    phases["extract"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
+    phases["decode"] = time.perf_counter() - t0
+
+    report.egglog_program = _program_text(ruleset, encoding.text)
+    report.eclasses, report.enodes = len(view.classes), view.num_enodes
+    report.stop_reason, report.iterations = result.stop_reason, result.history
+    report.matches_per_rule = result.matches_per_rule
+    report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
+    report.fusions = decoded.fusions
+    report.extraction, report.extraction_moves = chosen.method, chosen.moves
+    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
+    if verify:
+        t0 = time.perf_counter()
+        rules_of = {f.node: f.rules for f in decoded.fusions}
+        report.parity = check_parity(graph, decoded.graph, decoded.originals, rules_of, seed)
+        phases["verify"] = time.perf_counter() - t0
+    report.phases = phases
+    return decoded.graph, report
+
+
+def _program_text(ruleset: RuleSet, graph_text: str) -> str:
+    return "\n".join([schema_text(), ruleset.text, graph_text, ruleset.schedule_text()])

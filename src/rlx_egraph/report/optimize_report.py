@@ -1,0 +1,107 @@
+"""OptimizeReport: what an optimize() run did, printable and JSON-ready."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cost import IoProfile
+from ..egraph.decode import Fusion
+from ..egraph.saturate import IterationStats
+from ..kernels.parity import ParityReport
+
+
+@dataclass
+class OptimizeReport:
+    """Everything one optimization run measured and decided."""
+
+    engine: str
+    engine_reason: str
+    target: str
+    egglog_program: str = ""
+    eclasses: int = 0
+    enodes: int = 0
+    stop_reason: str = ""
+    iterations: list[IterationStats] = field(default_factory=list)
+    matches_per_rule: dict[str, int] = field(default_factory=dict)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    fusions: list[Fusion] = field(default_factory=list)
+    profile_before: IoProfile | None = None
+    profile_after: IoProfile | None = None
+    extraction: str = ""
+    extraction_moves: int = 0
+    extracted_ns: float = 0.0
+    exact_ns: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    parity: ParityReport | None = None
+
+    @property
+    def fused_op_counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(f.op for f in self.fusions).items()))
+
+    @property
+    def gain_ns(self) -> float:
+        if self.profile_before is None or self.profile_after is None:
+            return 0.0
+        return self.profile_before.ns - self.profile_after.ns
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "engine_reason": self.engine_reason,
+            "target": self.target,
+            "egglog_program": self.egglog_program,
+            "eclasses": self.eclasses,
+            "enodes": self.enodes,
+            "stop_reason": self.stop_reason,
+            "iterations": [{"stage": it.stage, "iterations": it.iterations, "matches": it.matches,
+                            "enodes": it.enodes, "seconds": it.seconds} for it in self.iterations],
+            "matches_per_rule": self.matches_per_rule,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "fusions": [f.to_dict() for f in self.fusions],
+            "fused_op_counts": self.fused_op_counts,
+            "profile_before": self.profile_before.to_dict() if self.profile_before else None,
+            "profile_after": self.profile_after.to_dict() if self.profile_after else None,
+            "extraction": self.extraction,
+            "extraction_moves": self.extraction_moves,
+            "extracted_ns": self.extracted_ns,
+            "exact_ns": self.exact_ns,
+            "phases": self.phases,
+            "parity": self.parity.to_dict() if self.parity else None,
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def __str__(self) -> str:
+        lines = [f"=== rlx-egraph optimize report ({self.engine} engine, target {self.target}) ===",
+                 f"engine: {self.engine_reason}"]
+        if self.engine == "egglog":
+            lines.append(f"e-graph: {self.eclasses} e-classes, {self.enodes} e-nodes; stopped: {self.stop_reason}; "
+                         f"{sum(it.iterations for it in self.iterations)} iterations")
+        fired = {k: v for k, v in self.matches_per_rule.items() if v}
+        if fired:
+            lines.append("rule matches: " + ", ".join(f"{k} x{v}" for k, v in fired.items()))
+        lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
+        if self.fusions:
+            lines.append("fused ops: " + ", ".join(f"{op} x{n}" for op, n in self.fused_op_counts.items()))
+        if self.profile_before and self.profile_after:
+            lines.append(f"before: {self.profile_before}")
+            lines.append(f"after:  {self.profile_after}")
+            before = self.profile_before.ns
+            pct = 100.0 * self.gain_ns / before if before else 0.0
+            lines.append(f"predicted gain: {self.gain_ns:,.0f} ns ({pct:.1f}%)")
+        if self.exact_ns is not None:
+            gap = self.extracted_ns - self.exact_ns
+            lines.append(f"extraction: {self.extraction} {self.extracted_ns:,.0f} ns of node costs; exact optimum "
+                         f"{self.exact_ns:,.0f} ns (gap {gap:,.0f} ns)")
+        if self.parity is not None:
+            worst = self.parity.worst
+            detail = f", worst rel error {worst.max_rel:.2e} at node {worst.node} ({worst.op})" if worst else ""
+            lines.append(f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} nodes{detail}")
+        lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.phases.items()))
+        return "\n".join(lines)
