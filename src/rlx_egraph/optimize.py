@@ -78,7 +78,10 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     view = build_view(egraph, graph, encoding.constants, ruleset)
     roots = [view.class_of_node[o] for o in graph.outputs]
     costs = ex.node_costs(view, tgt)
-    chosen = ex.exact(view, roots, tgt, costs) if extraction == "exact" else ex.greedy(view, roots, tgt, costs)
+    if extraction == "exact":
+        chosen = ex.exact(view, roots, tgt, costs)
+    else:
+        chosen = ex.greedy(view, roots, tgt, {n.id: k for k, n in enumerate(graph.nodes)}, costs)
     report.extracted_ns = chosen.cost_ns
     if exact_gap:
         report.exact_ns = ex.exact(view, roots, tgt, costs).cost_ns

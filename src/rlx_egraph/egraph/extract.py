@@ -102,35 +102,49 @@ def _best_tree_choice(view: EGraphView, costs: list[float]) -> tuple[dict[int, i
     return best_node, best_cost
 
 
+def class_positions(view: EGraphView, graph_position: dict[int, int]) -> list[float]:
+    """A potential over classes: leaves -1, input-graph classes their graph position,
+    new classes just above the inputs of their lowest e-node.
+
+    Extraction only uses e-nodes whose children sit strictly below their class,
+    so every choice is acyclic without searching for cycles.
+    """
+    pos: list[float | None] = [None] * len(view.classes)
+    for cls in view.classes:
+        if any(view.nodes[i].spec.kind is Kind.LEAF for i in cls.nodes):
+            pos[cls.id] = -1.0
+        elif cls.originals:
+            pos[cls.id] = float(min(graph_position[o] for o in cls.originals))
+    fixed = [p is not None for p in pos]
+    changed = True
+    while changed:
+        changed = False
+        for n in view.nodes:
+            if fixed[n.eclass] or any(pos[ch] is None for ch in n.children):
+                continue
+            cand = max((pos[ch] for ch in n.children), default=-1.0) + 0.5
+            if pos[n.eclass] is None or cand < pos[n.eclass]:
+                pos[n.eclass] = cand
+                changed = True
+    return [math.inf if p is None else p for p in pos]
+
+
 class _Solver:
     """Local search over a choice, with reference counts of needed classes."""
 
-    def __init__(self, view: EGraphView, costs: list[float], choice: dict[int, int], roots: list[int]) -> None:
-        self.view, self.costs, self.choice, self.roots = view, costs, choice, roots
+    def __init__(self, view: EGraphView, costs: list[float], choice: dict[int, int], roots: list[int],
+                 pos: list[float]) -> None:
+        self.view, self.costs, self.choice, self.roots, self.pos = view, costs, choice, roots, pos
         self.refs = [0] * len(view.classes)
         self.newly_live: list[int] = []
         for r in roots:
             self._incref(r, [])
-        self.newly_live.clear()
-        self._order()
 
-    def _order(self) -> None:
-        """Topological position of every chosen class (children first)."""
-        order: dict[int, int] = {}
-        for start in sorted(self.choice):
-            if start in order:
-                continue
-            stack = [(start, False)]
-            while stack:
-                c, done = stack.pop()
-                if done:
-                    order.setdefault(c, len(order))
-                    continue
-                if c in order:
-                    continue
-                stack.append((c, True))
-                stack.extend((ch, False) for ch in self.view.nodes[self.choice[c]].children if ch not in order)
-        self.order = order
+    def usable(self, n: int) -> bool:
+        """Finite cost, and every child strictly below the node's class."""
+        node = self.view.nodes[n]
+        top = self.pos[node.eclass]
+        return self.costs[n] < math.inf and all(self.pos[ch] < top and ch in self.choice for ch in node.children)
 
     def _incref(self, c: int, log: list) -> float:
         delta = 0.0
@@ -159,26 +173,6 @@ class _Solver:
                 stack.extend(self.view.nodes[n].children)
         return delta
 
-    def _reaches(self, start: int, target: int) -> bool:
-        """Does ``start`` reach ``target`` through chosen e-nodes?"""
-        seen: set[int] = set()
-        stack = [start]
-        while stack:
-            c = stack.pop()
-            if c == target:
-                return True
-            if c in seen:
-                continue
-            seen.add(c)
-            stack.extend(self.view.nodes[self.choice[c]].children)
-        return False
-
-    def _acyclic_with(self, c: int, n: int) -> bool:
-        children = self.view.nodes[n].children
-        if all(self.order.get(ch, -1) < self.order[c] for ch in children if ch in self.order):
-            return all(ch in self.choice for ch in children)
-        return all(ch in self.choice and not self._reaches(ch, c) for ch in children)
-
     def switch(self, c: int, n: int, log: list) -> float:
         old = self.choice[c]
         self.choice[c] = n
@@ -200,16 +194,16 @@ class _Solver:
     def improve(self, max_passes: int = 6, max_group: int = 64) -> int:
         """Apply improving moves until none is left; returns how many were kept."""
         parents = self.view.parents()
+        candidates = sorted((c for c in self.choice if len(self.view.classes[c].nodes) > 1),
+                            key=lambda c: (self.pos[c], c))
         kept = 0
         for _ in range(max_passes):
             improved = False
-            for c in sorted(self.order, key=self.order.__getitem__):
-                if self.refs[c] == 0 or len(self.view.classes[c].nodes) < 2:
+            for c in candidates:
+                if self.refs[c] == 0:
                     continue
                 for n in sorted(self.view.classes[c].nodes, key=lambda i: (self.costs[i], i)):
-                    if n == self.choice[c] or self.costs[n] == math.inf or not self._acyclic_with(c, n):
-                        continue
-                    if self._try_move(c, n, parents, max_group):
+                    if n != self.choice[c] and self.usable(n) and self._try_move(c, n, parents, max_group):
                         kept += 1
                         improved = True
                         break
@@ -220,20 +214,16 @@ class _Solver:
     def _try_move(self, c: int, n: int, parents: list[list[int]], max_group: int) -> bool:
         log: list = []
         self.newly_live = []
-        reorder = any(self.order.get(ch, math.inf) >= self.order[c] for ch in self.view.nodes[n].children)
         delta = self.switch(c, n, log)
         if delta < -EPS:
-            self._commit(reorder)
             return True
         # Group move: other classes that could read what this switch made live.
-        brought = list(self.newly_live)
         group = 0
-        for d in brought:
+        for d in list(self.newly_live):
             for p in parents[d]:
                 pc = self.view.nodes[p].eclass
-                if group >= max_group or pc == c or self.refs[pc] == 0 or self.choice.get(pc) == p:
-                    continue
-                if self.costs[p] == math.inf or not self._acyclic_with(pc, p):
+                if group >= max_group or pc == c or self.refs[pc] == 0 or self.choice.get(pc) == p \
+                        or not self.usable(p):
                     continue
                 sub: list = []
                 step = self.switch(pc, p, sub)
@@ -241,25 +231,23 @@ class _Solver:
                     log.extend(sub)
                     delta += step
                     group += 1
-                    reorder = True
                 else:
                     self.undo(sub)
         if delta < -EPS:
-            self._commit(reorder)
             return True
         self.undo(log)
         return False
 
-    def _commit(self, reorder: bool) -> None:
-        if reorder:
-            self._order()
 
-
-def greedy(view: EGraphView, roots: list[int], target: Target, costs: list[float] | None = None) -> Extraction:
+def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: dict[int, int],
+           costs: list[float] | None = None) -> Extraction:
     """Deterministic DAG extraction: the input graph, improved by local and group moves."""
     start = time.perf_counter()
     costs = node_costs(view, target) if costs is None else costs
-    tree_node, _ = _best_tree_choice(view, costs)
+    pos = class_positions(view, graph_position)
+    monotone = [c if all(pos[ch] < pos[n.eclass] for ch in n.children) else math.inf
+                for n, c in zip(view.nodes, costs, strict=True)]
+    tree_node, _ = _best_tree_choice(view, monotone)
     choice: dict[int, int] = {}
     for cls in view.classes:
         original = next((i for i in cls.nodes if view.nodes[i].original is not None and costs[i] < math.inf), None)
@@ -271,7 +259,7 @@ def greedy(view: EGraphView, roots: list[int], target: Target, costs: list[float
         ops = sorted({view.nodes[i].op for r in missing for i in view.classes[r].nodes})
         raise ValueError(f"no supported way to compute an output on {target.name}: ops {ops} are unsupported")
     _drop_unreachable_cycles(view, choice)
-    solver = _Solver(view, costs, choice, roots)
+    solver = _Solver(view, costs, choice, roots, pos)
     moves = solver.improve()
     chosen = {c: solver.choice[c] for c in range(len(view.classes)) if solver.refs[c] > 0}
     return Extraction(chosen, dag_cost(view, chosen, roots, costs), "greedy", time.perf_counter() - start, moves)

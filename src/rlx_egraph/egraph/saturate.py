@@ -99,6 +99,24 @@ def _schedule(stage: str, iterations: int, limits: SaturationLimits, backoff: bo
     return eb.EGraph().parse_program(text)
 
 
+def _chunk_stats(report: eb.RunReport, per_iteration: int) -> tuple[int, dict[str, int]]:
+    """Iterations that matched anything, and matches per rule, from a run report.
+
+    Under a scheduler egglog reports each iteration as a search entry followed
+    by an apply entry (``per_iteration=2``); the search entry's counts are used.
+    """
+    ran = 0
+    matches: dict[str, int] = {}
+    for entry in report.iterations[::per_iteration]:
+        counts = {k: sum(r.num_matches for r in v) for k, v in entry.rule_set_report.rule_reports.items()}
+        counts = {k: v for k, v in counts.items() if v}
+        if counts:
+            ran += 1
+        for k, v in counts.items():
+            matches[k] = matches.get(k, 0) + v
+    return ran, matches
+
+
 def _run_stage(egraph: eb.EGraph, stage: str, limits: SaturationLimits, start: float,
                result: SaturationResult) -> str:
     done = 0
@@ -107,17 +125,18 @@ def _run_stage(egraph: eb.EGraph, stage: str, limits: SaturationLimits, start: f
         t0 = time.perf_counter()
         report = egraph.run_program(*_schedule(stage, chunk, limits, backoff=True))[0].report
         updated = report.updated
-        matches = {k: v for k, v in report.num_matches_per_rule.items() if v}
+        ran, matches = _chunk_stats(report, per_iteration=2)
         if not updated:
             # Back-off may have banned a rule; one plain iteration confirms the fixpoint.
             plain = egraph.run_program(*_schedule(stage, 1, limits, backoff=False))[0].report
             updated = plain.updated
-            for k, v in plain.num_matches_per_rule.items():
-                if v:
-                    matches[k] = matches.get(k, 0) + v
+            extra_ran, extra = _chunk_stats(plain, per_iteration=1)
+            ran += extra_ran
+            for k, v in extra.items():
+                matches[k] = matches.get(k, 0) + v
         size = egraph_size(egraph)
         done += chunk
-        result.history.append(IterationStats(stage, chunk, matches, size, time.perf_counter() - t0))
+        result.history.append(IterationStats(stage, max(ran, 1), matches, size, time.perf_counter() - t0))
         if not updated:
             return STOP_SATURATED
         if size > limits.max_enodes:
