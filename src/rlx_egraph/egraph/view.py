@@ -37,7 +37,7 @@ class ENode:
     original: int | None = None  # graph node id when this e-node is that node
 
     @property
-    def spec(self):  # noqa: ANN201
+    def spec(self):
         return REGISTRY[self.op]
 
 
@@ -114,7 +114,8 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     if LIST_NIL in functions:
         for row in functions[LIST_NIL].rows:
             lists.setdefault(row.output, [])
-    cons = {row.output: (row.inputs[0], row.inputs[1]) for row in functions.get(LIST_CONS, _EMPTY).rows[::-1]}
+    cons_rows = functions[LIST_CONS].rows if LIST_CONS in functions else []
+    cons = {row.output: (row.inputs[0], row.inputs[1]) for row in cons_rows[::-1]}
 
     def expand(value: Any) -> list[Any]:
         items = []
@@ -161,13 +162,6 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     _mark_originals(view, graph)
     _infer_types(view, rules)
     return view
-
-
-class _Empty:
-    rows: list = []
-
-
-_EMPTY = _Empty()
 
 
 def _is_no_input(functions: dict[str, Any], value: Any) -> bool:

@@ -366,7 +366,7 @@ def _topological(by_id: dict[int, dict[str, Any]]) -> list[int]:
                 stack.append((nid, k + 1))
                 child = inputs[k]
                 if state.get(child) == 1:
-                    cycle = path[path.index(child):] + [child]
+                    cycle = [*path[path.index(child):], child]
                     raise GraphError(f"node {nid} ({by_id[nid].get('op')}): the graph has a cycle through nodes "
                                      f"{' -> '.join(map(str, cycle))}")
                 if state.get(child) != 2:

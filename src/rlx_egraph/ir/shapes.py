@@ -59,7 +59,7 @@ def matmul_shape(a: tuple[int, ...], b: tuple[int, ...], k_a: int, k_b: int, wha
         raise ShapeError(f"{what} contracts {a[k_a]} with {b[k_b]}: shapes {list(a)} and {list(b)} do not match")
     m = a[-2] if k_a == -1 else a[-1]
     n = b[-1] if k_b == -2 else b[-2]
-    return broadcast(a[:-2], b[:-2]) + (m, n)
+    return (*broadcast(a[:-2], b[:-2]), m, n)
 
 
 def norm_param_check(x: TensorType, p: TensorType, axis: int, what: str) -> None:

@@ -241,7 +241,7 @@ def _windows(x: np.ndarray, kh: int, kw: int, stride: int, pad: int, fill: float
 def conv2d(a: Attrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     groups = a["groups"]
     win = _windows(x, w.shape[2], w.shape[3], a["stride"], a["padding"], 0.0)
-    n, c, oh, ow = win.shape[:4]
+    _n, c, _oh, _ow = win.shape[:4]
     cg, og = c // groups, w.shape[0] // groups
     outs = []
     for g in range(groups):

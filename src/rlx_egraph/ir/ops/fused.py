@@ -13,10 +13,10 @@ from ..shapes import broadcast, matmul_shape, norm_param_check, require_float, r
 from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops
 
 T = TensorType
-I, F, B, S = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR
+INT, F, B, S = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR
 
 _EPS = AttrSpec("eps", F, 1e-5, check=positive)
-_AXIS = AttrSpec("axis", I, -1)
+_AXIS = AttrSpec("axis", INT, -1)
 _SCALE = AttrSpec("scale", F, check=positive)
 EPILOGUES = ("none", "gelu", "gelu_tanh", "silu")
 
@@ -60,6 +60,11 @@ def _rms_matmul_infer(a: Attrs, ins: list[T]) -> T:
     return T(matmul_shape(x.shape, w_proj.shape, -1, -2, "FusedRmsNormMatMul"), same_dtype(ins, "operands"))
 
 
+def _rms_matmul_flops(a: Attrs, ins: list[T], out: T) -> int:
+    """The projection's matmul plus the norm's few passes over x."""
+    return 2 * out.numel * ins[0].shape[-1] + 4 * ins[0].numel
+
+
 def _swiglu_infer(a: Attrs, ins: list[T]) -> T:
     if ins[0].shape != ins[1].shape:
         raise ShapeError(f"SwiGLU gate {list(ins[0].shape)} and up {list(ins[1].shape)} differ")
@@ -70,7 +75,7 @@ def _fused_swiglu_infer(a: Attrs, ins: list[T]) -> T:
     cat = ins[0]
     if cat.rank < 1 or cat.shape[-1] % 2:
         raise ShapeError(f"FusedSwiGLU input must have an even last dim, got {list(cat.shape)}")
-    return T(cat.shape[:-1] + (cat.shape[-1] // 2,), cat.dtype)
+    return T((*cat.shape[:-1], cat.shape[-1] // 2), cat.dtype)
 
 
 def _attention_block_infer(a: Attrs, ins: list[T]) -> T:
@@ -150,7 +155,7 @@ FUSED = [
            (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), doc="RmsNorm(x + residual)."),
     OpSpec("FusedRmsNormMatMul", Kind.FUSED, ("x", "w_norm", "w_proj"), _rms_matmul_infer,
            lambda a, x, wn, wp: np.matmul(K.rms_norm(x, wn, None, a["axis"], a["eps"]), wp),
-           (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), flops=lambda a, ins, out: 2 * out.numel * ins[0].shape[-1],
+           (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), flops=_rms_matmul_flops,
            doc="RmsNorm(x, w_norm) @ w_proj."),
     OpSpec("SwiGLU", Kind.FUSED, ("gate", "up"), _swiglu_infer, lambda a, g, u: K.swiglu(g, u),
            doc="Silu(gate) * up."),
@@ -159,20 +164,20 @@ FUSED = [
            doc="up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first)."),
     OpSpec("GroupNormSilu", Kind.FUSED, ("x", "w", "b"), lambda a, ins: op_spec("GroupNorm").infer(a, ins),
            lambda a, x, w, b: K.silu(K.group_norm(x, w, b, a["groups"], a["eps"])),
-           (AttrSpec("groups", I), _EPS), doc="Silu(GroupNorm(x, w, b))."),
+           (AttrSpec("groups", INT), _EPS), doc="Silu(GroupNorm(x, w, b))."),
     OpSpec("CausalAttentionRoPE", Kind.FUSED, ("q", "k", "v"),
            lambda a, ins: op_spec("CausalAttention").infer(a, ins),
            lambda a, q, k, v: K.sdpa(K.rope(q, a["theta"]), K.rope(k, a["theta"]), v, a["scale"], causal=True),
            (AttrSpec("theta", F, 10000.0, check=positive), AttrSpec("scale", F, 0.0)),
            flops=attention_flops, canonical=causal_canonical, doc="CausalAttention(RoPE(q), RoPE(k), v)."),
     OpSpec("FusedAttentionBlock", Kind.FUSED, ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b"),
-           _attention_block_infer, K.attention_block, (AttrSpec("heads", I), _SCALE),
+           _attention_block_infer, K.attention_block, (AttrSpec("heads", INT), _SCALE),
            flops=lambda a, ins, out: 2 * ins[0].numel * 4 * ins[0].shape[-1] + 4 * out.numel * ins[0].shape[1],
            doc="QKV matmul+bias, split, masked attention, output matmul+bias."),
     OpSpec("FusedTransformerLayer", Kind.FUSED,
            ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b",
             "ln2_g", "ln2_b", "mask"), _transformer_layer_infer, K.transformer_layer,
-           (AttrSpec("heads", I), _SCALE, AttrSpec("eps1", F, check=positive), AttrSpec("eps2", F, check=positive),
+           (AttrSpec("heads", INT), _SCALE, AttrSpec("eps1", F, check=positive), AttrSpec("eps2", F, check=positive),
             AttrSpec("act", S, "gelu", choices=EPILOGUES)), flops=_transformer_layer_flops,
            doc="A whole post-norm BERT layer; inputs in the seed's 14-input order."),
     OpSpec("ElementwiseRegion", Kind.FUSED, ("xs*",), _region_infer, K.elementwise_region,

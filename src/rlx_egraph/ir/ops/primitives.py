@@ -33,7 +33,7 @@ from ..shapes import (
 )
 
 T = TensorType
-I, F, B, S, D, INTS = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR, AttrType.DTYPE, AttrType.INTS
+INT, F, B, S, D, INTS = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR, AttrType.DTYPE, AttrType.INTS
 
 
 def _dims_positive(shape: tuple[int, ...]) -> str | None:
@@ -45,7 +45,7 @@ def _at_least_one(v: int) -> str | None:
 
 
 def _axis(default: int = -1) -> AttrSpec:
-    return AttrSpec("axis", I, default)
+    return AttrSpec("axis", INT, default)
 
 
 def _eps(default: float) -> AttrSpec:
@@ -236,7 +236,7 @@ NORMS = [
            doc="x / sqrt(mean(x^2) + eps) * gamma (+ beta)."),
     OpSpec("GroupNorm", Kind.NORM, ("x", "w", "b"), _group_norm_infer,
            lambda a, x, w, b: K.group_norm(x, w, b, a["groups"], a["eps"]),
-           (AttrSpec("groups", I, check=_at_least_one), _eps(1e-5))),
+           (AttrSpec("groups", INT, check=_at_least_one), _eps(1e-5))),
 ]
 
 # --- layout -------------------------------------------------------------------
@@ -264,7 +264,7 @@ def _narrow_infer(a: Attrs, ins: list[T]) -> T:
     if start < 0 or length < 1 or start + length > x.shape[ax]:
         raise ShapeError(f"Narrow [{start}, {start + length}) runs past the end of axis {a['axis']} "
                          f"(size {x.shape[ax]})")
-    return T(x.shape[:ax] + (length,) + x.shape[ax + 1:], x.dtype)
+    return T((*x.shape[:ax], length, *x.shape[ax + 1:]), x.dtype)
 
 
 def concat_infer(a: Attrs, ins: list[T]) -> T:
@@ -272,9 +272,10 @@ def concat_infer(a: Attrs, ins: list[T]) -> T:
     ax = axis_index(a["axis"], first.rank)
     dt = same_dtype(ins, "Concat inputs")
     for t in ins[1:]:
-        if t.rank != first.rank or any(d != e for i, (d, e) in enumerate(zip(t.shape, first.shape)) if i != ax):
+        off_axis = [i for i in range(first.rank) if i != ax]
+        if t.rank != first.rank or any(t.shape[i] != first.shape[i] for i in off_axis):
             raise ShapeError(f"Concat inputs {[list(t.shape) for t in ins]} differ off axis {a['axis']}")
-    return T(first.shape[:ax] + (sum(t.shape[ax] for t in ins),) + first.shape[ax + 1:], dt)
+    return T((*first.shape[:ax], sum(t.shape[ax] for t in ins), *first.shape[ax + 1:]), dt)
 
 
 def _expand_infer(a: Attrs, ins: list[T]) -> T:
@@ -291,7 +292,7 @@ LAYOUT = [
            (AttrSpec("perm", INTS),)),
     OpSpec("Narrow", Kind.LAYOUT, ("x",), _narrow_infer,
            lambda a, x: K.narrow(x, a["axis"], a["start"], a["length"]),
-           (_axis(), AttrSpec("start", I), AttrSpec("length", I)), doc="Slice [start, start+length) of one axis."),
+           (_axis(), AttrSpec("start", INT), AttrSpec("length", INT)), doc="Slice [start, start+length) of one axis."),
     OpSpec("Concat", Kind.LAYOUT, ("xs*",), concat_infer, lambda a, *xs: np.concatenate(xs, axis=a["axis"]),
            (_axis(),)),
     OpSpec("Expand", Kind.LAYOUT, ("x",), _expand_infer, lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
@@ -377,12 +378,13 @@ TRANSFORMER = [
            (AttrSpec("theta", F, 10000.0, check=positive),),
            doc="Rotary position embedding (rotate-half) over [..., S, D]."),
     OpSpec("Attention", Kind.ATTENTION, ("q", "k", "v", "key_mask?"), _attention_infer, K.attention,
-           (AttrSpec("heads", I, check=_at_least_one), AttrSpec("kv_heads", I, 0),
+           (AttrSpec("heads", INT, check=_at_least_one), AttrSpec("kv_heads", INT, 0),
             AttrSpec("mask", S, "none", choices=("none", "causal", "custom")), _SCALE),
            flops=attention_flops, canonical=attention_canonical,
            doc="Attention on packed [B, S, heads*head_dim]; custom mask [B, Sk] (1 keeps, 0 drops)."),
     OpSpec("CausalAttention", Kind.ATTENTION, ("q", "k", "v"), _causal_attention_infer, K.causal_attention,
-           (_SCALE,), flops=attention_flops, canonical=causal_canonical, doc="Causal attention on split heads [B, H, S, D] (GQA)."),
+           (_SCALE,), flops=attention_flops, canonical=causal_canonical,
+           doc="Causal attention on split heads [B, H, S, D] (GQA)."),
 ]
 
 # --- vision -------------------------------------------------------------------
@@ -416,7 +418,7 @@ def _pool_infer(a: Attrs, ins: list[T]) -> T:
     x = ins[0]
     require_rank(x, 4, "MaxPool2d input ([N, C, H, W])")
     k, s, p = a["kernel"], a["stride"], a["padding"]
-    return T(x.shape[:2] + (_conv_out(x.shape[2], k, s, p), _conv_out(x.shape[3], k, s, p)), x.dtype)
+    return T((*x.shape[:2], _conv_out(x.shape[2], k, s, p), _conv_out(x.shape[3], k, s, p)), x.dtype)
 
 
 def _gap_infer(a: Attrs, ins: list[T]) -> T:
@@ -427,17 +429,17 @@ def _gap_infer(a: Attrs, ins: list[T]) -> T:
 def _upsample_infer(a: Attrs, ins: list[T]) -> T:
     x = ins[0]
     require_rank(x, 4, "Upsample2x input ([N, C, H, W])")
-    return T(x.shape[:2] + (2 * x.shape[2], 2 * x.shape[3]), x.dtype)
+    return T((*x.shape[:2], 2 * x.shape[2], 2 * x.shape[3]), x.dtype)
 
 
-_STRIDE = AttrSpec("stride", I, 1, check=_at_least_one)
-_PAD = AttrSpec("padding", I, 0, check=non_negative)
+_STRIDE = AttrSpec("stride", INT, 1, check=_at_least_one)
+_PAD = AttrSpec("padding", INT, 0, check=non_negative)
 
 VISION = [
     OpSpec("Conv2d", Kind.VISION, ("x", "w"), _conv_infer, K.conv2d,
-           (_STRIDE, _PAD, AttrSpec("groups", I, 1, check=_at_least_one)), flops=_conv_flops),
+           (_STRIDE, _PAD, AttrSpec("groups", INT, 1, check=_at_least_one)), flops=_conv_flops),
     OpSpec("MaxPool2d", Kind.VISION, ("x",), _pool_infer, K.max_pool2d,
-           (AttrSpec("kernel", I, check=_at_least_one), _STRIDE, _PAD)),
+           (AttrSpec("kernel", INT, check=_at_least_one), _STRIDE, _PAD)),
     OpSpec("GlobalAvgPool", Kind.REDUCTION, ("x",), _gap_infer, lambda a, x: x.mean(axis=(2, 3))),
     OpSpec("Upsample2x", Kind.VISION, ("x",), _upsample_infer, K.upsample2x, doc="Nearest-neighbour 2x."),
 ]
