@@ -112,12 +112,13 @@ class Graph:
         self._users: dict[int, list[int]] = {}
         self._outputs: tuple[int, ...] = ()
         self._leaf_names: dict[str, int] = {}
+        self._next_id = 0
 
     # --- building ---------------------------------------------------------------
 
     def add_node(self, op: str, inputs: Sequence[int] = (), node_id: int | None = None, **attrs: Any) -> int:
         """Append ``op`` applied to ``inputs``; returns the new node's id."""
-        nid = len(self._nodes) if node_id is None else node_id
+        nid = self._next_id if node_id is None else node_id
         if nid in self._by_id:
             raise GraphError(f"node {nid} ({op}): id {nid} is already used")
         spec = REGISTRY.get(op)
@@ -135,6 +136,7 @@ class Graph:
         node = Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
         self._nodes.append(node)
         self._by_id[nid] = node
+        self._next_id = max(self._next_id, nid + 1)
         self._users[nid] = []
         for i in dict.fromkeys(inputs):
             self._users[i].append(nid)
@@ -415,7 +417,7 @@ def _make_builder(spec: OpSpec):
         try:
             bound = signature.bind(self, *args, **kwargs)
         except TypeError as exc:
-            raise GraphError(f"node {len(self._nodes)} ({spec.name}): {exc}") from None
+            raise GraphError(f"node {self._next_id} ({spec.name}): {exc}") from None
         inputs: list[int] = []
         attrs: dict[str, Any] = {}
         for key, value in list(bound.arguments.items())[1:]:

@@ -345,10 +345,14 @@ def transformer_layer(a: Attrs, hidden: np.ndarray, qkv_w: np.ndarray, qkv_b: np
 def elementwise_region(a: Attrs, *inputs: np.ndarray) -> np.ndarray:
     """Run a chain program: each step is [op, attrs, operands]; operand i >= 0 is
     region input i, operand -k is the result of step k-1."""
+    from ..ir.dtypes import to_compute, to_storage
     from ..ir.registry import op_spec  # the chain names registry ops
 
     results: list[np.ndarray] = []
     for op, attrs, operands in json.loads(a["chain"]):
         args = [inputs[i] if i >= 0 else results[-i - 1] for i in operands]
-        results.append(op_spec(op).kernel(attrs, *args))
+        out = op_spec(op).kernel(attrs, *args)
+        if op == "Cast":  # the one step that changes what a value can hold
+            out = to_compute(to_storage(out, attrs["dtype"]), attrs["dtype"])
+        results.append(out)
     return results[-1]

@@ -8,7 +8,20 @@ import json
 import numpy as np
 
 from ...kernels import reference as K
-from ..registry import Attrs, AttrSpec, AttrType, Kind, OpSpec, ShapeError, TensorType, op_spec, positive, register
+from ..registry import (
+    REGISTRY,
+    Attrs,
+    AttrSpec,
+    AttrType,
+    Kind,
+    OpSpec,
+    ShapeError,
+    TensorType,
+    non_negative,
+    op_spec,
+    positive,
+    register,
+)
 from ..shapes import broadcast, matmul_shape, norm_param_check, require_float, require_rank, same_dtype
 from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops
 
@@ -60,6 +73,17 @@ def _rms_matmul_infer(a: Attrs, ins: list[T]) -> T:
     return T(matmul_shape(x.shape, w_proj.shape, -1, -2, "FusedRmsNormMatMul"), same_dtype(ins, "operands"))
 
 
+def _at_least_one(v: int) -> str | None:
+    return None if v >= 1 else "must be >= 1"
+
+
+def _causal_rope_infer(a: Attrs, ins: list[T]) -> T:
+    out = op_spec("CausalAttention").infer(a, ins)
+    if ins[0].shape[-1] % 2:
+        raise ShapeError(f"RoPE needs an even head dim, got {ins[0].shape[-1]}")
+    return out
+
+
 def _rms_matmul_flops(a: Attrs, ins: list[T], out: T) -> int:
     """The projection's matmul plus the norm's few passes over x."""
     return 2 * out.numel * ins[0].shape[-1] + 4 * ins[0].numel
@@ -86,7 +110,8 @@ def _attention_block_infer(a: Attrs, ins: list[T]) -> T:
     for label, t in zip(expected, (qkv_w, out_w, mask, qkv_b, out_b), strict=True):
         if t.shape != expected[label]:
             raise ShapeError(f"FusedAttentionBlock {label} must be {list(expected[label])}, got {list(t.shape)}")
-    if h % a["heads"]:
+    same_dtype(ins, "FusedAttentionBlock inputs")
+    if a["heads"] < 1 or h % a["heads"]:
         raise ShapeError(f"hidden width {h} is not divisible by heads={a['heads']}")
     return hidden
 
@@ -115,7 +140,8 @@ def region_steps(a: Attrs) -> list[tuple[str, dict, list[int]]]:
     return [(op, attrs, operands) for op, attrs, operands in json.loads(a["chain"])]
 
 
-def _region_infer(a: Attrs, ins: list[T]) -> T:
+def _resolve_chain(a: Attrs, ins: list[T]) -> tuple[list[list], T]:
+    """Check a chain step by step; returns it with canonical attributes, and its type."""
     try:
         steps = region_steps(a)
     except (ValueError, TypeError) as exc:
@@ -123,15 +149,27 @@ def _region_infer(a: Attrs, ins: list[T]) -> T:
     if not steps:
         raise ShapeError("chain must have at least one step")
     types: list[T] = []
+    canonical: list[list] = []
     for k, (op, attrs, operands) in enumerate(steps):
-        spec = op_spec(op)
-        if spec.kind is not Kind.ELEMENTWISE:
-            raise ShapeError(f"chain step {k} op {op} is not elementwise")
+        spec = REGISTRY.get(op)
+        if spec is None or spec.kind is not Kind.ELEMENTWISE:
+            raise ShapeError(f"chain step {k} op {op!r} is not an elementwise op")
         if any(i >= len(ins) or -i - 1 >= k for i in operands):
             raise ShapeError(f"chain step {k} refers to a missing operand in {operands}")
         step_in = [ins[i] if i >= 0 else types[-i - 1] for i in operands]
-        types.append(spec.resolve(attrs, step_in)[1])
-    return types[-1]
+        resolved, out = spec.resolve(attrs, step_in)
+        types.append(out)
+        canonical.append([op, {key: list(v) if isinstance(v, tuple) else v for key, v in resolved.items()},
+                          list(operands)])
+    return canonical, types[-1]
+
+
+def _region_canonical(a: Attrs, ins: list[T]) -> dict:
+    return {**a, "chain": json.dumps(_resolve_chain(a, ins)[0])}
+
+
+def _region_infer(a: Attrs, ins: list[T]) -> T:
+    return _resolve_chain(a, ins)[1]
 
 
 def _region_flops(a: Attrs, ins: list[T], out: T) -> int:
@@ -164,24 +202,24 @@ FUSED = [
            doc="up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first)."),
     OpSpec("GroupNormSilu", Kind.FUSED, ("x", "w", "b"), lambda a, ins: op_spec("GroupNorm").infer(a, ins),
            lambda a, x, w, b: K.silu(K.group_norm(x, w, b, a["groups"], a["eps"])),
-           (AttrSpec("groups", INT), _EPS), doc="Silu(GroupNorm(x, w, b))."),
-    OpSpec("CausalAttentionRoPE", Kind.FUSED, ("q", "k", "v"),
-           lambda a, ins: op_spec("CausalAttention").infer(a, ins),
+           (AttrSpec("groups", INT, check=_at_least_one), _EPS), doc="Silu(GroupNorm(x, w, b))."),
+    OpSpec("CausalAttentionRoPE", Kind.FUSED, ("q", "k", "v"), _causal_rope_infer,
            lambda a, q, k, v: K.sdpa(K.rope(q, a["theta"]), K.rope(k, a["theta"]), v, a["scale"], causal=True),
-           (AttrSpec("theta", F, 10000.0, check=positive), AttrSpec("scale", F, 0.0)),
+           (AttrSpec("theta", F, 10000.0, check=positive), AttrSpec("scale", F, 0.0, check=non_negative)),
            flops=attention_flops, canonical=causal_canonical, doc="CausalAttention(RoPE(q), RoPE(k), v)."),
     OpSpec("FusedAttentionBlock", Kind.FUSED, ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b"),
-           _attention_block_infer, K.attention_block, (AttrSpec("heads", INT), _SCALE),
+           _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=_at_least_one), _SCALE),
            flops=lambda a, ins, out: 2 * ins[0].numel * 4 * ins[0].shape[-1] + 4 * out.numel * ins[0].shape[1],
            doc="QKV matmul+bias, split, masked attention, output matmul+bias."),
     OpSpec("FusedTransformerLayer", Kind.FUSED,
            ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b",
             "ln2_g", "ln2_b", "mask"), _transformer_layer_infer, K.transformer_layer,
-           (AttrSpec("heads", INT), _SCALE, AttrSpec("eps1", F, check=positive), AttrSpec("eps2", F, check=positive),
+           (AttrSpec("heads", INT, check=_at_least_one), _SCALE, AttrSpec("eps1", F, check=positive),
+            AttrSpec("eps2", F, check=positive),
             AttrSpec("act", S, "gelu", choices=EPILOGUES)), flops=_transformer_layer_flops,
            doc="A whole post-norm BERT layer; inputs in the seed's 14-input order."),
     OpSpec("ElementwiseRegion", Kind.FUSED, ("xs*",), _region_infer, K.elementwise_region,
-           (AttrSpec("chain", AttrType.JSON),), flops=_region_flops,
+           (AttrSpec("chain", AttrType.JSON),), flops=_region_flops, canonical=_region_canonical,
            doc="A chain of elementwise ops run as one kernel."),
     OpSpec("ConcatParams", Kind.WEIGHT_PREP, ("ws*",), concat_infer,
            lambda a, *ws: np.concatenate(ws, axis=a["axis"]), (_AXIS,),

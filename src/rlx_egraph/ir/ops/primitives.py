@@ -69,6 +69,12 @@ def _constant_type(a: Attrs, ins: list[T]) -> T:
     return T(tuple(int(d) for d in value.shape), a["dtype"])
 
 
+def _scalar_type(a: Attrs, ins: list[T]) -> T:
+    if a["dtype"] in ("i64", "i32", "bool") and a["value"] != int(a["value"]):
+        raise ShapeError(f"a {a['dtype']} scalar needs an integral value, got {a['value']}")
+    return T((), a["dtype"])
+
+
 _LEAF_ATTRS = (AttrSpec("name", S), AttrSpec("shape", INTS, check=_dims_positive), AttrSpec("dtype", D, "f32"))
 
 LEAVES = [
@@ -76,7 +82,7 @@ LEAVES = [
     OpSpec("Param", Kind.LEAF, (), _leaf_type, None, _LEAF_ATTRS, doc="A named weight."),
     OpSpec("Constant", Kind.LEAF, (), _constant_type, lambda a: K.constant(a),
            (AttrSpec("value", AttrType.ARRAY), AttrSpec("dtype", D, "f32")), doc="A constant tensor."),
-    OpSpec("Scalar", Kind.LEAF, (), lambda a, ins: T((), a["dtype"]), lambda a: K.scalar(a),
+    OpSpec("Scalar", Kind.LEAF, (), _scalar_type, lambda a: K.scalar(a),
            (AttrSpec("value", F), AttrSpec("dtype", D, "f32")),
            doc="A rank-0 constant; rules match it by value."),
 ]
@@ -321,7 +327,7 @@ def attention_canonical(a: Attrs, ins: list[T]) -> Attrs:
     """Fill kv_heads (0 means = heads) and scale (0 means 1/sqrt(head_dim))."""
     out = dict(a)
     out["kv_heads"] = a["kv_heads"] or a["heads"]
-    head_dim = ins[0].shape[-1] // a["heads"] if a["heads"] else 1
+    head_dim = ins[0].shape[-1] // a["heads"] if a["heads"] and ins[0].rank else 1
     out["scale"] = a["scale"] or 1.0 / math.sqrt(head_dim)
     return out
 
@@ -366,7 +372,8 @@ def _causal_attention_infer(a: Attrs, ins: list[T]) -> T:
 
 
 def causal_canonical(a: Attrs, ins: list[T]) -> Attrs:
-    return {**a, "scale": a["scale"] or 1.0 / math.sqrt(ins[0].shape[-1])}
+    head_dim = ins[0].shape[-1] if ins[0].rank else 1
+    return {**a, "scale": a["scale"] or 1.0 / math.sqrt(head_dim)}
 
 
 _SCALE = AttrSpec("scale", F, 0.0, check=non_negative)
@@ -418,6 +425,8 @@ def _pool_infer(a: Attrs, ins: list[T]) -> T:
     x = ins[0]
     require_rank(x, 4, "MaxPool2d input ([N, C, H, W])")
     k, s, p = a["kernel"], a["stride"], a["padding"]
+    if 2 * p > k:
+        raise ShapeError(f"padding {p} must be at most half the kernel {k} (a window would see only padding)")
     return T((*x.shape[:2], _conv_out(x.shape[2], k, s, p), _conv_out(x.shape[3], k, s, p)), x.dtype)
 
 
@@ -470,28 +479,32 @@ LOSSES = [
 # --- backward -----------------------------------------------------------------
 
 
-def _same_as_first(name: str):
+def _grad_infer(name: str, has_gamma: bool):
+    """(x[, gamma], dy): dy has x's shape, gamma the normalised shape."""
+
     def infer(a: Attrs, ins: list[T]) -> T:
         same_dtype(ins, f"{name} inputs")
-        for t in ins[1:]:
-            if t.shape != ins[0].shape and t.rank == ins[0].rank:
-                raise ShapeError(f"{name} inputs {[list(t.shape) for t in ins]} differ in shape")
-        return ins[0]
+        x, dy = ins[0], ins[-1]
+        if dy.shape != x.shape:
+            raise ShapeError(f"{name} dy {list(dy.shape)} must have x's shape {list(x.shape)}")
+        if has_gamma:
+            norm_param_check(x, ins[1], a.get("axis", -1), f"{name} gamma")
+        return x
 
     return infer
 
 
 def _rms_grad_w_infer(a: Attrs, ins: list[T]) -> T:
-    x = ins[0]
+    x = _grad_infer("RmsNormGradW", False)(a, ins)
     return T(x.shape[axis_index(a["axis"], x.rank):], x.dtype)
 
 
 BACKWARD = [
-    OpSpec("SiluGrad", Kind.BACKWARD, ("x", "dy"), _same_as_first("SiluGrad"), K.silu_grad),
-    OpSpec("RmsNormGradX", Kind.BACKWARD, ("x", "gamma", "dy"), _same_as_first("RmsNormGradX"),
+    OpSpec("SiluGrad", Kind.BACKWARD, ("x", "dy"), _grad_infer("SiluGrad", False), K.silu_grad),
+    OpSpec("RmsNormGradX", Kind.BACKWARD, ("x", "gamma", "dy"), _grad_infer("RmsNormGradX", True),
            K.rms_norm_grad_x, (_axis(), _eps(1e-6))),
     OpSpec("RmsNormGradW", Kind.BACKWARD, ("x", "dy"), _rms_grad_w_infer, K.rms_norm_grad_w, (_axis(), _eps(1e-6))),
-    OpSpec("LayerNormGradX", Kind.BACKWARD, ("x", "gamma", "dy"), _same_as_first("LayerNormGradX"),
+    OpSpec("LayerNormGradX", Kind.BACKWARD, ("x", "gamma", "dy"), _grad_infer("LayerNormGradX", True),
            K.layer_norm_grad_x, (_axis(), _eps(1e-5))),
 ]
 
