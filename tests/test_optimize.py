@@ -51,7 +51,8 @@ def test_add_of_matmul_either_order_fuses(order):
 @pytest.mark.parametrize("mm, fused", [("matmul_bt", "FusedMatMulBTAdd"), ("matmul_at", "FusedMatMulATAdd")])
 def test_transposed_matmul_plus_add_fuses(mm, fused):
     g = Graph()
-    grad, w, prev = g.input("grad", (4, 8)), g.param("w", (4, 8)), g.input("prev", (4, 4) if mm == "matmul_bt" else (8, 8))
+    out_shape = (4, 4) if mm == "matmul_bt" else (8, 8)
+    grad, w, prev = g.input("grad", (4, 8)), g.param("w", (4, 8)), g.input("prev", out_shape)
     g.set_outputs([g.add(getattr(g, mm)(grad, w), prev)])
     og, _ = opt(g)
     assert ops(og) == {fused: 1}
