@@ -101,8 +101,12 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     if verify:
         t0 = time.perf_counter()
-        rules_of = {f.node: f.rules for f in decoded.fusions}
-        report.parity = check_parity(graph, decoded.graph, decoded.originals, rules_of, seed)
+        fired = result.matches_per_rule
+
+        def suspects(new_op: str, old_op: str) -> list[str]:
+            return [r.name for r in ruleset.rules if fired.get(r.name) and (old_op in r.reads or new_op in r.builds)]
+
+        report.parity = check_parity(graph, decoded.graph, decoded.originals, suspects, seed)
         phases["verify"] = time.perf_counter() - t0
     report.phases = phases
     return decoded.graph, report

@@ -1,0 +1,1 @@
+"""The ``rlx-egraph`` command line (see :mod:`rlx_egraph.cli.main`)."""
