@@ -84,7 +84,8 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         chosen = ex.greedy(view, roots, tgt, {n.id: k for k, n in enumerate(graph.nodes)}, costs)
     report.extracted_ns = chosen.cost_ns
     if exact_gap:
-        report.exact_ns = ex.exact(view, roots, tgt, costs).cost_ns
+        best = ex.exact(view, roots, tgt, costs)
+        report.exact_ns, report.exact_optimal = best.cost_ns, best.optimal
     phases["extract"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

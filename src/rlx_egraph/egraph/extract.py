@@ -43,6 +43,7 @@ class Extraction:
     method: str
     seconds: float = 0.0
     moves: int = 0
+    optimal: bool = False  # proven optimal (exact mode finished)
     notes: list[str] = field(default_factory=list)
 
 
@@ -280,6 +281,8 @@ def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float]
           time_limit: float = 30.0) -> Extraction:
     """Optimal DAG extraction as a mixed-integer program (acyclic, Tensat-style)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
+    from scipy.sparse.csgraph import connected_components
 
     start = time.perf_counter()
     costs = node_costs(view, target) if costs is None else costs
@@ -288,13 +291,26 @@ def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float]
              if costs[n.index] < math.inf and all(ch in reach for ch in n.children)]
     col = {n: i for i, n in enumerate(nodes)}
     classes = sorted(reach)
+    # Only an edge inside a strongly connected component of the class graph can
+    # lie on a cycle, so only those edges need ordering constraints.
+    index = {c: i for i, c in enumerate(classes)}
+    edges = [(index[view.nodes[n].eclass], index[ch]) for n in nodes for ch in view.nodes[n].children]
+    if edges:
+        src, dst = zip(*edges, strict=True)
+        graph = coo_array((np.ones(len(edges)), (src, dst)), shape=(len(classes), len(classes)))
+        component = connected_components(graph, directed=True, connection="strong")[1]
+    else:
+        component = np.arange(len(classes))
     tcol = {c: len(nodes) + i for i, c in enumerate(classes)}
     nvar = len(nodes) + len(classes)
     big = len(classes) + 1
-    rows, lo, hi = [], [], []
+    entries: list[tuple[int, int, float]] = []
+    lo: list[float] = []
+    hi: list[float] = []
 
     def add(coeffs: dict[int, float], low: float, high: float) -> None:
-        rows.append(coeffs)
+        row = len(lo)
+        entries.extend((row, j, v) for j, v in coeffs.items())
         lo.append(low)
         hi.append(high)
 
@@ -311,12 +327,11 @@ def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float]
             coeffs = {col[m]: 1.0 for m in members[ch]}
             coeffs[col[n]] = coeffs.get(col[n], 0.0) - 1.0
             add(coeffs, 0.0, math.inf)
-            # t[c] - t[ch] >= 1 - big * (1 - x[n])
-            add({tcol[node.eclass]: 1.0, tcol[ch]: -1.0, col[n]: -float(big)}, 1.0 - big, math.inf)
-    a = np.zeros((len(rows), nvar))
-    for i, coeffs in enumerate(rows):
-        for j, v in coeffs.items():
-            a[i, j] += v
+            if component[index[node.eclass]] == component[index[ch]]:
+                # t[c] - t[ch] >= 1 - big * (1 - x[n])
+                add({tcol[node.eclass]: 1.0, tcol[ch]: -1.0, col[n]: -float(big)}, 1.0 - big, math.inf)
+    r, c, v = zip(*entries, strict=True) if entries else ((), (), ())
+    a = coo_array((v, (r, c)), shape=(len(lo), nvar)).tocsr()
     objective = np.array([costs[n] for n in nodes] + [0.0] * len(classes))
     integrality = np.array([1] * len(nodes) + [0] * len(classes))
     bounds = Bounds(np.zeros(nvar), np.array([1.0] * len(nodes) + [float(big)] * len(classes)))
@@ -334,7 +349,7 @@ def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float]
             stack.extend(view.nodes[picked[c]].children)
     notes = [] if res.status == 0 else [f"stopped early: {res.message}"]
     return Extraction(chosen, dag_cost(view, chosen, roots, costs), "exact", time.perf_counter() - start,
-                      notes=notes)
+                      optimal=res.status == 0, notes=notes)
 
 
 def _reachable_classes(view: EGraphView, roots: list[int], costs: list[float]) -> set[int]:

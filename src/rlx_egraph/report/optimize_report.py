@@ -35,6 +35,7 @@ class OptimizeReport:
     extraction_moves: int = 0
     extracted_ns: float = 0.0
     exact_ns: float | None = None
+    exact_optimal: bool = False
     phases: dict[str, float] = field(default_factory=dict)
     parity: ParityReport | None = None
 
@@ -70,6 +71,7 @@ class OptimizeReport:
             "extraction_moves": self.extraction_moves,
             "extracted_ns": self.extracted_ns,
             "exact_ns": self.exact_ns,
+            "exact_optimal": self.exact_optimal,
             "phases": self.phases,
             "parity": self.parity.to_dict() if self.parity else None,
         }
@@ -97,7 +99,8 @@ class OptimizeReport:
             lines.append(f"predicted gain: {self.gain_ns:,.0f} ns ({pct:.1f}%)")
         if self.exact_ns is not None:
             gap = self.extracted_ns - self.exact_ns
-            lines.append(f"extraction: {self.extraction} {self.extracted_ns:,.0f} ns of node costs; exact optimum "
+            what = "exact optimum" if self.exact_optimal else "best exact solution (time limit, not proven)"
+            lines.append(f"extraction: {self.extraction} {self.extracted_ns:,.0f} ns of node costs; {what} "
                          f"{self.exact_ns:,.0f} ns (gap {gap:,.0f} ns)")
         if self.parity is not None:
             worst = self.parity.worst

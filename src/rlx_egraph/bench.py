@@ -1,0 +1,192 @@
+"""``python -m rlx_egraph.bench``: how the optimizer scales on the example models.
+
+For each case (a model at a layer count, or the 20,000-node synthetic DAG) it
+prints the graph and e-graph sizes, seconds per phase, the peak memory, the
+predicted cost before and after, the fused ops, and the gap between greedy
+extraction and the exact (ILP) optimum where the ILP is small enough to run.
+Every case runs in a freshly spawned process, so its peak RSS is its own
+(interpreter and libraries included) and no case warms another's caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import multiprocessing
+import resource
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import examples
+from .cli.main import format_table
+from .cost.targets import TARGETS
+from .egraph import extract
+from .egraph.rules import load_rules
+from .ir import Graph
+from .optimize import optimize_with_report
+
+MODELS = ("llama", "bert", "synthetic")
+LAYERS = (1, 2, 8, 32, 64)
+QUICK_LAYERS = (1, 2)
+SYNTHETIC_NODES = 20_000
+PHASES = ("encode", "saturate", "extract", "decode")
+ILP_TIME_LIMIT = inspect.signature(extract.exact).parameters["time_limit"].default
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case: ``model`` at ``size`` layers (nodes, for the synthetic DAG)."""
+
+    model: str
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-{self.size}"
+
+    def build(self) -> Graph:
+        if self.model == "synthetic":
+            return examples.synthetic(self.size)
+        return examples.ALL[self.model](layers=self.size)
+
+
+@dataclass(frozen=True)
+class Row:
+    """What one case measured; ``exact_ns``/``ilp_seconds`` are None when the ILP was not run."""
+
+    case: str
+    model: str
+    size: int
+    nodes_before: int
+    nodes_after: int
+    eclasses: int
+    enodes: int
+    stop_reason: str
+    phases: dict[str, float]
+    total_seconds: float
+    peak_rss_mb: float
+    before_ns: float
+    after_ns: float
+    gain_pct: float
+    fused_op_counts: dict[str, int]
+    greedy_ns: float
+    exact_ns: float | None
+    ilp_seconds: float | None
+    ilp_finished: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def cases(models: Sequence[str], layers: Sequence[int]) -> list[Case]:
+    """Cases in ``models`` order, layer counts in the given order; one synthetic case."""
+    return [Case(m, SYNTHETIC_NODES) if m == "synthetic" else Case(m, n)
+            for m in models for n in ((0,) if m == "synthetic" else layers)]
+
+
+def run_case(case: Case, target: str, exact_max_enodes: int) -> Row:
+    """Optimize one case (call it in a fresh process); a second exact-gap run when the e-graph is small."""
+    load_rules()  # parsing the rule files is a one-off cost, not this case's
+    graph = case.build()
+    start = time.perf_counter()
+    _, report = optimize_with_report(graph, target)
+    total = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    exact_ns = ilp_seconds = None
+    finished = False
+    if report.enodes <= exact_max_enodes:
+        _, gap_report = optimize_with_report(graph, target, exact_gap=True)
+        exact_ns, finished = gap_report.exact_ns, gap_report.exact_optimal
+        ilp_seconds = gap_report.phases["extract"] - report.phases["extract"]
+    assert report.profile_before is not None and report.profile_after is not None
+    before, after = report.profile_before.ns, report.profile_after.ns
+    return Row(case.name, case.model, case.size, report.nodes_before, report.nodes_after, report.eclasses,
+               report.enodes, report.stop_reason, {p: report.phases[p] for p in PHASES}, total, peak_mb, before,
+               after, 100.0 * (before - after) / before if before else 0.0, report.fused_op_counts,
+               report.extracted_ns, exact_ns, ilp_seconds, finished)
+
+
+def run(todo: Sequence[Case], target: str, exact_max_enodes: int) -> list[Row]:
+    """Run the cases one after another, each in its own spawned process; progress goes to stderr."""
+    rows = []
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
+        for k, case in enumerate(todo, 1):
+            row = pool.submit(run_case, case, target, exact_max_enodes).result()
+            print(f"[{k}/{len(todo)}] {case.name}: {row.total_seconds:.2f} s", file=sys.stderr)
+            rows.append(row)
+    return rows
+
+
+def _gap(row: Row) -> str:
+    if row.exact_ns is None:
+        return "-"
+    return f"{row.greedy_ns - row.exact_ns:,.0f}" if row.ilp_finished else "timeout"
+
+
+def _short_fused(counts: dict[str, int]) -> str:
+    return " ".join(f"{op.removeprefix('Fused')}:{n}" for op, n in counts.items())
+
+
+def table(rows: Sequence[Row]) -> str:
+    """The fixed-width results table."""
+    header = ("case", "nodes", "-> nodes", "e-classes", "e-nodes", *(f"{p} s" for p in PHASES), "total s",
+              "peak MB", "before ns", "after ns", "gain %", "gap ns", "fused ops")
+    body = [(r.case, str(r.nodes_before), str(r.nodes_after), str(r.eclasses), str(r.enodes),
+             *(f"{r.phases[p]:.3f}" for p in PHASES), f"{r.total_seconds:.3f}", f"{r.peak_rss_mb:.0f}",
+             f"{r.before_ns:,.0f}", f"{r.after_ns:,.0f}", f"{r.gain_pct:.1f}", _gap(r), _short_fused(r.fused_op_counts))
+            for r in rows]
+    return format_table(header, body, "<" + ">" * (len(header) - 2) + "<")
+
+
+def _names(text: str) -> list[str]:
+    names = [m for m in text.split(",") if m]
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"models must be among {', '.join(MODELS)} (got {text!r})")
+    return names
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(n) for n in text.split(",") if n]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"layers must be comma-separated counts >= 0 (got {text!r})")
+    return counts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse options, run the cases, print the table (and write JSON)."""
+    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=_names, default=list(MODELS), help=f"default: {','.join(MODELS)}")
+    parser.add_argument("--layers", type=_counts, default=list(LAYERS), help=f"default: {','.join(map(str, LAYERS))}")
+    parser.add_argument("--target", default="cpu", choices=list(TARGETS))
+    parser.add_argument("--exact-max-enodes", type=int, default=3000,
+                        help="run the ILP only on e-graphs up to this many e-nodes (default: 3000)")
+    parser.add_argument("--json", metavar="OUT.json", help="write every row here")
+    parser.add_argument("--quick", action="store_true", help="layers 1,2 only, no synthetic DAG")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models if m != "synthetic"] if args.quick else args.models
+    todo = cases(models, QUICK_LAYERS if args.quick else args.layers)
+    print(textwrap.fill(f"rlx-egraph bench, target {args.target}: {len(todo)} cases, each in its own process. "
+                        "peak MB = the process's max RSS; gap ns = greedy minus ILP optimum (ILP run when e-nodes <= "
+                        f"{args.exact_max_enodes}, else '-'; 'timeout' = it hit its {ILP_TIME_LIMIT:.0f} s limit)",
+                        120), flush=True)
+    rows = run(todo, args.target, args.exact_max_enodes)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"target": args.target, "exact_max_enodes": args.exact_max_enodes,
+                                               "rows": [r.to_dict() for r in rows]}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

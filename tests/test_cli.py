@@ -1,0 +1,301 @@
+"""The rlx-egraph CLI (in-process through ``main(argv)``, and ``demo`` as a real process) and the bench script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx_egraph import Graph, bench, dump_egglog_program, evaluate, examples
+from rlx_egraph.cli.main import EXIT_BROKEN_PIPE, EXIT_INPUT, EXIT_PARITY, main
+from rlx_egraph.egraph import STAGES, load_rules
+
+# llama(layers=1) optimizes 62 -> 34 nodes on cpu: these fused ops replace its norms, projections and attention.
+LLAMA1_FUSED = Counter(FusedRmsNormMatMul=3, FusedMatMulAdd=2, FusedSwiGLU=1, CausalAttentionRoPE=1, ConcatParams=2)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def llama1(tmp_path: Path) -> Path:
+    path = tmp_path / "llama1.json"
+    examples.llama(layers=1).save(path)
+    return path
+
+
+# --- demo ------------------------------------------------------------------------------------------------------------
+
+
+def test_demo_runs_as_a_process() -> None:
+    proc = subprocess.run([sys.executable, "-m", "rlx_egraph.cli.main", "demo"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    out = proc.stdout
+    assert out.startswith("rlx-egraph demo: a 2-layer Llama decoder")
+    assert "input graph llama_L2_H64: 110 nodes, 1 output(s)\nops: Param 21, MatMul 15, Mul 14," in out
+    assert "=== rlx-egraph optimize report (egglog engine, target cpu) ===" in out
+    assert "graph: 110 nodes -> 62 nodes" in out
+    assert "parity: ok on " in out
+    assert "fused ops: CausalAttentionRoPE x2, ConcatParams x4, FusedMatMulAdd x4, FusedRmsNormMatMul x5, " \
+           "FusedSwiGLU x2" in out
+    assert "graph llama_L2_H64: 62 nodes, outputs ['%61']" in out  # the optimized graph table
+    table_ops = [line.split()[1:3] for line in out.splitlines() if line.startswith("  %")]
+    assert sum("FusedRmsNormMatMul" in ops for ops in table_ops) == 5
+
+
+def test_demo_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "demo", "--layers", "1", "--no-verify", "--target", "cuda")
+    assert (code, err) == (0, "")
+    assert "a 1-layer Llama decoder" in out
+    assert "under the 'cuda' IO cost model" in out
+    assert "target cuda" in out
+    assert "graph: 62 nodes -> " in out
+    assert "parity" not in out
+    assert "numpy" not in out  # the header only promises a check when there is one
+
+
+# --- optimize --------------------------------------------------------------------------------------------------------
+
+
+def test_optimize_writes_an_optimized_graph_and_report(capsys: pytest.CaptureFixture[str], llama1: Path,
+                                                       tmp_path: Path) -> None:
+    out_path, report_path = tmp_path / "opt.json", tmp_path / "report.json"
+    code, out, err = run_cli(capsys, "optimize", llama1, "-o", out_path, "--verify", "--report-json", report_path)
+    assert (code, err) == (0, "")
+    original, optimized = Graph.load(llama1), Graph.load(out_path)
+    assert len(optimized) == 34 < len(original) == 62
+    assert Counter({op: n for op, n in optimized.op_counts().items() if op in LLAMA1_FUSED}) == LLAMA1_FUSED
+    assert not {"Pow", "ReduceMean", "Rsqrt", "Sigmoid", "RoPE"} & set(optimized.op_counts())
+    np.testing.assert_allclose(evaluate(optimized)[0], evaluate(original)[0], rtol=1e-4, atol=1e-5)
+    assert "input graph llama_L1_H64: 62 nodes" in out
+    assert "graph: 62 nodes -> 34 nodes" in out
+    assert "parity: ok on " in out
+    assert out.endswith(f"wrote report {report_path}\nwrote {out_path}: 34 nodes\n")
+    report = json.loads(report_path.read_text())
+    assert (report["nodes_before"], report["nodes_after"], report["target"]) == (62, 34, "cpu")
+    assert report["parity"]["ok"] is True
+    assert report["fused_op_counts"]["FusedRmsNormMatMul"] == 3
+
+
+def test_optimize_without_output_prints_the_graph(capsys: pytest.CaptureFixture[str], llama1: Path) -> None:
+    code, out, _ = run_cli(capsys, "optimize", llama1)
+    assert code == 0
+    assert "graph llama_L1_H64: 34 nodes, outputs ['%33']" in out
+    assert "parity" not in out  # --verify is off by default here
+    assert "wrote" not in out
+
+
+def test_optimize_with_an_unsound_rule_fails_parity(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    graph, rule = tmp_path / "mlp.json", tmp_path / "unsound.egg"
+    examples.mlp().save(graph)
+    rule.write_text('(rewrite (Relu ?x) ?x :ruleset simplify :name "drop-relu")\n')
+    code, _, err = run_cli(capsys, "optimize", graph, "--rules", rule, "--verify", "-o", tmp_path / "never.json")
+    assert code == EXIT_PARITY
+    assert err.startswith("error: parity failure: node ")
+    assert err.rstrip().endswith("built by rule(s): drop-relu")
+    assert not (tmp_path / "never.json").exists()
+
+
+# --- error paths -----------------------------------------------------------------------------------------------------
+
+
+def _graph_text(version: int) -> str:
+    data = examples.mlp(layers=1).to_dict()
+    data["version"] = version
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "No such file or directory"),
+    ('{"format": "rlx-egraph-mir", ', "graph file is not valid JSON"),
+    ('{"format": "something-else", "version": 1}', "not an rlx-egraph graph: expected format 'rlx-egraph-mir'"),
+    (_graph_text(99), "graph format version 99 is not supported (this library reads version 1)"),
+    ('{"format": "rlx-egraph-mir", "version": 1, "outputs": [0], "nodes": [{"id": 0, "op": "Relu", "inputs": [7]}]}',
+     "node 0 (Relu): input 0 refers to node 7, which is not in the graph"),
+], ids=["missing", "not-json", "wrong-format", "wrong-version", "dangling-input"])
+@pytest.mark.parametrize("command", ["optimize", "program"])
+def test_bad_graph_files_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str,
+                                text: str | None, message: str) -> None:
+    path = tmp_path / "in.json"
+    if text is not None:
+        path.write_text(text)
+    code, out, err = run_cli(capsys, command, path)
+    assert code == EXIT_INPUT
+    assert out == ""
+    assert err.startswith(f"error: {path}: ")
+    assert message in err
+    assert err.count("\n") == 1  # one line, no traceback
+
+
+BAD_RULES = [
+    (';; a comment\n(rewrite (Relu ?x) (Neg ?x) :ruleset simplify :name "fine")\n'
+     '(rewrite (Relu ?x) (Neg ?x)) :ruleset simplify :name "oops")\n', "bad.egg:3: parse error: unexpected `)`"),
+    ('\n(rewrite (Relu ?x) (Neg ?x) :name "no-stage")\n',
+     "bad.egg:2: rule no-stage needs ':ruleset' set to one of simplify, recognize, fuse, blocks"),
+    ('(rewrite (Relu ?x) (Neg ?x) :ruleset fuse :name "fine")\n'
+     '(rewrite (Relu ?x 1) (Neg ?x) :ruleset fuse :name "arity")\n',
+     "bad.egg:2: Arity mismatch, expected 1 args: (Relu ?x 1)"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_RULES, ids=["syntax", "no-stage", "arity"])
+@pytest.mark.parametrize("command", ["optimize", "rules", "program"])
+def test_bad_rule_files_exit_2_with_file_and_line(capsys: pytest.CaptureFixture[str], llama1: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, command: str, text: str,
+                                                   message: str) -> None:
+    monkeypatch.chdir(tmp_path)  # rule locations are shown relative to the working directory
+    Path("bad.egg").write_text(text)
+    args = [] if command == "rules" else [llama1]
+    code, _, err = run_cli(capsys, command, *args, "--rules", "bad.egg")
+    assert code == EXIT_INPUT
+    assert err.startswith(f"error: {message}")
+    assert err.count("\n") == 1
+
+
+def test_missing_rule_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "rules", "--rules", tmp_path / "none.egg")
+    assert code == EXIT_INPUT
+    assert err == f"error: {tmp_path / 'none.egg'}: no such rule file or folder\n"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["optimize"], "the following arguments are required: INPUT.json"),
+    (["example", "resnet", "-o", "x.json"], "argument NAME: invalid choice: 'resnet'"),
+    (["demo", "--layers", "-1"], "argument --layers: -1 is negative"),
+    (["demo", "--target", "tpu"], "argument --target: invalid choice: 'tpu'"),
+    ([], "the following arguments are required: COMMAND"),
+])
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert message in err
+
+
+def test_closed_stdout_exits_quietly() -> None:
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write: like `rlx-egraph rules | head` after head exits
+    try:
+        proc = subprocess.run([sys.executable, "-m", "rlx_egraph.cli.main", "rules"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (EXIT_BROKEN_PIPE, "")
+
+
+# --- example, rules, program ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["llama", "--layers", "1"], examples.llama(layers=1)),
+    (["bert"], examples.bert()),
+    (["conv_block"], examples.conv_block()),
+    (["mlp", "--layers", "0"], examples.mlp(layers=0)),
+])
+def test_example_saves_the_model(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str],
+                                 expected: Graph) -> None:
+    path = tmp_path / "model.json"
+    code, out, err = run_cli(capsys, "example", *argv, "-o", path)
+    assert (code, err) == (0, "")
+    assert Graph.load(path) == expected
+    assert out.startswith(f"wrote {path}: graph {expected.name}: {len(expected)} nodes, 1 output(s)\nops: ")
+
+
+def test_example_rejects_layers_for_a_model_without_layers(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "example", "conv_block", "--layers", "2", "-o", tmp_path / "c.json")
+    assert code == EXIT_INPUT
+    assert err == "error: example 'conv_block' has no --layers option\n"
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_rules_lists_every_shipped_rule_in_stage_order(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "rules")
+    assert code == 0
+    shipped = load_rules()
+    lines = out.splitlines()
+    assert lines[0].split() == ["stage", "name", "location", "builds"]
+    assert lines[-1] == (f"{len(shipped.rules)} rules from {len(shipped.files)} files; "
+                         "stages run in order: simplify, recognize, fuse, blocks")
+    rows = [line.split() for line in lines[1:-1]]
+    assert sorted((r[0], r[1], r[2]) for r in rows) == sorted((r.stage, r.name, r.location) for r in shipped.rules)
+    stage_index = [STAGES.index(r[0]) for r in rows]
+    assert stage_index == sorted(stage_index)
+    rms = shipped.by_name("rms-norm-matmul")
+    assert any(r[1] == "rms-norm-matmul" and r[2] == rms.location and "FusedRmsNormMatMul" in r[3:] for r in rows)
+
+
+def test_rules_with_a_user_file(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("mine.egg").write_text(';; my rule\n(rewrite (Neg (Relu ?x)) (Neg (Relu ?x)) :ruleset fuse :name "mine")\n')
+    code, out, _ = run_cli(capsys, "rules", "--rules", "mine.egg")
+    assert code == 0
+    assert out.splitlines()[1].split() == ["fuse", "mine", "mine.egg:2", "Neg", "Relu"]
+    assert out.splitlines()[-1].startswith("1 rules from 1 files")
+
+
+def test_program_prints_the_egglog_program(capsys: pytest.CaptureFixture[str], llama1: Path) -> None:
+    code, out, _ = run_cli(capsys, "program", llama1)
+    assert code == 0
+    assert out == dump_egglog_program(Graph.load(llama1)) + "\n"
+    assert "(run-schedule" in out
+
+
+# --- bench -----------------------------------------------------------------------------------------------------------
+
+
+def test_bench_cases_keep_the_given_order() -> None:
+    names = [c.name for c in bench.cases(["bert", "synthetic", "llama"], [8, 1])]
+    assert names == ["bert-8", "bert-1", "synthetic-20000", "llama-8", "llama-1"]
+
+
+def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    # llama-1 has 101 e-nodes and llama-2 186: the ILP runs on the first only.
+    code = bench.main(["--quick", "--models", "llama,synthetic", "--exact-max-enodes", "150", "--json", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    assert [r["case"] for r in rows] == ["llama-1", "llama-2"]  # --quick drops synthetic and uses layers 1, 2
+    one, two = rows
+    assert (one["nodes_before"], one["nodes_after"], one["enodes"]) == (62, 34, 101)
+    assert (two["nodes_before"], two["nodes_after"], two["enodes"]) == (110, 62, 186)
+    assert Counter(one["fused_op_counts"]) == LLAMA1_FUSED + Counter(Narrow=3)
+    assert one["ilp_finished"] is True
+    assert one["exact_ns"] == pytest.approx(one["greedy_ns"])
+    assert (two["exact_ns"], two["ilp_seconds"], two["ilp_finished"]) == (None, None, False)
+    for r in rows:
+        assert set(r["phases"]) == {"encode", "saturate", "extract", "decode"}
+        assert r["total_seconds"] >= sum(r["phases"].values())
+        assert r["peak_rss_mb"] > 20
+        assert r["gain_pct"] == pytest.approx(100 * (r["before_ns"] - r["after_ns"]) / r["before_ns"])
+    table = out.splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("case "))
+    assert table[header].split()[-3:] == ["ns", "fused", "ops"]
+    assert table[header + 1].split()[:5] == ["llama-1", "62", "34", "68", "101"]
+    gap = 14  # case, 2 node counts, 2 e-graph sizes, 4 phases, total, peak, before, after, gain, then gap
+    assert table[header + 1].split()[gap] == "0"  # greedy found the optimum
+    assert table[header + 2].split()[:5] == ["llama-2", "110", "62", "122", "186"]
+    assert table[header + 2].split()[gap] == "-"
+    assert "RmsNormMatMul:3" in table[header + 1]
+    assert err.splitlines() == [f"[1/2] llama-1: {one['total_seconds']:.2f} s",
+                                f"[2/2] llama-2: {two['total_seconds']:.2f} s"]
+
+
+def test_bench_rejects_unknown_models() -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--models", "llama,gpt9"])
+    assert exc.value.code == 2
