@@ -370,3 +370,49 @@ def test_exact_extraction_mode_matches_greedy_on_small_graphs():
     assert ra.extraction == "exact"
     assert ra.profile_after.ns == pytest.approx(rb.profile_after.ns)
     assert ops(a) == ops(b)
+
+
+# --- elementwise regions (a pass after extraction) --------------------------------------
+
+
+def _chain(extra_user: bool = False, steps: int = 3) -> Graph:
+    g = Graph()
+    a, b, c = g.input("a", (8, 16)), g.input("b", (8, 16)), g.input("c", (16,))
+    add = g.add(a, b)
+    v = g.mul(add, c)
+    for _ in range(steps - 2):
+        v = g.relu(g.tanh(v)) if steps > 3 else g.relu(v)
+    g.set_outputs([v, g.sigmoid(add)] if extra_user else [v])
+    return g
+
+
+def test_elementwise_chain_becomes_one_region():
+    og, rep = opt(_chain())
+    region = out_node(og)
+    assert ops(og) == {"ElementwiseRegion": 1}
+    assert [og.node(i).name for i in region.inputs] == ["a", "b", "c"]
+    assert [step[0] for step in json.loads(region.attrs["chain"])] == ["Add", "Mul", "Relu"]
+    assert json.loads(region.attrs["chain"])[1][2] == [-1, 2]
+    assert rep.fusions[-1].rules == ("pass:elementwise-region",)
+    assert rep.parity.ok
+
+
+def test_region_does_not_absorb_a_value_with_another_user():
+    og, _ = opt(_chain(extra_user=True))
+    assert ops(og) == {"Add": 1, "ElementwiseRegion": 1, "Sigmoid": 1}
+    assert [s[0] for s in json.loads(og.node(og.outputs[0]).attrs["chain"])] == ["Mul", "Relu"]
+
+
+def test_single_elementwise_op_is_not_a_region_and_wgpu_keeps_chains_unfused():
+    g = Graph()
+    g.set_outputs([g.relu(g.input("a", (4,)))])
+    assert opt(g)[0] == g
+    assert ops(opt(_chain(), target="wgpu")[0]) == {"Add": 1, "Mul": 1, "Relu": 1}
+
+
+def test_region_length_is_bounded():
+    from rlx_egraph.egraph.regions import find_regions
+
+    g = _chain(steps=12)  # add, mul, then 10 x (tanh, relu): 22 steps
+    assert [len(r.members) for r in find_regions(g, max_steps=16)] == [16, 6]
+    assert ops(opt(g)[0]) == {"ElementwiseRegion": 2}

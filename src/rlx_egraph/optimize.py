@@ -13,7 +13,8 @@ from egglog import bindings as eb
 
 from .cost import Target, get_target, profile
 from .egraph import extract as ex
-from .egraph.decode import decode
+from .egraph.decode import Decoded, Fusion, decode
+from .egraph.regions import apply_regions
 from .egraph.encode import encode_graph
 from .egraph.rules import STAGES, RuleSet, load_rules
 from .egraph.saturate import SaturationLimits, saturate
@@ -35,13 +36,15 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
 
 def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
-                         attention_block_max_tokens: int = 64, seed: int = 0,
+                         attention_block_max_tokens: int = 64, regions: bool = True, seed: int = 0,
                          **limits: Any) -> tuple[Graph, OptimizeReport]:
     """Optimize ``graph``; returns the new graph and an :class:`OptimizeReport`.
 
     ``rules``: None for the shipped rules, or rule files/folders (see ``load_rules``).
     ``engine``: "auto" | "egglog" | "fallback".  ``extraction``: "greedy" or "exact".
     ``exact_gap``: also solve the exact problem and report its optimum.
+    ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
+    (a pass after extraction; only on targets with region kernels, only where it pays).
     ``verify``: check every node against the input graph with numpy (raises ParityError).
     ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, ...).
     """
@@ -90,6 +93,8 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
 
     t0 = time.perf_counter()
     decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
+    if regions:
+        decoded = _with_regions(decoded, tgt)
     phases["decode"] = time.perf_counter() - t0
 
     report.egglog_program = _program_text(ruleset, encoding.text)
@@ -111,6 +116,19 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         phases["verify"] = time.perf_counter() - t0
     report.phases = phases
     return decoded.graph, report
+
+
+def _with_regions(decoded: Decoded, target: Target) -> Decoded:
+    """Apply the ElementwiseRegion pass and carry provenance over to the new ids."""
+    graph, same_value, applied = apply_regions(decoded.graph, target)
+    if not applied:
+        return decoded
+    new_of = {old: new for new, old in same_value.items()}
+    fusions = [Fusion(new_of[f.node], f.op, f.rules, f.replaces) for f in decoded.fusions if f.node in new_of]
+    fusions += [Fusion(new_of[r.tail], "ElementwiseRegion", ("pass:elementwise-region",),
+                       tuple(decoded.originals[r.tail])) for r in applied]
+    return Decoded(graph, {n: decoded.class_of[o] for n, o in same_value.items()},
+                   {n: decoded.originals[o] for n, o in same_value.items()}, sorted(fusions, key=lambda f: f.node))
 
 
 def _program_text(ruleset: RuleSet, graph_text: str) -> str:

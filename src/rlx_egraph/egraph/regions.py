@@ -1,0 +1,127 @@
+"""ElementwiseRegion: maximal chains of elementwise ops as one kernel.
+
+Applied to the extracted graph, outside egglog: a region is variadic (any
+number of inputs and steps), which one egglog constructor pattern cannot
+express.  A chain grows through values that are used exactly once (never a
+graph output) and whose shape matches the region's or broadcasts into it from
+the trailing axes; it stops at ``max_steps`` steps or ``max_inputs`` inputs.
+A target without region kernels keeps the ops unfused, and a region is kept
+only when the cost model says it pays.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..cost import Target
+from ..ir.graph import Graph, Node
+from ..ir.registry import Kind
+
+# Elementwise-kind ops that are not register-to-register maps (gathers, positional).
+_NOT_IN_REGIONS = frozenset({"Embedding", "RoPE"})
+
+
+@dataclass(frozen=True)
+class Region:
+    tail: int  # the node whose value the region produces
+    members: tuple[int, ...]  # in topological order
+    inputs: tuple[int, ...]
+
+
+def eligible(graph: Graph, node: Node) -> bool:
+    """An elementwise map whose inputs equal its shape or broadcast from the trailing axes."""
+    if node.kind is not Kind.ELEMENTWISE or node.op in _NOT_IN_REGIONS:
+        return False
+    for i in node.inputs:
+        shape = graph.node(i).shape
+        if shape != node.shape and node.shape[len(node.shape) - len(shape):] != shape \
+                and any(d != 1 for d in shape):
+            return False
+    return True
+
+
+def find_regions(graph: Graph, max_steps: int = 16, max_inputs: int = 8) -> list[Region]:
+    """Chains of two or more eligible nodes, each inner value used once."""
+    outputs = set(graph.outputs)
+    members: dict[int, list[int]] = {}  # tail -> members so far
+    region_of: dict[int, int] = {}
+    for node in graph.nodes:
+        if not eligible(graph, node):
+            continue
+        joinable = {region_of[i] for i in node.inputs
+                    if i in region_of and graph.use_count(i) == 1 and i not in outputs
+                    and graph.node(i).shape == node.shape}
+        if len(joinable) == 1:
+            tail = joinable.pop()
+            chain = members[tail] + [node.id]
+            if len(chain) <= max_steps and len(_external_inputs(graph, chain)) <= max_inputs:
+                del members[tail]
+                members[node.id] = chain
+                for m in chain:
+                    region_of[m] = node.id
+                continue
+        members[node.id] = [node.id]
+        region_of[node.id] = node.id
+    return [Region(tail, tuple(chain), tuple(_external_inputs(graph, chain)))
+            for tail, chain in sorted(members.items()) if len(chain) >= 2]
+
+
+def _external_inputs(graph: Graph, chain: list[int]) -> list[int]:
+    inside = set(chain)
+    return list(dict.fromkeys(i for m in chain for i in graph.node(m).inputs if i not in inside))
+
+
+def chain_json(graph: Graph, region: Region) -> str:
+    """The region's program: [op, attrs, operands], operand i >= 0 an input, -k step k-1."""
+    step_of = {m: k for k, m in enumerate(region.members)}
+    slot = {i: k for k, i in enumerate(region.inputs)}
+    steps = []
+    for m in region.members:
+        node = graph.node(m)
+        operands = [-(step_of[i] + 1) if i in step_of else slot[i] for i in node.inputs]
+        attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in node.attrs.items()}
+        steps.append([node.op, attrs, operands])
+    return json.dumps(steps)
+
+
+def apply_regions(graph: Graph, target: Target, max_steps: int = 16,
+                  max_inputs: int = 8) -> tuple[Graph, dict[int, int], list[Region]]:
+    """``graph`` with its regions fused when ``target`` has region kernels and they pay.
+
+    Returns the new graph, a map new node id -> ``graph`` node id of the same
+    value, and the regions applied.
+    """
+    regions = find_regions(graph, max_steps, max_inputs) if target.region_kernels else []
+    regions = [r for r in regions if _pays(graph, r, target)]
+    by_tail = {r.tail: r for r in regions}
+    absorbed = {m for r in regions for m in r.members if m != r.tail}
+    out = Graph(graph.name)
+    new_id: dict[int, int] = {}
+    same_value: dict[int, int] = {}
+    for node in graph.nodes:
+        if node.id in absorbed:
+            continue
+        if node.id in by_tail:
+            r = by_tail[node.id]
+            nid = out.elementwise_region([new_id[i] for i in r.inputs], chain=chain_json(graph, r))
+        else:
+            nid = out.add_node(node.op, [new_id[i] for i in node.inputs], **node.attrs)
+        new_id[node.id] = nid
+        same_value[nid] = node.id
+    out.set_outputs(new_id[o] for o in graph.outputs)
+    return out, same_value, regions
+
+
+def _pays(graph: Graph, region: Region, target: Target) -> bool:
+    from ..ir.registry import op_spec
+
+    spec = op_spec("ElementwiseRegion")
+    in_types = [graph.node(i).type for i in region.inputs]
+    attrs, out = spec.resolve({"chain": chain_json(graph, region)}, in_types)
+    fused = target.node_ns(spec, attrs, in_types, out)
+    unfused = 0.0
+    for m in region.members:
+        node = graph.node(m)
+        unfused += target.node_ns(node.spec, node.attrs, [graph.node(i).type for i in node.inputs], node.type)
+    return fused < unfused
