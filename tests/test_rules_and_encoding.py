@@ -71,7 +71,7 @@ def test_user_rules_run_with_the_shipped_ones(tmp_path):
     g = Graph()
     x = g.input("x", (4, 8))
     g.set_outputs([g.relu(g.exp(g.log(g.sigmoid(x))))])
-    og, rep = optimize_with_report(g, rules=[default_rule_dir(), path])
+    og, rep = optimize_with_report(g, rules=[default_rule_dir(), path], regions=False)
     assert [n.op for n in og.nodes] == ["Input", "Sigmoid", "Relu"]
     assert rep.matches_per_rule["exp-log"] >= 1
 

@@ -14,8 +14,8 @@ from egglog import bindings as eb
 from .cost import Target, get_target, profile
 from .egraph import extract as ex
 from .egraph.decode import Decoded, Fusion, decode
-from .egraph.regions import apply_regions
 from .egraph.encode import encode_graph
+from .egraph.regions import apply_regions
 from .egraph.rules import STAGES, RuleSet, load_rules
 from .egraph.saturate import SaturationLimits, saturate
 from .egraph.schema import schema_text
