@@ -416,3 +416,15 @@ def test_region_length_is_bounded():
     g = _chain(steps=12)  # add, mul, then 10 x (tanh, relu): 22 steps
     assert [len(r.members) for r in find_regions(g, max_steps=16)] == [16, 6]
     assert ops(opt(g)[0]) == {"ElementwiseRegion": 2}
+
+
+def test_rules_that_merge_two_input_nodes_keep_the_lower_one():
+    # neg(neg(y)) = y puts two input-graph nodes in one e-class; choosing the
+    # Neg node there would make the graph read its own output.
+    g = Graph()
+    y = g.relu(g.input("x", (4, 8)))
+    g.set_outputs([y, g.neg(g.neg(y))])
+    og, rep = opt(g)
+    assert [n.op for n in og.nodes] == ["Input", "Relu"]
+    assert og.outputs == (1, 1)
+    assert rep.parity.ok

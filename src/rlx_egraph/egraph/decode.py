@@ -82,5 +82,8 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph, rules: RuleSe
             pending[r] -= 1
             if pending[r] == 0:
                 heapq.heappush(heap, (sort_key(r), r))
+    if len(new_id) != len(wanted):
+        stuck = sorted(set(wanted) - set(new_id))[:5]
+        raise RuntimeError(f"decode: the extracted choice is cyclic around e-classes {stuck}")
     out.set_outputs(new_id[view.class_of_node[o]] for o in graph.outputs)
     return decoded

@@ -251,7 +251,10 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
     tree_node, _ = _best_tree_choice(view, monotone)
     choice: dict[int, int] = {}
     for cls in view.classes:
-        original = next((i for i in cls.nodes if view.nodes[i].original is not None and costs[i] < math.inf), None)
+        # When rules merged several input-graph nodes into one class, only the
+        # lowest one is computed from classes below it.
+        original = next((i for i in cls.nodes if view.nodes[i].original is not None and monotone[i] < math.inf),
+                        None)
         pick = original if original is not None else tree_node.get(cls.id)
         if pick is not None:
             choice[cls.id] = pick
