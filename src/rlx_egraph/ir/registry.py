@@ -86,6 +86,11 @@ def positive(value: float) -> str | None:
     return None
 
 
+def at_least_one(value: int) -> str | None:
+    """Attribute check: an integer >= 1."""
+    return None if value >= 1 else "must be >= 1"
+
+
 def non_negative(value: float) -> str | None:
     """Attribute check: a finite number >= 0."""
     if not math.isfinite(value) or value < 0:

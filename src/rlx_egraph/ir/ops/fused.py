@@ -17,13 +17,14 @@ from ..registry import (
     OpSpec,
     ShapeError,
     TensorType,
+    at_least_one,
     non_negative,
     op_spec,
     positive,
     register,
 )
-from ..shapes import broadcast, matmul_shape, norm_param_check, require_float, require_rank, same_dtype
-from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops
+from ..shapes import broadcast, matmul_shape, norm_param_check, require_rank, same_dtype
+from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops, norm_infer
 
 T = TensorType
 INT, F, B, S = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR
@@ -53,28 +54,10 @@ def _bias_act_infer(a: Attrs, ins: list[T]) -> T:
     return T(broadcast(matmul_shape(x.shape, w.shape, -1, -2, "FusedMatMulBiasAct"), bias.shape), dt)
 
 
-def _residual_norm_infer(name: str, params: tuple[str, ...]):
-    def infer(a: Attrs, ins: list[T]) -> T:
-        x, residual = ins[:2]
-        require_float(x, f"{name} input")
-        same_dtype(ins, f"{name} inputs")
-        if x.shape != residual.shape:
-            raise ShapeError(f"{name} x {list(x.shape)} and residual {list(residual.shape)} differ")
-        for label, p in zip(params, ins[2:], strict=False):
-            norm_param_check(x, p, a["axis"], f"{name} {label}")
-        return x
-
-    return infer
-
-
 def _rms_matmul_infer(a: Attrs, ins: list[T]) -> T:
     x, w_norm, w_proj = ins
     norm_param_check(x, w_norm, a["axis"], "FusedRmsNormMatMul w_norm")
     return T(matmul_shape(x.shape, w_proj.shape, -1, -2, "FusedRmsNormMatMul"), same_dtype(ins, "operands"))
-
-
-def _at_least_one(v: int) -> str | None:
-    return None if v >= 1 else "must be >= 1"
 
 
 def _causal_rope_infer(a: Attrs, ins: list[T]) -> T:
@@ -184,11 +167,11 @@ FUSED = [
            (AttrSpec("act", S, "none", choices=EPILOGUES),), flops=matmul_flops,
            doc="act(x @ w + bias) with a bias of rank <= 1 and an optional Gelu/Silu epilogue."),
     OpSpec("FusedResidualLN", Kind.FUSED, ("x", "residual", "gamma", "beta"),
-           _residual_norm_infer("FusedResidualLN", ("gamma", "beta")),
+           norm_infer("FusedResidualLN", ("gamma", "beta"), residual=True),
            lambda a, x, r, g, b: K.layer_norm(x + r, g, b, a["axis"], a["eps"]), (_AXIS, _EPS),
            doc="LayerNorm(x + residual)."),
     OpSpec("FusedResidualRmsNorm", Kind.FUSED, ("x", "residual", "gamma", "beta?"),
-           _residual_norm_infer("FusedResidualRmsNorm", ("gamma", "beta")),
+           norm_infer("FusedResidualRmsNorm", ("gamma", "beta"), residual=True),
            lambda a, x, r, g, b=None: K.rms_norm(x + r, g, b, a["axis"], a["eps"]),
            (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), doc="RmsNorm(x + residual)."),
     OpSpec("FusedRmsNormMatMul", Kind.FUSED, ("x", "w_norm", "w_proj"), _rms_matmul_infer,
@@ -202,19 +185,19 @@ FUSED = [
            doc="up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first)."),
     OpSpec("GroupNormSilu", Kind.FUSED, ("x", "w", "b"), lambda a, ins: op_spec("GroupNorm").infer(a, ins),
            lambda a, x, w, b: K.silu(K.group_norm(x, w, b, a["groups"], a["eps"])),
-           (AttrSpec("groups", INT, check=_at_least_one), _EPS), doc="Silu(GroupNorm(x, w, b))."),
+           (AttrSpec("groups", INT, check=at_least_one), _EPS), doc="Silu(GroupNorm(x, w, b))."),
     OpSpec("CausalAttentionRoPE", Kind.FUSED, ("q", "k", "v"), _causal_rope_infer,
            lambda a, q, k, v: K.sdpa(K.rope(q, a["theta"]), K.rope(k, a["theta"]), v, a["scale"], causal=True),
            (AttrSpec("theta", F, 10000.0, check=positive), AttrSpec("scale", F, 0.0, check=non_negative)),
            flops=attention_flops, canonical=causal_canonical, doc="CausalAttention(RoPE(q), RoPE(k), v)."),
     OpSpec("FusedAttentionBlock", Kind.FUSED, ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b"),
-           _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=_at_least_one), _SCALE),
+           _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=at_least_one), _SCALE),
            flops=lambda a, ins, out: 2 * ins[0].numel * 4 * ins[0].shape[-1] + 4 * out.numel * ins[0].shape[1],
            doc="QKV matmul+bias, split, masked attention, output matmul+bias."),
     OpSpec("FusedTransformerLayer", Kind.FUSED,
            ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b",
             "ln2_g", "ln2_b", "mask"), _transformer_layer_infer, K.transformer_layer,
-           (AttrSpec("heads", INT, check=_at_least_one), _SCALE, AttrSpec("eps1", F, check=positive),
+           (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("eps1", F, check=positive),
             AttrSpec("eps2", F, check=positive),
             AttrSpec("act", S, "gelu", choices=EPILOGUES)), flops=_transformer_layer_flops,
            doc="A whole post-norm BERT layer; inputs in the seed's 14-input order."),

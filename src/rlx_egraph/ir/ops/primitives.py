@@ -16,6 +16,7 @@ from ..registry import (
     OpSpec,
     ShapeError,
     TensorType,
+    at_least_one,
     non_negative,
     positive,
     register,
@@ -38,10 +39,6 @@ INT, F, B, S, D, INTS = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.ST
 
 def _dims_positive(shape: tuple[int, ...]) -> str | None:
     return None if all(d > 0 for d in shape) else "must hold positive dimensions"
-
-
-def _at_least_one(v: int) -> str | None:
-    return None if v >= 1 else "must be >= 1"
 
 
 def _axis(default: int = -1) -> AttrSpec:
@@ -209,12 +206,16 @@ REDUCTIONS = [
 # --- norms --------------------------------------------------------------------
 
 
-def _norm_infer(name: str, params: tuple[str, ...]):
+def norm_infer(name: str, params: tuple[str, ...], residual: bool = False):
+    """Shape rule of a norm over axes [axis, rank): x[, residual], then scale/shift params."""
+
     def infer(a: Attrs, ins: list[T]) -> T:
         x = ins[0]
         require_float(x, f"{name} input")
         same_dtype(ins, f"{name} inputs")
-        for label, p in zip(params, ins[1:], strict=False):
+        if residual and ins[1].shape != x.shape:
+            raise ShapeError(f"{name} x {list(x.shape)} and residual {list(ins[1].shape)} differ")
+        for label, p in zip(params, ins[1 + residual:], strict=False):
             norm_param_check(x, p, a["axis"], f"{name} {label}")
         return x
 
@@ -234,15 +235,15 @@ def _group_norm_infer(a: Attrs, ins: list[T]) -> T:
 
 
 NORMS = [
-    OpSpec("LayerNorm", Kind.NORM, ("x", "gamma", "beta"), _norm_infer("LayerNorm", ("gamma", "beta")),
+    OpSpec("LayerNorm", Kind.NORM, ("x", "gamma", "beta"), norm_infer("LayerNorm", ("gamma", "beta")),
            lambda a, x, g, b: K.layer_norm(x, g, b, a["axis"], a["eps"]), (_axis(), _eps(1e-5)),
            doc="Normalise over axes [axis, rank), then scale and shift."),
-    OpSpec("RmsNorm", Kind.NORM, ("x", "gamma", "beta?"), _norm_infer("RmsNorm", ("gamma", "beta")),
+    OpSpec("RmsNorm", Kind.NORM, ("x", "gamma", "beta?"), norm_infer("RmsNorm", ("gamma", "beta")),
            lambda a, x, g, b=None: K.rms_norm(x, g, b, a["axis"], a["eps"]), (_axis(), _eps(1e-6)),
            doc="x / sqrt(mean(x^2) + eps) * gamma (+ beta)."),
     OpSpec("GroupNorm", Kind.NORM, ("x", "w", "b"), _group_norm_infer,
            lambda a, x, w, b: K.group_norm(x, w, b, a["groups"], a["eps"]),
-           (AttrSpec("groups", INT, check=_at_least_one), _eps(1e-5))),
+           (AttrSpec("groups", INT, check=at_least_one), _eps(1e-5))),
 ]
 
 # --- layout -------------------------------------------------------------------
@@ -385,7 +386,7 @@ TRANSFORMER = [
            (AttrSpec("theta", F, 10000.0, check=positive),),
            doc="Rotary position embedding (rotate-half) over [..., S, D]."),
     OpSpec("Attention", Kind.ATTENTION, ("q", "k", "v", "key_mask?"), _attention_infer, K.attention,
-           (AttrSpec("heads", INT, check=_at_least_one), AttrSpec("kv_heads", INT, 0),
+           (AttrSpec("heads", INT, check=at_least_one), AttrSpec("kv_heads", INT, 0),
             AttrSpec("mask", S, "none", choices=("none", "causal", "custom")), _SCALE),
            flops=attention_flops, canonical=attention_canonical,
            doc="Attention on packed [B, S, heads*head_dim]; custom mask [B, Sk] (1 keeps, 0 drops)."),
@@ -441,14 +442,14 @@ def _upsample_infer(a: Attrs, ins: list[T]) -> T:
     return T((*x.shape[:2], 2 * x.shape[2], 2 * x.shape[3]), x.dtype)
 
 
-_STRIDE = AttrSpec("stride", INT, 1, check=_at_least_one)
+_STRIDE = AttrSpec("stride", INT, 1, check=at_least_one)
 _PAD = AttrSpec("padding", INT, 0, check=non_negative)
 
 VISION = [
     OpSpec("Conv2d", Kind.VISION, ("x", "w"), _conv_infer, K.conv2d,
-           (_STRIDE, _PAD, AttrSpec("groups", INT, 1, check=_at_least_one)), flops=_conv_flops),
+           (_STRIDE, _PAD, AttrSpec("groups", INT, 1, check=at_least_one)), flops=_conv_flops),
     OpSpec("MaxPool2d", Kind.VISION, ("x",), _pool_infer, K.max_pool2d,
-           (AttrSpec("kernel", INT, check=_at_least_one), _STRIDE, _PAD)),
+           (AttrSpec("kernel", INT, check=at_least_one), _STRIDE, _PAD)),
     OpSpec("GlobalAvgPool", Kind.REDUCTION, ("x",), _gap_infer, lambda a, x: x.mean(axis=(2, 3))),
     OpSpec("Upsample2x", Kind.VISION, ("x",), _upsample_infer, K.upsample2x, doc="Nearest-neighbour 2x."),
 ]
@@ -511,4 +512,5 @@ BACKWARD = [
 ALL = [*LEAVES, *MATMULS, *ELEMENTWISE, *REDUCTIONS, *NORMS, *LAYOUT, *TRANSFORMER, *VISION, *LOSSES, *BACKWARD]
 register(*ALL)
 
-__all__ = ["ALL", "attention_canonical", "attention_flops", "causal_canonical", "concat_infer", "matmul_flops"]
+__all__ = ["ALL", "attention_canonical", "attention_flops", "causal_canonical", "concat_infer", "matmul_flops",
+           "norm_infer"]
