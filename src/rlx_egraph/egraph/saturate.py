@@ -60,10 +60,6 @@ class SaturationResult:
                 total[rule] = total.get(rule, 0) + n
         return dict(sorted(total.items()))
 
-    @property
-    def iterations(self) -> int:
-        return sum(it.iterations for it in self.history)
-
 
 def egraph_size(egraph: eb.EGraph) -> int:
     """Number of e-nodes (rows of Op/TensorList constructors, helper tables excluded)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.registry import REGISTRY, AttrType, OpSpec
+from ..ir.registry import REGISTRY, OpSpec
 
 NO_INPUT = "NoInput"
 LIST_NIL = "TNil"
@@ -53,10 +53,6 @@ def constructor_args(spec: OpSpec) -> list[ConstructorArg]:
                            optional=raw.endswith("?"), variadic=raw.endswith("*")) for raw in spec.inputs]
     args += [ConstructorArg(a.name, a.type.egglog_sort, False) for a in spec.attrs]
     return args
-
-
-def attr_type(spec: OpSpec, name: str) -> AttrType:
-    return next(a.type for a in spec.attrs if a.name == name)
 
 
 def schema_text() -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from egglog import bindings as eb
 
-from ..ir.graph import Graph
+from ..ir.graph import Graph, attrs_equal
 from ..ir.registry import REGISTRY, AttrType, ShapeError, TensorType
 from .encode import egglog_name
 from .rules import RuleSet
@@ -176,15 +176,9 @@ def _mark_originals(view: EGraphView, graph: Graph) -> None:
         children = tuple(view.class_of_node[i] for i in gnode.inputs)
         for idx in view.classes[cid].nodes:
             n = view.nodes[idx]
-            if n.op == gnode.op and n.children == children and n.original is None and _same_attrs(n.attrs, gnode.attrs):
+            if n.op == gnode.op and n.children == children and n.original is None and attrs_equal(n.attrs, gnode.attrs):
                 n.original = gnode.id
                 break
-
-
-def _same_attrs(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    from ..ir.graph import attrs_equal
-
-    return attrs_equal(a, b)
 
 
 def _infer_types(view: EGraphView, rules: RuleSet) -> None:
