@@ -125,6 +125,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         return items
 
     values = _Values(egraph, constants)
+    absent = {row.output for row in functions[NO_INPUT].rows} if NO_INPUT in functions else set()
     nodes: list[ENode] = []
     for name in sorted(REGISTRY):
         fn = functions.get(name)
@@ -143,7 +144,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                     attrs[arg.name] = values.get(value, kinds[arg.name])
                 elif arg.variadic:
                     children.extend(class_of(v) for v in expand(value))
-                elif not _is_no_input(functions, value):
+                elif value not in absent:
                     children.append(class_of(value))
             cid = class_of(row.output)
             node = ENode(len(nodes), name, tuple(children), attrs, cid)
@@ -162,11 +163,6 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     _mark_originals(view, graph)
     _infer_types(view, rules)
     return view
-
-
-def _is_no_input(functions: dict[str, Any], value: Any) -> bool:
-    fn = functions.get(NO_INPUT)
-    return fn is not None and any(row.output == value for row in fn.rows)
 
 
 def _mark_originals(view: EGraphView, graph: Graph) -> None:
