@@ -6,19 +6,28 @@ express.  A chain grows through values that are used exactly once (never a
 graph output) and whose shape matches the region's or broadcasts into it from
 the trailing axes; it stops at ``max_steps`` steps or ``max_inputs`` inputs.
 A target without region kernels keeps the ops unfused, and a region is kept
-only when the cost model says it pays.
+only when the cost model says it pays.  :func:`expand_region` is the inverse.
+
+A region computes exactly what its steps compute: its kernel runs every step
+through :func:`~rlx_egraph.kernels.reference.run_node`, as the interpreter runs
+the node it replaced, so each value is stored in its step's dtype (f16/bf16
+rounded, integers truncated) before the next step reads it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 
 from ..cost import Target
 from ..ir.graph import Graph, Node
-from ..ir.registry import Kind
+from ..ir.ops.fused import region_program
+from ..ir.registry import Kind, op_spec
 
-# Elementwise-kind ops that are not register-to-register maps (gathers, positional).
+# Elementwise-kind ops a region kernel cannot compute lane by lane: Embedding gathers whole rows
+# of its table and RoPE reads its position (axis -2) and the partner lane rotate-half pairs it
+# with.  Every other elementwise op is reproduced bit for bit inside a region (module docstring).
 _NOT_IN_REGIONS = frozenset({"Embedding", "RoPE"})
 
 
@@ -73,7 +82,8 @@ def _external_inputs(graph: Graph, chain: list[int]) -> list[int]:
 
 
 def chain_json(graph: Graph, region: Region) -> str:
-    """The region's program: [op, attrs, operands], operand i >= 0 an input, -k step k-1."""
+    """The region's program: its inputs' dtypes and one [op, attrs, operands] per step,
+    operand i >= 0 region input i, -k the value of step k-1."""
     step_of = {m: k for k, m in enumerate(region.members)}
     slot = {i: k for k, i in enumerate(region.inputs)}
     steps = []
@@ -82,7 +92,7 @@ def chain_json(graph: Graph, region: Region) -> str:
         operands = [-(step_of[i] + 1) if i in step_of else slot[i] for i in node.inputs]
         attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in node.attrs.items()}
         steps.append([node.op, attrs, operands])
-    return json.dumps(steps)
+    return json.dumps({"inputs": [graph.node(i).dtype for i in region.inputs], "steps": steps})
 
 
 def apply_regions(graph: Graph, target: Target, max_steps: int = 16,
@@ -113,9 +123,29 @@ def apply_regions(graph: Graph, target: Target, max_steps: int = 16,
     return out, same_value, regions
 
 
-def _pays(graph: Graph, region: Region, target: Target) -> bool:
-    from ..ir.registry import op_spec
+def expand_region(graph: Graph) -> Graph:
+    """``graph`` with every ElementwiseRegion replaced by its steps (the inverse of :func:`apply_regions`).
 
+    Every node keeps its id; a region's last step takes the region's id and its
+    other steps fresh ids after the largest in ``graph``.
+    """
+    out = Graph(graph.name)
+    fresh = itertools.count(max((n.id for n in graph.nodes), default=-1) + 1)
+    for node in graph.nodes:
+        if node.op != "ElementwiseRegion":
+            out.add_node(node.op, node.inputs, node_id=node.id, **node.attrs)
+            continue
+        program = region_program(node.attrs, [graph.node(i).type for i in node.inputs])
+        step_ids: list[int] = []
+        for k, step in enumerate(program):
+            inputs = [node.inputs[i] if i >= 0 else step_ids[-i - 1] for i in step.operands]
+            step_id = node.id if k == len(program) - 1 else next(fresh)
+            step_ids.append(out.add_node(step.spec.name, inputs, node_id=step_id, **step.attrs))
+    out.set_outputs(graph.outputs)
+    return out
+
+
+def _pays(graph: Graph, region: Region, target: Target) -> bool:
     spec = op_spec("ElementwiseRegion")
     in_types = [graph.node(i).type for i in region.inputs]
     attrs, out = spec.resolve({"chain": chain_json(graph, region)}, in_types)

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..ir.dtypes import dtype as lookup_dtype
-from ..ir.dtypes import to_compute, to_storage
+from ..ir.dtypes import to_storage
 from ..ir.graph import Graph, GraphError, Node
+from .reference import run_node
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
@@ -80,10 +81,8 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray] | None = None,
                                  f"expected {list(node.shape)}")
             values[node.id] = to_storage(value, node.dtype)
             continue
-        args = [to_compute(values[i], graph.node(i).dtype) for i in node.inputs]
-        with np.errstate(all="ignore"):
-            out = node.spec.kernel(node.attrs, *args)
-        values[node.id] = to_storage(np.broadcast_to(out, node.shape), node.dtype)
+        values[node.id] = run_node(node.spec, node.attrs, [values[i] for i in node.inputs],
+                                   [graph.node(i).dtype for i in node.inputs], node.type)
     if return_all:
         return values
     return [values[i] for i in graph.outputs]

@@ -1,21 +1,37 @@
-"""Numpy reference kernels, one per op.
+"""Numpy reference kernels, one per op, and :func:`run_node`, the one way to run them.
 
 Every kernel is ``kernel(attrs, *arrays) -> array``: arrays arrive in the
-compute dtype (f16/bf16 widened to f32), the interpreter casts the result to
-the node's dtype.  Fused kernels are written from the primitive kernels so that
-they compute exactly what the unfused subgraph computes.
+compute dtype (f16/bf16 widened to f32) and :func:`run_node` stores the result
+in the node's dtype.  Fused kernels are written from the primitive kernels so
+that they compute exactly what the unfused subgraph computes.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import special
 
+from ..ir.dtypes import to_compute, to_storage
+
+if TYPE_CHECKING:
+    from ..ir.registry import OpSpec, TensorType
+
 Attrs = dict[str, Any]
+
+
+def run_node(spec: OpSpec, attrs: Mapping[str, Any], args: Sequence[np.ndarray], in_dtypes: Sequence[str],
+             out_type: TensorType) -> np.ndarray:
+    """One node's stored value: ``spec``'s kernel on ``args`` (stored or compute form, of ``in_dtypes``)
+    widened to their compute type, broadcast to ``out_type``'s shape and stored in its dtype (f16 and bf16
+    rounded, integers truncated, bool).  The interpreter runs every node through this, and an
+    ElementwiseRegion every step, so a step is bit-identical to the node it replaced."""
+    with np.errstate(all="ignore"):
+        out = spec.kernel(attrs, *(to_compute(x, d) for x, d in zip(args, in_dtypes, strict=True)))
+        return to_storage(np.broadcast_to(out, out_type.shape), out_type.dtype)
 
 # --- leaves -----------------------------------------------------------------
 
@@ -108,7 +124,7 @@ def where(a: Attrs, cond: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarra
 
 
 def cast(a: Attrs, x: np.ndarray) -> np.ndarray:
-    return x  # the interpreter casts every output to the node's dtype
+    return x  # run_node stores every output in the node's dtype
 
 
 # --- reductions -------------------------------------------------------------
@@ -340,19 +356,3 @@ def transformer_layer(a: Attrs, hidden: np.ndarray, qkv_w: np.ndarray, qkv_b: np
     h1 = layer_norm(attn + hidden, ln1_g, ln1_b, -1, a["eps1"])
     inner = ACTIVATIONS[a["act"]](np.matmul(h1, fc1_w) + fc1_b)
     return layer_norm(np.matmul(inner, fc2_w) + fc2_b + h1, ln2_g, ln2_b, -1, a["eps2"])
-
-
-def elementwise_region(a: Attrs, *inputs: np.ndarray) -> np.ndarray:
-    """Run a chain program: each step is [op, attrs, operands]; operand i >= 0 is
-    region input i, operand -k is the result of step k-1."""
-    from ..ir.dtypes import to_compute, to_storage
-    from ..ir.registry import op_spec  # the chain names registry ops
-
-    results: list[np.ndarray] = []
-    for op, attrs, operands in json.loads(a["chain"]):
-        args = [inputs[i] if i >= 0 else results[-i - 1] for i in operands]
-        out = op_spec(op).kernel(attrs, *args)
-        if op == "Cast":  # the one step that changes what a value can hold
-            out = to_compute(to_storage(out, attrs["dtype"]), attrs["dtype"])
-        results.append(out)
-    return results[-1]

@@ -4,6 +4,8 @@ unfused subgraph it replaces computes; tests/test_fused_kernels.py proves it."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -118,45 +120,89 @@ def _transformer_layer_flops(a: Attrs, ins: list[T], out: T) -> int:
     return 2 * tokens * h * (4 * h + 2 * inner) + 4 * out.numel * ins[0].shape[1]
 
 
-def region_steps(a: Attrs) -> list[tuple[str, dict, list[int]]]:
-    """Decode an ElementwiseRegion chain: [op, attrs, operands] per step."""
-    return [(op, attrs, operands) for op, attrs, operands in json.loads(a["chain"])]
+@dataclass(frozen=True)
+class RegionStep:
+    """One step of an ElementwiseRegion chain, resolved by its op's shape rule."""
+
+    spec: OpSpec
+    attrs: dict[str, Any]
+    operands: tuple[int, ...]  # i >= 0: region input i; -k: the value of step k-1
+    type: T
 
 
-def _resolve_chain(a: Attrs, ins: list[T]) -> tuple[list[list], T]:
-    """Check a chain step by step; returns it with canonical attributes, and its type."""
+def _parse_chain(a: Attrs) -> tuple[list[str] | None, list]:
+    """The chain's declared input dtypes (None in the list shorthand) and its raw steps."""
     try:
-        steps = region_steps(a)
-    except (ValueError, TypeError) as exc:
-        raise ShapeError(f"chain is not a JSON list of [op, attrs, operands]: {exc}") from None
+        chain = json.loads(a["chain"])
+    except ValueError as exc:
+        raise ShapeError(f"chain is not JSON: {exc}") from None
+    if isinstance(chain, list):
+        return None, chain
+    if isinstance(chain, dict) and chain.keys() == {"inputs", "steps"} and isinstance(chain["inputs"], list) \
+            and isinstance(chain["steps"], list):
+        return chain["inputs"], chain["steps"]
+    raise ShapeError('chain must be {"inputs": [dtype, ...], "steps": [[op, attrs, operands], ...]} '
+                     "or the list of steps alone")
+
+
+def region_program(a: Attrs, ins: list[T]) -> list[RegionStep]:
+    """Check an ElementwiseRegion chain over inputs of types ``ins`` step by step and type every step.
+
+    The chain is ``{"inputs": [dtype, ...], "steps": [[op, attrs, operands], ...]}``; operand
+    i >= 0 is region input i, -k the value of step k-1.  ``"inputs"`` (the inputs' dtypes, which
+    the kernel cannot see in its compute-typed arrays) may be left out and must match ``ins``.
+    """
+    declared, steps = _parse_chain(a)
+    if declared is not None and declared != [t.dtype for t in ins]:
+        raise ShapeError(f"chain inputs are {declared}, the region's inputs are {[t.dtype for t in ins]}")
     if not steps:
         raise ShapeError("chain must have at least one step")
-    types: list[T] = []
-    canonical: list[list] = []
-    for k, (op, attrs, operands) in enumerate(steps):
-        spec = REGISTRY.get(op)
+    program: list[RegionStep] = []
+    for k, step in enumerate(steps):
+        if not (isinstance(step, list) and len(step) == 3 and isinstance(step[1], dict)
+                and isinstance(step[2], list)):
+            raise ShapeError(f"chain step {k} is not [op, attrs, operands]: {step!r}")
+        op, attrs, operands = step
+        spec = REGISTRY.get(op) if isinstance(op, str) else None
         if spec is None or spec.kind is not Kind.ELEMENTWISE:
             raise ShapeError(f"chain step {k} op {op!r} is not an elementwise op")
-        if any(i >= len(ins) or -i - 1 >= k for i in operands):
+        if not all(type(i) is int and -k <= i < len(ins) for i in operands):
             raise ShapeError(f"chain step {k} refers to a missing operand in {operands}")
-        step_in = [ins[i] if i >= 0 else types[-i - 1] for i in operands]
-        resolved, out = spec.resolve(attrs, step_in)
-        types.append(out)
-        canonical.append([op, {key: list(v) if isinstance(v, tuple) else v for key, v in resolved.items()},
-                          list(operands)])
-    return canonical, types[-1]
+        try:
+            resolved, out = spec.resolve(attrs, [ins[i] if i >= 0 else program[-i - 1].type for i in operands])
+        except ShapeError as exc:
+            raise ShapeError(f"chain step {k} ({op}): {exc}") from None
+        program.append(RegionStep(spec, resolved, tuple(operands), out))
+    return program
 
 
 def _region_canonical(a: Attrs, ins: list[T]) -> dict:
-    return {**a, "chain": json.dumps(_resolve_chain(a, ins)[0])}
+    """The chain with the inputs' dtypes and every step's attributes filled in."""
+    steps = [[s.spec.name, {key: list(v) if isinstance(v, tuple) else v for key, v in s.attrs.items()},
+              list(s.operands)] for s in region_program(a, ins)]
+    return {**a, "chain": json.dumps({"inputs": [t.dtype for t in ins], "steps": steps})}
 
 
 def _region_infer(a: Attrs, ins: list[T]) -> T:
-    return _resolve_chain(a, ins)[1]
+    return region_program(a, ins)[-1].type
+
+
+def _region_kernel(a: Attrs, *xs: np.ndarray) -> np.ndarray:
+    """Run every step as the interpreter runs the node it replaces: in and out of that step's dtype."""
+    declared, _ = _parse_chain(a)
+    if declared is None:
+        raise ShapeError("the kernel needs a resolved chain (with its inputs' dtypes)")
+    program = region_program(a, [T(x.shape, d) for x, d in zip(xs, declared, strict=True)])
+    values: list[np.ndarray] = []
+    for step in program:
+        args = [xs[i] if i >= 0 else values[-i - 1] for i in step.operands]
+        dtypes = [declared[i] if i >= 0 else program[-i - 1].type.dtype for i in step.operands]
+        values.append(K.run_node(step.spec, step.attrs, args, dtypes, step.type))
+    return values[-1]
 
 
 def _region_flops(a: Attrs, ins: list[T], out: T) -> int:
-    return out.numel * len(json.loads(a["chain"]))
+    return out.numel * len(_parse_chain(a)[1])
 
 
 FUSED = [
@@ -201,7 +247,7 @@ FUSED = [
             AttrSpec("eps2", F, check=positive),
             AttrSpec("act", S, "gelu", choices=EPILOGUES)), flops=_transformer_layer_flops,
            doc="A whole post-norm BERT layer; inputs in the seed's 14-input order."),
-    OpSpec("ElementwiseRegion", Kind.FUSED, ("xs*",), _region_infer, K.elementwise_region,
+    OpSpec("ElementwiseRegion", Kind.FUSED, ("xs*",), _region_infer, _region_kernel,
            (AttrSpec("chain", AttrType.JSON),), flops=_region_flops, canonical=_region_canonical,
            doc="A chain of elementwise ops run as one kernel."),
     OpSpec("ConcatParams", Kind.WEIGHT_PREP, ("ws*",), concat_infer,
