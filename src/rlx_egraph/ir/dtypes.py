@@ -52,13 +52,10 @@ def dtype(name: str) -> DType:
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 values to the nearest bfloat16 (ties to even), kept as float32."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)  # keeps rank 0 (ascontiguousarray would not)
     rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-    rounded = ((bits + rounding) & np.uint32(0xFFFF0000)).astype(np.uint32)
-    nan = np.isnan(x)
-    out = rounded.view(np.float32).copy()
-    out[nan] = np.nan
-    return out
+    rounded = np.asarray((bits + rounding) & np.uint32(0xFFFF0000), dtype=np.uint32)
+    return np.where(np.isnan(x), np.float32(np.nan), rounded.view(np.float32))
 
 
 def to_storage(x: np.ndarray, name: str) -> np.ndarray:
