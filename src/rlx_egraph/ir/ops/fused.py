@@ -249,7 +249,7 @@ FUSED = [
            doc="A whole post-norm BERT layer; inputs in the seed's 14-input order."),
     OpSpec("ElementwiseRegion", Kind.FUSED, ("xs*",), _region_infer, _region_kernel,
            (AttrSpec("chain", AttrType.JSON),), flops=_region_flops, canonical=_region_canonical,
-           doc="A chain of elementwise ops run as one kernel."),
+           doc="A chain of elementwise ops run as one kernel, each step stored in its own dtype."),
     OpSpec("ConcatParams", Kind.WEIGHT_PREP, ("ws*",), concat_infer,
            lambda a, *ws: np.concatenate(ws, axis=a["axis"]), (_AXIS,),
            doc="A derived weight: parameters concatenated once at load time (recipe: sources, axis, order)."),
