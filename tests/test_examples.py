@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from typing import Any
 
@@ -334,13 +333,9 @@ def test_matches_native_reference(name: str, kwargs: dict[str, Any], reference: 
 # --- size, speed, serialisation ---------------------------------------------------------------------------------------
 
 
-def test_llama_64_builds_fast() -> None:
-    start = time.perf_counter()
-    g = examples.llama(layers=64)
-    seconds = time.perf_counter() - start
-    per_1000 = seconds / len(g) * 1000
-    print(f"\nllama(layers=64): {len(g)} nodes in {seconds:.3f} s ({per_1000:.4f} s per 1000 nodes)")
-    assert per_1000 < 1.0, f"{len(g)} nodes took {seconds:.3f} s"
+def test_llama_64_has_48_nodes_per_layer() -> None:
+    # Build speed is measured by the benchmark (python -m rlx_egraph.bench), not by a timed test.
+    assert len(examples.llama(layers=64)) == len(examples.llama(layers=2)) + 62 * 48
 
 
 @pytest.mark.parametrize("name", sorted(OUTPUTS))
@@ -374,11 +369,8 @@ def stream_blocks(g: Graph) -> list[int]:
 
 
 def test_synthetic_20000() -> None:
-    start = time.perf_counter()
     g = examples.synthetic(20000)
-    seconds = time.perf_counter() - start
-    print(f"\nsynthetic(20000): {len(g)} nodes in {seconds:.3f} s")
-    assert len(g) == 20000 and seconds < 2.0
+    assert len(g) == 20000
     assert live_nodes(g) == {n.id for n in g.nodes}
     counts = g.op_counts()
     for op in ("Attention", "LayerNorm", "Rsqrt", "Sqrt", "Sigmoid", "Erf", "Tanh", "Relu"):
