@@ -58,7 +58,7 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     nan = np.isnan(x)
     out = rounded.view(np.float32).copy()
     out[nan] = np.nan
-    return out
+    return out.reshape(np.shape(x))  # ascontiguousarray made a rank-0 value [1]
 
 
 def to_storage(x: np.ndarray, name: str) -> np.ndarray:
