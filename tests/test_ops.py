@@ -382,7 +382,7 @@ def test_every_op_has_a_value_case() -> None:
     covered = {c.op for c in CASES}
     unfused = {name for name, spec in REGISTRY.items() if spec.kind not in FUSED_KINDS}
     assert sorted(unfused - covered) == []
-    assert covered <= unfused  # fused ops are proven in test_fused_kernels.py
+    assert covered <= unfused  # fused ops are proven in test_decompositions.py
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.label for c in CASES])

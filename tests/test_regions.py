@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from rlx_egraph import Graph, GraphError, evaluate
 from rlx_egraph.cost import get_target
-from rlx_egraph.egraph.regions import apply_regions, expand_region
+from rlx_egraph.egraph.regions import apply_regions
+from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.ir.dtypes import to_storage
 
 CUDA = get_target("cuda")
@@ -157,7 +158,7 @@ def test_bad_chains_name_the_problem(chain, message):
     assert message in str(err.value)
 
 
-# --- apply_regions on random mixed-dtype chains, and expand_region --------------------------------
+# --- apply_regions on random mixed-dtype chains, and its inverse (decomposing the regions) ---------------------
 
 FLOAT_UNARY = ["Relu", "Silu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Rsqrt", "Recip", "Erf", "Gelu"]
 SIGNED_UNARY = ["Neg", "Abs", "Identity"]
@@ -230,12 +231,12 @@ def test_regions_of_random_mixed_dtype_chains_are_bit_identical(g):
     assert applied and fused.op_counts()["ElementwiseRegion"] == len(applied)
     assert [same_value[o] for o in fused.outputs] == list(g.outputs)
     assert_same_outputs(fused, g)
-    expanded = expand_region(fused)
+    expanded = decompose(fused, {"ElementwiseRegion"})
     assert expanded.op_counts() == g.op_counts()
     assert_same_outputs(expanded, g)
 
 
-def test_expand_region_keeps_ids_and_gives_the_region_id_to_its_last_step():
+def test_decomposing_a_region_keeps_other_ids_and_gives_its_steps_fresh_ids():
     g = Graph()
     a, b = g.input("a", (8, 16), "f16"), g.input("b", (16,), "f16")
     region = g.elementwise_region([a, b], chain=json.dumps([["Add", {}, [0, 1]], ["Exp", {}, [-1]],
@@ -243,31 +244,31 @@ def test_expand_region_keeps_ids_and_gives_the_region_id_to_its_last_step():
     after = g.relu(region)
     g.set_outputs([after, region])
     before = g.to_dict()
-    expanded = expand_region(g)
+    expanded = decompose(g, {"ElementwiseRegion"})
     assert g.to_dict() == before
     assert [(n.id, n.op, n.inputs, n.dtype) for n in expanded.nodes] == [
         (0, "Input", (), "f16"), (1, "Input", (), "f16"), (4, "Add", (0, 1), "f16"), (5, "Exp", (4,), "f16"),
-        (2, "Cast", (5,), "f32"), (3, "Relu", (2,), "f32")]
-    assert expanded.outputs == (3, 2)
+        (6, "Cast", (5,), "f32"), (3, "Relu", (6,), "f32")]
+    assert expanded.outputs == (3, 6)
     assert_same_outputs(expanded, g)
 
 
-def test_expand_inverts_apply_on_a_chain():
+def test_decomposing_inverts_apply_on_a_chain():
     g = Graph()
     a, b, c = g.input("a", (8, 16), "bf16"), g.input("b", (8, 16), "bf16"), g.input("c", (16,), "bf16")
     g.set_outputs([g.relu(g.mul(g.add(a, b), c))])
     fused, _, _ = apply_regions(g, CUDA)
     assert fused.op_counts() == {"Input": 3, "ElementwiseRegion": 1}
-    expanded = expand_region(fused)
+    expanded = decompose(fused, {"ElementwiseRegion"})
     assert [(n.id, n.op, n.inputs) for n in expanded.nodes] == [
         (0, "Input", ()), (1, "Input", ()), (2, "Input", ()), (4, "Add", (0, 1)), (5, "Mul", (4, 2)),
-        (3, "Relu", (5,))]
+        (6, "Relu", (5,))]
     assert_same_outputs(fused, g)
     assert_same_outputs(expanded, g)
 
 
 @pytest.mark.parametrize("target", ["cuda", "wgpu"])
-def test_apply_then_expand_of_a_graph_without_regions_is_identity(target):
+def test_apply_then_decompose_of_a_graph_without_regions_is_identity(target):
     g = Graph()
     x = g.input("x", (4, 8))
     s = g.softmax(g.relu(x))  # one elementwise op, then a reduction: no chain
@@ -276,7 +277,7 @@ def test_apply_then_expand_of_a_graph_without_regions_is_identity(target):
     fused, _, applied = apply_regions(g, get_target(target))
     assert applied == []
     assert fused == g
-    assert expand_region(fused) == g
+    assert decompose(fused, {"ElementwiseRegion"}) == g
 
 
 def test_bf16_scalar_keeps_rank_zero_in_and_out_of_a_region():

@@ -6,7 +6,7 @@ express.  A chain grows through values that are used exactly once (never a
 graph output) and whose shape matches the region's or broadcasts into it from
 the trailing axes; it stops at ``max_steps`` steps or ``max_inputs`` inputs.
 A target without region kernels keeps the ops unfused, and a region is kept
-only when the cost model says it pays.  :func:`expand_region` is the inverse.
+only when the cost model says it pays.  ``ir.decompose.decompose(graph, {"ElementwiseRegion"})`` is the inverse.
 
 A region computes exactly what its steps compute: its kernel runs every step
 through :func:`~rlx_egraph.kernels.reference.run_node`, as the interpreter runs
@@ -16,13 +16,11 @@ rounded, integers truncated) before the next step reads it.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 
 from ..cost import Target
 from ..ir.graph import Graph, Node
-from ..ir.ops.fused import region_program
 from ..ir.registry import Kind, op_spec
 
 # Elementwise-kind ops a region kernel cannot compute lane by lane: Embedding gathers whole rows
@@ -121,28 +119,6 @@ def apply_regions(graph: Graph, target: Target, max_steps: int = 16,
         same_value[nid] = node.id
     out.set_outputs(new_id[o] for o in graph.outputs)
     return out, same_value, regions
-
-
-def expand_region(graph: Graph) -> Graph:
-    """``graph`` with every ElementwiseRegion replaced by its steps (the inverse of :func:`apply_regions`).
-
-    Every node keeps its id; a region's last step takes the region's id and its
-    other steps fresh ids after the largest in ``graph``.
-    """
-    out = Graph(graph.name)
-    fresh = itertools.count(max((n.id for n in graph.nodes), default=-1) + 1)
-    for node in graph.nodes:
-        if node.op != "ElementwiseRegion":
-            out.add_node(node.op, node.inputs, node_id=node.id, **node.attrs)
-            continue
-        program = region_program(node.attrs, [graph.node(i).type for i in node.inputs])
-        step_ids: list[int] = []
-        for k, step in enumerate(program):
-            inputs = [node.inputs[i] if i >= 0 else step_ids[-i - 1] for i in step.operands]
-            step_id = node.id if k == len(program) - 1 else next(fresh)
-            step_ids.append(out.add_node(step.spec.name, inputs, node_id=step_id, **step.attrs))
-    out.set_outputs(graph.outputs)
-    return out
 
 
 def _pays(graph: Graph, region: Region, target: Target) -> bool:

@@ -2,23 +2,28 @@
 
 Each :class:`OpSpec` declares, once, an op's name (which is also its egglog
 constructor), its kind (which is its cost class), its inputs (arity), its typed
-attributes, its shape/dtype rule and its numpy kernel.  Graph builders, JSON
-I/O, validation, the egglog datatype, the decoder, the interpreter and the cost
-model are all generated from these declarations.
+attributes, its shape/dtype rule, its numpy kernel, and for composite ops its
+decomposition into other ops and a sampler of valid inputs.  Graph builders,
+JSON I/O, validation, the egglog datatype, the decoder, the interpreter, the
+cost model and :func:`rlx_egraph.ir.decompose.decompose` are all generated from
+these declarations.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .dtypes import DTYPES
+
+if TYPE_CHECKING:
+    from .graph import Graph
 
 
 class ShapeError(ValueError):
@@ -149,6 +154,22 @@ class AttrSpec:
             raise ShapeError(f"attribute {self.name}={value!r} {problem}")
         return value
 
+    def sample(self, rng: np.random.Generator) -> Any:
+        """A random valid value: one of the choices, a bool, or for a float the default or 10**U(-6, 0).
+
+        Other attributes have no generic domain: their default, else the op's sampler must give them.
+        """
+        if self.choices:
+            return pick(rng, self.choices)
+        if self.type is AttrType.BOOL:
+            return bool(rng.integers(2))
+        if self.type is AttrType.FLOAT and (self.default is REQUIRED or rng.random() < 0.5):
+            return float(10.0 ** rng.uniform(-6.0, 0.0))
+        if self.default is REQUIRED:
+            raise ShapeError(f"attribute {self.name!r} ({self.type.value}) has no generic random value; "
+                             "the op's sampler must give it")
+        return self.default
+
 
 @dataclass(frozen=True)
 class TensorType:
@@ -178,6 +199,9 @@ InferFn = Callable[[Attrs, list[TensorType]], TensorType]
 KernelFn = Callable[..., np.ndarray]
 FlopsFn = Callable[[Attrs, list[TensorType], TensorType], int]
 CanonicalFn = Callable[[Attrs, list[TensorType]], dict[str, Any]]
+DecomposeFn = Callable[["Graph", list[int], Attrs], int]
+Shapes = dict[str, tuple[int, ...] | list[tuple[int, ...]]]
+SampleFn = Callable[[np.random.Generator], tuple[Shapes, dict[str, Any]]]
 
 
 def _elementwise_flops(attrs: Attrs, ins: list[TensorType], out: TensorType) -> int:
@@ -192,6 +216,15 @@ class OpSpec:
     (only trailing inputs may be optional) and a ``*`` a variadic tail.
     ``infer`` returns the output type and raises ShapeError on bad input.
     ``kernel(attrs, *arrays)`` computes the output in the compute dtype.
+
+    ``decompose(g, inputs, attrs)`` appends to ``g`` the nodes of other ops
+    that compute the same value from the node ids ``inputs`` and returns the
+    result's id: for a fused op exactly the subgraph its rule recognises (which
+    may name other fused ops; :func:`rlx_egraph.ir.decompose.decompose` repeats
+    until none is left), for a composite primitive the export form the rules
+    recognise.  ``sampler(rng)`` gives random input shapes by input name (a
+    list for a variadic input; an optional input may be left out) and the
+    attributes tied to them; see :meth:`sample`.
     """
 
     name: str
@@ -204,6 +237,8 @@ class OpSpec:
     doc: str = ""
     canonical: CanonicalFn | None = None
     builder: str = field(default="")
+    decompose: DecomposeFn | None = None
+    sampler: SampleFn | None = None
 
     def __post_init__(self) -> None:
         if not self.builder:
@@ -275,6 +310,46 @@ class OpSpec:
         if self.canonical is not None:
             attrs = self.canonical(attrs, ins)
         return attrs, self.infer(attrs, ins)
+
+    def sample(self, rng: np.random.Generator, dtype: str = "f32") -> tuple[list[TensorType], dict[str, Any]]:
+        """Random valid input types (all of ``dtype``) and attributes for one node of this op.
+
+        Shapes and shape-bound attributes come from ``sampler`` (without one,
+        every input gets one random shape of rank 1 to 3); the other attributes
+        are drawn by :meth:`AttrSpec.sample`.  Raises ShapeError naming the op
+        when the draw is not valid for it.
+        """
+        if self.sampler is not None:
+            shapes, attrs = self.sampler(rng)
+        else:
+            shapes, attrs = dict.fromkeys(self.input_names, random_shape(rng, 1, 3)), {}
+        unknown = sorted(set(shapes) - set(self.input_names)) + sorted(set(attrs) - set(self.attr_names))
+        if unknown:
+            raise ShapeError(f"{self.name} sampler gave unknown inputs/attributes {unknown}")
+        types: list[TensorType] = []
+        for raw, name in zip(self.inputs, self.input_names, strict=True):
+            if raw.endswith("*"):
+                types += [TensorType(s, dtype) for s in shapes.get(name, [])]
+            elif name in shapes:
+                types.append(TensorType(shapes[name], dtype))
+            elif not raw.endswith("?"):
+                raise ShapeError(f"{self.name} sampler gave no shape for input {name!r}")
+        try:
+            attrs = {a.name: attrs[a.name] if a.name in attrs else a.sample(rng) for a in self.attrs}
+            self.resolve(attrs, types)
+        except ShapeError as exc:
+            raise ShapeError(f"{self.name} sample {[str(t) for t in types]} {attrs} is not valid: {exc}") from None
+        return types, attrs
+
+
+def random_shape(rng: np.random.Generator, min_rank: int, max_rank: int, high: int = 5) -> tuple[int, ...]:
+    """A shape of rank in [min_rank, max_rank] with dims in [1, high]."""
+    return tuple(int(d) for d in rng.integers(1, high + 1, size=rng.integers(min_rank, max_rank + 1)))
+
+
+def pick(rng: np.random.Generator, options: Sequence[Any]) -> Any:
+    """One of ``options``, uniformly (unlike ``rng.choice``, tuples stay tuples)."""
+    return options[rng.integers(len(options))]
 
 
 def _axis_in(axis: int, rank: int) -> int:

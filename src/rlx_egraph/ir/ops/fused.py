@@ -1,11 +1,16 @@
-"""Fused ops (FUSIONS.md section 3).  Each kernel computes exactly what the
-unfused subgraph it replaces computes; tests/test_fused_kernels.py proves it."""
+"""Fused ops (FUSIONS.md section 3).
+
+Each op's ``decompose`` builds the subgraph its rule recognises (the rule's
+left side, which may name other fused ops), and its kernel computes exactly
+what that subgraph computes; tests/test_decompositions.py proves it on random
+samples drawn by each op's ``sampler``.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,15 +23,21 @@ from ..registry import (
     Kind,
     OpSpec,
     ShapeError,
+    Shapes,
     TensorType,
     at_least_one,
     non_negative,
     op_spec,
+    pick,
     positive,
+    random_shape,
     register,
 )
 from ..shapes import broadcast, matmul_shape, norm_param_check, require_rank, same_dtype
-from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops, norm_infer
+from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops, norm_infer, norm_sampler
+
+if TYPE_CHECKING:
+    from ..graph import Graph
 
 T = TensorType
 INT, F, B, S = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR
@@ -38,14 +49,25 @@ EPILOGUES = ("none", "gelu", "gelu_tanh", "silu")
 
 
 def _matmul_add(name: str, k_a: int, k_b: int) -> OpSpec:
-    mm = {"FusedMatMulAdd": K.matmul, "FusedMatMulATAdd": K.matmul_at, "FusedMatMulBTAdd": K.matmul_bt}[name]
+    primitive = name.removeprefix("Fused").removesuffix("Add")
+    mm = op_spec(primitive).kernel
 
     def infer(a: Attrs, ins: list[T]) -> T:
         dt = same_dtype(ins, f"{name} operands")
         return T(broadcast(matmul_shape(ins[0].shape, ins[1].shape, k_a, k_b, name), ins[2].shape), dt)
 
+    def sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+        """Batched a and b (b batched or not); d full [..., M, N] or broadcast from a row, column or scalar."""
+        m, k, n = random_shape(rng, 3, 3)
+        batch = random_shape(rng, 0, 2)
+        a = (*batch, k, m) if k_a == -2 else (*batch, m, k)
+        b_batch = pick(rng, [(), batch[-1:]])
+        b = (*b_batch, n, k) if k_b == -1 else (*b_batch, k, n)
+        return {"a": a, "b": b, "d": pick(rng, [(*batch, m, n), (n,), (m, 1), ()])}, {}
+
     return OpSpec(name, Kind.FUSED, ("a", "b", "d"), infer, lambda at, x, w, d: mm(at, x, w) + d,
-                  flops=matmul_flops, doc=f"{name.removeprefix('Fused').removesuffix('Add')}(a, b) + d in one kernel.")
+                  flops=matmul_flops, doc=f"{primitive}(a, b) + d in one kernel.",
+                  decompose=lambda g, ins, a: g.add(g.add_node(primitive, ins[:2]), ins[2]), sampler=sample)
 
 
 def _bias_act_infer(a: Attrs, ins: list[T]) -> T:
@@ -54,6 +76,28 @@ def _bias_act_infer(a: Attrs, ins: list[T]) -> T:
     if bias.rank > 1:
         raise ShapeError(f"bias must have rank <= 1, got {list(bias.shape)}")
     return T(broadcast(matmul_shape(x.shape, w.shape, -1, -2, "FusedMatMulBiasAct"), bias.shape), dt)
+
+
+# The epilogue op of each act of FusedMatMulBiasAct and FusedTransformerLayer ("none": no op).
+EPILOGUE_OPS: dict[str, tuple[str, dict[str, str]]] = {
+    "gelu": ("Gelu", {"approximate": "none"}), "gelu_tanh": ("Gelu", {"approximate": "tanh"}), "silu": ("Silu", {}),
+}
+
+
+def _bias_act_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """Add(MatMul(x, w), bias), then the epilogue op."""
+    x, w, bias = ins
+    out = g.add(g.matmul(x, w), bias)
+    if a["act"] == "none":
+        return out
+    op, attrs = EPILOGUE_OPS[a["act"]]
+    return g.add_node(op, [out], **attrs)
+
+
+def _bias_act_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """x [M, K] or [B, M, K], w [K, N], a bias [N], [1] or []."""
+    m, k, n = random_shape(rng, 3, 3)
+    return {"x": (*random_shape(rng, 0, 1), m, k), "w": (k, n), "bias": pick(rng, [(n,), (1,), ()])}, {}
 
 
 def _rms_matmul_infer(a: Attrs, ins: list[T]) -> T:
@@ -67,6 +111,28 @@ def _causal_rope_infer(a: Attrs, ins: list[T]) -> T:
     if ins[0].shape[-1] % 2:
         raise ShapeError(f"RoPE needs an even head dim, got {ins[0].shape[-1]}")
     return out
+
+
+def _causal_rope_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """q [B, kv_heads * (1 to 3), S, D even], k [B, kv_heads, S, D], v [B, kv_heads, S, Dv]."""
+    batch, kv_heads, rep = random_shape(rng, 3, 3, high=3)
+    seq, dv, half = random_shape(rng, 3, 3)
+    return {"q": (batch, kv_heads * rep, seq, 2 * half), "k": (batch, kv_heads, seq, 2 * half),
+            "v": (batch, kv_heads, seq, dv)}, {}
+
+
+def _group_norm_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """x [N, groups * (1 to 3), spatial...] with 1 or 2 spatial dims; w and b [C]."""
+    groups, per = random_shape(rng, 2, 2, high=3)
+    c = groups * per
+    return {"x": (*random_shape(rng, 1, 1, high=2), c, *random_shape(rng, 1, 2)), "w": (c,), "b": (c,)}, \
+        {"groups": groups}
+
+
+def _rms_matmul_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """A norm's x and w_norm, and w_proj [H, 1 to 5]."""
+    shapes, attrs = norm_sampler(("w_norm",))(rng)
+    return shapes | {"w_proj": (shapes["x"][-1], *random_shape(rng, 1, 1))}, attrs
 
 
 def _rms_matmul_flops(a: Attrs, ins: list[T], out: T) -> int:
@@ -87,6 +153,14 @@ def _fused_swiglu_infer(a: Attrs, ins: list[T]) -> T:
     return T((*cat.shape[:-1], cat.shape[-1] // 2), cat.dtype)
 
 
+def _fused_swiglu_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """SwiGLU(gate, up) of the two Narrow halves of cat."""
+    n = g.node(ins[0]).shape[-1] // 2
+    first = g.narrow(ins[0], axis=-1, start=0, length=n)
+    second = g.narrow(ins[0], axis=-1, start=n, length=n)
+    return g.swiglu(first, second) if a["gate_first"] else g.swiglu(second, first)
+
+
 def _attention_block_infer(a: Attrs, ins: list[T]) -> T:
     hidden, qkv_w, out_w, mask, qkv_b, out_b = ins
     require_rank(hidden, 3, "FusedAttentionBlock hidden ([B, S, H])")
@@ -101,6 +175,26 @@ def _attention_block_infer(a: Attrs, ins: list[T]) -> T:
     return hidden
 
 
+def _attention_block_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """QKV matmul+bias, Narrows at 0, h, 2h, Attention with the custom mask, output matmul+bias."""
+    hidden, qkv_w, out_w, mask, qkv_b, out_b = ins
+    h = g.node(hidden).shape[-1]
+    qkv = g.fused_matmul_bias_act(hidden, qkv_w, qkv_b, act="none")
+    q, k, v = (g.narrow(qkv, axis=-1, start=j * h, length=h) for j in range(3))
+    ctx = g.attention(q, k, v, mask, heads=a["heads"], kv_heads=a["heads"], mask="custom", scale=a["scale"])
+    return g.fused_matmul_bias_act(ctx, out_w, out_b, act="none")
+
+
+def _attention_block_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """hidden [B, S, heads*head_dim], its weights and a [B, S] key mask; scale 1/sqrt(head_dim) or random."""
+    b, heads = random_shape(rng, 2, 2, high=3)
+    s, head_dim = random_shape(rng, 2, 2)
+    h = heads * head_dim
+    shapes = {"hidden": (b, s, h), "qkv_w": (h, 3 * h), "out_w": (h, h), "mask": (b, s), "qkv_b": (3 * h,),
+              "out_b": (h,)}
+    return shapes, {"heads": heads, "scale": pick(rng, [head_dim**-0.5, float(rng.uniform(0.1, 1.0))])}
+
+
 def _transformer_layer_infer(a: Attrs, ins: list[T]) -> T:
     hidden, qkv_w, qkv_b, out_w, out_b, ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b, mask = ins
     _attention_block_infer(a, [hidden, qkv_w, out_w, mask, qkv_b, out_b])
@@ -112,6 +206,25 @@ def _transformer_layer_infer(a: Attrs, ins: list[T]) -> T:
         if t.shape != expected[label]:
             raise ShapeError(f"FusedTransformerLayer {label} must be {list(expected[label])}, got {list(t.shape)}")
     return hidden
+
+
+def _transformer_layer_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """Attention block, residual LayerNorm, FFN (matmul+bias+act, matmul+bias), residual LayerNorm."""
+    hidden, qkv_w, qkv_b, out_w, out_b, ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b, mask = ins
+    attn = g.fused_attention_block(hidden, qkv_w, out_w, mask, qkv_b, out_b, heads=a["heads"], scale=a["scale"])
+    h1 = g.fused_residual_ln(attn, hidden, ln1_g, ln1_b, axis=-1, eps=a["eps1"])
+    inner = g.fused_matmul_bias_act(h1, fc1_w, fc1_b, act=a["act"])
+    ffn = g.fused_matmul_bias_act(inner, fc2_w, fc2_b, act="none")
+    return g.fused_residual_ln(ffn, h1, ln2_g, ln2_b, axis=-1, eps=a["eps2"])
+
+
+def _transformer_layer_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """An attention block's inputs plus the LayerNorm and FFN weights (inner width 1 to 8)."""
+    shapes, attrs = _attention_block_sample(rng)
+    h, inner = shapes["hidden"][-1], int(rng.integers(1, 9))
+    shapes |= {"ln1_g": (h,), "ln1_b": (h,), "fc1_w": (h, inner), "fc1_b": (inner,), "fc2_w": (inner, h),
+               "fc2_b": (h,), "ln2_g": (h,), "ln2_b": (h,)}
+    return shapes, attrs
 
 
 def _transformer_layer_flops(a: Attrs, ins: list[T], out: T) -> int:
@@ -205,53 +318,118 @@ def _region_flops(a: Attrs, ins: list[T], out: T) -> int:
     return out.numel * len(_parse_chain(a)[1])
 
 
+def _region_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """One node per step."""
+    results: list[int] = []
+    for step in region_program(a, [g.node(i).type for i in ins]):
+        inputs = [ins[i] if i >= 0 else results[-i - 1] for i in step.operands]
+        results.append(g.add_node(step.spec.name, inputs, **step.attrs))
+    return results[-1]
+
+
+# Steps a sampled region draws from: finite on every finite input (Exp, Log, Div, Pow, ... overflow or
+# leave their domain), so every sample has a value to compare.
+_REGION_UNARY: tuple[tuple[str, dict[str, str]], ...] = (
+    ("Relu", {}), ("Silu", {}), ("Sigmoid", {}), ("Tanh", {}), ("Neg", {}), ("Abs", {}), ("Erf", {}), ("Identity", {}),
+    ("Gelu", {"approximate": "none"}), ("Gelu", {"approximate": "tanh"}),
+)
+_REGION_BINARY = ("Add", "Sub", "Mul", "Max", "Min")
+
+
+def _region_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """1 to 6 random unary, binary or select (Where(Greater(p, q), p, r)) steps over 1 to 3 inputs: the
+    region's shape and trailing parts of it."""
+    shape = random_shape(rng, 2, 3)
+    xs = [shape, *(shape[int(rng.integers(0, len(shape))):] for _ in range(int(rng.integers(0, 3))))]
+    chain: list[list[Any]] = []
+    values = list(range(len(xs)))  # float operands so far: inputs, then step results as -(step + 1)
+    for _ in range(int(rng.integers(1, 7))):
+        kind = pick(rng, ["unary", "binary", "select"])
+        if kind == "unary":
+            op, attrs = pick(rng, _REGION_UNARY)
+            chain.append([op, attrs, [pick(rng, values)]])
+        elif kind == "binary":
+            chain.append([pick(rng, _REGION_BINARY), {}, [pick(rng, values), pick(rng, values)]])
+        else:
+            p, q, r = (pick(rng, values) for _ in range(3))
+            chain.append(["Greater", {}, [p, q]])
+            chain.append(["Where", {}, [-len(chain), p, r]])
+        values.append(-len(chain))
+    return {"xs": xs}, {"chain": json.dumps(chain)}
+
+
+def _concat_params_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """1 to 4 parts of one shape of rank 1 to 3 that differ along a random axis."""
+    base = random_shape(rng, 1, 3)
+    axis = int(rng.integers(len(base)))
+    return {"ws": [(*base[:axis], size, *base[axis + 1:]) for size in random_shape(rng, 1, 4)]}, {"axis": axis}
+
+
 FUSED = [
     _matmul_add("FusedMatMulAdd", -1, -2),
     _matmul_add("FusedMatMulATAdd", -2, -2),
     _matmul_add("FusedMatMulBTAdd", -1, -1),
     OpSpec("FusedMatMulBiasAct", Kind.FUSED, ("x", "w", "bias"), _bias_act_infer, K.fused_matmul_bias_act,
            (AttrSpec("act", S, "none", choices=EPILOGUES),), flops=matmul_flops,
-           doc="act(x @ w + bias) with a bias of rank <= 1 and an optional Gelu/Silu epilogue."),
+           doc="act(x @ w + bias) with a bias of rank <= 1 and an optional Gelu/Silu epilogue.",
+           decompose=_bias_act_decompose, sampler=_bias_act_sample),
     OpSpec("FusedResidualLN", Kind.FUSED, ("x", "residual", "gamma", "beta"),
            norm_infer("FusedResidualLN", ("gamma", "beta"), residual=True),
            lambda a, x, r, g, b: K.layer_norm(x + r, g, b, a["axis"], a["eps"]), (_AXIS, _EPS),
-           doc="LayerNorm(x + residual)."),
+           doc="LayerNorm(x + residual).",
+           decompose=lambda g, ins, a: g.layer_norm(g.add(ins[0], ins[1]), *ins[2:], axis=a["axis"], eps=a["eps"]),
+           sampler=norm_sampler(("gamma", "beta"), residual=True)),
     OpSpec("FusedResidualRmsNorm", Kind.FUSED, ("x", "residual", "gamma", "beta?"),
            norm_infer("FusedResidualRmsNorm", ("gamma", "beta"), residual=True),
            lambda a, x, r, g, b=None: K.rms_norm(x + r, g, b, a["axis"], a["eps"]),
-           (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), doc="RmsNorm(x + residual)."),
+           (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), doc="RmsNorm(x + residual).",
+           decompose=lambda g, ins, a: g.rms_norm(g.add(ins[0], ins[1]), *ins[2:], axis=a["axis"], eps=a["eps"]),
+           sampler=norm_sampler(("gamma", "beta?"), residual=True)),
     OpSpec("FusedRmsNormMatMul", Kind.FUSED, ("x", "w_norm", "w_proj"), _rms_matmul_infer,
            lambda a, x, wn, wp: np.matmul(K.rms_norm(x, wn, None, a["axis"], a["eps"]), wp),
            (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), flops=_rms_matmul_flops,
-           doc="RmsNorm(x, w_norm) @ w_proj."),
+           doc="RmsNorm(x, w_norm) @ w_proj.",
+           decompose=lambda g, ins, a: g.matmul(g.rms_norm(ins[0], ins[1], axis=a["axis"], eps=a["eps"]), ins[2]),
+           sampler=_rms_matmul_sample),
     OpSpec("SwiGLU", Kind.FUSED, ("gate", "up"), _swiglu_infer, lambda a, g, u: K.swiglu(g, u),
-           doc="Silu(gate) * up."),
+           doc="Silu(gate) * up.", decompose=lambda g, ins, a: g.mul(g.silu(ins[0]), ins[1])),
     OpSpec("FusedSwiGLU", Kind.FUSED, ("cat",), _fused_swiglu_infer, K.fused_swiglu,
            (AttrSpec("gate_first", B, False),),
-           doc="up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first)."),
+           doc="up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first).",
+           decompose=_fused_swiglu_decompose,
+           sampler=lambda rng: ({"cat": (*random_shape(rng, 0, 2), 2 * int(rng.integers(1, 6)))}, {})),
     OpSpec("GroupNormSilu", Kind.FUSED, ("x", "w", "b"), lambda a, ins: op_spec("GroupNorm").infer(a, ins),
            lambda a, x, w, b: K.silu(K.group_norm(x, w, b, a["groups"], a["eps"])),
-           (AttrSpec("groups", INT, check=at_least_one), _EPS), doc="Silu(GroupNorm(x, w, b))."),
+           (AttrSpec("groups", INT, check=at_least_one), _EPS), doc="Silu(GroupNorm(x, w, b)).",
+           decompose=lambda g, ins, a: g.silu(g.group_norm(*ins, groups=a["groups"], eps=a["eps"])),
+           sampler=_group_norm_sample),
     OpSpec("CausalAttentionRoPE", Kind.FUSED, ("q", "k", "v"), _causal_rope_infer,
            lambda a, q, k, v: K.sdpa(K.rope(q, a["theta"]), K.rope(k, a["theta"]), v, a["scale"], causal=True),
            (AttrSpec("theta", F, 10000.0, check=positive), AttrSpec("scale", F, 0.0, check=non_negative)),
-           flops=attention_flops, canonical=causal_canonical, doc="CausalAttention(RoPE(q), RoPE(k), v)."),
+           flops=attention_flops, canonical=causal_canonical, doc="CausalAttention(RoPE(q), RoPE(k), v).",
+           decompose=lambda g, ins, a: g.causal_attention(g.rope(ins[0], theta=a["theta"]),
+                                                          g.rope(ins[1], theta=a["theta"]), ins[2], scale=a["scale"]),
+           sampler=_causal_rope_sample),
     OpSpec("FusedAttentionBlock", Kind.FUSED, ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b"),
            _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=at_least_one), _SCALE),
            flops=lambda a, ins, out: 2 * ins[0].numel * 4 * ins[0].shape[-1] + 4 * out.numel * ins[0].shape[1],
-           doc="QKV matmul+bias, split, masked attention, output matmul+bias."),
+           doc="QKV matmul+bias, split, masked attention, output matmul+bias.",
+           decompose=_attention_block_decompose, sampler=_attention_block_sample),
     OpSpec("FusedTransformerLayer", Kind.FUSED,
            ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b",
             "ln2_g", "ln2_b", "mask"), _transformer_layer_infer, K.transformer_layer,
            (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("eps1", F, check=positive),
             AttrSpec("eps2", F, check=positive),
             AttrSpec("act", S, "gelu", choices=EPILOGUES)), flops=_transformer_layer_flops,
-           doc="A whole post-norm BERT layer; inputs in the seed's 14-input order."),
+           doc="A whole post-norm BERT layer; inputs in the seed's 14-input order.",
+           decompose=_transformer_layer_decompose, sampler=_transformer_layer_sample),
     OpSpec("ElementwiseRegion", Kind.FUSED, ("xs*",), _region_infer, _region_kernel,
            (AttrSpec("chain", AttrType.JSON),), flops=_region_flops, canonical=_region_canonical,
-           doc="A chain of elementwise ops run as one kernel, each step stored in its own dtype."),
+           doc="A chain of elementwise ops run as one kernel, each step stored in its own dtype.",
+           decompose=_region_decompose, sampler=_region_sample),
     OpSpec("ConcatParams", Kind.WEIGHT_PREP, ("ws*",), concat_infer,
            lambda a, *ws: np.concatenate(ws, axis=a["axis"]), (_AXIS,),
-           doc="A derived weight: parameters concatenated once at load time (recipe: sources, axis, order)."),
+           doc="A derived weight: parameters concatenated once at load time (recipe: sources, axis, order).",
+           decompose=lambda g, ins, a: g.concat(ins, axis=a["axis"]), sampler=_concat_params_sample),
 ]
 register(*FUSED)

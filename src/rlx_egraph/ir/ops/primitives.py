@@ -1,9 +1,15 @@
 """Primitive MIR ops (FUSIONS.md section 2): leaves, matmuls, elementwise,
-reductions, norms, layout, transformer, vision, losses and backward ops."""
+reductions, norms, layout, transformer, vision, losses and backward ops.
+
+A primitive has a decomposition exactly when the rules recognise an export form
+of it (rules/export_forms.egg): Silu, Gelu, LayerNorm and RmsNorm decompose
+into that form; every other primitive is atomic.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,13 +18,17 @@ from ..registry import (
     Attrs,
     AttrSpec,
     AttrType,
+    DecomposeFn,
     Kind,
     OpSpec,
+    SampleFn,
     ShapeError,
+    Shapes,
     TensorType,
     at_least_one,
     non_negative,
     positive,
+    random_shape,
     register,
 )
 from ..shapes import (
@@ -32,6 +42,9 @@ from ..shapes import (
     reshape_target,
     same_dtype,
 )
+
+if TYPE_CHECKING:
+    from ..graph import Graph
 
 T = TensorType
 INT, F, B, S, D, INTS = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR, AttrType.DTYPE, AttrType.INTS
@@ -127,7 +140,7 @@ def _binary(name: str, out_dtype: str | None = None) -> OpSpec:
                   doc=f"Elementwise {name} with numpy broadcasting.")
 
 
-def _unary(name: str, float_only: bool = True) -> OpSpec:
+def _unary(name: str, float_only: bool = True, decompose: DecomposeFn | None = None) -> OpSpec:
     fn = K.UNARY[name]
 
     def infer(a: Attrs, ins: list[T]) -> T:
@@ -135,7 +148,8 @@ def _unary(name: str, float_only: bool = True) -> OpSpec:
             require_float(ins[0], f"{name} input")
         return ins[0]
 
-    return OpSpec(name, Kind.ELEMENTWISE, ("x",), infer, lambda a, x: fn(x), doc=f"Elementwise {name}.")
+    return OpSpec(name, Kind.ELEMENTWISE, ("x",), infer, lambda a, x: fn(x), doc=f"Elementwise {name}.",
+                  decompose=decompose)
 
 
 def _where_infer(a: Attrs, ins: list[T]) -> T:
@@ -150,15 +164,39 @@ def _gelu_infer(a: Attrs, ins: list[T]) -> T:
     return ins[0]
 
 
+def _silu_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """Mul(x, Sigmoid(x)), as exported."""
+    return g.mul(ins[0], g.sigmoid(ins[0]))
+
+
+SQRT_2 = math.sqrt(2.0)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+GELU_TANH_COEF = 0.044715
+
+
+def _gelu_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """Mul(Mul(x, 1 + Erf(x / sqrt 2)), 0.5), or with 1 + Tanh(sqrt(2/pi) * (x + 0.044715 * Pow(x, 3)))."""
+    x = ins[0]
+    dt = g.node(x).dtype
+    if a["approximate"] == "tanh":
+        inner = g.add(x, g.mul(g.pow(x, g.scalar(3.0, dt)), g.scalar(GELU_TANH_COEF, dt)))
+        one_plus = g.add(g.tanh(g.mul(inner, g.scalar(SQRT_2_OVER_PI, dt))), g.scalar(1.0, dt))
+    else:
+        one_plus = g.add(g.erf(g.div(x, g.scalar(SQRT_2, dt))), g.scalar(1.0, dt))
+    return g.mul(g.mul(x, one_plus), g.scalar(0.5, dt))
+
+
 ELEMENTWISE = [
     *(_binary(n) for n in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
     *(_binary(n, "bool") for n in ("Greater", "Less", "Equal")),
     OpSpec("Where", Kind.ELEMENTWISE, ("cond", "a", "b"), _where_infer, K.where, doc="cond ? a : b."),
-    *(_unary(n) for n in ("Relu", "Silu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Rsqrt", "Recip", "Erf")),
+    _unary("Relu"),
+    _unary("Silu", decompose=_silu_decompose),
+    *(_unary(n) for n in ("Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Rsqrt", "Recip", "Erf")),
     *(_unary(n, float_only=False) for n in ("Neg", "Abs", "Identity")),
     OpSpec("Gelu", Kind.ELEMENTWISE, ("x",), _gelu_infer, lambda a, x: K.gelu(x, a["approximate"]),
            (AttrSpec("approximate", S, "none", choices=("none", "tanh")),),
-           doc="GELU, erf form or the tanh approximation."),
+           doc="GELU, erf form or the tanh approximation.", decompose=_gelu_decompose),
     OpSpec("Cast", Kind.ELEMENTWISE, ("x",), lambda a, ins: T(ins[0].shape, a["dtype"]), K.cast,
            (AttrSpec("dtype", D),), doc="Convert to another dtype."),
 ]
@@ -222,6 +260,46 @@ def norm_infer(name: str, params: tuple[str, ...], residual: bool = False):
     return infer
 
 
+def norm_sampler(params: tuple[str, ...], residual: bool = False) -> SampleFn:
+    """Sampler of a norm: x of rank 2 to 4 (and a residual of its shape), a random axis, and ``params`` of
+    the normalised shape (a ``name?`` is optional: given half the time)."""
+
+    def sample(rng: np.random.Generator) -> tuple[Shapes, dict[str, int]]:
+        shape = random_shape(rng, 2, 4)
+        axis = -int(rng.integers(1, len(shape) + 1))
+        shapes = {"x": shape} | ({"residual": shape} if residual else {})
+        for p in params:
+            if not p.endswith("?") or rng.random() < 0.5:
+                shapes[p.rstrip("?")] = shape[axis:]
+        return shapes, {"axis": axis}
+
+    return sample
+
+
+def _norm_axes(a: Attrs) -> tuple[int, ...]:
+    """The normalised axes [axis, rank) of a norm, negative."""
+    return tuple(range(a["axis"], 0))
+
+
+def _layer_norm_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """ReduceMean, Sub, Pow 2, ReduceMean, Add eps, Sqrt, Div, Mul gamma, Add beta, as exported."""
+    x, gamma, beta = ins
+    dt, axes = g.node(x).dtype, _norm_axes(a)
+    centered = g.sub(x, g.reduce_mean(x, axes=axes, keepdims=True))
+    var = g.reduce_mean(g.pow(centered, g.scalar(2.0, dt)), axes=axes, keepdims=True)
+    normed = g.div(centered, g.sqrt(g.add(var, g.scalar(a["eps"], dt))))
+    return g.add(g.mul(normed, gamma), beta)
+
+
+def _rms_norm_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """Pow 2, ReduceMean, Add eps, Rsqrt, Mul, Mul gamma (then Add beta when given), as exported."""
+    x, gamma, *beta = ins
+    dt = g.node(x).dtype
+    mean_sq = g.reduce_mean(g.pow(x, g.scalar(2.0, dt)), axes=_norm_axes(a), keepdims=True)
+    out = g.mul(g.mul(x, g.rsqrt(g.add(mean_sq, g.scalar(a["eps"], dt)))), gamma)
+    return g.add(out, beta[0]) if beta else out
+
+
 def _group_norm_infer(a: Attrs, ins: list[T]) -> T:
     x, w, b = ins
     if x.rank < 2:
@@ -237,10 +315,12 @@ def _group_norm_infer(a: Attrs, ins: list[T]) -> T:
 NORMS = [
     OpSpec("LayerNorm", Kind.NORM, ("x", "gamma", "beta"), norm_infer("LayerNorm", ("gamma", "beta")),
            lambda a, x, g, b: K.layer_norm(x, g, b, a["axis"], a["eps"]), (_axis(), _eps(1e-5)),
-           doc="Normalise over axes [axis, rank), then scale and shift."),
+           doc="Normalise over axes [axis, rank), then scale and shift.", decompose=_layer_norm_decompose,
+           sampler=norm_sampler(("gamma", "beta"))),
     OpSpec("RmsNorm", Kind.NORM, ("x", "gamma", "beta?"), norm_infer("RmsNorm", ("gamma", "beta")),
            lambda a, x, g, b=None: K.rms_norm(x, g, b, a["axis"], a["eps"]), (_axis(), _eps(1e-6)),
-           doc="x / sqrt(mean(x^2) + eps) * gamma (+ beta)."),
+           doc="x / sqrt(mean(x^2) + eps) * gamma (+ beta).", decompose=_rms_norm_decompose,
+           sampler=norm_sampler(("gamma", "beta?"))),
     OpSpec("GroupNorm", Kind.NORM, ("x", "w", "b"), _group_norm_infer,
            lambda a, x, w, b: K.group_norm(x, w, b, a["groups"], a["eps"]),
            (AttrSpec("groups", INT, check=at_least_one), _eps(1e-5))),
@@ -512,5 +592,5 @@ BACKWARD = [
 ALL = [*LEAVES, *MATMULS, *ELEMENTWISE, *REDUCTIONS, *NORMS, *LAYOUT, *TRANSFORMER, *VISION, *LOSSES, *BACKWARD]
 register(*ALL)
 
-__all__ = ["ALL", "attention_canonical", "attention_flops", "causal_canonical", "concat_infer", "matmul_flops",
-           "norm_infer"]
+__all__ = ["ALL", "GELU_TANH_COEF", "SQRT_2", "SQRT_2_OVER_PI", "attention_canonical", "attention_flops",
+           "causal_canonical", "concat_infer", "matmul_flops", "norm_infer", "norm_sampler"]
