@@ -271,8 +271,8 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("options", "error", "message"), BAD_OPTIONS, ids=[next(iter(c[0])) + f"={c[0]}"[-12:]
-                                                                           for c in BAD_OPTIONS])
+@pytest.mark.parametrize(("options", "error", "message"), BAD_OPTIONS,
+                         ids=[",".join(f"{k}={v!r}" for k, v in c[0].items()) for c in BAD_OPTIONS])
 def test_optimize_rejects_bad_options_naming_them(options: dict[str, Any], error: type[Exception],
                                                   message: str) -> None:
     with pytest.raises(error) as info:
