@@ -39,11 +39,12 @@ def check_options(function: Callable[..., Any], given: Mapping[str, Any]) -> Non
 
     The ``**`` parameter holds the saturation limits by name.
     """
-    for name, param in inspect.signature(function).parameters.items():
+    params = inspect.signature(function).parameters
+    for name, param in params.items():
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             for key, value in given[name].items():
                 if key not in LIMIT_DEFAULTS:
-                    known = [*(p for p in inspect.signature(function).parameters if p != name), *LIMIT_DEFAULTS]
+                    known = [*(p for p in params if p != name), *LIMIT_DEFAULTS]
                     close = difflib.get_close_matches(key, known, n=1)
                     hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
                     raise TypeError(f"unknown optimize option {key!r}{hint}")

@@ -132,7 +132,7 @@ class Graph:
         spec = _op_spec(nid, op)
         if nid in self._by_id:
             raise GraphError(f"node {nid} ({op}): id {nid} is already used")
-        inputs = _input_ids(f"node {nid} ({op})", inputs)
+        inputs = _node_ids(inputs, f"node {nid} ({op}): 'inputs'", f"node {nid} ({op}): input ")
         for slot, i in enumerate(inputs):
             if i not in self._by_id:
                 raise GraphError(f"node {nid} ({op}): input {slot} refers to node {i}, which is not in the graph")
@@ -186,9 +186,7 @@ class Graph:
         return self.add_node("Scalar", value=float(value), dtype=dtype)
 
     def set_outputs(self, ids: Iterable[int]) -> None:
-        if isinstance(ids, str | bytes | Mapping) or not isinstance(ids, Iterable):
-            raise GraphError(f"outputs must be a list of node ids, got {_show(ids)}")
-        ids = tuple(as_node_id(i, f"output {k}") for k, i in enumerate(ids))
+        ids = _node_ids(ids, "outputs", "output ")
         missing = [i for i in ids if i not in self._by_id]
         if missing:
             raise GraphError(f"output refers to node {missing[0]}, which is not in the graph")
@@ -333,8 +331,10 @@ class Graph:
         if not isinstance(nodes, list):
             raise GraphError(f"'nodes' must be a list of node records, got {_show(nodes)}")
         records = [_record(k, raw, FILE_RECORD_FIELDS) for k, raw in enumerate(nodes)]
-        records = [rec._replace(attrs={key: _attr_from_json(rec.label, key, v) for key, v in rec.attrs.items()})
-                   for rec in records]
+        for rec in records:  # each record's attrs are its own copy
+            for key, value in rec.attrs.items():
+                if isinstance(value, dict) and "array" in value:
+                    rec.attrs[key] = _array_from_json(rec.label, key, value)
         g = cls._build(records, data["outputs"], name)
         for rec, raw in zip(records, nodes, strict=True):
             _check_file_type(g.node(rec.id), raw)
@@ -390,15 +390,19 @@ def _show(value: Any) -> str:
 
 def as_node_id(value: Any, what: str) -> int:
     """``value`` as a node id; GraphError naming ``what`` unless it is an int (``"2"`` is refused)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    if type(value) is int:
+        return value
+    if not isinstance(value, np.integer):  # bool is an int but not an id
         raise GraphError(f"{what} must be a node id (an int), got {_show(value)}")
     return int(value)
 
 
-def _input_ids(label: str, inputs: Any) -> tuple[int, ...]:
-    if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
-        raise GraphError(f"{label}: 'inputs' must be a list of node ids, got {_show(inputs)}")
-    return tuple(as_node_id(i, f"{label}: input {slot}") for slot, i in enumerate(inputs))
+def _node_ids(value: Any, what: str, each: str) -> tuple[int, ...]:
+    """``value`` as node ids; errors call the list ``what`` and its k-th entry ``each`` + k."""
+    if type(value) not in (list, tuple) and (isinstance(value, (str, bytes, Mapping))
+                                             or not isinstance(value, Iterable)):
+        raise GraphError(f"{what} must be a list of node ids, got {_show(value)}")
+    return tuple([i if type(i) is int else as_node_id(i, f"{each}{k}") for k, i in enumerate(value)])
 
 
 def _op_spec(nid: int, op: Any) -> OpSpec:
@@ -411,14 +415,14 @@ def _op_spec(nid: int, op: Any) -> OpSpec:
 
 
 def _no_unknown_fields(label: str, record: Mapping[str, Any], fields: tuple[str, ...]) -> None:
-    unknown = [key for key in record if key not in fields]
-    if unknown:
-        raise GraphError(f"{label}: unknown field {_show(unknown[0])}; the fields are {', '.join(fields)}")
+    if not record.keys() <= set(fields):
+        unknown = next(key for key in record if key not in fields)
+        raise GraphError(f"{label}: unknown field {_show(unknown)}; the fields are {', '.join(fields)}")
 
 
 def _record(k: int, raw: Any, fields: tuple[str, ...]) -> _Record:
     """Check the ``k``-th node record's fields (those in ``fields`` are allowed)."""
-    if not isinstance(raw, Mapping):
+    if type(raw) is not dict and not isinstance(raw, Mapping):
         raise GraphError(f"node record {k} must be an object with fields {', '.join(fields)}, got {_show(raw)}")
     if "id" not in raw:
         raise GraphError(f"node record {k} has no 'id'")
@@ -429,15 +433,16 @@ def _record(k: int, raw: Any, fields: tuple[str, ...]) -> _Record:
     label = f"node {nid} ({spec.name})"
     _no_unknown_fields(label, raw, fields)
     attrs = raw.get("attrs", {})
-    if not isinstance(attrs, Mapping) or not all(isinstance(key, str) for key in attrs):
+    if (type(attrs) is not dict and not isinstance(attrs, Mapping)) or not all(type(key) is str for key in attrs):
         raise GraphError(f"{label}: 'attrs' must be an object mapping attribute names to values, got {_show(attrs)}")
-    return _Record(nid, spec.name, _input_ids(label, raw.get("inputs", ())), dict(attrs))
+    return _Record(nid, spec.name, _node_ids(raw.get("inputs", ()), f"{label}: 'inputs'", f"{label}: input "),
+                   dict(attrs))
 
 
 def _check_file_type(node: Node, raw: Mapping[str, Any]) -> None:
     """A file record's optional ``shape``/``dtype`` must be well formed and agree with inference."""
     shape, dtype = raw.get("shape", list(node.shape)), raw.get("dtype", node.dtype)
-    if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) for d in shape):
+    if type(shape) is not list or not all(type(d) is int for d in shape):
         raise GraphError(f"node {node.id} ({node.op}): 'shape' must be a list of ints, got {_show(shape)}")
     if not isinstance(dtype, str):
         raise GraphError(f"node {node.id} ({node.op}): 'dtype' must be a string, got {_show(dtype)}")
@@ -492,14 +497,12 @@ def _attr_to_json(value: Any) -> Any:
     return value
 
 
-def _attr_from_json(label: str, key: str, value: Any) -> Any:
-    """An attribute value as read from a file: ``{"array", "dtype", "shape"}`` objects become arrays."""
-    if isinstance(value, dict) and "array" in value:
-        try:
-            return np.array(value["array"], dtype=value["dtype"]).reshape(value["shape"])
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise GraphError(f"{label}: malformed array attribute {key!r}: {type(exc).__name__}: {exc}") from None
-    return value
+def _array_from_json(label: str, key: str, value: dict[str, Any]) -> np.ndarray:
+    """An array attribute as a file holds it: ``{"array", "dtype", "shape"}``."""
+    try:
+        return np.array(value["array"], dtype=value["dtype"]).reshape(value["shape"])
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise GraphError(f"{label}: malformed array attribute {key!r}: {type(exc).__name__}: {exc}") from None
 
 
 def _make_builder(spec: OpSpec):
