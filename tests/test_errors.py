@@ -24,25 +24,29 @@ def tiny() -> dict[str, Any]:
     return g.to_dict()
 
 
-def with_change(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    """``tiny()`` with the field at ``path`` (keys and list indices) set to ``value``."""
-    data = tiny()
+DELETE = object()
+
+
+def changed(data: dict[str, Any], path: tuple[Any, ...], value: Any = DELETE) -> dict[str, Any]:
+    """A copy of ``data`` with the field at ``path`` (keys and list indices) set to ``value`` or deleted."""
+    data = copy.deepcopy(data)
     *parents, last = path
     target = data
     for key in parents:
         target = target[key]
-    target[last] = value
+    if value is DELETE:
+        del target[last]
+    else:
+        target[last] = value
     return data
+
+
+def with_change(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    return changed(tiny(), path, value)
 
 
 def without(path: tuple[Any, ...]) -> dict[str, Any]:
-    data = tiny()
-    *parents, last = path
-    target = data
-    for key in parents:
-        target = target[key]
-    del target[last]
-    return data
+    return changed(tiny(), path)
 
 
 # --- graph files, field by field -------------------------------------------------------------------------------------
@@ -216,12 +220,7 @@ RICH = rich()
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from([*paths(RICH), ("extra",), ("nodes", 3, "extra")]), JSON_VALUES)
 def test_any_value_in_any_field_is_a_graph_error_or_a_graph(path: tuple[Any, ...], value: Any) -> None:
-    data = copy.deepcopy(RICH)
-    *parents, last = path
-    target = data
-    for key in parents:
-        target = target[key]
-    target[last] = value
+    data = changed(RICH, path, value)
     before = json.dumps(data, sort_keys=True)
     try:
         g = Graph.from_dict(data)
