@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 
 from rlx_egraph import Graph, bench, dump_egglog_program, evaluate, examples
-from rlx_egraph.cli.main import EXIT_BROKEN_PIPE, EXIT_INPUT, EXIT_PARITY, main
+from rlx_egraph.cli import main as cli
+from rlx_egraph.cli.main import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CODES_HELP,
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_PARITY,
+    main,
+)
 from rlx_egraph.egraph import STAGES, load_rules
 
 # llama(layers=1) optimizes 62 -> 34 nodes on cpu: these fused ops replace its norms, projections and attention.
@@ -107,7 +116,135 @@ def test_optimize_with_an_unsound_rule_fails_parity(capsys: pytest.CaptureFixtur
     assert not (tmp_path / "never.json").exists()
 
 
+def test_optimize_to_stdout_writes_only_the_graph_json(capsys: pytest.CaptureFixture[str], llama1: Path,
+                                                     tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    code, out, err = run_cli(capsys, "optimize", llama1, "-o", "-", "--verify", "--report-json", report_path)
+    assert code == 0
+    optimized = Graph.from_json(out)
+    assert len(optimized) == 34
+    assert out == optimized.to_json(indent=1) + "\n"
+    assert err.startswith("input graph llama_L1_H64: 62 nodes, 1 output(s)\n")
+    assert "graph: 62 nodes -> 34 nodes" in err and "parity: ok on " in err
+    assert err.endswith(f"wrote report {report_path}\n")
+    assert json.loads(report_path.read_text())["nodes_after"] == 34
+
+
 # --- error paths -----------------------------------------------------------------------------------------------------
+
+
+def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    codes = {0: "success", EXIT_PARITY: "an unsound rule", EXIT_INPUT: "bad input", EXIT_INTERNAL: "internal error",
+             EXIT_INTERRUPTED: "interrupted", EXIT_BROKEN_PIPE: "stdout closed early"}
+    assert (EXIT_PARITY, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE) == (1, 2, 3, 130, 141)
+    for argv in (["--help"], ["optimize", "--help"]):
+        code, out, _ = run_cli(capsys, *argv)
+        assert code == 0
+        assert out.endswith("\n" + EXIT_CODES_HELP)
+        listed = [line.split(maxsplit=1) for line in out.split("exit codes:\n")[1].splitlines()]
+        assert [int(number) for number, _ in listed] == list(codes)
+        assert all(text.startswith(codes[int(number)]) for number, text in listed)
+    assert EXIT_CODES_HELP.replace("exit codes:", "Exit codes:").replace("| head", "``| head``") in cli.__doc__
+
+
+def _file(nodes: list[dict[str, object]], outputs: object = (1,)) -> dict[str, object]:
+    return {"format": "rlx-egraph-mir", "version": 1, "nodes": nodes,
+            "outputs": list(outputs) if isinstance(outputs, tuple) else outputs}
+
+
+X = {"id": 0, "op": "Input", "inputs": [], "attrs": {"name": "x", "shape": [2, 3]}}
+
+
+def _relu(**fields: object) -> dict[str, object]:
+    return {"id": 1, "op": "Relu", "inputs": [0], "attrs": {}, **fields}
+
+
+# Item 12 of issue 6: each of these ended in a traceback with exit 1.
+BAD_GRAPH_FILES: list[tuple[str, bytes, str]] = [
+    ("op-list", json.dumps(_file([X, _relu(op=["Relu"])])).encode(),
+     "node 1: 'op' must be the name of an op, got ['Relu']"),
+    ("inputs-int", json.dumps(_file([X, _relu(inputs=5)])).encode(),
+     "node 1 (Relu): 'inputs' must be a list of node ids, got 5"),
+    ("attrs-list", json.dumps(_file([X, _relu(attrs=[1])])).encode(),
+     "node 1 (Relu): 'attrs' must be an object mapping attribute names to values, got [1]"),
+    ("attrs-string", json.dumps(_file([X, _relu(attrs="ab")])).encode(),
+     "node 1 (Relu): 'attrs' must be an object mapping attribute names to values, got 'ab' (a string)"),
+    ("outputs-int", json.dumps(_file([X, _relu()], 1)).encode(), "outputs must be a list of node ids, got 1"),
+    ("outputs-null", json.dumps(_file([X, _relu()], [None])).encode(),
+     "output 0 must be a node id (an int), got None"),
+    ("outputs-name", json.dumps(_file([X, _relu()], ["x"])).encode(),
+     "output 0 must be a node id (an int), got 'x' (a string)"),
+    ("outputs-string", json.dumps(_file([X, _relu()], "1")).encode(),
+     "outputs must be a list of node ids, got '1' (a string)"),
+    ("shape-int", json.dumps(_file([X, _relu(shape=5)])).encode(),
+     "node 1 (Relu): 'shape' must be a list of ints, got 5"),
+    ("input-string", json.dumps(_file([X, _relu(inputs=["0"])])).encode(),
+     "node 1 (Relu): input 0 must be a node id (an int), got '0' (a string)"),
+    ("no-op", json.dumps(_file([X, {"id": 1, "inputs": [0]}])).encode(), "node 1 has no 'op'"),
+    ("dim-2**64", json.dumps(_file([{**X, "attrs": {"name": "x", "shape": [2**64]}}], [0])).encode(),
+     "node 0 (Input): dimension 18446744073709551616 of shape [18446744073709551616] is out of range "
+     "(dims are ints in [0, 2**31))"),
+    ("deeply-nested", b"[" * 100_000 + b"]" * 100_000, "graph file is nested too deeply to read"),
+    ("not-utf8", b'{"format": "rlx-egraph-mir", "name": "\xe9"}',
+     "graph file is not UTF-8 text (invalid continuation byte at byte 38)"),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), [c[1:] for c in BAD_GRAPH_FILES], ids=[c[0] for c in BAD_GRAPH_FILES])
+@pytest.mark.parametrize("command", ["optimize", "program"])
+def test_malformed_graph_file_is_one_error_line_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                          command: str, content: bytes, message: str) -> None:
+    path = tmp_path / "g.json"
+    path.write_bytes(content)
+    code, out, err = run_cli(capsys, command, path, *(["-o", tmp_path / "out.json"] if command == "optimize" else []))
+    assert (code, out) == (EXIT_INPUT, "")
+    assert err == f"error: {path}: {message}\n"
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("command", ["optimize", "rules", "program"])
+def test_rule_file_that_is_not_utf8_is_one_error_line_naming_it(capsys: pytest.CaptureFixture[str], llama1: Path,
+                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                command: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("latin1.egg").write_bytes(b';; caf\xe9\n(rewrite (Neg (Neg ?x)) ?x :ruleset simplify :name "nn")\n')
+    args = [] if command == "rules" else [llama1]
+    code, _, err = run_cli(capsys, command, *args, "--rules", "latin1.egg")
+    assert code == EXIT_INPUT
+    assert err == "error: latin1.egg: not UTF-8 text (invalid continuation byte at byte 6)\n"
+
+
+def test_non_ascii_names_are_valid_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    g = Graph("größe")
+    x, w = g.input("x_é", (2, 4)), g.param("权重", (4, 4))
+    g.set_outputs([g.relu(g.matmul(x, w))])
+    path, out_path = tmp_path / "g.json", tmp_path / "out.json"
+    g.save(path)
+    code, _, err = run_cli(capsys, "optimize", path, "--verify", "-o", out_path)
+    assert (code, err) == (0, "")
+    optimized = Graph.load(out_path)
+    assert [n.name for n in optimized.inputs + optimized.params] == ["x_é", "权重"]
+
+
+@pytest.mark.parametrize(("raised", "expected_code", "line"), [
+    (RuntimeError("egglog said:\n  something broke"), EXIT_INTERNAL,
+     "error: internal error: RuntimeError: egglog said: something broke (please report)"),
+    (RecursionError("maximum recursion depth exceeded"), EXIT_INTERNAL,
+     "error: internal error: RecursionError: maximum recursion depth exceeded (please report)"),
+    (cli.UnsoundRewrite("e-class 7 holds Relu f32[2] and Narrow f32[1]"), EXIT_PARITY,
+     "error: e-class 7 holds Relu f32[2] and Narrow f32[1]"),
+    (KeyboardInterrupt(), EXIT_INTERRUPTED, "error: interrupted"),
+], ids=["internal", "recursion", "unsound", "interrupted"])
+def test_failure_inside_optimize_is_one_error_line(capsys: pytest.CaptureFixture[str], llama1: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, raised: BaseException,
+                                                   expected_code: int, line: str) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(cli, "optimize_with_report", fail)
+    code, _, err = run_cli(capsys, "optimize", llama1)
+    assert code == expected_code
+    assert err == line + "\n"
 
 
 def _graph_text(version: int) -> str:

@@ -22,10 +22,8 @@ from .egraph.schema import schema_text
 from .egraph.view import build_view
 from .ir.graph import Graph
 from .kernels.parity import check_parity
+from .options import check_options
 from .report import OptimizeReport
-
-ENGINES = ("auto", "egglog", "fallback")
-EXTRACTIONS = ("greedy", "exact")
 
 
 def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
@@ -47,17 +45,12 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     (a pass after extraction; only on targets with region kernels, only where it pays).
     ``verify``: check every node against the input graph with numpy (raises ParityError).
     ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, ...).
+    Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if extraction not in EXTRACTIONS:
-        raise ValueError(f"extraction must be one of {EXTRACTIONS}, got {extraction!r}")
+    check_options(optimize_with_report, locals())
     if engine == "fallback":
         raise NotImplementedError("the fallback engine is not built yet; use engine='egglog' or 'auto'")
-    try:
-        sat_limits = SaturationLimits(**limits)
-    except TypeError as exc:
-        raise TypeError(f"unknown optimize option: {exc}") from None
+    sat_limits = SaturationLimits(**limits)
     tgt = get_target(target)
     ruleset = load_rules(rules)
     phases: dict[str, float] = {}

@@ -1,9 +1,15 @@
 """``rlx-egraph``: demo, optimize, example, rules and program subcommands.
 
-Exit codes: 0 success; 1 the optimized graph failed the parity check
-(an unsound rule); 2 bad input (missing or malformed graph file, bad rule
-file, bad arguments), reported as one ``error: ...`` line on stderr;
-141 (128 + SIGPIPE, as a shell reports it) when stdout closed early (``| head``).
+Every failure is one ``error: ...`` line on stderr (never a traceback) naming
+the file, node, op or rule, and one of these exit codes:
+
+Exit codes:
+  0    success
+  1    an unsound rule: the optimized graph failed the parity check, or a rewrite was ill-typed
+  2    bad input: a missing or malformed graph or rule file, or bad arguments
+  3    internal error: a bug in rlx-egraph (the line says "please report")
+  130  interrupted (Ctrl-C)
+  141  stdout closed early, as in ``| head`` (128 + SIGPIPE, as a shell reports it)
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from .. import examples
 from ..cost.targets import TARGETS
 from ..egraph import STAGES, dump_egglog_program, load_rules
 from ..egraph.rules import RuleError
+from ..egraph.view import UnsoundRewrite
 from ..ir import Graph, GraphError
 from ..kernels.parity import ParityError
 from ..optimize import optimize_with_report
@@ -28,7 +36,11 @@ from ..report import OptimizeReport
 
 EXIT_PARITY = 1
 EXIT_INPUT = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+EXIT_CODES_HELP = "exit codes:\n" + (__doc__ or "").partition("Exit codes:\n")[2].replace("``", "")
+STDOUT = "-"  # as -o: write the graph JSON to stdout
 
 
 class UsageError(ValueError):
@@ -53,14 +65,14 @@ def summarize(graph: Graph) -> str:
 def _load_graph(path: str) -> Graph:
     try:
         return Graph.load(path)
-    except (GraphError, UnicodeDecodeError) as exc:
+    except GraphError as exc:
         raise GraphError(f"{path}: {exc}") from None
 
 
-def _optimize(graph: Graph, args: argparse.Namespace) -> tuple[Graph, OptimizeReport]:
-    """Optimize with the common options and print the report."""
+def _optimize(graph: Graph, args: argparse.Namespace, log: TextIO) -> tuple[Graph, OptimizeReport]:
+    """Optimize with the common options and print the report to ``log``."""
     new, report = optimize_with_report(graph, args.target, rules=args.rules, verify=args.verify)
-    print(report)
+    print(report, file=log)
     return new, report
 
 
@@ -76,19 +88,22 @@ def _demo(args: argparse.Namespace) -> None:
     print()
     print("input " + summarize(graph))
     print()
-    new, _ = _optimize(graph, args)
+    new, _ = _optimize(graph, args, sys.stdout)
     print()
     print(new)
 
 
 def _optimize_cmd(args: argparse.Namespace) -> None:
     graph = _load_graph(args.input)
-    print("input " + summarize(graph))
-    new, report = _optimize(graph, args)
+    log = sys.stderr if args.output == STDOUT else sys.stdout  # stdout carries only the graph JSON then
+    print("input " + summarize(graph), file=log)
+    new, report = _optimize(graph, args, log)
     if args.report_json:
         Path(args.report_json).write_text(report.to_json())
-        print(f"wrote report {args.report_json}")
-    if args.output:
+        print(f"wrote report {args.report_json}", file=log)
+    if args.output == STDOUT:
+        print(new.to_json(indent=1))
+    elif args.output:
         new.save(args.output)
         print(f"wrote {args.output}: {len(new)} nodes")
     else:
@@ -130,8 +145,13 @@ def _non_negative(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="rlx-egraph", description="Optimize ML computation graphs by equality "
-                                     "saturation with egglog.")
+                                     "saturation with egglog.", epilog=EXIT_CODES_HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, parents: Sequence[argparse.ArgumentParser] = (), **kwargs: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=list(parents), epilog=EXIT_CODES_HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
     rules = argparse.ArgumentParser(add_help=False)
     rules.add_argument("--rules", nargs="+", action="extend", metavar="FILE_OR_DIR",
@@ -139,42 +159,50 @@ def build_parser() -> argparse.ArgumentParser:
     target = argparse.ArgumentParser(add_help=False)
     target.add_argument("--target", default="cpu", choices=list(TARGETS), help="cost model (default: cpu)")
 
-    p = sub.add_parser("demo", parents=[target], help="optimize the example Llama decoder and show what happened")
+    p = command("demo", [target], help="optimize the example Llama decoder and show what happened")
     p.add_argument("--layers", type=_non_negative, default=2, help="decoder layers (default: 2)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check the result against the input with numpy (default: on)")
     p.set_defaults(run=_demo, rules=None)
 
-    p = sub.add_parser("optimize", parents=[target, rules], help="optimize a graph saved as JSON")
+    p = command("optimize", [target, rules], help="optimize a graph saved as JSON")
     p.add_argument("input", metavar="INPUT.json")
-    p.add_argument("-o", "--output", metavar="OUTPUT.json", help="write the optimized graph here (else print it)")
+    p.add_argument("-o", "--output", metavar="OUTPUT.json",
+                   help=f"write the optimized graph here ('{STDOUT}': its JSON to stdout and the report to stderr; "
+                        "default: print the report and the graph table)")
     p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
     p.set_defaults(run=_optimize_cmd)
 
-    p = sub.add_parser("example", help="save an example model graph as JSON")
+    p = command("example", help="save an example model graph as JSON")
     p.add_argument("name", choices=list(examples.ALL), metavar="NAME", help=f"one of {', '.join(examples.ALL)}")
     p.add_argument("--layers", type=_non_negative, help="number of layers (models that have layers)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.json")
     p.set_defaults(run=_example)
 
-    p = sub.add_parser("rules", parents=[rules], help="list the loaded rewrite rules")
+    p = command("rules", [rules], help="list the loaded rewrite rules")
     p.set_defaults(run=_rules)
 
-    p = sub.add_parser("program", parents=[rules], help="print the whole egglog program for a graph")
+    p = command("program", [rules], help="print the whole egglog program for a graph")
     p.add_argument("input", metavar="INPUT.json")
     p.set_defaults(run=_program)
     return parser
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror}"
     return str(exc)
 
 
+def _fail(message: str, code: int) -> int:
+    """Print ``message`` as one ``error:`` line on stderr; returns ``code``."""
+    print("error: " + " ".join(message.split()), file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the exit code."""
+    """Run one subcommand; returns the exit code (see the module docstring)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
@@ -185,12 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away: stop quietly, and keep the exit-time flush from failing too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    except ParityError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_PARITY
+    except (ParityError, UnsoundRewrite) as exc:
+        return _fail(str(exc), EXIT_PARITY)
     except (GraphError, RuleError, UsageError, OSError) as exc:
-        print(f"error: {_describe(exc)}", file=sys.stderr)
-        return EXIT_INPUT
+        return _fail(_describe(exc), EXIT_INPUT)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except Exception as exc:  # a bug: one line, no traceback
+        return _fail(f"internal error: {type(exc).__name__}: {exc} (please report)", EXIT_INTERNAL)
     return 0
 
 

@@ -133,8 +133,11 @@ def _load(paths: tuple[str, ...]) -> RuleSet:
     declarations: list[tuple[str, Any]] = []
     seen: dict[str, Rule] = {}
     for path in paths:
-        text = Path(path).read_text()
         display = _display_path(Path(path))
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise RuleError(f"{display}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         try:
             commands = egraph.parse_program(text, filename=display)
         except eb.EggSmolError as exc:

@@ -5,17 +5,23 @@ Reads like torch.fx: ``g.matmul(x, w)`` appends a node and returns its id,
 checked when it is added (op, arity, attributes, shapes, dtypes), so a Graph
 is always valid; a bad node raises :class:`GraphError` naming node, op and
 problem, and leaves the graph unchanged.
+
+Every tensor dimension is an int in ``[0, MAX_DIM)`` (2**31): rules compute
+with dims in egglog's i64 (a product of two, as batch*seq, or a sum of a few,
+as concatenated widths), and these bounds keep every such result in range.
+Node ids are ints (a string such as ``"2"`` is refused, never converted).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import reprlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,6 +30,10 @@ from .registry import REGISTRY, REQUIRED, Kind, OpSpec, ShapeError, TensorType
 
 FORMAT = "rlx-egraph-mir"
 FORMAT_VERSION = 1
+MAX_DIM = 2**31
+FILE_FIELDS = ("format", "version", "name", "nodes", "outputs")
+RECORD_FIELDS = ("id", "op", "inputs", "attrs")  # a record for from_nodes; a file's records may add:
+FILE_RECORD_FIELDS = (*RECORD_FIELDS, "shape", "dtype")
 
 
 class GraphError(ValueError):
@@ -80,7 +90,7 @@ def attrs_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
         vb = b[key]
         if isinstance(va, np.ndarray) or isinstance(vb, np.ndarray):
             if not (isinstance(va, np.ndarray) and isinstance(vb, np.ndarray)) or va.dtype != vb.dtype \
-                    or not np.array_equal(va, vb):
+                    or not np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"):
                 return False
         elif va != vb:
             return False
@@ -118,19 +128,18 @@ class Graph:
 
     def add_node(self, op: str, inputs: Sequence[int] = (), node_id: int | None = None, **attrs: Any) -> int:
         """Append ``op`` applied to ``inputs``; returns the new node's id."""
-        nid = self._next_id if node_id is None else node_id
+        nid = self._next_id if node_id is None else as_node_id(node_id, "node id")
+        spec = _op_spec(nid, op)
         if nid in self._by_id:
             raise GraphError(f"node {nid} ({op}): id {nid} is already used")
-        spec = REGISTRY.get(op)
-        if spec is None:
-            raise GraphError(f"node {nid}: unknown op {op!r}")
-        inputs = tuple(int(i) for i in inputs)
+        inputs = _node_ids(inputs, f"node {nid} ({op}): 'inputs'", f"node {nid} ({op}): input ")
         for slot, i in enumerate(inputs):
             if i not in self._by_id:
                 raise GraphError(f"node {nid} ({op}): input {slot} refers to node {i}, which is not in the graph")
         try:
             attrs_c, out = spec.resolve(attrs, [self._by_id[i].type for i in inputs])
-        except ShapeError as exc:
+            _check_dims(out.shape)
+        except (ShapeError, OverflowError) as exc:  # OverflowError: an infinite float given as an int
             raise GraphError(f"node {nid} ({op}): {exc}") from None
         self._check_leaf(nid, spec, inputs, attrs_c)
         node = Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
@@ -177,7 +186,7 @@ class Graph:
         return self.add_node("Scalar", value=float(value), dtype=dtype)
 
     def set_outputs(self, ids: Iterable[int]) -> None:
-        ids = tuple(int(i) for i in ids)
+        ids = _node_ids(ids, "outputs", "output ")
         missing = [i for i in ids if i not in self._by_id]
         if missing:
             raise GraphError(f"output refers to node {missing[0]}, which is not in the graph")
@@ -265,32 +274,30 @@ class Graph:
     # --- construction from records and JSON ---------------------------------------
 
     @classmethod
-    def from_nodes(cls, records: Iterable[dict[str, Any]], outputs: Iterable[int], name: str = "graph") -> Graph:
+    def from_nodes(cls, records: Iterable[Mapping[str, Any]], outputs: Iterable[int], name: str = "graph") -> Graph:
         """Build a graph from node records ``{id, op, inputs, attrs}`` in any order.
 
-        Records are sorted topologically (stably); a cycle or a reference to a
-        missing node raises GraphError naming the nodes involved.
+        Records are sorted topologically (stably); a malformed record, a cycle or
+        a reference to a missing node raises GraphError naming the nodes involved.
         """
-        records = list(records)
-        by_id: dict[int, dict[str, Any]] = {}
+        return cls._build([_record(k, rec, RECORD_FIELDS) for k, rec in enumerate(records)], outputs, name)
+
+    @classmethod
+    def _build(cls, records: list[_Record], outputs: Iterable[int], name: str) -> Graph:
+        by_id: dict[int, _Record] = {}
         for rec in records:
-            try:
-                nid = int(rec["id"])
-            except (KeyError, TypeError, ValueError):
-                raise GraphError(f"node record {rec!r} has no integer 'id'") from None
-            if nid in by_id:
-                raise GraphError(f"node {nid}: id {nid} is used twice")
-            by_id[nid] = rec
-        for nid, rec in by_id.items():
-            for slot, i in enumerate(rec.get("inputs", ())):
+            if rec.id in by_id:
+                raise GraphError(f"node {rec.id}: id {rec.id} is used twice")
+            by_id[rec.id] = rec
+        for rec in records:
+            for slot, i in enumerate(rec.inputs):
                 if i not in by_id:
-                    raise GraphError(f"node {nid} ({rec.get('op')}): input {slot} refers to node {i}, "
+                    raise GraphError(f"node {rec.id} ({rec.op}): input {slot} refers to node {i}, "
                                      "which is not in the graph")
-        order = _topological(by_id)
         g = cls(name)
-        for nid in order:
+        for nid in _topological(by_id):
             rec = by_id[nid]
-            g.add_node(rec.get("op", ""), rec.get("inputs", ()), node_id=nid, **rec.get("attrs", {}))
+            g.add_node(rec.op, rec.inputs, node_id=nid, **rec.attrs)
         g.set_outputs(outputs)
         return g
 
@@ -307,25 +314,30 @@ class Graph:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Graph:
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+    def from_dict(cls, data: Any) -> Graph:
+        """Read :meth:`to_dict`'s form; every field is checked, errors name the node and op."""
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise GraphError(f"not an rlx-egraph graph: expected format {FORMAT!r}")
-        if data.get("version") != FORMAT_VERSION:
-            raise GraphError(f"graph format version {data.get('version')!r} is not supported "
+        if type(data.get("version")) is not int or data["version"] != FORMAT_VERSION:
+            raise GraphError(f"graph format version {_show(data.get('version'))} is not supported "
                              f"(this library reads version {FORMAT_VERSION})")
-        try:
-            records = [{"id": r["id"], "op": r["op"], "inputs": r["inputs"],
-                        "attrs": {k: _attr_from_json(v) for k, v in r.get("attrs", {}).items()}}
-                       for r in data["nodes"]]
-            outputs, name = data["outputs"], data.get("name", "graph")
-        except (KeyError, TypeError) as exc:
-            raise GraphError(f"malformed graph file: missing field {exc}") from None
-        g = cls.from_nodes(records, outputs, name)
-        for r in data["nodes"]:
-            n = g.node(r["id"])
-            if "shape" in r and (tuple(r["shape"]), r.get("dtype", n.dtype)) != (n.shape, n.dtype):
-                raise GraphError(f"node {n.id} ({n.op}): file says {r.get('dtype')}{r['shape']}, "
-                                 f"inferred {n.type}")
+        _no_unknown_fields("graph file", data, FILE_FIELDS)
+        missing = [f for f in ("nodes", "outputs") if f not in data]
+        if missing:
+            raise GraphError(f"malformed graph file: missing field {missing[0]!r}")
+        name, nodes = data.get("name", "graph"), data["nodes"]
+        if not isinstance(name, str):
+            raise GraphError(f"'name' must be a string, got {_show(name)}")
+        if not isinstance(nodes, list):
+            raise GraphError(f"'nodes' must be a list of node records, got {_show(nodes)}")
+        records = [_record(k, raw, FILE_RECORD_FIELDS) for k, raw in enumerate(nodes)]
+        for rec in records:  # each record's attrs are its own copy
+            for key, value in rec.attrs.items():
+                if isinstance(value, dict) and "array" in value:
+                    rec.attrs[key] = _array_from_json(rec.label, key, value)
+        g = cls._build(records, data["outputs"], name)
+        for rec, raw in zip(records, nodes, strict=True):
+            _check_file_type(g.node(rec.id), raw)
         return g
 
     def to_json(self, indent: int | None = None) -> str:
@@ -335,7 +347,9 @@ class Graph:
     def from_json(cls, text: str) -> Graph:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except RecursionError:
+            raise GraphError("graph file is nested too deeply to read") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer literal with too many digits
             raise GraphError(f"graph file is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
@@ -344,10 +358,105 @@ class Graph:
 
     @classmethod
     def load(cls, path: str | Path) -> Graph:
-        return cls.from_json(Path(path).read_text())
+        """Read a graph file (UTF-8 JSON); OSError when it cannot be read, GraphError when it is malformed."""
+        data = Path(path).read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GraphError(f"graph file is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        return cls.from_json(text)
 
 
-def _topological(by_id: dict[int, dict[str, Any]]) -> list[int]:
+class _Record(NamedTuple):
+    """A checked node record."""
+
+    id: int
+    op: str
+    inputs: tuple[int, ...]
+    attrs: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"node {self.id} ({self.op})"
+
+
+_REPR = reprlib.Repr(maxlevel=3, maxstring=40, maxother=40, maxlist=6, maxdict=4)
+
+
+def _show(value: Any) -> str:
+    """``value`` for an error message: a short repr, saying so when it is a string."""
+    return _REPR.repr(value) + (" (a string)" if isinstance(value, str) else "")
+
+
+def as_node_id(value: Any, what: str) -> int:
+    """``value`` as a node id; GraphError naming ``what`` unless it is an int (``"2"`` is refused)."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, np.integer):  # bool is an int but not an id
+        raise GraphError(f"{what} must be a node id (an int), got {_show(value)}")
+    return int(value)
+
+
+def _node_ids(value: Any, what: str, each: str) -> tuple[int, ...]:
+    """``value`` as node ids; errors call the list ``what`` and its k-th entry ``each`` + k."""
+    if type(value) not in (list, tuple) and (isinstance(value, (str, bytes, Mapping))
+                                             or not isinstance(value, Iterable)):
+        raise GraphError(f"{what} must be a list of node ids, got {_show(value)}")
+    return tuple([i if type(i) is int else as_node_id(i, f"{each}{k}") for k, i in enumerate(value)])
+
+
+def _op_spec(nid: int, op: Any) -> OpSpec:
+    if not isinstance(op, str):
+        raise GraphError(f"node {nid}: 'op' must be the name of an op, got {_show(op)}")
+    spec = REGISTRY.get(op)
+    if spec is None:
+        raise GraphError(f"node {nid}: unknown op {op!r}")
+    return spec
+
+
+def _no_unknown_fields(label: str, record: Mapping[str, Any], fields: tuple[str, ...]) -> None:
+    if not record.keys() <= set(fields):
+        unknown = next(key for key in record if key not in fields)
+        raise GraphError(f"{label}: unknown field {_show(unknown)}; the fields are {', '.join(fields)}")
+
+
+def _record(k: int, raw: Any, fields: tuple[str, ...]) -> _Record:
+    """Check the ``k``-th node record's fields (those in ``fields`` are allowed)."""
+    if type(raw) is not dict and not isinstance(raw, Mapping):
+        raise GraphError(f"node record {k} must be an object with fields {', '.join(fields)}, got {_show(raw)}")
+    if "id" not in raw:
+        raise GraphError(f"node record {k} has no 'id'")
+    nid = as_node_id(raw["id"], f"node record {k}: 'id'")
+    if "op" not in raw:
+        raise GraphError(f"node {nid} has no 'op'")
+    spec = _op_spec(nid, raw["op"])
+    label = f"node {nid} ({spec.name})"
+    _no_unknown_fields(label, raw, fields)
+    attrs = raw.get("attrs", {})
+    if (type(attrs) is not dict and not isinstance(attrs, Mapping)) or not all(type(key) is str for key in attrs):
+        raise GraphError(f"{label}: 'attrs' must be an object mapping attribute names to values, got {_show(attrs)}")
+    return _Record(nid, spec.name, _node_ids(raw.get("inputs", ()), f"{label}: 'inputs'", f"{label}: input "),
+                   dict(attrs))
+
+
+def _check_file_type(node: Node, raw: Mapping[str, Any]) -> None:
+    """A file record's optional ``shape``/``dtype`` must be well formed and agree with inference."""
+    shape, dtype = raw.get("shape", list(node.shape)), raw.get("dtype", node.dtype)
+    if type(shape) is not list or not all(type(d) is int for d in shape):
+        raise GraphError(f"node {node.id} ({node.op}): 'shape' must be a list of ints, got {_show(shape)}")
+    if not isinstance(dtype, str):
+        raise GraphError(f"node {node.id} ({node.op}): 'dtype' must be a string, got {_show(dtype)}")
+    if (tuple(shape), dtype) != (node.shape, node.dtype):
+        raise GraphError(f"node {node.id} ({node.op}): file says {dtype}{shape}, inferred {node.type}")
+
+
+def _check_dims(shape: tuple[int, ...]) -> None:
+    bad = [d for d in shape if not 0 <= d < MAX_DIM]
+    if bad:
+        raise ShapeError(f"dimension {bad[0]} of shape {list(shape)} is out of range (dims are ints in [0, 2**31))")
+
+
+def _topological(by_id: dict[int, _Record]) -> list[int]:
     """Stable topological order of node records; GraphError on a cycle."""
     state: dict[int, int] = {}
     order: list[int] = []
@@ -363,13 +472,13 @@ def _topological(by_id: dict[int, dict[str, Any]]) -> list[int]:
                     continue
                 state[nid] = 1
                 path.append(nid)
-            inputs = list(by_id[nid].get("inputs", ()))
+            inputs = by_id[nid].inputs
             if k < len(inputs):
                 stack.append((nid, k + 1))
                 child = inputs[k]
                 if state.get(child) == 1:
                     cycle = [*path[path.index(child):], child]
-                    raise GraphError(f"node {nid} ({by_id[nid].get('op')}): the graph has a cycle through nodes "
+                    raise GraphError(f"{by_id[nid].label}: the graph has a cycle through nodes "
                                      f"{' -> '.join(map(str, cycle))}")
                 if state.get(child) != 2:
                     stack.append((child, 0))
@@ -388,13 +497,12 @@ def _attr_to_json(value: Any) -> Any:
     return value
 
 
-def _attr_from_json(value: Any) -> Any:
-    if isinstance(value, dict) and "array" in value:
-        try:
-            return np.array(value["array"], dtype=value["dtype"]).reshape(value["shape"])
-        except (TypeError, ValueError) as exc:
-            raise GraphError(f"malformed array attribute: {exc}") from None
-    return value
+def _array_from_json(label: str, key: str, value: dict[str, Any]) -> np.ndarray:
+    """An array attribute as a file holds it: ``{"array", "dtype", "shape"}``."""
+    try:
+        return np.array(value["array"], dtype=value["dtype"]).reshape(value["shape"])
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise GraphError(f"{label}: malformed array attribute {key!r}: {type(exc).__name__}: {exc}") from None
 
 
 def _make_builder(spec: OpSpec):
@@ -445,4 +553,4 @@ def install_builders() -> None:
 
 install_builders()
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Graph", "GraphError", "Node", "install_builders"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_DIM", "Graph", "GraphError", "Node", "as_node_id", "install_builders"]

@@ -1,0 +1,101 @@
+"""The options of ``optimize_with_report``, checked at the door.
+
+An option's type comes from its default in the signature (a bool option takes a
+bool, an int option an int, a float option a real number), a saturation limit's
+from its default in :class:`SaturationLimits`; choices and lower bounds are
+below (every other number is >= 0, and an int is below 2**63 because it may
+reach egglog as an i64).  A value of the wrong type raises TypeError, a value
+out of range ValueError, an unknown name TypeError with the closest known name;
+each message names the option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import math
+import os
+import reprlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .cost import Target
+from .cost.targets import TARGETS
+from .egraph.rules import RuleSet
+from .egraph.saturate import SaturationLimits
+from .ir.graph import Graph
+
+ENGINES = ("auto", "egglog", "fallback")
+EXTRACTIONS = ("greedy", "exact")
+CHOICES: dict[str, tuple[str, ...]] = {"engine": ENGINES, "extraction": EXTRACTIONS, "target": tuple(TARGETS)}
+MINIMUM = {"chunk": 1}  # a chunk of 0 iterations would never end a stage
+INT_LIMIT = 2**63
+LIMIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SaturationLimits)}
+
+
+def check_options(function: Callable[..., Any], given: Mapping[str, Any]) -> None:
+    """Check the arguments ``given`` to ``function`` (its ``locals()`` on entry: parameter name -> value).
+
+    The ``**`` parameter holds the saturation limits by name.
+    """
+    params = inspect.signature(function).parameters
+    for name, param in params.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            for key, value in given[name].items():
+                if key not in LIMIT_DEFAULTS:
+                    known = [*(p for p in params if p != name), *LIMIT_DEFAULTS]
+                    close = difflib.get_close_matches(key, known, n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+                    raise TypeError(f"unknown optimize option {key!r}{hint}")
+                check_option(key, value, LIMIT_DEFAULTS[key])
+        else:
+            check_option(name, given[name], param.default)
+
+
+def check_option(name: str, value: Any, default: Any) -> None:
+    """Check one option ``name`` against the type of its ``default`` and its choices and range."""
+    if name == "graph":
+        if not isinstance(value, Graph):
+            raise TypeError(f"graph must be an rlx_egraph.Graph, got {_show(value)}")
+    elif name == "rules":
+        _check_rules(value)
+    elif name == "target" and isinstance(value, Target):
+        pass
+    elif name in CHOICES:
+        allowed = f"one of {CHOICES[name]}" + (" or a cost.Target" if name == "target" else "")
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be {allowed}, got {_show(value)}")
+        if value not in CHOICES[name]:
+            close = difflib.get_close_matches(value, CHOICES[name], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{name} must be {allowed}, got {value!r}{hint}")
+    elif isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {_show(value)}")
+    elif isinstance(default, int | float):
+        _check_number(name, value, type(default))
+
+
+def _check_number(name: str, value: Any, kind: type) -> None:
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):
+        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'}, got {_show(value)}")
+    low = MINIMUM.get(name, 0)
+    if (isinstance(value, float) and math.isnan(value)) or value < low or (kind is int and value >= INT_LIMIT):
+        bound = f"an int in [{low}, 2**63)" if kind is int else f"a number >= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def _check_rules(value: Any) -> None:
+    """``rules``: None, a RuleSet, a rule file or folder, or a list or tuple of files and folders."""
+    paths = value if isinstance(value, list | tuple) else [value]
+    if value is None or isinstance(value, RuleSet) or all(isinstance(p, str | os.PathLike) for p in paths):
+        return
+    raise TypeError(f"rules must be None, a rule file or folder (a str or Path) or a list of them, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    return f"{reprlib.repr(value)} ({type(value).__name__})"
+
+
+__all__ = ["CHOICES", "ENGINES", "EXTRACTIONS", "MINIMUM", "check_option", "check_options"]
