@@ -265,7 +265,7 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, fired: Mapping[
     parents = view.parents()
     conflicts: dict[int, set[TensorType]] = {}
     while True:
-        types, problems, kept, new = _propagate(view, fixed, merged | conflicts.keys(), parents)
+        types, problems, kept, new = _propagate(view, graph, fixed, merged | conflicts.keys(), parents)
         if not new:
             break
         for c, seen in new.items():
@@ -286,10 +286,14 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, fired: Mapping[
     return kept
 
 
-def _propagate(view: EGraphView, fixed: dict[int, TensorType], excluded: set[int], parents: list[list[int]]
+def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], excluded: set[int],
+               parents: list[list[int]]
                ) -> tuple[dict[int, TensorType], dict[int, str], set[int], dict[int, set[TensorType]]]:
     """Infer types bottom-up from the leaves, every class outside ``excluded``.
 
+    An input-graph e-node has its node's type: the graph inferred it from the
+    same attributes and from its inputs' types, which are its children's
+    classes' types unless a class is in ``excluded``.
     Returns the class types, the problem of each e-node that fails, the
     e-nodes that pass, and the rule-made classes whose e-nodes disagree.
     """
@@ -304,7 +308,8 @@ def _propagate(view: EGraphView, fixed: dict[int, TensorType], excluded: set[int
         if n.eclass in excluded:
             continue
         try:
-            out = n.spec.resolve(n.attrs, [types[c] for c in n.children])[1]
+            out = graph.node(n.original).type if n.original is not None else \
+                n.spec.resolve(n.attrs, [types[c] for c in n.children])[1]
         except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # ShapeError, or a rule gone wild
             problems[n.index] = f"is ill-typed: {exc}"
             continue
