@@ -1,7 +1,10 @@
 """Graph -> egglog text: one ``$``-prefixed ``let`` per node plus shape facts.
 
 Text is what we hand egglog: parsing a program is far faster than building
-terms one by one through the high-level Python API.
+terms one by one through the high-level Python API.  Every value is encoded
+so that it reads back exactly: any Python str (:func:`string_literal`), a
+constant array by its bit-exact content key (:func:`array_key`), and a Scalar
+-0.0, which egglog's f64 would equate with 0.0, as ``(Neg (Scalar 0.0 dtype))``.
 """
 
 from __future__ import annotations
