@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,12 @@ from hypothesis import strategies as st
 
 from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
 from rlx_egraph.cost import TARGETS
+from rlx_egraph.egraph.saturate import SaturationLimits
 from rlx_egraph.ir.graph import MAX_DIM
+
+# optimize_with_report's options after graph, target, rules, verify, engine, extraction; then the limits
+KNOWN_AFTER_EXTRACTION = [*list(inspect.signature(optimize_with_report).parameters)[6:-1],
+                          *(f.name for f in dataclasses.fields(SaturationLimits))]
 
 
 def tiny() -> dict[str, Any]:
@@ -265,8 +272,7 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"target": None}, TypeError, f"target must be one of {tuple(TARGETS)} or a cost.Target, got None (NoneType)"),
     ({"max_iteration": 3}, TypeError, "unknown optimize option 'max_iteration'; did you mean 'max_iterations'?"),
     ({"colour": 3}, TypeError, "unknown optimize option 'colour' (known: graph, target, rules, verify, engine, "
-                               "extraction, exact_gap, attention_block_max_tokens, regions, seed, max_iterations, "
-                               "max_enodes, max_seconds, match_limit, ban_length, chunk)"),
+                               f"extraction, {', '.join(KNOWN_AFTER_EXTRACTION)})"),
 ]
 
 

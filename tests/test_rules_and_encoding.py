@@ -94,9 +94,12 @@ def test_a_rule_that_changes_shapes_is_caught_as_unsound(tmp_path):
     x = g.input("x", (4, 8))
     g.set_outputs([g.narrow(x, axis=1, start=0, length=4)])
     with pytest.raises(UnsoundRewrite) as err:
-        optimize_with_report(g, rules=[default_rule_dir(), path])
+        optimize_with_report(g, rules=[default_rule_dir(), path], strict=True)
     assert "a Relu e-node has type f32[4, 8] but its e-class has type f32[4, 4]" in str(err.value)
     assert "narrow-away (" in str(err.value)
+    og, rep = optimize_with_report(g, rules=[default_rule_dir(), path], verify=True)  # not strict: left out
+    assert og == g
+    assert [(bad.op, bad.rules) for bad in rep.ill_typed] == [("Relu", ("narrow-away",))]
 
 
 def test_schema_has_one_constructor_per_registered_op():

@@ -6,6 +6,7 @@ optional parity check.  The input graph is never changed.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ from .kernels.parity import check_parity
 from .options import check_options
 from .report import OptimizeReport
 
+log = logging.getLogger("rlx_egraph")
+
 
 def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
              **options: Any) -> Graph:
@@ -35,7 +38,7 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
 def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
                          attention_block_max_tokens: int = 64, regions: bool = True, seed: int = 0,
-                         **limits: Any) -> tuple[Graph, OptimizeReport]:
+                         strict: bool = False, **limits: Any) -> tuple[Graph, OptimizeReport]:
     """Optimize ``graph``; returns the new graph and an :class:`OptimizeReport`.
 
     ``rules``: None for the shipped rules, or rule files/folders (see ``load_rules``).
@@ -44,6 +47,10 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
     (a pass after extraction; only on targets with region kernels, only where it pays).
     ``verify``: check every node against the input graph with numpy (raises ParityError).
+    ``strict``: raise UnsoundRewrite when a rule built an ill-typed e-node or merged input-graph
+    nodes of different types.  Otherwise ill-typed e-nodes are left out of extraction and listed
+    in ``report.ill_typed``, and after a bad merge the input graph is returned unchanged (the
+    reason in ``report.stop_reason`` and a warning on the ``rlx_egraph`` logger).
     ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, ...).
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
@@ -71,32 +78,42 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     phases["saturate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    view = build_view(egraph, graph, encoding.constants, ruleset)
-    roots = [view.class_of_node[o] for o in graph.outputs]
-    costs = ex.node_costs(view, tgt)
-    if extraction == "exact":
-        chosen = ex.exact(view, roots, tgt, costs)
+    view = build_view(egraph, graph, encoding.constants, ruleset, result.matches_per_rule, strict)
+    report.ill_typed = view.ill_typed
+    report.stop_reason = result.stop_reason
+    if view.ill_typed:
+        log.warning("%d ill-typed e-node(s) left out of extraction (report.ill_typed lists them); first: %s",
+                    len(view.ill_typed), view.ill_typed[0].message)
+    if view.merged:
+        report.stop_reason = f"{view.merged[0].message}; the input graph is returned unchanged"
+        log.warning(report.stop_reason)
+        decoded = Decoded(graph.copy(), dict(view.class_of_node), {n.id: [n.id] for n in graph.nodes})
     else:
-        chosen = ex.greedy(view, roots, tgt, {n.id: k for k, n in enumerate(graph.nodes)}, costs)
-    report.extracted_ns = chosen.cost_ns
-    if exact_gap:
-        best = ex.exact(view, roots, tgt, costs)
-        report.exact_ns, report.exact_optimal = best.cost_ns, best.optimal
-    phases["extract"] = time.perf_counter() - t0
+        roots = [view.class_of_node[o] for o in graph.outputs]
+        costs = ex.node_costs(view, tgt)
+        if extraction == "exact":
+            chosen = ex.exact(view, roots, tgt, costs)
+        else:
+            chosen = ex.greedy(view, roots, tgt, {n.id: k for k, n in enumerate(graph.nodes)}, costs)
+        report.extraction, report.extraction_moves = chosen.method, chosen.moves
+        report.extracted_ns = chosen.cost_ns
+        if exact_gap:
+            best = ex.exact(view, roots, tgt, costs)
+            report.exact_ns, report.exact_optimal = best.cost_ns, best.optimal
+        phases["extract"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
-    if regions:
-        decoded = _with_regions(decoded, tgt)
-    phases["decode"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
+        if regions:
+            decoded = _with_regions(decoded, tgt)
+        phases["decode"] = time.perf_counter() - t0
 
     report.egglog_program = _program_text(ruleset, encoding.text)
     report.eclasses, report.enodes = len(view.classes), view.num_enodes
-    report.stop_reason, report.iterations = result.stop_reason, result.history
+    report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
-    report.extraction, report.extraction_moves = chosen.method, chosen.moves
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     if verify:
         t0 = time.perf_counter()

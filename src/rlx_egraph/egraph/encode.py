@@ -1,13 +1,17 @@
 """Graph -> egglog text: one ``$``-prefixed ``let`` per node plus shape facts.
 
 Text is what we hand egglog: parsing a program is far faster than building
-terms one by one through the high-level Python API.
+terms one by one through the high-level Python API.  Every value is encoded
+so that it reads back exactly: any Python str (:func:`string_literal`), a
+constant array by its bit-exact content key (:func:`array_key`), and a Scalar
+-0.0, which egglog's f64 would equate with 0.0, as ``(Neg (Scalar 0.0 dtype))``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +37,38 @@ def literal(value: Any, kind: AttrType) -> str:
         return "true" if value else "false"
     if kind is AttrType.INTS:
         return f"(vec-of {' '.join(map(str, value))})" if value else "(vec-empty)"
-    return json.dumps(str(value))  # String sorts; JSON escaping matches egglog's
+    return string_literal(str(value))
+
+
+# egglog String literals take any UTF-8 text with the escapes \\ \" \n \t and no others.
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
+# Prefix of a string stored in its JSON-escaped (ASCII) form; see string_literal.
+ESCAPED_MARK = "rlx-escaped:"
+
+
+def string_literal(text: str) -> str:
+    """``text`` as an egglog String literal; :func:`string_value` reads back exactly ``text``.
+
+    Printable text (plus newlines and tabs) is written as is.  Text with any
+    other character (controls, format characters such as RTL marks, lone
+    surrogates) or starting with :data:`ESCAPED_MARK` is stored as the mark
+    followed by its JSON escape, so every Python str has one distinct literal.
+    """
+    if text.startswith(ESCAPED_MARK) or not all(ch.isprintable() or ch in "\n\t" for ch in text):
+        text = ESCAPED_MARK + json.dumps(text)[1:-1]
+    return '"' + "".join(_ESCAPES.get(ch, ch) for ch in text) + '"'
+
+
+def string_value(stored: str) -> str:
+    """The Python str that :func:`string_literal` encoded as ``stored``."""
+    if stored.startswith(ESCAPED_MARK):
+        return json.loads(f'"{stored[len(ESCAPED_MARK):]}"')
+    return stored
+
+
+def is_negative_zero_scalar(node: Node) -> bool:
+    """A Scalar -0.0: egglog's f64 equates it with 0.0, so it is encoded as ``(Neg (Scalar 0.0 dtype))``."""
+    return node.op == "Scalar" and node.attrs["value"] == 0.0 and math.copysign(1.0, node.attrs["value"]) < 0
 
 
 def array_key(value: np.ndarray) -> str:
@@ -52,6 +87,8 @@ class Encoding:
 
 def node_term(node: Node, constants: dict[str, np.ndarray]) -> str:
     """The constructor application for one node, its inputs by egglog name."""
+    if is_negative_zero_scalar(node):  # the same value, a term that egglog keeps apart from +0.0
+        return f"(Neg (Scalar 0.0 {literal(node.dtype, AttrType.DTYPE)}))"
     spec = node.spec
     parts = [spec.name]
     inputs = list(node.inputs)
@@ -89,7 +126,7 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
         name = egglog_name(node.id)
         lets.append(f"(let {name} {node_term(node, constants)})")
         facts.append(f"(set (shape {name}) {literal(node.shape, AttrType.INTS)})")
-        facts.append(f'(set (dtype {name}) "{node.dtype}")')
+        facts.append(f"(set (dtype {name}) {literal(node.dtype, AttrType.DTYPE)})")
         if node.op == "Param":
             facts.append(f"(set (param-order {name}) {param_order})")
             param_order += 1

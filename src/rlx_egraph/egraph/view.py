@@ -2,27 +2,60 @@
 
 Built from egglog's frozen e-graph.  Every e-node is decoded back into an op
 name, its input classes and its attributes (the inverse of the encoder), and
-every class gets a TensorType: the original node's, or one inferred from the
-registry's shape rules.  A rule that unions terms of different types is
-unsound; :class:`UnsoundRewrite` names the op and the rules that build it.
+every e-node of every class is type-checked with the registry (arity,
+attributes, shape rule).  A class holding input-graph nodes has their type; a
+class that rules made has the type its e-nodes infer.
+
+An e-node that is ill-typed, or whose type differs from its class's, was built
+by an unsound rule: it is left out of the view, so extraction never sees it,
+and listed in ``EGraphView.ill_typed``.  A class holding input-graph nodes of
+different types means a rule merged values that cannot be equal: the whole
+e-graph is suspect, and ``EGraphView.merged`` says so.  With ``strict`` both
+raise :class:`UnsoundRewrite` instead.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from egglog import bindings as eb
 
 from ..ir.graph import Graph, attrs_equal
-from ..ir.registry import REGISTRY, AttrType, ShapeError, TensorType
-from .encode import egglog_name
-from .rules import RuleSet
-from .schema import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args
+from ..ir.registry import REGISTRY, AttrType, TensorType
+from .encode import egglog_name, is_negative_zero_scalar, string_value
+from .rules import Rule, RuleSet
+from .schema import LIST_CONS, NO_INPUT, constructor_args
 
 
 class UnsoundRewrite(RuntimeError):
     """A saturated e-class holds terms of different types (an unsound rule)."""
+
+
+@dataclass(frozen=True)
+class IllTyped:
+    """An e-node left out of extraction: a rule built a term of the wrong type."""
+
+    op: str
+    eclass: int
+    problem: str
+    rules: tuple[str, ...]  # fired rules that can build ``op`` (see suspect_rules)
+    message: str  # the full sentence, rules with their file:line
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "eclass": self.eclass, "problem": self.problem, "rules": list(self.rules)}
+
+
+@dataclass(frozen=True)
+class MergedInputs:
+    """An e-class holding input-graph nodes of different types: a rule merged unequal values."""
+
+    eclass: int
+    members: tuple[tuple[int, str, TensorType], ...]  # (graph node id, op, type)
+    rules: tuple[str, ...]  # fired rules that read or build one of the class's ops (see suspect_rules)
+    message: str
 
 
 @dataclass
@@ -52,12 +85,16 @@ class EClass:
 @dataclass
 class EGraphView:
     classes: list[EClass]
-    nodes: list[ENode]
+    nodes: list[ENode]  # the well-typed e-nodes only
     class_of_node: dict[int, int]  # graph node id -> class id
+    ill_typed: list[IllTyped] = field(default_factory=list)
+    merged: list[MergedInputs] = field(default_factory=list)
+    dropped: int = 0  # e-nodes left out: ill-typed, or reading a class that has no type
 
     @property
     def num_enodes(self) -> int:
-        return len(self.nodes)
+        """E-nodes in the e-graph, those left out included."""
+        return len(self.nodes) + self.dropped
 
     def parents(self) -> list[list[int]]:
         """For each class, the e-nodes that read it."""
@@ -93,11 +130,17 @@ class _Values:
         if kind is AttrType.INTS:
             return tuple(eg.value_to_i64(v) for v in eg.value_to_vec(value))
         text = eg.value_to_string(value)
-        return self.constants[text] if kind is AttrType.ARRAY else text
+        return self.constants[text] if kind is AttrType.ARRAY else string_value(text)
 
 
-def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules: RuleSet) -> EGraphView:
-    """Decode the saturated ``egraph`` of ``graph`` into an :class:`EGraphView`."""
+def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules: RuleSet,
+               fired: Mapping[str, int] | None = None, strict: bool = False) -> EGraphView:
+    """Decode the saturated ``egraph`` of ``graph`` into an :class:`EGraphView`.
+
+    ``fired``: matches per rule, to name only rules that ran when blaming one.
+    ``strict``: raise :class:`UnsoundRewrite` on the first merged or ill-typed
+    e-node instead of recording it and leaving it out.
+    """
     frozen = egraph.freeze()
     functions = frozen.functions
     class_ids: dict[Any, int] = {}
@@ -110,10 +153,6 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
             classes.append(EClass(cid))
         return cid
 
-    lists: dict[Any, list[Any]] = {}
-    if LIST_NIL in functions:
-        for row in functions[LIST_NIL].rows:
-            lists.setdefault(row.output, [])
     cons_rows = functions[LIST_CONS].rows if LIST_CONS in functions else []
     cons = {row.output: (row.inputs[0], row.inputs[1]) for row in cons_rows[::-1]}
 
@@ -146,10 +185,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                     children.extend(class_of(v) for v in expand(value))
                 elif value not in absent:
                     children.append(class_of(value))
-            cid = class_of(row.output)
-            node = ENode(len(nodes), name, tuple(children), attrs, cid)
-            nodes.append(node)
-            classes[cid].nodes.append(node.index)
+            nodes.append(ENode(len(nodes), name, tuple(children), attrs, class_of(row.output)))
 
     class_of_node: dict[int, int] = {}
     for gnode in graph.nodes:
@@ -157,17 +193,23 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         cid = class_ids[fn.rows[0].output]
         class_of_node[gnode.id] = cid
         classes[cid].originals.append(gnode.id)
-        if classes[cid].type is None:
-            classes[cid].type = gnode.type
+        if is_negative_zero_scalar(gnode):  # encoded as Neg(Scalar 0.0): the leaf itself is an e-node too
+            nodes.append(ENode(len(nodes), gnode.op, (), dict(gnode.attrs), cid, gnode.id))
+    for n in nodes:
+        classes[n.eclass].nodes.append(n.index)
     view = EGraphView(classes, nodes, class_of_node)
     _mark_originals(view, graph)
-    _infer_types(view, rules)
+    kept = _check_types(view, graph, rules, fired, strict)
+    _keep_only(view, kept)
     return view
 
 
 def _mark_originals(view: EGraphView, graph: Graph) -> None:
     """Tag each e-node that is exactly a node of the input graph."""
+    marked = {n.original for n in view.nodes if n.original is not None}
     for gnode in graph.nodes:
+        if gnode.id in marked:
+            continue
         cid = view.class_of_node[gnode.id]
         children = tuple(view.class_of_node[i] for i in gnode.inputs)
         for idx in view.classes[cid].nodes:
@@ -177,29 +219,124 @@ def _mark_originals(view: EGraphView, graph: Graph) -> None:
                 break
 
 
-def _infer_types(view: EGraphView, rules: RuleSet) -> None:
-    """Give every class a type; check that every non-original e-node agrees."""
-    changed = True
-    while changed:
-        changed = False
-        for n in view.nodes:
-            if n.original is not None:
-                continue
-            child_types = [view.classes[c].type for c in n.children]
-            if any(t is None for t in child_types):
-                continue
-            try:
-                out = n.spec.infer(n.attrs, child_types)
-            except ShapeError as exc:
-                raise UnsoundRewrite(_blame(n, rules, f"is ill-typed: {exc}")) from None
-            cls = view.classes[n.eclass]
-            if cls.type is None:
-                cls.type = out
-                changed = True
-            elif cls.type != out:
-                raise UnsoundRewrite(_blame(n, rules, f"has type {out} but its e-class has type {cls.type}"))
+def suspect_rules(ops: Iterable[str], rules: RuleSet, fired: Mapping[str, int] | None,
+                  readers: bool = False) -> tuple[Rule, ...]:
+    """The rules that can have built an e-node of one of ``ops`` (with ``readers``,
+    also those that read one, as a union-only rule does): among those that
+    fired, when ``fired`` is known.
+
+    Hook: this guesses from what rules can build; once e-nodes and e-classes
+    carry their exact provenance (the rules that built or merged them), blame
+    those instead.
+    """
+    ops = set(ops)
+    return tuple(r for r in rules.rules if (fired is None or fired.get(r.name))
+                 and (ops & r.builds or (readers and ops & r.reads)))
 
 
-def _blame(node: ENode, rules: RuleSet, problem: str) -> str:
-    makers = ", ".join(f"{r.name} ({r.location})" for r in rules.producers(node.op)) or "unknown rules"
-    return f"unsound rewrite: a {node.op} e-node {problem}; rules that build {node.op}: {makers}"
+def _named(found: tuple[Rule, ...]) -> str:
+    return ", ".join(f"{r.name} ({r.location})" for r in found) or "none recorded"
+
+
+def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, fired: Mapping[str, int] | None,
+                 strict: bool) -> set[int]:
+    """Type every class and check every e-node against its class; returns the e-nodes that pass.
+
+    A rule-made class whose e-nodes disagree has no type to trust: all its
+    e-nodes are left out and the check runs again without them, until no new
+    disagreement appears.
+    """
+    fixed: dict[int, TensorType] = {}
+    for cls in view.classes:
+        members = {o: graph.node(o) for o in cls.originals}
+        types = {m.type for m in members.values()}
+        if len(types) == 1:
+            fixed[cls.id] = types.pop()
+        elif types:
+            found = suspect_rules({view.nodes[i].op for i in cls.nodes}, rules, fired, readers=True)
+            listed = ", ".join(f"node {o} ({m.op}) {m.type}" for o, m in members.items())
+            message = (f"unsound rewrite: e-class {cls.id} holds input-graph nodes of different types ({listed}): "
+                       f"a rule merged values that cannot be equal; suspect rules: {_named(found)}")
+            if strict:
+                raise UnsoundRewrite(message)
+            view.merged.append(MergedInputs(cls.id, tuple((o, m.op, m.type) for o, m in members.items()),
+                                            tuple(r.name for r in found), message))
+    merged = {m.eclass for m in view.merged}
+    parents = view.parents()
+    conflicts: dict[int, set[TensorType]] = {}
+    while True:
+        types, problems, kept, new = _propagate(view, graph, fixed, merged | conflicts.keys(), parents)
+        if not new:
+            break
+        for c, seen in new.items():
+            conflicts.setdefault(c, set()).update(seen)
+    for c, seen in sorted(conflicts.items()):
+        listed = " and ".join(sorted(map(str, seen)))
+        for i in view.classes[c].nodes:
+            problems[i] = f"is in e-class {c}, made by rules, whose e-nodes have different types ({listed})"
+    for cls in view.classes:
+        cls.type = types.get(cls.id)
+    for i, problem in sorted(problems.items()):
+        n = view.nodes[i]
+        found = suspect_rules([n.op], rules, fired)
+        message = f"unsound rewrite: a {n.op} e-node {problem}; rules that build {n.op}: {_named(found)}"
+        if strict:
+            raise UnsoundRewrite(message)
+        view.ill_typed.append(IllTyped(n.op, n.eclass, problem, tuple(r.name for r in found), message))
+    return kept
+
+
+def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], excluded: set[int],
+               parents: list[list[int]]
+               ) -> tuple[dict[int, TensorType], dict[int, str], set[int], dict[int, set[TensorType]]]:
+    """Infer types bottom-up from the leaves, every class outside ``excluded``.
+
+    An input-graph e-node has its node's type: the graph inferred it from the
+    same attributes and from its inputs' types, which are its children's
+    classes' types unless a class is in ``excluded``.
+    Returns the class types, the problem of each e-node that fails, the
+    e-nodes that pass, and the rule-made classes whose e-nodes disagree.
+    """
+    types = dict(fixed)
+    problems: dict[int, str] = {}
+    kept: set[int] = set()
+    conflicts: dict[int, set[TensorType]] = {}
+    waiting = [len({c for c in n.children if c not in types}) for n in view.nodes]
+    queue = deque(i for i, w in enumerate(waiting) if w == 0)
+    while queue:
+        n = view.nodes[queue.popleft()]
+        if n.eclass in excluded:
+            continue
+        try:
+            out = graph.node(n.original).type if n.original is not None else \
+                n.spec.resolve(n.attrs, [types[c] for c in n.children])[1]
+        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # ShapeError, or a rule gone wild
+            problems[n.index] = f"is ill-typed: {exc}"
+            continue
+        have = types.get(n.eclass)
+        if have is None:
+            types[n.eclass] = have = out
+            for p in parents[n.eclass]:
+                waiting[p] -= 1
+                if waiting[p] == 0:
+                    queue.append(p)
+        if out == have:
+            kept.add(n.index)
+        else:
+            problems[n.index] = f"has type {out} but its e-class has type {have}"
+            if n.eclass not in fixed:
+                conflicts.setdefault(n.eclass, {have}).add(out)
+    return types, problems, kept, conflicts
+
+
+def _keep_only(view: EGraphView, kept: set[int]) -> None:
+    """Drop every e-node not in ``kept`` from the view, renumbering the rest."""
+    nodes = [n for n in view.nodes if n.index in kept]
+    view.dropped = len(view.nodes) - len(nodes)
+    for k, n in enumerate(nodes):
+        n.index = k
+    view.nodes = nodes
+    for cls in view.classes:
+        cls.nodes = []
+    for n in nodes:
+        view.classes[n.eclass].nodes.append(n.index)

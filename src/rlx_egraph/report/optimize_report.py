@@ -10,6 +10,7 @@ from typing import Any
 from ..cost import IoProfile
 from ..egraph.decode import Fusion
 from ..egraph.saturate import IterationStats
+from ..egraph.view import IllTyped
 from ..kernels.parity import ParityReport
 
 
@@ -29,6 +30,7 @@ class OptimizeReport:
     nodes_before: int = 0
     nodes_after: int = 0
     fusions: list[Fusion] = field(default_factory=list)
+    ill_typed: list[IllTyped] = field(default_factory=list)  # e-nodes left out of extraction
     profile_before: IoProfile | None = None
     profile_after: IoProfile | None = None
     extraction: str = ""
@@ -65,6 +67,7 @@ class OptimizeReport:
             "nodes_after": self.nodes_after,
             "fusions": [f.to_dict() for f in self.fusions],
             "fused_op_counts": self.fused_op_counts,
+            "ill_typed": [bad.to_dict() for bad in self.ill_typed],
             "profile_before": self.profile_before.to_dict() if self.profile_before else None,
             "profile_after": self.profile_after.to_dict() if self.profile_after else None,
             "extraction": self.extraction,
@@ -91,6 +94,8 @@ class OptimizeReport:
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
         if self.fusions:
             lines.append("fused ops: " + ", ".join(f"{op} x{n}" for op, n in self.fused_op_counts.items()))
+        if self.ill_typed:
+            lines.append(f"ill-typed e-nodes left out: {len(self.ill_typed)}; first: {self.ill_typed[0].message}")
         if self.profile_before and self.profile_after:
             lines.append(f"before: {self.profile_before}")
             lines.append(f"after:  {self.profile_after}")
