@@ -7,6 +7,7 @@ optional parity check.  The input graph is never changed.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from egglog import bindings as eb
@@ -19,7 +20,7 @@ from .egraph.regions import apply_regions
 from .egraph.rules import STAGES, RuleSet, load_rules
 from .egraph.saturate import SaturationLimits, saturate
 from .egraph.schema import schema_text
-from .egraph.view import build_view
+from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
 from .kernels.parity import check_parity
 from .report import OptimizeReport
@@ -92,7 +93,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     phases["extract"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
+    decoded = decode(view, chosen.choice, graph)
     if regions:
         decoded = _with_regions(decoded, tgt)
     phases["decode"] = time.perf_counter() - t0
@@ -107,15 +108,20 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     if verify:
         t0 = time.perf_counter()
-        fired = result.matches_per_rule
-
-        def suspects(new_op: str, old_op: str) -> list[str]:
-            return [r.name for r in ruleset.rules if fired.get(r.name) and (old_op in r.reads or new_op in r.builds)]
-
-        report.parity = check_parity(graph, decoded.graph, decoded.originals, suspects, seed)
+        report.parity = check_parity(graph, decoded.graph, decoded.originals, blame(view, decoded), seed)
         phases["verify"] = time.perf_counter() - t0
     report.phases = phases
     return decoded.graph, report
+
+
+def blame(view: EGraphView, decoded: Decoded) -> Callable[[int], list[str]]:
+    """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class."""
+
+    def rules_of(node_id: int) -> list[str]:
+        merged = view.classes[decoded.class_of[node_id]].merged_by
+        return list(dict.fromkeys(decoded.built_by[node_id] + merged))
+
+    return rules_of
 
 
 def _with_regions(decoded: Decoded, target: Target) -> Decoded:
@@ -124,11 +130,13 @@ def _with_regions(decoded: Decoded, target: Target) -> Decoded:
     if not applied:
         return decoded
     new_of = {old: new for new, old in same_value.items()}
+    region = ("pass:elementwise-region",)
+    built_by = {n: decoded.built_by[o] for n, o in same_value.items()} | {new_of[r.tail]: region for r in applied}
     fusions = [Fusion(new_of[f.node], f.op, f.rules, f.replaces) for f in decoded.fusions if f.node in new_of]
-    fusions += [Fusion(new_of[r.tail], "ElementwiseRegion", ("pass:elementwise-region",),
-                       tuple(decoded.originals[r.tail])) for r in applied]
+    fusions += [Fusion(new_of[r.tail], "ElementwiseRegion", region, tuple(decoded.originals[r.tail])) for r in applied]
     return Decoded(graph, {n: decoded.class_of[o] for n, o in same_value.items()},
-                   {n: decoded.originals[o] for n, o in same_value.items()}, sorted(fusions, key=lambda f: f.node))
+                   {n: decoded.originals[o] for n, o in same_value.items()}, built_by,
+                   sorted(fusions, key=lambda f: f.node))
 
 
 def _program_text(ruleset: RuleSet, graph_text: str) -> str:

@@ -3,8 +3,10 @@
 Built from egglog's frozen e-graph.  Every e-node is decoded back into an op
 name, its input classes and its attributes (the inverse of the encoder), and
 every class gets a TensorType: the original node's, or one inferred from the
-registry's shape rules.  A rule that unions terms of different types is
-unsound; :class:`UnsoundRewrite` names the op and the rules that build it.
+registry's shape rules.  Provenance comes from the tables the instrumented
+rules fill (see :mod:`.rules`): each e-node knows the rules that built it, each
+e-class the rules that merged into it.  A rule that unions terms of different
+types is unsound; :class:`UnsoundRewrite` names the op and those rules.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from egglog import bindings as eb
 from ..ir.graph import Graph, attrs_equal
 from ..ir.registry import REGISTRY, AttrType, ShapeError, TensorType
 from .encode import egglog_name
-from .rules import RuleSet
+from .rules import MERGED_BY, RuleSet, built_by_table
 from .schema import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args
 
 
@@ -35,6 +37,7 @@ class ENode:
     attrs: dict[str, Any]
     eclass: int
     original: int | None = None  # graph node id when this e-node is that node
+    built_by: tuple[str, ...] = ()  # rules whose actions constructed this e-node
 
     @property
     def spec(self):
@@ -47,6 +50,7 @@ class EClass:
     nodes: list[int] = field(default_factory=list)
     type: TensorType | None = None
     originals: list[int] = field(default_factory=list)  # graph node ids in this class
+    merged_by: tuple[str, ...] = ()  # rules that unioned something into this class
 
 
 @dataclass
@@ -125,6 +129,15 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         return items
 
     values = _Values(egraph, constants)
+    order = {r.name: k for k, r in enumerate(rules.rules)}
+
+    def provenance(table: str) -> dict[tuple[Any, ...], tuple[str, ...]]:
+        """Rows of a provenance relation: key (its leading columns) -> rule names, in rule-file order."""
+        names: dict[tuple[Any, ...], set[str]] = {}
+        for row in functions[table].rows if table in functions else ():
+            names.setdefault(tuple(row.inputs[:-1]), set()).add(values.get(row.inputs[-1], AttrType.STR))
+        return {key: tuple(sorted(found, key=order.__getitem__)) for key, found in names.items()}
+
     absent = {row.output for row in functions[NO_INPUT].rows} if NO_INPUT in functions else set()
     nodes: list[ENode] = []
     for name in sorted(REGISTRY):
@@ -134,6 +147,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         spec = REGISTRY[name]
         args = constructor_args(spec)
         kinds = {a.name: a.type for a in spec.attrs}
+        built_by = provenance(built_by_table(name))
         for row in fn.rows:
             if row.subsumed:
                 continue
@@ -147,9 +161,12 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                 elif value not in absent:
                     children.append(class_of(value))
             cid = class_of(row.output)
-            node = ENode(len(nodes), name, tuple(children), attrs, cid)
+            node = ENode(len(nodes), name, tuple(children), attrs, cid, built_by=built_by.get(tuple(row.inputs), ()))
             nodes.append(node)
             classes[cid].nodes.append(node.index)
+
+    for (value,), names in provenance(MERGED_BY).items():
+        classes[class_ids[value]].merged_by = names
 
     class_of_node: dict[int, int] = {}
     for gnode in graph.nodes:
@@ -191,15 +208,17 @@ def _infer_types(view: EGraphView, rules: RuleSet) -> None:
             try:
                 out = n.spec.infer(n.attrs, child_types)
             except ShapeError as exc:
-                raise UnsoundRewrite(_blame(n, rules, f"is ill-typed: {exc}")) from None
+                raise UnsoundRewrite(_blame(view, n, rules, f"is ill-typed: {exc}")) from None
             cls = view.classes[n.eclass]
             if cls.type is None:
                 cls.type = out
                 changed = True
             elif cls.type != out:
-                raise UnsoundRewrite(_blame(n, rules, f"has type {out} but its e-class has type {cls.type}"))
+                raise UnsoundRewrite(_blame(view, n, rules, f"has type {out} but its e-class has type {cls.type}"))
 
 
-def _blame(node: ENode, rules: RuleSet, problem: str) -> str:
-    makers = ", ".join(f"{r.name} ({r.location})" for r in rules.producers(node.op)) or "unknown rules"
-    return f"unsound rewrite: a {node.op} e-node {problem}; rules that build {node.op}: {makers}"
+def _blame(view: EGraphView, node: ENode, rules: RuleSet, problem: str) -> str:
+    """The message of an unsound e-node: the rules that built it and that merged into its class."""
+    names = dict.fromkeys(node.built_by + view.classes[node.eclass].merged_by)
+    makers = ", ".join(f"{name} ({rules.by_name(name).location})" for name in names) or "none recorded"
+    return f"unsound rewrite: a {node.op} e-node {problem}; built by rule(s): {makers}"
