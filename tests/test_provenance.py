@@ -72,6 +72,20 @@ def test_a_rule_that_only_merges_is_named_as_the_merger(tmp_path):
     assert str(err.value).endswith("built by rule(s): wrong-relu")
 
 
+def test_a_region_carries_the_builders_and_mergers_of_its_steps(tmp_path):
+    path = write(tmp_path, ';; wrong on purpose\n(rewrite (Relu ?x) ?x :ruleset fuse :name "wrong-relu")\n')
+    g = Graph()
+    x = g.input("x", (8, 16))
+    g.set_outputs([g.exp(g.relu(g.mul(x, g.sigmoid(x))))])  # -> one region of Silu and Exp
+    _, report = optimize_with_report(g, rules=[default_rule_dir(), path])
+    assert [(f.op, f.rules) for f in report.fusions] == [
+        ("ElementwiseRegion", ("pass:elementwise-region", "silu-mul-sigmoid"))]
+    with pytest.raises(ParityError) as err:
+        optimize_with_report(g, rules=[default_rule_dir(), path], verify=True)
+    assert str(err.value).startswith("parity failure: node 1 (ElementwiseRegion) differs from original node 4 (Exp)")
+    assert str(err.value).endswith("built by rule(s): pass:elementwise-region, silu-mul-sigmoid, wrong-relu")
+
+
 def test_unsound_rewrite_names_the_rule_that_built_the_ill_typed_node(tmp_path):
     path = write(tmp_path, TWO_RELU_MAKERS + ';; wrong on purpose: changes the shape\n'
                                              '(rewrite (Narrow ?x ?axis ?start ?len) (Relu ?x) :ruleset fuse '
@@ -97,7 +111,8 @@ def test_decoded_nodes_carry_their_builders_and_blame_adds_the_mergers(tmp_path)
     decoded = decode(view, chosen.choice, g)
     assert [n.op for n in decoded.graph.nodes] == ["Input", "Silu", "Relu", "Neg"]
     assert [decoded.built_by[n.id] for n in decoded.graph.nodes] == [(), ("silu-mul-sigmoid",), (), ()]
-    rules_of = blame(view, decoded)
+    assert [decoded.merged_by[n.id] for n in decoded.graph.nodes] == [(), ("silu-mul-sigmoid",), ("relu-relu",), ()]
+    rules_of = blame(decoded)
     assert [rules_of(n.id) for n in decoded.graph.nodes] == [[], ["silu-mul-sigmoid"], ["relu-relu"], []]
 
 

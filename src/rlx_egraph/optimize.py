@@ -20,7 +20,7 @@ from .egraph.regions import apply_regions
 from .egraph.rules import STAGES, RuleSet, load_rules
 from .egraph.saturate import SaturationLimits, saturate
 from .egraph.schema import schema_text
-from .egraph.view import EGraphView, build_view
+from .egraph.view import build_view
 from .ir.graph import Graph
 from .kernels.parity import check_parity
 from .report import OptimizeReport
@@ -108,34 +108,37 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     if verify:
         t0 = time.perf_counter()
-        report.parity = check_parity(graph, decoded.graph, decoded.originals, blame(view, decoded), seed)
+        report.parity = check_parity(graph, decoded.graph, decoded.originals, blame(decoded), seed)
         phases["verify"] = time.perf_counter() - t0
     report.phases = phases
     return decoded.graph, report
 
 
-def blame(view: EGraphView, decoded: Decoded) -> Callable[[int], list[str]]:
+def blame(decoded: Decoded) -> Callable[[int], list[str]]:
     """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class."""
-
-    def rules_of(node_id: int) -> list[str]:
-        merged = view.classes[decoded.class_of[node_id]].merged_by
-        return list(dict.fromkeys(decoded.built_by[node_id] + merged))
-
-    return rules_of
+    return lambda node_id: list(dict.fromkeys(decoded.built_by[node_id] + decoded.merged_by[node_id]))
 
 
 def _with_regions(decoded: Decoded, target: Target) -> Decoded:
-    """Apply the ElementwiseRegion pass and carry provenance over to the new ids."""
+    """Apply the ElementwiseRegion pass and carry provenance over to the new ids.
+
+    A region is built by the pass from its steps: it carries their builders and mergers.
+    """
     graph, same_value, applied = apply_regions(decoded.graph, target)
     if not applied:
         return decoded
     new_of = {old: new for new, old in same_value.items()}
-    region = ("pass:elementwise-region",)
-    built_by = {n: decoded.built_by[o] for n, o in same_value.items()} | {new_of[r.tail]: region for r in applied}
+    built_by = {n: decoded.built_by[o] for n, o in same_value.items()}
+    merged_by = {n: decoded.merged_by[o] for n, o in same_value.items()}
     fusions = [Fusion(new_of[f.node], f.op, f.rules, f.replaces) for f in decoded.fusions if f.node in new_of]
-    fusions += [Fusion(new_of[r.tail], "ElementwiseRegion", region, tuple(decoded.originals[r.tail])) for r in applied]
+    for r in applied:
+        node = new_of[r.tail]
+        built_by[node] = tuple(dict.fromkeys(("pass:elementwise-region", *(n for m in r.members
+                                                                          for n in decoded.built_by[m]))))
+        merged_by[node] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
+        fusions.append(Fusion(node, "ElementwiseRegion", built_by[node], tuple(decoded.originals[r.tail])))
     return Decoded(graph, {n: decoded.class_of[o] for n, o in same_value.items()},
-                   {n: decoded.originals[o] for n, o in same_value.items()}, built_by,
+                   {n: decoded.originals[o] for n, o in same_value.items()}, built_by, merged_by,
                    sorted(fusions, key=lambda f: f.node))
 
 

@@ -3,8 +3,9 @@
 Nodes come out in the input graph's order wherever they existed there (a new
 node right after its inputs), so an unchanged graph decodes to an equal graph.
 Every new node remembers its e-class, hence which original nodes compute the
-same value (for parity), and the rules that built its e-node (for reports and
-blame; none for a node of the input graph).
+same value (for parity), the rules that built its e-node (none for a node of
+the input graph) and the rules that merged into its e-class (for reports and
+blame).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Decoded:
     class_of: dict[int, int]  # new node id -> e-class
     originals: dict[int, list[int]]  # new node id -> input-graph node ids with the same value
     built_by: dict[int, tuple[str, ...]] = field(default_factory=dict)  # new node id -> rules that built it
+    merged_by: dict[int, tuple[str, ...]] = field(default_factory=dict)  # new node id -> rules merged into its class
     fusions: list[Fusion] = field(default_factory=list)
 
 
@@ -76,6 +78,7 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         decoded.class_of[nid] = c
         decoded.originals[nid] = list(view.classes[c].originals)
         decoded.built_by[nid] = () if enode.original is not None else enode.built_by
+        decoded.merged_by[nid] = view.classes[c].merged_by
         if enode.original is None and enode.op not in ("Input", "Param"):
             decoded.fusions.append(Fusion(nid, enode.op, enode.built_by, tuple(view.classes[c].originals)))
         for r in readers.get(c, ()):
