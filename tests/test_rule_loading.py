@@ -85,8 +85,8 @@ def test_other_commands_are_refused_at_their_line(tmp_path, text, line, keyword)
 def test_a_rule_file_that_is_not_utf8_names_the_file_line_and_byte(tmp_path):
     path = tmp_path / "latin1.egg"
     path.write_bytes(b';; ok\n(rewrite (Exp (Log ?x)) ?x :ruleset simplify :name "exp-log")\n;; caf\xe9\n')
-    assert refusal(path) == (f"{path}:3: not UTF-8 text: byte 0xe9 at byte offset 74 (column 7); "
-                             f"rule files must be saved as UTF-8")
+    assert refusal(path) == (f"{path}:3: not UTF-8 text (invalid continuation byte 0xe9 at byte 74, column 7); "
+                             f"rule files must be UTF-8")
 
 
 def test_a_union_of_tensor_lists_is_refused_because_its_provenance_cannot_be_recorded(tmp_path):

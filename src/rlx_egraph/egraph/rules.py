@@ -213,10 +213,10 @@ def _decode(file: str, data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line_start = data.rfind(b"\n", 0, exc.start) + 1
-        raise RuleError(f"{file}:{data.count(b'\n', 0, exc.start) + 1}: not UTF-8 text: byte "
-                        f"0x{data[exc.start]:02x} at byte offset {exc.start} (column {exc.start - line_start + 1}); "
-                        f"rule files must be saved as UTF-8") from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        raise RuleError(f"{file}:{line}: not UTF-8 text ({exc.reason} 0x{data[exc.start]:02x} at byte {exc.start}, "
+                        f"column {column}); rule files must be UTF-8") from None
 
 
 def _display_path(path: Path) -> str:
