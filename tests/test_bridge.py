@@ -42,7 +42,7 @@ def narrow_graph() -> Graph:
 
 MERGED = ("unsound rewrite: e-class 0 holds input-graph nodes of different types "
           "(node 0 (Input) f32[4, 8], node 1 (Narrow) f32[4, 4]): a rule merged values that cannot be equal; "
-          "suspect rules: wrong-narrow (")
+          "rules that merged or built it: wrong-narrow (")
 
 
 def test_merged_input_nodes_of_different_types_return_the_input_unchanged(tmp_path, caplog):
@@ -141,7 +141,7 @@ def test_attention_guards_stop_ill_typed_blocks(graph, guarded, fused):
 
 ILL_TYPED_FUSION = '(rewrite (Add ?a ?b) (FusedMatMulBiasAct ?a ?b ?b "none") :ruleset fuse :name "add-as-matmul")'
 ILL_TYPED = ("unsound rewrite: a FusedMatMulBiasAct e-node is ill-typed: bias must have rank <= 1, got [4, 8]; "
-             "rules that build FusedMatMulBiasAct: add-as-matmul (")
+             "built by rule(s): add-as-matmul (")
 
 
 def add_graph() -> Graph:

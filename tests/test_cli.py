@@ -211,7 +211,8 @@ def test_rule_file_that_is_not_utf8_is_one_error_line_naming_it(capsys: pytest.C
     args = [] if command == "rules" else [llama1]
     code, _, err = run_cli(capsys, command, *args, "--rules", "latin1.egg")
     assert code == EXIT_INPUT
-    assert err == "error: latin1.egg: not UTF-8 text (invalid continuation byte at byte 6)\n"
+    assert err == ("error: latin1.egg:1: not UTF-8 text (invalid continuation byte 0xe9 at byte 6, column 7); "
+                   "rule files must be UTF-8\n")
 
 
 def test_non_ascii_names_are_valid_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from egglog import bindings as eb
@@ -78,7 +79,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     phases["saturate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    view = build_view(egraph, graph, encoding.constants, ruleset, result.matches_per_rule, strict)
+    view = build_view(egraph, graph, encoding.constants, ruleset, strict)
     report.ill_typed = view.ill_typed
     report.stop_reason = result.stop_reason
     if view.ill_typed:
@@ -103,7 +104,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         phases["extract"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
+        decoded = decode(view, chosen.choice, graph)
         if regions:
             decoded = _with_regions(decoded, tgt)
         phases["decode"] = time.perf_counter() - t0
@@ -117,28 +118,38 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     if verify:
         t0 = time.perf_counter()
-        fired = result.matches_per_rule
-
-        def suspects(new_op: str, old_op: str) -> list[str]:
-            return [r.name for r in ruleset.rules if fired.get(r.name) and (old_op in r.reads or new_op in r.builds)]
-
-        report.parity = check_parity(graph, decoded.graph, decoded.originals, suspects, seed)
+        report.parity = check_parity(graph, decoded.graph, decoded.originals, blame(decoded), seed)
         phases["verify"] = time.perf_counter() - t0
     report.phases = phases
     return decoded.graph, report
 
 
+def blame(decoded: Decoded) -> Callable[[int], list[str]]:
+    """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class."""
+    return lambda node_id: list(dict.fromkeys(decoded.built_by[node_id] + decoded.merged_by[node_id]))
+
+
 def _with_regions(decoded: Decoded, target: Target) -> Decoded:
-    """Apply the ElementwiseRegion pass and carry provenance over to the new ids."""
+    """Apply the ElementwiseRegion pass and carry provenance over to the new ids.
+
+    A region is built by the pass from its steps: it carries their builders and mergers.
+    """
     graph, same_value, applied = apply_regions(decoded.graph, target)
     if not applied:
         return decoded
     new_of = {old: new for new, old in same_value.items()}
+    built_by = {n: decoded.built_by[o] for n, o in same_value.items()}
+    merged_by = {n: decoded.merged_by[o] for n, o in same_value.items()}
     fusions = [Fusion(new_of[f.node], f.op, f.rules, f.replaces) for f in decoded.fusions if f.node in new_of]
-    fusions += [Fusion(new_of[r.tail], "ElementwiseRegion", ("pass:elementwise-region",),
-                       tuple(decoded.originals[r.tail])) for r in applied]
+    for r in applied:
+        node = new_of[r.tail]
+        built_by[node] = tuple(dict.fromkeys(("pass:elementwise-region", *(n for m in r.members
+                                                                          for n in decoded.built_by[m]))))
+        merged_by[node] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
+        fusions.append(Fusion(node, "ElementwiseRegion", built_by[node], tuple(decoded.originals[r.tail])))
     return Decoded(graph, {n: decoded.class_of[o] for n, o in same_value.items()},
-                   {n: decoded.originals[o] for n, o in same_value.items()}, sorted(fusions, key=lambda f: f.node))
+                   {n: decoded.originals[o] for n, o in same_value.items()}, built_by, merged_by,
+                   sorted(fusions, key=lambda f: f.node))
 
 
 def _program_text(ruleset: RuleSet, graph_text: str) -> str:

@@ -3,7 +3,9 @@
 Nodes come out in the input graph's order wherever they existed there (a new
 node right after its inputs), so an unchanged graph decodes to an equal graph.
 Every new node remembers its e-class, hence which original nodes compute the
-same value (for parity) and which rules can have built it (for reports).
+same value (for parity), the rules that built its e-node (none for a node of
+the input graph) and the rules that merged into its e-class (for reports and
+blame).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import heapq
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph
-from .rules import RuleSet
 from .view import EGraphView
 
 
@@ -22,7 +23,7 @@ class Fusion:
 
     node: int
     op: str
-    rules: tuple[str, ...]
+    rules: tuple[str, ...]  # the rules that built it
     replaces: tuple[int, ...]  # original node ids of the same value
 
     def to_dict(self) -> dict:
@@ -34,11 +35,12 @@ class Decoded:
     graph: Graph
     class_of: dict[int, int]  # new node id -> e-class
     originals: dict[int, list[int]]  # new node id -> input-graph node ids with the same value
+    built_by: dict[int, tuple[str, ...]] = field(default_factory=dict)  # new node id -> rules that built it
+    merged_by: dict[int, tuple[str, ...]] = field(default_factory=dict)  # new node id -> rules merged into its class
     fusions: list[Fusion] = field(default_factory=list)
 
 
-def decode(view: EGraphView, choice: dict[int, int], graph: Graph, rules: RuleSet,
-           fired: dict[str, int]) -> Decoded:
+def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     """Build the optimized graph from ``choice`` (class -> e-node)."""
     position = {n.id: k for k, n in enumerate(graph.nodes)}
     wanted = dict(choice)
@@ -75,9 +77,10 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph, rules: RuleSe
         new_id[c] = nid
         decoded.class_of[nid] = c
         decoded.originals[nid] = list(view.classes[c].originals)
+        decoded.built_by[nid] = () if enode.original is not None else enode.built_by
+        decoded.merged_by[nid] = view.classes[c].merged_by
         if enode.original is None and enode.op not in ("Input", "Param"):
-            makers = tuple(r.name for r in rules.producers(enode.op) if fired.get(r.name))
-            decoded.fusions.append(Fusion(nid, enode.op, makers, tuple(view.classes[c].originals)))
+            decoded.fusions.append(Fusion(nid, enode.op, enode.built_by, tuple(view.classes[c].originals)))
         for r in readers.get(c, ()):
             pending[r] -= 1
             if pending[r] == 0:

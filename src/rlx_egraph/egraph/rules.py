@@ -4,22 +4,32 @@ A rule file holds ``rewrite``/``birewrite``/``rule`` commands, each with a
 ``:ruleset`` naming one of the saturation :data:`STAGES` and a unique ``:name``,
 and ``relation`` declarations for helper tables that rules share.
 Files are parsed by egglog's own parser and type-checked against the schema
-at load time, so a malformed file fails here with ``file:line``.  The parsed
-commands are kept (:class:`Rule`), so other engines can apply the same rules.
+at load time, so a malformed file fails here with ``file:line``; so does any
+other command, and a rule that deletes or subsumes terms.  Files are cached by
+content, so a file edited in place is read again.
+
+The parsed commands are kept (:attr:`Rule.command`), so other engines can apply
+the same rules.  What runs in egglog (:attr:`Rule.program`) is the rule
+instrumented with provenance: its actions also add, for every op term they
+construct, a row ``(built-<Op> <the constructor's arguments> "<rule name>")``
+and, for every union, a row ``(merged-by <class> "<rule name>")``.  The tables
+are lowercase, so they are not counted as e-nodes; the view reads them back.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from egglog import bindings as eb
 
-from .schema import schema_text
+from ..ir.registry import REGISTRY
+from .schema import constructor_args, schema_text
 
 # Saturation stages, run in this order; every rule belongs to one.
 STAGES: tuple[str, ...] = ("simplify", "recognize", "fuse", "blocks")
@@ -29,6 +39,23 @@ STAGE_DOCS = {
     "fuse": "kernel fusions (matmul epilogues, residual norms, SwiGLU, shared-input matmuls, ...)",
     "blocks": "whole-block fusions built on fused ops (attention block, transformer layer)",
 }
+
+ALLOWED_COMMANDS = "rewrite, birewrite, rule and relation"
+MERGED_BY = "merged-by"  # (merged-by class rule): ``rule`` unioned something into ``class``
+_ROOT = "?rewrite-root"  # the matched term of a rewrite, once it is written as a rule
+
+
+def built_by_table(op: str) -> str:
+    """The provenance relation of ``op``: its constructor's arguments, then the rule name."""
+    return f"built-{op}"
+
+
+def provenance_declaration(op: str | None) -> str:
+    """The egglog declaration of ``op``'s provenance relation, or of ``merged-by`` for ``None``."""
+    if op is None:
+        return f"(relation {MERGED_BY} (Op String))"
+    sorts = " ".join(a.sort for a in constructor_args(REGISTRY[op]))
+    return f"(relation {built_by_table(op)} ({sorts} String))"
 
 
 class RuleError(ValueError):
@@ -46,7 +73,8 @@ class Rule:
     source: str
     reads: frozenset[str]
     builds: frozenset[str]
-    command: Any = field(repr=False, compare=False)
+    command: Any = field(repr=False, compare=False)  # as parsed from the file
+    program: tuple[Any, ...] = field(default=(), repr=False, compare=False)  # what runs: with provenance
 
     @property
     def location(self) -> str:
@@ -60,16 +88,18 @@ class RuleSet:
     rules: list[Rule]
     files: list[Path]
     declarations: list[tuple[str, Any]] = field(default_factory=list)
+    provenance: list[tuple[str, Any]] = field(default_factory=list)  # provenance relations the rules fill
 
     @property
     def text(self) -> str:
-        """Rule declarations as egglog text (rulesets, helper relations, then every rule)."""
-        decls = [f"(ruleset {s})" for s in STAGES] + [source for source, _ in self.declarations]
-        return "\n".join(decls + [r.source for r in self.rules]) + "\n"
+        """The egglog text of what runs: rulesets, provenance and helper relations, every instrumented rule."""
+        decls = [f"(ruleset {s})" for s in STAGES] + [source for source, _ in self.provenance + self.declarations]
+        rules = [f";; {r.name} ({r.location})\n" + "\n".join(map(str, r.program)) for r in self.rules]
+        return "\n".join(decls + rules) + "\n"
 
     def commands(self) -> list[Any]:
-        """Parsed egglog commands: helper relations first, then the rules."""
-        return [command for _, command in self.declarations] + [r.command for r in self.rules]
+        """Parsed egglog commands: provenance and helper relations first, then the instrumented rules."""
+        return [c for _, c in self.provenance + self.declarations] + [c for r in self.rules for c in r.program]
 
     def by_name(self, name: str) -> Rule:
         for r in self.rules:
@@ -110,57 +140,83 @@ def load_rules(rules: RuleSet | str | Path | Iterable[str | Path] | None = None)
     """Load the shipped rules (``None``), or a rule file, a folder, or a list of them.
 
     Extra user files are usually loaded together with the shipped ones:
-    ``load_rules([default_rule_dir(), "my_rules.egg"])``.
+    ``load_rules([default_rule_dir(), "my_rules.egg"])``.  Files are read on
+    every call; parsing is cached by their content.
     """
     if isinstance(rules, RuleSet):
         return rules
-    if rules is None:
-        return _load_default()
-    paths = [rules] if isinstance(rules, str | Path) else list(rules)
-    return _load(tuple(str(p) for p in rule_files(paths)))
+    paths = [default_rule_dir()] if rules is None else [rules] if isinstance(rules, str | Path) else list(rules)
+    return _load(tuple((str(p), _display_path(p), p.read_bytes()) for p in rule_files(paths)))
 
 
-@cache
-def _load_default() -> RuleSet:
-    return _load(tuple(str(p) for p in rule_files([default_rule_dir()])))
-
-
-@cache
-def _load(paths: tuple[str, ...]) -> RuleSet:
-    egraph = eb.EGraph()
-    egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES)))
+@lru_cache(maxsize=16)
+def _load(files: tuple[tuple[str, str, bytes], ...]) -> RuleSet:
+    """Parse and type-check ``(path, display name, content)`` files, in order."""
+    checker, runner = _egraph(), _egraph()  # the rules as written / as instrumented
     rules: list[Rule] = []
     declarations: list[tuple[str, Any]] = []
+    built: set[str] = set()
     seen: dict[str, Rule] = {}
-    for path in paths:
-        display = _display_path(Path(path))
+    for _, display, data in files:
+        text = _decode(display, data)
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise RuleError(f"{display}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        try:
-            commands = egraph.parse_program(text, filename=display)
+            commands = checker.parse_program(text, filename=display)
         except eb.EggSmolError as exc:
             raise RuleError(_egglog_error(display, exc)) from None
-        for command in commands:
-            if type(command).__name__ == "Relation":
-                try:
-                    egraph.run_program(command)
-                except eb.EggSmolError as exc:
-                    raise RuleError(_egglog_error(display, exc, _line_of(text, command.span.i))) from None
+        for k, command in enumerate(commands):
+            kind = type(command).__name__
+            if kind == "Relation":
+                _run(checker, command, display, _line_of(text, command.span.i))
+                runner.run_program(command)
                 declarations.append((text[command.span.i:command.span.j], command))
                 continue
+            if kind not in ("RewriteCommand", "BiRewriteCommand", "RuleCommand"):
+                start = _command_starts(commands, text)[k]
+                keyword = re.match(r"\(\s*([^\s()]+)", text[start:])
+                raise RuleError(f"{display}:{_line_of(text, start)}: '{keyword.group(1) if keyword else kind}' "
+                                f"does not belong in a rule file, which holds only {ALLOWED_COMMANDS} commands; "
+                                f"the optimizer declares and runs the stages {', '.join(STAGES)}")
             rule = _rule_from_command(command, display, text)
             if rule.name in seen:
                 raise RuleError(f"{rule.location}: rule name {rule.name!r} is already used at "
                                 f"{seen[rule.name].location}")
             seen[rule.name] = rule
+            _run(checker, command, display, rule.line)  # type-checks against the schema
+            built |= rule.builds & REGISTRY.keys()
             try:
-                egraph.run_program(command)  # type-checks against the schema
+                runner.run_program(*rule.program)
             except eb.EggSmolError as exc:
-                raise RuleError(_egglog_error(display, exc, rule.line)) from None
+                raise RuleError(f"{rule.location}: rule {rule.name!r} cannot record provenance (only unions of "
+                                f"Op terms can be recorded): {_egglog_detail(exc)[1]}") from None
             rules.append(rule)
-    return RuleSet(rules, [Path(p) for p in paths], declarations)
+    provenance = [provenance_declaration(op) for op in [None, *(op for op in REGISTRY if op in built)]]
+    return RuleSet(rules, [Path(p) for p, _, _ in files], declarations,
+                   [(text, runner.parse_program(text)[0]) for text in provenance])
+
+
+def _egraph() -> eb.EGraph:
+    """An e-graph with the schema, the stages and every provenance relation declared."""
+    egraph = eb.EGraph()
+    decls = [f"(ruleset {s})" for s in STAGES] + [provenance_declaration(op) for op in [None, *REGISTRY]]
+    egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(decls)))
+    return egraph
+
+
+def _run(egraph: eb.EGraph, command: Any, file: str, line: int) -> None:
+    try:
+        egraph.run_program(command)
+    except eb.EggSmolError as exc:
+        raise RuleError(_egglog_error(file, exc, line)) from None
+
+
+def _decode(file: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        raise RuleError(f"{file}:{line}: not UTF-8 text ({exc.reason} 0x{data[exc.start]:02x} at byte {exc.start}, "
+                        f"column {column}); rule files must be UTF-8") from None
 
 
 def _display_path(path: Path) -> str:
@@ -172,17 +228,73 @@ def _display_path(path: Path) -> str:
 
 def _egglog_error(file: str, exc: Exception, fallback_line: int | None = None) -> str:
     """``file:line: message`` from egglog's ``In L:C-C of file: ...`` errors."""
+    line, detail = _egglog_detail(exc)
+    return f"{file}:{line or fallback_line or 1}: {detail}"
+
+
+def _egglog_detail(exc: Exception) -> tuple[int | None, str]:
+    """The line (when egglog names one) and the message of an egglog error."""
     text = str(exc)
     m = re.search(r"In (\d+):\d+(?:-\d+(?::\d+)?)? of [^:]+:(.*)", text, re.S)
-    if m:
-        lines = [line.strip() for line in m.group(2).splitlines() if line.strip()]
-        detail = lines[-1] if len(lines) > 1 else (lines[0] if lines else text.strip())
-        return f"{file}:{m.group(1)}: {detail}"
-    return f"{file}:{fallback_line or 1}: {text.strip()}"
+    if not m:
+        return None, text.strip()
+    lines = [line.strip() for line in m.group(2).splitlines() if line.strip()]
+    return int(m.group(1)), lines[-1] if len(lines) > 1 else (lines[0] if lines else text.strip())
 
 
 def _line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
+
+
+def _command_starts(commands: list[Any], text: str) -> list[int]:
+    """The offset of the top-level form each command was parsed from.
+
+    A command's form is the one around its (possibly nested) span; a command
+    without a span (``push``) comes from the form after the previous command's.
+    """
+    forms = _form_starts(text)
+    out: list[int] = []
+    k = -1
+    for command in commands:
+        span = _span_of(command)
+        k = bisect.bisect_right(forms, span.i) - 1 if span is not None else min(k + 1, len(forms) - 1)
+        out.append(forms[k])
+    return out
+
+
+def _form_starts(text: str) -> list[int]:
+    """Offsets of the top-level parenthesised forms of egglog source (comments and strings skipped)."""
+    starts: list[int] = []
+    depth, i = 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == ";":
+            i = text.find("\n", i)
+            if i < 0:
+                break
+        elif ch == '"':
+            i += 1
+            while i < len(text) and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch == "(":
+            if depth == 0:
+                starts.append(i)
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        i += 1
+    return starts
+
+
+def _span_of(node: Any) -> Any:
+    """The first source span in a parsed command (its own, or a nested part's)."""
+    span = getattr(node, "span", None)
+    if isinstance(span, eb.EgglogSpan):
+        return span
+    for part in ("rule", "rewrite", "action", "schedule", "command"):
+        if hasattr(node, part):
+            return _span_of(getattr(node, part))
+    return None
 
 
 def _rule_from_command(command: Any, file: str, text: str) -> Rule:
@@ -192,22 +304,90 @@ def _rule_from_command(command: Any, file: str, text: str) -> Rule:
         stage, name, span = command.name, rw.name, rw.span
         reads = _constructors([rw.lhs, *rw.conditions])
         builds = _constructors([rw.rhs]) | (reads if kind == "BiRewriteCommand" else frozenset())
-    elif kind == "RuleCommand":
+    else:
         r = command.rule
         stage, name, span = r.ruleset, r.name, r.span
         reads, builds = _constructors(r.body), _constructors(r.head)
-    else:
-        span = getattr(command, "span", None)
-        line = _line_of(text, span.i) if span is not None else 1
-        raise RuleError(f"{file}:{line}: only rewrite, birewrite, rule and relation commands belong in a rule file "
-                        f"(found {kind}); stages {', '.join(STAGES)} are declared by the loader")
     line = _line_of(text, span.i)
     if stage not in STAGES:
         raise RuleError(f"{file}:{line}: rule {name or '(unnamed)'} needs ':ruleset' set to one of "
                         f"{', '.join(STAGES)} (got {stage or 'none'!r})")
     if not name or name.startswith("("):
         raise RuleError(f"{file}:{line}: every rule needs a ':name \"...\"'")
-    return Rule(name, stage, file, line, text[span.i:span.j], reads, builds, command)
+    _refuse_removals(command, kind, name, file, text, line)
+    return Rule(name, stage, file, line, text[span.i:span.j], reads, builds, command,
+                tuple(_instrumented(command, kind, name)))
+
+
+def _refuse_removals(command: Any, kind: str, name: str, file: str, text: str, line: int) -> None:
+    """Rules only add to the e-graph: ``delete``, ``subsume`` and ``:subsume`` are refused."""
+    allowed = ("rules may only add terms and facts (union, let, set, relation facts); the extractor already "
+               "picks the cheapest term of each e-class")
+    if kind == "RewriteCommand" and command.subsume:
+        raise RuleError(f"{file}:{line}: rule {name!r}: ':subsume' is not supported: {allowed}")
+    if kind == "RuleCommand":
+        for action in command.rule.head:
+            if type(action).__name__ == "Change":
+                verb = type(action.change).__name__.lower()
+                raise RuleError(f"{file}:{_line_of(text, action.span.i)}: rule {name!r}: '{verb}' is not "
+                                f"supported: {allowed}")
+
+
+def _instrumented(command: Any, kind: str, name: str) -> list[Any]:
+    """The egglog commands that run ``command`` and record its provenance (rewrites become rules)."""
+    if kind == "RuleCommand":
+        r = command.rule
+        return [eb.RuleCommand(eb.Rule(r.span, [*r.head, *_provenance(r.head, name)], r.body, r.name, r.ruleset,
+                                       r.eval_mode, r.no_decomp, r.include_subsumed))]
+    rw = command.rewrite
+    directions = [(rw.lhs, rw.rhs, name)]
+    if kind == "BiRewriteCommand":  # egglog's names for the two directions
+        directions = [(rw.lhs, rw.rhs, f"{name}=>"), (rw.rhs, rw.lhs, f"{name}<=")]
+    out = []
+    for lhs, rhs, egglog_name in directions:
+        root = eb.Var(rw.span, _ROOT)
+        head = [eb.Union(rw.span, root, rhs)]
+        body = [eb.Eq(rw.span, root, lhs), *rw.conditions]
+        out.append(eb.RuleCommand(eb.Rule(rw.span, [*head, *_provenance(head, name)], body, egglog_name,
+                                          command.name)))
+    return out
+
+
+def _provenance(head: list[Any], name: str) -> list[Any]:
+    """Actions recording that rule ``name`` built each op term of ``head`` and merged each union."""
+    actions: dict[str, Any] = {}
+    for call in _op_calls(head):
+        fact = eb.Call(call.span, built_by_table(call.name), [*call.args, eb.Lit(call.span, eb.String(name))])
+        actions.setdefault(str(fact), eb.Expr_(call.span, fact))
+    for action in head:
+        if type(action).__name__ == "Union":
+            fact = eb.Call(action.span, MERGED_BY, [action.lhs, eb.Lit(action.span, eb.String(name))])
+            actions.setdefault(str(fact), eb.Expr_(action.span, fact))
+    return list(actions.values())
+
+
+def _op_calls(actions: list[Any]) -> Iterator[Any]:
+    """Every application of a registered op in ``actions``, inner ones first."""
+    stack: list[Any] = []
+    for action in actions:
+        kind = type(action).__name__
+        if kind == "Union":
+            stack += [action.lhs, action.rhs]
+        elif kind == "Let":
+            stack.append(action.rhs)
+        elif kind == "Set":
+            stack += [*action.args, action.rhs]
+        elif kind == "Expr_":
+            stack.append(action.expr)
+    yield from _calls_post_order(stack)
+
+
+def _calls_post_order(exprs: list[Any]) -> Iterator[Any]:
+    for expr in exprs:
+        if type(expr).__name__ == "Call":
+            yield from _calls_post_order(expr.args)
+            if expr.name in REGISTRY:
+                yield expr
 
 
 def _constructors(nodes: Iterable[Any]) -> frozenset[str]:

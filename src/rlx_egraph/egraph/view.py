@@ -12,12 +12,16 @@ and listed in ``EGraphView.ill_typed``.  A class holding input-graph nodes of
 different types means a rule merged values that cannot be equal: the whole
 e-graph is suspect, and ``EGraphView.merged`` says so.  With ``strict`` both
 raise :class:`UnsoundRewrite` instead.
+
+Provenance comes from the tables the instrumented rules fill (see :mod:`.rules`):
+each e-node knows the rules that built it, each e-class the rules that merged
+into it, and every blame names exactly those.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +30,7 @@ from egglog import bindings as eb
 from ..ir.graph import Graph, attrs_equal
 from ..ir.registry import REGISTRY, AttrType, TensorType
 from .encode import egglog_name, is_negative_zero_scalar, string_value
-from .rules import Rule, RuleSet
+from .rules import MERGED_BY, RuleSet, built_by_table
 from .schema import LIST_CONS, NO_INPUT, constructor_args
 
 
@@ -41,7 +45,7 @@ class IllTyped:
     op: str
     eclass: int
     problem: str
-    rules: tuple[str, ...]  # fired rules that can build ``op`` (see suspect_rules)
+    rules: tuple[str, ...]  # the rules that built the e-node or merged into its class
     message: str  # the full sentence, rules with their file:line
 
     def to_dict(self) -> dict:
@@ -54,7 +58,7 @@ class MergedInputs:
 
     eclass: int
     members: tuple[tuple[int, str, TensorType], ...]  # (graph node id, op, type)
-    rules: tuple[str, ...]  # fired rules that read or build one of the class's ops (see suspect_rules)
+    rules: tuple[str, ...]  # the rules that merged into the class or built its e-nodes
     message: str
 
 
@@ -68,6 +72,7 @@ class ENode:
     attrs: dict[str, Any]
     eclass: int
     original: int | None = None  # graph node id when this e-node is that node
+    built_by: tuple[str, ...] = ()  # rules whose actions constructed this e-node
 
     @property
     def spec(self):
@@ -80,6 +85,7 @@ class EClass:
     nodes: list[int] = field(default_factory=list)
     type: TensorType | None = None
     originals: list[int] = field(default_factory=list)  # graph node ids in this class
+    merged_by: tuple[str, ...] = ()  # rules that unioned something into this class
 
 
 @dataclass
@@ -134,10 +140,9 @@ class _Values:
 
 
 def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules: RuleSet,
-               fired: Mapping[str, int] | None = None, strict: bool = False) -> EGraphView:
+               strict: bool = False) -> EGraphView:
     """Decode the saturated ``egraph`` of ``graph`` into an :class:`EGraphView`.
 
-    ``fired``: matches per rule, to name only rules that ran when blaming one.
     ``strict``: raise :class:`UnsoundRewrite` on the first merged or ill-typed
     e-node instead of recording it and leaving it out.
     """
@@ -164,6 +169,15 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         return items
 
     values = _Values(egraph, constants)
+    order = {r.name: k for k, r in enumerate(rules.rules)}
+
+    def provenance(table: str) -> dict[tuple[Any, ...], tuple[str, ...]]:
+        """Rows of a provenance relation: key (its leading columns) -> rule names, in rule-file order."""
+        names: dict[tuple[Any, ...], set[str]] = {}
+        for row in functions[table].rows if table in functions else ():
+            names.setdefault(tuple(row.inputs[:-1]), set()).add(values.get(row.inputs[-1], AttrType.STR))
+        return {key: tuple(sorted(found, key=order.__getitem__)) for key, found in names.items()}
+
     absent = {row.output for row in functions[NO_INPUT].rows} if NO_INPUT in functions else set()
     nodes: list[ENode] = []
     for name in sorted(REGISTRY):
@@ -173,6 +187,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         spec = REGISTRY[name]
         args = constructor_args(spec)
         kinds = {a.name: a.type for a in spec.attrs}
+        built_by = provenance(built_by_table(name))
         for row in fn.rows:
             if row.subsumed:
                 continue
@@ -185,7 +200,10 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                     children.extend(class_of(v) for v in expand(value))
                 elif value not in absent:
                     children.append(class_of(value))
-            nodes.append(ENode(len(nodes), name, tuple(children), attrs, class_of(row.output)))
+            nodes.append(ENode(len(nodes), name, tuple(children), attrs, class_of(row.output),
+                               built_by=built_by.get(tuple(row.inputs), ())))
+    for (value,), names in provenance(MERGED_BY).items():
+        classes[class_ids[value]].merged_by = names
 
     class_of_node: dict[int, int] = {}
     for gnode in graph.nodes:
@@ -199,7 +217,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         classes[n.eclass].nodes.append(n.index)
     view = EGraphView(classes, nodes, class_of_node)
     _mark_originals(view, graph)
-    kept = _check_types(view, graph, rules, fired, strict)
+    kept = _check_types(view, graph, rules, strict)
     _keep_only(view, kept)
     return view
 
@@ -219,27 +237,18 @@ def _mark_originals(view: EGraphView, graph: Graph) -> None:
                 break
 
 
-def suspect_rules(ops: Iterable[str], rules: RuleSet, fired: Mapping[str, int] | None,
-                  readers: bool = False) -> tuple[Rule, ...]:
-    """The rules that can have built an e-node of one of ``ops`` (with ``readers``,
-    also those that read one, as a union-only rule does): among those that
-    fired, when ``fired`` is known.
-
-    Hook: this guesses from what rules can build; once e-nodes and e-classes
-    carry their exact provenance (the rules that built or merged them), blame
-    those instead.
-    """
-    ops = set(ops)
-    return tuple(r for r in rules.rules if (fired is None or fired.get(r.name))
-                 and (ops & r.builds or (readers and ops & r.reads)))
+def blamed_rules(view: EGraphView, enodes: Iterable[int], classes: Iterable[int]) -> tuple[str, ...]:
+    """The rules that built any of ``enodes`` or merged into any of ``classes``, each once, in that order."""
+    names = [name for i in enodes for name in view.nodes[i].built_by]
+    names += [name for c in classes for name in view.classes[c].merged_by]
+    return tuple(dict.fromkeys(names))
 
 
-def _named(found: tuple[Rule, ...]) -> str:
-    return ", ".join(f"{r.name} ({r.location})" for r in found) or "none recorded"
+def _named(names: tuple[str, ...], rules: RuleSet) -> str:
+    return ", ".join(f"{name} ({rules.by_name(name).location})" for name in names) or "none recorded"
 
 
-def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, fired: Mapping[str, int] | None,
-                 strict: bool) -> set[int]:
+def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool) -> set[int]:
     """Type every class and check every e-node against its class; returns the e-nodes that pass.
 
     A rule-made class whose e-nodes disagree has no type to trust: all its
@@ -253,14 +262,15 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, fired: Mapping[
         if len(types) == 1:
             fixed[cls.id] = types.pop()
         elif types:
-            found = suspect_rules({view.nodes[i].op for i in cls.nodes}, rules, fired, readers=True)
+            found = blamed_rules(view, cls.nodes, [cls.id])
             listed = ", ".join(f"node {o} ({m.op}) {m.type}" for o, m in members.items())
             message = (f"unsound rewrite: e-class {cls.id} holds input-graph nodes of different types ({listed}): "
-                       f"a rule merged values that cannot be equal; suspect rules: {_named(found)}")
+                       f"a rule merged values that cannot be equal; rules that merged or built it: "
+                       f"{_named(found, rules)}")
             if strict:
                 raise UnsoundRewrite(message)
             view.merged.append(MergedInputs(cls.id, tuple((o, m.op, m.type) for o, m in members.items()),
-                                            tuple(r.name for r in found), message))
+                                            found, message))
     merged = {m.eclass for m in view.merged}
     parents = view.parents()
     conflicts: dict[int, set[TensorType]] = {}
@@ -278,11 +288,11 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, fired: Mapping[
         cls.type = types.get(cls.id)
     for i, problem in sorted(problems.items()):
         n = view.nodes[i]
-        found = suspect_rules([n.op], rules, fired)
-        message = f"unsound rewrite: a {n.op} e-node {problem}; rules that build {n.op}: {_named(found)}"
+        found = blamed_rules(view, [i], [n.eclass])
+        message = f"unsound rewrite: a {n.op} e-node {problem}; built by rule(s): {_named(found, rules)}"
         if strict:
             raise UnsoundRewrite(message)
-        view.ill_typed.append(IllTyped(n.op, n.eclass, problem, tuple(r.name for r in found), message))
+        view.ill_typed.append(IllTyped(n.op, n.eclass, problem, found, message))
     return kept
 
 

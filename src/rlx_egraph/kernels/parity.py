@@ -59,12 +59,12 @@ def errors(new: np.ndarray, old: np.ndarray) -> tuple[float, float]:
 
 
 def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]],
-                 suspects: Callable[[str, str], Sequence[str]] | None = None, seed: int = 0) -> ParityReport:
+                 blame: Callable[[int], Sequence[str]] | None = None, seed: int = 0) -> ParityReport:
     """Compare each optimized node with every original node of the same value.
 
     ``same_value`` maps optimized node ids to original node ids; the data for
     every input and parameter is drawn once, from the original graph.
-    ``suspects(new_op, original_op)`` names the rules that may have equated them.
+    ``blame(node_id)`` names the rules that built optimized node ``node_id`` or merged into its value.
     Raises :class:`ParityError` on the first node outside its dtype's tolerance.
     """
     before = evaluate(original, seed=seed, return_all=True)
@@ -85,7 +85,7 @@ def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Seq
             if ok:
                 continue
             old_op = original.node(ref).op
-            rules = ", ".join(suspects(node.op, old_op) if suspects else ()) or "none recorded"
+            rules = ", ".join(blame(node.id) if blame else ()) or "none recorded"
             raise ParityError(f"parity failure: node {node.id} ({node.op}) differs from original node {ref} "
                               f"({old_op}): max abs error {max_abs:.3g}, max rel error "
                               f"{max_rel:.3g} (tolerance rtol={rtol}, atol={atol} for {node.dtype}); "
