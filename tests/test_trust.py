@@ -138,7 +138,7 @@ def random_graph(plan: list[tuple[str, int, int, int]], outputs: list[int]) -> G
         _step(pool, *step)
     sinks = [v for v in pool.values if not g.users(v) and g.node(v).op != "Input"]
     chosen = [pool.values[i % len(pool.values)] for i in outputs]
-    g.set_outputs(dict.fromkeys([pool.values[-1], *sinks, *chosen]))
+    g.set_outputs(list(dict.fromkeys([pool.values[-1], *sinks, *chosen])))
     g.exact_outputs = [o for o in g.outputs if o in pool.exact]  # type: ignore[attr-defined]
     return g
 
