@@ -95,6 +95,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
     if regions:
         decoded = _with_regions(decoded, tgt)
+    decoded.graph.adopt_store(graph)
     phases["decode"] = time.perf_counter() - t0
 
     report.egglog_program = _program_text(ruleset, encoding.text)

@@ -113,6 +113,8 @@ class Graph:
         self._outputs: tuple[int, ...] = ()
         self._leaf_names: dict[str, int] = {}
         self._next_id = 0
+        self.weights: dict[str, np.ndarray] = {}  # Param name -> value (evaluate reads it; save writes .npz)
+        self.meta: dict[str, Any] = {}  # JSON-ready facts about the graph's origin (e.g. ONNX dim names)
 
     # --- building ---------------------------------------------------------------
 
@@ -260,7 +262,15 @@ class Graph:
         return f"<Graph {self.name!r}: {len(self)} nodes, {len(self._outputs)} outputs>"
 
     def copy(self) -> Graph:
-        return Graph.from_dict(self.to_dict())
+        """An equal graph with its own meta; the weight store's arrays are shared, not copied."""
+        g = Graph.from_dict(self.to_dict())
+        g.weights = dict(self.weights)
+        return g
+
+    def adopt_store(self, source: Graph) -> None:
+        """Take ``source``'s weights (arrays shared) and meta, for a graph derived from it."""
+        self.weights.update(source.weights)
+        self.meta.update(json.loads(json.dumps(source.meta)))
 
     # --- construction from records and JSON ---------------------------------------
 
@@ -304,6 +314,7 @@ class Graph:
                        "attrs": {k: _attr_to_json(v) for k, v in n.attrs.items()},
                        "shape": list(n.shape), "dtype": n.dtype} for n in self._nodes],
             "outputs": list(self._outputs),
+            "meta": self.meta,
         }
 
     @classmethod
@@ -321,6 +332,7 @@ class Graph:
         except (KeyError, TypeError) as exc:
             raise GraphError(f"malformed graph file: missing field {exc}") from None
         g = cls.from_nodes(records, outputs, name)
+        g.meta = json.loads(json.dumps(data.get("meta", {})))
         for r in data["nodes"]:
             n = g.node(r["id"])
             if "shape" in r and (tuple(r["shape"]), r.get("dtype", n.dtype)) != (n.shape, n.dtype):
@@ -340,11 +352,29 @@ class Graph:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(indent=1))
+        """Write JSON to ``path``; a non-empty weight store goes to the ``.npz`` beside it, which the JSON names."""
+        path = Path(path)
+        data = self.to_dict()
+        if self.weights:
+            store = path.with_suffix(".npz")
+            np.savez(store, **self.weights)
+            data["weights"] = store.name
+        path.write_text(json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> Graph:
-        return cls.from_json(Path(path).read_text())
+        """Read a graph written by :meth:`save`, with the weight store its JSON names."""
+        path = Path(path)
+        text = path.read_text()
+        g = cls.from_json(text)
+        store = json.loads(text).get("weights")
+        if store is not None:
+            try:
+                with np.load(path.parent / store) as arrays:
+                    g.weights = {name: arrays[name] for name in arrays.files}
+            except (OSError, ValueError) as exc:
+                raise GraphError(f"weight store {store!r} named by {path}: {exc}") from None
+        return g
 
 
 def _topological(by_id: dict[int, dict[str, Any]]) -> list[int]:
