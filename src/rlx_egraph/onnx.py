@@ -3,6 +3,7 @@
 Needs the ``onnx`` extra (``pip install 'rlx-egraph[onnx]'``).
 """
 
-from .frontends.onnx import OnnxImportError, export_model, import_model
+from .frontends.onnx.exporter import export_model
+from .frontends.onnx.importer import OnnxImportError, import_model
 
 __all__ = ["OnnxImportError", "export_model", "import_model"]

@@ -50,8 +50,13 @@ def summarize(graph: Graph) -> str:
             f"ops: {', '.join(f'{op} {n}' for op, n in ops)}")
 
 
-def _load_graph(path: str) -> Graph:
+def _load_graph(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
+    """A graph from JSON, or imported from an ``.onnx`` model with ``input_shapes``."""
     try:
+        if Path(path).suffix == ".onnx":
+            from ..onnx import import_model
+
+            return import_model(path, input_shapes)
         return Graph.load(path)
     except (GraphError, UnicodeDecodeError) as exc:
         raise GraphError(f"{path}: {exc}") from None
@@ -82,13 +87,20 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _optimize_cmd(args: argparse.Namespace) -> None:
-    graph = _load_graph(args.input)
+    graph = _load_graph(args.input, dict(args.input_shape or []))
     print("input " + summarize(graph))
     new, report = _optimize(graph, args)
     if args.report_json:
         Path(args.report_json).write_text(report.to_json())
         print(f"wrote report {args.report_json}")
-    if args.output:
+    if args.output and Path(args.output).suffix == ".onnx":
+        import onnx
+
+        from ..onnx import export_model
+
+        onnx.save(export_model(new), args.output)
+        print(f"wrote {args.output}")
+    elif args.output:
         new.save(args.output)
         print(f"wrote {args.output}: {len(new)} nodes")
     else:
@@ -127,6 +139,17 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=D1,D2,...")
+    return name, shape
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="rlx-egraph", description="Optimize ML computation graphs by equality "
@@ -145,9 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the result against the input with numpy (default: on)")
     p.set_defaults(run=_demo, rules=None)
 
-    p = sub.add_parser("optimize", parents=[target, rules], help="optimize a graph saved as JSON")
-    p.add_argument("input", metavar="INPUT.json")
-    p.add_argument("-o", "--output", metavar="OUTPUT.json", help="write the optimized graph here (else print it)")
+    p = sub.add_parser("optimize", parents=[target, rules], help="optimize a graph saved as JSON or an ONNX model")
+    p.add_argument("input", metavar="INPUT", help="a graph (.json) or an ONNX model (.onnx)")
+    p.add_argument("-o", "--output", metavar="OUTPUT", help="write the optimized graph here, as ONNX when it ends "
+                   "in .onnx (else print it)")
+    p.add_argument("--input-shape", action="append", type=_input_shape, metavar="NAME=D1,D2,...",
+                   help="static shape of an ONNX input (binds its symbolic dims); repeatable")
     p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
     p.set_defaults(run=_optimize_cmd)

@@ -1,6 +1,4 @@
-"""ONNX in and out: :func:`import_model` (ONNX -> MIR) and :func:`export_model` (MIR -> ONNX for onnxruntime)."""
-
-from .exporter import export_model
-from .importer import OnnxImportError, import_model
-
-__all__ = ["OnnxImportError", "export_model", "import_model"]
+"""ONNX in and out: ``importer.import_model`` (ONNX -> MIR), ``exporter.export_model`` (MIR -> ONNX for
+onnxruntime), their op tables ``lowering`` and ``export_table``, and ``measure_target``.  Use them through
+:mod:`rlx_egraph.onnx`; this package imports nothing itself, so the cost target can read ``export_table``
+without onnx installed."""
