@@ -167,9 +167,11 @@ def export_model(graph: Graph) -> onnx.ModelProto:
         names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
+    read = {name for n in b.nodes for name in n.input}
     onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n) for n in graph.inputs],
                                    [_value_info(name, graph.node(nid)) for name, nid in
-                                    zip(outs, graph.outputs, strict=True)], b.initializers)
+                                    zip(outs, graph.outputs, strict=True)],
+                                   [t for t in b.initializers if t.name in read])  # not the parts of derived weights
     return helper.make_model(onnx_graph, ir_version=IR_VERSION, producer_name="rlx-egraph",
                              opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(b.domains.items())])
 

@@ -202,7 +202,7 @@ class Importer:
             return v.node
         if name not in self.materialized:
             dt = self.array_dtype(v.array, name)
-            if v.array.ndim == 0:
+            if v.array.ndim == 0 and np.isfinite(v.array):
                 nid = self.graph.scalar(v.array.item(), dt)
             elif v.weight:
                 nid = self.graph.param(name, v.array.shape, dt)
@@ -215,14 +215,14 @@ class Importer:
     def operand(self, name: str, others: Sequence[tuple[int, ...]]) -> int:
         """``name`` as an operand of a broadcasting elementwise op whose other operands have shapes ``others``.
 
-        A known value holding one repeated number (one element, for an initializer) is the canonical
-        ``Scalar`` when leaving it out does not change the result's shape.
+        A known value holding one repeated finite number (one element, for an initializer) is the
+        canonical ``Scalar`` when leaving it out does not change the result's shape.
         """
         v = self.value(name)
         if v.known and v.array.size and (v.array.size == 1 or not v.weight):
             flat = v.array.reshape(-1)
             drops = not others or broadcast(*others) == broadcast(*others, v.array.shape)
-            if drops and np.all(flat == flat[0]):
+            if drops and np.all(flat == flat[0]) and np.isfinite(flat[0]):
                 return self.graph.scalar(flat[0].item(), self.array_dtype(v.array, name))
         return self.tensor(name)
 
