@@ -50,7 +50,8 @@ class OnnxBuilder:
     def ints(self, *values: int) -> str:
         return self.const(list(values), np.int64)
 
-    def op(self, op_type: str, inputs: list[str], outputs: int = 1, domain: str = "", **attrs: object) -> str | list[str]:
+    def op(self, op_type: str, inputs: list[str], outputs: int = 1, domain: str = "",
+           **attrs: object) -> str | list[str]:
         k = len(self.nodes)
         names = [f"/{op_type}_{k}_output_{j}" for j in range(outputs)]
         self.nodes.append(helper.make_node(op_type, inputs, names, name=f"/{op_type}_{k}", domain=domain, **attrs))
@@ -137,7 +138,8 @@ def gpt2_layer(hidden: int = 16, heads: int = 2, max_positions: int = 32) -> onn
     def conv1d(t: str, prefix: str, n_in: int, n_out: int) -> str:
         b, s = m.dims(t, 0, 1)
         rows = m.op("Reshape", [t, m.ints(-1, n_in)])
-        y = m.op("Gemm", [rows, m.weight(f"{prefix}.weight", n_in, n_out), m.weight(f"{prefix}.bias", n_out, scale=0.1)])
+        w, b = m.weight(f"{prefix}.weight", n_in, n_out), m.weight(f"{prefix}.bias", n_out, scale=0.1)
+        y = m.op("Gemm", [rows, w, b])
         return m.op("Reshape", [y, m.op("Concat", [b, s, m.ints(n_out)], axis=0)])
 
     y = ln(x, "ln_1")

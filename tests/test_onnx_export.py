@@ -11,16 +11,16 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, numpy_helper
-from onnx_models import MODELS, OnnxBuilder, feeds
-from test_onnx_import import SHAPES, assert_close, run_ort
-from test_ops import CASES, P, Case
 
+from onnx_models import MODELS, OnnxBuilder, feeds
 from rlx_egraph import Graph, GraphError, evaluate, optimize_with_report
 from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS
 from rlx_egraph.frontends.onnx.export_table import EXPORTS, MIR_FORMS
 from rlx_egraph.ir import REGISTRY, Kind, op_spec
 from rlx_egraph.onnx import export_model, import_model
+from test_onnx_import import SHAPES, assert_close, run_ort
+from test_ops import CASES, Case, P
 
 F = TensorProto.FLOAT
 EXPORTABLE_CASES = [c for c in CASES if c.dtype != "bf16" and all(a.dtype != np.float16 for a in c.arrays)

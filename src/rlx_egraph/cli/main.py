@@ -169,9 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_demo, rules=None)
 
     p = sub.add_parser("optimize", parents=[target, rules], help="optimize a graph saved as JSON or an ONNX model")
-    p.add_argument("input", metavar="INPUT", help="a graph (.json) or an ONNX model (.onnx)")
-    p.add_argument("-o", "--output", metavar="OUTPUT", help="write the optimized graph here, as ONNX when it ends "
-                   "in .onnx (else print it)")
+    p.add_argument("input", metavar="INPUT.json", help="a graph (.json) or an ONNX model (.onnx)")
+    p.add_argument("-o", "--output", metavar="OUTPUT.json", help="write the optimized graph here, as ONNX when it "
+                   "ends in .onnx (else print it)")
     p.add_argument("--input-shape", action="append", type=_input_shape, metavar="NAME=D1,D2,...",
                    help="static shape of an ONNX input (binds its symbolic dims); repeatable")
     p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")

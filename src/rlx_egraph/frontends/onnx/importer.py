@@ -117,10 +117,9 @@ def bind_inputs(graph: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int]
             if d.HasField("dim_value") and d.dim_value != value:
                 raise OnnxImportError(f"input {info.name!r}: dimension {axis} is fixed to {d.dim_value} in the "
                                       f"model, input_shapes gives {value}")
-            if d.dim_param:
-                if bound.setdefault(d.dim_param, value) != value:
-                    raise OnnxImportError(f"input {info.name!r}: dimension {axis} {d.dim_param!r} is bound to "
-                                          f"{value} here and to {bound[d.dim_param]} by another input")
+            if d.dim_param and bound.setdefault(d.dim_param, value) != value:
+                raise OnnxImportError(f"input {info.name!r}: dimension {axis} {d.dim_param!r} is bound to "
+                                      f"{value} here and to {bound[d.dim_param]} by another input")
     shapes: dict[str, tuple[int, ...]] = {}
     for info in graph.input:
         if info.name in skip:

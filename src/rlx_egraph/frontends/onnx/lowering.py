@@ -43,10 +43,7 @@ def elementwise(op: str) -> Lowering:
     def lower(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         names = list(node.input)
         shape = broadcast(*(imp.type(n).shape for n in names))
-        if op == "Where" or len(names) <= 2:
-            groups = [names]
-        else:
-            groups = [names[:2], *([n] for n in names[2:])]
+        groups = [names] if op == "Where" or len(names) <= 2 else [names[:2], *([n] for n in names[2:])]
         acc: int | None = None
         for group in groups:
             operands = ([acc] if acc is not None else []) + [None] * len(group)
@@ -173,7 +170,7 @@ def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         flat = np.where(idx < 0, idx + data.shape[axis], idx).reshape(-1)
         shape = data.shape[:axis] + idx.shape + data.shape[axis + 1:]
         if shape and flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)) \
-                and 0 <= flat[0] and flat[-1] < data.shape[axis]:
+                and flat[0] >= 0 and flat[-1] < data.shape[axis]:
             out = g.narrow(imp.tensor(node.input[0]), axis=axis, start=int(flat[0]), length=int(flat.size))
             return _out(imp.fit(out, shape))
         if np.any(flat < 0) or np.any(flat >= data.shape[axis]):

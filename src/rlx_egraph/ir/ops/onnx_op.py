@@ -51,7 +51,8 @@ def node_model(graph: Any, domain: str, opset: int) -> Any:
 
     imports = [onnx.helper.make_opsetid("", opset)]
     if domain not in ("", "ai.onnx"):
-        imports = [onnx.helper.make_opsetid(domain, opset), onnx.helper.make_opsetid("", onnx.defs.onnx_opset_version())]
+        imports = [onnx.helper.make_opsetid(domain, opset),
+                   onnx.helper.make_opsetid("", onnx.defs.onnx_opset_version())]
     return onnx.helper.make_model(graph, opset_imports=imports)
 
 
@@ -73,7 +74,8 @@ def _canonical(a: Attrs, ins: list[TensorType]) -> dict[str, Any]:
     known = set(names) | {t.name for t in graph.initializer} | {""}
     missing = sorted(set(node.input) - known)
     if missing:
-        raise ShapeError(f"{node.op_type} reads {missing}, which are neither inputs in0..in{len(ins) - 1} nor constants")
+        raise ShapeError(f"{node.op_type} reads {missing}, which are neither inputs in0..in{len(ins) - 1} "
+                         "nor constants")
     del graph.input[:]
     graph.input.extend(onnx.helper.make_tensor_value_info(n, ONNX_DTYPES[t.dtype], t.shape)
                        for n, t in zip(names, ins, strict=True))
@@ -92,8 +94,8 @@ def _output_type(proto: str, domain: str, opset: int, output: int) -> TensorType
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True).graph
     except Exception as exc:  # onnx raises InferenceError, ValidationError, ...
         raise ShapeError(f"onnx shape inference fails on {node.op_type}: {str(exc).strip()}") from None
-    info = next((v for v in (*inferred.value_info, *inferred.output) if v.name == name and v.type.HasField("tensor_type")),
-                None)
+    info = next((v for v in (*inferred.value_info, *inferred.output)
+                 if v.name == name and v.type.HasField("tensor_type")), None)
     tensor = info.type.tensor_type if info is not None else None
     dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim) \
         if tensor is not None and tensor.HasField("shape") else None
