@@ -138,8 +138,8 @@ def gpt2_layer(hidden: int = 16, heads: int = 2, max_positions: int = 32) -> onn
     def conv1d(t: str, prefix: str, n_in: int, n_out: int) -> str:
         b, s = m.dims(t, 0, 1)
         rows = m.op("Reshape", [t, m.ints(-1, n_in)])
-        w, b = m.weight(f"{prefix}.weight", n_in, n_out), m.weight(f"{prefix}.bias", n_out, scale=0.1)
-        y = m.op("Gemm", [rows, w, b])
+        weight, bias = m.weight(f"{prefix}.weight", n_in, n_out), m.weight(f"{prefix}.bias", n_out, scale=0.1)
+        y = m.op("Gemm", [rows, weight, bias])
         return m.op("Reshape", [y, m.op("Concat", [b, s, m.ints(n_out)], axis=0)])
 
     y = ln(x, "ln_1")
