@@ -109,13 +109,15 @@ def test_seed_presets_exact() -> None:
 
 
 def test_preset_flags() -> None:
-    assert list(TARGETS) == ["cpu", "cuda", "metal", "wgpu"]
+    assert list(TARGETS) == ["cpu", "cuda", "metal", "wgpu", "onnxruntime"]
     assert all(t.name == name for name, t in TARGETS.items())
     assert {n: t.region_kernels for n, t in TARGETS.items()} == {"cpu": True, "cuda": True, "metal": True,
-                                                                   "wgpu": False}
+                                                                   "wgpu": False, "onnxruntime": False}
     assert {n: t.unsupported for n, t in TARGETS.items()} == {
         "cpu": frozenset(), "cuda": frozenset(), "metal": frozenset(),
-        "wgpu": frozenset({"FusedTransformerLayer", "ElementwiseRegion"})}
+        "wgpu": frozenset({"FusedTransformerLayer", "ElementwiseRegion"}),
+        "onnxruntime": frozenset({"CausalAttentionRoPE", "ElementwiseRegion", "FusedRmsNormMatMul", "FusedSwiGLU",
+                                  "FusedTransformerLayer", "GroupNormSilu", "SwiGLU"})}
     assert not TARGETS["wgpu"].supports("ElementwiseRegion") and TARGETS["wgpu"].supports("MatMul")
     assert TARGETS["cpu"].readback_bw == 20.0 and TARGETS["cuda"].readback_bw == 25.0
 
@@ -124,7 +126,7 @@ def test_get_target() -> None:
     assert get_target("cuda") is TARGETS["cuda"]
     custom = TARGETS["cpu"].replace(name="mine")
     assert get_target(custom) is custom
-    with pytest.raises(ValueError, match=r"unknown target 'tpu' \(known: cpu, cuda, metal, wgpu\)"):
+    with pytest.raises(ValueError, match=r"unknown target 'tpu' \(known: cpu, cuda, metal, wgpu, onnxruntime\)"):
         get_target("tpu")
 
 
@@ -339,8 +341,9 @@ MLP_TERMS = {
     "cuda": {"dispatch": 15_000.0, "sync": 0.0, "traffic": 7.808, "readback": 40.96, "compute": 0.4352},
     "metal": {"dispatch": 1_500.0, "sync": 0.0, "traffic": 39.04, "readback": 1_024.0, "compute": 0.0},
     "wgpu": {"dispatch": 9_000.0, "sync": 0.0, "traffic": 78.08, "readback": 25.6, "compute": 0.0},
+    "onnxruntime": {"dispatch": 1_500.0, "sync": 0.0, "traffic": 1_561.6, "readback": 204.8, "compute": 512.0},
 }
-MLP_NS = {"cpu": 9_528.64, "cuda": 15_049.2032, "metal": 2_563.04, "wgpu": 9_103.68}
+MLP_NS = {"cpu": 9_528.64, "cuda": 15_049.2032, "metal": 2_563.04, "wgpu": 9_103.68, "onnxruntime": 3_778.4}
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
@@ -356,7 +359,7 @@ def test_sync_term_uses_roundtrip(host_sync_op: OpSpec) -> None:
     g, y = mlp()
     g.set_outputs([g.add_node(SYNC_OP, [y])])
     assert {t: profile(g, t).breakdown()["sync"] for t in TARGETS} == {
-        "cpu": 0.0, "cuda": 20_000.0, "metal": 5_000.0, "wgpu": 30_000.0}
+        "cpu": 0.0, "cuda": 20_000.0, "metal": 5_000.0, "wgpu": 30_000.0, "onnxruntime": 0.0}
 
 
 def test_str_and_to_dict() -> None:
@@ -372,5 +375,5 @@ def test_str_and_to_dict() -> None:
 
 
 def test_profile_rejects_unknown_target() -> None:
-    with pytest.raises(ValueError, match=r"unknown target 'npu' \(known: cpu, cuda, metal, wgpu\)"):
+    with pytest.raises(ValueError, match=r"unknown target 'npu' \(known: cpu, cuda, metal, wgpu, onnxruntime\)"):
         profile(mlp()[0], "npu")

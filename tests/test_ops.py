@@ -208,6 +208,20 @@ CONV_X = randn(2, 4, 5, 5)
 SPLIT_Q, SPLIT_K, SPLIT_V = randn(2, 4, 5, 6), randn(2, 2, 5, 6), randn(2, 2, 5, 3)
 DY26 = randn(2, 6)
 
+
+
+def onnx_cumsum(g: Graph, x: int) -> int:
+    """An OnnxOp holding ONNX CumSum over axis 1 (the axis a constant of its one-node graph)."""
+    import onnx
+
+    from rlx_egraph.ir.ops.onnx_op import encode_proto
+
+    node = onnx.helper.make_node("CumSum", ["in0", "c0"], ["out0"])
+    axis = onnx.numpy_helper.from_array(np.array(1, np.int64), "c0")
+    proto = encode_proto(onnx.helper.make_graph([node], "cumsum", [], [], [axis]))
+    return g.add_node("OnnxOp", [x], op_type="CumSum", opset=17, proto=proto)
+
+
 CASES: list[Case] = [
     # leaves
     case("Input", lambda g, x: x, lambda x: x, X234, shape=(2, 3, 4)),
@@ -216,6 +230,8 @@ CASES: list[Case] = [
     case("Constant", lambda g: g.constant(np.array([3, -1], np.int64)), lambda: np.array([3, -1]), shape=(2,),
          dtype="i64", label="Constant-i64"),
     case("Scalar", lambda g: g.scalar(2.5), lambda: 2.5, shape=()),
+    # a standard ONNX op MIR has no op for, kept opaque
+    case("OnnxOp", onnx_cumsum, lambda x: np.cumsum(x, axis=1), X234, shape=(2, 3, 4)),
     # matmul
     case("MatMul", lambda g, a, b: g.matmul(a, b), lambda a, b: np.einsum("bmk,kn->bmn", a, b),
          randn(3, 4, 8), randn(8, 5), shape=(3, 4, 5)),

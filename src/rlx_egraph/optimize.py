@@ -108,6 +108,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         if regions:
             decoded = _with_regions(decoded, tgt)
         phases["decode"] = time.perf_counter() - t0
+    decoded.graph.adopt_store(graph)
 
     report.egglog_program = _program_text(ruleset, encoding.text)
     report.eclasses, report.enodes = len(view.classes), view.num_enodes

@@ -62,8 +62,13 @@ def summarize(graph: Graph) -> str:
             f"ops: {', '.join(f'{op} {n}' for op, n in ops)}")
 
 
-def _load_graph(path: str) -> Graph:
+def _load_graph(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
+    """A graph from JSON, or imported from an ``.onnx`` model with ``input_shapes``."""
     try:
+        if Path(path).suffix == ".onnx":
+            from ..onnx import import_model
+
+            return import_model(path, input_shapes)
         return Graph.load(path)
     except GraphError as exc:
         raise GraphError(f"{path}: {exc}") from None
@@ -94,7 +99,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _optimize_cmd(args: argparse.Namespace) -> None:
-    graph = _load_graph(args.input)
+    graph = _load_graph(args.input, dict(args.input_shape or []))
     log = sys.stderr if args.output == STDOUT else sys.stdout  # stdout carries only the graph JSON then
     print("input " + summarize(graph), file=log)
     new, report = _optimize(graph, args, log)
@@ -103,6 +108,13 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
         print(f"wrote report {args.report_json}", file=log)
     if args.output == STDOUT:
         print(new.to_json(indent=1))
+    elif args.output and Path(args.output).suffix == ".onnx":
+        import onnx
+
+        from ..onnx import export_model
+
+        onnx.save(export_model(new), args.output)
+        print(f"wrote {args.output}")
     elif args.output:
         new.save(args.output)
         print(f"wrote {args.output}: {len(new)} nodes")
@@ -142,6 +154,17 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=D1,D2,...")
+    return name, shape
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="rlx-egraph", description="Optimize ML computation graphs by equality "
@@ -165,11 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the result against the input with numpy (default: on)")
     p.set_defaults(run=_demo, rules=None)
 
-    p = command("optimize", [target, rules], help="optimize a graph saved as JSON")
-    p.add_argument("input", metavar="INPUT.json")
+    p = command("optimize", [target, rules], help="optimize a graph saved as JSON or an ONNX model")
+    p.add_argument("input", metavar="INPUT.json", help="a graph (.json) or an ONNX model (.onnx)")
     p.add_argument("-o", "--output", metavar="OUTPUT.json",
-                   help=f"write the optimized graph here ('{STDOUT}': its JSON to stdout and the report to stderr; "
-                        "default: print the report and the graph table)")
+                   help=f"write the optimized graph here, as ONNX when it ends in .onnx ('{STDOUT}': its JSON to "
+                        "stdout and the report to stderr; default: print the report and the graph table)")
+    p.add_argument("--input-shape", action="append", type=_input_shape, metavar="NAME=D1,D2,...",
+                   help="static shape of an ONNX input (binds its symbolic dims); repeatable")
     p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
     p.set_defaults(run=_optimize_cmd)

@@ -44,6 +44,20 @@ Where the preset figures come from:
     non-tensor-core float32 (A100 19.5).  host_thunk_penalty 100 µs: a host
     callback drains the stream and breaks CUDA-graph capture.  min_gain 5 µs,
     one launch.
+
+``onnxruntime`` (ours; onnxruntime's CPU provider on this project's 2-core machine)
+    Measured with ``python -m rlx_egraph.frontends.onnx.measure_target``
+    (onnxruntime 1.31.1; the machine is shared, so two runs differ: dispatch
+    335 and 708 ns, memory bandwidth 3.2 and 6.2 B/ns, matmul 17.2 and
+    17.8 FLOP/ns).  dispatch 500 ns: the slope of a chain of tiny Sigmoid
+    kernels.  memory_bw 5 B/ns: an Add of two 16 MiB tensors.  flops_per_ns
+    17: a 512^3 float32 MatMul.  No device: roundtrip and host-thunk penalty
+    0, outputs read at memory speed.  min_gain 500 ns, one dispatch.  The
+    target supports exactly the fused ops the ONNX export writes as
+    onnxruntime kernels (``frontends/onnx/export_table.EXPORTS``: Gemm,
+    SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
+    FastGelu, com.microsoft Attention, ...); every other fused op would be
+    exported unfused, so extraction must not pick it.  No region kernels.
 """
 
 from __future__ import annotations
@@ -54,7 +68,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.registry import REGISTRY, OpSpec, TensorType
+from ..frontends.onnx.export_table import EXPORTS
+from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
 from .model import IoProfile, NodeCost, fusion_benefit, node_cost
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "min_gain_ns")
@@ -168,6 +183,11 @@ TARGETS: dict[str, Target] = {
         Target(name="wgpu", dispatch_ns=3_000.0, roundtrip_ns=30_000.0, memory_bw=100.0, host_readback_bw=40.0,
                unified=False, host_thunk_penalty_ns=25_000_000.0, min_gain_ns=10_000.0, flops_per_ns=math.inf,
                unsupported=frozenset({"FusedTransformerLayer", "ElementwiseRegion"}), region_kernels=False),
+        Target(name="onnxruntime", dispatch_ns=500.0, roundtrip_ns=0.0, memory_bw=5.0, host_readback_bw=5.0,
+               unified=True, unified_readback_bw=5.0, host_thunk_penalty_ns=0.0, min_gain_ns=500.0,
+               flops_per_ns=17.0, region_kernels=False,
+               unsupported=frozenset(name for name, spec in REGISTRY.items()
+                                     if spec.kind is Kind.FUSED and name not in EXPORTS)),
     )
 }
 

@@ -31,7 +31,7 @@ from .registry import REGISTRY, REQUIRED, Kind, OpSpec, ShapeError, TensorType
 FORMAT = "rlx-egraph-mir"
 FORMAT_VERSION = 1
 MAX_DIM = 2**31
-FILE_FIELDS = ("format", "version", "name", "nodes", "outputs")
+FILE_FIELDS = ("format", "version", "name", "nodes", "outputs", "meta", "weights")
 RECORD_FIELDS = ("id", "op", "inputs", "attrs")  # a record for from_nodes; a file's records may add:
 FILE_RECORD_FIELDS = (*RECORD_FIELDS, "shape", "dtype")
 
@@ -123,6 +123,8 @@ class Graph:
         self._outputs: tuple[int, ...] = ()
         self._leaf_names: dict[str, int] = {}
         self._next_id = 0
+        self.weights: dict[str, np.ndarray] = {}  # Param name -> value (evaluate reads it; save writes .npz)
+        self.meta: dict[str, Any] = {}  # JSON-ready facts about the graph's origin (e.g. ONNX dim names)
 
     # --- building ---------------------------------------------------------------
 
@@ -269,7 +271,15 @@ class Graph:
         return f"<Graph {self.name!r}: {len(self)} nodes, {len(self._outputs)} outputs>"
 
     def copy(self) -> Graph:
-        return Graph.from_dict(self.to_dict())
+        """An equal graph with its own meta; the weight store's arrays are shared, not copied."""
+        g = Graph.from_dict(self.to_dict())
+        g.weights = dict(self.weights)
+        return g
+
+    def adopt_store(self, source: Graph) -> None:
+        """Take ``source``'s weights (arrays shared) and meta, for a graph derived from it."""
+        self.weights.update(source.weights)
+        self.meta.update(json.loads(json.dumps(source.meta)))
 
     # --- construction from records and JSON ---------------------------------------
 
@@ -311,6 +321,7 @@ class Graph:
                        "attrs": {k: _attr_to_json(v) for k, v in n.attrs.items()},
                        "shape": list(n.shape), "dtype": n.dtype} for n in self._nodes],
             "outputs": list(self._outputs),
+            "meta": self.meta,
         }
 
     @classmethod
@@ -335,7 +346,11 @@ class Graph:
             for key, value in rec.attrs.items():
                 if isinstance(value, dict) and "array" in value:
                     rec.attrs[key] = _array_from_json(rec.label, key, value)
+        meta = data.get("meta", {})
+        if not isinstance(meta, dict):
+            raise GraphError(f"'meta' must be an object, got {_show(meta)}")
         g = cls._build(records, data["outputs"], name)
+        g.meta = json.loads(json.dumps(meta))
         for rec, raw in zip(records, nodes, strict=True):
             _check_file_type(g.node(rec.id), raw)
         return g
@@ -354,17 +369,37 @@ class Graph:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(indent=1))
+        """Write JSON to ``path``; a non-empty weight store goes to the ``.npz`` beside it, which the JSON names."""
+        path = Path(path)
+        data = self.to_dict()
+        if self.weights:
+            store = path.with_suffix(".npz")
+            np.savez(store, **self.weights)
+            data["weights"] = store.name
+        path.write_text(json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> Graph:
-        """Read a graph file (UTF-8 JSON); OSError when it cannot be read, GraphError when it is malformed."""
-        data = Path(path).read_bytes()
+        """Read a graph written by :meth:`save` (UTF-8 JSON), with the weight store (.npz) its JSON names.
+
+        OSError when it cannot be read, GraphError when it is malformed.
+        """
+        path = Path(path)
         try:
-            text = data.decode("utf-8")
+            text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as exc:
             raise GraphError(f"graph file is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        return cls.from_json(text)
+        g = cls.from_json(text)
+        store = json.loads(text).get("weights")
+        if store is not None:
+            if not isinstance(store, str):
+                raise GraphError(f"'weights' must name a .npz file beside the graph, got {_show(store)}")
+            try:
+                with np.load(path.parent / store) as arrays:
+                    g.weights = {name: arrays[name] for name in arrays.files}
+            except (OSError, ValueError) as exc:
+                raise GraphError(f"weight store {store!r} named by {path}: {exc}") from None
+        return g
 
 
 class _Record(NamedTuple):

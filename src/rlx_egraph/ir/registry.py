@@ -46,6 +46,7 @@ class Kind(StrEnum):
     BACKWARD = "backward"
     FUSED = "fused"
     HOST_SYNC = "host-sync"
+    OPAQUE = "opaque"  # an op kept in a foreign definition (OnnxOp): one launch, no rule matches into it
 
     @property
     def launches(self) -> int:

@@ -64,7 +64,8 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray] | None = None,
              return_all: bool = False) -> list[np.ndarray] | dict[int, np.ndarray]:
     """Run ``graph`` with numpy; returns its outputs (or every node's value by id).
 
-    Inputs missing from ``feeds`` and parameters missing from ``params`` get
+    Parameters missing from ``params`` take their value from the graph's weight
+    store; inputs missing from ``feeds`` and parameters in neither get
     seeded random values keyed by name, so two graphs with the same leaves see
     the same data.  Derived parameters (ConcatParams) are built from ``params``.
     Names the graph does not have are ignored on purpose: an optimized graph
@@ -74,7 +75,7 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray] | None = None,
     values: dict[int, np.ndarray] = {}
     for node in graph.nodes:
         if node.op in ("Input", "Param"):
-            given = (feeds if node.op == "Input" else params).get(node.name)
+            given = feeds.get(node.name) if node.op == "Input" else params.get(node.name, graph.weights.get(node.name))
             value = random_value(graph, node, seed) if given is None else np.asarray(given)
             if value.shape != node.shape:
                 raise GraphError(f"node {node.id} ({node.op} {node.name!r}): fed shape {list(value.shape)}, "

@@ -1,0 +1,1 @@
+"""Front ends that bring models from other formats into MIR and back."""

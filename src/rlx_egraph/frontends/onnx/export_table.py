@@ -1,0 +1,357 @@
+"""The export table: MIR op -> ONNX nodes (standard, or com.microsoft contrib ops that onnxruntime runs).
+
+An entry ``(b, node, ins, types) -> name`` writes the node through the builder
+``b`` (:class:`rlx_egraph.frontends.onnx.exporter.Builder`) and returns the
+ONNX name of its value; ``None`` means "not in this case": the exporter then
+writes the node's unfused form.  The unfused form is the op spec's
+``decompose`` or, for a primitive with no single ONNX op, its entry in
+:data:`MIR_FORMS` (the same computation as its kernel in other MIR ops).
+This module imports no onnx, so the ``onnxruntime`` cost target reads
+:data:`EXPORTS` to know which fused ops export as one kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...ir.dtypes import dtype
+from ...ir.ops.onnx_op import ONNX_DTYPES
+from ...ir.registry import Attrs, TensorType
+
+if TYPE_CHECKING:
+    from ...ir.graph import Graph, Node
+    from .exporter import Builder
+
+ExportFn = Callable[["Builder", "Node", list[str], list[TensorType]], str | None]
+MS = "com.microsoft"
+
+
+def same(op_type: str) -> ExportFn:
+    """The ONNX op of the same meaning and inputs, no attributes."""
+    return lambda b, node, ins, types: b.op(op_type, ins)
+
+
+def _with_axis(op_type: str) -> ExportFn:
+    return lambda b, node, ins, types: b.op(op_type, ins, axis=node.attrs["axis"])
+
+
+def _reduce(op_type: str) -> ExportFn:
+    def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+        return b.reduce(op_type, ins[0], list(node.attrs["axes"]), node.attrs["keepdims"])
+
+    return emit
+
+
+def _reduce_all(op_type: str) -> ExportFn:
+    return lambda b, node, ins, types: b.reduce(op_type, ins[0], None, False)
+
+
+def _sum_rows(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    rows = b.op("Reshape", [ins[0], b.const(np.array([-1, types[0].shape[-1]], np.int64))])
+    return b.reduce("ReduceSum", rows, [0], False)
+
+
+def _swap_last(b: Builder, name: str, rank: int) -> str:
+    return b.op("Transpose", [name], perm=[*range(rank - 2), rank - 1, rank - 2])
+
+
+def _matmul_at(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    return b.op("MatMul", [_swap_last(b, ins[0], types[0].rank), ins[1]])
+
+
+def _matmul_bt(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    return b.op("MatMul", [ins[0], _swap_last(b, ins[1], types[1].rank)])
+
+
+def _rsqrt(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    return b.op("Reciprocal", [b.op("Sqrt", ins)])
+
+
+def _gelu(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    return b.op("FastGelu" if node.attrs["approximate"] == "tanh" else "Gelu", ins, domain=MS)
+
+
+def _narrow(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    a = node.attrs
+    return b.op("Slice", [ins[0], b.ints([a["start"]]), b.ints([a["start"] + a["length"]]), b.ints([a["axis"]])])
+
+
+def _layer_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    return b.op("LayerNormalization", ins, axis=node.attrs["axis"], epsilon=node.attrs["eps"])
+
+
+def _plus_beta(b: Builder, out: str, ins: list[str], beta_slot: int) -> str:
+    return b.op("Add", [out, ins[beta_slot]]) if len(ins) > beta_slot else out
+
+
+def _rms_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """onnxruntime's SimplifiedLayerNormalization (registered in the default domain), then + beta."""
+    out = b.op("SimplifiedLayerNormalization", ins[:2], axis=node.attrs["axis"], epsilon=node.attrs["eps"])
+    return _plus_beta(b, out, ins, 2)
+
+
+def _conv(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    a = node.attrs
+    return b.op("Conv", ins, strides=[a["stride"]] * 2, pads=[a["padding"]] * 4, group=a["groups"])
+
+
+def _max_pool(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    a = node.attrs
+    return b.op("MaxPool", ins, kernel_shape=[a["kernel"]] * 2, strides=[a["stride"]] * 2, pads=[a["padding"]] * 4)
+
+
+def _global_avg_pool(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    return b.op("Reshape", [b.op("GlobalAveragePool", ins), b.ints(node.shape)])
+
+
+def _upsample(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    return b.op("Resize", [ins[0], "", b.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest",
+                coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
+
+def _gemm_fits(types: list[TensorType], out: tuple[int, ...]) -> bool:
+    """Gemm takes 2-D a and b and a c that broadcasts one way to the [M, N] result."""
+    a, w, c = types
+    return a.rank == 2 and w.rank == 2 and c.rank <= 2 and all(
+        d in (1, o) for d, o in zip(reversed(c.shape), reversed(out), strict=False))
+
+
+def _matmul_add(trans_a: int, trans_b: int) -> ExportFn:
+    """Gemm where it fits, else the matmul (FusedMatMul for a transposed operand) and an Add."""
+
+    def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+        if _gemm_fits(types, node.shape):
+            return b.op("Gemm", ins, transA=trans_a, transB=trans_b)
+        mm = b.op("FusedMatMul", ins[:2], domain=MS, transA=trans_a, transB=trans_b) if trans_a or trans_b \
+            else b.op("MatMul", ins[:2])
+        return b.op("Add", [mm, ins[2]])
+
+    return emit
+
+
+def _bias_act(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """MatMul then BiasGelu / FastGelu(bias) for a full-width bias; Gemm without epilogue where it fits."""
+    act, x, w, bias = node.attrs["act"], *ins
+    if act == "none":
+        return _matmul_add(0, 0)(b, node, ins, types)
+    mm = b.op("MatMul", [x, w])
+    if types[2].shape == node.shape[-1:] and act in ("gelu", "gelu_tanh"):
+        return b.op("BiasGelu" if act == "gelu" else "FastGelu", [mm, bias], domain=MS)
+    out = b.op("Add", [mm, bias])
+    if act == "silu":
+        return b.op("QuickGelu", [out], domain=MS, alpha=1.0)
+    return b.op("FastGelu" if act == "gelu_tanh" else "Gelu", [out], domain=MS)
+
+
+def _skip_norm(op_type: str, beta_after: bool) -> ExportFn:
+    """SkipLayerNormalization / SkipSimplifiedLayerNormalization over the last axis of a rank-2 or rank-3
+    input (others are reshaped to rank 2 around it); a RmsNorm beta is added after."""
+
+    def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+        if node.attrs["axis"] != -1:
+            return None
+        x, residual = ins[:2]
+        flat = types[0].rank not in (2, 3)
+        if flat:
+            rows = b.ints([-1, types[0].shape[-1]])
+            x, residual = b.op("Reshape", [x, rows]), b.op("Reshape", [residual, rows])
+        params = ins[2:3] if beta_after else ins[2:4]
+        out = b.op(op_type, [x, residual, *params], domain=MS, epsilon=node.attrs["eps"])
+        if flat:
+            out = b.op("Reshape", [out, b.ints(node.shape)])
+        return _plus_beta(b, out, ins, 3) if beta_after else out
+
+    return emit
+
+
+def _attention_block(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """com.microsoft.Attention (QKV projection, mask, heads) then the output projection."""
+    hidden, qkv_w, out_w, mask, qkv_b, out_b = ins
+    zero = b.const(np.zeros((), dtype(types[3].dtype).storage), types[3].dtype)
+    keep = b.op("Cast", [b.op("Not", [b.op("Equal", [mask, zero])])], to=ONNX_DTYPES["i32"])
+    ctx = b.op("Attention", [hidden, qkv_w, qkv_b, keep], domain=MS, num_heads=node.attrs["heads"],
+               scale=node.attrs["scale"])
+    return b.op("Add", [b.op("MatMul", [ctx, out_w]), out_b])
+
+
+EXPORTS: dict[str, ExportFn] = {
+    **{op: same(op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Greater", "Less", "Equal", "Where",
+                               "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Erf", "Identity",
+                               "MatMul")},
+    "Recip": same("Reciprocal"),
+    "Rsqrt": _rsqrt,
+    "Silu": lambda b, node, ins, types: b.op("QuickGelu", ins, domain=MS, alpha=1.0),
+    "Gelu": _gelu,
+    "Cast": lambda b, node, ins, types: b.op("Cast", ins, to=ONNX_DTYPES[node.dtype]),
+    "Softmax": _with_axis("Softmax"),
+    "LogSoftmax": _with_axis("LogSoftmax"),
+    "ReduceSum": _reduce("ReduceSum"),
+    "ReduceMean": _reduce("ReduceMean"),
+    "SumAll": _reduce_all("ReduceSum"),
+    "MeanAll": _reduce_all("ReduceMean"),
+    "SumRows": _sum_rows,
+    "MatMulAT": _matmul_at,
+    "MatMulBT": _matmul_bt,
+    "LayerNorm": _layer_norm,
+    "RmsNorm": _rms_norm,
+    "Reshape": lambda b, node, ins, types: b.op("Reshape", [ins[0], b.ints(node.attrs["shape"])]),
+    "Transpose": lambda b, node, ins, types: b.op("Transpose", ins, perm=list(node.attrs["perm"])),
+    "Narrow": _narrow,
+    "Concat": _with_axis("Concat"),
+    "Expand": lambda b, node, ins, types: b.op("Expand", [ins[0], b.ints(node.attrs["shape"])]),
+    "Embedding": lambda b, node, ins, types: b.op("Gather", ins, axis=0),
+    "Conv2d": _conv,
+    "MaxPool2d": _max_pool,
+    "GlobalAvgPool": _global_avg_pool,
+    "Upsample2x": _upsample,
+    "CrossEntropyLoss": lambda b, node, ins, types: b.op("SoftmaxCrossEntropyLoss", ins, reduction="mean"),
+    # fused ops onnxruntime runs as one kernel (Gemm, SkipLayerNormalization, Attention, ...)
+    "FusedMatMulAdd": _matmul_add(0, 0),
+    "FusedMatMulATAdd": _matmul_add(1, 0),
+    "FusedMatMulBTAdd": _matmul_add(0, 1),
+    "FusedMatMulBiasAct": _bias_act,
+    "FusedResidualLN": _skip_norm("SkipLayerNormalization", beta_after=False),
+    "FusedResidualRmsNorm": _skip_norm("SkipSimplifiedLayerNormalization", beta_after=True),
+    "FusedAttentionBlock": _attention_block,
+}
+
+
+# --- unfused forms of primitives with no single ONNX op (the kernels' computations in MIR ops) ---------
+
+
+def _norm_axes(a: Attrs, rank: int) -> tuple[int, ...]:
+    return tuple(range(a["axis"] % rank - rank, 0))
+
+
+def _inv_rms(g: Graph, x: int, axes: tuple[int, ...], eps: float) -> int:
+    dt = g.node(x).dtype
+    return g.recip(g.sqrt(g.add(g.reduce_mean(g.mul(x, x), axes=axes, keepdims=True), g.scalar(eps, dt))))
+
+
+def _group_norm(g: Graph, ins: list[int], a: Attrs) -> int:
+    x, w, b = ins
+    shape, dt = g.node(x).shape, g.node(x).dtype
+    groups = g.reshape(x, shape=(shape[0], a["groups"], math.prod(shape[1:]) // a["groups"]))
+    d = g.sub(groups, g.reduce_mean(groups, axes=(-1,), keepdims=True))
+    var = g.reduce_mean(g.mul(d, d), axes=(-1,), keepdims=True)
+    normed = g.reshape(g.div(d, g.sqrt(g.add(var, g.scalar(a["eps"], dt)))), shape=shape)
+    per_channel = (shape[1],) + (1,) * (len(shape) - 2)
+    return g.add(g.mul(normed, g.reshape(w, shape=per_channel)), g.reshape(b, shape=per_channel))
+
+
+def _rope(g: Graph, ins: list[int], a: Attrs) -> int:
+    """x * cos + rotate_half(x) * sin with the kernel's cos/sin tables as constants."""
+    x = ins[0]
+    seq, dim = g.node(x).shape[-2:]
+    half = dim // 2
+    inv_freq = 1.0 / (a["theta"] ** (np.arange(half, dtype=np.float64) * 2.0 / dim))
+    angles = np.arange(seq, dtype=np.float64)[:, None] * inv_freq[None, :]
+    both = np.concatenate([angles, angles], axis=-1)
+    dt = g.node(x).dtype
+    cos, sin = (g.constant(f(both).astype(np.float32), dt) for f in (np.cos, np.sin))
+    rotated = g.concat([g.neg(g.narrow(x, axis=-1, start=half, length=half)),
+                        g.narrow(x, axis=-1, start=0, length=half)], axis=-1)
+    return g.add(g.mul(x, cos), g.mul(rotated, sin))
+
+
+def sdpa(g: Graph, q: int, k: int, v: int, scale: float, causal: bool, key_mask: int | None = None) -> int:
+    """The kernel's scaled dot-product attention on [B, H, S, D] (K/V heads repeated for GQA)."""
+    (b, heads, sq, _), (_, kv_heads, sk, _) = g.node(q).shape, g.node(k).shape
+    dt = g.node(q).dtype
+    if kv_heads != heads:
+        rep = heads // kv_heads
+
+        def repeat(t: int) -> int:
+            shape = g.node(t).shape
+            wide = g.expand(g.reshape(t, shape=(b, kv_heads, 1, *shape[2:])), shape=(b, kv_heads, rep, *shape[2:]))
+            return g.reshape(wide, shape=(b, heads, *shape[2:]))
+
+        k, v = repeat(k), repeat(v)
+    scores = g.mul(g.matmul_bt(q, k), g.scalar(scale, dt))
+    if causal:
+        allowed = g.constant(np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq))
+        scores = g.where(allowed, scores, g.constant(np.array(-np.inf, np.float32), dt))
+    if key_mask is not None:
+        dropped = g.equal(g.reshape(key_mask, shape=(b, 1, 1, sk)), g.scalar(0.0, g.node(key_mask).dtype))
+        scores = g.where(dropped, g.scalar(-1e9, dt), scores)
+    return g.matmul(g.softmax(scores, axis=-1), v)
+
+
+def _attention(g: Graph, ins: list[int], a: Attrs) -> int:
+    def split(t: int, heads: int) -> int:
+        b, s, width = g.node(t).shape
+        return g.transpose(g.reshape(t, shape=(b, s, heads, width // heads)), perm=(0, 2, 1, 3))
+
+    q, k, v = split(ins[0], a["heads"]), split(ins[1], a["kv_heads"]), split(ins[2], a["kv_heads"])
+    out = sdpa(g, q, k, v, a["scale"], a["mask"] == "causal", ins[3] if a["mask"] == "custom" else None)
+    b, h, s, d = g.node(out).shape
+    return g.reshape(g.transpose(out, perm=(0, 2, 1, 3)), shape=(b, s, h * d))
+
+
+def _bce(g: Graph, ins: list[int], a: Attrs) -> int:
+    p, t = ins
+    dt = g.node(p).dtype
+    eps, one = g.scalar(1e-12, dt), g.scalar(1.0, dt)
+    terms = g.add(g.mul(t, g.log(g.max(p, eps))), g.mul(g.sub(one, t), g.log(g.max(g.sub(one, p), eps))))
+    return g.neg(g.mean_all(terms))
+
+
+def _silu_grad(g: Graph, ins: list[int], a: Attrs) -> int:
+    x, dy = ins
+    s = g.sigmoid(x)
+    return g.mul(dy, g.add(s, g.mul(g.mul(x, s), g.sub(g.scalar(1.0, g.node(x).dtype), s))))
+
+
+def _rms_grad_x(g: Graph, ins: list[int], a: Attrs) -> int:
+    x, gamma, dy = ins
+    shape, dt = g.node(x).shape, g.node(x).dtype
+    axes = _norm_axes(a, len(shape))
+    inv = _inv_rms(g, x, axes, a["eps"])
+    scaled = g.mul(dy, gamma)
+    total = g.reduce_sum(g.mul(scaled, x), axes=axes, keepdims=True)
+    n = math.prod(shape[i] for i in axes)
+    return g.sub(g.mul(inv, scaled), g.div(g.mul(g.mul(x, g.pow(inv, g.scalar(3.0, dt))), total), g.scalar(n, dt)))
+
+
+def _rms_grad_w(g: Graph, ins: list[int], a: Attrs) -> int:
+    x, dy = ins
+    rank = len(g.node(x).shape)
+    axes = _norm_axes(a, rank)
+    out = g.mul(g.mul(dy, x), _inv_rms(g, x, axes, a["eps"]))
+    lead = tuple(range(rank - len(axes)))
+    return g.reduce_sum(out, axes=lead, keepdims=False) if lead else out
+
+
+def _layer_norm_grad_x(g: Graph, ins: list[int], a: Attrs) -> int:
+    x, gamma, dy = ins
+    shape, dt = g.node(x).shape, g.node(x).dtype
+    axes = _norm_axes(a, len(shape))
+
+    def mean(t: int) -> int:
+        return g.reduce_mean(t, axes=axes, keepdims=True)
+
+    centered = g.sub(x, mean(x))
+    inv = g.recip(g.sqrt(g.add(mean(g.pow(centered, g.scalar(2.0, dt))), g.scalar(a["eps"], dt))))
+    xhat = g.mul(centered, inv)
+    scaled = g.mul(dy, gamma)
+    return g.mul(inv, g.sub(g.sub(scaled, mean(scaled)), g.mul(xhat, mean(g.mul(scaled, xhat)))))
+
+
+MIR_FORMS: dict[str, Callable[[Graph, list[int], Attrs], int]] = {
+    "GroupNorm": _group_norm,
+    "RoPE": _rope,
+    "Attention": _attention,
+    "CausalAttention": lambda g, ins, a: sdpa(g, *ins, a["scale"], causal=True),
+    "BceLoss": _bce,
+    "SiluGrad": _silu_grad,
+    "RmsNormGradX": _rms_grad_x,
+    "RmsNormGradW": _rms_grad_w,
+    "LayerNormGradX": _layer_norm_grad_x,
+}
+
+
+__all__ = ["EXPORTS", "MIR_FORMS", "MS", "ExportFn", "sdpa"]

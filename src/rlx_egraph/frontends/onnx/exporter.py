@@ -1,0 +1,179 @@
+"""MIR -> ONNX: :func:`export_model`, a model onnxruntime's CPU provider runs.
+
+Each node is written by its entry in :data:`~.export_table.EXPORTS` (standard
+ONNX, or a com.microsoft contrib op of the same meaning), else as its unfused
+form (the op spec's ``decompose``, or :data:`~.export_table.MIR_FORMS`), node
+by node.  Parameters become initializers from the weight store, derived
+weights (ConcatParams) initializers computed from it, OnnxOp nodes their
+original ONNX node.  Inputs keep their names; outputs take the names of the
+imported model (``graph.meta["output_names"]``), else ``output_0, ...``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ...ir.graph import Graph, GraphError, Node
+from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model
+from ...ir.registry import Kind
+from ...kernels.reference import run_node
+from .export_table import EXPORTS, MIR_FORMS
+
+OPSET = 18  # the default domain's opset of exported models (LayerNormalization needs 17)
+IR_VERSION = 10  # what onnxruntime 1.17 and later read
+CONTRIB_OPSET = 1
+
+
+class Builder:
+    """Collects the nodes and initializers of the exported graph; hands out unique tensor names."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.taken = set(taken)
+        self.domains: dict[str, int] = {"": OPSET}
+
+    def fresh(self, hint: str) -> str:
+        name, k = hint, 0
+        while name in self.taken:
+            k += 1
+            name = f"{hint}_{k}"
+        self.taken.add(name)
+        return name
+
+    def op(self, op_type: str, inputs: list[str], domain: str = "", **attrs: Any) -> str:
+        """Append one node with one output; returns the output's name."""
+        out = self.fresh(f"{op_type}_{len(self.nodes)}")
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, domain=domain, **attrs))
+        if domain:
+            self.domains.setdefault(domain, CONTRIB_OPSET)
+        return out
+
+    def const(self, array: np.ndarray, dtype: str | None = None, name: str | None = None) -> str:
+        """An initializer holding ``array`` (stored as MIR ``dtype``); returns its name."""
+        if dtype == "bf16":
+            raise GraphError("bf16 tensors are not exported (numpy has no bfloat16 to store them in)")
+        name = name if name is not None else self.fresh(f"const_{len(self.initializers)}")
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def ints(self, values: Any) -> str:
+        return self.const(np.array(list(values), np.int64))
+
+    def reduce(self, op_type: str, x: str, axes: list[int] | None, keepdims: bool) -> str:
+        """A reduction over ``axes`` (None: all) given as an input (opset 18)."""
+        inputs = [x] if axes is None else [x, self.ints(axes)]
+        return self.op(op_type, inputs, keepdims=int(keepdims))
+
+    def opaque(self, node: Node, ins: list[str]) -> str:
+        """An OnnxOp's ONNX node, converted to the export opset where its definition changed since."""
+        graph = decode_graph(node.attrs["proto"])
+        domain, opset = node.attrs["domain"], node.attrs["opset"]
+        if domain in ("", "ai.onnx") and _definition(graph.node[0].op_type, opset) != _definition(
+                graph.node[0].op_type, OPSET):
+            try:
+                graph = onnx.version_converter.convert_version(node_model(graph, domain, opset), OPSET).graph
+            except Exception as exc:  # the converter raises RuntimeError and others
+                raise GraphError(f"node {node.id} (OnnxOp {graph.node[0].op_type}): cannot convert it from opset "
+                                 f"{opset} to the export opset {OPSET}: {exc}") from None
+        elif domain not in ("", "ai.onnx"):
+            self.domains[domain] = max(self.domains.get(domain, 0), opset)
+        names = {f"in{k}": name for k, name in enumerate(ins)} | {"": ""}
+        for tensor in graph.initializer:
+            names[tensor.name] = self.const(numpy_helper.to_array(tensor))
+        result = self.fresh(f"{graph.node[0].op_type}_{len(self.nodes)}")
+        names[f"out{node.attrs['output']}"] = result
+        for inner in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(inner)
+            for slot, name in enumerate(inner.input):
+                copy.input[slot] = names[name]
+            for slot, name in enumerate(inner.output):
+                if name not in names:
+                    names[name] = self.fresh(f"{inner.op_type}_{len(self.nodes)}_unused")
+                copy.output[slot] = names[name]
+            copy.name = self.fresh(copy.output[0])
+            self.nodes.append(copy)
+        return result
+
+
+def _definition(op_type: str, opset: int) -> int:
+    """The opset version that introduced ``op_type``'s definition in force at ``opset``."""
+    return onnx.defs.get_schema(op_type, opset).since_version
+
+
+def _emit(b: Builder, graph: Graph, node: Node, ins: list[str], weights: dict[int, np.ndarray]) -> str:
+    """Write ``node`` of ``graph``; returns the ONNX name of its value."""
+    if node.op == "Input":
+        return node.name
+    if node.op == "Param":
+        weights[node.id] = graph.weights[node.name]
+        return b.const(weights[node.id], node.dtype, name=node.name)
+    if node.kind is Kind.LEAF or node.kind is Kind.WEIGHT_PREP:  # Constant, Scalar, derived weights
+        value = run_node(node.spec, node.attrs, [weights[i] for i in node.inputs],
+                         [graph.node(i).dtype for i in node.inputs], node.type)
+        weights[node.id] = value
+        return b.const(value, node.dtype, name=b.fresh(f"weight_{node.id}") if node.inputs else None)
+    if node.op == "OnnxOp":
+        return b.opaque(node, ins)
+    types = [graph.node(i).type for i in node.inputs]
+    write = EXPORTS.get(node.op)
+    out = write(b, node, ins, types) if write is not None else None
+    if out is not None:
+        return out
+    unfold = node.spec.decompose or MIR_FORMS.get(node.op)
+    if unfold is None:
+        raise GraphError(f"node {node.id} ({node.op}): has no ONNX export and no unfused form")
+    scratch = Graph(node.op)
+    slots = [scratch.input(f"in{k}", t.shape, t.dtype) for k, t in enumerate(types)]
+    result = unfold(scratch, slots, node.attrs)
+    names = dict(zip(slots, ins, strict=True))
+    for inner in scratch.nodes:
+        if inner.id not in names:
+            names[inner.id] = _emit(b, scratch, inner, [names[i] for i in inner.inputs], {})
+    return names[result]
+
+
+def output_names(graph: Graph) -> list[str]:
+    """The imported model's output names when the graph has them, else ``output_0, ...``."""
+    given = graph.meta.get("output_names")
+    if isinstance(given, list) and len(given) == len(graph.outputs) and len(set(given)) == len(given):
+        return [str(n) for n in given]
+    return [f"output_{k}" for k in range(len(graph.outputs))]
+
+
+def _value_info(name: str, node: Node) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, ONNX_DTYPES[node.dtype], node.shape)
+
+
+def export_model(graph: Graph) -> onnx.ModelProto:
+    """``graph`` as an ONNX model (default domain opset 18, com.microsoft contrib ops) for onnxruntime.
+
+    Every parameter needs its value in ``graph.weights``; raises GraphError naming the
+    missing parameters, or the node that cannot be written.  ``graph`` is not changed.
+    """
+    missing = [p.name for p in graph.params if p.name not in graph.weights]
+    if missing:
+        raise GraphError(f"export needs every parameter's value in graph.weights; missing: {missing}")
+    outs = output_names(graph)
+    b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs))
+    names: dict[int, str] = {}
+    weights: dict[int, np.ndarray] = {}
+    for node in graph.nodes:
+        names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
+    for name, nid in zip(outs, graph.outputs, strict=True):
+        b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
+    read = {name for n in b.nodes for name in n.input}
+    onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n) for n in graph.inputs],
+                                   [_value_info(name, graph.node(nid)) for name, nid in
+                                    zip(outs, graph.outputs, strict=True)],
+                                   [t for t in b.initializers if t.name in read])  # not the parts of derived weights
+    return helper.make_model(onnx_graph, ir_version=IR_VERSION, producer_name="rlx-egraph",
+                             opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(b.domains.items())])
+
+
+__all__ = ["OPSET", "Builder", "export_model", "output_names"]

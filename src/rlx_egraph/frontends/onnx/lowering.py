@@ -1,0 +1,400 @@
+"""The import table: ONNX op type -> lowering into MIR ops.
+
+A lowering ``(importer, node, attrs) -> outputs`` runs for a node with at least
+one runtime input and returns one :class:`Value` (or None) per ONNX output.
+None, for the whole node or for a used output, means "MIR has no equivalent
+here": the importer keeps that output as an OnnxOp node.  Inputs that must be
+known (shapes, axes, indices) make the lowering return None when they are not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ...ir.dtypes import dtype
+from ...ir.ops.onnx_op import MIR_DTYPES
+from ...ir.shapes import broadcast
+from .importer import Importer, Value
+
+Lowering = Callable[[Importer, onnx.NodeProto, dict[str, Any]], list[Value | None] | None]
+Outputs = list[Value | None] | None
+
+
+def _out(nid: int) -> list[Value | None]:
+    return [Value(node=nid)]
+
+
+def _alias(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    return [imp.value(node.input[0])]
+
+
+def _axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def elementwise(op: str) -> Lowering:
+    """A broadcasting elementwise op (Add, Where, Equal, ...); variadic Min/Max/Sum fold left."""
+
+    def lower(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+        names = list(node.input)
+        shape = broadcast(*(imp.type(n).shape for n in names))
+        groups = [names] if op == "Where" or len(names) <= 2 else [names[:2], *([n] for n in names[2:])]
+        acc: int | None = None
+        for group in groups:
+            operands = ([acc] if acc is not None else []) + [None] * len(group)
+            shapes = [imp.graph.node(acc).shape] if acc is not None else []
+            for k, name in enumerate(group):
+                others = shapes + [imp.type(n).shape for j, n in enumerate(group) if j != k]
+                operands[len(operands) - len(group) + k] = imp.operand(name, others)
+            if op == "Pow":  # the exponent may have another dtype: MIR wants the base's
+                base, exp = (imp.graph.node(i) for i in operands)
+                if exp.dtype != base.dtype:
+                    operands[1] = imp.graph.scalar(exp.attrs["value"], base.dtype) if exp.op == "Scalar" \
+                        else imp.graph.cast(exp.id, dtype=base.dtype)
+            acc = imp.graph.add_node(op, operands)
+        return _out(imp.fit(acc, shape))
+
+    return lower
+
+
+def unary(op: str) -> Lowering:
+    def lower(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+        return _out(imp.graph.add_node(op, [imp.tensor(node.input[0])]))
+
+    return lower
+
+
+def _gelu(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    return _out(imp.graph.gelu(imp.tensor(node.input[0]), approximate=at.get("approximate", "none")))
+
+
+def _softmax(op: str) -> Lowering:
+    def lower(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+        x = imp.type(node.input[0])
+        axis = _axis(at.get("axis", -1 if imp.opset >= 13 else 1), x.rank)
+        if imp.opset < 13 and axis != x.rank - 1:
+            return None  # the old definition flattens from axis into one row: no MIR equivalent
+        return _out(imp.graph.add_node(op, [imp.tensor(node.input[0])], axis=axis))
+
+    return lower
+
+
+def _reduce(op: str, axes_input_since: int) -> Lowering:
+    def lower(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+        x = imp.type(node.input[0])
+        if imp.opset >= axes_input_since:
+            given = imp.known(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+            if len(node.input) > 1 and node.input[1] and given is None:
+                return None
+            axes = [] if given is None else [int(a) for a in given.reshape(-1)]
+        else:
+            axes = list(at.get("axes", []))
+        if not axes:
+            if at.get("noop_with_empty_axes", 0):
+                return [imp.value(node.input[0])]
+            axes = list(range(x.rank))
+        return _out(imp.graph.add_node(op, [imp.tensor(node.input[0])], axes=axes,
+                                       keepdims=bool(at.get("keepdims", 1))))
+
+    return lower
+
+
+def _layer_norm(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    x = imp.type(node.input[0])
+    axis = _axis(at.get("axis", -1), x.rank)
+    normalized = x.shape[axis:]
+    if imp.type(node.input[1]).shape != normalized:
+        return None
+    if len(node.input) > 2 and node.input[2]:
+        if imp.type(node.input[2]).shape != normalized:
+            return None
+        beta = imp.tensor(node.input[2])
+    else:
+        beta = imp.graph.add_node("Constant", value=np.zeros(normalized, dtype(x.dtype).storage), dtype=x.dtype)
+    out = imp.graph.layer_norm(imp.tensor(node.input[0]), imp.tensor(node.input[1]), beta, axis=axis,
+                               eps=at.get("epsilon", 1e-5))
+    return [Value(node=out)]
+
+
+def _matmul(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """numpy's matmul: a 1-D operand gains a unit dim that the result drops again."""
+    a, b = (imp.type(n) for n in node.input)
+    if a.rank == 1 and b.rank == 1:
+        return None  # a dot product: a rank-0 result
+    g = imp.graph
+    x, w = imp.tensor(node.input[0]), imp.tensor(node.input[1])
+    x = g.reshape(x, shape=(1, a.shape[0])) if a.rank == 1 else x
+    w = g.reshape(w, shape=(b.shape[0], 1)) if b.rank == 1 else w
+    out = g.matmul(x, w)
+    shape = g.node(out).shape
+    shape = shape[:-2] + (shape[-2:-1] if a.rank > 1 else ()) + (shape[-1:] if b.rank > 1 else ())
+    return _out(imp.fit(out, shape))
+
+
+def _gemm(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    g = imp.graph
+    a, b = imp.tensor(node.input[0]), imp.tensor(node.input[1])
+    trans_a, trans_b = at.get("transA", 0), at.get("transB", 0)
+    if trans_a and trans_b:
+        out = g.matmul_at(a, g.transpose(b, perm=(1, 0)))
+    elif trans_a:
+        out = g.matmul_at(a, b)
+    elif trans_b:
+        out = g.matmul_bt(a, b)
+    else:
+        out = g.matmul(a, b)
+    dt = g.node(out).dtype
+    if at.get("alpha", 1.0) != 1.0:
+        out = g.mul(out, g.scalar(at["alpha"], dt))
+    if len(node.input) > 2 and node.input[2]:
+        shape = g.node(out).shape
+        c = imp.operand(node.input[2], [shape])
+        if at.get("beta", 1.0) != 1.0:
+            c = g.mul(c, g.scalar(at["beta"], dt))
+        out = imp.fit(g.add(out, c), shape)
+    return _out(out)
+
+
+def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    data, indices = imp.type(node.input[0]), imp.type(node.input[1])
+    axis = _axis(at.get("axis", 0), data.rank)
+    """A known contiguous run of indices is a Narrow; rows of a matrix by integer ids an Embedding."""
+    idx = imp.known(node.input[1])
+    g = imp.graph
+    if idx is not None:
+        flat = np.where(idx < 0, idx + data.shape[axis], idx).reshape(-1)
+        shape = data.shape[:axis] + idx.shape + data.shape[axis + 1:]
+        if shape and flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)) \
+                and flat[0] >= 0 and flat[-1] < data.shape[axis]:
+            out = g.narrow(imp.tensor(node.input[0]), axis=axis, start=int(flat[0]), length=int(flat.size))
+            return _out(imp.fit(out, shape))
+        if np.any(flat < 0) or np.any(flat >= data.shape[axis]):
+            return None
+    if axis == 0 and data.rank == 2 and indices.dtype in ("i64", "i32"):
+        return _out(g.embedding(imp.tensor(node.input[0]), imp.tensor(node.input[1])))
+    return None
+
+
+def _reshape_to(imp: Importer, name: str, shape: tuple[int, ...]) -> Outputs:
+    if not shape:
+        return None  # rank 0: MIR's Reshape needs at least one dim
+    nid = imp.tensor(name)
+    return _out(nid if imp.graph.node(nid).shape == shape else imp.graph.reshape(nid, shape=shape))
+
+
+def _reshape(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    target = imp.known(node.input[1])
+    if target is None:
+        return None
+    src = imp.type(node.input[0]).shape
+    dims = [int(d) for d in target.reshape(-1)]
+    if not at.get("allowzero", 0):
+        dims = [src[k] if d == 0 else d for k, d in enumerate(dims)]
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        dims = [math.prod(src) // known if d == -1 else d for d in dims]
+    return _reshape_to(imp, node.input[0], tuple(dims))
+
+
+def _flatten(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    shape = imp.type(node.input[0]).shape
+    axis = _axis(at.get("axis", 1), len(shape))
+    return _reshape_to(imp, node.input[0], (math.prod(shape[:axis]), math.prod(shape[axis:])))
+
+
+def _axes(imp: Importer, node: onnx.NodeProto, at: dict) -> list[int] | None:
+    """Unsqueeze/Squeeze axes: an attribute before opset 13, an input since (None: not known)."""
+    if imp.opset < 13:
+        return list(at.get("axes", []))
+    if len(node.input) < 2 or not node.input[1]:
+        return []
+    given = imp.known(node.input[1])
+    return None if given is None else [int(a) for a in given.reshape(-1)]
+
+
+def _unsqueeze(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    axes = _axes(imp, node, at)
+    if axes is None:
+        return None
+    shape = list(imp.type(node.input[0]).shape)
+    rank = len(shape) + len(axes)
+    for a in sorted(_axis(a, rank) for a in axes):
+        shape.insert(a, 1)
+    return _reshape_to(imp, node.input[0], tuple(shape))
+
+
+def _squeeze(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    axes = _axes(imp, node, at)
+    if axes is None:
+        return None
+    shape = imp.type(node.input[0]).shape
+    drop = {_axis(a, len(shape)) for a in axes} if axes else {k for k, d in enumerate(shape) if d == 1}
+    return _reshape_to(imp, node.input[0], tuple(d for k, d in enumerate(shape) if k not in drop))
+
+
+def _transpose(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    rank = imp.type(node.input[0]).rank
+    perm = tuple(at.get("perm", range(rank - 1, -1, -1)))
+    x = imp.tensor(node.input[0])
+    return _out(x if perm == tuple(range(rank)) else imp.graph.transpose(x, perm=perm))
+
+
+def _concat(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    parts = [n for n in node.input if n and imp.type(n).numel > 0]
+    rank = imp.type(parts[0]).rank
+    ids = [imp.tensor(n) for n in parts]
+    return _out(ids[0] if len(ids) == 1 else imp.graph.concat(ids, axis=_axis(at["axis"], rank)))
+
+
+def _narrows(imp: Importer, name: str, ranges: list[tuple[int, int, int]]) -> Outputs:
+    """Narrow ``name`` to [start, end) on each (axis, start, end); None when a range is empty."""
+    if any(end <= start for _, start, end in ranges):
+        return None
+    x = imp.tensor(name)
+    for axis, start, end in ranges:
+        size = imp.graph.node(x).shape[axis]
+        if (start, end) != (0, size):
+            x = imp.graph.narrow(x, axis=axis, start=start, length=end - start)
+    return _out(x)
+
+
+def _slice(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    shape = imp.type(node.input[0]).shape
+    if imp.opset < 10:
+        starts, ends, axes, steps = at["starts"], at["ends"], at.get("axes"), None
+    else:
+        given = [imp.known(n) if k < len(node.input) and n else None for k, n in enumerate(node.input)]
+        given += [None] * (5 - len(given))
+        if given[1] is None or given[2] is None or any(
+                given[k] is None for k in (3, 4) if k < len(node.input) and node.input[k]):
+            return None
+        starts, ends = given[1].tolist(), given[2].tolist()
+        axes = None if given[3] is None else given[3].tolist()
+        steps = None if given[4] is None else given[4].tolist()
+    axes = list(range(len(starts))) if axes is None else [_axis(a, len(shape)) for a in axes]
+    if steps is not None and any(s != 1 for s in steps):
+        return None
+    ranges = []
+    for axis, start, end in zip(axes, starts, ends, strict=True):
+        dim = shape[axis]
+        start = min(max(start + dim if start < 0 else start, 0), dim)
+        end = min(max(end + dim if end < 0 else end, 0), dim)
+        ranges.append((axis, start, end))
+    return _narrows(imp, node.input[0], ranges)
+
+
+def _split(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    shape = imp.type(node.input[0]).shape
+    axis = _axis(at.get("axis", 0), len(shape))
+    if len(node.input) > 1 and node.input[1]:
+        sizes = imp.known(node.input[1])
+        if sizes is None:
+            return None
+        sizes = [int(s) for s in sizes.reshape(-1)]
+    elif "split" in at:
+        sizes = list(at["split"])
+    else:
+        n = len(node.output)
+        chunk = -(-shape[axis] // n)
+        sizes = [min(chunk, shape[axis] - k * chunk) for k in range(n)]
+    outs: list[Value | None] = []
+    start = 0
+    for size in sizes:
+        piece = _narrows(imp, node.input[0], [(axis, start, start + size)])
+        outs.append(piece[0] if piece else None)
+        start += size
+    return outs
+
+
+def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    target = imp.known(node.input[1])
+    if target is None:
+        return None
+    x = imp.tensor(node.input[0])
+    shape = broadcast(imp.graph.node(x).shape, tuple(int(d) for d in target.reshape(-1)))
+    return _out(imp.fit(x, shape))
+
+
+def _cast(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    if node.op_type == "CastLike":
+        dt = imp.type(node.input[1]).dtype
+    elif at["to"] in MIR_DTYPES:
+        dt = MIR_DTYPES[at["to"]]
+    else:
+        return None
+    x = imp.tensor(node.input[0])
+    return _out(x if imp.graph.node(x).dtype == dt else imp.graph.cast(x, dtype=dt))
+
+
+def _conv(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    x, w = imp.type(node.input[0]), imp.type(node.input[1])
+    if x.rank != 4 or at.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+        return None
+    strides = list(at.get("strides", [1, 1]))
+    pads = list(at.get("pads", [0, 0, 0, 0]))
+    if len(set(strides)) != 1 or len(set(pads)) != 1 or any(d != 1 for d in at.get("dilations", [1, 1])) \
+            or list(at.get("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
+        return None
+    g = imp.graph
+    out = g.conv2d(imp.tensor(node.input[0]), imp.tensor(node.input[1]), stride=strides[0], padding=pads[0],
+                   groups=at.get("group", 1))
+    if len(node.input) > 2 and node.input[2]:
+        out = g.add(out, g.reshape(imp.tensor(node.input[2]), shape=(w.shape[0], 1, 1)))
+    return _out(out)
+
+
+def _dropout(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    return [imp.value(node.input[0])]  # inference: the identity (a used mask output stays opaque)
+
+
+def _shape(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    shape = imp.type(node.input[0]).shape
+    rank = len(shape)
+    start = min(max(_axis(at.get("start", 0), rank), 0), rank)
+    end = min(max(_axis(at.get("end", rank), rank), 0), rank) if "end" in at else rank
+    return [Value(array=np.array(shape[start:end], dtype=np.int64))]
+
+
+def _size(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    return [Value(array=np.array(imp.type(node.input[0]).numel, dtype=np.int64))]
+
+
+LOWERINGS: dict[str, Lowering] = {
+    **{op: elementwise(op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Greater",
+                                      "Less")},
+    "Sum": elementwise("Add"),
+    **{op: unary(op) for op in ("Sqrt", "Neg", "Erf", "Tanh", "Sigmoid", "Relu", "Abs", "Log", "Exp")},
+    "Reciprocal": unary("Recip"),
+    "Gelu": _gelu,
+    "Identity": _alias,
+    "Dropout": _dropout,
+    "Softmax": _softmax("Softmax"),
+    "LogSoftmax": _softmax("LogSoftmax"),
+    "ReduceMean": _reduce("ReduceMean", 18),
+    "ReduceSum": _reduce("ReduceSum", 13),
+    "LayerNormalization": _layer_norm,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Gather": _gather,
+    "Reshape": _reshape,
+    "Flatten": _flatten,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Transpose": _transpose,
+    "Concat": _concat,
+    "Slice": _slice,
+    "Split": _split,
+    "Expand": _expand,
+    "Cast": _cast,
+    "CastLike": _cast,
+    "Conv": _conv,
+    "Shape": _shape,
+    "Size": _size,
+}
+
+__all__ = ["LOWERINGS", "Lowering"]

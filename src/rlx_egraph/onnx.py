@@ -1,0 +1,9 @@
+"""``rlx_egraph.onnx``: import ONNX models as MIR graphs and export MIR graphs for onnxruntime.
+
+Needs the ``onnx`` extra (``pip install 'rlx-egraph[onnx]'``).
+"""
+
+from .frontends.onnx.exporter import export_model
+from .frontends.onnx.importer import OnnxImportError, import_model
+
+__all__ = ["OnnxImportError", "export_model", "import_model"]

@@ -1,0 +1,255 @@
+"""ONNX test models in the forms PyTorch's exporters write, built with ``onnx.helper`` (no torch).
+
+One builder per export form, so recognition-rule tests can reuse them:
+:func:`bert_layer` (TorchScript, opset 14: LayerNorm decomposed, erf GELU, shape subgraphs
+for the head reshapes, additive mask), :func:`gpt2_layer` (opset 17: LayerNormalization,
+Gemm on flattened rows, Split of the fused QKV, gelu_new, causal mask by Trilu and Where),
+:func:`llama_layer` (dynamo, opset 18: RMSNorm, RoPE rotate-half from an inv_freq buffer,
+repeat_kv by Unsqueeze/Expand/Reshape, SiLU MLP) and :func:`sdpa_attention` (opset 17 sdpa
+form: bool mask by Where, IsNaN -> Where after Softmax).  Dims ``batch`` and ``sequence``
+are symbolic; weights are seeded random initializers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+F = TensorProto.FLOAT
+
+
+class OnnxBuilder:
+    """Nodes, initializers and inputs of one ONNX graph; every ``op`` returns its output name(s)."""
+
+    def __init__(self, opset: int, seed: int = 0) -> None:
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.rng = np.random.default_rng(seed)
+
+    def input(self, name: str, elem: int, dims: list[int | str]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, dims))
+        return name
+
+    def init(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def weight(self, name: str, *shape: int, scale: float | None = None) -> str:
+        scale = 1.0 / math.sqrt(shape[0]) if scale is None else scale
+        return self.init(name, (self.rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def const(self, value: object, dtype: type = np.float32) -> str:
+        """A ``Constant`` node (as TorchScript writes scalars and shapes)."""
+        return self.op("Constant", [], value=numpy_helper.from_array(np.asarray(value, dtype)))
+
+    def ints(self, *values: int) -> str:
+        return self.const(list(values), np.int64)
+
+    def op(self, op_type: str, inputs: list[str], outputs: int = 1, domain: str = "",
+           **attrs: object) -> str | list[str]:
+        k = len(self.nodes)
+        names = [f"/{op_type}_{k}_output_{j}" for j in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=f"/{op_type}_{k}", domain=domain, **attrs))
+        return names[0] if outputs == 1 else names
+
+    def model(self, outputs: dict[str, str], extra_opsets: dict[str, int] | None = None) -> onnx.ModelProto:
+        """The model; ``outputs`` maps output names to the float values they expose (via Identity)."""
+        for name, value in outputs.items():
+            self.nodes.append(helper.make_node("Identity", [value], [name], name=f"/out/{name}"))
+        imports = [helper.make_opsetid("", self.opset)]
+        imports += [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
+        graph = helper.make_graph(self.nodes, "test", self.inputs,
+                                  [helper.make_tensor_value_info(n, F, None) for n in outputs], self.initializers)
+        return helper.make_model(graph, opset_imports=imports, ir_version=9)
+
+    # --- export forms shared by the models --------------------------------------------
+
+    def linear(self, x: str, prefix: str, n_in: int, n_out: int, bias: bool = True) -> str:
+        y = self.op("MatMul", [x, self.weight(f"{prefix}.weight", n_in, n_out)])
+        return self.op("Add", [y, self.weight(f"{prefix}.bias", n_out, scale=0.1)]) if bias else y
+
+    def layer_norm_decomposed(self, x: str, prefix: str, width: int, eps: float = 1e-12) -> str:
+        """TorchScript at opset < 17: ReduceMean, Sub, Pow 2, ReduceMean, Add eps, Sqrt, Div, Mul, Add."""
+        d = self.op("Sub", [x, self.op("ReduceMean", [x], axes=[-1])])
+        var = self.op("ReduceMean", [self.op("Pow", [d, self.const(2.0)])], axes=[-1])
+        n = self.op("Div", [d, self.op("Sqrt", [self.op("Add", [var, self.const(eps)])])])
+        gamma = self.init(f"{prefix}.weight", 1.0 + 0.1 * self.rng.standard_normal(width).astype(np.float32))
+        return self.op("Add", [self.op("Mul", [n, gamma]), self.weight(f"{prefix}.bias", width, scale=0.1)])
+
+    def dims(self, x: str, *axes: int) -> list[str]:
+        """``Shape -> Gather(axis k) -> Unsqueeze`` per axis: the dynamic-shape pieces of a Reshape target."""
+        shape = self.op("Shape", [x])
+        out = []
+        for a in axes:
+            d = self.op("Gather", [shape, self.const(a, np.int64)], axis=0)
+            out.append(self.op("Unsqueeze", [d], axes=[0]) if self.opset < 13 else
+                       self.op("Unsqueeze", [d, self.ints(0)]))
+        return out
+
+    def split_heads(self, x: str, heads: int, head_dim: int) -> str:
+        b, s = self.dims(x, 0, 1)
+        target = self.op("Concat", [b, s, self.ints(heads), self.ints(head_dim)], axis=0)
+        return self.op("Transpose", [self.op("Reshape", [x, target])], perm=[0, 2, 1, 3])
+
+    def merge_heads(self, x: str, width: int) -> str:
+        t = self.op("Transpose", [x], perm=[0, 2, 1, 3])
+        b, s = self.dims(t, 0, 1)
+        return self.op("Reshape", [t, self.op("Concat", [b, s, self.ints(width)], axis=0)])
+
+
+def bert_layer(hidden: int = 16, heads: int = 2, ffn: int = 32) -> onnx.ModelProto:
+    """A post-norm BERT encoder layer as TorchScript writes it at opset 14."""
+    m = OnnxBuilder(14)
+    x = m.input("hidden_states", F, ["batch", "sequence", hidden])
+    mask = m.input("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    hd = hidden // heads
+    # extended mask: (1 - mask[:, None, None, :]) * -10000
+    ext = m.op("Cast", [m.op("Unsqueeze", [m.op("Unsqueeze", [mask, m.ints(1)]), m.ints(2)])], to=F)
+    add_mask = m.op("Mul", [m.op("Sub", [m.const(1.0), ext]), m.const(-10000.0)])
+    q, k, v = (m.split_heads(m.linear(x, f"attention.self.{n}", hidden, hidden), heads, hd)
+               for n in ("query", "key", "value"))
+    scores = m.op("Div", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), m.const(math.sqrt(hd))])
+    probs = m.op("Softmax", [m.op("Add", [scores, add_mask])], axis=-1)
+    ctx = m.merge_heads(m.op("MatMul", [probs, v]), hidden)
+    attn = m.linear(ctx, "attention.output.dense", hidden, hidden)
+    h1 = m.layer_norm_decomposed(m.op("Add", [attn, x]), "attention.output.LayerNorm", hidden)
+    inner = m.linear(h1, "intermediate.dense", hidden, ffn)
+    erf = m.op("Erf", [m.op("Div", [inner, m.const(1.4142135381698608)])])
+    gelu = m.op("Mul", [m.op("Mul", [inner, m.op("Add", [erf, m.const(1.0)])]), m.const(0.5)])
+    out = m.linear(gelu, "output.dense", ffn, hidden)
+    return m.model({"last_hidden_state": m.layer_norm_decomposed(m.op("Add", [out, h1]), "output.LayerNorm", hidden)})
+
+
+def gpt2_layer(hidden: int = 16, heads: int = 2, max_positions: int = 32) -> onnx.ModelProto:
+    """A GPT-2 block at opset 17: LayerNormalization, Conv1D as Gemm on rows, Split QKV, causal Where, gelu_new."""
+    m = OnnxBuilder(17)
+    x = m.input("hidden_states", F, ["batch", "sequence", hidden])
+    hd = hidden // heads
+
+    def ln(t: str, prefix: str) -> str:
+        return m.op("LayerNormalization", [t, m.init(f"{prefix}.weight", np.ones(hidden, np.float32)),
+                                            m.weight(f"{prefix}.bias", hidden, scale=0.1)], axis=-1, epsilon=1e-5)
+
+    def conv1d(t: str, prefix: str, n_in: int, n_out: int) -> str:
+        b, s = m.dims(t, 0, 1)
+        rows = m.op("Reshape", [t, m.ints(-1, n_in)])
+        weight, bias = m.weight(f"{prefix}.weight", n_in, n_out), m.weight(f"{prefix}.bias", n_out, scale=0.1)
+        y = m.op("Gemm", [rows, weight, bias])
+        return m.op("Reshape", [y, m.op("Concat", [b, s, m.ints(n_out)], axis=0)])
+
+    y = ln(x, "ln_1")
+    q, k, v = m.op("Split", [conv1d(y, "attn.c_attn", hidden, 3 * hidden), m.ints(hidden, hidden, hidden)],
+                   outputs=3, axis=2)
+    q, k, v = (m.split_heads(t, heads, hd) for t in (q, k, v))
+    scores = m.op("Div", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), m.const(math.sqrt(hd))])
+    # causal mask: the bias buffer sliced to [:, :, :S, :S], Where(mask, scores, finfo.min)
+    seq = m.dims(x, 1)[0]
+    bias = m.init("attn.bias", np.tril(np.ones((max_positions, max_positions), bool))[None, None])
+    causal = m.op("Slice", [m.op("Slice", [bias, m.ints(0), seq, m.ints(2)]), m.ints(0), seq, m.ints(3)])
+    scores = m.op("Where", [causal, scores, m.const(np.finfo(np.float32).min)])
+    ctx = m.merge_heads(m.op("MatMul", [m.op("Softmax", [scores], axis=-1), v]), hidden)
+    h = m.op("Add", [conv1d(ctx, "attn.c_proj", hidden, hidden), x])
+    fc = conv1d(ln(h, "ln_2"), "mlp.c_fc", hidden, 4 * hidden)
+    inner = m.op("Add", [fc, m.op("Mul", [m.op("Pow", [fc, m.const(3.0)]), m.const(0.044715)])])
+    t = m.op("Tanh", [m.op("Mul", [inner, m.const(math.sqrt(2.0 / math.pi))])])
+    gelu = m.op("Mul", [m.op("Mul", [fc, m.const(0.5)]), m.op("Add", [t, m.const(1.0)])])
+    return m.model({"output": m.op("Add", [conv1d(gelu, "mlp.c_proj", 4 * hidden, hidden), h])})
+
+
+def llama_layer(hidden: int = 16, heads: int = 4, kv_heads: int = 2, ffn: int = 24, eps: float = 1e-6,
+                theta: float = 10000.0) -> onnx.ModelProto:
+    """A Llama decoder layer as the dynamo exporter writes it at opset 18."""
+    m = OnnxBuilder(18)
+    x = m.input("hidden_states", F, ["batch", "sequence", hidden])
+    hd = hidden // heads
+    rep = heads // kv_heads
+
+    def rms(t: str, prefix: str) -> str:
+        var = m.op("ReduceMean", [m.op("Pow", [t, m.const(2.0)]), m.ints(-1)], keepdims=1)
+        inv = m.op("Reciprocal", [m.op("Sqrt", [m.op("Add", [var, m.const(eps)])])])
+        gamma = m.init(f"{prefix}.weight", 1.0 + 0.1 * m.rng.standard_normal(hidden).astype(np.float32))
+        return m.op("Mul", [gamma, m.op("Mul", [t, inv])])
+
+    # rotary tables from the inv_freq buffer and positions Range(0, S)
+    seq = m.op("Squeeze", [m.dims(x, 1)[0], m.ints(0)])
+    positions = m.op("Cast", [m.op("Range", [m.const(0, np.int64), seq, m.const(1, np.int64)])], to=F)
+    inv_freq = m.init("rotary_emb.inv_freq", 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
+    freqs = m.op("Mul", [m.op("Unsqueeze", [positions, m.ints(1)]), m.op("Unsqueeze", [inv_freq, m.ints(0)])])
+    emb = m.op("Concat", [freqs, freqs], axis=-1)
+    cos, sin = m.op("Cos", [emb]), m.op("Sin", [emb])
+
+    def rope(t: str) -> str:
+        first = m.op("Slice", [t, m.ints(0), m.ints(hd // 2), m.ints(3)])
+        second = m.op("Slice", [t, m.ints(hd // 2), m.ints(2**62), m.ints(3)])
+        rotated = m.op("Concat", [m.op("Neg", [second]), first], axis=-1)
+        return m.op("Add", [m.op("Mul", [t, cos]), m.op("Mul", [rotated, sin])])
+
+    def repeat_kv(t: str) -> str:
+        b, _, s, _ = m.dims(t, 0, 1, 2, 3)
+        wide = m.op("Concat", [b, m.ints(kv_heads), m.ints(rep), s, m.ints(hd)], axis=0)
+        grown = m.op("Expand", [m.op("Unsqueeze", [t, m.ints(2)]), wide])
+        return m.op("Reshape", [grown, m.op("Concat", [b, m.ints(heads), s, m.ints(hd)], axis=0)])
+
+    y = rms(x, "input_layernorm")
+    q = rope(m.split_heads(m.linear(y, "self_attn.q_proj", hidden, heads * hd, bias=False), heads, hd))
+    k = repeat_kv(rope(m.split_heads(m.linear(y, "self_attn.k_proj", hidden, kv_heads * hd, bias=False),
+                                     kv_heads, hd)))
+    v = repeat_kv(m.split_heads(m.linear(y, "self_attn.v_proj", hidden, kv_heads * hd, bias=False), kv_heads, hd))
+    scores = m.op("Mul", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), m.const(hd**-0.5)])
+    full = m.op("ConstantOfShape", [m.op("Concat", [m.dims(x, 1)[0], m.dims(x, 1)[0]], axis=0)],
+                value=numpy_helper.from_array(np.array([-np.inf], np.float32)))
+    scores = m.op("Add", [scores, m.op("Trilu", [full, m.const(1, np.int64)], upper=1)])
+    ctx = m.merge_heads(m.op("MatMul", [m.op("Softmax", [scores], axis=-1), v]), hidden)
+    h = m.op("Add", [x, m.linear(ctx, "self_attn.o_proj", hidden, hidden, bias=False)])
+    z = rms(h, "post_attention_layernorm")
+    gate = m.linear(z, "mlp.gate_proj", hidden, ffn, bias=False)
+    up = m.linear(z, "mlp.up_proj", hidden, ffn, bias=False)
+    act = m.op("Mul", [m.op("Mul", [gate, m.op("Sigmoid", [gate])]), up])
+    return m.model({"output": m.op("Add", [h, m.linear(act, "mlp.down_proj", ffn, hidden, bias=False)])})
+
+
+def sdpa_attention(hidden: int = 16, heads: int = 2) -> onnx.ModelProto:
+    """Self-attention in the opset-17 sdpa export form: q and k each scaled by sqrt(scale), a bool key mask
+    turned additive by Where, and Where(IsNaN(p), 0, p) after the Softmax."""
+    m = OnnxBuilder(17)
+    x = m.input("hidden_states", F, ["batch", "sequence", hidden])
+    mask = m.input("attention_mask", TensorProto.BOOL, ["batch", "sequence"])
+    hd = hidden // heads
+    q, k, v = (m.split_heads(m.linear(x, f"{n}_proj", hidden, hidden), heads, hd) for n in ("q", "k", "v"))
+    root = m.const(math.sqrt(1.0 / math.sqrt(hd)))
+    kt = m.op("Transpose", [k], perm=[0, 1, 3, 2])
+    scores = m.op("MatMul", [m.op("Mul", [q, root]), m.op("Mul", [kt, root])])
+    keep = m.op("Unsqueeze", [mask, m.ints(1, 2)])
+    additive = m.op("Where", [keep, m.const(0.0), m.const(-np.inf)])
+    probs = m.op("Softmax", [m.op("Add", [scores, additive])], axis=-1)
+    probs = m.op("Where", [m.op("IsNaN", [probs]), m.const(0.0), probs])
+    ctx = m.merge_heads(m.op("MatMul", [probs, v]), hidden)
+    return m.model({"attn_output": m.linear(ctx, "o_proj", hidden, hidden)})
+
+
+MODELS = {"bert": bert_layer, "gpt2": gpt2_layer, "llama": llama_layer, "sdpa": sdpa_attention}
+
+
+def feeds(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs: floats normal, int64 masks of ones with the last key of batch row 1 dropped, bool alike."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for info in model.graph.input:
+        shape = shapes[info.name]
+        elem = info.type.tensor_type.elem_type
+        if elem == F:
+            out[info.name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            mask = np.ones(shape, bool)
+            if shape[0] > 1:
+                mask[1, -1] = False
+            out[info.name] = mask.astype(helper.tensor_dtype_to_np_dtype(elem))
+    return out
+
+
+__all__ = ["MODELS", "OnnxBuilder", "bert_layer", "feeds", "gpt2_layer", "llama_layer", "sdpa_attention"]

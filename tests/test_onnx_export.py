@@ -1,0 +1,205 @@
+"""ONNX export: every MIR op runs in onnxruntime with the values of the numpy kernels; export-form models
+imported, optimized for the onnxruntime target (verify=True) and exported match onnxruntime on the
+original; opaque ops, derived weights, names; the onnxruntime target; the CLI on .onnx files."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from onnx_models import MODELS, OnnxBuilder, feeds
+from rlx_egraph import Graph, GraphError, evaluate, optimize_with_report
+from rlx_egraph.cli.main import main
+from rlx_egraph.cost import TARGETS
+from rlx_egraph.frontends.onnx.export_table import EXPORTS, MIR_FORMS
+from rlx_egraph.ir import REGISTRY, Kind, op_spec
+from rlx_egraph.onnx import export_model, import_model
+from test_onnx_import import SHAPES, assert_close, run_ort
+from test_ops import CASES, Case, P
+
+F = TensorProto.FLOAT
+EXPORTABLE_CASES = [c for c in CASES if c.dtype != "bf16" and all(a.dtype != np.float16 for a in c.arrays)
+                    and c.dtype != "f16"]
+
+
+def exported_ops(model: onnx.ModelProto) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.node if n.op_type != "Identity")
+
+
+@pytest.mark.parametrize("c", EXPORTABLE_CASES, ids=[c.label for c in EXPORTABLE_CASES])
+def test_every_primitive_exports_and_runs_like_its_kernel(c: Case) -> None:
+    g = Graph(c.label)
+    ids = [g.input(f"in{k}", a.shape, {"f": "f32", "i": "i64", "b": "bool"}[a.dtype.kind])
+           for k, a in enumerate(c.arrays)]
+    g.set_outputs([c.build(g, *ids)])
+    if g.params:
+        g.weights["p"] = P
+    inputs = {f"in{k}": a for k, a in enumerate(c.arrays)}
+    want = evaluate(g, inputs)[0]
+    (got,) = run_ort(export_model(g), inputs)
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_every_op_has_an_export() -> None:
+    composite = {name for name, spec in REGISTRY.items() if spec.decompose is not None}
+    generic = {name for name, spec in REGISTRY.items() if spec.kind in (Kind.LEAF, Kind.WEIGHT_PREP)} | {"OnnxOp"}
+    assert sorted(set(REGISTRY) - set(EXPORTS) - set(MIR_FORMS) - composite - generic) == []
+    assert not set(MIR_FORMS) & (set(EXPORTS) | composite)  # one unfused form per op
+    covered = {c.op for c in EXPORTABLE_CASES}
+    assert sorted(name for name, spec in REGISTRY.items() if spec.kind not in (Kind.FUSED, Kind.WEIGHT_PREP)
+                  and name not in covered) == []
+
+
+SAMPLED = sorted(name for name, spec in REGISTRY.items() if spec.kind is Kind.FUSED and spec.sampler is not None)
+
+
+@pytest.mark.parametrize("op", SAMPLED)
+def test_fused_op_exports_and_runs_like_its_kernel(op: str) -> None:
+    rng = np.random.default_rng(7)
+    spec = op_spec(op)
+    for _ in range(3):
+        types, attrs = spec.sample(rng)
+        g = Graph(op)
+        ids = [g.input(f"in{k}", t.shape, t.dtype) for k, t in enumerate(types)]
+        if op in ("FusedAttentionBlock", "FusedTransformerLayer"):  # the key mask must keep a key per row
+            mask = ids[3 if op == "FusedAttentionBlock" else 13]
+        else:
+            mask = None
+        g.set_outputs([g.add_node(op, ids, **attrs)])
+        inputs = {f"in{k}": rng.standard_normal(t.shape).astype(np.float32) for k, t in enumerate(types)}
+        if mask is not None:
+            name = g.node(mask).name
+            inputs[name] = np.ones(types[ids.index(mask)].shape, np.float32)
+            inputs[name][..., -1] = 0.0 if inputs[name].shape[-1] > 1 else 1.0
+        model = export_model(g)
+        if op in EXPORTS and op != "ConcatParams":
+            assert op not in exported_ops(model)  # written as onnxruntime kernels, not by name
+        assert_close(run_ort(model, inputs)[0], evaluate(g, inputs)[0])
+
+
+def test_contrib_ops_of_the_fused_ops() -> None:
+    g = Graph("fused")
+    x, r = g.input("x", (2, 3, 8)), g.input("r", (2, 3, 8))
+    w, b = g.param("w", (8, 8)), g.param("b", (8,))
+    gamma, beta = g.param("gamma", (8,)), g.param("beta", (8,))
+    h = g.fused_residual_ln(x, r, gamma, beta)
+    h = g.fused_residual_rms_norm(g.fused_matmul_bias_act(h, w, b, act="gelu"), r, gamma)
+    h = g.fused_matmul_bias_act(h, w, b, act="gelu_tanh")
+    g.set_outputs([g.fused_matmul_add(g.reshape(h, shape=(6, 8)), w, b)])
+    rng = np.random.default_rng(0)
+    g.weights = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in g.params}
+    model = export_model(g)
+    assert exported_ops(model) == Counter({"SkipLayerNormalization": 1, "SkipSimplifiedLayerNormalization": 1,
+                                          "MatMul": 2, "BiasGelu": 1, "FastGelu": 1, "Reshape": 1, "Gemm": 1})
+    inputs = {"x": rng.standard_normal((2, 3, 8)).astype(np.float32),
+              "r": rng.standard_normal((2, 3, 8)).astype(np.float32)}
+    assert_close(run_ort(model, inputs)[0], evaluate(g, inputs)[0])
+
+
+# What rlx-egraph fuses today in each export form, for the onnxruntime target (exported op counts).
+FUSED_TODAY = {
+    "bert": {"SkipLayerNormalization": 2, "BiasGelu": 1},
+    "gpt2": {"LayerNormalization": 2, "FastGelu": 1},
+    "llama": {"SimplifiedLayerNormalization": 2, "QuickGelu": 1},
+    "sdpa": {},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_optimized_export_matches_onnxruntime_on_the_original(name: str) -> None:
+    model = MODELS[name]()
+    inputs = feeds(model, SHAPES[name])
+    want = run_ort(model, inputs)[0]
+    g = import_model(model, SHAPES[name])
+    opt, report = optimize_with_report(g, target="onnxruntime", verify=True)
+    assert report.parity is not None and report.parity.ok
+    assert_close(evaluate(opt, inputs)[0], want)
+    exported = export_model(opt)
+    assert [i.name for i in exported.graph.input] == [i.name for i in model.graph.input]
+    assert [o.name for o in exported.graph.output] == [o.name for o in model.graph.output]
+    assert_close(run_ort(exported, inputs)[0], want)
+    ops = exported_ops(exported)
+    assert {op: ops[op] for op in FUSED_TODAY[name]} == FUSED_TODAY[name]
+    assert not set(TARGETS["onnxruntime"].unsupported) & set(opt.op_counts())
+
+
+def test_derived_weights_are_initializers_and_unused_parameters_are_dropped() -> None:
+    g = Graph("qkv")
+    x = g.input("x", (2, 4))
+    ws = [g.param(f"w{k}", (4, 3)) for k in range(2)]
+    cat = g.concat_params(ws, axis=-1)
+    g.set_outputs([g.matmul(x, cat)])
+    g.weights = {f"w{k}": np.full((4, 3), k + 1.0, np.float32) for k in range(2)}
+    model = export_model(g)
+    (init,) = model.graph.initializer
+    np.testing.assert_array_equal(numpy_helper.to_array(init), np.concatenate([g.weights["w0"], g.weights["w1"]], -1))
+    xv = np.ones((2, 4), np.float32)
+    assert_close(run_ort(model, {"x": xv})[0], evaluate(g, {"x": xv})[0])
+
+
+def test_opaque_ops_export_unchanged_and_convert_to_the_export_opset() -> None:
+    m = OnnxBuilder(14)  # ReduceMax takes its axes as an attribute before opset 18
+    x = m.input("x", F, [2, 3, 4])
+    values, indices = m.op("TopK", [x, m.ints(2)], outputs=2, axis=-1)
+    y = m.op("Add", [values, m.op("Cast", [indices], to=F)])
+    y = m.op("Mul", [m.op("CumSum", [y, m.const(1, np.int64)]), m.op("ReduceMax", [x], axes=[2], keepdims=1)])
+    model = m.model({"y": y})
+    g = import_model(model)
+    exported = export_model(g)
+    assert exported_ops(exported) == Counter({"TopK": 2, "Cast": 1, "Add": 1, "CumSum": 1, "ReduceMax": 1, "Mul": 1,
+                                              "Constant": 1})
+    (reduce_max,) = [n for n in exported.graph.node if n.op_type == "ReduceMax"]
+    (axes,) = [n for n in exported.graph.node if n.op_type == "Constant"]  # the converter moved axes to an input
+    assert reduce_max.input[1] == axes.output[0] and [a.name for a in reduce_max.attribute] == ["keepdims"]
+    xv = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    assert_close(run_ort(exported, {"x": xv})[0], run_ort(model, {"x": xv})[0])
+
+
+def test_export_needs_every_parameter_value() -> None:
+    g = Graph()
+    g.set_outputs([g.matmul(g.input("x", (2, 4)), g.param("w", (4, 4)))])
+    with pytest.raises(GraphError, match=r"export needs every parameter's value in graph.weights; missing: \['w'\]"):
+        export_model(g)
+
+
+def test_export_does_not_change_the_graph() -> None:
+    g = import_model(MODELS["bert"](), SHAPES["bert"])
+    before, weights = g.to_json(), dict(g.weights)
+    export_model(g)
+    assert g.to_json() == before and g.weights.keys() == weights.keys()
+
+
+def test_onnxruntime_target_supports_exactly_the_fused_ops_the_export_maps() -> None:
+    target = TARGETS["onnxruntime"]
+    fused = {name for name, spec in REGISTRY.items() if spec.kind is Kind.FUSED}
+    assert target.unsupported == fused - set(EXPORTS)
+    assert sorted(target.unsupported) == ["CausalAttentionRoPE", "ElementwiseRegion", "FusedRmsNormMatMul",
+                                          "FusedSwiGLU", "FusedTransformerLayer", "GroupNormSilu", "SwiGLU"]
+    assert not target.region_kernels
+    assert (target.dispatch_ns, target.memory_bw, target.flops_per_ns) == (500.0, 5.0, 17.0)
+
+
+def test_cli_optimizes_an_onnx_model_into_an_onnx_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model = MODELS["gpt2"]()
+    onnx.save(model, tmp_path / "m.onnx")
+    code = main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.opt.onnx"), "--target",
+                 "onnxruntime", "--verify", "--input-shape", "hidden_states=2,5,16"])
+    assert code == 0
+    assert f"wrote {tmp_path / 'm.opt.onnx'}" in capsys.readouterr().out
+    inputs = feeds(model, SHAPES["gpt2"])
+    assert_close(run_ort(onnx.load(tmp_path / "m.opt.onnx"), inputs)[0], run_ort(model, inputs)[0])
+
+
+def test_cli_reports_a_missing_binding(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    onnx.save(MODELS["gpt2"](), tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx")]) == 2
+    assert "error: " in capsys.readouterr().err
+    assert main(["optimize", str(tmp_path / "m.onnx"), "--input-shape", "hidden_states"]) == 2
