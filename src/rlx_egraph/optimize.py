@@ -1,7 +1,10 @@
 """``optimize(graph)``: the whole pipeline, and the choice of engine.
 
 encode -> saturate (rules/*.egg) -> extract (IO cost, DAG-aware) -> decode ->
-optional parity check.  The input graph is never changed.
+optional parity check.  The input graph is never changed.  ``max_seconds``
+bounds the whole run up to the parity check: saturation leaves time for the
+later phases, extraction keeps the best choice found when time runs out, and
+when even the e-graph view cannot be built in time the input graph comes back.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from egglog import bindings as eb
 
 from .cost import Target, get_target, profile
 from .egraph import extract as ex
+from .egraph.budget import Deadline, DeadlineExceeded
 from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import encode_graph
 from .egraph.regions import apply_regions
 from .egraph.rules import STAGES, RuleSet, load_rules
-from .egraph.saturate import SaturationLimits, saturate
+from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
-from .egraph.view import build_view
+from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
 from .kernels.parity import check_parity
 from .report import OptimizeReport
@@ -46,7 +50,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
     (a pass after extraction; only on targets with region kernels, only where it pays).
     ``verify``: check every node against the input graph with numpy (raises ParityError).
-    ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, ...).
+    ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, match_limit);
+    ``max_seconds`` is the budget of the whole run (the parity check excluded).
+    ``report.stop_reason`` says which limit, if any, stopped the run.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -58,6 +64,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         sat_limits = SaturationLimits(**limits)
     except TypeError as exc:
         raise TypeError(f"unknown optimize option: {exc}") from None
+    deadline = Deadline(sat_limits.max_seconds)
     tgt = get_target(target)
     ruleset = load_rules(rules)
     phases: dict[str, float] = {}
@@ -74,36 +81,38 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     phases["encode"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    result = saturate(egraph, ruleset, sat_limits)
+    result = saturate(egraph, ruleset, sat_limits, deadline)
     phases["saturate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    view = build_view(egraph, graph, encoding.constants, ruleset)
-    roots = [view.class_of_node[o] for o in graph.outputs]
-    costs = ex.node_costs(view, tgt)
-    if extraction == "exact":
-        chosen = ex.exact(view, roots, tgt, costs)
+    notes: list[str] = []
+    chosen = None
+    try:
+        view = build_view(egraph, graph, encoding.constants, ruleset, deadline)
+    except DeadlineExceeded as exc:
+        notes.append(f"{exc}, so the input graph is returned unchanged")
+        report.enodes = egraph_size(egraph)
     else:
-        chosen = ex.greedy(view, roots, tgt, {n.id: k for k, n in enumerate(graph.nodes)}, costs)
-    report.extracted_ns = chosen.cost_ns
-    if exact_gap:
-        best = ex.exact(view, roots, tgt, costs)
-        report.exact_ns, report.exact_optimal = best.cost_ns, best.optimal
+        chosen = _extract(view, graph, tgt, extraction, exact_gap, deadline, report)
+        notes.extend(chosen.notes)
+        report.eclasses, report.enodes = len(view.classes), view.num_enodes
+        report.extraction, report.extraction_moves = chosen.method, chosen.moves
     phases["extract"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
-    if regions:
-        decoded = _with_regions(decoded, tgt)
+    if chosen is None:
+        decoded = Decoded(graph.copy(), {}, {n.id: [n.id] for n in graph.nodes})
+    else:
+        decoded = decode(view, chosen.choice, graph, ruleset, result.matches_per_rule)
+        if regions:
+            decoded = _with_regions(decoded, tgt)
     phases["decode"] = time.perf_counter() - t0
 
     report.egglog_program = _program_text(ruleset, encoding.text)
-    report.eclasses, report.enodes = len(view.classes), view.num_enodes
-    report.stop_reason, report.iterations = result.stop_reason, result.history
+    report.stop_reason, report.iterations = _stop_reason(result.stop_reason, result.detail, notes), result.history
     report.matches_per_rule = result.matches_per_rule
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
-    report.extraction, report.extraction_moves = chosen.method, chosen.moves
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     if verify:
         t0 = time.perf_counter()
@@ -116,6 +125,39 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         phases["verify"] = time.perf_counter() - t0
     report.phases = phases
     return decoded.graph, report
+
+
+def _extract(view: EGraphView, graph: Graph, target: Target, extraction: str, exact_gap: bool, deadline: Deadline,
+             report: OptimizeReport) -> ex.Extraction:
+    """Extract with ``extraction``; when the exact solver runs out of time, greedy (which
+    starts from the input graph) gives the answer.  ``exact_gap`` also records the ILP optimum."""
+    roots = [view.class_of_node[o] for o in graph.outputs]
+    costs = ex.node_costs(view, target)
+    chosen, notes = None, []
+    if extraction == "exact":
+        try:
+            chosen = ex.exact(view, roots, target, costs, deadline=deadline)
+        except DeadlineExceeded as exc:
+            notes.append(f"{exc}; greedy extraction was used")
+    if chosen is None:
+        chosen = ex.greedy(view, roots, target, {n.id: k for k, n in enumerate(graph.nodes)}, costs, deadline)
+    chosen.notes[:0] = notes
+    report.extracted_ns = chosen.cost_ns
+    if exact_gap:
+        try:
+            best = ex.exact(view, roots, target, costs, deadline=deadline)
+            report.exact_ns, report.exact_optimal = best.cost_ns, best.optimal
+        except DeadlineExceeded as exc:
+            chosen.notes.append(f"{exc}, so no gap is reported")
+    return chosen
+
+
+def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
+    """``saturated``, or which limit stopped the run and what it cost, in words."""
+    parts = [] if saturation == STOP_SATURATED else [detail]
+    if notes and not parts:
+        notes = [f"{STOP_TIME}: {notes[0]}", *notes[1:]]
+    return "; ".join(parts + notes) or STOP_SATURATED
 
 
 def _with_regions(decoded: Decoded, target: Target) -> Decoded:

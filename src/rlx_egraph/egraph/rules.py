@@ -47,6 +47,7 @@ class Rule:
     reads: frozenset[str]
     builds: frozenset[str]
     command: Any = field(repr=False, compare=False)
+    new_enodes: int = 0  # at most this many e-nodes per match: the constructor calls it builds
 
     @property
     def location(self) -> str:
@@ -140,7 +141,7 @@ def _load(paths: tuple[str, ...]) -> RuleSet:
         except eb.EggSmolError as exc:
             raise RuleError(_egglog_error(display, exc)) from None
         for command in commands:
-            if type(command).__name__ == "Relation":
+            if type(command).__name__ in ("Relation", "FunctionCommand"):
                 try:
                     egraph.run_program(command)
                 except eb.EggSmolError as exc:
@@ -189,10 +190,14 @@ def _rule_from_command(command: Any, file: str, text: str) -> Rule:
         stage, name, span = command.name, rw.name, rw.span
         reads = _constructors([rw.lhs, *rw.conditions])
         builds = _constructors([rw.rhs]) | (reads if kind == "BiRewriteCommand" else frozenset())
+        new_enodes = len(_constructor_calls([rw.rhs]))
+        if kind == "BiRewriteCommand":
+            new_enodes = max(new_enodes, len(_constructor_calls([rw.lhs])))
     elif kind == "RuleCommand":
         r = command.rule
         stage, name, span = r.ruleset, r.name, r.span
         reads, builds = _constructors(r.body), _constructors(r.head)
+        new_enodes = len(_constructor_calls(r.head))
     else:
         span = getattr(command, "span", None)
         line = _line_of(text, span.i) if span is not None else 1
@@ -204,12 +209,17 @@ def _rule_from_command(command: Any, file: str, text: str) -> Rule:
                         f"{', '.join(STAGES)} (got {stage or 'none'!r})")
     if not name or name.startswith("("):
         raise RuleError(f"{file}:{line}: every rule needs a ':name \"...\"'")
-    return Rule(name, stage, file, line, text[span.i:span.j], reads, builds, command)
+    return Rule(name, stage, file, line, text[span.i:span.j], reads, builds, command, new_enodes)
 
 
 def _constructors(nodes: Iterable[Any]) -> frozenset[str]:
     """Capitalised function names (Op constructors) used anywhere in parsed egglog syntax."""
-    found: set[str] = set()
+    return frozenset(_constructor_calls(nodes))
+
+
+def _constructor_calls(nodes: Iterable[Any]) -> list[str]:
+    """The name of every call of a capitalised function (an Op constructor) in parsed egglog syntax."""
+    found: list[str] = []
     stack = list(nodes)
     while stack:
         node = stack.pop()
@@ -219,9 +229,9 @@ def _constructors(nodes: Iterable[Any]) -> frozenset[str]:
         kind = type(node).__name__
         if kind == "Call":
             if node.name[:1].isupper():
-                found.add(node.name)
+                found.append(node.name)
             stack.extend(node.args)
         elif kind not in ("Var", "Lit", "str", "int", "float", "bool", "NoneType"):
             stack.extend(getattr(node, a) for a in ("expr", "args", "lhs", "rhs", "left", "right")
                          if hasattr(node, a))
-    return frozenset(found)
+    return found

@@ -16,6 +16,7 @@ from egglog import bindings as eb
 
 from ..ir.graph import Graph, attrs_equal
 from ..ir.registry import REGISTRY, AttrType, ShapeError, TensorType
+from .budget import Deadline
 from .encode import egglog_name
 from .rules import RuleSet
 from .schema import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args
@@ -96,8 +97,17 @@ class _Values:
         return self.constants[text] if kind is AttrType.ARRAY else text
 
 
-def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules: RuleSet) -> EGraphView:
-    """Decode the saturated ``egraph`` of ``graph`` into an :class:`EGraphView`."""
+# Rows decoded (or e-nodes type-checked) between two looks at the deadline.
+DEADLINE_STRIDE = 4096
+
+
+def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules: RuleSet,
+               deadline: Deadline | None = None) -> EGraphView:
+    """Decode the saturated ``egraph`` of ``graph`` into an :class:`EGraphView`.
+
+    Raises :class:`~.budget.DeadlineExceeded` when ``deadline`` passes first.
+    """
+    deadline = deadline or Deadline()
     frozen = egraph.freeze()
     functions = frozen.functions
     class_ids: dict[Any, int] = {}
@@ -137,6 +147,8 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         for row in fn.rows:
             if row.subsumed:
                 continue
+            if len(nodes) % DEADLINE_STRIDE == 0:
+                deadline.check("building the e-graph view")
             children: list[int] = []
             attrs: dict[str, Any] = {}
             for arg, value in zip(args, row.inputs, strict=True):
@@ -161,7 +173,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
             classes[cid].type = gnode.type
     view = EGraphView(classes, nodes, class_of_node)
     _mark_originals(view, graph)
-    _infer_types(view, rules)
+    _infer_types(view, rules, deadline)
     return view
 
 
@@ -177,12 +189,14 @@ def _mark_originals(view: EGraphView, graph: Graph) -> None:
                 break
 
 
-def _infer_types(view: EGraphView, rules: RuleSet) -> None:
+def _infer_types(view: EGraphView, rules: RuleSet, deadline: Deadline) -> None:
     """Give every class a type; check that every non-original e-node agrees."""
     changed = True
     while changed:
         changed = False
         for n in view.nodes:
+            if n.index % DEADLINE_STRIDE == 0:
+                deadline.check("building the e-graph view")
             if n.original is not None:
                 continue
             child_types = [view.classes[c].type for c in n.children]
