@@ -7,17 +7,18 @@ would not cover building the view and extracting (about
 :data:`DOWNSTREAM_SECONDS_PER_ENODE` each e-node), so the whole run fits
 ``max_seconds``.
 
-While the room is ample, an iteration is plain egglog (semi-naive: only new
-matches are searched, which is fast).  When the next one might not fit (its
-growth, predicted from the last iteration's matches, times :data:`SAFETY`
-exceeds the room, or a rule would match more than ``match_limit`` times), the
-stage goes on *bounded*: each iteration runs under a back-off scheduler with a
-per-rule match limit small enough that all the e-nodes the stage's rules can
-build (``Rule.new_enodes`` per match) fit the room; a rule over it is not
-applied.  When only such rules are left the e-graph is unchanged, so their
-match counts are exact and decide which of them still fit, fewest matches
-first; when none does, saturation stops at the limit.  A stage ends when an
-iteration changes nothing (saturated), or at a limit.
+An iteration is either *bounded* or plain.  A bounded iteration runs under a
+back-off scheduler whose per-rule match limit is small enough that all the
+e-nodes the stage's rules can build (``Rule.new_enodes`` per match) fit the
+room, so it cannot overshoot; a rule with more matches is not applied.  A
+plain iteration is egglog's own (semi-naive: only new matches are searched,
+which is much faster) and runs only when the last iteration applied every rule
+and its matches predict a growth that, times :data:`SAFETY`, fits the room.
+The first iteration of each stage is bounded, since nothing predicts it.  When
+only rules over the limit are left the e-graph is unchanged, so their match
+counts are exact and decide which of them still fit, fewest matches first;
+when none does, saturation stops at the limit.  A stage ends when an iteration
+changes nothing (saturated), or at a limit.
 """
 
 from __future__ import annotations
@@ -138,7 +139,6 @@ class _Saturation:
         return self.limits.max_enodes - self.size, STOP_NODES
 
     def _stage(self, stage: str) -> tuple[str, str]:
-        bounded = False
         exact_limit: int | None = None
         last: _Iteration | None = None
         before_last = 0  # total matches of the iteration before ``last``
@@ -149,8 +149,7 @@ class _Saturation:
             t0 = time.perf_counter()
             if exact_limit is not None:
                 it = self._bounded(stage, exact_limit)
-            elif bounded or not self._plain_fits(stage, room, last, before_last):
-                bounded = True
+            elif last is None or last.skipped or not self._plain_fits(room, last, before_last):
                 it = self._bounded(stage, min(self.limits.match_limit, room // max(self.stage_enodes[stage], 1)))
             else:
                 it = self._plain(stage)
@@ -170,15 +169,10 @@ class _Saturation:
         return STOP_ITERATIONS, (f"{STOP_ITERATIONS}: stage {stage} did not saturate within "
                                  f"max_iterations={self.limits.max_iterations}")
 
-    def _plain_fits(self, stage: str, room: int, last: _Iteration | None, before_last: int) -> bool:
-        """Whether a plain iteration is predicted to stay well inside the room.
-
-        The first iteration of a stage is predicted to add at most one e-node per
-        e-node; a later one to repeat the last one's matches, scaled by how much
-        the match count grew from the iteration before.
-        """
-        if last is None:
-            return SAFETY * self.size <= room
+    def _plain_fits(self, room: int, last: _Iteration, before_last: int) -> bool:
+        """Whether a plain iteration is predicted to stay well inside the room: it is
+        predicted to repeat the last one's matches, scaled by how much the match
+        count grew from the iteration before, each match building all it can."""
         total = sum(last.matches.values())
         ratio = max(1.0, total / before_last) if before_last else 1.0
         if any(m * ratio > self.limits.match_limit for m in last.matches.values()):
