@@ -69,10 +69,17 @@ def test_max_enodes_holds_after_every_iteration(tmp_path: Path):
 
 def test_near_the_limit_iterations_run_bounded_by_the_room(tmp_path: Path):
     _, rep = optimize_with_report(sum_of_products(16), rules=assoc_comm_rules(tmp_path), max_enodes=3_000)
-    bounded = [it for it in rep.iterations if it.match_limit is not None]
-    assert bounded and bounded[0] is rep.iterations[0]  # the first iteration of a stage is always bounded
-    assert max(it.enodes for it in rep.iterations) <= 3_000
-    assert rep.stop_reason.startswith("node limit: ")
+    # The 47-node graph; the simplify rules build at most 8 e-nodes per match in all.
+    assert [it.enodes for it in rep.iterations] == [106, 264, 1_278, 1_278, 2_188, 2_188]
+    assert [it.match_limit for it in rep.iterations] == [
+        (3_000 - 47) // 8,  # a stage starts bounded
+        None, None,  # plain while the predicted growth fits
+        (3_000 - 1_278) // 8,  # then bounded: add-comm (1,230 matches) and add-assoc wait ...
+        1_230,  # ... until only they are left: add-comm's 1,230 e-nodes fit the room, add-assoc's do not
+        (3_000 - 2_188) // 8,
+    ]
+    assert rep.stop_reason == ("node limit: rule add-comm has 2,140 matches, which could add more e-nodes than "
+                               "the 812 that max_enodes=3,000 leaves (stage simplify, 2,188 e-nodes)")
 
 
 def test_rules_over_the_match_limit_wait_and_still_fire():

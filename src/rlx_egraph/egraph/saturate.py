@@ -45,13 +45,12 @@ SAFETY = 2.0
 
 @dataclass(frozen=True)
 class SaturationLimits:
-    """Bounds on the run: iterations per stage, e-nodes, wall time of the whole
-    optimize run, and matches per rule and iteration before a rule waits for the others."""
+    """Bounds on the run."""
 
-    max_iterations: int = 100
+    max_iterations: int = 100  # per stage (a shared-input group of k matmuls takes about k)
     max_enodes: int = 500_000
-    max_seconds: float = 120.0
-    match_limit: int = 20_000
+    max_seconds: float = 120.0  # the whole optimize run, up to the parity check
+    match_limit: int = 20_000  # matches per rule and iteration before the rule waits for the others
 
 
 @dataclass
