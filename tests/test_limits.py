@@ -14,7 +14,7 @@ from rlx_egraph.egraph import extract
 from rlx_egraph.egraph.budget import Deadline, DeadlineExceeded
 from rlx_egraph.egraph.decode import decode
 from rlx_egraph.egraph.encode import encode_graph
-from rlx_egraph.egraph.rules import STAGES, load_rules
+from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
 from rlx_egraph.egraph.saturate import SaturationLimits, saturate
 from rlx_egraph.egraph.schema import schema_text
 from rlx_egraph.egraph.view import EGraphView, build_view
@@ -182,3 +182,14 @@ def test_bench_limits_rows(tmp_path: Path):
     assert shared_row(2, False)[:3] == ["2", "no", "10"]
     asked, _, largest, _, reason = limit_row(4, {"max_enodes": 60})
     assert asked == "max_enodes=60" and int(largest) <= 60 and reason.startswith("node limit: ")
+
+
+def test_birewrites_count_in_both_directions(tmp_path: Path):
+    # egglog reports a birewrite as "name=>" and "name<="; both build what the rule builds.
+    rules = tmp_path / "assoc.egg"
+    rules.write_text(";; Associativity of Add, both ways.\n"
+                     "(birewrite (Add (Add ?a ?b) ?c) (Add ?a (Add ?b ?c)) :ruleset simplify :name \"add-assoc\")\n")
+    _, rep = optimize_with_report(sum_of_products(16), rules=[default_rule_dir(), rules], max_enodes=400)
+    assert max(it.enodes for it in rep.iterations) <= 400
+    assert rep.stop_reason == ("node limit: rule add-assoc=> has 225 matches, which could add more e-nodes than "
+                               "the 250 that max_enodes=400 leaves (stage simplify, 150 e-nodes)")

@@ -111,6 +111,7 @@ class _Saturation:
     def __init__(self, egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits, deadline: Deadline) -> None:
         self.egraph, self.limits, self.deadline = egraph, limits, deadline
         self.new_enodes = {r.name: r.new_enodes for r in rules.rules}
+        self.most_enodes = max(self.new_enodes.values(), default=0)
         self.stages = [s for s in STAGES if any(r.stage == s for r in rules.rules)]
         self.stage_enodes = {s: sum(r.new_enodes for r in rules.rules if r.stage == s) for s in self.stages}
         self.size = egraph_size(egraph)
@@ -176,7 +177,7 @@ class _Saturation:
         ratio = max(1.0, total / before_last) if before_last else 1.0
         if any(m * ratio > self.limits.match_limit for m in last.matches.values()):
             return False
-        growth = sum(m * ratio * self.new_enodes.get(r, 0) for r, m in last.matches.items())
+        growth = sum(m * ratio * self._enodes_per_match(r) for r, m in last.matches.items())
         return SAFETY * growth <= room
 
     def _limit_that_fits(self, skipped: dict[str, int], room: int) -> int | None:
@@ -184,11 +185,16 @@ class _Saturation:
         fits = None
         total = 0
         for count in sorted(set(skipped.values())):
-            total += sum(count * self.new_enodes.get(r, 0) for r, m in skipped.items() if m == count)
+            total += sum(count * self._enodes_per_match(r) for r, m in skipped.items() if m == count)
             if total > room:
                 break
             fits = count
         return fits
+
+    def _enodes_per_match(self, reported: str) -> int:
+        """``Rule.new_enodes`` of a rule as egglog reports it (a birewrite as ``name=>`` and
+        ``name<=``); the most any rule builds if the name is unknown."""
+        return self.new_enodes.get(reported.removesuffix("=>").removesuffix("<="), self.most_enodes)
 
     def _plain(self, stage: str) -> _Iteration:
         report = self._run(f"(run-schedule (run {stage}))")
