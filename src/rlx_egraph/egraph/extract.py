@@ -369,7 +369,8 @@ def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float]
         if c not in chosen:
             chosen[c] = picked[c]
             stack.extend(view.nodes[picked[c]].children)
-    notes = [] if res.status == 0 else [f"stopped early: {res.message}"]
+    notes = [] if res.status == 0 else [f"exact extraction stopped after {limit:.1f} s with a solution not proven "
+                                        f"optimal ({res.message})"]
     return Extraction(chosen, dag_cost(view, chosen, roots, costs), "exact", time.perf_counter() - start,
                       optimal=res.status == 0, notes=notes)
 

@@ -216,10 +216,13 @@ class _Saturation:
                f"(stage {stage})"
 
     def _no_room(self, binding: str, stage: str, skipped: dict[str, int], room: int) -> str:
-        rule, count = min(skipped.items(), key=lambda kv: (kv[1], kv[0]))
+        count = min(skipped.values())
+        names = sorted(r for r, m in skipped.items() if m == count)
+        enodes = sum(count * self._enodes_per_match(r) for r in names)
         limit = (f"max_seconds={self.limits.max_seconds:g}" if binding == STOP_TIME
                  else f"max_enodes={self.limits.max_enodes:,}")
-        return (f"{binding}: rule {rule} has {count:,} matches, which could add more e-nodes than the {room:,} "
+        who = f"rule {names[0]} has" if len(names) == 1 else f"rules {', '.join(names)} have"
+        return (f"{binding}: {who} {count:,} matches, which could add {enodes:,} e-nodes, more than the {room:,} "
                 f"that {limit} leaves (stage {stage}, {self.size:,} e-nodes)")
 
 
