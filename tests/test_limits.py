@@ -193,3 +193,15 @@ def test_birewrites_count_in_both_directions(tmp_path: Path):
     assert max(it.enodes for it in rep.iterations) <= 400
     assert rep.stop_reason == ("node limit: rule add-assoc=> has 225 matches, which could add 450 e-nodes, more "
                                "than the 250 that max_enodes=400 leaves (stage simplify, 150 e-nodes)")
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("max_seconds", -1, "max_seconds must be a number >= 0, got -1"),
+    ("max_seconds", "5", "max_seconds must be a number >= 0, got '5'"),
+    ("max_enodes", 2.5, "max_enodes must be an integer >= 0, got 2.5"),
+    ("match_limit", -3, "match_limit must be an integer >= 0, got -3"),
+    ("max_iterations", None, "max_iterations must be an integer >= 0, got None"),
+])
+def test_bad_limits_are_named(option: str, value, message: str):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        optimize_with_report(examples.mlp(), **{option: value})

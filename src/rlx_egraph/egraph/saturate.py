@@ -36,8 +36,9 @@ STOP_ITERATIONS = "iteration limit"
 STOP_NODES = "node limit"
 STOP_TIME = "time limit"
 
-# Building the view and extracting took 50-70 us per e-node on dense e-graphs
-# (2-core machine); saturation leaves about twice that for them.
+# Building the view, extracting and decoding took 50-80 us per e-node on the
+# benchmark and AC e-graphs (idle 2-core machine), about twice that under load:
+# saturation leaves this much time per e-node for them.
 DOWNSTREAM_SECONDS_PER_ENODE = 1.5e-4
 # A plain iteration runs only while SAFETY times its predicted growth fits the room.
 SAFETY = 2.0
@@ -51,6 +52,15 @@ class SaturationLimits:
     max_enodes: int = 500_000
     max_seconds: float = 120.0  # the whole optimize run, up to the parity check
     match_limit: int = 20_000  # matches per rule and iteration before the rule waits for the others
+
+    def __post_init__(self) -> None:
+        for name in ("max_iterations", "max_enodes", "match_limit"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if isinstance(self.max_seconds, bool) or not isinstance(self.max_seconds, int | float) \
+                or not self.max_seconds >= 0:
+            raise ValueError(f"max_seconds must be a number >= 0, got {self.max_seconds!r}")
 
 
 @dataclass
