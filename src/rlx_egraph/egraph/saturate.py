@@ -14,7 +14,9 @@ room, so it cannot overshoot; a rule with more matches is not applied.  A
 plain iteration is egglog's own (semi-naive: only new matches are searched,
 which is much faster) and runs only when the last iteration applied every rule
 and its matches predict a growth that, times :data:`SAFETY`, fits the room.
-The first iteration of each stage is bounded, since nothing predicts it.  When
+The first iteration of each stage is bounded, since nothing predicts it.  (A
+plain iteration is predicted, not bounded: a rule whose matches jump more than
+the prediction allows could still overshoot once.)  When
 only rules over the limit are left the e-graph is unchanged, so their match
 counts are exact and decide which of them still fit, fewest matches first;
 when none does, saturation stops at the limit.  A stage ends when an iteration
