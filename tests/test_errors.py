@@ -103,7 +103,8 @@ BAD_FILES: list[tuple[str, dict[str, Any], str]] = [
     ("version-true", with_change(("version",), True),
      "graph format version True is not supported (this library reads version 1)"),
     ("unknown-top-field", with_change(("output",), [1]),
-     "graph file: unknown field 'output' (a string); the fields are format, version, name, nodes, outputs, meta, weights"),
+     "graph file: unknown field 'output' (a string); the fields are format, version, name, nodes, outputs, meta, "
+     "weights"),
     ("nodes-missing", without(("nodes",)), "malformed graph file: missing field 'nodes'"),
 ]
 

@@ -357,10 +357,11 @@ def test_engine_and_option_errors():
 
 
 def test_saturation_limits_are_reported():
-    _, rep = optimize_with_report(examples.llama(layers=1), max_iterations=1, chunk=1)
-    assert rep.stop_reason == "iteration limit"
+    _, rep = optimize_with_report(examples.llama(layers=1), max_iterations=1)
+    assert rep.stop_reason == "iteration limit: stage recognize did not saturate within max_iterations=1"
     _, rep = optimize_with_report(examples.llama(layers=1), max_enodes=10)
-    assert rep.stop_reason == "node limit"
+    assert rep.stop_reason.startswith("node limit: the e-graph has ")
+    assert rep.stop_reason.endswith(" e-nodes, max_enodes=10 (stage simplify)")
 
 
 def test_exact_extraction_mode_matches_greedy_on_small_graphs():

@@ -1,7 +1,9 @@
 """``optimize(graph)``: the whole pipeline, and the choice of engine.
 
 encode -> saturate (rules/*.egg) -> extract (IO cost, DAG-aware) -> decode ->
-optional parity check.  The input graph is never changed.
+optional parity check.  The input graph is never changed.  ``max_seconds`` is
+the budget of the whole run (the parity check excluded): saturation, the view,
+extraction and decoding all respect one deadline.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from egglog import bindings as eb
 
 from .cost import Target, get_target, profile
 from .egraph import extract as ex
+from .egraph.budget import Deadline, DeadlineExceeded
 from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import encode_graph
 from .egraph.regions import apply_regions
 from .egraph.rules import STAGES, RuleSet, load_rules
-from .egraph.saturate import SaturationLimits, saturate
+from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
-from .egraph.view import build_view
+from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
 from .kernels.parity import check_parity
 from .options import check_options
@@ -52,13 +55,16 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     nodes of different types.  Otherwise ill-typed e-nodes are left out of extraction and listed
     in ``report.ill_typed``, and after a bad merge the input graph is returned unchanged (the
     reason in ``report.stop_reason`` and a warning on the ``rlx_egraph`` logger).
-    ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, ...).
+    ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, match_limit);
+    ``max_seconds`` is the budget of the whole run (the parity check excluded).
+    ``report.stop_reason`` says which limit, if any, stopped the run.
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
     if engine == "fallback":
         raise NotImplementedError("the fallback engine is not built yet; use engine='egglog' or 'auto'")
     sat_limits = SaturationLimits(**limits)
+    deadline = Deadline(sat_limits.max_seconds)
     tgt = get_target(target)
     ruleset = load_rules(rules)
     phases: dict[str, float] = {}
@@ -75,43 +81,43 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     phases["encode"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    result = saturate(egraph, ruleset, sat_limits)
+    result = saturate(egraph, ruleset, sat_limits, deadline)
     phases["saturate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    view = build_view(egraph, graph, encoding.constants, ruleset, strict)
-    report.ill_typed = view.ill_typed
-    report.stop_reason = result.stop_reason
-    if view.ill_typed:
-        log.warning("%d ill-typed e-node(s) left out of extraction (report.ill_typed lists them); first: %s",
-                    len(view.ill_typed), view.ill_typed[0].message)
-    if view.merged:
-        report.stop_reason = f"{view.merged[0].message}; the input graph is returned unchanged"
-        log.warning(report.stop_reason)
-        decoded = Decoded(graph.copy(), dict(view.class_of_node), {n.id: [n.id] for n in graph.nodes})
+    notes: list[str] = []
+    decoded = None
+    try:
+        view = build_view(egraph, graph, encoding.constants, ruleset, strict, deadline)
+    except DeadlineExceeded as exc:
+        notes.append(f"{exc}, so the input graph is returned unchanged")
+        report.enodes = egraph_size(egraph)
     else:
-        roots = [view.class_of_node[o] for o in graph.outputs]
-        costs = ex.node_costs(view, tgt)
-        if extraction == "exact":
-            chosen = ex.exact(view, roots, tgt, costs)
+        report.eclasses, report.enodes = len(view.classes), view.num_enodes
+        report.ill_typed = view.ill_typed
+        if view.ill_typed:
+            log.warning("%d ill-typed e-node(s) left out of extraction (report.ill_typed lists them); first: %s",
+                        len(view.ill_typed), view.ill_typed[0].message)
+        if view.merged:
+            notes.append(f"{view.merged[0].message}; the input graph is returned unchanged")
+            log.warning(notes[-1])
         else:
-            chosen = ex.greedy(view, roots, tgt, {n.id: k for k, n in enumerate(graph.nodes)}, costs)
-        report.extraction, report.extraction_moves = chosen.method, chosen.moves
-        report.extracted_ns = chosen.cost_ns
-        if exact_gap:
-            best = ex.exact(view, roots, tgt, costs)
-            report.exact_ns, report.exact_optimal = best.cost_ns, best.optimal
-        phases["extract"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        decoded = decode(view, chosen.choice, graph)
-        if regions:
-            decoded = _with_regions(decoded, tgt)
-        phases["decode"] = time.perf_counter() - t0
+            chosen = _extract(view, graph, tgt, extraction, exact_gap, deadline, report)
+            notes.extend(chosen.notes)
+            report.extraction, report.extraction_moves = chosen.method, chosen.moves
+            phases["extract"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            decoded = decode(view, chosen.choice, graph)
+            if regions:
+                decoded = _with_regions(decoded, tgt)
+            phases["decode"] = time.perf_counter() - t0
+    if decoded is None:
+        decoded = Decoded(graph.copy(), {}, {n.id: [n.id] for n in graph.nodes},
+                          {n.id: () for n in graph.nodes}, {n.id: () for n in graph.nodes})
     decoded.graph.adopt_store(graph)
 
     report.egglog_program = _program_text(ruleset, encoding.text)
-    report.eclasses, report.enodes = len(view.classes), view.num_enodes
+    report.stop_reason = _stop_reason(result.stop_reason, result.detail, notes)
     report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
@@ -127,7 +133,40 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
 
 def blame(decoded: Decoded) -> Callable[[int], list[str]]:
     """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class."""
-    return lambda node_id: list(dict.fromkeys(decoded.built_by[node_id] + decoded.merged_by[node_id]))
+    return lambda node_id: list(dict.fromkeys(decoded.built_by.get(node_id, ()) + decoded.merged_by.get(node_id, ())))
+
+
+def _extract(view: EGraphView, graph: Graph, target: Target, extraction: str, exact_gap: bool, deadline: Deadline,
+             report: OptimizeReport) -> ex.Extraction:
+    """Extract with ``extraction``; when the exact solver runs out of time, greedy (which
+    starts from the input graph) gives the answer.  ``exact_gap`` also records the ILP optimum."""
+    roots = [view.class_of_node[o] for o in graph.outputs]
+    costs = ex.node_costs(view, target)
+    chosen, notes = None, []
+    if extraction == "exact":
+        try:
+            chosen = ex.exact(view, roots, target, costs, deadline=deadline)
+        except DeadlineExceeded as exc:
+            notes.append(f"{exc}; greedy extraction was used")
+    if chosen is None:
+        chosen = ex.greedy(view, roots, target, {n.id: k for k, n in enumerate(graph.nodes)}, costs, deadline)
+    chosen.notes[:0] = notes
+    report.extracted_ns = chosen.cost_ns
+    if exact_gap:
+        try:
+            best = ex.exact(view, roots, target, costs, deadline=deadline)
+            report.exact_ns, report.exact_optimal = best.cost_ns, best.optimal
+        except DeadlineExceeded as exc:
+            chosen.notes.append(f"{exc}, so no gap is reported")
+    return chosen
+
+
+def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
+    """``saturated``, or which limit stopped the run and what it cost, in words."""
+    parts = [] if saturation == STOP_SATURATED else [detail]
+    if notes and not parts and not notes[0].startswith("unsound"):
+        notes = [f"{STOP_TIME}: {notes[0]}", *notes[1:]]
+    return "; ".join(parts + notes) or STOP_SATURATED
 
 
 def _with_regions(decoded: Decoded, target: Target) -> Decoded:

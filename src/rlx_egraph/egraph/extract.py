@@ -13,6 +13,8 @@ classes that become needed and refunding those no longer needed; when a switch
 alone does not pay (a wide QKV matmul), it tries to also switch the classes
 that could share what the switch brought in, and keeps the group if it pays.
 ``exact`` solves the same problem as an integer program (HiGHS via scipy).
+Both respect the run's deadline: greedy stops improving (its choice is valid
+at every step), exact gets at most the time left.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from ..cost import Target
 from ..ir.registry import Kind
+from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
 
 # A view of an intermediate (not a leaf) costs this much: never a real cost,
@@ -192,8 +195,9 @@ class _Solver:
             else:
                 self.choice[c] = value
 
-    def improve(self, max_passes: int = 6, max_group: int = 64) -> int:
-        """Apply improving moves until none is left; returns how many were kept."""
+    def improve(self, deadline: Deadline, max_passes: int = 6, max_group: int = 64) -> tuple[int, bool]:
+        """Apply improving moves until none is left or ``deadline`` passes;
+        returns how many were kept and whether the deadline stopped it."""
         parents = self.view.parents()
         candidates = sorted((c for c in self.choice if len(self.view.classes[c].nodes) > 1),
                             key=lambda c: (self.pos[c], c))
@@ -201,6 +205,8 @@ class _Solver:
         for _ in range(max_passes):
             improved = False
             for c in candidates:
+                if deadline.expired():
+                    return kept, True
                 if self.refs[c] == 0:
                     continue
                 for n in sorted(self.view.classes[c].nodes, key=lambda i: (self.costs[i], i)):
@@ -210,7 +216,7 @@ class _Solver:
                         break
             if not improved:
                 break
-        return kept
+        return kept, False
 
     def _try_move(self, c: int, n: int, parents: list[list[int]], max_group: int) -> bool:
         log: list = []
@@ -241,8 +247,9 @@ class _Solver:
 
 
 def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: dict[int, int],
-           costs: list[float] | None = None) -> Extraction:
-    """Deterministic DAG extraction: the input graph, improved by local and group moves."""
+           costs: list[float] | None = None, deadline: Deadline | None = None) -> Extraction:
+    """Deterministic DAG extraction: the input graph, improved by local and group moves
+    until none is left or ``deadline`` passes (then the best choice so far is kept)."""
     start = time.perf_counter()
     costs = node_costs(view, target) if costs is None else costs
     pos = class_positions(view, graph_position)
@@ -264,9 +271,11 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
         raise ValueError(f"no supported way to compute an output on {target.name}: ops {ops} are unsupported")
     _drop_unreachable_cycles(view, choice)
     solver = _Solver(view, costs, choice, roots, pos)
-    moves = solver.improve()
+    moves, stopped = solver.improve(deadline or Deadline())
     chosen = {c: solver.choice[c] for c in range(len(view.classes)) if solver.refs[c] > 0}
-    return Extraction(chosen, dag_cost(view, chosen, roots, costs), "greedy", time.perf_counter() - start, moves)
+    notes = ["extraction stopped at the time limit with the best graph found so far"] if stopped else []
+    return Extraction(chosen, dag_cost(view, chosen, roots, costs), "greedy", time.perf_counter() - start, moves,
+                      notes=notes)
 
 
 def _drop_unreachable_cycles(view: EGraphView, choice: dict[int, int]) -> None:
@@ -281,13 +290,19 @@ def _drop_unreachable_cycles(view: EGraphView, choice: dict[int, int]) -> None:
 
 
 def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float] | None = None,
-          time_limit: float = 30.0) -> Extraction:
-    """Optimal DAG extraction as a mixed-integer program (acyclic, Tensat-style)."""
+          time_limit: float = 30.0, deadline: Deadline | None = None) -> Extraction:
+    """Optimal DAG extraction as a mixed-integer program (acyclic, Tensat-style).
+
+    The solver gets ``time_limit`` seconds, or what is left before ``deadline``;
+    raises :class:`~.budget.DeadlineExceeded` if that is not enough for a solution.
+    """
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_array
     from scipy.sparse.csgraph import connected_components
 
     start = time.perf_counter()
+    deadline = deadline or Deadline()
+    deadline.check("exact extraction")
     costs = node_costs(view, target) if costs is None else costs
     reach = _reachable_classes(view, roots, costs)
     nodes = [n.index for c in sorted(reach) for n in map(view.nodes.__getitem__, view.classes[c].nodes)
@@ -338,9 +353,13 @@ def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float]
     objective = np.array([costs[n] for n in nodes] + [0.0] * len(classes))
     integrality = np.array([1] * len(nodes) + [0] * len(classes))
     bounds = Bounds(np.zeros(nvar), np.array([1.0] * len(nodes) + [float(big)] * len(classes)))
+    deadline.check("exact extraction")
+    limit = min(time_limit, deadline.remaining())
     res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality, bounds=bounds,
-               options={"time_limit": time_limit})
+               options={"time_limit": limit})
     if res.x is None:
+        if limit < time_limit:
+            raise DeadlineExceeded(f"exact extraction found no solution within max_seconds={deadline.seconds:g}")
         raise RuntimeError(f"exact extraction found no solution: {res.message}")
     picked = {view.nodes[n].eclass: n for n in nodes if res.x[col[n]] > 0.5}
     chosen: dict[int, int] = {}
@@ -350,7 +369,8 @@ def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float]
         if c not in chosen:
             chosen[c] = picked[c]
             stack.extend(view.nodes[picked[c]].children)
-    notes = [] if res.status == 0 else [f"stopped early: {res.message}"]
+    notes = [] if res.status == 0 else [f"exact extraction stopped after {limit:.1f} s with a solution not proven "
+                                        f"optimal ({res.message})"]
     return Extraction(chosen, dag_cost(view, chosen, roots, costs), "exact", time.perf_counter() - start,
                       optimal=res.status == 0, notes=notes)
 

@@ -75,6 +75,7 @@ class Rule:
     builds: frozenset[str]
     command: Any = field(repr=False, compare=False)  # as parsed from the file
     program: tuple[Any, ...] = field(default=(), repr=False, compare=False)  # what runs: with provenance
+    new_enodes: int = 0  # at most this many e-nodes per match: the constructor calls it builds
 
     @property
     def location(self) -> str:
@@ -165,7 +166,7 @@ def _load(files: tuple[tuple[str, str, bytes], ...]) -> RuleSet:
             raise RuleError(_egglog_error(display, exc)) from None
         for k, command in enumerate(commands):
             kind = type(command).__name__
-            if kind == "Relation":
+            if kind in ("Relation", "FunctionCommand"):
                 _run(checker, command, display, _line_of(text, command.span.i))
                 runner.run_program(command)
                 declarations.append((text[command.span.i:command.span.j], command))
@@ -304,10 +305,14 @@ def _rule_from_command(command: Any, file: str, text: str) -> Rule:
         stage, name, span = command.name, rw.name, rw.span
         reads = _constructors([rw.lhs, *rw.conditions])
         builds = _constructors([rw.rhs]) | (reads if kind == "BiRewriteCommand" else frozenset())
+        new_enodes = len(_constructor_calls([rw.rhs]))
+        if kind == "BiRewriteCommand":
+            new_enodes = max(new_enodes, len(_constructor_calls([rw.lhs])))
     else:
         r = command.rule
         stage, name, span = r.ruleset, r.name, r.span
         reads, builds = _constructors(r.body), _constructors(r.head)
+        new_enodes = len(_constructor_calls(r.head))
     line = _line_of(text, span.i)
     if stage not in STAGES:
         raise RuleError(f"{file}:{line}: rule {name or '(unnamed)'} needs ':ruleset' set to one of "
@@ -316,7 +321,7 @@ def _rule_from_command(command: Any, file: str, text: str) -> Rule:
         raise RuleError(f"{file}:{line}: every rule needs a ':name \"...\"'")
     _refuse_removals(command, kind, name, file, text, line)
     return Rule(name, stage, file, line, text[span.i:span.j], reads, builds, command,
-                tuple(_instrumented(command, kind, name)))
+                tuple(_instrumented(command, kind, name)), new_enodes)
 
 
 def _refuse_removals(command: Any, kind: str, name: str, file: str, text: str, line: int) -> None:
@@ -392,7 +397,12 @@ def _calls_post_order(exprs: list[Any]) -> Iterator[Any]:
 
 def _constructors(nodes: Iterable[Any]) -> frozenset[str]:
     """Capitalised function names (Op constructors) used anywhere in parsed egglog syntax."""
-    found: set[str] = set()
+    return frozenset(_constructor_calls(nodes))
+
+
+def _constructor_calls(nodes: Iterable[Any]) -> list[str]:
+    """The name of every call of a capitalised function (an Op constructor) in parsed egglog syntax."""
+    found: list[str] = []
     stack = list(nodes)
     while stack:
         node = stack.pop()
@@ -402,9 +412,9 @@ def _constructors(nodes: Iterable[Any]) -> frozenset[str]:
         kind = type(node).__name__
         if kind == "Call":
             if node.name[:1].isupper():
-                found.add(node.name)
+                found.append(node.name)
             stack.extend(node.args)
         elif kind not in ("Var", "Lit", "str", "int", "float", "bool", "NoneType"):
             stack.extend(getattr(node, a) for a in ("expr", "args", "lhs", "rhs", "left", "right")
                          if hasattr(node, a))
-    return frozenset(found)
+    return found

@@ -1,19 +1,36 @@
 """Saturation: run the rule stages over an encoded graph within limits.
 
-Each stage (see :data:`rules.STAGES`) runs in chunks of a few iterations
-under egglog's back-off scheduler (a rule that matches too often is banned for
-a while, so one noisy rule cannot blow the e-graph up).  Between chunks the
-e-graph size and the wall clock are checked against the limits.  A stage ends
-when an iteration changes nothing (saturated), or at a limit.
+Stages (:data:`rules.STAGES`) run in order, one iteration at a time, and the
+limits are checked after every iteration.  The *room* is how many e-nodes the
+e-graph may still gain: up to ``max_enodes``, or fewer when the time left
+would not cover building the view and extracting (about
+:data:`DOWNSTREAM_SECONDS_PER_ENODE` each e-node), so the whole run fits
+``max_seconds``.
+
+An iteration is either *bounded* or plain.  A bounded iteration runs under a
+back-off scheduler whose per-rule match limit is small enough that all the
+e-nodes the stage's rules can build (``Rule.new_enodes`` per match) fit the
+room, so it cannot overshoot; a rule with more matches is not applied.  A
+plain iteration is egglog's own (semi-naive: only new matches are searched,
+which is much faster) and runs only when the last iteration applied every rule
+and its matches predict a growth that, times :data:`SAFETY`, fits the room.
+The first iteration of each stage is bounded, since nothing predicts it.  (A
+plain iteration is predicted, not bounded: a rule whose matches jump more than
+the prediction allows could still overshoot once.)  When
+only rules over the limit are left the e-graph is unchanged, so their match
+counts are exact and decide which of them still fit, fewest matches first;
+when none does, saturation stops at the limit.  A stage ends when an iteration
+changes nothing (saturated), or at a limit.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from egglog import bindings as eb
 
+from .budget import Deadline
 from .rules import STAGES, RuleSet
 
 STOP_SATURATED = "saturated"
@@ -21,33 +38,48 @@ STOP_ITERATIONS = "iteration limit"
 STOP_NODES = "node limit"
 STOP_TIME = "time limit"
 
+# Building the view, extracting and decoding took 50-80 us per e-node on the
+# benchmark and AC e-graphs (idle 2-core machine), about twice that under load:
+# saturation leaves this much time per e-node for them.
+DOWNSTREAM_SECONDS_PER_ENODE = 1.5e-4
+# A plain iteration runs only while SAFETY times its predicted growth fits the room.
+SAFETY = 2.0
+
 
 @dataclass(frozen=True)
 class SaturationLimits:
-    """Bounds on saturation: iterations per stage, e-nodes, wall time, back-off knobs."""
+    """Bounds on the run."""
 
-    max_iterations: int = 30
+    max_iterations: int = 100  # per stage (a shared-input group of k matmuls takes about k)
     max_enodes: int = 500_000
-    max_seconds: float = 30.0
-    match_limit: int = 20_000
-    ban_length: int = 3
-    chunk: int = 4
+    max_seconds: float = 120.0  # the whole optimize run, up to the parity check
+    match_limit: int = 20_000  # matches per rule and iteration before the rule waits for the others
+
+    def __post_init__(self) -> None:
+        from ..options import check_option  # the one place options are checked (it imports this module)
+
+        for f in fields(self):
+            check_option(f.name, getattr(self, f.name), f.default)
 
 
 @dataclass
 class IterationStats:
-    """Matches per rule in one chunk of one stage, and the e-graph size after it."""
+    """Matches per rule in one iteration of one stage, and the e-graph size after it."""
 
     stage: str
     iterations: int
     matches: dict[str, int]
     enodes: int
     seconds: float
+    match_limit: int | None = None  # None: a plain iteration; else the bounded iteration's per-rule limit
 
 
 @dataclass
 class SaturationResult:
+    """Why saturation stopped (one of the STOP_* codes), and the same in a sentence."""
+
     stop_reason: str
+    detail: str = STOP_SATURATED
     stages: dict[str, str] = field(default_factory=dict)
     history: list[IterationStats] = field(default_factory=list)
     seconds: float = 0.0
@@ -61,82 +93,156 @@ class SaturationResult:
         return dict(sorted(total.items()))
 
 
+@dataclass
+class _Iteration:
+    updated: bool
+    matches: dict[str, int]  # per rule, as searched (before the match limit)
+    skipped: dict[str, int]  # rules over the match limit: not applied
+    limit: int | None = None  # the per-rule match limit of a bounded iteration
+
+
 def egraph_size(egraph: eb.EGraph) -> int:
     """Number of e-nodes (rows of Op/TensorList constructors, helper tables excluded)."""
     out = egraph.run_program(eb.PrintSize(eb.PanicSpan(), None))
     return sum(n for name, n in out[0].sizes if name[:1].isupper())
 
 
-def saturate(egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits = SaturationLimits()) -> SaturationResult:
-    """Run every stage in order on ``egraph`` (which holds the rules and the graph)."""
-    start = time.perf_counter()
-    result = SaturationResult(STOP_SATURATED)
-    stages_in_use = {r.stage for r in rules.rules}
-    for stage in STAGES:
-        if stage not in stages_in_use:
-            continue
-        reason = _run_stage(egraph, stage, limits, start, result)
-        result.stages[stage] = reason
-        if reason in (STOP_NODES, STOP_TIME):
-            result.stop_reason = reason
-            break
-        if reason == STOP_ITERATIONS:
-            result.stop_reason = reason
-    result.seconds = time.perf_counter() - start
-    return result
+def saturate(egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits = SaturationLimits(),
+             deadline: Deadline | None = None) -> SaturationResult:
+    """Run every stage in order on ``egraph`` (which holds the rules and the graph).
 
-
-def _schedule(stage: str, iterations: int, limits: SaturationLimits, backoff: bool) -> list:
-    if backoff:
-        text = (f"(run-schedule (let-scheduler bo (back-off :match-limit {limits.match_limit} "
-                f":ban-length {limits.ban_length})) (repeat {iterations} (run-with bo {stage})))")
-    else:
-        text = f"(run-schedule (repeat {iterations} (run {stage})))"
-    return eb.EGraph().parse_program(text)
-
-
-def _chunk_stats(report: eb.RunReport, per_iteration: int) -> tuple[int, dict[str, int]]:
-    """Iterations that matched anything, and matches per rule, from a run report.
-
-    Under a scheduler egglog reports each iteration as a search entry followed
-    by an apply entry (``per_iteration=2``); the search entry's counts are used.
+    ``deadline``: the end of the whole run (default: ``limits.max_seconds`` from now).
     """
-    ran = 0
+    return _Saturation(egraph, rules, limits, deadline or Deadline(limits.max_seconds)).run()
+
+
+class _Saturation:
+    def __init__(self, egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits, deadline: Deadline) -> None:
+        self.egraph, self.limits, self.deadline = egraph, limits, deadline
+        self.new_enodes = {r.name: r.new_enodes for r in rules.rules}
+        self.most_enodes = max(self.new_enodes.values(), default=0)
+        self.stages = [s for s in STAGES if any(r.stage == s for r in rules.rules)]
+        self.stage_enodes = {s: sum(r.new_enodes for r in rules.rules if r.stage == s) for s in self.stages}
+        self.size = egraph_size(egraph)
+        self.last_seconds = 0.0
+        self.result = SaturationResult(STOP_SATURATED)
+
+    def run(self) -> SaturationResult:
+        start = time.perf_counter()
+        for stage in self.stages:
+            reason, detail = self._stage(stage)
+            self.result.stages[stage] = reason
+            if reason != STOP_SATURATED and self.result.stop_reason == STOP_SATURATED:
+                self.result.stop_reason, self.result.detail = reason, detail
+            if reason in (STOP_NODES, STOP_TIME):
+                self.result.stop_reason, self.result.detail = reason, detail
+                break
+        self.result.seconds = time.perf_counter() - start
+        return self.result
+
+    def _room(self) -> tuple[int, str]:
+        """E-nodes the e-graph may still gain, and the limit that sets that."""
+        affordable = (self.deadline.remaining() - self.last_seconds) / DOWNSTREAM_SECONDS_PER_ENODE
+        if affordable < self.limits.max_enodes:
+            return int(affordable) - self.size, STOP_TIME
+        return self.limits.max_enodes - self.size, STOP_NODES
+
+    def _stage(self, stage: str) -> tuple[str, str]:
+        exact_limit: int | None = None
+        last: _Iteration | None = None
+        before_last = 0  # total matches of the iteration before ``last``
+        for _ in range(self.limits.max_iterations):
+            room, binding = self._room()
+            if room <= 0:
+                return binding, self._full(binding, stage)
+            t0 = time.perf_counter()
+            if exact_limit is not None:
+                it = self._bounded(stage, exact_limit)
+            elif last is None or last.skipped or not self._plain_fits(room, last, before_last):
+                it = self._bounded(stage, min(self.limits.match_limit, room // max(self.stage_enodes[stage], 1)))
+            else:
+                it = self._plain(stage)
+            self.last_seconds = time.perf_counter() - t0
+            self.size = egraph_size(self.egraph)
+            self.result.history.append(IterationStats(stage, 1, {r: m for r, m in it.matches.items() if m},
+                                                      self.size, self.last_seconds, it.limit))
+            before_last = sum(last.matches.values()) if last else 0
+            last, exact_limit = it, None
+            if not it.updated:
+                if not it.skipped:
+                    return STOP_SATURATED, STOP_SATURATED
+                # Only rules over the limit are left and the e-graph is unchanged: their counts are exact.
+                exact_limit = self._limit_that_fits(it.skipped, room)
+                if exact_limit is None:
+                    return binding, self._no_room(binding, stage, it.skipped, room)
+        return STOP_ITERATIONS, (f"{STOP_ITERATIONS}: stage {stage} did not saturate within "
+                                 f"max_iterations={self.limits.max_iterations}")
+
+    def _plain_fits(self, room: int, last: _Iteration, before_last: int) -> bool:
+        """Whether a plain iteration is predicted to stay well inside the room: it is
+        predicted to repeat the last one's matches, scaled by how much the match
+        count grew from the iteration before, each match building all it can."""
+        total = sum(last.matches.values())
+        ratio = max(1.0, total / before_last) if before_last else 1.0
+        if any(m * ratio > self.limits.match_limit for m in last.matches.values()):
+            return False
+        growth = sum(m * ratio * self._enodes_per_match(r) for r, m in last.matches.items())
+        return SAFETY * growth <= room
+
+    def _limit_that_fits(self, skipped: dict[str, int], room: int) -> int | None:
+        """The largest match limit under which the skipped rules' e-nodes fit ``room``, fewest matches first."""
+        fits = None
+        total = 0
+        for count in sorted(set(skipped.values())):
+            total += sum(count * self._enodes_per_match(r) for r, m in skipped.items() if m == count)
+            if total > room:
+                break
+            fits = count
+        return fits
+
+    def _enodes_per_match(self, reported: str) -> int:
+        """``Rule.new_enodes`` of a rule as egglog reports it (a birewrite as ``name=>`` and
+        ``name<=``); the most any rule builds if the name is unknown."""
+        return self.new_enodes.get(reported.removesuffix("=>").removesuffix("<="), self.most_enodes)
+
+    def _plain(self, stage: str) -> _Iteration:
+        report = self._run(f"(run-schedule (run {stage}))")
+        return _Iteration(report.updated, _matches(report, per_iteration=1), {})
+
+    def _bounded(self, stage: str, limit: int) -> _Iteration:
+        report = self._run(f"(run-schedule (let-scheduler bo (back-off :match-limit {limit})) (run-with bo {stage}))")
+        matches = _matches(report, per_iteration=2)
+        return _Iteration(report.updated, matches, {r: m for r, m in matches.items() if m > limit}, limit)
+
+    def _run(self, text: str) -> eb.RunReport:
+        return self.egraph.run_program(*self.egraph.parse_program(text))[0].report
+
+    def _full(self, binding: str, stage: str) -> str:
+        if binding == STOP_TIME:
+            return (f"{STOP_TIME}: max_seconds={self.limits.max_seconds:g} leaves no time for more saturation "
+                    f"after {self.deadline.elapsed():.1f} s (stage {stage}; {self.size:,} e-nodes to extract)")
+        return f"{STOP_NODES}: the e-graph has {self.size:,} e-nodes, max_enodes={self.limits.max_enodes:,} " \
+               f"(stage {stage})"
+
+    def _no_room(self, binding: str, stage: str, skipped: dict[str, int], room: int) -> str:
+        count = min(skipped.values())
+        names = sorted(r for r, m in skipped.items() if m == count)
+        enodes = sum(count * self._enodes_per_match(r) for r in names)
+        limit = (f"max_seconds={self.limits.max_seconds:g}" if binding == STOP_TIME
+                 else f"max_enodes={self.limits.max_enodes:,}")
+        who = f"rule {names[0]} has" if len(names) == 1 else f"rules {', '.join(names)} have"
+        return (f"{binding}: {who} {count:,} matches, which could add {enodes:,} e-nodes, more than the {room:,} "
+                f"that {limit} leaves (stage {stage}, {self.size:,} e-nodes)")
+
+
+def _matches(report: eb.RunReport, per_iteration: int) -> dict[str, int]:
+    """Matches per rule from a one-iteration run report.
+
+    Under a scheduler egglog reports an iteration as a search entry followed by
+    an apply entry (``per_iteration=2``); the search entry's counts are used.
+    """
     matches: dict[str, int] = {}
     for entry in report.iterations[::per_iteration]:
-        counts = {k: sum(r.num_matches for r in v) for k, v in entry.rule_set_report.rule_reports.items()}
-        counts = {k: v for k, v in counts.items() if v}
-        if counts:
-            ran += 1
-        for k, v in counts.items():
-            matches[k] = matches.get(k, 0) + v
-    return ran, matches
-
-
-def _run_stage(egraph: eb.EGraph, stage: str, limits: SaturationLimits, start: float,
-               result: SaturationResult) -> str:
-    done = 0
-    while done < limits.max_iterations:
-        chunk = min(limits.chunk, limits.max_iterations - done)
-        t0 = time.perf_counter()
-        report = egraph.run_program(*_schedule(stage, chunk, limits, backoff=True))[0].report
-        updated = report.updated
-        ran, matches = _chunk_stats(report, per_iteration=2)
-        if not updated:
-            # Back-off may have banned a rule; one plain iteration confirms the fixpoint.
-            plain = egraph.run_program(*_schedule(stage, 1, limits, backoff=False))[0].report
-            updated = plain.updated
-            extra_ran, extra = _chunk_stats(plain, per_iteration=1)
-            ran += extra_ran
-            for k, v in extra.items():
-                matches[k] = matches.get(k, 0) + v
-        size = egraph_size(egraph)
-        done += chunk
-        result.history.append(IterationStats(stage, max(ran, 1), matches, size, time.perf_counter() - t0))
-        if not updated:
-            return STOP_SATURATED
-        if size > limits.max_enodes:
-            return STOP_NODES
-        if time.perf_counter() - start > limits.max_seconds:
-            return STOP_TIME
-    return STOP_ITERATIONS
+        for rule, reports in entry.rule_set_report.rule_reports.items():
+            matches[rule] = matches.get(rule, 0) + sum(r.num_matches for r in reports)
+    return matches

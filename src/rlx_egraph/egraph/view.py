@@ -29,6 +29,7 @@ from egglog import bindings as eb
 
 from ..ir.graph import Graph, attrs_equal
 from ..ir.registry import REGISTRY, AttrType, TensorType
+from .budget import Deadline
 from .encode import egglog_name, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
 from .schema import LIST_CONS, NO_INPUT, constructor_args
@@ -139,13 +140,19 @@ class _Values:
         return self.constants[text] if kind is AttrType.ARRAY else string_value(text)
 
 
+# Rows decoded (or e-nodes type-checked) between two looks at the deadline.
+DEADLINE_STRIDE = 4096
+
+
 def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules: RuleSet,
-               strict: bool = False) -> EGraphView:
+               strict: bool = False, deadline: Deadline | None = None) -> EGraphView:
     """Decode the saturated ``egraph`` of ``graph`` into an :class:`EGraphView`.
 
     ``strict``: raise :class:`UnsoundRewrite` on the first merged or ill-typed
-    e-node instead of recording it and leaving it out.
+    e-node instead of recording it and leaving it out.  Raises
+    :class:`~.budget.DeadlineExceeded` when ``deadline`` passes first.
     """
+    deadline = deadline or Deadline()
     frozen = egraph.freeze()
     functions = frozen.functions
     class_ids: dict[Any, int] = {}
@@ -191,6 +198,8 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         for row in fn.rows:
             if row.subsumed:
                 continue
+            if len(nodes) % DEADLINE_STRIDE == 0:
+                deadline.check("building the e-graph view")
             children: list[int] = []
             attrs: dict[str, Any] = {}
             for arg, value in zip(args, row.inputs, strict=True):
@@ -217,7 +226,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         classes[n.eclass].nodes.append(n.index)
     view = EGraphView(classes, nodes, class_of_node)
     _mark_originals(view, graph)
-    kept = _check_types(view, graph, rules, strict)
+    kept = _check_types(view, graph, rules, strict, deadline)
     _keep_only(view, kept)
     return view
 
@@ -248,7 +257,7 @@ def _named(names: tuple[str, ...], rules: RuleSet) -> str:
     return ", ".join(f"{name} ({rules.by_name(name).location})" for name in names) or "none recorded"
 
 
-def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool) -> set[int]:
+def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, deadline: Deadline) -> set[int]:
     """Type every class and check every e-node against its class; returns the e-nodes that pass.
 
     A rule-made class whose e-nodes disagree has no type to trust: all its
@@ -275,7 +284,7 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool) -
     parents = view.parents()
     conflicts: dict[int, set[TensorType]] = {}
     while True:
-        types, problems, kept, new = _propagate(view, graph, fixed, merged | conflicts.keys(), parents)
+        types, problems, kept, new = _propagate(view, graph, fixed, merged | conflicts.keys(), parents, deadline)
         if not new:
             break
         for c, seen in new.items():
@@ -297,7 +306,7 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool) -
 
 
 def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], excluded: set[int],
-               parents: list[list[int]]
+               parents: list[list[int]], deadline: Deadline
                ) -> tuple[dict[int, TensorType], dict[int, str], set[int], dict[int, set[TensorType]]]:
     """Infer types bottom-up from the leaves, every class outside ``excluded``.
 
@@ -315,6 +324,8 @@ def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], exc
     queue = deque(i for i, w in enumerate(waiting) if w == 0)
     while queue:
         n = view.nodes[queue.popleft()]
+        if n.index % DEADLINE_STRIDE == 0:
+            deadline.check("type-checking the e-graph view")
         if n.eclass in excluded:
             continue
         try:
