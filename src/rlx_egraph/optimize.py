@@ -109,10 +109,12 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         t0 = time.perf_counter()
         fired = result.matches_per_rule
 
-        def suspects(new_op: str, old_op: str) -> list[str]:
-            return [r.name for r in ruleset.rules if fired.get(r.name) and (old_op in r.reads or new_op in r.builds)]
+        def blame(node: int) -> list[str]:  # a guess from the ops involved until per-node provenance lands
+            new_op = decoded.graph.node(node).op
+            old_ops = {graph.node(r).op for r in decoded.originals.get(node, ())}
+            return [r.name for r in ruleset.rules if fired.get(r.name) and (r.reads & old_ops or new_op in r.builds)]
 
-        report.parity = check_parity(graph, decoded.graph, decoded.originals, suspects, seed)
+        report.parity = check_parity(graph, decoded.graph, decoded.originals, blame, seed)
         phases["verify"] = time.perf_counter() - t0
     report.phases = phases
     return decoded.graph, report
