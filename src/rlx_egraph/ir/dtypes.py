@@ -58,6 +58,11 @@ def loosest(names: Iterable[str]) -> str | None:
     return max((n for n in names if dtype(n).is_float), key=PARITY_TOLERANCE.__getitem__, default=None)
 
 
+def widened(name: str) -> str:
+    """The dtype kernels compute ``name`` in: every float widens to f32, other dtypes stay."""
+    return "f32" if dtype(name).is_float else name
+
+
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 values to the nearest bfloat16 (ties to even), kept as float32."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)

@@ -79,8 +79,7 @@ def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
     """``node``'s value from its inputs' stored values, stored in its dtype."""
     computed = [to_compute(a, graph.node(i).dtype) for a, i in zip(args, node.inputs, strict=True)]
     with np.errstate(all="ignore"):
-        out = node.spec.kernel(node.attrs, *computed)
-    return to_storage(np.broadcast_to(out, node.shape), node.dtype)
+        return to_storage(np.broadcast_to(node.spec.kernel(node.attrs, *computed), node.shape), node.dtype)
 
 
 def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray] | None = None,

@@ -2,13 +2,16 @@
 
 Compared: every optimized node (leaves included) with every input-graph node
 merged into its e-class, and every optimized graph output with the original
-output at the same position.  A float value is judged with the tolerance of
-the loosest float dtype it was computed through in the original graph; integer
-and bool values are compared exactly, except that a decision (an integer/bool
-value computed from floats: a comparison, a Cast) may flip where the original
-operands lie within tolerance of its boundary.  The run then continues with
-the original decision, and a decision a fused kernel makes internally excuses
-the elements that depend on it.  docs/verifier.md has the whole story.
+output at the same position, on two seeds for graphs of up to
+SECOND_SEED_MAX_ELEMENTS values.  A float value may differ by the tolerance of
+the loosest float dtype it was computed through in the original graph, plus
+ROUNDING_FACTOR times the original's own rounding error (its distance to the
+same graph computed in f32).  Integer and bool values are compared exactly,
+except that a decision (an integer/bool value computed from floats: a
+comparison, a Cast) may flip where its original operands lie within that
+reach of the decision boundary; the run then goes on with the original
+decision, and a decision made inside a fused kernel excuses the elements that
+depend on it.  docs/verifier.md has the whole story.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir.dtypes import PARITY_TOLERANCE, dtype, loosest
+from ..ir.dtypes import PARITY_TOLERANCE, dtype, loosest, widened
 from ..ir.graph import Graph, Node
+from ..ir.registry import AttrType, Kind
 from .interpreter import evaluate, run_node
 
 # A second seed is checked when the original graph's values hold at most this many elements in total.
 SECOND_SEED_MAX_ELEMENTS = 1 << 22
+# How many times the original's own rounding error (its distance to the f32 computation) a
+# legitimate result may differ by, on top of the dtype tolerance.
+ROUNDING_FACTOR = 4.0
 # Values written into an excused element of an input to see which output elements it reaches.
 _PROBES = {True: (-1e4, 1e4), False: (0, 1)}  # by is_float
 
@@ -75,12 +82,12 @@ class ParityReport:
         return {"seeds": list(self.seeds), "ok": self.ok, "nodes": [n.to_dict() for n in self.nodes]}
 
 
-def tolerance_ratio(new: np.ndarray, old: np.ndarray, rtol: float, atol: float,
+def tolerance_ratio(new: np.ndarray, old: np.ndarray, reach: np.ndarray | float,
                     excused: np.ndarray | None = None) -> tuple[float, float]:
-    """Largest |new - old| and largest |new - old| / (atol + rtol * |old|).
+    """Largest |new - old| and largest |new - old| / reach, where ``reach`` is the allowed difference.
 
     NaN equals NaN, equal infinities are equal, and ``excused`` elements are
-    skipped.  A difference where the bound is 0 (exact dtypes) is infinitely
+    skipped.  A difference where the reach is 0 (exact dtypes) is infinitely
     far past it.
     """
     a, b = np.asarray(new, dtype=np.float64), np.asarray(old, dtype=np.float64)
@@ -90,7 +97,7 @@ def tolerance_ratio(new: np.ndarray, old: np.ndarray, rtol: float, atol: float,
             diff = np.where(excused, 0.0, diff)
         if diff.size == 0:
             return 0.0, 0.0
-        ratio = np.where(diff == 0, 0.0, diff / (atol + rtol * np.abs(b)))
+        ratio = np.where(diff == 0, 0.0, diff / reach)
     return float(diff.max()), float(np.nan_to_num(ratio, nan=np.inf).max())
 
 
@@ -117,108 +124,159 @@ def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Seq
     graph.  ``blame(node)`` names the rules that built optimized node ``node``.
     Raises :class:`ParityError` on the first comparison outside its tolerance.
     """
-    precision = precisions(original)
+    precision, wide = precisions(original), widened_graph(original)
+    materialized = {r for refs in same_value.values() for r in refs}
     report = ParityReport(parity_seeds(original, seed))
     for s in report.seeds:
-        _check_seed(original, optimized, same_value, blame, s, precision, report)
+        ref = _Reference.build(original, wide, s, precision, materialized)
+        _check_seed(ref, optimized, same_value, blame, report)
     return report
 
 
-def _check_seed(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]],
-                blame: Callable[[int], Sequence[str]] | None, seed: int, precision: dict[int, str | None],
-                report: ParityReport) -> None:
-    before = evaluate(original, seed=seed, return_all=True)
-    excused = _excused(original, before, precision, {r for refs in same_value.values() for r in refs})
+@dataclass
+class _Reference:
+    """The original graph's values on one seed, and how far a legitimate result may stray from them."""
 
-    def compare(node: Node, value: np.ndarray, ref: int, output: int | None = None) -> None:
-        old = original.node(ref)
-        prec = precision[ref] if dtype(old.dtype).is_float else None
-        rtol, atol = PARITY_TOLERANCE[prec or old.dtype]
-        max_abs, ratio = tolerance_ratio(value, before[ref], rtol, atol, excused.get(ref))
-        entry = NodeParity(node.id, node.op, ref, seed, max_abs, ratio, rtol, atol, output)
+    graph: Graph
+    seed: int
+    values: dict[int, np.ndarray]
+    precision: dict[int, str | None]
+    rounding: dict[int, np.ndarray]  # |value - the same value computed in f32|, float nodes of low-precision graphs
+    excused: dict[int, np.ndarray] = field(default_factory=dict)  # elements allowed to differ, by node
+
+    @classmethod
+    def build(cls, graph: Graph, wide: Graph | None, seed: int, precision: dict[int, str | None],
+              materialized: set[int]) -> _Reference:
+        values = evaluate(graph, seed=seed, return_all=True)
+        ref = cls(graph, seed, values, precision, _rounding(graph, wide, values) if wide else {})
+        ref.excuse(materialized)
+        return ref
+
+    def tolerance(self, node_id: int) -> tuple[float, float]:
+        """(rtol, atol) of a value: its loosest float precision's; exact for integer and bool values."""
+        node = self.graph.node(node_id)
+        return PARITY_TOLERANCE[self.precision[node_id] if dtype(node.dtype).is_float else node.dtype]
+
+    def reach(self, node_id: int) -> np.ndarray:
+        """Per element, how far a legitimate result may be: atol + rtol*|value| + ROUNDING_FACTOR*rounding."""
+        rtol, atol = self.tolerance(node_id)
+        bound = atol + rtol * np.abs(self.values[node_id].astype(np.float64))
+        return bound + ROUNDING_FACTOR * self.rounding[node_id] if node_id in self.rounding else bound
+
+    def excuse(self, materialized: set[int]) -> None:
+        """Fill ``excused``: the ambiguous elements of each decision, and what they reach.
+
+        Through nodes the optimized graph does not materialize (computed inside
+        a fused kernel) an excuse spreads to every element that depends on an
+        excused one; a materialized value goes on with the original's value
+        there (see ``_check_seed``), so the excuse stops at it.
+        """
+        for node in self.graph.nodes:
+            masks = [m for m in (self._ambiguous(node), self._reached(node, materialized)) if m is not None]
+            if masks and (mask := np.logical_or.reduce(masks)).any():
+                self.excused[node.id] = mask
+
+    def _ambiguous(self, node: Node) -> np.ndarray | None:
+        """Elements of a decision that operands within their reach could flip (None: not a decision)."""
+        floats = [i for i in node.inputs if dtype(self.graph.node(i).dtype).is_float]
+        if dtype(node.dtype).is_float or not floats or node.op not in ("Greater", "Less", "Equal", "Cast"):
+            return None
+        x = [self.values[i].astype(np.float64) for i in node.inputs]
+        if node.op == "Cast":  # truncation flips at integers, a cast to bool at zero
+            boundary = 0.0 if node.dtype == "bool" else np.rint(x[0])
+            mask = np.abs(x[0] - boundary) <= self.reach(node.inputs[0])
+        else:
+            mask = np.abs(x[0] - x[1]) <= self.reach(node.inputs[0]) + self.reach(node.inputs[1])
+        return np.broadcast_to(mask, node.shape)
+
+    def _reached(self, node: Node, materialized: set[int]) -> np.ndarray | None:
+        """Elements of ``node`` that depend on an excused element of an unmaterialized input.
+
+        Found by running the kernel twice with the excused input elements set to
+        two far-apart probe values: an output element that moves depends on them.
+        """
+        tainted = [k for k, i in enumerate(node.inputs) if i in self.excused and i not in materialized]
+        if not tainted:
+            return None
+        moved = np.zeros(node.shape, dtype=bool)
+        for probe in (0, 1):
+            args = [self.values[i] for i in node.inputs]
+            for k in tainted:
+                i = node.inputs[k]
+                args[k] = np.where(self.excused[i], _PROBES[dtype(self.graph.node(i).dtype).is_float][probe], args[k])
+            try:
+                moved |= _differs(run_node(self.graph, node, args), self.values[node.id])
+            except IndexError:  # a probe index out of range: everything may depend on it
+                return np.ones(node.shape, dtype=bool)
+        return moved
+
+
+def widened_graph(graph: Graph) -> Graph | None:
+    """``graph`` with every float computed and stored in f32 (same node ids); None if nothing widens."""
+    if all(widened(n.dtype) == n.dtype for n in graph.nodes):
+        return None
+    records = [{"id": n.id, "op": n.op, "inputs": n.inputs,
+                "attrs": {a.name: widened(n.attrs[a.name]) if a.type is AttrType.DTYPE else n.attrs[a.name]
+                          for a in n.spec.attrs}} for n in graph.nodes]
+    return Graph.from_nodes(records, graph.outputs, graph.name)
+
+
+def _rounding(graph: Graph, wide: Graph, values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Per computed float node, |value - the same value computed in ``wide``|.
+
+    The original's own rounding error: large where a low-precision value is
+    ill-conditioned (a norm of nearly constant rows, a cancellation).  Leaves
+    and decisions keep the original's values.
+    """
+
+    def keep(node: Node, value: np.ndarray) -> np.ndarray:
+        return values[node.id] if node.kind is Kind.LEAF or not dtype(node.dtype).is_float else value
+
+    leaves = {n.name: values[n.id] for n in graph.nodes if n.op in ("Input", "Param")}
+    wide_values = evaluate(wide, leaves, leaves, return_all=True, visit=keep)
+    with np.errstate(invalid="ignore"):
+        return {n.id: np.nan_to_num(np.abs(values[n.id].astype(np.float64) - wide_values[n.id]), nan=0.0)
+                for n in graph.nodes if dtype(n.dtype).is_float and n.kind is not Kind.LEAF}
+
+
+def _check_seed(ref: _Reference, optimized: Graph, same_value: Mapping[int, Sequence[int]],
+                blame: Callable[[int], Sequence[str]] | None, report: ParityReport) -> None:
+    original, before = ref.graph, ref.values
+
+    def compare(node: Node, value: np.ndarray, old_id: int, excused: np.ndarray | None,
+                output: int | None = None) -> None:
+        old = original.node(old_id)
+        rtol, atol = ref.tolerance(old_id)
+        max_abs, ratio = tolerance_ratio(value, before[old_id], ref.reach(old_id), excused)
+        entry = NodeParity(node.id, node.op, old_id, ref.seed, max_abs, ratio, rtol, atol, output)
         report.nodes.append(entry)
         if entry.ok:
             return
         at = "" if output is None else f", output {output},"
+        prec = ref.precision[old_id] if dtype(old.dtype).is_float else None
         how = (f"max abs error {max_abs:.3g}, {ratio:.3g} x its tolerance (rtol={rtol}, atol={atol}: {prec} "
-               "precision)" if prec else f"exact {old.dtype} values differ beyond the decisions allowed to flip")
+               "precision, plus its rounding error)" if prec
+               else f"exact {old.dtype} values differ beyond the decisions allowed to flip")
         rules = ", ".join(blame(node.id) if blame else ()) or "none recorded"
-        raise ParityError(f"parity failure: node {node.id} ({node.op}){at} differs from original node {ref} "
-                          f"({old.op}) on seed {seed}: {how}; built by rule(s): {rules}")
+        raise ParityError(f"parity failure: node {node.id} ({node.op}){at} differs from original node {old_id} "
+                          f"({old.op}) on seed {ref.seed}: {how}; built by rule(s): {rules}")
 
     def visit(node: Node, value: np.ndarray) -> np.ndarray:
         refs = same_value.get(node.id) or ()
-        for ref in refs:
-            compare(node, value, ref)
-        for ref in refs:  # where a difference was excused, go on with the original's value
-            if ref in excused:
-                value = np.where(excused[ref], before[ref], value).astype(value.dtype, copy=False)
-        return value
+        masks = [ref.excused[r] for r in refs if r in ref.excused]
+        excused = np.logical_or.reduce(masks) if masks else None  # the refs hold one value: one excuse
+        for old_id in refs:
+            compare(node, value, old_id, excused)
+        if excused is None:
+            return value
+        return np.where(excused, before[refs[0]], value).astype(value.dtype, copy=False)  # go on as the original
 
     feeds = {n.name: before[n.id] for n in original.inputs}
     params = {n.name: before[n.id] for n in original.params}
-    after = evaluate(optimized, feeds, params, seed=seed, return_all=True, visit=visit)
+    after = evaluate(optimized, feeds, params, seed=ref.seed, return_all=True, visit=visit)
     for k, (new, old) in enumerate(zip(optimized.outputs, original.outputs, strict=True)):
         if old not in (same_value.get(new) or ()):
-            compare(optimized.node(new), after[new], old, output=k)
-
-
-def _excused(graph: Graph, values: dict[int, np.ndarray], precision: dict[int, str | None],
-             materialized: set[int]) -> dict[int, np.ndarray]:
-    """Per original node, the elements an optimized value may differ in (only nodes that have some).
-
-    A decision's ambiguous elements are excused.  Through nodes the optimized
-    graph does not materialize (computed inside a fused kernel), the excuse
-    spreads to every element that depends on an excused one; a materialized
-    value goes on with the original's value there (see ``visit``), so it stops.
-    """
-    excused: dict[int, np.ndarray] = {}
-    for node in graph.nodes:
-        masks = [m for m in (_ambiguous(graph, node, values, precision),
-                             _reached(graph, node, values, excused, materialized)) if m is not None]
-        if masks and (mask := np.logical_or.reduce(masks)).any():
-            excused[node.id] = mask
-    return excused
-
-
-def _ambiguous(graph: Graph, node: Node, values: dict[int, np.ndarray],
-               precision: dict[int, str | None]) -> np.ndarray | None:
-    """Elements of a decision that operands within their tolerance could flip (None: not a decision)."""
-    floats = [i for i in node.inputs if dtype(graph.node(i).dtype).is_float]
-    if dtype(node.dtype).is_float or not floats or node.op not in ("Greater", "Less", "Equal", "Cast"):
-        return None
-    x = [values[i].astype(np.float64) for i in node.inputs]
-    reach = [PARITY_TOLERANCE[precision[i]][1] + PARITY_TOLERANCE[precision[i]][0] * np.abs(v)
-             for i, v in zip(node.inputs, x, strict=True)]
-    if node.op == "Cast":  # truncation flips at integers, a cast to bool at zero
-        boundary = 0.0 if node.dtype == "bool" else np.rint(x[0])
-        mask = np.abs(x[0] - boundary) <= reach[0]
-    else:
-        mask = np.abs(x[0] - x[1]) <= reach[0] + reach[1]
-    return np.broadcast_to(mask, node.shape)
-
-
-def _reached(graph: Graph, node: Node, values: dict[int, np.ndarray], excused: dict[int, np.ndarray],
-             materialized: set[int]) -> np.ndarray | None:
-    """Elements of ``node`` that depend on an excused element of an unmaterialized input.
-
-    Found by running the kernel twice with the excused input elements set to
-    two far-apart probe values: an output element that moves depends on them.
-    """
-    tainted = [k for k, i in enumerate(node.inputs) if i in excused and i not in materialized]
-    if not tainted:
-        return None
-    moved = np.zeros(node.shape, dtype=bool)
-    for probe in (0, 1):
-        args = [values[i] for i in node.inputs]
-        for k in tainted:
-            i = node.inputs[k]
-            args[k] = np.where(excused[i], _PROBES[dtype(graph.node(i).dtype).is_float][probe], args[k])
-        try:
-            moved |= _differs(run_node(graph, node, args), values[node.id])
-        except IndexError:  # a probe index out of range: everything may depend on it
-            return np.ones(node.shape, dtype=bool)
-    return moved
+            compare(optimized.node(new), after[new], old, ref.excused.get(old), output=k)
 
 
 def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
