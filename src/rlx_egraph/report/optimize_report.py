@@ -104,8 +104,10 @@ class OptimizeReport:
                          f"{self.exact_ns:,.0f} ns (gap {gap:,.0f} ns)")
         if self.parity is not None:
             worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
-            detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})" \
-                if worst else ""
+            if worst is None or worst.tolerance_ratio == 0:
+                detail = ", all values equal" if worst else ""
+            else:
+                detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
             lines.append(f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
                          f"(seeds {seeds}){detail}")
         lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.phases.items()))
