@@ -63,6 +63,13 @@ def test_outputs_are_compared_by_position_even_without_provenance() -> None:
     assert str(err.value).endswith("built by rule(s): none recorded")
 
 
+def test_a_missing_output_is_a_parity_failure() -> None:
+    g = relu_graph()
+    g.set_outputs([1, 0])
+    with pytest.raises(ParityError, match=r"^parity failure: the optimized graph has 1 outputs, the original 2$"):
+        check_parity(g, relu_graph(), same_ids(g))
+
+
 def test_each_value_is_compared_once_per_seed() -> None:
     g = relu_graph()
     report = check_parity(g, g.copy(), same_ids(g))

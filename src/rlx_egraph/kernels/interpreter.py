@@ -22,7 +22,7 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 INDEX_SLOTS: dict[str, tuple[str, int]] = {"ids": ("table", 0), "targets": ("logits", -1)}
 
 
-def slot_name(node: Node, slot: int) -> str:
+def _slot_name(node: Node, slot: int) -> str:
     """The registry name of ``node``'s input ``slot`` (variadic slots share the last name)."""
     names = node.spec.input_names
     return names[min(slot, len(names) - 1)]
@@ -43,23 +43,23 @@ def random_value(graph: Graph, node: Node, seed: int = 0) -> np.ndarray:
     for user in graph.users(node.id):
         u = graph.node(user)
         for slot in (k for k, i in enumerate(u.inputs) if i == node.id):
-            name = slot_name(u, slot)
+            name = _slot_name(u, slot)
             if name.endswith("mask"):
-                return to_storage(key_mask(rng, shape), dt)
+                return to_storage(_key_mask(rng, shape), dt)
             if name in INDEX_SLOTS:
                 source, axis = INDEX_SLOTS[name]
                 high = graph.node(u.inputs[u.spec.input_names.index(source)]).shape[axis]
             elif u.op == "BceLoss":
                 return to_storage(rng.uniform(0.05, 0.95, shape), dt)
     if dt in ("i64", "i32"):
-        return covering_ints(rng, shape, high or 8).astype(lookup_dtype(dt).storage)
+        return _covering_ints(rng, shape, high or 8).astype(lookup_dtype(dt).storage)
     if dt == "bool":
         return rng.random(shape) < 0.5
     scale = 1.0 / np.sqrt(shape[-2]) if node.op == "Param" and len(shape) >= 2 else 1.0
     return to_storage(rng.standard_normal(shape) * scale, dt)
 
 
-def key_mask(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+def _key_mask(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """[B, Sk] mask of ones and zeros: every row keeps between 1 and Sk-1 random keys (all when Sk = 1)."""
     batch, keys = shape
     mask = np.ones(shape)
@@ -69,7 +69,7 @@ def key_mask(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return mask
 
 
-def covering_ints(rng: np.random.Generator, shape: tuple[int, ...], high: int) -> np.ndarray:
+def _covering_ints(rng: np.random.Generator, shape: tuple[int, ...], high: int) -> np.ndarray:
     """Integers in [0, high) in random order, each value once before any repeats."""
     size = int(np.prod(shape, dtype=np.int64))
     return rng.permutation(np.resize(rng.permutation(high), size)).reshape(shape)

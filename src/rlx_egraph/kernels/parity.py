@@ -49,7 +49,7 @@ class NodeParity:
     original: int
     seed: int
     max_abs: float
-    tolerance_ratio: float  # max over elements of |new - old| / (atol + rtol * |old|); <= 1 passes
+    tolerance_ratio: float  # max over elements of |new - old| / reach (see _Reference.reach); <= 1 passes
     rtol: float
     atol: float
     output: int | None = None  # the output position, for a comparison of graph outputs
@@ -66,6 +66,8 @@ class NodeParity:
 
 @dataclass
 class ParityReport:
+    """Every comparison of one check, over its seeds."""
+
     seeds: tuple[int, ...]
     nodes: list[NodeParity] = field(default_factory=list)
 
@@ -124,6 +126,9 @@ def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Seq
     graph.  ``blame(node)`` names the rules that built optimized node ``node``.
     Raises :class:`ParityError` on the first comparison outside its tolerance.
     """
+    if len(optimized.outputs) != len(original.outputs):
+        raise ParityError(f"parity failure: the optimized graph has {len(optimized.outputs)} outputs, "
+                          f"the original {len(original.outputs)}")
     precision, wide = precisions(original), widened_graph(original)
     materialized = {r for refs in same_value.values() for r in refs}
     report = ParityReport(parity_seeds(original, seed))
