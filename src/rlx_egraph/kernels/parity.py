@@ -230,18 +230,24 @@ def _rounding(graph: Graph, wide: Graph, values: dict[int, np.ndarray]) -> dict[
     """Per computed float node, |value - the same value computed in ``wide``|.
 
     The original's own rounding error: large where a low-precision value is
-    ill-conditioned (a norm of nearly constant rows, a cancellation).  Leaves
-    and decisions keep the original's values.
+    ill-conditioned (a norm of nearly constant rows, a cancellation).  Each
+    element gets at least the value's mean error: one whose rounding happened
+    to land on the exact result is not held to a tighter standard than its
+    neighbours.  Leaves and decisions keep the original's values.
     """
 
     def keep(node: Node, value: np.ndarray) -> np.ndarray:
         return values[node.id] if node.kind is Kind.LEAF or not dtype(node.dtype).is_float else value
 
+    def error(node: Node) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            err = np.abs(values[node.id].astype(np.float64) - wide_values[node.id])
+        err = np.nan_to_num(err, nan=0.0, posinf=0.0)
+        return np.maximum(err, err.mean())
+
     leaves = {n.name: values[n.id] for n in graph.nodes if n.op in ("Input", "Param")}
     wide_values = evaluate(wide, leaves, leaves, return_all=True, visit=keep)
-    with np.errstate(invalid="ignore"):
-        return {n.id: np.nan_to_num(np.abs(values[n.id].astype(np.float64) - wide_values[n.id]), nan=0.0)
-                for n in graph.nodes if dtype(n.dtype).is_float and n.kind is not Kind.LEAF}
+    return {n.id: error(n) for n in graph.nodes if dtype(n.dtype).is_float and n.kind is not Kind.LEAF}
 
 
 def _check_seed(ref: _Reference, optimized: Graph, same_value: Mapping[int, Sequence[int]],
