@@ -243,9 +243,6 @@ def test_any_value_in_any_field_is_a_graph_error_or_a_graph(path: tuple[Any, ...
 
 BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"match_limit": -1}, ValueError, "match_limit must be an int in [0, 2**63), got -1"),
-    ({"ban_length": -3}, ValueError, "ban_length must be an int in [0, 2**63), got -3"),
-    ({"chunk": 0}, ValueError, "chunk must be an int in [1, 2**63), got 0"),
-    ({"chunk": -2}, ValueError, "chunk must be an int in [1, 2**63), got -2"),
     ({"max_iterations": "5"}, TypeError, "max_iterations must be an int, got '5' (str)"),
     ({"max_iterations": 2.0}, TypeError, "max_iterations must be an int, got 2.0 (float)"),
     ({"max_enodes": True}, TypeError, "max_enodes must be an int, got True (bool)"),
@@ -296,7 +293,7 @@ def test_optimize_rejects_a_graph_that_is_not_a_graph() -> None:
 def test_good_edge_options_are_accepted() -> None:
     g = examples.mlp(layers=1)
     _, report = optimize_with_report(g, TARGETS["cuda"], rules=[], max_seconds=float("inf"), max_iterations=0,
-                                       match_limit=0, ban_length=0, chunk=1, seed=0, attention_block_max_tokens=0)
+                                       match_limit=0, seed=0, attention_block_max_tokens=0)
     assert (report.target, report.matches_per_rule) == ("cuda", {})  # no rules: nothing matched
 
 

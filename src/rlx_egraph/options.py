@@ -29,7 +29,6 @@ from .ir.graph import Graph
 ENGINES = ("auto", "egglog", "fallback")
 EXTRACTIONS = ("greedy", "exact")
 CHOICES: dict[str, tuple[str, ...]] = {"engine": ENGINES, "extraction": EXTRACTIONS, "target": tuple(TARGETS)}
-MINIMUM = {"chunk": 1}  # a chunk of 0 iterations would never end a stage
 INT_LIMIT = 2**63
 LIMIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SaturationLimits)}
 
@@ -80,7 +79,7 @@ def check_option(name: str, value: Any, default: Any) -> None:
 def _check_number(name: str, value: Any, kind: type) -> None:
     if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):
         raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'}, got {_show(value)}")
-    low = MINIMUM.get(name, 0)
+    low = 0
     if (isinstance(value, float) and math.isnan(value)) or value < low or (kind is int and value >= INT_LIMIT):
         bound = f"an int in [{low}, 2**63)" if kind is int else f"a number >= {low}"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
@@ -98,4 +97,4 @@ def _show(value: Any) -> str:
     return f"{reprlib.repr(value)} ({type(value).__name__})"
 
 
-__all__ = ["CHOICES", "ENGINES", "EXTRACTIONS", "MINIMUM", "check_option", "check_options"]
+__all__ = ["CHOICES", "ENGINES", "EXTRACTIONS", "check_option", "check_options"]

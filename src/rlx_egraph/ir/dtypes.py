@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,9 @@ DTYPES: dict[str, DType] = {
     )
 }
 
-# Parity tolerances (rtol, atol) per dtype, used after fusion reorders arithmetic.
+# Parity tolerances (rtol, atol) per dtype, used after fusion reorders arithmetic.  A float value
+# is judged with the loosest tolerance among the float dtypes it was computed through (see
+# kernels/parity.py); integer and bool values are compared exactly.
 PARITY_TOLERANCE: dict[str, tuple[float, float]] = {
     "f32": (1e-4, 1e-5),
     "f16": (1e-2, 1e-3),
@@ -48,6 +51,16 @@ def dtype(name: str) -> DType:
         return DTYPES[name]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r} (known: {', '.join(DTYPES)})") from None
+
+
+def loosest(names: Iterable[str]) -> str | None:
+    """The float dtype among ``names`` with the widest parity tolerance (None if none is a float)."""
+    return max((n for n in names if dtype(n).is_float), key=PARITY_TOLERANCE.__getitem__, default=None)
+
+
+def widened(name: str) -> str:
+    """The dtype kernels compute ``name`` in: every float widens to f32, other dtypes stay."""
+    return "f32" if dtype(name).is_float else name
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:

@@ -482,7 +482,8 @@ def _check_file_type(node: Node, raw: Mapping[str, Any]) -> None:
     if not isinstance(dtype, str):
         raise GraphError(f"node {node.id} ({node.op}): 'dtype' must be a string, got {_show(dtype)}")
     if (tuple(shape), dtype) != (node.shape, node.dtype):
-        raise GraphError(f"node {node.id} ({node.op}): file says {dtype}{shape}, inferred {node.type}")
+        said = dtype if dtype.isprintable() else repr(dtype)
+        raise GraphError(f"node {node.id} ({node.op}): file says {said}{shape}, inferred {node.type}")
 
 
 def _check_dims(shape: tuple[int, ...]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -18,50 +18,73 @@ def _rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
+# Structured input slots, by input name in the registry: a slot whose name ends
+# in "mask" holds a [B, Sk] key mask; "ids"/"targets" index the given axis of another input.
+INDEX_SLOTS: dict[str, tuple[str, int]] = {"ids": ("table", 0), "targets": ("logits", -1)}
+
+
+def _slot_name(node: Node, slot: int) -> str:
+    """The registry name of ``node``'s input ``slot`` (variadic slots share the last name)."""
+    names = node.spec.input_names
+    return names[min(slot, len(names) - 1)]
+
+
 def random_value(graph: Graph, node: Node, seed: int = 0) -> np.ndarray:
     """Seeded random data for a leaf, shaped by how the graph uses it.
 
-    Embedding ids and loss targets stay in range, attention key masks keep at
-    least one key per row, BCE probabilities stay in (0, 1), matrices are
-    fan-in scaled.  Only consumers that no rewrite removes shape the data, so
-    a leaf gets the same values in a graph and in its optimized version.
+    Key masks drop some keys in every batch row and keep at least one;
+    embedding ids and loss targets cover their range (every value once the
+    leaf has that many elements); BCE probabilities stay in (0, 1); matrices
+    are fan-in scaled.  Only consumers that no rewrite removes shape the data,
+    so a leaf gets the same values in a graph and in its optimized version.
     """
     rng = _rng(seed, f"{node.op}:{node.name}")
     shape, dt = node.shape, node.dtype
     high = None
     for user in graph.users(node.id):
         u = graph.node(user)
-        slot = u.inputs.index(node.id)
-        if u.op == "Embedding" and slot == 1:
-            high = graph.node(u.inputs[0]).shape[0]
-        elif u.op == "CrossEntropyLoss" and slot == 1:
-            high = graph.node(u.inputs[0]).shape[-1]
-        elif (u.op == "Attention" and slot == 3) or (u.op == "FusedAttentionBlock" and slot == 3) \
-                or (u.op == "FusedTransformerLayer" and slot == 13):
-            return to_storage(_key_mask(shape), dt)
-        elif u.op == "BceLoss":
-            return to_storage(rng.uniform(0.05, 0.95, shape), dt)
+        for slot in (k for k, i in enumerate(u.inputs) if i == node.id):
+            name = _slot_name(u, slot)
+            if name.endswith("mask"):
+                return to_storage(_key_mask(rng, shape), dt)
+            if name in INDEX_SLOTS:
+                source, axis = INDEX_SLOTS[name]
+                high = graph.node(u.inputs[u.spec.input_names.index(source)]).shape[axis]
+            elif u.op == "BceLoss":
+                return to_storage(rng.uniform(0.05, 0.95, shape), dt)
     if dt in ("i64", "i32"):
-        return rng.integers(0, high or 8, size=shape).astype(lookup_dtype(dt).storage)
+        return _covering_ints(rng, shape, high or 8).astype(lookup_dtype(dt).storage)
     if dt == "bool":
         return rng.random(shape) < 0.5
     scale = 1.0 / np.sqrt(shape[-2]) if node.op == "Param" and len(shape) >= 2 else 1.0
     return to_storage(rng.standard_normal(shape) * scale, dt)
 
 
-def _key_mask(shape: tuple[int, ...]) -> np.ndarray:
-    """[B, Sk] mask of ones where batch row b drops its last min(b, Sk-1) keys."""
+def _key_mask(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """[B, Sk] mask of ones and zeros: every row keeps between 1 and Sk-1 random keys (all when Sk = 1)."""
+    batch, keys = shape
     mask = np.ones(shape)
-    for b in range(shape[0]):
-        drop = min(b, shape[1] - 1)
-        if drop:
-            mask[b, shape[1] - drop:] = 0.0
+    for b in range(batch if keys > 1 else 0):
+        dropped = rng.permutation(keys)[:rng.integers(1, keys)]
+        mask[b, dropped] = 0.0
     return mask
+
+
+def _covering_ints(rng: np.random.Generator, shape: tuple[int, ...], high: int) -> np.ndarray:
+    """Integers in [0, high) in random order, each value once before any repeats."""
+    size = int(np.prod(shape, dtype=np.int64))
+    return rng.permutation(np.resize(rng.permutation(high), size)).reshape(shape)
+
+
+def run_graph_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
+    """``node``'s stored value from its inputs' stored values (see :func:`.reference.run_node`)."""
+    return run_node(node.spec, node.attrs, args, [graph.node(i).dtype for i in node.inputs], node.type)
 
 
 def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray] | None = None,
              params: Mapping[str, np.ndarray] | None = None, seed: int = 0,
-             return_all: bool = False) -> list[np.ndarray] | dict[int, np.ndarray]:
+             return_all: bool = False,
+             visit: Callable[[Node, np.ndarray], np.ndarray] | None = None) -> list[np.ndarray] | dict[int, np.ndarray]:
     """Run ``graph`` with numpy; returns its outputs (or every node's value by id).
 
     Parameters missing from ``params`` take their value from the graph's weight
@@ -70,6 +93,8 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray] | None = None,
     the same data.  Derived parameters (ConcatParams) are built from ``params``.
     Names the graph does not have are ignored on purpose: an optimized graph
     accepts the parameters of the graph it came from, even one it no longer reads.
+    ``visit(node, value)``, when given, sees each value as it is computed and
+    returns the value the rest of the run uses (the parity check's hook).
     """
     feeds, params = dict(feeds or {}), dict(params or {})
     values: dict[int, np.ndarray] = {}
@@ -80,10 +105,10 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray] | None = None,
             if value.shape != node.shape:
                 raise GraphError(f"node {node.id} ({node.op} {node.name!r}): fed shape {list(value.shape)}, "
                                  f"expected {list(node.shape)}")
-            values[node.id] = to_storage(value, node.dtype)
-            continue
-        values[node.id] = run_node(node.spec, node.attrs, [values[i] for i in node.inputs],
-                                   [graph.node(i).dtype for i in node.inputs], node.type)
+            value = to_storage(value, node.dtype)
+        else:
+            value = run_graph_node(graph, node, [values[i] for i in node.inputs])
+        values[node.id] = visit(node, value) if visit else value
     if return_all:
         return values
     return [values[i] for i in graph.outputs]

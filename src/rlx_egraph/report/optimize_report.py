@@ -108,8 +108,12 @@ class OptimizeReport:
             lines.append(f"extraction: {self.extraction} {self.extracted_ns:,.0f} ns of node costs; {what} "
                          f"{self.exact_ns:,.0f} ns (gap {gap:,.0f} ns)")
         if self.parity is not None:
-            worst = self.parity.worst
-            detail = f", worst rel error {worst.max_rel:.2e} at node {worst.node} ({worst.op})" if worst else ""
-            lines.append(f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} nodes{detail}")
+            worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
+            if worst is None or worst.tolerance_ratio == 0:
+                detail = ", all values equal" if worst else ""
+            else:
+                detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
+            lines.append(f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
+                         f"(seeds {seeds}){detail}")
         lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.phases.items()))
         return "\n".join(lines)
