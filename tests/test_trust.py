@@ -149,9 +149,9 @@ def _loosest_float(graph: Graph) -> str:
 
 
 def assert_same_outputs(original: Graph, optimized: Graph, exact: tuple[int, ...] = ()) -> None:
-    """Outputs equal on several seeds: bit for bit for the ``exact`` outputs; other floats within the loosest
-    float tolerance of the graph (relative to the output's largest magnitude); other integers and bools (decided
-    from inexact floats) off by at most one (the verifier judges how near the boundary each flip is)."""
+    """Outputs equal on several seeds: bit for bit for the ``exact`` outputs; the others within the loosest
+    float tolerance of the graph relative to the output's largest magnitude (integers and bools decided from
+    inexact floats one more, for truncation; the verifier judges how near its boundary each flip is)."""
     rtol, atol = PARITY_TOLERANCE[_loosest_float(original)]
     for seed in SEEDS:
         before = evaluate(original, seed=seed, return_all=True)
@@ -163,16 +163,15 @@ def assert_same_outputs(original: Graph, optimized: Graph, exact: tuple[int, ...
             assert new.shape == old.shape and new.dtype == old.dtype, f"output {k}"
             if old_id in exact:
                 np.testing.assert_array_equal(new, old, err_msg=f"exact output {k} seed {seed}")
-            elif original.node(old_id).dtype in FLOATS:
+            else:  # inexact: within the tolerance (integers decided from floats may also truncate one off)
+                slack = 0.0 if original.node(old_id).dtype in FLOATS else 1.0
                 a, b = new.astype(np.float64), old.astype(np.float64)
                 both_nan = np.isnan(a) & np.isnan(b)
                 same_inf = np.isinf(b) & (a == b)
-                finite = np.isfinite(b)
-                scale = np.max(np.abs(b[finite]), initial=1.0)
+                scale = np.max(np.abs(b[np.isfinite(b)]), initial=1.0)
                 err = np.where(both_nan | same_inf, 0.0, np.abs(a - b))
-                assert np.all(err <= 4 * (atol + rtol * scale)), f"output {k} seed {seed}: max err {np.max(err)}"
-            else:  # integers or bools decided from inexact floats: a value near a boundary may flip by one
-                assert np.all(np.abs(new.astype(np.int64) - old.astype(np.int64)) <= 1), f"output {k} seed {seed}"
+                bound = slack + 4 * (atol + rtol * scale)
+                assert np.all(err <= bound), f"output {k} seed {seed}: max err {np.max(err)} > {bound}"
 
 
 plans = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 99), st.integers(0, 99), st.integers(0, 99)),
