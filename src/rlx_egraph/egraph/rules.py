@@ -33,6 +33,7 @@ from typing import Any
 
 from egglog import bindings as eb
 
+from ..errors import RlxError
 from ..ir.registry import REGISTRY
 from .schema import FACT_TABLES, LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
 
@@ -63,7 +64,7 @@ def provenance_declaration(op: str | None) -> str:
     return f"(relation {built_by_table(op)} ({sorts} String))"
 
 
-class RuleError(ValueError):
+class RuleError(RlxError, ValueError):
     """A rule file is malformed; the message starts with ``file:line``."""
 
 
@@ -291,7 +292,8 @@ def _explain(detail: str, is_rule: bool) -> str:
     if m := re.fullmatch(r"Arity mismatch, expected (\d+) args: \((\S+)(.*)\)", detail, re.S):
         op, given = m.group(2), len(m.group(3).split())  # egglog shows the call with its arguments as written
         args = f" ({', '.join(a.name for a in constructor_args(REGISTRY[op]))})" if op in REGISTRY else ""
-        return f"wrong arity: {op} takes {m.group(1)} arguments{args}, got {given} in {detail.partition(': ')[2]}"
+        takes = f"{m.group(1)} argument{'' if m.group(1) == '1' else 's'}"
+        return f"wrong arity: {op} takes {takes}{args}, got {given} in {detail.partition(': ')[2]}"
     if m := re.fullmatch(r"Expect expression (.+) to have type (\S+), but get type (\S+)", detail, re.S):
         return f"wrong type: {m.group(1)} has sort {m.group(3)} where sort {m.group(2)} is expected"
     if m := re.fullmatch(r"Unbound symbol (\S+)", detail):

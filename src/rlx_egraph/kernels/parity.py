@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import RlxError
 from ..ir.dtypes import PARITY_TOLERANCE
 from ..ir.graph import Graph
 from .interpreter import evaluate
 
 
-class ParityError(AssertionError):
+class ParityError(RlxError, AssertionError):
     """An optimized node differs from what it replaced; names the node and the rules."""
 
 
