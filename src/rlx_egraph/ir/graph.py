@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._builders import GraphBuilders
 from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .registry import REGISTRY, REQUIRED, Kind, OpSpec, ShapeError, TensorType
@@ -113,7 +114,7 @@ def format_attrs(attrs: dict[str, Any]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-class Graph:
+class Graph(GraphBuilders):
     """A MIR graph.  Build it with the op methods, then :meth:`set_outputs`."""
 
     def __init__(self, name: str = "graph") -> None:
