@@ -133,3 +133,28 @@ def test_a_rule_file_with_an_error_is_named_by_its_path(tmp_path: Path) -> None:
     with pytest.raises(RuleError) as err:
         RuleSet.shipped().extend(path)
     assert str(err.value) == f"{path}:1: rule 'bad': unknown constructor 'Foo'"
+
+
+def test_the_readme_walkthrough_rule_fires_as_documented(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Writing a rule\n")[1]
+    rule_text = section.split("```\n")[1]  # the first code block: the rule file
+    path = tmp_path / "silu_div.egg"
+    path.write_text("\n".join(line[3:] for line in rule_text.splitlines()) + "\n")
+    g = Graph()
+    x = g.input("x", (4, 64))
+    w, b = g.param("w", (64, 64)), g.param("b", (64,))
+    h = g.add(g.matmul(x, w), b)
+    g.set_outputs([g.div(h, g.add(g.scalar(1.0), g.exp(g.neg(h))))])
+    rules = RuleSet.shipped() + RuleSet.from_files(path)
+    assert [(r["name"], r["line"], r["builds"]) for r in RuleSet.from_files(path).list()] == [
+        ("silu-div-exp", 2, ["Silu"])]
+    optimized, report = optimize_with_report(g, rules=rules, verify=True)
+    assert set(report.matches_per_rule) == {"matmul-bias", "matmul-bias-silu", "silu-div-exp"}
+    assert [(f.node, f.op, f.rules, f.replaces) for f in report.fusions] == [
+        (3, "FusedMatMulBiasAct", ("matmul-bias-silu",), (9,))]
+    assert [n.op for n in optimized.nodes] == ["Input", "Param", "Param", "FusedMatMulBiasAct"]
+    assert optimized.nodes[3].attrs["act"] == "silu"
+    assert str(report.fusions[0]) in section
+    without, _ = optimize_with_report(g, rules=RuleSet.shipped())
+    assert len(without) == 6
