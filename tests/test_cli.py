@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -12,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx_egraph import Graph, bench, dump_egglog_program, evaluate, examples
+import rlx_egraph
+from rlx_egraph import Graph, RuleSet, bench, dump_egglog_program, evaluate, examples
 from rlx_egraph.cli import main as cli
 from rlx_egraph.cli.main import (
     EXIT_BROKEN_PIPE,
@@ -109,7 +111,7 @@ def test_optimize_with_an_unsound_rule_fails_parity(capsys: pytest.CaptureFixtur
     graph, rule = tmp_path / "mlp.json", tmp_path / "unsound.egg"
     examples.mlp().save(graph)
     rule.write_text('(rewrite (Relu ?x) ?x :ruleset simplify :name "drop-relu")\n')
-    code, _, err = run_cli(capsys, "optimize", graph, "--rules", rule, "--verify", "-o", tmp_path / "never.json")
+    code, _, err = run_cli(capsys, "optimize", graph, "--only-rules", rule, "--verify", "-o", tmp_path / "never.json")
     assert code == EXIT_PARITY
     assert err.startswith("error: parity failure: node ")
     assert err.rstrip().endswith("built by rule(s): drop-relu")
@@ -128,6 +130,72 @@ def test_optimize_to_stdout_writes_only_the_graph_json(capsys: pytest.CaptureFix
     assert "graph: 62 nodes -> 34 nodes" in err and "parity: ok on " in err
     assert err.endswith(f"wrote report {report_path}\n")
     assert json.loads(report_path.read_text())["nodes_after"] == 34
+
+
+EXP_LOG = ';; exp(log(x)) = x for x > 0\n(rewrite (Exp (Log ?x)) ?x :ruleset simplify :name "exp-log")\n'
+
+
+@pytest.fixture
+def exp_log(tmp_path: Path) -> tuple[Path, Path]:
+    """A graph relu(exp(log(sigmoid(x)))) * (x * sigmoid(x)) (7 nodes), and a rule file with exp-log."""
+    g = Graph()
+    x = g.input("x", (4, 8))
+    s = g.sigmoid(x)
+    g.set_outputs([g.mul(g.relu(g.exp(g.log(s))), g.mul(x, s))])
+    graph, rule = tmp_path / "g.json", tmp_path / "mine.egg"
+    g.save(graph)
+    rule.write_text(EXP_LOG)
+    return graph, rule
+
+
+def test_optimize_rules_are_added_to_the_shipped_ones(capsys: pytest.CaptureFixture[str],
+                                                      exp_log: tuple[Path, Path]) -> None:
+    graph, rule = exp_log
+    code, out, err = run_cli(capsys, "optimize", graph, "--rules", rule, "--json")
+    assert (code, err.splitlines()[0]) == (0, "input graph graph: 7 nodes, 1 output(s)")
+    report = json.loads(out)  # stdout holds only the report
+    assert set(report["matches_per_rule"]) == {"exp-log", "silu-mul-sigmoid", "swiglu-up-first"}
+    assert (report["nodes_after"], report["fused_op_counts"]) == (3, {"ElementwiseRegion": 1, "SwiGLU": 1})
+
+
+def test_optimize_only_rules_replaces_the_shipped_ones(capsys: pytest.CaptureFixture[str],
+                                                       exp_log: tuple[Path, Path]) -> None:
+    graph, rule = exp_log
+    code, out, _ = run_cli(capsys, "optimize", graph, "--only-rules", rule, "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert list(report["matches_per_rule"]) == ["exp-log"]
+    assert (report["nodes_after"], report["fused_op_counts"]) == (5, {})  # x, Sigmoid, Relu, Mul, Mul
+
+
+def test_optimize_disable_switches_rules_off(capsys: pytest.CaptureFixture[str], exp_log: tuple[Path, Path]) -> None:
+    graph, rule = exp_log
+    code, out, _ = run_cli(capsys, "optimize", graph, "--rules", rule, "--disable", "exp-log", "--disable",
+                           "silu-mul-sigmoid", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["matches_per_rule"] == {}
+    assert (report["nodes_after"], report["fused_op_counts"]) == (5, {"ElementwiseRegion": 1})
+    code, out, err = run_cli(capsys, "optimize", graph, "--disable", "silu-mul-sigmod")
+    assert (code, out) == (EXIT_INPUT, "")
+    assert err == ("error: no rule named 'silu-mul-sigmod' to disable; close names: silu-mul-sigmoid, "
+                   "silu-sigmoid-mul, swiglu-up-first\n")
+
+
+def test_optimize_exact_extraction(capsys: pytest.CaptureFixture[str], llama1: Path) -> None:
+    code, out, err = run_cli(capsys, "optimize", llama1, "--extraction", "exact", "--json")
+    assert (code, err.splitlines()[0]) == (0, "input graph llama_L1_H64: 62 nodes, 1 output(s)")
+    report = json.loads(out)
+    assert (report["nodes_before"], report["nodes_after"]) == (62, 34)
+    assert report["extraction"] == "exact"
+
+
+def test_optimize_json_and_graph_on_stdout_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                            llama1: Path) -> None:
+    code, out, err = run_cli(capsys, "optimize", llama1, "--json", "-o", "-")
+    assert (code, out) == (EXIT_INPUT, "")
+    assert err == ("error: --json and -o - both write to stdout; write the report with --report-json FILE "
+                   "instead\n")
 
 
 # --- error paths -----------------------------------------------------------------------------------------------------
@@ -208,8 +276,8 @@ def test_rule_file_that_is_not_utf8_is_one_error_line_naming_it(capsys: pytest.C
                                                                 command: str) -> None:
     monkeypatch.chdir(tmp_path)
     Path("latin1.egg").write_bytes(b';; caf\xe9\n(rewrite (Neg (Neg ?x)) ?x :ruleset simplify :name "nn")\n')
-    args = [] if command == "rules" else [llama1]
-    code, _, err = run_cli(capsys, command, *args, "--rules", "latin1.egg")
+    args = ["list", "latin1.egg"] if command == "rules" else [llama1, "--rules", "latin1.egg"]
+    code, _, err = run_cli(capsys, command, *args)
     assert code == EXIT_INPUT
     assert err == ("error: latin1.egg:1: not UTF-8 text (invalid continuation byte 0xe9 at byte 6, column 7); "
                    "rule files must be UTF-8\n")
@@ -283,7 +351,7 @@ BAD_RULES = [
      "bad.egg:2: rule no-stage needs ':ruleset' set to one of simplify, recognize, fuse, blocks"),
     ('(rewrite (Relu ?x) (Neg ?x) :ruleset fuse :name "fine")\n'
      '(rewrite (Relu ?x 1) (Neg ?x) :ruleset fuse :name "arity")\n',
-     "bad.egg:2: Arity mismatch, expected 1 args: (Relu ?x 1)"),
+     "bad.egg:2: rule 'arity': wrong arity: Relu takes 1 argument (x), got 2 in (Relu ?x 1)"),
 ]
 
 
@@ -294,15 +362,15 @@ def test_bad_rule_files_exit_2_with_file_and_line(capsys: pytest.CaptureFixture[
                                                    message: str) -> None:
     monkeypatch.chdir(tmp_path)  # rule locations are shown relative to the working directory
     Path("bad.egg").write_text(text)
-    args = [] if command == "rules" else [llama1]
-    code, _, err = run_cli(capsys, command, *args, "--rules", "bad.egg")
+    args = ["list", "bad.egg"] if command == "rules" else [llama1, "--rules", "bad.egg"]
+    code, _, err = run_cli(capsys, command, *args)
     assert code == EXIT_INPUT
     assert err.startswith(f"error: {message}")
     assert err.count("\n") == 1
 
 
 def test_missing_rule_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, _, err = run_cli(capsys, "rules", "--rules", tmp_path / "none.egg")
+    code, _, err = run_cli(capsys, "rules", "list", tmp_path / "none.egg")
     assert code == EXIT_INPUT
     assert err == f"error: {tmp_path / 'none.egg'}: no such rule file or folder\n"
 
@@ -323,9 +391,9 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
 
 def test_closed_stdout_exits_quietly() -> None:
     read, write = os.pipe()
-    os.close(read)  # the reader is gone before the first write: like `rlx-egraph rules | head` after head exits
+    os.close(read)  # the reader is gone before the first write: like `rlx-egraph rules list | head` after head exits
     try:
-        proc = subprocess.run([sys.executable, "-m", "rlx_egraph.cli.main", "rules"], stdout=write,
+        proc = subprocess.run([sys.executable, "-m", "rlx_egraph.cli.main", "rules", "list"], stdout=write,
                               stderr=subprocess.PIPE, text=True, timeout=60, check=False)
     finally:
         os.close(write)
@@ -359,7 +427,7 @@ def test_example_rejects_layers_for_a_model_without_layers(capsys: pytest.Captur
 
 
 def test_rules_lists_every_shipped_rule_in_stage_order(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(capsys, "rules")
+    code, out, _ = run_cli(capsys, "rules", "list")
     assert code == 0
     shipped = load_rules()
     lines = out.splitlines()
@@ -378,10 +446,34 @@ def test_rules_with_a_user_file(capsys: pytest.CaptureFixture[str], tmp_path: Pa
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     Path("mine.egg").write_text(';; my rule\n(rewrite (Neg (Relu ?x)) (Neg (Relu ?x)) :ruleset fuse :name "mine")\n')
-    code, out, _ = run_cli(capsys, "rules", "--rules", "mine.egg")
+    code, out, _ = run_cli(capsys, "rules", "list", "mine.egg")
     assert code == 0
     assert out.splitlines()[1].split() == ["fuse", "mine", "mine.egg:2", "Neg", "Relu"]
     assert out.splitlines()[-1].startswith("1 rules from 1 files")
+
+
+def test_rules_list_json_gives_one_record_per_rule(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = run_cli(capsys, "rules", "list", "--json")
+    assert code == 0
+    assert json.loads(out) == RuleSet.shipped().list()
+    monkeypatch.chdir(tmp_path)
+    Path("mine.egg").write_text(EXP_LOG)
+    code, out, _ = run_cli(capsys, "rules", "list", "mine.egg", "--json")
+    assert (code, json.loads(out)) == (0, [{"name": "exp-log", "stage": "simplify", "file": "mine.egg", "line": 2,
+                                            "location": "mine.egg:2", "reads": ["Exp", "Log"], "builds": []}])
+
+
+def test_rules_needs_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "rules")
+    assert (code, out) == (EXIT_INPUT, "")
+    assert err.endswith("error: the following arguments are required: list|check\n")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--version")
+    assert (code, out) == (0, f"rlx-egraph {rlx_egraph.__version__}\n")
+    assert rlx_egraph.__version__ == importlib.metadata.version("rlx-egraph")
 
 
 def test_program_prints_the_egglog_program(capsys: pytest.CaptureFixture[str], llama1: Path) -> None:

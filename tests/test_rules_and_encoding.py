@@ -43,8 +43,9 @@ def test_every_shipped_rule_is_documented_by_a_comment_above_it():
 
 
 @pytest.mark.parametrize("text, message", [
-    ('(rewrite (Relu ?x) (Foo ?x) :ruleset fuse :name "bad")', "user.egg:1: Unbound function Foo"),
-    ('\n\n(rewrite (Add ?a ?b ?c) (Relu ?a) :ruleset fuse :name "bad")', "user.egg:3: Arity mismatch"),
+    ('(rewrite (Relu ?x) (Foo ?x) :ruleset fuse :name "bad")', "user.egg:1: rule 'bad': unknown constructor 'Foo'"),
+    ('\n\n(rewrite (Add ?a ?b ?c) (Relu ?a) :ruleset fuse :name "bad")',
+     "user.egg:3: rule 'bad': wrong arity: Add takes 2 arguments (a, b), got 3"),
     ('(rewrite (Relu ?x', "user.egg:1:"),
     ('(rewrite (Relu ?x) (Silu ?x) :ruleset nowhere :name "bad")', "needs ':ruleset' set to one of"),
     ('(rewrite (Relu ?x) (Silu ?x) :ruleset fuse)', "every rule needs a ':name"),

@@ -353,7 +353,7 @@ def test_mutated_rule_files_load_or_are_refused_with_file_and_line(tmp_path, cap
     path = tmp_path / "mine.egg"
     path.write_bytes((RULE_TEXT[:cut] + insert + RULE_TEXT[cut:]).encode("utf-8", "surrogateescape")
                      if insert != "\xff" else RULE_TEXT[:cut].encode() + b"\xff" + RULE_TEXT[cut:].encode())
-    code = main(["rules", "--rules", str(path)])
+    code = main(["rules", "list", str(path)])
     if code == 0:
         capsys.readouterr()
         return
@@ -377,5 +377,5 @@ def test_a_command_rules_cannot_hold_is_refused_at_its_own_line(tmp_path, capsys
     k = starts[at % len(starts)]
     path = tmp_path / "mine.egg"
     path.write_text("\n".join([*lines[:k], command, *lines[k:]]) + "\n")
-    assert main(["rules", "--rules", str(path)]) == 2
+    assert main(["rules", "list", str(path)]) == 2
     assert f"mine.egg:{k + 1}:" in _one_error_line(capsys)

@@ -1,10 +1,33 @@
 """rlx-egraph: optimise ML computation graphs by equality saturation."""
 
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
 from . import examples
-from .egraph import dump_egglog_program
-from .ir import Graph, GraphError, Node, TensorType
+from .egraph import RuleError, RuleSet, dump_egglog_program
+from .egraph.view import UnsoundRewrite
+from .errors import RlxError
+from .ir import Graph, GraphError, Node, ShapeError, TensorType
 from .kernels.interpreter import evaluate
+from .kernels.parity import ParityError
 from .optimize import optimize, optimize_with_report
 
-__all__ = ["Graph", "GraphError", "Node", "TensorType", "dump_egglog_program", "evaluate", "examples", "optimize",
-           "optimize_with_report"]
+try:
+    __version__ = version("rlx-egraph")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    """``OnnxImportError`` (a GraphError) is imported on first use, as it needs the ``onnx`` extra (so it is not
+    in ``__all__``)."""
+    if name == "OnnxImportError":
+        from .frontends.onnx.importer import OnnxImportError
+
+        return OnnxImportError
+    raise AttributeError(f"module 'rlx_egraph' has no attribute {name!r}")
+
+
+__all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet",
+           "ShapeError", "TensorType", "UnsoundRewrite", "__version__", "dump_egglog_program", "evaluate",
+           "examples", "optimize", "optimize_with_report"]

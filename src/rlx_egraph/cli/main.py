@@ -1,12 +1,15 @@
-"""``rlx-egraph``: demo, optimize, example, rules and program subcommands.
+"""``rlx-egraph``: demo, optimize, example, rules (list, check) and program subcommands.
+
+Rules: ``--rules F.egg`` adds files or folders to the shipped rules,
+``--only-rules F.egg`` uses them instead, ``--disable NAME`` switches a rule off.
 
 Every failure is one ``error: ...`` line on stderr (never a traceback) naming
 the file, node, op or rule, and one of these exit codes:
 
 Exit codes:
   0    success
-  1    an unsound rule: the optimized graph failed the parity check, or a rewrite was ill-typed
-  2    bad input: a missing or malformed graph or rule file, or bad arguments
+  1    an unsound rule: the optimized graph failed the parity check, a rewrite was ill-typed, or rules check found one
+  2    bad input: a missing or malformed graph or rule file, an unknown rule name, or bad arguments
   3    internal error: a bug in rlx-egraph (the line says "please report")
   130  interrupted (Ctrl-C)
   141  stdout closed early, as in ``| head`` (128 + SIGPIPE, as a shell reports it)
@@ -15,23 +18,26 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
+import json
 import os
 import signal
 import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from .. import examples
+from .. import __version__, examples
 from ..cost.targets import TARGETS
-from ..egraph import STAGES, dump_egglog_program, load_rules
-from ..egraph.rules import RuleError
+from ..egraph import STAGES, dump_egglog_program
+from ..egraph.rules import RuleError, RuleSet
 from ..egraph.view import UnsoundRewrite
 from ..ir import Graph, GraphError
 from ..kernels.parity import ParityError
 from ..optimize import optimize_with_report
+from ..options import EXTRACTIONS
 from ..report import OptimizeReport
 
 EXIT_PARITY = 1
@@ -41,6 +47,7 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 EXIT_CODES_HELP = "exit codes:\n" + (__doc__ or "").partition("Exit codes:\n")[2].replace("``", "")
 STDOUT = "-"  # as -o: write the graph JSON to stdout
+SOUNDNESS_MODULE = "rlx_egraph.egraph.soundness"  # provides check(ruleset), used by ``rules check``
 
 
 class UsageError(ValueError):
@@ -74,14 +81,22 @@ def _load_graph(path: str, input_shapes: dict[str, tuple[int, ...]] | None = Non
         raise GraphError(f"{path}: {exc}") from None
 
 
-def _optimize(graph: Graph, args: argparse.Namespace, log: TextIO) -> tuple[Graph, OptimizeReport]:
-    """Optimize with the common options and print the report to ``log``."""
-    new, report = optimize_with_report(graph, args.target, rules=args.rules, verify=args.verify)
-    print(report, file=log)
+def _ruleset(args: argparse.Namespace) -> RuleSet:
+    """The rules chosen by ``--only-rules`` (else the shipped ones), ``--rules`` and ``--disable``."""
+    rules = RuleSet.from_files(*args.only_rules) if args.only_rules else RuleSet.shipped()
+    return rules.extend(*args.rules or ()).without(args.disable or ())
+
+
+def _optimize(graph: Graph, rules: RuleSet, args: argparse.Namespace, log: TextIO) -> tuple[Graph, OptimizeReport]:
+    """Optimize with the common options and print the report to ``log`` (as JSON with ``--json``)."""
+    new, report = optimize_with_report(graph, args.target, rules=rules, verify=args.verify,
+                                       extraction=args.extraction)
+    print(report.to_json() if args.json else report, file=log)
     return new, report
 
 
 def _demo(args: argparse.Namespace) -> None:
+    rules = _ruleset(args)
     graph = examples.llama(layers=args.layers)
     print(textwrap.fill(
         f"rlx-egraph demo: a {args.layers}-layer Llama decoder, written in the primitive ops a PyTorch -> ONNX "
@@ -93,16 +108,19 @@ def _demo(args: argparse.Namespace) -> None:
     print()
     print("input " + summarize(graph))
     print()
-    new, _ = _optimize(graph, args, sys.stdout)
+    new, _ = _optimize(graph, rules, args, sys.stdout)
     print()
     print(new)
 
 
 def _optimize_cmd(args: argparse.Namespace) -> None:
+    if args.json and args.output == STDOUT:
+        raise UsageError("--json and -o - both write to stdout; write the report with --report-json FILE instead")
+    rules = _ruleset(args)
     graph = _load_graph(args.input, dict(args.input_shape or []))
-    log = sys.stderr if args.output == STDOUT else sys.stdout  # stdout carries only the graph JSON then
+    log = sys.stderr if args.output == STDOUT or args.json else sys.stdout  # stdout then carries only JSON
     print("input " + summarize(graph), file=log)
-    new, report = _optimize(graph, args, log)
+    new, report = _optimize(graph, rules, args, sys.stdout if args.json else log)
     if args.report_json:
         Path(args.report_json).write_text(report.to_json())
         print(f"wrote report {args.report_json}", file=log)
@@ -114,11 +132,11 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
         from ..onnx import export_model
 
         onnx.save(export_model(new), args.output)
-        print(f"wrote {args.output}")
+        print(f"wrote {args.output}", file=log)
     elif args.output:
         new.save(args.output)
-        print(f"wrote {args.output}: {len(new)} nodes")
-    else:
+        print(f"wrote {args.output}: {len(new)} nodes", file=log)
+    elif not args.json:
         print()
         print(new)
 
@@ -135,16 +153,31 @@ def _example(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}: " + summarize(graph))
 
 
-def _rules(args: argparse.Namespace) -> None:
-    ruleset = load_rules(args.rules)
+def _rules_list(args: argparse.Namespace) -> None:
+    ruleset = RuleSet.from_files(*args.files) if args.files else RuleSet.shipped()
+    if args.json:
+        print(json.dumps(ruleset.list(), indent=1))
+        return
     rules = sorted(ruleset.rules, key=lambda r: STAGES.index(r.stage))  # stable: file order within a stage
     print(format_table(("stage", "name", "location", "builds"),
                        [(r.stage, r.name, r.location, " ".join(sorted(r.builds))) for r in rules]))
     print(f"{len(rules)} rules from {len(ruleset.files)} files; stages run in order: {', '.join(STAGES)}")
 
 
+def _rules_check(args: argparse.Namespace) -> int:
+    """Check the rules of FILES with the soundness checker: ``check(ruleset)`` gives a result with ``ok``,
+    ``to_dict()`` and a text form; exit 1 when it found an unsound rule."""
+    ruleset = RuleSet.from_files(*args.files)
+    if importlib.util.find_spec(SOUNDNESS_MODULE) is None:
+        raise UsageError(f"rules check is not available yet: this version has no soundness checker "
+                         f"({SOUNDNESS_MODULE}); the rules of {len(ruleset.files)} file(s) loaded without errors")
+    result = importlib.import_module(SOUNDNESS_MODULE).check(ruleset)
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result)
+    return 0 if result.ok else EXIT_PARITY
+
+
 def _program(args: argparse.Namespace) -> None:
-    print(dump_egglog_program(_load_graph(args.input), args.rules))
+    print(dump_egglog_program(_load_graph(args.input), _ruleset(args)))
 
 
 def _non_negative(text: str) -> int:
@@ -170,23 +203,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlx-egraph", description="Optimize ML computation graphs by equality "
                                      "saturation with egglog.", epilog=EXIT_CODES_HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rlx-egraph {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, parents: Sequence[argparse.ArgumentParser] = (), **kwargs: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=list(parents), epilog=EXIT_CODES_HELP,
-                              formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+    def command(name: str, parents: Sequence[argparse.ArgumentParser] = (), under: Any = sub,
+                **kwargs: str) -> argparse.ArgumentParser:
+        return under.add_parser(name, parents=list(parents), epilog=EXIT_CODES_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
     rules = argparse.ArgumentParser(add_help=False)
     rules.add_argument("--rules", nargs="+", action="extend", metavar="FILE_OR_DIR",
+                       help="rule files or folders to add to the shipped rules/")
+    rules.add_argument("--only-rules", nargs="+", action="extend", metavar="FILE_OR_DIR",
                        help="rule files or folders to use instead of the shipped rules/")
+    rules.add_argument("--disable", action="append", metavar="NAME", help="switch off the rule NAME; repeatable")
     target = argparse.ArgumentParser(add_help=False)
     target.add_argument("--target", default="cpu", choices=list(TARGETS), help="cost model (default: cpu)")
+    target.add_argument("--extraction", default="greedy", choices=EXTRACTIONS,
+                        help="greedy (default) or exact (an integer program, HiGHS through scipy)")
 
-    p = command("demo", [target], help="optimize the example Llama decoder and show what happened")
+    p = command("demo", [target, rules], help="optimize the example Llama decoder and show what happened")
     p.add_argument("--layers", type=_non_negative, default=2, help="decoder layers (default: 2)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check the result against the input with numpy (default: on)")
-    p.set_defaults(run=_demo, rules=None)
+    p.set_defaults(run=_demo, json=False)
 
     p = command("optimize", [target, rules], help="optimize a graph saved as JSON or an ONNX model")
     p.add_argument("input", metavar="INPUT.json", help="a graph (.json) or an ONNX model (.onnx)")
@@ -197,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static shape of an ONNX input (binds its symbolic dims); repeatable")
     p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON on stdout, and nothing else there (other messages go to stderr)")
     p.set_defaults(run=_optimize_cmd)
 
     p = command("example", help="save an example model graph as JSON")
@@ -205,8 +247,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="OUT.json")
     p.set_defaults(run=_example)
 
-    p = command("rules", [rules], help="list the loaded rewrite rules")
-    p.set_defaults(run=_rules)
+    p = command("rules", help="list or check rewrite rules")
+    rules_sub = p.add_subparsers(dest="rules_command", required=True, metavar="list|check")
+    p = command("list", under=rules_sub, help="list the rules of FILES (default: the shipped rules)")
+    p.add_argument("files", nargs="*", metavar="FILE_OR_DIR", help="rule files or folders (default: rules/)")
+    p.add_argument("--json", action="store_true", help="one JSON record per rule")
+    p.set_defaults(run=_rules_list)
+    p = command("check", under=rules_sub, help="check that the rules of FILES are sound (exit 1 if one is not)")
+    p.add_argument("files", nargs="+", metavar="FILE.egg", help="rule files or folders")
+    p.add_argument("--json", action="store_true", help="the result as JSON")
+    p.set_defaults(run=_rules_check)
 
     p = command("program", [rules], help="print the whole egglog program for a graph")
     p.add_argument("input", metavar="INPUT.json")
@@ -233,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return int(exc.code or 0)
     try:
-        args.run(args)
+        code = args.run(args) or 0
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away: stop quietly, and keep the exit-time flush from failing too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -246,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail("interrupted", EXIT_INTERRUPTED)
     except Exception as exc:  # a bug: one line, no traceback
         return _fail(f"internal error: {type(exc).__name__}: {exc} (please report)", EXIT_INTERNAL)
-    return 0
+    return code
 
 
 if __name__ == "__main__":

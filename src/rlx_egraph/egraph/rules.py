@@ -4,9 +4,12 @@ A rule file holds ``rewrite``/``birewrite``/``rule`` commands, each with a
 ``:ruleset`` naming one of the saturation :data:`STAGES` and a unique ``:name``,
 and ``relation`` declarations for helper tables that rules share.
 Files are parsed by egglog's own parser and type-checked against the schema
-at load time, so a malformed file fails here with ``file:line``; so does any
-other command, and a rule that deletes or subsumes terms.  Files are cached by
-content, so a file edited in place is read again.
+at load time, so a malformed file fails here with ``file:line``, the rule's
+name and the problem (syntax, unknown constructor, wrong arity, wrong sort, a
+variable the left side does not bind, a duplicate name); so does any other
+command, and a rule that deletes or subsumes terms.  Files are cached by
+content, so a file edited in place is read again.  :class:`RuleSet` is the
+user-facing API: load, combine, disable, list.
 
 The parsed commands are kept (:attr:`Rule.command`), so other engines can apply
 the same rules.  What runs in egglog (:attr:`Rule.program`) is the rule
@@ -19,17 +22,20 @@ are lowercase, so they are not counted as e-nodes; the view reads them back.
 from __future__ import annotations
 
 import bisect
+import builtins
+import difflib
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from egglog import bindings as eb
 
+from ..errors import RlxError
 from ..ir.registry import REGISTRY
-from .schema import constructor_args, schema_text
+from .schema import FACT_TABLES, LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
 
 # Saturation stages, run in this order; every rule belongs to one.
 STAGES: tuple[str, ...] = ("simplify", "recognize", "fuse", "blocks")
@@ -58,7 +64,7 @@ def provenance_declaration(op: str | None) -> str:
     return f"(relation {built_by_table(op)} ({sorts} String))"
 
 
-class RuleError(ValueError):
+class RuleError(RlxError, ValueError):
     """A rule file is malformed; the message starts with ``file:line``."""
 
 
@@ -82,14 +88,67 @@ class Rule:
         return f"{self.file}:{self.line}"
 
 
+Source = tuple[str, str, bytes]  # a loaded rule file: (path, name shown in messages, content)
+
+
 @dataclass
 class RuleSet:
-    """All loaded rules and helper relations, in file order."""
+    """All loaded rules and helper relations, in file order.
+
+    Build one with :meth:`shipped`, :meth:`from_files` or :meth:`from_strings`;
+    combine with ``+`` / :meth:`extend` (the sources are loaded again together,
+    so a name used twice is an error naming both places) and switch rules off
+    with :meth:`without`.  Every operation returns a new RuleSet.
+    """
 
     rules: list[Rule]
     files: list[Path]
     declarations: list[tuple[str, Any]] = field(default_factory=list)
     provenance: list[tuple[str, Any]] = field(default_factory=list)  # provenance relations the rules fill
+    sources: tuple[Source, ...] = ()  # what was loaded, in order
+    disabled: frozenset[str] = frozenset()  # names switched off by ``without``
+
+    @classmethod
+    def shipped(cls) -> RuleSet:
+        """The rules shipped in ``rules/``."""
+        return load_rules()
+
+    @classmethod
+    def from_files(cls, *paths: str | Path) -> RuleSet:
+        """The rules of these files and folders (``*.egg`` in a folder), and only these."""
+        return load_rules(paths)
+
+    @classmethod
+    def from_strings(cls, *texts: str, names: Sequence[str] | None = None) -> RuleSet:
+        """Rules from egglog source text; ``names`` are shown in messages (default ``<string 1>``, ...)."""
+        shown = list(names) if names is not None else [f"<string {k}>" for k in range(1, len(texts) + 1)]
+        if len(shown) != len(texts):
+            raise ValueError(f"from_strings got {len(texts)} texts but {len(shown)} names")
+        return _load(tuple((name, name, text.encode()) for name, text in zip(shown, texts, strict=True)))
+
+    def __add__(self, other: RuleSet) -> RuleSet:
+        if not isinstance(other, RuleSet):
+            return NotImplemented
+        return _load(self.sources + other.sources).without(self.disabled | other.disabled)
+
+    def extend(self, *others: RuleSet | str | Path) -> RuleSet:
+        """This set followed by other sets, rule files or folders (a new RuleSet)."""
+        out = self
+        for other in others:
+            out = out + (other if isinstance(other, RuleSet) else RuleSet.from_files(other))
+        return out
+
+    def without(self, names: str | Iterable[str]) -> RuleSet:
+        """This set minus the rules named; an unknown name is a RuleError listing close names."""
+        drop = frozenset([names] if isinstance(names, str) else names)
+        known = [r.name for r in self.rules]
+        for name in sorted(drop - set(known) - self.disabled):
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+            raise RuleError(f"no rule named {name!r} to disable"
+                            + (f"; close names: {', '.join(close)}" if close else f" ({len(known)} rules loaded)"))
+        if not drop - self.disabled:
+            return self
+        return replace(self, rules=[r for r in self.rules if r.name not in drop], disabled=self.disabled | drop)
 
     @property
     def text(self) -> str:
@@ -116,6 +175,11 @@ class RuleSet:
         """A plain staged schedule (used by ``dump_egglog_program``)."""
         runs = " ".join(f"(repeat {iterations} (run {s}))" for s in STAGES)
         return f"(run-schedule {runs})\n"
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        """One JSON-ready record per rule, in file order: name, stage, file, line, location, reads, builds."""
+        return [{"name": r.name, "stage": r.stage, "file": r.file, "line": r.line, "location": r.location,
+                 "reads": sorted(r.reads), "builds": sorted(r.builds)} for r in self.rules]
 
 
 def default_rule_dir() -> Path:
@@ -192,7 +256,7 @@ def _load(files: tuple[tuple[str, str, bytes], ...]) -> RuleSet:
             rules.append(rule)
     provenance = [provenance_declaration(op) for op in [None, *(op for op in REGISTRY if op in built)]]
     return RuleSet(rules, [Path(p) for p, _, _ in files], declarations,
-                   [(text, runner.parse_program(text)[0]) for text in provenance])
+                   [(text, runner.parse_program(text)[0]) for text in provenance], files)
 
 
 def _egraph() -> eb.EGraph:
@@ -204,10 +268,39 @@ def _egraph() -> eb.EGraph:
 
 
 def _run(egraph: eb.EGraph, command: Any, file: str, line: int) -> None:
+    """Run (type-check) one command; an egglog error becomes ``file:line: rule 'name': problem``."""
     try:
         egraph.run_program(command)
     except eb.EggSmolError as exc:
-        raise RuleError(_egglog_error(file, exc, line)) from None
+        error_line, detail = _egglog_detail(exc)
+        name = _command_name(command)
+        raise RuleError(f"{file}:{error_line or line}: {f'rule {name!r}: ' if name else ''}"
+                        f"{_explain(detail, type(command).__name__ == 'RuleCommand')}") from None
+
+
+def _command_name(command: Any) -> str | None:
+    """The ``:name`` of a rule or rewrite command (None for a declaration)."""
+    part = getattr(command, "rule", None) or getattr(command, "rewrite", None)
+    return getattr(part, "name", None) or None
+
+
+def _explain(detail: str, is_rule: bool) -> str:
+    """egglog's type-check message in the words of a rule file: which problem, and what was expected."""
+    if m := re.fullmatch(r"Unbound function (\S+)", detail):
+        known = [NO_INPUT, LIST_NIL, LIST_CONS, *REGISTRY, *FACT_TABLES]
+        close = difflib.get_close_matches(m.group(1), known, n=1)
+        return f"unknown constructor {m.group(1)!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+    if m := re.fullmatch(r"Arity mismatch, expected (\d+) args: \((\S+)(.*)\)", detail, re.S):
+        op, given = m.group(2), len(m.group(3).split())  # egglog shows the call with its arguments as written
+        args = f" ({', '.join(a.name for a in constructor_args(REGISTRY[op]))})" if op in REGISTRY else ""
+        takes = f"{m.group(1)} argument{'' if m.group(1) == '1' else 's'}"
+        return f"wrong arity: {op} takes {takes}{args}, got {given} in {detail.partition(': ')[2]}"
+    if m := re.fullmatch(r"Expect expression (.+) to have type (\S+), but get type (\S+)", detail, re.S):
+        return f"wrong type: {m.group(1)} has sort {m.group(3)} where sort {m.group(2)} is expected"
+    if m := re.fullmatch(r"Unbound symbol (\S+)", detail):
+        side = "its query" if is_rule else "the left side"
+        return f"variable {m.group(1)} is used but {side} does not bind it"
+    return detail
 
 
 def _decode(file: str, data: bytes) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from egglog import bindings as eb
 
+from ..errors import RlxError
 from ..ir.graph import Graph, attrs_equal
 from ..ir.registry import REGISTRY, AttrType, TensorType
 from .budget import Deadline
@@ -35,7 +36,7 @@ from .rules import MERGED_BY, RuleSet, built_by_table
 from .schema import LIST_CONS, NO_INPUT, constructor_args
 
 
-class UnsoundRewrite(RuntimeError):
+class UnsoundRewrite(RlxError, RuntimeError):
     """A saturated e-class holds terms of different types (an unsound rule)."""
 
 

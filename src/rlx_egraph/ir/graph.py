@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._builders import GraphBuilders
+from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .registry import REGISTRY, REQUIRED, Kind, OpSpec, ShapeError, TensorType
 
@@ -36,7 +38,7 @@ RECORD_FIELDS = ("id", "op", "inputs", "attrs")  # a record for from_nodes; a fi
 FILE_RECORD_FIELDS = (*RECORD_FIELDS, "shape", "dtype")
 
 
-class GraphError(ValueError):
+class GraphError(RlxError, ValueError):
     """A graph, node or file is malformed; the message names node, op and problem."""
 
 
@@ -112,7 +114,7 @@ def format_attrs(attrs: dict[str, Any]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-class Graph:
+class Graph(GraphBuilders):
     """A MIR graph.  Build it with the op methods, then :meth:`set_outputs`."""
 
     def __init__(self, name: str = "graph") -> None:

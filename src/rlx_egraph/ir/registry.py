@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import RlxError
 from .dtypes import DTYPES
 
 if TYPE_CHECKING:
     from .graph import Graph
 
 
-class ShapeError(ValueError):
+class ShapeError(RlxError, ValueError):
     """Raised by shape rules and attribute checks; the graph adds node and op."""
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import RlxError
 from ..ir.dtypes import PARITY_TOLERANCE, dtype, loosest, widened
 from ..ir.graph import Graph, Node
 from ..ir.registry import AttrType, Kind
@@ -36,7 +37,7 @@ ROUNDING_FACTOR = 4.0
 _PROBES = {True: (-1e4, 1e4), False: (0, 1)}  # by is_float
 
 
-class ParityError(AssertionError):
+class ParityError(RlxError, AssertionError):
     """An optimized node differs from what it replaced; names the node and the rules."""
 
 

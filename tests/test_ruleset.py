@@ -1,0 +1,162 @@
+"""The user-facing RuleSet: load from files or strings, combine, disable, list; load errors by exact message."""
+
+from pathlib import Path
+
+import pytest
+
+from rlx_egraph import Graph, optimize_with_report
+from rlx_egraph.egraph.rules import RuleError, RuleSet, default_rule_dir, load_rules
+
+EXP_LOG = ';; exp(log(x)) = x for x > 0\n(rewrite (Exp (Log ?x)) ?x :ruleset simplify :name "exp-log")\n'
+
+
+def exp_log_graph() -> Graph:
+    g = Graph()
+    x = g.input("x", (4, 8))
+    g.set_outputs([g.relu(g.exp(g.log(g.sigmoid(x))))])
+    return g
+
+
+def load_error(text: str) -> str:
+    with pytest.raises(RuleError) as err:
+        RuleSet.from_strings(text, names=["mine.egg"])
+    return str(err.value)
+
+
+def test_shipped_is_the_default_rule_set() -> None:
+    assert RuleSet.shipped() is load_rules() is RuleSet.from_files(default_rule_dir())
+    assert RuleSet.shipped().disabled == frozenset()
+
+
+def test_from_strings_names_its_sources() -> None:
+    one, two = RuleSet.from_strings(EXP_LOG, '\n(rewrite (Neg (Neg ?x)) ?x :ruleset simplify :name "nn")\n').list()
+    assert (one["name"], one["location"], two["name"], two["location"]) == ("exp-log", "<string 1>:2",
+                                                                             "nn", "<string 2>:2")
+    with pytest.raises(ValueError) as err:
+        RuleSet.from_strings(EXP_LOG, names=["a.egg", "b.egg"])
+    assert str(err.value) == "from_strings got 1 texts but 2 names"
+
+
+def test_list_gives_one_record_per_rule() -> None:
+    records = RuleSet.from_strings(EXP_LOG, names=["mine.egg"]).list()
+    assert records == [{"name": "exp-log", "stage": "simplify", "file": "mine.egg", "line": 2,
+                        "location": "mine.egg:2", "reads": ["Exp", "Log"], "builds": []}]
+    shipped = RuleSet.shipped()
+    assert [r["name"] for r in shipped.list()] == [r.name for r in shipped.rules]
+
+
+def test_adding_user_rules_to_the_shipped_ones(tmp_path: Path) -> None:
+    path = tmp_path / "mine.egg"
+    path.write_text(EXP_LOG)
+    shipped, mine = RuleSet.shipped(), RuleSet.from_files(path)
+    combined = shipped + mine
+    assert [r.name for r in combined.rules] == [r.name for r in shipped.rules] + ["exp-log"]
+    assert combined.by_name("exp-log").location == f"{path}:2"
+    assert [r.name for r in shipped.extend(path).rules] == [r.name for r in combined.rules]
+    assert len(shipped.rules) == len(combined.rules) - 1  # the operands are not changed
+    optimized, report = optimize_with_report(exp_log_graph(), rules=combined, regions=False)
+    assert [n.op for n in optimized.nodes] == ["Input", "Sigmoid", "Relu"]
+    assert report.matches_per_rule["exp-log"] >= 1
+
+
+def test_replacing_the_shipped_rules() -> None:
+    only = RuleSet.from_strings(EXP_LOG)
+    assert [r.name for r in only.rules] == ["exp-log"]
+    g = Graph()
+    x = g.input("x", (4, 8))
+    g.set_outputs([g.mul(x, g.sigmoid(g.exp(g.log(x))))])  # x * sigmoid(x) once exp-log fired: no Silu rule here
+    optimized, report = optimize_with_report(g, rules=only, regions=False)
+    assert [n.op for n in optimized.nodes] == ["Input", "Sigmoid", "Mul"]
+    assert set(report.matches_per_rule) <= {"exp-log"}
+
+
+def test_without_disables_rules_by_name_and_survives_adding() -> None:
+    shipped = RuleSet.shipped()
+    less = shipped.without(["silu-mul-sigmoid", "silu-sigmoid-mul"])
+    assert len(less.rules) == len(shipped.rules) - 2
+    assert less.disabled == {"silu-mul-sigmoid", "silu-sigmoid-mul"}
+    assert "silu-mul-sigmoid" not in [r.name for r in (less + RuleSet.from_strings(EXP_LOG)).rules]
+    assert less.without("silu-mul-sigmoid") is less  # disabling twice is not an error
+    g = Graph()
+    x = g.input("x", (4, 8))
+    g.set_outputs([g.mul(x, g.sigmoid(x))])
+    assert [n.op for n in optimize_with_report(g, rules=shipped, regions=False)[0].nodes] == ["Input", "Silu"]
+    optimized, report = optimize_with_report(g, rules=less, regions=False)
+    assert [n.op for n in optimized.nodes] == ["Input", "Sigmoid", "Mul"]
+    assert "silu-mul-sigmoid" not in report.matches_per_rule
+
+
+def test_without_an_unknown_name_lists_close_names() -> None:
+    with pytest.raises(RuleError) as err:
+        RuleSet.shipped().without("silu-mul-sigmod")
+    assert str(err.value) == ("no rule named 'silu-mul-sigmod' to disable; close names: silu-mul-sigmoid, "
+                              "silu-sigmoid-mul, swiglu-up-first")
+    with pytest.raises(RuleError) as err:
+        RuleSet.from_strings(EXP_LOG).without(["exp-log", "zzz"])
+    assert str(err.value) == "no rule named 'zzz' to disable (1 rules loaded)"
+
+
+def test_adding_a_rule_set_twice_names_both_places() -> None:
+    mine = RuleSet.from_strings(EXP_LOG, names=["mine.egg"])
+    other = RuleSet.from_strings('(rewrite (Relu ?x) (Relu ?x) :ruleset fuse :name "exp-log")', names=["b.egg"])
+    with pytest.raises(RuleError) as err:
+        mine + other
+    assert str(err.value) == "b.egg:1: rule name 'exp-log' is already used at mine.egg:2"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('(rewrite (Relu ?x) (Neg ?x)) :ruleset simplify :name "oops")\n', "mine.egg:1: parse error: unexpected `)`"),
+    ('\n(rewrite (Relu ?x) (Foo ?x) :ruleset fuse :name "bad")\n', "mine.egg:2: rule 'bad': unknown constructor 'Foo'"),
+    ('(rewrite (Relu ?x) (Sigmod ?x) :ruleset fuse :name "bad")\n',
+     "mine.egg:1: rule 'bad': unknown constructor 'Sigmod'; did you mean 'Sigmoid'?"),
+    ('\n\n(rewrite (Add ?a ?b ?c) (Relu ?a) :ruleset fuse :name "bad")\n',
+     "mine.egg:3: rule 'bad': wrong arity: Add takes 2 arguments (a, b), got 3 in (Add ?a ?b ?c)"),
+    ('(rewrite (Narrow ?x -1 0 64) (Narrow ?x "a" 0 64) :ruleset fuse :name "bad")\n',
+     "mine.egg:1: rule 'bad': wrong type: \"a\" has sort String where sort i64 is expected"),
+    ('(rewrite (Narrow ?x -1 0 64) (Narrow ?x -1 0 1.5) :ruleset fuse :name "bad")\n',
+     "mine.egg:1: rule 'bad': wrong type: 1.5 has sort f64 where sort i64 is expected"),
+    ('(rewrite (Relu ?x) (Add ?x ?y) :ruleset fuse :name "bad")\n',
+     "mine.egg:1: rule 'bad': variable ?y is used but the left side does not bind it"),
+    ('(rule ((= ?e (Relu ?x)))\n      ((union ?e (Add ?x ?y)))\n      :ruleset fuse :name "bad")\n',
+     "mine.egg:2: rule 'bad': variable ?y is used but its query does not bind it"),
+    ('(rewrite (Relu ?x) (Neg ?x) :ruleset fuse :name "a")\n(rewrite (Neg ?x) (Relu ?x) :ruleset fuse :name "a")\n',
+     "mine.egg:2: rule name 'a' is already used at mine.egg:1"),
+], ids=["syntax", "unknown-constructor", "close-constructor", "arity", "attribute-type", "float-for-int",
+        "unbound-rewrite", "unbound-rule", "duplicate"])
+def test_load_errors_name_file_line_rule_and_problem(text: str, message: str) -> None:
+    assert load_error(text) == message
+
+
+def test_a_rule_file_with_an_error_is_named_by_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.egg"
+    path.write_text('(rewrite (Relu ?x) (Foo ?x) :ruleset fuse :name "bad")\n')
+    with pytest.raises(RuleError) as err:
+        RuleSet.shipped().extend(path)
+    assert str(err.value) == f"{path}:1: rule 'bad': unknown constructor 'Foo'"
+
+
+def test_the_readme_walkthrough_rule_fires_as_documented(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Writing a rule\n")[1]
+    rule_text = section.split("```\n")[1]  # the first code block: the rule file
+    path = tmp_path / "silu_div.egg"
+    path.write_text("\n".join(line[3:] for line in rule_text.splitlines()) + "\n")
+    g = Graph()
+    x = g.input("x", (4, 64))
+    w, b = g.param("w", (64, 64)), g.param("b", (64,))
+    h = g.add(g.matmul(x, w), b)
+    g.set_outputs([g.div(h, g.add(g.scalar(1.0), g.exp(g.neg(h))))])
+    rules = RuleSet.shipped() + RuleSet.from_files(path)
+    assert [(r["name"], r["line"], r["builds"]) for r in RuleSet.from_files(path).list()] == [
+        ("silu-div-exp", 2, ["Silu"])]
+    optimized, report = optimize_with_report(g, rules=rules, verify=True)
+    # shared-input-*weight record the matmul's weight as a candidate for a shared-input concatenation
+    assert set(report.matches_per_rule) == {"matmul-bias", "matmul-bias-silu", "silu-div-exp", "shared-input-weight",
+                                            "shared-input-linear-weight"}
+    assert [(f.node, f.op, f.rules, f.replaces) for f in report.fusions] == [
+        (3, "FusedMatMulBiasAct", ("matmul-bias-silu",), (9,))]
+    assert [n.op for n in optimized.nodes] == ["Input", "Param", "Param", "FusedMatMulBiasAct"]
+    assert optimized.nodes[3].attrs["act"] == "silu"
+    assert str(report.fusions[0]) in section
+    without, _ = optimize_with_report(g, rules=RuleSet.shipped())
+    assert len(without) == 6
