@@ -39,7 +39,7 @@ REPEATS = 3
 @dataclass(frozen=True)
 class Row:
     case: str
-    graph: str  # "optimized" or "as built"
+    graph: str  # "optimized" or "as-built"
     nodes: int
     steps: int
     scratch_buffers: int
@@ -64,7 +64,7 @@ def measure(name: str, graph: Graph, target: str, optimize: bool) -> Row:
     """Compile ``graph`` for ``target`` and time planning its result."""
     compiled = compile_graph(graph, target, optimize=optimize).graph
     seconds, plan = min((_timed(lambda: plan_memory(compiled, target)) for _ in range(REPEATS)), key=lambda t: t[0])
-    return Row(name, "optimized" if optimize else "as built", len(compiled), len(plan.steps),
+    return Row(name, "optimized" if optimize else "as-built", len(compiled), len(plan.steps),
                sum(b.section is Section.SCRATCH for b in plan.buffers),
                plan.arena_bytes, plan.lower_bound_bytes, plan.no_reuse_bytes, plan.scratch_bytes,
                plan.scratch_lower_bound_bytes, seconds)

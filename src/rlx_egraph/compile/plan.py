@@ -360,7 +360,7 @@ def _views(graph: Graph) -> dict[int, tuple[int, int, tuple[int, ...]]]:
         start = 0
         for i in node.inputs:
             part = graph.node(i)
-            if i not in views and part.op in ("Param", "ConcatParams") and i not in graph.outputs:
+            if i not in views and part.op in ("Param", "ConcatParams"):
                 views[i] = (root, offset + start * strides[axis], strides)
             start += part.shape[axis]
     for node in graph.nodes:
