@@ -138,6 +138,8 @@ def test_module_errors_name_the_layer():
             call()
     assert len(m.layers) == 2 and m.lower() == before  # failed layers leave nothing behind
     assert m.type(1).shape == (2, 4, 8)
+    with pytest.raises(GraphError, match=r"module 'm': 2 is not a value of the module"):
+        m.type(2)
 
 
 # --- legalization ----------------------------------------------------------------------------------------

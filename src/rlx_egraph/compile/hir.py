@@ -138,7 +138,13 @@ def _lower_input(lw: _Lowering, name: str, ins: list[int], a: Attrs) -> int:
     return lw.g.input(name, a["shape"], a["dtype"])
 
 
+def _check_act(act: str) -> None:
+    if act not in EPILOGUES:
+        raise GraphError(f"act={act!r} must be one of {list(EPILOGUES)}")
+
+
 def _lower_linear(lw: _Lowering, name: str, ins: list[int], a: Attrs) -> int:
+    _check_act(a["act"])
     return _project(lw, ins[0], name, a["features"], a["bias"], a["act"])
 
 
@@ -171,6 +177,8 @@ def _head_dim(lw: _Lowering, x: int, heads: int) -> int:
 def _lower_attention(lw: _Lowering, name: str, ins: list[int], a: Attrs) -> int:
     """q/k/v projections, packed Attention (no mask, causal, or a [B, S] key mask), output projection."""
     x, mask = ins[0], (ins[1] if len(ins) > 1 else None)
+    if a["mask"] not in ("none", "causal"):
+        raise GraphError(f"mask={a['mask']!r} must be None, 'causal' or a key-mask value")
     width, heads = lw.width(x), a["heads"]
     head_dim = _head_dim(lw, x, heads)
     names = [f"{name}.{p}" for p in QKV]
@@ -190,6 +198,8 @@ def _lower_transformer_block(lw: _Lowering, name: str, ins: list[int], a: Attrs)
     """Post-norm BERT layer: attention, LayerNorm(attn + x), FFN (act), LayerNorm(ffn + h1).
     ``direct`` with a key mask under the token bound: one FusedTransformerLayer."""
     x, mask = ins[0], (ins[1] if len(ins) > 1 else None)
+    _check_act(a["act"])
+    _head_dim(lw, x, a["heads"])
     attention = {"heads": a["heads"], "kv_heads": 0, "mask": "none", "bias": True}
     if _block_applies(lw, x, mask, attention):
         return _fused_transformer_layer(lw, name, x, mask, a)
@@ -262,9 +272,6 @@ class Module:
 
     def linear(self, x: int, features: int, name: str, bias: bool = True, act: str = "none") -> int:
         """``act(x @ <name>.weight + <name>.bias)``; ``act`` is one of FusedMatMulBiasAct's epilogues."""
-        if act not in EPILOGUES:
-            raise GraphError(f"layer {len(self.layers)} (linear {name!r}): act={act!r} must be one of "
-                             f"{list(EPILOGUES)}")
         return self._add("linear", name, (x,), features=features, bias=bias, act=act)
 
     def swiglu_ffn(self, x: int, hidden: int, name: str) -> int:
@@ -276,19 +283,13 @@ class Module:
         """Multi-head attention on ``x`` [B, S, W]: ``mask`` None, ``"causal"`` or a [B, S] key-mask value;
         ``kv_heads`` (0: = heads) for grouped-query attention."""
         if isinstance(mask, str):
-            if mask != "causal":
-                raise GraphError(f"layer {len(self.layers)} (attention {name!r}): mask={mask!r} must be None, "
-                                 "'causal' or a key-mask value")
-            return self._add("attention", name, (x,), heads=heads, kv_heads=kv_heads, mask="causal", bias=bias)
+            return self._add("attention", name, (x,), heads=heads, kv_heads=kv_heads, mask=mask, bias=bias)
         inputs = (x,) if mask is None else (x, mask)
         return self._add("attention", name, inputs, heads=heads, kv_heads=kv_heads, mask="none", bias=bias)
 
     def transformer_block(self, x: int, heads: int, ffn: int, name: str, mask: int | None = None,
                           act: str = "gelu", eps: float = 1e-12) -> int:
         """A post-norm BERT layer (attention, residual LayerNorm, FFN with ``act``, residual LayerNorm)."""
-        if act not in EPILOGUES:
-            raise GraphError(f"layer {len(self.layers)} (transformer_block {name!r}): act={act!r} must be one of "
-                             f"{list(EPILOGUES)}")
         inputs = (x,) if mask is None else (x, mask)
         return self._add("transformer_block", name, inputs, heads=heads, ffn=ffn, act=act, eps=eps)
 
@@ -308,15 +309,14 @@ class Module:
 
     def set_outputs(self, values: Sequence[int]) -> None:
         values = tuple(values)
-        bad = [v for v in values if not 0 <= v < len(self.layers)]
-        if bad:
-            raise GraphError(f"module {self.name!r}: output {bad[0]} is not a value of the module")
+        self._check_values(values, f"module {self.name!r}: output")
         self.outputs = values
 
     # --- queries and lowering -------------------------------------------------------------------
 
     def type(self, value: int) -> TensorType:
         """The shape and dtype of ``value``."""
+        self._check_values((value,), f"module {self.name!r}:")
         return self._lowering.g.node(self._lowering.values[value]).type
 
     def lower(self, policy: Policy | str | None = None) -> Graph:
@@ -328,9 +328,7 @@ class Module:
 
     def _add(self, kind: str, name: str, inputs: tuple[int, ...], **attrs: Any) -> int:
         index = len(self.layers)
-        bad = [v for v in inputs if not (isinstance(v, int) and 0 <= v < index)]
-        if bad:
-            raise GraphError(f"layer {index} ({kind} {name!r}): input {bad[0]!r} is not a value of the module")
+        self._check_values(inputs, f"layer {index} ({kind} {name!r}): input")
         layer = Layer(kind, name, inputs, attrs)
         try:
             self._lowering.add(layer)
@@ -341,6 +339,12 @@ class Module:
             raise GraphError(f"layer {index} ({kind} {name!r}): {exc}") from None
         self.layers.append(layer)
         return index
+
+
+    def _check_values(self, values: Sequence[Any], what: str) -> None:
+        bad = [v for v in values if not (isinstance(v, int) and 0 <= v < len(self.layers))]
+        if bad:
+            raise GraphError(f"{what} {bad[0]!r} is not a value of the module")
 
 
 __all__ = ["ATTENTION_BLOCK_MAX_TOKENS", "Layer", "Module", "Policy", "policy_of"]

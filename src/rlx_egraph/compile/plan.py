@@ -133,14 +133,14 @@ class View:
 
 @dataclass(frozen=True)
 class IoEntry:
-    """One named value the host writes or reads: where it is in the arena (None: not kept there)."""
+    """One named value the host writes or reads, at arena byte ``offset`` with byte ``strides``."""
 
     name: str
     node: int
     shape: tuple[int, ...]
     dtype: str
-    offset: int | None
-    strides: tuple[int, ...] | None
+    offset: int
+    strides: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -215,12 +215,8 @@ class Plan:
 
     def phase_of(self, node: int) -> Phase:
         """The phase computing ``node``'s value (a view's: its root's)."""
-        view = self.views.get(node)
-        root = node if view is None else view.root
-        for step in self.steps:
-            if step.node == root and step.phase is not Phase.EPILOGUE:
-                return step.phase
-        return Phase.PROLOGUE  # a weight only read while preparing a derived weight
+        root = self.buffer_of(node).node
+        return next(s.phase for s in self.steps if s.node == root and s.phase is not Phase.EPILOGUE)
 
     # --- checks, identity, execution ------------------------------------------------------------
 
@@ -248,9 +244,8 @@ class Plan:
             "steps": [[s.index, s.phase.value, s.action, s.node] for s in self.steps],
             "buffers": [[b.node, b.section.value, b.offset, b.size, b.first, b.last] for b in self.buffers],
             "views": [[v.node, v.root, v.offset, list(v.strides)] for v in self.views.values()],
-            "io": {kind: [[e.name, e.node, list(e.shape), e.dtype, e.offset,
-                           None if e.strides is None else list(e.strides)] for e in getattr(self.io, kind)]
-                   for kind in ("inputs", "outputs", "params")},
+            "io": {kind: [[e.name, e.node, list(e.shape), e.dtype, e.offset, list(e.strides)]
+                          for e in getattr(self.io, kind)] for kind in ("inputs", "outputs", "params")},
             "sections": {s.value: list(v) for s, v in self.sections.items()},
         }
 
@@ -297,7 +292,7 @@ def plan_memory(graph: Graph, target: str = "cpu", alignment: int = ALIGNMENT) -
     fixed: dict[Section, list[tuple[int, int, int]]] = {s: [] for s in FIXED}  # node, size, first step
     scratch: list[Buffer] = []  # offsets relative to the section, set by _place_scratch
     for node in graph.nodes:
-        if node.id in views or node.id not in computed:
+        if node.id in views:
             continue
         size, first = value_bytes(node.type), computed[node.id]
         if node.op == "Input":
@@ -323,20 +318,17 @@ def plan_memory(graph: Graph, target: str = "cpu", alignment: int = ALIGNMENT) -
         base = offset
     offsets = _place_scratch(scratch, len(steps), alignment)
     buffers += [replace(b, offset=base + off) for b, off in zip(scratch, offsets, strict=True)]
-    sections[Section.SCRATCH] = (base, max((off + align(b.size, alignment) for b, off in zip(scratch, offsets,
-                                                                                                strict=True)),
-                                           default=0))
+    sections[Section.SCRATCH] = (base, max((b.offset - base + align(b.size, alignment) for b in buffers
+                                            if b.section is Section.SCRATCH), default=0))
 
     value_buffers: dict[int, int] = {}
     output_buffers: dict[int, int] = {}
     copied_nodes = {s.node for s in copied}
     for k, b in enumerate(buffers):
-        if b.section is Section.OUTPUTS and b.node in copied_nodes:
+        if b.section is Section.OUTPUTS:
             output_buffers[b.node] = k
-        else:
+        if b.section is not Section.OUTPUTS or b.node not in copied_nodes:
             value_buffers[b.node] = k
-            if b.node in outputs:
-                output_buffers[b.node] = k
     resolved = {n: View(n, root, offset, strides) for n, (root, offset, strides) in views.items()}
     io = _manifest(graph, resolved, buffers, value_buffers, output_buffers)
     return Plan(graph, target, alignment, tuple(steps), tuple(buffers), resolved, sections, value_buffers,
