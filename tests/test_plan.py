@@ -263,6 +263,21 @@ def test_a_misaligned_or_out_of_section_buffer_is_caught():
         _with_buffer(plan, 1, offset=plan.buffer_of(1).offset + 8).check()
     with pytest.raises(PlanError, match=r"runs outside the scratch section \[32768, 65536\)"):
         _with_buffer(plan, 1, offset=plan.arena_bytes).check()
+    outputs = [k for k, b in enumerate(plan.buffers) if b.section is Section.OUTPUTS]
+    over_input = dataclasses.replace(plan, buffers=tuple(dataclasses.replace(b, offset=0) if k in outputs else b
+                                                         for k, b in enumerate(plan.buffers)),
+                                     sections={**plan.sections, Section.OUTPUTS: (0, 16384)})
+    with pytest.raises(PlanError, match=r"the outputs section \[0, 16384\) does not follow the previous section, "
+                                        r"which ends at 16384"):
+        over_input.check()
+    g = Graph("two inputs")
+    a, b = g.input("a", (4,)), g.input("b", (4,))
+    g.set_outputs([g.add(a, b)])
+    plan = plan_memory(g)
+    same = tuple(dataclasses.replace(x, offset=0) if x.node == b else x for x in plan.buffers)
+    with pytest.raises(PlanError, match=r"buffers of node 0 and node 1 share bytes while both are live "
+                                        r"\(steps 0..3 and 1..3\)"):
+        dataclasses.replace(plan, buffers=same).check()
 
 
 # --- the runner equals evaluate on random graphs ------------------------------------------------------------

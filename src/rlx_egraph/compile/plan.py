@@ -36,6 +36,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -526,21 +527,30 @@ def _manifest(graph: Graph, views: Mapping[int, View], buffers: Sequence[Buffer]
 def check_plan(plan: Plan) -> None:
     """See :meth:`Plan.check`."""
     g = plan.graph
+    base = 0
+    for section, (start, size) in plan.sections.items():
+        if start != base or size < 0 or start % plan.alignment:
+            raise PlanError(f"the {section.value} section [{start}, {start + size}) does not follow the previous "
+                            f"section, which ends at {base}, at an aligned offset")
+        base = start + size
     for k, b in enumerate(plan.buffers):
-        base, size = plan.sections[b.section]
+        start, size = plan.sections[b.section]
         if b.offset % plan.alignment:
             raise PlanError(f"buffer {k} (node {b.node}) at offset {b.offset} is not aligned to {plan.alignment}")
-        if not base <= b.offset or b.offset + b.size > base + size:
+        if not start <= b.offset or b.offset + b.size > start + size:
             raise PlanError(f"buffer {k} (node {b.node}) [{b.offset}, {b.offset + b.size}) runs outside the "
-                            f"{b.section.value} section [{base}, {base + size})")
-    scratch = sorted((b.offset, k) for k, b in enumerate(plan.buffers) if b.section is Section.SCRATCH)
-    for pos, (_, k) in enumerate(scratch):
-        a = plan.buffers[k]
-        for _, j in scratch[pos + 1:]:
-            b = plan.buffers[j]
-            if b.offset >= a.offset + a.size:
-                break
-            if a.overlaps(b):
+                            f"{b.section.value} section [{start}, {start + size})")
+    # Fixed buffers are live throughout: no two may share a byte.  Scratch buffers live at one step may not.
+    # Sorted by offset, a group with two overlapping buffers has two neighbours that overlap.
+    groups: dict[int, list[Buffer]] = {-1: [b for b in plan.buffers if b.section is not Section.SCRATCH]}
+    for b in plan.buffers:
+        if b.section is Section.SCRATCH:
+            for t in range(b.first, b.last + 1):
+                groups.setdefault(t, []).append(b)
+    for group in groups.values():
+        ordered = sorted(group, key=lambda b: (b.offset, b.node))
+        for a, b in pairwise(ordered):
+            if b.offset < a.offset + a.size:
                 raise PlanError(f"buffers of node {a.node} and node {b.node} share bytes while both are live "
                                 f"(steps {a.first}..{a.last} and {b.first}..{b.last})")
     for view in plan.views.values():
