@@ -4,6 +4,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from . import examples
+from .compile import compile, specialize
 from .egraph import RuleError, RuleSet, dump_egglog_program
 from .egraph.view import UnsoundRewrite
 from .errors import RlxError
@@ -29,5 +30,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet",
-           "ShapeError", "TensorType", "UnsoundRewrite", "__version__", "dump_egglog_program", "evaluate",
-           "examples", "optimize", "optimize_with_report"]
+           "ShapeError", "TensorType", "UnsoundRewrite", "__version__", "compile", "dump_egglog_program", "evaluate",
+           "examples", "optimize", "optimize_with_report", "specialize"]

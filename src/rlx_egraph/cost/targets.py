@@ -74,6 +74,11 @@ from .model import IoProfile, NodeCost, fusion_benefit, node_cost
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "min_gain_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
+_COUNTS = ("region_max_steps", "region_max_inputs")
+
+# The longest ElementwiseRegion chain a region kernel runs, and the most inputs it reads.
+REGION_MAX_STEPS = 16
+REGION_MAX_INPUTS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +89,8 @@ class Target:
     true; its default 1.0 B/ns is the seed's effective figure (see the module
     docstring).  ``host_thunk_penalty_ns`` is charged per host-sync point a
     fusion *adds*; ``min_gain_ns`` is the least predicted gain worth a rewrite.
-    ``region_kernels`` says whether the backend runs ElementwiseRegion natively.
+    ``region_kernels`` says whether the backend runs ElementwiseRegion natively, and
+    ``region_max_steps`` / ``region_max_inputs`` bound the regions it runs.
     """
 
     name: str
@@ -99,6 +105,8 @@ class Target:
     flops_per_ns: float = math.inf
     unsupported: frozenset[str] = field(default_factory=frozenset)
     region_kernels: bool = True
+    region_max_steps: int = REGION_MAX_STEPS
+    region_max_inputs: int = REGION_MAX_INPUTS
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -111,6 +119,10 @@ class Target:
             value = getattr(self, knob)
             if not value > 0:
                 raise ValueError(f"target {self.name!r}: {knob}={value} must be > 0")
+        for knob in _COUNTS:
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"target {self.name!r}: {knob}={value!r} must be an integer >= 1")
         unsupported = frozenset(self.unsupported)
         unknown = sorted(unsupported - REGISTRY.keys())
         if unknown:

@@ -4,7 +4,8 @@ Applied to the extracted graph, outside egglog: a region is variadic (any
 number of inputs and steps), which one egglog constructor pattern cannot
 express.  A chain grows through values that are used exactly once (never a
 graph output) and whose shape matches the region's or broadcasts into it from
-the trailing axes; it stops at ``max_steps`` steps or ``max_inputs`` inputs.
+the trailing axes; it stops at the target's ``region_max_steps`` steps or
+``region_max_inputs`` inputs.
 A target without region kernels keeps the ops unfused, and a region is kept
 only when the cost model says it pays.  ``ir.decompose.decompose(graph, {"ElementwiseRegion"})`` is the inverse.
 
@@ -20,6 +21,7 @@ import json
 from dataclasses import dataclass
 
 from ..cost import Target
+from ..cost.targets import REGION_MAX_INPUTS, REGION_MAX_STEPS
 from ..ir.graph import Graph, Node
 from ..ir.registry import Kind, op_spec
 
@@ -48,7 +50,7 @@ def eligible(graph: Graph, node: Node) -> bool:
     return True
 
 
-def find_regions(graph: Graph, max_steps: int = 16, max_inputs: int = 8) -> list[Region]:
+def find_regions(graph: Graph, max_steps: int = REGION_MAX_STEPS, max_inputs: int = REGION_MAX_INPUTS) -> list[Region]:
     """Chains of two or more eligible nodes, each inner value used once."""
     outputs = set(graph.outputs)
     members: dict[int, list[int]] = {}  # tail -> members so far
@@ -93,15 +95,21 @@ def chain_json(graph: Graph, region: Region) -> str:
     return json.dumps({"inputs": [graph.node(i).dtype for i in region.inputs], "steps": steps})
 
 
-def apply_regions(graph: Graph, target: Target, max_steps: int = 16,
-                  max_inputs: int = 8) -> tuple[Graph, dict[int, int], list[Region]]:
+def apply_regions(graph: Graph, target: Target) -> tuple[Graph, dict[int, int], list[Region]]:
     """``graph`` with its regions fused when ``target`` has region kernels and they pay.
 
     Returns the new graph, a map new node id -> ``graph`` node id of the same
     value, and the regions applied.
     """
-    regions = find_regions(graph, max_steps, max_inputs) if target.region_kernels else []
+    regions = find_regions(graph, target.region_max_steps, target.region_max_inputs) if target.region_kernels else []
     regions = [r for r in regions if _pays(graph, r, target)]
+    out, same_value = fuse_regions(graph, regions)
+    return out, same_value, regions
+
+
+def fuse_regions(graph: Graph, regions: list[Region]) -> tuple[Graph, dict[int, int]]:
+    """``graph`` with each of ``regions`` replaced by one ElementwiseRegion node; returns it and a map
+    new node id -> ``graph`` node id of the same value."""
     by_tail = {r.tail: r for r in regions}
     absorbed = {m for r in regions for m in r.members if m != r.tail}
     out = Graph(graph.name)
@@ -118,7 +126,7 @@ def apply_regions(graph: Graph, target: Target, max_steps: int = 16,
         new_id[node.id] = nid
         same_value[nid] = node.id
     out.set_outputs(new_id[o] for o in graph.outputs)
-    return out, same_value, regions
+    return out, same_value
 
 
 def _pays(graph: Graph, region: Region, target: Target) -> bool:
