@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,34 @@ def format_attrs(attrs: dict[str, Any]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any],
+               lookup: Callable[[int], Node | None], leaf_names: Mapping[str, int]) -> Node:
+    """Validate one node (op, arity, attributes, shapes, dtypes, leaf rules) against the nodes
+    ``lookup`` finds and the leaf names in use; returns it with canonical attributes and its type."""
+    spec = REGISTRY.get(op)
+    if spec is None:
+        raise GraphError(f"node {nid}: unknown op {op!r}")
+    inputs = tuple(int(i) for i in inputs)
+    in_nodes: list[Node] = []
+    for slot, i in enumerate(inputs):
+        node = lookup(i)
+        if node is None:
+            raise GraphError(f"node {nid} ({op}): input {slot} refers to node {i}, which is not in the graph")
+        in_nodes.append(node)
+    try:
+        attrs_c, out = spec.resolve(attrs, [n.type for n in in_nodes])
+    except ShapeError as exc:
+        raise GraphError(f"node {nid} ({op}): {exc}") from None
+    name = attrs_c.get("name") if spec.kind is Kind.LEAF else None
+    if name is not None and name in leaf_names:
+        raise GraphError(f"node {nid} ({spec.name}): name {name!r} is already used by node {leaf_names[name]}")
+    if spec.kind is Kind.WEIGHT_PREP:
+        bad = [n for n in in_nodes if n.op not in ("Param", "ConcatParams")]
+        if bad:
+            raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0].id} is {bad[0].op}")
+    return Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
+
+
 class Graph:
     """A MIR graph.  Build it with the op methods, then :meth:`set_outputs`."""
 
@@ -121,39 +149,19 @@ class Graph:
         nid = self._next_id if node_id is None else node_id
         if nid in self._by_id:
             raise GraphError(f"node {nid} ({op}): id {nid} is already used")
-        spec = REGISTRY.get(op)
-        if spec is None:
-            raise GraphError(f"node {nid}: unknown op {op!r}")
-        inputs = tuple(int(i) for i in inputs)
-        for slot, i in enumerate(inputs):
-            if i not in self._by_id:
-                raise GraphError(f"node {nid} ({op}): input {slot} refers to node {i}, which is not in the graph")
-        try:
-            attrs_c, out = spec.resolve(attrs, [self._by_id[i].type for i in inputs])
-        except ShapeError as exc:
-            raise GraphError(f"node {nid} ({op}): {exc}") from None
-        self._check_leaf(nid, spec, inputs, attrs_c)
-        node = Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
-        self._nodes.append(node)
-        self._by_id[nid] = node
-        self._next_id = max(self._next_id, nid + 1)
-        self._users[nid] = []
-        for i in dict.fromkeys(inputs):
-            self._users[i].append(nid)
-        if spec.kind is Kind.LEAF and "name" in attrs_c:
-            self._leaf_names[attrs_c["name"]] = nid
+        self._append(check_node(nid, op, inputs, attrs, self._by_id.get, self._leaf_names))
         return nid
 
-    def _check_leaf(self, nid: int, spec: OpSpec, inputs: tuple[int, ...], attrs: dict[str, Any]) -> None:
-        name = attrs.get("name") if spec.kind is Kind.LEAF else None
-        if name is not None and name in self._leaf_names:
-            raise GraphError(f"node {nid} ({spec.name}): name {name!r} is already used by node "
-                             f"{self._leaf_names[name]}")
-        if spec.kind is Kind.WEIGHT_PREP:
-            bad = [i for i in inputs if self._by_id[i].op not in ("Param", "ConcatParams")]
-            if bad:
-                raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0]} is "
-                                 f"{self._by_id[bad[0]].op}")
+    def _append(self, node: Node) -> None:
+        """Add a node :func:`check_node` accepted against this graph (bookkeeping only)."""
+        self._nodes.append(node)
+        self._by_id[node.id] = node
+        self._next_id = max(self._next_id, node.id + 1)
+        self._users[node.id] = []
+        for i in dict.fromkeys(node.inputs):
+            self._users[i].append(node.id)
+        if "name" in node.attrs and node.kind is Kind.LEAF:
+            self._leaf_names[node.attrs["name"]] = node.id
 
     def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> int:
         """A graph input fed at run time."""
@@ -445,4 +453,4 @@ def install_builders() -> None:
 
 install_builders()
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Graph", "GraphError", "Node", "install_builders"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Graph", "GraphError", "Node", "check_node", "install_builders"]
