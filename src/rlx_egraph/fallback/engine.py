@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from ..ir.graph import Graph, GraphError, Node, check_node
 from ..ir.registry import REGISTRY, Kind
 from ..ir.rewrite import GraphRewriter
 from .facts import PRIMITIVES, Facts, NoMatch, compile_term
-from .matcher import VIA, ArrayValue, Matcher, compile_matcher, schedule
+from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, schedule
 from .pattern import (
     ABSENT,
     FACTS,
@@ -172,9 +172,32 @@ class _Plan:
     unions: list[tuple[int, int]]  # (replaced node, replacement: live or provisional id)
     writes: list[tuple[str, tuple, Any]]  # helper-table writes on commit
     delta: float
-    footprint: set[int]  # nodes whose change (inputs, readers, death) makes the plan stale
-    needs: set[int]  # nodes whose op and inputs the match inspected
-    destroys: set[int]  # nodes the plan replaces or leaves dead
+    found: tuple  # the match
+    dead: set[int]  # live nodes the plan leaves dead
+    watch: set[int] = field(default_factory=set)  # any change to these (inputs, readers) makes it stale
+    uses: set[int] = field(default_factory=set)  # these must stay alive
+    needs: set[int] = field(default_factory=set)  # nodes whose op and inputs the match inspected
+    destroys: set[int] = field(default_factory=set)  # nodes the plan replaces or leaves dead
+
+    def settle(self, nodes: Mapping[int, Node]) -> _Plan:
+        """Fill the sets commit needs (only for plans that pay).  A node read by a new node
+        cannot die with the plan, so only its life matters; the inspected nodes, the
+        replaced and dying ones and what they read can change the match or its gain."""
+        found, dead = self.found, self.dead
+        self.needs = {found[s] for s in self.matcher.shape_slots}
+        self.destroys = dead | {old for old, _ in self.unions}
+        kept = {i for n in self.new.values() for i in n.inputs}
+        watch = self.needs | self.destroys
+        for d in self.destroys:
+            watch.update(nodes[d].inputs)
+        watch -= kept
+        self.uses = {v for s in self.matcher.node_slots if isinstance(v := found[s], int)} | kept
+        self.watch = {n for n in watch if n in nodes and nodes[n].kind is not Kind.LEAF}
+        self.uses |= watch - self.watch
+        return self
+
+    def stale(self, touched: set[int], died: set[int]) -> bool:
+        return bool(self.watch & touched or self.uses & died)
 
 
 class _Engine:
@@ -198,7 +221,9 @@ class _Engine:
             self.matchers[p.stage].append(compile_matcher(p, symmetries, self.facts))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
-        self.costs: dict[int, float] = {}
+        self.costs: dict[int, tuple[Node, float]] = {}
+        self.signature_costs: dict[tuple, float] = {}
+        self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
         self.rules_of: dict[int, list[str]] = {}
         self.stats.cost_before_ns = self.dag_ns()
 
@@ -213,6 +238,7 @@ class _Engine:
             derive = _fact_order([m for m in matchers if m.pattern.kind == FACTS])
             rewrites = [m for m in matchers if m.pattern.kind != FACTS]
             passes = 0
+            near: set[int] | None = None  # None: match at every root; else only near these nodes
             while True:
                 if passes >= self.limits.max_iterations:
                     self.stats.stop_reason = STOP_ITERATIONS
@@ -221,16 +247,19 @@ class _Engine:
                     self.stats.stop_reason = STOP_TIME
                     break
                 passes += 1
-                self.derive(derive)
-                if not self.commit(self.collect(rewrites)):
+                self.facts.fresh = set()
+                self.derive(derive, near)
+                if near is not None:
+                    near |= self.facts.fresh
+                done, touched = self.commit(self.collect(rewrites, None if near is None else
+                                                         Near.of(self.nodes, near)))
+                if not done:
                     break
+                near = {t for t in touched if t in self.nodes and self.nodes[t].kind is not Kind.LEAF}
             self.stats.passes[stage] = passes
             self.stats.phases[stage] = time.perf_counter() - t0
             if self.stats.stop_reason == STOP_TIME:
                 break
-
-    def candidates(self, matcher: Matcher) -> Iterable[Any]:
-        return self.rw.nodes_of(matcher.root_op) if matcher.root_op is not None else (None,)
 
     def matches(self, matcher: Matcher, root: Any) -> list[tuple]:
         found: list[tuple] = []
@@ -238,28 +267,43 @@ class _Engine:
         self.stats.rules[matcher.pattern.name].matches += len(found)
         return found
 
-    def derive(self, groups: list[list[Matcher]]) -> None:
-        """Run the fact rules, each group (tables that feed each other) to its fixpoint."""
+    def derive(self, groups: list[list[Matcher]], near: set[int] | None) -> None:
+        """Run the fact rules, each group (tables that feed each other) to its fixpoint; with
+        ``near``, only at roots near those nodes and near the rows added meanwhile."""
         for group in groups:
+            seeds = None if near is None else Near.of(self.nodes, near | self.facts.fresh)
             for _ in range(self.limits.max_iterations):
                 self.facts.changed = False
+                before = set(self.facts.fresh)
                 for m in group:
                     program = self.programs[m.pattern.name]
-                    for root in self.candidates(m):
+                    for root in m.candidates(self.rw.nodes_of, seeds):
+                        if root is not None and not m.fits(self.input_ops(root)):
+                            continue
                         for env in self.matches(m, root):
                             self.write_facts(program, list(env))
                 if not self.facts.changed or (len(group) == 1 and not _reads_own(group[0].pattern)):
                     break
+                seeds = Near.of(self.nodes, self.facts.fresh - before)
 
-    def collect(self, matchers: list[Matcher]) -> list[tuple[float, int, Any, _Plan]]:
+    def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
         entries = []
         for k, m in enumerate(matchers):
-            for root in self.candidates(m):
+            for root in m.candidates(self.rw.nodes_of, near):
+                if root is not None and not m.fits(self.input_ops(root)):
+                    continue
                 plan = self.best_plan(m, root)
                 if plan is not None:
                     entries.append((plan.delta, k, root, plan))
         entries.sort(key=lambda e: e[:3])
         return entries
+
+    def input_ops(self, nid: int) -> tuple[str, ...]:
+        ops = self.signatures.get(nid)
+        if ops is None:
+            nodes = self.nodes
+            ops = self.signatures[nid] = tuple(nodes[i].op for i in nodes[nid].inputs)
+        return ops
 
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
         stats = self.stats.rules[matcher.pattern.name]
@@ -272,9 +316,9 @@ class _Engine:
                 stats.reject(NO_GAIN)
             elif best is None or plan.delta < best.delta:
                 best = plan
-        return best
+        return best.settle(self.nodes) if best is not None else None
 
-    def commit(self, entries: list[tuple[float, int, Any, _Plan]]) -> int:
+    def commit(self, entries: list[tuple[float, int, Any, _Plan]]) -> tuple[int, set[int]]:
         """Commit plans, most gain first.  A plan is skipped when the undecided plans it
         would destroy gain more together (one level of lookahead), and matched again
         at its root when an earlier commit touched its nodes."""
@@ -288,6 +332,7 @@ class _Engine:
                 destroyed_by.setdefault(n, []).append(k)
         decided = [False] * len(plans)
         touched: set[int] = set()
+        died: set[int] = set()
         self.rw.touched = set()
         done = 0
         for k, plan in enumerate(plans):
@@ -296,7 +341,7 @@ class _Engine:
             rivals |= {j for n in plan.needs for j in destroyed_by.get(n, ()) if not decided[j]}
             if rivals and _independent_gain([plans[j] for j in sorted(rivals)]) > -plan.delta:
                 continue
-            if plan.footprint & touched:
+            if plan.stale(touched, died):
                 if plan.root is not None and plan.root not in self.nodes:
                     continue
                 fresh = self.best_plan(plan.matcher, plan.root)
@@ -308,10 +353,12 @@ class _Engine:
             changed, self.rw.touched = self.rw.touched, set()
             touched |= changed
             for nid in changed:
-                self.costs.pop(nid, None)
-                if nid not in self.nodes and self.rw.find(nid) != nid:
-                    self.facts.replaced(nid)
-        return done
+                self.signatures.pop(nid, None)
+                if nid not in self.nodes:
+                    died.add(nid)
+                    if self.rw.find(nid) != nid:
+                        self.facts.replaced(nid)
+        return done, touched
 
     # --- planning and applying ---------------------------------------------------------------
 
@@ -358,15 +405,7 @@ class _Engine:
         if isinstance(merges, str):
             return merges
         delta, dead = self.delta(new, merges)
-        footprint = {v for s in matcher.node_slots if isinstance(v := found[s], int)}
-        footprint |= dead
-        for d in dead:
-            footprint.update(nodes[d].inputs)
-        for n in new.values():
-            footprint.update(i for i in n.inputs if i not in new)
-        needs = {found[s] for s in matcher.shape_slots}
-        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, footprint, needs,
-                     dead | {old for old, _ in merges})
+        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead)
 
     def orient(self, unions: list[tuple[Any, Any]], new: Mapping[int, Node]) -> list[tuple[int, int]] | str:
         """Which node each union replaces, and by what; a reason string when it cannot."""
@@ -400,9 +439,15 @@ class _Engine:
         return merges
 
     def reads(self, nid: int, old: int, new: Mapping[int, Node]) -> bool:
-        if nid not in new:
-            return self.rw.depends_on(nid, old)
-        return any(self.reads(i, old, new) for i in new[nid].inputs)
+        """Whether ``nid`` (live, or new in a plan) reads node ``old``."""
+        stack = [nid]
+        while stack:
+            n = stack.pop()
+            if n in new:
+                stack.extend(new[n].inputs)
+            elif self.rw.depends_on(n, old):
+                return True
+        return False
 
     def delta(self, new: Mapping[int, Node], merges: list[tuple[int, int]]) -> tuple[float, set[int]]:
         """Predicted cost change of a plan, and the live nodes it leaves dead."""
@@ -469,15 +514,28 @@ class _Engine:
     # --- costs -----------------------------------------------------------------------------
 
     def node_ns(self, node: Node, lookup: Callable[[int], Node]) -> float:
+        """:func:`enode_ns` of a node, remembered per (op, attributes, input and output types)."""
         ins = [lookup(i) for i in node.inputs]
-        return enode_ns(self.target, node.spec, node.attrs, [i.type for i in ins], node.type,
-                        any(i.kind is not Kind.LEAF for i in ins))
+        reads_intermediate = any(i.kind is not Kind.LEAF for i in ins)
+        key = (node.op, tuple(node.attrs.values()), tuple((i.shape, i.dtype) for i in ins), node.shape,
+               node.dtype, reads_intermediate)
+        try:
+            cost = self.signature_costs.get(key)
+        except TypeError:  # unhashable attributes
+            key, cost = None, None
+        if cost is None:
+            cost = enode_ns(self.target, node.spec, node.attrs, [i.type for i in ins], node.type, reads_intermediate)
+            if key is not None:
+                self.signature_costs[key] = cost
+        return cost
 
     def cost(self, nid: int) -> float:
-        c = self.costs.get(nid)
-        if c is None:
-            c = self.costs[nid] = self.node_ns(self.nodes[nid], self.nodes.__getitem__)
-        return c
+        """A live node's cost, remembered while the node record stays the same (not rewired)."""
+        node = self.nodes[nid]
+        known = self.costs.get(nid)
+        if known is None or known[0] is not node:
+            known = self.costs[nid] = (node, self.node_ns(node, self.nodes.__getitem__))
+        return known[1]
 
     def dag_ns(self) -> float:
         """Predicted ns of the live graph: node costs plus the outputs read back."""

@@ -139,6 +139,8 @@ class Facts:
                 self._merge[name] = lambda old, new, fn=fn: fn([old, new])
         self.changed = False
         """Set whenever a helper row is added or a value changes; the owner may clear it."""
+        self.fresh: set[int] = set()
+        """Nodes named by rows added or changed since the owner last cleared it."""
 
     # --- reading -----------------------------------------------------------------------
 
@@ -191,6 +193,7 @@ class Facts:
                 self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
         self.changed = True
+        self.fresh.update(self._nodes_in(name, args, value))
 
     def replaced(self, old: int) -> None:
         """Re-key the rows that mention ``old`` by what now holds its value."""

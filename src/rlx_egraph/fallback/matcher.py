@@ -12,8 +12,8 @@ calls the next one, so a failed candidate costs a few attribute reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from .pattern import (
     Symmetry,
     TableDecl,
     Term,
+    Union,
     V,
     term_vars,
 )
@@ -72,6 +73,46 @@ class Matcher:
     node_slots: tuple[int, ...]  # slots that hold node ids
     shape_slots: tuple[int, ...]  # slots of the nodes whose op and inputs the match inspects
     run: Callable[[Any, Callable[[list], None]], None]
+    roots_near: Callable[[Near], set[int]] | None  # None: every pass scans all roots
+    child_ops: tuple[str | None, ...] | None  # ops the root's inputs must have (None: no filter)
+    _fits: dict[tuple[str, ...], bool] = field(default_factory=dict)
+
+    def fits(self, input_ops: tuple[str, ...]) -> bool:
+        """Whether a root whose inputs have these ops can match (a cheap filter before matching)."""
+        fit = self._fits.get(input_ops)
+        if fit is None:
+            want = self.child_ops
+            fit = self._fits[input_ops] = want is None or (
+                len(input_ops) >= len(want) and all(w is None or w == o for w, o in zip(want, input_ops, strict=False)))
+        return fit
+
+    def candidates(self, nodes_of: Callable[[str], list[int]], near: Near | None) -> list[Any]:
+        """Roots to match: every node of the root op, or (``near`` given) those whose match could
+        involve one of the ``near`` nodes."""
+        if self.root_op is None:
+            return [None]
+        if near is None or self.roots_near is None:
+            return nodes_of(self.root_op)
+        return sorted(self.roots_near(near))
+
+
+@dataclass
+class Near:
+    """Changed nodes, by op: the seeds of a pass that only revisits roots near changes."""
+
+    by_op: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
+        by_op: dict[str, list[int]] = {}
+        for n in sorted(ids):
+            node = nodes.get(n)
+            if node is not None:
+                by_op.setdefault(node.op, []).append(n)
+        return cls(by_op)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.by_op.values()))
 
 
 def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) -> Matcher:
@@ -120,9 +161,146 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
         finally:
             sink.pop()
 
-    node_slots = tuple(slots[v] for v in _node_vars(pattern, facts.decls))
+    node_vars = _node_vars(pattern, facts.decls)
+    node_slots = tuple(slots[v] for v in node_vars)
     shape_slots = tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat)))
-    return Matcher(pattern, root_op, slots, node_slots, shape_slots, run)
+    paths = _paths(order, set(node_vars), _watched(pattern, order), facts.decls)
+    roots_near = _reverse(paths, root_op, facts) if paths is not None and root_op is not None else None
+    child_ops = _child_ops(first, pattern) if isinstance(first, NodePat) and first.op not in perms else None
+    return Matcher(pattern, root_op, slots, node_slots, shape_slots, run, roots_near, child_ops)
+
+
+def _child_ops(root: NodePat, pattern: Pattern) -> tuple[str | None, ...]:
+    """The op each required input of the root must have, where the query says."""
+    op_of: dict[str, str] = {}
+    for atom in pattern.query:
+        if isinstance(atom, NodePat):
+            op_of.setdefault(atom.out, atom.op)
+    args = constructor_args(REGISTRY[root.op])
+    want: list[str | None] = []
+    for arg, s in zip((a for a in args if a.is_input), root.inputs, strict=True):
+        if arg.optional or arg.variadic:
+            break
+        want.append(op_of.get(s.name) if isinstance(s, V) else None)
+    return tuple(want)
+
+
+# --- which roots a changed node can affect --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Edge:
+    """How a node variable was reached from an earlier one (its parent): as an ``input`` of the
+    parent's node, as a ``reader`` of it, or through a helper-table ``row``."""
+
+    kind: str
+    parent_op: str | None
+    table: str = ""
+    column: int = 0
+    parent_column: int = 0
+
+
+def _watched(pattern: Pattern, order: list[tuple[str, Atom]]) -> set[str]:
+    """Node variables a change to whose node can change the match or its gain: nodes the query
+    inspects, join anchors, and inputs the right side does not keep (they may die with it)."""
+    watched = {a.out for a in pattern.query if isinstance(a, NodePat)}
+    bound: set[str] = set()
+    for kind, atom in order:
+        if kind == "join" and isinstance(atom, NodePat):
+            watched.update(v for v in _input_vars(atom) if v in bound)
+        bound |= _atom_vars(atom)
+    kept: set[str] = set()
+    for action in pattern.actions:
+        if isinstance(action, Build):
+            for s in action.inputs:
+                kept.update([s.name] if isinstance(s, V) else list(s.items) if isinstance(s, ListPat) else [])
+        elif isinstance(action, Union):
+            kept.update((action.a, action.b))
+    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in _input_vars(a) if v not in kept}
+
+
+def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Mapping[str, TableDecl]
+           ) -> list[tuple[str | None, tuple[_Edge, ...]]] | None:
+    """For each watched node variable: its op (None: any) and the edges from it back to the root.
+    None when some variable is reached in a way that cannot be walked backwards."""
+    parent: dict[str, tuple[str, _Edge] | None] = {}
+    op_of: dict[str, str] = {}
+    for kind, atom in order:
+        if isinstance(atom, NodePat):
+            op_of.setdefault(atom.out, atom.op)
+            if atom.out not in parent:
+                if kind == "top":  # the root
+                    parent[atom.out] = None
+                else:
+                    anchor = next(v for v in _input_vars(atom) if v in parent)
+                    parent[atom.out] = (anchor, _Edge("reader", None))
+            for v in _input_vars(atom):
+                parent.setdefault(v, (atom.out, _Edge("input", atom.op)))
+            continue
+        bound_here = [v for v in _atom_vars(atom) & node_vars if v not in parent]
+        if not bound_here:
+            continue
+        if kind != "lookup":
+            return None
+        call = atom.call if isinstance(atom, Holds) else next(
+            t for t in (atom.left, atom.right) if isinstance(t, F) and t.name in tables)  # type: ignore[union-attr]
+        columns = {a.name: c for c, a in enumerate(call.args) if isinstance(a, V)}
+        anchor = next((v for v in columns if v in parent and v in node_vars), None)
+        if anchor is None or any(v not in columns for v in bound_here):
+            return None
+        for v in bound_here:
+            parent[v] = (anchor, _Edge("row", None, call.name, columns[v], columns[anchor]))
+    paths = []
+    for var in sorted(v for v in parent if v in node_vars and v in watched):
+        edges: list[_Edge] = []
+        current = var
+        while (link := parent[current]) is not None:
+            up, edge = link
+            edges.append(_Edge(edge.kind, op_of.get(up), edge.table, edge.column, edge.parent_column))
+            current = up
+        paths.append((op_of.get(var), tuple(edges)))
+    return paths
+
+
+def _input_vars(atom: NodePat) -> list[str]:
+    out = [s.name for s in atom.inputs if isinstance(s, V)]
+    out += [i for s in atom.inputs if isinstance(s, ListPat) for i in s.items]
+    return out
+
+
+def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...]]], root_op: str, facts: Facts
+             ) -> Callable[[Iterable[int]], set[int]]:
+    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
+
+    def step(frontier: set[int], edge: _Edge) -> set[int]:
+        out: set[int] = set()
+        if edge.kind == "input":  # the parent reads the node
+            for n in frontier:
+                out.update(r for r in readers.get(n, ()) if nodes[r].op == edge.parent_op)
+        elif edge.kind == "reader":  # the node reads the parent
+            for n in frontier:
+                node = nodes.get(n)
+                if node is not None:
+                    out.update(i for i in node.inputs if edge.parent_op is None or nodes[i].op == edge.parent_op)
+        else:
+            for n in frontier:
+                out.update(args[edge.parent_column] for args, _ in facts.lookup(edge.table, ((edge.column, n),)))
+        return out
+
+    def roots_near(near: Near) -> set[int]:
+        roots: set[int] = set()
+        for op, edges in paths:
+            seeds = near.by_op.get(op, ()) if op is not None else [n for ns in near.by_op.values() for n in ns]
+            if not seeds:
+                continue
+            frontier = set(seeds)
+            for edge in edges:
+                frontier = step(frontier, edge)
+                if not frontier:
+                    break
+            roots |= frontier
+        return {r for r in roots if r in nodes and nodes[r].op == root_op}
+    return roots_near
 
 
 # --- ordering ------------------------------------------------------------------------------
@@ -507,4 +685,4 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     return join
 
 
-__all__ = ["VIA", "ArrayValue", "Matcher", "compile_matcher", "schedule"]
+__all__ = ["VIA", "ArrayValue", "Matcher", "Near", "compile_matcher", "schedule"]

@@ -117,7 +117,7 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
             raise GraphError(f"node {nid} ({op}): input {slot} refers to node {i}, which is not in the graph")
         in_nodes.append(node)
     try:
-        attrs_c, out = spec.resolve(attrs, [n.type for n in in_nodes])
+        attrs_c, out = _resolve(spec, attrs, in_nodes)
     except ShapeError as exc:
         raise GraphError(f"node {nid} ({op}): {exc}") from None
     name = attrs_c.get("name") if spec.kind is Kind.LEAF else None
@@ -128,6 +128,26 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
         if bad:
             raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0].id} is {bad[0].op}")
     return Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
+
+
+_RESOLVED: dict[tuple, tuple[dict[str, Any], TensorType]] = {}
+_RESOLVED_MAX = 1 << 16
+
+
+def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], TensorType]:
+    """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions."""
+    if spec.kind is Kind.LEAF:
+        return spec.resolve(attrs, [n.type for n in in_nodes])
+    key = (spec.name, tuple(attrs.items()), tuple((n.shape, n.dtype) for n in in_nodes))
+    try:
+        hit = _RESOLVED.get(key)
+    except TypeError:  # unhashable attribute values (lists, arrays): not remembered
+        return spec.resolve(attrs, [n.type for n in in_nodes])
+    if hit is None:
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        hit = _RESOLVED[key] = spec.resolve(attrs, [n.type for n in in_nodes])
+    return dict(hit[0]), hit[1]
 
 
 class Graph:

@@ -33,6 +33,8 @@ import numpy as np
 from .graph import Graph, GraphError, Node, check_node
 from .registry import Kind
 
+# Level gap of an inserted node over its highest input (input-graph nodes are a whole level apart).
+_LEVEL_STEP = 1.0 / 1024
 # Leaves whose name makes them unique: never merged, never keyed.
 _NAMED_LEAVES = frozenset({"Input", "Param"})
 
@@ -61,7 +63,7 @@ class GraphRewriter:
         self._nodes: dict[int, Node] = {}
         self._users: dict[int, dict[int, None]] = {}
         self._by_op: dict[str, dict[int, None]] = {}
-        self._level: dict[int, int] = {}  # a topological numbering: inputs strictly below readers
+        self._level: dict[int, float] = {}  # a topological numbering: inputs strictly below readers
         self._order: dict[int, tuple[float, int]] = {}  # output-order hint (input position, sequence)
         self._moved: set[int] = set()  # nodes whose order hint is not their input position
         self._keys: dict[tuple, int] = {}
@@ -95,11 +97,11 @@ class GraphRewriter:
             nodes[nid] = node
             users[nid] = {}
             by_op.setdefault(node.op, {})[nid] = None
-            height = 0
+            height = 0.0
             for i in inputs:
                 users[i][nid] = None
                 if level[i] >= height:
-                    height = level[i] + 1
+                    height = level[i] + 1.0
             level[nid] = height
             order[nid] = (float(position), 0)
             if "name" in node.attrs and node.kind is Kind.LEAF:
@@ -155,7 +157,7 @@ class GraphRewriter:
         """The id :meth:`insert` gives the next new node (larger than every id so far)."""
         return self._next_id
 
-    def level(self, node_id: int) -> int:
+    def level(self, node_id: int) -> float:
         """A topological number: every input of a node has a smaller one."""
         return self._level[node_id]
 
@@ -306,7 +308,9 @@ class GraphRewriter:
         self._by_op.setdefault(node.op, {})[nid] = None
         for i in node.inputs:
             self._users[i][nid] = None
-        self._level[nid] = 1 + max((self._level[i] for i in node.inputs), default=-1)
+        # Just above the highest input (inserted nodes): a node that replaces one of the same
+        # inputs' readers then rarely sits higher than it, so replacements rarely raise levels.
+        self._level[nid] = max((self._level[i] for i in node.inputs), default=-1.0) + _LEVEL_STEP
         self._order[nid] = order
         if key is not None:
             self._keys[key] = nid
@@ -355,7 +359,7 @@ class GraphRewriter:
         stack = [start]
         while stack:
             nid = stack.pop()
-            floor = self._level[nid] + 1
+            floor = self._level[nid] + _LEVEL_STEP
             for u in self._users[nid]:
                 if self._level[u] < floor:
                     self._level[u] = floor
