@@ -322,9 +322,11 @@ class _Flattener:
     def node(self, call: Any, out: str, atoms: list[Atom]) -> None:
         if call.name in (NO_INPUT, LIST_NIL, LIST_CONS):
             raise CompileError(f"({call.name}) can only appear as an argument of an op")
-        inputs, attrs = self.arguments(call, lambda c: self.nested_node(c, atoms),
-                                       lambda e: self.attr(e, atoms), lambda e: self.op_value(e, atoms))
+        below: list[Atom] = []  # what the arguments need, after this node: patterns read top-down
+        inputs, attrs = self.arguments(call, lambda c: self.nested_node(c, below),
+                                       lambda e: self.attr(e, below), lambda e: self.op_value(e, below))
         atoms.append(NodePat(out, call.name, inputs, attrs))
+        atoms.extend(below)
 
     def nested_node(self, call: Any, atoms: list[Atom]) -> str:
         var = self.fresh()
