@@ -101,6 +101,7 @@ class Near:
     """Changed nodes, by op: the seeds of a pass that only revisits roots near changes."""
 
     by_op: dict[str, list[int]]
+    steps: dict[tuple[_Edge, int], tuple[int, ...]] = field(default_factory=dict)  # walk memo (one pass)
 
     @classmethod
     def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
@@ -188,7 +189,7 @@ def _child_ops(root: NodePat, pattern: Pattern) -> tuple[str | None, ...]:
 # --- which roots a changed node can affect --------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Edge:
     """How a node variable was reached from an earlier one (its parent): as an ``input`` of the
     parent's node, as a ``reader`` of it, or through a helper-table ``row``."""
@@ -217,6 +218,9 @@ def _watched(pattern: Pattern, order: list[tuple[str, Atom]]) -> set[str]:
         elif isinstance(action, Union):
             kept.update((action.a, action.b))
     return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in _input_vars(a) if v not in kept}
+
+
+_EDGES: dict[tuple, _Edge] = {}
 
 
 def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Mapping[str, TableDecl]
@@ -256,7 +260,8 @@ def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str]
         current = var
         while (link := parent[current]) is not None:
             up, edge = link
-            edges.append(_Edge(edge.kind, op_of.get(up), edge.table, edge.column, edge.parent_column))
+            key = (edge.kind, op_of.get(up), edge.table, edge.column, edge.parent_column)
+            edges.append(_EDGES.setdefault(key, _Edge(*key)))
             current = up
         paths.append((op_of.get(var), tuple(edges)))
     return paths
@@ -272,32 +277,32 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...]]], root_op: str, fa
              ) -> Callable[[Iterable[int]], set[int]]:
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
 
-    def step(frontier: set[int], edge: _Edge) -> set[int]:
-        out: set[int] = set()
+    def parents(n: int, edge: _Edge) -> tuple[int, ...]:
         if edge.kind == "input":  # the parent reads the node
-            for n in frontier:
-                out.update(r for r in readers.get(n, ()) if nodes[r].op == edge.parent_op)
-        elif edge.kind == "reader":  # the node reads the parent
-            for n in frontier:
-                node = nodes.get(n)
-                if node is not None:
-                    out.update(i for i in node.inputs if edge.parent_op is None or nodes[i].op == edge.parent_op)
-        else:
-            for n in frontier:
-                out.update(args[edge.parent_column] for args, _ in facts.lookup(edge.table, ((edge.column, n),)))
-        return out
+            return tuple(r for r in readers.get(n, ()) if nodes[r].op == edge.parent_op)
+        if edge.kind == "reader":  # the node reads the parent
+            node = nodes.get(n)
+            if node is None:
+                return ()
+            return tuple(i for i in node.inputs if edge.parent_op is None or nodes[i].op == edge.parent_op)
+        return tuple(args[edge.parent_column] for args, _ in facts.lookup(edge.table, ((edge.column, n),)))
 
     def roots_near(near: Near) -> set[int]:
         roots: set[int] = set()
+        memo = near.steps
         for op, edges in paths:
             seeds = near.by_op.get(op, ()) if op is not None else [n for ns in near.by_op.values() for n in ns]
-            if not seeds:
-                continue
             frontier = set(seeds)
             for edge in edges:
-                frontier = step(frontier, edge)
                 if not frontier:
                     break
+                step: set[int] = set()
+                for n in frontier:
+                    found = memo.get((edge, n))
+                    if found is None:
+                        found = memo[(edge, n)] = parents(n, edge)
+                    step.update(found)
+                frontier = step
             roots |= frontier
         return {r for r in roots if r in nodes and nodes[r].op == root_op}
     return roots_near

@@ -142,8 +142,10 @@ class GraphRewriter:
 
     def use_count(self, node_id: int) -> int:
         """Readers plus graph-output slots holding ``node_id``."""
-        self.node(node_id)
-        return len(self._users[node_id]) + self._out_uses[node_id]
+        readers = self._users.get(node_id)
+        if readers is None:
+            self.node(node_id)  # raises: not a live node
+        return len(readers) + self._out_uses.get(node_id, 0)
 
     def is_output(self, node_id: int) -> bool:
         return self._out_uses[node_id] > 0
