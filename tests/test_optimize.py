@@ -348,8 +348,10 @@ def test_report_contents_and_json():
 
 def test_engine_and_option_errors():
     g = examples.mlp()
-    with pytest.raises(NotImplementedError, match="fallback"):
-        optimize(g, engine="fallback")
+    og, rep = optimize_with_report(g, engine="fallback")
+    assert rep.engine == "fallback" and ops(og) == {"FusedMatMulBiasAct": 4, "Relu": 3}
+    with pytest.raises(TypeError, match="unknown option for the fallback engine"):
+        optimize(g, engine="fallback", max_enodes=10)
     with pytest.raises(ValueError, match="engine must be one of"):
         optimize(g, engine="magic")
     with pytest.raises(TypeError, match="unknown optimize option"):

@@ -21,7 +21,7 @@ from .egraph.saturate import SaturationLimits, saturate
 from .egraph.schema import schema_text
 from .egraph.view import build_view
 from .ir.graph import Graph
-from .kernels.parity import check_parity
+from .kernels.parity import ParityReport, check_parity
 from .report import OptimizeReport
 
 ENGINES = ("auto", "egglog", "fallback")
@@ -52,13 +52,14 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if extraction not in EXTRACTIONS:
         raise ValueError(f"extraction must be one of {EXTRACTIONS}, got {extraction!r}")
+    tgt = get_target(target)
     if engine == "fallback":
-        raise NotImplementedError("the fallback engine is not built yet; use engine='egglog' or 'auto'")
+        return _optimize_fallback(graph, tgt, load_rules(rules), verify, attention_block_max_tokens, regions,
+                                  seed, limits)
     try:
         sat_limits = SaturationLimits(**limits)
     except TypeError as exc:
         raise TypeError(f"unknown optimize option: {exc}") from None
-    tgt = get_target(target)
     ruleset = load_rules(rules)
     phases: dict[str, float] = {}
     report = OptimizeReport("egglog", "auto: the egglog engine handles every size until the fallback lands"
@@ -107,12 +108,46 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     if verify:
         t0 = time.perf_counter()
-        fired = result.matches_per_rule
+        report.parity = _parity(graph, decoded, ruleset, result.matches_per_rule, seed)
+        phases["verify"] = time.perf_counter() - t0
+    report.phases = phases
+    return decoded.graph, report
 
-        def suspects(new_op: str, old_op: str) -> list[str]:
-            return [r.name for r in ruleset.rules if fired.get(r.name) and (old_op in r.reads or new_op in r.builds)]
 
-        report.parity = check_parity(graph, decoded.graph, decoded.originals, suspects, seed)
+def _parity(graph: Graph, decoded: Decoded, ruleset: RuleSet, fired: dict[str, int], seed: int) -> ParityReport:
+    """Check every node against the input nodes of its value, naming the fired rules that may have equated them."""
+    def suspects(new_op: str, old_op: str) -> list[str]:
+        return [r.name for r in ruleset.rules if fired.get(r.name) and (old_op in r.reads or new_op in r.builds)]
+
+    return check_parity(graph, decoded.graph, decoded.originals, suspects, seed)
+
+
+def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, verify: bool, attention_block_max_tokens: int,
+                       regions: bool, seed: int, limits: dict[str, Any]) -> tuple[Graph, OptimizeReport]:
+    """The same rules applied by the fallback pattern matcher on the graph (see :mod:`rlx_egraph.fallback`)."""
+    from .fallback import FallbackLimits, run
+
+    try:
+        fallback_limits = FallbackLimits(**limits)
+    except TypeError as exc:
+        raise TypeError(f"unknown option for the fallback engine: {exc}") from None
+    result = run(graph, ruleset, tgt, fallback_limits, attention_block_max_tokens)
+    stats = result.stats
+    phases = dict(stats.phases)
+    t0 = time.perf_counter()
+    decoded = Decoded(result.graph, {n: n for n in result.provenance}, result.originals, result.fusions)
+    if regions:
+        decoded = _with_regions(decoded, tgt)
+    phases["regions"] = time.perf_counter() - t0
+    report = OptimizeReport("fallback", "requested", tgt.name)
+    report.stop_reason = stats.stop_reason
+    report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}
+    report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
+    report.fusions = decoded.fusions
+    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
+    if verify:
+        t0 = time.perf_counter()
+        report.parity = _parity(graph, decoded, ruleset, stats.commits, seed)
         phases["verify"] = time.perf_counter() - t0
     report.phases = phases
     return decoded.graph, report

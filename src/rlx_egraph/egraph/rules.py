@@ -2,7 +2,7 @@
 
 A rule file holds ``rewrite``/``birewrite``/``rule`` commands, each with a
 ``:ruleset`` naming one of the saturation :data:`STAGES` and a unique ``:name``,
-and ``relation`` declarations for helper tables that rules share.
+and ``relation`` or ``function`` declarations for helper tables that rules share.
 Files are parsed by egglog's own parser and type-checked against the schema
 at load time, so a malformed file fails here with ``file:line``.  The parsed
 commands are kept (:class:`Rule`), so other engines can apply the same rules.
@@ -140,7 +140,7 @@ def _load(paths: tuple[str, ...]) -> RuleSet:
         except eb.EggSmolError as exc:
             raise RuleError(_egglog_error(display, exc)) from None
         for command in commands:
-            if type(command).__name__ == "Relation":
+            if type(command).__name__ in ("Relation", "FunctionCommand"):  # helper tables
                 try:
                     egraph.run_program(command)
                 except eb.EggSmolError as exc:
@@ -196,8 +196,9 @@ def _rule_from_command(command: Any, file: str, text: str) -> Rule:
     else:
         span = getattr(command, "span", None)
         line = _line_of(text, span.i) if span is not None else 1
-        raise RuleError(f"{file}:{line}: only rewrite, birewrite, rule and relation commands belong in a rule file "
-                        f"(found {kind}); stages {', '.join(STAGES)} are declared by the loader")
+        raise RuleError(f"{file}:{line}: only rewrite, birewrite, rule and relation commands (and function "
+                        f"declarations) belong in a rule file (found {kind}); stages {', '.join(STAGES)} are declared "
+                        "by the loader")
     line = _line_of(text, span.i)
     if stage not in STAGES:
         raise RuleError(f"{file}:{line}: rule {name or '(unnamed)'} needs ':ruleset' set to one of "

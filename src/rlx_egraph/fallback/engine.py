@@ -490,12 +490,13 @@ class _Engine:
         for old, rep in plan.unions:
             rep = real.get(rep, rep)
             rw.replace_all_uses(old, rep)
-            known = self.rules_of.setdefault(rep, [])
-            known.extend(r for r in rules if r not in known)
+            known = self.rules_of.setdefault(rep, [])  # this rewrite, then how the replaced value was made
+            known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
             olds.append(old)
         for table, args, value in plan.writes:
-            self.facts.set(table, tuple(real.get(a, a) if isinstance(a, int) else a for a in args),
-                           real.get(value, value) if isinstance(value, int) else value)
+            decl = self.facts.decls[table]
+            self.facts.set(table, tuple(_renamed(a, sort, real) for a, sort in zip(args, decl.inputs, strict=True)),
+                           _renamed(value, decl.output, real))
         rw.eliminate_dead_code(olds)
         for r in rules:
             self.stats.rules[r].commits += 1
@@ -616,6 +617,15 @@ def _independent_gain(plans: list[_Plan]) -> float:
         if all(not (plan.destroys & c.needs or c.destroys & plan.needs) for c in chosen):
             chosen.append(plan)
     return -sum(p.delta for p in chosen)
+
+
+def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
+    """A planned value with the plan's provisional node ids replaced by the inserted ones."""
+    if sort == "Op":
+        return real.get(value, value)
+    if sort == "TensorList":
+        return tuple(real.get(v, v) for v in value)
+    return value
 
 
 def _plain(value: Any) -> Any:
