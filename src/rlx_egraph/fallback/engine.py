@@ -270,21 +270,25 @@ class _Engine:
     def derive(self, groups: list[list[Matcher]], near: set[int] | None) -> None:
         """Run the fact rules, each group (tables that feed each other) to its fixpoint; with
         ``near``, only at roots near those nodes and near the rows added meanwhile."""
+        seeds, fresh = (None if near is None else Near.of(self.nodes, near)), 0
         for group in groups:
-            seeds = None if near is None else Near.of(self.nodes, near | self.facts.fresh)
+            if near is not None and len(self.facts.fresh) != fresh:  # rows added since: their nodes too
+                seeds, fresh = Near.of(self.nodes, near | self.facts.fresh), len(self.facts.fresh)
+            recursive = len(group) > 1 or _reads_own(group[0].pattern)
+            at = seeds
             for _ in range(self.limits.max_iterations):
                 self.facts.changed = False
-                before = set(self.facts.fresh)
+                before = set(self.facts.fresh) if recursive else set()
                 for m in group:
                     program = self.programs[m.pattern.name]
-                    for root in m.candidates(self.rw.nodes_of, seeds):
+                    for root in m.candidates(self.rw.nodes_of, at):
                         if root is not None and not m.fits(self.input_ops(root)):
                             continue
                         for env in self.matches(m, root):
                             self.write_facts(program, list(env))
-                if not self.facts.changed or (len(group) == 1 and not _reads_own(group[0].pattern)):
+                if not (recursive and self.facts.changed):
                     break
-                seeds = Near.of(self.nodes, self.facts.fresh - before)
+                at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
 
     def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
         entries = []

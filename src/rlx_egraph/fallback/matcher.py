@@ -24,6 +24,7 @@ from ..ir.registry import REGISTRY, AttrType
 from .facts import BUILTIN_TABLES, CHECKS, PRIMITIVES, Facts, NoMatch, compile_term
 from .pattern import (
     ABSENT,
+    FACTS,
     Atom,
     Build,
     CompileError,
@@ -165,7 +166,7 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
     node_vars = _node_vars(pattern, facts.decls)
     node_slots = tuple(slots[v] for v in node_vars)
     shape_slots = tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat)))
-    paths = _paths(order, set(node_vars), _watched(pattern, order), facts.decls)
+    paths = _paths(order, set(node_vars), _watched(pattern, order, facts.decls), facts.decls)
     roots_near = _reverse(paths, root_op, facts) if paths is not None and root_op is not None else None
     child_ops = _child_ops(first, pattern) if isinstance(first, NodePat) and first.op not in perms else None
     return Matcher(pattern, root_op, slots, node_slots, shape_slots, run, roots_near, child_ops)
@@ -201,15 +202,20 @@ class _Edge:
     parent_column: int = 0
 
 
-def _watched(pattern: Pattern, order: list[tuple[str, Atom]]) -> set[str]:
-    """Node variables a change to whose node can change the match or its gain: nodes the query
-    inspects, join anchors, and inputs the right side does not keep (they may die with it)."""
+def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[str, TableDecl]) -> set[str]:
+    """Node variables a change to whose node can change the match or its outcome: nodes the query
+    inspects, join anchors, variables of helper-table facts (rows get added), and, for a rewrite,
+    inputs the right side does not keep (they may die with it, which changes its gain)."""
     watched = {a.out for a in pattern.query if isinstance(a, NodePat)}
     bound: set[str] = set()
     for kind, atom in order:
         if kind == "join" and isinstance(atom, NodePat):
             watched.update(v for v in _input_vars(atom) if v in bound)
+        elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in _calls(atom)):
+            watched |= _atom_vars(atom)
         bound |= _atom_vars(atom)
+    if pattern.kind == FACTS:
+        return watched
     kept: set[str] = set()
     for action in pattern.actions:
         if isinstance(action, Build):
@@ -218,6 +224,16 @@ def _watched(pattern: Pattern, order: list[tuple[str, Atom]]) -> set[str]:
         elif isinstance(action, Union):
             kept.update((action.a, action.b))
     return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in _input_vars(a) if v not in kept}
+
+
+def _calls(atom: Atom) -> list[Term]:
+    out, terms = [], _atom_terms(atom)
+    while terms:
+        t = terms.pop()
+        if isinstance(t, F):
+            out.append(t)
+            terms.extend(t.args)
+    return out
 
 
 _EDGES: dict[tuple, _Edge] = {}
