@@ -519,7 +519,14 @@ class _Engine:
     # --- costs -----------------------------------------------------------------------------
 
     def node_ns(self, node: Node, lookup: Callable[[int], Node]) -> float:
-        """:func:`enode_ns` of a node, remembered per (op, attributes, input and output types)."""
+        """:func:`enode_ns` of a node, remembered per (op, attributes, input and output types).
+        A leaf launches nothing, so its type alone decides (its name is not part of the key)."""
+        if not node.inputs:
+            key: tuple | None = (node.op, node.shape, node.dtype)
+            cost = self.signature_costs.get(key)
+            if cost is None:
+                cost = self.signature_costs[key] = enode_ns(self.target, node.spec, node.attrs, [], node.type, False)
+            return cost
         ins = [lookup(i) for i in node.inputs]
         reads_intermediate = any(i.kind is not Kind.LEAF for i in ins)
         key = (node.op, tuple(node.attrs.values()), tuple((i.shape, i.dtype) for i in ins), node.shape,
