@@ -12,6 +12,7 @@ from rlx_egraph.egraph.rules import default_rule_dir, load_rules
 from rlx_egraph.fallback import FallbackLimits, load, run
 from rlx_egraph.fallback.bench import main as bench_main
 from rlx_egraph.fallback.facts import Facts
+from rlx_egraph.fallback.matcher import schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
 from rlx_egraph.ir.rewrite import GraphRewriter
 from rlx_egraph.kernels.parity import check_parity
@@ -308,6 +309,18 @@ def test_every_shipped_rule_fires_on_a_graph_built_for_it(rule):
     assert result.stats.cost_after_ns < result.stats.cost_before_ns
     assert check_parity(g, result.graph, result.originals).ok
     assert Graph.from_dict(result.graph.to_dict()) == result.graph  # a valid graph
+
+
+def test_patterns_match_top_down_from_the_left_side():
+    """A rewrite's root is its left side's op (here the Add), so only Adds are visited and the
+    nested MatMul is checked from it; the first version rooted at the innermost op instead."""
+    compiled = load()
+    pattern = next(p for p in compiled.patterns if p.name == "matmul-bias")
+    steps = [(kind, getattr(atom, "op", None)) for kind, atom in schedule(pattern, compiled.tables)]
+    assert steps == [("top", "Add"), ("check", None), ("top", "MatMul")]
+    block = next(p for p in compiled.patterns if p.name == "attention-block")
+    assert schedule(block, compiled.tables)[0][1].op == "FusedMatMulBiasAct"
+    assert [(p.op, p.perm) for p in compiled.symmetries] == [("FusedResidualLN", (1, 0, 2, 3, 4, 5))]
 
 
 def test_rms_norm_flatten_normalises_the_reshaped_input():

@@ -61,7 +61,7 @@ STOP_DONE = "no rewrite lowers the cost"
 STOP_ITERATIONS = "iteration limit"
 STOP_TIME = "time limit"
 NO_GAIN = "does not lower the cost"
-TYPE_TABLES = {"shape": "shape", "dtype": "dtype"}  # tables the registry already fills for every node
+TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
 
 
 @dataclass(frozen=True)
