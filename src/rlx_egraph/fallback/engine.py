@@ -69,7 +69,7 @@ class FallbackLimits:
     """Bounds on the fallback: passes per stage and wall time (the graph stays valid at any stop)."""
 
     max_iterations: int = 30
-    max_seconds: float = 120.0
+    max_seconds: float = 300.0
 
 
 @dataclass
