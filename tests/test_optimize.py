@@ -348,8 +348,10 @@ def test_report_contents_and_json():
 
 def test_engine_and_option_errors():
     g = examples.mlp()
-    with pytest.raises(NotImplementedError, match="fallback"):
-        optimize(g, engine="fallback")
+    og, rep = optimize_with_report(g, engine="fallback")
+    assert rep.engine == "fallback" and ops(og) == {"FusedMatMulBiasAct": 4, "Relu": 3}
+    # the e-graph's own limits (max_enodes, match_limit) do not apply to the fallback, which has no e-graph
+    assert optimize(g, engine="fallback", max_enodes=10) == og
     with pytest.raises(ValueError, match="engine must be one of"):
         optimize(g, engine="magic")
     with pytest.raises(TypeError, match="unknown optimize option"):
@@ -357,9 +359,13 @@ def test_engine_and_option_errors():
 
 
 def test_saturation_limits_are_reported():
-    _, rep = optimize_with_report(examples.llama(layers=1), max_iterations=1)
+    _, rep = optimize_with_report(examples.llama(layers=1), engine="egglog", max_iterations=1)
     assert rep.stop_reason == "iteration limit: stage recognize did not saturate within max_iterations=1"
-    _, rep = optimize_with_report(examples.llama(layers=1), max_enodes=10)
+    _, auto = optimize_with_report(examples.llama(layers=1), max_iterations=1)
+    assert auto.engine == "fallback" and auto.engine_reason == (
+        "auto: the egglog engine stopped at a limit (iteration limit: stage recognize did not saturate within "
+        "max_iterations=1), so the fallback ran")
+    _, rep = optimize_with_report(examples.llama(layers=1), engine="egglog", max_enodes=10)
     assert rep.stop_reason.startswith("node limit: the e-graph has ")
     assert rep.stop_reason.endswith(" e-nodes, max_enodes=10 (stage simplify)")
 

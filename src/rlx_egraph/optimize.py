@@ -1,9 +1,18 @@
 """``optimize(graph)``: the whole pipeline, and the choice of engine.
 
-encode -> saturate (rules/*.egg) -> extract (IO cost, DAG-aware) -> decode ->
-optional parity check.  The input graph is never changed.  ``max_seconds`` is
-the budget of the whole run (the parity check excluded): saturation, the view,
-extraction and decoding all respect one deadline.
+Two engines apply the same rules (``rules/*.egg``) and decide with the same
+cost function (``Target.node_ns`` summed over the DAG):
+
+* ``egglog``: encode -> saturate -> extract (IO cost, DAG-aware) -> decode.
+  ``max_seconds`` is the budget of the whole run (the parity check excluded):
+  saturation, the view, extraction and decoding all respect one deadline.
+* ``fallback``: the rules compiled to patterns and matched on the graph itself,
+  committing a rewrite only when the predicted cost drops (:mod:`.fallback`).
+
+``engine="auto"`` takes the fallback above :data:`FALLBACK_THRESHOLD` nodes, and
+when an egglog saturation stops at a limit; the report says which ran and why.
+Then the ElementwiseRegion pass, the report and the optional parity check are
+the same for both.  The input graph is never changed.
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ from .options import check_options
 from .report import OptimizeReport
 
 log = logging.getLogger("rlx_egraph")
+
+# Above this many nodes ``engine="auto"`` runs the fallback engine (see the README's "Two engines" figures).
+FALLBACK_THRESHOLD = 50_000
 
 
 def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
@@ -61,15 +73,38 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
-    if engine == "fallback":
-        raise NotImplementedError("the fallback engine is not built yet; use engine='egglog' or 'auto'")
     sat_limits = SaturationLimits(**limits)
-    deadline = Deadline(sat_limits.max_seconds)
     tgt = get_target(target)
     ruleset = load_rules(rules)
+    if engine == "fallback" or (engine == "auto" and len(graph) > FALLBACK_THRESHOLD):
+        why = "requested" if engine == "fallback" else \
+            f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
+        new, report = _optimize_fallback(graph, tgt, ruleset, sat_limits, attention_block_max_tokens, regions, why)
+    else:
+        new, report = _optimize_egglog(graph, tgt, ruleset, sat_limits, extraction, exact_gap,
+                                       attention_block_max_tokens, regions, strict)
+        if engine == "auto" and report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound"):
+            why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
+            log.warning(why)
+            new, report = _optimize_fallback(graph, tgt, ruleset, sat_limits, attention_block_max_tokens, regions,
+                                             why)
+        elif engine == "egglog":
+            report.engine_reason = "requested"
+    if verify:
+        t0 = time.perf_counter()
+        report.parity = check_parity(graph, new.graph, new.originals, blame(new), seed)
+        report.phases["verify"] = time.perf_counter() - t0
+    return new.graph, report
+
+
+def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,
+                     exact_gap: bool, attention_block_max_tokens: int, regions: bool,
+                     strict: bool) -> tuple[Decoded, OptimizeReport]:
+    """The egglog engine: saturate, extract, decode (the regions pass included)."""
+    deadline = Deadline(sat_limits.max_seconds)
     phases: dict[str, float] = {}
-    report = OptimizeReport("egglog", "auto: the egglog engine handles every size until the fallback lands"
-                            if engine == "auto" else "requested", tgt.name)
+    report = OptimizeReport("egglog", f"auto: {len(graph):,} nodes is within the egglog engine's threshold of "
+                            f"{FALLBACK_THRESHOLD:,}", tgt.name)
 
     t0 = time.perf_counter()
     encoding = encode_graph(graph, attention_block_max_tokens)
@@ -123,12 +158,35 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
-    if verify:
-        t0 = time.perf_counter()
-        report.parity = check_parity(graph, decoded.graph, decoded.originals, blame(decoded), seed)
-        phases["verify"] = time.perf_counter() - t0
     report.phases = phases
-    return decoded.graph, report
+    return decoded, report
+
+
+def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
+                       attention_block_max_tokens: int, regions: bool, why: str) -> tuple[Decoded, OptimizeReport]:
+    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`)."""
+    from .fallback import FallbackLimits, run
+
+    result = run(graph, ruleset, tgt, FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds),
+                 attention_block_max_tokens)
+    stats = result.stats
+    phases = dict(stats.phases)
+    t0 = time.perf_counter()
+    built_by = {n: p.rules for n, p in result.provenance.items()}
+    decoded = Decoded(result.graph, {n: n for n in result.provenance}, result.originals, built_by,
+                      {n: () for n in result.provenance}, result.fusions)
+    if regions:
+        decoded = _with_regions(decoded, tgt)
+    decoded.graph.adopt_store(graph)
+    phases["regions"] = time.perf_counter() - t0
+    report = OptimizeReport("fallback", why, tgt.name)
+    report.stop_reason = stats.stop_reason
+    report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}
+    report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
+    report.fusions = decoded.fusions
+    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
+    report.phases = phases
+    return decoded, report
 
 
 def blame(decoded: Decoded) -> Callable[[int], list[str]]:

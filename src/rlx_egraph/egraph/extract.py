@@ -22,12 +22,14 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..cost import Target
-from ..ir.registry import Kind
+from ..ir.registry import Kind, OpSpec, TensorType
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
 
@@ -50,16 +52,25 @@ class Extraction:
     notes: list[str] = field(default_factory=list)
 
 
+def enode_ns(target: Target, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
+             out_type: TensorType, reads_intermediate: bool) -> float:
+    """The per-node cost both engines minimise: ``Target.node_ns``, plus the view
+    tie-breaker when a layout op reads an intermediate (not a leaf)."""
+    cost = target.node_ns(spec, attrs, in_types, out_type)
+    if spec.kind is Kind.LAYOUT and reads_intermediate:
+        cost += VIEW_TIE_NS
+    return cost
+
+
 def node_costs(view: EGraphView, target: Target) -> list[float]:
-    """``Target.node_ns`` of every e-node (plus the view tie-breaker)."""
+    """:func:`enode_ns` of every e-node."""
     leaf_classes = {n.eclass for n in view.nodes if n.spec.kind is Kind.LEAF}
     costs = []
     for n in view.nodes:
         in_types = [view.classes[c].type for c in n.children]
         out_type = view.classes[n.eclass].type
-        cost = target.node_ns(n.spec, n.attrs, in_types, out_type)
-        if n.spec.kind is Kind.LAYOUT and any(c not in leaf_classes for c in n.children):
-            cost += VIEW_TIE_NS
+        cost = enode_ns(target, n.spec, n.attrs, in_types, out_type,
+                        any(c not in leaf_classes for c in n.children))
         if n.eclass in n.children:
             cost = math.inf  # x = f(x): never a way to compute x
         costs.append(cost)

@@ -2,7 +2,7 @@
 
 A rule file holds ``rewrite``/``birewrite``/``rule`` commands, each with a
 ``:ruleset`` naming one of the saturation :data:`STAGES` and a unique ``:name``,
-and ``relation`` declarations for helper tables that rules share.
+and ``relation`` or ``function`` declarations for helper tables that rules share.
 Files are parsed by egglog's own parser and type-checked against the schema
 at load time, so a malformed file fails here with ``file:line``, the rule's
 name and the problem (syntax, unknown constructor, wrong arity, wrong sort, a

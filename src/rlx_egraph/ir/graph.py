@@ -18,7 +18,7 @@ import inspect
 import json
 import reprlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -114,6 +114,53 @@ def format_attrs(attrs: dict[str, Any]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any],
+               lookup: Callable[[int], Node | None], leaf_names: Mapping[str, int]) -> Node:
+    """Validate one node (op, input ids, arity, attributes, shapes, dtypes, leaf rules) against the nodes
+    ``lookup`` finds and the leaf names in use; returns it with canonical attributes and its type."""
+    spec = _op_spec(nid, op)
+    inputs = _node_ids(inputs, f"node {nid} ({op}): 'inputs'", f"node {nid} ({op}): input ")
+    in_nodes: list[Node] = []
+    for slot, i in enumerate(inputs):
+        node = lookup(i)
+        if node is None:
+            raise GraphError(f"node {nid} ({op}): input {slot} refers to node {i}, which is not in the graph")
+        in_nodes.append(node)
+    try:
+        attrs_c, out = _resolve(spec, attrs, in_nodes)
+        _check_dims(out.shape)
+    except (ShapeError, OverflowError) as exc:  # OverflowError: an infinite float given as an int
+        raise GraphError(f"node {nid} ({op}): {exc}") from None
+    name = attrs_c.get("name") if spec.kind is Kind.LEAF else None
+    if name is not None and name in leaf_names:
+        raise GraphError(f"node {nid} ({spec.name}): name {name!r} is already used by node {leaf_names[name]}")
+    if spec.kind is Kind.WEIGHT_PREP:
+        bad = [n for n in in_nodes if n.op not in ("Param", "ConcatParams")]
+        if bad:
+            raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0].id} is {bad[0].op}")
+    return Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
+
+
+_RESOLVED: dict[tuple, tuple[dict[str, Any], TensorType]] = {}
+_RESOLVED_MAX = 1 << 16
+
+
+def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], TensorType]:
+    """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions."""
+    if spec.kind is Kind.LEAF:
+        return spec.resolve(attrs, [n.type for n in in_nodes])
+    key = (spec.name, tuple(attrs.items()), tuple((n.shape, n.dtype) for n in in_nodes))
+    try:
+        hit = _RESOLVED.get(key)
+    except TypeError:  # unhashable attribute values (lists, arrays): not remembered
+        return spec.resolve(attrs, [n.type for n in in_nodes])
+    if hit is None:
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        hit = _RESOLVED[key] = spec.resolve(attrs, [n.type for n in in_nodes])
+    return dict(hit[0]), hit[1]
+
+
 class Graph(GraphBuilders):
     """A MIR graph.  Build it with the op methods, then :meth:`set_outputs`."""
 
@@ -133,40 +180,22 @@ class Graph(GraphBuilders):
     def add_node(self, op: str, inputs: Sequence[int] = (), node_id: int | None = None, **attrs: Any) -> int:
         """Append ``op`` applied to ``inputs``; returns the new node's id."""
         nid = self._next_id if node_id is None else as_node_id(node_id, "node id")
-        spec = _op_spec(nid, op)
         if nid in self._by_id:
-            raise GraphError(f"node {nid} ({op}): id {nid} is already used")
-        inputs = _node_ids(inputs, f"node {nid} ({op}): 'inputs'", f"node {nid} ({op}): input ")
-        for slot, i in enumerate(inputs):
-            if i not in self._by_id:
-                raise GraphError(f"node {nid} ({op}): input {slot} refers to node {i}, which is not in the graph")
-        try:
-            attrs_c, out = spec.resolve(attrs, [self._by_id[i].type for i in inputs])
-            _check_dims(out.shape)
-        except (ShapeError, OverflowError) as exc:  # OverflowError: an infinite float given as an int
-            raise GraphError(f"node {nid} ({op}): {exc}") from None
-        self._check_leaf(nid, spec, inputs, attrs_c)
-        node = Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
-        self._nodes.append(node)
-        self._by_id[nid] = node
-        self._next_id = max(self._next_id, nid + 1)
-        self._users[nid] = []
-        for i in dict.fromkeys(inputs):
-            self._users[i].append(nid)
-        if spec.kind is Kind.LEAF and "name" in attrs_c:
-            self._leaf_names[attrs_c["name"]] = nid
+            raise GraphError(f"node {nid} ({_op_spec(nid, op).name}): id {nid} is already used")
+        node = check_node(nid, op, inputs, attrs, self._by_id.get, self._leaf_names)
+        self._append(node)
         return nid
 
-    def _check_leaf(self, nid: int, spec: OpSpec, inputs: tuple[int, ...], attrs: dict[str, Any]) -> None:
-        name = attrs.get("name") if spec.kind is Kind.LEAF else None
-        if name is not None and name in self._leaf_names:
-            raise GraphError(f"node {nid} ({spec.name}): name {name!r} is already used by node "
-                             f"{self._leaf_names[name]}")
-        if spec.kind is Kind.WEIGHT_PREP:
-            bad = [i for i in inputs if self._by_id[i].op not in ("Param", "ConcatParams")]
-            if bad:
-                raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0]} is "
-                                 f"{self._by_id[bad[0]].op}")
+    def _append(self, node: Node) -> None:
+        """Add a node :func:`check_node` accepted against this graph (bookkeeping only)."""
+        self._nodes.append(node)
+        self._by_id[node.id] = node
+        self._next_id = max(self._next_id, node.id + 1)
+        self._users[node.id] = []
+        for i in dict.fromkeys(node.inputs):
+            self._users[i].append(node.id)
+        if "name" in node.attrs and node.kind is Kind.LEAF:
+            self._leaf_names[node.attrs["name"]] = node.id
 
     def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> int:
         """A graph input fed at run time."""
@@ -591,4 +620,5 @@ def install_builders() -> None:
 
 install_builders()
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_DIM", "Graph", "GraphError", "Node", "as_node_id", "install_builders"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_DIM", "Graph", "GraphError", "Node", "as_node_id", "check_node",
+           "install_builders"]

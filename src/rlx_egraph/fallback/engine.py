@@ -1,0 +1,692 @@
+"""The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
+
+Stage by stage (the saturation stages, in order), a pass
+
+1. derives the helper facts: rules that only fill tables run to a fixpoint,
+   in the order their tables depend on each other;
+2. matches every rewrite rule at the nodes of its root op and, per root, plans
+   the best match: the right side's new nodes (built and checked by the op
+   registry, reusing identical live nodes), the uses they replace, and the
+   change of the graph's predicted cost, which is the new nodes' cost minus
+   the cost of the nodes that die (a producer another reader still needs
+   stays alive and paid for);
+3. commits the plans that lower the cost, most gain first; a plan whose nodes
+   an earlier commit touched is matched again at its root first.
+
+Passes repeat until none commits (or a limit).  The per-node cost is the one
+extraction minimises (:func:`rlx_egraph.egraph.extract.enode_ns`), so both
+engines decide with the same cost function.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cost import Target, get_target
+from ..egraph.decode import Fusion
+from ..egraph.extract import EPS, enode_ns
+from ..egraph.rules import STAGES, RuleSet, load_rules
+from ..ir.graph import Graph, GraphError, Node, check_node
+from ..ir.registry import REGISTRY, Kind
+from ..ir.rewrite import GraphRewriter
+from .facts import PRIMITIVES, Facts, NoMatch, compile_term
+from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, schedule
+from .pattern import (
+    ABSENT,
+    FACTS,
+    Build,
+    CompiledRules,
+    CompileError,
+    Compute,
+    Insert,
+    L,
+    ListPat,
+    Pattern,
+    SetValue,
+    Union,
+    Unsupported,
+    V,
+    compile_rules,
+)
+
+log = logging.getLogger(__name__)
+
+STOP_DONE = "no rewrite lowers the cost"
+STOP_ITERATIONS = "iteration limit"
+STOP_TIME = "time limit"
+NO_GAIN = "does not lower the cost"
+TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
+
+
+@dataclass(frozen=True)
+class FallbackLimits:
+    """Bounds on the fallback: passes per stage and wall time (the graph stays valid at any stop)."""
+
+    max_iterations: int = 30
+    max_seconds: float = 300.0
+
+
+@dataclass
+class RuleStats:
+    """One rule: matches found, rewrites committed, plans rejected by reason."""
+
+    matches: int = 0
+    commits: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+@dataclass
+class FallbackStats:
+    rules: dict[str, RuleStats] = field(default_factory=dict)
+    unsupported: list[Unsupported] = field(default_factory=list)
+    passes: dict[str, int] = field(default_factory=dict)
+    stop_reason: str = STOP_DONE
+    phases: dict[str, float] = field(default_factory=dict)
+    cost_before_ns: float = 0.0
+    cost_after_ns: float = 0.0
+    nodes_before: int = 0
+    nodes_after: int = 0
+
+    @property
+    def commits(self) -> dict[str, int]:
+        return {name: s.commits for name, s in self.rules.items() if s.commits}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rules": {name: {"matches": s.matches, "commits": s.commits, "rejected": dict(s.rejected)}
+                      for name, s in self.rules.items()},
+            "unsupported": [{"rule": u.rule, "location": u.location, "reason": u.reason} for u in self.unsupported],
+            "passes": dict(self.passes), "stop_reason": self.stop_reason, "phases": dict(self.phases),
+            "cost_before_ns": self.cost_before_ns, "cost_after_ns": self.cost_after_ns,
+            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+        }
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a node of the optimized graph comes from."""
+
+    rules: tuple[str, ...]  # rules that built it or unioned a value into it (empty: an untouched input node)
+    replaces: tuple[int, ...]  # input-graph node ids that compute the same value
+
+
+@dataclass
+class FallbackResult:
+    graph: Graph
+    provenance: dict[int, Provenance]  # every node of ``graph``
+    fusions: list[Fusion]  # the nodes that are not in the input graph
+    stats: FallbackStats
+
+    @property
+    def originals(self) -> dict[int, list[int]]:
+        """Node id -> input-graph node ids of the same value (what parity compares)."""
+        return {n: list(p.replaces) for n, p in self.provenance.items()}
+
+
+def load(ruleset: RuleSet | Any = None) -> CompiledRules:
+    """Compile the rules for the fallback; rule forms it cannot apply are listed (and logged) by name."""
+    compiled = compile_rules(load_rules(ruleset), PRIMITIVES)
+    kept = []
+    for p in compiled.patterns:
+        try:
+            schedule(p, compiled.tables)
+        except CompileError as exc:
+            compiled.unsupported.append(Unsupported(p.name, p.location, str(exc)))
+            continue
+        kept.append(p)
+    compiled.patterns = kept
+    for u in compiled.unsupported:
+        log.warning("the fallback engine cannot apply rule %s", u)
+    return compiled
+
+
+def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu",
+        limits: FallbackLimits = FallbackLimits(), attention_block_max_tokens: int = 64) -> FallbackResult:
+    """Optimize ``graph`` with the fallback engine (``graph`` itself is never changed)."""
+    start = time.perf_counter()
+    compiled = ruleset if isinstance(ruleset, CompiledRules) else load(ruleset)
+    engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens)
+    engine.stats.phases["load"] = time.perf_counter() - start
+    engine.optimize(start)
+    return engine.result(graph)
+
+
+# --- plans -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    matcher: Matcher
+    root: Any
+    via: tuple[str, ...]
+    new: dict[int, Node]  # provisional id -> checked node
+    unions: list[tuple[int, int]]  # (replaced node, replacement: live or provisional id)
+    writes: list[tuple[str, tuple, Any]]  # helper-table writes on commit
+    delta: float
+    found: tuple  # the match
+    dead: set[int]  # live nodes the plan leaves dead
+    watch: set[int] = field(default_factory=set)  # any change to these (inputs, readers) makes it stale
+    uses: set[int] = field(default_factory=set)  # these must stay alive
+    needs: set[int] = field(default_factory=set)  # nodes whose op and inputs the match inspected
+    destroys: set[int] = field(default_factory=set)  # nodes the plan replaces or leaves dead
+
+    def settle(self, nodes: Mapping[int, Node]) -> _Plan:
+        """Fill the sets commit needs (only for plans that pay).  A node read by a new node
+        cannot die with the plan, so only its life matters; the inspected nodes, the
+        replaced and dying ones and what they read can change the match or its gain."""
+        found, dead = self.found, self.dead
+        self.needs = {found[s] for s in self.matcher.shape_slots}
+        self.destroys = dead | {old for old, _ in self.unions}
+        kept = {i for n in self.new.values() for i in n.inputs}
+        watch = self.needs | self.destroys
+        for d in self.destroys:
+            watch.update(nodes[d].inputs)
+        watch -= kept
+        self.uses = {v for s in self.matcher.node_slots if isinstance(v := found[s], int)} | kept
+        self.watch = {n for n in watch if n in nodes and nodes[n].kind is not Kind.LEAF}
+        self.uses |= watch - self.watch
+        return self
+
+    def stale(self, touched: set[int], died: set[int]) -> bool:
+        return bool(self.watch & touched or self.uses & died)
+
+
+class _Engine:
+    def __init__(self, graph: Graph, compiled: CompiledRules, target: Target, limits: FallbackLimits,
+                 attention_block_max_tokens: int) -> None:
+        self.target, self.limits = target, limits
+        self.rw = GraphRewriter(graph)
+        params = (n.id for n in graph.nodes if n.op == "Param")
+        self.facts = Facts(self.rw, compiled.tables, {nid: k for k, nid in enumerate(params)},
+                           attention_block_max_tokens)
+        self.nodes = self.rw.nodes_by_id
+        self.stats = FallbackStats(unsupported=list(compiled.unsupported), nodes_before=len(graph))
+        for p in compiled.patterns:
+            self.stats.rules.setdefault(p.name, RuleStats())
+        for s in compiled.symmetries:
+            self.stats.rules.setdefault(s.name, RuleStats())
+        self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
+        stage_index = {s: k for k, s in enumerate(STAGES)}
+        for p in compiled.patterns:
+            symmetries = [s for s in compiled.symmetries if stage_index[s.stage] <= stage_index[p.stage]]
+            self.matchers[p.stage].append(compile_matcher(p, symmetries, self.facts))
+        self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
+                         for m in ms}
+        self.costs: dict[int, tuple[Node, float]] = {}
+        self.signature_costs: dict[tuple, float] = {}
+        self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
+        self.rules_of: dict[int, list[str]] = {}
+        self.stats.cost_before_ns = self.dag_ns()
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def optimize(self, start: float) -> None:
+        for stage in STAGES:
+            matchers = self.matchers[stage]
+            if not matchers:
+                continue
+            t0 = time.perf_counter()
+            derive = _fact_order([m for m in matchers if m.pattern.kind == FACTS])
+            rewrites = [m for m in matchers if m.pattern.kind != FACTS]
+            passes = 0
+            near: set[int] | None = None  # None: match at every root; else only near these nodes
+            while True:
+                if passes >= self.limits.max_iterations:
+                    self.stats.stop_reason = STOP_ITERATIONS
+                    break
+                if time.perf_counter() - start > self.limits.max_seconds:
+                    self.stats.stop_reason = STOP_TIME
+                    break
+                passes += 1
+                self.facts.fresh = set()
+                self.derive(derive, near)
+                if near is not None:
+                    near |= self.facts.fresh
+                done, touched = self.commit(self.collect(rewrites, None if near is None else
+                                                         Near.of(self.nodes, near)))
+                if not done:
+                    break
+                near = {t for t in touched if t in self.nodes and self.nodes[t].kind is not Kind.LEAF}
+            self.stats.passes[stage] = passes
+            self.stats.phases[stage] = time.perf_counter() - t0
+            if self.stats.stop_reason == STOP_TIME:
+                break
+
+    def matches(self, matcher: Matcher, root: Any) -> list[tuple]:
+        found: list[tuple] = []
+        matcher.run(root, lambda env: found.append(tuple(env)))
+        self.stats.rules[matcher.pattern.name].matches += len(found)
+        return found
+
+    def derive(self, groups: list[list[Matcher]], near: set[int] | None) -> None:
+        """Run the fact rules, each group (tables that feed each other) to its fixpoint; with
+        ``near``, only at roots near those nodes and near the rows added meanwhile."""
+        seeds, fresh = (None if near is None else Near.of(self.nodes, near)), 0
+        for group in groups:
+            if near is not None and len(self.facts.fresh) != fresh:  # rows added since: their nodes too
+                seeds, fresh = Near.of(self.nodes, near | self.facts.fresh), len(self.facts.fresh)
+            recursive = len(group) > 1 or _reads_own(group[0].pattern)
+            at = seeds
+            for _ in range(self.limits.max_iterations):
+                self.facts.changed = False
+                before = set(self.facts.fresh) if recursive else set()
+                for m in group:
+                    program = self.programs[m.pattern.name]
+                    for root in m.candidates(self.rw.nodes_of, at):
+                        if root is not None and not m.fits(self.input_ops(root)):
+                            continue
+                        for env in self.matches(m, root):
+                            self.write_facts(program, list(env))
+                if not (recursive and self.facts.changed):
+                    break
+                at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
+
+    def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
+        entries = []
+        for k, m in enumerate(matchers):
+            for root in m.candidates(self.rw.nodes_of, near):
+                if root is not None and not m.fits(self.input_ops(root)):
+                    continue
+                plan = self.best_plan(m, root)
+                if plan is not None:
+                    entries.append((plan.delta, k, root, plan))
+        entries.sort(key=lambda e: e[:3])
+        return entries
+
+    def input_ops(self, nid: int) -> tuple[str, ...]:
+        ops = self.signatures.get(nid)
+        if ops is None:
+            nodes = self.nodes
+            ops = self.signatures[nid] = tuple(nodes[i].op for i in nodes[nid].inputs)
+        return ops
+
+    def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
+        stats = self.stats.rules[matcher.pattern.name]
+        best: _Plan | None = None
+        for env in self.matches(matcher, root):
+            plan = self.plan(matcher, root, env)
+            if isinstance(plan, str):
+                stats.reject(plan)
+            elif plan.delta >= -EPS:
+                stats.reject(NO_GAIN)
+            elif best is None or plan.delta < best.delta:
+                best = plan
+        return best.settle(self.nodes) if best is not None else None
+
+    def commit(self, entries: list[tuple[float, int, Any, _Plan]]) -> tuple[int, set[int]]:
+        """Commit plans, most gain first.  A plan is skipped when the undecided plans it
+        would destroy gain more together (one level of lookahead), and matched again
+        at its root when an earlier commit touched its nodes."""
+        plans = [e[3] for e in entries]
+        needed_by: dict[int, list[int]] = {}
+        destroyed_by: dict[int, list[int]] = {}
+        for k, plan in enumerate(plans):
+            for n in plan.needs:
+                needed_by.setdefault(n, []).append(k)
+            for n in plan.destroys:
+                destroyed_by.setdefault(n, []).append(k)
+        decided = [False] * len(plans)
+        touched: set[int] = set()
+        died: set[int] = set()
+        self.rw.touched = set()
+        done = 0
+        for k, plan in enumerate(plans):
+            decided[k] = True
+            rivals = {j for n in plan.destroys for j in needed_by.get(n, ()) if not decided[j]}
+            rivals |= {j for n in plan.needs for j in destroyed_by.get(n, ()) if not decided[j]}
+            if rivals and _independent_gain([plans[j] for j in sorted(rivals)]) > -plan.delta:
+                continue
+            if plan.stale(touched, died):
+                if plan.root is not None and plan.root not in self.nodes:
+                    continue
+                fresh = self.best_plan(plan.matcher, plan.root)
+                if fresh is None:
+                    continue
+                plan = fresh
+            self.apply(plan)
+            done += 1
+            changed, self.rw.touched = self.rw.touched, set()
+            touched |= changed
+            for nid in changed:
+                self.signatures.pop(nid, None)
+                if nid not in self.nodes:
+                    died.add(nid)
+                    if self.rw.find(nid) != nid:
+                        self.facts.replaced(nid)
+        return done, touched
+
+    # --- planning and applying ---------------------------------------------------------------
+
+    def plan(self, matcher: Matcher, root: Any, found: tuple) -> _Plan | str:
+        """The rewrite one match asks for, or why it cannot be made."""
+        pattern, env = matcher.pattern, list(found)
+        slots, rw, nodes = matcher.slots, self.rw, self.nodes
+        new: dict[int, Node] = {}
+        unions: list[tuple[int, int]] = []
+        writes: list[tuple[str, tuple, Any]] = []
+
+        def lookup(i: int) -> Node | None:
+            return new.get(i) or nodes.get(i)
+
+        for action, compiled in self.programs[pattern.name]:
+            try:
+                if isinstance(action, Build):
+                    nid = rw.next_id + len(new)
+                    inputs = _inputs(action, env, slots, pattern.name)
+                    attrs = {name: _plain(ev(env)) for name, ev in compiled}
+                    node = check_node(nid, action.op, inputs, attrs, lookup, rw.leaf_names)
+                    same = rw.existing(node) if not any(i in new for i in node.inputs) else None
+                    if same is None:
+                        new[nid] = node
+                    env[slots[action.out]] = nid if same is None else same
+                elif isinstance(action, Compute):
+                    env[compiled[0]] = compiled[1](env)
+                elif isinstance(action, Union):
+                    unions.append((env[slots[action.a]], env[slots[action.b]]))
+                else:
+                    table, args, value = _write(compiled, env)
+                    if table in TYPE_TABLES and args[0] in new:
+                        built = getattr(new[args[0]], table)
+                        if built != value:
+                            return f"ill-typed: the rule sets {table} {value} for a new {new[args[0]].op}, " \
+                                   f"the op registry infers {built}"
+                    elif table not in TYPE_TABLES:
+                        writes.append((table, args, value))
+            except GraphError as exc:
+                return f"ill-typed: {exc}"
+            except NoMatch:
+                return "an action has no value"
+        merges = self.orient(unions, new)
+        if isinstance(merges, str):
+            return merges
+        delta, dead = self.delta(new, merges)
+        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead)
+
+    def orient(self, unions: list[tuple[Any, Any]], new: Mapping[int, Node]) -> list[tuple[int, int]] | str:
+        """Which node each union replaces, and by what; a reason string when it cannot."""
+        rw, nodes = self.rw, self.nodes
+        merges: list[tuple[int, int]] = []
+        replaced: dict[int, int] = {}
+        for a, b in unions:
+            if a is ABSENT or b is ABSENT:
+                return "a union with (NoInput)"
+            if a == b:
+                continue
+            if a in new and b in new:
+                return "a union of two new terms"
+            if a in new or b in new:
+                old, rep = (b, a) if a in new else (a, b)
+            elif rw.depends_on(a, b):
+                old, rep = a, b
+            elif rw.depends_on(b, a):
+                old, rep = b, a
+            else:  # unrelated nodes: keep the lower one
+                old, rep = (a, b) if (rw.level(a), a) > (rw.level(b), b) else (b, a)
+            if replaced.get(old, rep) != rep:
+                return f"two unions replace node {old}"
+            replaced[old] = rep
+            was, now = nodes[old], new.get(rep) or nodes[rep]
+            if (was.shape, was.dtype) != (now.shape, now.dtype):
+                return f"ill-typed: a union of node {old} ({was.op}, {was.type}) with a {now.op} of type {now.type}"
+            if self.reads(rep, old, new):
+                return f"the new {now.op} would read node {old}, which it replaces (a cycle)"
+            merges.append((old, rep))
+        return merges
+
+    def reads(self, nid: int, old: int, new: Mapping[int, Node]) -> bool:
+        """Whether ``nid`` (live, or new in a plan) reads node ``old``."""
+        stack = [nid]
+        while stack:
+            n = stack.pop()
+            if n in new:
+                stack.extend(new[n].inputs)
+            elif self.rw.depends_on(n, old):
+                return True
+        return False
+
+    def delta(self, new: Mapping[int, Node], merges: list[tuple[int, int]]) -> tuple[float, set[int]]:
+        """Predicted cost change of a plan, and the live nodes it leaves dead."""
+        rw, nodes = self.rw, self.nodes
+        extra: Counter[int] = Counter()
+        for n in new.values():
+            for i in dict.fromkeys(n.inputs):
+                if i not in new:
+                    extra[i] += 1
+        olds = {old for old, _ in merges}
+        for old, rep in merges:
+            if rep not in new:
+                extra[rep] += rw.use_count(old)
+        removed: Counter[int] = Counter()
+        dead = {old for old in olds if not extra[old] and nodes[old].op != "Input"}
+        stack = list(dead)
+        while stack:
+            for i in dict.fromkeys(nodes[stack.pop()].inputs):
+                removed[i] += 1
+                if i in dead or nodes[i].op == "Input":
+                    continue
+                if (0 if i in olds else rw.use_count(i)) + extra[i] - removed[i] == 0:
+                    dead.add(i)
+                    stack.append(i)
+        created = sum(self.node_ns(n, lambda i: new.get(i) or nodes[i]) for n in new.values())
+        return created - sum(self.cost(d) for d in dead), dead
+
+    def apply(self, plan: _Plan) -> None:
+        rw = self.rw
+        name = plan.matcher.pattern.name
+        rules = (name, *plan.via)
+        real: dict[int, int] = {}
+        for nid, node in plan.new.items():
+            first_new = rw.next_id
+            made = rw.insert(node.op, [real.get(i, i) for i in node.inputs], **node.attrs)
+            real[nid] = made
+            if made >= first_new:
+                self.rules_of[made] = list(rules)
+        olds = []
+        for old, rep in plan.unions:
+            rep = real.get(rep, rep)
+            rw.replace_all_uses(old, rep)
+            known = self.rules_of.setdefault(rep, [])  # this rewrite, then how the replaced value was made
+            known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
+            olds.append(old)
+        for table, args, value in plan.writes:
+            decl = self.facts.decls[table]
+            self.facts.set(table, tuple(_renamed(a, sort, real) for a, sort in zip(args, decl.inputs, strict=True)),
+                           _renamed(value, decl.output, real))
+        rw.eliminate_dead_code(olds)
+        for r in rules:
+            self.stats.rules[r].commits += 1
+
+    def write_facts(self, program: list[tuple[Any, Any]], env: list) -> None:
+        """Apply a facts rule's actions to one match."""
+        try:
+            for action, compiled in program:
+                if isinstance(action, Compute):
+                    env[compiled[0]] = compiled[1](env)
+                else:
+                    self.facts.set(*_write(compiled, env))
+        except NoMatch:
+            return
+
+    # --- costs -----------------------------------------------------------------------------
+
+    def node_ns(self, node: Node, lookup: Callable[[int], Node]) -> float:
+        """:func:`enode_ns` of a node, remembered per (op, attributes, input and output types).
+        A leaf launches nothing, so its type alone decides (its name is not part of the key)."""
+        if not node.inputs:
+            key: tuple | None = (node.op, node.shape, node.dtype)
+            cost = self.signature_costs.get(key)
+            if cost is None:
+                cost = self.signature_costs[key] = enode_ns(self.target, node.spec, node.attrs, [], node.type, False)
+            return cost
+        ins = [lookup(i) for i in node.inputs]
+        reads_intermediate = any(i.kind is not Kind.LEAF for i in ins)
+        key = (node.op, tuple(node.attrs.values()), tuple((i.shape, i.dtype) for i in ins), node.shape,
+               node.dtype, reads_intermediate)
+        try:
+            cost = self.signature_costs.get(key)
+        except TypeError:  # unhashable attributes
+            key, cost = None, None
+        if cost is None:
+            cost = enode_ns(self.target, node.spec, node.attrs, [i.type for i in ins], node.type, reads_intermediate)
+            if key is not None:
+                self.signature_costs[key] = cost
+        return cost
+
+    def cost(self, nid: int) -> float:
+        """A live node's cost, remembered while the node record stays the same (not rewired)."""
+        node = self.nodes[nid]
+        known = self.costs.get(nid)
+        if known is None or known[0] is not node:
+            known = self.costs[nid] = (node, self.node_ns(node, self.nodes.__getitem__))
+        return known[1]
+
+    def dag_ns(self) -> float:
+        """Predicted ns of the live graph: node costs plus the outputs read back."""
+        total = sum(self.cost(nid) for nid in self.nodes)
+        readback = sum(self.nodes[o].type.nbytes for o in dict.fromkeys(self.rw.outputs))
+        return total + readback / self.target.readback_bw if math.isfinite(total) else total
+
+    # --- the result ---------------------------------------------------------------------------
+
+    def result(self, graph: Graph) -> FallbackResult:
+        t0 = time.perf_counter()
+        self.stats.cost_after_ns = self.dag_ns()
+        out = self.rw.finish()
+        same: dict[int, list[int]] = {}
+        for n in graph.nodes:
+            holder = self.rw.find(n.id)
+            if holder in self.nodes:
+                same.setdefault(holder, []).append(n.id)
+        provenance = {n.id: Provenance(tuple(self.rules_of.get(n.id, ())), tuple(same.get(n.id, ())))
+                      for n in out.nodes}
+        fusions = [Fusion(n.id, n.op, provenance[n.id].rules, provenance[n.id].replaces) for n in out.nodes
+                   if n.id not in graph]
+        self.stats.nodes_after = len(out)
+        self.stats.phases["finish"] = time.perf_counter() - t0
+        return FallbackResult(out, provenance, fusions, self.stats)
+
+
+def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[Any, Any]]:
+    """Each action of the matcher's rule with its compiled parts (evaluators over the match's slots)."""
+    slots = matcher.slots
+    out: list[tuple[Any, Any]] = []
+    for action in matcher.pattern.actions:
+        compiled: Any = None
+        if isinstance(action, Build):
+            names = [a.name for a in REGISTRY[action.op].attrs]
+            compiled = [(n, compile_term(t, slots, facts)) for n, t in zip(names, action.attrs, strict=True)]
+        elif isinstance(action, Compute):
+            compiled = (slots[action.out], compile_term(action.expr, slots, facts))
+        elif isinstance(action, SetValue | Insert):
+            table = action.table if isinstance(action, SetValue) else action.relation
+            value = compile_term(action.value, slots, facts) if isinstance(action, SetValue) else None
+            compiled = (table, [compile_term(a, slots, facts) for a in action.args], value)
+        out.append((action, compiled))
+    return out
+
+
+def _write(compiled: tuple, env: list) -> tuple[str, tuple, Any]:
+    table, args, value = compiled
+    return table, tuple(f(env) for f in args), True if value is None else value(env)
+
+
+def _inputs(action: Build, env: list, slots: Mapping[str, int], rule: str) -> list[int]:
+    inputs: list[int] = []
+    absent = False
+    for s in action.inputs:
+        values: list[Any]
+        if isinstance(s, V):
+            values = [env[slots[s.name]]]
+        elif isinstance(s, L):
+            values = [ABSENT]
+        else:
+            assert isinstance(s, ListPat)
+            values = [env[slots[i]] for i in s.items] + list(env[slots[s.rest]] if s.rest else ())
+        for v in values:
+            if v is ABSENT:
+                absent = True
+            elif absent:
+                raise GraphError(f"rule {rule}: a {action.op} input follows an absent (NoInput) one")
+            else:
+                inputs.append(v)
+    return inputs
+
+
+def _independent_gain(plans: list[_Plan]) -> float:
+    """Gain of a greedy set of the plans (most gain first) that do not destroy each other's nodes."""
+    chosen: list[_Plan] = []
+    for plan in sorted(plans, key=lambda p: p.delta):
+        if all(not (plan.destroys & c.needs or c.destroys & plan.needs) for c in chosen):
+            chosen.append(plan)
+    return -sum(p.delta for p in chosen)
+
+
+def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
+    """A planned value with the plan's provisional node ids replaced by the inserted ones."""
+    if sort == "Op":
+        return real.get(value, value)
+    if sort == "TensorList":
+        return tuple(real.get(v, v) for v in value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    return value.array if isinstance(value, ArrayValue) else value
+
+
+def _reads_own(pattern: Pattern) -> bool:
+    return bool(pattern.tables_read() & pattern.tables_written())
+
+
+def _fact_order(matchers: list[Matcher]) -> list[list[Matcher]]:
+    """Fact rules grouped so that a group only reads tables earlier groups (or itself) write:
+    strongly connected components of 'writes a table the other reads', in dependency order."""
+    index = {id(m): k for k, m in enumerate(matchers)}
+    feeds = {k: [index[id(o)] for o in matchers if m.pattern.tables_written() & o.pattern.tables_read()]
+             for k, m in enumerate(matchers)}
+    order: list[list[int]] = []
+    counter = 0
+    low: dict[int, int] = {}
+    num: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+
+    def visit(v: int) -> None:  # Tarjan; emits components sinks-first
+        nonlocal counter
+        num[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in feeds[v]:
+            if w not in num:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], num[w])
+        if low[v] == num[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            order.append(sorted(group))
+
+    for v in range(len(matchers)):
+        if v not in num:
+            visit(v)
+    order.reverse()  # writers before readers
+    return [[matchers[k] for k in group] for group in order]
+
+
+__all__ = ["FallbackLimits", "FallbackResult", "FallbackStats", "Provenance", "RuleStats", "load", "run"]

@@ -1,0 +1,709 @@
+"""Matching a pattern's query on the graph.
+
+The query's atoms are put in an order where each one can run with what the
+atoms before it bound: a node pattern whose node is known is checked top-down;
+one reached from a known input is found among that input's readers (the
+multi-pattern joins of the shared-input rules); equalities bind a variable
+from a computable side; helper-table facts look rows up by their known
+columns.  The root is the first node pattern, so only nodes of its op are
+ever visited.  Each step is a closure that extends the variable slots and
+calls the next one, so a failed candidate costs a few attribute reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..egraph.schema import constructor_args
+from ..ir.graph import Node
+from ..ir.registry import REGISTRY, AttrType
+from .facts import BUILTIN_TABLES, CHECKS, PRIMITIVES, Facts, NoMatch, compile_term
+from .pattern import (
+    ABSENT,
+    FACTS,
+    Atom,
+    Build,
+    CompileError,
+    Compute,
+    Equal,
+    F,
+    Holds,
+    L,
+    ListPat,
+    NodePat,
+    Pattern,
+    Symmetry,
+    TableDecl,
+    Term,
+    Union,
+    V,
+    term_vars,
+)
+
+VIA = 0  # slot 0 holds the names of the symmetries a match went through
+Step = Callable[[list], None]
+
+
+class ArrayValue:
+    """An array attribute as a pattern value: equal by content."""
+
+    __slots__ = ("array", "key")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.key = (array.dtype.str, array.shape, array.tobytes())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArrayValue) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+@dataclass
+class Matcher:
+    """A compiled query: ``run(root, emit)`` calls ``emit(slots)`` once per match at ``root``."""
+
+    pattern: Pattern
+    root_op: str | None  # None: the root is a scan of a helper relation
+    slots: dict[str, int]
+    node_slots: tuple[int, ...]  # slots that hold node ids
+    shape_slots: tuple[int, ...]  # slots of the nodes whose op and inputs the match inspects
+    run: Callable[[Any, Callable[[list], None]], None]
+    roots_near: Callable[[Near], set[int]] | None  # None: every pass scans all roots
+    child_ops: tuple[str | None, ...] | None  # ops the root's inputs must have (None: no filter)
+    _fits: dict[tuple[str, ...], bool] = field(default_factory=dict)
+
+    def fits(self, input_ops: tuple[str, ...]) -> bool:
+        """Whether a root whose inputs have these ops can match (a cheap filter before matching)."""
+        fit = self._fits.get(input_ops)
+        if fit is None:
+            want = self.child_ops
+            fit = self._fits[input_ops] = want is None or (
+                len(input_ops) >= len(want) and all(w is None or w == o for w, o in zip(want, input_ops, strict=False)))
+        return fit
+
+    def candidates(self, nodes_of: Callable[[str], list[int]], near: Near | None) -> list[Any]:
+        """Roots to match: every node of the root op, or (``near`` given) those whose match could
+        involve one of the ``near`` nodes."""
+        if self.root_op is None:
+            return [None]
+        if near is None or self.roots_near is None:
+            return nodes_of(self.root_op)
+        return sorted(self.roots_near(near))
+
+
+@dataclass
+class Near:
+    """Changed nodes, by op: the seeds of a pass that only revisits roots near changes."""
+
+    by_op: dict[str, list[int]]
+    steps: dict[tuple[_Edge, int], tuple[int, ...]] = field(default_factory=dict)  # walk memo (one pass)
+
+    @classmethod
+    def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
+        by_op: dict[str, list[int]] = {}
+        for n in sorted(ids):
+            node = nodes.get(n)
+            if node is not None:
+                by_op.setdefault(node.op, []).append(n)
+        return cls(by_op)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.by_op.values()))
+
+
+def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) -> Matcher:
+    """Order ``pattern``'s query and compile it (CompileError when some atom can never run)."""
+    slots: dict[str, int] = {}
+
+    def slot(name: str) -> int:
+        return slots.setdefault(name, len(slots) + 1)
+
+    for name in _all_vars(pattern):
+        slot(name)
+    for action in pattern.actions:  # slots for what the actions compute, after the query's
+        if isinstance(action, Build | Compute):
+            slot(action.out)
+    order = schedule(pattern, facts.decls)
+    perms: dict[str, list[tuple[tuple[int, ...], str]]] = {}
+    for sym in symmetries:
+        perms.setdefault(sym.op, []).append((sym.perm, sym.name))
+    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
+    sink: list[Callable[[list], None]] = []  # the current run's emit
+
+    def emit(env: list) -> None:
+        sink[-1](env)
+
+    known: list[set[str]] = []
+    bound: set[str] = set()
+    for _, atom in order:
+        known.append(set(bound))
+        bound |= _atom_vars(atom)
+    chain: Step = emit
+    for (kind, atom), before in zip(reversed(order), reversed(known), strict=True):
+        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, _alternatives(perms, atom))
+    first = order[0][1]
+    root_op = first.op if isinstance(first, NodePat) else None
+    root_slot = slots[first.out] if isinstance(first, NodePat) else None
+    width = len(slots) + 1
+
+    def run(root: Any, on_match: Callable[[list], None]) -> None:
+        env: list[Any] = [None] * width
+        env[VIA] = ()
+        if root_slot is not None:
+            env[root_slot] = root
+        sink.append(on_match)
+        try:
+            chain(env)
+        finally:
+            sink.pop()
+
+    node_vars = _node_vars(pattern, facts.decls)
+    node_slots = tuple(slots[v] for v in node_vars)
+    shape_slots = tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat)))
+    paths = _paths(order, set(node_vars), _watched(pattern, order, facts.decls), facts.decls)
+    roots_near = _reverse(paths, root_op, facts) if paths is not None and root_op is not None else None
+    child_ops = _child_ops(first, pattern) if isinstance(first, NodePat) and first.op not in perms else None
+    return Matcher(pattern, root_op, slots, node_slots, shape_slots, run, roots_near, child_ops)
+
+
+def _child_ops(root: NodePat, pattern: Pattern) -> tuple[str | None, ...]:
+    """The op each required input of the root must have, where the query says."""
+    op_of: dict[str, str] = {}
+    for atom in pattern.query:
+        if isinstance(atom, NodePat):
+            op_of.setdefault(atom.out, atom.op)
+    args = constructor_args(REGISTRY[root.op])
+    want: list[str | None] = []
+    for arg, s in zip((a for a in args if a.is_input), root.inputs, strict=True):
+        if arg.optional or arg.variadic:
+            break
+        want.append(op_of.get(s.name) if isinstance(s, V) else None)
+    return tuple(want)
+
+
+# --- which roots a changed node can affect --------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Edge:
+    """How a node variable was reached from an earlier one (its parent): as an ``input`` of the
+    parent's node, as a ``reader`` of it, or through a helper-table ``row``."""
+
+    kind: str
+    parent_op: str | None
+    table: str = ""
+    column: int = 0
+    parent_column: int = 0
+
+
+def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[str, TableDecl]) -> set[str]:
+    """Node variables a change to whose node can change the match or its outcome: nodes the query
+    inspects, join anchors, variables of helper-table facts (rows get added), and, for a rewrite,
+    inputs the right side does not keep (they may die with it, which changes its gain)."""
+    watched = {a.out for a in pattern.query if isinstance(a, NodePat)}
+    bound: set[str] = set()
+    for kind, atom in order:
+        if kind == "join" and isinstance(atom, NodePat):
+            watched.update(v for v in _input_vars(atom) if v in bound)
+        elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in _calls(atom)):
+            watched |= _atom_vars(atom)
+        bound |= _atom_vars(atom)
+    if pattern.kind == FACTS:
+        return watched
+    kept: set[str] = set()
+    for action in pattern.actions:
+        if isinstance(action, Build):
+            for s in action.inputs:
+                kept.update([s.name] if isinstance(s, V) else list(s.items) if isinstance(s, ListPat) else [])
+        elif isinstance(action, Union):
+            kept.update((action.a, action.b))
+    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in _input_vars(a) if v not in kept}
+
+
+def _calls(atom: Atom) -> list[Term]:
+    out, terms = [], _atom_terms(atom)
+    while terms:
+        t = terms.pop()
+        if isinstance(t, F):
+            out.append(t)
+            terms.extend(t.args)
+    return out
+
+
+_EDGES: dict[tuple, _Edge] = {}
+
+
+def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Mapping[str, TableDecl]
+           ) -> list[tuple[str | None, tuple[_Edge, ...]]] | None:
+    """For each watched node variable: its op (None: any) and the edges from it back to the root.
+    None when some variable is reached in a way that cannot be walked backwards."""
+    parent: dict[str, tuple[str, _Edge] | None] = {}
+    op_of: dict[str, str] = {}
+    for kind, atom in order:
+        if isinstance(atom, NodePat):
+            op_of.setdefault(atom.out, atom.op)
+            if atom.out not in parent:
+                if kind == "top":  # the root
+                    parent[atom.out] = None
+                else:
+                    anchor = next(v for v in _input_vars(atom) if v in parent)
+                    parent[atom.out] = (anchor, _Edge("reader", None))
+            for v in _input_vars(atom):
+                parent.setdefault(v, (atom.out, _Edge("input", atom.op)))
+            continue
+        bound_here = [v for v in _atom_vars(atom) & node_vars if v not in parent]
+        if not bound_here:
+            continue
+        if kind != "lookup":
+            return None
+        call = atom.call if isinstance(atom, Holds) else next(
+            t for t in (atom.left, atom.right) if isinstance(t, F) and t.name in tables)  # type: ignore[union-attr]
+        columns = {a.name: c for c, a in enumerate(call.args) if isinstance(a, V)}
+        anchor = next((v for v in columns if v in parent and v in node_vars), None)
+        if anchor is None or any(v not in columns for v in bound_here):
+            return None
+        for v in bound_here:
+            parent[v] = (anchor, _Edge("row", None, call.name, columns[v], columns[anchor]))
+    paths = []
+    for var in sorted(v for v in parent if v in node_vars and v in watched):
+        edges: list[_Edge] = []
+        current = var
+        while (link := parent[current]) is not None:
+            up, edge = link
+            key = (edge.kind, op_of.get(up), edge.table, edge.column, edge.parent_column)
+            edges.append(_EDGES.setdefault(key, _Edge(*key)))
+            current = up
+        paths.append((op_of.get(var), tuple(edges)))
+    return paths
+
+
+def _input_vars(atom: NodePat) -> list[str]:
+    out = [s.name for s in atom.inputs if isinstance(s, V)]
+    out += [i for s in atom.inputs if isinstance(s, ListPat) for i in s.items]
+    return out
+
+
+def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...]]], root_op: str, facts: Facts
+             ) -> Callable[[Iterable[int]], set[int]]:
+    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
+
+    def parents(n: int, edge: _Edge) -> tuple[int, ...]:
+        if edge.kind == "input":  # the parent reads the node
+            return tuple(r for r in readers.get(n, ()) if nodes[r].op == edge.parent_op)
+        if edge.kind == "reader":  # the node reads the parent
+            node = nodes.get(n)
+            if node is None:
+                return ()
+            return tuple(i for i in node.inputs if edge.parent_op is None or nodes[i].op == edge.parent_op)
+        return tuple(args[edge.parent_column] for args, _ in facts.lookup(edge.table, ((edge.column, n),)))
+
+    def roots_near(near: Near) -> set[int]:
+        roots: set[int] = set()
+        memo = near.steps
+        for op, edges in paths:
+            seeds = near.by_op.get(op, ()) if op is not None else [n for ns in near.by_op.values() for n in ns]
+            frontier = set(seeds)
+            for edge in edges:
+                if not frontier:
+                    break
+                step: set[int] = set()
+                for n in frontier:
+                    found = memo.get((edge, n))
+                    if found is None:
+                        found = memo[(edge, n)] = parents(n, edge)
+                    step.update(found)
+                frontier = step
+            roots |= frontier
+        return {r for r in roots if r in nodes and nodes[r].op == root_op}
+    return roots_near
+
+
+# --- ordering ------------------------------------------------------------------------------
+
+
+def _all_vars(pattern: Pattern) -> list[str]:
+    names: dict[str, None] = {}
+    for atom in pattern.query:
+        names.update(dict.fromkeys(sorted(_atom_vars(atom))))
+    return list(names)
+
+
+def _atom_vars(atom: Atom) -> set[str]:
+    if isinstance(atom, NodePat):
+        out = {atom.out}
+        for s in atom.inputs:
+            if isinstance(s, V):
+                out.add(s.name)
+            elif isinstance(s, ListPat):
+                out.update(s.items)
+                if s.rest:
+                    out.add(s.rest)
+        out.update(a.name for a in atom.attrs if isinstance(a, V))
+        return out
+    return set().union(*(term_vars(t) for t in _atom_terms(atom)))
+
+
+def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
+    """Variables that hold node ids: op patterns' nodes and inputs, and Op columns of tables."""
+    out: dict[str, None] = {}
+    for atom in pattern.query:
+        if isinstance(atom, NodePat):
+            out[atom.out] = None
+            for s in atom.inputs:
+                names = [s.name] if isinstance(s, V) else list(s.items) if isinstance(s, ListPat) else []
+                out.update(dict.fromkeys(names))
+            continue
+        terms = _atom_terms(atom)
+        while terms:
+            t = terms.pop()
+            if isinstance(t, F):
+                decl = tables.get(t.name)
+                if decl is not None:
+                    out.update(dict.fromkeys(a.name for a, sort in zip(t.args, decl.inputs, strict=False)
+                                             if isinstance(a, V) and sort == "Op"))
+                terms.extend(t.args)
+    return list(out)
+
+
+def _atom_terms(atom: Atom) -> list[Term]:
+    if isinstance(atom, Equal):
+        return [atom.left, atom.right]
+    if isinstance(atom, Holds):
+        return [atom.call]
+    return []
+
+
+def _check_providers(term: Term, tables: Mapping[str, TableDecl]) -> None:
+    if isinstance(term, F):
+        decl = tables.get(term.name)
+        if decl is not None and decl.builtin and term.name not in BUILTIN_TABLES:
+            raise CompileError(f"table {term.name!r} has no meaning on a graph in the fallback")
+        for a in term.args:
+            _check_providers(a, tables)
+
+
+def _helper_call(term: Term, tables: Mapping[str, TableDecl]) -> bool:
+    return isinstance(term, F) and term.name in tables and not tables[term.name].builtin
+
+
+def schedule(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[tuple[str, Atom]]:
+    """Order the query's atoms: the first node pattern (or helper fact) is the root; then,
+    at each step, the cheapest atom that can run with the variables bound so far.
+    Raises CompileError when the query cannot run on a graph."""
+    for atom in pattern.query:
+        for t in _atom_terms(atom):
+            _check_providers(t, tables)
+    pending = list(pattern.query)
+    root = next((a for a in pending if isinstance(a, NodePat)), None)
+    if root is None:
+        root = next((a for a in pending if isinstance(a, Holds) and _helper_call(a.call, tables)), None)
+        if root is None:
+            raise CompileError("the query has no node pattern and no helper-table fact to start from")
+        pending.remove(root)
+        order = [("lookup", root)]
+    else:
+        pending.remove(root)
+        order = [("top", root)]
+    bound = _atom_vars(root)
+    while pending:
+        best: tuple[int, int, str] | None = None
+        for k, atom in enumerate(pending):
+            choice = _readiness(atom, bound, tables)
+            if choice is not None and (best is None or choice[0] < best[0]):
+                best = (choice[0], k, choice[1])
+        if best is None:
+            missing = sorted(set().union(*(_atom_vars(a) for a in pending)) - bound)
+            raise CompileError(f"no fact binds variable(s) {', '.join(missing)} before they are needed")
+        atom = pending.pop(best[1])
+        order.append((best[2], atom))
+        bound |= _atom_vars(atom)
+    return order
+
+
+def _readiness(atom: Atom, bound: set[str], tables: Mapping[str, TableDecl]) -> tuple[int, str] | None:
+    """(priority, step kind) when ``atom`` can run now; lower priority runs first."""
+    if isinstance(atom, NodePat):
+        if atom.out in bound:
+            return 1, "top"
+        inputs = [s.name for s in atom.inputs if isinstance(s, V)]
+        inputs += [i for s in atom.inputs if isinstance(s, ListPat) for i in s.items]
+        if any(i in bound for i in inputs):
+            return 4, "join"
+        return None
+    if isinstance(atom, Equal):
+        left, right = term_vars(atom.left) - bound, term_vars(atom.right) - bound
+        if not left and not right:
+            return 0, "check"
+        if isinstance(atom.left, V) and left and not right:
+            return 2, "bind"
+        if isinstance(atom.right, V) and right and not left:
+            return 2, "bind"
+        for side, other, other_unbound in ((atom.left, atom.right, right), (atom.right, atom.left, left)):
+            if _lookup_ready(side, bound, tables) and (not other_unbound or isinstance(other, V)):
+                return 3, "lookup"
+        return None
+    call = atom.call
+    if not term_vars(call) - bound:
+        return 0, "check"
+    if _lookup_ready(call, bound, tables):
+        bound_args = any(not term_vars(a) - bound for a in call.args)
+        return (3, "lookup") if bound_args else (5, "lookup")
+    return None
+
+
+def _lookup_ready(call: Term, bound: set[str], tables: Mapping[str, TableDecl]) -> bool:
+    """A helper-table call whose every argument is known or a lone variable (which its rows bind)."""
+    return _helper_call(call, tables) and all(isinstance(a, V) or not term_vars(a) - bound
+                                              for a in call.args)  # type: ignore[union-attr]
+
+
+# --- steps ---------------------------------------------------------------------------------
+
+BIND, EQ, LIT, ABSENT_CHECK, LIST = range(5)
+
+
+def _alternatives(perms: Mapping[str, list[tuple[tuple[int, ...], str]]], atom: Atom) -> list:
+    if not isinstance(atom, NodePat):
+        return []
+    group: dict[tuple[int, ...], tuple[str, ...]] = {tuple(range(len(atom.inputs) + len(atom.attrs))): ()}
+    frontier = list(group)
+    while frontier:  # every composition of the op's symmetries
+        current = frontier.pop()
+        for perm, name in perms.get(atom.op, ()):
+            composed = tuple(current[p] for p in perm)
+            if composed not in group:
+                group[composed] = (*group[current], name)
+                frontier.append(composed)
+    return list(group.items())
+
+
+def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
+          readers: Mapping[int, Mapping[int, None]], facts: Facts, alternatives: list) -> Step:
+    if isinstance(atom, NodePat):
+        return _node_step(kind, atom, known, slots, nxt, nodes, readers, alternatives)
+    if kind == "check":
+        return _check_step(atom, slots, nxt, facts)
+    if kind == "bind":
+        assert isinstance(atom, Equal)
+        target, source = (atom.left, atom.right) if isinstance(atom.left, V) and atom.left.name not in known \
+            else (atom.right, atom.left)
+        assert isinstance(target, V)
+        out, ev = slots[target.name], compile_term(source, slots, facts)
+
+        def bind(env: list) -> None:
+            try:
+                env[out] = ev(env)
+            except NoMatch:
+                return
+            nxt(env)
+        return bind
+    return _lookup_step(atom, known, slots, nxt, facts)
+
+
+def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
+    if isinstance(atom, Equal):
+        left, right = compile_term(atom.left, slots, facts), compile_term(atom.right, slots, facts)
+
+        def equal(env: list) -> None:
+            try:
+                if left(env) != right(env):
+                    return
+            except NoMatch:
+                return
+            nxt(env)
+        return equal
+    assert isinstance(atom, Holds)
+    ev = compile_term(atom.call, slots, facts)
+    truth = atom.call.name in CHECKS or atom.call.name in PRIMITIVES
+
+    def holds(env: list) -> None:
+        try:
+            value = ev(env)
+        except NoMatch:
+            return
+        if truth and value is not True:
+            return
+        nxt(env)
+    return holds
+
+
+def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
+    """Rows of a helper table: known columns select rows, the others bind variables."""
+    if isinstance(atom, Holds):
+        call, other = atom.call, None
+    else:
+        assert isinstance(atom, Equal)
+        unbound_right = term_vars(atom.right) - known
+        use_left = _lookup_ready(atom.left, known, facts.decls) and (not unbound_right or isinstance(atom.right, V))
+        call, other = (atom.left, atom.right) if use_left else (atom.right, atom.left)
+    assert isinstance(call, F)
+    name = call.name
+    selectors: list[tuple[int, Callable[[list], Any]]] = []
+    binders: list[tuple[int, int, bool]] = []  # column (-1: value), slot, first occurrence
+    seen = set(known)
+    for column, arg in enumerate(call.args):
+        if not term_vars(arg) - known:
+            selectors.append((column, compile_term(arg, slots, facts)))
+        else:
+            assert isinstance(arg, V)
+            binders.append((column, slots[arg.name], arg.name not in seen))
+            seen.add(arg.name)
+    value_check = None
+    if other is not None:
+        if isinstance(other, V) and other.name not in seen:
+            binders.append((-1, slots[other.name], True))
+        else:
+            value_check = compile_term(other, slots, facts)
+
+    def lookup(env: list) -> None:
+        try:
+            bound = tuple((c, ev(env)) for c, ev in selectors)
+            expected = value_check(env) if value_check is not None else None
+        except NoMatch:
+            return
+        for args, value in facts.lookup(name, bound):
+            if value_check is not None and value != expected:
+                continue
+            ok = True
+            for column, s, first in binders:
+                v = value if column < 0 else args[column]
+                if first:
+                    env[s] = v
+                elif env[s] != v:
+                    ok = False
+                    break
+            if ok:
+                nxt(env)
+    return lookup
+
+
+def _getters(op: str) -> list[Callable[[Node], Any]]:
+    """Per constructor argument, how to read it from a node of ``op``."""
+    spec = REGISTRY[op]
+    out: list[Callable[[Node], Any]] = []
+    for k, arg in enumerate(constructor_args(spec)):
+        if arg.is_input:
+            if arg.variadic:
+                out.append(lambda n, k=k: n.inputs[k:])
+            elif arg.optional:
+                out.append(lambda n, k=k: n.inputs[k] if k < len(n.inputs) else ABSENT)
+            else:
+                out.append(lambda n, k=k: n.inputs[k])
+        else:
+            attr = next(a for a in spec.attrs if a.name == arg.name)
+            if attr.type is AttrType.ARRAY:
+                out.append(lambda n, name=arg.name: ArrayValue(n.attrs[name]))
+            else:
+                out.append(lambda n, name=arg.name: n.attrs[name])
+    return out
+
+
+def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[int, ...]
+             ) -> Callable[[Node, list], bool]:
+    """A check that node fields, read in ``perm`` order, fit the pattern's arguments (binding new variables)."""
+    getters = _getters(atom.op)
+    seen = set(known) | {atom.out}
+    checks: list[tuple[Callable[[Node], Any], int, Any]] = []
+    for position, pat in enumerate((*atom.inputs, *atom.attrs)):
+        get = getters[perm[position]]
+        if isinstance(pat, V):
+            checks.append((get, EQ if pat.name in seen else BIND, slots[pat.name]))
+            seen.add(pat.name)
+        elif isinstance(pat, L):
+            checks.append((get, ABSENT_CHECK if pat.value is ABSENT else LIT, pat.value))
+        else:
+            items = []
+            for name in pat.items:
+                items.append((EQ if name in seen else BIND, slots[name]))
+                seen.add(name)
+            rest = None
+            if pat.rest is not None:
+                rest = (EQ if pat.rest in seen else BIND, slots[pat.rest])
+                seen.add(pat.rest)
+            checks.append((get, LIST, (tuple(items), rest)))
+
+    def unify(node: Node, env: list) -> bool:
+        for get, kind, arg in checks:
+            value = get(node)
+            if kind == BIND:
+                env[arg] = value
+            elif kind == EQ:
+                if env[arg] != value:
+                    return False
+            elif kind == LIT:
+                if value != arg:
+                    return False
+            elif kind == ABSENT_CHECK:
+                if value is not ABSENT:
+                    return False
+            elif not _unify_list(value, arg, env):
+                return False
+        return True
+    return unify
+
+
+def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
+    items, rest = pattern
+    if len(values) < len(items) or (rest is None and len(values) != len(items)):
+        return False
+    for (kind, s), value in zip(items, values, strict=False):
+        if kind == BIND:
+            env[s] = value
+        elif env[s] != value:
+            return False
+    if rest is not None:
+        kind, s = rest
+        tail = tuple(values[len(items):])
+        if kind == BIND:
+            env[s] = tail
+        elif env[s] != tail:
+            return False
+    return True
+
+
+def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
+               nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]], alternatives: list) -> Step:
+    op, out = atom.op, slots[atom.out]
+    unifiers = [(_unifier(atom, known, slots, perm), via) for perm, via in alternatives]
+
+    def visit(node: Node, env: list) -> None:
+        for unify, via in unifiers:
+            if unify(node, env):
+                if via:
+                    saved = env[VIA]
+                    env[VIA] = saved + via
+                    nxt(env)
+                    env[VIA] = saved
+                else:
+                    nxt(env)
+
+    if kind == "top":
+        def top(env: list) -> None:
+            node = nodes.get(env[out])
+            if node is not None and node.op == op:
+                visit(node, env)
+        return top
+
+    anchors = [slots[s.name] for s in atom.inputs if isinstance(s, V) and s.name in known]
+    anchors += [slots[i] for s in atom.inputs if isinstance(s, ListPat) for i in s.items if i in known]
+    anchor = anchors[0]
+
+    def join(env: list) -> None:
+        users = readers.get(env[anchor])
+        if not users:
+            return
+        for u in list(users):
+            node = nodes[u]
+            if node.op == op:
+                env[out] = u
+                visit(node, env)
+    return join
+
+
+__all__ = ["VIA", "ArrayValue", "Matcher", "Near", "compile_matcher", "schedule"]

@@ -1,0 +1,371 @@
+"""GraphRewriter: edit a graph, in the spirit of torch.fx, and get a new Graph back.
+
+The rewriter shares the input graph's immutable :class:`Node` records and keeps its
+own tables (live nodes, users, outputs), so the input Graph is never changed.  Every
+node it inserts is validated by :func:`check_node` (the checks ``Graph.add_node``
+runs); :meth:`GraphRewriter.replace_all_uses` only swaps a value for another of the
+same type, so the readers it rewires stay valid.  Identical nodes are merged (the
+input's duplicates when the rewriter opens, and readers that a replacement makes
+identical), as an e-graph would.  :meth:`GraphRewriter.finish` returns a Graph in a
+topological order that keeps the input's order wherever nodes survive.
+
+Each operation costs time in what it touches (the node, its inputs and users), never
+in the size of the graph, so a million rewrites of a million-node graph stay linear.
+
+    rw = GraphRewriter(g)
+    fused = rw.insert("FusedMatMulBiasAct", [x, w, b], act="gelu")
+    rw.replace_all_uses(gelu_node, fused)
+    rw.eliminate_dead_code([gelu_node])
+    g2 = rw.finish()
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from .graph import Graph, GraphError, Node, check_node
+from .registry import Kind
+
+# Level gap of an inserted node over its highest input (input-graph nodes are a whole level apart).
+_LEVEL_STEP = 1.0 / 1024
+# Leaves whose name makes them unique: never merged, never keyed.
+_NAMED_LEAVES = frozenset({"Input", "Param"})
+
+
+def _value_key(value: Any) -> Any:
+    """A hashable key of one attribute value (arrays by content, -0.0 apart from 0.0)."""
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, float) and value == 0.0:
+        return ("zero", math.copysign(1.0, value))
+    return value
+
+
+def node_key(node: Node) -> tuple | None:
+    """What makes two nodes the same value: op, inputs and attributes (None for named leaves)."""
+    if node.op in _NAMED_LEAVES:
+        return None
+    return node.op, node.inputs, tuple(_value_key(v) for v in node.attrs.values())
+
+
+class GraphRewriter:
+    """A mutable copy of a :class:`Graph` (see the module docstring)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.name = graph.name
+        self._nodes: dict[int, Node] = {}
+        self._users: dict[int, dict[int, None]] = {}
+        self._by_op: dict[str, dict[int, None]] = {}
+        self._level: dict[int, float] = {}  # a topological numbering: inputs strictly below readers
+        self._order: dict[int, tuple[float, int]] = {}  # output-order hint (input position, sequence)
+        self._moved: set[int] = set()  # nodes whose order hint is not their input position
+        self._keys: dict[tuple, int] = {}
+        self._forward: dict[int, int] = {}
+        self._leaf_names: dict[str, int] = {}
+        self._input_order: list[int] = []
+        self._seq = 0
+        self._next_id = 0
+        self.touched: set[int] = set()
+        """Ids inserted, erased, rewired, or whose readers changed; the owner may clear it."""
+        self.nodes_by_id: Mapping[int, Node] = MappingProxyType(self._nodes)
+        """Live nodes by id: a read-only view that follows the edits."""
+        self.readers: Mapping[int, Mapping[int, None]] = MappingProxyType(self._users)
+        """Each live node's readers: a read-only view (do not change the inner mappings)."""
+        self.leaf_names: Mapping[str, int] = MappingProxyType(self._leaf_names)
+        """Names of the live Input/Param leaves: a read-only view."""
+        nodes, users, by_op, level, order, keys = (self._nodes, self._users, self._by_op, self._level, self._order,
+                                                    self._keys)
+        for position, node in enumerate(graph.nodes):  # _add, inlined: this loop is the rewriter's opening cost
+            nid, inputs = node.id, node.inputs
+            if self._forward and any(i in self._forward for i in inputs):
+                inputs = tuple(self.find(i) for i in inputs)
+                node = Node(nid, node.op, inputs, node.attrs, node.shape, node.dtype)
+            key = node_key(node)
+            if key is not None:
+                same = keys.setdefault(key, nid)
+                if same != nid:
+                    self._forward[nid] = same
+                    continue
+            self._input_order.append(nid)
+            nodes[nid] = node
+            users[nid] = {}
+            by_op.setdefault(node.op, {})[nid] = None
+            height = 0.0
+            for i in inputs:
+                users[i][nid] = None
+                if level[i] >= height:
+                    height = level[i] + 1.0
+            level[nid] = height
+            order[nid] = (float(position), 0)
+            if "name" in node.attrs and node.kind is Kind.LEAF:
+                self._leaf_names[node.attrs["name"]] = nid
+        self._next_id = max((n.id for n in graph.nodes), default=-1) + 1  # new ids never reuse an input id
+        outputs = [self.find(o) for o in graph.outputs]
+        self._outputs = outputs
+        self._out_uses = Counter(outputs)
+        self.eliminate_dead_code(list(self._nodes))
+        self.touched.clear()
+
+    # --- queries ---------------------------------------------------------------------
+
+    def node(self, node_id: int) -> Node:
+        try:
+            return self._nodes[node_id]
+        except KeyError:
+            raise GraphError(f"no live node {node_id} in the rewriter of graph {self.name!r}") from None
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        """Live nodes, input-graph nodes first, in insertion order (not topological)."""
+        return iter(list(self._nodes.values()))
+
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        return tuple(self._outputs)
+
+    def users(self, node_id: int) -> list[int]:
+        """Ids of the live nodes that read ``node_id`` (each once)."""
+        self.node(node_id)
+        return list(self._users[node_id])
+
+    def use_count(self, node_id: int) -> int:
+        """Readers plus graph-output slots holding ``node_id``."""
+        readers = self._users.get(node_id)
+        if readers is None:
+            self.node(node_id)  # raises: not a live node
+        return len(readers) + self._out_uses.get(node_id, 0)
+
+    def is_output(self, node_id: int) -> bool:
+        return self._out_uses[node_id] > 0
+
+    def nodes_of(self, op: str) -> list[int]:
+        """Live nodes of ``op`` in insertion order."""
+        return list(self._by_op.get(op, ()))
+
+    @property
+    def next_id(self) -> int:
+        """The id :meth:`insert` gives the next new node (larger than every id so far)."""
+        return self._next_id
+
+    def level(self, node_id: int) -> float:
+        """A topological number: every input of a node has a smaller one."""
+        return self._level[node_id]
+
+    def existing(self, node: Node) -> int | None:
+        """The live node identical to ``node`` (same op, inputs and attributes), if any."""
+        key = node_key(node)
+        return None if key is None else self._keys.get(key)
+
+    def find(self, node_id: int) -> int:
+        """The node that now holds ``node_id``'s value (itself unless replaced or merged)."""
+        root = node_id
+        while root in self._forward:
+            root = self._forward[root]
+        while node_id != root:  # path compression
+            self._forward[node_id], node_id = root, self._forward[node_id]
+        return root
+
+    def depends_on(self, node_id: int, other: int) -> bool:
+        """Whether ``node_id`` reads ``other``, directly or through other nodes (or is it)."""
+        if node_id == other:
+            return True
+        bound = self._level[other]
+        if self._level[node_id] <= bound:
+            return False
+        stack, seen = [node_id], {node_id}
+        while stack:
+            for i in self._nodes[stack.pop()].inputs:
+                if i == other:
+                    return True
+                if i not in seen and self._level[i] > bound:
+                    seen.add(i)
+                    stack.append(i)
+        return False
+
+    # --- edits -------------------------------------------------------------------------
+
+    def insert(self, op: str, inputs: Sequence[int] = (), *, before: int | None = None, reuse: bool = True,
+               **attrs: Any) -> int:
+        """Add ``op`` applied to ``inputs`` (validated like ``Graph.add_node``); returns its id.
+
+        With ``reuse`` an identical live node is returned instead of a duplicate.
+        ``before`` places the node ahead of that node in :meth:`finish`'s order
+        (default: right after its last input); the order stays topological either way.
+        """
+        node = check_node(self._next_id, op, inputs, attrs, self._nodes.get, self._leaf_names)
+        key = node_key(node)
+        if reuse and key is not None and key in self._keys:
+            return self._keys[key]
+        if before is not None:
+            position = self._order[self.node(before)][0] - 0.5
+        else:
+            position = max((self._order[i][0] for i in node.inputs), default=-1.0) + 0.5
+        self._next_id += 1
+        self._seq += 1
+        self._add(node, key, (position, self._seq))
+        self._moved.add(node.id)
+        return node.id
+
+    def replace_all_uses(self, old: int, new: int) -> None:
+        """Make every reader and output slot of ``old`` use ``new`` instead.
+
+        ``new`` must have ``old``'s type and must not read ``old`` (that would be a
+        cycle).  ``old`` stays in place, unused: erase it or run dead-code elimination.
+        Readers that become identical to another node are merged into it.
+        """
+        pending = [(old, new)]
+        duplicates: list[int] = []
+        while pending:
+            old, new = pending.pop()
+            if old == new or old not in self._nodes:
+                continue
+            a, b = self.node(old), self.node(new)
+            if (a.shape, a.dtype) != (b.shape, b.dtype):
+                raise GraphError(f"cannot replace node {old} ({a.op}, {a.type}) by node {new} ({b.op}, {b.type}): "
+                                 "their types differ")
+            if self.depends_on(new, old):
+                raise GraphError(f"cannot replace node {old} ({a.op}) by node {new} ({b.op}): node {new} reads "
+                                 f"node {old}, so the graph would have a cycle")
+            for u in list(self._users[old]):
+                same = self._rewire(u, old, new)
+                if same is not None:
+                    pending.append((u, same))
+                    duplicates.append(u)
+            if self._out_uses[old]:
+                self._outputs = [new if o == old else o for o in self._outputs]
+                self._out_uses[new] += self._out_uses.pop(old)
+            self._forward[old] = new
+            self._order[new] = min(self._order[new], self._order[old])
+            self._moved.add(new)
+            self.touched.update((old, new))
+            self._raise_levels(new)
+        self.eliminate_dead_code(duplicates)
+
+    def erase(self, node_id: int) -> None:
+        """Remove an unused node (its inputs stay, even if now unused)."""
+        node = self.node(node_id)
+        if self._users[node_id] or self._out_uses[node_id]:
+            readers = list(self._users[node_id]) + (["an output"] if self._out_uses[node_id] else [])
+            raise GraphError(f"cannot erase node {node_id} ({node.op}): it is still used by {readers}")
+        self._remove(node)
+
+    def eliminate_dead_code(self, candidates: Iterable[int] | None = None) -> list[int]:
+        """Erase unused nodes among ``candidates`` (default: all) and, in turn, the inputs
+        they leave unused; graph inputs are kept.  Returns the erased ids."""
+        stack = list(self._nodes if candidates is None else candidates)
+        stack.reverse()
+        erased: list[int] = []
+        while stack:
+            nid = stack.pop()
+            node = self._nodes.get(nid)
+            if node is None or self._users[nid] or self._out_uses[nid] or node.op == "Input":
+                continue
+            self._remove(node)
+            erased.append(nid)
+            stack.extend(reversed(node.inputs))
+        return erased
+
+    def finish(self) -> Graph:
+        """A new, valid Graph of the live nodes with the same outputs, topologically ordered."""
+        unmoved = (nid for nid in self._input_order if nid in self._nodes and nid not in self._moved)
+        moved = sorted((nid for nid in self._moved if nid in self._nodes), key=self._order.__getitem__)
+        order = heapq.merge(unmoved, moved, key=self._order.__getitem__)
+        out = Graph(self.name)
+        done: set[int] = set()
+        for nid in order:
+            if nid in done:
+                continue
+            stack = [nid]
+            while stack:  # inputs first
+                top = stack[-1]
+                waiting = [i for i in self._nodes[top].inputs if i not in done]
+                if waiting:
+                    stack.extend(reversed(waiting))
+                    continue
+                stack.pop()
+                if top not in done:
+                    done.add(top)
+                    out._append(self._nodes[top])
+        out.set_outputs(self._outputs)
+        return out
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _add(self, node: Node, key: tuple | None, order: tuple[float, int]) -> None:
+        nid = node.id
+        self._nodes[nid] = node
+        self._users[nid] = {}
+        self._by_op.setdefault(node.op, {})[nid] = None
+        for i in node.inputs:
+            self._users[i][nid] = None
+        # Just above the highest input (inserted nodes): a node that replaces one of the same
+        # inputs' readers then rarely sits higher than it, so replacements rarely raise levels.
+        self._level[nid] = max((self._level[i] for i in node.inputs), default=-1.0) + _LEVEL_STEP
+        self._order[nid] = order
+        if key is not None:
+            self._keys[key] = nid
+        if "name" in node.attrs and node.kind is Kind.LEAF:
+            self._leaf_names[node.attrs["name"]] = nid
+        self.touched.add(nid)
+        self.touched.update(node.inputs)
+
+    def _remove(self, node: Node) -> None:
+        nid = node.id
+        del self._nodes[nid], self._users[nid], self._by_op[node.op][nid], self._level[nid], self._order[nid]
+        self._moved.discard(nid)
+        key = node_key(node)
+        if key is not None and self._keys.get(key) == nid:
+            del self._keys[key]
+        if "name" in node.attrs and node.kind is Kind.LEAF:
+            del self._leaf_names[node.attrs["name"]]
+        for i in node.inputs:
+            self._users[i].pop(nid, None)
+        self._out_uses.pop(nid, None)
+        self.touched.add(nid)
+        self.touched.update(node.inputs)
+
+    def _rewire(self, user: int, old: int, new: int) -> int | None:
+        """Point ``user``'s ``old`` inputs at ``new``; returns the live node it now duplicates, if any."""
+        node = self._nodes[user]
+        inputs = tuple(new if i == old else i for i in node.inputs)
+        if node.kind is Kind.WEIGHT_PREP:  # its inputs' ops matter, not only their types
+            check_node(user, node.op, inputs, node.attrs, self._nodes.get, {})
+        old_key = node_key(node)
+        if old_key is not None and self._keys.get(old_key) == user:
+            del self._keys[old_key]
+        rewired = Node(user, node.op, inputs, node.attrs, node.shape, node.dtype)
+        self._nodes[user] = rewired
+        del self._users[old][user]
+        self._users[new][user] = None
+        self.touched.update((user, old, new))
+        key = node_key(rewired)
+        if key is None:
+            return None
+        same = self._keys.setdefault(key, user)
+        return same if same != user else None
+
+    def _raise_levels(self, start: int) -> None:
+        """Restore ``level(input) < level(reader)`` above ``start`` after a rewiring."""
+        stack = [start]
+        while stack:
+            nid = stack.pop()
+            floor = self._level[nid] + _LEVEL_STEP
+            for u in self._users[nid]:
+                if self._level[u] < floor:
+                    self._level[u] = floor
+                    stack.append(u)
+
+
+__all__ = ["GraphRewriter", "node_key"]
