@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from egglog import bindings as eb
 
-from .rules import STAGES, RuleSet
+from .rules import STAGES, RuleSet, egglog_rule_bases
 
 STOP_SATURATED = "saturated"
 STOP_ITERATIONS = "iteration limit"
@@ -72,10 +72,11 @@ def saturate(egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits = Satur
     start = time.perf_counter()
     result = SaturationResult(STOP_SATURATED)
     stages_in_use = {r.stage for r in rules.rules}
+    bases = egglog_rule_bases(rules)
     for stage in STAGES:
         if stage not in stages_in_use:
             continue
-        reason = _run_stage(egraph, stage, limits, start, result)
+        reason = _run_stage(egraph, stage, limits, start, result, bases)
         result.stages[stage] = reason
         if reason in (STOP_NODES, STOP_TIME):
             result.stop_reason = reason
@@ -95,8 +96,8 @@ def _schedule(stage: str, iterations: int, limits: SaturationLimits, backoff: bo
     return eb.EGraph().parse_program(text)
 
 
-def _chunk_stats(report: eb.RunReport, per_iteration: int) -> tuple[int, dict[str, int]]:
-    """Iterations that matched anything, and matches per rule, from a run report.
+def _chunk_stats(report: eb.RunReport, per_iteration: int, bases: dict[str, str]) -> tuple[int, dict[str, int]]:
+    """Iterations that matched anything, and matches per base rule (``bases``: egglog's rule names), from a report.
 
     Under a scheduler egglog reports each iteration as a search entry followed
     by an apply entry (``per_iteration=2``); the search entry's counts are used.
@@ -109,24 +110,24 @@ def _chunk_stats(report: eb.RunReport, per_iteration: int) -> tuple[int, dict[st
         if counts:
             ran += 1
         for k, v in counts.items():
-            matches[k] = matches.get(k, 0) + v
+            matches[bases[k]] = matches.get(bases[k], 0) + v
     return ran, matches
 
 
 def _run_stage(egraph: eb.EGraph, stage: str, limits: SaturationLimits, start: float,
-               result: SaturationResult) -> str:
+               result: SaturationResult, bases: dict[str, str]) -> str:
     done = 0
     while done < limits.max_iterations:
         chunk = min(limits.chunk, limits.max_iterations - done)
         t0 = time.perf_counter()
         report = egraph.run_program(*_schedule(stage, chunk, limits, backoff=True))[0].report
         updated = report.updated
-        ran, matches = _chunk_stats(report, per_iteration=2)
+        ran, matches = _chunk_stats(report, per_iteration=2, bases=bases)
         if not updated:
             # Back-off may have banned a rule; one plain iteration confirms the fixpoint.
             plain = egraph.run_program(*_schedule(stage, 1, limits, backoff=False))[0].report
             updated = plain.updated
-            extra_ran, extra = _chunk_stats(plain, per_iteration=1)
+            extra_ran, extra = _chunk_stats(plain, per_iteration=1, bases=bases)
             ran += extra_ran
             for k, v in extra.items():
                 matches[k] = matches.get(k, 0) + v
