@@ -31,8 +31,8 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from itertools import product
 from functools import lru_cache
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +76,10 @@ class RuleError(ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """One parsed rule (one operand order of a written rule): where it is, which stage runs it, what it reads and builds.
+    """One parsed rule: where it is, which stage runs it, what it reads and builds.
 
-    ``base`` is the name of the rule as written, which provenance and match counts use.
+    It is one operand order of the rule as written, named ``base``, which
+    provenance and match counts use.
     """
 
     name: str
