@@ -341,8 +341,7 @@ def _rule_from_command(command: Any, file: str, text: str) -> Rule:
         raise RuleError(f"{file}:{line}: rule name {name!r} contains {VARIANT_MARK!r}, which names the operand-order "
                         f"variants the loader generates ({name.split(VARIANT_MARK)[0]}{VARIANT_MARK}2, ...)")
     _refuse_removals(command, kind, name, file, text, line)
-    return Rule(name, name, stage, file, line, text[span.i:span.j], reads, builds, command,
-                tuple(_instrumented(command, kind, name)))
+    return Rule(name, name, stage, file, line, text[span.i:span.j], reads, builds, command)  # program: per order
 
 
 def _operand_orders(rule: Rule) -> list[Rule]:
@@ -355,13 +354,13 @@ def _operand_orders(rule: Rule) -> list[Rule]:
                                                r.eval_mode, r.no_decomp, r.include_subsumed))
                         for k, body in enumerate(_orders(r.body))]
         else:
-            rw = command.rewrite
-            sides = [rw.lhs, rw.rhs] if kind == "BiRewriteCommand" else [rw.lhs]
+            rw, both = command.rewrite, kind == "BiRewriteCommand"  # a birewrite's rhs is a query too
+            sides = [rw.lhs, rw.rhs] if both else [rw.lhs]
             commands = []
             for k, query in enumerate(_orders([*sides, *rw.conditions])):
-                rewrite = eb.Rewrite(rw.span, query[0], query[1] if len(sides) == 2 else rw.rhs, query[len(sides):],
+                rewrite = eb.Rewrite(rw.span, query[0], query[1] if both else rw.rhs, query[len(sides):],
                                      _variant_name(rule.base, k))
-                commands.append(eb.BiRewriteCommand(command.name, rewrite) if len(sides) == 2
+                commands.append(eb.BiRewriteCommand(command.name, rewrite) if both
                                 else eb.RewriteCommand(command.name, rewrite, command.subsume))
     except _TooManyOrders:
         ops = ", ".join(sorted(op for op in rule.reads if op in REGISTRY and REGISTRY[op].commutative))
@@ -382,8 +381,8 @@ class _TooManyOrders(Exception):
 
 
 def _orders(node: Any) -> list[Any]:
-    """Parsed egglog syntax (an expression, a fact, or a list of them) in every operand order of its commutative
-    op calls: as written first, each distinct variant once."""
+    """Parsed egglog syntax (an expression, a fact or a list of them) in every operand order of its commutative op
+    calls: as written first, each distinct variant once."""
     kind = type(node).__name__
     if isinstance(node, list):
         return [list(parts) for parts in _product([_orders(part) for part in node])]
