@@ -2,10 +2,10 @@
 
 tests/test_decompositions.py checks every fused op against its decomposition
 (``OpSpec.decompose``).  The rules also match the other operand order of a
-commutative Add or Mul (matmul.egg ``add-matmul*`` and ``bias-matmul``,
-swiglu.egg ``swiglu-up-first``, attention.egg ``residual-layer-norm-commute``);
-each such form is checked here against the fused node on the same leaves, on
-the op's own sampler, at f32 with rtol=1e-5, atol=1e-6.
+commutative Add or Mul (the loader's operand-order variants of matmul.egg
+``matmul*-add`` and ``matmul-bias``, swiglu.egg ``swiglu``, norms.egg
+``residual-layer-norm``); each such form is checked here against the fused node
+on the same leaves, on the op's own sampler, at f32 with rtol=1e-5, atol=1e-6.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
 from rlx_egraph.egraph.saturate import SaturationLimits, saturate
 from rlx_egraph.egraph.schema import schema_text
 from rlx_egraph.egraph.view import EGraphView, build_view
+
+# these measure the egglog engine itself (engine="auto" would fall back when a limit stops it)
+egglog_engine = partial(optimize_with_report, engine="egglog")
 
 
 def ops(g: Graph) -> dict[str, int]:
@@ -48,7 +52,7 @@ def saturated_view(g: Graph) -> EGraphView:
 def test_max_seconds_bounds_the_whole_run_and_names_the_limit(tmp_path: Path):
     # Before: saturation alone took 44 s, the view 250 s more, extraction > 600 s.
     start = time.perf_counter()
-    og, rep = optimize_with_report(sum_of_products(32), rules=assoc_comm_rules(tmp_path), max_seconds=5, verify=True)
+    og, rep = egglog_engine(sum_of_products(32), rules=assoc_comm_rules(tmp_path), max_seconds=5, verify=True)
     assert time.perf_counter() - start < 10
     assert rep.parity.ok and len(og.outputs) == 1
     assert rep.stop_reason.startswith("time limit: ") and "max_seconds=5 " in rep.stop_reason
@@ -56,42 +60,44 @@ def test_max_seconds_bounds_the_whole_run_and_names_the_limit(tmp_path: Path):
 
 def test_max_enodes_holds_after_every_iteration(tmp_path: Path):
     # Before: checked every 4 iterations, a limit of 20,000 ended at 54,198 e-nodes here.
-    og, rep = optimize_with_report(sum_of_products(32), rules=assoc_comm_rules(tmp_path), max_enodes=20_000,
+    og, rep = egglog_engine(sum_of_products(32), rules=assoc_comm_rules(tmp_path), max_enodes=20_000,
                                    verify=True)
     assert max(it.enodes for it in rep.iterations) <= 20_000
     assert rep.enodes <= 20_000
-    assert rep.stop_reason == ("node limit: rule add-assoc has 61,210 matches, which could add 122,420 e-nodes, "
-                               "more than the 14,724 that max_enodes=20,000 leaves (stage simplify, 5,276 e-nodes)")
+    assert rep.stop_reason == ("node limit: rule add-comm has 6,722 matches, which could add 13,444 e-nodes, "
+                               "more than the 13,182 that max_enodes=20,000 leaves (stage simplify, 6,818 e-nodes)")
     assert rep.parity.ok
-    again, rep2 = optimize_with_report(sum_of_products(32), rules=assoc_comm_rules(tmp_path), max_enodes=20_000)
+    again, rep2 = egglog_engine(sum_of_products(32), rules=assoc_comm_rules(tmp_path), max_enodes=20_000)
     assert again == og and rep2.stop_reason == rep.stop_reason  # node limits are deterministic
 
 
 def test_near_the_limit_iterations_run_bounded_by_the_room(tmp_path: Path):
-    _, rep = optimize_with_report(sum_of_products(16), rules=assoc_comm_rules(tmp_path), max_enodes=3_000)
-    # The 47-node graph; the simplify rules build at most 8 e-nodes per match in all.
-    assert [it.enodes for it in rep.iterations] == [106, 264, 1_278, 1_278, 2_188, 2_188]
+    _, rep = egglog_engine(sum_of_products(16), rules=assoc_comm_rules(tmp_path), max_enodes=3_000)
+    # The 47-node graph; the simplify rules (with the loader's operand orders: 2 of add-comm, 8 of add-assoc)
+    # build at most 22 e-nodes per match in all.
+    assert [it.enodes for it in rep.iterations] == [134, 564, 564, 938, 938, 938]
     assert [it.match_limit for it in rep.iterations] == [
-        (3_000 - 47) // 8,  # a stage starts bounded
-        None, None,  # plain while the predicted growth fits
-        (3_000 - 1_278) // 8,  # then bounded: add-comm (1,230 matches) and add-assoc wait ...
-        1_230,  # ... until only they are left: add-comm's 1,230 e-nodes fit the room, add-assoc's do not
-        (3_000 - 2_188) // 8,
+        (3_000 - 47) // 22,  # a stage starts bounded
+        None,  # plain while the predicted growth fits
+        (3_000 - 564) // 22,  # then bounded: the rules over the limit wait ...
+        516,  # ... until only they are left: the largest limit whose e-nodes fit the room
+        (3_000 - 938) // 22,
+        890,
     ]
-    assert rep.stop_reason == ("node limit: rule add-comm has 2,140 matches, which could add 2,140 e-nodes, more "
-                               "than the 812 that max_enodes=3,000 leaves (stage simplify, 2,188 e-nodes)")
+    assert rep.stop_reason == ("node limit: rule add-assoc has 4,936 matches, which could add 39,488 e-nodes, more "
+                               "than the 2,062 that max_enodes=3,000 leaves (stage simplify, 938 e-nodes)")
 
 
 def test_rules_over_the_match_limit_wait_and_still_fire():
     g = examples.llama(layers=1)
-    og, rep = optimize_with_report(g, match_limit=1)
+    og, rep = egglog_engine(g, match_limit=1)
     assert rep.stop_reason == "saturated"
-    assert ops(og) == ops(optimize_with_report(g)[0])
+    assert ops(og) == ops(egglog_engine(g)[0])
 
 
 def test_no_time_at_all_returns_a_copy_of_the_input(tmp_path: Path):
     g = sum_of_products(4)
-    og, rep = optimize_with_report(g, rules=assoc_comm_rules(tmp_path), max_seconds=0, verify=True)
+    og, rep = egglog_engine(g, rules=assoc_comm_rules(tmp_path), max_seconds=0, verify=True)
     assert og == g and og is not g
     assert rep.fusions == [] and rep.parity.ok
     assert re.fullmatch(r"time limit: max_seconds=0 leaves no time for more saturation after \d+\.\d s "
@@ -132,11 +138,11 @@ def test_exact_without_time_raises_and_optimize_falls_back_to_greedy(monkeypatch
         raise DeadlineExceeded("exact extraction found no solution within max_seconds=1")
 
     monkeypatch.setattr(extract, "exact", out_of_time)
-    og, rep = optimize_with_report(g, extraction="exact")
+    og, rep = egglog_engine(g, extraction="exact")
     assert rep.extraction == "greedy"
     assert rep.stop_reason == ("time limit: exact extraction found no solution within max_seconds=1; "
                                "greedy extraction was used")
-    assert og == optimize_with_report(g)[0]
+    assert og == egglog_engine(g)[0]
 
 
 # --- shared-input matmuls: any k, quadratic growth ------------------------------------------
@@ -144,7 +150,7 @@ def test_exact_without_time_raises_and_optimize_falls_back_to_greedy(monkeypatch
 
 @pytest.mark.parametrize("k", [4, 6])
 def test_k_matmuls_of_one_input_become_one_wide_matmul(k: int):
-    og, rep = optimize_with_report(shared_input(k), verify=True, exact_gap=True)
+    og, rep = egglog_engine(shared_input(k), verify=True, exact_gap=True)
     assert ops(og) == {"ConcatParams": 1, "MatMul": 1, "Narrow": k}
     wide = og.node(og.node(og.outputs[0]).inputs[0])
     cat = og.node(wide.inputs[1])
@@ -157,7 +163,7 @@ def test_k_matmuls_of_one_input_become_one_wide_matmul(k: int):
 
 
 def test_k_linear_layers_of_one_input_concatenate_weights_and_biases():
-    og, rep = optimize_with_report(shared_input(4, bias=True), verify=True)
+    og, rep = egglog_engine(shared_input(4, bias=True), verify=True)
     assert ops(og) == {"ConcatParams": 2, "FusedMatMulBiasAct": 1, "Narrow": 4}
     wide = og.node(og.node(og.outputs[0]).inputs[0])
     assert [og.node(c).shape for c in wide.inputs[1:]] == [(64, 256), (256,)]
@@ -167,7 +173,7 @@ def test_k_linear_layers_of_one_input_concatenate_weights_and_biases():
 
 def test_shared_input_growth_is_quadratic_in_k():
     # Before (a rule per pair and per triple): 409 / 3,313 / 26,849 e-nodes, k cubed.
-    sizes = [optimize_with_report(shared_input(k))[1].enodes for k in (8, 16, 32)]
+    sizes = [egglog_engine(shared_input(k))[1].enodes for k in (8, 16, 32)]
     assert sizes == [88, 304, 1_120]
 
 
@@ -189,10 +195,11 @@ def test_birewrites_count_in_both_directions(tmp_path: Path):
     rules = tmp_path / "assoc.egg"
     rules.write_text(";; Associativity of Add, both ways.\n"
                      "(birewrite (Add (Add ?a ?b) ?c) (Add ?a (Add ?b ?c)) :ruleset simplify :name \"add-assoc\")\n")
-    _, rep = optimize_with_report(sum_of_products(16), rules=[default_rule_dir(), rules], max_enodes=400)
+    _, rep = egglog_engine(sum_of_products(16), rules=[default_rule_dir(), rules], max_enodes=400)
     assert max(it.enodes for it in rep.iterations) <= 400
-    assert rep.stop_reason == ("node limit: rule add-assoc=> has 225 matches, which could add 450 e-nodes, more "
-                               "than the 250 that max_enodes=400 leaves (stage simplify, 150 e-nodes)")
+    # named by the rule as written; its 16 operand orders in both directions each build 2 e-nodes per match
+    assert rep.stop_reason == ("node limit: rule add-assoc has 14 matches, which could add 448 e-nodes, more "
+                               "than the 353 that max_enodes=400 leaves (stage simplify, 47 e-nodes)")
 
 
 @pytest.mark.parametrize("option, value, error, message", [
@@ -204,4 +211,4 @@ def test_birewrites_count_in_both_directions(tmp_path: Path):
 ])
 def test_bad_limits_are_named(option: str, value, error: type[Exception], message: str):
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
-        optimize_with_report(examples.mlp(), **{option: value})
+        egglog_engine(examples.mlp(), **{option: value})

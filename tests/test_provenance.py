@@ -132,8 +132,8 @@ def test_shipped_rule_fusions_on_llama_name_exactly_the_rules_that_built_them():
     layer = [("ConcatParams", ("shared-input-matmul",)), ("FusedRmsNormMatMul", ("rms-norm-matmul",)),
              ("Narrow", ("shared-input-matmul",)), ("Narrow", ("narrow-narrow",)),
              ("Narrow", ("narrow-narrow",)), ("CausalAttentionRoPE", ("causal-attention-rope",)),
-             ("FusedMatMulAdd", ("add-matmul",)), ("ConcatParams", ("shared-input-matmul",)),
+             ("FusedMatMulAdd", ("matmul-add",)), ("ConcatParams", ("shared-input-matmul",)),
              ("FusedRmsNormMatMul", ("rms-norm-matmul",)), ("FusedSwiGLU", ("fused-swiglu-gate-first",)),
-             ("FusedMatMulAdd", ("add-matmul",))]
+             ("FusedMatMulAdd", ("matmul-add",))]
     assert [(f.op, f.rules) for f in report.fusions] == [*layer, *layer, ("FusedRmsNormMatMul", ("rms-norm-matmul",))]
     assert report.parity.ok

@@ -72,9 +72,9 @@ def test_replacing_the_shipped_rules() -> None:
 
 def test_without_disables_rules_by_name_and_survives_adding() -> None:
     shipped = RuleSet.shipped()
-    less = shipped.without(["silu-mul-sigmoid", "silu-sigmoid-mul"])
-    assert len(less.rules) == len(shipped.rules) - 2
-    assert less.disabled == {"silu-mul-sigmoid", "silu-sigmoid-mul"}
+    less = shipped.without(["silu-mul-sigmoid"])
+    assert len(less.rules) == len(shipped.rules) - 2  # the rule as written and its other operand order
+    assert less.disabled == {"silu-mul-sigmoid"}
     assert "silu-mul-sigmoid" not in [r.name for r in (less + RuleSet.from_strings(EXP_LOG)).rules]
     assert less.without("silu-mul-sigmoid") is less  # disabling twice is not an error
     g = Graph()
@@ -89,8 +89,7 @@ def test_without_disables_rules_by_name_and_survives_adding() -> None:
 def test_without_an_unknown_name_lists_close_names() -> None:
     with pytest.raises(RuleError) as err:
         RuleSet.shipped().without("silu-mul-sigmod")
-    assert str(err.value) == ("no rule named 'silu-mul-sigmod' to disable; close names: silu-mul-sigmoid, "
-                              "silu-sigmoid-mul, swiglu-up-first")
+    assert str(err.value) == "no rule named 'silu-mul-sigmod' to disable; close names: silu-mul-sigmoid"
     with pytest.raises(RuleError) as err:
         RuleSet.from_strings(EXP_LOG).without(["exp-log", "zzz"])
     assert str(err.value) == "no rule named 'zzz' to disable (1 rules loaded)"

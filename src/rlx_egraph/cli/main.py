@@ -158,10 +158,12 @@ def _rules_list(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(ruleset.list(), indent=1))
         return
-    rules = sorted(ruleset.rules, key=lambda r: STAGES.index(r.stage))  # stable: file order within a stage
-    print(format_table(("stage", "name", "location", "builds"),
-                       [(r.stage, r.name, r.location, " ".join(sorted(r.builds))) for r in rules]))
-    print(f"{len(rules)} rules from {len(ruleset.files)} files; stages run in order: {', '.join(STAGES)}")
+    rules = sorted(ruleset.list(), key=lambda r: STAGES.index(r["stage"]))  # stable: file order within a stage
+    print(format_table(("stage", "name", "location", "orders", "builds"),
+                       [(r["stage"], r["name"], r["location"], str(r["operand_orders"]), " ".join(r["builds"]))
+                        for r in rules], "<<<><"))
+    print(f"{len(rules)} rules ({len(ruleset.rules)} with their generated operand orders) from "
+          f"{len(ruleset.files)} files; stages run in order: {', '.join(STAGES)}")
 
 
 def _rules_check(args: argparse.Namespace) -> int:

@@ -11,12 +11,20 @@ command, and a rule that deletes or subsumes terms.  Files are cached by
 content, so a file edited in place is read again.  :class:`RuleSet` is the
 user-facing API: load, combine, disable, list.
 
-The parsed commands are kept (:attr:`Rule.command`), so other engines can apply
-the same rules.  What runs in egglog (:attr:`Rule.program`) is the rule
-instrumented with provenance: its actions also add, for every op term they
-construct, a row ``(built-<Op> <the constructor's arguments> "<rule name>")``
-and, for every union, a row ``(merged-by <class> "<rule name>")``.  The tables
-are lowercase, so they are not counted as e-nodes; the view reads them back.
+Operands of commutative ops (``OpSpec.commutative``: Add, Mul, ...) match in
+either order: each rule is loaded once per distinct operand order of the
+commutative op calls in its query (a rule's body, a rewrite's left-hand side
+and conditions, both sides of a birewrite), at most :data:`MAX_VARIANTS`.  The
+order as written keeps the rule's name; the others are named ``<name>#2``,
+``<name>#3``, ... and carry the written rule's name as :attr:`Rule.base`.
+
+The parsed commands are kept (:attr:`Rule.command`, the variant's), so other
+engines can apply the same rules.  What runs in egglog (:attr:`Rule.program`)
+is the rule instrumented with provenance: its actions also add, for every op
+term they construct, a row ``(built-<Op> <the constructor's arguments> "<base
+rule name>")`` and, for every union, a row ``(merged-by <class> "<base rule
+name>")``.  The tables are lowercase, so they are not counted as e-nodes; the
+view reads them back.
 """
 
 from __future__ import annotations
@@ -24,10 +32,13 @@ from __future__ import annotations
 import bisect
 import builtins
 import difflib
+import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +60,8 @@ STAGE_DOCS = {
 ALLOWED_COMMANDS = "rewrite, birewrite, rule and relation"
 MERGED_BY = "merged-by"  # (merged-by class rule): ``rule`` unioned something into ``class``
 _ROOT = "?rewrite-root"  # the matched term of a rewrite, once it is written as a rule
+MAX_VARIANTS = 256  # operand orders one rule may be loaded in
+VARIANT_MARK = "#"  # <name>#<k>: the k-th operand order of rule <name>
 
 
 def built_by_table(op: str) -> str:
@@ -70,9 +83,14 @@ class RuleError(RlxError, ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """One parsed rule: where it is, which stage runs it, what it reads and builds."""
+    """One parsed rule: where it is, which stage runs it, what it reads and builds.
+
+    It is one operand order of the rule as written, named ``base``, which
+    provenance and match counts use.
+    """
 
     name: str
+    base: str
     stage: str
     file: str
     line: int
@@ -139,16 +157,17 @@ class RuleSet:
         return out
 
     def without(self, names: str | Iterable[str]) -> RuleSet:
-        """This set minus the rules named; an unknown name is a RuleError listing close names."""
+        """This set minus the rules named (with all their operand orders); an unknown name is a RuleError
+        listing close names."""
         drop = frozenset([names] if isinstance(names, str) else names)
-        known = [r.name for r in self.rules]
+        known = list(dict.fromkeys(r.base for r in self.rules))
         for name in sorted(drop - set(known) - self.disabled):
             close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
             raise RuleError(f"no rule named {name!r} to disable"
                             + (f"; close names: {', '.join(close)}" if close else f" ({len(known)} rules loaded)"))
         if not drop - self.disabled:
             return self
-        return replace(self, rules=[r for r in self.rules if r.name not in drop], disabled=self.disabled | drop)
+        return replace(self, rules=[r for r in self.rules if r.base not in drop], disabled=self.disabled | drop)
 
     @property
     def text(self) -> str:
@@ -177,9 +196,12 @@ class RuleSet:
         return f"(run-schedule {runs})\n"
 
     def list(self) -> builtins.list[dict[str, Any]]:
-        """One JSON-ready record per rule, in file order: name, stage, file, line, location, reads, builds."""
+        """One JSON-ready record per rule as written, in file order: name, stage, file, line, location, reads,
+        builds, and how many operand orders the loader generated from it."""
+        orders = Counter(r.base for r in self.rules)
         return [{"name": r.name, "stage": r.stage, "file": r.file, "line": r.line, "location": r.location,
-                 "reads": sorted(r.reads), "builds": sorted(r.builds)} for r in self.rules]
+                 "reads": sorted(r.reads), "builds": sorted(r.builds), "operand_orders": orders[r.base]}
+                for r in self.rules if r.name == r.base]
 
 
 def default_rule_dir() -> Path:
@@ -248,15 +270,21 @@ def _load(files: tuple[tuple[str, str, bytes], ...]) -> RuleSet:
             seen[rule.name] = rule
             _run(checker, command, display, rule.line)  # type-checks against the schema
             built |= rule.builds & REGISTRY.keys()
-            try:
-                runner.run_program(*rule.program)
-            except eb.EggSmolError as exc:
-                raise RuleError(f"{rule.location}: rule {rule.name!r} cannot record provenance (only unions of "
-                                f"Op terms can be recorded): {_egglog_detail(exc)[1]}") from None
-            rules.append(rule)
+            for variant in _operand_orders(rule):
+                try:
+                    runner.run_program(*variant.program)
+                except eb.EggSmolError as exc:
+                    raise RuleError(f"{rule.location}: rule {rule.name!r} cannot record provenance (only unions "
+                                    f"of Op terms can be recorded): {_egglog_detail(exc)[1]}") from None
+                rules.append(variant)
     provenance = [provenance_declaration(op) for op in [None, *(op for op in REGISTRY if op in built)]]
     return RuleSet(rules, [Path(p) for p, _, _ in files], declarations,
                    [(text, runner.parse_program(text)[0]) for text in provenance], files)
+
+
+def egglog_rule_bases(rules: RuleSet) -> dict[str, str]:
+    """The base rule name of every rule egglog runs, by egglog's name for it (operand orders, rewrite directions)."""
+    return {command.rule.name: r.base for r in rules.rules for command in r.program}
 
 
 def _egraph() -> eb.EGraph:
@@ -412,9 +440,89 @@ def _rule_from_command(command: Any, file: str, text: str) -> Rule:
                         f"{', '.join(STAGES)} (got {stage or 'none'!r})")
     if not name or name.startswith("("):
         raise RuleError(f"{file}:{line}: every rule needs a ':name \"...\"'")
+    if VARIANT_MARK in name:
+        raise RuleError(f"{file}:{line}: rule name {name!r} contains {VARIANT_MARK!r}, which names the operand-order "
+                        f"variants the loader generates ({name.split(VARIANT_MARK)[0]}{VARIANT_MARK}2, ...)")
     _refuse_removals(command, kind, name, file, text, line)
-    return Rule(name, stage, file, line, text[span.i:span.j], reads, builds, command,
-                tuple(_instrumented(command, kind, name)), new_enodes)
+    return Rule(name, name, stage, file, line, text[span.i:span.j], reads, builds, command,  # program: per order
+                new_enodes=new_enodes)
+
+
+def _operand_orders(rule: Rule) -> list[Rule]:
+    """``rule`` once per distinct operand order of the commutative op calls in its query, as written first."""
+    command, kind = rule.command, type(rule.command).__name__
+    try:
+        if kind == "RuleCommand":
+            r = command.rule
+            commands = [eb.RuleCommand(eb.Rule(r.span, r.head, body, _variant_name(rule.base, k), r.ruleset,
+                                               r.eval_mode, r.no_decomp, r.include_subsumed))
+                        for k, body in enumerate(_orders(r.body))]
+        else:
+            rw, both = command.rewrite, kind == "BiRewriteCommand"  # a birewrite's rhs is a query too
+            sides = [rw.lhs, rw.rhs] if both else [rw.lhs]
+            commands = []
+            for k, query in enumerate(_orders([*sides, *rw.conditions])):
+                rewrite = eb.Rewrite(rw.span, query[0], query[1] if both else rw.rhs, query[len(sides):],
+                                     _variant_name(rule.base, k))
+                commands.append(eb.BiRewriteCommand(command.name, rewrite) if both
+                                else eb.RewriteCommand(command.name, rewrite, command.subsume))
+    except _TooManyOrders:
+        ops = ", ".join(sorted(op for op in rule.reads if op in REGISTRY and REGISTRY[op].commutative))
+        raise RuleError(f"{rule.location}: rule {rule.base!r} matches in more than {MAX_VARIANTS} operand orders "
+                        f"of its commutative ops ({ops}); split it into smaller rules joined by a helper "
+                        f"relation") from None
+    return [replace(rule, name=_variant_name(rule.base, k), command=c, program=tuple(_instrumented(c, kind, rule.base)))
+            for k, c in enumerate(commands)]
+
+
+def _variant_name(base: str, k: int) -> str:
+    """The name of the ``k``-th (from 0) operand order of rule ``base``: the first keeps the base name."""
+    return base if k == 0 else f"{base}{VARIANT_MARK}{k + 1}"
+
+
+class _TooManyOrders(Exception):
+    """A query has more than :data:`MAX_VARIANTS` operand orders."""
+
+
+def _orders(node: Any) -> list[Any]:
+    """Parsed egglog syntax (an expression, a fact or a list of them) in every operand order of its commutative op
+    calls: as written first, each distinct variant once."""
+    kind = type(node).__name__
+    if isinstance(node, list):
+        return [list(parts) for parts in _product([_orders(part) for part in node])]
+    if kind == "Call":
+        arg_orders = _product([_orders(arg) for arg in node.args])
+        out = [eb.Call(node.span, node.name, list(args)) for args in arg_orders]
+        if node.name in REGISTRY and REGISTRY[node.name].commutative:
+            out += [eb.Call(node.span, node.name, list(args[::-1])) for args in arg_orders]
+        return _distinct(out)
+    if kind == "Eq":
+        return [eb.Eq(node.span, left, right) for left, right in _product([_orders(node.left), _orders(node.right)])]
+    if kind == "Fact":
+        return [eb.Fact(expr) for expr in _orders(node.expr)]
+    return [node]
+
+
+def _product(choices: list[list[Any]]) -> list[tuple[Any, ...]]:
+    """Every combination of one item per list; too many is refused before any is built.
+
+    Combinations of distinct items are distinct, so a query with a part of
+    more than :data:`MAX_VARIANTS` orders has more than that many itself.
+    """
+    if math.prod(map(len, choices)) > MAX_VARIANTS:
+        raise _TooManyOrders
+    return list(product(*choices))
+
+
+def _distinct(variants: list[Any]) -> list[Any]:
+    """``variants`` without repeats (same egglog text), in order; more than :data:`MAX_VARIANTS` is refused."""
+    seen: dict[str, Any] = {}
+    for variant in variants:
+        seen.setdefault(str(variant), variant)
+    out = list(seen.values())
+    if len(out) > MAX_VARIANTS:
+        raise _TooManyOrders
+    return out
 
 
 def _refuse_removals(command: Any, kind: str, name: str, file: str, text: str, line: int) -> None:
@@ -431,13 +539,14 @@ def _refuse_removals(command: Any, kind: str, name: str, file: str, text: str, l
                                 f"supported: {allowed}")
 
 
-def _instrumented(command: Any, kind: str, name: str) -> list[Any]:
-    """The egglog commands that run ``command`` and record its provenance (rewrites become rules)."""
+def _instrumented(command: Any, kind: str, base: str) -> list[Any]:
+    """The egglog commands that run ``command`` and record its provenance under ``base`` (rewrites become rules)."""
     if kind == "RuleCommand":
         r = command.rule
-        return [eb.RuleCommand(eb.Rule(r.span, [*r.head, *_provenance(r.head, name)], r.body, r.name, r.ruleset,
+        return [eb.RuleCommand(eb.Rule(r.span, [*r.head, *_provenance(r.head, base)], r.body, r.name, r.ruleset,
                                        r.eval_mode, r.no_decomp, r.include_subsumed))]
     rw = command.rewrite
+    name = rw.name
     directions = [(rw.lhs, rw.rhs, name)]
     if kind == "BiRewriteCommand":  # egglog's names for the two directions
         directions = [(rw.lhs, rw.rhs, f"{name}=>"), (rw.rhs, rw.lhs, f"{name}<=")]
@@ -446,7 +555,7 @@ def _instrumented(command: Any, kind: str, name: str) -> list[Any]:
         root = eb.Var(rw.span, _ROOT)
         head = [eb.Union(rw.span, root, rhs)]
         body = [eb.Eq(rw.span, root, lhs), *rw.conditions]
-        out.append(eb.RuleCommand(eb.Rule(rw.span, [*head, *_provenance(head, name)], body, egglog_name,
+        out.append(eb.RuleCommand(eb.Rule(rw.span, [*head, *_provenance(head, base)], body, egglog_name,
                                           command.name)))
     return out
 

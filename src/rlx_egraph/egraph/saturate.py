@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields
 from egglog import bindings as eb
 
 from .budget import Deadline
-from .rules import STAGES, RuleSet
+from .rules import STAGES, RuleSet, egglog_rule_bases
 
 STOP_SATURATED = "saturated"
 STOP_ITERATIONS = "iteration limit"
@@ -119,7 +119,8 @@ def saturate(egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits = Satur
 class _Saturation:
     def __init__(self, egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits, deadline: Deadline) -> None:
         self.egraph, self.limits, self.deadline = egraph, limits, deadline
-        self.new_enodes = {r.name: r.new_enodes for r in rules.rules}
+        self.bases = egglog_rule_bases(rules)  # egglog's rule names (operand orders, directions) -> base rule
+        self.new_enodes = {command.rule.name: r.new_enodes for r in rules.rules for command in r.program}
         self.most_enodes = max(self.new_enodes.values(), default=0)
         self.stages = [s for s in STAGES if any(r.stage == s for r in rules.rules)]
         self.stage_enodes = {s: sum(r.new_enodes for r in rules.rules if r.stage == s) for s in self.stages}
@@ -164,8 +165,11 @@ class _Saturation:
                 it = self._plain(stage)
             self.last_seconds = time.perf_counter() - t0
             self.size = egraph_size(self.egraph)
-            self.result.history.append(IterationStats(stage, 1, {r: m for r, m in it.matches.items() if m},
-                                                      self.size, self.last_seconds, it.limit))
+            by_base: dict[str, int] = {}
+            for r, m in it.matches.items():
+                if m:
+                    by_base[self.bases.get(r, r)] = by_base.get(self.bases.get(r, r), 0) + m
+            self.result.history.append(IterationStats(stage, 1, by_base, self.size, self.last_seconds, it.limit))
             before_last = sum(last.matches.values()) if last else 0
             last, exact_limit = it, None
             if not it.updated:
@@ -201,9 +205,9 @@ class _Saturation:
         return fits
 
     def _enodes_per_match(self, reported: str) -> int:
-        """``Rule.new_enodes`` of a rule as egglog reports it (a birewrite as ``name=>`` and
-        ``name<=``); the most any rule builds if the name is unknown."""
-        return self.new_enodes.get(reported.removesuffix("=>").removesuffix("<="), self.most_enodes)
+        """``Rule.new_enodes`` of a rule by egglog's name for it (an operand order, a birewrite's
+        ``name=>`` or ``name<=``); the most any rule builds if the name is unknown."""
+        return self.new_enodes.get(reported, self.most_enodes)
 
     def _plain(self, stage: str) -> _Iteration:
         report = self._run(f"(run-schedule (run {stage}))")
@@ -226,8 +230,9 @@ class _Saturation:
 
     def _no_room(self, binding: str, stage: str, skipped: dict[str, int], room: int) -> str:
         count = min(skipped.values())
-        names = sorted(r for r, m in skipped.items() if m == count)
-        enodes = sum(count * self._enodes_per_match(r) for r in names)
+        reported = [r for r, m in skipped.items() if m == count]
+        names = sorted({self.bases.get(r, r) for r in reported})  # the rules as written, not their orders
+        enodes = sum(count * self._enodes_per_match(r) for r in reported)
         limit = (f"max_seconds={self.limits.max_seconds:g}" if binding == STOP_TIME
                  else f"max_enodes={self.limits.max_enodes:,}")
         who = f"rule {names[0]} has" if len(names) == 1 else f"rules {', '.join(names)} have"

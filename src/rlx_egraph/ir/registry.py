@@ -226,7 +226,9 @@ class OpSpec:
     until none is left), for a composite primitive the export form the rules
     recognise.  ``sampler(rng)`` gives random input shapes by input name (a
     list for a variadic input; an optional input may be left out) and the
-    attributes tied to them; see :meth:`sample`.
+    attributes tied to them; see :meth:`sample`.  ``commutative`` marks a
+    binary op whose inputs swap with a bit-identical result; the rule loader
+    matches its patterns in both operand orders.
     """
 
     name: str
@@ -241,6 +243,7 @@ class OpSpec:
     builder: str = field(default="")
     decompose: DecomposeFn | None = None
     sampler: SampleFn | None = None
+    commutative: bool = False
 
     def __post_init__(self) -> None:
         if not self.builder:

@@ -134,10 +134,13 @@ def _binary_infer(name: str, out_dtype: str | None = None):
     return infer
 
 
+_COMMUTATIVE = ("Add", "Mul", "Max", "Min", "Equal")  # a op b == b op a bit for bit
+
+
 def _binary(name: str, out_dtype: str | None = None) -> OpSpec:
     fn = K.BINARY[name]
     return OpSpec(name, Kind.ELEMENTWISE, ("a", "b"), _binary_infer(name, out_dtype), lambda a, x, y: fn(x, y),
-                  doc=f"Elementwise {name} with numpy broadcasting.")
+                  doc=f"Elementwise {name} with numpy broadcasting.", commutative=name in _COMMUTATIVE)
 
 
 def _unary(name: str, float_only: bool = True, decompose: DecomposeFn | None = None) -> OpSpec:
