@@ -40,9 +40,10 @@ def test_from_strings_names_its_sources() -> None:
 def test_list_gives_one_record_per_rule() -> None:
     records = RuleSet.from_strings(EXP_LOG, names=["mine.egg"]).list()
     assert records == [{"name": "exp-log", "stage": "simplify", "file": "mine.egg", "line": 2,
-                        "location": "mine.egg:2", "reads": ["Exp", "Log"], "builds": []}]
+                        "location": "mine.egg:2", "reads": ["Exp", "Log"], "builds": [], "operand_orders": 1}]
     shipped = RuleSet.shipped()
-    assert [r["name"] for r in shipped.list()] == [r.name for r in shipped.rules]
+    assert [r["name"] for r in shipped.list()] == list(dict.fromkeys(r.base for r in shipped.rules))
+    assert sum(r["operand_orders"] for r in shipped.list()) == len(shipped.rules)
 
 
 def test_adding_user_rules_to_the_shipped_ones(tmp_path: Path) -> None:
