@@ -74,7 +74,7 @@ def feeds(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict
     return out
 
 
-def session(model: onnx.ModelProto | str, level: str = "ORT_DISABLE_ALL", save: str | None = None):  # noqa: ANN201
+def session(model: onnx.ModelProto | str, level: str = "ORT_DISABLE_ALL", save: str | None = None):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

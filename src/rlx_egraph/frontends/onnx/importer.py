@@ -33,7 +33,8 @@ from ...ir.shapes import broadcast
 _NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                          "Bernoulli"})
 
-# The one name of a known causal keep mask, so recognition rules see every exporter's causal mask alike.
+
+# The one name of a known causal keep mask, so the rules (rules/onnx_forms.egg) see every exporter's alike.
 CAUSAL_MASK = "rlx.causal_mask"
 
 
