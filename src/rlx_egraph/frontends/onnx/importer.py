@@ -34,6 +34,27 @@ _NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "R
                          "Bernoulli"})
 
 
+# The one name of a known causal keep mask, so the rules (rules/onnx_forms.egg) see every exporter's alike.
+CAUSAL_MASK = "rlx.causal_mask"
+
+
+def is_causal_keep(array: np.ndarray) -> bool:
+    """``array`` is a bool lower-triangular keep mask [1, ..., S, S] (query i sees keys 0..i)."""
+    return (array.dtype == np.bool_ and array.ndim >= 2 and array.shape[-1] == array.shape[-2]
+            and all(d == 1 for d in array.shape[:-2])
+            and np.array_equal(array.reshape(array.shape[-2:]), np.tri(array.shape[-1], dtype=bool)))
+
+
+def causal_fill(array: np.ndarray) -> float | None:
+    """The fill of an additive causal mask (0 on and below the diagonal, one value <= -1e4 above), else None."""
+    if array.dtype.kind != "f" or not is_causal_keep(np.zeros(array.shape, bool) | (array == 0)):
+        return None
+    above = array.reshape(array.shape[-2:])[~np.tri(array.shape[-1], dtype=bool)]
+    if not above.size or not np.all(above == above[0]) or not above[0] <= -1e4:
+        return None
+    return float(above[0])
+
+
 class OnnxImportError(GraphError):
     """The model cannot be imported; the message names the node, input or op types at fault."""
 
@@ -199,10 +220,13 @@ class Importer:
         v = self.value(name)
         if not v.known:
             return v.node
-        if name not in self.materialized:
+        if name not in self.materialized:  # a causal keep mask is the Param CAUSAL_MASK, whatever its name
             dt = self.array_dtype(v.array, name)
             if v.array.ndim == 0 and np.isfinite(v.array):
                 nid = self.graph.scalar(v.array.item(), dt)
+            elif is_causal_keep(v.array) and self.graph.weights.get(CAUSAL_MASK, v.array).shape == v.array.shape:
+                nid = self.graph.param(CAUSAL_MASK, v.array.shape, dt)
+                self.graph.weights[CAUSAL_MASK] = v.array
             elif v.weight:
                 nid = self.graph.param(name, v.array.shape, dt)
                 self.graph.weights[name] = v.array

@@ -19,7 +19,7 @@ import onnx
 from ...ir.dtypes import dtype
 from ...ir.ops.onnx_op import MIR_DTYPES
 from ...ir.shapes import broadcast
-from .importer import Importer, Value
+from .importer import CAUSAL_MASK, Importer, Value, causal_fill
 
 Lowering = Callable[[Importer, onnx.NodeProto, dict[str, Any]], list[Value | None] | None]
 Outputs = list[Value | None] | None
@@ -60,6 +60,22 @@ def elementwise(op: str) -> Lowering:
         return _out(imp.fit(acc, shape))
 
     return lower
+
+
+def _add(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Add, except that x + an additive causal mask is Where(causal keep mask, x, fill), the one form
+    recognition rules know: x + fill is fill, a -inf fill becomes the dtype's lowest finite value (which
+    a Softmax turns into the same 0: a causal row always keeps its diagonal)."""
+    known = [imp.known(n) for n in node.input]
+    fill = causal_fill(known[1]) if len(known) == 2 and known[0] is None and known[1] is not None else None
+    x = imp.type(node.input[0])
+    if fill is None or broadcast(x.shape, known[1].shape) != x.shape:
+        return elementwise("Add")(imp, node, at)
+    keep = known[1] == 0
+    fill_value = imp.graph.scalar(max(fill, float(np.finfo(dtype(x.dtype).storage).min)), x.dtype)
+    imp.values[CAUSAL_MASK] = Value(array=keep)
+    mask = imp.tensor(CAUSAL_MASK)
+    return _out(imp.graph.add_node("Where", [mask, imp.tensor(node.input[0]), fill_value]))
 
 
 def unary(op: str) -> Lowering:
@@ -365,7 +381,8 @@ def _size(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
 
 
 LOWERINGS: dict[str, Lowering] = {
-    **{op: elementwise(op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Greater",
+    "Add": _add,
+    **{op: elementwise(op) for op in ("Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Greater",
                                       "Less")},
     "Sum": elementwise("Add"),
     **{op: unary(op) for op in ("Sqrt", "Neg", "Erf", "Tanh", "Sigmoid", "Relu", "Abs", "Log", "Exp")},
