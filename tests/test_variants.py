@@ -173,7 +173,7 @@ def test_each_rule_is_loaded_once_per_distinct_operand_order():
     assert names["gelu-cube-mul"] == ["gelu-cube-mul", "gelu-cube-mul#2"]  # (Mul (Mul ?x ?x) ?x): inner swap repeats
     assert names["rms-mean-mul"] == ["rms-mean-mul"]  # (Mul ?x ?x)
     assert names["shared-input-matmul"] == ["shared-input-matmul"]  # no commutative op
-    assert (len(names), len(rules.rules)) == (60, 101)
+    assert len(names) == sum(path.read_text().count(":name ") for path in rules.files)  # one base per rule written
     second = rules.by_name("silu-mul-sigmoid#2")
     assert (second.base, second.location, second.reads, second.builds) == (
         "silu-mul-sigmoid", rules.by_name("silu-mul-sigmoid").location, {"Mul", "Sigmoid"}, {"Silu"})
