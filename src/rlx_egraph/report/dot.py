@@ -5,7 +5,7 @@ border, fused ops (kind ``fused``) filled orange, other nodes that rules built f
 tooltip holds its attributes, its type and, with provenance, the rules that built it and the input
 nodes it replaces.  ``egraph_to_dot(graph)`` saturates a (small) graph and draws its e-graph from
 egglog's own serializer: one dashed box per e-class, one box per e-node, fact tables left out.
-``to_svg(dot)`` renders DOT with the ``graphviz`` Python package, which needs Graphviz's ``dot``
+``Picture(dot)`` shows as SVG in Jupyter.  ``to_svg(dot)`` renders DOT with the ``graphviz`` Python package, which needs Graphviz's ``dot``
 program (``apt-get install graphviz``, ``brew install graphviz``, ``conda install graphviz``).
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..egraph.decode import Fusion
@@ -33,6 +34,19 @@ Provenance = Any  # an OptimizeReport (its ``fusions``), a mapping node id -> Fu
 
 class RenderError(RlxError, RuntimeError):
     """DOT text could not be rendered (Graphviz is missing or refused it)."""
+
+
+@dataclass(frozen=True)
+class Picture:
+    """DOT text that Jupyter shows as SVG where Graphviz can render it, else as the text itself."""
+
+    dot: str
+
+    def _repr_svg_(self) -> str | None:
+        return to_svg(self.dot) if can_render() else None
+
+    def __repr__(self) -> str:
+        return self.dot
 
 
 def graph_to_dot(graph: Graph, provenance: Provenance = None) -> str:
@@ -87,6 +101,13 @@ def egraph_to_dot(graph: Graph, rules: Any = None, attention_block_max_tokens: i
     Meant for small graphs: every e-class reachable from the outputs is drawn.  E-nodes of fused ops are
     orange; an e-node's tooltip names the rules that built it.  ``limits``: SaturationLimits fields.
     """
+    return serialized_to_dot(serialized_egraph(graph, rules, attention_block_max_tokens, **limits), graph.name)
+
+
+def serialized_egraph(graph: Graph, rules: Any = None, attention_block_max_tokens: int = 64,
+                      **limits: Any) -> dict[str, Any]:
+    """egglog's serialization (``SerializedEGraph.to_json``, parsed) of ``graph``'s saturated e-graph:
+    ``nodes`` (id -> op, children, eclass), ``class_data`` and ``root_eclasses`` (the outputs')."""
     from ..egraph.budget import Deadline
     from ..egraph.rules import load_rules
     from ..egraph.saturate import SaturationLimits, saturate
@@ -96,7 +117,7 @@ def egraph_to_dot(graph: Graph, rules: Any = None, attention_block_max_tokens: i
     egraph, _ = build_egraph(graph, ruleset, attention_block_max_tokens)
     saturate(egraph, ruleset, sat_limits, Deadline(sat_limits.max_seconds))
     roots = [cmd.action.expr for o in graph.outputs for cmd in egraph.parse_program(f"({egglog_name(o)})")]
-    return serialized_to_dot(json.loads(egraph.serialize(roots).to_json()), graph.name)
+    return json.loads(egraph.serialize(roots).to_json())
 
 
 def serialized_to_dot(data: dict[str, Any], name: str = "egraph") -> str:
@@ -104,10 +125,7 @@ def serialized_to_dot(data: dict[str, Any], name: str = "egraph") -> str:
     clusters, term e-nodes as boxes with their data arguments inlined, provenance rows as tooltips."""
     nodes: dict[str, dict[str, Any]] = data["nodes"]
     built = _built_by(nodes)
-    classes: dict[str, list[str]] = {}
-    for nid, node in nodes.items():
-        if node["op"] in TERM_OPS:
-            classes.setdefault(node["eclass"], []).append(nid)
+    classes = term_classes(data)
     anchor = {cls: members[0] for cls, members in classes.items()}
     cluster = {cls: k for k, cls in enumerate(classes)}
     lines = [f"digraph {_quote(name)} {{", "  compound=true; rankdir=TB;",
@@ -132,6 +150,16 @@ def serialized_to_dot(data: dict[str, Any], name: str = "egraph") -> str:
                          if c_cls in classes)
         lines.append("  }")
     return "\n".join([*lines, *edges, "}"]) + "\n"
+
+
+def term_classes(data: dict[str, Any]) -> dict[str, list[str]]:
+    """The term e-classes (ops and tensor lists; data and fact tables left out) of a serialized e-graph:
+    e-class id -> the ids of its e-nodes, in serialization order."""
+    classes: dict[str, list[str]] = {}
+    for nid, node in data["nodes"].items():
+        if node["op"] in TERM_OPS:
+            classes.setdefault(node["eclass"], []).append(nid)
+    return classes
 
 
 def can_render() -> bool:
