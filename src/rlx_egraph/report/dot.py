@@ -5,8 +5,9 @@ border, fused ops (kind ``fused``) filled orange, other nodes that rules built f
 tooltip holds its attributes, its type and, with provenance, the rules that built it and the input
 nodes it replaces.  ``egraph_to_dot(graph)`` saturates a (small) graph and draws its e-graph from
 egglog's own serializer: one dashed box per e-class, one box per e-node, fact tables left out.
-``Picture(dot)`` shows as SVG in Jupyter.  ``to_svg(dot)`` renders DOT with the ``graphviz`` Python package, which needs Graphviz's ``dot``
-program (``apt-get install graphviz``, ``brew install graphviz``, ``conda install graphviz``).
+``Picture(dot)`` shows as SVG in Jupyter.  ``to_svg(dot)`` renders DOT with the ``graphviz`` Python
+package, which needs Graphviz's ``dot`` program (``apt-get install graphviz``, ``brew install graphviz``
+or ``conda install graphviz``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ run): its loggers are set to WARNING here unless the application gave them a lev
 A function decorated with :func:`tracked` names its phases with :func:`phase`.  Each phase's time is
 logged (DEBUG) on the ``rlx_egraph`` logger; a run lasting over :data:`SHOW_AFTER_SECONDS` on an
 interactive terminal shows the running phase and the finished ones on stderr (a transient ``rich``
-status line), never under pytest or when stderr is not a TTY.
+status line; ``rich`` comes with the ``dev`` extra, and without it nothing is drawn), never under pytest
+or when stderr is not a TTY.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from importlib.util import find_spec
 from typing import Any, ParamSpec, TypeVar
 
 LOGGER = logging.getLogger("rlx_egraph")
@@ -46,8 +48,8 @@ quiet_egglog()
 
 
 def interactive() -> bool:
-    """Whether progress may be drawn: stderr is a terminal and no test is running."""
-    return sys.stderr.isatty() and "PYTEST_CURRENT_TEST" not in os.environ
+    """Whether progress may be drawn: stderr is a terminal, no test is running and ``rich`` is installed."""
+    return sys.stderr.isatty() and "PYTEST_CURRENT_TEST" not in os.environ and find_spec("rich") is not None
 
 
 class PhaseProgress:
@@ -84,6 +86,11 @@ class PhaseProgress:
                 self._timer.cancel()
             if self._status is not None:
                 self._status.stop()
+
+    @property
+    def drawing(self) -> bool:
+        """Whether the status line is on the terminal now."""
+        return self._status is not None and not self._closed
 
     def text(self) -> str:
         """``rlx-egraph optimize: saturate...  (encode 0.41 s)``."""
