@@ -28,7 +28,7 @@ from .cost import Target, get_target, profile
 from .egraph import extract as ex
 from .egraph.budget import Deadline, DeadlineExceeded
 from .egraph.decode import Decoded, Fusion, decode
-from .egraph.encode import encode_graph
+from .egraph.encode import Encoding, encode_graph
 from .egraph.regions import apply_regions
 from .egraph.rules import STAGES, RuleSet, load_rules
 from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
@@ -38,6 +38,7 @@ from .ir.graph import Graph
 from .kernels.parity import check_parity
 from .options import check_options
 from .report import OptimizeReport
+from .report.progress import phase, tracked
 
 log = logging.getLogger("rlx_egraph")
 
@@ -51,6 +52,7 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
     return optimize_with_report(graph, target, rules, verify, **options)[0]
 
 
+@tracked("optimize")
 def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
                          attention_block_max_tokens: int = 64, regions: bool = True, seed: int = 0,
@@ -92,6 +94,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
             report.engine_reason = "requested"
     if verify:
         t0 = time.perf_counter()
+        phase("verify")
         report.parity = check_parity(graph, new.graph, new.originals, blame(new), seed)
         report.phases["verify"] = time.perf_counter() - t0
     return new.graph, report
@@ -107,19 +110,17 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
                             f"{FALLBACK_THRESHOLD:,}", tgt.name)
 
     t0 = time.perf_counter()
-    encoding = encode_graph(graph, attention_block_max_tokens)
-    egraph = eb.EGraph()
-    egraph.run_program(*egraph.parse_program(schema_text()))
-    egraph.run_program(*egraph.parse_program("\n".join(f"(ruleset {s})" for s in STAGES)))
-    egraph.run_program(*ruleset.commands())
-    egraph.run_program(*egraph.parse_program(encoding.text))
+    phase("encode")
+    egraph, encoding = build_egraph(graph, ruleset, attention_block_max_tokens)
     phases["encode"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    phase("saturate")
     result = saturate(egraph, ruleset, sat_limits, deadline)
     phases["saturate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    phase("extract")
     notes: list[str] = []
     decoded = None
     try:
@@ -142,6 +143,7 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
             report.extraction, report.extraction_moves = chosen.method, chosen.moves
             phases["extract"] = time.perf_counter() - t0
             t0 = time.perf_counter()
+            phase("decode")
             decoded = decode(view, chosen.choice, graph)
             if regions:
                 decoded = _with_regions(decoded, tgt)
@@ -167,6 +169,7 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`)."""
     from .fallback import FallbackLimits, run
 
+    phase("fallback")
     result = run(graph, ruleset, tgt, FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds),
                  attention_block_max_tokens)
     stats = result.stats
@@ -187,6 +190,17 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     report.phases = phases
     return decoded, report
+
+
+def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
+    """A new egglog e-graph holding the schema, ``ruleset`` and ``graph``'s terms, not yet saturated."""
+    encoding = encode_graph(graph, attention_block_max_tokens)
+    egraph = eb.EGraph()
+    egraph.run_program(*egraph.parse_program(schema_text()))
+    egraph.run_program(*egraph.parse_program("\n".join(f"(ruleset {s})" for s in STAGES)))
+    egraph.run_program(*ruleset.commands())
+    egraph.run_program(*egraph.parse_program(encoding.text))
+    return egraph, encoding
 
 
 def blame(decoded: Decoded) -> Callable[[int], list[str]]:

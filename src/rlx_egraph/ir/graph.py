@@ -301,6 +301,13 @@ class Graph(GraphBuilders):
     def __repr__(self) -> str:
         return f"<Graph {self.name!r}: {len(self)} nodes, {len(self._outputs)} outputs>"
 
+    def to_dot(self, provenance: Any = None) -> str:
+        """Graphviz DOT text of the graph, fused nodes highlighted; ``provenance`` (an OptimizeReport, or its
+        ``fusions``) puts the rules that built each node in its tooltip.  See :mod:`rlx_egraph.report.dot`."""
+        from ..report.dot import graph_to_dot
+
+        return graph_to_dot(self, provenance)
+
     def copy(self) -> Graph:
         """An equal graph with its own meta; the weight store's arrays are shared, not copied."""
         g = Graph.from_dict(self.to_dict())
