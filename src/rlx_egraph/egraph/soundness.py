@@ -259,9 +259,9 @@ def _fresh(facts: list[Any], tag: str, keep: set[str] = frozenset()) -> list[Any
     return [_rename_fact(f, subst) for f in facts]
 
 
-def _unfold(facts: list[Any], producers: dict[str, list[tuple[Rule, Any]]], rng: np.random.Generator,
+def _unfold(facts: list[Any], producers: dict[str, list[tuple[Rule, Any]]], counts: dict[str, int],
             used: set[str], depth: int = 0) -> list[Any]:
-    """Replace each helper-relation fact by the left side of a producer of that row (chosen at random)."""
+    """Replace each helper-relation fact by the left side of a producer of that row (the least used one)."""
     out: list[Any] = []
     for f in facts:
         expr = f.expr if type(f).__name__ == "Fact" else None
@@ -270,7 +270,9 @@ def _unfold(facts: list[Any], producers: dict[str, list[tuple[Rule, Any]]], rng:
             continue
         if depth > 8:
             raise _Reject(f"helper relation {expr.name} nests too deep")
-        rule, action = producers[expr.name][int(rng.integers(len(producers[expr.name])))]
+        options = producers[expr.name]  # the least used so far first, so every producer gets its turn
+        rule, action = min(options, key=lambda o: (counts.get(o[0].name, 0), options.index(o)))
+        counts[rule.name] = counts.get(rule.name, 0) + 1
         used.add(rule.name)
         tag = f"{depth}.{len(out)}.{len(used)}"
         body = _fresh(list(rule.command.rule.body) + [eb.Fact(action.expr)], tag)
@@ -281,11 +283,42 @@ def _unfold(facts: list[Any], producers: dict[str, list[tuple[Rule, Any]]], rng:
                 subst[produced.name] = read
             else:
                 out.append(eb.Eq(_SPAN, _rename(produced, subst), read))
-        out.extend(_unfold([_rename_fact(b, subst) for b in body], producers, rng, used, depth + 1))
+        out.extend(_unfold([_rename_fact(b, subst) for b in body], producers, counts, used, depth + 1))
     return out
 
 
 # --- building an instance ------------------------------------------------------------------
+
+
+def _merge_defs(facts: list[Any]) -> list[Any]:
+    """Unify two definitions of one variable by the same constructor (a join two unfoldings share)."""
+    while True:
+        defs: dict[str, Any] = {}
+        for k, f in enumerate(facts):
+            if type(f).__name__ != "Eq" or type(f.left).__name__ != "Var" or not _is_op_call(f.right):
+                continue
+            if f.left.name not in defs:
+                defs[f.left.name] = f.right
+                continue
+            subst: dict[str, Any] = {}
+            if _unify(defs[f.left.name], f.right, subst):
+                facts = [_rename_fact(g, subst) for j, g in enumerate(facts) if j != k]
+                break
+        else:
+            return facts
+
+
+def _unify(a: Any, b: Any, subst: dict[str, Any]) -> bool:
+    """Extend ``subst`` (variables of ``b`` -> parts of ``a``) so ``b`` reads as ``a``; False if it cannot."""
+    if type(b).__name__ == "Var":
+        if b.name in subst:
+            return str(subst[b.name]) == str(a)
+        subst[b.name] = a
+        return True
+    if type(a).__name__ == "Call" and type(b).__name__ == "Call":
+        return a.name == b.name and len(a.args) == len(b.args) and all(
+            _unify(x, y, subst) for x, y in zip(a.args, b.args, strict=True))
+    return str(a) == str(b)
 
 
 class _Builder:
@@ -301,6 +334,7 @@ class _Builder:
         self.defs: dict[str, Any] = {}
         self.guards: list[Any] = []
         self.sorts: dict[str, str] = {}
+        facts = _merge_defs(facts)
         for f in facts:
             if type(f).__name__ == "Eq" and type(f.left).__name__ == "Var" and _is_op_call(f.right) \
                     and f.left.name not in self.defs:
@@ -350,6 +384,10 @@ class _Builder:
             return self.env[expr.name]
         args = expr.args
         name = expr.name
+        if name in ("shape", "dtype") and type(args[0]).__name__ == "Var" and args[0].name not in self.env:
+            table = self.leaf_shape if name == "shape" else self.leaf_dtype
+            if args[0].name in table:  # a leaf not built yet whose type is drawn or solved
+                return table[args[0].name]
         if name in ("shape", "dtype", "param-order"):
             node = self.graph.node(self.value(args[0]))
             if name == "shape":
@@ -413,11 +451,25 @@ class _Builder:
                     progress |= self._assign(g.right, lv)
                 elif rk:
                     progress |= self._assign(g.left, rv)
-            elif final or not isinstance(g.expr, eb.Call) or g.expr.name in ("<", "<=", ">", ">=", "!="):
+            else:
+                progress |= self._solve_fact(g.expr)
                 ok, holds = self._known(g.expr)
                 if ok and holds is False:
                     raise _Reject(f"guard {g} does not hold")
         return progress
+
+    def _solve_fact(self, expr: Any) -> bool:
+        """Solve the guards that pin a free variable: ``(< (abs (- ?c L)) eps)`` and ``(inverse-perms ?p ?q)``."""
+        args = expr.args
+        if expr.name == "<" and type(args[0]).__name__ == "Call" and args[0].name == "abs" \
+                and type(args[0].args[0]).__name__ == "Call" and args[0].args[0].name == "-":
+            var, target = args[0].args[0].args
+            known, value = self._known(target)
+            return known and self._assign(var, value)
+        if expr.name == "inverse-perms":
+            known, p = self._known(args[0])
+            return known and self._assign(args[1], tuple(sorted(range(len(p)), key=p.__getitem__)))
+        return False
 
     # -- building terms --
 
@@ -460,11 +512,13 @@ class _Builder:
             return self.leaf(expr.name, None)
         spec = REGISTRY[expr.name]
         args = constructor_args(spec)
-        for _ in range(40):
+        for _ in range(60):
+            saved = dict(self.env), dict(self.leaf_shape), dict(self.leaf_dtype)
             try:
                 return self._try_term(expr, spec, args)
-            except (ShapeError, GraphError, _Unknown) as exc:
+            except (ShapeError, GraphError, _Unknown, _Reject) as exc:
                 last = exc
+                self.env, self.leaf_shape, self.leaf_dtype = saved
         raise _Reject(f"no valid {expr.name}: {last}")
 
     def _try_term(self, expr: Any, spec: Any, args: list[Any]) -> int:
@@ -479,15 +533,18 @@ class _Builder:
                     if isinstance(item, str) and item not in self.env:
                         free_leaves.append(item)
                     inputs.append(item)
-                continue
-            attr = kinds[arg.name]
-            attrs[arg.name] = self._attr(a, attr, drawn)
         types: dict[str, TensorType] = {}
+        free_leaves = [v for v in dict.fromkeys(free_leaves) if v not in self.env]  # not built by a nested term
+        for var in free_leaves:  # each drawn shape goes through the guards to the next leaves
+            self.leaf_shape.setdefault(var, self._draw_shape())
+            self.solve_guards()
         for var in dict.fromkeys(free_leaves):
-            types[var] = TensorType(self.leaf_shape.get(var) or self._draw_shape(),
-                                    self.leaf_dtype.get(var, self.dtype))
+            types[var] = TensorType(self.leaf_shape[var], self.leaf_dtype.get(var, self.dtype))
         in_types = [types[i] if isinstance(i, str) and i in types else self.graph.node(self._id(i)).type
                     for i in inputs]
+        for arg, a in zip(args, expr.args, strict=True):
+            if not arg.is_input:
+                attrs[arg.name] = self._attr(a, kinds[arg.name], drawn, in_types)
         spec.resolve(attrs, in_types)
         if spec.kind is Kind.WEIGHT_PREP and any(isinstance(i, int) and self.graph.node(i).op != "Param"
                                                  for i in inputs):
@@ -517,16 +574,17 @@ class _Builder:
             return self._input_items(expr.args[0], False) + self._input_items(expr.args[1], True)
         return [self.term(expr)]
 
-    def _attr(self, expr: Any, attr: Any, drawn: dict[str, Any]) -> Any:
+    def _attr(self, expr: Any, attr: Any, drawn: dict[str, Any], in_types: list[TensorType]) -> Any:
         if type(expr).__name__ == "Var" and expr.name not in self.env:
             if expr.name not in drawn:
-                drawn[expr.name] = self._draw_attr(attr)
+                drawn[expr.name] = self._draw_attr(attr, in_types[0].rank if in_types else 0)
             value = drawn[expr.name]
         else:
             value = self.value(expr)
         return _attr_value(value, attr.type)
 
-    def _draw_attr(self, attr: Any) -> Any:
+    def _draw_attr(self, attr: Any, rank: int) -> Any:
+        """A random value for ``attr`` of a node whose first input has rank ``rank``."""
         rng, t = self.rng, attr.type
         if attr.name == "name":
             return f"v{next(self.names)}"
@@ -536,7 +594,7 @@ class _Builder:
             return attr.choices[int(rng.integers(len(attr.choices)))]
         if t is AttrType.INT:
             dims = [d for n in self.graph.nodes for d in n.shape]
-            pool = [-1, 0, 1, 2, *self.literals["i64"], *dims]
+            pool = [-1, -1, -2, 0, 1, 2, *self.literals["i64"], *dims]
             return int(pool[int(rng.integers(len(pool)))])
         if t is AttrType.FLOAT:
             pool = self.literals["f64"]
@@ -546,7 +604,7 @@ class _Builder:
         if t is AttrType.BOOL:
             return bool(rng.integers(2))
         if t is AttrType.INTS:
-            return self._draw_shape()
+            return tuple(int(a) for a in rng.permutation(rank)) if rng.random() < 0.5 else self._draw_shape()
         if t is AttrType.STR:
             pool = self.literals["String"] or [attr.default]
             return pool[int(rng.integers(len(pool)))]
@@ -559,7 +617,7 @@ class _Builder:
         if built and rng.random() < 0.6:
             shape = built[int(rng.integers(len(built)))]
             return shape[int(rng.integers(len(shape))):] if rng.random() < 0.3 else shape
-        return tuple(int(d) for d in rng.integers(1, 5, size=int(rng.integers(1, 4))))
+        return tuple(int(d) for d in rng.integers(1, 5, size=(1, 2, 2, 3, 3, 4)[int(rng.integers(6))]))
 
     def leaf(self, var: str, param: bool | None) -> int:
         if var not in self.env:
@@ -691,6 +749,7 @@ def _check_rule(ruleset: RuleSet, rule: Rule, producers: dict[str, list[tuple[Ru
                 rng: np.random.Generator) -> None:
     verdict = verdicts[rule.name]
     reasons: dict[str, int] = {}
+    counts: dict[str, int] = {}
     for attempt in range(attempts):
         if verdict.instances >= instances:
             break
@@ -698,7 +757,7 @@ def _check_rule(ruleset: RuleSet, rule: Rule, producers: dict[str, list[tuple[Ru
         body = bodies[attempt % len(bodies)]
         used: set[str] = set()
         try:
-            facts = _unfold(body, producers, rng, used)
+            facts = _unfold(body, producers, counts, used)
             graph = _Builder(facts, rng, _literals(facts)).build()
         except _Reject as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
