@@ -688,16 +688,20 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
     rtol, atol = PARITY_TOLERANCE[loosest(n.dtype for n in graph.nodes) or "f32"]
     out = []
     for s in range(seed, seed + SEEDS):
-        values = _class_values(view, graph, evaluate(graph, seed=s, return_all=True))
+        node_values = evaluate(graph, seed=s, return_all=True)
+        values = _class_values(view, graph, node_values)
         for cls in touched:
             if cls.id not in values:
                 continue
             ref = values[cls.id]
-            for i in cls.nodes:
+            for i in cls.nodes:  # input-graph e-nodes too: a rule may have merged two of them
                 n = view.nodes[i]
-                if n.original is not None or n.op in ("Input", "Param") or any(c not in values for c in n.children):
+                if n.original is not None:
+                    got = node_values[n.original]
+                elif n.op in ("Input", "Param") or any(c not in values for c in n.children):
                     continue
-                got = _run_enode(view, n, values)
+                else:
+                    got = _run_enode(view, n, values)
                 max_abs, ratio = tolerance_ratio(got, ref, lambda r=ref: atol + rtol * np.abs(r.astype(np.float64)))
                 if ratio > 1.0:
                     rules = tuple(dict.fromkeys(n.built_by + cls.merged_by))
