@@ -32,16 +32,16 @@ from typing import Any
 import numpy as np
 from egglog import bindings as eb
 
-from ..ir.dtypes import DTYPES, PARITY_TOLERANCE, loosest
+from ..ir.dtypes import PARITY_TOLERANCE, loosest
 from ..ir.graph import Graph, GraphError
 from ..ir.registry import REGISTRY, AttrType, Kind, ShapeError, TensorType
 from ..kernels.interpreter import evaluate
 from ..kernels.parity import tolerance_ratio
 from ..kernels.reference import run_node
 from .encode import encode_graph
-from .rules import MERGED_BY, STAGES, Rule, RuleSet, load_rules
+from .rules import STAGES, Rule, RuleSet, load_rules
 from .saturate import SaturationLimits, saturate
-from .schema import FACT_TABLES, LIST_CONS, LIST_NIL, NO_INPUT, constructor_args
+from .schema import FACT_TABLES, LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
 from .view import EGraphView, build_view
 
 SOUND, UNSOUND, NOT_CHECKABLE = "sound", "unsound", "not checkable"
@@ -275,7 +275,7 @@ def _unfold(facts: list[Any], producers: dict[str, list[tuple[Rule, Any]]], coun
         counts[rule.name] = counts.get(rule.name, 0) + 1
         used.add(rule.name)
         tag = f"{depth}.{len(out)}.{len(used)}"
-        body = _fresh(list(rule.command.rule.body) + [eb.Fact(action.expr)], tag)
+        body = _fresh([*list(rule.command.rule.body), eb.Fact(action.expr)], tag)
         *body, head = body
         subst: dict[str, Any] = {}
         for produced, read in zip(head.expr.args, expr.args, strict=True):
@@ -663,8 +663,6 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
     """Saturate ``graph`` with ``ruleset`` and check every e-node of every class the rules touched."""
     encoding = encode_graph(graph)
     egraph = eb.EGraph()
-    from .schema import schema_text
-
     egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES)))
     egraph.run_program(*ruleset.commands())
     egraph.run_program(*egraph.parse_program(encoding.text))
@@ -706,7 +704,7 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
                 if ratio > 1.0:
                     rules = tuple(dict.fromkeys(n.built_by + cls.merged_by))
                     problem = (f"a {n.op} e-node differs from its e-class's value (computed by "
-                               f"{_describe_class(view, cls, graph)}) by up to {max_abs:.3g} ({ratio:.3g} x the "
+                               f"{_describe_class(cls, graph)}) by up to {max_abs:.3g} ({ratio:.3g} x the "
                                f"{rtol}/{atol} tolerance) on seed {s}; built or merged by {', '.join(rules)}")
                     out.append((rules, CounterExample(rules[0] if rules else "?", problem, leaves,
                                                       dict(n.attrs), max_abs)))
@@ -715,7 +713,7 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
     return out
 
 
-def _describe_class(view: EGraphView, cls: Any, graph: Graph) -> str:
+def _describe_class(cls: Any, graph: Graph) -> str:
     if cls.originals:
         return ", ".join(f"node {o} {graph.node(o).op}" for o in cls.originals)
     return "another e-node of the class"
