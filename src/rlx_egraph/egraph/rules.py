@@ -204,10 +204,15 @@ class RuleSet:
                 for r in self.rules if r.name == r.base]
 
 
+# The folder the wheel ships the rule files in, inside the package (pyproject's force-include); not ``rules``,
+# which is the module ``rlx_egraph.rules``.
+SHIPPED_RULES_DIR = "shipped_rules"
+
+
 def default_rule_dir() -> Path:
     """The shipped ``rules/`` folder: inside the installed package, or the repo's."""
     here = Path(__file__).resolve().parent.parent
-    packaged = here / "rules"
+    packaged = here / SHIPPED_RULES_DIR
     return packaged if packaged.is_dir() else here.parent.parent / "rules"
 
 

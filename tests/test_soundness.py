@@ -1,0 +1,127 @@
+"""The soundness checker: every shipped rule sound on random instances, deliberately wrong rules caught."""
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import rlx_egraph.rules
+from rlx_egraph.cli.main import main
+from rlx_egraph.egraph.rules import SHIPPED_RULES_DIR, default_rule_dir
+from rlx_egraph.egraph.soundness import NOT_CHECKABLE, SOUND, UNSOUND, check
+from rlx_egraph.rules import RuleSet
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Each rule is wrong in one way the issue names; the checker must blame exactly it.
+WRONG = {
+    "silu-to-sigmoid": '(rewrite (Silu ?x) (Sigmoid ?x) :ruleset recognize :name "silu-to-sigmoid")',
+    "swiglu-halves-swapped": """
+(rule ((= ?e (SwiGLU (Narrow ?cat -1 0 ?n) (Narrow ?cat -1 ?n ?n)))
+       (= ?s (shape ?cat)) (= (vec-get ?s (- (vec-length ?s) 1)) (* 2 ?n)))
+      ((union ?e (FusedSwiGLU ?cat false))) :ruleset fuse :name "swiglu-halves-swapped")""",
+    "layer-norm-eps-dropped": """
+(rewrite (LayerNorm ?x ?g ?b ?axis ?eps) (LayerNorm ?x ?g ?b ?axis 1e-12)
+         :ruleset fuse :name "layer-norm-eps-dropped")""",
+    "layer-norm-to-rms-norm": """
+(rewrite (LayerNorm ?x ?g ?b ?axis ?eps) (RmsNorm ?x ?g ?b ?axis ?eps) :ruleset fuse :name "layer-norm-to-rms-norm")""",
+    "bias-dropped": """
+(rule ((= ?e (Add (MatMul ?x ?w) ?bias)) (<= (vec-length (shape ?bias)) 1))
+      ((union ?e (MatMul ?x ?w))) :ruleset fuse :name "bias-dropped")""",
+    "reshape-dropped": '(rewrite (Reshape ?x ?s) ?x :ruleset simplify :name "reshape-dropped")',
+}
+NOT_CHECKED_SHIPPED = {"residual-layer-norm-commute", "transformer-layer"}  # see the report to the integrator
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return check(RuleSet.shipped())
+
+
+def test_every_shipped_rule_is_sound_on_random_instances(shipped) -> None:
+    assert shipped.ok and shipped.unsound() == []
+    statuses = {v.rule: v.status for v in shipped.verdicts}
+    assert len(statuses) == len(RuleSet.shipped().rules) == 73
+    assert {r for r, s in statuses.items() if s == NOT_CHECKABLE} == NOT_CHECKED_SHIPPED
+    assert all(s == SOUND for r, s in statuses.items() if r not in NOT_CHECKED_SHIPPED)
+    assert all(v.instances >= 1 for v in shipped.verdicts if v.status == SOUND)
+    assert shipped.by_rule("mul-one").instances == 3
+    assert "no random instance made it fire" in shipped.by_rule("transformer-layer").reason
+
+
+def test_facts_only_rules_are_checked_through_their_readers(shipped) -> None:
+    erf = shipped.by_rule("gelu-erf-div")
+    assert erf.status == SOUND and erf.reason.startswith("facts only: checked through the rules that read them (")
+    assert "gelu-erf-x-o-half" in erf.reason
+    chain = shipped.by_rule("shared-input-order")
+    assert chain.status == SOUND and "k matmuls of one input" in chain.reason
+    assert shipped.by_rule("shared-input-matmul").status == SOUND
+
+
+def test_the_closing_line_lists_instances_per_rule(shipped) -> None:
+    last = str(shipped).splitlines()[-1]
+    assert last.startswith("73 rules: 71 sound, 0 unsound, 2 not checkable; instances checked per rule: neg-neg 3,")
+    assert shipped.to_dict()["ok"] is True and len(shipped.to_dict()["rules"]) == 73
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_each_wrong_rule_is_unsound_and_named(name: str) -> None:
+    report = check(RuleSet.from_strings(WRONG[name], names=[f"{name}.egg"]))
+    verdict = report.by_rule(name)
+    assert not report.ok and report.unsound() == [name]
+    assert verdict.status == UNSOUND and verdict.counterexample is not None
+    assert name in verdict.counterexample.problem
+    assert verdict.counterexample.leaves  # the instance's leaves with their types
+
+
+def test_wrong_rules_loaded_together_are_each_blamed() -> None:
+    report = check(RuleSet.from_strings(*WRONG.values(), names=[f"{n}.egg" for n in WRONG]))
+    assert sorted(report.unsound()) == sorted(WRONG)
+
+
+def test_a_value_error_reports_its_largest_error() -> None:
+    verdict = check(RuleSet.from_strings(WRONG["silu-to-sigmoid"])).by_rule("silu-to-sigmoid")
+    assert verdict.counterexample.max_abs > 1e-3
+    assert "differs from its e-class's value" in verdict.counterexample.problem
+
+
+def test_a_shape_changing_rule_is_reported_as_ill_typed() -> None:
+    verdict = check(RuleSet.from_strings(WRONG["reshape-dropped"])).by_rule("reshape-dropped")
+    assert "different types" in verdict.counterexample.problem
+
+
+def test_the_check_is_deterministic() -> None:
+    rules = RuleSet.from_strings(WRONG["silu-to-sigmoid"], '(rewrite (Neg (Neg ?x)) ?x :ruleset simplify :name "nn")')
+    assert check(rules).to_dict() == check(rules).to_dict()
+
+
+def test_cli_rules_check_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.egg"
+    bad.write_text(WRONG["silu-to-sigmoid"] + "\n")
+    assert main(["rules", "check", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "unsound        silu-to-sigmoid" in out and "counter-example:" in out
+    good = tmp_path / "good.egg"
+    good.write_text('(rewrite (Neg (Neg ?x)) ?x :ruleset simplify :name "nn")\n')
+    assert main(["rules", "check", str(good), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is True and data["rules"][0]["rule"] == "nn" and data["rules"][0]["instances"] == 3
+
+
+def test_rules_module_is_public_and_the_wheel_ships_the_files_beside_it() -> None:
+    assert rlx_egraph.rules.check is check and rlx_egraph.rules.RuleSet is RuleSet
+    force = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert force["force-include"] == {"rules": f"rlx_egraph/{SHIPPED_RULES_DIR}"}
+    assert SHIPPED_RULES_DIR != "rules"  # would clash with the module rlx_egraph/rules.py
+    assert default_rule_dir() == ROOT / "rules"
+
+
+def test_default_rule_dir_prefers_the_packaged_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlx_egraph.egraph.rules as rules_module
+
+    package = tmp_path / "rlx_egraph"
+    (package / "egraph").mkdir(parents=True)
+    (package / SHIPPED_RULES_DIR).mkdir()
+    monkeypatch.setattr(rules_module, "__file__", str(package / "egraph" / "rules.py"))
+    assert rules_module.default_rule_dir() == package / SHIPPED_RULES_DIR
