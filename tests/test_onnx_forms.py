@@ -1,4 +1,5 @@
-"""Export forms of tests/onnx_models.py recognised by rules/onnx_forms.egg: exact fused counts, parity with
+"""Export forms of tests/onnx_models.py recognised by rules/onnx/onnx_forms.egg (with the shipped rules: onnx_rules()):
+exact fused counts, parity with
 the original graph (verify=True) or with onnxruntime, and the import canonicalisation of causal masks."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from onnx import TensorProto
 from onnx_models import MODELS, OnnxBuilder, feeds
 from rlx_egraph import evaluate
 from rlx_egraph.frontends.onnx.importer import CAUSAL_MASK
-from rlx_egraph.onnx import import_model
+from rlx_egraph.onnx import import_model, onnx_rules
 from rlx_egraph.optimize import optimize_with_report
 
 SHAPES = {"bert": {"hidden_states": (2, 5, 16), "attention_mask": (2, 5)}, "gpt2": {"hidden_states": (2, 5, 16)},
@@ -31,7 +32,7 @@ def ort_output(name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
 ])
 def test_causal_attention_forms_become_one_kernel_with_parity(name: str, counts: dict, rules: set) -> None:
     g = import_model(MODELS[name](), SHAPES[name])
-    out, report = optimize_with_report(g, verify=True)
+    out, report = optimize_with_report(g, rules=onnx_rules(), verify=True)
     assert report.parity.ok
     assert {op: out.op_counts()[op] for op in ATTENTION_OPS} == counts
     assert all(report.matches_per_rule[r] >= 1 for r in rules)
@@ -41,7 +42,7 @@ def test_causal_attention_forms_become_one_kernel_with_parity(name: str, counts:
 
 def test_padding_mask_attention_is_left_alone() -> None:
     """BERT's additive mask equals Attention's custom mask only for a 0/1 mask: the Softmax stays."""
-    out, _ = optimize_with_report(import_model(MODELS["bert"](), SHAPES["bert"]), verify=True)
+    out, _ = optimize_with_report(import_model(MODELS["bert"](), SHAPES["bert"]), rules=onnx_rules(), verify=True)
     assert {op: out.op_counts()[op] for op in ATTENTION_OPS} == {"Attention": 0, "CausalAttention": 0, "Expand": 0,
                                                                   "Softmax": 1}
 
@@ -66,7 +67,7 @@ def test_a_mask_that_is_not_causal_is_not_recognised() -> None:
     probs = m.op("Softmax", [m.op("Where", [keep, scores, m.const(-1e9)])], axis=-1)
     g = import_model(m.model({"y": m.op("MatMul", [probs, v])}))
     assert [p.name for p in g.params] == ["mask"]
-    out, _ = optimize_with_report(g, verify=True)
+    out, _ = optimize_with_report(g, rules=onnx_rules(), verify=True)
     assert out.op_counts()["CausalAttention"] == 0 and out.op_counts()["Softmax"] == 1
 
 
@@ -79,7 +80,8 @@ def test_sdpa_scaled_causal_scores_are_recognised() -> None:
     scores = m.op("MatMul", [m.op("Mul", [q, root]), kt])
     keep = m.init("mask", np.tri(4, dtype=bool)[None, None])
     probs = m.op("Softmax", [m.op("Where", [keep, scores, m.const(float(np.finfo(np.float32).min))])], axis=-1)
-    out, report = optimize_with_report(import_model(m.model({"y": m.op("MatMul", [probs, v])})), verify=True)
+    out, report = optimize_with_report(import_model(m.model({"y": m.op("MatMul", [probs, v])})), rules=onnx_rules(),
+                                  verify=True)
     (attn,) = [n for n in out.nodes if n.op == "CausalAttention"]
     assert round(attn.attrs["scale"], 6) == round(8**-0.5, 6)
     assert report.matches_per_rule["onnx-scores-sdpa"] > 0 and out.op_counts()["Softmax"] == 0

@@ -31,7 +31,11 @@ WRONG = {
       ((union ?e (MatMul ?x ?w))) :ruleset fuse :name "bias-dropped")""",
     "reshape-dropped": '(rewrite (Reshape ?x ?s) ?x :ruleset simplify :name "reshape-dropped")',
 }
-NOT_CHECKED_SHIPPED = {"residual-layer-norm-commute", "transformer-layer"}  # see the report to the integrator
+# Not checkable yet (no random instance fired them; README "Rule soundness" says why): the generator does not
+# build a valid FusedAttentionBlock for transformer-layer, reaches the shared-input chain's end rule only through
+# the chain, and some facts-only operand orders are not used by any reader's instance.
+NOT_CHECKED_SHIPPED = {"transformer-layer", "shared-input-matmul", "gelu-tanh-inner#4", "gelu-tanh-one#4",
+                       "ln-normed-rsqrt#4", "ln-std#2"}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,7 @@ def shipped():
 def test_every_shipped_rule_is_sound_on_random_instances(shipped) -> None:
     assert shipped.ok and shipped.unsound() == []
     statuses = {v.rule: v.status for v in shipped.verdicts}
-    assert len(statuses) == len(RuleSet.shipped().rules) == 73
+    assert len(statuses) == len(RuleSet.shipped().rules) == 101  # every operand order the loader generates
     assert {r for r, s in statuses.items() if s == NOT_CHECKABLE} == NOT_CHECKED_SHIPPED
     assert all(s == SOUND for r, s in statuses.items() if r not in NOT_CHECKED_SHIPPED)
     assert all(v.instances >= 1 for v in shipped.verdicts if v.status == SOUND)
@@ -56,13 +60,14 @@ def test_facts_only_rules_are_checked_through_their_readers(shipped) -> None:
     assert "gelu-erf-x-o-half" in erf.reason
     chain = shipped.by_rule("shared-input-order")
     assert chain.status == SOUND and "k matmuls of one input" in chain.reason
-    assert shipped.by_rule("shared-input-matmul").status == SOUND
+    end = shipped.by_rule("shared-input-matmul")  # the chain's last step: see NOT_CHECKED_SHIPPED
+    assert end.status == NOT_CHECKABLE and "reads tables rules fill with set" in end.reason
 
 
 def test_the_closing_line_lists_instances_per_rule(shipped) -> None:
     last = str(shipped).splitlines()[-1]
-    assert last.startswith("73 rules: 71 sound, 0 unsound, 2 not checkable; instances checked per rule: neg-neg 3,")
-    assert shipped.to_dict()["ok"] is True and len(shipped.to_dict()["rules"]) == 73
+    assert last.startswith("101 rules: 95 sound, 0 unsound, 6 not checkable; instances checked per rule: neg-neg 3,")
+    assert shipped.to_dict()["ok"] is True and len(shipped.to_dict()["rules"]) == 101
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))

@@ -5,5 +5,6 @@ Needs the ``onnx`` extra (``pip install 'rlx-egraph[onnx]'``).
 
 from .frontends.onnx.exporter import export_model
 from .frontends.onnx.importer import OnnxImportError, import_model
+from .frontends.onnx.rules import onnx_rules
 
-__all__ = ["OnnxImportError", "export_model", "import_model"]
+__all__ = ["OnnxImportError", "export_model", "import_model", "onnx_rules"]

@@ -80,8 +80,16 @@ def _load_graph(path: str, input_shapes: dict[str, tuple[int, ...]] | None = Non
 
 
 def _ruleset(args: argparse.Namespace) -> RuleSet:
-    """The rules chosen by ``--only-rules`` (else the shipped ones), ``--rules`` and ``--disable``."""
-    rules = RuleSet.from_files(*args.only_rules) if args.only_rules else RuleSet.shipped()
+    """The rules chosen by ``--only-rules`` (else the shipped ones, with the ONNX forms for an ``.onnx``
+    input), ``--rules`` and ``--disable``."""
+    if args.only_rules:
+        rules = RuleSet.from_files(*args.only_rules)
+    elif Path(getattr(args, "input", "")).suffix == ".onnx":
+        from ..onnx import onnx_rules
+
+        rules = onnx_rules()
+    else:
+        rules = RuleSet.shipped()
     return rules.extend(*args.rules or ()).without(args.disable or ())
 
 

@@ -181,8 +181,9 @@ class RuleSet:
         return [c for _, c in self.provenance + self.declarations] + [c for r in self.rules for c in r.program]
 
     def by_name(self, name: str) -> Rule:
+        """The rule called ``name``: a rule as written (its first loaded operand order) or one order."""
         for r in self.rules:
-            if r.name == name:
+            if name in (r.name, r.base):
                 return r
         raise KeyError(f"no rule named {name!r}")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from ..kernels.interpreter import evaluate
 from ..kernels.parity import tolerance_ratio
 from ..kernels.reference import run_node
 from .encode import encode_graph
-from .rules import STAGES, Rule, RuleSet, load_rules
+from .rules import STAGES, VARIANT_MARK, Rule, RuleSet, load_rules
 from .saturate import SaturationLimits, saturate
 from .schema import FACT_TABLES, LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
 from .view import EGraphView, build_view
@@ -109,7 +109,8 @@ class SoundnessReport:
         return next(v for v in self.verdicts if v.rule == name)
 
     def unsound(self) -> list[str]:
-        return [v.rule for v in self.verdicts if v.status == UNSOUND]
+        """The unsound rules as written (an unsound operand order names its rule once)."""
+        return list(dict.fromkeys(v.rule.split(VARIANT_MARK)[0] for v in self.verdicts if v.status == UNSOUND))
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "rules": [v.to_dict() for v in self.verdicts]}
@@ -764,8 +765,8 @@ def _check_rule(ruleset: RuleSet, rule: Rule, producers: dict[str, list[tuple[Ru
         except _Reject as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
-        subset = ruleset.without([r.name for r in ruleset.rules if r.name != rule.name and r.name not in used])
-        if not _judge(_run_instance(graph, subset, attempt), {rule.name}, verdicts):
+        subset = replace(ruleset, rules=[r for r in ruleset.rules if r.name == rule.name or r.name in used])
+        if not _judge(_run_instance(graph, subset, attempt), {rule.name}, verdicts, ruleset):
             reasons["egglog did not fire the rule on the instance"] = reasons.get(
                 "egglog did not fire the rule on the instance", 0) + 1
             continue
@@ -781,15 +782,22 @@ def _check_rule(ruleset: RuleSet, rule: Rule, producers: dict[str, list[tuple[Ru
         verdict.reason = f"no random instance made it fire in {attempts} attempts (most often: {common})"
 
 
-def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict]) -> bool:
-    """Record what one instance showed for the rules in ``checked``; False when none of them fired."""
-    fired = outcome.fired & checked
+def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict], ruleset: RuleSet) -> bool:
+    """Record what one instance showed for the rules in ``checked`` (operand orders by their own names);
+    False when none of them fired.  Provenance names base rules: each is mapped back to the orders checked."""
+    base_of = {r.name: r.base for r in ruleset.rules}
+
+    def orders(bases: set[str]) -> set[str]:
+        named = {name for name in checked if base_of.get(name) in bases}
+        return named or {b for b in bases if b in verdicts}
+
+    fired = orders(outcome.fired)
     for rules, example in outcome.wrong:
-        for name in rules or ():
-            if name in verdicts and verdicts[name].status != UNSOUND:
+        for name in orders(set(rules or ())):
+            if verdicts[name].status != UNSOUND:
                 verdicts[name].status = UNSOUND
                 verdicts[name].counterexample = example
-        fired |= set(rules) & set(verdicts)
+        fired |= orders(set(rules or ()))
     for name in fired:
         verdicts[name].instances += 1
         if verdicts[name].status != UNSOUND:
@@ -801,7 +809,7 @@ def _check_together(ruleset: RuleSet, together: list[Rule], producers: dict[str,
                     verdicts: dict[str, RuleVerdict], instances: int, attempts: int, seed: int) -> None:
     """Rules that read tables filled with ``set``: k copies of the chain's first left side, whole files run."""
     files = {r.file for r in together}
-    subset = ruleset.without([r.name for r in ruleset.rules if r.file not in files])
+    subset = replace(ruleset, rules=[r for r in ruleset.rules if r.file in files])
     roots = [r for r in subset.rules if _facts_only(r) and not _set_tables(r, producers)
              and not any(type(f).__name__ == "Fact" and type(f.expr).__name__ == "Call" and f.expr.name in producers
                          for f in r.command.rule.body)
@@ -821,7 +829,7 @@ def _check_together(ruleset: RuleSet, together: list[Rule], producers: dict[str,
         except _Reject as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
-        if _judge(_run_instance(graph, subset, attempt), {r.name for r in together}, verdicts):
+        if _judge(_run_instance(graph, subset, attempt), {r.name for r in together}, verdicts, ruleset):
             for r in subset.rules:
                 if _facts_only(r):
                     verdicts[r.name].instances += 1

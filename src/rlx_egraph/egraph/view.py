@@ -177,14 +177,16 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         return items
 
     values = _Values(egraph, constants)
-    order = {r.name: k for k, r in enumerate(rules.rules)}
+    order: dict[str, int] = {}  # base rule name -> its place in file order (provenance names base rules)
+    for k, r in enumerate(rules.rules):
+        order.setdefault(r.base, k)
 
     def provenance(table: str) -> dict[tuple[Any, ...], tuple[str, ...]]:
         """Rows of a provenance relation: key (its leading columns) -> rule names, in rule-file order."""
         names: dict[tuple[Any, ...], set[str]] = {}
         for row in functions[table].rows if table in functions else ():
             names.setdefault(tuple(row.inputs[:-1]), set()).add(values.get(row.inputs[-1], AttrType.STR))
-        return {key: tuple(sorted(found, key=order.__getitem__)) for key, found in names.items()}
+        return {key: tuple(sorted(found, key=lambda n: (order.get(n, len(order)), n))) for key, found in names.items()}
 
     absent = {row.output for row in functions[NO_INPUT].rows} if NO_INPUT in functions else set()
     nodes: list[ENode] = []
