@@ -147,8 +147,9 @@ def missed_fusions(view: Any, graph: Graph, choice: dict[int, int], costs: list[
     ctx = _Context(view, graph, choice, costs, rules)
     missed = _not_extracted(ctx, target)
     checked = egraph is not None and len(graph) <= NEAR_MISS_MAX_NODES
-    if checked:
-        missed += _near_misses(ctx, egraph)
+    if checked:  # a class whose fused alternative the cost model rejected would reject a near miss too
+        explained = {n for m in missed if m.reason != "unsupported" for n in m.nodes}
+        missed += [m for m in _near_misses(ctx, egraph) if not explained & set(m.nodes)]
     return missed, checked
 
 
@@ -203,6 +204,7 @@ class _Variant:
     facts: tuple[str, ...]
     reason: str
     detail: str
+    root_op: str  # the op at the root of the rule's pattern (a class chosen as it stayed unrewritten)
 
 
 def _near_misses(ctx: _Context, egraph: eb.EGraph) -> list[MissedFusion]:
@@ -215,7 +217,7 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph) -> list[MissedFusion]:
         if parsed is None:
             continue
         real[rule.name] = len(variants)
-        variants.append(_Variant(rule, parsed[0], "", ""))
+        variants.append(_Variant(rule, parsed[0], "", "", parsed[1].name))
         variants.extend(_relaxations(rule, *parsed))
     egraph.run_program(*egraph.parse_program(f"(relation {_RELATION} (i64 Op))\n(ruleset {_RULESET})"))
     for k, v in enumerate(variants):
@@ -236,7 +238,8 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph) -> list[MissedFusion]:
         if not v.reason:
             continue
         for c in sorted(hits.get(k, set()) - hits.get(real[v.rule.name], set())):
-            if c not in ctx.reach or not ctx.unfused(c) or (v.rule.name, c) in seen:
+            if c not in ctx.reach or (v.rule.name, c) in seen or not (
+                    ctx.unfused(c) or ctx.view.nodes[ctx.choice[c]].op == v.root_op):
                 continue
             seen.add((v.rule.name, c))
             op = sorted(op for op in v.rule.builds if op in REGISTRY and REGISTRY[op].kind is Kind.FUSED)[0]
@@ -268,12 +271,13 @@ def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: Any, others: list[
         binds = type(fact).__name__ == "Eq" and any(type(s).__name__ == "Call" and s.name in REGISTRY
                                                     for s in (fact.left, fact.right))
         out.append(_Variant(rule, (root, *rest[:k], *rest[k + 1:]), "pattern part" if binds else "guard",
-                            f"{'its part' if binds else 'the guard'} {fact} does not hold"))
+                            f"{'its part' if binds else 'the guard'} {fact} does not hold", pattern.name))
     uses = Counter(_vars(pattern))
     for name in sorted(v for v, n in uses.items() if n > 1 and v != _ROOT):
         relaxed = _rename(pattern, {name: f"{name}-unshared"}, last_of=uses[name])
         out.append(_Variant(rule, (f"(= {_ROOT} {relaxed})", *rest), "inputs not shared",
-                            f"the uses of {name} in {pattern} are different tensors, not one shared input"))
+                            f"the uses of {name} in {pattern} are different tensors, not one shared input",
+                            pattern.name))
     spec = REGISTRY[pattern.name]
     if len(spec.inputs) == 1 and not spec.variadic:
         sorts = [a.sort for a in constructor_args(spec)]
@@ -282,7 +286,8 @@ def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: Any, others: list[
             if other != spec.name and o.kind is spec.kind and [a.sort for a in constructor_args(o)] == sorts:
                 swapped = eb.Call(pattern.span, other, pattern.args)
                 out.append(_Variant(rule, (f"(= {_ROOT} {swapped})", *rest), "other op",
-                                    f"it is {other} where the rule needs {spec.name} (no {other} epilogue)"))
+                                    f"it is {other} where the rule needs {spec.name} (no {other} epilogue)",
+                                    pattern.name))
     return out
 
 
