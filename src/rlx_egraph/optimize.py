@@ -38,6 +38,8 @@ from .ir.graph import Graph
 from .kernels.parity import check_parity
 from .options import check_options
 from .report import OptimizeReport
+from .report.data import OptimizationData
+from .report.fusion import FusionReport, fused_op_counts, missed_fusions
 from .report.progress import phase, tracked
 
 log = logging.getLogger("rlx_egraph")
@@ -122,7 +124,7 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
     t0 = time.perf_counter()
     phase("extract")
     notes: list[str] = []
-    decoded = None
+    decoded = view = chosen = costs = None
     try:
         view = build_view(egraph, graph, encoding.constants, ruleset, strict, deadline)
     except DeadlineExceeded as exc:
@@ -138,7 +140,8 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
             notes.append(f"{view.merged[0].message}; the input graph is returned unchanged")
             log.warning(notes[-1])
         else:
-            chosen = _extract(view, graph, tgt, extraction, exact_gap, deadline, report)
+            costs = ex.node_costs(view, tgt)
+            chosen = _extract(view, graph, tgt, extraction, exact_gap, deadline, report, costs)
             notes.extend(chosen.notes)
             report.extraction, report.extraction_moves = chosen.method, chosen.moves
             phases["extract"] = time.perf_counter() - t0
@@ -154,6 +157,12 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
     decoded.graph.adopt_store(graph)
 
     report.egglog_program = _program_text(ruleset, encoding.text)
+    choice = chosen.choice if chosen is not None else None
+    report.data = OptimizationData.build(graph, tgt, result.history, decoded, view, choice, costs)
+    report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))
+    if choice is not None:
+        report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
+            view, graph, choice, costs, ruleset, tgt, egraph)
     report.stop_reason = _stop_reason(result.stop_reason, result.detail, notes)
     report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
@@ -183,6 +192,7 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     decoded.graph.adopt_store(graph)
     phases["regions"] = time.perf_counter() - t0
     report = OptimizeReport("fallback", why, tgt.name)
+    report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))  # misses: egglog only
     report.stop_reason = stats.stop_reason
     report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
@@ -209,11 +219,10 @@ def blame(decoded: Decoded) -> Callable[[int], list[str]]:
 
 
 def _extract(view: EGraphView, graph: Graph, target: Target, extraction: str, exact_gap: bool, deadline: Deadline,
-             report: OptimizeReport) -> ex.Extraction:
+             report: OptimizeReport, costs: list[float]) -> ex.Extraction:
     """Extract with ``extraction``; when the exact solver runs out of time, greedy (which
     starts from the input graph) gives the answer.  ``exact_gap`` also records the ILP optimum."""
     roots = [view.class_of_node[o] for o in graph.outputs]
-    costs = ex.node_costs(view, target)
     chosen, notes = None, []
     if extraction == "exact":
         try:

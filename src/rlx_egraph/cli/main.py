@@ -127,6 +127,8 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
     log = sys.stderr if args.output == STDOUT or args.json else sys.stdout  # stdout then carries only JSON
     print("input " + summarize(graph), file=log)
     new, report = _optimize(graph, rules, args, sys.stdout if args.json else log)
+    if args.report:
+        print(f"fusion report: {report.fusion}", file=log)
     if args.report_json:
         Path(args.report_json).write_text(report.to_json())
         print(f"wrote report {args.report_json}", file=log)
@@ -242,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static shape of an ONNX input (binds its symbolic dims); repeatable")
     p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
+    p.add_argument("--report", action="store_true",
+                   help="also print the fusion report: fused ops before/after and every missed fusion with why")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON on stdout, and nothing else there (other messages go to stderr)")
     p.set_defaults(run=_optimize_cmd)

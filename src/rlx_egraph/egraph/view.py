@@ -98,6 +98,7 @@ class EGraphView:
     ill_typed: list[IllTyped] = field(default_factory=list)
     merged: list[MergedInputs] = field(default_factory=list)
     dropped: int = 0  # e-nodes left out: ill-typed, or reading a class that has no type
+    class_of_value: dict[Any, int] = field(default_factory=dict, repr=False)  # egglog e-class value -> class id
 
     @property
     def num_enodes(self) -> int:
@@ -227,7 +228,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
             nodes.append(ENode(len(nodes), gnode.op, (), dict(gnode.attrs), cid, gnode.id))
     for n in nodes:
         classes[n.eclass].nodes.append(n.index)
-    view = EGraphView(classes, nodes, class_of_node)
+    view = EGraphView(classes, nodes, class_of_node, class_of_value=class_ids)
     _mark_originals(view, graph)
     kept = _check_types(view, graph, rules, strict, deadline)
     _keep_only(view, kept)

@@ -1,4 +1,10 @@
-"""OptimizeReport: what an optimize() run did, printable and JSON-ready."""
+"""OptimizeReport: what an optimize() run did, printable and JSON-ready.
+
+``matches_per_rule`` is egglog's count: matches summed over iterations, so a match
+found again in a later iteration counts again.  ``applications_per_rule`` counts
+distinct applications from the provenance tables: the distinct e-nodes each rule
+built (well-typed ones) plus the distinct e-classes it merged into.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,13 @@ from ..cost import IoProfile
 from ..egraph.decode import Fusion
 from ..egraph.saturate import IterationStats
 from ..egraph.view import IllTyped
+from ..ir.registry import REGISTRY, Kind
 from ..kernels.parity import ParityReport
+from .data import OptimizationData
+from .fusion import FusionReport
+
+# Version of the JSON layout of ``to_dict``; raised when a key changes meaning or goes away.
+FORMAT_VERSION = 2
 
 
 @dataclass
@@ -40,10 +52,19 @@ class OptimizeReport:
     exact_optimal: bool = False
     phases: dict[str, float] = field(default_factory=dict)
     parity: ParityReport | None = None
+    data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
+    fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
 
     @property
     def fused_op_counts(self) -> dict[str, int]:
-        return dict(sorted(Counter(f.op for f in self.fusions).items()))
+        """Fused-op nodes (kind ``fused``) the rules and passes built, per op; views and derived weights
+        (Narrow, ConcatParams) are in ``fusions`` but not counted here."""
+        return dict(sorted(Counter(f.op for f in self.fusions if REGISTRY[f.op].kind is Kind.FUSED).items()))
+
+    @property
+    def applications_per_rule(self) -> dict[str, int]:
+        """Distinct applications per rule: distinct e-nodes built plus distinct e-classes merged into."""
+        return {r["rule"]: r["enodes_built"] + r["eclasses_merged_into"] for r in self.data.rule_applications}
 
     @property
     def gain_ns(self) -> float:
@@ -51,18 +72,20 @@ class OptimizeReport:
             return 0.0
         return self.profile_before.ns - self.profile_after.ns
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self, include_program: bool = False, include_data: bool = False) -> dict[str, Any]:
+        """JSON-ready; the egglog program and the data tables only on request."""
+        out = {
+            "format_version": FORMAT_VERSION,
             "engine": self.engine,
             "engine_reason": self.engine_reason,
             "target": self.target,
-            "egglog_program": self.egglog_program,
             "eclasses": self.eclasses,
             "enodes": self.enodes,
             "stop_reason": self.stop_reason,
             "iterations": [{"stage": it.stage, "iterations": it.iterations, "matches": it.matches,
                             "enodes": it.enodes, "seconds": it.seconds} for it in self.iterations],
             "matches_per_rule": self.matches_per_rule,
+            "applications_per_rule": self.applications_per_rule,
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
             "fusions": [f.to_dict() for f in self.fusions],
@@ -77,10 +100,16 @@ class OptimizeReport:
             "exact_optimal": self.exact_optimal,
             "phases": self.phases,
             "parity": self.parity.to_dict() if self.parity else None,
+            "fusion": self.fusion.to_dict(),
         }
+        if include_program:
+            out["egglog_program"] = self.egglog_program
+        if include_data:
+            out["data"] = self.data.to_dict()
+        return out
 
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=str)
+    def to_json(self, indent: int | None = 1, include_program: bool = False, include_data: bool = False) -> str:
+        return json.dumps(self.to_dict(include_program, include_data), indent=indent, default=str)
 
     def __str__(self) -> str:
         lines = [f"=== rlx-egraph optimize report ({self.engine} engine, target {self.target}) ===",
@@ -90,10 +119,15 @@ class OptimizeReport:
                          f"{sum(it.iterations for it in self.iterations)} iterations")
         fired = {k: v for k, v in self.matches_per_rule.items() if v}
         if fired:
-            lines.append("rule matches: " + ", ".join(f"{k} x{v}" for k, v in fired.items()))
+            lines.append("rule matches (egglog's, summed over iterations): "
+                         + ", ".join(f"{k} x{v}" for k, v in fired.items()))
+        applied = {k: v for k, v in self.applications_per_rule.items() if v}
+        if applied:
+            lines.append("rule applications (distinct e-nodes built + e-classes merged into): "
+                         + ", ".join(f"{k} x{v}" for k, v in applied.items()))
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
-        if self.fusions:
-            lines.append("fused ops: " + ", ".join(f"{op} x{n}" for op, n in self.fused_op_counts.items()))
+        if self.engine == "egglog":
+            lines.append(self.fusion.summary_line())
         if self.ill_typed:
             lines.append(f"ill-typed e-nodes left out: {len(self.ill_typed)}; first: {self.ill_typed[0].message}")
         if self.profile_before and self.profile_after:

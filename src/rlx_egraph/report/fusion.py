@@ -1,0 +1,320 @@
+"""FusionReport: fused ops before and after, and every fusion that was missed, with why.
+
+A miss is one of two kinds.
+
+* ``not extracted``: a fused e-node is in the e-graph, in an e-class the optimized
+  graph computes unfused, but extraction chose otherwise.  The reason is priced:
+  the target has no kernel for it (``unsupported``), it would leave a producer alive
+  for another consumer or a graph output (``another consumer``), or it is simply
+  predicted slower (``more expensive``); both predicted DAG costs are given.
+* ``near miss``: a fusion rule that matched except for one thing.  Each fusion rule
+  (one that builds a fused op) is relaxed from its parsed command (``Rule.command``)
+  in three ways: drop one guard or pattern fact; give a variable its pattern uses
+  twice a fresh name for its last use (``inputs not shared``); replace the pattern's
+  root op of one tensor input by another op of the same kind and signature (an
+  activation without an epilogue kernel).  The relaxed rules run once, alone, on the
+  saturated e-graph, recording only their matched root (nothing is built), and a
+  root the real rule does not match, computed unfused in the optimized graph, is a
+  near miss naming the rule, its ``file:line``, what failed and the nodes.  This runs
+  for graphs of at most :data:`NEAR_MISS_MAX_NODES` nodes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from egglog import bindings as eb
+
+from ..cost import Target
+from ..egraph import extract as ex
+from ..egraph.rules import Rule, RuleSet
+from ..egraph.schema import constructor_args
+from ..errors import RlxError
+from ..ir.graph import Graph
+from ..ir.registry import REGISTRY, Kind
+
+NEAR_MISS_MAX_NODES = 5000
+NOT_EXTRACTED, NEAR_MISS = "not extracted", "near miss"
+_RELATION = "rlx-near-miss"  # (rlx-near-miss variant root): a relaxed rule's matched root
+_RULESET = "rlx-near-miss-rules"
+_ROOT = "?rlx-root"
+
+
+class MissedFusions(RlxError, RuntimeError):
+    """``FusionReport.raise_if_missed``: a fusion was missed (the message lists each one)."""
+
+
+@dataclass(frozen=True)
+class MissedFusion:
+    """One missed fusion: what, where (input-graph node ids), which rule, and why."""
+
+    kind: str  # NOT_EXTRACTED or NEAR_MISS
+    op: str  # the fused op not taken / the one the rule builds
+    rule: str
+    location: str  # the rule's file:line
+    nodes: tuple[int, ...]  # input-graph nodes of the value that stayed unfused
+    reason: str  # unsupported | another consumer | more expensive | not taken | guard | pattern part |
+    #              inputs not shared | other op
+    detail: str  # the sentence a user acts on
+    fused_ns: float | None = None  # predicted graph cost with the fusion (not extracted only)
+    chosen_ns: float | None = None  # predicted graph cost of the extracted graph
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "op": self.op, "rule": self.rule, "location": self.location,
+                "nodes": list(self.nodes), "reason": self.reason, "detail": self.detail,
+                "fused_ns": self.fused_ns, "chosen_ns": self.chosen_ns}
+
+    def __str__(self) -> str:
+        where = ", ".join(map(str, self.nodes)) or "-"
+        return f"{self.kind}: {self.op} at node(s) {where} ({self.reason}): {self.detail} [rule {self.rule} " \
+               f"at {self.location}]"
+
+
+@dataclass
+class FusionReport:
+    """Fused ops per op before and after, and the missed fusions (``missed``)."""
+
+    before: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)
+    missed: list[MissedFusion] = field(default_factory=list)
+    near_misses_checked: bool = False  # False: the graph was over NEAR_MISS_MAX_NODES (or not built)
+
+    def summary_line(self) -> str:
+        ops = sorted(self.before.keys() | self.after.keys())
+        counts = ", ".join(f"{op} {self.before.get(op, 0)}->{self.after.get(op, 0)}" for op in ops) or "none"
+        kinds = Counter(m.kind for m in self.missed)
+        near = f"{kinds[NEAR_MISS]} near" if self.near_misses_checked else "near misses not checked"
+        return f"fused ops: {counts}; missed {len(self.missed)} ({kinds[NOT_EXTRACTED]} not extracted, {near})"
+
+    def raise_if_missed(self) -> None:
+        """The strict check: raise :class:`MissedFusions` listing every miss."""
+        if self.missed:
+            raise MissedFusions(f"{len(self.missed)} missed fusion(s):\n" + "\n".join(map(str, self.missed)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"before": self.before, "after": self.after, "near_misses_checked": self.near_misses_checked,
+                "missed": [m.to_dict() for m in self.missed], "summary": self.summary_line()}
+
+    def __str__(self) -> str:
+        return "\n".join([self.summary_line(), *(f"  {m}" for m in self.missed)])
+
+
+def fused_op_counts(graph: Graph) -> dict[str, int]:
+    """Nodes of fused ops (kind ``fused``: not views, not derived weights) per op."""
+    return dict(sorted(Counter(n.op for n in graph.nodes if REGISTRY[n.op].kind is Kind.FUSED).items()))
+
+
+class _Context:
+    """What the miss analysis reads: the view, the extraction, the costs, the rules."""
+
+    def __init__(self, view: Any, graph: Graph, choice: dict[int, int], costs: list[float], rules: RuleSet) -> None:
+        self.view, self.graph, self.choice, self.costs, self.rules = view, graph, choice, costs, rules
+        self.roots = [view.class_of_node[o] for o in graph.outputs]
+        self.reach = self.reachable(choice, self.roots)
+        self.stage = {r.name: r.stage for r in rules.rules}
+
+    def reachable(self, choice: dict[int, int], start: Iterable[int]) -> set[int]:
+        seen: set[int] = set()
+        stack = list(start)
+        while stack:
+            c = stack.pop()
+            if c not in seen and c in choice:
+                seen.add(c)
+                stack.extend(self.view.nodes[choice[c]].children)
+        return seen
+
+    def unfused(self, c: int) -> bool:
+        """Whether the optimized graph computes class ``c`` without a fusion."""
+        n = self.view.nodes[self.choice[c]]
+        return n.spec.kind is not Kind.FUSED and not any(self.stage.get(r) in ("fuse", "blocks") for r in n.built_by)
+
+    def location(self, name: str) -> str:
+        return self.rules.by_name(name).location if name in self.stage else "-"
+
+    def describe(self, c: int) -> str:
+        originals = self.view.classes[c].originals
+        if originals:
+            return " = ".join(f"node {o} ({self.graph.node(o).op})" for o in originals)
+        return f"e-class {c} ({self.view.nodes[self.choice[c]].op})" if c in self.choice else f"e-class {c}"
+
+
+def missed_fusions(view: Any, graph: Graph, choice: dict[int, int], costs: list[float], rules: RuleSet,
+                   target: Target, egraph: eb.EGraph | None) -> tuple[list[MissedFusion], bool]:
+    """The misses of one run; near misses only when ``egraph`` is given and the graph is small enough."""
+    ctx = _Context(view, graph, choice, costs, rules)
+    missed = _not_extracted(ctx, target)
+    checked = egraph is not None and len(graph) <= NEAR_MISS_MAX_NODES
+    if checked:  # a class whose fused alternative the cost model rejected would reject a near miss too
+        explained = {n for m in missed if m.reason != "unsupported" for n in m.nodes}
+        missed += [m for m in _near_misses(ctx, egraph) if not explained & set(m.nodes)]
+    return missed, checked
+
+
+def _not_extracted(ctx: _Context, target: Target) -> list[MissedFusion]:
+    view, choice, costs = ctx.view, ctx.choice, ctx.costs
+    complete = {**ex._best_tree_choice(view, costs)[0], **choice}
+    chosen_ns = ex.dag_cost(view, choice, ctx.roots, costs)
+    out = []
+    for c in sorted(ctx.reach):
+        if not ctx.unfused(c):
+            continue
+        best: dict[str, tuple[float, int]] = {}  # per fused op, its cheapest e-node in the class
+        for idx in view.classes[c].nodes:
+            if view.nodes[idx].spec.kind is Kind.FUSED:
+                cost = ex.dag_cost(view, {**complete, c: idx}, ctx.roots, costs)
+                best[view.nodes[idx].op] = min(best.get(view.nodes[idx].op, (cost, idx)), (cost, idx))
+        for fused_ns, idx in best.values():
+            f = view.nodes[idx]
+            alt = {**complete, c: idx}
+            rule = f.built_by[0] if f.built_by else "-"
+            replaced = ctx.reachable(choice, [c]) - ctx.reachable(alt, f.children) - {c}
+            alive = sorted(k for k in replaced & ctx.reachable(alt, ctx.roots)
+                           if view.nodes[choice[k]].spec.kind is not Kind.LEAF)
+            if costs[idx] == float("inf"):
+                reason, detail = "unsupported", f"target {target.name} has no {f.op} kernel (unsupported op)"
+            elif alive:
+                reason, detail = "another consumer", "; ".join(_kept_alive(ctx, alt, k, replaced) for k in alive) + \
+                    f", so fusing would compute it twice: {fused_ns:,.0f} ns fused vs {chosen_ns:,.0f} ns unfused"
+            elif fused_ns > chosen_ns:
+                reason, detail = "more expensive", f"predicted slower on {target.name}: {fused_ns:,.0f} ns with " \
+                    f"{f.op} vs {chosen_ns:,.0f} ns without"
+            else:
+                reason, detail = "not taken", f"predicted {fused_ns:,.0f} ns with {f.op} vs {chosen_ns:,.0f} ns " \
+                    "without, yet greedy extraction did not take it; try extraction='exact'"
+            out.append(MissedFusion(NOT_EXTRACTED, f.op, rule, ctx.location(rule), tuple(view.classes[c].originals),
+                                    reason, f"{ctx.describe(c)}: {detail}", fused_ns, chosen_ns))
+    return out
+
+
+def _kept_alive(ctx: _Context, alt: dict[int, int], k: int, replaced: set[int]) -> str:
+    """Why class ``k`` stays needed: the graph outputs it, or other chosen nodes read it."""
+    if k in ctx.roots:
+        return f"{ctx.describe(k)} is a graph output"
+    readers = sorted(p for p in ctx.reachable(alt, ctx.roots) - replaced
+                     if k in ctx.view.nodes[alt[p]].children)
+    return f"{ctx.describe(k)} is also read by " + ", ".join(ctx.describe(p) for p in readers)
+
+
+@dataclass(frozen=True)
+class _Variant:
+    rule: Rule
+    facts: tuple[str, ...]
+    reason: str
+    detail: str
+    root_op: str  # the op at the root of the rule's pattern (a class chosen as it stayed unrewritten)
+
+
+def _near_misses(ctx: _Context, egraph: eb.EGraph) -> list[MissedFusion]:
+    fusion_rules = [r for r in ctx.rules.rules if any(REGISTRY[op].kind is Kind.FUSED for op in r.builds
+                                                      if op in REGISTRY)]
+    variants: list[_Variant] = []
+    real: dict[str, int] = {}
+    for rule in fusion_rules:
+        parsed = _pattern(rule)
+        if parsed is None:
+            continue
+        real[rule.name] = len(variants)
+        variants.append(_Variant(rule, parsed[0], "", "", parsed[1].name))
+        variants.extend(_relaxations(rule, *parsed))
+    egraph.run_program(*egraph.parse_program(f"(relation {_RELATION} (i64 Op))\n(ruleset {_RULESET})"))
+    for k, v in enumerate(variants):
+        text = f"(rule ({' '.join(v.facts)}) (({_RELATION} {k} {_ROOT})) :ruleset {_RULESET} :name \"{_RELATION}-{k}\")"
+        try:
+            egraph.run_program(*egraph.parse_program(text))
+        except eb.EggSmolError:  # a relaxation that leaves a variable unbound, or a sort mismatch
+            continue
+    egraph.run_program(*egraph.parse_program(f"(run {_RULESET} 1)"))
+    hits: dict[int, set[int]] = {}
+    classes = ctx.view.class_of_value
+    for row in egraph.freeze().functions[_RELATION].rows:
+        c = classes.get(row.inputs[1])
+        if c is not None:
+            hits.setdefault(egraph.value_to_i64(row.inputs[0]), set()).add(c)
+    out, seen = [], set()
+    for k, v in enumerate(variants):
+        if not v.reason:
+            continue
+        for c in sorted(hits.get(k, set()) - hits.get(real[v.rule.name], set())):
+            if c not in ctx.reach or (v.rule.name, c) in seen or not (
+                    ctx.unfused(c) or ctx.view.nodes[ctx.choice[c]].op == v.root_op):
+                continue
+            seen.add((v.rule.name, c))
+            op = sorted(op for op in v.rule.builds if op in REGISTRY and REGISTRY[op].kind is Kind.FUSED)[0]
+            out.append(MissedFusion(NEAR_MISS, op, v.rule.name, v.rule.location,
+                                    tuple(ctx.view.classes[c].originals), v.reason,
+                                    f"{ctx.describe(c)} matches rule {v.rule.name} except that {v.detail}"))
+    return out
+
+
+def _pattern(rule: Rule) -> tuple[tuple[str, ...], Any, list[Any]] | None:
+    """The rule's query as facts binding its matched root to ``?rlx-root``, its root pattern, its other facts."""
+    command = rule.command
+    if type(command).__name__ in ("RewriteCommand", "BiRewriteCommand"):
+        pattern, others = command.rewrite.lhs, list(command.rewrite.conditions)
+    else:
+        first, *others = command.rule.body
+        if type(first).__name__ != "Eq" or type(first.left).__name__ != "Var" or \
+                type(first.right).__name__ != "Call" or first.right.name not in REGISTRY:
+            return None
+        pattern = _rename(first.right, {first.left.name: _ROOT})
+        others = [_rename(f, {first.left.name: _ROOT}) for f in others]
+    return (f"(= {_ROOT} {pattern})", *map(str, others)), pattern, others
+
+
+def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: Any, others: list[Any]) -> list[_Variant]:
+    root, rest = facts[0], facts[1:]
+    out = []
+    for k, fact in enumerate(others):
+        binds = type(fact).__name__ == "Eq" and any(type(s).__name__ == "Call" and s.name in REGISTRY
+                                                    for s in (fact.left, fact.right))
+        out.append(_Variant(rule, (root, *rest[:k], *rest[k + 1:]), "pattern part" if binds else "guard",
+                            f"{'its part' if binds else 'the guard'} {fact} does not hold", pattern.name))
+    uses = Counter(_vars(pattern))
+    for name in sorted(v for v, n in uses.items() if n > 1 and v != _ROOT):
+        relaxed = _rename(pattern, {name: f"{name}-unshared"}, last_of=uses[name])
+        out.append(_Variant(rule, (f"(= {_ROOT} {relaxed})", *rest), "inputs not shared",
+                            f"the uses of {name} in {pattern} are different tensors, not one shared input",
+                            pattern.name))
+    spec = REGISTRY[pattern.name]
+    if len(spec.inputs) == 1 and not spec.variadic:
+        sorts = [a.sort for a in constructor_args(spec)]
+        for other in sorted(REGISTRY):
+            o = REGISTRY[other]
+            if other != spec.name and o.kind is spec.kind and [a.sort for a in constructor_args(o)] == sorts:
+                swapped = eb.Call(pattern.span, other, pattern.args)
+                out.append(_Variant(rule, (f"(= {_ROOT} {swapped})", *rest), "other op",
+                                    f"it is {other} where the rule needs {spec.name} (no {other} epilogue)",
+                                    pattern.name))
+    return out
+
+
+def _vars(expr: Any) -> list[str]:
+    kind = type(expr).__name__
+    if kind == "Var":
+        return [expr.name]
+    return [v for a in getattr(expr, "args", ()) for v in _vars(a)] if kind == "Call" else []
+
+
+def _rename(expr: Any, names: dict[str, str], last_of: int = 0) -> Any:
+    """``expr`` with variables renamed; with ``last_of`` = n, only the n-th (last) use is renamed."""
+    count: Counter[str] = Counter()
+
+    def go(e: Any) -> Any:
+        kind = type(e).__name__
+        if kind == "Var":
+            count[e.name] += 1
+            if e.name in names and (not last_of or count[e.name] == last_of):
+                return eb.Var(e.span, names[e.name])
+            return e
+        if kind == "Call":
+            return eb.Call(e.span, e.name, [go(a) for a in e.args])
+        if kind == "Eq":
+            return eb.Eq(e.span, go(e.left), go(e.right))
+        if kind == "Fact":
+            return eb.Fact(go(e.expr))
+        return e
+
+    return go(expr)

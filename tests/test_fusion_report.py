@@ -1,0 +1,169 @@
+"""FusionReport (missed fusions and why), the run as data tables, honest counts (issue 10, items 1-3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from rlx_egraph import Graph, examples, optimize_with_report
+from rlx_egraph.cli.main import main
+from rlx_egraph.cost import get_target
+from rlx_egraph.report.fusion import NEAR_MISS, NOT_EXTRACTED, MissedFusions
+from rlx_egraph.report.optimize_report import FORMAT_VERSION
+
+
+def _residual_ln_with_output_add() -> Graph:
+    g = Graph()
+    x, r = g.input("x", (4, 64)), g.input("r", (4, 64))
+    w, gamma, beta = g.param("w", (64, 64)), g.param("g", (64,)), g.param("be", (64,))
+    a = g.add(g.matmul(x, w), r)
+    g.set_outputs([g.layer_norm(a, gamma, beta), a])  # the Add (node 6) is a graph output
+    return g
+
+
+def _linear(act: str, bias_shape: tuple[int, ...] = (64,)) -> Graph:
+    g = Graph()
+    x, w, b = g.input("x", (4, 64)), g.param("w", (64, 64)), g.param("b", bias_shape)
+    g.set_outputs([getattr(g, act)(g.add(g.matmul(x, w), b))])
+    return g
+
+
+def test_graph_output_add_keeps_the_layer_norm_unfused() -> None:
+    _, report = optimize_with_report(_residual_ln_with_output_add())
+    (miss,) = report.fusion.missed
+    assert (miss.kind, miss.op, miss.reason, miss.nodes) == (NOT_EXTRACTED, "FusedResidualLN", "another consumer", (7,))
+    assert "node 6 (Add) is a graph output, so fusing would compute it twice" in miss.detail
+    assert miss.fused_ns > miss.chosen_ns == pytest.approx(report.extracted_ns)
+    assert miss.location.startswith("rules/") and miss.location.split(":")[1].isdigit()
+
+
+def test_matmul_read_twice_is_another_consumer() -> None:
+    g = Graph()
+    x, w, b = g.input("x", (64, 512)), g.param("w", (512, 512)), g.param("b", (512,))
+    m = g.matmul(x, w)
+    g.set_outputs([g.gelu(g.add(m, b)), g.relu(m)])
+    _, report = optimize_with_report(g)
+    assert [(m.kind, m.op, m.reason, m.nodes) for m in report.fusion.missed] == [
+        (NOT_EXTRACTED, "FusedMatMulBiasAct", "another consumer", (4,)),
+        (NOT_EXTRACTED, "FusedMatMulBiasAct", "another consumer", (5,))]
+    assert "node 3 (MatMul) is also read by node 6 (Relu)" in report.fusion.missed[0].detail
+
+
+def test_unsupported_by_the_target() -> None:
+    target = dataclasses.replace(get_target("cpu"), name="no-fmba", unsupported=frozenset({"FusedMatMulBiasAct"}))
+    _, report = optimize_with_report(_linear("neg"), target, regions=False)
+    assert [(m.kind, m.op, m.reason, m.nodes) for m in report.fusion.missed] == [
+        (NOT_EXTRACTED, "FusedMatMulBiasAct", "unsupported", (4,)),
+        (NEAR_MISS, "FusedMatMulAdd", "guard", (4,)),  # a full-tensor addend would have fused
+        (NEAR_MISS, "FusedMatMulBiasAct", "other op", (5,))]  # no Neg epilogue
+    miss = report.fusion.missed[0]
+    assert (miss.rule, miss.location) == ("matmul-bias", "rules/matmul.egg:22")
+    assert miss.detail == "node 4 (Add): target no-fmba has no FusedMatMulBiasAct kernel (unsupported op)"
+
+
+def test_activation_without_epilogue_kernel_is_a_near_miss() -> None:
+    _, report = optimize_with_report(_linear("relu"))
+    (miss,) = report.fusion.missed
+    assert (miss.kind, miss.reason, miss.rule, miss.nodes) == (NEAR_MISS, "other op", "matmul-bias-silu", (5,))
+    assert str(miss) == ("near miss: FusedMatMulBiasAct at node(s) 5 (other op): node 5 (Relu) matches rule "
+                         "matmul-bias-silu except that it is Relu where the rule needs Silu (no Relu epilogue) "
+                         "[rule matmul-bias-silu at rules/matmul.egg:33]")
+
+
+def test_bias_rank_too_high_is_a_failed_guard() -> None:
+    target = dataclasses.replace(get_target("cpu"), name="no-fma", unsupported=frozenset({"FusedMatMulAdd"}))
+    _, report = optimize_with_report(_linear("gelu", bias_shape=(4, 64)), target, regions=False)
+    near = [m for m in report.fusion.missed if m.kind == NEAR_MISS]
+    assert [(m.rule, m.reason, m.nodes) for m in near] == [("matmul-bias", "guard", (4,))]
+    assert near[0].detail.endswith("the guard (<= (vec-length (shape ?bias)) 1) does not hold")
+    assert [(m.op, m.reason) for m in report.fusion.missed if m.kind == NOT_EXTRACTED] == [
+        ("FusedMatMulAdd", "unsupported")]
+
+
+def test_inputs_not_shared_is_a_near_miss() -> None:
+    g = Graph()
+    a, b = g.input("a", (4, 16)), g.input("b", (4, 16))
+    g.set_outputs([g.mul(g.silu(g.narrow(a, start=0, length=8)), g.narrow(b, start=8, length=8))])
+    _, report = optimize_with_report(g)
+    (miss,) = report.fusion.missed
+    assert (miss.op, miss.rule, miss.reason, miss.nodes) == (
+        "FusedSwiGLU", "fused-swiglu-gate-first", "inputs not shared", (5,))
+    assert "the uses of ?cat in (SwiGLU (Narrow ?cat -1 0 ?n) (Narrow ?cat -1 ?n ?n)) are different" in miss.detail
+
+
+def test_counts_summary_and_strict() -> None:
+    _, report = optimize_with_report(_residual_ln_with_output_add())
+    assert report.fusion.before == {} and report.fusion.after == {"FusedMatMulAdd": 1}
+    assert report.fusion.summary_line() == "fused ops: FusedMatMulAdd 0->1; missed 1 (1 not extracted, 0 near)"
+    with pytest.raises(MissedFusions, match=r"^1 missed fusion\(s\):\nnot extracted: FusedResidualLN at node\(s\) 7"):
+        report.fusion.raise_if_missed()
+    _, clean = optimize_with_report(examples.llama(layers=1))
+    clean.fusion.raise_if_missed()  # nothing missed: no error
+    assert clean.fusion.missed == []
+
+
+def test_fused_op_counts_leave_out_views_and_derived_weights() -> None:
+    _, report = optimize_with_report(examples.llama(layers=1))
+    assert {"Narrow", "ConcatParams"} <= {f.op for f in report.fusions}  # provenance lists every built node
+    assert report.fused_op_counts == {"CausalAttentionRoPE": 1, "FusedMatMulAdd": 2, "FusedRmsNormMatMul": 3,
+                                      "FusedSwiGLU": 1}
+    assert report.fused_op_counts == report.fusion.after
+
+
+def test_applications_count_distinct_enodes_built() -> None:
+    _, report = optimize_with_report(_linear("gelu"))
+    # egglog finds matmul-bias again in a later iteration; it built one e-node and merged into one class
+    assert report.matches_per_rule["matmul-bias"] == 2
+    assert report.applications_per_rule["matmul-bias"] == 2
+    rows = {r["rule"]: r for r in report.data.rule_applications}
+    assert (rows["matmul-bias"]["enodes_built"], rows["matmul-bias"]["eclasses_merged_into"]) == (1, 1)
+    assert "rule applications (distinct e-nodes built + e-classes merged into): " in str(report)
+
+
+def test_data_tables_describe_the_egraph_and_the_choice() -> None:
+    g = _linear("gelu")
+    _, report = optimize_with_report(g, regions=False)
+    data = report.data
+    assert len(data.eclasses) == report.eclasses and len(data.enodes) == report.enodes
+    chosen = [e for e in data.enodes if e["chosen"]]
+    assert sorted(e["eclass"] for e in chosen) == sorted(c["eclass"] for c in data.choices)
+    fused = next(e for e in data.enodes if e["op"] == "FusedMatMulBiasAct" and e["attrs"]["act"] == "gelu")
+    assert fused["chosen"] and fused["built_by"] == ["matmul-bias-gelu"] and fused["type"] == "f32[4, 64]"
+    cost = {e["enode"]: e["cost_ns"] for e in data.enodes}
+    assert all(c["cost_ns"] == cost[c["enode"]] for c in data.choices)
+    out = next(p for p in data.provenance if p["op"] == "FusedMatMulBiasAct")
+    assert (out["replaces"], out["built_by"]) == ([5], ["matmul-bias-gelu"])
+    before = {r["kind"]: r["nodes"] for r in data.io_by_kind if r["when"] == "before"}
+    after = {r["kind"]: r["nodes"] for r in data.io_by_kind if r["when"] == "after"}
+    assert (before, after) == ({"leaf": 3, "matmul": 1, "elementwise": 2}, {"leaf": 3, "fused": 1})
+    ns = {when: sum(r["ns"] for r in data.io_by_kind if r["when"] == when) for when in ("before", "after")}
+    assert 0 < ns["after"] < ns["before"]
+    assert {r["stage"] for r in data.iterations} == {"fuse"}
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="to_dataframe\\(\\) needs pandas"):
+            data.enodes.to_dataframe()
+    else:
+        assert len(data.enodes.to_dataframe()) == report.enodes
+
+
+def test_json_has_a_version_and_the_program_only_on_request() -> None:
+    _, report = optimize_with_report(_residual_ln_with_output_add())
+    d = json.loads(report.to_json())
+    assert d["format_version"] == FORMAT_VERSION and "egglog_program" not in d and "data" not in d
+    assert d["fusion"]["missed"][0]["reason"] == "another consumer"
+    full = report.to_dict(include_program=True, include_data=True)
+    assert "(ruleset fuse)" in full["egglog_program"] and len(full["data"]["enodes"]) == report.enodes
+
+
+def test_cli_report_prints_the_fusion_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "g.json"
+    _linear("relu").save(path)
+    assert main(["optimize", str(path), "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "fusion report: fused ops: FusedMatMulBiasAct 0->1; missed 1 (0 not extracted, 1 near)\n" \
+           "  near miss: FusedMatMulBiasAct at node(s) 5 (other op)" in out
