@@ -14,6 +14,7 @@ from rlx_egraph.fallback.bench import main as bench_main
 from rlx_egraph.fallback.facts import Facts
 from rlx_egraph.fallback.matcher import schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
+from rlx_egraph.ir.graph import Node
 from rlx_egraph.ir.rewrite import GraphRewriter
 from rlx_egraph.kernels.parity import check_parity
 
@@ -294,7 +295,8 @@ ORDERS: dict[str, tuple[str, Callable[[], Graph], dict[str, int]]] = {
                       {"FusedMatMulATAdd": 1, "Add": 0}),
     "add-matmul-bt": ("matmul-bt-add", binary_mm("matmul_bt", True, (4, 8), (4, 8), (4, 4)),
                       {"FusedMatMulBTAdd": 1, "Add": 0}),
-    "bias-matmul": ("matmul-bias", binary_mm("matmul", True, (2, 8), (8, 4), (4,)), {"FusedMatMulBiasAct": 1, "Add": 0}),
+    "bias-matmul": ("matmul-bias", binary_mm("matmul", True, (2, 8), (8, 4), (4,)),
+                    {"FusedMatMulBiasAct": 1, "Add": 0}),
     "up-silu": ("swiglu", two_inputs(lambda g, a, b: g.mul(b, g.silu(a))), {"SwiGLU": 1, "Mul": 0}),
 }
 
@@ -597,6 +599,23 @@ def test_helper_rows_follow_replaced_nodes():
     assert facts.rows["r"] == {(c, 7): True}
     assert facts.rows["f"] == {(b,): c}
     assert facts.lookup("r", ((0, c),)) == [((c, 7), True)]
+
+
+def test_forms_follow_replaced_nodes():
+    g = Graph()
+    x = g.input("x", X)
+    a = g.relu(x)
+    g.set_outputs([g.neg(a)])
+    rw = GraphRewriter(g)
+    facts = Facts(rw, {}, {}, 64)
+    facts.add_form(a, Node(99, "Identity", (a,), {}, X, "f32"))
+    c = rw.insert("Abs", [x])
+    rw.replace_all_uses(a, c)
+    rw.eliminate_dead_code([a])
+    facts.replaced(a)
+    assert a not in facts.forms
+    [form] = facts.forms[c].values()
+    assert (form.id, form.op, form.inputs) == (c, "Identity", (c,))
 
 
 # --- the GraphRewriter ---------------------------------------------------------------------------

@@ -13,6 +13,18 @@ Stage by stage (the saturation stages, in order), a pass
 3. commits the plans that lower the cost, most gain first; a plan whose nodes
    an earlier commit touched is matched again at its root first.
 
+A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule: per root only
+its best plan competes, and stats and provenance use the base name.  Two kinds
+of cost-neutral steps are committed, because chains of rules start with them:
+a union of a node with a new term that reads it (``shared-input-last``:
+``w = ConcatParams([w])``) records a *form* of the node (see
+:mod:`.facts`), which the next step of the shared-input chain matches; and a
+rewrite that keeps the cost, does not grow the graph and reads from further
+back than the node it replaces (``narrow-narrow``) is taken, a measure that
+only drops, so passes still end.  Each chain step then pays by itself (one
+launch fewer), so the chain runs to its end as under egglog; we chose this over
+tentative sequences with rollback, which would need undoable graph edits.
+
 Passes repeat until none commits (or a limit).  The per-node cost is the one
 extraction minimises (:func:`rlx_egraph.egraph.extract.enode_ns`), so both
 engines decide with the same cost function.
@@ -294,16 +306,17 @@ class _Engine:
                 at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
 
     def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
-        entries = []
+        """The best plan of each rule (as written: its operand orders are one rule) at each root."""
+        best: dict[tuple[str, Any], tuple[float, int, Any, _Plan]] = {}
         for k, m in enumerate(matchers):
             for root in m.candidates(self.rw.nodes_of, near):
                 if root is not None and not m.fits(self.input_ops(root)):
                     continue
                 plan = self.best_plan(m, root)
-                if plan is not None:
-                    entries.append((plan.delta, k, root, plan))
-        entries.sort(key=lambda e: e[:3])
-        return entries
+                key = (m.pattern.base, root)
+                if plan is not None and (key not in best or plan.delta < best[key][0]):
+                    best[key] = (plan.delta, k, root, plan)
+        return sorted(best.values(), key=lambda e: e[:3])
 
     def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:
         """The ops of a node's inputs (with their forms' ops, as a set, where they have forms)."""

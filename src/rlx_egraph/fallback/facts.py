@@ -18,8 +18,8 @@ e-class.
 
 from __future__ import annotations
 
-import operator
 import dataclasses
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
