@@ -13,6 +13,18 @@ Stage by stage (the saturation stages, in order), a pass
 3. commits the plans that lower the cost, most gain first; a plan whose nodes
    an earlier commit touched is matched again at its root first.
 
+A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule: per root only
+its best plan competes, and stats and provenance use the base name.  Two kinds
+of cost-neutral steps are committed, because chains of rules start with them:
+a union of a node with a new term that reads it (``shared-input-last``:
+``w = ConcatParams([w])``) records a *form* of the node (see
+:mod:`.facts`), which the next step of the shared-input chain matches; and a
+rewrite that keeps the cost, does not grow the graph and reads from further
+back than the node it replaces (``narrow-narrow``) is taken, a measure that
+only drops, so passes still end.  Each chain step then pays by itself (one
+launch fewer), so the chain runs to its end as under egglog; we chose this over
+tentative sequences with rollback, which would need undoable graph edits.
+
 Passes repeat until none commits (or a limit).  The per-node cost is the one
 extraction minimises (:func:`rlx_egraph.egraph.extract.enode_ns`), so both
 engines decide with the same cost function.
@@ -61,6 +73,7 @@ STOP_DONE = "no rewrite lowers the cost"
 STOP_ITERATIONS = "iteration limit"
 STOP_TIME = "time limit"
 NO_GAIN = "does not lower the cost"
+KNOWN_FORM = "the node already has this form"
 TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
 
 
@@ -140,7 +153,8 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
         try:
             schedule(p, compiled.tables)
         except CompileError as exc:
-            compiled.unsupported.append(Unsupported(p.name, p.location, str(exc)))
+            if all(u.rule != p.base for u in compiled.unsupported):
+                compiled.unsupported.append(Unsupported(p.base, p.location, str(exc)))
             continue
         kept.append(p)
     compiled.patterns = kept
@@ -174,6 +188,7 @@ class _Plan:
     delta: float
     found: tuple  # the match
     dead: set[int]  # live nodes the plan leaves dead
+    forms: list[tuple[int, Node]] = field(default_factory=list)  # (live node, a new form of it)
     watch: set[int] = field(default_factory=set)  # any change to these (inputs, readers) makes it stale
     uses: set[int] = field(default_factory=set)  # these must stay alive
     needs: set[int] = field(default_factory=set)  # nodes whose op and inputs the match inspected
@@ -211,7 +226,7 @@ class _Engine:
         self.nodes = self.rw.nodes_by_id
         self.stats = FallbackStats(unsupported=list(compiled.unsupported), nodes_before=len(graph))
         for p in compiled.patterns:
-            self.stats.rules.setdefault(p.name, RuleStats())
+            self.stats.rules.setdefault(p.base, RuleStats())
         for s in compiled.symmetries:
             self.stats.rules.setdefault(s.name, RuleStats())
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
@@ -264,7 +279,7 @@ class _Engine:
     def matches(self, matcher: Matcher, root: Any) -> list[tuple]:
         found: list[tuple] = []
         matcher.run(root, lambda env: found.append(tuple(env)))
-        self.stats.rules[matcher.pattern.name].matches += len(found)
+        self.stats.rules[matcher.pattern.base].matches += len(found)
         return found
 
     def derive(self, groups: list[list[Matcher]], near: set[int] | None) -> None:
@@ -291,32 +306,36 @@ class _Engine:
                 at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
 
     def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
-        entries = []
+        """The best plan of each rule (as written: its operand orders are one rule) at each root."""
+        best: dict[tuple[str, Any], tuple[float, int, Any, _Plan]] = {}
         for k, m in enumerate(matchers):
             for root in m.candidates(self.rw.nodes_of, near):
                 if root is not None and not m.fits(self.input_ops(root)):
                     continue
                 plan = self.best_plan(m, root)
-                if plan is not None:
-                    entries.append((plan.delta, k, root, plan))
-        entries.sort(key=lambda e: e[:3])
-        return entries
+                key = (m.pattern.base, root)
+                if plan is not None and (key not in best or plan.delta < best[key][0]):
+                    best[key] = (plan.delta, k, root, plan)
+        return sorted(best.values(), key=lambda e: e[:3])
 
-    def input_ops(self, nid: int) -> tuple[str, ...]:
+    def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:
+        """The ops of a node's inputs (with their forms' ops, as a set, where they have forms)."""
         ops = self.signatures.get(nid)
         if ops is None:
-            nodes = self.nodes
-            ops = self.signatures[nid] = tuple(nodes[i].op for i in nodes[nid].inputs)
+            nodes, forms = self.nodes, self.facts.forms
+            ops = self.signatures[nid] = tuple(
+                frozenset((nodes[i].op, *(f.op for f in forms[i].values()))) if i in forms else nodes[i].op
+                for i in nodes[nid].inputs)
         return ops
 
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
-        stats = self.stats.rules[matcher.pattern.name]
+        stats = self.stats.rules[matcher.pattern.base]
         best: _Plan | None = None
         for env in self.matches(matcher, root):
             plan = self.plan(matcher, root, env)
             if isinstance(plan, str):
                 stats.reject(plan)
-            elif plan.delta >= -EPS:
+            elif plan.delta >= -EPS and not (plan.delta <= EPS and (plan.forms or self.shallower(plan))):
                 stats.reject(NO_GAIN)
             elif best is None or plan.delta < best.delta:
                 best = plan
@@ -381,7 +400,7 @@ class _Engine:
             try:
                 if isinstance(action, Build):
                     nid = rw.next_id + len(new)
-                    inputs = _inputs(action, env, slots, pattern.name)
+                    inputs = _inputs(action, env, slots, pattern.base)
                     attrs = {name: _plain(ev(env)) for name, ev in compiled}
                     node = check_node(nid, action.op, inputs, attrs, lookup, rw.leaf_names)
                     same = rw.existing(node) if not any(i in new for i in node.inputs) else None
@@ -405,16 +424,39 @@ class _Engine:
                 return f"ill-typed: {exc}"
             except NoMatch:
                 return "an action has no value"
-        merges = self.orient(unions, new)
-        if isinstance(merges, str):
-            return merges
+        oriented = self.orient(unions, new)
+        if isinstance(oriented, str):
+            return oriented
+        merges, forms = oriented
+        if forms and not merges and all(self.facts.has_form(old, f) for old, f in forms):
+            return KNOWN_FORM
+        for _, form in forms:
+            del new[form.id]
         delta, dead = self.delta(new, merges)
-        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead)
+        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms)
 
-    def orient(self, unions: list[tuple[Any, Any]], new: Mapping[int, Node]) -> list[tuple[int, int]] | str:
-        """Which node each union replaces, and by what; a reason string when it cannot."""
+    def shallower(self, plan: _Plan) -> bool:
+        """Whether a plan of unchanged cost leaves the graph no larger and each replacement reads
+        from further back than the node it replaces (narrow-narrow): a measure that only drops."""
+        if not plan.unions or len(plan.new) > len(plan.dead):
+            return False
+        level, nodes = self.rw.level, self.nodes
+
+        def reach(nid: int) -> float:
+            node = plan.new.get(nid)
+            if node is None:
+                return level(nid)
+            return max((reach(i) for i in node.inputs), default=-math.inf)
+        return all(reach(rep) < max((level(i) for i in nodes[old].inputs), default=-math.inf)
+                   for old, rep in plan.unions)
+
+    def orient(self, unions: list[tuple[Any, Any]], new: Mapping[int, Node]
+               ) -> tuple[list[tuple[int, int]], list[tuple[int, Node]]] | str:
+        """Which node each union replaces, and by what, and the new forms of live nodes (a new
+        node over live inputs that reads the node it is unioned with); a reason string when it cannot."""
         rw, nodes = self.rw, self.nodes
         merges: list[tuple[int, int]] = []
+        forms: list[tuple[int, Node]] = []
         replaced: dict[int, int] = {}
         for a, b in unions:
             if a is ABSENT or b is ABSENT:
@@ -433,14 +475,20 @@ class _Engine:
                 old, rep = (a, b) if (rw.level(a), a) > (rw.level(b), b) else (b, a)
             if replaced.get(old, rep) != rep:
                 return f"two unions replace node {old}"
-            replaced[old] = rep
             was, now = nodes[old], new.get(rep) or nodes[rep]
             if (was.shape, was.dtype) != (now.shape, now.dtype):
                 return f"ill-typed: a union of node {old} ({was.op}, {was.type}) with a {now.op} of type {now.type}"
+            if rep in new and old in now.inputs and not any(i in new for i in now.inputs):
+                forms.append((old, now))
+                continue
             if self.reads(rep, old, new):
                 return f"the new {now.op} would read node {old}, which it replaces (a cycle)"
+            replaced[old] = rep
             merges.append((old, rep))
-        return merges
+        if any(form.id in n.inputs for _, form in forms for n in new.values()) or any(
+                rep == form.id for _, rep in merges for _, form in forms):
+            return "a new node reads a form recorded for a live node"
+        return merges, forms
 
     def reads(self, nid: int, old: int, new: Mapping[int, Node]) -> bool:
         """Whether ``nid`` (live, or new in a plan) reads node ``old``."""
@@ -481,8 +529,7 @@ class _Engine:
 
     def apply(self, plan: _Plan) -> None:
         rw = self.rw
-        name = plan.matcher.pattern.name
-        rules = (name, *plan.via)
+        rules = tuple(dict.fromkeys((plan.matcher.pattern.base, *plan.via)))
         real: dict[int, int] = {}
         for nid, node in plan.new.items():
             first_new = rw.next_id
@@ -497,6 +544,9 @@ class _Engine:
             known = self.rules_of.setdefault(rep, [])  # this rewrite, then how the replaced value was made
             known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
             olds.append(old)
+        for old, form in plan.forms:
+            self.facts.add_form(old, form)
+            rw.touched.update((old, *rw.readers.get(old, ())))  # their matches may now go through the form
         for table, args, value in plan.writes:
             decl = self.facts.decls[table]
             self.facts.set(table, tuple(_renamed(a, sort, real) for a, sort in zip(args, decl.inputs, strict=True)),

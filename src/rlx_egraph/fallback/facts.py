@@ -8,15 +8,23 @@ Params), ``attention-block-max-tokens`` (an option) and ``inverse-perms``
 (``relation``, ``function`` with its ``:merge``) are filled by the rules that
 ``set`` or insert into them, and every row follows replacements (a row about a
 replaced node now speaks of its replacement), as egglog's tables follow unions.
+
+A node's *forms* are terms a rule unioned with it that read the node itself
+(``w = ConcatParams([w])``, the start of the shared-input chain): a graph
+cannot hold them without a cycle, so they are kept here, and patterns match a
+node's forms top-down like the node itself, as egglog matches any node of an
+e-class.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..ir.rewrite import GraphRewriter
+from ..ir.graph import Node
+from ..ir.rewrite import GraphRewriter, node_key
 from .pattern import F, L, TableDecl, Term, V
 
 
@@ -141,6 +149,8 @@ class Facts:
         """Set whenever a helper row is added or a value changes; the owner may clear it."""
         self.fresh: set[int] = set()
         """Nodes named by rows added or changed since the owner last cleared it."""
+        self.forms: dict[int, dict[tuple | None, Node]] = {}
+        """Node -> its other forms (see the module docstring), by op, inputs and attributes."""
 
     # --- reading -----------------------------------------------------------------------
 
@@ -195,8 +205,18 @@ class Facts:
         self.changed = True
         self.fresh.update(self._nodes_in(name, args, value))
 
+    def has_form(self, nid: int, form: Node) -> bool:
+        return node_key(form) in self.forms.get(nid, {})
+
+    def add_form(self, nid: int, form: Node) -> None:
+        """Record ``form`` (a node over live nodes, one of them ``nid``) as another form of ``nid``."""
+        self.forms.setdefault(nid, {})[node_key(form)] = dataclasses.replace(form, id=nid)
+
     def replaced(self, old: int) -> None:
-        """Re-key the rows that mention ``old`` by what now holds its value."""
+        """Re-key the rows that mention ``old``, and move its forms, to what now holds its value."""
+        new = self.rw.find(old)
+        for form in self.forms.pop(old, {}).values():
+            self.add_form(new, dataclasses.replace(form, inputs=tuple(self.rw.find(i) for i in form.inputs)))
         for name, args in self._mentions.pop(old, ()):
             rows = self.rows[name]
             if args not in rows:

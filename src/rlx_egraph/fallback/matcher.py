@@ -5,7 +5,8 @@ atoms before it bound: a node pattern whose node is known is checked top-down;
 one reached from a known input is found among that input's readers (the
 multi-pattern joins of the shared-input rules); equalities bind a variable
 from a computable side; helper-table facts look rows up by their known
-columns.  The root is the first node pattern, so only nodes of its op are
+columns.  A node pattern checked top-down also matches the node's forms
+(:attr:`Facts.forms`).  The root is the first node pattern, so only nodes of its op are
 ever visited.  Each step is a closure that extends the variable slots and
 calls the next one, so a failed candidate costs a few attribute reads.
 """
@@ -78,13 +79,15 @@ class Matcher:
     child_ops: tuple[str | None, ...] | None  # ops the root's inputs must have (None: no filter)
     _fits: dict[tuple[str, ...], bool] = field(default_factory=dict)
 
-    def fits(self, input_ops: tuple[str, ...]) -> bool:
-        """Whether a root whose inputs have these ops can match (a cheap filter before matching)."""
+    def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
+        """Whether a root whose inputs have these ops (a set: a node with forms) can match (a cheap
+        filter before matching)."""
         fit = self._fits.get(input_ops)
         if fit is None:
             want = self.child_ops
             fit = self._fits[input_ops] = want is None or (
-                len(input_ops) >= len(want) and all(w is None or w == o for w, o in zip(want, input_ops, strict=False)))
+                len(input_ops) >= len(want) and all(w is None or w == o or (isinstance(o, frozenset) and w in o)
+                                                    for w, o in zip(want, input_ops, strict=False)))
         return fit
 
     def candidates(self, nodes_of: Callable[[str], list[int]], near: Near | None) -> list[Any]:
@@ -486,7 +489,7 @@ def _alternatives(perms: Mapping[str, list[tuple[tuple[int, ...], str]]], atom: 
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
           readers: Mapping[int, Mapping[int, None]], facts: Facts, alternatives: list) -> Step:
     if isinstance(atom, NodePat):
-        return _node_step(kind, atom, known, slots, nxt, nodes, readers, alternatives)
+        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms, alternatives)
     if kind == "check":
         return _check_step(atom, slots, nxt, facts)
     if kind == "bind":
@@ -668,7 +671,8 @@ def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
 
 
 def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
-               nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]], alternatives: list) -> Step:
+               nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]],
+               forms: Mapping[int, Mapping[Any, Node]], alternatives: list) -> Step:
     op, out = atom.op, slots[atom.out]
     unifiers = [(_unifier(atom, known, slots, perm), via) for perm, via in alternatives]
 
@@ -686,8 +690,13 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     if kind == "top":
         def top(env: list) -> None:
             node = nodes.get(env[out])
-            if node is not None and node.op == op:
+            if node is None:
+                return
+            if node.op == op:
                 visit(node, env)
+            for form in forms.get(env[out], {}).values():
+                if form.op == op:
+                    visit(form, env)
         return top
 
     anchors = [slots[s.name] for s in atom.inputs if isinstance(s, V) and s.name in known]

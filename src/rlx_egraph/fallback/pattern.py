@@ -150,10 +150,11 @@ REWRITE, FACTS = "rewrite", "facts"
 
 @dataclass(frozen=True)
 class Pattern:
-    """One compiled rule.  ``kind`` is ``rewrite`` (it unions terms into the graph) or
-    ``facts`` (it only fills helper tables)."""
+    """One compiled rule (one operand order of the rule ``base`` as written).  ``kind`` is
+    ``rewrite`` (it unions terms into the graph) or ``facts`` (it only fills helper tables)."""
 
     name: str
+    base: str
     stage: str
     location: str
     kind: str
@@ -233,7 +234,8 @@ def compile_rules(ruleset: RuleSet, primitives: Iterable[str]) -> CompiledRules:
         try:
             compiled = _compile(rule, out.tables, known)
         except CompileError as exc:
-            out.unsupported.append(Unsupported(rule.name, rule.location, str(exc)))
+            if all(u.rule != rule.base for u in out.unsupported):  # one entry per rule as written
+                out.unsupported.append(Unsupported(rule.base, rule.location, str(exc)))
             continue
         for item in compiled:
             (out.symmetries if isinstance(item, Symmetry) else out.patterns).append(item)
@@ -256,7 +258,7 @@ def _compile(rule: Rule, tables: dict[str, TableDecl], primitives: set[str]) -> 
         for lhs, rhs in pairs:
             perm = _permutation(lhs, rhs) if not rw.conditions else None
             if perm is not None:
-                out.append(Symmetry(rule.name, rule.stage, rule.location, lhs.name, perm))
+                out.append(Symmetry(rule.base, rule.stage, rule.location, lhs.name, perm))
                 continue
             root = eb.Var(rw.span, "?$root")
             body = [eb.Eq(rw.span, root, lhs), *rw.conditions]
@@ -440,7 +442,7 @@ def _pattern(rule: Rule, body: list, head: list, tables: dict[str, TableDecl], p
         if u.a in built and u.b in built:
             raise CompileError(f"union of two new terms ({u.a}, {u.b}): the graph has no node to replace")
     kind = REWRITE if unions else FACTS
-    return Pattern(rule.name, rule.stage, rule.location, kind, tuple(query), tuple(actions))
+    return Pattern(rule.name, rule.base, rule.stage, rule.location, kind, tuple(query), tuple(actions))
 
 
 def _action(action: Any, actions: list[Action], built: set[str], flat: _Flattener) -> None:
