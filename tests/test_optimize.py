@@ -340,7 +340,7 @@ def test_report_contents_and_json():
     assert d["eclasses"] > 0 and d["enodes"] >= d["eclasses"]
     assert d["matches_per_rule"]["rms-norm"] >= 3
     assert any(f["op"] == "FusedSwiGLU" and "fused-swiglu-gate-first" in f["rules"] for f in d["fusions"])
-    assert "(let $n0 (Embedding" not in d["egglog_program"] and "(let $n0 (Input" in d["egglog_program"]
+    assert "(let n0 (Embedding" not in d["egglog_program"] and "(let n0 (Input" in d["egglog_program"]
     json.loads(rep.to_json())
     text = str(rep)
     assert "egglog engine" in text and "parity: ok" in text and "predicted gain" in text
