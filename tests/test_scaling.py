@@ -47,3 +47,14 @@ def test_a_chain_across_chunks_keeps_every_node_and_its_value():
     og, rep = optimize_with_report(g, "cpu", regions=False, verify=True)
     assert len(og) == len(g) == 4 * CHUNK + 11
     assert rep.eclasses == len(g) and rep.parity.ok and max(p.max_abs for p in rep.parity.nodes) == 0.0
+
+
+def test_the_scaling_table_prints_time_per_node_and_peak_memory():
+    from rlx_egraph.bench import PHASES, Row, scaling_table
+
+    row = Row("synthetic-1000", "synthetic", 1000, 1000, 570, 1101, 1768, "saturated", dict.fromkeys(PHASES, 0.25),
+              2.5, 109.4, 1.0, 1.0, 0.0, {}, 1.0, None, None)
+    header, line = scaling_table([row]).splitlines()[:2]
+    assert header.split() == ["nodes", "e-nodes", "encode", "s", "saturate", "s", "extract", "s", "decode", "s",
+                              "total", "s", "us/node", "peak", "MB"]
+    assert line.split() == ["1000", "1768", "0.250", "0.250", "0.250", "0.250", "2.500", "2500", "109"]
