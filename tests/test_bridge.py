@@ -93,7 +93,7 @@ def test_an_unchanged_graph_with_both_zeros_decodes_bit_exact():
     assert og == g and signs(og) == signs(g) == [-1.0, 1.0, -1.0]
     # -0.0 is encoded as Neg(Scalar 0.0): the f32 one reads the graph's +0.0, the f16 one adds its own +0.0
     assert rep.eclasses == len(g) + 1
-    assert '(let $n2 (Neg (Scalar 0.0 "f32")))' in encode_graph(g).text
+    assert '(let n2 (Neg (Scalar 0.0 "f32")))' in encode_graph(g).text
 
 
 # --- item 8: shipped rules build no ill-typed fused node; one that is built is left out --------

@@ -342,7 +342,7 @@ def test_report_contents_and_json():
     assert any(f["op"] == "FusedSwiGLU" and "fused-swiglu-gate-first" in f["rules"] for f in d["fusions"])
     assert "egglog_program" not in d  # on request only
     program = rep.to_dict(include_program=True)["egglog_program"]
-    assert "(let $n0 (Embedding" not in program and "(let $n0 (Input" in program
+    assert "(let n0 (Embedding" not in program and "(let n0 (Input" in program
     json.loads(rep.to_json())
     text = str(rep)
     assert "egglog engine" in text and "parity: ok" in text and "predicted gain" in text

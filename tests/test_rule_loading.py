@@ -107,9 +107,9 @@ def test_the_dumped_program_records_provenance_when_run_as_is(tmp_path):
     assert "(relation built-Silu (Op String))" in program and "(relation merged-by (Op String))" in program
     egraph = eb.EGraph()
     egraph.parse_and_run_program(program)
-    egraph.parse_and_run_program('(check (built-Silu $n0 "silu-mul-sigmoid"))'
-                                 '(check (merged-by $n3 "silu-mul-sigmoid"))'
-                                 '(check (built-Max $n1 $n0 "max-commute"))'
-                                 '(check (merged-by $n4 "max-commute"))')
+    egraph.parse_and_run_program('(check (built-Silu (rlx-node 0) "silu-mul-sigmoid"))'
+                                 '(check (merged-by (rlx-node 3) "silu-mul-sigmoid"))'
+                                 '(check (built-Max (rlx-node 1) (rlx-node 0) "max-commute"))'
+                                 '(check (merged-by (rlx-node 4) "max-commute"))')
     with pytest.raises(eb.EggSmolError):
-        egraph.parse_and_run_program('(check (built-Silu $n0 "silu-sigmoid-mul"))')
+        egraph.parse_and_run_program('(check (built-Silu (rlx-node 0) "silu-sigmoid-mul"))')

@@ -39,6 +39,7 @@ MODELS = ("llama", "bert", "synthetic")
 LAYERS = (1, 2, 8, 32, 64)
 QUICK_LAYERS = (1, 2)
 SYNTHETIC_NODES = 20_000
+SCALING_NODES = (1_000, 10_000, 20_000, 50_000, 100_000)
 PHASES = ("encode", "saturate", "extract", "decode")
 ILP_TIME_LIMIT = inspect.signature(extract.exact).parameters["time_limit"].default
 
@@ -148,6 +149,14 @@ def table(rows: Sequence[Row]) -> str:
     return format_table(header, body, "<" + ">" * (len(header) - 2) + "<")
 
 
+def scaling_table(rows: Sequence[Row]) -> str:
+    """Nodes, seconds per phase, microseconds per input node (the whole run) and peak MB."""
+    header = ("nodes", "e-nodes", *(f"{p} s" for p in PHASES), "total s", "us/node", "peak MB")
+    body = [(str(r.nodes_before), str(r.enodes), *(f"{r.phases[p]:.3f}" for p in PHASES), f"{r.total_seconds:.3f}",
+             f"{1e6 * r.total_seconds / r.nodes_before:.0f}", f"{r.peak_rss_mb:.0f}") for r in rows]
+    return format_table(header, body, ">" * len(header))
+
+
 def _names(text: str) -> list[str]:
     names = [m for m in text.split(",") if m]
     unknown = sorted(set(names) - set(MODELS))
@@ -167,7 +176,13 @@ def _counts(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse options, run the cases, print the table (and write JSON)."""
+    """Parse options, run the cases, print the table (and write JSON).
+
+    ``scaling [--nodes N,...]``: the synthetic DAG at each size, the time per phase and per node.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["scaling"]:
+        return _scaling(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=_names, default=list(MODELS), help=f"default: {','.join(MODELS)}")
     parser.add_argument("--layers", type=_counts, default=list(LAYERS), help=f"default: {','.join(map(str, LAYERS))}")
@@ -189,6 +204,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"target": args.target, "exact_max_enodes": args.exact_max_enodes,
                                                "rows": [r.to_dict() for r in rows]}, indent=1))
         print(f"wrote {args.json}")
+    return 0
+
+
+def _scaling(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench scaling",
+                                     description="time per phase and per node of the synthetic DAG, by size")
+    parser.add_argument("--nodes", type=_counts, default=list(SCALING_NODES),
+                        help=f"default: {','.join(map(str, SCALING_NODES))}")
+    parser.add_argument("--target", default="cpu", choices=list(TARGETS))
+    args = parser.parse_args(argv)
+    print(scaling_table(run([Case("synthetic", n) for n in args.nodes], args.target, exact_max_enodes=0)))
     return 0
 
 

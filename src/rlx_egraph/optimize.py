@@ -209,7 +209,7 @@ def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int
     egraph.run_program(*egraph.parse_program(schema_text()))
     egraph.run_program(*egraph.parse_program("\n".join(f"(ruleset {s})" for s in STAGES)))
     egraph.run_program(*ruleset.commands())
-    egraph.run_program(*egraph.parse_program(encoding.text))
+    egraph.parse_and_run_program(encoding.text)  # no round trip of the commands through Python
     return egraph, encoding
 
 

@@ -1,7 +1,12 @@
-"""Graph -> egglog text: one ``$``-prefixed ``let`` per node plus shape facts.
+"""Graph -> egglog text: the nodes and their shape facts, in chunks of rules.
 
 Text is what we hand egglog: parsing a program is far faster than building
-terms one by one through the high-level Python API.  Every value is encoded
+terms one by one through the high-level Python API.  A global ``let`` per node
+would make egglog create one table per node (quadratic in the graph), so the
+nodes are built by rules without a query, :data:`CHUNK` nodes each, run once:
+inside a rule a node is a local ``n<id>``; the table ``(rlx-node id)`` names
+every node afterwards, and a node that a later chunk reads also gets a global
+``$n<id>``.  Every value is encoded
 so that it reads back exactly: any Python str (:func:`string_literal`), a
 constant array by its bit-exact content key (:func:`array_key`), and a Scalar
 -0.0, which egglog's f64 would equate with 0.0, as ``(Neg (Scalar 0.0 dtype))``.
@@ -21,10 +26,15 @@ from ..ir.graph import Graph, Node
 from ..ir.registry import AttrType
 from .schema import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
 
+# Nodes per encoding rule (32 to 512 measured alike; one rule for the whole graph is slower).
+CHUNK = 128
+# The table from graph node id to its term, filled by the encoding rules.
+NODE_TABLE = "rlx-node"
 
-def egglog_name(node_id: int) -> str:
-    """The global egglog name of a graph node."""
-    return f"$n{node_id}"
+
+def egglog_name(node_id: int, local: bool = False) -> str:
+    """The egglog name of a graph node: the global ``$n<id>``, or the local ``n<id>`` inside its chunk's rule."""
+    return f"{'' if local else '$'}n{node_id}"
 
 
 def literal(value: Any, kind: AttrType) -> str:
@@ -85,8 +95,8 @@ class Encoding:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def node_term(node: Node, constants: dict[str, np.ndarray]) -> str:
-    """The constructor application for one node, its inputs by egglog name."""
+def node_term(node: Node, constants: dict[str, np.ndarray], local: frozenset[int] | set[int] = frozenset()) -> str:
+    """The constructor application for one node, its inputs by egglog name (local for ids in ``local``)."""
     if is_negative_zero_scalar(node):  # the same value, a term that egglog keeps apart from +0.0
         return f"(Neg (Scalar 0.0 {literal(node.dtype, AttrType.DTYPE)}))"
     spec = node.spec
@@ -97,11 +107,12 @@ def node_term(node: Node, constants: dict[str, np.ndarray]) -> str:
             if arg.variadic:
                 tail = f"({LIST_NIL})"
                 for i in reversed(inputs):
-                    tail = f"({LIST_CONS} {egglog_name(i)} {tail})"
+                    tail = f"({LIST_CONS} {egglog_name(i, i in local)} {tail})"
                 parts.append(tail)
                 inputs = []
             elif inputs:
-                parts.append(egglog_name(inputs.pop(0)))
+                i = inputs.pop(0)
+                parts.append(egglog_name(i, i in local))
             else:
                 parts.append(f"({NO_INPUT})")
             continue
@@ -116,32 +127,45 @@ def node_term(node: Node, constants: dict[str, np.ndarray]) -> str:
 
 
 def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding:
-    """``let`` bindings for every node, then the fact tables rules read."""
+    """The node table, one rule per chunk of nodes (their terms and facts), then the graph-wide facts."""
     constants: dict[str, np.ndarray] = {}
-    lets: list[str] = []
+    chunk_of = {node.id: k // CHUNK for k, node in enumerate(graph.nodes)}
+    read_later = {i for node in graph.nodes for i in node.inputs if chunk_of[i] != chunk_of[node.id]}
+    commands = [f"(function {NODE_TABLE} (i64) Op :merge old)"]
     facts: list[str] = [f"(set (attention-block-max-tokens) {int(attention_block_max_tokens)})"]
     param_order = 0
     perms: set[tuple[int, ...]] = set()
-    for node in graph.nodes:
-        name = egglog_name(node.id)
-        lets.append(f"(let {name} {node_term(node, constants)})")
-        facts.append(f"(set (shape {name}) {literal(node.shape, AttrType.INTS)})")
-        facts.append(f"(set (dtype {name}) {literal(node.dtype, AttrType.DTYPE)})")
-        if node.op == "Param":
-            facts.append(f"(set (param-order {name}) {param_order})")
-            param_order += 1
-        elif node.op == "Transpose":
-            perms.add(node.attrs["perm"])
+    for start in range(0, len(graph.nodes), CHUNK):
+        chunk = graph.nodes[start:start + CHUNK]
+        local = {node.id for node in chunk}
+        actions: list[str] = []
+        for node in chunk:
+            name = egglog_name(node.id, local=True)
+            actions.append(f"(let {name} {node_term(node, constants, local)})")
+            actions.append(f"(set ({NODE_TABLE} {node.id}) {name})")
+            actions.append(f"(set (shape {name}) {literal(node.shape, AttrType.INTS)})")
+            actions.append(f"(set (dtype {name}) {literal(node.dtype, AttrType.DTYPE)})")
+            if node.op == "Param":
+                actions.append(f"(set (param-order {name}) {param_order})")
+                param_order += 1
+            elif node.op == "Transpose":
+                perms.add(node.attrs["perm"])
+        ruleset = f"rlx-graph-{start // CHUNK}"
+        commands.append(f"(ruleset {ruleset})")
+        body = "\n   ".join(actions)
+        commands.append(f"(rule ()\n  ({body})\n  :ruleset {ruleset})")
+        commands.append(f"(run {ruleset} 1)")
+        commands.extend(f"(let {egglog_name(n.id)} ({NODE_TABLE} {n.id}))" for n in chunk if n.id in read_later)
     for p in sorted(perms):
         inverse = tuple(sorted(range(len(p)), key=p.__getitem__))
         if inverse in perms:
             facts.append(f"(inverse-perms {literal(p, AttrType.INTS)} {literal(inverse, AttrType.INTS)})")
-    return Encoding("\n".join(lets + facts) + "\n", constants)
+    return Encoding("\n".join(commands + facts) + "\n", constants)
 
 
 def dump_egglog_program(graph: Graph, rules: Any = None, attention_block_max_tokens: int = 64) -> str:
     """The whole program for ``graph`` as text that runs as-is in egglog:
-    schema, rules, the graph as ``$``-prefixed ``let``s with shape facts, and
+    schema, rules, the graph (node ``i`` is ``(rlx-node i)``) with shape facts, and
     the staged saturation schedule."""
     from .rules import load_rules
 

@@ -31,7 +31,7 @@ from ..errors import RlxError
 from ..ir.graph import Graph, attrs_equal
 from ..ir.registry import REGISTRY, AttrType, TensorType
 from .budget import Deadline
-from .encode import egglog_name, is_negative_zero_scalar, string_value
+from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
 from .schema import LIST_CONS, NO_INPUT, constructor_args
 
@@ -218,10 +218,10 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     for (value,), names in provenance(MERGED_BY).items():
         classes[class_ids[value]].merged_by = names
 
+    term_of = {egraph.value_to_i64(row.inputs[0]): row.output for row in functions[NODE_TABLE].rows}
     class_of_node: dict[int, int] = {}
     for gnode in graph.nodes:
-        fn = functions[egglog_name(gnode.id)]
-        cid = class_ids[fn.rows[0].output]
+        cid = class_ids[term_of[gnode.id]]
         class_of_node[gnode.id] = cid
         classes[cid].originals.append(gnode.id)
         if is_negative_zero_scalar(gnode):  # encoded as Neg(Scalar 0.0): the leaf itself is an e-node too

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..egraph.decode import Fusion
-from ..egraph.encode import egglog_name
+from ..egraph.encode import NODE_TABLE
 from ..egraph.schema import LIST_CONS, LIST_NIL, NO_INPUT
 from ..errors import RlxError
 from ..ir.graph import Graph, format_attrs
@@ -117,7 +117,7 @@ def serialized_egraph(graph: Graph, rules: Any = None, attention_block_max_token
     ruleset, sat_limits = load_rules(rules), SaturationLimits(**limits)
     egraph, _ = build_egraph(graph, ruleset, attention_block_max_tokens)
     saturate(egraph, ruleset, sat_limits, Deadline(sat_limits.max_seconds))
-    roots = [cmd.action.expr for o in graph.outputs for cmd in egraph.parse_program(f"({egglog_name(o)})")]
+    roots = [cmd.action.expr for o in graph.outputs for cmd in egraph.parse_program(f"({NODE_TABLE} {o})")]
     return json.loads(egraph.serialize(roots).to_json())
 
 
