@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/python -m rlx_egraph.cli.main demo
 
 test: $(STAMP)
-	$(VENV)/bin/python -m ruff check src tests
+	$(VENV)/bin/python -m ruff check .
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP)
