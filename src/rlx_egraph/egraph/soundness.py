@@ -152,6 +152,12 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
         _check_rule(ruleset, rule, producers, verdicts, used_by, instances, attempts, np.random.default_rng([seed, k]))
     if together:
         _check_together(ruleset, together, producers, verdicts, instances, attempts, seed)
+    for k, rule in enumerate(ruleset.rules):  # producers the readers' own instances left out or used too little
+        for j, reader in enumerate(_readers(ruleset, producers, rule)):
+            if verdicts[rule.name].instances >= instances:
+                break
+            _check_rule(ruleset, reader, producers, verdicts, used_by, instances, attempts,
+                        np.random.default_rng([seed, k, j]), force=rule.name)
     for rule in ruleset.rules:
         v = verdicts[rule.name]
         if _facts_only(rule) and v.status == NOT_CHECKABLE:
@@ -186,6 +192,32 @@ def _producers(ruleset: RuleSet) -> dict[str, list[tuple[Rule, Any]]]:
                 out.setdefault(action.expr.name, []).append((rule, action))
             elif kind == "Set" and action.lhs not in FACT_TABLES:
                 out.setdefault(action.lhs, []).append((rule, action))
+    return out
+
+
+def _readers(ruleset: RuleSet, producers: dict[str, list[tuple[Rule, Any]]], rule: Rule) -> list[Rule]:
+    """The union rules whose left side, unfolded, can hold the left side of the facts-only ``rule``
+    (not those that read tables filled with ``set``: they are checked together)."""
+    if not _facts_only(rule) or _set_tables(rule, producers):
+        return []
+
+    def fills(r: Rule) -> set[str]:
+        return {t for t, ps in producers.items() if any(p.name == r.name for p, _ in ps)}
+
+    tables, seen, out = fills(rule), {rule.name}, []
+    changed = True
+    while changed:
+        changed = False
+        for r in ruleset.rules:
+            reads = {c.name for body in _bodies(r) for f in body for e in _fact_exprs(f) for c in _calls(e)}
+            if r.name in seen or not reads & tables or _set_tables(r, producers):
+                continue
+            seen.add(r.name)
+            changed = True
+            if _facts_only(r):
+                tables |= fills(r)
+            else:
+                out.append(r)
     return out
 
 
@@ -349,12 +381,39 @@ class _Builder:
                 self._sort_vars(e)
         for v in self.defs:
             self.sorts[v] = "Op"
+        self.leaf_op: dict[str, str] = {}  # var defined as an Input/Param term -> that op
+        self.leaf_name: dict[str, Any] = {}  # such a var -> its name argument (a literal or a variable)
+        self._leaf_defs()
         self.targets = {e.args[0].name for g in self.guards for e in _fact_exprs(g)
                         if type(e).__name__ == "Call" and e.name in ("shape", "dtype")
                         and type(e.args[0]).__name__ == "Var"}
         self.targets |= {e.name for g in self.guards if type(g).__name__ == "Eq"
                          for e in (g.left, g.right) if type(e).__name__ == "Var"}
         self.names = itertools.count()
+
+    def _leaf_defs(self) -> None:
+        """Make ``?w = (Param ?n ?s ?dt)`` (or Input) a leaf drawn with the term that reads it: ``?s`` and
+        ``?dt`` stand for ``(shape ?w)`` and ``(dtype ?w)`` everywhere; a literal or reused one becomes a guard."""
+        subst: dict[str, Any] = {}
+        pinned: list[Any] = []
+        for var, expr in list(self.defs.items()):
+            if REGISTRY[expr.name].kind is not Kind.LEAF or "name" not in REGISTRY[expr.name].attr_names:
+                continue
+            del self.defs[var]
+            self.leaf_op[var] = expr.name
+            for arg, a in zip(constructor_args(REGISTRY[expr.name]), expr.args, strict=True):
+                if arg.name == "name":
+                    self.leaf_name[var] = a
+                    continue
+                of_leaf = eb.Call(_SPAN, arg.name, [eb.Var(_SPAN, var)])
+                if type(a).__name__ == "Var" and a.name not in subst and a.name not in self.defs:
+                    subst[a.name] = of_leaf
+                else:
+                    pinned.append(eb.Eq(_SPAN, of_leaf, a))
+        if not self.leaf_op:
+            return
+        self.guards = [_rename_fact(g, subst) for g in [*self.guards, *pinned]]
+        self.defs = {v: _rename(e, subst) for v, e in self.defs.items()}
 
     def _sort_vars(self, expr: Any) -> None:
         if type(expr).__name__ != "Call":
@@ -528,16 +587,23 @@ class _Builder:
         inputs: list[Any] = []  # node id, or (var, type) of a leaf to create
         attrs: dict[str, Any] = {}
         kinds = {a.name: a for a in spec.attrs}
+        named: list[tuple[str, Any]] = []  # (input name, item) of the non-variadic inputs
         for arg, a in zip(args, expr.args, strict=True):
             if arg.is_input:
                 for item in self._input_items(a, arg.variadic):
                     if isinstance(item, str) and item not in self.env:
                         free_leaves.append(item)
                     inputs.append(item)
+                    if not arg.variadic:
+                        named.append((arg.name, item))
         types: dict[str, TensorType] = {}
         free_leaves = [v for v in dict.fromkeys(free_leaves) if v not in self.env]  # not built by a nested term
+        sampled, sampled_attrs = self._sampled(spec, named) if spec.sampler and self.rng.random() < 0.5 else ({}, {})
+        for arg, a in zip(args, expr.args, strict=True):
+            if not arg.is_input and arg.name in sampled_attrs and type(a).__name__ == "Var" and a.name not in self.env:
+                drawn.setdefault(a.name, sampled_attrs[arg.name])
         for var in free_leaves:  # each drawn shape goes through the guards to the next leaves
-            self.leaf_shape.setdefault(var, self._draw_shape())
+            self.leaf_shape.setdefault(var, sampled[var] if var in sampled else self._draw_shape())
             self.solve_guards()
         for var in dict.fromkeys(free_leaves):
             types[var] = TensorType(self.leaf_shape[var], self.leaf_dtype.get(var, self.dtype))
@@ -554,7 +620,27 @@ class _Builder:
             self.env[var] = self._leaf_node(var, t, param=spec.kind is Kind.WEIGHT_PREP or
                                             (spec.kind is Kind.MATMUL and self.rng.random() < 0.3))
         self.env.update(drawn)
+        self.solve_guards()  # a guard the drawn attributes or leaves break: draw this term again
         return self.graph.add_node(spec.name, [self._id(i) for i in inputs], **attrs)
+
+    def _sampled(self, spec: Any, named: list[tuple[str, Any]]) -> tuple[dict[str, tuple[int, ...]], dict[str, Any]]:
+        """Shapes of the free leaves among ``named`` inputs and attribute values from the op's registry sampler,
+        the sample's dims renamed to those of the inputs already built; nothing when they do not fit."""
+        shapes, attrs = spec.sampler(self.rng)
+        dims: dict[int, int] = {}
+        free: dict[str, tuple[int, ...]] = {}
+        for name, item in named:
+            sample = shapes.get(name)
+            if isinstance(item, str) and item not in self.env and item not in self.leaf_shape:
+                if sample is not None:
+                    free[item] = tuple(sample)
+                continue
+            actual = self.leaf_shape[item] if isinstance(item, str) and item not in self.env \
+                else self.graph.node(self._id(item)).shape
+            if sample is None or len(sample) != len(actual) \
+                    or any(dims.setdefault(d, a) != a for d, a in zip(sample, actual, strict=True)):
+                return {}, {}
+        return {v: tuple(dims.get(d, d) for d in shape) for v, shape in free.items()}, attrs
 
     def _id(self, item: Any) -> int:
         return self.env[item] if isinstance(item, str) else item
@@ -627,8 +713,15 @@ class _Builder:
         return self.env[var]
 
     def _leaf_node(self, var: str, t: TensorType, param: bool) -> int:
+        param = self.leaf_op[var] == "Param" if var in self.leaf_op else param
         name = f"{'w' if param else 'x'}{next(self.names)}"
-        return self.graph.param(name, t.shape, t.dtype) if param else self.graph.input(name, t.shape, t.dtype)
+        given = self.leaf_name.get(var)
+        if given is not None and type(given).__name__ == "Lit":
+            name = given.value.value
+        node = self.graph.param(name, t.shape, t.dtype) if param else self.graph.input(name, t.shape, t.dtype)
+        if given is not None and type(given).__name__ == "Var":
+            self.env.setdefault(given.name, name)
+        return node
 
 
 def _is_op_call(expr: Any) -> bool:
@@ -657,6 +750,7 @@ def _jsonable(v: Any) -> Any:
 @dataclass
 class _Outcome:
     fired: set[str]  # union rules that merged something
+    matched: set[str]  # rules as written (base names) that matched at all, facts-only ones included
     wrong: list[tuple[tuple[str, ...], CounterExample]]  # (blamed rules, counter-example)
 
 
@@ -667,7 +761,7 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
     egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES)))
     egraph.run_program(*ruleset.commands())
     egraph.run_program(*egraph.parse_program(encoding.text))
-    saturate(egraph, ruleset, _LIMITS)
+    matched = {name for name, n in saturate(egraph, ruleset, _LIMITS).matches_per_rule.items() if n}
     view = build_view(egraph, graph, encoding.constants, ruleset, strict=False)
     fired = {name for c in view.classes for name in c.merged_by}
     leaves = tuple(f"{n.name}: {n.type}" for n in graph.nodes if n.kind is Kind.LEAF)
@@ -677,7 +771,7 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
               for t in view.ill_typed]
     if not wrong:
         wrong = _compare_values(view, graph, leaves, seed)
-    return _Outcome(fired, wrong)
+    return _Outcome(fired, matched, wrong)
 
 
 def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
@@ -749,12 +843,14 @@ def _class_values(view: EGraphView, graph: Graph, node_values: dict[int, np.ndar
 
 def _check_rule(ruleset: RuleSet, rule: Rule, producers: dict[str, list[tuple[Rule, Any]]],
                 verdicts: dict[str, RuleVerdict], used_by: dict[str, set[str]], instances: int, attempts: int,
-                rng: np.random.Generator) -> None:
+                rng: np.random.Generator, force: str | None = None) -> None:
+    """Draw instances of ``rule`` until it (or the producer ``force``, unfolded wherever it may be) has
+    ``instances`` of them."""
     verdict = verdicts[rule.name]
     reasons: dict[str, int] = {}
-    counts: dict[str, int] = {}
+    counts: dict[str, float] = {force: -math.inf} if force else {}  # the least used producer is unfolded first
     for attempt in range(attempts):
-        if verdict.instances >= instances:
+        if verdicts[force or rule.name].instances >= instances:
             break
         bodies = _bodies(rule)
         body = bodies[attempt % len(bodies)]
@@ -829,9 +925,10 @@ def _check_together(ruleset: RuleSet, together: list[Rule], producers: dict[str,
         except _Reject as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
-        if _judge(_run_instance(graph, subset, attempt), {r.name for r in together}, verdicts, ruleset):
+        outcome = _run_instance(graph, subset, attempt)
+        if _judge(outcome, {r.name for r in together}, verdicts, ruleset):
             for r in subset.rules:
-                if _facts_only(r):
+                if _facts_only(r) and r.base in outcome.matched:
                     verdicts[r.name].instances += 1
                     verdicts[r.name].status = SOUND
     for r in subset.rules:
