@@ -75,6 +75,27 @@ def test_svg_rendering_says_what_to_install_without_graphviz(monkeypatch: pytest
     assert picture._repr_svg_() is None and repr(picture) == "digraph { a }"
 
 
+def test_svg_is_rendered_where_graphviz_is_installed_else_the_documented_error() -> None:
+    """Real SVG with Graphviz's dot on the PATH (README: apt-get install graphviz); else the error saying so."""
+    opt, report = optimize_with_report(mlp())
+    dot = opt.to_dot(report)
+    if not can_render():  # a machine without Graphviz: the message names what to install
+        with pytest.raises(RenderError, match=r"^rendering SVG needs the (graphviz Python package|Graphviz 'dot' "
+                                              r"program).*apt-get install graphviz"):
+            to_svg(dot)
+        assert Picture(dot)._repr_svg_() is None
+        return
+    svg = to_svg(dot)
+    assert svg.startswith("<?xml") and "<svg " in svg and svg.rstrip().endswith("</svg>")
+    assert sorted(re.findall(r"<title>([^<]+)</title>", svg)) == ["mlp", "n0", "n0&#45;&gt;n3", "n1", "n1&#45;&gt;n3",
+                                                                  "n2", "n2&#45;&gt;n3", "n3"]
+    assert svg.count('class="node"') == 4 and svg.count('class="edge"') == 3
+    assert f'fill="{FUSED_COLOR}"' in svg and ">%3 FusedMatMulBiasAct</text>" in svg
+    assert Picture(dot)._repr_svg_() == svg
+    with pytest.raises(RenderError, match=r"^Graphviz 'dot' refused the DOT text: .*syntax error"):
+        to_svg("digraph { a -> }")
+
+
 def test_the_library_logger_is_quiet_by_default_and_logs_each_phase(caplog: pytest.LogCaptureFixture) -> None:
     assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("rlx_egraph").handlers)
     caplog.set_level(logging.DEBUG)  # the root logger at DEBUG: what an application's basicConfig(DEBUG) does

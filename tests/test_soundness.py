@@ -9,7 +9,7 @@ import pytest
 import rlx_egraph.rules
 from rlx_egraph.cli.main import main
 from rlx_egraph.egraph.rules import SHIPPED_RULES_DIR, default_rule_dir
-from rlx_egraph.egraph.soundness import NOT_CHECKABLE, SOUND, UNSOUND, check
+from rlx_egraph.egraph.soundness import SOUND, UNSOUND, check
 from rlx_egraph.rules import RuleSet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,11 +31,10 @@ WRONG = {
       ((union ?e (MatMul ?x ?w))) :ruleset fuse :name "bias-dropped")""",
     "reshape-dropped": '(rewrite (Reshape ?x ?s) ?x :ruleset simplify :name "reshape-dropped")',
 }
-# Not checkable yet (no random instance fired them; README "Rule soundness" says why): the generator does not
-# build a valid FusedAttentionBlock for transformer-layer, reaches the shared-input chain's end rule only through
-# the chain, and some facts-only operand orders are not used by any reader's instance.
-NOT_CHECKED_SHIPPED = {"transformer-layer", "shared-input-matmul", "gelu-tanh-inner#4", "gelu-tanh-one#4",
-                       "ln-normed-rsqrt#4", "ln-std#2"}
+# Rules the checker could not instantiate before (a fused op on the left side, Param definitions shared by k
+# matmuls of one input, facts-only operand orders no reader's instance unfolded): now each has exactly 3 instances.
+ONCE_NOT_CHECKABLE = {"transformer-layer", "shared-input-matmul", "gelu-tanh-inner#4", "gelu-tanh-one#4",
+                      "ln-normed-rsqrt#4", "ln-std#2"}
 
 
 @pytest.fixture(scope="module")
@@ -47,26 +46,44 @@ def test_every_shipped_rule_is_sound_on_random_instances(shipped) -> None:
     assert shipped.ok and shipped.unsound() == []
     statuses = {v.rule: v.status for v in shipped.verdicts}
     assert len(statuses) == len(RuleSet.shipped().rules) == 101  # every operand order the loader generates
-    assert {r for r, s in statuses.items() if s == NOT_CHECKABLE} == NOT_CHECKED_SHIPPED
-    assert all(s == SOUND for r, s in statuses.items() if r not in NOT_CHECKED_SHIPPED)
-    assert all(v.instances >= 1 for v in shipped.verdicts if v.status == SOUND)
-    assert shipped.by_rule("mul-one").instances == 3
-    assert "no random instance made it fire" in shipped.by_rule("transformer-layer").reason
+    assert {r for r, s in statuses.items() if s != SOUND} == set()
+    instances = {v.rule: v.instances for v in shipped.verdicts}
+    assert min(instances.values()) == 3  # check()'s default: every rule, every operand order, 3 or more
+    assert {r: instances[r] for r in ONCE_NOT_CHECKABLE} == dict.fromkeys(ONCE_NOT_CHECKABLE, 3)
+    assert instances["mul-one"] == 3 and instances["gelu-erf-plus-one"] == 16  # a reader of two producers
 
 
 def test_facts_only_rules_are_checked_through_their_readers(shipped) -> None:
     erf = shipped.by_rule("gelu-erf-div")
     assert erf.status == SOUND and erf.reason.startswith("facts only: checked through the rules that read them (")
     assert "gelu-erf-x-o-half" in erf.reason
+    order = shipped.by_rule("gelu-tanh-inner#4")  # an operand order reached two unfoldings deep, forced
+    assert order.status == SOUND and order.instances == 3 and "gelu-tanh-x-o-half" in order.reason
     chain = shipped.by_rule("shared-input-order")
     assert chain.status == SOUND and "k matmuls of one input" in chain.reason
-    end = shipped.by_rule("shared-input-matmul")  # the chain's last step: see NOT_CHECKED_SHIPPED
-    assert end.status == NOT_CHECKABLE and "reads tables rules fill with set" in end.reason
+    end = shipped.by_rule("shared-input-matmul")  # the chain's last step, on k matmuls of one Param-defined input
+    assert end.status == SOUND and end.instances == 3
+
+
+def test_a_fused_op_on_the_left_side_is_built_from_its_registry_sampler() -> None:
+    report = check(RuleSet.from_files(default_rule_dir() / "attention.egg"))
+    layer = report.by_rule("transformer-layer")  # FusedAttentionBlock(hidden [B, S, h], ...) as the layer's root
+    assert layer.status == SOUND and layer.instances == 3
+
+
+def test_a_wrong_rule_over_param_definitions_is_caught() -> None:
+    text = """
+(rule ((= ?m (MatMul ?x ?w)) (= ?w (Param ?n ?s ?dt)) (= (vec-length ?s) 2) (= (vec-get ?s 0) (vec-get ?s 1)))
+      ((union ?m (MatMulBT ?x ?w))) :ruleset fuse :name "param-transposed")"""
+    verdict = check(RuleSet.from_strings(text)).by_rule("param-transposed")
+    assert verdict.status == UNSOUND and "param-transposed" in verdict.counterexample.problem
+    assert any(leaf.startswith("w") for leaf in verdict.counterexample.leaves)  # the weight is a Param leaf
 
 
 def test_the_closing_line_lists_instances_per_rule(shipped) -> None:
     last = str(shipped).splitlines()[-1]
-    assert last.startswith("101 rules: 95 sound, 0 unsound, 6 not checkable; instances checked per rule: neg-neg 3,")
+    assert last.startswith("101 rules: 101 sound, 0 unsound, 0 not checkable; instances checked per rule: neg-neg 3,")
+    assert "transformer-layer 3, " in last and "shared-input-matmul 3, " in last
     assert shipped.to_dict()["ok"] is True and len(shipped.to_dict()["rules"]) == 101
 
 
