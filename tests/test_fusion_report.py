@@ -62,6 +62,27 @@ def test_unsupported_by_the_target() -> None:
     miss = report.fusion.missed[0]
     assert (miss.rule, miss.location) == ("matmul-bias", "rules/matmul.egg:16")
     assert miss.detail == "node 4 (Add): target no-fmba has no FusedMatMulBiasAct kernel (unsupported op)"
+    assert miss.fused_ns == float("inf") and miss.chosen_ns == pytest.approx(report.extracted_ns)
+
+
+def test_a_fusion_predicted_slower_is_more_expensive_with_both_costs() -> None:
+    # On a compute-bound target (no dispatch cost, 8 B/ns, 1 FLOP/ns) FusedRmsNormMatMul's norm passes
+    # (4 FLOPs per x element, RmsNorm's own count is 1) cost more than the 2,048 bytes of traffic it saves.
+    g = Graph("rms-proj")
+    x, wn, wp = g.input("x", (4, 64)), g.param("wn", (64,)), g.param("wp", (64, 64))
+    g.set_outputs([g.matmul(g.rms_norm(x, wn), wp)])
+    target = get_target("cpu").replace(name="compute-bound", dispatch_ns=0.0, memory_bw=8.0, flops_per_ns=1.0)
+    opt, report = optimize_with_report(g, target, regions=False)
+    assert [n.op for n in opt.nodes][-2:] == ["RmsNorm", "MatMul"]
+    (miss,) = report.fusion.missed
+    assert (miss.kind, miss.op, miss.reason, miss.rule, miss.nodes) == (
+        NOT_EXTRACTED, "FusedRmsNormMatMul", "more expensive", "rms-norm-matmul", (4,))
+    # fused: 2*4*64*64 + 4*256 FLOPs + (1,024 + 256 + 16,384 + 1,024) B / 8; unfused: 2*4*64*64 + 256 FLOPs
+    # + RmsNorm (1,024 + 256 + 1,024 B) and MatMul (1,024 + 16,384 + 1,024 B) / 8
+    assert (miss.fused_ns, miss.chosen_ns) == (33_792 + 2_336, 33_024 + 2_592) == (36_128, report.extracted_ns)
+    assert str(miss) == ("not extracted: FusedRmsNormMatMul at node(s) 4 (more expensive): node 4 (MatMul): "
+                         "predicted slower on compute-bound: 36,128 ns with FusedRmsNormMatMul vs 35,616 ns without "
+                         "[rule rms-norm-matmul at rules/matmul.egg:30]")
 
 
 def test_activation_without_epilogue_kernel_is_a_near_miss() -> None:
@@ -71,6 +92,18 @@ def test_activation_without_epilogue_kernel_is_a_near_miss() -> None:
     assert str(miss) == ("near miss: FusedMatMulBiasAct at node(s) 5 (other op): node 5 (Relu) matches rule "
                          "matmul-bias-silu except that it is Relu where the rule needs Silu (no Relu epilogue) "
                          "[rule matmul-bias-silu at rules/matmul.egg:25]")
+
+
+def test_a_relu_mlp_lists_its_missing_relu_epilogue_once() -> None:
+    # Every layer of a ReLU MLP misses the epilogue for the same reason: one record naming all of them.
+    _, report = optimize_with_report(examples.mlp(layers=3))
+    assert report.fusion.after == {"FusedMatMulBiasAct": 4}
+    (miss,) = report.fusion.missed
+    assert (miss.kind, miss.reason, miss.rule, miss.nodes) == (NEAR_MISS, "other op", "matmul-bias-silu", (5, 10, 15))
+    assert str(miss) == ("near miss: FusedMatMulBiasAct at node(s) 5, 10, 15 (other op): node 5 (Relu), node 10 (Relu) "
+                         "and node 15 (Relu) match rule matmul-bias-silu except that it is Relu where the rule needs "
+                         "Silu (no Relu epilogue) [rule matmul-bias-silu at rules/matmul.egg:25]")
+    assert report.fusion.summary_line() == "fused ops: FusedMatMulBiasAct 0->4; missed 1 (0 not extracted, 1 near)"
 
 
 def test_bias_rank_too_high_is_a_failed_guard() -> None:

@@ -15,7 +15,9 @@ A miss is one of two kinds.
   activation without an epilogue kernel).  The relaxed rules run once, alone, on the
   saturated e-graph, recording only their matched root (nothing is built), and a
   root the real rule does not match, computed unfused in the optimized graph, is a
-  near miss naming the rule, its ``file:line``, what failed and the nodes.  This runs
+  near miss naming the rule, its ``file:line``, what failed and the nodes.  One
+  relaxation is one record listing every value it matched (a ReLU MLP's layers share
+  one "no Relu epilogue" near miss, not one per layer).  This runs
   for graphs of at most :data:`NEAR_MISS_MAX_NODES` nodes.
 """
 
@@ -55,7 +57,7 @@ class MissedFusion:
     op: str  # the fused op not taken / the one the rule builds
     rule: str
     location: str  # the rule's file:line
-    nodes: tuple[int, ...]  # input-graph nodes of the value that stayed unfused
+    nodes: tuple[int, ...]  # input-graph nodes of the value(s) that stayed unfused (a near miss: all alike)
     reason: str  # unsupported | another consumer | more expensive | not taken | guard | pattern part |
     #              inputs not shared | other op
     detail: str  # the sentence a user acts on
@@ -149,7 +151,7 @@ def missed_fusions(view: Any, graph: Graph, choice: dict[int, int], costs: list[
     checked = egraph is not None and len(graph) <= NEAR_MISS_MAX_NODES
     if checked:  # a class whose fused alternative the cost model rejected would reject a near miss too
         explained = {n for m in missed if m.reason != "unsupported" for n in m.nodes}
-        missed += [m for m in _near_misses(ctx, egraph) if not explained & set(m.nodes)]
+        missed += _near_misses(ctx, egraph, explained)
     return missed, checked
 
 
@@ -207,7 +209,9 @@ class _Variant:
     root_op: str  # the op at the root of the rule's pattern (a class chosen as it stayed unrewritten)
 
 
-def _near_misses(ctx: _Context, egraph: eb.EGraph) -> list[MissedFusion]:
+def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[MissedFusion]:
+    """One record per relaxed rule that matched where the rule did not: every such value, left out those
+    in ``explained`` (input-graph nodes whose miss is already priced)."""
     fusion_rules = [r for r in ctx.rules.rules if any(REGISTRY[op].kind is Kind.FUSED for op in r.builds
                                                       if op in REGISTRY)]
     variants: list[_Variant] = []
@@ -237,15 +241,21 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph) -> list[MissedFusion]:
     for k, v in enumerate(variants):
         if not v.reason:
             continue
+        classes = []
         for c in sorted(hits.get(k, set()) - hits.get(real[v.rule.name], set())):
-            if c not in ctx.reach or (v.rule.name, c) in seen or not (
-                    ctx.unfused(c) or ctx.view.nodes[ctx.choice[c]].op == v.root_op):
+            if c not in ctx.reach or (v.rule.name, c) in seen or explained & set(ctx.view.classes[c].originals) \
+                    or not (ctx.unfused(c) or ctx.view.nodes[ctx.choice[c]].op == v.root_op):
                 continue
             seen.add((v.rule.name, c))
-            op = sorted(op for op in v.rule.builds if op in REGISTRY and REGISTRY[op].kind is Kind.FUSED)[0]
-            out.append(MissedFusion(NEAR_MISS, op, v.rule.name, v.rule.location,
-                                    tuple(ctx.view.classes[c].originals), v.reason,
-                                    f"{ctx.describe(c)} matches rule {v.rule.name} except that {v.detail}"))
+            classes.append(c)
+        if not classes:
+            continue
+        op = sorted(op for op in v.rule.builds if op in REGISTRY and REGISTRY[op].kind is Kind.FUSED)[0]
+        where = [ctx.describe(c) for c in classes]
+        who = where[0] + " matches" if len(where) == 1 else f"{', '.join(where[:-1])} and {where[-1]} match"
+        out.append(MissedFusion(NEAR_MISS, op, v.rule.name, v.rule.location,
+                                tuple(o for c in classes for o in ctx.view.classes[c].originals), v.reason,
+                                f"{who} rule {v.rule.name} except that {v.detail}"))
     return out
 
 
