@@ -4,8 +4,13 @@ For each rule, :func:`check` builds random graphs that match its left side
 (each constructor call a node, each ``Op`` variable an Input or Param leaf,
 each attribute variable a random value of its sort; shapes, dtypes and values
 that guards pin down are solved from the guards, the rest drawn until the
-registry's shape rules accept them), runs only that rule in egglog (egglog
-decides whether the guards hold: an instance counts when the rule fired), and
+registry's shape rules and the guards accept them; an op with a registry
+``sampler`` half the time takes its leaves' shapes and its attributes from a
+sample whose dims are renamed to those of the inputs already built, so fused
+ops such as FusedAttentionBlock can be built; ``?w = (Param ?n ?s ?dt)`` is a
+leaf drawn with its reader, ``?s`` and ``?dt`` its shape and dtype), runs
+only that rule in egglog (egglog decides whether the guards hold: an instance
+counts when the rule fired), and
 evaluates every e-node of every e-class the rules built or merged into with the
 numpy kernels on two seeds.  A rule is *sound* when every such e-node computes
 its class's value within the dtype tolerance and is well-typed, *unsound* with
@@ -13,12 +18,15 @@ a counter-example otherwise, or *not checkable* with the reason.
 
 Helper relations: a rule that only adds facts is checked through the rules
 that read its relation: a reader's relation facts are unfolded into the left
-side of a producer (chosen at random per instance), so the instance holds the
-whole decomposed form and egglog runs the reader with its producers.  Tables
+side of a producer (the least used one first), so the instance holds the
+whole decomposed form and egglog runs the reader with its producers; a producer
+(e.g. an operand order) with fewer instances than asked is then forced into the
+instances of a reader that can unfold it, however deep.  Tables
 that rules fill with ``set`` (the shared-input chain) cannot be unfolded: such
 rules are checked together with the rest of their file on instances made of
 k >= 2 copies of the chain's first left side sharing its first argument
-(k matmuls of one input).
+(k matmuls of one input); a facts-only rule there counts an instance when egglog
+reports it matched.
 """
 
 from __future__ import annotations
