@@ -290,10 +290,9 @@ def _divide(a: Dim, b: Dim, op: str) -> tuple[Dim, Dim]:
         if all(coef % b == 0 for mono, coef in _terms(a).items() if mono):
             quotient = _make({mono: coef // b for mono, coef in _terms(a).items() if mono})
             return quotient + consts // b, consts % b
-    elif a == 0:
-        return 0, 0
     else:
-        quotient = _exact_quotient(_terms(a), _terms(b))
+        bool(b)  # ShapeError unless b != 0 for every value of its symbols
+        quotient = 0 if a == 0 else _exact_quotient(_terms(a), _terms(b))
         if quotient is not None:
             return quotient, 0
     raise ShapeError(f"cannot decide {a} {op} {b} for every value of {', '.join(sorted(symbols_of((a, b))))}")
