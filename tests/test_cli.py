@@ -325,7 +325,7 @@ def _graph_text(version: int) -> str:
     (None, "No such file or directory"),
     ('{"format": "rlx-egraph-mir", ', "graph file is not valid JSON"),
     ('{"format": "something-else", "version": 1}', "not an rlx-egraph graph: expected format 'rlx-egraph-mir'"),
-    (_graph_text(99), "graph format version 99 is not supported (this library reads version 1)"),
+    (_graph_text(99), "graph format version 99 is not supported (this library reads versions 1 and 2)"),
     ('{"format": "rlx-egraph-mir", "version": 1, "outputs": [0], "nodes": [{"id": 0, "op": "Relu", "inputs": [7]}]}',
      "node 0 (Relu): input 0 refers to node 7, which is not in the graph"),
 ], ids=["missing", "not-json", "wrong-format", "wrong-version", "dangling-input"])

@@ -101,7 +101,7 @@ BAD_FILES: list[tuple[str, dict[str, Any], str]] = [
     ("nodes-object", with_change(("nodes",), {}), "'nodes' must be a list of node records, got {}"),
     ("name-int", with_change(("name",), 5), "'name' must be a string, got 5"),
     ("version-true", with_change(("version",), True),
-     "graph format version True is not supported (this library reads version 1)"),
+     "graph format version True is not supported (this library reads versions 1 and 2)"),
     ("unknown-top-field", with_change(("output",), [1]),
      "graph file: unknown field 'output' (a string); the fields are format, version, name, nodes, outputs, meta, "
      "weights"),

@@ -54,7 +54,7 @@ def test_builder_stub_is_in_sync_with_the_registry() -> None:
     assert set(declared) == builders and len(builders) == 74
     assert GraphBuilders in Graph.__mro__ and not any(hasattr(GraphBuilders, b) for b in builders)
     narrow = declared["narrow"]
-    assert ast.unparse(narrow.args) == "self, x: int, *, axis: int=-1, start: int, length: int"
+    assert ast.unparse(narrow.args) == "self, x: int, *, axis: int=-1, start: int | str, length: int | str"
     assert [p.name for p in inspect.signature(Graph.narrow).parameters.values()] == ["self", "x", "axis", "start",
                                                                                      "length"]
     assert ast.unparse(declared["matmul"].returns) == "int"

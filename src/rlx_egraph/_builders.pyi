@@ -37,7 +37,7 @@ class GraphBuilders:
         """Append a Erf node (elementwise). Elementwise Erf."""
     def exp(self, x: int) -> int:
         """Append a Exp node (elementwise). Elementwise Exp."""
-    def expand(self, x: int, *, shape: Sequence[int]) -> int:
+    def expand(self, x: int, *, shape: Sequence[int | str]) -> int:
         """Append a Expand node (layout). Broadcast to a shape."""
     def fused_attention_block(self, hidden: int, qkv_w: int, out_w: int, mask: int, qkv_b: int, out_b: int, *, heads: int, scale: float) -> int:
         """Append a FusedAttentionBlock node (fused). QKV matmul+bias, split, masked attention, output matmul+bias."""
@@ -97,7 +97,7 @@ class GraphBuilders:
         """Append a Min node (elementwise). Elementwise Min with numpy broadcasting."""
     def mul(self, a: int, b: int) -> int:
         """Append a Mul node (elementwise). Elementwise Mul with numpy broadcasting."""
-    def narrow(self, x: int, *, axis: int = -1, start: int, length: int) -> int:
+    def narrow(self, x: int, *, axis: int = -1, start: int | str, length: int | str) -> int:
         """Append a Narrow node (layout). Slice [start, start+length) of one axis."""
     def neg(self, x: int) -> int:
         """Append a Neg node (elementwise). Elementwise Neg."""
@@ -113,7 +113,7 @@ class GraphBuilders:
         """Append a ReduceSum node (reduction)."""
     def relu(self, x: int) -> int:
         """Append a Relu node (elementwise). Elementwise Relu."""
-    def reshape(self, x: int, *, shape: Sequence[int]) -> int:
+    def reshape(self, x: int, *, shape: Sequence[int | str]) -> int:
         """Append a Reshape node (layout). View with a new shape (one -1 is resolved at build time)."""
     def rms_norm(self, x: int, gamma: int, beta: int | None = None, *, axis: int = -1, eps: float = 1e-06) -> int:
         """Append a RmsNorm node (norm). x / sqrt(mean(x^2) + eps) * gamma (+ beta)."""

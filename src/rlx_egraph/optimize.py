@@ -13,13 +13,18 @@ cost function (``Target.node_ns`` summed over the DAG):
 when an egglog saturation stops at a limit; the report says which ran and why.
 Then the ElementwiseRegion pass, the report and the optional parity check are
 the same for both.  The input graph is never changed.
+
+A graph with symbolic dims runs as a static graph whose symbols stand as
+sentinel primes (:class:`~rlx_egraph.ir.specialize.Sentinels`), priced at the
+size hints (``dim_hints``, else the target's), and is mapped back; its parity
+check runs at the hints.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from egglog import bindings as eb
@@ -35,6 +40,7 @@ from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
+from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity
 from .options import check_options
 from .report import OptimizeReport
@@ -58,7 +64,8 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
 def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
                          attention_block_max_tokens: int = 64, regions: bool = True, seed: int = 0,
-                         strict: bool = False, **limits: Any) -> tuple[Graph, OptimizeReport]:
+                         strict: bool = False, dim_hints: Mapping[str, int] | None = None,
+                         **limits: Any) -> tuple[Graph, OptimizeReport]:
     """Optimize ``graph``; returns the new graph and an :class:`OptimizeReport`.
 
     ``rules``: None for the shipped rules, or rule files/folders (see ``load_rules``).
@@ -74,32 +81,47 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, match_limit);
     ``max_seconds`` is the budget of the whole run (the parity check excluded).
     ``report.stop_reason`` says which limit, if any, stopped the run.
+    ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over the target's ``dim_hints``.
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
     sat_limits = SaturationLimits(**limits)
     tgt = get_target(target)
+    if dim_hints:
+        tgt = tgt.replace(dim_hints={**tgt.dim_hints, **dim_hints})
     ruleset = load_rules(rules)
+    sentinels = Sentinels.choose(graph) if graph.symbols else None
+    static, run_tgt = graph, tgt
+    if sentinels is not None:
+        static = specialize_graph(graph, sentinels.binding)
+        run_tgt = tgt.priced_as(sentinels.price({s: tgt.hint(s) for s in graph.symbols}))
     if engine == "fallback" or (engine == "auto" and len(graph) > FALLBACK_THRESHOLD):
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
-        new, report = _optimize_fallback(graph, tgt, ruleset, sat_limits, attention_block_max_tokens, regions, why)
+        new, report = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens, regions,
+                                         why)
     else:
-        new, report = _optimize_egglog(graph, tgt, ruleset, sat_limits, extraction, exact_gap,
+        new, report = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
                                        attention_block_max_tokens, regions, strict)
         if engine == "auto" and report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound"):
             why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
             log.warning(why)
-            new, report = _optimize_fallback(graph, tgt, ruleset, sat_limits, attention_block_max_tokens, regions,
-                                             why)
+            new, report = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
+                                             regions, why)
         elif engine == "egglog":
             report.engine_reason = "requested"
+    result, original, optimized = new.graph, graph, new.graph
+    if sentinels is not None:  # back to symbols; priced and checked at the hints
+        result = sentinels.restore(new.graph)
+        report.profile_before, report.profile_after = profile(graph, tgt), profile(result, tgt)
+        hints = {s: tgt.hint(s) for s in graph.symbols}
+        original, optimized = specialize_graph(graph, hints), specialize_graph(result, hints)
     if verify:
         t0 = time.perf_counter()
         phase("verify")
-        report.parity = check_parity(graph, new.graph, new.originals, blame(new), seed)
+        report.parity = check_parity(original, optimized, new.originals, blame(new), seed)
         report.phases["verify"] = time.perf_counter() - t0
-    return new.graph, report
+    return result, report
 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,

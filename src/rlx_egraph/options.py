@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .cost import Target
-from .cost.targets import TARGETS
+from .cost.targets import TARGETS, check_dim_hints
 from .egraph.rules import RuleSet
 from .egraph.saturate import SaturationLimits
 from .ir.graph import Graph
@@ -59,6 +59,9 @@ def check_option(name: str, value: Any, default: Any) -> None:
             raise TypeError(f"graph must be an rlx_egraph.Graph, got {_show(value)}")
     elif name == "rules":
         _check_rules(value)
+    elif name == "dim_hints":
+        if value is not None:
+            check_dim_hints(value, name)
     elif name == "target" and isinstance(value, Target):
         pass
     elif name in CHOICES:

@@ -22,7 +22,8 @@ def stub_text() -> str:
     lines = ["class GraphBuilders:"]
     for spec in sorted((s for s in REGISTRY.values() if s.kind is not Kind.LEAF), key=lambda s: s.builder):
         method = getattr(Graph, spec.builder)
-        annotations = {a.name: attr_types[a.type] for a in spec.attrs}
+        annotations = {a.name: attr_types[a.type].replace("int", "int | str") if a.dims else attr_types[a.type]
+                       for a in spec.attrs}  # a dim attribute takes symbolic dims ("batch*seq") too
         params, star = ["self"], False
         for p in list(inspect.signature(method).parameters.values())[1:]:
             if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:

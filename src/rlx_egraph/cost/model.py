@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..ir.graph import Graph
 from ..ir.registry import Kind, OpSpec, TensorType
+from ..ir.specialize import specialize_graph
 
 if TYPE_CHECKING:
     from .targets import Target
@@ -136,13 +137,17 @@ def _time(ns: float) -> str:
 
 def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
     """The IO profile of ``graph`` on ``target``: the sum of :func:`node_cost` over every node
-    (unused ones too) plus the bytes of each distinct output node read back."""
+    (unused ones too) plus the bytes of each distinct output node read back.  Symbolic dims count at
+    the target's hints (:meth:`Target.hint`)."""
+    tgt = _target(target)
+    if graph.symbols:
+        graph = specialize_graph(graph, {s: tgt.hint(s) for s in graph.symbols})
     total = FREE
     for node in graph.nodes:
         total += node_cost(node.spec, node.attrs, [graph.node(i).type for i in node.inputs], node.type)
     readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(graph.outputs))
     return IoProfile(launches=total.launches, sync_points=total.syncs, readback_bytes=readback,
-                     traffic_bytes=total.traffic_bytes, flops=total.flops, target=_target(target),
+                     traffic_bytes=total.traffic_bytes, flops=total.flops, target=tgt,
                      ops=frozenset(graph.op_counts()))
 
 

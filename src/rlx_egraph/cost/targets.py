@@ -58,13 +58,18 @@ Where the preset figures come from:
     SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
     FastGelu, com.microsoft Attention, ...); every other fused op would be
     exported unfused, so extraction must not pick it.  No region kernels.
+
+Symbolic dims (``"batch"``, ``"seq"``) are priced at a size hint: the call's
+``dim_hints`` (``optimize(g, dim_hints={"seq": 512})``), else the target's
+``dim_hints``, else its ``default_dim_hint`` (16 on every preset: a small batch
+or a short sequence, where launch counts weigh most).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +79,7 @@ from .model import IoProfile, NodeCost, fusion_benefit, node_cost
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "min_gain_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
-_COUNTS = ("region_max_steps", "region_max_inputs")
+_COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 
 # The longest ElementwiseRegion chain a region kernel runs, and the most inputs it reads.
 REGION_MAX_STEPS = 16
@@ -91,6 +96,8 @@ class Target:
     fusion *adds*; ``min_gain_ns`` is the least predicted gain worth a rewrite.
     ``region_kernels`` says whether the backend runs ElementwiseRegion natively, and
     ``region_max_steps`` / ``region_max_inputs`` bound the regions it runs.
+    ``dim_hints`` (symbol -> size) and ``default_dim_hint`` (any other symbol) are the sizes symbolic dims are
+    priced at (:meth:`hint`).
     """
 
     name: str
@@ -107,6 +114,8 @@ class Target:
     region_kernels: bool = True
     region_max_steps: int = REGION_MAX_STEPS
     region_max_inputs: int = REGION_MAX_INPUTS
+    dim_hints: Mapping[str, int] = field(default_factory=dict, hash=False)
+    default_dim_hint: int = 16
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -123,11 +132,22 @@ class Target:
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"target {self.name!r}: {knob}={value!r} must be an integer >= 1")
+        object.__setattr__(self, "dim_hints", dict(check_dim_hints(self.dim_hints, f"target {self.name!r}: "
+                                                                                  "dim_hints")))
         unsupported = frozenset(self.unsupported)
         unknown = sorted(unsupported - REGISTRY.keys())
         if unknown:
             raise ValueError(f"target {self.name!r}: unsupported names unknown op(s) {unknown}")
         object.__setattr__(self, "unsupported", unsupported)
+
+    def hint(self, symbol: str) -> int:
+        """The size symbolic dim ``symbol`` is priced at."""
+        return self.dim_hints.get(symbol, self.default_dim_hint)
+
+    def priced_as(self, price: Callable[[int], int]) -> Target:
+        """This target pricing every dim ``d`` of a node's types as ``price(d)`` (how a graph whose symbols
+        stand as sentinel values is priced at the hints)."""
+        return PricedDims(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Target)}, price=price)
 
     @property
     def readback_bw(self) -> float:
@@ -179,6 +199,34 @@ class Target:
         if any(not self.supports(op) for op in before.ops):
             return True
         return fusion_benefit(before, after).score_ns(self) >= self.min_gain_ns
+
+
+@dataclass(frozen=True, kw_only=True)
+class PricedDims(Target):
+    """A target whose node costs read each dim ``d`` as ``price(d)`` (see :meth:`Target.priced_as`)."""
+
+    price: Callable[[int], int] = field(compare=False, hash=False, repr=False)
+
+    def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
+                out_type: TensorType) -> float:
+        return super().node_ns(spec, attrs, [self._priced(t) for t in in_types], self._priced(out_type))
+
+    def _priced(self, t: TensorType) -> TensorType:
+        return TensorType(tuple(self.price(d) for d in t.shape), t.dtype)
+
+
+def check_dim_hints(hints: Any, what: str) -> Mapping[str, int]:
+    """``hints`` if it maps symbol names to ints >= 1; else TypeError or ValueError starting with ``what``."""
+    if not isinstance(hints, Mapping):
+        raise TypeError(f"{what} must map symbol names to sizes, got {hints!r}")
+    for name, size in hints.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: symbol names are strings, got {name!r}")
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"{what}: the size of {name!r} must be an int, got {size!r}")
+        if size < 1:
+            raise ValueError(f"{what}: the size of {name!r} must be >= 1, got {size}")
+    return hints
 
 
 TARGETS: dict[str, Target] = {

@@ -9,6 +9,9 @@ problem, and leaves the graph unchanged.
 Every tensor dimension is an int in ``[0, MAX_DIM)`` (2**31): rules compute
 with dims in egglog's i64 (a product of two, as batch*seq, or a sum of a few,
 as concatenated widths), and these bounds keep every such result in range.
+A dimension may also be symbolic (``g.input("x", ("batch", "seq", 64))``, see
+:mod:`rlx_egraph.ir.dims`); ``graph.symbols`` names them and
+:func:`rlx_egraph.specialize` binds them.
 Node ids are ints (a string such as ``"2"`` is refused, never converted).
 """
 
@@ -28,10 +31,12 @@ import numpy as np
 from .._builders import GraphBuilders
 from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
-from .registry import REGISTRY, REQUIRED, Kind, OpSpec, ShapeError, TensorType
+from .dims import Sym, as_dim, symbols_of, to_json
+from .registry import REGISTRY, REQUIRED, AttrType, Kind, OpSpec, ShapeError, TensorType
 
 FORMAT = "rlx-egraph-mir"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # version 2 may hold symbolic dims (strings); a graph without them is written as version 1
+READ_VERSIONS = (1, FORMAT_VERSION)
 MAX_DIM = 2**31
 FILE_FIELDS = ("format", "version", "name", "nodes", "outputs", "meta", "weights")
 RECORD_FIELDS = ("id", "op", "inputs", "attrs")  # a record for from_nodes; a file's records may add:
@@ -50,7 +55,7 @@ class Node:
     op: str
     inputs: tuple[int, ...]
     attrs: dict[str, Any]
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]  # ints and symbolic dims
     dtype: str
 
     @property
@@ -69,6 +74,15 @@ class Node:
     def name(self) -> str | None:
         """The name of an Input or Param leaf."""
         return self.attrs.get("name") if self.kind is Kind.LEAF else None
+
+    def dims(self) -> Iterator[Any]:
+        """The dims of the shape, then those of the dim attributes (``AttrSpec.dims``: leaf shapes, Reshape and
+        Expand targets, Narrow bounds)."""
+        yield from self.shape
+        for spec in REGISTRY[self.op].attrs:
+            if spec.dims and spec.name in self.attrs:
+                value = self.attrs[spec.name]
+                yield from (value if spec.type is AttrType.INTS else (value,))
 
     def same_as(self, other: Node) -> bool:
         """Equal op, attributes, inputs and type (ids aside)."""
@@ -197,12 +211,12 @@ class Graph(GraphBuilders):
         if "name" in node.attrs and node.kind is Kind.LEAF:
             self._leaf_names[node.attrs["name"]] = node.id
 
-    def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> int:
-        """A graph input fed at run time."""
+    def input(self, name: str, shape: Sequence[int | str], dtype: str = "f32") -> int:
+        """A graph input fed at run time; a dim is an int or a symbolic dim (``"batch"``, ``"batch*seq"``)."""
         return self.add_node("Input", name=name, shape=tuple(shape), dtype=dtype)
 
-    def param(self, name: str, shape: Sequence[int], dtype: str = "f32") -> int:
-        """A named weight."""
+    def param(self, name: str, shape: Sequence[int | str], dtype: str = "f32") -> int:
+        """A named weight (its dims may be symbolic too)."""
         return self.add_node("Param", name=name, shape=tuple(shape), dtype=dtype)
 
     def constant(self, value: Any, dtype: str | None = None) -> int:
@@ -265,6 +279,11 @@ class Graph(GraphBuilders):
     @property
     def params(self) -> list[Node]:
         return [n for n in self._nodes if n.op == "Param"]
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The names of the symbolic dims in the graph, sorted (empty for a static graph)."""
+        return tuple(sorted(symbols_of(d for n in self._nodes for d in n.dims())))
 
     def op_counts(self) -> Counter[str]:
         """How many nodes of each op the graph holds."""
@@ -353,11 +372,11 @@ class Graph(GraphBuilders):
         """A JSON-ready description (format version included)."""
         return {
             "format": FORMAT,
-            "version": FORMAT_VERSION,
+            "version": FORMAT_VERSION if self.symbols else 1,
             "name": self.name,
             "nodes": [{"id": n.id, "op": n.op, "inputs": list(n.inputs),
                        "attrs": {k: _attr_to_json(v) for k, v in n.attrs.items()},
-                       "shape": list(n.shape), "dtype": n.dtype} for n in self._nodes],
+                       "shape": [to_json(d) for d in n.shape], "dtype": n.dtype} for n in self._nodes],
             "outputs": list(self._outputs),
             "meta": self.meta,
         }
@@ -367,9 +386,9 @@ class Graph(GraphBuilders):
         """Read :meth:`to_dict`'s form; every field is checked, errors name the node and op."""
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise GraphError(f"not an rlx-egraph graph: expected format {FORMAT!r}")
-        if type(data.get("version")) is not int or data["version"] != FORMAT_VERSION:
+        if type(data.get("version")) is not int or data["version"] not in READ_VERSIONS:
             raise GraphError(f"graph format version {_show(data.get('version'))} is not supported "
-                             f"(this library reads version {FORMAT_VERSION})")
+                             f"(this library reads versions {' and '.join(map(str, READ_VERSIONS))})")
         _no_unknown_fields("graph file", data, FILE_FIELDS)
         missing = [f for f in ("nodes", "outputs") if f not in data]
         if missing:
@@ -514,18 +533,25 @@ def _record(k: int, raw: Any, fields: tuple[str, ...]) -> _Record:
 
 def _check_file_type(node: Node, raw: Mapping[str, Any]) -> None:
     """A file record's optional ``shape``/``dtype`` must be well formed and agree with inference."""
-    shape, dtype = raw.get("shape", list(node.shape)), raw.get("dtype", node.dtype)
-    if type(shape) is not list or not all(type(d) is int for d in shape):
-        raise GraphError(f"node {node.id} ({node.op}): 'shape' must be a list of ints, got {_show(shape)}")
+    shape, dtype = raw.get("shape", [to_json(d) for d in node.shape]), raw.get("dtype", node.dtype)
+    try:
+        if type(shape) is not list or not all(type(d) in (int, str) for d in shape):
+            raise TypeError
+        dims = tuple(as_dim(d) for d in shape)
+    except TypeError:
+        raise GraphError(f"node {node.id} ({node.op}): 'shape' must be a list of ints, got {_show(shape)}") from None
+    except ShapeError as exc:
+        raise GraphError(f"node {node.id} ({node.op}): 'shape': {exc}") from None
     if not isinstance(dtype, str):
         raise GraphError(f"node {node.id} ({node.op}): 'dtype' must be a string, got {_show(dtype)}")
-    if (tuple(shape), dtype) != (node.shape, node.dtype):
+    if (dims, dtype) != (node.shape, node.dtype):
         said = dtype if dtype.isprintable() else repr(dtype)
         raise GraphError(f"node {node.id} ({node.op}): file says {said}{shape}, inferred {node.type}")
 
 
-def _check_dims(shape: tuple[int, ...]) -> None:
-    bad = [d for d in shape if not 0 <= d < MAX_DIM]
+def _check_dims(shape: tuple[Any, ...]) -> None:
+    """Int dims in [0, MAX_DIM); a symbolic dim must be >= 0 for every value of its symbols (else ShapeError)."""
+    bad = [d for d in shape if not (d >= 0 if isinstance(d, Sym) else 0 <= d < MAX_DIM)]
     if bad:
         raise ShapeError(f"dimension {bad[0]} of shape {list(shape)} is out of range (dims are ints in [0, 2**31))")
 
@@ -567,8 +593,8 @@ def _attr_to_json(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return {"array": value.tolist(), "dtype": str(value.dtype), "shape": list(value.shape)}
     if isinstance(value, tuple):
-        return list(value)
-    return value
+        return [to_json(v) for v in value]
+    return to_json(value)
 
 
 def _array_from_json(label: str, key: str, value: dict[str, Any]) -> np.ndarray:
@@ -627,5 +653,5 @@ def install_builders() -> None:
 
 install_builders()
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_DIM", "Graph", "GraphError", "Node", "as_node_id", "check_node",
-           "install_builders"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_DIM", "READ_VERSIONS", "Graph", "GraphError", "Node", "as_node_id",
+           "check_node", "install_builders"]

@@ -114,12 +114,20 @@ class AttrSpec:
     default: Any = REQUIRED
     choices: tuple[Any, ...] = ()
     check: Callable[[Any], str | None] | None = None
+    dims: bool = False  # an INT or INTS attribute holding tensor dims: each an int or a symbolic dim
 
     def coerce(self, value: Any) -> Any:
         """Return ``value`` in canonical form or raise ShapeError saying why it is bad."""
         t = self.type
         try:
-            if t is AttrType.INT:
+            if self.dims and t in (AttrType.INT, AttrType.INTS):
+                from .dims import as_dim  # dims imports ShapeError from here
+
+                try:
+                    value = as_dim(value) if t is AttrType.INT else tuple(as_dim(v) for v in value)
+                except ShapeError as exc:
+                    raise ShapeError(f"attribute {self.name}={value!r}: {exc}") from None
+            elif t is AttrType.INT:
                 if isinstance(value, bool) or int(value) != value:
                     raise TypeError
                 value = int(value)
@@ -175,9 +183,9 @@ class AttrSpec:
 
 @dataclass(frozen=True)
 class TensorType:
-    """Shape and dtype of a tensor."""
+    """Shape and dtype of a tensor; a dim is an int or a symbolic dim (:mod:`rlx_egraph.ir.dims`)."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]
     dtype: str = "f32"
 
     @property
@@ -185,11 +193,12 @@ class TensorType:
         return len(self.shape)
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> Any:
+        """An int, or a symbolic dim when the shape has symbols."""
         return math.prod(self.shape)
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> Any:
         return self.numel * DTYPES[self.dtype].itemsize
 
     def __str__(self) -> str:

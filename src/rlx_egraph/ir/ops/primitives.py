@@ -85,7 +85,8 @@ def _scalar_type(a: Attrs, ins: list[T]) -> T:
     return T((), a["dtype"])
 
 
-_LEAF_ATTRS = (AttrSpec("name", S), AttrSpec("shape", INTS, check=_dims_positive), AttrSpec("dtype", D, "f32"))
+_LEAF_ATTRS = (AttrSpec("name", S), AttrSpec("shape", INTS, check=_dims_positive, dims=True),
+               AttrSpec("dtype", D, "f32"))
 
 LEAVES = [
     OpSpec("Input", Kind.LEAF, (), _leaf_type, None, _LEAF_ATTRS, doc="A graph input fed at run time."),
@@ -376,17 +377,18 @@ def _expand_infer(a: Attrs, ins: list[T]) -> T:
 
 LAYOUT = [
     OpSpec("Reshape", Kind.LAYOUT, ("x",), _reshape_infer, lambda a, x: K.reshape(x, a["shape"]),
-           (AttrSpec("shape", INTS),), canonical=_reshape_canonical,
+           (AttrSpec("shape", INTS, dims=True),), canonical=_reshape_canonical,
            doc="View with a new shape (one -1 is resolved at build time)."),
     OpSpec("Transpose", Kind.LAYOUT, ("x",), _transpose_infer, lambda a, x: np.transpose(x, a["perm"]),
            (AttrSpec("perm", INTS),)),
     OpSpec("Narrow", Kind.LAYOUT, ("x",), _narrow_infer,
            lambda a, x: K.narrow(x, a["axis"], a["start"], a["length"]),
-           (_axis(), AttrSpec("start", INT), AttrSpec("length", INT)), doc="Slice [start, start+length) of one axis."),
+           (_axis(), AttrSpec("start", INT, dims=True), AttrSpec("length", INT, dims=True)),
+           doc="Slice [start, start+length) of one axis."),
     OpSpec("Concat", Kind.LAYOUT, ("xs*",), concat_infer, lambda a, *xs: np.concatenate(xs, axis=a["axis"]),
            (_axis(),)),
     OpSpec("Expand", Kind.LAYOUT, ("x",), _expand_infer, lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
-           (AttrSpec("shape", INTS, check=_dims_positive),), doc="Broadcast to a shape."),
+           (AttrSpec("shape", INTS, check=_dims_positive, dims=True),), doc="Broadcast to a shape."),
 ]
 
 # --- transformer --------------------------------------------------------------

@@ -1,0 +1,347 @@
+"""Symbolic dimensions: a tensor dim is an int or a :class:`Sym`, an exact polynomial over named symbols.
+
+A symbol (``"batch"``, ``"seq"``) stands for any positive int.  ``Sym`` is a
+polynomial with int coefficients over symbol names, always non-constant (an
+arithmetic result without symbols is a plain ``int``), so the shape rules
+written for ints run unchanged: ``+``, ``-``, ``*``, ``math.prod`` and ``sum``
+are exact; ``==`` is identity of polynomials (equal symbols unify, ``batch``
+never equals ``4``); ``//`` and ``%`` are exact when the division is exact for
+every value of the symbols; ``<``, ``<=``, ``>``, ``>=`` and truth hold when
+they hold for every positive value of the symbols.  Anything else (``batch < 4``,
+``seq // 2``, ``int(batch)``) raises a :class:`ShapeError` naming it, never a
+wrong answer.  ``str`` and :func:`parse` round-trip: ``"batch*seq"``,
+``"2*seq+4"``, ``"seq*seq"``.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .registry import ShapeError
+
+Monomial = tuple[str, ...]  # symbol names, sorted, repeated for powers; () is the constant term
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(.))")
+
+
+class Sym:
+    """A non-constant polynomial dim; build one with :func:`symbol` or :func:`parse`."""
+
+    __slots__ = ("_hash", "terms")
+
+    def __init__(self, terms: tuple[tuple[Monomial, int], ...]) -> None:
+        self.terms = terms  # canonical: sorted by (-degree, monomial), no zero coefficient
+        self._hash = hash(("Sym", terms))
+
+    # --- views ----------------------------------------------------------------------------------
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The symbol names, sorted."""
+        return tuple(sorted({s for mono, _ in self.terms for s in mono}))
+
+    def evaluate(self, binding: Mapping[str, int]) -> int:
+        """The value under ``binding`` (symbol -> int); ShapeError naming a missing symbol."""
+        total = 0
+        for mono, coef in self.terms:
+            value = coef
+            for s in mono:
+                if s not in binding:
+                    raise ShapeError(f"dim {self} needs a value for symbol {s!r}")
+                value *= binding[s]
+            total += value
+        return total
+
+    def __str__(self) -> str:
+        parts = []
+        for k, (mono, coef) in enumerate(self.terms):
+            body = "*".join(mono)
+            if not mono:
+                text = str(abs(coef))
+            elif abs(coef) == 1:
+                text = body
+            else:
+                text = f"{abs(coef)}*{body}"
+            parts.append(("-" if coef < 0 else "+" if k else "") + text)
+        return "".join(parts)
+
+    __repr__ = __str__  # so shapes print as [batch, seq, 64] in messages
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sym):
+            return self.terms == other.terms
+        if isinstance(other, int):
+            return False  # a Sym is never constant
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    # --- arithmetic -----------------------------------------------------------------------------
+
+    def __add__(self, other: Any) -> Dim:
+        return _combine(self, _operand(other), 1)
+
+    def __radd__(self, other: Any) -> Dim:
+        return _combine(_operand(other), self, 1)
+
+    def __sub__(self, other: Any) -> Dim:
+        return _combine(self, _operand(other), -1)
+
+    def __rsub__(self, other: Any) -> Dim:
+        return _combine(_operand(other), self, -1)
+
+    def __neg__(self) -> Dim:
+        return _make({mono: -coef for mono, coef in self.terms})
+
+    def __pos__(self) -> Sym:
+        return self
+
+    def __mul__(self, other: Any) -> Dim:
+        return _multiply(self, _operand(other))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: Any) -> Dim:
+        return _divide(self, _operand(other), "//")[0]
+
+    def __rfloordiv__(self, other: Any) -> Dim:
+        return _divide(_operand(other), self, "//")[0]
+
+    def __mod__(self, other: Any) -> Dim:
+        return _divide(self, _operand(other), "%")[1]
+
+    def __rmod__(self, other: Any) -> Dim:
+        return _divide(_operand(other), self, "%")[1]
+
+    # --- decisions ------------------------------------------------------------------------------
+
+    def __lt__(self, other: Any) -> bool:
+        return _positive(_operand(other) - self, f"{self} < {other}")
+
+    def __le__(self, other: Any) -> bool:
+        return not _positive(self - _operand(other), f"{self} <= {other}")
+
+    def __gt__(self, other: Any) -> bool:
+        return _positive(self - _operand(other), f"{self} > {other}")
+
+    def __ge__(self, other: Any) -> bool:
+        return not _positive(_operand(other) - self, f"{self} >= {other}")
+
+    def __bool__(self) -> bool:
+        low, high = _range(self)
+        if low > 0 or high < 0:
+            return True
+        raise ShapeError(f"cannot decide whether {self} != 0 for every value of {', '.join(self.symbols)}")
+
+    def _no_value(self, *_: Any) -> Any:
+        raise ShapeError(f"dim {self} is symbolic: specialize the graph to give {', '.join(self.symbols)} a value")
+
+    __int__ = __index__ = __float__ = __round__ = _no_value
+
+
+Dim = int | Sym
+
+
+def symbol(name: str) -> Sym:
+    """The dim of one symbol; ShapeError unless ``name`` is an identifier."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ShapeError(f"symbol name {name!r} must be an identifier (a letter or _, then letters, digits, _)")
+    return Sym((((name,), 1),))
+
+
+def as_dim(value: Any) -> Dim:
+    """``value`` as a dim: an integral number (bool refused), a Sym, or a string parsed by :func:`parse`.
+
+    TypeError for a value of another type or a number written as a string (``"2"`` is refused, never
+    converted), ShapeError for a string that is not a dim.
+    """
+    if isinstance(value, Sym):
+        return value
+    if isinstance(value, str):
+        dim = parse(value)
+        if not isinstance(dim, Sym):
+            raise TypeError(f"dim {value!r} is a number written as a string")
+        return dim
+    if isinstance(value, bool) or int(value) != value:  # int() raises TypeError for other types
+        raise TypeError(f"dim {value!r} must be an int or a symbolic dim")
+    return int(value)
+
+
+def parse(text: str) -> Dim:
+    """Parse ``"batch"``, ``"batch*seq"``, ``"2*seq+4"``, ``"(a+1)*b"``; ShapeError naming the text."""
+    tokens = [m.group(1) or m.group(2) or m.group(3) for m in _TOKEN.finditer(text) if m.group(0).strip()]
+    if "".join(tokens) != re.sub(r"\s+", "", text):
+        raise ShapeError(f"cannot parse dim {text!r}")
+    pos = 0
+
+    def peek() -> str | None:
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take() -> str:
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def expr() -> Dim:
+        sign = -1 if peek() == "-" and take() else 1
+        value = sign * term()
+        while peek() in ("+", "-"):
+            value = value + term() if take() == "+" else value - term()
+        return value
+
+    def term() -> Dim:
+        value = factor()
+        while peek() == "*":
+            take()
+            value = value * factor()
+        return value
+
+    def factor() -> Dim:
+        token = peek()
+        if token is None:
+            raise ShapeError(f"cannot parse dim {text!r}: it ends early")
+        take()
+        if token.isdigit():
+            return int(token)
+        if NAME.fullmatch(token):
+            return symbol(token)
+        if token == "(":
+            value = expr()
+            if peek() != ")":
+                raise ShapeError(f"cannot parse dim {text!r}: missing ')'")
+            take()
+            return value
+        raise ShapeError(f"cannot parse dim {text!r}: unexpected {token!r}")
+
+    value = expr()
+    if pos != len(tokens):
+        raise ShapeError(f"cannot parse dim {text!r}: unexpected {tokens[pos]!r}")
+    return value
+
+
+def evaluate(dim: Dim, binding: Mapping[str, int]) -> int:
+    """``dim``'s value under ``binding`` (an int stays itself)."""
+    return dim.evaluate(binding) if isinstance(dim, Sym) else dim
+
+
+def symbols_of(dims: Iterable[Any]) -> set[str]:
+    """The symbol names in ``dims`` (ints and other values contribute none)."""
+    return {s for d in dims if isinstance(d, Sym) for s in d.symbols}
+
+
+def to_json(dim: Dim) -> int | str:
+    """An int, or the Sym's string (what :func:`as_dim` reads back)."""
+    return str(dim) if isinstance(dim, Sym) else dim
+
+
+# --- polynomial arithmetic ----------------------------------------------------------------------
+
+
+def _operand(value: Any) -> Dim:
+    if isinstance(value, Sym):
+        return value
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"unsupported operand for a symbolic dim: {value!r}")
+    return operator.index(value)
+
+
+def _terms(d: Dim) -> dict[Monomial, int]:
+    return dict(d.terms) if isinstance(d, Sym) else ({(): d} if d else {})
+
+
+def _make(terms: Mapping[Monomial, int]) -> Dim:
+    """The canonical dim of ``terms``: an int when no symbol is left."""
+    kept = {mono: coef for mono, coef in terms.items() if coef}
+    if not any(kept):  # only the constant term (or nothing) is left
+        return kept.get((), 0)
+    return Sym(tuple(sorted(kept.items(), key=lambda t: (-len(t[0]), t[0]))))
+
+
+def _combine(a: Dim, b: Dim, sign: int) -> Dim:
+    out = _terms(a)
+    for mono, coef in _terms(b).items():
+        out[mono] = out.get(mono, 0) + sign * coef
+    return _make(out)
+
+
+def _multiply(a: Dim, b: Dim) -> Dim:
+    out: dict[Monomial, int] = {}
+    for ma, ca in _terms(a).items():
+        for mb, cb in _terms(b).items():
+            mono = tuple(sorted(ma + mb))
+            out[mono] = out.get(mono, 0) + ca * cb
+    return _make(out)
+
+
+def _divide(a: Dim, b: Dim, op: str) -> tuple[Dim, Dim]:
+    """Exact ``(a // b, a % b)`` when it is the same for every value of the symbols, else ShapeError."""
+    if b == 0:
+        raise ShapeError(f"{a} {op} 0: division by zero")
+    if isinstance(b, int):
+        consts = _terms(a).pop((), 0)
+        if all(coef % b == 0 for mono, coef in _terms(a).items() if mono):
+            quotient = _make({mono: coef // b for mono, coef in _terms(a).items() if mono})
+            return quotient + consts // b, consts % b
+    else:
+        bool(b)  # ShapeError unless b != 0 for every value of its symbols
+        quotient = 0 if a == 0 else _exact_quotient(_terms(a), _terms(b))
+        if quotient is not None:
+            return quotient, 0
+    raise ShapeError(f"cannot decide {a} {op} {b} for every value of {', '.join(sorted(symbols_of((a, b))))}")
+
+
+def _exact_quotient(a: dict[Monomial, int], b: dict[Monomial, int]) -> Dim | None:
+    """``a / b`` when it is a polynomial: ``b`` a single term dividing every term of ``a``, or ``a`` an int
+    multiple of ``b``; None otherwise."""
+    if len(b) == 1:
+        (mb, cb), = b.items()
+        out: dict[Monomial, int] = {}
+        for ma, ca in a.items():
+            rest = list(ma)
+            for s in mb:
+                if s not in rest:
+                    return None
+                rest.remove(s)
+            if ca % cb:
+                return None
+            out[tuple(rest)] = ca // cb
+        return _make(out)
+    mono = next(iter(b))
+    if a.get(mono, 0) % b[mono] == 0:
+        k = a.get(mono, 0) // b[mono]
+        if k and a == {m: c * k for m, c in b.items()}:
+            return k
+    return None
+
+
+def _range(d: Sym) -> tuple[float, float]:
+    """Bounds of ``d`` over every value >= 1 of its symbols: with all non-constant coefficients >= 0 its
+    least value is at 1 (the sum of its coefficients); with all <= 0 that is its largest."""
+    at_one = sum(coef for _, coef in d.terms)
+    coefs = [coef for mono, coef in d.terms if mono]
+    low = at_one if all(c >= 0 for c in coefs) else float("-inf")
+    high = at_one if all(c <= 0 for c in coefs) else float("inf")
+    return low, high
+
+
+def _positive(d: Dim, what: str) -> bool:
+    """Whether ``d > 0`` for every value of its symbols (False when it is never), else ShapeError naming ``what``."""
+    if isinstance(d, int):
+        return d > 0
+    low, high = _range(d)
+    if low > 0:
+        return True
+    if high <= 0:
+        return False
+    raise ShapeError(f"cannot decide {what} for every value of {', '.join(d.symbols)}")
+
+
+__all__ = ["NAME", "Dim", "Sym", "as_dim", "evaluate", "parse", "symbol", "symbols_of", "to_json"]
