@@ -28,7 +28,7 @@ import numpy as np
 from .._builders import GraphBuilders
 from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
-from .registry import REGISTRY, REQUIRED, Kind, OpSpec, ShapeError, TensorType
+from .registry import REGISTRY, REQUIRED, TUPLE, Kind, OpSpec, ShapeError, TensorType, TupleType, ValueType
 
 FORMAT = "rlx-egraph-mir"
 FORMAT_VERSION = 1
@@ -44,7 +44,11 @@ class GraphError(RlxError, ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Node:
-    """One node: an op applied to earlier nodes, with its inferred output type."""
+    """One node: an op applied to earlier nodes, with its inferred output type.
+
+    A node of a multi-result op has ``parts`` (its results' types), shape ``()`` and dtype ``"tuple"``;
+    only ``Get`` nodes read it.
+    """
 
     id: int
     op: str
@@ -52,6 +56,7 @@ class Node:
     attrs: dict[str, Any]
     shape: tuple[int, ...]
     dtype: str
+    parts: tuple[TensorType, ...] = ()
 
     @property
     def spec(self) -> OpSpec:
@@ -62,8 +67,14 @@ class Node:
         return REGISTRY[self.op].kind
 
     @property
-    def type(self) -> TensorType:
-        return TensorType(self.shape, self.dtype)
+    def type(self) -> ValueType:
+        """The output type: a TupleType for a multi-result node."""
+        return TupleType(self.parts) if self.parts else TensorType(self.shape, self.dtype)
+
+    @property
+    def results(self) -> tuple[TensorType, ...]:
+        """The types of what the node computes: its parts, or its one tensor."""
+        return self.parts or (TensorType(self.shape, self.dtype),)
 
     @property
     def name(self) -> str | None:
@@ -72,8 +83,8 @@ class Node:
 
     def same_as(self, other: Node) -> bool:
         """Equal op, attributes, inputs and type (ids aside)."""
-        return (self.op, self.inputs, self.shape, self.dtype) == (other.op, other.inputs, other.shape, other.dtype) \
-            and attrs_equal(self.attrs, other.attrs)
+        return (self.op, self.inputs, self.shape, self.dtype, self.parts) \
+            == (other.op, other.inputs, other.shape, other.dtype, other.parts) and attrs_equal(self.attrs, other.attrs)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Node) and self.id == other.id and self.same_as(other)
@@ -128,7 +139,8 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
         in_nodes.append(node)
     try:
         attrs_c, out = _resolve(spec, attrs, in_nodes)
-        _check_dims(out.shape)
+        for part in out.parts if isinstance(out, TupleType) else (out,):
+            _check_dims(part.shape)
     except (ShapeError, OverflowError) as exc:  # OverflowError: an infinite float given as an int
         raise GraphError(f"node {nid} ({op}): {exc}") from None
     name = attrs_c.get("name") if spec.kind is Kind.LEAF else None
@@ -138,18 +150,20 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
         bad = [n for n in in_nodes if n.op not in ("Param", "ConcatParams")]
         if bad:
             raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0].id} is {bad[0].op}")
+    if isinstance(out, TupleType):
+        return Node(nid, op, inputs, attrs_c, (), TUPLE, out.parts)
     return Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
 
 
-_RESOLVED: dict[tuple, tuple[dict[str, Any], TensorType]] = {}
+_RESOLVED: dict[tuple, tuple[dict[str, Any], ValueType]] = {}
 _RESOLVED_MAX = 1 << 16
 
 
-def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], TensorType]:
+def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], ValueType]:
     """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions."""
     if spec.kind is Kind.LEAF:
         return spec.resolve(attrs, [n.type for n in in_nodes])
-    key = (spec.name, tuple(attrs.items()), tuple((n.shape, n.dtype) for n in in_nodes))
+    key = (spec.name, tuple(attrs.items()), tuple((n.shape, n.dtype, n.parts) for n in in_nodes))
     try:
         hit = _RESOLVED.get(key)
     except TypeError:  # unhashable attribute values (lists, arrays): not remembered
@@ -223,6 +237,10 @@ class Graph(GraphBuilders):
         missing = [i for i in ids if i not in self._by_id]
         if missing:
             raise GraphError(f"output refers to node {missing[0]}, which is not in the graph")
+        tuples = [self._by_id[i] for i in ids if self._by_id[i].parts]
+        if tuples:
+            raise GraphError(f"output node {tuples[0].id} ({tuples[0].op}) has {len(tuples[0].parts)} results: "
+                             "output them one by one through Get")
         self._outputs = ids
 
     # --- queries ----------------------------------------------------------------
@@ -357,7 +375,7 @@ class Graph(GraphBuilders):
             "name": self.name,
             "nodes": [{"id": n.id, "op": n.op, "inputs": list(n.inputs),
                        "attrs": {k: _attr_to_json(v) for k, v in n.attrs.items()},
-                       "shape": list(n.shape), "dtype": n.dtype} for n in self._nodes],
+                       **_file_type(n)} for n in self._nodes],
             "outputs": list(self._outputs),
             "meta": self.meta,
         }
@@ -512,15 +530,26 @@ def _record(k: int, raw: Any, fields: tuple[str, ...]) -> _Record:
                    dict(attrs))
 
 
+def _file_type(node: Node) -> dict[str, Any]:
+    """A file record's ``shape`` and ``dtype``; a multi-result node's are one list entry per result."""
+    if node.parts:
+        return {"shape": [list(p.shape) for p in node.parts], "dtype": [p.dtype for p in node.parts]}
+    return {"shape": list(node.shape), "dtype": node.dtype}
+
+
 def _check_file_type(node: Node, raw: Mapping[str, Any]) -> None:
     """A file record's optional ``shape``/``dtype`` must be well formed and agree with inference."""
-    shape, dtype = raw.get("shape", list(node.shape)), raw.get("dtype", node.dtype)
-    if type(shape) is not list or not all(type(d) is int for d in shape):
-        raise GraphError(f"node {node.id} ({node.op}): 'shape' must be a list of ints, got {_show(shape)}")
-    if not isinstance(dtype, str):
-        raise GraphError(f"node {node.id} ({node.op}): 'dtype' must be a string, got {_show(dtype)}")
-    if (tuple(shape), dtype) != (node.shape, node.dtype):
-        said = dtype if dtype.isprintable() else repr(dtype)
+    written = _file_type(node)
+    shape, dtype = raw.get("shape", written["shape"]), raw.get("dtype", written["dtype"])
+    shapes, dtypes = (shape, dtype) if node.parts else ([shape], [dtype])
+    if type(shapes) is not list or not all(type(s) is list and all(type(d) is int for d in s) for s in shapes):
+        raise GraphError(f"node {node.id} ({node.op}): 'shape' must be a list of ints"
+                         f"{' per result' if node.parts else ''}, got {_show(shape)}")
+    if type(dtypes) is not list or not all(isinstance(d, str) for d in dtypes):
+        raise GraphError(f"node {node.id} ({node.op}): 'dtype' must be a string"
+                         f"{' per result' if node.parts else ''}, got {_show(dtype)}")
+    if (shape, dtype) != (written["shape"], written["dtype"]):
+        said = dtype if isinstance(dtype, str) and dtype.isprintable() else repr(dtype)
         raise GraphError(f"node {node.id} ({node.op}): file says {said}{shape}, inferred {node.type}")
 
 
