@@ -138,7 +138,7 @@ FUSED_TODAY = {
     "bert": {"SkipLayerNormalization": 2, "BiasGelu": 1},
     # pre-norm: the residual Add feeds ln_2 and the last residual, so ln_2 is a Skip norm with its sum output
     "gpt2": {"LayerNormalization": 1, "SkipLayerNormalization": 1, "FastGelu": 1},
-    "llama": {"SimplifiedLayerNormalization": 1, "SkipSimplifiedLayerNormalization": 1, "QuickGelu": 1},
+    "llama": {"SimplifiedLayerNormalization": 2, "SkipSimplifiedLayerNormalization": 0, "QuickGelu": 1},
     "sdpa": {},
 }
 
