@@ -495,7 +495,7 @@ def test_bench_cases_keep_the_given_order() -> None:
 
 def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
-    # llama-1 has 96 e-nodes and llama-2 176: the ILP runs on the first only.
+    # llama-1 has 108 e-nodes and llama-2 200: the ILP runs on the first only.
     code = bench.main(["--quick", "--models", "llama,synthetic", "--exact-max-enodes", "150", "--json", str(path)])
     out, err = capsys.readouterr()
     assert code == 0
@@ -503,8 +503,8 @@ def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path:
     rows = data["rows"]
     assert [r["case"] for r in rows] == ["llama-1", "llama-2"]  # --quick drops synthetic and uses layers 1, 2
     one, two = rows
-    assert (one["nodes_before"], one["nodes_after"], one["enodes"]) == (62, 34, 96)
-    assert (two["nodes_before"], two["nodes_after"], two["enodes"]) == (110, 62, 176)
+    assert (one["nodes_before"], one["nodes_after"], one["enodes"]) == (62, 34, 108)
+    assert (two["nodes_before"], two["nodes_after"], two["enodes"]) == (110, 62, 200)
     assert Counter(one["fused_op_counts"]) == LLAMA1_FUSED - Counter(ConcatParams=2)  # fused ops: no views, weights
     assert one["ilp_finished"] is True
     assert one["exact_ns"] == pytest.approx(one["greedy_ns"])
@@ -517,10 +517,10 @@ def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path:
     table = out.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("case "))
     assert table[header].split()[-3:] == ["ns", "fused", "ops"]
-    assert table[header + 1].split()[:5] == ["llama-1", "62", "34", "64", "96"]
+    assert table[header + 1].split()[:5] == ["llama-1", "62", "34", "68", "108"]
     gap = 14  # case, 2 node counts, 2 e-graph sizes, 4 phases, total, peak, before, after, gain, then gap
     assert table[header + 1].split()[gap] == "0"  # greedy found the optimum
-    assert table[header + 2].split()[:5] == ["llama-2", "110", "62", "114", "176"]
+    assert table[header + 2].split()[:5] == ["llama-2", "110", "62", "122", "200"]
     assert table[header + 2].split()[gap] == "-"
     assert "RmsNormMatMul:3" in table[header + 1]
     assert err.splitlines() == [f"[1/2] llama-1: {one['total_seconds']:.2f} s",

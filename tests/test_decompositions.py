@@ -34,15 +34,24 @@ def rng_for(*key: str) -> np.random.Generator:
 
 
 def one_node(spec: OpSpec, types: list[TensorType], attrs: dict[str, Any], dtype: str) -> Graph:
-    """One ``spec`` node on Param leaves in0, in1, ... (Params: matrices get fan-in scaled data)."""
+    """One ``spec`` node on Param leaves in0, in1, ... (Params: matrices get fan-in scaled data); its
+    results are the outputs (each through a Get for a multi-result op)."""
     g = Graph(spec.name)
     ids = [g.param(f"in{k}", t.shape, dtype) for k, t in enumerate(types)]
-    g.set_outputs([g.add_node(spec.name, ids, **attrs)])
+    node = g.add_node(spec.name, ids, **attrs)
+    g.set_outputs([g.get(node, index=k) for k in range(len(spec.results))] if spec.results else [node])
     return g
 
 
 def non_leaf_ops(g: Graph) -> list[str]:
-    return [n.op for n in g.nodes if n.kind is not Kind.LEAF]
+    """Ops of the nodes that compute (a Get is part of the node it reads)."""
+    return [n.op for n in g.nodes if n.kind not in (Kind.LEAF, Kind.PROJECTION)]
+
+
+def producer(g: Graph, node_id: int) -> int:
+    """The node computing ``node_id``: the multi-result node a Get reads, else the node itself."""
+    n = g.node(node_id)
+    return n.inputs[0] if n.kind is Kind.PROJECTION else node_id
 
 
 # --- coverage ------------------------------------------------------------------------
@@ -75,14 +84,14 @@ def test_kernel_matches_decomposition(spec: OpSpec, dtype: str) -> None:
         unfused = decompose(one_node(spec, types, attrs, "f32"), COMPOSITE)
         assert non_leaf_ops(fused) == [spec.name]
         assert not COMPOSITE & set(unfused.op_counts())
-        want = unfused.node(unfused.outputs[0])
-        assert fused.node(fused.outputs[0]).type == TensorType(want.shape, dtype)
+        assert len(fused.outputs) == len(unfused.outputs) == max(1, len(spec.results))
         values = evaluate(fused, return_all=True)
-        (got,) = evaluate(unfused, params={n.name: values[n.id] for n in fused.params})
-        fused_value = values[fused.outputs[0]]
-        assert np.all(np.isfinite(fused_value))
-        np.testing.assert_allclose(fused_value, got, rtol=rtol, atol=atol,
-                                   err_msg=f"sample {k}: {[str(t) for t in types]} {attrs}")
+        unfused_values = evaluate(unfused, params={n.name: values[n.id] for n in fused.params})
+        for out, got in zip(fused.outputs, unfused_values, strict=True):  # every result
+            assert fused.node(out).type == TensorType(got.shape, dtype)
+            assert np.all(np.isfinite(values[out]))
+            np.testing.assert_allclose(values[out], got, rtol=rtol, atol=atol,
+                                       err_msg=f"sample {k}: {[str(t) for t in types]} {attrs}")
 
 
 # --- the decomposition is what the rules recognise -----------------------------------------
@@ -93,6 +102,8 @@ RULE_GUARDS = {
     "RmsNorm": lambda ts, a: a["axis"] == -1 and len(ts) == 2,
     "FusedResidualLN": lambda ts, a: a["axis"] == -1,
     "FusedResidualRmsNorm": lambda ts, a: a["axis"] == -1 and len(ts) == 3,
+    "FusedAddLayerNorm": lambda ts, a: a["axis"] == -1,
+    "FusedAddRmsNorm": lambda ts, a: a["axis"] == -1 and len(ts) == 3,
     "FusedRmsNormMatMul": lambda ts, a: a["axis"] == -1,
     "FusedMatMulAdd": lambda ts, a: ts[2].rank >= 2,  # a rank <= 1 addend is a bias: FusedMatMulBiasAct
     "FusedMatMulATAdd": lambda ts, a: ts[2].rank >= 2,
@@ -119,7 +130,7 @@ def test_optimizer_recovers_the_op_from_its_decomposition(spec: OpSpec) -> None:
         g = one_node(spec, types, attrs, "f32")
         out = optimize(decompose(g, COMPOSITE), target="cpu")
         assert non_leaf_ops(out) == [spec.name], f"{[str(t) for t in types]} {attrs}"
-        want, got = g.node(g.outputs[0]), out.node(out.outputs[0])
+        want, got = g.node(producer(g, g.outputs[0])), out.node(producer(out, out.outputs[0]))
         assert got.attrs == want.attrs
         assert [out.node(i).name for i in got.inputs] == [g.node(i).name for i in want.inputs]
 

@@ -177,12 +177,14 @@ def two_inputs(body: Callable[[Graph, int, int], int], shape: tuple[int, ...] = 
     return build
 
 
-def residual_norm(norm: str) -> Graph:
+def residual_norm(norm: str, sum_read: bool = False) -> Graph:
+    """norm(x + r); with ``sum_read`` the sum is also read by the next residual (a pre-norm block)."""
     g = Graph()
     x, r = g.input("x", X), g.input("r", X)
     gamma = g.param("gamma", (8,))
     add = g.add(x, r)
-    g.set_outputs([g.layer_norm(add, gamma, g.param("beta", (8,))) if norm == "ln" else g.rms_norm(add, gamma)])
+    normed = g.layer_norm(add, gamma, g.param("beta", (8,))) if norm == "ln" else g.rms_norm(add, gamma)
+    g.set_outputs([g.add(g.exp(normed), add)] if sum_read else [normed])
     return g
 
 
@@ -265,6 +267,10 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "rms-norm-matmul": (rms_norm_matmul, {"FusedRmsNormMatMul": 1, "RmsNorm": 0, "MatMul": 0}),
     "residual-layer-norm": (lambda: residual_norm("ln"), {"FusedResidualLN": 1, "Add": 0}),
     "residual-rms-norm": (lambda: residual_norm("rms"), {"FusedResidualRmsNorm": 1, "Add": 0}),
+    "add-layer-norm": (lambda: residual_norm("ln", sum_read=True),
+                       {"FusedAddLayerNorm": 1, "Get": 2, "Add": 1, "LayerNorm": 0, "FusedResidualLN": 0}),
+    "add-rms-norm": (lambda: residual_norm("rms", sum_read=True),
+                     {"FusedAddRmsNorm": 1, "Get": 2, "Add": 1, "RmsNorm": 0, "FusedResidualRmsNorm": 0}),
     "rms-norm-flatten": (rms_norm_flatten, {"RmsNorm": 1, "Reshape": 1}),
     "group-norm-silu": (group_norm_silu, {"GroupNormSilu": 1, "Silu": 0}),
     "swiglu": (two_inputs(lambda g, a, b: g.mul(g.silu(a), b)), {"SwiGLU": 1, "Mul": 0}),
@@ -474,9 +480,11 @@ def test_stats_count_matches_commits_and_rejections():
     stats = result.stats.rules["residual-layer-norm"]
     # one match per operand order of the Add, both counted under the rule's name
     assert (stats.matches, stats.commits, stats.rejected) == (2, 0, {"does not lower the cost": 2})
-    assert ops(result.graph) == {"Add": 1, "LayerNorm": 1}
+    both = result.stats.rules["add-layer-norm"]  # the kernel that also writes the sum is taken once
+    assert (both.matches, both.commits) == (2, 1)
+    assert ops(result.graph) == {"FusedAddLayerNorm": 1, "Get": 2}
     d = result.stats.to_dict()
-    assert d["nodes_before"] == 6 and d["nodes_after"] == 6 and d["unsupported"] == []
+    assert d["nodes_before"] == 6 and d["nodes_after"] == 7 and d["unsupported"] == []
     assert set(d["phases"]) == {"load", "simplify", "recognize", "fuse", "blocks", "finish"}
 
 

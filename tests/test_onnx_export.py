@@ -50,7 +50,8 @@ def test_every_primitive_exports_and_runs_like_its_kernel(c: Case) -> None:
 
 def test_every_op_has_an_export() -> None:
     composite = {name for name, spec in REGISTRY.items() if spec.decompose is not None}
-    generic = {name for name, spec in REGISTRY.items() if spec.kind in (Kind.LEAF, Kind.WEIGHT_PREP)} | {"OnnxOp"}
+    generic = {name for name, spec in REGISTRY.items()
+               if spec.kind in (Kind.LEAF, Kind.WEIGHT_PREP, Kind.PROJECTION)} | {"OnnxOp"}
     assert sorted(set(REGISTRY) - set(EXPORTS) - set(MIR_FORMS) - composite - generic) == []
     assert not set(MIR_FORMS) & (set(EXPORTS) | composite)  # one unfused form per op
     covered = {c.op for c in EXPORTABLE_CASES}
@@ -73,7 +74,8 @@ def test_fused_op_exports_and_runs_like_its_kernel(op: str) -> None:
             mask = ids[3 if op == "FusedAttentionBlock" else 13]
         else:
             mask = None
-        g.set_outputs([g.add_node(op, ids, **attrs)])
+        node = g.add_node(op, ids, **attrs)
+        g.set_outputs([g.get(node, index=k) for k in range(len(spec.results))] if spec.results else [node])
         inputs = {f"in{k}": rng.standard_normal(t.shape).astype(np.float32) for k, t in enumerate(types)}
         if mask is not None:
             name = g.node(mask).name
@@ -82,7 +84,10 @@ def test_fused_op_exports_and_runs_like_its_kernel(op: str) -> None:
         model = export_model(g)
         if op in EXPORTS and op != "ConcatParams":
             assert op not in exported_ops(model)  # written as onnxruntime kernels, not by name
-        assert_close(run_ort(model, inputs)[0], evaluate(g, inputs)[0])
+        got, want = run_ort(model, inputs), evaluate(g, inputs)
+        assert len(got) == len(want) == max(1, len(spec.results))
+        for a, b in zip(got, want, strict=True):  # every result
+            assert_close(a, b)
 
 
 def test_contrib_ops_of_the_fused_ops() -> None:
@@ -104,11 +109,36 @@ def test_contrib_ops_of_the_fused_ops() -> None:
     assert_close(run_ort(model, inputs)[0], evaluate(g, inputs)[0])
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 8), (2, 2, 3, 8)])
+def test_multi_result_norms_export_as_skip_norms_with_the_sum_output(shape: tuple[int, ...]) -> None:
+    """FusedAddLayerNorm / FusedAddRmsNorm (with a beta) are one Skip[Simplified]LayerNormalization whose
+    output 3 is the sum, both read by later nodes; rank 4 is reshaped to rows and back."""
+    g = Graph("skip")
+    x, r, y = (g.input(name, shape) for name in ("x", "r", "y"))
+    gamma, beta = g.param("gamma", (8,)), g.param("beta", (8,))
+    ln = g.fused_add_layer_norm(x, r, gamma, beta)
+    rms = g.fused_add_rms_norm(g.get(ln, index=0), g.get(ln, index=1), gamma, beta)
+    g.set_outputs([g.get(rms, index=0), g.mul(g.get(rms, index=1), y), g.get(ln, index=1)])
+    rng = np.random.default_rng(1)
+    g.weights = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in g.params}
+    model = export_model(g)
+    skips = [n for n in model.graph.node if n.op_type.startswith("Skip")]
+    assert [(n.op_type, len(n.output), n.output[1:3]) for n in skips] == [
+        ("SkipLayerNormalization", 4, ["", ""]), ("SkipSimplifiedLayerNormalization", 4, ["", ""])]
+    assert exported_ops(model)["Reshape"] == (0 if len(shape) == 3 else 8)  # x, r in; norm, sum out (each op)
+    inputs = {name: rng.standard_normal(shape).astype(np.float32) for name in ("x", "r", "y")}
+    got, want = run_ort(model, inputs), evaluate(g, inputs)
+    assert len(got) == 3
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
 # What rlx-egraph fuses today in each export form, for the onnxruntime target (exported op counts).
 FUSED_TODAY = {
     "bert": {"SkipLayerNormalization": 2, "BiasGelu": 1},
-    "gpt2": {"LayerNormalization": 2, "FastGelu": 1},
-    "llama": {"SimplifiedLayerNormalization": 2, "QuickGelu": 1},
+    # pre-norm: the residual Add feeds ln_2 and the last residual, so ln_2 is a Skip norm with its sum output
+    "gpt2": {"LayerNormalization": 1, "SkipLayerNormalization": 1, "FastGelu": 1},
+    "llama": {"SimplifiedLayerNormalization": 2, "SkipSimplifiedLayerNormalization": 0, "QuickGelu": 1},
     "sdpa": {},
 }
 

@@ -313,6 +313,9 @@ CASES: list[Case] = [
     case("Concat", lambda g, a, b, c: g.concat([a, b, c], axis=0), lambda a, b, c: np.vstack([a, b, c]),
          randn(1, 3), randn(2, 3), randn(1, 3), shape=(4, 3)),
     case("Expand", lambda g, x: g.expand(x, shape=(2, 3, 4)), lambda x: x * np.ones((2, 3, 4)), Y31, shape=(2, 3, 4)),
+    # projection: result 1 (the sum) of a multi-result node
+    case("Get", lambda g, x, r, w: g.get(g.fused_add_rms_norm(x, r, w), index=1), lambda x, r, w: x + r,
+         X234, randn(2, 3, 4), randn(4), shape=(2, 3, 4)),
     # transformer
     case("Embedding", lambda g, t, i: g.embedding(t, i), lambda t, i: np.array([[t[j] for j in row] for row in i]),
          randn(5, 3), ints(5, 2, 4), shape=(2, 4, 3)),

@@ -137,8 +137,9 @@ def test_bias_declared_after_matmul_still_fuses():
     assert ops(og) == {"FusedMatMulBiasAct": 1}
 
 
-@pytest.mark.parametrize("norm, fused", [("layer_norm", "FusedResidualLN"), ("rms_norm", "FusedResidualRmsNorm")])
-def test_residual_norm_fuses_unless_the_add_is_an_output(norm, fused):
+@pytest.mark.parametrize("norm, fused, both", [("layer_norm", "FusedResidualLN", "FusedAddLayerNorm"),
+                                               ("rms_norm", "FusedResidualRmsNorm", "FusedAddRmsNorm")])
+def test_residual_norm_fuses_and_writes_the_sum_too_when_the_add_is_an_output(norm, fused, both):
     def build(add_is_output: bool) -> Graph:
         g = Graph()
         x, r = g.input("x", (4, 15, 384)), g.input("residual", (4, 15, 384))
@@ -150,9 +151,9 @@ def test_residual_norm_fuses_unless_the_add_is_an_output(norm, fused):
 
     og, _ = opt(build(False))
     assert ops(og) == {fused: 1} and len(og) == 5
-    g = build(True)
-    og, _ = opt(g)
-    assert og == g
+    og, report = opt(build(True))  # one kernel with two results, the norm and the sum
+    assert ops(og) == {both: 1, "Get": 2} and len(og) == 7 and report.parity.ok
+    assert [og.node(o).attrs["index"] for o in og.outputs] == [0, 1]
 
 
 def test_rms_norm_then_leading_flatten_reshape_normalises_the_flat_rows():

@@ -39,6 +39,10 @@ class GraphBuilders:
         """Append a Exp node (elementwise). Elementwise Exp."""
     def expand(self, x: int, *, shape: Sequence[int | str]) -> int:
         """Append a Expand node (layout). Broadcast to a shape."""
+    def fused_add_layer_norm(self, x: int, residual: int, gamma: int, beta: int, *, axis: int = -1, eps: float = 1e-05) -> int:
+        """Append a FusedAddLayerNorm node (fused). (LayerNorm(x + residual), x + residual): the sum is the next residual."""
+    def fused_add_rms_norm(self, x: int, residual: int, gamma: int, beta: int | None = None, *, axis: int = -1, eps: float = 1e-06) -> int:
+        """Append a FusedAddRmsNorm node (fused). (RmsNorm(x + residual), x + residual): the sum is the next residual."""
     def fused_attention_block(self, hidden: int, qkv_w: int, out_w: int, mask: int, qkv_b: int, out_b: int, *, heads: int, scale: float) -> int:
         """Append a FusedAttentionBlock node (fused). QKV matmul+bias, split, masked attention, output matmul+bias."""
     def fused_matmul_add(self, a: int, b: int, d: int) -> int:
@@ -61,6 +65,8 @@ class GraphBuilders:
         """Append a FusedTransformerLayer node (fused). A whole post-norm BERT layer; inputs in the seed's 14-input order."""
     def gelu(self, x: int, *, approximate: str = 'none') -> int:
         """Append a Gelu node (elementwise). GELU, erf form or the tanh approximation."""
+    def get(self, results: int, *, index: int) -> int:
+        """Append a Get node (projection). Result ``index`` of a multi-result node (no launch, no bytes moved)."""
     def global_avg_pool(self, x: int) -> int:
         """Append a GlobalAvgPool node (reduction)."""
     def greater(self, a: int, b: int) -> int:

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..ir.dtypes import DTYPES
 from ..ir.graph import Graph, Node
-from ..ir.registry import Kind, TensorType
+from ..ir.registry import Kind, TensorType, ValueType
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -77,9 +77,10 @@ class Section(StrEnum):
 FIXED = (Section.WEIGHTS, Section.INPUTS, Section.OUTPUTS)
 
 
-def value_bytes(t: TensorType) -> int:
-    """Bytes a value of type ``t`` occupies in the arena."""
-    return t.numel * DTYPES[t.dtype].itemsize
+def value_bytes(t: ValueType) -> int:
+    """Bytes a value of type ``t`` occupies in the arena (a multi-result node's: its results, one after
+    the other, each a view of its Get)."""
+    return t.nbytes
 
 
 def dense_strides(t: TensorType) -> tuple[int, ...]:
@@ -357,7 +358,12 @@ def _views(graph: Graph) -> dict[int, tuple[int, int, tuple[int, ...]]]:
                 views[i] = (root, offset + start * strides[axis], strides)
             start += part.shape[axis]
     for node in graph.nodes:
-        if node.op in VIEW_OPS:
+        if node.kind is Kind.PROJECTION:  # result k: after results 0..k-1 in the multi-result node's buffer
+            source = graph.node(node.inputs[0])
+            root, offset = views[source.id][:2] if source.id in views else (source.id, 0)
+            before = sum(p.nbytes for p in source.parts[:node.attrs["index"]])
+            views[node.id] = (root, offset + before, dense_strides(node.type))
+        elif node.op in VIEW_OPS:
             source = graph.node(node.inputs[0])
             root, offset, strides = where(source)
             view = _layout_view(node, source, offset, strides)

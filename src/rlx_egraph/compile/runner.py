@@ -20,6 +20,7 @@ produced it with.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -51,13 +52,16 @@ class _Run:
             return (bits.astype(np.uint32) << 16).view(np.float32)
         return np.ndarray(node.shape, DTYPES[node.dtype].storage, self.arena, offset, strides)
 
-    def _write(self, node: Node, offset: int, value: np.ndarray) -> None:
-        strides = dense_strides(node.type)
-        if node.dtype == "bf16":
-            bits = np.ndarray(node.shape, np.uint16, self.arena, offset, strides)
-            bits[...] = (np.asarray(value, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        else:
-            np.ndarray(node.shape, DTYPES[node.dtype].storage, self.arena, offset, strides)[...] = value
+    def _write(self, node: Node, offset: int, value: Any) -> None:
+        """Write ``node``'s value at ``offset``, row-major (a multi-result node's results one after the other)."""
+        for t, v in zip(node.results, value if node.parts else (value,), strict=True):
+            strides = dense_strides(t)
+            if t.dtype == "bf16":
+                bits = np.ndarray(t.shape, np.uint16, self.arena, offset, strides)
+                bits[...] = (np.asarray(v, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            else:
+                np.ndarray(t.shape, DTYPES[t.dtype].storage, self.arena, offset, strides)[...] = v
+            offset += t.nbytes
 
     def read(self, node_id: int) -> np.ndarray:
         """``node_id``'s value from the arena, laid out as ``evaluate`` lays it out."""
@@ -67,6 +71,8 @@ class _Run:
             buffer = self.plan.buffer_of(node_id)
             return _with_strides(self._at(node, buffer.offset, dense_strides(node.type)), self.layout[node_id])
         planned = self._at(node, self.plan.buffer_of(node_id).offset + view.offset, view.strides)
+        if node.kind is Kind.PROJECTION:  # a result of a multi-result node, laid out as its kernel made it
+            return _with_strides(planned, self.layout[node.inputs[0]][node.attrs["index"]])
         if node.kind is not Kind.LAYOUT:  # a weight that is a slice of a derived weight
             return _with_strides(planned, self.layout[node_id])
         source = self.graph.node(node.inputs[0])
@@ -112,7 +118,7 @@ class _Run:
                 value = run_node(node.spec, node.attrs, [self.read(i) for i in node.inputs],
                                  [self.graph.node(i).dtype for i in node.inputs], node.type)
                 self._write(node, self.plan.buffer_of(node.id).offset, value)
-                self.layout[node.id] = value.strides
+                self.layout[node.id] = tuple(v.strides for v in value) if node.parts else value.strides
             elif step.action == "copy":
                 self._write(node, self.plan.output_buffer(node.id).offset, self.read(node.id))
             for dead in ends.get(step.index, ()):

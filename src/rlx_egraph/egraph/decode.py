@@ -14,6 +14,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph
+from ..ir.registry import Kind
 from .view import EGraphView
 
 
@@ -28,6 +29,25 @@ class Fusion:
 
     def to_dict(self) -> dict:
         return {"node": self.node, "op": self.op, "rules": list(self.rules), "replaces": list(self.replaces)}
+
+
+def fold_projections(graph: Graph, fusions: list[Fusion]) -> list[Fusion]:
+    """``fusions`` without projections: a Get is part of the multi-result node it reads, whose
+    ``replaces`` gains the input-graph nodes the Get's result replaces (in result order)."""
+    gets: dict[int, list[Fusion]] = {}
+    for f in fusions:
+        node = graph.node(f.node)
+        if node.kind is Kind.PROJECTION:
+            gets.setdefault(node.inputs[0], []).append(f)
+    out = []
+    for f in fusions:
+        if f.node in gets:
+            extra = [r for g in sorted(gets[f.node], key=lambda g: graph.node(g.node).attrs["index"])
+                     for r in g.replaces]
+            f = Fusion(f.node, f.op, f.rules, tuple(dict.fromkeys((*f.replaces, *extra))))
+        if graph.node(f.node).kind is not Kind.PROJECTION:
+            out.append(f)
+    return out
 
 
 @dataclass
@@ -89,4 +109,5 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         stuck = sorted(set(wanted) - set(new_id))[:5]
         raise RuntimeError(f"decode: the extracted choice is cyclic around e-classes {stuck}")
     out.set_outputs(new_id[view.class_of_node[o]] for o in graph.outputs)
+    decoded.fusions = fold_projections(out, decoded.fusions)
     return decoded

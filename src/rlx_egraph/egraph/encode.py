@@ -143,8 +143,9 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
             name = egglog_name(node.id, local=True)
             actions.append(f"(let {name} {node_term(node, constants, local)})")
             actions.append(f"(set ({NODE_TABLE} {node.id}) {name})")
-            actions.append(f"(set (shape {name}) {literal(node.shape, AttrType.INTS)})")
-            actions.append(f"(set (dtype {name}) {literal(node.dtype, AttrType.DTYPE)})")
+            if not node.parts:  # a multi-result node has no one shape: its Gets have theirs
+                actions.append(f"(set (shape {name}) {literal(node.shape, AttrType.INTS)})")
+                actions.append(f"(set (dtype {name}) {literal(node.dtype, AttrType.DTYPE)})")
             if node.op == "Param":
                 actions.append(f"(set (param-order {name}) {param_order})")
                 param_order += 1

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..cost import Target
-from ..ir.registry import Kind, OpSpec, TensorType
+from ..ir.registry import Kind, OpSpec, TensorType, TupleType
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
 
@@ -232,6 +232,7 @@ class _Solver:
     def _try_move(self, c: int, n: int, parents: list[list[int]], max_group: int) -> bool:
         log: list = []
         self.newly_live = []
+        old = self.choice[c]
         delta = self.switch(c, n, log)
         if delta < -EPS:
             return True
@@ -253,8 +254,33 @@ class _Solver:
                     self.undo(sub)
         if delta < -EPS:
             return True
+        delta += self._release(c, old, parents, log)
+        if delta < -EPS:
+            return True
         self.undo(log)
         return False
+
+    def _release(self, c: int, old: int, parents: list[list[int]], log: list) -> float:
+        """Switching class ``c`` away from e-node ``old`` (a projection) leaves the multi-result class it
+        read alive for its sibling projections: switch each sibling's class to its alternative of most
+        gain too (kept in ``log``); returns the change of cost."""
+        delta = 0.0
+        for ch in self.view.nodes[old].children:
+            if self.refs[ch] == 0 or not isinstance(self.view.classes[ch].type, TupleType):
+                continue
+            for p in parents[ch]:
+                pc = self.view.nodes[p].eclass
+                if pc == c or self.refs[pc] == 0 or self.choice.get(pc) != p:
+                    continue
+                steps = []
+                for alt in self.view.classes[pc].nodes:
+                    if alt != p and self.usable(alt):
+                        sub: list = []
+                        steps.append((self.switch(pc, alt, sub), alt))
+                        self.undo(sub)
+                if steps:
+                    delta += self.switch(pc, min(steps)[1], log)
+        return delta
 
 
 def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: dict[int, int],
@@ -283,6 +309,13 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
     _drop_unreachable_cycles(view, choice)
     solver = _Solver(view, costs, choice, roots, pos)
     moves, stopped = solver.improve(deadline or Deadline())
+    if not stopped:  # once more, with each class no longer needed back at its cheapest tree choice: a
+        # later move that needs it again then finds it computed the cheap way, not the way it last was
+        for c in range(len(view.classes)):
+            if solver.refs[c] == 0 and c in tree_node and c in solver.choice:
+                solver.choice[c] = tree_node[c]
+        more, stopped = solver.improve(deadline or Deadline())
+        moves += more
     chosen = {c: solver.choice[c] for c in range(len(view.classes)) if solver.refs[c] > 0}
     notes = ["extraction stopped at the time limit with the best graph found so far"] if stopped else []
     return Extraction(chosen, dag_cost(view, chosen, roots, costs), "greedy", time.perf_counter() - start, moves,

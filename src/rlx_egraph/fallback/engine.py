@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cost import Target, get_target
-from ..egraph.decode import Fusion
+from ..egraph.decode import Fusion, fold_projections
 from ..egraph.extract import EPS, enode_ns
 from ..egraph.rules import STAGES, RuleSet, load_rules
 from ..ir.graph import Graph, GraphError, Node, check_node
@@ -618,8 +618,8 @@ class _Engine:
                 same.setdefault(holder, []).append(n.id)
         provenance = {n.id: Provenance(tuple(self.rules_of.get(n.id, ())), tuple(same.get(n.id, ())))
                       for n in out.nodes}
-        fusions = [Fusion(n.id, n.op, provenance[n.id].rules, provenance[n.id].replaces) for n in out.nodes
-                   if n.id not in graph]
+        fusions = fold_projections(out, [Fusion(n.id, n.op, provenance[n.id].rules, provenance[n.id].replaces)
+                                         for n in out.nodes if n.id not in graph])
         self.stats.nodes_after = len(out)
         self.stats.phases["finish"] = time.perf_counter() - t0
         return FallbackResult(out, provenance, fusions, self.stats)

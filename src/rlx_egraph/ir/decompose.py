@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import count
+from typing import Any
 
 from .graph import Graph, GraphError, Node
 from .registry import REGISTRY, Kind
@@ -47,11 +48,15 @@ def decompose(graph: Graph, ops: Iterable[str] | None = None) -> Graph:
     return Graph.from_nodes(records, [ids[o] for o in work.outputs], graph.name)
 
 
-def _rebuild(graph: Graph, targets: frozenset[str], trail: tuple[str, ...]) -> tuple[Graph, dict[int, int]]:
-    """``graph`` rebuilt with its ``targets`` nodes expanded; returns it and the map old id -> new id."""
+def _rebuild(graph: Graph, targets: frozenset[str], trail: tuple[str, ...]) -> tuple[Graph, dict[int, Any]]:
+    """``graph`` rebuilt with its ``targets`` nodes expanded; returns it and the map old id -> new id
+    (a tuple of ids for an expanded multi-result node, whose Gets become those nodes)."""
     work = Graph(graph.name)
-    new_of: dict[int, int] = {}
+    new_of: dict[int, Any] = {}
     for node in graph.nodes:
+        if node.kind is Kind.PROJECTION and isinstance(new_of[node.inputs[0]], tuple):
+            new_of[node.id] = new_of[node.inputs[0]][node.attrs["index"]]
+            continue
         inputs = [new_of[i] for i in node.inputs]
         if node.op not in targets:
             new_of[node.id] = work.add_node(node.op, inputs, **node.attrs)
@@ -66,8 +71,10 @@ def _rebuild(graph: Graph, targets: frozenset[str], trail: tuple[str, ...]) -> t
     return work, new_of
 
 
-def _expand(work: Graph, node: Node, inputs: list[int], targets: frozenset[str], trail: tuple[str, ...]) -> int:
-    """Append ``node``'s decomposition on ``inputs`` to ``work``, itself decomposed; returns its result."""
+def _expand(work: Graph, node: Node, inputs: list[int], targets: frozenset[str],
+            trail: tuple[str, ...]) -> int | tuple[int, ...]:
+    """Append ``node``'s decomposition on ``inputs`` to ``work``, itself decomposed; returns its result
+    (its results, one id each, for a multi-result node)."""
     trail = (*trail, node.op)
     if len(trail) > MAX_DEPTH:
         raise _Failure(f"decompositions nest deeper than {MAX_DEPTH} levels: {' -> '.join(trail)}")
@@ -81,16 +88,19 @@ def _expand(work: Graph, node: Node, inputs: list[int], targets: frozenset[str],
         result = build(scratch, slots, node.attrs)
     except GraphError as exc:
         raise _Failure(f"the decomposition of {node.op} fails: {exc}") from None
-    got = scratch.node(result).type
-    if got != node.type:
-        raise _Failure(f"the decomposition of {node.op} computes {got}, the node is {node.type}")
-    scratch.set_outputs([result])
+    results = result if isinstance(result, tuple) else (result,)
+    got = tuple(scratch.node(r).type for r in results)
+    if got != node.results:
+        shown = ", ".join(map(str, got))
+        raise _Failure(f"the decomposition of {node.op} computes {shown}, the node is {node.type}")
+    scratch.set_outputs(results)
     inner, inner_of = _rebuild(scratch, targets, trail)
     placed = {inner_of[s]: i for s, i in zip(slots, inputs, strict=True)}
     for n in inner.nodes:
         if n.id not in placed:
             placed[n.id] = work.add_node(n.op, [placed[i] for i in n.inputs], **n.attrs)
-    return placed[inner.outputs[0]]
+    out = tuple(placed[o] for o in inner.outputs)
+    return out if node.parts else out[0]
 
 
 __all__ = ["MAX_DEPTH", "decompose", "fused_ops"]

@@ -32,10 +32,12 @@ from .._builders import GraphBuilders
 from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .dims import Sym, as_dim, symbols_of, to_json
-from .registry import REGISTRY, REQUIRED, AttrType, Kind, OpSpec, ShapeError, TensorType
+from .registry import REGISTRY, REQUIRED, TUPLE, AttrType, Kind, OpSpec, ShapeError, TensorType, TupleType, ValueType
 
 FORMAT = "rlx-egraph-mir"
-FORMAT_VERSION = 2  # version 2 may hold symbolic dims (strings); a graph without them is written as version 1
+# Version 2 may hold symbolic dims (strings) and multi-result nodes (a shape and dtype per result); a graph with
+# neither is written as version 1.
+FORMAT_VERSION = 2
 READ_VERSIONS = (1, FORMAT_VERSION)
 MAX_DIM = 2**31
 FILE_FIELDS = ("format", "version", "name", "nodes", "outputs", "meta", "weights")
@@ -49,7 +51,11 @@ class GraphError(RlxError, ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Node:
-    """One node: an op applied to earlier nodes, with its inferred output type."""
+    """One node: an op applied to earlier nodes, with its inferred output type.
+
+    A node of a multi-result op has ``parts`` (its results' types), shape ``()`` and dtype ``"tuple"``;
+    only ``Get`` nodes read it.
+    """
 
     id: int
     op: str
@@ -57,6 +63,7 @@ class Node:
     attrs: dict[str, Any]
     shape: tuple[Any, ...]  # ints and symbolic dims
     dtype: str
+    parts: tuple[TensorType, ...] = ()
 
     @property
     def spec(self) -> OpSpec:
@@ -67,8 +74,14 @@ class Node:
         return REGISTRY[self.op].kind
 
     @property
-    def type(self) -> TensorType:
-        return TensorType(self.shape, self.dtype)
+    def type(self) -> ValueType:
+        """The output type: a TupleType for a multi-result node."""
+        return TupleType(self.parts) if self.parts else TensorType(self.shape, self.dtype)
+
+    @property
+    def results(self) -> tuple[TensorType, ...]:
+        """The types of what the node computes: its parts, or its one tensor."""
+        return self.parts or (TensorType(self.shape, self.dtype),)
 
     @property
     def name(self) -> str | None:
@@ -78,7 +91,8 @@ class Node:
     def dims(self) -> Iterator[Any]:
         """The dims of the shape, then those of the dim attributes (``AttrSpec.dims``: leaf shapes, Reshape and
         Expand targets, Narrow bounds)."""
-        yield from self.shape
+        for part in self.results:
+            yield from part.shape
         for spec in REGISTRY[self.op].attrs:
             if spec.dims and spec.name in self.attrs:
                 value = self.attrs[spec.name]
@@ -86,8 +100,8 @@ class Node:
 
     def same_as(self, other: Node) -> bool:
         """Equal op, attributes, inputs and type (ids aside)."""
-        return (self.op, self.inputs, self.shape, self.dtype) == (other.op, other.inputs, other.shape, other.dtype) \
-            and attrs_equal(self.attrs, other.attrs)
+        return (self.op, self.inputs, self.shape, self.dtype, self.parts) \
+            == (other.op, other.inputs, other.shape, other.dtype, other.parts) and attrs_equal(self.attrs, other.attrs)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Node) and self.id == other.id and self.same_as(other)
@@ -142,7 +156,8 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
         in_nodes.append(node)
     try:
         attrs_c, out = _resolve(spec, attrs, in_nodes)
-        _check_dims(out.shape)
+        for part in out.parts if isinstance(out, TupleType) else (out,):
+            _check_dims(part.shape)
     except (ShapeError, OverflowError) as exc:  # OverflowError: an infinite float given as an int
         raise GraphError(f"node {nid} ({op}): {exc}") from None
     name = attrs_c.get("name") if spec.kind is Kind.LEAF else None
@@ -152,18 +167,20 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
         bad = [n for n in in_nodes if n.op not in ("Param", "ConcatParams")]
         if bad:
             raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0].id} is {bad[0].op}")
+    if isinstance(out, TupleType):
+        return Node(nid, op, inputs, attrs_c, (), TUPLE, out.parts)
     return Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
 
 
-_RESOLVED: dict[tuple, tuple[dict[str, Any], TensorType]] = {}
+_RESOLVED: dict[tuple, tuple[dict[str, Any], ValueType]] = {}
 _RESOLVED_MAX = 1 << 16
 
 
-def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], TensorType]:
+def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], ValueType]:
     """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions."""
     if spec.kind is Kind.LEAF:
         return spec.resolve(attrs, [n.type for n in in_nodes])
-    key = (spec.name, tuple(attrs.items()), tuple((n.shape, n.dtype) for n in in_nodes))
+    key = (spec.name, tuple(attrs.items()), tuple((n.shape, n.dtype, n.parts) for n in in_nodes))
     try:
         hit = _RESOLVED.get(key)
     except TypeError:  # unhashable attribute values (lists, arrays): not remembered
@@ -237,6 +254,10 @@ class Graph(GraphBuilders):
         missing = [i for i in ids if i not in self._by_id]
         if missing:
             raise GraphError(f"output refers to node {missing[0]}, which is not in the graph")
+        tuples = [self._by_id[i] for i in ids if self._by_id[i].parts]
+        if tuples:
+            raise GraphError(f"output node {tuples[0].id} ({tuples[0].op}) has {len(tuples[0].parts)} results: "
+                             "output them one by one through Get")
         self._outputs = ids
 
     # --- queries ----------------------------------------------------------------
@@ -372,11 +393,11 @@ class Graph(GraphBuilders):
         """A JSON-ready description (format version included)."""
         return {
             "format": FORMAT,
-            "version": FORMAT_VERSION if self.symbols else 1,
+            "version": FORMAT_VERSION if self.symbols or any(n.parts for n in self._nodes) else 1,
             "name": self.name,
             "nodes": [{"id": n.id, "op": n.op, "inputs": list(n.inputs),
                        "attrs": {k: _attr_to_json(v) for k, v in n.attrs.items()},
-                       "shape": [to_json(d) for d in n.shape], "dtype": n.dtype} for n in self._nodes],
+                       **_file_type(n)} for n in self._nodes],
             "outputs": list(self._outputs),
             "meta": self.meta,
         }
@@ -531,21 +552,34 @@ def _record(k: int, raw: Any, fields: tuple[str, ...]) -> _Record:
                    dict(attrs))
 
 
+def _file_type(node: Node) -> dict[str, Any]:
+    """A file record's ``shape`` and ``dtype``; a multi-result node's are one list entry per result."""
+    if node.parts:
+        return {"shape": [[to_json(d) for d in p.shape] for p in node.parts], "dtype": [p.dtype for p in node.parts]}
+    return {"shape": [to_json(d) for d in node.shape], "dtype": node.dtype}
+
+
 def _check_file_type(node: Node, raw: Mapping[str, Any]) -> None:
     """A file record's optional ``shape``/``dtype`` must be well formed and agree with inference."""
-    shape, dtype = raw.get("shape", [to_json(d) for d in node.shape]), raw.get("dtype", node.dtype)
+    written = _file_type(node)
+    shape, dtype = raw.get("shape", written["shape"]), raw.get("dtype", written["dtype"])
+    shapes, dtypes = (shape, dtype) if node.parts else ([shape], [dtype])
+    per_result = " per result" if node.parts else ""
     try:
-        if type(shape) is not list or not all(type(d) in (int, str) for d in shape):
+        if type(shapes) is not list or not all(type(s) is list and all(type(d) in (int, str) for d in s)
+                                               for s in shapes):
             raise TypeError
-        dims = tuple(as_dim(d) for d in shape)
+        read = [tuple(as_dim(d) for d in s) for s in shapes]
     except TypeError:
-        raise GraphError(f"node {node.id} ({node.op}): 'shape' must be a list of ints, got {_show(shape)}") from None
+        raise GraphError(f"node {node.id} ({node.op}): 'shape' must be a list of ints{per_result}, "
+                         f"got {_show(shape)}") from None
     except ShapeError as exc:
         raise GraphError(f"node {node.id} ({node.op}): 'shape': {exc}") from None
-    if not isinstance(dtype, str):
-        raise GraphError(f"node {node.id} ({node.op}): 'dtype' must be a string, got {_show(dtype)}")
-    if (dims, dtype) != (node.shape, node.dtype):
-        said = dtype if dtype.isprintable() else repr(dtype)
+    if type(dtypes) is not list or not all(isinstance(d, str) for d in dtypes):
+        raise GraphError(f"node {node.id} ({node.op}): 'dtype' must be a string{per_result}, got {_show(dtype)}")
+    inferred = [p.shape for p in node.parts] if node.parts else [node.shape]
+    if (read, dtype) != (inferred, written["dtype"]):
+        said = dtype if isinstance(dtype, str) and dtype.isprintable() else repr(dtype)
         raise GraphError(f"node {node.id} ({node.op}): file says {said}{shape}, inferred {node.type}")
 
 

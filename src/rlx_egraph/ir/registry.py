@@ -48,11 +48,12 @@ class Kind(StrEnum):
     FUSED = "fused"
     HOST_SYNC = "host-sync"
     OPAQUE = "opaque"  # an op kept in a foreign definition (OnnxOp): one launch, no rule matches into it
+    PROJECTION = "projection"  # Get: one result of a multi-result node (no launch, no bytes)
 
     @property
     def launches(self) -> int:
-        """Kernel launches one node of this kind costs (leaves and views cost none)."""
-        return 0 if self in (Kind.LEAF, Kind.LAYOUT, Kind.WEIGHT_PREP) else 1
+        """Kernel launches one node of this kind costs (leaves, views and projections cost none)."""
+        return 0 if self in (Kind.LEAF, Kind.LAYOUT, Kind.WEIGHT_PREP, Kind.PROJECTION) else 1
 
 
 class AttrType(StrEnum):
@@ -205,17 +206,43 @@ class TensorType:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
 
 
+# The dtype recorded for a node of a multi-result op (its results' types are in ``TupleType.parts``).
+TUPLE = "tuple"
+
+
+@dataclass(frozen=True)
+class TupleType:
+    """The type of a node of a multi-result op: one TensorType per result, read through ``Get(node, index)``."""
+
+    parts: tuple[TensorType, ...]
+
+    dtype = TUPLE
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel for p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the node writes: every result."""
+        return sum(p.nbytes for p in self.parts)
+
+    def __str__(self) -> str:
+        return f"({', '.join(map(str, self.parts))})"
+
+
+ValueType = TensorType | TupleType
 Attrs = Mapping[str, Any]
-InferFn = Callable[[Attrs, list[TensorType]], TensorType]
+InferFn = Callable[[Attrs, list[ValueType]], ValueType]
 KernelFn = Callable[..., np.ndarray]
-FlopsFn = Callable[[Attrs, list[TensorType], TensorType], int]
+FlopsFn = Callable[[Attrs, list[ValueType], ValueType], int]
 CanonicalFn = Callable[[Attrs, list[TensorType]], dict[str, Any]]
-DecomposeFn = Callable[["Graph", list[int], Attrs], int]
+DecomposeFn = Callable[["Graph", list[int], Attrs], int | tuple[int, ...]]
 Shapes = dict[str, tuple[int, ...] | list[tuple[int, ...]]]
 SampleFn = Callable[[np.random.Generator], tuple[Shapes, dict[str, Any]]]
 
 
-def _elementwise_flops(attrs: Attrs, ins: list[TensorType], out: TensorType) -> int:
+def _elementwise_flops(attrs: Attrs, ins: list[ValueType], out: ValueType) -> int:
     return out.numel
 
 
@@ -227,6 +254,10 @@ class OpSpec:
     (only trailing inputs may be optional) and a ``*`` a variadic tail.
     ``infer`` returns the output type and raises ShapeError on bad input.
     ``kernel(attrs, *arrays)`` computes the output in the compute dtype.
+    ``results`` names the results of a multi-result op (empty: one result):
+    its ``infer`` returns a :class:`TupleType` of that many parts, its kernel a
+    tuple of arrays, its ``decompose`` a tuple of node ids, and a node of it is
+    read only through ``Get(node, index)`` (Kind.PROJECTION, no launch).
 
     ``decompose(g, inputs, attrs)`` appends to ``g`` the nodes of other ops
     that compute the same value from the node ids ``inputs`` and returns the
@@ -253,6 +284,7 @@ class OpSpec:
     decompose: DecomposeFn | None = None
     sampler: SampleFn | None = None
     commutative: bool = False
+    results: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.builder:
@@ -307,13 +339,19 @@ class OpSpec:
         return out
 
 
-    def resolve(self, given: Mapping[str, Any], ins: list[TensorType]) -> tuple[dict[str, Any], TensorType]:
+    def resolve(self, given: Mapping[str, Any], ins: list[ValueType]) -> tuple[dict[str, Any], ValueType]:
         """Check arity and attributes, put them in canonical form, infer the output type.
 
         Canonical form: ``axis`` attributes are stored negative (-1 is the last
         axis) and ``axes`` sorted negative, so rules can match them literally.
+        A multi-result value is read by projections only, and a projection reads only such a value.
         """
         self.check_arity(len(ins))
+        for k, t in enumerate(ins):
+            if isinstance(t, TupleType) != (self.kind is Kind.PROJECTION):
+                raise ShapeError(f"input {k} is {t}: only Get reads the results of a multi-result op, one at a time"
+                                 if isinstance(t, TupleType) else f"input {k} is {t}, not the results of a "
+                                 "multi-result op")
         attrs = self.coerce_attrs(given)
         if ins and "axis" in attrs:
             rank = ins[0].rank
@@ -323,7 +361,10 @@ class OpSpec:
             attrs["axes"] = tuple(sorted(_axis_in(a, rank) - rank for a in attrs["axes"]))
         if self.canonical is not None:
             attrs = self.canonical(attrs, ins)
-        return attrs, self.infer(attrs, ins)
+        out = self.infer(attrs, ins)
+        if (len(out.parts) if isinstance(out, TupleType) else 0) != len(self.results):
+            raise ShapeError(f"{self.name} declares results {list(self.results)}, its shape rule gave {out}")
+        return attrs, out
 
     def sample(self, rng: np.random.Generator, dtype: str = "f32") -> tuple[list[TensorType], dict[str, Any]]:
         """Random valid input types (all of ``dtype``) and attributes for one node of this op.

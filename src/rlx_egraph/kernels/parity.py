@@ -16,7 +16,6 @@ depend on it.  docs/verifier.md has the whole story.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -106,7 +105,7 @@ def tolerance_ratio(new: np.ndarray, old: np.ndarray, reach: Callable[[], np.nda
 
 def parity_seeds(graph: Graph, seed: int = 0) -> tuple[int, ...]:
     """``(seed, seed + 1)`` when the graph's values hold at most SECOND_SEED_MAX_ELEMENTS elements, else ``(seed,)``."""
-    size = sum(math.prod(n.shape) for n in graph.nodes)
+    size = sum(t.numel for n in graph.nodes for t in n.results)
     return (seed, seed + 1) if size <= SECOND_SEED_MAX_ELEMENTS else (seed,)
 
 
@@ -114,7 +113,7 @@ def precisions(graph: Graph) -> dict[int, str | None]:
     """Each node's loosest float dtype among itself and its ancestors (None: no float on the way)."""
     out: dict[int, str | None] = {}
     for n in graph.nodes:
-        out[n.id] = loosest([n.dtype, *(out[i] for i in n.inputs if out[i])])
+        out[n.id] = loosest([*(t.dtype for t in n.results), *(out[i] for i in n.inputs if out[i])])
     return out
 
 
@@ -184,6 +183,8 @@ class _Reference:
 
     def _ambiguous(self, node: Node) -> np.ndarray | None:
         """Elements of a decision that operands within their reach could flip (None: not a decision)."""
+        if node.parts or node.kind is Kind.PROJECTION:
+            return None
         floats = [i for i in node.inputs if dtype(self.graph.node(i).dtype).is_float]
         if dtype(node.dtype).is_float or not floats or node.op not in ("Greater", "Less", "Equal", "Cast"):
             return None
@@ -204,6 +205,8 @@ class _Reference:
         tainted = [k for k, i in enumerate(node.inputs) if i in self.excused and i not in materialized]
         if not tainted:
             return None
+        if node.parts:  # not followed through a multi-result node (a stricter check of its results)
+            return None
         moved = np.zeros(node.shape, dtype=bool)
         for probe in (0, 1):
             args = [self.values[i] for i in node.inputs]
@@ -219,7 +222,7 @@ class _Reference:
 
 def widened_graph(graph: Graph) -> Graph | None:
     """``graph`` with every float computed and stored in f32 (same node ids); None if nothing widens."""
-    if all(widened(n.dtype) == n.dtype for n in graph.nodes):
+    if all(widened(t.dtype) == t.dtype for n in graph.nodes for t in n.results):
         return None
     records = [{"id": n.id, "op": n.op, "inputs": n.inputs,
                 "attrs": {a.name: widened(n.attrs[a.name]) if a.type is AttrType.DTYPE else n.attrs[a.name]
@@ -238,6 +241,8 @@ def _rounding(graph: Graph, wide: Graph, values: dict[int, np.ndarray]) -> dict[
     """
 
     def keep(node: Node, value: np.ndarray) -> np.ndarray:
+        if node.parts:
+            return value
         return values[node.id] if node.kind is Kind.LEAF or not dtype(node.dtype).is_float else value
 
     def error(node: Node) -> np.ndarray:
@@ -248,7 +253,8 @@ def _rounding(graph: Graph, wide: Graph, values: dict[int, np.ndarray]) -> dict[
 
     leaves = {n.name: values[n.id] for n in graph.nodes if n.op in ("Input", "Param")}
     wide_values = evaluate(wide, leaves, leaves, return_all=True, visit=keep)
-    return {n.id: error(n) for n in graph.nodes if dtype(n.dtype).is_float and n.kind is not Kind.LEAF}
+    return {n.id: error(n) for n in graph.nodes
+            if not n.parts and dtype(n.dtype).is_float and n.kind is not Kind.LEAF}
 
 
 def _check_seed(ref: _Reference, optimized: Graph, same_value: Mapping[int, Sequence[int]],
@@ -274,6 +280,8 @@ def _check_seed(ref: _Reference, optimized: Graph, same_value: Mapping[int, Sequ
                           f"({old.op}) on seed {ref.seed}: {how}; built by rule(s): {rules}")
 
     def visit(node: Node, value: np.ndarray) -> np.ndarray:
+        if node.parts:  # a multi-result node: each result is compared through its Get
+            return value
         refs = same_value.get(node.id) or ()
         masks = [ref.excused[r] for r in refs if r in ref.excused]
         excused = np.logical_or.reduce(masks) if masks else None  # the refs hold one value: one excuse

@@ -18,17 +18,27 @@ from scipy import special
 from ..ir.dtypes import to_compute, to_storage
 
 if TYPE_CHECKING:
-    from ..ir.registry import OpSpec, TensorType
+    from ..ir.registry import OpSpec, ValueType
 
 Attrs = dict[str, Any]
 
 
-def run_node(spec: OpSpec, attrs: Mapping[str, Any], args: Sequence[np.ndarray], in_dtypes: Sequence[str],
-             out_type: TensorType) -> np.ndarray:
+def run_node(spec: OpSpec, attrs: Mapping[str, Any], args: Sequence[Any], in_dtypes: Sequence[str],
+             out_type: ValueType) -> Any:
     """One node's stored value: ``spec``'s kernel on ``args`` (stored or compute form, of ``in_dtypes``)
     widened to their compute type, broadcast to ``out_type``'s shape and stored in its dtype (f16 and bf16
     rounded, integers truncated, bool).  The interpreter runs every node through this, and an
-    ElementwiseRegion every step, so a step is bit-identical to the node it replaced."""
+    ElementwiseRegion every step, so a step is bit-identical to the node it replaced.
+
+    A multi-result node's value is a tuple of stored arrays, one per part of its TupleType; a
+    projection (Get) returns one of them as it is."""
+    if spec.results:  # out_type is a TupleType: every result stored in its own type
+        with np.errstate(all="ignore"):
+            outs = spec.kernel(attrs, *(to_compute(x, d) for x, d in zip(args, in_dtypes, strict=True)))
+        return tuple(to_storage(np.broadcast_to(o, t.shape), t.dtype)
+                     for o, t in zip(outs, out_type.parts, strict=True))
+    if spec.kind == "projection":  # Get reads stored results
+        return spec.kernel(attrs, *args)
     with np.errstate(all="ignore"):
         out = spec.kernel(attrs, *(to_compute(x, d) for x, d in zip(args, in_dtypes, strict=True)))
         return to_storage(np.broadcast_to(out, out_type.shape), out_type.dtype)

@@ -2,7 +2,7 @@
 
 An entry ``(b, node, ins, types) -> name`` writes the node through the builder
 ``b`` (:class:`rlx_egraph.frontends.onnx.exporter.Builder`) and returns the
-ONNX name of its value; ``None`` means "not in this case": the exporter then
+ONNX name of its value (a multi-result node: one name per result); ``None`` means "not in this case": the exporter then
 writes the node's unfused form.  The unfused form is the op spec's
 ``decompose`` or, for a primitive with no single ONNX op, its entry in
 :data:`MIR_FORMS` (the same computation as its kernel in other MIR ops).
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ...ir.graph import Graph, Node
     from .exporter import Builder
 
-ExportFn = Callable[["Builder", "Node", list[str], list[TensorType]], str | None]
+ExportFn = Callable[["Builder", "Node", list[str], list[TensorType]], str | tuple[str, ...] | None]
 MS = "com.microsoft"
 
 
@@ -147,23 +147,32 @@ def _bias_act(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -
     return b.op("FastGelu" if act == "gelu_tanh" else "Gelu", [out], domain=MS)
 
 
+# Output slot of the sum (input + skip) of Skip[Simplified]LayerNormalization (after output, mean, inv_std_var).
+SKIP_SUM_OUTPUT = 3
+
+
 def _skip_norm(op_type: str, beta_after: bool) -> ExportFn:
     """SkipLayerNormalization / SkipSimplifiedLayerNormalization over the last axis of a rank-2 or rank-3
-    input (others are reshaped to rank 2 around it); a RmsNorm beta is added after."""
+    input (others are reshaped to rank 2 around it); a RmsNorm beta is added after.  A multi-result
+    node (FusedAddLayerNorm, FusedAddRmsNorm) also takes the sum, the op's output 3."""
 
-    def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+    def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | tuple[str, ...] | None:
         if node.attrs["axis"] != -1:
             return None
         x, residual = ins[:2]
-        flat = types[0].rank not in (2, 3)
+        shape = types[0].shape
+        flat = len(shape) not in (2, 3)
         if flat:
-            rows = b.ints([-1, types[0].shape[-1]])
+            rows = b.ints([-1, shape[-1]])
             x, residual = b.op("Reshape", [x, rows]), b.op("Reshape", [residual, rows])
         params = ins[2:3] if beta_after else ins[2:4]
-        out = b.op(op_type, [x, residual, *params], domain=MS, epsilon=node.attrs["eps"])
+        outs = b.multi(op_type, [x, residual, *params], (0, SKIP_SUM_OUTPUT) if node.parts else (0,), domain=MS,
+                       epsilon=node.attrs["eps"])
         if flat:
-            out = b.op("Reshape", [out, b.ints(node.shape)])
-        return _plus_beta(b, out, ins, 3) if beta_after else out
+            outs = [b.op("Reshape", [out, b.ints(shape)]) for out in outs]
+        if beta_after:
+            outs[0] = _plus_beta(b, outs[0], ins, 3)
+        return tuple(outs) if node.parts else outs[0]
 
     return emit
 
@@ -216,6 +225,8 @@ EXPORTS: dict[str, ExportFn] = {
     "FusedMatMulBiasAct": _bias_act,
     "FusedResidualLN": _skip_norm("SkipLayerNormalization", beta_after=False),
     "FusedResidualRmsNorm": _skip_norm("SkipSimplifiedLayerNormalization", beta_after=True),
+    "FusedAddLayerNorm": _skip_norm("SkipLayerNormalization", beta_after=False),
+    "FusedAddRmsNorm": _skip_norm("SkipSimplifiedLayerNormalization", beta_after=True),
     "FusedAttentionBlock": _attention_block,
 }
 

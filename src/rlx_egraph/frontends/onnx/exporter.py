@@ -11,6 +11,7 @@ imported model (``graph.meta["output_names"]``), else ``output_0, ...``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,11 +48,20 @@ class Builder:
 
     def op(self, op_type: str, inputs: list[str], domain: str = "", **attrs: Any) -> str:
         """Append one node with one output; returns the output's name."""
-        out = self.fresh(f"{op_type}_{len(self.nodes)}")
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, domain=domain, **attrs))
+        return self.multi(op_type, inputs, (0,), domain, **attrs)[0]
+
+    def multi(self, op_type: str, inputs: list[str], used: Sequence[int], domain: str = "", **attrs: Any) -> list[str]:
+        """Append one node whose output slots ``used`` (increasing) get names, the slots between left out
+        (``""``); returns those names."""
+        first = self.fresh(f"{op_type}_{len(self.nodes)}")
+        names = [first, *(self.fresh(f"{first}_out{k}") for k in used[1:])]
+        outputs = [""] * (used[-1] + 1)
+        for k, name in zip(used, names, strict=True):
+            outputs[k] = name
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=first, domain=domain, **attrs))
         if domain:
             self.domains.setdefault(domain, CONTRIB_OPSET)
-        return out
+        return names
 
     def const(self, array: np.ndarray, dtype: str | None = None, name: str | None = None) -> str:
         """An initializer holding ``array`` (stored as MIR ``dtype``); returns its name."""
@@ -106,8 +116,12 @@ def _definition(op_type: str, opset: int) -> int:
     return onnx.defs.get_schema(op_type, opset).since_version
 
 
-def _emit(b: Builder, graph: Graph, node: Node, ins: list[str], weights: dict[int, np.ndarray]) -> str:
-    """Write ``node`` of ``graph``; returns the ONNX name of its value."""
+def _emit(b: Builder, graph: Graph, node: Node, ins: list[Any],
+          weights: dict[int, np.ndarray]) -> str | tuple[str, ...]:
+    """Write ``node`` of ``graph``; returns the ONNX name of its value (of each result of a multi-result
+    node, which its Gets name without a node of their own)."""
+    if node.kind is Kind.PROJECTION:
+        return ins[0][node.attrs["index"]]
     if node.op == "Input":
         return node.name
     if node.op == "Param":
@@ -135,7 +149,7 @@ def _emit(b: Builder, graph: Graph, node: Node, ins: list[str], weights: dict[in
     for inner in scratch.nodes:
         if inner.id not in names:
             names[inner.id] = _emit(b, scratch, inner, [names[i] for i in inner.inputs], {})
-    return names[result]
+    return tuple(names[r] for r in result) if isinstance(result, tuple) else names[result]
 
 
 def output_names(graph: Graph) -> list[str]:
@@ -161,7 +175,7 @@ def export_model(graph: Graph) -> onnx.ModelProto:
         raise GraphError(f"export needs every parameter's value in graph.weights; missing: {missing}")
     outs = output_names(graph)
     b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs))
-    names: dict[int, str] = {}
+    names: dict[int, Any] = {}
     weights: dict[int, np.ndarray] = {}
     for node in graph.nodes:
         names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)

@@ -25,6 +25,8 @@ from ..registry import (
     ShapeError,
     Shapes,
     TensorType,
+    TupleType,
+    ValueType,
     at_least_one,
     non_negative,
     op_spec,
@@ -98,6 +100,32 @@ def _bias_act_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     """x [M, K] or [B, M, K], w [K, N], a bias [N], [1] or []."""
     m, k, n = random_shape(rng, 3, 3)
     return {"x": (*random_shape(rng, 0, 1), m, k), "w": (k, n), "bias": pick(rng, [(n,), (1,), ()])}, {}
+
+
+def _add_norm(name: str, norm: str, params: tuple[str, ...], eps: float, doc: str) -> OpSpec:
+    """``(norm(x + residual), x + residual)``: the residual+norm of a pre-norm block, whose sum the next
+    residual reads, as one kernel with two results (onnxruntime's Skip[Simplified]LayerNormalization)."""
+    residual_infer = norm_infer(name, tuple(p.rstrip("?") for p in params), residual=True)
+    norm_spec = op_spec(norm)
+
+    def infer(a: Attrs, ins: list[ValueType]) -> TupleType:
+        out = residual_infer(a, ins)
+        return TupleType((out, out))
+
+    def kernel(a: Attrs, x: np.ndarray, r: np.ndarray, *params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        total = x + r
+        return norm_spec.kernel(a, total, *params), total
+
+    def decompose(g: Graph, ins: list[int], a: Attrs) -> tuple[int, int]:
+        total = g.add(ins[0], ins[1])
+        return g.add_node(norm, [total, *ins[2:]], **a), total
+
+    def flops(a: Attrs, ins: list[ValueType], out: ValueType) -> int:
+        return ins[0].numel + norm_spec.flops(a, [ins[0], *ins[2:]], ins[0])
+
+    return OpSpec(name, Kind.FUSED, ("x", "residual", *params), infer, kernel,
+                  (_AXIS, AttrSpec("eps", F, eps, check=positive)), flops=flops, doc=doc, decompose=decompose,
+                  sampler=norm_sampler(params, residual=True), results=("norm", "sum"))
 
 
 def _rms_matmul_infer(a: Attrs, ins: list[T]) -> T:
@@ -385,6 +413,10 @@ FUSED = [
            (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), doc="RmsNorm(x + residual).",
            decompose=lambda g, ins, a: g.rms_norm(g.add(ins[0], ins[1]), *ins[2:], axis=a["axis"], eps=a["eps"]),
            sampler=norm_sampler(("gamma", "beta?"), residual=True)),
+    _add_norm("FusedAddLayerNorm", "LayerNorm", ("gamma", "beta"), 1e-5,
+              "(LayerNorm(x + residual), x + residual): the sum is the next residual."),
+    _add_norm("FusedAddRmsNorm", "RmsNorm", ("gamma", "beta?"), 1e-6,
+              "(RmsNorm(x + residual), x + residual): the sum is the next residual."),
     OpSpec("FusedRmsNormMatMul", Kind.FUSED, ("x", "w_norm", "w_proj"), _rms_matmul_infer,
            lambda a, x, wn, wp: np.matmul(K.rms_norm(x, wn, None, a["axis"], a["eps"]), wp),
            (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), flops=_rms_matmul_flops,

@@ -25,6 +25,8 @@ from ..registry import (
     ShapeError,
     Shapes,
     TensorType,
+    TupleType,
+    ValueType,
     at_least_one,
     non_negative,
     positive,
@@ -391,6 +393,23 @@ LAYOUT = [
            (AttrSpec("shape", INTS, check=_dims_positive, dims=True),), doc="Broadcast to a shape."),
 ]
 
+
+
+def _get_infer(a: Attrs, ins: list[ValueType]) -> T:
+    results = ins[0]
+    assert isinstance(results, TupleType)  # OpSpec.resolve lets a projection read results only
+    if not 0 <= a["index"] < len(results.parts):
+        raise ShapeError(f"index {a['index']} is out of range for {len(results.parts)} results {results}")
+    return results.parts[a["index"]]
+
+
+# A node of a multi-result op is read only through Get: a free view of one of its results.
+PROJECTIONS = [
+    OpSpec("Get", Kind.PROJECTION, ("results",), _get_infer, lambda a, results: results[a["index"]],
+           (AttrSpec("index", INT),), flops=lambda a, ins, out: 0,
+           doc="Result ``index`` of a multi-result node (no launch, no bytes moved)."),
+]
+
 # --- transformer --------------------------------------------------------------
 
 
@@ -594,7 +613,8 @@ BACKWARD = [
            K.layer_norm_grad_x, (_axis(), _eps(1e-5))),
 ]
 
-ALL = [*LEAVES, *MATMULS, *ELEMENTWISE, *REDUCTIONS, *NORMS, *LAYOUT, *TRANSFORMER, *VISION, *LOSSES, *BACKWARD]
+ALL = [*LEAVES, *MATMULS, *ELEMENTWISE, *REDUCTIONS, *NORMS, *LAYOUT, *PROJECTIONS, *TRANSFORMER, *VISION, *LOSSES,
+       *BACKWARD]
 register(*ALL)
 
 __all__ = ["ALL", "GELU_TANH_COEF", "SQRT_2", "SQRT_2_OVER_PI", "attention_canonical", "attention_flops",
