@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..frontends.onnx.export_table import EXPORTS
-from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
+from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from .model import IoProfile, NodeCost, fusion_benefit, node_cost
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "min_gain_ns")
@@ -211,7 +211,9 @@ class PricedDims(Target):
                 out_type: TensorType) -> float:
         return super().node_ns(spec, attrs, [self._priced(t) for t in in_types], self._priced(out_type))
 
-    def _priced(self, t: TensorType) -> TensorType:
+    def _priced(self, t: TensorType | TupleType) -> TensorType | TupleType:
+        if isinstance(t, TupleType):
+            return TupleType(tuple(self._priced(p) for p in t.parts))
         return TensorType(tuple(self.price(d) for d in t.shape), t.dtype)
 
 
