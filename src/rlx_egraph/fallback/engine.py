@@ -32,11 +32,13 @@ engines decide with the same cost function.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,10 +170,24 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     """Optimize ``graph`` with the fallback engine (``graph`` itself is never changed)."""
     start = time.perf_counter()
     compiled = ruleset if isinstance(ruleset, CompiledRules) else load(ruleset)
-    engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens)
-    engine.stats.phases["load"] = time.perf_counter() - start
-    engine.optimize(start)
-    return engine.result(graph)
+    with _without_cycle_collection():
+        engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens)
+        engine.stats.phases["load"] = time.perf_counter() - start
+        engine.optimize(start)
+        return engine.result(graph)
+
+
+@contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """Pause Python's cycle collector: the engine builds millions of acyclic records, and each
+    full collection would walk them all (about a fifth of the run time at 100k nodes)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # --- plans -----------------------------------------------------------------------------------

@@ -80,18 +80,18 @@ class Matcher:
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
     roots_near: Callable[[Near], set[Any]] | None  # None: every pass scans all roots
-    child_ops: tuple[str | None, ...] | None  # ops the root's inputs must have (None: no filter)
-    _fits: dict[tuple[str, ...], bool] = field(default_factory=dict)
+    child_ops: tuple[tuple[str | None, ...], ...]  # per operand order: ops the root's inputs must have
+    _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
 
     def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
-        """Whether a root whose inputs have these ops (a set: a node with forms) can match (a cheap
-        filter before matching)."""
+        """Whether a root whose inputs have these ops (a set: a node with forms) can match in some
+        operand order (a cheap filter before matching)."""
         fit = self._fits.get(input_ops)
         if fit is None:
-            want = self.child_ops
-            fit = self._fits[input_ops] = want is None or (
+            fit = self._fits[input_ops] = not self.child_ops or any(
                 len(input_ops) >= len(want) and all(w is None or w == o or (isinstance(o, frozenset) and w in o)
-                                                    for w, o in zip(want, input_ops, strict=False)))
+                                                    for w, o in zip(want, input_ops, strict=False))
+                for want in self.child_ops)
         return fit
 
     def candidates(self, near: Near | None) -> list[Any]:
@@ -108,6 +108,9 @@ class Near:
 
     by_op: dict[str, list[int]]
     steps: dict[tuple[_Edge, int], tuple[int, ...]] = field(default_factory=dict)  # walk memo (one pass)
+    walks: dict[tuple[str | None, tuple[_Edge, ...]], set[int]] = field(default_factory=dict)
+    readers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # node -> its readers by op
+    """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
 
     @classmethod
     def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
@@ -199,7 +202,7 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
     shape_slots = tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat)))
     paths = _paths(order, set(node_vars), _watched(pattern, order, facts.decls), facts.decls)
     roots_near = _reverse(paths, root_op, _root_table(first), facts) if paths is not None else None
-    child_ops = _child_ops(first, pattern) if isinstance(first, NodePat) and first.op not in perms else None
+    child_ops = _child_ops(first, pattern, _alternatives(perms, first)) if isinstance(first, NodePat) else ()
     return Matcher(pattern, root_op, slots, node_slots, shape_slots, run, roots, alive, roots_near, child_ops)
 
 
@@ -208,19 +211,27 @@ def _root_table(root: Atom) -> str:
     return root.call.name if isinstance(root, Holds) else ""
 
 
-def _child_ops(root: NodePat, pattern: Pattern) -> tuple[str | None, ...]:
-    """The op each required input of the root must have, where the query says."""
+def _child_ops(root: NodePat, pattern: Pattern, alternatives: list[tuple[tuple[int, ...], tuple[str, ...]]]
+               ) -> tuple[tuple[str | None, ...], ...]:
+    """Per operand order of the root (``alternatives``): the op each required input of the root
+    must have, where the query says."""
     op_of: dict[str, str] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
             op_of.setdefault(atom.out, atom.op)
-    args = constructor_args(REGISTRY[root.op])
-    want: list[str | None] = []
-    for arg, s in zip((a for a in args if a.is_input), root.inputs, strict=True):
-        if arg.optional or arg.variadic:
+    required = 0
+    for arg in constructor_args(REGISTRY[root.op]):
+        if not arg.is_input or arg.optional or arg.variadic:
             break
-        want.append(op_of.get(s.name) if isinstance(s, V) else None)
-    return tuple(want)
+        required += 1
+    out: dict[tuple[str | None, ...], None] = {}
+    for perm, _ in alternatives:  # pattern input p reads node field perm[p]
+        want: list[str | None] = [None] * required
+        for p, s in enumerate(root.inputs):
+            if perm[p] < required and isinstance(s, V):
+                want[perm[p]] = op_of.get(s.name)
+        out[tuple(want)] = None
+    return tuple(out)
 
 
 # --- which roots a changed node can affect --------------------------------------------------
@@ -337,9 +348,15 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
              root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
 
-    def parents(n: int, edge: _Edge) -> tuple[int, ...]:
+    def parents(near: Near, n: int, edge: _Edge) -> tuple[int, ...]:
         if edge.kind == "input":  # the parent reads the node
-            return tuple(r for r in readers.get(n, ()) if nodes[r].op == edge.parent_op)
+            by_op = near.readers.get(n)
+            if by_op is None:
+                grouped: dict[str, list[int]] = {}
+                for r in readers.get(n, ()):
+                    grouped.setdefault(nodes[r].op, []).append(r)
+                by_op = near.readers[n] = {op: tuple(rs) for op, rs in grouped.items()}
+            return by_op.get(edge.parent_op, ())  # type: ignore[arg-type]
         if edge.kind == "reader":  # the node reads the parent
             node = nodes.get(n)
             if node is None:
@@ -347,22 +364,27 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
             return tuple(i for i in node.inputs if edge.parent_op is None or nodes[i].op == edge.parent_op)
         return tuple(args[edge.parent_column] for args, _ in facts.lookup(edge.table, ((edge.column, n),)))
 
+    def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
+        frontier = near.walks.get((op, edges))
+        if frontier is not None:
+            return frontier
+        if not edges:
+            frontier = set(near.by_op.get(op, ()) if op is not None else
+                           (n for ns in near.by_op.values() for n in ns))
+        else:
+            frontier, memo, edge = set(), near.steps, edges[-1]
+            for n in walk(near, op, edges[:-1]):
+                found = memo.get((edge, n))
+                if found is None:
+                    found = memo[(edge, n)] = parents(near, n, edge)
+                frontier.update(found)
+        near.walks[(op, edges)] = frontier
+        return frontier
+
     def roots_near(near: Near) -> set[Any]:
         roots: set[Any] = set()
-        memo = near.steps
         for op, edges, column in paths:
-            seeds = near.by_op.get(op, ()) if op is not None else [n for ns in near.by_op.values() for n in ns]
-            frontier = set(seeds)
-            for edge in edges:
-                if not frontier:
-                    break
-                step: set[int] = set()
-                for n in frontier:
-                    found = memo.get((edge, n))
-                    if found is None:
-                        found = memo[(edge, n)] = parents(n, edge)
-                    step.update(found)
-                frontier = step
+            frontier = walk(near, op, edges)
             if column is None:
                 roots |= frontier
             else:
