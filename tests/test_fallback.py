@@ -437,6 +437,22 @@ def test_a_shared_matmul_is_duplicated_into_a_fusion_only_when_it_pays(shape, du
     assert profile(result.graph).ns == pytest.approx(egglog_ns)
 
 
+def test_independent_shared_input_groups_start_their_chains_in_one_pass():
+    """shared-input-last is rooted at a helper relation: it is matched per row, so 40 independent
+    groups all start in the first fuse pass (one row per pass took 40 passes, past the limit)."""
+    g = Graph()
+    outs = []
+    for k in range(40):
+        x = g.input(f"x{k}", X)
+        outs += [g.relu(g.matmul(x, g.param(f"w{k}_{j}", (8, 8)))) for j in range(2)]
+    g.set_outputs(outs)
+    result = run(g)
+    assert result.stats.stop_reason == "no rewrite lowers the cost" and result.stats.passes["fuse"] == 3
+    assert ops(result.graph) == {"ConcatParams": 40, "MatMul": 40, "Narrow": 80, "Relu": 80}
+    assert result.stats.commits == {"shared-input-last": 40, "shared-input-matmul": 40}
+    assert check_parity(g, result.graph, result.originals).ok
+
+
 def test_same_graph_same_result():
     g = examples.synthetic(600)
     first, second = run(g), run(g)

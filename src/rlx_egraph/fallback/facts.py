@@ -178,6 +178,13 @@ class Facts:
         found = self._column(name, column).get(value, ())
         return [(args, rows[args]) for args in found if all(args[c] == v for c, v in bound[1:])]
 
+    def row(self, name: str, args: tuple, bound: tuple[tuple[int, Any], ...]) -> list[tuple[tuple, Any]]:
+        """The row ``args`` of a helper table as :meth:`lookup` gives it, if it exists and fits ``bound``."""
+        rows = self.rows[name]
+        if args not in rows or any(args[c] != v for c, v in bound):
+            return []
+        return [(args, rows[args])]
+
     # --- writing -----------------------------------------------------------------------
 
     def insert(self, name: str, args: tuple) -> None:

@@ -7,7 +7,8 @@ multi-pattern joins of the shared-input rules); equalities bind a variable
 from a computable side; helper-table facts look rows up by their known
 columns.  A node pattern checked top-down also matches the node's forms
 (:attr:`Facts.forms`).  The root is the first node pattern, so only nodes of its op are
-ever visited.  Each step is a closure that extends the variable slots and
+ever visited; a query without one is rooted at a row of a helper relation,
+one row per run.  Each step is a closure that extends the variable slots and
 calls the next one, so a failed candidate costs a few attribute reads.
 """
 
@@ -67,36 +68,37 @@ class ArrayValue:
 
 @dataclass
 class Matcher:
-    """A compiled query: ``run(root, emit)`` calls ``emit(slots)`` once per match at ``root``."""
+    """A compiled query: ``run(root, emit)`` calls ``emit(slots)`` once per match at ``root``
+    (a node of ``root_op``, or a row, the arguments tuple, of the root helper relation)."""
 
     pattern: Pattern
-    root_op: str | None  # None: the root is a scan of a helper relation
+    root_op: str | None  # None: the root is a row of a helper relation
     slots: dict[str, int]
     node_slots: tuple[int, ...]  # slots that hold node ids
     shape_slots: tuple[int, ...]  # slots of the nodes whose op and inputs the match inspects
     run: Callable[[Any, Callable[[list], None]], None]
-    roots_near: Callable[[Near], set[int]] | None  # None: every pass scans all roots
-    child_ops: tuple[str | None, ...] | None  # ops the root's inputs must have (None: no filter)
-    _fits: dict[tuple[str, ...], bool] = field(default_factory=dict)
+    roots: Callable[[], list[Any]]  # every root
+    alive: Callable[[Any], bool]  # whether a root still exists
+    roots_near: Callable[[Near], set[Any]] | None  # None: every pass scans all roots
+    child_ops: tuple[tuple[str | None, ...], ...]  # per operand order: ops the root's inputs must have
+    _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
 
     def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
-        """Whether a root whose inputs have these ops (a set: a node with forms) can match (a cheap
-        filter before matching)."""
+        """Whether a root whose inputs have these ops (a set: a node with forms) can match in some
+        operand order (a cheap filter before matching)."""
         fit = self._fits.get(input_ops)
         if fit is None:
-            want = self.child_ops
-            fit = self._fits[input_ops] = want is None or (
+            fit = self._fits[input_ops] = not self.child_ops or any(
                 len(input_ops) >= len(want) and all(w is None or w == o or (isinstance(o, frozenset) and w in o)
-                                                    for w, o in zip(want, input_ops, strict=False)))
+                                                    for w, o in zip(want, input_ops, strict=False))
+                for want in self.child_ops)
         return fit
 
-    def candidates(self, nodes_of: Callable[[str], list[int]], near: Near | None) -> list[Any]:
-        """Roots to match: every node of the root op, or (``near`` given) those whose match could
-        involve one of the ``near`` nodes."""
-        if self.root_op is None:
-            return [None]
+    def candidates(self, near: Near | None) -> list[Any]:
+        """Roots to match: every root, or (``near`` given) those whose match could involve one
+        of the ``near`` nodes."""
         if near is None or self.roots_near is None:
-            return nodes_of(self.root_op)
+            return self.roots()
         return sorted(self.roots_near(near))
 
 
@@ -106,6 +108,9 @@ class Near:
 
     by_op: dict[str, list[int]]
     steps: dict[tuple[_Edge, int], tuple[int, ...]] = field(default_factory=dict)  # walk memo (one pass)
+    walks: dict[tuple[str | None, tuple[_Edge, ...]], set[int]] = field(default_factory=dict)
+    readers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # node -> its readers by op
+    """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
 
     @classmethod
     def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
@@ -147,47 +152,86 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
     for _, atom in order:
         known.append(set(bound))
         bound |= _atom_vars(atom)
+    pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
-    for (kind, atom), before in zip(reversed(order), reversed(known), strict=True):
+    for (kind, atom), before in zip(reversed(order[1:]), reversed(known[1:]), strict=True):
         chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, _alternatives(perms, atom))
     first = order[0][1]
-    root_op = first.op if isinstance(first, NodePat) else None
-    root_slot = slots[first.out] if isinstance(first, NodePat) else None
     width = len(slots) + 1
+    root_op: str | None
+    if isinstance(first, NodePat):
+        chain = _step("top", first, set(), slots, chain, nodes, readers, facts, _alternatives(perms, first))
+        root_op, root_slot = first.op, slots[first.out]
 
-    def run(root: Any, on_match: Callable[[list], None]) -> None:
-        env: list[Any] = [None] * width
-        env[VIA] = ()
-        if root_slot is not None:
+        def roots() -> list[Any]:
+            return facts.rw.nodes_of(first.op)
+
+        alive: Callable[[Any], bool] = nodes.__contains__
+
+        def run(root: Any, on_match: Callable[[list], None]) -> None:
+            env: list[Any] = [None] * width
+            env[VIA] = ()
             env[root_slot] = root
-        sink.append(on_match)
-        try:
-            chain(env)
-        finally:
-            sink.pop()
+            sink.append(on_match)
+            try:
+                chain(env)
+            finally:
+                sink.pop()
+    else:
+        chain = _lookup_step(first, set(), slots, chain, facts, pinned)
+        root_op, rows = None, facts.rows[_root_table(first)]
+
+        def roots() -> list[Any]:
+            return list(rows)
+
+        alive = rows.__contains__
+
+        def run(root: Any, on_match: Callable[[list], None]) -> None:
+            env: list[Any] = [None] * width
+            env[VIA] = ()
+            sink.append(on_match)
+            pinned.append(root)
+            try:
+                chain(env)
+            finally:
+                sink.pop()
+                pinned.pop()
 
     node_vars = _node_vars(pattern, facts.decls)
     node_slots = tuple(slots[v] for v in node_vars)
     shape_slots = tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat)))
     paths = _paths(order, set(node_vars), _watched(pattern, order, facts.decls), facts.decls)
-    roots_near = _reverse(paths, root_op, facts) if paths is not None and root_op is not None else None
-    child_ops = _child_ops(first, pattern) if isinstance(first, NodePat) and first.op not in perms else None
-    return Matcher(pattern, root_op, slots, node_slots, shape_slots, run, roots_near, child_ops)
+    roots_near = _reverse(paths, root_op, _root_table(first), facts) if paths is not None else None
+    child_ops = _child_ops(first, pattern, _alternatives(perms, first)) if isinstance(first, NodePat) else ()
+    return Matcher(pattern, root_op, slots, node_slots, shape_slots, run, roots, alive, roots_near, child_ops)
 
 
-def _child_ops(root: NodePat, pattern: Pattern) -> tuple[str | None, ...]:
-    """The op each required input of the root must have, where the query says."""
+def _root_table(root: Atom) -> str:
+    """The helper relation a query without node patterns is rooted at ('' for a node root)."""
+    return root.call.name if isinstance(root, Holds) else ""
+
+
+def _child_ops(root: NodePat, pattern: Pattern, alternatives: list[tuple[tuple[int, ...], tuple[str, ...]]]
+               ) -> tuple[tuple[str | None, ...], ...]:
+    """Per operand order of the root (``alternatives``): the op each required input of the root
+    must have, where the query says."""
     op_of: dict[str, str] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
             op_of.setdefault(atom.out, atom.op)
-    args = constructor_args(REGISTRY[root.op])
-    want: list[str | None] = []
-    for arg, s in zip((a for a in args if a.is_input), root.inputs, strict=True):
-        if arg.optional or arg.variadic:
+    required = 0
+    for arg in constructor_args(REGISTRY[root.op]):
+        if not arg.is_input or arg.optional or arg.variadic:
             break
-        want.append(op_of.get(s.name) if isinstance(s, V) else None)
-    return tuple(want)
+        required += 1
+    out: dict[tuple[str | None, ...], None] = {}
+    for perm, _ in alternatives:  # pattern input p reads node field perm[p]
+        want: list[str | None] = [None] * required
+        for p, s in enumerate(root.inputs):
+            if perm[p] < required and isinstance(s, V):
+                want[perm[p]] = op_of.get(s.name)
+        out[tuple(want)] = None
+    return tuple(out)
 
 
 # --- which roots a changed node can affect --------------------------------------------------
@@ -243,12 +287,14 @@ _EDGES: dict[tuple, _Edge] = {}
 
 
 def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Mapping[str, TableDecl]
-           ) -> list[tuple[str | None, tuple[_Edge, ...]]] | None:
-    """For each watched node variable: its op (None: any) and the edges from it back to the root.
+           ) -> list[tuple[str | None, tuple[_Edge, ...], int | None]] | None:
+    """For each watched node variable: its op (None: any), the edges from it back to the root,
+    and the root row's column the walk ends in (None: the root is a node).
     None when some variable is reached in a way that cannot be walked backwards."""
     parent: dict[str, tuple[str, _Edge] | None] = {}
+    root_column: dict[str, int] = {}  # a root row's node variables: their column
     op_of: dict[str, str] = {}
-    for kind, atom in order:
+    for index, (kind, atom) in enumerate(order):
         if isinstance(atom, NodePat):
             op_of.setdefault(atom.out, atom.op)
             if atom.out not in parent:
@@ -268,6 +314,12 @@ def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str]
         call = atom.call if isinstance(atom, Holds) else next(
             t for t in (atom.left, atom.right) if isinstance(t, F) and t.name in tables)  # type: ignore[union-attr]
         columns = {a.name: c for c, a in enumerate(call.args) if isinstance(a, V)}
+        if index == 0:  # the root row
+            if any(v not in columns for v in bound_here):
+                return None
+            for v in bound_here:
+                parent[v], root_column[v] = None, columns[v]
+            continue
         anchor = next((v for v in columns if v in parent and v in node_vars), None)
         if anchor is None or any(v not in columns for v in bound_here):
             return None
@@ -282,7 +334,7 @@ def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str]
             key = (edge.kind, op_of.get(up), edge.table, edge.column, edge.parent_column)
             edges.append(_EDGES.setdefault(key, _Edge(*key)))
             current = up
-        paths.append((op_of.get(var), tuple(edges)))
+        paths.append((op_of.get(var), tuple(edges), root_column.get(current)))
     return paths
 
 
@@ -292,13 +344,19 @@ def _input_vars(atom: NodePat) -> list[str]:
     return out
 
 
-def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...]]], root_op: str, facts: Facts
-             ) -> Callable[[Iterable[int]], set[int]]:
+def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root_op: str | None,
+             root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
 
-    def parents(n: int, edge: _Edge) -> tuple[int, ...]:
+    def parents(near: Near, n: int, edge: _Edge) -> tuple[int, ...]:
         if edge.kind == "input":  # the parent reads the node
-            return tuple(r for r in readers.get(n, ()) if nodes[r].op == edge.parent_op)
+            by_op = near.readers.get(n)
+            if by_op is None:
+                grouped: dict[str, list[int]] = {}
+                for r in readers.get(n, ()):
+                    grouped.setdefault(nodes[r].op, []).append(r)
+                by_op = near.readers[n] = {op: tuple(rs) for op, rs in grouped.items()}
+            return by_op.get(edge.parent_op, ())  # type: ignore[arg-type]
         if edge.kind == "reader":  # the node reads the parent
             node = nodes.get(n)
             if node is None:
@@ -306,23 +364,33 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...]]], root_op: str, fa
             return tuple(i for i in node.inputs if edge.parent_op is None or nodes[i].op == edge.parent_op)
         return tuple(args[edge.parent_column] for args, _ in facts.lookup(edge.table, ((edge.column, n),)))
 
-    def roots_near(near: Near) -> set[int]:
-        roots: set[int] = set()
-        memo = near.steps
-        for op, edges in paths:
-            seeds = near.by_op.get(op, ()) if op is not None else [n for ns in near.by_op.values() for n in ns]
-            frontier = set(seeds)
-            for edge in edges:
-                if not frontier:
-                    break
-                step: set[int] = set()
-                for n in frontier:
-                    found = memo.get((edge, n))
-                    if found is None:
-                        found = memo[(edge, n)] = parents(n, edge)
-                    step.update(found)
-                frontier = step
-            roots |= frontier
+    def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
+        frontier = near.walks.get((op, edges))
+        if frontier is not None:
+            return frontier
+        if not edges:
+            frontier = set(near.by_op.get(op, ()) if op is not None else
+                           (n for ns in near.by_op.values() for n in ns))
+        else:
+            frontier, memo, edge = set(), near.steps, edges[-1]
+            for n in walk(near, op, edges[:-1]):
+                found = memo.get((edge, n))
+                if found is None:
+                    found = memo[(edge, n)] = parents(near, n, edge)
+                frontier.update(found)
+        near.walks[(op, edges)] = frontier
+        return frontier
+
+    def roots_near(near: Near) -> set[Any]:
+        roots: set[Any] = set()
+        for op, edges, column in paths:
+            frontier = walk(near, op, edges)
+            if column is None:
+                roots |= frontier
+            else:
+                roots.update(args for n in frontier for args, _ in facts.lookup(root_table, ((column, n),)))
+        if root_op is None:
+            return roots
         return {r for r in roots if r in nodes and nodes[r].op == root_op}
     return roots_near
 
@@ -536,8 +604,10 @@ def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> S
     return holds
 
 
-def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
-    """Rows of a helper table: known columns select rows, the others bind variables."""
+def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
+                 pinned: list[tuple] | None = None) -> Step:
+    """Rows of a helper table: known columns select rows, the others bind variables.  With
+    ``pinned`` (the query's root) only the row ``pinned[-1]`` is considered."""
     if isinstance(atom, Holds):
         call, other = atom.call, None
     else:
@@ -570,7 +640,7 @@ def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, 
             expected = value_check(env) if value_check is not None else None
         except NoMatch:
             return
-        for args, value in facts.lookup(name, bound):
+        for args, value in facts.lookup(name, bound) if pinned is None else facts.row(name, pinned[-1], bound):
             if value_check is not None and value != expected:
                 continue
             ok = True
