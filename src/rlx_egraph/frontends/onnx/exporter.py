@@ -92,8 +92,7 @@ class Builder:
             name, axis = self.dim_sources[d]
             out = self.op("Shape", [name], start=axis, end=axis + 1)
         elif d == symbol(d.symbols[0]):
-            raise GraphError(f"cannot export symbolic dim {d}: no graph input has it as a dim, so its value is not "
-                             "known at run time")
+            raise ShapeError(f"symbolic dim {d} is no dim of a graph input, so its value is not known at run time")
         else:
             terms = [reduce(lambda x, y: self.op("Mul", [x, y]),
                             [self.dim(symbol(name)) for name in mono] + ([self.dim(coef)] if coef != 1 else []))

@@ -283,14 +283,15 @@ class Importer:
 
     def run(self) -> Graph:
         from .lowering import LOWERINGS
-        from .symbolic import check_lowering, refuse_shape_error
+        from .symbolic import check_lowering, lowers, refuse_shape_error
 
         graph = self.onnx_graph
         used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
         for index, node in enumerate(graph.node):
             self.label = node_label(node, index)
             ins = list(node.input)
-            if all(not n or self.value(n).known for n in ins) and node.op_type not in _NOT_FOLDED:
+            if all(not n or self.value(n).known for n in ins) and node.op_type not in _NOT_FOLDED \
+                    and not lowers(self, node):
                 outputs = self.fold(node, ins)
             else:
                 check_lowering(self, node)
@@ -381,11 +382,12 @@ def import_model(model: str | Path | onnx.ModelProto, input_shapes: Mapping[str,
     """Import an ONNX model (a path or a ``ModelProto``, which is not changed) as a MIR :class:`Graph`.
 
     ``input_shapes`` maps input names to static shapes and binds the model's symbolic dims (a dim
-    name bound for one input binds it for every input).  Shape computations and constant subgraphs are
-    folded for these shapes.  The graph carries the initializers in ``graph.weights`` and, in
-    ``graph.meta``, the inputs' symbolic dim names (``"dim_names"``), the output names
-    (``"output_names"``) and the default domain's opset (``"opset"``).  Raises
-    :class:`OnnxImportError` naming the node, input or op types at fault.
+    name bound for one input binds it for every input); a ``dim_param`` left unbound stays a symbolic
+    dim (see :mod:`.symbolic`).  Shape computations and constant subgraphs are folded for these shapes.
+    The graph carries the initializers in ``graph.weights`` and, in ``graph.meta``, the inputs'
+    symbolic dim names (``"dim_names"``), the output names (``"output_names"``) and the default
+    domain's opset (``"opset"``).  Raises :class:`OnnxImportError` naming the node, input or op types
+    at fault.
     """
     proto = _load(model)
     check_domains(proto.graph)

@@ -57,21 +57,36 @@ def _refuse(imp: Importer, reason: str, symbols: Sequence[str]) -> OnnxImportErr
     return OnnxImportError(f"{imp.label}: {reason}; pass input_shapes to bind {named}")
 
 
-def refuse_data(imp: Importer, name: str) -> None:
-    """Raise when the known value ``name`` is symbolic: MIR holds symbolic dims in shapes only, never as data."""
+def _refuse_value(imp: Importer, what: str, name: str, result: str) -> OnnxImportError:
+    """The error for symbolic value ``name`` used where MIR would need a tensor of symbolic shape or content."""
     array = imp.values[name].array
-    if is_symbolic(array):
-        shown = [str(d) for d in array.reshape(-1)][:8]
-        raise _refuse(imp, f"reads {name!r} = {shown} (computed from symbolic dims) as data, which MIR cannot hold",
-                      _symbols([array]))
+    shown = "[" + ", ".join(str(d) for d in array.reshape(-1)[:8]) + (", ...]" if array.size > 8 else "]")
+    return _refuse(imp, f"{what} {name!r} = {shown} is computed from symbolic dims, and {result}, which MIR cannot "
+                        "hold (it keeps symbolic dims only in shapes)", _symbols([array]))
+
+
+def refuse_data(imp: Importer, name: str) -> None:
+    """Raise when the known value ``name`` (a graph output) is symbolic."""
+    if is_symbolic(imp.values[name].array):
+        raise _refuse_value(imp, "value", name, "the graph outputs it")
+
+
+def lowers(imp: Importer, node: onnx.NodeProto) -> bool:
+    """Whether a node with known inputs is lowered rather than folded: known data (not symbolic itself) under a
+    symbolic target or bound (Expand of a class token to [batch, 1, 64]) is a MIR node of symbolic shape."""
+    if node.op_type not in DIM_INPUTS:
+        return False
+    values = [imp.value(n).array if n else None for n in node.input]
+    return not is_symbolic(values[0]) and any(is_symbolic(values[k]) for k in DIM_INPUTS[node.op_type]
+                                              if k < len(values))
 
 
 def check_lowering(imp: Importer, node: onnx.NodeProto) -> None:
     """A node lowered to MIR reads symbolic values only where its lowering takes dims (:data:`DIM_INPUTS`)."""
     allowed = DIM_INPUTS.get(node.op_type, frozenset())
     for slot, name in enumerate(node.input):
-        if name and slot not in allowed and imp.value(name).known:
-            refuse_data(imp, name)
+        if name and slot not in allowed and is_symbolic(imp.value(name).array):
+            raise _refuse_value(imp, f"input {slot}", name, f"{node.op_type} reads it as data")
 
 
 def refuse_shape_error(imp: Importer, exc: ShapeError) -> OnnxImportError:
@@ -166,8 +181,8 @@ def _reduce(fn: Callable[..., np.ndarray], since: int) -> Callable[..., np.ndarr
 
 def _cast(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
     if helper.tensor_dtype_to_np_dtype(at["to"]).kind not in "iu":
-        raise _refuse(imp, f"casts a value computed from symbolic dims to "
-                           f"{onnx.TensorProto.DataType.Name(at['to'])}, which MIR cannot hold", _symbols(a))
+        raise _refuse_value(imp, "input 0", node.input[0],
+                            f"Cast makes {onnx.TensorProto.DataType.Name(at['to'])} data of it")
     return a[0]
 
 
@@ -222,16 +237,12 @@ def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str], at: dict[
     """Fold ``node``, whose inputs are known and some symbolic, exactly; OnnxImportError where it cannot."""
     arrays = [imp.values[n].array if n else None for n in ins]
     symbols = _symbols(arrays)
-    entry = FOLDS.get(node.op_type)
-    if entry is None:
-        raise _refuse(imp, f"computes {node.op_type} on a value computed from symbolic dims; only shape arithmetic "
-                           f"({', '.join(sorted(FOLDS))}) folds symbolically", symbols)
-    fold, symbolic_slots = entry
+    fold, symbolic_slots = FOLDS.get(node.op_type, (None, frozenset()))
     for slot, array in enumerate(arrays):
         if is_symbolic(array) and symbolic_slots is not None and slot not in symbolic_slots:
-            raise _refuse(imp, f"uses {ins[slot]!r} = {[str(d) for d in array.reshape(-1)][:8]} (computed from "
-                               f"symbolic dims) as input {slot}, so its result would be a tensor of symbolic shape "
-                               "or content, which MIR cannot hold", symbols)
+            raise _refuse_value(imp, f"input {slot}", ins[slot],
+                                f"{node.op_type} would make a tensor of symbolic shape or content of it")
+    assert fold is not None  # an op with no fold has no symbolic slot: refused above
     operands = [_objects(a) if a is not None and (symbolic_slots is None or k in symbolic_slots) else a
                 for k, a in enumerate(arrays)]
     try:
@@ -245,5 +256,5 @@ def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str], at: dict[
     return [Value(array=result), *[None] * (len(node.output) - 1)]
 
 
-__all__ = ["DIM_INPUTS", "FOLDS", "check_lowering", "dims_array", "fold_symbolic", "is_symbolic", "refuse_data",
-           "refuse_shape_error"]
+__all__ = ["DIM_INPUTS", "FOLDS", "check_lowering", "dims_array", "fold_symbolic", "is_symbolic", "lowers",
+           "refuse_data", "refuse_shape_error"]

@@ -99,8 +99,8 @@ def _output_type(proto: str, domain: str, opset: int, output: int) -> TensorType
                  if v.name == name and v.type.HasField("tensor_type")), None)
     tensor = info.type.tensor_type if info is not None else None
     symbols = symbols_of(_read_dim(d.dim_param, None) for v in graph.input for d in v.type.tensor_type.shape.dim)
-    dims = tuple(d.dim_value if d.HasField("dim_value") else _read_dim(d.dim_param, symbols) for d in tensor.shape.dim) \
-        if tensor is not None and tensor.HasField("shape") else None
+    dims = tuple(d.dim_value if d.HasField("dim_value") else _read_dim(d.dim_param, symbols)
+                 for d in tensor.shape.dim) if tensor is not None and tensor.HasField("shape") else None
     if dims is None or any(isinstance(d, int) and d < 1 for d in dims):
         raise ShapeError(f"onnx shape inference gives no static shape for output {output} of {node.op_type} "
                          f"(got {list(dims) if dims is not None else 'none'})")
