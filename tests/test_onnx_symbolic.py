@@ -11,9 +11,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
 
 from onnx_models import MODELS, OnnxBuilder, feeds
 from rlx_egraph import Graph, GraphError, evaluate, optimize, specialize
+from rlx_egraph.frontends.onnx.importer import Importer, Value
+from rlx_egraph.ir.dims import evaluate as dim_value
 from rlx_egraph.ir.dims import parse
 from rlx_egraph.onnx import OnnxImportError, export_model, import_model, onnx_rules
 from test_onnx_import import SHAPES, assert_close, run_ort
@@ -193,3 +196,94 @@ def test_export_refuses_a_symbol_no_input_carries() -> None:
         export_model(g)
     assert str(err.value) == ("node 1 (Reshape): cannot be exported with symbolic dims: symbolic dim batch is no "
                               "dim of a graph input, so its value is not known at run time")
+
+
+# --- the symbolic folds agree with onnx's reference evaluator at a binding -----------------------------------
+
+AT = {"batch": 3, "sequence": 5}
+
+
+def sym(*dims: object) -> np.ndarray:
+    out = np.empty(len(dims), dtype=object)
+    out[:] = [parse(d) if isinstance(d, str) else d for d in dims]
+    return out
+
+
+def at(array: np.ndarray) -> np.ndarray:
+    """A symbolic value at the binding AT (int64), a static one as it is."""
+    if array.dtype != object:
+        return array
+    return np.vectorize(lambda d: dim_value(d, AT), otypes=[np.int64])(array)
+
+
+S = sym("batch", "sequence", 4)
+I64 = np.int64
+# (op, inputs (a symbolic value or a static array), attributes)
+FOLD_CASES: list[tuple[str, list[np.ndarray], dict[str, object]]] = [
+    ("Identity", [S], {}),
+    ("Gather", [S, np.array([0, 2], I64)], {"axis": 0}),
+    ("Gather", [S, np.array(-2, I64)], {}),
+    ("Slice", [S, np.array([1], I64), np.array([2**62], I64)], {}),
+    ("Slice", [S, np.array([-1], I64), np.array([-2**62], I64), np.array([0], I64), np.array([-1], I64)], {}),
+    ("Concat", [S, np.array([7], I64)], {"axis": 0}),
+    ("Unsqueeze", [S, np.array([0], I64)], {}),
+    ("Squeeze", [S.reshape(1, 3), np.array([0], I64)], {}),
+    ("Squeeze", [S.reshape(1, 3)], {}),
+    ("Reshape", [S.reshape(1, 3), np.array([0, -1], I64)], {}),
+    ("Expand", [S, np.array([2, 3], I64)], {}),
+    ("Cast", [S], {"to": TensorProto.INT32}),
+    ("Shape", [S.reshape(1, 3)], {"start": -1}),
+    ("Size", [S], {}),
+    ("ReduceProd", [S], {"keepdims": 0}),
+    ("ReduceSum", [S.reshape(1, 3), np.array([1], I64)], {}),
+    ("Add", [S, np.array(1, I64)], {}),
+    ("Sub", [S, S], {}),
+    ("Mul", [S, np.array([2, 3, 4], I64)], {}),
+    ("Div", [sym("2*batch", "3*sequence+3", -7), np.array([2, 3, 2], I64)], {}),
+    ("Mod", [sym("2*batch", 7, -7), np.array([2, 3, 2], I64)], {}),
+    ("Max", [S, np.array(1, I64)], {}),
+    ("Min", [S, np.array(1, I64), np.array(2, I64)], {}),
+    ("Max", [np.array(1, I64), S], {}),
+    ("Neg", [S], {}),
+    ("Equal", [S, np.array(-1, I64)], {}),
+    ("Equal", [S, S], {}),
+    ("Less", [S, np.array(0, I64)], {}),
+    ("Greater", [S, np.array(0, I64)], {}),
+    ("LessOrEqual", [S, S], {}),
+    ("GreaterOrEqual", [S, np.array(1, I64)], {}),
+    ("Where", [np.array([True, False, True]), np.ones(3, I64), S], {}),
+]
+
+
+def fold(op: str, inputs: list[np.ndarray], attrs: dict[str, object]) -> tuple[np.ndarray, onnx.ModelProto]:
+    """The importer's fold of one ``op`` node on ``inputs`` (values given directly), and the node's model."""
+    names = [f"in{k}" for k in range(len(inputs))]
+    node = helper.make_node(op, names, ["out"], name="n", **attrs)
+    model = helper.make_model(helper.make_graph([node], "fold", [], [helper.make_tensor_value_info("out", 0, None)]),
+                              opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    imp = Importer(model, {})
+    imp.values.update({n: Value(array=a) for n, a in zip(names, inputs, strict=True)})
+    imp.label = "Node 'n'"
+    return imp.fold(node, names)[0].array, model
+
+
+@pytest.mark.parametrize(("op", "inputs", "attrs"), FOLD_CASES, ids=[f"{c[0]}-{k}" for k, c in enumerate(FOLD_CASES)])
+def test_symbolic_fold_agrees_with_the_reference_evaluator(op: str, inputs: list[np.ndarray],
+                                                           attrs: dict[str, object]) -> None:
+    got, model = fold(op, inputs, attrs)
+    want = ReferenceEvaluator(model).run(None, {f"in{k}": at(a) for k, a in enumerate(inputs)})[0]
+    assert at(got).shape == want.shape
+    np.testing.assert_array_equal(at(got), want)
+    if got.dtype != object:
+        assert got.dtype == want.dtype
+
+
+@pytest.mark.parametrize(("op", "inputs", "message"), [
+    ("Max", [S, np.array(4, I64)], "cannot decide max(batch, 4) for every value of batch"),
+    ("Equal", [S[:1], S[1:2]], "cannot decide whether batch-sequence != 0 for every value of batch, sequence"),
+    ("Div", [S, np.array(2, I64)], "cannot decide batch // 2 for every value of batch"),
+])
+def test_symbolic_fold_refuses_what_depends_on_the_values(op: str, inputs: list[np.ndarray], message: str) -> None:
+    with pytest.raises(OnnxImportError) as err:
+        fold(op, inputs, {})
+    assert str(err.value) == f"Node 'n': {message}; pass input_shapes to bind 'batch', 'sequence'"  # the inputs' symbols

@@ -115,6 +115,22 @@ def _trunc_div(a: Dim, b: Dim) -> Dim:
     return a // b
 
 
+def _extreme(pick_first: Callable[[Dim, Dim], bool], what: str) -> Callable[[Dim, Dim], Dim]:
+    """Max (``pick_first`` is ``>=``) or Min (``<=``) of two dims, asking in both orders: ``max(1, batch)`` is
+    ``batch`` because ``batch >= 1`` holds for every value (``1 >= batch`` does not decide)."""
+
+    def pick(a: Dim, b: Dim) -> Dim:
+        for first, second in ((a, b), (b, a)):
+            try:
+                if pick_first(first, second):
+                    return first
+            except ShapeError:
+                pass
+        raise ShapeError(f"cannot decide {what}({a}, {b}) for every value of {', '.join(sorted(symbols_of((a, b))))}")
+
+    return pick
+
+
 def _equal(a: Dim, b: Dim) -> bool:
     """Equal for every value of the symbols: decided when ``a - b`` is 0 or never 0 (ShapeError otherwise)."""
     diff = a - b
@@ -220,8 +236,8 @@ FOLDS: dict[str, tuple[Fold, frozenset[int] | None]] = {
     "Mul": (_binary(operator.mul), None),
     "Div": (_binary(_trunc_div), None),
     "Mod": (_binary(operator.mod), None),
-    "Max": (_binary(max), None),
-    "Min": (_binary(min), None),
+    "Max": (_binary(_extreme(operator.ge, "max")), None),
+    "Min": (_binary(_extreme(operator.le, "min")), None),
     "Neg": (lambda imp, node, at, a: -a[0], None),
     "Equal": (_binary(_equal), None),
     "Less": (_binary(operator.lt), None),
