@@ -286,4 +286,4 @@ def test_symbolic_fold_agrees_with_the_reference_evaluator(op: str, inputs: list
 def test_symbolic_fold_refuses_what_depends_on_the_values(op: str, inputs: list[np.ndarray], message: str) -> None:
     with pytest.raises(OnnxImportError) as err:
         fold(op, inputs, {})
-    assert str(err.value) == f"Node 'n': {message}; pass input_shapes to bind 'batch', 'sequence'"  # the inputs' symbols
+    assert str(err.value) == f"Node 'n': {message}; pass input_shapes to bind 'batch', 'sequence'"  # S's symbols
