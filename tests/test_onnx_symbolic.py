@@ -156,6 +156,12 @@ def test_a_symbolic_value_read_as_data_or_output_is_refused() -> None:
     with pytest.raises(OnnxImportError, match=r"^Add node '/Add_1': input 1 '/Shape_0_output_0' = \[batch\] is "
                                               r"computed from symbolic dims, and Add reads it as data"):
         import_model(read)
+    strided = shape_model(lambda m, x: m.op("Slice", [x, m.ints(0), m.op("Shape", [x], start=0, end=1), m.ints(0),
+                                                      m.ints(2)]))
+    with pytest.raises(OnnxImportError, match=r"^Slice node '/Slice_4': input 2 '/Shape_1_output_0' = \[batch\] is "
+                                              r"computed from symbolic dims, and Slice has no MIR form here, so it "
+                                              r"would be kept as an ONNX node holding it as a constant"):
+        import_model(strided)  # a step of 2: no Narrow
     output = shape_model(lambda m, x: m.op("Shape", [x]))
     with pytest.raises(OnnxImportError, match=r"^graph: value 'out' = \[batch, 4\] is computed from "
                                               r"symbolic dims, and the graph outputs it"):

@@ -337,6 +337,9 @@ class Importer:
     def opaque(self, node: onnx.NodeProto, output: int) -> int:
         """An OnnxOp node for output ``output`` of ``node``: runtime inputs (and weights) become its inputs
         ``in0, ...``, other known inputs initializers of its one-node graph."""
+        from .symbolic import check_opaque
+
+        check_opaque(self, node)
         inputs: list[int] = []
         renamed: dict[str, str] = {"": ""}
         constants = []

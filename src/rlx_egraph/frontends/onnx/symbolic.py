@@ -89,6 +89,14 @@ def check_lowering(imp: Importer, node: onnx.NodeProto) -> None:
             raise _refuse_value(imp, f"input {slot}", name, f"{node.op_type} reads it as data")
 
 
+def check_opaque(imp: Importer, node: onnx.NodeProto) -> None:
+    """A node kept as an OnnxOp (its lowering declined) holds no symbolic value among its constants."""
+    for slot, name in enumerate(node.input):
+        if name and is_symbolic(imp.value(name).array):
+            raise _refuse_value(imp, f"input {slot}", name, f"{node.op_type} has no MIR form here, so it would be "
+                                                            "kept as an ONNX node holding it as a constant")
+
+
 def refuse_shape_error(imp: Importer, exc: ShapeError) -> OnnxImportError:
     """A ShapeError of a symbolic import (an undecidable comparison or division) as an import error."""
     return _refuse(imp, str(exc), imp.graph.symbols)
@@ -272,5 +280,5 @@ def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str], at: dict[
     return [Value(array=result), *[None] * (len(node.output) - 1)]
 
 
-__all__ = ["DIM_INPUTS", "FOLDS", "check_lowering", "dims_array", "fold_symbolic", "is_symbolic", "lowers",
-           "refuse_data", "refuse_shape_error"]
+__all__ = ["DIM_INPUTS", "FOLDS", "check_lowering", "check_opaque", "dims_array", "fold_symbolic", "is_symbolic",
+           "lowers", "refuse_data", "refuse_shape_error"]
