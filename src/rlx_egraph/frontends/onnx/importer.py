@@ -238,9 +238,9 @@ class Importer:
         v = self.value(name)
         if not v.known:
             return v.node
-        from .symbolic import refuse_data
+        from .symbolic import check_output
 
-        refuse_data(self, name)  # a graph output computed from symbolic dims only
+        check_output(self, name)  # a graph output computed from symbolic dims only
         if name not in self.materialized:  # a causal keep mask is the Param CAUSAL_MASK, whatever its name
             dt = self.array_dtype(v.array, name)
             if v.array.ndim == 0 and np.isfinite(v.array):

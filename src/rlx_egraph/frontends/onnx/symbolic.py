@@ -65,8 +65,8 @@ def _refuse_value(imp: Importer, what: str, name: str, result: str) -> OnnxImpor
                         "hold (it keeps symbolic dims only in shapes)", _symbols([array]))
 
 
-def refuse_data(imp: Importer, name: str) -> None:
-    """Raise when the known value ``name`` (a graph output) is symbolic."""
+def check_output(imp: Importer, name: str) -> None:
+    """A known graph output ``name`` is not symbolic (MIR has no tensor holding symbolic dims as data)."""
     if is_symbolic(imp.values[name].array):
         raise _refuse_value(imp, "value", name, "the graph outputs it")
 
@@ -271,7 +271,7 @@ def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str], at: dict[
                 for k, a in enumerate(arrays)]
     try:
         result = np.asarray(fold(imp, node, at, [a for a in operands if a is not None]), dtype=object)
-    except ShapeError as exc:
+    except (ShapeError, ZeroDivisionError) as exc:
         raise _refuse(imp, str(exc), symbols) from None
     if is_symbolic(result) and not symbols_of(result.reshape(-1)):
         kind = np.bool_ if node.op_type in _BOOL_RESULT else (
@@ -280,5 +280,5 @@ def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str], at: dict[
     return [Value(array=result), *[None] * (len(node.output) - 1)]
 
 
-__all__ = ["DIM_INPUTS", "FOLDS", "check_lowering", "check_opaque", "dims_array", "fold_symbolic", "is_symbolic",
-           "lowers", "refuse_data", "refuse_shape_error"]
+__all__ = ["DIM_INPUTS", "FOLDS", "check_lowering", "check_opaque", "check_output", "dims_array", "fold_symbolic",
+           "is_symbolic", "lowers", "refuse_shape_error"]
