@@ -51,7 +51,7 @@ def _reduce_all(op_type: str) -> ExportFn:
 
 
 def _sum_rows(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    rows = b.op("Reshape", [ins[0], b.const(np.array([-1, types[0].shape[-1]], np.int64))])
+    rows = b.op("Reshape", [ins[0], b.ints([-1, types[0].shape[-1]])])
     return b.reduce("ReduceSum", rows, [0], False)
 
 

@@ -11,16 +11,18 @@ imported model (``graph.meta["output_names"]``), else ``output_0, ...``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from functools import reduce
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ...ir.dims import Dim, Sym, symbol, symbols_of, to_json
 from ...ir.graph import Graph, GraphError, Node
 from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model
-from ...ir.registry import Kind
+from ...ir.registry import Kind, ShapeError
 from ...kernels.reference import run_node
 from .export_table import EXPORTS, MIR_FORMS
 
@@ -30,13 +32,22 @@ CONTRIB_OPSET = 1
 
 
 class Builder:
-    """Collects the nodes and initializers of the exported graph; hands out unique tensor names."""
+    """Collects the nodes and initializers of the exported graph; hands out unique tensor names.
 
-    def __init__(self, taken: set[str]) -> None:
+    A symbolic dim is read at run time from the first graph input (of ``inputs``) that has it.
+    """
+
+    def __init__(self, taken: set[str], inputs: Iterable[Node] = ()) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.taken = set(taken)
         self.domains: dict[str, int] = {"": OPSET}
+        self.dim_sources: dict[Sym, tuple[str, int]] = {}  # symbolic dim -> (input name, axis)
+        for node in inputs:
+            for axis, d in enumerate(node.shape):
+                if isinstance(d, Sym):
+                    self.dim_sources.setdefault(d, (node.name, axis))
+        self.dim_tensors: dict[Dim, str] = {}
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0
@@ -71,8 +82,33 @@ class Builder:
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
 
-    def ints(self, values: Any) -> str:
-        return self.const(np.array(list(values), np.int64))
+    def ints(self, values: Iterable[Dim]) -> str:
+        """A 1-D int64 tensor of ``values``: an initializer, or for symbolic dims a Concat of :meth:`dim`."""
+        values = list(values)
+        if not symbols_of(values):
+            return self.const(np.array(values, np.int64))
+        parts = [self.dim(d) for d in values]
+        return parts[0] if len(parts) == 1 else self.op("Concat", parts, axis=0)
+
+    def dim(self, d: Dim) -> str:
+        """A 1-D int64 tensor ``[d]``; a symbolic one computed at run time from the inputs' shapes
+        (``Shape(start, end)`` of an input that has it, else Mul/Add of its symbols), once per dim."""
+        if d in self.dim_tensors:
+            return self.dim_tensors[d]
+        if not isinstance(d, Sym):
+            out = self.const(np.array([d], np.int64))
+        elif d in self.dim_sources:
+            name, axis = self.dim_sources[d]
+            out = self.op("Shape", [name], start=axis, end=axis + 1)
+        elif d == symbol(d.symbols[0]):
+            raise ShapeError(f"symbolic dim {d} is no dim of a graph input, so its value is not known at run time")
+        else:
+            terms = [reduce(lambda x, y: self.op("Mul", [x, y]),
+                            [self.dim(symbol(name)) for name in mono] + ([self.dim(coef)] if coef != 1 else []))
+                     if mono else self.dim(coef) for mono, coef in d.terms]
+            out = reduce(lambda x, y: self.op("Add", [x, y]), terms)
+        self.dim_tensors[d] = out
+        return out
 
     def reduce(self, op_type: str, x: str, axes: list[int] | None, keepdims: bool) -> str:
         """A reduction over ``axes`` (None: all) given as an input (opset 18)."""
@@ -161,7 +197,8 @@ def output_names(graph: Graph) -> list[str]:
 
 
 def _value_info(name: str, node: Node) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, ONNX_DTYPES[node.dtype], node.shape)
+    """A typed value; a symbolic dim is its dim_param (``"batch"``, ``"batch*sequence"``)."""
+    return helper.make_tensor_value_info(name, ONNX_DTYPES[node.dtype], [to_json(d) for d in node.shape])
 
 
 def export_model(graph: Graph) -> onnx.ModelProto:
@@ -174,11 +211,14 @@ def export_model(graph: Graph) -> onnx.ModelProto:
     if missing:
         raise GraphError(f"export needs every parameter's value in graph.weights; missing: {missing}")
     outs = output_names(graph)
-    b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs))
+    b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs)
     names: dict[int, Any] = {}
     weights: dict[int, np.ndarray] = {}
     for node in graph.nodes:
-        names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
+        try:
+            names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
+        except ShapeError as exc:  # an unfused form that needs a static value of a symbolic dim
+            raise GraphError(f"node {node.id} ({node.op}): cannot be exported with symbolic dims: {exc}") from None
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
     read = {name for n in b.nodes for name in n.input}

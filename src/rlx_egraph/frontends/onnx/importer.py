@@ -24,9 +24,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ...ir.dims import Dim, parse
 from ...ir.graph import Graph, GraphError
 from ...ir.ops.onnx_op import MIR_DTYPES, ONNX_DTYPES, STANDARD_DOMAINS, encode_proto
-from ...ir.registry import TensorType
+from ...ir.registry import ShapeError, TensorType
 from ...ir.shapes import broadcast
 
 # Ops never folded even when every input is known: their value is not a function of their inputs.
@@ -112,10 +113,11 @@ def check_domains(graph: onnx.GraphProto) -> None:
 
 
 def bind_inputs(graph: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int]],
-                skip: set[str]) -> tuple[dict[str, tuple[int, ...]], dict[str, list[str | None]]]:
-    """Static shapes of the graph inputs (not ``skip``) and their symbolic dim names.
+                skip: set[str]) -> tuple[dict[str, tuple[Dim, ...]], dict[str, list[str | None]]]:
+    """Shapes of the graph inputs (not ``skip``) and their symbolic dim names.
 
-    A symbolic dim is bound by ``input_shapes`` for its input or, by name, for another input.
+    A symbolic dim is bound by ``input_shapes`` for its input or, by name, for another input; an
+    unbound one stays symbolic (its ``dim_param`` read by :func:`~rlx_egraph.ir.dims.parse`).
     """
     unknown = sorted(set(input_shapes) - {i.name for i in graph.input})
     if unknown:
@@ -154,14 +156,30 @@ def bind_inputs(graph: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int]
                 dims.append(d.dim_value)
             elif d.dim_param in bound:
                 dims.append(bound[d.dim_param])
+            elif d.dim_param:
+                dims.append(_symbolic_dim(info.name, axis, d.dim_param))
             else:
                 label = f"{d.dim_param!r}" if d.dim_param else "(unnamed)"
                 raise OnnxImportError(f"input {info.name!r}: dimension {axis} {label} has no binding; pass "
                                       f"input_shapes={{{info.name!r}: (...)}} or bind {label} through another input")
-        if any(d < 1 for d in dims):
+        if any(isinstance(d, int) and d < 1 for d in dims):
             raise OnnxImportError(f"input {info.name!r}: shape {dims} must hold positive dimensions")
         shapes[info.name] = tuple(dims)
     return shapes, names
+
+
+def _symbolic_dim(input_name: str, axis: int, dim_param: str) -> Dim:
+    """The symbolic dim an unbound ``dim_param`` stands for; OnnxImportError when it is not one."""
+    try:
+        dim = parse(dim_param)
+    except ShapeError as exc:
+        dim, why = None, str(exc)
+    else:
+        why = "it is a number"
+    if dim is None or isinstance(dim, int):
+        raise OnnxImportError(f"input {input_name!r}: dimension {axis} {dim_param!r} is not a symbolic dim ({why}); "
+                              f"pass input_shapes={{{input_name!r}: (...)}}")
+    return dim
 
 
 class Importer:
@@ -220,6 +238,9 @@ class Importer:
         v = self.value(name)
         if not v.known:
             return v.node
+        from .symbolic import check_output
+
+        check_output(self, name)  # a graph output computed from symbolic dims only
         if name not in self.materialized:  # a causal keep mask is the Param CAUSAL_MASK, whatever its name
             dt = self.array_dtype(v.array, name)
             if v.array.ndim == 0 and np.isfinite(v.array):
@@ -262,20 +283,25 @@ class Importer:
 
     def run(self) -> Graph:
         from .lowering import LOWERINGS
+        from .symbolic import check_lowering, lowers, refuse_shape_error
 
         graph = self.onnx_graph
         used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
         for index, node in enumerate(graph.node):
             self.label = node_label(node, index)
             ins = list(node.input)
-            if all(not n or self.value(n).known for n in ins) and node.op_type not in _NOT_FOLDED:
+            if all(not n or self.value(n).known for n in ins) and node.op_type not in _NOT_FOLDED \
+                    and not lowers(self, node):
                 outputs = self.fold(node, ins)
             else:
+                check_lowering(self, node)
                 lower = LOWERINGS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
                 try:
                     outputs = lower(self, node, attributes(node)) if lower is not None else None
                 except GraphError as exc:
                     raise OnnxImportError(f"{self.label}: {exc}") from None
+                except ShapeError as exc:  # a symbolic dim that a lowering cannot decide on
+                    raise refuse_shape_error(self, exc) from None
                 outputs = list(outputs or [])
                 outputs += [None] * (len(node.output) - len(outputs))
                 for k, name in enumerate(node.output):
@@ -292,6 +318,10 @@ class Importer:
         """Run a node whose inputs are all known with onnx's reference evaluator."""
         from onnx.reference import ReferenceEvaluator
 
+        from .symbolic import fold_symbolic, is_symbolic
+
+        if any(is_symbolic(self.values[n].array) for n in ins if n):
+            return fold_symbolic(self, node, ins, attributes(node))
         arrays = {n: self.values[n].array for n in dict.fromkeys(ins) if n}
         sub = helper.make_graph([node], "fold", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output
                                                      if o], [numpy_helper.from_array(a, n) for n, a in arrays.items()])
@@ -307,6 +337,9 @@ class Importer:
     def opaque(self, node: onnx.NodeProto, output: int) -> int:
         """An OnnxOp node for output ``output`` of ``node``: runtime inputs (and weights) become its inputs
         ``in0, ...``, other known inputs initializers of its one-node graph."""
+        from .symbolic import check_opaque
+
+        check_opaque(self, node)
         inputs: list[int] = []
         renamed: dict[str, str] = {"": ""}
         constants = []
@@ -352,11 +385,12 @@ def import_model(model: str | Path | onnx.ModelProto, input_shapes: Mapping[str,
     """Import an ONNX model (a path or a ``ModelProto``, which is not changed) as a MIR :class:`Graph`.
 
     ``input_shapes`` maps input names to static shapes and binds the model's symbolic dims (a dim
-    name bound for one input binds it for every input).  Shape computations and constant subgraphs are
-    folded for these shapes.  The graph carries the initializers in ``graph.weights`` and, in
-    ``graph.meta``, the inputs' symbolic dim names (``"dim_names"``), the output names
-    (``"output_names"``) and the default domain's opset (``"opset"``).  Raises
-    :class:`OnnxImportError` naming the node, input or op types at fault.
+    name bound for one input binds it for every input); a ``dim_param`` left unbound stays a symbolic
+    dim (see :mod:`.symbolic`).  Shape computations and constant subgraphs are folded for these shapes.
+    The graph carries the initializers in ``graph.weights`` and, in ``graph.meta``, the inputs'
+    symbolic dim names (``"dim_names"``), the output names (``"output_names"``) and the default
+    domain's opset (``"opset"``).  Raises :class:`OnnxImportError` naming the node, input or op types
+    at fault.
     """
     proto = _load(model)
     check_domains(proto.graph)

@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ...ir.dims import as_dim
 from ...ir.dtypes import dtype
 from ...ir.ops.onnx_op import MIR_DTYPES
 from ...ir.shapes import broadcast
 from .importer import CAUSAL_MASK, Importer, Value, causal_fill
+from .symbolic import dims_array
 
 Lowering = Callable[[Importer, onnx.NodeProto, dict[str, Any]], list[Value | None] | None]
 Outputs = list[Value | None] | None
@@ -208,7 +210,7 @@ def _reshape(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     if target is None:
         return None
     src = imp.type(node.input[0]).shape
-    dims = [int(d) for d in target.reshape(-1)]
+    dims = [as_dim(d) for d in target.reshape(-1)]  # ints and, from symbolic shape values, Syms
     if not at.get("allowzero", 0):
         dims = [src[k] if d == 0 else d for k, d in enumerate(dims)]
     if -1 in dims:
@@ -332,7 +334,7 @@ def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     if target is None:
         return None
     x = imp.tensor(node.input[0])
-    shape = broadcast(imp.graph.node(x).shape, tuple(int(d) for d in target.reshape(-1)))
+    shape = broadcast(imp.graph.node(x).shape, tuple(as_dim(d) for d in target.reshape(-1)))
     return _out(imp.fit(x, shape))
 
 
@@ -373,11 +375,11 @@ def _shape(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     rank = len(shape)
     start = min(max(_axis(at.get("start", 0), rank), 0), rank)
     end = min(max(_axis(at.get("end", rank), rank), 0), rank) if "end" in at else rank
-    return [Value(array=np.array(shape[start:end], dtype=np.int64))]
+    return [Value(array=dims_array(shape[start:end]))]
 
 
 def _size(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
-    return [Value(array=np.array(imp.type(node.input[0]).numel, dtype=np.int64))]
+    return [Value(array=dims_array([imp.type(node.input[0]).numel]).reshape(()))]
 
 
 LOWERINGS: dict[str, Lowering] = {

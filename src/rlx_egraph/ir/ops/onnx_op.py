@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dims import Dim, parse, symbols_of, to_json
 from ..registry import Attrs, AttrSpec, AttrType, Kind, OpSpec, ShapeError, TensorType, register
 
 # MIR dtype -> ONNX TensorProto element type (the values of onnx.TensorProto.DataType).
@@ -77,8 +78,8 @@ def _canonical(a: Attrs, ins: list[TensorType]) -> dict[str, Any]:
         raise ShapeError(f"{node.op_type} reads {missing}, which are neither inputs in0..in{len(ins) - 1} "
                          "nor constants")
     del graph.input[:]
-    graph.input.extend(onnx.helper.make_tensor_value_info(n, ONNX_DTYPES[t.dtype], t.shape)
-                       for n, t in zip(names, ins, strict=True))
+    graph.input.extend(onnx.helper.make_tensor_value_info(n, ONNX_DTYPES[t.dtype], [to_json(d) for d in t.shape])
+                       for n, t in zip(names, ins, strict=True))  # a symbolic dim as its dim_param
     return {**a, "proto": encode_proto(graph)}
 
 
@@ -97,15 +98,25 @@ def _output_type(proto: str, domain: str, opset: int, output: int) -> TensorType
     info = next((v for v in (*inferred.value_info, *inferred.output)
                  if v.name == name and v.type.HasField("tensor_type")), None)
     tensor = info.type.tensor_type if info is not None else None
-    dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim) \
-        if tensor is not None and tensor.HasField("shape") else None
-    if dims is None or any(d < 1 for d in dims):
+    symbols = symbols_of(_read_dim(d.dim_param, None) for v in graph.input for d in v.type.tensor_type.shape.dim)
+    dims = tuple(d.dim_value if d.HasField("dim_value") else _read_dim(d.dim_param, symbols)
+                 for d in tensor.shape.dim) if tensor is not None and tensor.HasField("shape") else None
+    if dims is None or any(isinstance(d, int) and d < 1 for d in dims):
         raise ShapeError(f"onnx shape inference gives no static shape for output {output} of {node.op_type} "
                          f"(got {list(dims) if dims is not None else 'none'})")
     if tensor.elem_type not in MIR_DTYPES:
         raise ShapeError(f"output {output} of {node.op_type} has ONNX element type "
                          f"{onnx.TensorProto.DataType.Name(tensor.elem_type)}, which MIR has no dtype for")
     return TensorType(dims, MIR_DTYPES[tensor.elem_type])
+
+
+def _read_dim(dim_param: str, symbols: set[str] | None) -> Dim:
+    """A dim_param as a symbolic dim over ``symbols`` (any, for None); -1 for a name onnx made up or none."""
+    try:
+        dim = parse(dim_param)
+    except ShapeError:
+        return -1
+    return dim if symbols is None or symbols_of([dim]) <= symbols else -1
 
 
 def _infer(a: Attrs, ins: list[TensorType]) -> TensorType:

@@ -1,0 +1,284 @@
+"""Symbolic shape values of an ONNX import: integer tensors whose elements are ints or symbolic dims.
+
+When an input's ``dim_param`` is left unbound, its dim is a :class:`~rlx_egraph.ir.dims.Sym` and
+``Shape`` gives a *symbolic value*: a numpy array of dtype ``object`` holding Python ints and Syms
+(:func:`dims_array`).  The shape computations exporters write on such values (Gather, Slice,
+Unsqueeze, Concat, integer arithmetic, comparisons, Where, ...) fold here exactly
+(:func:`fold_symbolic`); a result without symbols is a plain int64 (bool, or Cast's type) array again.
+A symbolic value may only end as a Reshape/Expand target or Slice bound (:data:`DIM_INPUTS`), which
+become symbolic dim attributes.  Anything else (a tensor of symbolic shape made from known values, a
+symbolic value read as data, a comparison that is not the same for every value of the symbols) is an
+:class:`OnnxImportError` naming the node and the symbols and saying to pass ``input_shapes``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ...ir.dims import Dim, symbols_of
+from ...ir.registry import ShapeError
+from .importer import OnnxImportError, Value
+
+if TYPE_CHECKING:
+    from .importer import Importer
+
+# Lowered op -> the input slots it reads as dims (a symbolic value there becomes a symbolic dim attribute).
+DIM_INPUTS: dict[str, frozenset[int]] = {"Reshape": frozenset({1}), "Expand": frozenset({1}),
+                                         "Slice": frozenset({1, 2, 3, 4})}
+
+
+def is_symbolic(array: np.ndarray | None) -> bool:
+    """``array`` is a symbolic value (dtype object: ints and Syms)."""
+    return array is not None and array.dtype == object
+
+
+def dims_array(dims: Sequence[Dim]) -> np.ndarray:
+    """The value of ``Shape`` for ``dims``: int64 when every dim is an int, else a symbolic value."""
+    if not symbols_of(dims):
+        return np.array(dims, dtype=np.int64)
+    out = np.empty(len(dims), dtype=object)
+    out[:] = list(dims)
+    return out
+
+
+def _symbols(arrays: Sequence[np.ndarray | None]) -> list[str]:
+    return sorted(symbols_of(d for a in arrays if is_symbolic(a) for d in a.reshape(-1)))
+
+
+def _refuse(imp: Importer, reason: str, symbols: Sequence[str]) -> OnnxImportError:
+    named = ", ".join(repr(s) for s in symbols)
+    return OnnxImportError(f"{imp.label}: {reason}; pass input_shapes to bind {named}")
+
+
+def _refuse_value(imp: Importer, what: str, name: str, result: str) -> OnnxImportError:
+    """The error for symbolic value ``name`` used where MIR would need a tensor of symbolic shape or content."""
+    array = imp.values[name].array
+    shown = "[" + ", ".join(str(d) for d in array.reshape(-1)[:8]) + (", ...]" if array.size > 8 else "]")
+    return _refuse(imp, f"{what} {name!r} = {shown} is computed from symbolic dims, and {result}, which MIR cannot "
+                        "hold (it keeps symbolic dims only in shapes)", _symbols([array]))
+
+
+def check_output(imp: Importer, name: str) -> None:
+    """A known graph output ``name`` is not symbolic (MIR has no tensor holding symbolic dims as data)."""
+    if is_symbolic(imp.values[name].array):
+        raise _refuse_value(imp, "value", name, "the graph outputs it")
+
+
+def lowers(imp: Importer, node: onnx.NodeProto) -> bool:
+    """Whether a node with known inputs is lowered rather than folded: known data (not symbolic itself) under a
+    symbolic target or bound (Expand of a class token to [batch, 1, 64]) is a MIR node of symbolic shape."""
+    if node.op_type not in DIM_INPUTS:
+        return False
+    values = [imp.value(n).array if n else None for n in node.input]
+    return not is_symbolic(values[0]) and any(is_symbolic(values[k]) for k in DIM_INPUTS[node.op_type]
+                                              if k < len(values))
+
+
+def check_lowering(imp: Importer, node: onnx.NodeProto) -> None:
+    """A node lowered to MIR reads symbolic values only where its lowering takes dims (:data:`DIM_INPUTS`)."""
+    allowed = DIM_INPUTS.get(node.op_type, frozenset())
+    for slot, name in enumerate(node.input):
+        if name and slot not in allowed and is_symbolic(imp.value(name).array):
+            raise _refuse_value(imp, f"input {slot}", name, f"{node.op_type} reads it as data")
+
+
+def check_opaque(imp: Importer, node: onnx.NodeProto) -> None:
+    """A node kept as an OnnxOp (its lowering declined) holds no symbolic value among its constants."""
+    for slot, name in enumerate(node.input):
+        if name and is_symbolic(imp.value(name).array):
+            raise _refuse_value(imp, f"input {slot}", name, f"{node.op_type} has no MIR form here, so it would be "
+                                                            "kept as an ONNX node holding it as a constant")
+
+
+def refuse_shape_error(imp: Importer, exc: ShapeError) -> OnnxImportError:
+    """A ShapeError of a symbolic import (an undecidable comparison or division) as an import error."""
+    return _refuse(imp, str(exc), imp.graph.symbols)
+
+
+# --- folding --------------------------------------------------------------------------------------------------
+
+
+def _objects(array: np.ndarray) -> np.ndarray:
+    """``array`` as dtype object holding Python ints (bools stay bools), Syms kept."""
+    return array if is_symbolic(array) else array.astype(object)
+
+
+def _cells(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
+    """``fn`` applied element by element with numpy broadcasting, as an object array."""
+    apply = np.frompyfunc(fn, 2, 1)
+    return lambda a, b: np.asarray(apply(a, b), dtype=object)
+
+
+def _trunc_div(a: Dim, b: Dim) -> Dim:
+    """ONNX integer Div (truncating); a Sym divides only exactly (ShapeError otherwise)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+    return a // b
+
+
+def _extreme(pick_first: Callable[[Dim, Dim], bool], what: str) -> Callable[[Dim, Dim], Dim]:
+    """Max (``pick_first`` is ``>=``) or Min (``<=``) of two dims, asking in both orders: ``max(1, batch)`` is
+    ``batch`` because ``batch >= 1`` holds for every value (``1 >= batch`` does not decide)."""
+
+    def pick(a: Dim, b: Dim) -> Dim:
+        for first, second in ((a, b), (b, a)):
+            try:
+                if pick_first(first, second):
+                    return first
+            except ShapeError:
+                pass
+        raise ShapeError(f"cannot decide {what}({a}, {b}) for every value of {', '.join(sorted(symbols_of((a, b))))}")
+
+    return pick
+
+
+def _equal(a: Dim, b: Dim) -> bool:
+    """Equal for every value of the symbols: decided when ``a - b`` is 0 or never 0 (ShapeError otherwise)."""
+    diff = a - b
+    return not diff if isinstance(diff, int) else not bool(diff)
+
+
+def _ints(imp: Importer, name: str) -> list[int]:
+    return [int(v) for v in imp.values[name].array.reshape(-1)]
+
+
+def _axes(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], since: int) -> list[int] | None:
+    """Axes from the attribute before opset ``since``, else from input 1 (None: absent)."""
+    if imp.opset < since:
+        return list(at["axes"]) if "axes" in at else None
+    return _ints(imp, node.input[1]) if len(node.input) > 1 and node.input[1] else None
+
+
+def _slice(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
+    if imp.opset < 10:
+        starts, ends, axes, steps = list(at["starts"]), list(at["ends"]), at.get("axes"), None
+    else:
+        given = [_ints(imp, n) if n else None for n in list(node.input[1:5]) + [""] * (5 - len(node.input))]
+        starts, ends, axes, steps = given
+    axes = list(range(len(starts))) if axes is None else list(axes)
+    steps = [1] * len(starts) if steps is None else steps
+    index = [slice(None)] * a[0].ndim
+    for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+        index[axis] = slice(start, end, step)  # Python's clamping is ONNX's
+    return a[0][tuple(index)]
+
+
+def _unsqueeze(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
+    axes = _axes(imp, node, at, 13) or []
+    rank = a[0].ndim + len(axes)
+    return np.expand_dims(a[0], tuple(sorted(ax % rank for ax in axes)))
+
+
+def _squeeze(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
+    axes = _axes(imp, node, at, 13)
+    return np.squeeze(a[0], axis=None if not axes else tuple(ax % a[0].ndim for ax in axes))
+
+
+def _reshape(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
+    target = _ints(imp, node.input[1])
+    if not at.get("allowzero", 0):
+        target = [a[0].shape[k] if d == 0 else d for k, d in enumerate(target)]
+    return a[0].reshape(target)
+
+
+def _expand(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
+    shape = np.broadcast_shapes(a[0].shape, tuple(_ints(imp, node.input[1])))
+    return np.broadcast_to(a[0], shape).copy()
+
+
+def _reduce(fn: Callable[..., np.ndarray], since: int) -> Callable[..., np.ndarray]:
+    def fold(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
+        axes = _axes(imp, node, at, since)
+        if not axes and at.get("noop_with_empty_axes", 0):
+            return a[0]
+        return fn(a[0], axis=None if not axes else tuple(axes), keepdims=bool(at.get("keepdims", 1)))
+
+    return fold
+
+
+def _cast(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
+    if helper.tensor_dtype_to_np_dtype(at["to"]).kind not in "iu":
+        raise _refuse_value(imp, "input 0", node.input[0],
+                            f"Cast makes {onnx.TensorProto.DataType.Name(at['to'])} data of it")
+    return a[0]
+
+
+def _shape_of(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
+    shape = a[0].shape
+    return np.array(shape[slice(at.get("start", 0), at.get("end"))], dtype=np.int64)
+
+
+Fold = Callable[["Importer", onnx.NodeProto, dict[str, Any], list[np.ndarray]], np.ndarray]
+
+
+def _binary(fn: Callable[[Any, Any], Any]) -> Fold:
+    cells = _cells(fn)
+    return lambda imp, node, at, a: reduce(cells, a)
+
+
+# op type -> (fold, the input slots that may be symbolic; the others must be static)
+FOLDS: dict[str, tuple[Fold, frozenset[int] | None]] = {
+    "Identity": (lambda imp, node, at, a: a[0], frozenset({0})),
+    "Gather": (lambda imp, node, at, a: np.take(a[0], a[1].astype(np.int64), axis=at.get("axis", 0)),
+               frozenset({0})),
+    "Slice": (_slice, frozenset({0})),
+    "Concat": (lambda imp, node, at, a: np.concatenate(a, axis=at["axis"]), None),
+    "Unsqueeze": (_unsqueeze, frozenset({0})),
+    "Squeeze": (_squeeze, frozenset({0})),
+    "Reshape": (_reshape, frozenset({0})),
+    "Expand": (_expand, frozenset({0})),
+    "Cast": (_cast, frozenset({0})),
+    "Shape": (_shape_of, frozenset({0})),
+    "Size": (lambda imp, node, at, a: np.array(a[0].size, dtype=np.int64), frozenset({0})),
+    "ReduceProd": (_reduce(lambda x, **kw: np.prod(x, initial=1, **kw), 18), frozenset({0})),
+    "ReduceSum": (_reduce(lambda x, **kw: np.sum(x, initial=0, **kw), 13), frozenset({0})),
+    "Add": (_binary(operator.add), None),
+    "Sub": (_binary(operator.sub), None),
+    "Mul": (_binary(operator.mul), None),
+    "Div": (_binary(_trunc_div), None),
+    "Mod": (_binary(operator.mod), None),
+    "Max": (_binary(_extreme(operator.ge, "max")), None),
+    "Min": (_binary(_extreme(operator.le, "min")), None),
+    "Neg": (lambda imp, node, at, a: -a[0], None),
+    "Equal": (_binary(_equal), None),
+    "Less": (_binary(operator.lt), None),
+    "LessOrEqual": (_binary(operator.le), None),
+    "Greater": (_binary(operator.gt), None),
+    "GreaterOrEqual": (_binary(operator.ge), None),
+    "Where": (lambda imp, node, at, a: np.where(a[0].astype(bool), a[1], a[2]), frozenset({1, 2})),
+}
+_BOOL_RESULT = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
+
+
+def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str], at: dict[str, Any]) -> list[Value | None]:
+    """Fold ``node``, whose inputs are known and some symbolic, exactly; OnnxImportError where it cannot."""
+    arrays = [imp.values[n].array if n else None for n in ins]
+    symbols = _symbols(arrays)
+    fold, symbolic_slots = FOLDS.get(node.op_type, (None, frozenset()))
+    for slot, array in enumerate(arrays):
+        if is_symbolic(array) and symbolic_slots is not None and slot not in symbolic_slots:
+            raise _refuse_value(imp, f"input {slot}", ins[slot],
+                                f"{node.op_type} would make a tensor of symbolic shape or content of it")
+    assert fold is not None  # an op with no fold has no symbolic slot: refused above
+    operands = [_objects(a) if a is not None and (symbolic_slots is None or k in symbolic_slots) else a
+                for k, a in enumerate(arrays)]
+    try:
+        result = np.asarray(fold(imp, node, at, [a for a in operands if a is not None]), dtype=object)
+    except (ShapeError, ZeroDivisionError) as exc:
+        raise _refuse(imp, str(exc), symbols) from None
+    if is_symbolic(result) and not symbols_of(result.reshape(-1)):
+        kind = np.bool_ if node.op_type in _BOOL_RESULT else (
+            helper.tensor_dtype_to_np_dtype(at["to"]) if node.op_type == "Cast" else np.int64)
+        result = result.astype(kind)
+    return [Value(array=result), *[None] * (len(node.output) - 1)]
+
+
+__all__ = ["DIM_INPUTS", "FOLDS", "check_lowering", "check_opaque", "check_output", "dims_array", "fold_symbolic",
+           "is_symbolic", "lowers", "refuse_shape_error"]
