@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from rlx_egraph import Graph
+from rlx_egraph import Graph, examples, optimize
 from rlx_egraph.cost import (
     TARGETS,
     FusionBenefit,
@@ -65,21 +65,28 @@ def test_seed_readback_saved_benefit() -> None:
     assert b.score_ns("metal") == 500 + 7680 / 1.0
 
 
-def test_penalty_only_for_added_syncs() -> None:
+def test_a_sync_point_costs_roundtrip_and_penalty_both_ways() -> None:
     removed = FusionBenefit(0, 2, 0, 0, 0)
     added = FusionBenefit(0, -2, 0, 0, 0)
-    assert removed.score_ns("metal") == 2 * 5_000
-    assert added.score_ns("metal") == -2 * 5_000 - 2 * 2_000_000
+    assert removed.score_ns("metal") == 2 * (5_000 + 2_000_000)
+    assert added.score_ns("metal") == -removed.score_ns("metal")
     assert added.score_ns("cuda") == -2 * 20_000 - 2 * 100_000
 
 
-def test_should_fuse_threshold_is_inclusive() -> None:
+def test_should_fuse_is_the_extractions_rule() -> None:
     before = IoProfile(launches=3, sync_points=0, readback_bytes=0, traffic_bytes=0, flops=0, target="metal")
     after = dataclasses.replace(before, launches=1)
     metal = TARGETS["metal"]
-    assert fusion_benefit(before, after).score_ns(metal) == 1_000
-    assert metal.should_fuse(before, after)
-    assert not metal.replace(min_gain_ns=1_000.5).should_fuse(before, after)
+    assert fusion_benefit(before, after).score_ns(metal) == before.ns - after.ns == 1_000
+    assert metal.should_fuse(before, after) and not metal.should_fuse(after, before)
+    assert not metal.should_fuse(before, before)  # no gain, no rewrite
+
+
+def test_should_fuse_agrees_with_what_optimize_extracts() -> None:
+    for target in ("cpu", "metal", "wgpu"):
+        g = examples.mlp(layers=2)
+        fused = optimize(g, target=target, regions=False)
+        assert TARGETS[target].should_fuse(profile(g, target), profile(fused, target)) == (fused != g)
 
 
 def test_should_fuse_respects_unsupported_ops() -> None:
@@ -100,9 +107,9 @@ def test_should_fuse_respects_unsupported_ops() -> None:
 def test_seed_presets_exact() -> None:
     metal, wgpu = TARGETS["metal"], TARGETS["wgpu"]
     assert (metal.dispatch_ns, metal.roundtrip_ns, metal.memory_bw, metal.host_readback_bw, metal.unified,
-            metal.host_thunk_penalty_ns, metal.min_gain_ns) == (500, 5_000, 200, 200, True, 2_000_000, 1_000)
+            metal.host_thunk_penalty_ns) == (500, 5_000, 200, 200, True, 2_000_000)
     assert (wgpu.dispatch_ns, wgpu.roundtrip_ns, wgpu.memory_bw, wgpu.host_readback_bw, wgpu.unified,
-            wgpu.host_thunk_penalty_ns, wgpu.min_gain_ns) == (3_000, 30_000, 100, 40, False, 25_000_000, 10_000)
+            wgpu.host_thunk_penalty_ns) == (3_000, 30_000, 100, 40, False, 25_000_000)
     assert metal.flops_per_ns == wgpu.flops_per_ns == math.inf
     assert metal.unified_readback_bw == 1.0 and metal.readback_bw == 1.0
     assert wgpu.readback_bw == 40
@@ -142,7 +149,7 @@ def test_replace_and_frozen() -> None:
     ({"memory_bw": 0.0}, "target 'cpu': memory_bw=0.0 must be > 0"),
     ({"flops_per_ns": -1.0}, "target 'cpu': flops_per_ns=-1.0 must be > 0"),
     ({"dispatch_ns": -5.0}, "target 'cpu': dispatch_ns=-5.0 must be a finite number >= 0"),
-    ({"min_gain_ns": math.inf}, "target 'cpu': min_gain_ns=inf must be a finite number >= 0"),
+    ({"host_thunk_penalty_ns": math.inf}, "target 'cpu': host_thunk_penalty_ns=inf must be a finite number >= 0"),
     ({"unsupported": {"Relu", "NoSuchOp"}}, "target 'cpu': unsupported names unknown op(s) ['NoSuchOp']"),
     ({"name": ""}, "a target needs a name"),
 ])
@@ -154,11 +161,11 @@ def test_target_validation(changes: dict, message: str) -> None:
 
 def test_target_defaults() -> None:
     t = Target(name="plain", dispatch_ns=1.0, roundtrip_ns=2.0, memory_bw=3.0, host_readback_bw=4.0, unified=False,
-               host_thunk_penalty_ns=5.0, min_gain_ns=6.0)
+               host_thunk_penalty_ns=5.0)
     assert (t.unified_readback_bw, t.flops_per_ns, t.unsupported, t.region_kernels) == (1.0, math.inf, frozenset(),
                                                                                         True)
     assert t.readback_bw == 4.0 and t.replace(unified=True).readback_bw == 1.0
-    assert t.terms(1, 1, 3, 8, 10**9) == {"dispatch": 1.0, "sync": 2.0, "traffic": 1.0, "readback": 2.0,
+    assert t.terms(1, 1, 3, 8, 10**9) == {"dispatch": 1.0, "sync": 7.0, "traffic": 1.0, "readback": 2.0,
                                          "compute": 0.0}
 
 
@@ -280,7 +287,7 @@ def test_host_sync_op_adds_sync(host_sync_op: OpSpec) -> None:
     g.set_outputs([s])
     p = profile(g, "metal")
     assert (p.launches, p.sync_points, p.traffic_bytes, p.readback_bytes) == (4, 1, MLP_TRAFFIC + 2048, 1024)
-    assert p.breakdown()["sync"] == 5_000.0
+    assert p.breakdown()["sync"] == 5_000.0 + 2_000_000.0  # roundtrip + host-thunk penalty
     assert node_cost(host_sync_op, {}, [TensorType((8, 32))], TensorType((8, 32))) == NodeCost(1, 1, 2048, 256)
 
 
@@ -355,11 +362,11 @@ def test_ns_formula_per_preset(target: str) -> None:
     assert p.ns == pytest.approx(MLP_NS[target], rel=1e-12)
 
 
-def test_sync_term_uses_roundtrip(host_sync_op: OpSpec) -> None:
+def test_sync_term_is_roundtrip_plus_penalty(host_sync_op: OpSpec) -> None:
     g, y = mlp()
     g.set_outputs([g.add_node(SYNC_OP, [y])])
     assert {t: profile(g, t).breakdown()["sync"] for t in TARGETS} == {
-        "cpu": 0.0, "cuda": 20_000.0, "metal": 5_000.0, "wgpu": 30_000.0, "onnxruntime": 0.0}
+        "cpu": 0.0, "cuda": 120_000.0, "metal": 2_005_000.0, "wgpu": 25_030_000.0, "onnxruntime": 0.0}
 
 
 def test_str_and_to_dict() -> None:

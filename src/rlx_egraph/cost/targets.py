@@ -2,8 +2,8 @@
 
 A :class:`Target` prices the counts of :mod:`rlx_egraph.cost.model`::
 
-    ns = launches * dispatch_ns + syncs * roundtrip_ns + traffic_bytes / memory_bw
-       + readback_bytes / readback_bw + flops / flops_per_ns
+    ns = launches * dispatch_ns + syncs * (roundtrip_ns + host_thunk_penalty_ns)
+       + traffic_bytes / memory_bw + readback_bytes / readback_bw + flops / flops_per_ns
 
 Bandwidths are in bytes per ns (1 B/ns = 1 GB/s) and compute in FLOP per ns
 (1 FLOP/ns = 1 GFLOP/s).  An op in ``unsupported`` costs infinity on that
@@ -32,8 +32,7 @@ Where the preset figures come from:
     at memory speed (``unified``, 20 B/ns).  flops_per_ns 100: float32 BLAS
     measured 95 GFLOP/s on a 32x256x256 matmul and 150-195 GFLOP/s on large
     ones (two AVX2 FMA cores); non-BLAS kernels reach far less, and the figure
-    only has to rank compute against IO.  min_gain 1 µs, a third of one
-    dispatch.
+    only has to rank compute against IO.
 
 ``cuda`` (ours; a current NVIDIA data-centre or high-end GPU)
     dispatch 5 µs: ``cudaLaunchKernel`` host cost plus the gap between
@@ -42,8 +41,7 @@ Where the preset figures come from:
     1.0, A100 1.6-2.0, H100 2-3.3 TB/s).  host_readback_bw 25 B/ns: PCIe 4.0
     x16 (32 GB/s raw, ~25 GB/s pinned copies).  flops_per_ns 20 000: ~20 TFLOP/s
     non-tensor-core float32 (A100 19.5).  host_thunk_penalty 100 µs: a host
-    callback drains the stream and breaks CUDA-graph capture.  min_gain 5 µs,
-    one launch.
+    callback drains the stream and breaks CUDA-graph capture.
 
 ``onnxruntime`` (ours; onnxruntime's CPU provider on this project's 2-core machine)
     Measured with ``python -m rlx_egraph.frontends.onnx.measure_target``
@@ -52,7 +50,7 @@ Where the preset figures come from:
     17.8 FLOP/ns).  dispatch 500 ns: the slope of a chain of tiny Sigmoid
     kernels.  memory_bw 5 B/ns: an Add of two 16 MiB tensors.  flops_per_ns
     17: a 512^3 float32 MatMul.  No device: roundtrip and host-thunk penalty
-    0, outputs read at memory speed.  min_gain 500 ns, one dispatch.  The
+    0, outputs read at memory speed.  The
     target supports exactly the fused ops the ONNX export writes as
     onnxruntime kernels (``frontends/onnx/export_table.EXPORTS``: Gemm,
     SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu,
@@ -77,7 +75,7 @@ from ..frontends.onnx.export_table import EXPORTS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from .model import IoProfile, NodeCost, fusion_benefit, node_cost
 
-_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "min_gain_ns")
+_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
 _COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 
@@ -92,8 +90,8 @@ class Target:
 
     ``unified_readback_bw`` is the readback bandwidth used when ``unified`` is
     true; its default 1.0 B/ns is the seed's effective figure (see the module
-    docstring).  ``host_thunk_penalty_ns`` is charged per host-sync point a
-    fusion *adds*; ``min_gain_ns`` is the least predicted gain worth a rewrite.
+    docstring).  A host-sync point costs ``roundtrip_ns`` plus ``host_thunk_penalty_ns`` (the
+    seed charged the penalty in its fusion gate; here it is part of the one cost every engine minimises).
     ``region_kernels`` says whether the backend runs ElementwiseRegion natively, and
     ``region_max_steps`` / ``region_max_inputs`` bound the regions it runs.
     ``dim_hints`` (symbol -> size) and ``default_dim_hint`` (any other symbol) are the sizes symbolic dims are
@@ -107,7 +105,6 @@ class Target:
     host_readback_bw: float
     unified: bool
     host_thunk_penalty_ns: float
-    min_gain_ns: float
     unified_readback_bw: float = 1.0
     flops_per_ns: float = math.inf
     unsupported: frozenset[str] = field(default_factory=frozenset)
@@ -167,7 +164,7 @@ class Target:
         """The predicted-time formula, term by term, in ns (inputs may be negative savings)."""
         return {
             "dispatch": launches * self.dispatch_ns,
-            "sync": syncs * self.roundtrip_ns,
+            "sync": syncs * (self.roundtrip_ns + self.host_thunk_penalty_ns),
             "traffic": traffic_bytes / self.memory_bw,
             "readback": readback_bytes / self.readback_bw,
             "compute": flops / self.flops_per_ns,
@@ -189,16 +186,10 @@ class Target:
         return self.cost_ns(node_cost(spec, attrs, in_types, out_type))
 
     def should_fuse(self, before: IoProfile, after: IoProfile) -> bool:
-        """Whether rewriting ``before`` into ``after`` gains at least ``min_gain_ns`` here.
-
-        An ``after`` using an op this target lacks is never taken; otherwise a
-        ``before`` using one always is (its cost is infinite).
-        """
-        if any(not self.supports(op) for op in after.ops):
-            return False
-        if any(not self.supports(op) for op in before.ops):
-            return True
-        return fusion_benefit(before, after).score_ns(self) >= self.min_gain_ns
+        """Whether ``after`` is predicted faster than ``before`` here: the extraction's own rule (the DAG
+        cost of :meth:`node_ns`) applied to two whole-graph profiles, priced here; never when ``after`` is
+        unsupported."""
+        return dataclasses.replace(after, target=self).ns < dataclasses.replace(before, target=self).ns
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,18 +226,18 @@ TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target(name="cpu", dispatch_ns=3_000.0, roundtrip_ns=0.0, memory_bw=20.0, host_readback_bw=20.0,
-               unified=True, unified_readback_bw=20.0, host_thunk_penalty_ns=0.0, min_gain_ns=1_000.0,
+               unified=True, unified_readback_bw=20.0, host_thunk_penalty_ns=0.0,
                flops_per_ns=100.0),
         Target(name="cuda", dispatch_ns=5_000.0, roundtrip_ns=20_000.0, memory_bw=1_000.0, host_readback_bw=25.0,
-               unified=False, host_thunk_penalty_ns=100_000.0, min_gain_ns=5_000.0, flops_per_ns=20_000.0),
+               unified=False, host_thunk_penalty_ns=100_000.0, flops_per_ns=20_000.0),
         Target(name="metal", dispatch_ns=500.0, roundtrip_ns=5_000.0, memory_bw=200.0, host_readback_bw=200.0,
-               unified=True, unified_readback_bw=1.0, host_thunk_penalty_ns=2_000_000.0, min_gain_ns=1_000.0,
+               unified=True, unified_readback_bw=1.0, host_thunk_penalty_ns=2_000_000.0,
                flops_per_ns=math.inf),
         Target(name="wgpu", dispatch_ns=3_000.0, roundtrip_ns=30_000.0, memory_bw=100.0, host_readback_bw=40.0,
-               unified=False, host_thunk_penalty_ns=25_000_000.0, min_gain_ns=10_000.0, flops_per_ns=math.inf,
+               unified=False, host_thunk_penalty_ns=25_000_000.0, flops_per_ns=math.inf,
                unsupported=frozenset({"FusedTransformerLayer", "ElementwiseRegion"}), region_kernels=False),
         Target(name="onnxruntime", dispatch_ns=500.0, roundtrip_ns=0.0, memory_bw=5.0, host_readback_bw=5.0,
-               unified=True, unified_readback_bw=5.0, host_thunk_penalty_ns=0.0, min_gain_ns=500.0,
+               unified=True, unified_readback_bw=5.0, host_thunk_penalty_ns=0.0,
                flops_per_ns=17.0, region_kernels=False,
                unsupported=frozenset(name for name, spec in REGISTRY.items()
                                      if spec.kind is Kind.FUSED and name not in EXPORTS)),
