@@ -73,7 +73,7 @@ from typing import Any
 
 from ..frontends.onnx.export_table import EXPORTS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
-from .model import IoProfile, NodeCost, fusion_benefit, node_cost
+from .model import IoProfile, NodeCost, node_cost
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
