@@ -200,3 +200,13 @@ def test_cli_report_prints_the_fusion_report(tmp_path: Path, capsys: pytest.Capt
     out = capsys.readouterr().out
     assert "fusion report: fused ops: FusedMatMulBiasAct 0->1; missed 1 (0 not extracted, 1 near)\n" \
            "  near miss: FusedMatMulBiasAct at node(s) 5 (other op)" in out
+
+
+def test_a_norm_of_a_plain_input_is_no_near_miss_of_the_residual_norm_rules() -> None:
+    # Dropping add-rms-norm's only pattern part (the Add) would match every RmsNorm: that is no near miss,
+    # and the rule's operand orders are one rule, reported once.
+    g = Graph("norm")
+    x, w = g.input("x", (4, 64)), g.param("w", (64,))
+    g.set_outputs([g.rms_norm(x, w)])
+    _, report = optimize_with_report(g, "cpu", regions=False)
+    assert [m.rule for m in report.fusion.missed if m.rule.startswith("add-rms-norm")] == []

@@ -243,10 +243,10 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
             continue
         classes = []
         for c in sorted(hits.get(k, set()) - hits.get(real[v.rule.name], set())):
-            if c not in ctx.reach or (v.rule.name, c) in seen or explained & set(ctx.view.classes[c].originals) \
+            if c not in ctx.reach or (v.rule.base, c) in seen or explained & set(ctx.view.classes[c].originals) \
                     or not (ctx.unfused(c) or ctx.view.nodes[ctx.choice[c]].op == v.root_op):
                 continue
-            seen.add((v.rule.name, c))
+            seen.add((v.rule.base, c))
             classes.append(c)
         if not classes:
             continue
@@ -274,12 +274,20 @@ def _pattern(rule: Rule) -> tuple[tuple[str, ...], Any, list[Any]] | None:
     return (f"(= {_ROOT} {pattern})", *map(str, others)), pattern, others
 
 
+def _binds_op(fact: Any) -> bool:
+    """Whether ``fact`` is an equation with an op pattern on one side."""
+    return type(fact).__name__ == "Eq" and any(type(s).__name__ == "Call" and s.name in REGISTRY
+                                               for s in (fact.left, fact.right))
+
+
 def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: Any, others: list[Any]) -> list[_Variant]:
     root, rest = facts[0], facts[1:]
     out = []
+    root_alone = not any(type(a).__name__ == "Call" and a.name in REGISTRY for a in pattern.args)
     for k, fact in enumerate(others):
-        binds = type(fact).__name__ == "Eq" and any(type(s).__name__ == "Call" and s.name in REGISTRY
-                                                    for s in (fact.left, fact.right))
+        binds = _binds_op(fact)
+        if binds and root_alone and not any(_binds_op(f) for j, f in enumerate(others) if j != k):
+            continue  # without that part the rule would match its root op anywhere: not a near miss
         out.append(_Variant(rule, (root, *rest[:k], *rest[k + 1:]), "pattern part" if binds else "guard",
                             f"{'its part' if binds else 'the guard'} {fact} does not hold", pattern.name))
     uses = Counter(_vars(pattern))
