@@ -122,26 +122,61 @@ def class_positions(view: EGraphView, graph_position: dict[int, int]) -> list[fl
     new classes just above the inputs of their lowest e-node.
 
     Extraction only uses e-nodes whose children sit strictly below their class,
-    so every choice is acyclic without searching for cycles.
+    so every choice is acyclic without searching for cycles.  Computed like
+    Dijkstra's shortest paths (Knuth's generalisation: a class's position is the
+    least over its e-nodes of the highest child's plus 1/2), so in O(E log E).
     """
-    pos: list[float | None] = [None] * len(view.classes)
+    pos = [math.inf] * len(view.classes)
+    final = [False] * len(view.classes)
     for cls in view.classes:
         if any(view.nodes[i].spec.kind is Kind.LEAF for i in cls.nodes):
-            pos[cls.id] = -1.0
+            pos[cls.id], final[cls.id] = -1.0, True
         elif cls.originals:
-            pos[cls.id] = float(min(graph_position[o] for o in cls.originals))
-    fixed = [p is not None for p in pos]
-    changed = True
-    while changed:
-        changed = False
-        for n in view.nodes:
-            if fixed[n.eclass] or any(pos[ch] is None for ch in n.children):
-                continue
-            cand = max((pos[ch] for ch in n.children), default=-1.0) + 0.5
-            if pos[n.eclass] is None or cand < pos[n.eclass]:
-                pos[n.eclass] = cand
-                changed = True
-    return [math.inf if p is None else p for p in pos]
+            pos[cls.id], final[cls.id] = float(min(graph_position[o] for o in cls.originals)), True
+    parents = view.parents()
+    pending = [len(set(n.children)) for n in view.nodes]
+    heap: list[tuple[float, int]] = []
+
+    def reached(n: int) -> None:
+        """All children of e-node ``n`` have their position: offer its class one."""
+        node = view.nodes[n]
+        if not final[node.eclass]:
+            heapq.heappush(heap, (max((pos[ch] for ch in node.children), default=-1.0) + 0.5, node.eclass))
+
+    def settle(c: int) -> None:
+        for p in parents[c]:
+            pending[p] -= 1
+            if pending[p] == 0:
+                reached(p)
+
+    for n in view.nodes:
+        if pending[n.index] == 0:
+            reached(n.index)
+    for c in range(len(view.classes)):
+        if final[c]:
+            settle(c)
+    while heap:
+        value, c = heapq.heappop(heap)
+        if not final[c]:
+            pos[c], final[c] = value, True
+            settle(c)
+    return pos
+
+
+@dataclass
+class _Log:
+    """What a move changed, to undo it: reference-count steps (``d`` up, ``~d`` down), then switched choices."""
+
+    refs: list[int] = field(default_factory=list)
+    choices: list[tuple[int, int]] = field(default_factory=list)  # (class, its previous e-node)
+
+    def extend(self, other: _Log) -> None:
+        self.refs.extend(other.refs)
+        self.choices.extend(other.choices)
+
+    def classes(self) -> set[int]:
+        """The classes whose reference count or choice the move changed."""
+        return {d if d >= 0 else ~d for d in self.refs} | {c for c, _ in self.choices}
 
 
 class _Solver:
@@ -150,24 +185,25 @@ class _Solver:
     def __init__(self, view: EGraphView, costs: list[float], choice: dict[int, int], roots: list[int],
                  pos: list[float]) -> None:
         self.view, self.costs, self.choice, self.roots, self.pos = view, costs, choice, roots, pos
+        self.parents = view.parents()
         self.refs = [0] * len(view.classes)
         self.newly_live: list[int] = []
+        self.read: list[int] = []  # classes the current attempt looked at without changing them
+        # Usable: finite cost, every child has a choice and sits strictly below the node's class.
+        self.usable = [costs[n.index] < math.inf and all(pos[ch] < pos[n.eclass] and ch in choice for ch in n.children)
+                       for n in view.nodes]
+        # A free e-node without children offers nothing that another class could share.
+        self.free_leaf = [costs[n.index] == 0.0 and not n.children for n in view.nodes]
         for r in roots:
-            self._incref(r, [])
+            self._incref(r, _Log())
 
-    def usable(self, n: int) -> bool:
-        """Finite cost, and every child strictly below the node's class."""
-        node = self.view.nodes[n]
-        top = self.pos[node.eclass]
-        return self.costs[n] < math.inf and all(self.pos[ch] < top and ch in self.choice for ch in node.children)
-
-    def _incref(self, c: int, log: list) -> float:
+    def _incref(self, c: int, log: _Log) -> float:
         delta = 0.0
         stack = [c]
         while stack:
             d = stack.pop()
             self.refs[d] += 1
-            log.append(("ref", d, 1))
+            log.refs.append(d)
             if self.refs[d] == 1:
                 self.newly_live.append(d)
                 n = self.choice[d]
@@ -175,23 +211,23 @@ class _Solver:
                 stack.extend(self.view.nodes[n].children)
         return delta
 
-    def _decref(self, c: int, log: list) -> float:
+    def _decref(self, c: int, log: _Log) -> float:
         delta = 0.0
         stack = [c]
         while stack:
             d = stack.pop()
             self.refs[d] -= 1
-            log.append(("ref", d, -1))
+            log.refs.append(~d)
             if self.refs[d] == 0:
                 n = self.choice[d]
                 delta -= self.costs[n]
                 stack.extend(self.view.nodes[n].children)
         return delta
 
-    def switch(self, c: int, n: int, log: list) -> float:
+    def switch(self, c: int, n: int, log: _Log) -> float:
         old = self.choice[c]
         self.choice[c] = n
-        log.append(("choice", c, old))
+        log.choices.append((c, old))
         delta = self.costs[n] - self.costs[old]
         for ch in self.view.nodes[n].children:
             delta += self._incref(ch, log)
@@ -199,68 +235,107 @@ class _Solver:
             delta += self._decref(ch, log)
         return delta
 
-    def undo(self, log: list) -> None:
-        for kind, c, value in reversed(log):
-            if kind == "ref":
-                self.refs[c] -= value
+    def undo(self, log: _Log) -> None:
+        for d in log.refs:
+            if d >= 0:
+                self.refs[d] -= 1
             else:
-                self.choice[c] = value
+                self.refs[~d] += 1
+        for c, old in reversed(log.choices):
+            self.choice[c] = old
 
     def improve(self, deadline: Deadline, max_passes: int = 6, max_group: int = 64) -> tuple[int, bool]:
         """Apply improving moves until none is left or ``deadline`` passes;
-        returns how many were kept and whether the deadline stopped it."""
-        parents = self.view.parents()
+        returns how many were kept and whether the deadline stopped it.
+
+        Passes sweep the live classes with alternatives in position order, up to
+        ``max_passes``.  A pass visits only the classes whose last attempt read
+        something that a kept move changed since (the others would fail again the
+        same way), so it does what a sweep over every class does, in time
+        proportional to the moves.
+        """
         candidates = sorted((c for c in self.choice if len(self.view.classes[c].nodes) > 1),
                             key=lambda c: (self.pos[c], c))
+        readers: dict[int, list[int]] = {}  # class -> ranks of the candidates whose last attempt read it
+        this_pass = list(range(len(candidates)))  # a heap of ranks
+        queued = set(this_pass)
+        next_pass: set[int] = set()
         kept = 0
         for _ in range(max_passes):
-            improved = False
-            for c in candidates:
+            while this_pass:
+                at = heapq.heappop(this_pass)
+                queued.discard(at)
                 if deadline.expired():
                     return kept, True
-                if self.refs[c] == 0:
+                c = candidates[at]
+                self.read = [c]
+                log = self._attempt(c, max_group)
+                if log is None:
+                    for d in self.read:
+                        readers.setdefault(d, []).append(at)
                     continue
-                for n in sorted(self.view.classes[c].nodes, key=lambda i: (self.costs[i], i)):
-                    if n != self.choice[c] and self.usable(n) and self._try_move(c, n, parents, max_group):
-                        kept += 1
-                        improved = True
-                        break
-            if not improved:
+                kept += 1
+                next_pass.add(at)
+                for d in log.classes():
+                    for r in readers.pop(d, ()):
+                        if r > at and r not in queued:
+                            heapq.heappush(this_pass, r)
+                            queued.add(r)
+                        elif r <= at:
+                            next_pass.add(r)
+            if not next_pass:
                 break
+            this_pass, queued, next_pass = sorted(next_pass), set(next_pass), set()
         return kept, False
 
-    def _try_move(self, c: int, n: int, parents: list[list[int]], max_group: int) -> bool:
-        log: list = []
+    def _attempt(self, c: int, max_group: int) -> _Log | None:
+        """Switch live class ``c`` to its cheapest e-node whose move pays; the kept move's log, or None."""
+        if self.refs[c] == 0:
+            return None
+        for n in sorted(self.view.classes[c].nodes, key=lambda i: (self.costs[i], i)):
+            if n != self.choice[c] and self.usable[n]:
+                log = self._try_move(c, n, max_group)
+                if log is not None:
+                    return log
+        return None
+
+    def _try_move(self, c: int, n: int, max_group: int) -> _Log | None:
+        log = _Log()
         self.newly_live = []
         old = self.choice[c]
         delta = self.switch(c, n, log)
         if delta < -EPS:
-            return True
+            return log
         # Group move: other classes that could read what this switch made live.
         group = 0
         for d in list(self.newly_live):
-            for p in parents[d]:
+            if self.free_leaf[self.choice[d]]:
+                continue
+            for p in self.parents[d]:
                 pc = self.view.nodes[p].eclass
+                self.read.append(pc)
                 if group >= max_group or pc == c or self.refs[pc] == 0 or self.choice.get(pc) == p \
-                        or not self.usable(p):
+                        or not self.usable[p]:
                     continue
-                sub: list = []
+                sub = _Log()
                 step = self.switch(pc, p, sub)
                 if step < -EPS:
                     log.extend(sub)
                     delta += step
                     group += 1
                 else:
+                    self.read.extend(sub.classes())
                     self.undo(sub)
         if delta < -EPS:
-            return True
-        delta += self._release(c, old, parents, log)
+            return log
+        delta += self._release(c, old, log)
         if delta < -EPS:
-            return True
+            return log
+        self.read.extend(log.classes())
         self.undo(log)
-        return False
+        return None
 
-    def _release(self, c: int, old: int, parents: list[list[int]], log: list) -> float:
+    def _release(self, c: int, old: int, log: _Log) -> float:
         """Switching class ``c`` away from e-node ``old`` (a projection) leaves the multi-result class it
         read alive for its sibling projections: switch each sibling's class to its alternative of most
         gain too (kept in ``log``); returns the change of cost."""
@@ -268,15 +343,17 @@ class _Solver:
         for ch in self.view.nodes[old].children:
             if self.refs[ch] == 0 or not isinstance(self.view.classes[ch].type, TupleType):
                 continue
-            for p in parents[ch]:
+            for p in self.parents[ch]:
                 pc = self.view.nodes[p].eclass
+                self.read.append(pc)
                 if pc == c or self.refs[pc] == 0 or self.choice.get(pc) != p:
                     continue
                 steps = []
                 for alt in self.view.classes[pc].nodes:
-                    if alt != p and self.usable(alt):
-                        sub: list = []
+                    if alt != p and self.usable[alt]:
+                        sub = _Log()
                         steps.append((self.switch(pc, alt, sub), alt))
+                        self.read.extend(sub.classes())
                         self.undo(sub)
                 if steps:
                     delta += self.switch(pc, min(steps)[1], log)
@@ -323,14 +400,17 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
 
 
 def _drop_unreachable_cycles(view: EGraphView, choice: dict[int, int]) -> None:
-    """Keep only choices whose children all have choices (so every walk ends at leaves)."""
-    changed = True
-    while changed:
-        changed = False
-        for c, n in list(choice.items()):
-            if any(ch not in choice for ch in view.nodes[n].children):
-                del choice[c]
-                changed = True
+    """Keep only choices whose children all have choices (so every walk ends at leaves):
+    drop every class whose chosen e-node reads a class without one, then its readers, and so on."""
+    readers: dict[int, list[int]] = {}
+    for c, n in choice.items():
+        for ch in view.nodes[n].children:
+            readers.setdefault(ch, []).append(c)
+    stack = [c for c, n in choice.items() if any(ch not in choice for ch in view.nodes[n].children)]
+    while stack:
+        c = stack.pop()
+        if choice.pop(c, None) is not None:
+            stack.extend(readers.get(c, ()))
 
 
 def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float] | None = None,

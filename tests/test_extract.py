@@ -1,0 +1,171 @@
+"""Greedy extraction in time linear in the e-graph: the worklist does what a full sweep does, the positions are the
+fixpoint, and a free constant shared by many classes no longer makes every move try all of its readers."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from rlx_egraph.cost import get_target
+from rlx_egraph.egraph import extract
+from rlx_egraph.egraph.budget import Deadline
+from rlx_egraph.egraph.view import EClass, EGraphView, ENode
+
+
+def view_of(classes: list[list[tuple[str, tuple[int, ...]]]], originals: dict[int, int] | None = None) -> EGraphView:
+    """A view whose class ``k`` holds the e-nodes ``(op, children)`` of ``classes[k]``;
+    ``originals`` maps a class to the graph node id that its first e-node is."""
+    nodes: list[ENode] = []
+    eclasses = []
+    for cid, members in enumerate(classes):
+        eclasses.append(EClass(cid, originals=[originals[cid]] if originals and cid in originals else []))
+        for k, (op, children) in enumerate(members):
+            eclasses[cid].nodes.append(len(nodes))
+            original = originals.get(cid) if originals and k == 0 else None
+            nodes.append(ENode(len(nodes), op, children, {}, cid, original))
+    return EGraphView(eclasses, nodes, {g: c for c, g in (originals or {}).items()})
+
+
+def random_view(rng: random.Random, size: int) -> tuple[EGraphView, list[float]]:
+    """Leaves, then classes of 1-3 e-nodes reading lower classes (shared often), with random costs."""
+    leaves = 4
+    classes: list[list[tuple[str, tuple[int, ...]]]] = [[("Input", ())] for _ in range(leaves)]
+    for c in range(leaves, size):
+        classes.append([("Add", tuple(rng.sample(range(c), min(c, rng.randint(1, 3)))))
+                        for _ in range(rng.randint(1, 3))])
+    view = view_of(classes)
+    costs = [0.0 if not n.children else float(rng.choice([0, 1, 2, 5, 10, 20])) for n in view.nodes]
+    return view, costs
+
+
+def full_sweep(solver: extract._Solver, max_passes: int, max_group: int) -> int:
+    """The reference: every pass tries every candidate class in position order."""
+    candidates = sorted((c for c in solver.choice if len(solver.view.classes[c].nodes) > 1),
+                        key=lambda c: (solver.pos[c], c))
+    kept = 0
+    for _ in range(max_passes):
+        moved = [c for c in candidates if solver._attempt(c, max_group) is not None]
+        kept += len(moved)
+        if not moved:
+            break
+    return kept
+
+
+@pytest.mark.parametrize("max_passes,max_group", [(6, 64), (1, 64), (2, 1), (50, 3)])
+def test_the_worklist_makes_the_same_moves_as_a_full_sweep_on_random_egraphs(max_passes, max_group):
+    total = 0
+    for seed in range(150):
+        rng = random.Random(seed)
+        view, costs = random_view(rng, rng.randint(8, 40))
+        pos = [float(c) for c in range(len(view.classes))]
+        start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
+        roots = sorted(rng.sample(range(len(view.classes) // 2, len(view.classes)), 3))
+        worklist = extract._Solver(view, costs, dict(start), roots, pos)
+        sweep = extract._Solver(view, costs, dict(start), roots, pos)
+        kept, stopped = worklist.improve(Deadline(), max_passes, max_group)
+        assert (kept, stopped) == (full_sweep(sweep, max_passes, max_group), False), seed
+        assert (worklist.choice, worklist.refs) == (sweep.choice, sweep.refs), seed
+        total += kept
+    assert total > 300  # the random e-graphs do give the search work
+
+
+# Two e-graphs where a class's failed group move pays only after a move elsewhere changes a class that the group
+# move merely looked at: a reader of what it brought in, not live yet (1), or a class that a tried switch of another
+# class brought in (2).  Per class its e-nodes (name, children, cost), each reading lower classes; classes 0-3 are
+# leaves, the next ones rule-made; then C, P, ... are input-graph classes in that order, the last one the output.
+SCENARIOS = {
+    "a reader of what the move brings in becomes live": (1, [
+        *[[("L", (), 0.0)]] * 4, [("D", (0,), 10.0)],
+        [("C0", (0,), 5.0), ("C1", (4,), 5.0)],
+        [("P0", (1,), 20.0), ("P1", (4,), 0.0)],
+        [("E0", (2,), 40.0), ("E1", (6,), 1.0)],  # E1 makes P live
+        [("R", (5, 7), 0.0)],
+    ]),
+    "a class that a tried switch brought in becomes live": (3, [
+        *[[("L", (), 0.0)]] * 4, [("D", (0,), 10.0)], [("Y", (3,), 25.0)], [("G", (5,), 1.0)],
+        [("C0", (0,), 5.0), ("C1", (4,), 5.0)],
+        [("P0", (1,), 20.0), ("P1", (4, 5), 0.0)],  # P1 pays with Y live
+        [("F0", (2,), 30.0), ("F1", (6,), 0.0)],  # F1 makes Y live
+        [("R", (7, 8, 9), 0.0)],
+    ]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_a_class_is_tried_again_when_a_class_its_group_move_looked_at_changes(name):
+    """The full sweep retries C after the change and switches C and P together; a worklist that forgot the class
+    looked at would let P switch alone, after which C's switch no longer pays."""
+    rule_made, spec = SCENARIOS[name]
+    first_original = 4 + rule_made
+    view = view_of([[("Input" if not children else "Relu", children) for _, children, _ in members]
+                    for members in spec], {c: c for c in range(first_original, len(spec))})
+    costs = [cost for members in spec for _, _, cost in members]
+    label = [name for members in spec for name, _, _ in members]
+    pos = extract.class_positions(view, {c: c for c in range(len(spec))})
+    start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
+    worklist = extract._Solver(view, costs, dict(start), [len(spec) - 1], pos)
+    sweep = extract._Solver(view, costs, dict(start), [len(spec) - 1], pos)
+    assert worklist.improve(Deadline()) == (full_sweep(sweep, 6, 64), False)
+    assert worklist.choice == sweep.choice
+    assert (label[worklist.choice[first_original]], label[worklist.choice[first_original + 1]]) == ("C1", "P1")
+
+
+def fixpoint_positions(view: EGraphView, graph_position: dict[int, int]) -> list[float]:
+    """The reference: repeat sweeps over every e-node until no position drops."""
+    pos: list[float | None] = [None] * len(view.classes)
+    for cls in view.classes:
+        if any(view.nodes[i].op == "Input" for i in cls.nodes):
+            pos[cls.id] = -1.0
+        elif cls.originals:
+            pos[cls.id] = float(min(graph_position[o] for o in cls.originals))
+    fixed = [p is not None for p in pos]
+    changed = True
+    while changed:
+        changed = False
+        for n in view.nodes:
+            if fixed[n.eclass] or any(pos[ch] is None for ch in n.children):
+                continue
+            cand = max((pos[ch] for ch in n.children), default=-1.0) + 0.5
+            if pos[n.eclass] is None or cand < pos[n.eclass]:
+                pos[n.eclass] = cand
+                changed = True
+    return [math.inf if p is None else p for p in pos]
+
+
+def test_class_positions_are_the_fixpoint_on_random_cyclic_egraphs():
+    for seed in range(200):
+        rng = random.Random(seed)
+        size = rng.randint(3, 30)
+        classes: list[list[tuple[str, tuple[int, ...]]]] = [[("Input", ())]]
+        for _ in range(1, size):  # children anywhere, so classes may sit on cycles or be unreachable
+            classes.append([("Add", tuple(rng.sample(range(size), rng.randint(1, 2))))
+                            for _ in range(rng.randint(1, 3))])
+        originals = {c: 100 + c for c in rng.sample(range(1, size), rng.randint(0, size // 3))}
+        view = view_of(classes, originals)
+        position = {g: rng.randint(0, 50) for g in originals.values()}
+        assert extract.class_positions(view, position) == fixpoint_positions(view, position), seed
+
+
+def test_a_free_constant_read_by_many_classes_costs_one_switch_per_class(monkeypatch: pytest.MonkeyPatch):
+    """Each class may read a shared free Scalar instead of its own input, at the same cost: no move pays.
+    Group moves used to try every reader of the Scalar from every class (readers squared switches)."""
+    readers = 60
+    classes: list[list[tuple[str, tuple[int, ...]]]] = [[("Input", ())], [("Scalar", ())]]
+    classes += [[("Relu", (0,)), ("Mul", (0, 1))] for _ in range(readers)]
+    classes.append([("Concat", tuple(range(2, 2 + readers)))])
+    view = view_of(classes, {0: 0, **{2 + k: 1 + k for k in range(readers)}, 2 + readers: 1 + readers})
+    costs = [0.0 if not n.children else 10.0 for n in view.nodes]
+    switches = 0
+    switch = extract._Solver.switch
+
+    def counting(self: extract._Solver, c: int, n: int, log: extract._Log) -> float:
+        nonlocal switches
+        switches += 1
+        return switch(self, c, n, log)
+
+    monkeypatch.setattr(extract._Solver, "switch", counting)
+    position = {g: g for g in range(2 + readers)}
+    chosen = extract.greedy(view, [2 + readers], get_target("cpu"), position, costs)
+    assert (chosen.moves, chosen.cost_ns, switches) == (0, 10.0 * (readers + 1), readers)
