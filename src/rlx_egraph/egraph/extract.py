@@ -388,11 +388,13 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
     moves, stopped = solver.improve(deadline or Deadline())
     if not stopped:  # once more, with each class no longer needed back at its cheapest tree choice: a
         # later move that needs it again then finds it computed the cheap way, not the way it last was
-        for c in range(len(view.classes)):
-            if solver.refs[c] == 0 and c in tree_node and c in solver.choice:
-                solver.choice[c] = tree_node[c]
-        more, stopped = solver.improve(deadline or Deadline())
-        moves += more
+        reset = [c for c in range(len(view.classes)) if solver.refs[c] == 0 and c in tree_node
+                 and solver.choice.get(c, tree_node[c]) != tree_node[c]]
+        for c in reset:
+            solver.choice[c] = tree_node[c]
+        if reset:
+            more, stopped = solver.improve(deadline or Deadline())
+            moves += more
     chosen = {c: solver.choice[c] for c in range(len(view.classes)) if solver.refs[c] > 0}
     notes = ["extraction stopped at the time limit with the best graph found so far"] if stopped else []
     return Extraction(chosen, dag_cost(view, chosen, roots, costs), "greedy", time.perf_counter() - start, moves,
