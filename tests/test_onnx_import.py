@@ -287,3 +287,19 @@ def test_value_with_no_producer_names_the_node() -> None:
                               [helper.make_tensor_value_info("y", F, [2])])
     with pytest.raises(OnnxImportError, match="Relu node 'r': reads 'ghost', which no earlier node"):
         import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_gather_elements_beyond_64_choices_folds_and_runs_like_onnxruntime() -> None:
+    """BERT's token_type_ids form: a (1, 65) buffer gathered on axis 1 (onnx's reference gets it wrong)."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, ["batch", 65])
+    buffer = m.init("buffer", (np.arange(65, dtype=np.int64) % 7)[None])
+    folded = m.op("GatherElements", [buffer, m.const([[64, 0, 3, -1]], np.int64)], axis=1)
+    runtime = m.op("GatherElements", [x, m.const([[64, 1, 2, -2], [0, 63, 5, 6]], np.int64)], axis=1)
+    model = m.model({"y": m.op("Add", [runtime, f(m, folded)])})
+    g = import_model(model, {"x": (2, 65)})
+    assert [n.attrs["op_type"] for n in g.nodes if n.op == "OnnxOp"] == ["GatherElements"]
+    xv = np.random.default_rng(3).standard_normal((2, 65)).astype(np.float32)
+    got, want = evaluate(g, {"x": xv})[0], run_ort(model, {"x": xv})[0]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, xv[[[0], [1]], [[64, 1, 2, 63], [0, 63, 5, 6]]] + np.float32([[1, 0, 3, 1]]))

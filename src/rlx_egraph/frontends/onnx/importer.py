@@ -25,7 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ...ir.graph import Graph, GraphError
-from ...ir.ops.onnx_op import MIR_DTYPES, ONNX_DTYPES, STANDARD_DOMAINS, encode_proto
+from ...ir.ops.onnx_op import MIR_DTYPES, ONNX_DTYPES, STANDARD_DOMAINS, encode_proto, reference_evaluator
 from ...ir.registry import TensorType
 from ...ir.shapes import broadcast
 
@@ -290,14 +290,12 @@ class Importer:
 
     def fold(self, node: onnx.NodeProto, ins: list[str]) -> list[Value]:
         """Run a node whose inputs are all known with onnx's reference evaluator."""
-        from onnx.reference import ReferenceEvaluator
-
         arrays = {n: self.values[n].array for n in dict.fromkeys(ins) if n}
         sub = helper.make_graph([node], "fold", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output
                                                      if o], [numpy_helper.from_array(a, n) for n, a in arrays.items()])
         try:
             model = helper.make_model(sub, opset_imports=self.model.opset_import)
-            results = ReferenceEvaluator(model).run(None, {})
+            results = reference_evaluator(model).run(None, {})
         except Exception as exc:  # the reference evaluator raises many types
             raise OnnxImportError(f"{self.label}: folding it for the given input shapes fails: {exc}") from None
         weight = any(self.values[n].weight for n in arrays)
