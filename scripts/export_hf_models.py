@@ -86,7 +86,8 @@ def export(name: str, exporter: str, opset: int, attn: str, out: Path) -> Path:
     kwargs = {"dynamo": exporter == "dynamo", "input_names": list(inputs), "output_names": ["last_hidden_state"],
               "opset_version": opset}
     if exporter == "dynamo":
-        kwargs["dynamic_shapes"] = (tuple({d: torch.export.Dim.AUTO for d in axes[k]} for k in inputs),)  # *inputs
+        dims = {n: torch.export.Dim(n, max=64) for n in ("batch", "sequence")}  # named as TorchScript's are
+        kwargs["dynamic_shapes"] = (tuple({d: dims[n] for d, n in axes[k].items()} for k in inputs),)  # *inputs
     else:
         kwargs["dynamic_axes"] = axes
     torch.onnx.export(model, tuple(inputs.values()), str(path), **kwargs)
@@ -118,7 +119,9 @@ def index(out: Path, wrote: list[Path], failures: list[str]) -> str:
         f"Made by `scripts/export_hf_models.py {out}` (torch {torch.__version__}, transformers {tf.__version__}).",
         "Hidden 64, 4 heads, 2 layers, batch 2 x sequence 8 example inputs (dynamic batch and sequence), every",
         "parameter perturbed; output `last_hidden_state`. Dynamo exports keep weights in `<file>.onnx.data`.", "",
-        *rows, "", "## Failed exports", "", *failed, ""])
+        *rows, "", "## Failed exports", "",
+        "Each with the innermost exception torch raised (the exporter failed, not the model or this script).", "",
+        *failed, ""])
 
 
 def main(argv: list[str] | None = None) -> int:
