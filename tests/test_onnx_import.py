@@ -4,6 +4,7 @@ dim binding, scalar canonicalisation, errors, and the weight store's JSON + .npz
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -303,3 +304,15 @@ def test_gather_elements_beyond_64_choices_folds_and_runs_like_onnxruntime() -> 
     got, want = evaluate(g, {"x": xv})[0], run_ort(model, {"x": xv})[0]
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got, xv[[[0], [1]], [[64, 1, 2, 63], [0, 63, 5, 6]]] + np.float32([[1, 0, 3, 1]]))
+
+
+def test_folding_log_of_zero_is_minus_inf_without_a_warning() -> None:
+    """T5's relative position buckets fold log(0) = -inf into a branch a Where discards: no RuntimeWarning."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [2])
+    model = m.model({"y": m.op("Max", [x, m.op("Log", [m.const([0.0, 1.0])])])})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = import_model(model)
+    xv = np.array([-3.0, -2.0], np.float32)
+    np.testing.assert_array_equal(evaluate(g, {"x": xv})[0], [-3.0, 0.0])

@@ -289,13 +289,16 @@ class Importer:
         return self.graph
 
     def fold(self, node: onnx.NodeProto, ins: list[str]) -> list[Value]:
-        """Run a node whose inputs are all known with onnx's reference evaluator."""
+        """Run a node whose inputs are all known with onnx's reference evaluator (a tensor Constant is read)."""
+        if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]:
+            return [Value(array=numpy_helper.to_array(node.attribute[0].t))]
         arrays = {n: self.values[n].array for n in dict.fromkeys(ins) if n}
         sub = helper.make_graph([node], "fold", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output
                                                      if o], [numpy_helper.from_array(a, n) for n, a in arrays.items()])
         try:
             model = helper.make_model(sub, opset_imports=self.model.opset_import)
-            results = reference_evaluator(model).run(None, {})
+            with np.errstate(all="ignore"):  # as onnxruntime: log(0) is -inf, a branch Where discards (T5)
+                results = reference_evaluator(model).run(None, {})
         except Exception as exc:  # the reference evaluator raises many types
             raise OnnxImportError(f"{self.label}: folding it for the given input shapes fails: {exc}") from None
         weight = any(self.values[n].weight for n in arrays)
