@@ -125,7 +125,10 @@ def transformer_optimizer(path: Path, level: int, out: Path, python: str, heads:
     cmd = [python, "-m", "onnxruntime.transformers.optimizer", "--input", str(path), "--output", str(out),
            "--model_type", model_type, "--opt_level", str(level), "--num_heads", str(heads),
            "--hidden_size", str(hidden)]
-    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return f"failed: cannot run {python}: {exc.strerror}"
     if run.returncode:
         lines = [line for line in run.stderr.splitlines() if line.strip()]
         return f"failed ({model_type}): {lines[-1] if lines else f'exit status {run.returncode}'}"
