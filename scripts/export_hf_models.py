@@ -6,13 +6,17 @@ trivial value), each exported by the TorchScript exporter (``dynamo=False``) at 
 exporter at opset 18, with both attention implementations (``eager`` and ``sdpa``):
 ``OUT/<model>_<exporter><opset>_<attn>.onnx``.
 
-torch and transformers are not project dependencies; run in a separate Python 3.11 environment:
+torch and transformers are not project dependencies; run in a separate environment with torch (CPU),
+transformers, onnx, onnxscript (the dynamo exporter), onnxruntime and sympy (the transformer optimizer), e.g.
+/work/venv311 (torch 2.14, transformers 5.23, no network needed: models are built from configs):
 
-    python3.11 -m venv /tmp/hf && /tmp/hf/bin/pip install /opt/wheels/torch-*-cp311-*.whl transformers onnx
-    /tmp/hf/bin/python scripts/export_hf_models.py OUT
-    python -m rlx_egraph.frontends.onnx.compare OUT      # then compare, in the project's environment
+    /work/venv311/bin/python scripts/export_hf_models.py OUT     # about 3 minutes on 2 cores
+    PYTHONPATH=src python -m rlx_egraph.frontends.onnx.compare OUT --ort-python /work/venv311/bin/python \
+        --num-heads 4 --hidden-size 64                           # then compare, in the project's environment
 
-A failed export is reported and skipped; the exit status is 1 when any failed.
+Also writes ``OUT/INDEX.md``: every file with its opset, inputs, node count and op histogram, and every
+failed export with torch's innermost exception.  A failed export is reported and skipped; the exit status
+is 1 when any failed.
 """
 
 from __future__ import annotations
