@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from onnx_models import MODELS
 from rlx_egraph.frontends.onnx.compare import compare, feeds, input_shapes, op_counts
@@ -18,6 +19,14 @@ def test_op_counts_leave_out_alias_ops_and_count_fused_ops() -> None:
     aliases = sum(ops.count(op) for op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Constant"))
     assert (nodes, launches) == (len(ops), len(ops) - aliases)
     assert fused == {"LayerNormalization": ops.count("LayerNormalization"), "Gemm": ops.count("Gemm")}
+
+
+def test_onnxruntime_rms_norm_in_the_default_domain_counts_as_fused() -> None:
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-6)
+    graph = helper.make_graph([node], "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "g")])
+    assert op_counts(helper.make_model(graph)) == (1, 1, {"SimplifiedLayerNormalization": 1})
 
 
 def test_feeds_pad_the_last_key_of_every_batch_row_but_the_first() -> None:

@@ -33,9 +33,10 @@ from onnx import helper
 
 # Ops that onnxruntime runs without a kernel touching the data (views, or folded at load): not launches.
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Constant"})
-# Standard ops that are fusions in their own right (com.microsoft ops all count as fused).
-FUSED_STANDARD_OPS = frozenset({"LayerNormalization", "RMSNormalization", "Gelu", "Attention",
-                                "RotaryEmbedding", "Gemm"})
+# Default-domain ops that are fusions in their own right (com.microsoft ops all count as fused);
+# SimplifiedLayerNormalization (RMSNorm) is an onnxruntime contrib op registered in the default domain.
+FUSED_STANDARD_OPS = frozenset({"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "Gelu",
+                                "Attention", "RotaryEmbedding", "Gemm"})
 # The transformer optimizer's model_type by file-name prefix (others: "bert").  LLaMA goes as "gpt2", as
 # onnxruntime's own LLaMA export script does.
 MODEL_TYPES = {"bert": "bert", "gpt2": "gpt2", "llama": "gpt2", "t5": "t5", "vit": "vit"}
