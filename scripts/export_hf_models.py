@@ -54,7 +54,7 @@ def example_inputs(name: str) -> tuple[dict[str, torch.Tensor], dict[str, dict[i
     ids = torch.randint(0, 128, (2, 8))
     inputs = {"input_ids": ids, "attention_mask": torch.ones(2, 8, dtype=torch.int64)}
     if name == "t5":
-        inputs["decoder_input_ids"] = ids
+        inputs["decoder_input_ids"] = torch.randint(0, 128, (2, 8))  # not ids: dynamo would alias equal inputs
     return inputs, {k: {0: "batch", 1: "sequence"} for k in inputs}
 
 
