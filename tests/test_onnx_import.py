@@ -316,3 +316,30 @@ def test_folding_log_of_zero_is_minus_inf_without_a_warning() -> None:
         g = import_model(model)
     xv = np.array([-3.0, -2.0], np.float32)
     np.testing.assert_array_equal(evaluate(g, {"x": xv})[0], [-3.0, 0.0])
+
+
+def test_padding_mask_anded_with_all_true_is_the_mask_broadcast() -> None:
+    """transformers' padding mask: And(all-true [1, 1, S, 1], mask [B, 1, 1, S]) -> Expand, no opaque And."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [2, 1, 4, 4])
+    mask = m.input("mask", TensorProto.INT64, [2, 4])
+    keep = m.op("Reshape", [m.op("Cast", [mask], to=TensorProto.BOOL), m.ints(2, 1, 1, 4)])
+    everything = m.op("ConstantOfShape", [m.ints(1, 1, 4, 1)], value=numpy_helper.from_array(np.array([True])))
+    both = m.op("And", [everything, keep])
+    model = m.model({"y": m.op("Where", [both, x, m.const(-1e9)])})
+    g = import_model(model)
+    assert "OnnxOp" not in g.op_counts() and g.op_counts()["Expand"] == 1
+    inputs = {"x": np.random.default_rng(4).standard_normal((2, 1, 4, 4)).astype(np.float32),
+              "mask": np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int64)}
+    np.testing.assert_array_equal(evaluate(g, inputs)[0], run_ort(model, inputs)[0])
+
+
+def test_gather_of_a_whole_axis_is_no_narrow() -> None:
+    """Gather(x, [0, 1, ..., n-1]) on an axis of n (transformers' flattened padding mask): just a reshape."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [2, 3])
+    model = m.model({"y": m.op("Gather", [m.op("Flatten", [x], axis=2), m.const([[0, 1, 2, 3, 4, 5]], np.int64)])})
+    g = import_model(model)
+    assert [(n.op, n.shape) for n in g.nodes] == [("Input", (2, 3)), ("Reshape", (6, 1)), ("Reshape", (1, 6, 1))]
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(evaluate(g, {"x": xv})[0], run_ort(model, {"x": xv})[0])

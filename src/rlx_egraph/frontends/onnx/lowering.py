@@ -186,9 +186,9 @@ def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         flat = np.where(idx < 0, idx + data.shape[axis], idx).reshape(-1)
         shape = data.shape[:axis] + idx.shape + data.shape[axis + 1:]
         if shape and flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)) \
-                and flat[0] >= 0 and flat[-1] < data.shape[axis]:
-            out = g.narrow(imp.tensor(node.input[0]), axis=axis, start=int(flat[0]), length=int(flat.size))
-            return _out(imp.fit(out, shape))
+                and flat[0] >= 0 and flat[-1] < data.shape[axis]:  # the whole axis: no Narrow at all
+            (piece,) = _narrows(imp, node.input[0], [(axis, int(flat[0]), int(flat[0] + flat.size))])
+            return _out(imp.fit(piece.node, shape))
         if np.any(flat < 0) or np.any(flat >= data.shape[axis]):
             return None
     if axis == 0 and data.rank == 2 and indices.dtype in ("i64", "i32"):
@@ -327,6 +327,18 @@ def _split(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return outs
 
 
+def _and(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """And with a known all-true operand is the other one broadcast (transformers ANDs an all-true mask into
+    the padding mask); any other And stays opaque."""
+    a, b = node.input
+    shape = broadcast(imp.type(a).shape, imp.type(b).shape)
+    for known, other in ((a, b), (b, a)):
+        array = imp.known(known)
+        if array is not None and array.all() and not imp.value(other).known:
+            return _out(imp.fit(imp.tensor(other), shape))
+    return None
+
+
 def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     target = imp.known(node.input[1])
     if target is None:
@@ -407,6 +419,7 @@ LOWERINGS: dict[str, Lowering] = {
     "Slice": _slice,
     "Split": _split,
     "Expand": _expand,
+    "And": _and,
     "Cast": _cast,
     "CastLike": _cast,
     "Conv": _conv,
