@@ -343,3 +343,18 @@ def test_gather_of_a_whole_axis_is_no_narrow() -> None:
     assert [(n.op, n.shape) for n in g.nodes] == [("Input", (2, 3)), ("Reshape", (6, 1)), ("Reshape", (1, 6, 1))]
     xv = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(evaluate(g, {"x": xv})[0], run_ort(model, {"x": xv})[0])
+
+
+def test_gather_nd_reading_the_mask_in_order_is_a_reshape_and_an_expand() -> None:
+    """The dynamo exporter's padding mask: GatherND(mask [B, S], indices [B, 1, Q, S, 2] = (b, k)) repeats the
+    mask along Q: a Reshape to [B, 1, 1, S] and an Expand, no opaque GatherND."""
+    m = OnnxBuilder(18)
+    mask = m.input("mask", TensorProto.INT64, ["batch", 4])
+    b, _, k = np.meshgrid(np.arange(2), np.arange(3), np.arange(4), indexing="ij")
+    indices = np.stack([b, k], axis=-1)[:, None]  # [2, 1, 3, 4, 2]
+    model = m.model({"y": f(m, m.op("GatherND", [mask, m.const(indices, np.int64)]))})
+    g = import_model(model, {"mask": (2, 4)})
+    assert [(n.op, n.shape) for n in g.nodes if n.op in ("Reshape", "Expand", "OnnxOp")] == [
+        ("Reshape", (2, 1, 1, 4)), ("Expand", (2, 1, 3, 4))]
+    mv = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int64)
+    np.testing.assert_array_equal(evaluate(g, {"mask": mv})[0], run_ort(model, {"mask": mv})[0])

@@ -176,6 +176,27 @@ def _gemm(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return _out(out)
 
 
+def _view(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """A gather (Gather, GatherND, GatherElements) with known indices that reads the data in order, each element
+    possibly repeated along some axes, is a Reshape then an Expand (transformers' padding-mask index gathers).
+    None when the indices are not known or read otherwise."""
+    data = imp.type(node.input[0])
+    arrays = {n: imp.known(n) for n in node.input[1:]}
+    if not data.shape or any(a is None for a in arrays.values()):
+        return None
+    order = np.arange(math.prod(data.shape), dtype=np.int64).reshape(data.shape)
+    positions = np.asarray(imp.evaluate(node, {node.input[0]: order, **arrays})[0])
+    if not positions.shape:
+        return None
+    source = positions
+    for axis, size in enumerate(positions.shape):  # drop the axes along which an element repeats
+        if size > 1 and np.all(source == source.take([0], axis=axis)):
+            source = source.take([0], axis=axis)
+    if not np.array_equal(source.reshape(-1), order.reshape(-1)):
+        return None
+    return _out(imp.fit(imp.fit(imp.tensor(node.input[0]), source.shape), positions.shape))
+
+
 def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     data, indices = imp.type(node.input[0]), imp.type(node.input[1])
     axis = _axis(at.get("axis", 0), data.rank)
@@ -191,6 +212,9 @@ def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
             return _out(imp.fit(piece.node, shape))
         if np.any(flat < 0) or np.any(flat >= data.shape[axis]):
             return None
+        view = _view(imp, node, at)
+        if view is not None:
+            return view
     if axis == 0 and data.rank == 2 and indices.dtype in ("i64", "i32"):
         return _out(g.embedding(imp.tensor(node.input[0]), imp.tensor(node.input[1])))
     return None
@@ -410,6 +434,8 @@ LOWERINGS: dict[str, Lowering] = {
     "MatMul": _matmul,
     "Gemm": _gemm,
     "Gather": _gather,
+    "GatherND": _view,
+    "GatherElements": _view,
     "Reshape": _reshape,
     "Flatten": _flatten,
     "Unsqueeze": _unsqueeze,
