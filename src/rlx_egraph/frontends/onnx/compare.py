@@ -3,10 +3,11 @@
 For every ``*.onnx`` in DIR, in one run: nodes, kernel launches and fused ops of the original, onnxruntime's
 transformer optimizer at opt_level 0, 1 and 99, onnxruntime's own ORT_ENABLE_ALL graph, and ours (import,
 optimize for the onnxruntime target with the ONNX rules, export); then the onnxruntime CPU latency (one thread,
-median of ``--runs`` runs after 10 warm-up runs) of the original, the transformer optimizer's fastest output and
-ours, each in a session at ORT_ENABLE_BASIC (the graph as written, constants folded) and at ORT_ENABLE_ALL (what
-a default session does to it); the parity of ours (largest difference from the original's output in onnxruntime,
-relative to the largest magnitude of that output) and our import + optimize + export seconds.
+median of ``--runs`` runs after 10 warm-up runs, the variants run in turn) of the original, the transformer
+optimizer's fastest output and ours, each in a session at ORT_ENABLE_BASIC (the graph as written, constants
+folded) and at ORT_ENABLE_ALL (what a default session does to it); the parity of ours (largest difference
+from the original's output in onnxruntime, relative to the largest magnitude of that output) and our
+import + optimize + export seconds.
 
 The transformer optimizer (``onnxruntime.transformers.optimizer``) needs sympy, which onnxruntime does not
 install, so it runs as a subprocess under ``--ort-python`` (default: this interpreter): any Python with
@@ -106,17 +107,21 @@ def session(model: onnx.ModelProto | Path, level: str, save: Path | None = None)
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
 
-def latency_ms(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], runs: int, level: str) -> float:
-    """Median wall time of one run on one CPU thread after 10 warm-up runs."""
-    sess = session(model, level)
-    for _ in range(10):
-        sess.run(None, dict(inputs))
-    times = []
+def latency_ms(models: Mapping[str, onnx.ModelProto], inputs: Mapping[str, np.ndarray], runs: int,
+               level: str) -> dict[str, float]:
+    """Median wall time (ms) of one run of each model on one CPU thread after 10 warm-up runs.  The models run
+    in turn, one run each per round, so that a change in the machine's load hits all of them alike."""
+    sessions = {label: session(model, level) for label, model in models.items()}
+    for sess in sessions.values():
+        for _ in range(10):
+            sess.run(None, dict(inputs))
+    times: dict[str, list[float]] = {label: [] for label in sessions}
     for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, dict(inputs))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for label, sess in sessions.items():
+            t0 = time.perf_counter()
+            sess.run(None, dict(inputs))
+            times[label].append(time.perf_counter() - t0)
+    return {label: 1e3 * statistics.median(t) for label, t in times.items()}
 
 
 def transformer_optimizer(path: Path, level: int, out: Path, python: str, heads: int,
@@ -169,9 +174,9 @@ def run_model(path: Path, dims: Mapping[str, int], work: Path, runs: int, python
     variants["ours"] = export_model(optimize(import_model(original, shapes), target="onnxruntime", rules=rules))
     result = Result(path.name, shapes, variants, time.perf_counter() - t0)
     inputs = feeds(original, shapes, max_id)
-    timed = [k for k, v in variants.items() if not isinstance(v, str) and k != "ort-enable-all"]
+    timed = {k: v for k, v in variants.items() if not isinstance(v, str) and k != "ort-enable-all"}
     for level in SESSION_LEVELS:
-        result.latency[level] = {k: latency_ms(variants[k], inputs, runs, level) for k in timed}
+        result.latency[level] = latency_ms(timed, inputs, runs, level)
     basic = result.latency["ORT_ENABLE_BASIC"]
     result.best = min((k for k in basic if k.startswith("ort-transformers")), key=basic.__getitem__, default=None)
     want = session(original, "ORT_ENABLE_BASIC").run(None, inputs)[0]
