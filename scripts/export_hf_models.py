@@ -2,16 +2,21 @@
 
 BertModel, GPT2Model, LlamaModel, T5Model and ViTModel (hidden 64, 4 heads, 2 layers), built offline from
 configs, every parameter perturbed slightly (so no weight is exactly 0 or 1 and no fusion is decided by a
-trivial value), each exported with both exporters (TorchScript ``dynamo=False`` and ``dynamo=True``) and both
-attention implementations (``eager`` and ``sdpa``): ``OUT/<model>_<exporter>_<attn>.onnx``.
+trivial value), each exported by the TorchScript exporter (``dynamo=False``) at opsets 14 and 17 and by the dynamo
+exporter at opset 18, with both attention implementations (``eager`` and ``sdpa``):
+``OUT/<model>_<exporter><opset>_<attn>.onnx``.
 
-torch and transformers are not project dependencies; run in a separate Python 3.11 environment:
+torch and transformers are not project dependencies; run in a separate environment with torch (CPU),
+transformers, onnx, onnxscript (the dynamo exporter), onnxruntime and sympy (the transformer optimizer), e.g.
+/work/venv311 (torch 2.14, transformers 5.23, no network needed: models are built from configs):
 
-    python3.11 -m venv /tmp/hf && /tmp/hf/bin/pip install /opt/wheels/torch-*-cp311-*.whl transformers onnx
-    /tmp/hf/bin/python scripts/export_hf_models.py OUT
-    python -m rlx_egraph.frontends.onnx.compare OUT      # then compare, in the project's environment
+    /work/venv311/bin/python scripts/export_hf_models.py OUT     # about 3 minutes on 2 cores
+    PYTHONPATH=src python -m rlx_egraph.frontends.onnx.compare OUT --ort-python /work/venv311/bin/python \
+        --num-heads 4 --hidden-size 64                           # then compare, in the project's environment
 
-A failed export is reported and skipped; the exit status is 1 when any failed.
+Also writes ``OUT/INDEX.md``: every file with its opset, inputs, node count and op histogram, and every
+failed export with torch's innermost exception.  A failed export is reported and skipped; the exit status
+is 1 when any failed.
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import onnx
 import torch
 import transformers as tf
+
+EXPORTS = (("torchscript", 14), ("torchscript", 17), ("dynamo", 18))
+"""(exporter, opset) pairs, as issue 7 asks."""
 
 SMALL = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128}
 
@@ -45,7 +54,7 @@ def example_inputs(name: str) -> tuple[dict[str, torch.Tensor], dict[str, dict[i
     ids = torch.randint(0, 128, (2, 8))
     inputs = {"input_ids": ids, "attention_mask": torch.ones(2, 8, dtype=torch.int64)}
     if name == "t5":
-        inputs["decoder_input_ids"] = ids
+        inputs["decoder_input_ids"] = torch.randint(0, 128, (2, 8))  # not ids: dynamo would alias equal inputs
     return inputs, {k: {0: "batch", 1: "sequence"} for k in inputs}
 
 
@@ -61,18 +70,62 @@ def build(name: str, attn: str) -> torch.nn.Module:
     return model
 
 
-def export(name: str, exporter: str, attn: str, out: Path) -> Path:
-    model = build(name, attn)
+class LastHiddenState(torch.nn.Module):
+    """``model(**inputs).last_hidden_state`` with the inputs positional (the TorchScript exporter passes them so)."""
+
+    def __init__(self, model: torch.nn.Module, names: list[str]) -> None:
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        extra = {} if isinstance(self.model, tf.ViTModel) else {"use_cache": False}
+        return self.model(**dict(zip(self.names, inputs, strict=True)), **extra).last_hidden_state
+
+
+def export(name: str, exporter: str, opset: int, attn: str, out: Path) -> Path:
+    """Write ``OUT/<name>_<exporter><opset>_<attn>.onnx``."""
     inputs, axes = example_inputs(name)
-    path = out / f"{name}_{exporter}_{attn}.onnx"
+    model = LastHiddenState(build(name, attn), list(inputs))
+    path = out / f"{name}_{exporter}{opset}_{attn}.onnx"
     kwargs = {"dynamo": exporter == "dynamo", "input_names": list(inputs), "output_names": ["last_hidden_state"],
-              "opset_version": 18 if exporter == "dynamo" else 14}
+              "opset_version": opset}
     if exporter == "dynamo":
-        kwargs["dynamic_shapes"] = {k: {d: torch.export.Dim.AUTO for d in v} for k, v in axes.items()}
+        dims = {n: torch.export.Dim(n, max=64) for n in ("batch", "sequence")}  # named as TorchScript's are
+        kwargs["dynamic_shapes"] = (tuple({d: dims[n] for d, n in axes[k].items()} for k in inputs),)  # *inputs
     else:
         kwargs["dynamic_axes"] = axes
-    torch.onnx.export(model, (), str(path), kwargs=inputs, **kwargs)
+    torch.onnx.export(model, tuple(inputs.values()), str(path), **kwargs)
     return path
+
+
+def last_line(exc: Exception) -> str:
+    """The innermost cause of an export failure, one line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if line.startswith("<class")]
+    return (causes[-1] if causes else f"{type(exc).__name__}: {lines[0] if lines else ''}")[:300]
+
+
+def index(out: Path, wrote: list[Path], failures: list[str]) -> str:
+    """INDEX.md: each file with its opset, inputs, node count and op histogram; each failure with its cause."""
+    rows = ["| file | opset | inputs | nodes | ops |", "|---|---|---|---|---|"]
+    for path in wrote:
+        model = onnx.load(str(path), load_external_data=False)
+        opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+        ops: dict[str, int] = {}
+        for node in model.graph.node:
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+        histogram = ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))
+        inputs = ", ".join(i.name for i in model.graph.input)
+        rows.append(f"| {path.name} | {opset} | {inputs} | {len(model.graph.node)} | {histogram} |")
+    failed = [f"- {line}" for line in failures] or ["- none"]
+    return "\n".join([
+        "# Tiny Hugging Face exports", "",
+        f"Made by `scripts/export_hf_models.py {out}` (torch {torch.__version__}, transformers {tf.__version__}).",
+        "Hidden 64, 4 heads, 2 layers, batch 2 x sequence 8 example inputs (dynamic batch and sequence), every",
+        "parameter perturbed; output `last_hidden_state`. Dynamo exports keep weights in `<file>.onnx.data`.", "",
+        *rows, "", "## Failed exports", "",
+        "Each with the innermost exception torch raised (the exporter failed, not the model or this script).", "",
+        *failed, ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,16 +134,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(configs()), help="comma-separated (default: all)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    failed = 0
+    wrote: list[Path] = []
+    failures: list[str] = []
     for name in args.models.split(","):
-        for exporter in ("torchscript", "dynamo"):
+        for exporter, opset in EXPORTS:
             for attn in ("eager", "sdpa"):
                 try:
-                    print("wrote", export(name, exporter, attn, args.out))
+                    wrote.append(export(name, exporter, opset, attn, args.out))
+                    print("wrote", wrote[-1])
                 except Exception as exc:  # report every failure, keep exporting the others
-                    failed += 1
-                    print(f"FAILED {name} {exporter} {attn}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return 1 if failed else 0
+                    failures.append(f"{name} {exporter}{opset} {attn}: {last_line(exc)}")
+                    print("FAILED", failures[-1], file=sys.stderr)
+    (args.out / "INDEX.md").write_text(index(args.out, wrote, failures))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ dim binding, scalar canonicalisation, errors, and the weight store's JSON + .npz
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -291,3 +292,73 @@ def test_value_with_no_producer_names_the_node() -> None:
                               [helper.make_tensor_value_info("y", F, [2])])
     with pytest.raises(OnnxImportError, match="Relu node 'r': reads 'ghost', which no earlier node"):
         import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_gather_elements_beyond_64_choices_folds_and_runs_like_onnxruntime() -> None:
+    """BERT's token_type_ids form: a (1, 65) buffer gathered on axis 1 (onnx's reference gets it wrong)."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, ["batch", 65])
+    buffer = m.init("buffer", (np.arange(65, dtype=np.int64) % 7)[None])
+    folded = m.op("GatherElements", [buffer, m.const([[64, 0, 3, -1]], np.int64)], axis=1)
+    runtime = m.op("GatherElements", [x, m.const([[64, 1, 2, -2], [0, 63, 5, 6]], np.int64)], axis=1)
+    model = m.model({"y": m.op("Add", [runtime, f(m, folded)])})
+    g = import_model(model, {"x": (2, 65)})
+    assert [n.attrs["op_type"] for n in g.nodes if n.op == "OnnxOp"] == ["GatherElements"]
+    xv = np.random.default_rng(3).standard_normal((2, 65)).astype(np.float32)
+    got, want = evaluate(g, {"x": xv})[0], run_ort(model, {"x": xv})[0]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, xv[[[0], [1]], [[64, 1, 2, 63], [0, 63, 5, 6]]] + np.float32([[1, 0, 3, 1]]))
+
+
+def test_folding_log_of_zero_is_minus_inf_without_a_warning() -> None:
+    """T5's relative position buckets fold log(0) = -inf into a branch a Where discards: no RuntimeWarning."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [2])
+    model = m.model({"y": m.op("Max", [x, m.op("Log", [m.const([0.0, 1.0])])])})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = import_model(model)
+    xv = np.array([-3.0, -2.0], np.float32)
+    np.testing.assert_array_equal(evaluate(g, {"x": xv})[0], [-3.0, 0.0])
+
+
+def test_padding_mask_anded_with_all_true_is_the_mask_broadcast() -> None:
+    """transformers' padding mask: And(all-true [1, 1, S, 1], mask [B, 1, 1, S]) -> Expand, no opaque And."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [2, 1, 4, 4])
+    mask = m.input("mask", TensorProto.INT64, [2, 4])
+    keep = m.op("Reshape", [m.op("Cast", [mask], to=TensorProto.BOOL), m.ints(2, 1, 1, 4)])
+    everything = m.op("ConstantOfShape", [m.ints(1, 1, 4, 1)], value=numpy_helper.from_array(np.array([True])))
+    both = m.op("And", [everything, keep])
+    model = m.model({"y": m.op("Where", [both, x, m.const(-1e9)])})
+    g = import_model(model)
+    assert "OnnxOp" not in g.op_counts() and g.op_counts()["Expand"] == 1
+    inputs = {"x": np.random.default_rng(4).standard_normal((2, 1, 4, 4)).astype(np.float32),
+              "mask": np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int64)}
+    np.testing.assert_array_equal(evaluate(g, inputs)[0], run_ort(model, inputs)[0])
+
+
+def test_gather_of_a_whole_axis_is_no_narrow() -> None:
+    """Gather(x, [0, 1, ..., n-1]) on an axis of n (transformers' flattened padding mask): just a reshape."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [2, 3])
+    model = m.model({"y": m.op("Gather", [m.op("Flatten", [x], axis=2), m.const([[0, 1, 2, 3, 4, 5]], np.int64)])})
+    g = import_model(model)
+    assert [(n.op, n.shape) for n in g.nodes] == [("Input", (2, 3)), ("Reshape", (6, 1)), ("Reshape", (1, 6, 1))]
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(evaluate(g, {"x": xv})[0], run_ort(model, {"x": xv})[0])
+
+
+def test_gather_nd_reading_the_mask_in_order_is_a_reshape_and_an_expand() -> None:
+    """The dynamo exporter's padding mask: GatherND(mask [B, S], indices [B, 1, Q, S, 2] = (b, k)) repeats the
+    mask along Q: a Reshape to [B, 1, 1, S] and an Expand, no opaque GatherND."""
+    m = OnnxBuilder(18)
+    mask = m.input("mask", TensorProto.INT64, ["batch", 4])
+    b, _, k = np.meshgrid(np.arange(2), np.arange(3), np.arange(4), indexing="ij")
+    indices = np.stack([b, k], axis=-1)[:, None]  # [2, 1, 3, 4, 2]
+    model = m.model({"y": f(m, m.op("GatherND", [mask, m.const(indices, np.int64)]))})
+    g = import_model(model, {"mask": (2, 4)})
+    assert [(n.op, n.shape) for n in g.nodes if n.op in ("Reshape", "Expand", "OnnxOp")] == [
+        ("Reshape", (2, 1, 1, 4)), ("Expand", (2, 1, 3, 4))]
+    mv = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int64)
+    np.testing.assert_array_equal(evaluate(g, {"mask": mv})[0], run_ort(model, {"mask": mv})[0])

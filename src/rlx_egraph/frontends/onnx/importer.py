@@ -26,7 +26,7 @@ from onnx import helper, numpy_helper
 
 from ...ir.dims import Dim, parse
 from ...ir.graph import Graph, GraphError
-from ...ir.ops.onnx_op import MIR_DTYPES, ONNX_DTYPES, STANDARD_DOMAINS, encode_proto
+from ...ir.ops.onnx_op import MIR_DTYPES, ONNX_DTYPES, STANDARD_DOMAINS, encode_proto, reference_evaluator
 from ...ir.registry import ShapeError, TensorType
 from ...ir.shapes import broadcast
 
@@ -315,24 +315,28 @@ class Importer:
         return self.graph
 
     def fold(self, node: onnx.NodeProto, ins: list[str]) -> list[Value]:
-        """Run a node whose inputs are all known with onnx's reference evaluator."""
-        from onnx.reference import ReferenceEvaluator
-
+        """Run a node whose inputs are all known with onnx's reference evaluator (a tensor Constant is read)."""
         from .symbolic import fold_symbolic, is_symbolic
 
         if any(is_symbolic(self.values[n].array) for n in ins if n):
             return fold_symbolic(self, node, ins, attributes(node))
+        if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]:
+            return [Value(array=numpy_helper.to_array(node.attribute[0].t))]
         arrays = {n: self.values[n].array for n in dict.fromkeys(ins) if n}
+        weight = any(self.values[n].weight for n in arrays)
+        named = iter(self.evaluate(node, arrays))
+        return [Value(array=np.asarray(next(named)), weight=weight) if o else None for o in node.output]
+
+    def evaluate(self, node: onnx.NodeProto, arrays: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The used outputs of ``node`` run by onnx's reference evaluator on ``arrays`` (one per input name)."""
         sub = helper.make_graph([node], "fold", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output
                                                      if o], [numpy_helper.from_array(a, n) for n, a in arrays.items()])
         try:
             model = helper.make_model(sub, opset_imports=self.model.opset_import)
-            results = ReferenceEvaluator(model).run(None, {})
+            with np.errstate(all="ignore"):  # as onnxruntime: log(0) is -inf, a branch Where discards (T5)
+                return reference_evaluator(model).run(None, {})
         except Exception as exc:  # the reference evaluator raises many types
             raise OnnxImportError(f"{self.label}: folding it for the given input shapes fails: {exc}") from None
-        weight = any(self.values[n].weight for n in arrays)
-        named = iter(results)
-        return [Value(array=np.asarray(next(named)), weight=weight) if o else None for o in node.output]
 
     def opaque(self, node: onnx.NodeProto, output: int) -> int:
         """An OnnxOp node for output ``output`` of ``node``: runtime inputs (and weights) become its inputs

@@ -178,6 +178,27 @@ def _gemm(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return _out(out)
 
 
+def _view(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """A gather (Gather, GatherND, GatherElements) with known indices that reads the data in order, each element
+    possibly repeated along some axes, is a Reshape then an Expand (transformers' padding-mask index gathers).
+    None when the indices are not known or read otherwise."""
+    data = imp.type(node.input[0])
+    arrays = {n: imp.known(n) for n in node.input[1:]}
+    if not data.shape or any(a is None for a in arrays.values()):
+        return None
+    order = np.arange(math.prod(data.shape), dtype=np.int64).reshape(data.shape)
+    positions = np.asarray(imp.evaluate(node, {node.input[0]: order, **arrays})[0])
+    if not positions.shape:
+        return None
+    source = positions
+    for axis, size in enumerate(positions.shape):  # drop the axes along which an element repeats
+        if size > 1 and np.all(source == source.take([0], axis=axis)):
+            source = source.take([0], axis=axis)
+    if not np.array_equal(source.reshape(-1), order.reshape(-1)):
+        return None
+    return _out(imp.fit(imp.fit(imp.tensor(node.input[0]), source.shape), positions.shape))
+
+
 def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     data, indices = imp.type(node.input[0]), imp.type(node.input[1])
     axis = _axis(at.get("axis", 0), data.rank)
@@ -188,11 +209,14 @@ def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         flat = np.where(idx < 0, idx + data.shape[axis], idx).reshape(-1)
         shape = data.shape[:axis] + idx.shape + data.shape[axis + 1:]
         if shape and flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)) \
-                and flat[0] >= 0 and flat[-1] < data.shape[axis]:
-            out = g.narrow(imp.tensor(node.input[0]), axis=axis, start=int(flat[0]), length=int(flat.size))
-            return _out(imp.fit(out, shape))
+                and flat[0] >= 0 and flat[-1] < data.shape[axis]:  # the whole axis: no Narrow at all
+            (piece,) = _narrows(imp, node.input[0], [(axis, int(flat[0]), int(flat[0] + flat.size))])
+            return _out(imp.fit(piece.node, shape))
         if np.any(flat < 0) or np.any(flat >= data.shape[axis]):
             return None
+        view = _view(imp, node, at)
+        if view is not None:
+            return view
     if axis == 0 and data.rank == 2 and indices.dtype in ("i64", "i32"):
         return _out(g.embedding(imp.tensor(node.input[0]), imp.tensor(node.input[1])))
     return None
@@ -329,6 +353,18 @@ def _split(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return outs
 
 
+def _and(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """And with a known all-true operand is the other one broadcast (transformers ANDs an all-true mask into
+    the padding mask); any other And stays opaque."""
+    a, b = node.input
+    shape = broadcast(imp.type(a).shape, imp.type(b).shape)
+    for known, other in ((a, b), (b, a)):
+        array = imp.known(known)
+        if array is not None and array.all() and not imp.value(other).known:
+            return _out(imp.fit(imp.tensor(other), shape))
+    return None
+
+
 def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     target = imp.known(node.input[1])
     if target is None:
@@ -400,6 +436,8 @@ LOWERINGS: dict[str, Lowering] = {
     "MatMul": _matmul,
     "Gemm": _gemm,
     "Gather": _gather,
+    "GatherND": _view,
+    "GatherElements": _view,
     "Reshape": _reshape,
     "Flatten": _flatten,
     "Unsqueeze": _unsqueeze,
@@ -409,6 +447,7 @@ LOWERINGS: dict[str, Lowering] = {
     "Slice": _slice,
     "Split": _split,
     "Expand": _expand,
+    "And": _and,
     "Cast": _cast,
     "CastLike": _cast,
     "Conv": _conv,

@@ -123,11 +123,32 @@ def _infer(a: Attrs, ins: list[TensorType]) -> TensorType:
     return _output_type(a["proto"], a["domain"], a["opset"], a["output"])
 
 
-@lru_cache(maxsize=256)
-def _evaluator(proto: str, domain: str, opset: int) -> Any:
+@lru_cache(maxsize=1)
+def reference_fixes() -> list[type]:
+    """onnx reference-evaluator ops replacing onnx's own where those are wrong (pass as ``new_ops``)."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        """onnx's (1.23) goes through np.choose, which takes at most 32 (numpy 1) or 64 (numpy 2) choices, and
+        beyond falls back to a wrong gather: a (1, 65) table gathered on axis 1 fails."""
+
+        def _run(self, data: np.ndarray, indices: np.ndarray, axis: int = 0) -> tuple[np.ndarray]:
+            indices = np.where(indices < 0, indices + data.shape[axis], indices)
+            return (np.take_along_axis(data, indices, axis=axis),)
+
+    return [GatherElements]
+
+
+def reference_evaluator(model: Any) -> Any:
+    """onnx's ``ReferenceEvaluator`` on ``model``, with :func:`reference_fixes`."""
     from onnx.reference import ReferenceEvaluator
 
-    return ReferenceEvaluator(node_model(decode_graph(proto), domain, opset))
+    return ReferenceEvaluator(model, new_ops=reference_fixes())
+
+
+@lru_cache(maxsize=256)
+def _evaluator(proto: str, domain: str, opset: int) -> Any:
+    return reference_evaluator(node_model(decode_graph(proto), domain, opset))
 
 
 def _kernel(a: Attrs, *xs: np.ndarray) -> np.ndarray:
@@ -150,4 +171,5 @@ ONNX_OP = OpSpec(
     doc="A standard ONNX node MIR has no op for (one output of it), kept as a one-node ONNX graph.")
 register(ONNX_OP)
 
-__all__ = ["MIR_DTYPES", "ONNX_DTYPES", "ONNX_OP", "STANDARD_DOMAINS", "decode_graph", "encode_proto", "node_model"]
+__all__ = ["MIR_DTYPES", "ONNX_DTYPES", "ONNX_OP", "STANDARD_DOMAINS", "decode_graph", "encode_proto", "node_model",
+           "reference_evaluator"]
