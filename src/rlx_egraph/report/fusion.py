@@ -156,29 +156,38 @@ def missed_fusions(view: Any, graph: Graph, choice: dict[int, int], costs: list[
 
 
 def _not_extracted(ctx: _Context, target: Target) -> list[MissedFusion]:
+    """Each fused alternative of an unfused class, priced by switching to it on reference counts (the
+    extraction's own incremental DAG cost: the time is proportional to what the switch changes)."""
     view, choice, costs = ctx.view, ctx.choice, ctx.costs
     complete = {**ex._best_tree_choice(view, costs)[0], **choice}
     chosen_ns = ex.dag_cost(view, choice, ctx.roots, costs)
+    solver = ex._Solver(view, costs, complete, ctx.roots, [0.0] * len(view.classes))
     out = []
     for c in sorted(ctx.reach):
         if not ctx.unfused(c):
             continue
         best: dict[str, tuple[float, int]] = {}  # per fused op, its cheapest e-node in the class
         for idx in view.classes[c].nodes:
-            if view.nodes[idx].spec.kind is Kind.FUSED:
-                cost = ex.dag_cost(view, {**complete, c: idx}, ctx.roots, costs)
-                best[view.nodes[idx].op] = min(best.get(view.nodes[idx].op, (cost, idx)), (cost, idx))
+            f = view.nodes[idx]
+            if f.spec.kind is Kind.FUSED and all(ch in complete for ch in f.children):
+                log = ex._Log()
+                cost = chosen_ns + solver.switch(c, idx, log)
+                solver.undo(log)
+                best[f.op] = min(best.get(f.op, (cost, idx)), (cost, idx))
         for fused_ns, idx in best.values():
             f = view.nodes[idx]
-            alt = {**complete, c: idx}
             rule = f.built_by[0] if f.built_by else "-"
-            replaced = ctx.reachable(choice, [c]) - ctx.reachable(alt, f.children) - {c}
-            alive = sorted(k for k in replaced & ctx.reachable(alt, ctx.roots)
-                           if view.nodes[choice[k]].spec.kind is not Kind.LEAF)
+            log = ex._Log()
+            solver.switch(c, idx, log)
+            # What the fused node would replace but stays needed: classes its switch let go of that are
+            # still live and that the fused node does not read itself.
+            reads = {d for d in log.refs if d >= 0}
+            alive = sorted({~d for d in log.refs if d < 0 and solver.refs[~d] > 0} - reads - {c})
+            alive = [k for k in alive if view.nodes[choice[k]].spec.kind is not Kind.LEAF]
             if costs[idx] == float("inf"):
                 reason, detail = "unsupported", f"target {target.name} has no {f.op} kernel (unsupported op)"
             elif alive:
-                reason, detail = "another consumer", "; ".join(_kept_alive(ctx, alt, k, replaced) for k in alive) + \
+                reason, detail = "another consumer", "; ".join(_kept_alive(ctx, solver, k) for k in alive) + \
                     f", so fusing would compute it twice: {fused_ns:,.0f} ns fused vs {chosen_ns:,.0f} ns unfused"
             elif fused_ns > chosen_ns:
                 reason, detail = "more expensive", f"predicted slower on {target.name}: {fused_ns:,.0f} ns with " \
@@ -186,17 +195,19 @@ def _not_extracted(ctx: _Context, target: Target) -> list[MissedFusion]:
             else:
                 reason, detail = "not taken", f"predicted {fused_ns:,.0f} ns with {f.op} vs {chosen_ns:,.0f} ns " \
                     "without, yet greedy extraction did not take it; try extraction='exact'"
+            solver.undo(log)
             out.append(MissedFusion(NOT_EXTRACTED, f.op, rule, ctx.location(rule), tuple(view.classes[c].originals),
                                     reason, f"{ctx.describe(c)}: {detail}", fused_ns, chosen_ns))
     return out
 
 
-def _kept_alive(ctx: _Context, alt: dict[int, int], k: int, replaced: set[int]) -> str:
-    """Why class ``k`` stays needed: the graph outputs it, or other chosen nodes read it."""
+def _kept_alive(ctx: _Context, solver: ex._Solver, k: int) -> str:
+    """Why class ``k`` stays needed with the fused node in place: the graph outputs it, or other live
+    chosen nodes read it."""
     if k in ctx.roots:
         return f"{ctx.describe(k)} is a graph output"
-    readers = sorted(p for p in ctx.reachable(alt, ctx.roots) - replaced
-                     if k in ctx.view.nodes[alt[p]].children)
+    readers = sorted({pc for p in solver.parents[k] if solver.refs[pc := ctx.view.nodes[p].eclass] > 0
+                      and solver.choice[pc] == p})
     return f"{ctx.describe(k)} is also read by " + ", ".join(ctx.describe(p) for p in readers)
 
 
