@@ -84,4 +84,4 @@ def test_sdpa_scaled_causal_scores_are_recognised() -> None:
                                   verify=True)
     (attn,) = [n for n in out.nodes if n.op == "CausalAttention"]
     assert round(attn.attrs["scale"], 6) == round(8**-0.5, 6)
-    assert report.matches_per_rule["onnx-scores-sdpa"] > 0 and out.op_counts()["Softmax"] == 0
+    assert report.matches_per_rule["attn-scores-sdpa"] > 0 and out.op_counts()["Softmax"] == 0

@@ -178,6 +178,51 @@ def _attention_block(b: Builder, node: Node, ins: list[str], types: list[TensorT
     return b.op("Add", [b.op("MatMul", [ctx, out_w]), out_b])
 
 
+def _causal_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+    """Attention (opset 23) with is_causal on split heads (GQA included); its causal mask is aligned top-left,
+    the kernel's bottom-right: the same when queries and keys are equally many."""
+    if types[0].shape[2] != types[1].shape[2]:
+        return None
+    return b.op("Attention", ins, is_causal=1, scale=node.attrs["scale"])
+
+
+def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """Attention (opset 23) with the bias as its additive attn_mask, expanded to [..., Sq, Sk] (which it needs).
+    Its rows whose keys are all masked give 0; without nan_to_zero the MIR op gives NaN there."""
+    q, k, v, bias = ins
+    scores = (types[0].shape[2], types[1].shape[2])
+    if types[3].shape[-2:] != scores:
+        bias = b.op("Expand", [bias, b.ints(np.broadcast_shapes(types[3].shape, scores))])
+    return b.op("Attention", [q, k, v, bias], scale=node.attrs["scale"])
+
+
+def _known(b: Builder, name: str) -> np.ndarray | None:
+    """The value of an initializer already written, else None."""
+    from onnx import numpy_helper
+
+    return next((numpy_helper.to_array(t) for t in b.initializers if t.name == name), None)
+
+
+def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+    """RotaryEmbedding (opset 23) on split heads [B, H, S, D] when cos and sin are known tables of the form it
+    takes: the same for every head, with equal halves ([c, c]); its caches are the first halves [B, S, D/2]."""
+    shape = types[0].shape
+    if len(shape) != 4:
+        return None
+    caches = []
+    for name, t in zip(ins[1:], types[1:], strict=True):
+        table = _known(b, name)
+        if table is None:
+            return None
+        full = np.broadcast_to(table, shape)
+        half = shape[-1] // 2
+        if not (np.array_equal(full[..., :half], full[..., half:]) and np.array_equal(full, full[:, :1].repeat(
+                shape[1], axis=1))):
+            return None
+        caches.append(b.const(np.ascontiguousarray(full[:, 0, :, :half]), t.dtype))
+    return b.op("RotaryEmbedding", [ins[0], *caches])
+
+
 EXPORTS: dict[str, ExportFn] = {
     **{op: same(op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Greater", "Less", "Equal", "Where",
                                "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Erf", "Identity",
@@ -217,6 +262,9 @@ EXPORTS: dict[str, ExportFn] = {
     "FusedResidualLN": _skip_norm("SkipLayerNormalization", beta_after=False),
     "FusedResidualRmsNorm": _skip_norm("SkipSimplifiedLayerNormalization", beta_after=True),
     "FusedAttentionBlock": _attention_block,
+    "CausalAttention": _causal_attention,
+    "BiasedAttention": _biased_attention,
+    "RotaryEmbedding": _rotary,
 }
 
 
