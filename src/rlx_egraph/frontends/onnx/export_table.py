@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...ir.dtypes import dtype
+from ...ir.ops.fused import repeat_kv
 from ...ir.ops.onnx_op import ONNX_DTYPES
 from ...ir.registry import Attrs, TensorType
 
@@ -178,12 +179,14 @@ def _attention_block(b: Builder, node: Node, ins: list[str], types: list[TensorT
     return b.op("Add", [b.op("MatMul", [ctx, out_w]), out_b])
 
 
-def _causal_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """Attention (opset 23) with is_causal on split heads (GQA included); its causal mask is aligned top-left,
-    the kernel's bottom-right: the same when queries and keys are equally many."""
-    if types[0].shape[2] != types[1].shape[2]:
-        return None
-    return b.op("Attention", ins, is_causal=1, scale=node.attrs["scale"])
+def _causal_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """Attention (opset 23) on split heads (GQA included): is_causal when queries and keys are equally many
+    (its causal mask is aligned top-left), else the kernel's bottom-right aligned keep mask."""
+    sq, sk = types[0].shape[2], types[1].shape[2]
+    if sq == sk:
+        return b.op("Attention", ins, is_causal=1, scale=node.attrs["scale"])
+    keep = b.const(np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq), "bool")
+    return b.op("Attention", [*ins, keep], scale=node.attrs["scale"])
 
 
 def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
@@ -308,17 +311,9 @@ def _rope(g: Graph, ins: list[int], a: Attrs) -> int:
 
 def sdpa(g: Graph, q: int, k: int, v: int, scale: float, causal: bool, key_mask: int | None = None) -> int:
     """The kernel's scaled dot-product attention on [B, H, S, D] (K/V heads repeated for GQA)."""
-    (b, heads, sq, _), (_, kv_heads, sk, _) = g.node(q).shape, g.node(k).shape
+    (b, heads, sq, _), sk = g.node(q).shape, g.node(k).shape[2]
     dt = g.node(q).dtype
-    if kv_heads != heads:
-        rep = heads // kv_heads
-
-        def repeat(t: int) -> int:
-            shape = g.node(t).shape
-            wide = g.expand(g.reshape(t, shape=(b, kv_heads, 1, *shape[2:])), shape=(b, kv_heads, rep, *shape[2:]))
-            return g.reshape(wide, shape=(b, heads, *shape[2:]))
-
-        k, v = repeat(k), repeat(v)
+    k, v = repeat_kv(g, k, heads), repeat_kv(g, v, heads)
     scores = g.mul(g.matmul_bt(q, k), g.scalar(scale, dt))
     if causal:
         allowed = g.constant(np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq))
@@ -393,7 +388,6 @@ MIR_FORMS: dict[str, Callable[[Graph, list[int], Attrs], int]] = {
     "GroupNorm": _group_norm,
     "RoPE": _rope,
     "Attention": _attention,
-    "CausalAttention": lambda g, ins, a: sdpa(g, *ins, a["scale"], causal=True),
     "BceLoss": _bce,
     "SiluGrad": _silu_grad,
     "RmsNormGradX": _rms_grad_x,

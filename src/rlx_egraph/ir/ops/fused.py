@@ -248,7 +248,8 @@ def _biased_attention_infer(a: Attrs, ins: list[T]) -> T:
     out = op_spec("CausalAttention").infer(a, [q, k, v])
     scores = (*q.shape[:3], k.shape[2])
     if bias.dtype != q.dtype or len(bias.shape) > 4 or broadcast(bias.shape, scores) != scores:
-        raise ShapeError(f"BiasedAttention bias {list(bias.shape)} {bias.dtype} must be {q.dtype} and broadcast to the scores {list(scores)}")
+        raise ShapeError(f"BiasedAttention bias {list(bias.shape)} {bias.dtype} must be {q.dtype} and broadcast to "
+                         f"the scores {list(scores)}")
     return out
 
 
