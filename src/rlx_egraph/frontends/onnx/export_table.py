@@ -121,12 +121,27 @@ def _gemm_fits(types: list[TensorType], out: tuple[int, ...]) -> bool:
         d in (1, o) for d, o in zip(reversed(c.shape), reversed(out), strict=False))
 
 
+def _gemm_rows(b: Builder, node: Node, ins: list[str], types: list[TensorType], trans_b: int) -> str | None:
+    """Gemm on the rows of a batched ``a`` [..., K] (reshaped to [rows, K] and back: views, no copies) with a
+    2-D ``b``, when the addend is a bias row (rank <= 1) or of the result's shape (reshaped alike); else None."""
+    a, w, c = types
+    if a.rank < 3 or w.rank != 2 or not (c.rank <= 1 or c.shape == node.shape):
+        return None
+    rows = b.op("Reshape", [ins[0], b.ints([-1, a.shape[-1]])])
+    addend = ins[2] if c.rank <= 1 else b.op("Reshape", [ins[2], b.ints([-1, node.shape[-1]])])
+    return b.op("Reshape", [b.op("Gemm", [rows, ins[1], addend], transB=trans_b), b.ints(node.shape)])
+
+
 def _matmul_add(trans_a: int, trans_b: int) -> ExportFn:
-    """Gemm where it fits, else the matmul (FusedMatMul for a transposed operand) and an Add."""
+    """Gemm where it fits (on the rows of a batched a too), else the matmul (FusedMatMul for a transposed
+    operand) and an Add."""
 
     def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
         if _gemm_fits(types, node.shape):
             return b.op("Gemm", ins, transA=trans_a, transB=trans_b)
+        rows = None if trans_a else _gemm_rows(b, node, ins, types, trans_b)
+        if rows is not None:
+            return rows
         mm = b.op("FusedMatMul", ins[:2], domain=MS, transA=trans_a, transB=trans_b) if trans_a or trans_b \
             else b.op("MatMul", ins[:2])
         return b.op("Add", [mm, ins[2]])
