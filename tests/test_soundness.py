@@ -32,10 +32,9 @@ WRONG = {
     "reshape-dropped": '(rewrite (Reshape ?x ?s) ?x :ruleset simplify :name "reshape-dropped")',
 }
 # Not checkable yet (no random instance fired them; README "Rule soundness" says why): the generator does not
-# build a valid FusedAttentionBlock for transformer-layer, reaches the shared-input chain's end rule only through
-# the chain, and some facts-only operand orders are not used by any reader's instance.
-NOT_CHECKED_SHIPPED = {"transformer-layer", "shared-input-matmul", "gelu-tanh-inner#4", "gelu-tanh-one#4",
-                       "ln-normed-rsqrt#4", "ln-std#2"}
+# build a valid FusedAttentionBlock for transformer-layer, and some facts-only operand orders are not used by any
+# reader's instance (which ones depends on each rule's seed, its position in the loaded rules).
+NOT_CHECKED_SHIPPED = {"transformer-layer", "gelu-tanh-inner#4", "gelu-tanh-one#4"}
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +59,14 @@ def test_facts_only_rules_are_checked_through_their_readers(shipped) -> None:
     assert "gelu-erf-x-o-half" in erf.reason
     chain = shipped.by_rule("shared-input-order")
     assert chain.status == SOUND and "k matmuls of one input" in chain.reason
-    end = shipped.by_rule("shared-input-matmul")  # the chain's last step: see NOT_CHECKED_SHIPPED
-    assert end.status == NOT_CHECKABLE and "reads tables rules fill with set" in end.reason
+    end = shipped.by_rule("shared-input-matmul")  # the chain's last step, checked with the chain
+    assert end.status == SOUND and end.instances >= 1
 
 
 def test_the_closing_line_lists_instances_per_rule(shipped) -> None:
     last = str(shipped).splitlines()[-1]
-    assert last.startswith("101 rules: 95 sound, 0 unsound, 6 not checkable; instances checked per rule: neg-neg 3,")
-    assert shipped.to_dict()["ok"] is True and len(shipped.to_dict()["rules"]) == 101
+    assert last.startswith("133 rules: 130 sound, 0 unsound, 3 not checkable; instances checked per rule: neg-neg 3,")
+    assert shipped.to_dict()["ok"] is True and len(shipped.to_dict()["rules"]) == 133
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
