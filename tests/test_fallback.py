@@ -315,6 +315,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "attn-scores-mul": (scores_attention(scores="mul"), ATTN),
     "attn-scores-sdpa": (scores_attention(scores="sdpa"), ATTN),
     "attn-split-qk": (scores_attention(), ATTN),
+    "attn-keys-heads-last-sdpa": (scores_attention(scores="sdpa", keys="heads_last"), ATTN),
     "attn-repeat-kv": (scores_attention(kv_heads=1), ATTN | {"Expand": 0}),
     "biased-attention": (scores_attention(), ATTN),
     "biased-attention-gqa": (scores_attention(kv_heads=1), ATTN | {"Expand": 0}),

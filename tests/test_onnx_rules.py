@@ -128,6 +128,8 @@ ATTENTION_CASES = {  # case -> (model arguments, rules that must fire)
                                    "biased-attention"}),
     "sdpa-flat-isnan": (("sdpa", "flat", "bool", H, True), {"attn-keys-t-flat", "attn-scores-sdpa",
                                                             "onnx-attention-isnan"}),
+    "sdpa-heads-last-isnan": (("sdpa", "heads_last", "bool", H, True),
+                              {"attn-keys-heads-last-sdpa", "attn-scores-bt", "onnx-attention-isnan"}),
     "sdpa-isnan-gqa": (("sdpa", "t", "bool", 2, True), {"attn-scores-sdpa", "onnx-attention-isnan",
                                                         "biased-attention-gqa"}),
     "sdpa-flat-isnan-gqa": (("sdpa", "flat", "bool", 2, True), {"attn-keys-t-flat", "onnx-attention-isnan",
