@@ -209,6 +209,56 @@ def group_norm_silu() -> Graph:
     return g
 
 
+def scores_attention(scores: str = "div", keys: str = "t", kv_heads: int = 2, masks: int = 1,
+                     nan_to_zero: bool = False) -> Callable[[], Graph]:
+    """Softmax(scores + masks) @ v on split heads [2, 2, 4, 8] as exports write it (rules/attention.egg):
+    scores "div", "mul", "plain" or "sdpa"; keys^T "t" (Transpose 0 1 3 2), "flat" (through [B*H, S, D]) or
+    "heads_last" (Transpose 0 2 3 1 of [B, S, H, D] keys); kv_heads 1 repeats K/V as repeat_kv does."""
+    def build() -> Graph:
+        g = Graph()
+        b, h, s, d = 2, 2, 4, 8
+        q = g.input("q", (b, h, s, d))
+        k = g.input("k", (b, s, h, d) if keys == "heads_last" else (b, kv_heads, s, d))
+        v = g.input("v", (b, kv_heads, s, d))
+
+        def repeat(t: int) -> int:
+            wide = g.expand(g.reshape(t, shape=(b, kv_heads, 1, s, d)), shape=(b, kv_heads, h // kv_heads, s, d))
+            return g.reshape(wide, shape=(b, h, s, d))
+
+        if kv_heads != h:
+            k, v = repeat(k), repeat(v)
+        if keys == "heads_last":
+            kt = g.transpose(k, perm=(0, 2, 3, 1))
+        elif keys == "flat":
+            kt = g.reshape(g.transpose(g.reshape(k, shape=(b * h, s, d)), perm=(0, 2, 1)), shape=(b, h, d, s))
+        else:
+            kt = g.transpose(k, perm=(0, 1, 3, 2))
+        if scores == "sdpa":
+            sc = g.matmul(g.mul(q, g.scalar(d**-0.25)), g.mul(kt, g.scalar(d**-0.25)))
+        else:
+            sc = g.matmul(q, kt)
+            sc = {"div": lambda: g.div(sc, g.scalar(d**0.5)), "mul": lambda: g.mul(sc, g.scalar(d**-0.5)),
+                  "plain": lambda: sc}[scores]()
+        for m in range(masks):
+            sc = g.add(sc, g.input(f"mask{m}", (b, 1, 1, s) if m else (1, h, s, s)))
+        p = g.softmax(sc, axis=-1)
+        if nan_to_zero:
+            p = g.where(g.equal(p, p), p, g.scalar(0.0))
+        g.set_outputs([g.matmul(p, v)])
+        return g
+    return build
+
+
+def rotate_half_rope() -> Graph:
+    g = Graph()
+    x, cos, sin = g.input("x", (2, 2, 4, 8)), g.param("cos", (4, 8)), g.param("sin", (4, 8))
+    rotated = g.concat([g.neg(g.narrow(x, axis=-1, start=4, length=4)), g.narrow(x, axis=-1, start=0, length=4)],
+                       axis=-1)
+    g.set_outputs([g.add(g.mul(x, cos), g.mul(rotated, sin))])
+    return g
+
+
+ATTN = {"BiasedAttention": 1, "Softmax": 0}
 GELU = {"Gelu": 1, "Erf": 0, "Tanh": 0}
 LN = {"LayerNorm": 1, "ReduceMean": 0}
 RMS = {"RmsNorm": 1, "ReduceMean": 0}
@@ -256,6 +306,24 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "rms-normed-mul": (rms_norm(order="x_r"), RMS),
     "rms-normed-div": (rms_norm(inv="div"), RMS),
     "rms-norm": (rms_norm(gamma="last"), RMS),
+    "rms-one-div-sqrt": (unary(lambda g, x: g.mul(g.mul(x, g.div(g.scalar(1.0), g.sqrt(g.add(
+        g.reduce_mean(g.mul(x, x), axes=(-1,), keepdims=True), g.scalar(1e-6))))), g.param("gamma", (8,)))), RMS),
+    "attn-keys-t": (scores_attention(), ATTN),
+    "attn-keys-t-flat": (scores_attention(keys="flat", kv_heads=2), ATTN),
+    "attn-keys-heads-last": (scores_attention(keys="heads_last"), ATTN),
+    "attn-scores": (scores_attention(scores="plain"), ATTN),
+    "attn-scores-bt": (scores_attention(keys="heads_last"), ATTN),
+    "attn-scores-div": (scores_attention(scores="div"), ATTN),
+    "attn-scores-mul": (scores_attention(scores="mul"), ATTN),
+    "attn-scores-sdpa": (scores_attention(scores="sdpa"), ATTN),
+    "attn-split-qk": (scores_attention(), ATTN),
+    "attn-keys-heads-last-sdpa": (scores_attention(scores="sdpa", keys="heads_last"), ATTN),
+    "attn-repeat-kv": (scores_attention(kv_heads=1), ATTN | {"Expand": 0}),
+    "biased-attention": (scores_attention(), ATTN),
+    "biased-attention-gqa": (scores_attention(kv_heads=1), ATTN | {"Expand": 0}),
+    "biased-attention-nan-to-zero": (scores_attention(nan_to_zero=True), ATTN | {"Where": 0}),
+    "biased-attention-two-masks": (scores_attention(masks=2), ATTN | {"Add": 1}),
+    "rope-rotate-half": (rotate_half_rope, {"RotaryEmbedding": 1, "Concat": 0, "Neg": 0}),
     "matmul-add": (binary_mm("matmul", False, X, (8, 4), (4, 4)), MATMUL_ADD),
     "matmul-at-add": (binary_mm("matmul_at", False, (4, 8), (4, 8), (8, 8)), {"FusedMatMulATAdd": 1, "Add": 0}),
     "matmul-bt-add": (binary_mm("matmul_bt", False, (4, 8), (4, 8), (4, 4)), {"FusedMatMulBTAdd": 1, "Add": 0}),

@@ -40,11 +40,14 @@ def test_causal_attention_forms_become_one_kernel_with_parity(name: str, counts:
     np.testing.assert_allclose(evaluate(out, inputs)[0], ort_output(name, inputs), rtol=0, atol=1e-4)
 
 
-def test_padding_mask_attention_is_left_alone() -> None:
-    """BERT's additive mask equals Attention's custom mask only for a 0/1 mask: the Softmax stays."""
+def test_padding_mask_attention_is_one_biased_attention_not_the_keep_mask_attention() -> None:
+    """BERT's additive mask equals Attention's custom keep mask only for a 0/1 mask: it becomes BiasedAttention,
+    which adds the mask as it is, with parity against onnxruntime."""
     out, _ = optimize_with_report(import_model(MODELS["bert"](), SHAPES["bert"]), rules=onnx_rules(), verify=True)
-    assert {op: out.op_counts()[op] for op in ATTENTION_OPS} == {"Attention": 0, "CausalAttention": 0, "Expand": 0,
-                                                                  "Softmax": 1}
+    assert {op: out.op_counts()[op] for op in (*ATTENTION_OPS, "BiasedAttention")} == {
+        "Attention": 0, "CausalAttention": 0, "Expand": 0, "Softmax": 0, "BiasedAttention": 1}
+    inputs = feeds(MODELS["bert"](), SHAPES["bert"])
+    np.testing.assert_allclose(evaluate(out, inputs)[0], ort_output("bert", inputs), rtol=0, atol=1e-4)
 
 
 def test_causal_masks_import_as_one_named_keep_mask() -> None:
@@ -84,4 +87,4 @@ def test_sdpa_scaled_causal_scores_are_recognised() -> None:
                                   verify=True)
     (attn,) = [n for n in out.nodes if n.op == "CausalAttention"]
     assert round(attn.attrs["scale"], 6) == round(8**-0.5, 6)
-    assert report.matches_per_rule["onnx-scores-sdpa"] > 0 and out.op_counts()["Softmax"] == 0
+    assert report.matches_per_rule["attn-scores-sdpa"] > 0 and out.op_counts()["Softmax"] == 0

@@ -11,6 +11,8 @@ class GraphBuilders:
         """Append a Attention node (attention). Attention on packed [B, S, heads*head_dim]; custom mask [B, Sk] (1 keeps, 0 drops)."""
     def bce_loss(self, p: int, t: int) -> int:
         """Append a BceLoss node (loss)."""
+    def biased_attention(self, q: int, k: int, v: int, bias: int, *, scale: float, nan_to_zero: bool = False) -> int:
+        """Append a BiasedAttention node (fused). Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN."""
     def cast(self, x: int, *, dtype: str) -> int:
         """Append a Cast node (elementwise). Convert to another dtype."""
     def causal_attention(self, q: int, k: int, v: int, *, scale: float = 0.0) -> int:
@@ -129,6 +131,8 @@ class GraphBuilders:
         """Append a RmsNormGradX node (backward)."""
     def rope(self, x: int, *, theta: float = 10000.0) -> int:
         """Append a RoPE node (elementwise). Rotary position embedding (rotate-half) over [..., S, D]."""
+    def rotary_embedding(self, x: int, cos: int, sin: int) -> int:
+        """Append a RotaryEmbedding node (fused). x * cos + rotate_half(x) * sin (RoPE with given tables, rotate-half convention)."""
     def rsqrt(self, x: int) -> int:
         """Append a Rsqrt node (elementwise). Elementwise Rsqrt."""
     def sigmoid(self, x: int) -> int:

@@ -44,7 +44,7 @@ from ..ir.dtypes import PARITY_TOLERANCE, loosest
 from ..ir.graph import Graph, GraphError
 from ..ir.registry import REGISTRY, AttrType, Kind, ShapeError, TensorType
 from ..kernels.interpreter import evaluate
-from ..kernels.parity import tolerance_ratio
+from ..kernels.parity import ROUNDING_FACTOR, rounding_error, tolerance_ratio
 from ..kernels.reference import run_node
 from .encode import encode_graph
 from .rules import STAGES, VARIANT_MARK, Rule, RuleSet, load_rules
@@ -784,17 +784,27 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
 
 def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
                     seed: int) -> list[tuple[tuple[str, ...], CounterExample]]:
-    """Every e-node of every class a rule touched against its class's value, on SEEDS seeds."""
+    """Every e-node of every class a rule touched against its class's value, on SEEDS seeds.
+
+    The reach is the parity verifier's: the dtype tolerance plus ROUNDING_FACTOR
+    times the input graph's own rounding error where the class holds an input-graph
+    node (a fused kernel need not repeat the rounding of every unfused step).
+    """
     touched = [c for c in view.classes if c.merged_by or any(view.nodes[i].built_by for i in c.nodes)]
     rtol, atol = PARITY_TOLERANCE[loosest(n.dtype for n in graph.nodes) or "f32"]
     out = []
     for s in range(seed, seed + SEEDS):
         node_values = evaluate(graph, seed=s, return_all=True)
-        values = _class_values(view, graph, node_values)
+        values, rounding = _class_values(view, graph, node_values), rounding_error(graph, node_values)
         for cls in touched:
             if cls.id not in values:
                 continue
             ref = values[cls.id]
+            own = rounding.get(cls.originals[0]) if cls.originals else None
+
+            def reach(r: np.ndarray = ref, own: np.ndarray | None = own) -> np.ndarray:
+                bound = atol + rtol * np.abs(r.astype(np.float64))
+                return bound if own is None else bound + ROUNDING_FACTOR * own
             for i in cls.nodes:  # input-graph e-nodes too: a rule may have merged two of them
                 n = view.nodes[i]
                 if n.original is not None:
@@ -803,12 +813,13 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
                     continue
                 else:
                     got = _run_enode(view, n, values)
-                max_abs, ratio = tolerance_ratio(got, ref, lambda r=ref: atol + rtol * np.abs(r.astype(np.float64)))
+                max_abs, ratio = tolerance_ratio(got, ref, reach)
                 if ratio > 1.0:
                     rules = tuple(dict.fromkeys(n.built_by + cls.merged_by))
                     problem = (f"a {n.op} e-node differs from its e-class's value (computed by "
                                f"{_describe_class(cls, graph)}) by up to {max_abs:.3g} ({ratio:.3g} x the "
-                               f"{rtol}/{atol} tolerance) on seed {s}; built or merged by {', '.join(rules)}")
+                               f"{rtol}/{atol} tolerance plus rounding) on seed {s}; "
+                               f"built or merged by {', '.join(rules)}")
                     out.append((rules, CounterExample(rules[0] if rules else "?", problem, leaves,
                                                       dict(n.attrs), max_abs)))
         if out:

@@ -153,7 +153,7 @@ class _Reference:
     def build(cls, graph: Graph, wide: Graph | None, seed: int, precision: dict[int, str | None],
               materialized: set[int]) -> _Reference:
         values = evaluate(graph, seed=seed, return_all=True)
-        ref = cls(graph, seed, values, precision, _rounding(graph, wide, values) if wide else {})
+        ref = cls(graph, seed, values, precision, rounding_error(graph, values, wide))
         ref.excuse(materialized)
         return ref
 
@@ -230,8 +230,11 @@ def widened_graph(graph: Graph) -> Graph | None:
     return Graph.from_nodes(records, graph.outputs, graph.name)
 
 
-def _rounding(graph: Graph, wide: Graph, values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Per computed float node, |value - the same value computed in ``wide``|.
+def rounding_error(graph: Graph, values: dict[int, np.ndarray], wide: Graph | None = None) -> dict[int, np.ndarray]:
+    """Per computed float node, |value - the same value computed in f32| ({} when nothing is below f32).
+
+    ``values`` are all of ``graph``'s node values; ``wide`` is
+    ``widened_graph(graph)`` when the caller has it already.
 
     The original's own rounding error: large where a low-precision value is
     ill-conditioned (a norm of nearly constant rows, a cancellation).  Each
@@ -251,6 +254,9 @@ def _rounding(graph: Graph, wide: Graph, values: dict[int, np.ndarray]) -> dict[
         err = np.nan_to_num(err, nan=0.0, posinf=0.0)
         return np.maximum(err, err.mean())
 
+    wide = wide or widened_graph(graph)
+    if wide is None:
+        return {}
     leaves = {n.name: values[n.id] for n in graph.nodes if n.op in ("Input", "Param")}
     wide_values = evaluate(wide, leaves, leaves, return_all=True, visit=keep)
     return {n.id: error(n) for n in graph.nodes

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...ir.dtypes import dtype
+from ...ir.ops.fused import repeat_kv
 from ...ir.ops.onnx_op import ONNX_DTYPES
 from ...ir.registry import Attrs, TensorType
+from ...ir.shapes import broadcast
 
 if TYPE_CHECKING:
     from ...ir.graph import Graph, Node
@@ -120,12 +122,27 @@ def _gemm_fits(types: list[TensorType], out: tuple[int, ...]) -> bool:
         d in (1, o) for d, o in zip(reversed(c.shape), reversed(out), strict=False))
 
 
+def _gemm_rows(b: Builder, node: Node, ins: list[str], types: list[TensorType], trans_b: int) -> str | None:
+    """Gemm on the rows of a batched ``a`` [..., K] (reshaped to [rows, K] and back: views, no copies) with a
+    2-D ``b``, when the addend is a bias row (rank <= 1) or of the result's shape (reshaped alike); else None."""
+    a, w, c = types
+    if a.rank < 3 or w.rank != 2 or not (c.rank <= 1 or c.shape == node.shape):
+        return None
+    rows = b.op("Reshape", [ins[0], b.ints([-1, a.shape[-1]])])
+    addend = ins[2] if c.rank <= 1 else b.op("Reshape", [ins[2], b.ints([-1, node.shape[-1]])])
+    return b.op("Reshape", [b.op("Gemm", [rows, ins[1], addend], transB=trans_b), b.ints(node.shape)])
+
+
 def _matmul_add(trans_a: int, trans_b: int) -> ExportFn:
-    """Gemm where it fits, else the matmul (FusedMatMul for a transposed operand) and an Add."""
+    """Gemm where it fits (on the rows of a batched a too), else the matmul (FusedMatMul for a transposed
+    operand) and an Add."""
 
     def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
         if _gemm_fits(types, node.shape):
             return b.op("Gemm", ins, transA=trans_a, transB=trans_b)
+        rows = None if trans_a else _gemm_rows(b, node, ins, types, trans_b)
+        if rows is not None:
+            return rows
         mm = b.op("FusedMatMul", ins[:2], domain=MS, transA=trans_a, transB=trans_b) if trans_a or trans_b \
             else b.op("MatMul", ins[:2])
         return b.op("Add", [mm, ins[2]])
@@ -187,6 +204,53 @@ def _attention_block(b: Builder, node: Node, ins: list[str], types: list[TensorT
     return b.op("Add", [b.op("MatMul", [ctx, out_w]), out_b])
 
 
+def _causal_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """Attention (opset 23) on split heads (GQA included): is_causal when queries and keys are equally many
+    (its causal mask is aligned top-left), else the kernel's bottom-right aligned keep mask."""
+    sq, sk = types[0].shape[2], types[1].shape[2]
+    if sq == sk:
+        return b.op("Attention", ins, is_causal=1, scale=node.attrs["scale"])
+    keep = b.const(np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq), "bool")
+    return b.op("Attention", [*ins, keep], scale=node.attrs["scale"])
+
+
+def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """Attention (opset 23) with the bias as its additive attn_mask, expanded to [..., Sq, Sk] (which it needs).
+    Its rows whose keys are all masked give 0; without nan_to_zero the MIR op gives NaN there."""
+    q, k, v, bias = ins
+    scores = (types[0].shape[2], types[1].shape[2])
+    if types[3].shape[-2:] != scores:
+        bias = b.op("Expand", [bias, b.ints(broadcast(types[3].shape, scores))])
+    return b.op("Attention", [q, k, v, bias], scale=node.attrs["scale"])
+
+
+def _known(b: Builder, name: str) -> np.ndarray | None:
+    """The value of an initializer already written, else None."""
+    from onnx import numpy_helper
+
+    return next((numpy_helper.to_array(t) for t in b.initializers if t.name == name), None)
+
+
+def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+    """RotaryEmbedding (opset 23) on split heads [B, H, S, D] when cos and sin are known tables of the form it
+    takes: the same for every head, with equal halves ([c, c]); its caches are the first halves [B, S, D/2]."""
+    shape = types[0].shape
+    if len(shape) != 4:
+        return None
+    caches = []
+    for name, t in zip(ins[1:], types[1:], strict=True):
+        table = _known(b, name)
+        if table is None:
+            return None
+        full = np.broadcast_to(table, shape)
+        half = shape[-1] // 2
+        if not (np.array_equal(full[..., :half], full[..., half:]) and np.array_equal(full, full[:, :1].repeat(
+                shape[1], axis=1))):
+            return None
+        caches.append(b.const(np.ascontiguousarray(full[:, 0, :, :half]), t.dtype))
+    return b.op("RotaryEmbedding", [ins[0], *caches])
+
+
 EXPORTS: dict[str, ExportFn] = {
     **{op: same(op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Greater", "Less", "Equal", "Where",
                                "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Erf", "Identity",
@@ -228,6 +292,9 @@ EXPORTS: dict[str, ExportFn] = {
     "FusedAddLayerNorm": _skip_norm("SkipLayerNormalization", beta_after=False),
     "FusedAddRmsNorm": _skip_norm("SkipSimplifiedLayerNormalization", beta_after=True),
     "FusedAttentionBlock": _attention_block,
+    "CausalAttention": _causal_attention,
+    "BiasedAttention": _biased_attention,
+    "RotaryEmbedding": _rotary,
 }
 
 
@@ -271,17 +338,9 @@ def _rope(g: Graph, ins: list[int], a: Attrs) -> int:
 
 def sdpa(g: Graph, q: int, k: int, v: int, scale: float, causal: bool, key_mask: int | None = None) -> int:
     """The kernel's scaled dot-product attention on [B, H, S, D] (K/V heads repeated for GQA)."""
-    (b, heads, sq, _), (_, kv_heads, sk, _) = g.node(q).shape, g.node(k).shape
+    (b, heads, sq, _), sk = g.node(q).shape, g.node(k).shape[2]
     dt = g.node(q).dtype
-    if kv_heads != heads:
-        rep = heads // kv_heads
-
-        def repeat(t: int) -> int:
-            shape = g.node(t).shape
-            wide = g.expand(g.reshape(t, shape=(b, kv_heads, 1, *shape[2:])), shape=(b, kv_heads, rep, *shape[2:]))
-            return g.reshape(wide, shape=(b, heads, *shape[2:]))
-
-        k, v = repeat(k), repeat(v)
+    k, v = repeat_kv(g, k, heads), repeat_kv(g, v, heads)
     scores = g.mul(g.matmul_bt(q, k), g.scalar(scale, dt))
     if causal:
         allowed = g.constant(np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq))
@@ -356,7 +415,6 @@ MIR_FORMS: dict[str, Callable[[Graph, list[int], Attrs], int]] = {
     "GroupNorm": _group_norm,
     "RoPE": _rope,
     "Attention": _attention,
-    "CausalAttention": lambda g, ins, a: sdpa(g, *ins, a["scale"], causal=True),
     "BceLoss": _bce,
     "SiluGrad": _silu_grad,
     "RmsNormGradX": _rms_grad_x,

@@ -26,7 +26,7 @@ from ...ir.registry import Kind, ShapeError
 from ...kernels.reference import run_node
 from .export_table import EXPORTS, MIR_FORMS
 
-OPSET = 18  # the default domain's opset of exported models (LayerNormalization needs 17)
+OPSET = 23  # the default domain's opset of exported models (Attention and RotaryEmbedding need 23)
 IR_VERSION = 10  # what onnxruntime 1.17 and later read
 CONTRIB_OPSET = 1
 
@@ -202,7 +202,7 @@ def _value_info(name: str, node: Node) -> onnx.ValueInfoProto:
 
 
 def export_model(graph: Graph) -> onnx.ModelProto:
-    """``graph`` as an ONNX model (default domain opset 18, com.microsoft contrib ops) for onnxruntime.
+    """``graph`` as an ONNX model (default domain opset 23, com.microsoft contrib ops) for onnxruntime.
 
     Every parameter needs its value in ``graph.weights``; raises GraphError naming the
     missing parameters, or the node that cannot be written.  ``graph`` is not changed.

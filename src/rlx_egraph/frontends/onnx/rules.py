@@ -18,5 +18,7 @@ def onnx_rule_dir() -> Path:
 
 
 def onnx_rules() -> RuleSet:
-    """The shipped rules and the ONNX forms rules, for graphs made by :func:`~.importer.import_model`."""
-    return RuleSet.shipped() + RuleSet.from_files(onnx_rule_dir())
+    """The shipped rules and the ONNX forms rules, for graphs made by :func:`~.importer.import_model`.
+
+    Loaded together: the ONNX forms read relations of the shipped files (attn-scores, repeat-kv)."""
+    return RuleSet.from_files(default_rule_dir(), onnx_rule_dir())

@@ -261,6 +261,90 @@ def _transformer_layer_flops(a: Attrs, ins: list[T], out: T) -> int:
     return 2 * tokens * h * (4 * h + 2 * inner) + 4 * out.numel * ins[0].shape[1]
 
 
+def repeat_kv(g: Graph, t: int, heads: int) -> int:
+    """K or V [B, KV, S, D] with each head repeated heads/KV times, as transformers' repeat_kv exports it:
+    Reshape to [B, KV, 1, S, D], Expand to [B, KV, heads/KV, S, D], Reshape to [B, heads, S, D]."""
+    b, kv_heads, *rest = g.node(t).shape
+    if kv_heads == heads:
+        return t
+    wide = g.expand(g.reshape(t, shape=(b, kv_heads, 1, *rest)), shape=(b, kv_heads, heads // kv_heads, *rest))
+    return g.reshape(wide, shape=(b, heads, *rest))
+
+
+def _biased_attention_infer(a: Attrs, ins: list[T]) -> T:
+    q, k, v, bias = ins
+    out = op_spec("CausalAttention").infer(a, [q, k, v])
+    scores = (*q.shape[:3], k.shape[2])
+    if bias.dtype != q.dtype or len(bias.shape) > 4 or broadcast(bias.shape, scores) != scores:
+        raise ShapeError(f"BiasedAttention bias {list(bias.shape)} {bias.dtype} must be {q.dtype} and broadcast to "
+                         f"the scores {list(scores)}")
+    return out
+
+
+def _biased_attention_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                             bias: np.ndarray) -> np.ndarray:
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    p = K.softmax(np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(a["scale"], q.dtype) + bias, -1)
+    return np.matmul(np.where(np.isnan(p), 0, p) if a["nan_to_zero"] else p, v)
+
+
+def _biased_attention_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """MatMul(q, k^T) * scale + bias, Softmax, (NaN rows to 0: Where(p == p, p, 0)), @ v; GQA by repeat_kv."""
+    q, k, v, bias = ins
+    heads, dt = g.node(q).shape[1], g.node(q).dtype
+    k, v = repeat_kv(g, k, heads), repeat_kv(g, v, heads)
+    scores = g.mul(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), g.scalar(a["scale"], dt))
+    p = g.softmax(g.add(scores, bias), axis=-1)
+    if a["nan_to_zero"]:
+        p = g.where(g.equal(p, p), p, g.scalar(0.0, dt))
+    return g.matmul(p, v)
+
+
+def _biased_attention_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """q [B, KV * (1 to 3), S, D], k and v [B, KV, S, D]; bias [B, 1, 1, S], [B, 1, S, S], [S, S] or [B, H, S, S]."""
+    b, kv_heads, rep = random_shape(rng, 3, 3, high=3)
+    s, d = random_shape(rng, 2, 2)
+    h = kv_heads * rep
+    bias = pick(rng, [(b, 1, 1, s), (b, 1, s, s), (s, s), (b, h, s, s)])
+    return {"q": (b, h, s, d), "k": (b, kv_heads, s, d), "v": (b, kv_heads, s, d), "bias": bias}, \
+        {"scale": pick(rng, [d**-0.5, float(rng.uniform(0.1, 1.0))])}
+
+
+def _rotary_infer(a: Attrs, ins: list[T]) -> T:
+    x, cos, sin = ins
+    same_dtype(ins, "RotaryEmbedding operands")
+    if x.rank < 1 or x.shape[-1] % 2:
+        raise ShapeError(f"RotaryEmbedding needs an even last dim, got {list(x.shape)}")
+    for label, t in (("cos", cos), ("sin", sin)):
+        if broadcast(x.shape, t.shape) != x.shape:
+            raise ShapeError(f"RotaryEmbedding {label} {list(t.shape)} must broadcast to x {list(x.shape)}")
+    return x
+
+
+def rotate_half(x: np.ndarray) -> np.ndarray:
+    """[-x2, x1] for x = [x1, x2] split in halves along the last axis."""
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _rotary_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """x * cos + Concat(-x2, x1) * sin, as transformers' apply_rotary_pos_emb exports it."""
+    x, cos, sin = ins
+    half = g.node(x).shape[-1] // 2
+    rotated = g.concat([g.neg(g.narrow(x, axis=-1, start=half, length=half)),
+                        g.narrow(x, axis=-1, start=0, length=half)], axis=-1)
+    return g.add(g.mul(x, cos), g.mul(rotated, sin))
+
+
+def _rotary_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """x [B, H, S, D even] or [B, S, D even]; cos and sin [S, D], [1, 1, S, D] or [B, 1, S, D] (4-D x)."""
+    b, h, s, half = random_shape(rng, 4, 4)
+    x = pick(rng, [(b, h, s, 2 * half), (b, s, 2 * half)])
+    table = pick(rng, [(s, 2 * half), (1, 1, s, 2 * half), (b, 1, s, 2 * half)] if len(x) == 4 else [(s, 2 * half)])
+    return {"x": x, "cos": table, "sin": table}, {}
+
+
 @dataclass(frozen=True)
 class RegionStep:
     """One step of an ElementwiseRegion chain, resolved by its op's shape rule."""
@@ -442,6 +526,15 @@ FUSED = [
            decompose=lambda g, ins, a: g.causal_attention(g.rope(ins[0], theta=a["theta"]),
                                                           g.rope(ins[1], theta=a["theta"]), ins[2], scale=a["scale"]),
            sampler=_causal_rope_sample),
+    OpSpec("BiasedAttention", Kind.FUSED, ("q", "k", "v", "bias"), _biased_attention_infer,
+           _biased_attention_kernel, (_SCALE, AttrSpec("nan_to_zero", B, False)), flops=attention_flops,
+           doc="Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask "
+               "broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN.",
+           decompose=_biased_attention_decompose, sampler=_biased_attention_sample),
+    OpSpec("RotaryEmbedding", Kind.FUSED, ("x", "cos", "sin"), _rotary_infer,
+           lambda a, x, cos, sin: x * cos + rotate_half(x) * sin,
+           doc="x * cos + rotate_half(x) * sin (RoPE with given tables, rotate-half convention).",
+           decompose=_rotary_decompose, sampler=_rotary_sample),
     OpSpec("FusedAttentionBlock", Kind.FUSED, ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b"),
            _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=at_least_one), _SCALE),
            flops=lambda a, ins, out: 2 * ins[0].numel * 4 * ins[0].shape[-1] + 4 * out.numel * ins[0].shape[1],

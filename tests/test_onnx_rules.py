@@ -1,0 +1,292 @@
+"""Recognition rules for the forms PyTorch's exporters write (rules/attention.egg, rules/export_forms.egg,
+rules/onnx): each form built with onnx.helper, imported, optimized in both engines with exact fused-op counts
+and the rules that fired, then exported (Attention and RotaryEmbedding of opset 23, Gemm on rows) and run in
+onnxruntime against the original model within 1e-4."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+
+from onnx_models import MODELS, OnnxBuilder, feeds
+from rlx_egraph.frontends.onnx.compare import op_counts, session
+from rlx_egraph.onnx import export_model, import_model, onnx_rules
+from rlx_egraph.optimize import optimize_with_report
+
+F = TensorProto.FLOAT
+RULES = onnx_rules()
+ENGINES = ("egglog", "fallback")
+B, H, S, D = 2, 4, 5, 8
+
+
+def optimized(model: onnx.ModelProto, engine: str) -> tuple[onnx.ModelProto, Counter[str], set[str]]:
+    """The exported optimization of ``model`` (target onnxruntime, parity verified), its MIR op counts and
+    the rules that matched (operand orders under their base names)."""
+    out, report = optimize_with_report(import_model(model), target="onnxruntime", rules=RULES, engine=engine,
+                                       verify=True)
+    assert report.parity.ok
+    fired = {name.split("#")[0] for name, n in report.matches_per_rule.items() if n}
+    return export_model(out), Counter(out.op_counts()), fired
+
+
+def ort_run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+
+
+def onnx_ops(model: onnx.ModelProto) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def inputs_of(model: onnx.ModelProto, mask_row: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Seeded normal floats; a [B, S] mask keeps every key of row 0 and ``mask_row`` (default: all but the
+    last two keys) in row 1."""
+    rng = np.random.default_rng(1)
+    out = {}
+    for info in model.graph.input:
+        shape = [d.dim_value for d in info.type.tensor_type.shape.dim]
+        elem = info.type.tensor_type.elem_type
+        if elem == F:
+            out[info.name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            keep = np.ones(shape, bool)
+            keep[1] = mask_row if mask_row is not None else np.arange(shape[1]) < shape[1] - 2
+            out[info.name] = keep.astype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+    return out
+
+
+# --- attention -------------------------------------------------------------------------------------------
+
+
+def attention_model(scores: str, keys: str, mask: str, kv_heads: int = H, nan_to_zero: bool = False,
+                    mask_first: bool = False) -> onnx.ModelProto:
+    """Softmax(scores + mask) @ v on split heads as the exporters write it.
+
+    scores: "div" (/ sqrt D), "mul" (* D^-0.5), "sdpa" (q and k^T each * D^-0.25), "plain" (T5: no scale).
+    keys: k^T as "t" (Transpose 0 1 3 2 of k [B, KV, S, D]), "heads_last" (Transpose 0 2 3 1 of k [B, S, KV, D])
+    or "flat" (Reshape, Transpose 0 2 1, Reshape through [B*H, S, D]).  mask: "bert" ((1 - m) * -10000 of an
+    int64 attention_mask), "bool" (sdpa: Where(m, 0, -inf)), "float4d" (a [B, 1, S, S] additive input), "two"
+    (T5: a [1, H, S, S] position bias, then the BERT mask).  kv_heads < H repeats K/V as repeat_kv does.
+    """
+    m = OnnxBuilder(17)
+    q = m.input("q", F, [B, H, S, D])
+    k = m.input("k", F, [B, S, kv_heads, D] if keys == "heads_last" else [B, kv_heads, S, D])
+    v = m.input("v", F, [B, kv_heads, S, D])
+
+    def repeat(t: str) -> str:
+        grown = m.op("Expand", [m.op("Unsqueeze", [t, m.ints(2)]), m.ints(B, kv_heads, H // kv_heads, S, D)])
+        return m.op("Reshape", [grown, m.ints(B, H, S, D)])
+
+    if keys == "heads_last":  # (no repeat_kv: its k is not split yet)
+        kt = m.op("Transpose", [k], perm=[0, 2, 3, 1])
+    else:
+        k = repeat(k) if kv_heads != H else k
+        if keys == "t":
+            kt = m.op("Transpose", [k], perm=[0, 1, 3, 2])
+        else:
+            flat = m.op("Transpose", [m.op("Reshape", [k, m.ints(B * H, S, D)])], perm=[0, 2, 1])
+            kt = m.op("Reshape", [flat, m.ints(B, H, D, S)])
+    v = repeat(v) if kv_heads != H else v
+    if scores == "sdpa":
+        root = m.const(D**-0.25)
+        s = m.op("MatMul", [m.op("Mul", [q, root]), m.op("Mul", [kt, root])])
+    else:
+        s = m.op("MatMul", [q, kt])
+        if scores == "div":
+            s = m.op("Div", [s, m.const(math.sqrt(D))])
+        elif scores == "mul":
+            s = m.op("Mul", [s, m.const(D**-0.5)])
+    if mask == "float4d":
+        bias = m.input("bias", F, [B, 1, S, S])
+    elif mask == "bool":
+        keep = m.op("Unsqueeze", [m.input("attention_mask", TensorProto.BOOL, [B, S]), m.ints(1, 2)])
+        bias = m.op("Where", [keep, m.const(0.0), m.const(-np.inf)])
+    else:
+        ext = m.op("Cast", [m.op("Unsqueeze", [m.input("attention_mask", TensorProto.INT64, [B, S]), m.ints(1, 2)])],
+                   to=F)
+        bias = m.op("Mul", [m.op("Sub", [m.const(1.0), ext]), m.const(-10000.0)])
+    if mask == "two":
+        s = m.op("Add", [s, m.weight("position_bias", 1, H, S, S)])
+    p = m.op("Softmax", [m.op("Add", [bias, s] if mask_first else [s, bias])], axis=-1)
+    if nan_to_zero:
+        p = m.op("Where", [m.op("IsNaN", [p]), m.const(0.0), p])
+    return m.model({"y": m.op("MatMul", [p, v])})
+
+
+ATTENTION_CASES = {  # case -> (model arguments, rules that must fire)
+    "bert-div-gqa": (("div", "t", "bert", 2), {"attn-keys-t", "attn-scores", "attn-scores-div", "attn-repeat-kv",
+                                                "biased-attention", "biased-attention-gqa"}),
+    "mask-first-mul-heads-last": (("mul", "heads_last", "float4d", H, False, True),
+                                  {"attn-keys-heads-last", "attn-scores-bt", "attn-scores-mul",
+                                   "biased-attention"}),
+    "sdpa-flat-isnan": (("sdpa", "flat", "bool", H, True), {"attn-keys-t-flat", "attn-scores-sdpa",
+                                                            "onnx-attention-isnan"}),
+    "sdpa-heads-last-isnan": (("sdpa", "heads_last", "bool", H, True),
+                              {"attn-keys-heads-last-sdpa", "attn-scores-bt", "onnx-attention-isnan"}),
+    "sdpa-isnan-gqa": (("sdpa", "t", "bool", 2, True), {"attn-scores-sdpa", "onnx-attention-isnan",
+                                                        "biased-attention-gqa"}),
+    "sdpa-flat-isnan-gqa": (("sdpa", "flat", "bool", 2, True), {"attn-keys-t-flat", "onnx-attention-isnan",
+                                                                "biased-attention-gqa"}),
+    "t5-plain-two-masks": (("plain", "t", "two"), {"attn-scores", "biased-attention-two-masks"}),
+}
+# A form the fallback engine does not reach yet: its reshape-reshape rewrites Reshape(repeated K4, [B*H, S, D])
+# to read the Expand, so the flattened transpose no longer reads K4 (egglog keeps both forms).
+EGGLOG_ONLY = {"sdpa-flat-isnan-gqa"}
+ATTENTION_RUNS = [(case, engine) for case in sorted(ATTENTION_CASES) for engine in ENGINES
+                  if engine == "egglog" or case not in EGGLOG_ONLY]
+
+
+@pytest.mark.parametrize(("case", "engine"), ATTENTION_RUNS)
+def test_attention_forms_become_one_biased_attention_and_one_onnx_attention(case: str, engine: str) -> None:
+    args, rules = ATTENTION_CASES[case]
+    model = attention_model(*args)
+    exported, mir, fired = optimized(model, engine)
+    assert {op: mir[op] for op in ("BiasedAttention", "Softmax", "MatMul", "Expand")} == \
+        {"BiasedAttention": 1, "Softmax": 0, "MatMul": 0, "Expand": 0}
+    assert rules <= fired, rules - fired
+    ops = onnx_ops(exported)
+    assert (ops["Attention"], ops["Softmax"], ops["MatMul"]) == (1, 0, 0)
+    inputs = inputs_of(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", sorted(EGGLOG_ONLY))
+def test_the_fallback_leaves_the_forms_it_does_not_reach_unfused_and_correct(case: str) -> None:
+    out, report = optimize_with_report(import_model(attention_model(*ATTENTION_CASES[case][0])),
+                                       target="onnxruntime", rules=RULES, engine="fallback", verify=True)
+    assert report.parity.ok and (out.op_counts()["BiasedAttention"], out.op_counts()["Softmax"]) == (0, 1)
+
+
+def test_sdpa_rows_whose_keys_are_all_masked_give_zeros_like_the_export() -> None:
+    """Where(IsNaN(p), 0, p) zeroes a row whose keys are all masked; BiasedAttention(nan_to_zero) and the
+    exported Attention do the same."""
+    model = attention_model("sdpa", "t", "bool", nan_to_zero=True)
+    exported, mir, _ = optimized(model, "egglog")
+    inputs = inputs_of(model, mask_row=np.zeros(S, bool))
+    want = ort_run(model, inputs)
+    assert np.all(want[1] == 0) and mir["BiasedAttention"] == 1
+    np.testing.assert_allclose(ort_run(exported, inputs), want, rtol=0, atol=1e-4)
+
+
+def test_softmax_without_the_nan_guard_is_not_the_nan_to_zero_kernel() -> None:
+    """Without Where(IsNaN) the op keeps the Softmax's meaning (nan_to_zero false)."""
+    out, _ = optimize_with_report(import_model(attention_model("div", "t", "bool")), target="onnxruntime",
+                                  rules=RULES, verify=True)
+    (attn,) = [n for n in out.nodes if n.op == "BiasedAttention"]
+    assert attn.attrs == {"scale": pytest.approx(D**-0.5), "nan_to_zero": False}
+
+
+def test_a_mask_that_grows_the_scores_is_not_taken() -> None:
+    """A bias [B, H, S, S, 1]-like mask that broadcasts the scores to a larger shape stays a Softmax."""
+    m = OnnxBuilder(17)
+    q, k, v = (m.input(n, F, [1, 2, S, D]) for n in "qkv")
+    s = m.op("Div", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), m.const(math.sqrt(D))])
+    p = m.op("Softmax", [m.op("Add", [s, m.input("bias", F, [3, 1, S, S])])], axis=-1)
+    out, _ = optimize_with_report(import_model(m.model({"y": m.op("MatMul", [p, v])})), target="onnxruntime",
+                                  rules=RULES, verify=True)
+    assert (out.op_counts()["BiasedAttention"], out.op_counts()["Softmax"]) == (0, 1)
+
+
+# --- RoPE rotate-half ---------------------------------------------------------------------------------------
+
+
+def rope_model(tables: str, swapped: bool = False) -> onnx.ModelProto:
+    """x * cos + rotate_half(x) * sin on [B, H, S, D] (Add and Mul operands swapped when ``swapped``), cos and
+    sin [1, 1, S, D] computed from inv_freq and Range ("computed"), folded initializers ("folded"), or
+    initializers whose halves differ ("other"), which RotaryEmbedding(opset 23) cannot take."""
+    m = OnnxBuilder(18)
+    x = m.input("x", F, [B, H, S, D])
+    if tables == "computed":
+        positions = m.op("Cast", [m.op("Range", [m.const(0, np.int64), m.const(S, np.int64), m.const(1, np.int64)])],
+                         to=F)
+        inv_freq = m.init("inv_freq", 1.0 / 10000.0 ** (np.arange(0, D, 2, dtype=np.float32) / D))
+        freqs = m.op("Mul", [m.op("Unsqueeze", [positions, m.ints(1)]), m.op("Unsqueeze", [inv_freq, m.ints(0)])])
+        emb = m.op("Concat", [freqs, freqs], axis=-1)
+        cos, sin = (m.op("Unsqueeze", [m.op(f, [emb]), m.ints(0, 1)]) for f in ("Cos", "Sin"))
+    else:
+        angles = np.arange(S)[:, None] * np.linspace(0.1, 1.0, D // 2)[None, :]
+        both = np.concatenate([angles, angles if tables == "folded" else 2 * angles], axis=-1)[None, None]
+        cos, sin = (m.init(n, f(both).astype(np.float32)) for n, f in (("cos", np.cos), ("sin", np.sin)))
+    first = m.op("Slice", [x, m.ints(0), m.ints(D // 2), m.ints(3)])
+    second = m.op("Slice", [x, m.ints(D // 2), m.ints(2**62), m.ints(3)])
+    rotated = m.op("Concat", [m.op("Neg", [second]), first], axis=-1)
+    terms = [m.op("Mul", [cos, x] if swapped else [x, cos]), m.op("Mul", [sin, rotated] if swapped else [rotated, sin])]
+    return m.model({"y": m.op("Add", terms[::-1] if swapped else terms)})
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("tables", "swapped", "onnx_rotary"), [("computed", False, 1), ("folded", True, 1),
+                                                                 ("other", False, 0)])
+def test_rotate_half_rope_is_one_rotary_embedding(tables: str, swapped: bool, onnx_rotary: int, engine: str) -> None:
+    """One RotaryEmbedding in MIR whatever the tables; exported as RotaryEmbedding (opset 23) when the tables have
+    its form (equal halves, the same for every head), else as the unfused form; the values match either way."""
+    model = rope_model(tables, swapped)
+    exported, mir, fired = optimized(model, engine)
+    assert {op: mir[op] for op in ("RotaryEmbedding", "Concat", "Neg", "Mul", "Add")} == \
+        {"RotaryEmbedding": 1, "Concat": 0, "Neg": 0, "Mul": 0, "Add": 0}
+    assert "rope-rotate-half" in fired
+    ops = onnx_ops(exported)
+    assert (ops["RotaryEmbedding"], ops["Neg"]) == (onnx_rotary, 1 - onnx_rotary)
+    inputs = inputs_of(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+# --- RMSNorm as 1 / Sqrt, linear layers on rows -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rms_norm_with_one_over_sqrt_weight_first_is_one_norm(engine: str) -> None:
+    """TorchScript writes rsqrt as Div(1, Sqrt(.)); Llama multiplies by the weight first."""
+    m = OnnxBuilder(14)
+    x = m.input("x", F, [B, S, 16])
+    var = m.op("ReduceMean", [m.op("Pow", [x, m.const(2.0)])], axes=[-1])
+    inv = m.op("Div", [m.const(1.0), m.op("Sqrt", [m.op("Add", [var, m.const(1e-6)])])])
+    model = m.model({"y": m.op("Mul", [m.weight("norm.weight", 16), m.op("Mul", [x, inv])])})
+    exported, mir, fired = optimized(model, engine)
+    assert (mir["RmsNorm"], mir["ReduceMean"], mir["Div"]) == (1, 0, 0)
+    assert "rms-one-div-sqrt" in fired
+    assert onnx_ops(exported)["SimplifiedLayerNormalization"] == 1
+    inputs = inputs_of(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("addend", ["bias", "residual"])
+def test_a_batched_linear_layer_exports_as_one_gemm_on_rows(addend: str) -> None:
+    """x [B, S, K] @ w + bias (or + a residual of the result's shape) is Reshape, Gemm, Reshape: one kernel."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [B, S, 16])
+    other = m.weight("b", 8, scale=0.1) if addend == "bias" else m.input("r", F, [B, S, 8])
+    model = m.model({"y": m.op("Add", [m.op("MatMul", [x, m.weight("w", 16, 8)]), other])})
+    exported, _, _ = optimized(model, "egglog")
+    ops = onnx_ops(exported)
+    assert (ops["Gemm"], ops["MatMul"], ops["Add"]) == (1, 0, 0)
+    inputs = inputs_of(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+# --- the export-form layers against onnxruntime's own optimizer ---------------------------------------------
+
+SHAPES = {"bert": {"hidden_states": (2, 5, 16), "attention_mask": (2, 5)}, "gpt2": {"hidden_states": (2, 5, 16)},
+          "llama": {"hidden_states": (2, 5, 16)}, "sdpa": {"hidden_states": (2, 5, 16), "attention_mask": (2, 5)}}
+LAUNCHES = {"bert": 19, "gpt2": 16, "llama": 18, "sdpa": 12}  # ours; compare.op_counts counts Transpose and Cast
+
+
+@pytest.mark.parametrize("name", sorted(LAUNCHES))
+def test_layers_take_fewer_launches_than_onnxruntime_enable_all(name: str) -> None:
+    model = MODELS[name]()
+    out, _ = optimize_with_report(import_model(model, SHAPES[name]), target="onnxruntime", rules=RULES,
+                                       verify=True)
+    exported = export_model(out)
+    with tempfile.TemporaryDirectory() as tmp:
+        session(model, "ORT_ENABLE_ALL", str(Path(tmp) / "all.onnx"))
+        theirs = op_counts(onnx.load(str(Path(tmp) / "all.onnx")))[1]
+    assert op_counts(exported)[1] == LAUNCHES[name] < theirs
+    inputs = feeds(model, SHAPES[name])
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
