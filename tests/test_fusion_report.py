@@ -13,6 +13,7 @@ from rlx_egraph.cli.main import main
 from rlx_egraph.cost import get_target
 from rlx_egraph.report.fusion import NEAR_MISS, NOT_EXTRACTED, MissedFusions
 from rlx_egraph.report.optimize_report import FORMAT_VERSION
+from rlx_egraph.rules import RuleSet
 
 
 def _residual_ln_with_output_add() -> Graph:
@@ -210,3 +211,18 @@ def test_a_norm_of_a_plain_input_is_no_near_miss_of_the_residual_norm_rules() ->
     g.set_outputs([g.rms_norm(x, w)])
     _, report = optimize_with_report(g, "cpu", regions=False)
     assert [m.rule for m in report.fusion.missed if m.rule.startswith("add-rms-norm")] == []
+
+
+def test_a_dropped_part_takes_the_guards_on_its_own_variables_with_it() -> None:
+    # Without attention-block's QKV projection, its guards on ?hidden and ?qkv_w would each match every
+    # e-node on their own (a cross product: 83 s of near-miss search on a 320-node BERT graph).
+    from rlx_egraph.report import fusion
+
+    rule = RuleSet.shipped().by_name("attention-block")
+    dropped = next(v for v in fusion._relaxations(rule, *fusion._pattern(rule))
+                   if v.detail.startswith("its part (= ?qkv (FusedMatMulBiasAct ?hidden"))
+    assert not any("?hidden" in f or "?qkv_w" in f for f in dropped.facts)
+    assert any("(Narrow ?qkv -1 0 ?h)" in f for f in dropped.facts)  # the parts still joined stay
+    rule = RuleSet.shipped().by_name("biased-attention")
+    guard = next(v for v in fusion._relaxations(rule, *fusion._pattern(rule)) if "(split-qk" in v.detail)
+    assert any(f.startswith("(attn-scores ") for f in guard.facts)  # a relation binds its variables: kept

@@ -57,6 +57,8 @@ SEEDS = 2  # seeds each instance is evaluated on
 _FLOATS = ("f32", "f32", "f16", "bf16")  # instance dtypes (f32 twice as likely)
 _LIMITS = SaturationLimits(max_iterations=12, max_enodes=20_000, max_seconds=20.0)
 _SPAN = eb.PanicSpan()
+TERM_RETRIES = 60  # draws of one term before it gives up
+MAX_TERM_DRAWS = 600  # draws of all terms of one instance (retries of nested terms multiply)
 
 
 @dataclass(frozen=True)
@@ -389,6 +391,7 @@ class _Builder:
                 self._sort_vars(e)
         for v in self.defs:
             self.sorts[v] = "Op"
+        self.draws = 0  # term draws of this instance (at most MAX_TERM_DRAWS)
         self.leaf_op: dict[str, str] = {}  # var defined as an Input/Param term -> that op
         self.leaf_name: dict[str, Any] = {}  # such a var -> its name argument (a literal or a variable)
         self._leaf_defs()
@@ -580,7 +583,10 @@ class _Builder:
             return self.leaf(expr.name, None)
         spec = REGISTRY[expr.name]
         args = constructor_args(spec)
-        for _ in range(60):
+        for _ in range(TERM_RETRIES):
+            self.draws += 1
+            if self.draws > MAX_TERM_DRAWS:  # nested retries multiply: a deep pattern gives up, not hangs
+                raise _Reject(f"no instance within {MAX_TERM_DRAWS} term draws")
             saved = dict(self.env), dict(self.leaf_shape), dict(self.leaf_dtype)
             try:
                 return self._try_term(expr, spec, args)

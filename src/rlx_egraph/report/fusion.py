@@ -297,9 +297,10 @@ def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: Any, others: list[
     root_alone = not any(type(a).__name__ == "Call" and a.name in REGISTRY for a in pattern.args)
     for k, fact in enumerate(others):
         binds = _binds_op(fact)
-        if binds and root_alone and not any(_binds_op(f) for j, f in enumerate(others) if j != k):
+        kept = _joined(pattern, [f for j, f in enumerate(others) if j != k])
+        if binds and root_alone and not any(_binds_op(f) for f in kept):
             continue  # without that part the rule would match its root op anywhere: not a near miss
-        out.append(_Variant(rule, (root, *rest[:k], *rest[k + 1:]), "pattern part" if binds else "guard",
+        out.append(_Variant(rule, (root, *(str(f) for f in kept)), "pattern part" if binds else "guard",
                             f"{'its part' if binds else 'the guard'} {fact} does not hold", pattern.name))
     uses = Counter(_vars(pattern))
     for name in sorted(v for v, n in uses.items() if n > 1 and v != _ROOT):
@@ -318,6 +319,40 @@ def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: Any, others: list[
                                     f"it is {other} where the rule needs {spec.name} (no {other} epilogue)",
                                     pattern.name))
     return out
+
+
+_COMPARISONS = frozenset({"<", ">", "<=", ">=", "!=", "="})
+
+
+def _joined(pattern: Any, facts: list[Any]) -> list[Any]:
+    """The ``facts`` still joined to the root ``pattern``: an op or relation fact sharing a variable with what
+    is bound, a guard whose variables are bound (but for one it defines).  A fact left over would be matched on its
+    own, against every e-node, a cross product (dropping the QKV projection of attention-block leaves
+    guards on its input alone): it is about the dropped part, so it goes with it."""
+    bound, left, changed = {_ROOT, *_vars(pattern)}, list(facts), True
+    while changed:
+        changed = False
+        for fact in list(left):
+            names = set(_fact_vars(fact))
+            defined = {s.name for s in (fact.left, fact.right) if type(s).__name__ == "Var"} \
+                if type(fact).__name__ == "Eq" else set()
+            if (names & bound if _binds_op(fact) or _is_relation(fact) else
+                    len(names - bound) <= 1 and names - bound <= defined):
+                bound |= names
+                left.remove(fact)
+                changed = True
+    return [f for f in facts if f not in left]
+
+
+def _is_relation(fact: Any) -> bool:
+    """Whether ``fact`` is a relation lookup (``(split-qk ?q ?k)``), which binds its variables."""
+    return type(fact).__name__ == "Fact" and type(fact.expr).__name__ == "Call" and fact.expr.name not in _COMPARISONS
+
+
+def _fact_vars(fact: Any) -> list[str]:
+    if type(fact).__name__ == "Eq":
+        return _vars(fact.left) + _vars(fact.right)
+    return _vars(fact.expr) if type(fact).__name__ == "Fact" else _vars(fact)
 
 
 def _vars(expr: Any) -> list[str]:
