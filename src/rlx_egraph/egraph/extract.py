@@ -572,6 +572,8 @@ class _Ilp:
 
     def separate(self, stop: float, max_rounds: int = 100) -> None:
         """Solve the LP relaxation and add the violated need rows, until none is left (or ``stop``)."""
+        import highspy
+
         h = self.highs
         position = {c: i for i, c in enumerate(self._children_first())}
         for _ in range(max_rounds):
@@ -579,7 +581,7 @@ class _Ilp:
                 return
             h.setOptionValue("time_limit", max(stop - time.perf_counter(), 1e-3))
             h.run()
-            if h.getModelStatus() != h.getModelStatus().kOptimal:
+            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
                 return
             self.stats["rounds"] += 1
             x = np.asarray(h.getSolution().col_value)
@@ -631,7 +633,7 @@ class _Ilp:
         h.setOptionValue("time_limit", max(stop - time.perf_counter(), 1e-3))
         h.run()
         status = h.modelStatusToString(h.getModelStatus())
-        if h.getInfo().primal_solution_status != 2:  # kSolutionStatusFeasible
+        if h.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
             return None, status, status
         x = np.asarray(h.getSolution().col_value)
         picked = {self.view.nodes[n].eclass: n for n in self.nodes if x[self.col[n]] > 0.5}
