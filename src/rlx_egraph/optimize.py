@@ -245,19 +245,16 @@ def _extract(view: EGraphView, graph: Graph, target: Target, extraction: str, ex
     """Extract with ``extraction``; when the exact solver runs out of time, greedy (which
     starts from the input graph) gives the answer.  ``exact_gap`` also records the ILP optimum."""
     roots = [view.class_of_node[o] for o in graph.outputs]
-    chosen, notes = None, []
-    if extraction == "exact":
+    chosen = ex.greedy(view, roots, target, {n.id: k for k, n in enumerate(graph.nodes)}, costs, deadline)
+    if extraction == "exact":  # greedy's choice is the solver's first incumbent
         try:
-            chosen = ex.exact(view, roots, target, costs, deadline=deadline)
+            chosen = ex.exact(view, roots, target, costs, deadline=deadline, start=chosen.choice)
         except DeadlineExceeded as exc:
-            notes.append(f"{exc}; greedy extraction was used")
-    if chosen is None:
-        chosen = ex.greedy(view, roots, target, {n.id: k for k, n in enumerate(graph.nodes)}, costs, deadline)
-    chosen.notes[:0] = notes
+            chosen.notes.insert(0, f"{exc}; greedy extraction was used")
     report.extracted_ns = chosen.cost_ns
     if exact_gap:
         try:
-            best = ex.exact(view, roots, target, costs, deadline=deadline)
+            best = ex.exact(view, roots, target, costs, deadline=deadline, start=chosen.choice)
             report.exact_ns, report.exact_optimal = best.cost_ns, best.optimal
         except DeadlineExceeded as exc:
             chosen.notes.append(f"{exc}, so no gap is reported")

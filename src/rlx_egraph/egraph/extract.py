@@ -50,6 +50,7 @@ class Extraction:
     moves: int = 0
     optimal: bool = False  # proven optimal (exact mode finished)
     notes: list[str] = field(default_factory=list)
+    ilp: dict[str, int] = field(default_factory=dict)  # exact mode: variables, constraints, cuts, LP rounds
 
 
 def enode_ns(target: Target, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
@@ -416,89 +417,309 @@ def _drop_unreachable_cycles(view: EGraphView, choice: dict[int, int]) -> None:
 
 
 def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float] | None = None,
-          time_limit: float = 30.0, deadline: Deadline | None = None) -> Extraction:
-    """Optimal DAG extraction as a mixed-integer program (acyclic, Tensat-style).
+          time_limit: float = 30.0, deadline: Deadline | None = None,
+          start: Mapping[int, int] | None = None) -> Extraction:
+    """Optimal DAG extraction as a mixed-integer program (HiGHS through ``highspy``).
 
+    ``start`` (a choice per class, e.g. greedy's) is the solver's first incumbent.
     The solver gets ``time_limit`` seconds, or what is left before ``deadline``;
     raises :class:`~.budget.DeadlineExceeded` if that is not enough for a solution.
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_array
-    from scipy.sparse.csgraph import connected_components
-
-    start = time.perf_counter()
+    begin = time.perf_counter()
     deadline = deadline or Deadline()
     deadline.check("exact extraction")
     costs = node_costs(view, target) if costs is None else costs
-    reach = _reachable_classes(view, roots, costs)
-    nodes = [n.index for c in sorted(reach) for n in map(view.nodes.__getitem__, view.classes[c].nodes)
-             if costs[n.index] < math.inf and all(ch in reach for ch in n.children)]
-    col = {n: i for i, n in enumerate(nodes)}
-    classes = sorted(reach)
-    # Only an edge inside a strongly connected component of the class graph can
-    # lie on a cycle, so only those edges need ordering constraints.
-    index = {c: i for i, c in enumerate(classes)}
-    edges = [(index[view.nodes[n].eclass], index[ch]) for n in nodes for ch in view.nodes[n].children]
-    if edges:
-        src, dst = zip(*edges, strict=True)
-        graph = coo_array((np.ones(len(edges)), (src, dst)), shape=(len(classes), len(classes)))
-        component = connected_components(graph, directed=True, connection="strong")[1]
-    else:
-        component = np.arange(len(classes))
-    tcol = {c: len(nodes) + i for i, c in enumerate(classes)}
-    nvar = len(nodes) + len(classes)
-    big = len(classes) + 1
-    entries: list[tuple[int, int, float]] = []
-    lo: list[float] = []
-    hi: list[float] = []
-
-    def add(coeffs: dict[int, float], low: float, high: float) -> None:
-        row = len(lo)
-        entries.extend((row, j, v) for j, v in coeffs.items())
-        lo.append(low)
-        hi.append(high)
-
-    members: dict[int, list[int]] = {c: [] for c in classes}
-    for n in nodes:
-        members[view.nodes[n].eclass].append(n)
-    for c in classes:
-        add({col[n]: 1.0 for n in members[c]}, 0.0, 1.0)
-    for r in roots:
-        add({col[n]: 1.0 for n in members[r]}, 1.0, 1.0)
-    for n in nodes:
-        node = view.nodes[n]
-        for ch in set(node.children):
-            coeffs = {col[m]: 1.0 for m in members[ch]}
-            coeffs[col[n]] = coeffs.get(col[n], 0.0) - 1.0
-            add(coeffs, 0.0, math.inf)
-            if component[index[node.eclass]] == component[index[ch]]:
-                # t[c] - t[ch] >= 1 - big * (1 - x[n])
-                add({tcol[node.eclass]: 1.0, tcol[ch]: -1.0, col[n]: -float(big)}, 1.0 - big, math.inf)
-    r, c, v = zip(*entries, strict=True) if entries else ((), (), ())
-    a = coo_array((v, (r, c)), shape=(len(lo), nvar)).tocsr()
-    objective = np.array([costs[n] for n in nodes] + [0.0] * len(classes))
-    integrality = np.array([1] * len(nodes) + [0] * len(classes))
-    bounds = Bounds(np.zeros(nvar), np.array([1.0] * len(nodes) + [float(big)] * len(classes)))
-    deadline.check("exact extraction")
-    limit = min(time_limit, deadline.remaining())
-    res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality, bounds=bounds,
-               options={"time_limit": limit})
-    if res.x is None:
-        if limit < time_limit:
+    stop = time.perf_counter() + min(time_limit, deadline.remaining())
+    ilp = _Ilp(view, roots, costs)
+    ilp.separate(stop)
+    chosen, status, message = ilp.solve(stop, start)
+    if chosen is None:
+        if stop - begin < time_limit:
             raise DeadlineExceeded(f"exact extraction found no solution within max_seconds={deadline.seconds:g}")
-        raise RuntimeError(f"exact extraction found no solution: {res.message}")
-    picked = {view.nodes[n].eclass: n for n in nodes if res.x[col[n]] > 0.5}
+        raise RuntimeError(f"exact extraction found no solution: {message}")
+    optimal = status == "Optimal"
+    notes = [] if optimal else [f"exact extraction stopped after {time.perf_counter() - begin:.1f} s with a solution "
+                                f"not proven optimal ({message})"]
+    return Extraction(chosen, dag_cost(view, chosen, roots, costs), "exact", time.perf_counter() - begin,
+                      optimal=optimal, notes=notes, ilp=ilp.stats)
+
+
+class _Ilp:
+    """The integer program of DAG extraction: a binary per e-node, at most one per class, exactly one per root.
+
+    Pruned first: only classes reachable from the roots, only e-nodes of finite cost, and no e-node
+    dominated by another of its class (a subset of its children at no higher cost: switching to that
+    one never costs more nor closes a cycle).  A class read by an e-node of class ``c`` is chosen at
+    least as often as ``c`` chooses e-nodes reading it.  That relaxation is weak on deep models: a
+    class split between two e-nodes that reach the same class by different paths (a MatMul of a
+    normalised input, or the fused norm-matmul of the raw one) needs it only fractionally, and the
+    fraction shrinks with every layer.  :meth:`separate` adds the violated "need" rows (a class
+    needed by every extraction of each e-node of a set is chosen at least as often as the set) until
+    the LP has none.  Cycles: ordering variables on the edges inside strongly connected components.
+    """
+
+    def __init__(self, view: EGraphView, roots: list[int], costs: list[float]) -> None:
+        import highspy
+        from scipy.sparse import coo_array
+        from scipy.sparse.csgraph import connected_components
+
+        self.view, self.roots, self.costs = view, roots, costs
+        self.members, self.rep = _pruned_members(view, roots, costs)
+        self.classes = list(self.members)
+        index = {c: i for i, c in enumerate(self.classes)}
+        self.nodes = [n for c in self.classes for n in self.members[c]]
+        self.col = {n: i for i, n in enumerate(self.nodes)}
+        edges = [(index[view.nodes[n].eclass], index[ch]) for n in self.nodes for ch in view.nodes[n].children]
+        if edges:
+            src, dst = zip(*edges, strict=True)
+            graph = coo_array((np.ones(len(edges)), (src, dst)), shape=(len(self.classes),) * 2)
+            self.component = connected_components(graph, directed=True, connection="strong")[1]
+        else:
+            self.component = np.arange(len(self.classes))
+        self.index = index
+        self.need, self.via = self._needs()
+        h = self.highs = highspy.Highs()
+        for option, value in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("mip_rel_gap", 0.0)):
+            h.setOptionValue(option, value)
+        # ordering variables, only for classes on a cycle
+        cyclic = [c for c in self.classes if self._on_cycle(c)]
+        self.tcol = {c: len(self.nodes) + i for i, c in enumerate(cyclic)}
+        self.big = float(len(self.classes) + 1)
+        nvar = len(self.nodes) + len(cyclic)
+        h.addVars(nvar, np.zeros(nvar), np.array([1.0] * len(self.nodes) + [self.big] * len(cyclic)))
+        h.changeColsCost(len(self.nodes), np.arange(len(self.nodes), dtype=np.int32),
+                         np.array([costs[n] for n in self.nodes]))
+        rows: list[tuple[dict[int, float], float, float]] = []
+        root_set = set(roots)
+        for c in self.classes:
+            rows.append(({self.col[n]: 1.0 for n in self.members[c]}, 1.0 if c in root_set else 0.0, 1.0))
+        for c in self.classes:
+            readers: dict[int, list[int]] = {}
+            for n in self.members[c]:
+                for ch in dict.fromkeys(view.nodes[n].children):
+                    readers.setdefault(ch, []).append(n)
+                    if ch in self.tcol and self.component[index[c]] == self.component[index[ch]]:
+                        # t[c] - t[ch] >= 1 - big * (1 - x[n])
+                        rows.append(({self.tcol[c]: 1.0, self.tcol[ch]: -1.0, self.col[n]: -self.big},
+                                     1.0 - self.big, math.inf))
+            rows.extend(self._need_row(d, readers[d]) for d in readers)
+        self._add_rows(rows)
+        self.stats = {"variables": nvar, "constraints": len(rows), "cuts": 0, "rounds": 0}
+
+    def _on_cycle(self, c: int) -> bool:
+        label = self.component[self.index[c]]
+        return any(self.component[self.index[ch]] == label for n in self.members[c]
+                   for ch in self.view.nodes[n].children)
+
+    def _needs(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Per class the bitset (bit = position in ``classes``) of the classes every extraction of it needs,
+        itself included; per e-node the union over its children.  A class on a cycle counts as needing
+        itself only (a subset of the truth, so the rows stay valid)."""
+        bit = {c: 1 << i for i, c in enumerate(self.classes)}
+        need: dict[int, int] = {}
+        via: dict[int, int] = {}
+        for c in self._children_first():
+            common = None
+            for n in self.members[c]:
+                v = 0
+                for ch in self.view.nodes[n].children:
+                    v |= need.get(ch, bit[ch])
+                via[n] = v
+                common = v if common is None else common & v
+            need[c] = bit[c] | (0 if common is None or self._on_cycle(c) else common)
+        return need, via
+
+    def _children_first(self) -> list[int]:
+        """The classes in an order where every class comes after the classes it reads (cycles broken anywhere)."""
+        order: list[int] = []
+        state: dict[int, int] = {}  # 1: on the stack, 2: done
+        for root in self.classes:
+            if root in state:
+                continue
+            stack = [(root, False)]
+            while stack:
+                c, leaving = stack.pop()
+                if leaving:
+                    state[c] = 2
+                    order.append(c)
+                    continue
+                if c in state:
+                    continue
+                state[c] = 1
+                stack.append((c, True))
+                stack.extend((ch, False) for n in reversed(self.members[c])
+                             for ch in reversed(self.view.nodes[n].children) if ch not in state)
+        return order
+
+    def _need_row(self, d: int, readers: list[int]) -> tuple[dict[int, float], float, float]:
+        """sum x[class d] - sum x[readers] >= 0."""
+        coeffs = {self.col[m]: 1.0 for m in self.members[d]}
+        for n in readers:
+            coeffs[self.col[n]] = coeffs.get(self.col[n], 0.0) - 1.0
+        return coeffs, 0.0, math.inf
+
+    def _add_rows(self, rows: list[tuple[dict[int, float], float, float]]) -> None:
+        import highspy
+
+        starts, index, value = [], [], []
+        for coeffs, _, _ in rows:
+            starts.append(len(index))
+            index.extend(coeffs)
+            value.extend(coeffs.values())
+        self.highs.addRows(len(rows), np.array([lo for _, lo, _ in rows]),
+                           np.array([min(hi, highspy.kHighsInf) for _, _, hi in rows]), len(index),
+                           np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value))
+
+    def separate(self, stop: float, max_rounds: int = 100) -> None:
+        """Solve the LP relaxation and add the violated need rows, until none is left (or ``stop``)."""
+        import highspy
+
+        h = self.highs
+        position = {c: i for i, c in enumerate(self._children_first())}
+        for _ in range(max_rounds):
+            if time.perf_counter() >= stop:
+                return
+            h.setOptionValue("time_limit", max(stop - time.perf_counter(), 1e-3))
+            h.run()
+            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+                return
+            self.stats["rounds"] += 1
+            x = np.asarray(h.getSolution().col_value)
+            total = np.array([x[[self.col[m] for m in self.members[d]]].sum() for d in self.classes])
+            rows = [row for c in self.classes for row in self._violated(c, x, total, position)]
+            if not rows:
+                return
+            self._add_rows(rows)
+            self.stats["constraints"] += len(rows)
+            self.stats["cuts"] += len(rows)
+
+    def _violated(self, c: int, x: np.ndarray, total: np.ndarray,
+                  position: dict[int, int]) -> list[tuple[dict[int, float], float, float]]:
+        """Need rows of class ``c`` that ``x`` (``total`` per class) violates: a class ``d`` that two or more
+        of its e-nodes chosen in ``x`` need, chosen less than their sum; only the highest such ``d`` (its row
+        and the rows of the classes between imply those below)."""
+        chosen = [n for n in self.members[c] if x[self.col[n]] > EPS]
+        if len(chosen) < 2:
+            return []
+        size = len(self.classes)
+        nbytes = (size + 7) // 8
+        via = np.array([np.unpackbits(np.frombuffer(self.via[n].to_bytes(nbytes, "little"), np.uint8),
+                                      bitorder="little")[:size] for n in chosen], dtype=bool)
+        weight = np.array([x[self.col[n]] for n in chosen])
+        lhs = weight @ via
+        violated = np.flatnonzero((lhs > total + 1e-6) & (via.sum(axis=0) >= 2))
+        rows = []
+        covered = 0
+        for i in sorted(violated, key=lambda i: -position[self.classes[i]]):
+            d = self.classes[i]
+            if covered >> int(i) & 1:
+                continue
+            covered |= self.need[d] & ~(1 << int(i))
+            rows.append(self._need_row(d, [n for n in self.members[c] if self.via[n] >> int(i) & 1]))
+        return rows
+
+    def solve(self, stop: float, start: Mapping[int, int] | None) -> tuple[dict[int, int] | None, str, str]:
+        """The MIP from ``start``: the choice reachable from the roots, HiGHS's model status and its words."""
+        import highspy
+
+        h = self.highs
+        ncol = len(self.nodes)
+        h.changeColsIntegrality(ncol, np.arange(ncol, dtype=np.int32),
+                                np.array([highspy.HighsVarType.kInteger] * ncol))
+        if start is not None:
+            first = self._start(start)
+            if first is not None:
+                h.setSolution(len(first), np.arange(len(first), dtype=np.int32), first)
+        h.setOptionValue("time_limit", max(stop - time.perf_counter(), 1e-3))
+        h.run()
+        status = h.modelStatusToString(h.getModelStatus())
+        if h.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+            return None, status, status
+        x = np.asarray(h.getSolution().col_value)
+        picked = {self.view.nodes[n].eclass: n for n in self.nodes if x[self.col[n]] > 0.5}
+        return _walk(self.view, self.roots, picked), status, status
+
+    def _start(self, start: Mapping[int, int]) -> np.ndarray | None:
+        """``start`` as a column vector (each e-node replaced by the one that dominates it), or None if it
+        uses a pruned class."""
+        choice = {c: self.rep.get(n, n) for c, n in start.items()}
+        if any(c not in choice or choice[c] not in self.col for c in self.roots):
+            return None
+        try:
+            reached = _walk(self.view, self.roots, choice)
+        except KeyError:
+            return None
+        if any(n not in self.col for n in reached.values()):
+            return None
+        values = np.zeros(len(self.nodes) + len(self.tcol))
+        for n in reached.values():
+            values[self.col[n]] = 1.0
+        height: dict[int, int] = {}
+        for c in _postorder(self.view, self.roots, reached):
+            height[c] = 1 + max((height[ch] for ch in self.view.nodes[reached[c]].children), default=-1)
+            if c in self.tcol:
+                values[self.tcol[c]] = float(height[c])
+        return values
+
+
+def _pruned_members(view: EGraphView, roots: list[int], costs: list[float]) -> tuple[dict[int, list[int]],
+                                                                                        dict[int, int]]:
+    """Per class reachable from ``roots`` its e-nodes worth a variable, and per dominated e-node the one kept
+    instead (a subset of its children at no higher cost)."""
+    kept: dict[int, list[int]] = {}
+    rep: dict[int, int] = {}
+    for cls in view.classes:
+        keep: list[int] = []
+        for n in sorted((n for n in cls.nodes if costs[n] < math.inf),
+                        key=lambda n: (costs[n], len(set(view.nodes[n].children)), n)):
+            children = set(view.nodes[n].children)
+            rep[n] = next((m for m in keep if set(view.nodes[m].children) <= children), n)
+            if rep[n] == n:
+                keep.append(n)
+        kept[cls.id] = keep
+    changed = True
+    while changed:  # an e-node reading a class left without e-nodes is no way to compute anything
+        changed = False
+        for c, keep in kept.items():
+            usable = [n for n in keep if all(kept[ch] for ch in view.nodes[n].children)]
+            if len(usable) < len(keep):
+                kept[c], changed = usable, True
+    members: dict[int, list[int]] = {}
+    stack = list(roots)
+    while stack:
+        c = stack.pop()
+        if c not in members:
+            members[c] = kept[c]
+            stack.extend(ch for n in kept[c] for ch in view.nodes[n].children)
+    return {c: members[c] for c in sorted(members)}, rep
+
+
+def _walk(view: EGraphView, roots: list[int], choice: Mapping[int, int]) -> dict[int, int]:
+    """The part of ``choice`` reachable from ``roots`` (KeyError if a reached class has no choice)."""
     chosen: dict[int, int] = {}
     stack = list(roots)
     while stack:
         c = stack.pop()
         if c not in chosen:
-            chosen[c] = picked[c]
-            stack.extend(view.nodes[picked[c]].children)
-    notes = [] if res.status == 0 else [f"exact extraction stopped after {limit:.1f} s with a solution not proven "
-                                        f"optimal ({res.message})"]
-    return Extraction(chosen, dag_cost(view, chosen, roots, costs), "exact", time.perf_counter() - start,
-                      optimal=res.status == 0, notes=notes)
+            chosen[c] = choice[c]
+            stack.extend(view.nodes[chosen[c]].children)
+    return chosen
+
+
+def _postorder(view: EGraphView, roots: list[int], choice: Mapping[int, int]) -> list[int]:
+    """The classes of an acyclic ``choice``, each after the classes it reads."""
+    order: list[int] = []
+    done: set[int] = set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        c, leaving = stack.pop()
+        if leaving:
+            order.append(c)
+        elif c not in done:
+            done.add(c)
+            stack.append((c, True))
+            stack.extend((ch, False) for ch in view.nodes[choice[c]].children if ch not in done)
+    return order
 
 
 def _reachable_classes(view: EGraphView, roots: list[int], costs: list[float]) -> set[int]:
