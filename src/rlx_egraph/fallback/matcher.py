@@ -107,10 +107,9 @@ class Near:
     """Changed nodes, by op: the seeds of a pass that only revisits roots near changes."""
 
     by_op: dict[str, list[int]]
-    steps: dict[tuple[_Edge, int], tuple[int, ...]] = field(default_factory=dict)  # walk memo (one pass)
     walks: dict[tuple[str | None, tuple[_Edge, ...]], set[int]] = field(default_factory=dict)
-    readers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # node -> its readers by op
     """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
+    readers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # node -> its readers by op
 
     @classmethod
     def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
@@ -348,36 +347,44 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
              root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
 
-    def parents(near: Near, n: int, edge: _Edge) -> tuple[int, ...]:
-        if edge.kind == "input":  # the parent reads the node
-            by_op = near.readers.get(n)
-            if by_op is None:
-                grouped: dict[str, list[int]] = {}
-                for r in readers.get(n, ()):
-                    grouped.setdefault(nodes[r].op, []).append(r)
-                by_op = near.readers[n] = {op: tuple(rs) for op, rs in grouped.items()}
-            return by_op.get(edge.parent_op, ())  # type: ignore[arg-type]
-        if edge.kind == "reader":  # the node reads the parent
-            node = nodes.get(n)
-            if node is None:
-                return ()
-            return tuple(i for i in node.inputs if edge.parent_op is None or nodes[i].op == edge.parent_op)
-        return tuple(args[edge.parent_column] for args, _ in facts.lookup(edge.table, ((edge.column, n),)))
+    def readers_by_op(near: Near, n: int) -> dict[str, tuple[int, ...]]:
+        by_op = near.readers.get(n)
+        if by_op is None:
+            grouped: dict[str, list[int]] = {}
+            for r in readers.get(n, ()):
+                grouped.setdefault(nodes[r].op, []).append(r)
+            by_op = near.readers[n] = {op: tuple(rs) for op, rs in grouped.items()}
+        return by_op
 
     def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
+        """The nodes reached from the seeds of ``op`` along ``edges``, each step to the parents."""
         frontier = near.walks.get((op, edges))
         if frontier is not None:
             return frontier
+        frontier = set()
         if not edges:
-            frontier = set(near.by_op.get(op, ()) if op is not None else
-                           (n for ns in near.by_op.values() for n in ns))
+            frontier.update(near.by_op.get(op, ()) if op is not None else
+                            (n for ns in near.by_op.values() for n in ns))
         else:
-            frontier, memo, edge = set(), near.steps, edges[-1]
-            for n in walk(near, op, edges[:-1]):
-                found = memo.get((edge, n))
-                if found is None:
-                    found = memo[(edge, n)] = parents(near, n, edge)
-                frontier.update(found)
+            below, edge = walk(near, op, edges[:-1]), edges[-1]
+            parent_op = edge.parent_op
+            if edge.kind == "input":  # the parent reads the node
+                for n in below:
+                    found = readers_by_op(near, n).get(parent_op)  # type: ignore[arg-type]
+                    if found:
+                        frontier.update(found)
+            elif edge.kind == "reader":  # the node reads the parent
+                for n in below:
+                    node = nodes.get(n)
+                    if node is not None:
+                        frontier.update(node.inputs if parent_op is None else
+                                        (i for i in node.inputs if nodes[i].op == parent_op))
+            else:  # rows holding the node in ``column`` name the parent in ``parent_column``
+                index, parent_column = facts.column(edge.table, edge.column), edge.parent_column
+                for n in below:
+                    rows = index.get(n)
+                    if rows:
+                        frontier.update(args[parent_column] for args in rows)
         near.walks[(op, edges)] = frontier
         return frontier
 
@@ -388,7 +395,11 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
             if column is None:
                 roots |= frontier
             else:
-                roots.update(args for n in frontier for args, _ in facts.lookup(root_table, ((column, n),)))
+                index = facts.column(root_table, column)
+                for n in frontier:
+                    rows = index.get(n)
+                    if rows:
+                        roots.update(rows)
         if root_op is None:
             return roots
         return {r for r in roots if r in nodes and nodes[r].op == root_op}
