@@ -36,7 +36,6 @@ import gc
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -525,29 +524,31 @@ class _Engine:
 
     def delta(self, new: Mapping[int, Node], merges: list[tuple[int, int]]) -> tuple[float, set[int]]:
         """Predicted cost change of a plan, and the live nodes it leaves dead."""
-        rw, nodes = self.rw, self.nodes
-        extra: Counter[int] = Counter()
+        use_count, nodes = self.rw.use_count, self.nodes
+        extra: dict[int, int] = {}  # uses the plan adds to live nodes
         for n in new.values():
             for i in dict.fromkeys(n.inputs):
                 if i not in new:
-                    extra[i] += 1
+                    extra[i] = extra.get(i, 0) + 1
         olds = {old for old, _ in merges}
         for old, rep in merges:
             if rep not in new:
-                extra[rep] += rw.use_count(old)
-        removed: Counter[int] = Counter()
-        dead = {old for old in olds if not extra[old] and nodes[old].op != "Input"}
+                extra[rep] = extra.get(rep, 0) + use_count(old)
+        removed: dict[int, int] = {}  # uses the dying nodes take away
+        dead = {old for old in olds if not extra.get(old, 0) and nodes[old].op != "Input"}
         stack = list(dead)
         while stack:
             for i in dict.fromkeys(nodes[stack.pop()].inputs):
-                removed[i] += 1
+                gone = removed[i] = removed.get(i, 0) + 1
                 if i in dead or nodes[i].op == "Input":
                     continue
-                if (0 if i in olds else rw.use_count(i)) + extra[i] - removed[i] == 0:
+                if (0 if i in olds else use_count(i)) + extra.get(i, 0) == gone:
                     dead.add(i)
                     stack.append(i)
-        created = sum(self.node_ns(n, lambda i: new.get(i) or nodes[i]) for n in new.values())
-        return created - sum(self.cost(d) for d in dead), dead
+        cost, node_ns = self.cost, self.node_ns
+        lookup = (lambda i: new.get(i) or nodes[i]) if new else nodes.__getitem__
+        created = sum(node_ns(n, lookup) for n in new.values())
+        return created - sum(cost(d) for d in dead), dead
 
     def apply(self, plan: _Plan) -> None:
         rw = self.rw
@@ -555,7 +556,9 @@ class _Engine:
         real: dict[int, int] = {}
         for nid, node in plan.new.items():
             first_new = rw.next_id
-            made = rw.insert(node.op, [real.get(i, i) for i in node.inputs], **node.attrs)
+            inputs = tuple(real.get(i, i) for i in node.inputs)  # the types the plan checked: no re-check
+            made = rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
+                rw.insert_checked(node, inputs)
             real[nid] = made
             if made >= first_new:
                 self.rules_of[made] = list(rules)
