@@ -292,8 +292,7 @@ class _Engine:
                 break
 
     def matches(self, matcher: Matcher, root: Any) -> list[tuple]:
-        found: list[tuple] = []
-        matcher.run(root, lambda env: found.append(tuple(env)))
+        found = matcher.run(root)
         self.stats.rules[matcher.pattern.base].matches += len(found)
         return found
 
@@ -311,9 +310,7 @@ class _Engine:
                 before = set(self.facts.fresh) if recursive else set()
                 for m in group:
                     program = self.programs[m.pattern.name]
-                    for root in m.candidates(at):
-                        if m.root_op is not None and not m.fits(self.input_ops(root)):
-                            continue
+                    for root in self.roots(m, at):
                         for env in self.matches(m, root):
                             self.write_facts(program, list(env))
                 if not (recursive and self.facts.changed):
@@ -324,14 +321,20 @@ class _Engine:
         """The best plan of each rule (as written: its operand orders are one rule) at each root."""
         best: dict[tuple[str, Any], tuple[float, int, Any, _Plan]] = {}
         for k, m in enumerate(matchers):
-            for root in m.candidates(near):
-                if m.root_op is not None and not m.fits(self.input_ops(root)):
-                    continue
+            for root in self.roots(m, near):
                 plan = self.best_plan(m, root)
                 key = (m.pattern.base, root)
                 if plan is not None and (key not in best or plan.delta < best[key][0]):
                     best[key] = (plan.delta, k, root, plan)
         return sorted(best.values(), key=lambda e: e[:3])
+
+    def roots(self, matcher: Matcher, near: Near | None) -> list[Any]:
+        """The matcher's candidate roots (see :meth:`Matcher.candidates`) whose inputs' ops fit it."""
+        roots = matcher.candidates(near)
+        if matcher.root_op is None:
+            return roots
+        signatures, input_ops, fits = self.signatures, self.input_ops, matcher.fits
+        return [root for root in roots if fits(signatures.get(root) or input_ops(root))]
 
     def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:
         """The ops of a node's inputs (with their forms' ops, as a set, where they have forms)."""

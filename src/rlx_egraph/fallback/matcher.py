@@ -68,7 +68,7 @@ class ArrayValue:
 
 @dataclass
 class Matcher:
-    """A compiled query: ``run(root, emit)`` calls ``emit(slots)`` once per match at ``root``
+    """A compiled query: ``run(root)`` gives the matches at ``root`` (each a tuple of the slots)
     (a node of ``root_op``, or a row, the arguments tuple, of the root helper relation)."""
 
     pattern: Pattern
@@ -76,7 +76,7 @@ class Matcher:
     slots: dict[str, int]
     node_slots: tuple[int, ...]  # slots that hold node ids
     shape_slots: tuple[int, ...]  # slots of the nodes whose op and inputs the match inspects
-    run: Callable[[Any, Callable[[list], None]], None]
+    run: Callable[[Any], list[tuple]]
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
     roots_near: Callable[[Near], set[Any]] | None  # None: every pass scans all roots
@@ -141,10 +141,10 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
     for sym in symmetries:
         perms.setdefault(sym.op, []).append((sym.perm, sym.name))
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
-    sink: list[Callable[[list], None]] = []  # the current run's emit
+    sink: list[list[tuple]] = []  # the current run's matches
 
     def emit(env: list) -> None:
-        sink[-1](env)
+        sink[-1].append(tuple(env))
 
     known: list[set[str]] = []
     bound: set[str] = set()
@@ -167,15 +167,16 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
 
         alive: Callable[[Any], bool] = nodes.__contains__
 
-        def run(root: Any, on_match: Callable[[list], None]) -> None:
+        def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
             env[VIA] = ()
             env[root_slot] = root
-            sink.append(on_match)
+            sink.append([])
             try:
                 chain(env)
             finally:
-                sink.pop()
+                found = sink.pop()
+            return found
     else:
         chain = _lookup_step(first, set(), slots, chain, facts, pinned)
         root_op, rows = None, facts.rows[_root_table(first)]
@@ -185,16 +186,17 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
 
         alive = rows.__contains__
 
-        def run(root: Any, on_match: Callable[[list], None]) -> None:
+        def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
             env[VIA] = ()
-            sink.append(on_match)
+            sink.append([])
             pinned.append(root)
             try:
                 chain(env)
             finally:
-                sink.pop()
+                found = sink.pop()
                 pinned.pop()
+            return found
 
     node_vars = _node_vars(pattern, facts.decls)
     node_slots = tuple(slots[v] for v in node_vars)
@@ -370,6 +372,14 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
             parent_op = edge.parent_op
             if edge.kind == "input":  # the parent reads the node
                 for n in below:
+                    users = readers.get(n)
+                    if not users:
+                        continue
+                    if len(users) == 1:  # most nodes: no grouping needed
+                        for r in users:
+                            if nodes[r].op == parent_op:
+                                frontier.add(r)
+                        continue
                     found = readers_by_op(near, n).get(parent_op)  # type: ignore[arg-type]
                     if found:
                         frontier.update(found)
