@@ -109,7 +109,8 @@ class Near:
     by_op: dict[str, list[int]]
     walks: dict[tuple[str | None, tuple[_Edge, ...]], set[int]] = field(default_factory=dict)
     """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
-    readers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # node -> its readers by op
+    readers: dict[tuple[str | None, tuple[_Edge, ...]], dict[str, set[int]]] = field(default_factory=dict)
+    """The readers, by op, of the nodes a walk reaches (keyed like ``walks``)."""
 
     @classmethod
     def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
@@ -349,15 +350,6 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
              root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
 
-    def readers_by_op(near: Near, n: int) -> dict[str, tuple[int, ...]]:
-        by_op = near.readers.get(n)
-        if by_op is None:
-            grouped: dict[str, list[int]] = {}
-            for r in readers.get(n, ()):
-                grouped.setdefault(nodes[r].op, []).append(r)
-            by_op = near.readers[n] = {op: tuple(rs) for op, rs in grouped.items()}
-        return by_op
-
     def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
         """The nodes reached from the seeds of ``op`` along ``edges``, each step to the parents."""
         frontier = near.walks.get((op, edges))
@@ -371,18 +363,13 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
             below, edge = walk(near, op, edges[:-1]), edges[-1]
             parent_op = edge.parent_op
             if edge.kind == "input":  # the parent reads the node
-                for n in below:
-                    users = readers.get(n)
-                    if not users:
-                        continue
-                    if len(users) == 1:  # most nodes: no grouping needed
-                        for r in users:
-                            if nodes[r].op == parent_op:
-                                frontier.add(r)
-                        continue
-                    found = readers_by_op(near, n).get(parent_op)  # type: ignore[arg-type]
-                    if found:
-                        frontier.update(found)
+                by_op = near.readers.get((op, edges[:-1]))
+                if by_op is None:  # group once the readers of ``below``: many matchers ask for other ops
+                    by_op = near.readers[(op, edges[:-1])] = {}
+                    for n in below:
+                        for r in readers.get(n, ()):
+                            by_op.setdefault(nodes[r].op, set()).add(r)
+                frontier = by_op.get(parent_op, frontier)  # type: ignore[arg-type]
             elif edge.kind == "reader":  # the node reads the parent
                 for n in below:
                     node = nodes.get(n)
