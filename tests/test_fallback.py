@@ -14,7 +14,7 @@ from rlx_egraph.fallback.bench import main as bench_main
 from rlx_egraph.fallback.facts import Facts
 from rlx_egraph.fallback.matcher import schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
-from rlx_egraph.ir.graph import Node
+from rlx_egraph.ir.graph import Node, check_node
 from rlx_egraph.ir.rewrite import GraphRewriter
 from rlx_egraph.kernels.parity import check_parity
 
@@ -791,3 +791,23 @@ def test_replacing_a_low_node_does_not_renumber_the_graph_above_it():
     narrow = rw.insert("Narrow", [rw.insert("MatMul", [x, cat])], axis=-1, start=0, length=8)
     rw.replace_all_uses(m, narrow)
     assert rw.level(narrow) < rw.level(m + 1) and rw.level(h) == top
+
+
+def test_rewriter_inserts_a_node_checked_once_without_checking_it_again():
+    """The engine checks a planned node once (check_node, provisional id) and inserts that record."""
+    g, n = small()
+    rw = GraphRewriter(g)
+    planned = check_node(99, "FusedMatMulBiasAct", [n["x"], n["w"], n["b"]], {"act": "gelu"}, rw.nodes_by_id.get,
+                         rw.leaf_names)
+    first = rw.next_id
+    made = rw.insert_checked(planned, planned.inputs)
+    node = rw.node(made)
+    assert made == first == 7 and rw.next_id == 8
+    assert (node.op, node.inputs, node.attrs, node.shape, node.dtype) == (
+        "FusedMatMulBiasAct", (0, 1, 2), {"act": "gelu"}, (4, 8), "f32")
+    assert rw.insert_checked(planned, planned.inputs) == made  # an identical live node is reused
+    assert rw.insert("FusedMatMulBiasAct", [n["x"], n["w"], n["b"]], act="gelu") == made
+    assert rw.users(n["x"]) == [n["mm"], made]
+    leaf = check_node(98, "Param", [], {"name": "w2", "shape": (8,)}, rw.nodes_by_id.get, rw.leaf_names)
+    with pytest.raises(GraphError, match=r"insert_checked takes no leaves: Param is one \(insert checks its name\)"):
+        rw.insert_checked(leaf, ())

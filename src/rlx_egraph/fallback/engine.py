@@ -36,7 +36,6 @@ import gc
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -293,8 +292,7 @@ class _Engine:
                 break
 
     def matches(self, matcher: Matcher, root: Any) -> list[tuple]:
-        found: list[tuple] = []
-        matcher.run(root, lambda env: found.append(tuple(env)))
+        found = matcher.run(root)
         self.stats.rules[matcher.pattern.base].matches += len(found)
         return found
 
@@ -312,9 +310,7 @@ class _Engine:
                 before = set(self.facts.fresh) if recursive else set()
                 for m in group:
                     program = self.programs[m.pattern.name]
-                    for root in m.candidates(at):
-                        if m.root_op is not None and not m.fits(self.input_ops(root)):
-                            continue
+                    for root in self.roots(m, at):
                         for env in self.matches(m, root):
                             self.write_facts(program, list(env))
                 if not (recursive and self.facts.changed):
@@ -325,14 +321,20 @@ class _Engine:
         """The best plan of each rule (as written: its operand orders are one rule) at each root."""
         best: dict[tuple[str, Any], tuple[float, int, Any, _Plan]] = {}
         for k, m in enumerate(matchers):
-            for root in m.candidates(near):
-                if m.root_op is not None and not m.fits(self.input_ops(root)):
-                    continue
+            for root in self.roots(m, near):
                 plan = self.best_plan(m, root)
                 key = (m.pattern.base, root)
                 if plan is not None and (key not in best or plan.delta < best[key][0]):
                     best[key] = (plan.delta, k, root, plan)
         return sorted(best.values(), key=lambda e: e[:3])
+
+    def roots(self, matcher: Matcher, near: Near | None) -> list[Any]:
+        """The matcher's candidate roots (see :meth:`Matcher.candidates`) whose inputs' ops fit it."""
+        roots = matcher.candidates(near)
+        if matcher.root_op is None:
+            return roots
+        signatures, input_ops, fits = self.signatures, self.input_ops, matcher.fits
+        return [root for root in roots if fits(signatures.get(root) or input_ops(root))]
 
     def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:
         """The ops of a node's inputs (with their forms' ops, as a set, where they have forms)."""
@@ -525,29 +527,31 @@ class _Engine:
 
     def delta(self, new: Mapping[int, Node], merges: list[tuple[int, int]]) -> tuple[float, set[int]]:
         """Predicted cost change of a plan, and the live nodes it leaves dead."""
-        rw, nodes = self.rw, self.nodes
-        extra: Counter[int] = Counter()
+        use_count, nodes = self.rw.use_count, self.nodes
+        extra: dict[int, int] = {}  # uses the plan adds to live nodes
         for n in new.values():
             for i in dict.fromkeys(n.inputs):
                 if i not in new:
-                    extra[i] += 1
+                    extra[i] = extra.get(i, 0) + 1
         olds = {old for old, _ in merges}
         for old, rep in merges:
             if rep not in new:
-                extra[rep] += rw.use_count(old)
-        removed: Counter[int] = Counter()
-        dead = {old for old in olds if not extra[old] and nodes[old].op != "Input"}
+                extra[rep] = extra.get(rep, 0) + use_count(old)
+        removed: dict[int, int] = {}  # uses the dying nodes take away
+        dead = {old for old in olds if not extra.get(old, 0) and nodes[old].op != "Input"}
         stack = list(dead)
         while stack:
             for i in dict.fromkeys(nodes[stack.pop()].inputs):
-                removed[i] += 1
+                gone = removed[i] = removed.get(i, 0) + 1
                 if i in dead or nodes[i].op == "Input":
                     continue
-                if (0 if i in olds else rw.use_count(i)) + extra[i] - removed[i] == 0:
+                if (0 if i in olds else use_count(i)) + extra.get(i, 0) == gone:
                     dead.add(i)
                     stack.append(i)
-        created = sum(self.node_ns(n, lambda i: new.get(i) or nodes[i]) for n in new.values())
-        return created - sum(self.cost(d) for d in dead), dead
+        cost, node_ns = self.cost, self.node_ns
+        lookup = (lambda i: new.get(i) or nodes[i]) if new else nodes.__getitem__
+        created = sum(node_ns(n, lookup) for n in new.values())
+        return created - sum(cost(d) for d in dead), dead
 
     def apply(self, plan: _Plan) -> None:
         rw = self.rw
@@ -555,7 +559,9 @@ class _Engine:
         real: dict[int, int] = {}
         for nid, node in plan.new.items():
             first_new = rw.next_id
-            made = rw.insert(node.op, [real.get(i, i) for i in node.inputs], **node.attrs)
+            inputs = tuple(real.get(i, i) for i in node.inputs)  # the types the plan checked: no re-check
+            made = rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
+                rw.insert_checked(node, inputs)
             real[nid] = made
             if made >= first_new:
                 self.rules_of[made] = list(rules)

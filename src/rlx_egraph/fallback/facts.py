@@ -175,7 +175,7 @@ class Facts:
         if not bound:
             return list(rows.items())
         column, value = bound[0]
-        found = self._column(name, column).get(value, ())
+        found = self.column(name, column).get(value, ())
         return [(args, rows[args]) for args in found if all(args[c] == v for c, v in bound[1:])]
 
     def row(self, name: str, args: tuple, bound: tuple[tuple[int, Any], ...]) -> list[tuple[tuple, Any]]:
@@ -252,7 +252,8 @@ class Facts:
             out.append(value)
         return out
 
-    def _column(self, name: str, column: int) -> dict[Any, dict[tuple, None]]:
+    def column(self, name: str, column: int) -> dict[Any, dict[tuple, None]]:
+        """A helper table's index on one column: value -> its rows' arguments (kept up to date)."""
         index = self._index.get((name, column))
         if index is None:
             index = {}

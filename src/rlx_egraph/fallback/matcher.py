@@ -68,7 +68,7 @@ class ArrayValue:
 
 @dataclass
 class Matcher:
-    """A compiled query: ``run(root, emit)`` calls ``emit(slots)`` once per match at ``root``
+    """A compiled query: ``run(root)`` gives the matches at ``root`` (each a tuple of the slots)
     (a node of ``root_op``, or a row, the arguments tuple, of the root helper relation)."""
 
     pattern: Pattern
@@ -76,7 +76,7 @@ class Matcher:
     slots: dict[str, int]
     node_slots: tuple[int, ...]  # slots that hold node ids
     shape_slots: tuple[int, ...]  # slots of the nodes whose op and inputs the match inspects
-    run: Callable[[Any, Callable[[list], None]], None]
+    run: Callable[[Any], list[tuple]]
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
     roots_near: Callable[[Near], set[Any]] | None  # None: every pass scans all roots
@@ -107,10 +107,10 @@ class Near:
     """Changed nodes, by op: the seeds of a pass that only revisits roots near changes."""
 
     by_op: dict[str, list[int]]
-    steps: dict[tuple[_Edge, int], tuple[int, ...]] = field(default_factory=dict)  # walk memo (one pass)
     walks: dict[tuple[str | None, tuple[_Edge, ...]], set[int]] = field(default_factory=dict)
-    readers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # node -> its readers by op
     """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
+    readers: dict[tuple[str | None, tuple[_Edge, ...]], dict[str, set[int]]] = field(default_factory=dict)
+    """The readers, by op, of the nodes a walk reaches (keyed like ``walks``)."""
 
     @classmethod
     def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
@@ -142,10 +142,10 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
     for sym in symmetries:
         perms.setdefault(sym.op, []).append((sym.perm, sym.name))
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
-    sink: list[Callable[[list], None]] = []  # the current run's emit
+    sink: list[list[tuple]] = []  # the current run's matches
 
     def emit(env: list) -> None:
-        sink[-1](env)
+        sink[-1].append(tuple(env))
 
     known: list[set[str]] = []
     bound: set[str] = set()
@@ -168,15 +168,16 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
 
         alive: Callable[[Any], bool] = nodes.__contains__
 
-        def run(root: Any, on_match: Callable[[list], None]) -> None:
+        def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
             env[VIA] = ()
             env[root_slot] = root
-            sink.append(on_match)
+            sink.append([])
             try:
                 chain(env)
             finally:
-                sink.pop()
+                found = sink.pop()
+            return found
     else:
         chain = _lookup_step(first, set(), slots, chain, facts, pinned)
         root_op, rows = None, facts.rows[_root_table(first)]
@@ -186,16 +187,17 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
 
         alive = rows.__contains__
 
-        def run(root: Any, on_match: Callable[[list], None]) -> None:
+        def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
             env[VIA] = ()
-            sink.append(on_match)
+            sink.append([])
             pinned.append(root)
             try:
                 chain(env)
             finally:
-                sink.pop()
+                found = sink.pop()
                 pinned.pop()
+            return found
 
     node_vars = _node_vars(pattern, facts.decls)
     node_slots = tuple(slots[v] for v in node_vars)
@@ -348,36 +350,38 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
              root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
 
-    def parents(near: Near, n: int, edge: _Edge) -> tuple[int, ...]:
-        if edge.kind == "input":  # the parent reads the node
-            by_op = near.readers.get(n)
-            if by_op is None:
-                grouped: dict[str, list[int]] = {}
-                for r in readers.get(n, ()):
-                    grouped.setdefault(nodes[r].op, []).append(r)
-                by_op = near.readers[n] = {op: tuple(rs) for op, rs in grouped.items()}
-            return by_op.get(edge.parent_op, ())  # type: ignore[arg-type]
-        if edge.kind == "reader":  # the node reads the parent
-            node = nodes.get(n)
-            if node is None:
-                return ()
-            return tuple(i for i in node.inputs if edge.parent_op is None or nodes[i].op == edge.parent_op)
-        return tuple(args[edge.parent_column] for args, _ in facts.lookup(edge.table, ((edge.column, n),)))
-
     def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
+        """The nodes reached from the seeds of ``op`` along ``edges``, each step to the parents."""
         frontier = near.walks.get((op, edges))
         if frontier is not None:
             return frontier
+        frontier = set()
         if not edges:
-            frontier = set(near.by_op.get(op, ()) if op is not None else
-                           (n for ns in near.by_op.values() for n in ns))
+            frontier.update(near.by_op.get(op, ()) if op is not None else
+                            (n for ns in near.by_op.values() for n in ns))
         else:
-            frontier, memo, edge = set(), near.steps, edges[-1]
-            for n in walk(near, op, edges[:-1]):
-                found = memo.get((edge, n))
-                if found is None:
-                    found = memo[(edge, n)] = parents(near, n, edge)
-                frontier.update(found)
+            below, edge = walk(near, op, edges[:-1]), edges[-1]
+            parent_op = edge.parent_op
+            if edge.kind == "input":  # the parent reads the node
+                by_op = near.readers.get((op, edges[:-1]))
+                if by_op is None:  # group once the readers of ``below``: many matchers ask for other ops
+                    by_op = near.readers[(op, edges[:-1])] = {}
+                    for n in below:
+                        for r in readers.get(n, ()):
+                            by_op.setdefault(nodes[r].op, set()).add(r)
+                frontier = by_op.get(parent_op, frontier)  # type: ignore[arg-type]
+            elif edge.kind == "reader":  # the node reads the parent
+                for n in below:
+                    node = nodes.get(n)
+                    if node is not None:
+                        frontier.update(node.inputs if parent_op is None else
+                                        (i for i in node.inputs if nodes[i].op == parent_op))
+            else:  # rows holding the node in ``column`` name the parent in ``parent_column``
+                index, parent_column = facts.column(edge.table, edge.column), edge.parent_column
+                for n in below:
+                    rows = index.get(n)
+                    if rows:
+                        frontier.update(args[parent_column] for args in rows)
         near.walks[(op, edges)] = frontier
         return frontier
 
@@ -388,7 +392,11 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
             if column is None:
                 roots |= frontier
             else:
-                roots.update(args for n in frontier for args, _ in facts.lookup(root_table, ((column, n),)))
+                index = facts.column(root_table, column)
+                for n in frontier:
+                    rows = index.get(n)
+                    if rows:
+                        roots.update(rows)
         if root_op is None:
             return roots
         return {r for r in roots if r in nodes and nodes[r].op == root_op}

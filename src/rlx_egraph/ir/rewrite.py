@@ -25,7 +25,6 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -74,11 +73,13 @@ class GraphRewriter:
         self._next_id = 0
         self.touched: set[int] = set()
         """Ids inserted, erased, rewired, or whose readers changed; the owner may clear it."""
-        self.nodes_by_id: Mapping[int, Node] = MappingProxyType(self._nodes)
+        # The views below are the rewriter's own tables, typed read-only (a MappingProxyType would
+        # double the cost of the matcher's millions of lookups): never change them.
+        self.nodes_by_id: Mapping[int, Node] = self._nodes
         """Live nodes by id: a read-only view that follows the edits."""
-        self.readers: Mapping[int, Mapping[int, None]] = MappingProxyType(self._users)
-        """Each live node's readers: a read-only view (do not change the inner mappings)."""
-        self.leaf_names: Mapping[str, int] = MappingProxyType(self._leaf_names)
+        self.readers: Mapping[int, Mapping[int, None]] = self._users
+        """Each live node's readers: a read-only view that follows the edits."""
+        self.leaf_names: Mapping[str, int] = self._leaf_names
         """Names of the live Input/Param leaves: a read-only view."""
         nodes, users, by_op, level, order, keys = (self._nodes, self._users, self._by_op, self._level, self._order,
                                                     self._keys)
@@ -204,7 +205,18 @@ class GraphRewriter:
         ``before`` places the node ahead of that node in :meth:`finish`'s order
         (default: right after its last input); the order stays topological either way.
         """
-        node = check_node(self._next_id, op, inputs, attrs, self._nodes.get, self._leaf_names)
+        return self._insert(check_node(self._next_id, op, inputs, attrs, self._nodes.get, self._leaf_names),
+                            before, reuse)
+
+    def insert_checked(self, node: Node, inputs: tuple[int, ...]) -> int:
+        """:meth:`insert` of a non-leaf node that :func:`check_node` validated, read from ``inputs``
+        (live nodes of the types of ``node``'s inputs, e.g. those once planned); returns its id."""
+        if node.kind is Kind.LEAF:
+            raise GraphError(f"insert_checked takes no leaves: {node.op} is one (insert checks its name)")
+        return self._insert(Node(self._next_id, node.op, inputs, node.attrs, node.shape, node.dtype, node.parts),
+                            None, True)
+
+    def _insert(self, node: Node, before: int | None, reuse: bool) -> int:
         key = node_key(node)
         if reuse and key is not None and key in self._keys:
             return self._keys[key]
