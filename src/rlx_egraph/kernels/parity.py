@@ -1,17 +1,20 @@
 """Numerical parity: an optimized graph against the graph it came from, on seeded random data.
 
-Compared: every optimized node (leaves included) with every input-graph node
-merged into its e-class, and every optimized graph output with the original
-output at the same position, on two seeds for graphs of up to
-SECOND_SEED_MAX_ELEMENTS values.  A float value may differ by the tolerance of
+Compared, anchored: every optimized node (leaves included) with every
+input-graph node merged into its e-class, after which the run goes on from the
+original's value (so each node is judged on its own error, from the original's
+inputs), and every optimized graph output with the original output at the same
+position; then, if anchoring changed a value, every float output of the
+optimized graph run on its own values, within END_TO_END_FACTOR times a
+norm-wise reach.  On two seeds for graphs of up to SECOND_SEED_MAX_ELEMENTS
+values.  A float value may differ by the tolerance of
 the loosest float dtype it was computed through in the original graph, plus
 ROUNDING_FACTOR times the original's own rounding error (its distance to the
 same graph computed in f32).  Integer and bool values are compared exactly,
 except that a decision (an integer/bool value computed from floats: a
 comparison, a Cast) may flip where its original operands lie within that
-reach of the decision boundary; the run then goes on with the original
-decision, and a decision made inside a fused kernel excuses the elements that
-depend on it.  docs/verifier.md has the whole story.
+reach of the decision boundary, and a decision made inside a fused kernel
+excuses the elements that depend on it.  docs/verifier.md has the whole story.
 """
 
 from __future__ import annotations
