@@ -170,6 +170,80 @@ def test_verify_checks_two_seeds() -> None:
     assert per_seed[0] == per_seed[1] > 0
 
 
+# --- anchoring: each node judged on its own error --------------------------------------------------------------------
+
+
+def _scaled_exp(scale: float) -> Graph:
+    """exp(x * scale) in f32; ids: x 0, scale 1, product 2, exp 3."""
+    g = Graph()
+    x = g.input("x", (8, 8))
+    g.set_outputs([g.exp(g.mul(x, g.scalar(scale)))])
+    return g
+
+
+def test_an_in_tolerance_difference_is_judged_where_it_is_made_not_where_it_is_amplified() -> None:
+    """The product differs by 0.9 of its tolerance; Exp amplifies it past the Exp's own tolerance.  Anchored,
+    the Exp is computed from the original product and is exact; end to end the output is within its bound."""
+    original, optimized = _scaled_exp(1.0), _scaled_exp(1.00009)
+    old, new = evaluate(original, return_all=True), evaluate(optimized, return_all=True)
+    rtol, atol = PARITY_TOLERANCE["f32"]
+    assert np.max(np.abs(new[3] - old[3]) / (atol + rtol * np.abs(old[3]))) > 1.5  # un-anchored: a false alarm
+    report = check_parity(original, optimized, {0: [0], 2: [2], 3: [3]})  # the scale is the optimization's own
+    assert report.ok
+    seed0 = [(n.op, n.output, n.end_to_end) for n in report.nodes if n.seed == 0]
+    assert seed0 == [("Input", None, False), ("Mul", None, False), ("Exp", None, False), ("Exp", 0, True)]
+    product, exp_anchored, exp_end_to_end = [n for n in report.nodes if n.seed == 0][1:]
+    assert 0.5 < product.tolerance_ratio <= 0.9
+    assert exp_anchored.max_abs == 0.0
+    assert 0.1 < exp_end_to_end.tolerance_ratio < 1.0
+    # an output without provenance is compared anchored too: computed from the original product
+    report = check_parity(original, optimized, {0: [0], 2: [2]})
+    assert [(n.op, n.output, n.max_abs, n.end_to_end) for n in report.nodes if n.seed == 0][2] == ("Exp", 0, 0.0, False)
+
+
+def _scaled_chain(scale: float, length: int) -> Graph:
+    """x multiplied by ``scale`` ``length`` times, in f32; ids: x 0, then (scalar, product) pairs."""
+    g = Graph()
+    v = g.input("x", (8, 8))
+    for _ in range(length):
+        v = g.mul(v, g.scalar(scale))
+    g.set_outputs([v])
+    return g
+
+
+def test_in_tolerance_errors_that_compound_are_caught_end_to_end() -> None:
+    """Each product is 5e-5 off (half its tolerance, so each passes anchored); 30 of them compound to 1.5e-3."""
+    original, optimized = _scaled_chain(1.0, 30), _scaled_chain(1.00005, 30)
+    products = {2 * k: [2 * k] for k in range(1, 31)}
+    with pytest.raises(ParityError) as err:
+        check_parity(original, optimized, {0: [0], **products}, lambda node: ["scale-by-1.00005"])
+    message = str(err.value)
+    assert message.startswith("parity failure: node 60 (Mul), output 0, end to end, differs from original node 60 "
+                              "(Mul) on seed 0: max abs error ")
+    assert "x its end-to-end tolerance (4 x (atol=1e-05 + rtol=0.0001 x the output's largest magnitude, plus its " \
+           "rounding error): f32 precision); differing on the way: node(s) " + ", ".join(map(str, products)) in message
+    assert message.endswith("built by rule(s): scale-by-1.00005")
+    assert check_parity(original, _scaled_chain(1.00005, 3), {0: [0], 2: [2], 4: [4], 6: [6]}).ok  # 3 do not
+
+
+def test_a_wrong_rule_deep_in_a_chain_is_caught_where_it_is_made(tmp_path: Path) -> None:
+    """A sign flip (a Neg dropped) between legitimately fused bf16 nodes: caught at its own node, named."""
+    g = Graph()
+    x = g.input("x", (16, 16), "bf16")
+    h = g.gelu(g.add(g.matmul(x, g.param("w", (16, 16), "bf16")), g.param("b", (16,), "bf16")))
+    flipped = g.neg(g.tanh(g.mul(h, g.sigmoid(h))))
+    out = g.exp(g.mul(flipped, g.scalar(0.5, "bf16")))
+    g.set_outputs([g.relu(g.add(g.matmul(out, g.param("w2", (16, 16), "bf16")), g.param("b2", (16,), "bf16")))])
+    rule = rule_file(tmp_path, '(rewrite (Neg (Tanh ?x)) (Tanh ?x) :ruleset simplify :name "drop-neg")\n')
+    # wgpu materializes each op: the Tanh that stands for the Neg; cuda fuses the chain into one region
+    for target, where in (("wgpu", rf"\(Tanh\) differs from original node {flipped} \(Neg\)"),
+                          ("cuda", r"\(ElementwiseRegion\) differs from original node \d+ \(Exp\)")):
+        assert optimize_with_report(g, target=target, verify=True)[1].parity.ok  # the shipped rules alone are fine
+        with pytest.raises(ParityError, match=where + " on seed 0: max abs error ") as err:
+            optimize_with_report(g, rules=[default_rule_dir(), rule], target=target, verify=True)
+        assert "drop-neg" in str(err.value).split("built by rule(s): ")[1].split(", ")
+
+
 # --- tolerances: the precision a value was computed in ---------------------------------------------------------------
 
 
@@ -198,9 +272,11 @@ def test_a_cast_of_a_bf16_value_is_judged_with_the_bf16_tolerance() -> None:
     g.set_outputs([out])
     og, rep = optimize_with_report(g, verify=True)
     assert [n.op for n in og.nodes] == ["Input", "Param", "Param", "FusedMatMulBiasAct", "Cast"]
-    (cast,) = [n for n in rep.parity.nodes if n.original == out and n.seed == 0]
-    assert (cast.rtol, cast.atol) == PARITY_TOLERANCE["bf16"]
-    assert cast.max_abs > PARITY_TOLERANCE["f32"][1] * 100  # far outside the f32 tolerance, inside bf16's
+    anchored, end_to_end = [n for n in rep.parity.nodes if n.original == out and n.seed == 0]
+    assert (anchored.end_to_end, end_to_end.end_to_end, end_to_end.output) == (False, True, 0)
+    assert anchored.max_abs == 0.0  # cast from the original's sum: exactly the original's cast
+    assert (anchored.rtol, anchored.atol) == (end_to_end.rtol, end_to_end.atol) == PARITY_TOLERANCE["bf16"]
+    assert end_to_end.max_abs > PARITY_TOLERANCE["f32"][1] * 100  # far outside the f32 tolerance, inside bf16's
 
 
 def _near_zero(variant: str) -> tuple[Graph, dict[int, list[int]]]:
@@ -247,9 +323,10 @@ def test_a_decision_inside_a_fused_kernel_excuses_what_depends_on_it() -> None:
     original, _ = _near_zero("original")
     region, mapping = _near_zero("region")
     report = check_parity(original, region, mapping)
-    assert [n.op for n in report.nodes if n.seed == 0] == ["Input", "Scalar", "Scalar", "Add", "Identity", "Scalar",
-                                                           "Add", "Scalar", "Sub", "ElementwiseRegion", "Param",
-                                                           "MatMul"]
+    assert [(n.op, n.end_to_end) for n in report.nodes if n.seed == 0] == [
+        *((op, False) for op in ("Input", "Scalar", "Scalar", "Add", "Identity", "Scalar", "Add", "Scalar", "Sub",
+                                 "ElementwiseRegion", "Param", "MatMul")),
+        ("MatMul", True)]  # x itself is not x + 64 - 64: the output is also compared end to end
     wrong, mapping = _near_zero("region-wrong")
     with pytest.raises(ParityError, match=r"\(ElementwiseRegion\) differs from original node \d+ \(Where\)"):
         check_parity(original, wrong, mapping)
@@ -302,7 +379,8 @@ def test_the_summary_ranks_by_tolerance_not_by_relative_error() -> None:
     assert worst.max_abs / 1e-6 > 0.1  # what the old headline called the "relative error"
     line = next(ln for ln in str(OptimizeReport("egglog", "", "cpu", parity=report)).splitlines()
                 if ln.startswith("parity"))
-    assert line == f"parity: ok on 10 comparisons (seeds 0, 1), worst at {worst.tolerance_ratio:.2g} of tolerance " \
+    assert [(n.node, n.seed) for n in report.nodes if n.end_to_end] == [(5, 0), (5, 1)]  # the sum was rounded
+    assert line == f"parity: ok on 12 comparisons (seeds 0, 1), worst at {worst.tolerance_ratio:.2g} of tolerance " \
                    "(node 5 Add)"
 
 

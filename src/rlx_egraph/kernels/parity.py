@@ -1,17 +1,20 @@
 """Numerical parity: an optimized graph against the graph it came from, on seeded random data.
 
-Compared: every optimized node (leaves included) with every input-graph node
-merged into its e-class, and every optimized graph output with the original
-output at the same position, on two seeds for graphs of up to
-SECOND_SEED_MAX_ELEMENTS values.  A float value may differ by the tolerance of
+Compared, anchored: every optimized node (leaves included) with every
+input-graph node merged into its e-class, after which the run goes on from the
+original's value (so each node is judged on its own error, from the original's
+inputs), and every optimized graph output with the original output at the same
+position; then, if anchoring changed a value, every float output of the
+optimized graph run on its own values, within END_TO_END_FACTOR times a
+norm-wise reach.  On two seeds for graphs of up to SECOND_SEED_MAX_ELEMENTS
+values.  A float value may differ by the tolerance of
 the loosest float dtype it was computed through in the original graph, plus
 ROUNDING_FACTOR times the original's own rounding error (its distance to the
 same graph computed in f32).  Integer and bool values are compared exactly,
 except that a decision (an integer/bool value computed from floats: a
 comparison, a Cast) may flip where its original operands lie within that
-reach of the decision boundary; the run then goes on with the original
-decision, and a decision made inside a fused kernel excuses the elements that
-depend on it.  docs/verifier.md has the whole story.
+reach of the decision boundary, and a decision made inside a fused kernel
+excuses the elements that depend on it.  docs/verifier.md has the whole story.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ SECOND_SEED_MAX_ELEMENTS = 1 << 22
 # How many times the original's own rounding error (its distance to the f32 computation) a
 # legitimate result may differ by, on top of the dtype tolerance.
 ROUNDING_FACTOR = 4.0
+# The end-to-end comparison of outputs (the optimized graph's own values throughout, no anchoring) allows this
+# many times the reach, with |value| replaced by the output's largest magnitude: upstream differences, each
+# within its own reach, may be amplified on the way (an Exp of a large value), never by orders of magnitude.
+END_TO_END_FACTOR = 4.0
 # Values written into an excused element of an input to see which output elements it reaches.
 _PROBES = {True: (-1e4, 1e4), False: (0, 1)}  # by is_float
 
@@ -53,6 +60,7 @@ class NodeParity:
     rtol: float
     atol: float
     output: int | None = None  # the output position, for a comparison of graph outputs
+    end_to_end: bool = False  # an output of the un-anchored run, against END_TO_END_FACTOR x its end-to-end reach
 
     @property
     def ok(self) -> bool:
@@ -60,8 +68,8 @@ class NodeParity:
 
     def to_dict(self) -> dict:
         return {"node": self.node, "op": self.op, "original": self.original, "seed": self.seed,
-                "output": self.output, "max_abs": self.max_abs, "tolerance_ratio": self.tolerance_ratio,
-                "rtol": self.rtol, "atol": self.atol, "ok": self.ok}
+                "output": self.output, "end_to_end": self.end_to_end, "max_abs": self.max_abs,
+                "tolerance_ratio": self.tolerance_ratio, "rtol": self.rtol, "atol": self.atol, "ok": self.ok}
 
 
 @dataclass
@@ -168,6 +176,15 @@ class _Reference:
         bound = atol + rtol * np.abs(self.values[node_id].astype(np.float64))
         return bound + ROUNDING_FACTOR * self.rounding[node_id] if node_id in self.rounding else bound
 
+    def end_to_end_reach(self, node_id: int) -> np.ndarray:
+        """END_TO_END_FACTOR x the reach with |value| replaced by the value's largest finite magnitude."""
+        rtol, atol = self.tolerance(node_id)
+        value = np.abs(self.values[node_id].astype(np.float64))
+        bound = atol + rtol * np.max(value, where=np.isfinite(value), initial=0.0)
+        if node_id in self.rounding:
+            bound = bound + ROUNDING_FACTOR * self.rounding[node_id]
+        return END_TO_END_FACTOR * bound
+
     def excuse(self, materialized: set[int]) -> None:
         """Fill ``excused``: the ambiguous elements of each decision, and what they reach.
 
@@ -265,7 +282,14 @@ def rounding_error(graph: Graph, values: dict[int, np.ndarray], wide: Graph | No
 
 def _check_seed(ref: _Reference, optimized: Graph, same_value: Mapping[int, Sequence[int]],
                 blame: Callable[[int], Sequence[str]] | None, report: ParityReport) -> None:
+    """Run ``optimized`` anchored (comparing as it goes), then, if anchoring changed anything, end to end."""
     original, before = ref.graph, ref.values
+    own: dict[int, np.ndarray] = {}  # each optimized value as computed from its (anchored) inputs
+    moved: list[int] = []  # optimized nodes whose anchored value differs from the original's
+
+    def rules(nodes: Sequence[int]) -> str:
+        names = dict.fromkeys(r for n in nodes for r in (blame(n) if blame else ()))
+        return ", ".join(names) or "none recorded"
 
     def compare(node: Node, value: np.ndarray, old_id: int, excused: np.ndarray | None,
                 output: int | None = None) -> None:
@@ -281,28 +305,76 @@ def _check_seed(ref: _Reference, optimized: Graph, same_value: Mapping[int, Sequ
         how = (f"max abs error {max_abs:.3g}, {ratio:.3g} x its tolerance (rtol={rtol}, atol={atol}: {prec} "
                "precision, plus its rounding error)" if prec
                else f"exact {old.dtype} values differ beyond the decisions allowed to flip")
-        rules = ", ".join(blame(node.id) if blame else ()) or "none recorded"
         raise ParityError(f"parity failure: node {node.id} ({node.op}){at} differs from original node {old_id} "
-                          f"({old.op}) on seed {ref.seed}: {how}; built by rule(s): {rules}")
+                          f"({old.op}) on seed {ref.seed}: {how}; built by rule(s): {rules([node.id])}")
 
-    def visit(node: Node, value: np.ndarray) -> np.ndarray:
+    def shared_excuse(refs: Sequence[int]) -> np.ndarray | None:
+        masks = [ref.excused[r] for r in refs if r in ref.excused]
+        return np.logical_or.reduce(masks) if masks else None  # the refs hold one value: one excuse
+
+    def anchored(node: Node, value: np.ndarray) -> np.ndarray:
+        """Compare ``node`` with the original values it holds, then go on from the original's value."""
         if node.parts:  # a multi-result node: each result is compared through its Get
             return value
+        own[node.id] = value
         refs = same_value.get(node.id) or ()
-        masks = [ref.excused[r] for r in refs if r in ref.excused]
-        excused = np.logical_or.reduce(masks) if masks else None  # the refs hold one value: one excuse
         for old_id in refs:
-            compare(node, value, old_id, excused)
-        if excused is None:
+            compare(node, value, old_id, shared_excuse(refs))
+        if not refs:  # an intermediate of a fusion: followed through to the next original value
             return value
-        return np.where(excused, before[refs[0]], value).astype(value.dtype, copy=False)  # go on as the original
+        anchor = before[refs[0]].astype(value.dtype, copy=False)
+        if _differs(value, anchor).any():
+            moved.append(node.id)
+        return anchor
+
+    def followed(node: Node, value: np.ndarray) -> np.ndarray:
+        """The optimized graph's own float values; the original's decisions, integers and excused elements."""
+        refs = same_value.get(node.id) or ()
+        if node.parts or not refs:
+            return value
+        if not dtype(node.dtype).is_float:
+            return before[refs[0]].astype(value.dtype, copy=False)
+        excused = shared_excuse(refs)
+        return value if excused is None else np.where(excused, before[refs[0]], value).astype(value.dtype, copy=False)
 
     feeds = {n.name: before[n.id] for n in original.inputs}
     params = {n.name: before[n.id] for n in original.params}
-    after = evaluate(optimized, feeds, params, seed=ref.seed, return_all=True, visit=visit)
-    for k, (new, old) in enumerate(zip(optimized.outputs, original.outputs, strict=True)):
+    evaluate(optimized, feeds, params, seed=ref.seed, visit=anchored)
+    pairs = list(enumerate(zip(optimized.outputs, original.outputs, strict=True)))
+    for k, (new, old) in pairs:
         if old not in (same_value.get(new) or ()):
-            compare(optimized.node(new), after[new], old, ref.excused.get(old), output=k)
+            compare(optimized.node(new), own[new], old, ref.excused.get(old), output=k)
+    if not moved:  # anchoring changed nothing: the run above was the end-to-end run
+        return
+    after = evaluate(optimized, feeds, params, seed=ref.seed, return_all=True, visit=followed)
+    for k, (new, old) in pairs:
+        if not dtype(original.node(old).dtype).is_float:
+            continue
+        rtol, atol = ref.tolerance(old)
+        unjudged = ~(np.isfinite(after[new]) & np.isfinite(before[old]))  # overflow near the largest value
+        excused = unjudged if old not in ref.excused else unjudged | ref.excused[old]
+        max_abs, ratio = tolerance_ratio(after[new], before[old], lambda o=old: ref.end_to_end_reach(o), excused)
+        node = optimized.node(new)
+        entry = NodeParity(new, node.op, old, ref.seed, max_abs, ratio, rtol, atol, k, end_to_end=True)
+        report.nodes.append(entry)
+        if not entry.ok:
+            on_the_way = [n for n in moved if n in _ancestors(optimized, new)]
+            raise ParityError(
+                f"parity failure: node {new} ({node.op}), output {k}, end to end, differs from original node {old} "
+                f"({original.node(old).op}) on seed {ref.seed}: max abs error {max_abs:.3g}, {ratio:.3g} x its "
+                f"end-to-end tolerance ({END_TO_END_FACTOR:g} x (atol={atol} + rtol={rtol} x the output's largest "
+                f"magnitude, plus its rounding error): {ref.precision[old]} precision); differing on the way: "
+                f"node(s) {', '.join(map(str, on_the_way))}, built by rule(s): {rules(on_the_way)}")
+
+
+def _ancestors(graph: Graph, node_id: int) -> set[int]:
+    """``node_id`` and every node it is computed from."""
+    seen, todo = set(), [node_id]
+    while todo:
+        if (n := todo.pop()) not in seen:
+            seen.add(n)
+            todo.extend(graph.node(n).inputs)
+    return seen
 
 
 def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
