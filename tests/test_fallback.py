@@ -47,6 +47,8 @@ def gelu_erf(arg: str = "div", one: str = "plus", product: str = "x_o_half") -> 
             return g.mul(g.mul(x, o), g.scalar(0.5))
         if product == "x_half_o":
             return g.mul(g.mul(x, g.scalar(0.5)), o)
+        if product == "x_by_half_o":  # the dynamo exporter's form
+            return g.mul(x, g.mul(g.scalar(0.5), o))
         return g.mul(g.scalar(0.5), g.mul(x, o))
     return unary(body)
 
@@ -287,6 +289,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "gelu-erf-plus-one": (gelu_erf(one="plus"), GELU),
     "gelu-erf-x-o-half": (gelu_erf(product="x_o_half"), GELU),
     "gelu-erf-x-half-o": (gelu_erf(product="x_half_o"), GELU),
+    "gelu-erf-x-by-half-o": (gelu_erf(product="x_by_half_o"), GELU),
     "gelu-cube-pow": (gelu_tanh(cube="pow"), GELU),
     "gelu-cube-mul": (gelu_tanh(cube="mul"), GELU),
     "gelu-tanh-inner": (gelu_tanh(), GELU),

@@ -257,6 +257,22 @@ def test_rms_norm_with_one_over_sqrt_weight_first_is_one_norm(engine: str) -> No
     np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_dynamo_gelu_form_is_one_bias_gelu(engine: str) -> None:
+    """dynamo writes erf GELU as Mul(x, Mul(0.5, Add(Erf(Div(x, 1.4142135)), 1))) on x = MatMul + bias."""
+    m = OnnxBuilder(18)
+    x = m.linear(m.input("x", F, [B, S, 16]), "fc", 16, 32)
+    erf = m.op("Erf", [m.op("Div", [x, m.const(1.4142135)])])
+    model = m.model({"y": m.op("Mul", [x, m.op("Mul", [m.const(0.5), m.op("Add", [erf, m.const(1.0)])])])})
+    exported, mir, fired = optimized(model, engine)
+    assert (mir["FusedMatMulBiasAct"], mir["Erf"], mir["Mul"]) == (1, 0, 0)
+    assert "gelu-erf-x-by-half-o" in fired
+    ops = onnx_ops(exported)
+    assert (ops["BiasGelu"], ops["MatMul"], ops["Erf"], ops["Mul"]) == (1, 1, 0, 0)
+    inputs = inputs_of(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("addend", ["bias", "residual"])
 def test_a_batched_linear_layer_exports_as_one_gemm_on_rows(addend: str) -> None:
     """x [B, S, K] @ w + bias (or + a residual of the result's shape) is Reshape, Gemm, Reshape: one kernel."""
