@@ -226,3 +226,34 @@ def test_a_dropped_part_takes_the_guards_on_its_own_variables_with_it() -> None:
     rule = RuleSet.shipped().by_name("biased-attention")
     guard = next(v for v in fusion._relaxations(rule, *fusion._pattern(rule)) if "(split-qk" in v.detail)
     assert any(f.startswith("(attn-scores ") for f in guard.facts)  # a relation binds its variables: kept
+
+
+def test_a_cheaper_fusion_the_choice_left_out_is_not_taken() -> None:
+    # Greedy's gap is 0 on every example, so the choice is made worse by hand: the output class computes the
+    # plain Gelu although its FusedMatMulBiasAct alternative is cheaper.
+    import importlib
+
+    from rlx_egraph.egraph import extract
+    from rlx_egraph.egraph.rules import load_rules
+    from rlx_egraph.egraph.saturate import saturate
+    from rlx_egraph.egraph.view import build_view
+    from rlx_egraph.report.fusion import missed_fusions
+
+    pipeline = importlib.import_module("rlx_egraph.optimize")
+    graph, rules, cpu = _linear("gelu"), load_rules(), get_target("cpu")
+    egraph, encoding = pipeline.build_egraph(graph, rules)
+    saturate(egraph, rules)
+    view = build_view(egraph, graph, encoding.constants, rules)
+    costs = extract.node_costs(view, cpu)
+    (out,) = [view.class_of_node[o] for o in graph.outputs]
+    greedy = extract.greedy(view, [out], cpu, {n.id: k for k, n in enumerate(graph.nodes)}, costs)
+    assert view.nodes[greedy.choice[out]].op == "FusedMatMulBiasAct"
+    worse = {**extract._best_tree_choice(view, costs)[0], **greedy.choice}
+    worse[out] = next(i for i in view.classes[out].nodes if view.nodes[i].op == "Gelu")
+    (miss,), _ = missed_fusions(view, graph, worse, costs, rules, cpu, None)
+    assert (miss.kind, miss.op, miss.reason, miss.rule, miss.nodes) == (
+        NOT_EXTRACTED, "FusedMatMulBiasAct", "not taken", "matmul-bias-gelu", (5,))
+    assert miss.fused_ns == pytest.approx(greedy.cost_ns)
+    assert miss.chosen_ns == pytest.approx(extract.dag_cost(view, worse, [out], costs))
+    assert miss.chosen_ns > miss.fused_ns
+    assert miss.detail.endswith("yet greedy extraction did not take it; try extraction='exact'")
