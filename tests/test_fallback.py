@@ -251,6 +251,33 @@ def scores_attention(scores: str = "div", keys: str = "t", kv_heads: int = 2, ma
     return build
 
 
+def packed_attention(causal: bool = False, mask_rows: bool = True, rows: bool = False,
+                     out_rows: bool = False, plain: bool = False) -> Callable[[], Graph]:
+    """Attention over one packed projection [2, 4, 3 * 8] with 2 heads of 4: an additive mask [2, 1, 4, 4]
+    (or a padding mask [2, 1, 1, 4] when not ``mask_rows``), causal or none (``plain``: the scores' own form);
+    the projection on flat rows and back
+    (``rows``), the merged heads reshaped to rows (``out_rows``)."""
+    def build() -> Graph:
+        g = Graph()
+        b, s, e, h = 2, 4, 8, 2
+        x, w, bias = g.input("x", (b, s, e)), g.param("w", (e, 3 * e)), g.param("b", (3 * e,))
+        if rows:
+            qkv = g.reshape(g.add(g.matmul(g.reshape(x, shape=(b * s, e)), w), bias), shape=(b, s, 3 * e))
+        else:
+            qkv = g.add(g.matmul(x, w), bias)
+        q, k, v = (g.transpose(g.reshape(g.narrow(qkv, axis=-1, start=j * e, length=e), shape=(b, s, h, e // h)),
+                               perm=(0, 2, 1, 3)) for j in range(3))
+        if causal:
+            ctx = g.causal_attention(q, k, v, scale=0.5)
+        elif plain:
+            ctx = g.matmul(g.softmax(g.mul(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), g.scalar(0.5)), axis=-1), v)
+        else:
+            ctx = g.biased_attention(q, k, v, g.input("mask", (b, 1, s if mask_rows else 1, s)), scale=0.5)
+        g.set_outputs([g.reshape(g.transpose(ctx, perm=(0, 2, 1, 3)), shape=(b * s, e) if out_rows else (b, s, e))])
+        return g
+    return build
+
+
 def rotate_half_rope() -> Graph:
     g = Graph()
     x, cos, sin = g.input("x", (2, 2, 4, 8)), g.param("cos", (4, 8)), g.param("sin", (4, 8))
@@ -261,6 +288,7 @@ def rotate_half_rope() -> Graph:
 
 
 ATTN = {"BiasedAttention": 1, "Softmax": 0}
+QKV_ATTN = {"QkvAttention": 1, "BiasedAttention": 0, "Transpose": 0, "Narrow": 0}
 GELU = {"Gelu": 1, "Erf": 0, "Tanh": 0}
 LN = {"LayerNorm": 1, "ReduceMean": 0}
 RMS = {"RmsNorm": 1, "ReduceMean": 0}
@@ -283,6 +311,12 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "causal-attention-rope": (rope_attention, {"CausalAttentionRoPE": 1, "RoPE": 0, "CausalAttention": 0}),
     "attention-block": (attention_block, {"FusedAttentionBlock": 1, "Attention": 0, "FusedMatMulBiasAct": 0}),
     "transformer-layer": (transformer_layer(residual_first=False), {"FusedTransformerLayer": 1}),
+    "qkv-projection": (packed_attention(), QKV_ATTN),
+    "qkv-projection-rows": (packed_attention(rows=True), QKV_ATTN),
+    "packed-heads": (packed_attention(mask_rows=False), QKV_ATTN),
+    "qkv-attention": (packed_attention(out_rows=True), QKV_ATTN),
+    "qkv-attention-causal": (packed_attention(causal=True), QKV_ATTN | {"CausalAttention": 0}),
+    "qkv-attention-plain": (packed_attention(plain=True), QKV_ATTN | {"Softmax": 0, "MatMul": 0}),
     "silu-mul-sigmoid": (unary(lambda g, x: g.mul(x, g.sigmoid(x))), {"Silu": 1, "Sigmoid": 0}),
     "gelu-erf-div": (gelu_erf(arg="div"), GELU),
     "gelu-erf-mul": (gelu_erf(arg="mul"), GELU),

@@ -17,7 +17,7 @@ from rlx_egraph.optimize import optimize_with_report
 
 SHAPES = {"bert": {"hidden_states": (2, 5, 16), "attention_mask": (2, 5)}, "gpt2": {"hidden_states": (2, 5, 16)},
           "llama": {"hidden_states": (2, 5, 16)}, "sdpa": {"hidden_states": (2, 5, 16), "attention_mask": (2, 5)}}
-ATTENTION_OPS = ("Attention", "CausalAttention", "Expand", "Softmax")
+ATTENTION_OPS = ("Attention", "CausalAttention", "QkvAttention", "Expand", "Softmax")
 
 
 def ort_output(name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -26,8 +26,10 @@ def ort_output(name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("name", "counts", "rules"), [
-    ("gpt2", {"Attention": 0, "CausalAttention": 1, "Expand": 0, "Softmax": 0}, {"onnx-attention-causal"}),
-    ("llama", {"Attention": 0, "CausalAttention": 1, "Expand": 0, "Softmax": 0},
+    # GPT-2's heads are one packed projection: the causal attention over it is one QkvAttention
+    ("gpt2", {"Attention": 0, "CausalAttention": 0, "QkvAttention": 1, "Expand": 0, "Softmax": 0},
+     {"onnx-attention-causal", "qkv-attention-causal"}),
+    ("llama", {"Attention": 0, "CausalAttention": 1, "QkvAttention": 0, "Expand": 0, "Softmax": 0},
      {"onnx-attention-causal", "onnx-attention-gqa"}),
 ])
 def test_causal_attention_forms_become_one_kernel_with_parity(name: str, counts: dict, rules: set) -> None:
@@ -42,10 +44,12 @@ def test_causal_attention_forms_become_one_kernel_with_parity(name: str, counts:
 
 def test_padding_mask_attention_is_one_biased_attention_not_the_keep_mask_attention() -> None:
     """BERT's additive mask equals Attention's custom keep mask only for a 0/1 mask: it becomes BiasedAttention,
-    which adds the mask as it is, with parity against onnxruntime."""
-    out, _ = optimize_with_report(import_model(MODELS["bert"](), SHAPES["bert"]), rules=onnx_rules(), verify=True)
+    which adds the mask as it is, with parity against onnxruntime; over the packed projection, QkvAttention."""
+    out, report = optimize_with_report(import_model(MODELS["bert"](), SHAPES["bert"]), rules=onnx_rules(),
+                                       verify=True)
+    assert report.matches_per_rule["biased-attention"] >= 1
     assert {op: out.op_counts()[op] for op in (*ATTENTION_OPS, "BiasedAttention")} == {
-        "Attention": 0, "CausalAttention": 0, "Expand": 0, "Softmax": 0, "BiasedAttention": 1}
+        "Attention": 0, "CausalAttention": 0, "QkvAttention": 1, "Expand": 0, "Softmax": 0, "BiasedAttention": 0}
     inputs = feeds(MODELS["bert"](), SHAPES["bert"])
     np.testing.assert_allclose(evaluate(out, inputs)[0], ort_output("bert", inputs), rtol=0, atol=1e-4)
 

@@ -35,7 +35,7 @@ def bert_shapes(binding: dict[str, int]) -> dict[str, tuple[int, ...]]:
 
 
 def fused(graph: Graph) -> Counter[str]:
-    return Counter({op: n for op, n in graph.op_counts().items() if op.startswith("Fused")})
+    return Counter({op: n for op, n in graph.op_counts().items() if op.startswith("Fused") or op == "QkvAttention"})
 
 
 def test_import_without_shapes_keeps_the_dim_params_as_symbols() -> None:
@@ -79,7 +79,8 @@ def test_symbolic_optimize_fuses_like_the_specialised_graph() -> None:
     opt = optimize(g, target="onnxruntime", rules=onnx_rules(), dim_hints=hints)
     at_hints = optimize(specialize(g, hints), target="onnxruntime", rules=onnx_rules())
     assert set(opt.symbols) == {"batch", "sequence"}
-    assert fused(opt) == fused(at_hints) == Counter({"FusedMatMulBiasAct": 4, "FusedResidualLN": 2})
+    # the residual LayerNorms stay unfused on onnxruntime (cost/targets.ORT_SLOWER_THAN_UNFUSED)
+    assert fused(opt) == fused(at_hints) == Counter({"FusedMatMulBiasAct": 3, "QkvAttention": 1})
     assert specialize(opt, hints).op_counts() == at_hints.op_counts()
 
 

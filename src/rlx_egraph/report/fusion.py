@@ -185,7 +185,7 @@ def _not_extracted(ctx: _Context, target: Target) -> list[MissedFusion]:
             alive = sorted({~d for d in log.refs if d < 0 and solver.refs[~d] > 0} - reads - {c})
             alive = [k for k in alive if view.nodes[choice[k]].spec.kind is not Kind.LEAF]
             if costs[idx] == float("inf"):
-                reason, detail = "unsupported", f"target {target.name} has no {f.op} kernel (unsupported op)"
+                reason, detail = "unsupported", f"target {target.name} does not run {f.op} (unsupported op)"
             elif alive:
                 reason, detail = "another consumer", "; ".join(_kept_alive(ctx, solver, k) for k in alive) + \
                     f", so fusing would compute it twice: {fused_ns:,.0f} ns fused vs {chosen_ns:,.0f} ns unfused"

@@ -224,6 +224,20 @@ def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[Tensor
     return b.op("Attention", [q, k, v, bias], scale=node.attrs["scale"])
 
 
+def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """com.microsoft Attention: the packed projection, the heads and the additive bias (its attention_bias
+    input, expanded to [B or 1, H or 1, S, S]: once per mask) or the causal mask (unidirectional) in one
+    kernel; its [B, S, H*D] result reshaped to the op's [B, S, H, D] (a view)."""
+    bias = ""
+    if len(ins) > 3:
+        bias, shape = ins[3], types[3].shape
+        if shape[2] != shape[3]:
+            bias = b.expand(bias, [*shape[:2], shape[3], shape[3]])
+    ctx = b.op("Attention", [*ins[:3], "", "", bias], domain=MS, num_heads=node.attrs["heads"],
+               scale=node.attrs["scale"], unidirectional=int(node.attrs["causal"]))
+    return b.op("Reshape", [ctx, b.ints(node.shape)])
+
+
 def _known(b: Builder, name: str) -> np.ndarray | None:
     """The value of an initializer already written, else None."""
     from onnx import numpy_helper
@@ -294,6 +308,7 @@ EXPORTS: dict[str, ExportFn] = {
     "FusedAttentionBlock": _attention_block,
     "CausalAttention": _causal_attention,
     "BiasedAttention": _biased_attention,
+    "QkvAttention": _qkv_attention,
     "RotaryEmbedding": _rotary,
 }
 

@@ -48,6 +48,7 @@ class Builder:
                 if isinstance(d, Sym):
                     self.dim_sources.setdefault(d, (node.name, axis))
         self.dim_tensors: dict[Dim, str] = {}
+        self.expanded: dict[tuple[str, tuple[Dim, ...]], str] = {}
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0
@@ -81,6 +82,13 @@ class Builder:
         name = name if name is not None else self.fresh(f"const_{len(self.initializers)}")
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
+
+    def expand(self, name: str, shape: Iterable[Dim]) -> str:
+        """``name`` broadcast to ``shape`` by an Expand node, written once per tensor and shape."""
+        key = (name, tuple(shape))
+        if key not in self.expanded:
+            self.expanded[key] = self.op("Expand", [name, self.ints(key[1])])
+        return self.expanded[key]
 
     def ints(self, values: Iterable[Dim]) -> str:
         """A 1-D int64 tensor of ``values``: an initializer, or for symbolic dims a Concat of :meth:`dim`."""

@@ -311,6 +311,79 @@ def _biased_attention_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
         {"scale": pick(rng, [d**-0.5, float(rng.uniform(0.1, 1.0))])}
 
 
+def _qkv_attention_infer(a: Attrs, ins: list[T]) -> T:
+    x, w, b, *bias = ins
+    require_rank(x, 3, "QkvAttention x ([B, S, E_in])")
+    same_dtype(ins, "QkvAttention inputs")
+    width = w.shape[-1] if w.rank == 2 else 0
+    if w.shape != (x.shape[-1], width) or width % 3 or b.shape != (width,):
+        raise ShapeError(f"QkvAttention w {list(w.shape)} and b {list(b.shape)} must be [{x.shape[-1]}, 3E] and [3E]")
+    e, heads = width // 3, a["heads"]
+    if e % heads:
+        raise ShapeError(f"QkvAttention width {e} is not divisible by heads={heads}")
+    if bias and a["causal"]:
+        raise ShapeError("QkvAttention takes an additive bias or causal=True, not both")
+    batch, seq = x.shape[:2]
+    if bias and (bias[0].rank != 4 or bias[0].shape[3] != seq or bias[0].shape[0] not in (1, batch)
+                 or bias[0].shape[1] not in (1, heads) or bias[0].shape[2] not in (1, seq)):
+        raise ShapeError(f"QkvAttention bias {list(bias[0].shape)} must be [{batch} or 1, {heads} or 1, {seq} or 1, "
+                         f"{seq}]")
+    return TensorType((batch, seq, heads, e // heads), x.dtype)
+
+
+def _qkv_heads(g: Graph, qkv: int, heads: int) -> list[int]:
+    """Q, K and V [B, heads, S, D]: the thirds of the packed projection [B, S, 3E], split into heads."""
+    batch, seq, width = g.node(qkv).shape
+    e = width // 3
+    return [g.transpose(g.reshape(g.narrow(qkv, axis=-1, start=j * e, length=e), shape=(batch, seq, heads, e // heads)),
+                        perm=(0, 2, 1, 3)) for j in range(3)]
+
+
+def _qkv_attention_kernel(a: Attrs, x: np.ndarray, w: np.ndarray, b: np.ndarray,
+                          bias: np.ndarray | None = None) -> np.ndarray:
+    batch, seq = x.shape[:2]
+    q, k, v = (t.reshape(batch, seq, a["heads"], -1).transpose(0, 2, 1, 3)
+               for t in np.split(np.matmul(x, w) + b, 3, axis=-1))
+    if bias is None:
+        ctx = K.sdpa(q, k, v, a["scale"], causal=a["causal"])
+    else:
+        ctx = _biased_attention_kernel({"scale": a["scale"], "nan_to_zero": False}, q, k, v, bias)
+    return ctx.transpose(0, 2, 1, 3)
+
+
+def _qkv_attention_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """x @ w + b, its thirds split into heads, BiasedAttention, CausalAttention or Softmax(q @ k^T * scale) @ v,
+    transposed back."""
+    x, w, b, *bias = ins
+    q, k, v = _qkv_heads(g, g.fused_matmul_bias_act(x, w, b, act="none"), a["heads"])
+    if bias:
+        ctx = g.biased_attention(q, k, v, bias[0], scale=a["scale"], nan_to_zero=False)
+    elif a["causal"]:
+        ctx = g.causal_attention(q, k, v, scale=a["scale"])
+    else:
+        scores = g.mul(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), g.scalar(a["scale"], g.node(x).dtype))
+        ctx = g.matmul(g.softmax(scores, axis=-1), v)
+    return g.transpose(ctx, perm=(0, 2, 1, 3))
+
+
+def _qkv_attention_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """x [B, S, E_in], w [E_in, 3 * heads * D]; a bias [B or 1, heads or 1, S or 1, S], causal, or neither."""
+    batch, heads = random_shape(rng, 2, 2, high=3)
+    seq, d, e_in = random_shape(rng, 3, 3)
+    width = 3 * heads * d
+    shapes = {"x": (batch, seq, e_in), "w": (e_in, width), "b": (width,)}
+    mask = pick(rng, ["bias", "causal", "none"])
+    causal = mask == "causal"
+    if mask == "bias":
+        shapes["bias"] = (pick(rng, [1, batch]), pick(rng, [1, heads]), pick(rng, [1, seq]), seq)
+    return shapes, {"heads": heads, "causal": causal, "scale": pick(rng, [d**-0.5, float(rng.uniform(0.1, 1.0))])}
+
+
+def _qkv_attention_flops(a: Attrs, ins: list[T], out: T) -> int:
+    x, w = ins[0], ins[1]
+    return 2 * x.numel * w.shape[-1] + 4 * out.numel * x.shape[1]
+
+
 def _rotary_infer(a: Attrs, ins: list[T]) -> T:
     x, cos, sin = ins
     same_dtype(ins, "RotaryEmbedding operands")
@@ -531,6 +604,13 @@ FUSED = [
            doc="Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask "
                "broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN.",
            decompose=_biased_attention_decompose, sampler=_biased_attention_sample),
+    OpSpec("QkvAttention", Kind.FUSED, ("x", "w", "b", "bias?"), _qkv_attention_infer, _qkv_attention_kernel,
+           (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False)),
+           flops=_qkv_attention_flops,
+           doc="Attention over one packed projection: x @ w + b split into Q, K and V [B, S, E], each into heads, "
+               "attended with an additive bias [B or 1, heads or 1, S or 1, S], causally or unmasked: the context "
+               "[B, S, heads, D] (a Reshape merges the heads for free; onnxruntime's com.microsoft Attention).",
+           decompose=_qkv_attention_decompose, sampler=_qkv_attention_sample),
     OpSpec("RotaryEmbedding", Kind.FUSED, ("x", "cos", "sin"), _rotary_infer,
            lambda a, x, cos, sin: x * cos + rotate_half(x) * sin,
            doc="x * cos + rotate_half(x) * sin (RoPE with given tables, rotate-half convention).",
