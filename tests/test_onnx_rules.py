@@ -306,3 +306,34 @@ def test_layers_take_fewer_launches_than_onnxruntime_enable_all(name: str) -> No
     assert op_counts(exported)[1] == LAUNCHES[name] < theirs
     inputs = feeds(model, SHAPES[name])
     np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+def vit_attention(hidden: int = 16, heads: int = 2) -> onnx.ModelProto:
+    """ViT self-attention as the TorchScript exporter writes it: no mask, keys split heads-last (Transpose
+    0 2 3 1 of [B, S, H, D]), the scores multiplied by D^-0.5, Q/K/V each a MatMul + Add of the hidden state."""
+    m = OnnxBuilder(14)
+    x = m.input("hidden_states", F, [B, S, hidden])
+    hd = hidden // heads
+    q, k, v = (m.linear(x, f"attention.{n}", hidden, hidden) for n in ("query", "key", "value"))  # module order
+    q, v = m.split_heads(q, heads, hd), m.split_heads(v, heads, hd)
+    k = m.op("Reshape", [k, m.ints(B, S, heads, hd)])
+    scores = m.op("Mul", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 2, 3, 1])]), m.const(hd**-0.5)])
+    ctx = m.merge_heads(m.op("MatMul", [m.op("Softmax", [scores], axis=-1), v]), hidden)
+    return m.model({"out": m.linear(ctx, "output.dense", hidden, hidden)})
+
+
+def test_vit_unmasked_attention_over_the_qkv_projections_is_one_contrib_attention() -> None:
+    """The egglog engine only: the fallback matches on the graph and the heads-last keys K4 = Transpose(K,
+    0 2 1 3) are a term that a facts rule (attn-keys-heads-last) builds, not a graph node, so packed-heads
+    does not see them there (it stays MatMul, Softmax, MatMul, verified)."""
+    model = vit_attention()
+    exported, counts, fired = optimized(model, "egglog")
+    assert {op: counts[op] for op in ("QkvAttention", "Softmax", "MatMul", "Transpose", "Narrow")} == {
+        "QkvAttention": 1, "Softmax": 0, "MatMul": 0, "Transpose": 0, "Narrow": 0}
+    assert {"shared-input-linear", "qkv-projection", "packed-heads", "qkv-attention-plain"} <= fired
+    ops = onnx_ops(exported)
+    assert (ops["Attention"], ops["Gemm"], op_counts(exported)[1]) == (1, 1, 2)  # the output projection
+    (attention,) = [n for n in exported.graph.node if n.op_type == "Attention"]
+    assert attention.domain == "com.microsoft" and attention.input[5:] in ([], [""])
+    inputs = inputs_of(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
