@@ -16,6 +16,10 @@ onnxruntime's CPU provider (default session options, so its own thread pool):
   SimplifiedLayerNormalization, per layer, at a tiny and a BERT-base size.
   Where the fused kernel is slower, the target leaves it unsupported
   (``cost/targets.ORT_SLOWER_THAN_UNFUSED``).
+* attention over a packed QKV projection ([2, S, 64], 4 heads, an additive
+  mask), one thread: com.microsoft Attention (what QkvAttention exports to)
+  against the projection, Slice, Reshape and Transpose per head split, then
+  opset-23 Attention or MatMul, Softmax, MatMul, then the head merge.
 
 Each figure is the median of ``repeats`` timed runs after a warm-up run.
 """
@@ -108,6 +112,49 @@ def residual_norm_us(shape: tuple[int, ...], layers: int = 20, repeats: int = 10
     return out
 
 
+def attention_us(seq: int, heads: int = 4, head_dim: int = 16, repeats: int = 300) -> dict[str, float]:
+    """us per attention block in its three exported forms (module docs), one onnxruntime thread."""
+    batch, width = 2, heads * head_dim
+    rng = np.random.default_rng(0)
+    consts = {"w": rng.standard_normal((width, 3 * width)) * 0.1, "b": rng.standard_normal(3 * width) * 0.1,
+              "mask": np.zeros((batch, 1, seq, seq)), "scale": np.array(head_dim**-0.5),
+              "heads": np.array([batch, seq, heads, head_dim]), "merged": np.array([batch, seq, width]),
+              "axis": np.array([-1]), **{f"at{j}": np.array([j * width]) for j in range(4)}}
+    inits = [numpy_helper.from_array(v.astype(np.int64 if v.dtype.kind == "i" else np.float32), k)
+             for k, v in consts.items()]
+    split = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["qkv"])]
+    for j, t in enumerate("qkv"):
+        split += [helper.make_node("Slice", ["qkv", f"at{j}", f"at{j + 1}", "axis"], [f"{t}s"]),
+                  helper.make_node("Reshape", [f"{t}s", "heads"], [f"{t}r"]),
+                  helper.make_node("Transpose", [f"{t}r"], [t], perm=[0, 2, 1, 3])]
+    merge = [helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["ot", "merged"], ["y"])]
+    unfused = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+               helper.make_node("MatMul", ["q", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+               helper.make_node("Add", ["s1", "mask"], ["s2"]), helper.make_node("Softmax", ["s2"], ["sm"], axis=-1),
+               helper.make_node("MatMul", ["sm", "v"], ["o"])]
+    forms = {
+        "com.microsoft Attention": [helper.make_node("Attention", ["x", "w", "b", "", "", "mask"], ["y"], domain=MS,
+                                                     num_heads=heads, scale=head_dim**-0.5)],
+        "opset-23 Attention": [*split, helper.make_node("Attention", ["q", "k", "v", "mask"], ["o"],
+                                                        scale=head_dim**-0.5), *merge],
+        "MatMul, Softmax, MatMul": [*split, *unfused, *merge],
+    }
+    feeds = {"x": rng.standard_normal((batch, seq, width)).astype(np.float32)}
+    out = {}
+    for name, nodes in forms.items():
+        graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                     (batch, seq, width))],
+                                  [helper.make_value_info("y", onnx.TypeProto())], inits)
+        model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 23),
+                                                                       helper.make_opsetid(MS, 1)])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        out[name] = _median_ns(session, feeds, repeats) / 1e3
+    return out
+
+
 def main() -> None:
     print(f"onnxruntime {ort.__version__}, CPUExecutionProvider")
     print(f"dispatch_ns   {dispatch_ns():10.0f}  ns per kernel")
@@ -116,6 +163,9 @@ def main() -> None:
     for shape in ((2, 16, 64), (2, 128, 768)):
         for name, us in residual_norm_us(shape).items():
             print(f"{name:36s} {us:10.2f}  us per layer at {list(shape)}")
+    for seq in (16, 65):
+        for name, us in attention_us(seq).items():
+            print(f"{name:36s} {us:10.2f}  us per attention at S = {seq}")
 
 
 if __name__ == "__main__":
