@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 from ..cost import Target, get_target
@@ -333,8 +334,10 @@ class _Engine:
         roots = matcher.candidates(near)
         if matcher.root_op is None:
             return roots
-        signatures, input_ops, fits = self.signatures, self.input_ops, matcher.fits
-        return [root for root in roots if fits(signatures.get(root) or input_ops(root))]
+        signatures, input_ops = self.signatures, self.input_ops
+        ops = [signatures.get(root) or input_ops(root) for root in roots]
+        fitting = {o for o in set(ops) if matcher.fits(o)}  # few distinct signatures: test each once
+        return list(compress(roots, map(fitting.__contains__, ops)))
 
     def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:
         """The ops of a node's inputs (with their forms' ops, as a set, where they have forms)."""
