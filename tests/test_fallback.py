@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
-from rlx_egraph.cost import profile
+from rlx_egraph.cost import get_target, profile
 from rlx_egraph.egraph.rules import default_rule_dir, load_rules
 from rlx_egraph.fallback import FallbackLimits, load, run
 from rlx_egraph.fallback.bench import main as bench_main
+from rlx_egraph.fallback.engine import _Engine
 from rlx_egraph.fallback.facts import Facts
 from rlx_egraph.fallback.matcher import schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
@@ -848,3 +849,25 @@ def test_rewriter_inserts_a_node_checked_once_without_checking_it_again():
     leaf = check_node(98, "Param", [], {"name": "w2", "shape": (8,)}, rw.nodes_by_id.get, rw.leaf_names)
     with pytest.raises(GraphError, match=r"insert_checked takes no leaves: Param is one \(insert checks its name\)"):
         rw.insert_checked(leaf, ())
+
+
+def test_planned_node_checks_are_remembered_per_op_attributes_and_input_ops_and_types() -> None:
+    g = Graph()
+    x, w = g.input("x", X), g.param("w", X)
+    y = g.input("y", (3, 5))
+    e = g.exp(x)
+    g.set_outputs([g.add(e, w), g.exp(y)])
+    engine = _Engine(g, load(), get_target("cpu"), FallbackLimits(), 64)
+    lookup = engine.nodes.get
+    first = engine.checked(100, "ConcatParams", [w], {"axis": 1}, lookup)
+    again = engine.checked(101, "ConcatParams", [w], {"axis": 1}, lookup)
+    assert (first.id, again.id, len(engine.checks)) == (100, 101, 1)
+    assert again.same_as(check_node(101, "ConcatParams", [w], {"axis": 1}, lookup, {}))
+    assert again.attrs == {"axis": -1} and again.attrs is not first.attrs  # canonical, never shared
+    # same input type, another input op: its own entry, and the weight-prep check still refuses it
+    with pytest.raises(GraphError, match=rf"^node 102 \(ConcatParams\): inputs must be parameters, node {e} is Exp$"):
+        engine.checked(102, "ConcatParams", [e], {"axis": 1}, lookup)
+    for nid in (103, 104):  # a failure is not remembered: each node's own message
+        with pytest.raises(GraphError, match=rf"^node {nid} \(Add\): shapes \[4, 8\] and \[3, 5\] do not broadcast$"):
+            engine.checked(nid, "Add", [x, y], {}, lookup)
+    assert len(engine.checks) == 1

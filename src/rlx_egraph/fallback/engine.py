@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 from ..cost import Target, get_target
@@ -76,6 +77,7 @@ STOP_TIME = "time limit"
 NO_GAIN = "does not lower the cost"
 KNOWN_FORM = "the node already has this form"
 TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
+LEAF_OPS = frozenset(op for op, spec in REGISTRY.items() if spec.kind is Kind.LEAF)
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,7 @@ class _Engine:
                          for m in ms}
         self.costs: dict[int, tuple[Node, float]] = {}
         self.signature_costs: dict[tuple, float] = {}
+        self.checks: dict[tuple, tuple[dict[str, Any], tuple, str, tuple]] = {}  # see checked()
         self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
         self.rules_of: dict[int, list[str]] = {}
         self.stats.cost_before_ns = self.dag_ns()
@@ -333,8 +336,10 @@ class _Engine:
         roots = matcher.candidates(near)
         if matcher.root_op is None:
             return roots
-        signatures, input_ops, fits = self.signatures, self.input_ops, matcher.fits
-        return [root for root in roots if fits(signatures.get(root) or input_ops(root))]
+        signatures, input_ops = self.signatures, self.input_ops
+        ops = [signatures.get(root) or input_ops(root) for root in roots]
+        fitting = {o for o in set(ops) if matcher.fits(o)}  # few distinct signatures: test each once
+        return list(compress(roots, map(fitting.__contains__, ops)))
 
     def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:
         """The ops of a node's inputs (with their forms' ops, as a set, where they have forms)."""
@@ -422,7 +427,7 @@ class _Engine:
                     nid = rw.next_id + len(new)
                     inputs = _inputs(action, env, slots, pattern.base)
                     attrs = {name: _plain(ev(env)) for name, ev in compiled}
-                    node = check_node(nid, action.op, inputs, attrs, lookup, rw.leaf_names)
+                    node = self.checked(nid, action.op, inputs, attrs, lookup)
                     same = rw.existing(node) if not any(i in new for i in node.inputs) else None
                     if same is None:
                         new[nid] = node
@@ -454,6 +459,25 @@ class _Engine:
             del new[form.id]
         delta, dead = self.delta(new, merges)
         return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms)
+
+    def checked(self, nid: int, op: str, inputs: list[int], attrs: dict[str, Any],
+                lookup: Callable[[int], Node | None]) -> Node:
+        """:func:`check_node` of a planned node, its outcome remembered per (op, attributes, input
+        ops and types): the checks are pure functions of these (leaves and failures are not remembered)."""
+        ins = [lookup(i) if type(i) is int else None for i in inputs]
+        key: tuple | None = None
+        if None not in ins and op not in LEAF_OPS:
+            try:
+                key = (op, tuple(attrs.items()), tuple([(n.op, n.shape, n.dtype, n.parts) for n in ins]))  # type: ignore[union-attr]
+                hit = self.checks.get(key)
+            except TypeError:  # unhashable attributes (arrays)
+                key = hit = None
+            if hit is not None:
+                return Node(nid, op, tuple(inputs), dict(hit[0]), hit[1], hit[2], hit[3])
+        node = check_node(nid, op, inputs, attrs, lookup, self.rw.leaf_names)
+        if key is not None:
+            self.checks[key] = (dict(node.attrs), node.shape, node.dtype, node.parts)
+        return node
 
     def known_forms(self, merges: list[tuple[int, int]], forms: list[tuple[int, Node]]) -> bool:
         """Whether a rewrite only records forms its nodes already have."""
@@ -606,8 +630,8 @@ class _Engine:
                 cost = self.signature_costs[key] = enode_ns(self.target, node.spec, node.attrs, [], node.type, False)
             return cost
         ins = [lookup(i) for i in node.inputs]
-        reads_intermediate = any(i.kind is not Kind.LEAF for i in ins)
-        key = (node.op, tuple(node.attrs.values()), tuple((i.shape, i.dtype) for i in ins), node.shape,
+        reads_intermediate = not LEAF_OPS.issuperset([i.op for i in ins])
+        key = (node.op, tuple(node.attrs.values()), tuple([(i.shape, i.dtype) for i in ins]), node.shape,
                node.dtype, reads_intermediate)
         try:
             cost = self.signature_costs.get(key)

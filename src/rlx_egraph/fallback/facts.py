@@ -139,6 +139,10 @@ class Facts:
         }
         self.rows: dict[str, dict[tuple, Any]] = {n: {} for n, d in self.decls.items() if not d.builtin}
         self._index: dict[tuple[str, int], dict[Any, dict[tuple, None]]] = {}
+        self._indexes: dict[str, list[tuple[int, dict[Any, dict[tuple, None]]]]] = {}  # table -> its indexes
+        self._node_columns = {name: ([c for c, s in enumerate(d.inputs) if s == "Op"],
+                                     [c for c, s in enumerate(d.inputs) if s == "TensorList"], d.output == "Op")
+                              for name, d in self.decls.items()}  # where a row names nodes
         self._mentions: dict[int, list[tuple[str, tuple]]] = {}
         self._merge: dict[str, Callable[[Any, Any], Any]] = {}
         for name, decl in self.decls.items():
@@ -245,10 +249,11 @@ class Facts:
         return value
 
     def _nodes_in(self, name: str, args: tuple, value: Any) -> list[int]:
-        decl = self.decls[name]
-        out = [a for s, a in zip(decl.inputs, args, strict=True) if s == "Op"]
-        out += [v for s, a in zip(decl.inputs, args, strict=True) if s == "TensorList" for v in a]
-        if decl.output == "Op":
+        ops, lists, value_is_op = self._node_columns[name]
+        out = [args[c] for c in ops]
+        for c in lists:
+            out += args[c]
+        if value_is_op:
             out.append(value)
         return out
 
@@ -260,10 +265,11 @@ class Facts:
             for args in self.rows[name]:
                 index.setdefault(args[column], {})[args] = None
             self._index[(name, column)] = index
+            self._indexes.setdefault(name, []).append((column, index))
         return index
 
     def _indexes_of(self, name: str) -> list[tuple[int, dict]]:
-        return [(c, idx) for (n, c), idx in self._index.items() if n == name]
+        return self._indexes.get(name, [])
 
 
 def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable[[list], Any]:

@@ -38,6 +38,10 @@ _LEVEL_STEP = 1.0 / 1024
 _NAMED_LEAVES = frozenset({"Input", "Param"})
 
 
+# Attribute types that are their own key (no arrays, no floats that may be -0.0).
+_OWN_KEY = frozenset({int, str, bool, tuple, type(None)})
+
+
 def _value_key(value: Any) -> Any:
     """A hashable key of one attribute value (arrays by content, -0.0 apart from 0.0)."""
     if isinstance(value, np.ndarray):
@@ -51,7 +55,7 @@ def node_key(node: Node) -> tuple | None:
     """What makes two nodes the same value: op, inputs and attributes (None for named leaves)."""
     if node.op in _NAMED_LEAVES:
         return None
-    return node.op, node.inputs, tuple(_value_key(v) for v in node.attrs.values())
+    return node.op, node.inputs, tuple([v if type(v) in _OWN_KEY else _value_key(v) for v in node.attrs.values()])
 
 
 class GraphRewriter:
