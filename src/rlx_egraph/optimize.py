@@ -231,7 +231,7 @@ def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int
     egraph.run_program(*egraph.parse_program(schema_text()))
     egraph.run_program(*egraph.parse_program("\n".join(f"(ruleset {s})" for s in STAGES)))
     egraph.run_program(*ruleset.commands())
-    egraph.parse_and_run_program(encoding.text)  # no round trip of the commands through Python
+    encoding.load(egraph)
     return egraph, encoding
 
 
