@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from rlx_egraph import Graph, evaluate, examples, optimize, optimize_with_report
+from rlx_egraph import Graph, dump_egglog_program, evaluate, examples, optimize, optimize_with_report
 from rlx_egraph.cost import profile
 
 
@@ -343,7 +343,8 @@ def test_report_contents_and_json():
     assert any(f["op"] == "FusedSwiGLU" and "fused-swiglu-gate-first" in f["rules"] for f in d["fusions"])
     assert "egglog_program" not in d  # on request only
     program = rep.to_dict(include_program=True)["egglog_program"]
-    assert "(let n0 (Embedding" not in program and "(let n0 (Input" in program
+    assert "(rlx-row-Embedding 0 " not in program and "(rlx-row-Input 0 " in program
+    assert program == dump_egglog_program(examples.llama(layers=1))  # built on request, the same program
     json.loads(rep.to_json())
     text = str(rep)
     assert "egglog engine" in text and "parity: ok" in text and "predicted gain" in text

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from egglog import bindings as eb
@@ -178,7 +179,7 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
                           {n.id: () for n in graph.nodes}, {n.id: () for n in graph.nodes})
     decoded.graph.adopt_store(graph)
 
-    report.egglog_program = _program_text(ruleset, encoding.text)
+    report.program_text = partial(_program_text, ruleset, encoding)
     choice = chosen.choice if chosen is not None else None
     report.data = OptimizationData.build(graph, tgt, result.history, decoded, view, choice, costs)
     report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))
@@ -292,5 +293,5 @@ def _with_regions(decoded: Decoded, target: Target) -> Decoded:
                    sorted(fusions, key=lambda f: f.node))
 
 
-def _program_text(ruleset: RuleSet, graph_text: str) -> str:
-    return "\n".join([schema_text(), ruleset.text, graph_text, ruleset.schedule_text()])
+def _program_text(ruleset: RuleSet, encoding: Encoding) -> str:
+    return "\n".join([schema_text(), ruleset.text, encoding.text, ruleset.schedule_text()])
