@@ -12,6 +12,7 @@ from rlx_egraph.cost import get_target
 from rlx_egraph.egraph import extract
 from rlx_egraph.egraph.budget import Deadline
 from rlx_egraph.egraph.view import EClass, EGraphView, ENode
+from rlx_egraph.ir.registry import Kind
 
 
 def view_of(classes: list[list[tuple[str, tuple[int, ...]]]], originals: dict[int, int] | None = None) -> EGraphView:
@@ -286,3 +287,37 @@ def test_exact_proves_the_optimum_on_deep_models_and_greedy_has_no_gap(model: st
     assert extract.exact(view, roots, cpu, time_limit=10.0, start=greedy.choice).choice == exact.choice
     decoded = decode(view, exact.choice, graph)
     assert check_parity(graph, decoded.graph, decoded.originals).ok
+
+
+@pytest.fixture(scope="module")
+def synthetic_view() -> EGraphView:
+    from rlx_egraph import examples
+    from rlx_egraph.egraph.rules import load_rules
+    from rlx_egraph.egraph.saturate import saturate
+    from rlx_egraph.egraph.view import build_view
+    from rlx_egraph.optimize import build_egraph
+
+    graph, rules = examples.synthetic(1500, seed=3), load_rules()
+    egraph, encoding = build_egraph(graph, rules)
+    saturate(egraph, rules)
+    return build_view(egraph, graph, encoding.constants, rules)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "wgpu"])
+def test_node_costs_priced_once_per_key_equal_each_enode_priced_alone(synthetic_view: EGraphView, target: str):
+    view, tgt = synthetic_view, get_target(target)
+    leaves = {n.eclass for n in view.nodes if n.spec.kind is Kind.LEAF}
+    alone = [math.inf if n.eclass in n.children else
+             extract.enode_ns(tgt, n.spec, n.attrs, [view.classes[c].type for c in n.children],
+                              view.classes[n.eclass].type, any(c not in leaves for c in n.children))
+             for n in view.nodes]
+    assert extract.node_costs(view, tgt) == alone
+    assert len(set(alone)) < len(alone) // 4  # most e-nodes share their key with another
+
+
+def test_types_inferred_once_per_key_equal_each_enode_typed_alone(synthetic_view: EGraphView):
+    made = [n for n in synthetic_view.nodes if n.original is None and n.children]
+    assert len(made) > 1000
+    for n in made:
+        assert n.spec.resolve(n.attrs, [synthetic_view.classes[c].type for c in n.children])[1] == \
+            synthetic_view.classes[n.eclass].type

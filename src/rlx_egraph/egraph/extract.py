@@ -64,14 +64,24 @@ def enode_ns(target: Target, spec: OpSpec, attrs: Mapping[str, Any], in_types: l
 
 
 def node_costs(view: EGraphView, target: Target) -> list[float]:
-    """:func:`enode_ns` of every e-node."""
+    """:func:`enode_ns` of every e-node (computed once per op, attributes, types and layout flag)."""
+    classes = view.classes
     leaf_classes = {n.eclass for n in view.nodes if n.spec.kind is Kind.LEAF}
+    known: dict[tuple, float] = {}
     costs = []
     for n in view.nodes:
-        in_types = [view.classes[c].type for c in n.children]
-        out_type = view.classes[n.eclass].type
-        cost = enode_ns(target, n.spec, n.attrs, in_types, out_type,
-                        any(c not in leaf_classes for c in n.children))
+        in_types = [classes[c].type for c in n.children]
+        out_type = classes[n.eclass].type
+        reads_intermediate = any(c not in leaf_classes for c in n.children)
+        try:
+            key = (n.op, tuple(n.attrs.items()), tuple(in_types), out_type, reads_intermediate)
+            cost = known.get(key)
+        except TypeError:  # unhashable attribute values (arrays): not remembered
+            key, cost = None, None
+        if cost is None:
+            cost = enode_ns(target, n.spec, n.attrs, in_types, out_type, reads_intermediate)
+            if key is not None:
+                known[key] = cost
         if n.eclass in n.children:
             cost = math.inf  # x = f(x): never a way to compute x
         costs.append(cost)
