@@ -53,7 +53,27 @@ class Extraction:
     ilp: dict[str, int] = field(default_factory=dict)  # exact mode: variables, constraints, cuts, LP rounds
 
 
-def enode_ns(target: Target, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
+class NodePrices:
+    """``Target.node_ns`` remembered per (op, attributes, input types, output type): a pure function of them.
+    Pass it where a target is expected (:func:`enode_ns`)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.known: dict[tuple, float] = {}
+
+    def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
+                out_type: TensorType) -> float:
+        try:
+            key = (spec.name, tuple(attrs.items()), tuple(in_types), out_type)
+            hit = self.known.get(key)
+        except TypeError:  # unhashable attribute values (arrays): not remembered
+            return self.target.node_ns(spec, attrs, in_types, out_type)
+        if hit is None:
+            hit = self.known[key] = self.target.node_ns(spec, attrs, in_types, out_type)
+        return hit
+
+
+def enode_ns(target: Target | NodePrices, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
              out_type: TensorType, reads_intermediate: bool) -> float:
     """The per-node cost both engines minimise: ``Target.node_ns``, plus the view
     tie-breaker when a layout op reads an intermediate (not a leaf)."""
@@ -64,24 +84,14 @@ def enode_ns(target: Target, spec: OpSpec, attrs: Mapping[str, Any], in_types: l
 
 
 def node_costs(view: EGraphView, target: Target) -> list[float]:
-    """:func:`enode_ns` of every e-node (computed once per op, attributes, types and layout flag)."""
+    """:func:`enode_ns` of every e-node (each distinct one priced once, :class:`NodePrices`)."""
     classes = view.classes
+    prices = NodePrices(target)
     leaf_classes = {n.eclass for n in view.nodes if n.spec.kind is Kind.LEAF}
-    known: dict[tuple, float] = {}
     costs = []
     for n in view.nodes:
-        in_types = [classes[c].type for c in n.children]
-        out_type = classes[n.eclass].type
-        reads_intermediate = any(c not in leaf_classes for c in n.children)
-        try:
-            key = (n.op, tuple(n.attrs.items()), tuple(in_types), out_type, reads_intermediate)
-            cost = known.get(key)
-        except TypeError:  # unhashable attribute values (arrays): not remembered
-            key, cost = None, None
-        if cost is None:
-            cost = enode_ns(target, n.spec, n.attrs, in_types, out_type, reads_intermediate)
-            if key is not None:
-                known[key] = cost
+        cost = enode_ns(prices, n.spec, n.attrs, [classes[c].type for c in n.children], classes[n.eclass].type,
+                        any(c not in leaf_classes for c in n.children))
         if n.eclass in n.children:
             cost = math.inf  # x = f(x): never a way to compute x
         costs.append(cost)
