@@ -63,11 +63,12 @@ def test_the_scaling_table_prints_time_per_node_and_peak_memory():
     from rlx_egraph.bench import PHASES, Row, scaling_table
 
     row = Row("synthetic-1000", "synthetic", 1000, 1000, 570, 1101, 1768, "saturated", dict.fromkeys(PHASES, 0.25),
-              2.5, 109.4, 1.0, 1.0, 0.0, {}, 1.0, None, None)
+              2.5, 109.4, 1.0, 1.0, 0.0, {}, 1.0, None, None, cpu_seconds=2.25)
     header, line = scaling_table([row]).splitlines()[:2]
     assert header.split() == ["nodes", "e-nodes", "encode", "s", "saturate", "s", "extract", "s", "decode", "s",
-                              "rest", "s", "total", "s", "us/node", "peak", "MB"]
-    assert line.split() == ["1000", "1768", "0.250", "0.250", "0.250", "0.250", "1.500", "2.500", "2500", "109"]
+                              "rest", "s", "total", "s", "us/node", "cpu", "s", "peak", "MB"]
+    assert line.split() == ["1000", "1768", "0.250", "0.250", "0.250", "0.250", "1.500", "2.500", "2500", "2.250",
+                            "109"]
 
 
 def _view_of(graph: Graph, load_rows: bool) -> list[tuple]:
