@@ -439,3 +439,26 @@ def test_rules_that_merge_two_input_nodes_keep_the_lower_one():
     assert [n.op for n in og.nodes] == ["Input", "Relu"]
     assert og.outputs == (1, 1)
     assert rep.parity.ok
+
+
+def test_the_garbage_collector_is_paused_during_a_run_and_restored_after(monkeypatch: pytest.MonkeyPatch):
+    import gc
+
+    from rlx_egraph.egraph import extract
+
+    seen = []
+    greedy = extract.greedy
+    monkeypatch.setattr(extract, "greedy", lambda *a, **k: seen.append(gc.isenabled()) or greedy(*a, **k))
+    g = examples.mlp(layers=1)
+    assert gc.isenabled()
+    optimize_with_report(g, engine="egglog")
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(ValueError, match="engine"):
+        optimize_with_report(g, engine="nope")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        optimize_with_report(g, engine="egglog")
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
