@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from rlx_egraph import Graph, dump_egglog_program, evaluate, optimize_with_report
 from rlx_egraph.egraph.encode import ESCAPED_MARK, encode_graph, string_literal, string_value
 from rlx_egraph.egraph.rules import default_rule_dir
+from rlx_egraph.egraph.schema import schema_text
 from rlx_egraph.egraph.view import UnsoundRewrite
 
 H, B, S, HEADS = 16, 2, 4, 2
@@ -93,7 +94,13 @@ def test_an_unchanged_graph_with_both_zeros_decodes_bit_exact():
     assert og == g and signs(og) == signs(g) == [-1.0, 1.0, -1.0]
     # -0.0 is encoded as Neg(Scalar 0.0): the f32 one reads the graph's +0.0, the f16 one adds its own +0.0
     assert rep.eclasses == len(g) + 1
-    assert '(let n2 (Neg (Scalar 0.0 "f32")))' in encode_graph(g).text
+    encoding = encode_graph(g)
+    assert encoding.rows["rlx-row-neg-zero"] == [(2, "f32"), (6, "f16")]
+    egraph = eb.EGraph()
+    egraph.parse_and_run_program(schema_text())
+    encoding.load(egraph)
+    egraph.parse_and_run_program('(check (= (rlx-node 2) (Neg (Scalar 0.0 "f32"))))'
+                                 '(check (= (rlx-node 6) (Neg (Scalar 0.0 "f16"))))')
 
 
 # --- item 8: shipped rules build no ill-typed fused node; one that is built is left out --------
@@ -209,7 +216,10 @@ def test_string_literals_are_printable_and_distinct():
     literals = [string_literal(n) for n in NAMES]
     assert len(set(literals)) == len(NAMES)
     assert all(lit.isascii() and lit.isprintable() for lit in literals[:5] + literals[7:])
-    assert string_literal('a"b\\c\nd') == '"a\\"b\\\\c\\nd"'
+    assert string_literal('a"b\\c d') == '"a\\"b\\\\c d"'
+    # a tab, a newline or an outer space would not survive a tab-separated row: stored escaped
+    assert string_literal('a"b\\c\nd') == '"rlx-escaped:a\\\\\\"b\\\\\\\\c\\\\nd"'
+    assert string_literal("x ") == '"rlx-escaped:x\\\\u0020"'
     assert string_literal("\x00") == '"rlx-escaped:\\\\u0000"'
 
 
@@ -220,6 +230,7 @@ def test_string_literals_are_printable_and_distinct():
 @example("\U0001f600", "\u05e9\u05dc\u05d5\u05dd \u200f")
 @example(ESCAPED_MARK + "\\u0041", "A")
 @example("\ud800", "\udfff")
+@example(" x", "y ")
 def test_any_names_go_through_optimize_and_the_dumped_program(input_name, param_name):
     assume(input_name != param_name)
     g = Graph()

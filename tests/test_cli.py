@@ -512,7 +512,7 @@ def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path:
     for r in rows:
         assert set(r["phases"]) == {"encode", "saturate", "extract", "decode"}
         assert r["total_seconds"] >= sum(r["phases"].values())
-        assert r["peak_rss_mb"] > 20
+        assert r["peak_rss_mb"] > 20 and r["cpu_seconds"] > 0
         assert r["gain_pct"] == pytest.approx(100 * (r["before_ns"] - r["after_ns"]) / r["before_ns"])
     table = out.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("case "))

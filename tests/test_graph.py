@@ -358,3 +358,15 @@ def test_load_rejects_bad_node_in_file_naming_it() -> None:
     data["nodes"][5]["attrs"]["eps"] = -1.0
     with pytest.raises(GraphError, match=r"^node 5 \(LayerNorm\): attribute eps=-1.0 must be a finite number > 0$"):
         Graph.from_dict(data)
+
+
+def test_symbols_are_remembered_and_follow_every_added_node():
+    g = Graph()
+    g.input("x", (4, 8))
+    assert g.symbols == () and g.symbols is g.symbols  # computed once
+    y = g.input("y", ("batch", 8))
+    assert g.symbols == ("batch",)
+    g.input("z", ("seq", 8))
+    assert g.symbols == ("batch", "seq")
+    g.set_outputs([y])
+    assert g.symbols == ("batch", "seq") and g.copy().symbols == ("batch", "seq")

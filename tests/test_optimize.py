@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from rlx_egraph import Graph, evaluate, examples, optimize, optimize_with_report
+from rlx_egraph import Graph, dump_egglog_program, evaluate, examples, optimize, optimize_with_report
 from rlx_egraph.cost import profile
 
 
@@ -343,7 +343,8 @@ def test_report_contents_and_json():
     assert any(f["op"] == "FusedSwiGLU" and "fused-swiglu-gate-first" in f["rules"] for f in d["fusions"])
     assert "egglog_program" not in d  # on request only
     program = rep.to_dict(include_program=True)["egglog_program"]
-    assert "(let n0 (Embedding" not in program and "(let n0 (Input" in program
+    assert "(rlx-row-Embedding 0 " not in program and "(rlx-row-Input 0 " in program
+    assert program == dump_egglog_program(examples.llama(layers=1))  # built on request, the same program
     json.loads(rep.to_json())
     text = str(rep)
     assert "egglog engine" in text and "parity: ok" in text and "predicted gain" in text
@@ -438,3 +439,26 @@ def test_rules_that_merge_two_input_nodes_keep_the_lower_one():
     assert [n.op for n in og.nodes] == ["Input", "Relu"]
     assert og.outputs == (1, 1)
     assert rep.parity.ok
+
+
+def test_the_garbage_collector_is_paused_during_a_run_and_restored_after(monkeypatch: pytest.MonkeyPatch):
+    import gc
+
+    from rlx_egraph.egraph import extract
+
+    seen = []
+    greedy = extract.greedy
+    monkeypatch.setattr(extract, "greedy", lambda *a, **k: seen.append(gc.isenabled()) or greedy(*a, **k))
+    g = examples.mlp(layers=1)
+    assert gc.isenabled()
+    optimize_with_report(g, engine="egglog")
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(ValueError, match="engine"):
+        optimize_with_report(g, engine="nope")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        optimize_with_report(g, engine="egglog")
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()

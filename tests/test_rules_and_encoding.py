@@ -112,7 +112,7 @@ def test_schema_has_one_constructor_per_registered_op():
 def test_dumped_program_runs_as_is_in_egglog():
     g = examples.llama(layers=1)
     program = dump_egglog_program(g)
-    assert '(let n0 (Input "input_ids" (vec-of 2 16) "i64"))' in program
+    assert '(rlx-row-Input 0 "input_ids" 0 "i64")' in program and "(set (rlx-vec 0) (vec-of 2 16))" in program
     assert "(run-schedule" in program
     egraph = eb.EGraph()
     egraph.parse_and_run_program(program)
@@ -125,11 +125,19 @@ def test_encoding_carries_attributes_and_shape_facts():
     x = g.input("x", (2, 3, 4))
     t = g.transpose(g.transpose(x, perm=(0, 2, 1)), perm=(0, 2, 1))
     g.set_outputs([g.narrow(g.scalar(0.5) if False else t, axis=-1, start=1, length=2)])
-    text = encode_graph(g).text
-    assert "(let n1 (Transpose n0 (vec-of 0 2 1)))" in text
-    assert "(let n3 (Narrow n2 -1 1 2))" in text
-    assert "(set (shape n3) (vec-of 2 3 2))" in text
-    assert '(set (dtype n0) "f32")' in text
+    encoding = encode_graph(g)
+    text = encoding.text
+    assert "(set (rlx-vec 1) (vec-of 0 2 1))" in text and "(rlx-row-Transpose 1 0 1)" in text
+    assert "(rlx-row-Narrow 3 2 -1 1 2)" in text
+    assert "(set (rlx-vec 3) (vec-of 2 3 2))" in text and "(rlx-row-shape 3 3)" in text
+    assert '(rlx-row-dtype 0 "f32")' in text
     assert "(inverse-perms (vec-of 0 2 1) (vec-of 0 2 1))" in text
+    egraph = eb.EGraph()
+    egraph.parse_and_run_program(schema_text())
+    encoding.load(egraph)  # the rows through files: the same terms and facts
+    egraph.parse_and_run_program("(check (= (rlx-node 1) (Transpose (rlx-node 0) (vec-of 0 2 1))))"
+                                 "(check (= (rlx-node 3) (Narrow (rlx-node 2) -1 1 2)))"
+                                 "(check (= (shape (rlx-node 3)) (vec-of 2 3 2)))"
+                                 '(check (= (dtype (rlx-node 0)) "f32"))')
     og, _ = optimize_with_report(g)
     assert [n.op for n in og.nodes] == ["Input", "Narrow"]  # the transposes cancel

@@ -1,13 +1,18 @@
-"""Encoding in chunks of rules (issue 8): same e-graph and same result as one global ``let`` per node."""
+"""Encoding as rows loaded in bulk (issue 8): same e-graph and same result as one global ``let`` per node."""
 
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
+from egglog import bindings as eb
 
 from rlx_egraph import Graph, examples, optimize_with_report
-from rlx_egraph.egraph.encode import CHUNK, encode_graph
+from rlx_egraph.egraph.encode import LOAD_RULESET, ROW_PREFIX, VEC_TABLE, encode_graph
+from rlx_egraph.egraph.rules import STAGES, load_rules
+from rlx_egraph.egraph.schema import schema_text
+from rlx_egraph.egraph.view import build_view
 
 # Extracted cost, nodes after, e-classes and e-nodes on target cpu, measured with the
 # encoding of one global `let` per node (before the chunked encoding); the e-graph sizes (and
@@ -27,27 +32,30 @@ def test_chunked_encoding_extracts_the_same_cost_and_graph_size(case):
     assert (rep.extracted_ns, len(og), rep.eclasses, rep.enodes) == (cost, nodes_after, eclasses, enodes)
 
 
-def test_one_rule_per_chunk_and_a_global_only_for_nodes_read_by_a_later_chunk():
+def test_one_row_per_node_one_loading_rule_per_op_and_each_int_tuple_once():
     g = examples.synthetic(1000)
-    text = encode_graph(g).text
-    chunks = -(-len(g) // CHUNK)
-    assert text.count("(rule ()") == chunks and text.count("(run rlx-graph-") == chunks
-    chunk_of = {n.id: k // CHUNK for k, n in enumerate(g.nodes)}
-    read_later = {i for n in g.nodes for i in n.inputs if chunk_of[i] != chunk_of[n.id]}
-    assert 0 < len(read_later) < len(g) // 10
-    assert set(map(int, re.findall(r"\(let \$n(\d+) \(rlx-node \1\)\)", text))) == read_later
-    assert text.count("(let $n") == len(read_later)
-    assert text.count("(set (rlx-node ") == len(g)
+    encoding = encode_graph(g)
+    ops = {n.op for n in g.nodes}
+    assert sorted(encoding.rows) == sorted([ROW_PREFIX + op for op in ops] + [ROW_PREFIX + t for t in
+                                                                                ("shape", "dtype", "param-order")])
+    assert sum(len(encoding.rows[ROW_PREFIX + op]) for op in ops) == len(g)
+    assert [row[0] for row in encoding.rows[ROW_PREFIX + "shape"]] == [n.id for n in g.nodes]
+    assert encoding.rules.count("(rule (") == len(ops) + 3 and encoding.rules.count(f"(run {LOAD_RULESET} 1)") == 1
+    tuples = {n.shape for n in g.nodes} | {v for n in g.nodes for v in n.attrs.values() if isinstance(v, tuple)}
+    assert encoding.declarations.count(f"(set ({VEC_TABLE} ") == len(tuples)
+    # the rows written as facts: the same program, runnable as-is
+    assert re.search(r"^\(rlx-row-MatMul \d+ \d+ \d+\)$", encoding.text, re.M)
+    assert encoding.text.count("\n(rlx-row-") == sum(map(len, encoding.rows.values()))
 
 
-def test_a_chain_across_chunks_keeps_every_node_and_its_value():
+def test_a_deep_chain_loads_in_one_iteration_and_keeps_every_node_and_its_value():
     g = Graph()
     h = g.input("x", (4,))
-    for _ in range(2 * CHUNK + 5):
+    for _ in range(261):
         h = g.relu(g.neg(h))
     g.set_outputs([h])
     og, rep = optimize_with_report(g, "cpu", regions=False, verify=True)
-    assert len(og) == len(g) == 4 * CHUNK + 11
+    assert len(og) == len(g) == 523
     assert rep.eclasses == len(g) and rep.parity.ok and max(p.max_abs for p in rep.parity.nodes) == 0.0
 
 
@@ -55,8 +63,41 @@ def test_the_scaling_table_prints_time_per_node_and_peak_memory():
     from rlx_egraph.bench import PHASES, Row, scaling_table
 
     row = Row("synthetic-1000", "synthetic", 1000, 1000, 570, 1101, 1768, "saturated", dict.fromkeys(PHASES, 0.25),
-              2.5, 109.4, 1.0, 1.0, 0.0, {}, 1.0, None, None)
+              2.5, 109.4, 1.0, 1.0, 0.0, {}, 1.0, None, None, cpu_seconds=2.25)
     header, line = scaling_table([row]).splitlines()[:2]
     assert header.split() == ["nodes", "e-nodes", "encode", "s", "saturate", "s", "extract", "s", "decode", "s",
-                              "rest", "s", "total", "s", "us/node", "peak", "MB"]
-    assert line.split() == ["1000", "1768", "0.250", "0.250", "0.250", "0.250", "1.500", "2.500", "2500", "109"]
+                              "rest", "s", "total", "s", "us/node", "cpu", "s", "peak", "MB"]
+    assert line.split() == ["1000", "1768", "0.250", "0.250", "0.250", "0.250", "1.500", "2.500", "2500", "2.250",
+                            "109"]
+
+
+def _view_of(graph: Graph, load_rows: bool) -> list[tuple]:
+    """The e-nodes of ``graph``'s loaded (unsaturated) e-graph: rows through files, or the program as text."""
+    encoding = encode_graph(graph)
+    egraph = eb.EGraph()
+    egraph.parse_and_run_program(schema_text() + "".join(f"(ruleset {s})" for s in STAGES))
+    if load_rows:
+        encoding.load(egraph)
+    else:
+        egraph.parse_and_run_program(encoding.text)
+    view = build_view(egraph, graph, encoding.constants, load_rules([]))
+    return [(n.op, n.children, repr(n.attrs), n.eclass, n.original) for n in view.nodes]
+
+
+def test_rows_through_files_and_as_facts_load_the_same_terms():
+    """Lists (a shared suffix), an absent optional input, bools, int tuples, arrays, -0.0 and names."""
+    g = Graph()
+    a, b = g.input("a \t", (2, 4)), g.param('b"\\', (2, 4))
+    cat = g.add_node("Concat", [a, b, a], axis=0)
+    cat2 = g.add_node("Concat", [b, a], axis=0)
+    norm = g.add_node("RmsNorm", [cat, g.param("gamma", (4,))], eps=1e-6)
+    mean = g.add_node("ReduceMean", [norm], axes=(-1,), keepdims=True)
+    c = g.constant(np.arange(8, dtype=np.float32).reshape(2, 4))
+    g.set_outputs([mean, g.max(cat2, g.scalar(-0.0)), g.add(b, c)])
+    view = _view_of(g, load_rows=True)
+    assert view == _view_of(g, load_rows=False)
+    assert [n[0] for n in view].count("Concat") == 2 and len(view) == len(g) + 2  # -0.0: Neg and its +0.0
+    concat = {n[4]: n for n in view if n[0] == "Concat"}
+    classes = {n[4]: n[3] for n in view if n[4] is not None}
+    assert concat[cat][1] == (classes[a], classes[b], classes[a]) and concat[cat2][1] == (classes[b], classes[a])
+    assert next(n for n in view if n[0] == "RmsNorm")[1] == (classes[cat], classes[norm - 1])  # no beta

@@ -1,15 +1,23 @@
-"""Graph -> egglog text: the nodes and their shape facts, in chunks of rules.
+"""Graph -> egglog: the nodes as rows of plain values, and one rule per op that builds their terms.
 
-Text is what we hand egglog: parsing a program is far faster than building
-terms one by one through the high-level Python API.  A global ``let`` per node
-would make egglog create one table per node (quadratic in the graph), so the
-nodes are built by rules without a query, :data:`CHUNK` nodes each, run once:
-inside a rule a node is a local ``n<id>``; the table ``(rlx-node id)`` names
-every node afterwards, and a node that a later chunk reads also gets a global
-``$n<id>``.  Every value is encoded
-so that it reads back exactly: any Python str (:func:`string_literal`), a
-constant array by its bit-exact content key (:func:`array_key`), and a Scalar
--0.0, which egglog's f64 would equate with 0.0, as ``(Neg (Scalar 0.0 dtype))``.
+egglog compiles every action it is given, at top level or in a rule, at some 40 us each:
+a graph written as terms and shape facts cost ~150 us per node before anything ran.  So
+the graph is written as rows of primitive values, one relation per op present,
+``rlx-row-<Op>``: the node id, then per constructor argument an input's node id or the
+attribute's value.  :meth:`Encoding.load` feeds the rows to egglog's ``input`` command from
+tab-separated files (no compilation per row), and one rule per op, run once, builds
+``(union (rlx-node id) (<Op> (rlx-node a) ...))``.  ``(rlx-node i)`` is an unextractable
+constructor naming node ``i``'s e-class: no rule recurses, so one iteration builds a graph
+of any depth.  Values that are no primitive of a row: an ``IntVec`` by the id of its row in
+``rlx-vec`` (each distinct tuple once), a bool by its row in ``rlx-bool``, an absent
+optional input as node :data:`NO_INPUT_ID` (the class of ``(NoInput)``), a variadic input
+list by its id in ``rlx-list`` (built from ``rlx-row-TCons`` rows, one per distinct suffix).
+The shape, dtype and param-order facts are rows too.
+
+Every value reads back exactly: any Python str (:func:`stored_string`), a constant array by
+its bit-exact content key (:func:`array_key`), and a Scalar -0.0, which egglog's f64 would
+equate with 0.0, as ``(Neg (Scalar 0.0 dtype))`` (rows ``rlx-row-neg-zero``).
+:attr:`Encoding.text` is the same program with the rows written as facts: it runs as-is.
 """
 
 from __future__ import annotations
@@ -17,24 +25,35 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from ..ir.registry import AttrType
+from ..ir.registry import REGISTRY, AttrType, OpSpec
 from .schema import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
 
-# Nodes per encoding rule (32 to 512 measured alike; one rule for the whole graph is slower).
-CHUNK = 128
-# The table from graph node id to its term, filled by the encoding rules.
+# Node i's e-class: an unextractable constructor, unioned with the node's term by the loading rules.
 NODE_TABLE = "rlx-node"
+# A variadic input list's TensorList class, by list id.
+LIST_TABLE = "rlx-list"
+# Every distinct int tuple (shapes, perms, axes) once, by id; every bool by 0 / 1.
+VEC_TABLE = "rlx-vec"
+BOOL_TABLE = "rlx-bool"
+# The node id of an absent optional input: its rlx-node is unioned with (NoInput).
+NO_INPUT_ID = -1
+# The ruleset of the loading rules, run once.
+LOAD_RULESET = "rlx-load"
+ROW_PREFIX = "rlx-row-"
+NEG_ZERO_ROWS = f"{ROW_PREFIX}neg-zero"
+# The fact tables filled from rows: (relation, its value column's sort, the table it sets).
+FACT_ROWS = {"shape": "i64", "dtype": "String", "param-order": "i64"}
 
-
-def egglog_name(node_id: int, local: bool = False) -> str:
-    """The egglog name of a graph node: the global ``$n<id>``, or the local ``n<id>`` inside its chunk's rule."""
-    return f"{'' if local else '$'}n{node_id}"
+Row = tuple[int | float | str, ...]
 
 
 def literal(value: Any, kind: AttrType) -> str:
@@ -50,27 +69,31 @@ def literal(value: Any, kind: AttrType) -> str:
     return string_literal(str(value))
 
 
-# egglog String literals take any UTF-8 text with the escapes \\ \" \n \t and no others.
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
-# Prefix of a string stored in its JSON-escaped (ASCII) form; see string_literal.
+# Prefix of a string stored in its JSON-escaped (ASCII) form; see stored_string.
 ESCAPED_MARK = "rlx-escaped:"
 
 
-def string_literal(text: str) -> str:
-    """``text`` as an egglog String literal; :func:`string_value` reads back exactly ``text``.
+def stored_string(text: str) -> str:
+    """``text`` as the e-graph stores it; :func:`string_value` reads back exactly ``text``.
 
-    Printable text (plus newlines and tabs) is written as is.  Text with any
-    other character (controls, format characters such as RTL marks, lone
-    surrogates) or starting with :data:`ESCAPED_MARK` is stored as the mark
-    followed by its JSON escape, so every Python str has one distinct literal.
+    Printable text is stored as is.  Text with any other character (tabs, newlines,
+    controls, format characters such as RTL marks, lone surrogates), with a leading or
+    trailing space (egglog trims the fields of a row), or starting with :data:`ESCAPED_MARK`
+    is stored as the mark followed by its JSON escape, spaces as ``\\u0020``, so every
+    Python str has one distinct stored form that is a valid field of a tab-separated row.
     """
-    if text.startswith(ESCAPED_MARK) or not all(ch.isprintable() or ch in "\n\t" for ch in text):
-        text = ESCAPED_MARK + json.dumps(text)[1:-1]
-    return '"' + "".join(_ESCAPES.get(ch, ch) for ch in text) + '"'
+    if text.startswith(ESCAPED_MARK) or not text.isprintable() or text != text.strip(" "):
+        return ESCAPED_MARK + json.dumps(text)[1:-1].replace(" ", "\\u0020")
+    return text
+
+
+def string_literal(text: str) -> str:
+    """``text`` as an egglog String literal of its stored form (:func:`stored_string`)."""
+    return '"' + stored_string(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def string_value(stored: str) -> str:
-    """The Python str that :func:`string_literal` encoded as ``stored``."""
+    """The Python str that :func:`stored_string` stored as ``stored``."""
     if stored.startswith(ESCAPED_MARK):
         return json.loads(f'"{stored[len(ESCAPED_MARK):]}"')
     return stored
@@ -87,81 +110,185 @@ def array_key(value: np.ndarray) -> str:
     return f"const:{digest.hexdigest()[:20]}"
 
 
+# Row column sort per attribute type (an IntVec and a bool go by id).
+_COLUMN_SORT = {AttrType.INT: "i64", AttrType.FLOAT: "f64", AttrType.BOOL: "i64", AttrType.INTS: "i64"}
+
+
 @dataclass
 class Encoding:
-    """The graph part of an egglog program and what decoding needs to undo it."""
+    """The graph part of an egglog program: declarations, rows, loading rules, graph-wide facts;
+    and what decoding needs to undo it."""
 
-    text: str
+    declarations: str  # the tables, the vec and bool rows
+    rows: dict[str, list[Row]]  # relation -> its rows (strings in their stored form)
+    rules: str  # the loading rules, their run, then the graph-wide facts
     constants: dict[str, np.ndarray] = field(default_factory=dict)
 
+    def load(self, egraph: Any) -> None:
+        """Run the program on ``egraph``: the rows through tab-separated files and ``input``."""
+        with tempfile.TemporaryDirectory(prefix="rlx-egraph-rows-") as folder:
+            inputs = []
+            for relation, rows in self.rows.items():
+                path = Path(folder) / f"{relation}.tsv"
+                path.write_text("".join("\t".join(map(_field, row)) + "\n" for row in rows), encoding="utf-8")
+                inputs.append(f"(input {relation} {string_literal(str(path))})")
+            egraph.parse_and_run_program("\n".join([self.declarations, *inputs, self.rules]))
 
-def node_term(node: Node, constants: dict[str, np.ndarray], local: frozenset[int] | set[int] = frozenset()) -> str:
-    """The constructor application for one node, its inputs by egglog name (local for ids in ``local``)."""
-    if is_negative_zero_scalar(node):  # the same value, a term that egglog keeps apart from +0.0
-        return f"(Neg (Scalar 0.0 {literal(node.dtype, AttrType.DTYPE)}))"
-    spec = node.spec
-    parts = [spec.name]
-    inputs = list(node.inputs)
-    for arg in constructor_args(spec):
+    @cached_property
+    def text(self) -> str:
+        """The program with the rows as facts, runnable as-is (:meth:`load` is the fast way)."""
+        facts = [f"({relation} {' '.join(map(_fact_literal, row))})"
+                 for relation, rows in self.rows.items() for row in rows]
+        return "\n".join([self.declarations, *facts, self.rules]) + "\n"
+
+
+def _field(value: int | float | str) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _fact_literal(value: int | float | str) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return _field(value)
+
+
+def _load_rule(spec: OpSpec) -> tuple[tuple[str, ...], str]:
+    """The row columns of ``spec`` and the rule that builds its terms from its rows."""
+    kinds = {a.name: a.type for a in spec.attrs}
+    columns, query, args = ["i64"], [], []
+    for j, arg in enumerate(constructor_args(spec)):
+        column = f"c{j}"
         if arg.is_input:
-            if arg.variadic:
-                tail = f"({LIST_NIL})"
-                for i in reversed(inputs):
-                    tail = f"({LIST_CONS} {egglog_name(i, i in local)} {tail})"
-                parts.append(tail)
-                inputs = []
-            elif inputs:
-                i = inputs.pop(0)
-                parts.append(egglog_name(i, i in local))
-            else:
-                parts.append(f"({NO_INPUT})")
+            columns.append("i64")
+            args.append(f"({LIST_TABLE if arg.variadic else NODE_TABLE} {column})")
             continue
-        value = node.attrs[arg.name]
-        kind = next(a.type for a in spec.attrs if a.name == arg.name)
-        if kind is AttrType.ARRAY:
-            key = array_key(value)
-            constants[key] = value
-            value = key
-        parts.append(literal(value, kind))
-    return f"({' '.join(parts)})"
+        kind = kinds[arg.name]
+        columns.append(_COLUMN_SORT.get(kind, "String"))
+        if kind in (AttrType.INTS, AttrType.BOOL):
+            query.append(f"(= v{j} ({VEC_TABLE if kind is AttrType.INTS else BOOL_TABLE} {column}))")
+            column = f"v{j}"
+        args.append(column)
+    relation = ROW_PREFIX + spec.name
+    head = " ".join(["k", *(f"c{j}" for j in range(len(columns) - 1))])
+    built = f"({spec.name}{''.join(' ' + a for a in args)})"
+    return tuple(columns), f"(rule (({relation} {head}){''.join(' ' + q for q in query)}) " \
+                          f"((union ({NODE_TABLE} k) {built})) :ruleset {LOAD_RULESET})"
 
 
 def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding:
-    """The node table, one rule per chunk of nodes (their terms and facts), then the graph-wide facts."""
+    """The rows of ``graph``'s nodes and facts, the rules that load them, then the graph-wide facts."""
     constants: dict[str, np.ndarray] = {}
-    chunk_of = {node.id: k // CHUNK for k, node in enumerate(graph.nodes)}
-    read_later = {i for node in graph.nodes for i in node.inputs if chunk_of[i] != chunk_of[node.id]}
-    commands = [f"(function {NODE_TABLE} (i64) Op :merge old)"]
-    facts: list[str] = [f"(set (attention-block-max-tokens) {int(attention_block_max_tokens)})"]
-    param_order = 0
+    vec_ids: dict[tuple[int, ...], int] = {}
+    list_ids: dict[tuple[int, ...], int] = {}
+    cons_rows: list[Row] = []
+    plans: dict[str, list[tuple[bool, bool, AttrType | None, str]]] = {}
+    rows: dict[str, list[Row]] = {}
+    facts: dict[str, list[Row]] = {name: [] for name in FACT_ROWS}
     perms: set[tuple[int, ...]] = set()
-    for start in range(0, len(graph.nodes), CHUNK):
-        chunk = graph.nodes[start:start + CHUNK]
-        local = {node.id for node in chunk}
-        actions: list[str] = []
-        for node in chunk:
-            name = egglog_name(node.id, local=True)
-            actions.append(f"(let {name} {node_term(node, constants, local)})")
-            actions.append(f"(set ({NODE_TABLE} {node.id}) {name})")
-            if not node.parts:  # a multi-result node has no one shape: its Gets have theirs
-                actions.append(f"(set (shape {name}) {literal(node.shape, AttrType.INTS)})")
-                actions.append(f"(set (dtype {name}) {literal(node.dtype, AttrType.DTYPE)})")
-            if node.op == "Param":
-                actions.append(f"(set (param-order {name}) {param_order})")
-                param_order += 1
-            elif node.op == "Transpose":
-                perms.add(node.attrs["perm"])
-        ruleset = f"rlx-graph-{start // CHUNK}"
-        commands.append(f"(ruleset {ruleset})")
-        body = "\n   ".join(actions)
-        commands.append(f"(rule ()\n  ({body})\n  :ruleset {ruleset})")
-        commands.append(f"(run {ruleset} 1)")
-        commands.extend(f"(let {egglog_name(n.id)} ({NODE_TABLE} {n.id}))" for n in chunk if n.id in read_later)
+    absent = False
+
+    def vec_id(value: tuple[int, ...]) -> int:
+        return vec_ids.setdefault(tuple(value), len(vec_ids))
+
+    def list_id(items: tuple[int, ...]) -> int:
+        """The id of the TensorList of ``items``, its suffixes first (each distinct one once)."""
+        tail = list_ids.setdefault((), len(list_ids))
+        for k in range(len(items) - 1, -1, -1):
+            lid = list_ids.get(items[k:])
+            if lid is None:
+                lid = list_ids[items[k:]] = len(list_ids)
+                cons_rows.append((lid, items[k], tail))
+            tail = lid
+        return tail
+
+    for node in graph.nodes:
+        if is_negative_zero_scalar(node):  # the same value, a term that egglog keeps apart from +0.0
+            rows.setdefault(NEG_ZERO_ROWS, []).append((node.id, stored_string(str(node.dtype))))
+        else:
+            plan = plans.get(node.op)
+            if plan is None:
+                kinds = {a.name: a.type for a in node.spec.attrs}
+                plan = plans[node.op] = [(a.is_input, a.variadic, kinds.get(a.name), a.name)
+                                         for a in constructor_args(node.spec)]
+            row: list[int | float | str] = [node.id]
+            inputs = node.inputs
+            k = 0
+            for is_input, variadic, kind, name in plan:
+                if is_input:
+                    if variadic:
+                        row.append(list_id(tuple(inputs[k:])))
+                        k = len(inputs)
+                    elif k < len(inputs):
+                        row.append(inputs[k])
+                        k += 1
+                    else:
+                        row.append(NO_INPUT_ID)
+                        absent = True
+                    continue
+                value = node.attrs[name]
+                if kind is AttrType.INT:
+                    row.append(int(value))
+                elif kind is AttrType.FLOAT:
+                    row.append(float(value))
+                elif kind is AttrType.BOOL:
+                    row.append(1 if value else 0)
+                elif kind is AttrType.INTS:
+                    row.append(vec_id(value))
+                elif kind is AttrType.ARRAY:
+                    key = array_key(value)
+                    constants[key] = value
+                    row.append(key)
+                else:
+                    row.append(stored_string(str(value)))
+            rows.setdefault(ROW_PREFIX + node.op, []).append(tuple(row))
+        if not node.parts:  # a multi-result node has no one shape: its Gets have theirs
+            facts["shape"].append((node.id, vec_id(node.shape)))
+            facts["dtype"].append((node.id, stored_string(str(node.dtype))))
+        if node.op == "Param":
+            facts["param-order"].append((node.id, len(facts["param-order"])))
+        elif node.op == "Transpose":
+            perms.add(node.attrs["perm"])
+
+    declarations = [f"(constructor {NODE_TABLE} (i64) Op :unextractable)",
+                    f"(constructor {LIST_TABLE} (i64) TensorList :unextractable)",
+                    f"(function {VEC_TABLE} (i64) IntVec :no-merge)",
+                    f"(function {BOOL_TABLE} (i64) bool :no-merge)",
+                    f"(ruleset {LOAD_RULESET})",
+                    f"(set ({BOOL_TABLE} 0) false)", f"(set ({BOOL_TABLE} 1) true)"]
+    declarations += [f"(set ({VEC_TABLE} {i}) {literal(v, AttrType.INTS)})" for v, i in vec_ids.items()]
+    if absent:
+        declarations.append(f"(union ({NODE_TABLE} {NO_INPUT_ID}) ({NO_INPUT}))")
+    if () in list_ids:
+        declarations.append(f"(union ({LIST_TABLE} {list_ids[()]}) ({LIST_NIL}))")
+    columns: dict[str, tuple[str, ...]] = {}
+    rules: list[str] = []
+    for relation in sorted(rows):
+        if relation == NEG_ZERO_ROWS:
+            columns[relation] = ("i64", "String")
+            rules.append(f"(rule (({relation} k d)) ((union ({NODE_TABLE} k) (Neg (Scalar 0.0 d)))) "
+                         f":ruleset {LOAD_RULESET})")
+        else:
+            columns[relation], rule = _load_rule(REGISTRY[relation.removeprefix(ROW_PREFIX)])
+            rules.append(rule)
+    if cons_rows:
+        relation = ROW_PREFIX + LIST_CONS
+        columns[relation], rows[relation] = ("i64", "i64", "i64"), cons_rows
+        rules.append(f"(rule (({relation} l h t)) ((union ({LIST_TABLE} l) ({LIST_CONS} ({NODE_TABLE} h) "
+                     f"({LIST_TABLE} t)))) :ruleset {LOAD_RULESET})")
+    for name, sort in FACT_ROWS.items():
+        if facts[name]:
+            relation = ROW_PREFIX + name
+            columns[relation], rows[relation] = ("i64", sort), facts[name]
+            query = f"({relation} k i) (= v ({VEC_TABLE} i))" if name == "shape" else f"({relation} k v)"
+            rules.append(f"(rule ({query}) ((set ({name} ({NODE_TABLE} k)) v)) :ruleset {LOAD_RULESET})")
+    declarations += [f"(relation {relation} ({' '.join(sorts)}))" for relation, sorts in columns.items()]
+    graph_facts = [f"(run {LOAD_RULESET} 1)", f"(set (attention-block-max-tokens) {int(attention_block_max_tokens)})"]
     for p in sorted(perms):
         inverse = tuple(sorted(range(len(p)), key=p.__getitem__))
         if inverse in perms:
-            facts.append(f"(inverse-perms {literal(p, AttrType.INTS)} {literal(inverse, AttrType.INTS)})")
-    return Encoding("\n".join(commands + facts) + "\n", constants)
+            graph_facts.append(f"(inverse-perms {literal(p, AttrType.INTS)} {literal(inverse, AttrType.INTS)})")
+    return Encoding("\n".join(declarations), {r: rows[r] for r in columns}, "\n".join(rules + graph_facts),
+                    constants)
 
 
 def dump_egglog_program(graph: Graph, rules: Any = None, attention_block_max_tokens: int = 64) -> str:

@@ -53,7 +53,27 @@ class Extraction:
     ilp: dict[str, int] = field(default_factory=dict)  # exact mode: variables, constraints, cuts, LP rounds
 
 
-def enode_ns(target: Target, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
+class NodePrices:
+    """``Target.node_ns`` remembered per (op, attributes, input types, output type): a pure function of them.
+    Pass it where a target is expected (:func:`enode_ns`)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.known: dict[tuple, float] = {}
+
+    def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
+                out_type: TensorType) -> float:
+        try:
+            key = (spec.name, tuple(attrs.items()), tuple(in_types), out_type)
+            hit = self.known.get(key)
+        except TypeError:  # unhashable attribute values (arrays): not remembered
+            return self.target.node_ns(spec, attrs, in_types, out_type)
+        if hit is None:
+            hit = self.known[key] = self.target.node_ns(spec, attrs, in_types, out_type)
+        return hit
+
+
+def enode_ns(target: Target | NodePrices, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
              out_type: TensorType, reads_intermediate: bool) -> float:
     """The per-node cost both engines minimise: ``Target.node_ns``, plus the view
     tie-breaker when a layout op reads an intermediate (not a leaf)."""
@@ -64,13 +84,13 @@ def enode_ns(target: Target, spec: OpSpec, attrs: Mapping[str, Any], in_types: l
 
 
 def node_costs(view: EGraphView, target: Target) -> list[float]:
-    """:func:`enode_ns` of every e-node."""
+    """:func:`enode_ns` of every e-node (each distinct one priced once, :class:`NodePrices`)."""
+    classes = view.classes
+    prices = NodePrices(target)
     leaf_classes = {n.eclass for n in view.nodes if n.spec.kind is Kind.LEAF}
     costs = []
     for n in view.nodes:
-        in_types = [view.classes[c].type for c in n.children]
-        out_type = view.classes[n.eclass].type
-        cost = enode_ns(target, n.spec, n.attrs, in_types, out_type,
+        cost = enode_ns(prices, n.spec, n.attrs, [classes[c].type for c in n.children], classes[n.eclass].type,
                         any(c not in leaf_classes for c in n.children))
         if n.eclass in n.children:
             cost = math.inf  # x = f(x): never a way to compute x
@@ -187,6 +207,10 @@ class _Solver:
                  pos: list[float]) -> None:
         self.view, self.costs, self.choice, self.roots, self.pos = view, costs, choice, roots, pos
         self.parents = view.parents()
+        self.children = [n.children for n in view.nodes]
+        self.eclass = [n.eclass for n in view.nodes]
+        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in.
+        self.by_cost = [sorted(cls.nodes, key=lambda i: (costs[i], i)) for cls in view.classes]
         self.refs = [0] * len(view.classes)
         self.newly_live: list[int] = []
         self.read: list[int] = []  # classes the current attempt looked at without changing them
@@ -199,30 +223,33 @@ class _Solver:
             self._incref(r, _Log())
 
     def _incref(self, c: int, log: _Log) -> float:
+        refs, choice, costs, children, newly_live, logged = \
+            self.refs, self.choice, self.costs, self.children, self.newly_live, log.refs
         delta = 0.0
         stack = [c]
         while stack:
             d = stack.pop()
-            self.refs[d] += 1
-            log.refs.append(d)
-            if self.refs[d] == 1:
-                self.newly_live.append(d)
-                n = self.choice[d]
-                delta += self.costs[n]
-                stack.extend(self.view.nodes[n].children)
+            refs[d] += 1
+            logged.append(d)
+            if refs[d] == 1:
+                newly_live.append(d)
+                n = choice[d]
+                delta += costs[n]
+                stack.extend(children[n])
         return delta
 
     def _decref(self, c: int, log: _Log) -> float:
+        refs, choice, costs, children, logged = self.refs, self.choice, self.costs, self.children, log.refs
         delta = 0.0
         stack = [c]
         while stack:
             d = stack.pop()
-            self.refs[d] -= 1
-            log.refs.append(~d)
-            if self.refs[d] == 0:
-                n = self.choice[d]
-                delta -= self.costs[n]
-                stack.extend(self.view.nodes[n].children)
+            refs[d] -= 1
+            logged.append(~d)
+            if refs[d] == 0:
+                n = choice[d]
+                delta -= costs[n]
+                stack.extend(children[n])
         return delta
 
     def switch(self, c: int, n: int, log: _Log) -> float:
@@ -230,18 +257,19 @@ class _Solver:
         self.choice[c] = n
         log.choices.append((c, old))
         delta = self.costs[n] - self.costs[old]
-        for ch in self.view.nodes[n].children:
+        for ch in self.children[n]:
             delta += self._incref(ch, log)
-        for ch in self.view.nodes[old].children:
+        for ch in self.children[old]:
             delta += self._decref(ch, log)
         return delta
 
     def undo(self, log: _Log) -> None:
+        refs = self.refs
         for d in log.refs:
             if d >= 0:
-                self.refs[d] -= 1
+                refs[d] -= 1
             else:
-                self.refs[~d] += 1
+                refs[~d] += 1
         for c, old in reversed(log.choices):
             self.choice[c] = old
 
@@ -272,7 +300,7 @@ class _Solver:
                 self.read = [c]
                 log = self._attempt(c, max_group)
                 if log is None:
-                    for d in self.read:
+                    for d in set(self.read):  # each reader once: the lists feed a heap and a set
                         readers.setdefault(d, []).append(at)
                     continue
                 kept += 1
@@ -293,7 +321,7 @@ class _Solver:
         """Switch live class ``c`` to its cheapest e-node whose move pays; the kept move's log, or None."""
         if self.refs[c] == 0:
             return None
-        for n in sorted(self.view.classes[c].nodes, key=lambda i: (self.costs[i], i)):
+        for n in self.by_cost[c]:
             if n != self.choice[c] and self.usable[n]:
                 log = self._try_move(c, n, max_group)
                 if log is not None:
@@ -309,14 +337,14 @@ class _Solver:
             return log
         # Group move: other classes that could read what this switch made live.
         group = 0
+        choice, refs, usable, eclass, read = self.choice, self.refs, self.usable, self.eclass, self.read
         for d in list(self.newly_live):
-            if self.free_leaf[self.choice[d]]:
+            if self.free_leaf[choice[d]]:
                 continue
             for p in self.parents[d]:
-                pc = self.view.nodes[p].eclass
-                self.read.append(pc)
-                if group >= max_group or pc == c or self.refs[pc] == 0 or self.choice.get(pc) == p \
-                        or not self.usable[p]:
+                pc = eclass[p]
+                read.append(pc)
+                if group >= max_group or pc == c or refs[pc] == 0 or choice.get(pc) == p or not usable[p]:
                     continue
                 sub = _Log()
                 step = self.switch(pc, p, sub)

@@ -99,6 +99,8 @@ class EGraphView:
     merged: list[MergedInputs] = field(default_factory=list)
     dropped: int = 0  # e-nodes left out: ill-typed, or reading a class that has no type
     class_of_value: dict[Any, int] = field(default_factory=dict, repr=False)  # egglog e-class value -> class id
+    _parents: tuple[list[ENode], int, list[list[int]]] | None = field(default=None, init=False, repr=False,
+                                                                       compare=False)
 
     @property
     def num_enodes(self) -> int:
@@ -106,11 +108,15 @@ class EGraphView:
         return len(self.nodes) + self.dropped
 
     def parents(self) -> list[list[int]]:
-        """For each class, the e-nodes that read it."""
+        """For each class, the e-nodes that read it (computed once per list of e-nodes; do not modify it)."""
+        cached = self._parents
+        if cached is not None and cached[0] is self.nodes and cached[1] == len(self.nodes):
+            return cached[2]
         out: list[list[int]] = [[] for _ in self.classes]
         for n in self.nodes:
             for c in dict.fromkeys(n.children):
                 out[c].append(n.index)
+        self._parents = (self.nodes, len(self.nodes), out)
         return out
 
 
@@ -120,13 +126,14 @@ class _Values:
     def __init__(self, egraph: eb.EGraph, constants: dict[str, Any]) -> None:
         self.egraph = egraph
         self.constants = constants
-        self.cache: dict[tuple[str, Any], Any] = {}
+        self.cache: dict[tuple[AttrType, Any], Any] = {}
 
     def get(self, value: Any, kind: AttrType) -> Any:
-        key = (kind.value, value)
-        if key not in self.cache:
-            self.cache[key] = self._convert(value, kind)
-        return self.cache[key]
+        key = (kind, value)
+        hit = self.cache.get(key, self)
+        if hit is self:
+            hit = self.cache[key] = self._convert(value, kind)
+        return hit
 
     def _convert(self, value: Any, kind: AttrType) -> Any:
         eg = self.egraph
@@ -196,8 +203,8 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         if fn is None:
             continue
         spec = REGISTRY[name]
-        args = constructor_args(spec)
         kinds = {a.name: a.type for a in spec.attrs}
+        plan = [(a.name, a.is_input, a.variadic, kinds.get(a.name)) for a in constructor_args(spec)]
         built_by = provenance(built_by_table(name))
         for row in fn.rows:
             if row.subsumed:
@@ -206,15 +213,16 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                 deadline.check("building the e-graph view")
             children: list[int] = []
             attrs: dict[str, Any] = {}
-            for arg, value in zip(args, row.inputs, strict=True):
-                if not arg.is_input:
-                    attrs[arg.name] = values.get(value, kinds[arg.name])
-                elif arg.variadic:
+            inputs = tuple(row.inputs)
+            for (arg, is_input, variadic, kind), value in zip(plan, inputs, strict=True):
+                if not is_input:
+                    attrs[arg] = values.get(value, kind)
+                elif variadic:
                     children.extend(class_of(v) for v in expand(value))
                 elif value not in absent:
                     children.append(class_of(value))
             nodes.append(ENode(len(nodes), name, tuple(children), attrs, class_of(row.output),
-                               built_by=built_by.get(tuple(row.inputs), ())))
+                               built_by=built_by.get(inputs, ()) if built_by else ()))
     for (value,), names in provenance(MERGED_BY).items():
         classes[class_ids[value]].merged_by = names
 
@@ -321,6 +329,7 @@ def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], exc
     e-nodes that pass, and the rule-made classes whose e-nodes disagree.
     """
     types = dict(fixed)
+    inferred: dict[tuple, TensorType] = {}  # (op, attributes, input types) -> type: shape rules are pure
     problems: dict[int, str] = {}
     kept: set[int] = set()
     conflicts: dict[int, set[TensorType]] = {}
@@ -333,8 +342,7 @@ def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], exc
         if n.eclass in excluded:
             continue
         try:
-            out = graph.node(n.original).type if n.original is not None else \
-                n.spec.resolve(n.attrs, [types[c] for c in n.children])[1]
+            out = graph.node(n.original).type if n.original is not None else _infer(n, types, inferred)
         except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # ShapeError, or a rule gone wild
             problems[n.index] = f"is ill-typed: {exc}"
             continue
@@ -352,6 +360,19 @@ def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], exc
             if n.eclass not in fixed:
                 conflicts.setdefault(n.eclass, {have}).add(out)
     return types, problems, kept, conflicts
+
+
+def _infer(n: ENode, types: dict[int, TensorType], inferred: dict[tuple, TensorType]) -> TensorType:
+    """The type ``n``'s shape rule gives it from its children's class types, remembered in ``inferred``."""
+    in_types = [types[c] for c in n.children]
+    try:
+        key = (n.op, tuple(n.attrs.items()), tuple(in_types))
+        hit = inferred.get(key)
+    except TypeError:  # unhashable attribute values (arrays): not remembered
+        return n.spec.resolve(n.attrs, in_types)[1]
+    if hit is None:
+        hit = inferred[key] = n.spec.resolve(n.attrs, in_types)[1]
+    return hit
 
 
 def _keep_only(view: EGraphView, kept: set[int]) -> None:

@@ -203,6 +203,7 @@ class Graph(GraphBuilders):
         self._outputs: tuple[int, ...] = ()
         self._leaf_names: dict[str, int] = {}
         self._next_id = 0
+        self._symbols: tuple[str, ...] | None = None  # computed on first read, forgotten when a node is added
         self.weights: dict[str, np.ndarray] = {}  # Param name -> value (evaluate reads it; save writes .npz)
         self.meta: dict[str, Any] = {}  # JSON-ready facts about the graph's origin (e.g. ONNX dim names)
 
@@ -222,6 +223,7 @@ class Graph(GraphBuilders):
         self._nodes.append(node)
         self._by_id[node.id] = node
         self._next_id = max(self._next_id, node.id + 1)
+        self._symbols = None
         self._users[node.id] = []
         for i in dict.fromkeys(node.inputs):
             self._users[i].append(node.id)
@@ -304,7 +306,9 @@ class Graph(GraphBuilders):
     @property
     def symbols(self) -> tuple[str, ...]:
         """The names of the symbolic dims in the graph, sorted (empty for a static graph)."""
-        return tuple(sorted(symbols_of(d for n in self._nodes for d in n.dims())))
+        if self._symbols is None:
+            self._symbols = tuple(sorted(symbols_of(d for n in self._nodes for d in n.dims())))
+        return self._symbols
 
     def op_counts(self) -> Counter[str]:
         """How many nodes of each op the graph holds."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..cost import Target
 from ..egraph.decode import Decoded
+from ..egraph.extract import NodePrices
 from ..egraph.saturate import IterationStats
 from ..egraph.view import EGraphView
 from ..ir.graph import Graph
@@ -47,10 +48,11 @@ def io_by_kind(graph: Graph, target: Target, when: str) -> Records:
     """Per op kind of ``graph``: nodes and predicted ns (the node costs ``profile`` sums)."""
     nodes: Counter[str] = Counter()
     ns: Counter[str] = Counter()
+    prices = NodePrices(target)
     for n in graph.nodes:
         spec = REGISTRY[n.op]
         nodes[spec.kind.value] += 1
-        ns[spec.kind.value] += target.node_ns(spec, n.attrs, [graph.node(i).type for i in n.inputs], n.type)
+        ns[spec.kind.value] += prices.node_ns(spec, n.attrs, [graph.node(i).type for i in n.inputs], n.type)
     return Records({"when": when, "kind": k, "nodes": nodes[k], "ns": ns[k]} for k in sorted(nodes))
 
 
@@ -82,13 +84,14 @@ class OptimizationData:
         data.io_by_kind = Records(io_by_kind(graph, target, "before") + io_by_kind(decoded.graph, target, "after"))
         if view is None or choice is None or costs is None:
             return data
+        type_text = [str(c.type) for c in view.classes]
         data.eclasses = Records(
-            {"eclass": c.id, "type": str(c.type), "enodes": len(c.nodes), "originals": list(c.originals),
+            {"eclass": c.id, "type": type_text[c.id], "enodes": len(c.nodes), "originals": list(c.originals),
              "merged_by": list(c.merged_by), "chosen_enode": choice.get(c.id)} for c in view.classes)
         data.enodes = Records(
             {"enode": n.index, "eclass": n.eclass, "op": n.op, "kind": n.spec.kind.value,
              "attrs": {k: _json_value(v) for k, v in n.attrs.items()}, "children": list(n.children),
-             "type": str(view.classes[n.eclass].type), "cost_ns": costs[n.index], "original": n.original,
+             "type": type_text[n.eclass], "cost_ns": costs[n.index], "original": n.original,
              "built_by": list(n.built_by), "chosen": choice.get(n.eclass) == n.index} for n in view.nodes)
         data.choices = Records({"eclass": c, "enode": n, "op": view.nodes[n].op, "cost_ns": costs[n]}
                                for c, n in sorted(choice.items()))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ..cost import IoProfile
@@ -33,7 +35,7 @@ class OptimizeReport:
     engine: str
     engine_reason: str
     target: str
-    egglog_program: str = ""
+    program_text: Callable[[], str] = field(default=str, repr=False)  # builds egglog_program when first read
     eclasses: int = 0
     enodes: int = 0
     stop_reason: str = ""
@@ -54,6 +56,11 @@ class OptimizeReport:
     parity: ParityReport | None = None
     data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
     fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
+
+    @cached_property
+    def egglog_program(self) -> str:
+        """The egglog program the run saturated (egglog engine; empty otherwise), as text that runs as-is."""
+        return self.program_text()
 
     @property
     def fused_op_counts(self) -> dict[str, int]:
