@@ -385,3 +385,21 @@ def test_str_and_to_dict() -> None:
 def test_profile_rejects_unknown_target() -> None:
     with pytest.raises(ValueError, match=r"unknown target 'npu' \(known: cpu, cuda, metal, wgpu, onnxruntime\)"):
         profile(mlp()[0], "npu")
+
+
+def test_profile_by_kind_sums_node_costs_and_prices_each_kind() -> None:
+    g = Graph()
+    x = g.input("x", (4, 8))
+    h = g.relu(g.add(g.matmul(x, g.param("w", (8, 8))), x))
+    g.set_outputs([h])
+    p = profile(g, TARGETS["cpu"].replace(unsupported=["Relu"]))
+    assert {k: (part.nodes, part.ops) for k, part in p.by_kind.items()} == {
+        "leaf": (2, frozenset({"Input", "Param"})), "matmul": (1, frozenset({"MatMul"})),
+        "elementwise": (2, frozenset({"Add", "Relu"}))}
+    assert sum((part.cost for part in p.by_kind.values()), NodeCost(0, 0, 0, 0)) == NodeCost(
+        p.launches, p.sync_points, p.traffic_bytes, p.flops)
+    nodes = {n.id: n for n in g.nodes}
+    matmul = next(n for n in g.nodes if n.op == "MatMul")
+    assert p.kind_ns("matmul") == p.target.node_ns(matmul.spec, matmul.attrs,
+                                                   [nodes[i].type for i in matmul.inputs], matmul.type)
+    assert p.kind_ns("leaf") == 0.0 and p.kind_ns("elementwise") == math.inf  # Relu is unsupported

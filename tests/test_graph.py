@@ -370,3 +370,20 @@ def test_symbols_are_remembered_and_follow_every_added_node():
     assert g.symbols == ("batch", "seq")
     g.set_outputs([y])
     assert g.symbols == ("batch", "seq") and g.copy().symbols == ("batch", "seq")
+
+
+def test_add_copy_keeps_the_type_of_a_node_whose_inputs_keep_theirs_and_checks_it_otherwise() -> None:
+    src = Graph()
+    x = src.input("x", (2, 3))
+    y = src.relu(src.add(x, x))
+    dst = Graph()
+    x2 = dst.add_copy(src.node(x), [], src)
+    a2 = dst.add_copy(src.node(src.node(y).inputs[0]), [x2, x2], src)
+    y2 = dst.add_copy(src.node(y), [a2], src)
+    assert [(n.op, n.inputs, n.type) for n in dst.nodes] == [(n.op, n.inputs, n.type) for n in src.nodes]
+    other = Graph()
+    z = other.input("z", (4, 3))  # another shape: the copy's shape rule runs again
+    assert other.node(other.add_copy(src.node(y), [z], src)).shape == (4, 3)
+    with pytest.raises(GraphError, match="name 'x' is already used by node 0"):
+        dst.add_copy(src.node(x), [], src)
+    assert len(dst) == 3 and dst.node(y2).shape == (2, 3)

@@ -198,7 +198,9 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
 
     report.program_text = partial(_program_text, ruleset, encoding)
     choice = chosen.choice if chosen is not None else None
-    report.data = OptimizationData.build(graph, tgt, result.history, decoded, view, choice, costs)
+    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
+    report.data = OptimizationData.build((report.profile_before, report.profile_after), result.history, decoded,
+                                         view, choice, costs)
     report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))
     if choice is not None:
         report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
@@ -208,7 +210,6 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
     report.matches_per_rule = result.matches_per_rule
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
-    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
     report.phases = phases
     return decoded, report
 

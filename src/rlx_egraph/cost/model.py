@@ -62,6 +62,15 @@ def _target(target: Target | str) -> Target:
 
 
 @dataclass(frozen=True)
+class KindCost:
+    """The nodes of one op kind in a graph, their summed :func:`node_cost` and their ops."""
+
+    nodes: int
+    cost: NodeCost
+    ops: frozenset[str]
+
+
+@dataclass(frozen=True)
 class IoProfile:
     """A graph's counts, priced on ``target`` (a Target, or a preset name resolved on construction).
 
@@ -76,6 +85,7 @@ class IoProfile:
     flops: int
     target: Target
     ops: frozenset[str] = field(default_factory=frozenset)
+    by_kind: Mapping[str, KindCost] = field(default_factory=dict, compare=False)  # op kind -> its nodes' sum
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", _target(self.target))
@@ -97,6 +107,14 @@ class IoProfile:
     def ns(self) -> float:
         """Predicted time in ns (inf when the target lacks an op the graph uses)."""
         return sum(self.breakdown().values())
+
+    def kind_ns(self, kind: str) -> float:
+        """Predicted ns of the nodes of op kind ``kind`` (readback excluded; inf if the target lacks one of
+        their ops)."""
+        part = self.by_kind[kind]
+        if any(not self.target.supports(op) for op in part.ops):
+            return math.inf
+        return self.target.cost_ns(part.cost)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -142,13 +160,25 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
     tgt = _target(target)
     if graph.symbols:
         graph = specialize_graph(graph, {s: tgt.hint(s) for s in graph.symbols})
-    total = FREE
+    nodes: dict[str, int] = {}
+    costs: dict[str, NodeCost] = {}
+    ops: dict[str, set[str]] = {}
     for node in graph.nodes:
-        total += node_cost(node.spec, node.attrs, [graph.node(i).type for i in node.inputs], node.type)
+        spec = node.spec
+        kind = spec.kind.value
+        cost = node_cost(spec, node.attrs, [graph.node(i).type for i in node.inputs], node.type)
+        if kind in nodes:
+            nodes[kind] += 1
+            costs[kind] += cost
+            ops[kind].add(node.op)
+        else:
+            nodes[kind], costs[kind], ops[kind] = 1, cost, {node.op}
+    total = sum(costs.values(), FREE)
     readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(graph.outputs))
+    by_kind = {k: KindCost(nodes[k], costs[k], frozenset(ops[k])) for k in sorted(nodes)}
     return IoProfile(launches=total.launches, sync_points=total.syncs, readback_bytes=readback,
                      traffic_bytes=total.traffic_bytes, flops=total.flops, target=tgt,
-                     ops=frozenset(graph.op_counts()))
+                     ops=frozenset(op for k in ops.values() for op in k), by_kind=by_kind)
 
 
 @dataclass(frozen=True)

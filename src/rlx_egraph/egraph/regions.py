@@ -98,11 +98,13 @@ def chain_json(graph: Graph, region: Region) -> str:
 def apply_regions(graph: Graph, target: Target) -> tuple[Graph, dict[int, int], list[Region]]:
     """``graph`` with its regions fused when ``target`` has region kernels and they pay.
 
-    Returns the new graph, a map new node id -> ``graph`` node id of the same
-    value, and the regions applied.
+    Returns the new graph (``graph`` itself when no region applies), a map new node id -> ``graph`` node
+    id of the same value, and the regions applied.
     """
     regions = find_regions(graph, target.region_max_steps, target.region_max_inputs) if target.region_kernels else []
     regions = [r for r in regions if _pays(graph, r, target)]
+    if not regions:
+        return graph, {n.id: n.id for n in graph.nodes}, []
     out, same_value = fuse_regions(graph, regions)
     return out, same_value, regions
 
@@ -122,7 +124,7 @@ def fuse_regions(graph: Graph, regions: list[Region]) -> tuple[Graph, dict[int, 
             r = by_tail[node.id]
             nid = out.elementwise_region([new_id[i] for i in r.inputs], chain=chain_json(graph, r))
         else:
-            nid = out.add_node(node.op, [new_id[i] for i in node.inputs], **node.attrs)
+            nid = out.add_copy(node, [new_id[i] for i in node.inputs], graph)
         new_id[node.id] = nid
         same_value[nid] = node.id
     out.set_outputs(new_id[o] for o in graph.outputs)

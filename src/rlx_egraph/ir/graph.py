@@ -23,6 +23,7 @@ import reprlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -73,9 +74,9 @@ class Node:
     def kind(self) -> Kind:
         return REGISTRY[self.op].kind
 
-    @property
+    @cached_property
     def type(self) -> ValueType:
-        """The output type: a TupleType for a multi-result node."""
+        """The output type: a TupleType for a multi-result node (built once: a Node never changes)."""
         return TupleType(self.parts) if self.parts else TensorType(self.shape, self.dtype)
 
     @property
@@ -216,6 +217,20 @@ class Graph(GraphBuilders):
             raise GraphError(f"node {nid} ({_op_spec(nid, op).name}): id {nid} is already used")
         node = check_node(nid, op, inputs, attrs, self._by_id.get, self._leaf_names)
         self._append(node)
+        return nid
+
+    def add_copy(self, node: Node, inputs: Sequence[int], source: Graph) -> int:
+        """Append a copy of ``source``'s ``node`` reading ``inputs`` (ids here) instead of its own; returns
+        its id.  Its type stands without running the shape rule again when each input has the type of the
+        one it replaces; otherwise the node is checked from scratch like :meth:`add_node`."""
+        by_id = self._by_id
+        same = len(inputs) == len(node.inputs) and all(
+            i in by_id and by_id[i].type == source.node(o).type for i, o in zip(inputs, node.inputs, strict=True))
+        name = node.attrs.get("name") if node.kind is Kind.LEAF else None
+        if not same or (name is not None and name in self._leaf_names):
+            return self.add_node(node.op, inputs, **node.attrs)
+        nid = self._next_id
+        self._append(Node(nid, node.op, tuple(inputs), dict(node.attrs), node.shape, node.dtype, node.parts))
         return nid
 
     def _append(self, node: Node) -> None:

@@ -13,13 +13,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cost import Target
+from ..cost.model import IoProfile
 from ..egraph.decode import Decoded
-from ..egraph.extract import NodePrices
 from ..egraph.saturate import IterationStats
 from ..egraph.view import EGraphView
-from ..ir.graph import Graph
-from ..ir.registry import REGISTRY
 
 TABLES = ("eclasses", "enodes", "choices", "provenance", "iterations", "io_by_kind", "rule_applications")
 
@@ -44,16 +41,10 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def io_by_kind(graph: Graph, target: Target, when: str) -> Records:
-    """Per op kind of ``graph``: nodes and predicted ns (the node costs ``profile`` sums)."""
-    nodes: Counter[str] = Counter()
-    ns: Counter[str] = Counter()
-    prices = NodePrices(target)
-    for n in graph.nodes:
-        spec = REGISTRY[n.op]
-        nodes[spec.kind.value] += 1
-        ns[spec.kind.value] += prices.node_ns(spec, n.attrs, [graph.node(i).type for i in n.inputs], n.type)
-    return Records({"when": when, "kind": k, "nodes": nodes[k], "ns": ns[k]} for k in sorted(nodes))
+def io_by_kind(profile: IoProfile, when: str) -> Records:
+    """Per op kind of a graph's ``profile``: nodes and predicted ns (readback excluded)."""
+    return Records({"when": when, "kind": k, "nodes": part.nodes, "ns": profile.kind_ns(k)}
+                   for k, part in profile.by_kind.items())
 
 
 @dataclass
@@ -69,10 +60,11 @@ class OptimizationData:
     rule_applications: Records = field(default_factory=Records)
 
     @classmethod
-    def build(cls, graph: Graph, target: Target, iterations: list[IterationStats], decoded: Decoded,
+    def build(cls, profiles: tuple[IoProfile, IoProfile], iterations: list[IterationStats], decoded: Decoded,
               view: EGraphView | None = None, choice: dict[int, int] | None = None,
               costs: list[float] | None = None) -> OptimizationData:
-        """The tables of a run; the e-graph tables stay empty without ``view`` (no e-graph was built)."""
+        """The tables of a run (``profiles``: the input's and the result's); the e-graph tables stay empty
+        without ``view`` (no e-graph was built)."""
         data = cls()
         data.iterations = Records(
             {"step": k, "stage": it.stage, "rule": rule, "matches": m, "enodes_after": it.enodes}
@@ -81,7 +73,7 @@ class OptimizationData:
             {"node": n.id, "op": n.op, "eclass": decoded.class_of.get(n.id), "replaces": decoded.originals[n.id],
              "built_by": list(decoded.built_by.get(n.id, ())), "merged_by": list(decoded.merged_by.get(n.id, ()))}
             for n in decoded.graph.nodes)
-        data.io_by_kind = Records(io_by_kind(graph, target, "before") + io_by_kind(decoded.graph, target, "after"))
+        data.io_by_kind = Records(io_by_kind(profiles[0], "before") + io_by_kind(profiles[1], "after"))
         if view is None or choice is None or costs is None:
             return data
         type_text = [str(c.type) for c in view.classes]
