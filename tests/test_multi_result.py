@@ -193,3 +193,13 @@ def test_plan_keeps_both_results_in_the_nodes_buffer_and_runs_bit_exact() -> Non
             assert plan.buffer_of(node.id).size == source.type.nbytes
     for a, b in zip(plan.run(), evaluate(g), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_fallback_keeps_the_results_of_multi_result_nodes_it_rewires() -> None:
+    """Rewiring a multi-result node's inputs (a later commit replaced its producer) kept its op, shape
+    and dtype but dropped its results' types, so pricing the result failed (KeyError 'tuple')."""
+    out, report = optimize_with_report(examples.synthetic(1000), engine="fallback", regions=False)
+    multi = [n for n in out.nodes if n.dtype == "tuple"]
+    assert len(multi) == report.fused_op_counts["FusedAddRmsNorm"] + report.fused_op_counts["FusedAddLayerNorm"] > 0
+    assert all(isinstance(n.type, TupleType) and len(n.parts) == 2 for n in multi)
+    assert report.profile_after is not None and report.profile_after.ns == profile(out).ns < report.profile_before.ns

@@ -185,12 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ``scaling [--nodes N,...]``: the synthetic DAG at each size, the time per phase and per node.
     ``exact [--models M,...] [--layers N] [--targets T,...]``: the ILP of exact extraction per case.
+    ``engines [--nodes N,...] [--no-models]``: both engines side by side, their costs' agreement.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["scaling"]:
         return _scaling(argv[1:])
     if argv[:1] == ["exact"]:
         return _exact(argv[1:])
+    if argv[:1] == ["engines"]:
+        return _engines(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=_names, default=list(MODELS), help=f"default: {','.join(MODELS)}")
     parser.add_argument("--layers", type=_counts, default=list(LAYERS), help=f"default: {','.join(map(str, LAYERS))}")
@@ -223,6 +226,89 @@ def _scaling(argv: Sequence[str]) -> int:
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
     args = parser.parse_args(argv)
     print(scaling_table(run([Case("synthetic", n) for n in args.nodes], args.target, exact_max_enodes=0)))
+    return 0
+
+
+ENGINE_NODES = (1_000, 10_000, 20_000, 50_000, 100_000, 1_000_000)
+EGGLOG_MAX_NODES = 100_000  # the egglog engine is not run above this (at 1M it would need ~10 GB)
+AGREEMENT_CASES = (("llama", 2), ("llama", 8), ("bert", 2), ("bert", 8), ("gpt2", 2), ("gpt2", 8), ("mlp", 3),
+                   ("conv_block", 0))
+VERIFY_MAX_NODES = 20_000  # parity is checked on cases up to this size
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One engine's whole ``optimize_with_report`` run on one case."""
+
+    seconds: float
+    cpu_seconds: float
+    phases: dict[str, float]
+    peak_mb: float
+    after_ns: float
+    parity: bool | None  # None: not checked (too large)
+
+
+def run_engine(model: str, size: int, engine: str, target: str) -> EngineRun:
+    """Optimize ``model`` at ``size`` (nodes for the synthetic DAG, else layers) with ``engine``; call it in a
+    fresh process, so the peak RSS is this run's."""
+    load_rules()
+    graph = examples.synthetic(size) if model == "synthetic" else (
+        examples.ALL[model]() if model in ("mlp", "conv_block") else examples.ALL[model](layers=size))
+    verify = len(graph) <= VERIFY_MAX_NODES
+    start, cpu_start = time.perf_counter(), time.process_time()
+    _, report = optimize_with_report(graph, target, engine=engine, verify=verify)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    assert report.profile_after is not None
+    return EngineRun(seconds, cpu, dict(report.phases), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                     report.profile_after.ns, report.parity.ok if report.parity is not None else None)
+
+
+def engines_table(todo: Sequence[tuple[str, int]], target: str) -> str:
+    """Both engines on each case, one spawned process per run: seconds (the egglog engine's per phase), peak MB,
+    predicted ns after, how far the fallback's cost is from the egglog engine's, parity, and the engine that
+    ``engine="auto"`` picks by size."""
+    from .optimize import FALLBACK_THRESHOLD
+
+    rows = []
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
+        for model, size in todo:
+            nodes = size if model == "synthetic" else len(
+                examples.ALL[model]() if model in ("mlp", "conv_block") else examples.ALL[model](layers=size))
+            runs = {e: pool.submit(run_engine, model, size, e, target).result()
+                    for e in ("egglog", "fallback") if e == "fallback" or nodes <= EGGLOG_MAX_NODES}
+            eg, fb = runs.get("egglog"), runs["fallback"]
+            print(f"{model}-{size}: " + ", ".join(f"{e} {r.seconds:.2f} s" for e, r in runs.items()),
+                  file=sys.stderr, flush=True)
+            parity = "/".join("-" if r.parity is None else "ok" if r.parity else "FAIL" for r in runs.values())
+            rows.append((
+                f"{model}-{size}", f"{nodes:,}",
+                f"{eg.seconds:.2f}" if eg else "-",
+                " / ".join(f"{eg.phases.get(p, 0.0):.2f}" for p in PHASES) if eg else "-",
+                f"{eg.cpu_seconds:.2f}" if eg else "-", f"{eg.peak_mb:.0f}" if eg else "-",
+                f"{fb.seconds:.2f}", f"{fb.cpu_seconds:.2f}", f"{fb.peak_mb:.0f}",
+                f"{eg.after_ns:,.0f}" if eg else "-", f"{fb.after_ns:,.0f}",
+                f"{100 * (fb.after_ns - eg.after_ns) / eg.after_ns:+.2f}" if eg else "-", parity,
+                "fallback" if nodes > FALLBACK_THRESHOLD else "egglog"))
+    header = ("case", "nodes", "egglog s", "encode / saturate / extract / decode", "egglog cpu s", "egglog MB",
+              "fallback s", "fallback cpu s", "fallback MB", "egglog ns", "fallback ns", "fallback vs egglog %",
+              "parity", "auto")
+    return format_table(header, rows, "<" + ">" * (len(header) - 3) + "<<")
+
+
+def _engines(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench engines",
+                                     description="both engines side by side: the example models, then the "
+                                                 "synthetic DAG by size")
+    parser.add_argument("--nodes", type=_counts, default=list(ENGINE_NODES),
+                        help=f"synthetic sizes (default: {','.join(map(str, ENGINE_NODES))})")
+    parser.add_argument("--no-models", action="store_true", help="only the synthetic DAG")
+    parser.add_argument("--target", default="cpu", choices=list(TARGETS))
+    args = parser.parse_args(argv)
+    todo = ([] if args.no_models else list(AGREEMENT_CASES)) + [("synthetic", n) for n in args.nodes]
+    print(f"both engines, whole optimize_with_report runs, target {args.target}; parity checked up to "
+          f"{VERIFY_MAX_NODES:,} nodes (egglog/fallback); the egglog engine runs up to {EGGLOG_MAX_NODES:,} nodes",
+          flush=True)
+    print(engines_table(todo, args.target))
     return 0
 
 

@@ -21,6 +21,7 @@ in the size of the graph, so a million rewrites of a million-node graph stay lin
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import Counter
@@ -91,7 +92,7 @@ class GraphRewriter:
             nid, inputs = node.id, node.inputs
             if self._forward and any(i in self._forward for i in inputs):
                 inputs = tuple(self.find(i) for i in inputs)
-                node = Node(nid, node.op, inputs, node.attrs, node.shape, node.dtype)
+                node = dataclasses.replace(node, inputs=inputs)
             key = node_key(node)
             if key is not None:
                 same = keys.setdefault(key, nid)
@@ -361,7 +362,7 @@ class GraphRewriter:
         old_key = node_key(node)
         if old_key is not None and self._keys.get(old_key) == user:
             del self._keys[old_key]
-        rewired = Node(user, node.op, inputs, node.attrs, node.shape, node.dtype)
+        rewired = dataclasses.replace(node, inputs=inputs)
         self._nodes[user] = rewired
         del self._users[old][user]
         self._users[new][user] = None
