@@ -326,9 +326,13 @@ def test_node_ns_equals_profile_delta(target: str, new: str, host_sync_op: OpSpe
     nid = NEW_NODES[new](g, y)  # outputs unchanged, so the delta is the new node alone
     after = profile(g, target)
     node = g.node(nid)
-    ns = TARGETS[target].node_ns(node.spec, node.attrs, [g.node(i).type for i in node.inputs], node.type)
+    reads_intermediate = any(g.node(i).kind is not Kind.LEAF for i in node.inputs)
+    ns = TARGETS[target].node_ns(node.spec, node.attrs, [g.node(i).type for i in node.inputs], node.type,
+                                 reads_intermediate)
     assert after.ns - before.ns == pytest.approx(ns, rel=1e-12, abs=1e-9)
-    assert (ns == 0.0) == (node.kind is Kind.LAYOUT)
+    copied = node.op in TARGETS[target].copied_layouts  # onnxruntime runs Transpose as a copy kernel
+    assert (ns == 0.0) == (node.kind is Kind.LAYOUT and not copied)
+    assert copied == (target == "onnxruntime" and new == "transpose")
 
 
 def test_node_ns_exact_figures() -> None:
@@ -403,3 +407,10 @@ def test_profile_by_kind_sums_node_costs_and_prices_each_kind() -> None:
     assert p.kind_ns("matmul") == p.target.node_ns(matmul.spec, matmul.attrs,
                                                    [nodes[i].type for i in matmul.inputs], matmul.type)
     assert p.kind_ns("leaf") == 0.0 and p.kind_ns("elementwise") == math.inf  # Relu is unsupported
+
+
+def test_copied_layouts_must_be_layout_ops() -> None:
+    with pytest.raises(ValueError, match=r"target 'cpu': copied_layouts names op\(s\) that are not layout ops "
+                                         r"\['NoSuchOp', 'Relu'\]"):
+        TARGETS["cpu"].replace(copied_layouts={"Relu", "Narrow", "NoSuchOp"})
+    assert TARGETS["cpu"].replace(copied_layouts=["Narrow"]).copied_layouts == frozenset({"Narrow"})

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
-from rlx_egraph.cost import get_target, profile
+from rlx_egraph.cost import TARGETS, get_target, profile
 from rlx_egraph.egraph.rules import default_rule_dir, load_rules
 from rlx_egraph.fallback import FallbackLimits, load, run
 from rlx_egraph.fallback.bench import main as bench_main
-from rlx_egraph.fallback.engine import _Engine
+from rlx_egraph.fallback.engine import NO_GAIN, _Engine
 from rlx_egraph.fallback.facts import Facts
 from rlx_egraph.fallback.matcher import schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
@@ -488,18 +488,45 @@ def test_a_commute_rule_is_a_symmetry_used_where_the_residual_comes_first(tmp_pa
 
 MODELS = {"llama": lambda: examples.llama(2), "bert": lambda: examples.bert(2), "gpt2": lambda: examples.gpt2(2),
           "mlp": examples.mlp, "conv_block": examples.conv_block}
+# The example models at several sizes (layers; the conv block's width and image size).
+SIZED_MODELS = {**{f"{m}-{n}": (lambda m=m, n=n: examples.ALL[m](layers=n)) for m in ("llama", "bert", "gpt2", "mlp")
+                   for n in (1, 2, 6)},
+                "conv_block-16": examples.conv_block, "conv_block-32": lambda: examples.conv_block(width=32, size=8)}
 
 
-@pytest.mark.parametrize("target", ["cpu", "cuda", "metal", "wgpu"])
-@pytest.mark.parametrize("model", sorted(MODELS))
+# The one known exception (see test_bert_attention_block_on_onnxruntime_is_out_of_the_fallbacks_reach).
+CHAIN_OUT_OF_REACH = {(f"bert-{n}", "onnxruntime") for n in (1, 2, 6)}
+
+
+@pytest.mark.parametrize(("model", "target"), [(m, t) for m in sorted(SIZED_MODELS) for t in sorted(TARGETS)
+                                               if (m, t) not in CHAIN_OUT_OF_REACH])
 def test_example_models_cost_within_two_percent_of_egglog(model, target):
-    g = MODELS[model]()
+    g = SIZED_MODELS[model]()
     egglog_ns = profile(optimize(g, target=target), target).ns
     og, rep = optimize_with_report(g, target=target, engine="fallback", verify=True)
     assert rep.engine == "fallback" and rep.parity.ok and len(rep.parity.nodes) > 0
     fallback_ns = profile(og, target).ns
     assert rep.profile_after.ns == fallback_ns < rep.profile_before.ns
     assert abs(fallback_ns - egglog_ns) <= 0.02 * egglog_ns
+
+
+@pytest.mark.parametrize("layers", [1, 2, 6])
+def test_bert_attention_block_on_onnxruntime_is_out_of_the_fallbacks_reach(layers):
+    """The fallback commits each step of a rule chain only when the step pays by itself.  On onnxruntime the
+    shared-input chain's column blocks are Slices that copy, so its first step costs more than it saves
+    and the attention block that would absorb them is never reached: egglog, which sees the whole chain,
+    builds it; the fallback keeps the bias-fused projections, 6% over egglog's cost."""
+    g = examples.bert(layers)
+    _, eg_report = optimize_with_report(g, target="onnxruntime", engine="egglog")
+    _, fb_report = optimize_with_report(g, target="onnxruntime", engine="fallback", verify=True)
+    assert fb_report.parity.ok
+    assert eg_report.fused_op_counts["FusedAttentionBlock"] == layers
+    assert "FusedAttentionBlock" not in fb_report.fused_op_counts
+    assert fb_report.fused_op_counts["FusedMatMulBiasAct"] == 6 * layers  # q, k, v, out, ffn in and out
+    stats = run(g, target="onnxruntime").stats.rules["shared-input-linear"]
+    assert stats.commits == 0 and stats.rejected[NO_GAIN] > 0
+    egglog_ns, fallback_ns = eg_report.profile_after.ns, fb_report.profile_after.ns
+    assert 1.05 * egglog_ns < fallback_ns < 1.07 * egglog_ns
 
 
 def test_bert_qkv_biases_fuse_before_the_wide_matmul():

@@ -220,6 +220,33 @@ def test_onnxruntime_target_supports_exactly_the_fused_ops_the_export_maps() -> 
     assert (target.dispatch_ns, target.memory_bw, target.flops_per_ns) == (500.0, 5.0, 17.0)
 
 
+LAYOUT_OF_AN_INTERMEDIATE = {
+    "Narrow": lambda g, h: g.narrow(h, axis=1, start=0, length=4),
+    "Transpose": lambda g, h: g.transpose(h, perm=(1, 0)),
+    "Expand": lambda g, h: g.expand(g.reshape(h, shape=(1, 4, 8)), shape=(3, 4, 8)),
+    "Concat": lambda g, h: g.concat([h, h], axis=0),
+    "Reshape": lambda g, h: g.reshape(h, shape=(8, 4)),
+}
+
+
+def test_onnxruntime_target_copies_exactly_the_layout_ops_the_export_writes_as_kernels() -> None:
+    """A layout op of an intermediate exports as Slice, Transpose, Expand, Concat (kernels that copy) or as
+    Reshape (an alias); the target prices exactly the former as kernels."""
+    from rlx_egraph.frontends.onnx.compare import ALIAS_OPS
+
+    layouts = sorted(name for name, spec in REGISTRY.items() if spec.kind is Kind.LAYOUT)
+    assert sorted(LAYOUT_OF_AN_INTERMEDIATE) == layouts
+    kernels = set()
+    for op, build in LAYOUT_OF_AN_INTERMEDIATE.items():
+        g = Graph()
+        g.set_outputs([build(g, g.relu(g.input("x", (4, 8))))])
+        written = [n.op_type for n in export_model(g).graph.node if n.op_type != "Relu"]
+        assert written, op
+        if any(t not in ALIAS_OPS for t in written):
+            kernels.add(op)
+    assert kernels == TARGETS["onnxruntime"].copied_layouts == {"Narrow", "Transpose", "Expand", "Concat"}
+
+
 def test_cli_optimizes_an_onnx_model_into_an_onnx_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     model = MODELS["gpt2"]()
     onnx.save(model, tmp_path / "m.onnx")

@@ -336,7 +336,7 @@ def _exact(argv: Sequence[str]) -> int:
                                      description="the ILP of exact extraction, warm-started from greedy, per case")
     parser.add_argument("--models", type=lambda t: t.split(","), default=["llama", "bert", "gpt2", "mlp"])
     parser.add_argument("--layers", type=int, default=64)
-    parser.add_argument("--targets", type=lambda t: t.split(","), default=["cpu", "cuda"])
+    parser.add_argument("--targets", type=lambda t: t.split(","), default=["cpu", "cuda", "onnxruntime"])
     args = parser.parse_args(argv)
     header = ("case", "target", "e-nodes", "variables", "constraints", "need rows", "LP rounds", "ILP s", "optimal",
               "ILP ns", "greedy ns", "gap ns")

@@ -42,9 +42,11 @@ class NodeCost:
 FREE = NodeCost(0, 0, 0, 0)
 
 
-def node_cost(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType], out_type: TensorType) -> NodeCost:
-    """Count one node: launches, host syncs, device bytes moved and FLOPs."""
-    launches = spec.kind.launches
+def node_cost(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType], out_type: TensorType,
+              copies: bool = False) -> NodeCost:
+    """Count one node: launches, host syncs, device bytes moved and FLOPs.  ``copies``: a layout op that the
+    target runs as a copy kernel (:attr:`~rlx_egraph.cost.targets.Target.copied_layouts`), not as a view."""
+    launches = 1 if copies else spec.kind.launches
     if launches == 0:
         return FREE
     return NodeCost(
@@ -155,7 +157,8 @@ def _time(ns: float) -> str:
 
 def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
     """The IO profile of ``graph`` on ``target``: the sum of :func:`node_cost` over every node
-    (unused ones too) plus the bytes of each distinct output node read back.  Symbolic dims count at
+    (unused ones too; a layout op the target copies is a kernel when it reads an intermediate, as
+    :meth:`Target.node_ns` prices it) plus the bytes of each distinct output node read back.  Symbolic dims count at
     the target's hints (:meth:`Target.hint`)."""
     tgt = _target(target)
     if graph.symbols:
@@ -166,7 +169,9 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
     for node in graph.nodes:
         spec = node.spec
         kind = spec.kind.value
-        cost = node_cost(spec, node.attrs, [graph.node(i).type for i in node.inputs], node.type)
+        ins = [graph.node(i) for i in node.inputs]
+        copies = node.op in tgt.copied_layouts and any(i.kind is not Kind.LEAF for i in ins)
+        cost = node_cost(spec, node.attrs, [i.type for i in ins], node.type, copies)
         if kind in nodes:
             nodes[kind] += 1
             costs[kind] += cost

@@ -62,7 +62,10 @@ Where the preset figures come from:
     thread 20 vs 7 us).  SkipSimplifiedLayerNormalization (the residual
     RMSNorms) stays: faster at the tiny size (8.1 vs 11.2 us), slower at the
     large one (160 vs 111 us), which one figure per op cannot price.  No
-    region kernels.
+    region kernels.  The layout ops the export writes as Slice, Transpose,
+    Expand and Concat (:data:`ORT_COPIED_LAYOUTS`) copy their input there: each
+    is a kernel when it reads an intermediate (over weights onnxruntime folds
+    it when the session loads); only Reshape is a free view.
 
 Symbolic dims (``"batch"``, ``"seq"``) are priced at a size hint: the call's
 ``dim_hints`` (``optimize(g, dim_hints={"seq": 512})``), else the target's
@@ -89,6 +92,8 @@ _COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 # The longest ElementwiseRegion chain a region kernel runs, and the most inputs it reads.
 REGION_MAX_STEPS = 16
 REGION_MAX_INPUTS = 8
+# Layout ops the ONNX export writes as copying kernels (Slice, Transpose, Expand, Concat); Reshape aliases.
+ORT_COPIED_LAYOUTS = frozenset({"Narrow", "Transpose", "Expand", "Concat"})
 # Fused ops onnxruntime exports as one kernel that measured slower there than their unfused ops (module docs).
 ORT_SLOWER_THAN_UNFUSED = frozenset({"FusedResidualLN", "FusedAddLayerNorm"})
 
@@ -118,6 +123,7 @@ class Target:
     unified_readback_bw: float = 1.0
     flops_per_ns: float = math.inf
     unsupported: frozenset[str] = field(default_factory=frozenset)
+    copied_layouts: frozenset[str] = field(default_factory=frozenset)
     region_kernels: bool = True
     region_max_steps: int = REGION_MAX_STEPS
     region_max_inputs: int = REGION_MAX_INPUTS
@@ -146,6 +152,11 @@ class Target:
         if unknown:
             raise ValueError(f"target {self.name!r}: unsupported names unknown op(s) {unknown}")
         object.__setattr__(self, "unsupported", unsupported)
+        copied = frozenset(self.copied_layouts)
+        not_layout = sorted(op for op in copied if op not in REGISTRY or REGISTRY[op].kind is not Kind.LAYOUT)
+        if not_layout:
+            raise ValueError(f"target {self.name!r}: copied_layouts names op(s) that are not layout ops {not_layout}")
+        object.__setattr__(self, "copied_layouts", copied)
 
     def hint(self, symbol: str) -> int:
         """The size symbolic dim ``symbol`` is priced at."""
@@ -185,15 +196,18 @@ class Target:
         return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops).values())
 
     def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
-                out_type: TensorType) -> float:
-        """Predicted ns of one node on this target; inf when the op is unsupported.
+                out_type: TensorType, reads_intermediate: bool = False) -> float:
+        """Predicted ns of one node on this target; inf when the op is unsupported.  A layout op in
+        ``copied_layouts`` that reads an intermediate (not only leaves, which a runtime folds at load time)
+        is a copy kernel here.
 
         The e-graph extractor minimises exactly this per e-node, and
         :func:`~rlx_egraph.cost.model.profile` sums the same node costs.
         """
         if not self.supports(spec.name):
             return math.inf
-        return self.cost_ns(node_cost(spec, attrs, in_types, out_type))
+        copies = reads_intermediate and spec.name in self.copied_layouts
+        return self.cost_ns(node_cost(spec, attrs, in_types, out_type, copies))
 
     def should_fuse(self, before: IoProfile, after: IoProfile) -> bool:
         """Whether ``after`` is predicted faster than ``before`` here: the extraction's own rule (the DAG
@@ -209,8 +223,9 @@ class PricedDims(Target):
     price: Callable[[int], int] = field(compare=False, hash=False, repr=False)
 
     def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
-                out_type: TensorType) -> float:
-        return super().node_ns(spec, attrs, [self._priced(t) for t in in_types], self._priced(out_type))
+                out_type: TensorType, reads_intermediate: bool = False) -> float:
+        return super().node_ns(spec, attrs, [self._priced(t) for t in in_types], self._priced(out_type),
+                               reads_intermediate)
 
     def _priced(self, t: TensorType | TupleType) -> TensorType | TupleType:
         if isinstance(t, TupleType):
@@ -248,7 +263,7 @@ TARGETS: dict[str, Target] = {
                unsupported=frozenset({"FusedTransformerLayer", "ElementwiseRegion"}), region_kernels=False),
         Target(name="onnxruntime", dispatch_ns=500.0, roundtrip_ns=0.0, memory_bw=5.0, host_readback_bw=5.0,
                unified=True, unified_readback_bw=5.0, host_thunk_penalty_ns=0.0,
-               flops_per_ns=17.0, region_kernels=False,
+               flops_per_ns=17.0, region_kernels=False, copied_layouts=ORT_COPIED_LAYOUTS,
                unsupported=frozenset(name for name, spec in REGISTRY.items()
                                      if spec.kind is Kind.FUSED and name not in EXPORTS) | ORT_SLOWER_THAN_UNFUSED),
     )

@@ -62,22 +62,23 @@ class NodePrices:
         self.known: dict[tuple, float] = {}
 
     def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
-                out_type: TensorType) -> float:
+                out_type: TensorType, reads_intermediate: bool = False) -> float:
         try:
-            key = (spec.name, tuple(attrs.items()), tuple(in_types), out_type)
+            key = (spec.name, tuple(attrs.items()), tuple(in_types), out_type, reads_intermediate)
             hit = self.known.get(key)
         except TypeError:  # unhashable attribute values (arrays): not remembered
-            return self.target.node_ns(spec, attrs, in_types, out_type)
+            return self.target.node_ns(spec, attrs, in_types, out_type, reads_intermediate)
         if hit is None:
-            hit = self.known[key] = self.target.node_ns(spec, attrs, in_types, out_type)
+            hit = self.known[key] = self.target.node_ns(spec, attrs, in_types, out_type, reads_intermediate)
         return hit
 
 
 def enode_ns(target: Target | NodePrices, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
              out_type: TensorType, reads_intermediate: bool) -> float:
-    """The per-node cost both engines minimise: ``Target.node_ns``, plus the view
-    tie-breaker when a layout op reads an intermediate (not a leaf)."""
-    cost = target.node_ns(spec, attrs, in_types, out_type)
+    """The per-node cost both engines minimise: ``Target.node_ns`` (a copy kernel for a layout op the target
+    copies, when it reads an intermediate), plus the view tie-breaker when a layout op reads an intermediate
+    (not a leaf)."""
+    cost = target.node_ns(spec, attrs, in_types, out_type, reads_intermediate)
     if spec.kind is Kind.LAYOUT and reads_intermediate:
         cost += VIEW_TIE_NS
     return cost
@@ -138,9 +139,12 @@ def _best_tree_choice(view: EGraphView, costs: list[float]) -> tuple[dict[int, i
     return best_node, best_cost
 
 
-def class_positions(view: EGraphView, graph_position: dict[int, int]) -> list[float]:
+def class_positions(view: EGraphView, graph_position: dict[int, int],
+                    costs: list[float] | None = None) -> list[float]:
     """A potential over classes: leaves -1, input-graph classes their graph position,
-    new classes just above the inputs of their lowest e-node.
+    new classes just above the inputs of their lowest e-node that the target can run
+    (finite ``costs``; every e-node when None): an unsupported e-node would otherwise
+    place a class below the children of the only e-nodes that can compute it.
 
     Extraction only uses e-nodes whose children sit strictly below their class,
     so every choice is acyclic without searching for cycles.  Computed like
@@ -161,7 +165,7 @@ def class_positions(view: EGraphView, graph_position: dict[int, int]) -> list[fl
     def reached(n: int) -> None:
         """All children of e-node ``n`` have their position: offer its class one."""
         node = view.nodes[n]
-        if not final[node.eclass]:
+        if not final[node.eclass] and (costs is None or costs[n] < math.inf):
             heapq.heappush(heap, (max((pos[ch] for ch in node.children), default=-1.0) + 0.5, node.eclass))
 
     def settle(c: int) -> None:
@@ -395,7 +399,7 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
     until none is left or ``deadline`` passes (then the best choice so far is kept)."""
     start = time.perf_counter()
     costs = node_costs(view, target) if costs is None else costs
-    pos = class_positions(view, graph_position)
+    pos = class_positions(view, graph_position, costs)
     monotone = [c if all(pos[ch] < pos[n.eclass] for ch in n.children) else math.inf
                 for n, c in zip(view.nodes, costs, strict=True)]
     tree_node, _ = _best_tree_choice(view, monotone)
