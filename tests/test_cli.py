@@ -493,6 +493,21 @@ def test_bench_cases_keep_the_given_order() -> None:
     assert names == ["bert-8", "bert-1", "synthetic-20000", "llama-8", "llama-1"]
 
 
+def test_bench_engines_prints_both_engines_their_agreement_and_parity(capsys: pytest.CaptureFixture[str]) -> None:
+    from rlx_egraph.cost import profile
+    from rlx_egraph.optimize import optimize_with_report
+
+    assert bench.main(["engines", "--no-models", "--nodes", "1000"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.startswith("case "))
+    assert header.split()[:3] == ["case", "nodes", "egglog"] and header.split()[-2:] == ["parity", "auto"]
+    row = next(line for line in out if line.startswith("synthetic-1000 ")).split()
+    assert row[1] == "1,000" and row[-2:] == ["ok/ok", "egglog"]
+    g = examples.synthetic(1000)
+    costs = [profile(optimize_with_report(g, engine=e)[0]).ns for e in ("egglog", "fallback")]
+    assert row[-5:-2] == [f"{costs[0]:,.0f}", f"{costs[1]:,.0f}", f"{100 * (costs[1] - costs[0]) / costs[0]:+.2f}"]
+
+
 def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     # llama-1 has 108 e-nodes and llama-2 200: the ILP runs on the first only.

@@ -164,20 +164,37 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
     if graph.symbols:
         graph = specialize_graph(graph, {s: tgt.hint(s) for s in graph.symbols})
     nodes: dict[str, int] = {}
-    costs: dict[str, NodeCost] = {}
+    sums: dict[str, list[int]] = {}  # kind -> launches, syncs, traffic bytes, FLOPs
     ops: dict[str, set[str]] = {}
+    by_id, copied = graph.node, tgt.copied_layouts
+    known: dict[tuple, NodeCost] = {}
     for node in graph.nodes:
         spec = node.spec
         kind = spec.kind.value
-        ins = [graph.node(i) for i in node.inputs]
-        copies = node.op in tgt.copied_layouts and any(i.kind is not Kind.LEAF for i in ins)
-        cost = node_cost(spec, node.attrs, [i.type for i in ins], node.type, copies)
-        if kind in nodes:
-            nodes[kind] += 1
-            costs[kind] += cost
-            ops[kind].add(node.op)
-        else:
-            nodes[kind], costs[kind], ops[kind] = 1, cost, {node.op}
+        if kind not in nodes:
+            nodes[kind], sums[kind], ops[kind] = 0, [0, 0, 0, 0], set()
+        nodes[kind] += 1
+        ops[kind].add(node.op)
+        if spec.kind.launches == 0 and node.op not in copied:
+            continue  # free: leaves, views, load-time weight preparation
+        ins = [by_id(i) for i in node.inputs]
+        copies = node.op in copied and any(i.kind is not Kind.LEAF for i in ins)
+        try:  # node_cost is a pure function of these: most nodes of a model repeat one
+            key = (node.op, tuple(node.attrs.items()), tuple([(i.shape, i.dtype, i.parts) for i in ins]),
+                   node.shape, node.dtype, node.parts, copies)
+            cost = known.get(key)
+        except TypeError:  # unhashable attribute values (arrays): not remembered
+            key = cost = None
+        if cost is None:
+            cost = node_cost(spec, node.attrs, [i.type for i in ins], node.type, copies)
+            if key is not None:
+                known[key] = cost
+        total = sums[kind]
+        total[0] += cost.launches
+        total[1] += cost.syncs
+        total[2] += cost.traffic_bytes
+        total[3] += cost.flops
+    costs = {k: NodeCost(*v) for k, v in sums.items()}
     total = sum(costs.values(), FREE)
     readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(graph.outputs))
     by_kind = {k: KindCost(nodes[k], costs[k], frozenset(ops[k])) for k in sorted(nodes)}
