@@ -372,18 +372,14 @@ def test_symbols_are_remembered_and_follow_every_added_node():
     assert g.symbols == ("batch", "seq") and g.copy().symbols == ("batch", "seq")
 
 
-def test_add_copy_keeps_the_type_of_a_node_whose_inputs_keep_theirs_and_checks_it_otherwise() -> None:
+def test_add_checked_appends_a_checked_node_as_it_is_and_names_what_is_wrong() -> None:
     src = Graph()
     x = src.input("x", (2, 3))
-    y = src.relu(src.add(x, x))
+    y = src.relu(x)
     dst = Graph()
-    x2 = dst.add_copy(src.node(x), [], src)
-    a2 = dst.add_copy(src.node(src.node(y).inputs[0]), [x2, x2], src)
-    y2 = dst.add_copy(src.node(y), [a2], src)
-    assert [(n.op, n.inputs, n.type) for n in dst.nodes] == [(n.op, n.inputs, n.type) for n in src.nodes]
-    other = Graph()
-    z = other.input("z", (4, 3))  # another shape: the copy's shape rule runs again
-    assert other.node(other.add_copy(src.node(y), [z], src)).shape == (4, 3)
-    with pytest.raises(GraphError, match="name 'x' is already used by node 0"):
-        dst.add_copy(src.node(x), [], src)
-    assert len(dst) == 3 and dst.node(y2).shape == (2, 3)
+    with pytest.raises(GraphError, match=r"node 1 \(Relu\): input 0 is not in the graph"):
+        dst.add_checked(src.node(y))
+    assert [dst.add_checked(src.node(i)) for i in (x, y)] == [x, y]
+    assert dst.node(y) is src.node(y) and dst.users(x) == [y] and len(dst) == 2
+    with pytest.raises(GraphError, match=r"node 1 \(Relu\): id 1 is already used"):
+        dst.add_checked(src.node(y))

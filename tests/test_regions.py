@@ -257,12 +257,13 @@ def test_decomposing_inverts_apply_on_a_chain():
     g = Graph()
     a, b, c = g.input("a", (8, 16), "bf16"), g.input("b", (8, 16), "bf16"), g.input("c", (16,), "bf16")
     g.set_outputs([g.relu(g.mul(g.add(a, b), c))])
-    fused, _, _ = apply_regions(g, CUDA)
-    assert fused.op_counts() == {"Input": 3, "ElementwiseRegion": 1}
+    fused, same_value, _ = apply_regions(g, CUDA)
+    assert [(n.id, n.op) for n in fused.nodes] == [(0, "Input"), (1, "Input"), (2, "Input"), (5, "ElementwiseRegion")]
+    assert same_value == {0: 0, 1: 1, 2: 2, 5: 5}  # every node keeps its id; the region takes its tail's
     expanded = decompose(fused, {"ElementwiseRegion"})
     assert [(n.id, n.op, n.inputs) for n in expanded.nodes] == [
-        (0, "Input", ()), (1, "Input", ()), (2, "Input", ()), (4, "Add", (0, 1)), (5, "Mul", (4, 2)),
-        (6, "Relu", (5,))]
+        (0, "Input", ()), (1, "Input", ()), (2, "Input", ()), (6, "Add", (0, 1)), (7, "Mul", (6, 2)),
+        (8, "Relu", (7,))]
     assert_same_outputs(fused, g)
     assert_same_outputs(expanded, g)
 

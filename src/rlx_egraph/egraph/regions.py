@@ -111,24 +111,24 @@ def apply_regions(graph: Graph, target: Target) -> tuple[Graph, dict[int, int], 
 
 def fuse_regions(graph: Graph, regions: list[Region]) -> tuple[Graph, dict[int, int]]:
     """``graph`` with each of ``regions`` replaced by one ElementwiseRegion node; returns it and a map
-    new node id -> ``graph`` node id of the same value."""
+    new node id -> ``graph`` node id of the same value.  Every node keeps its id (a region takes its tail's):
+    the nodes outside the regions are the same, reading the same ids of the same types."""
     by_tail = {r.tail: r for r in regions}
     absorbed = {m for r in regions for m in r.members if m != r.tail}
     out = Graph(graph.name)
-    new_id: dict[int, int] = {}
-    same_value: dict[int, int] = {}
     for node in graph.nodes:
         if node.id in absorbed:
             continue
         if node.id in by_tail:
             r = by_tail[node.id]
-            nid = out.elementwise_region([new_id[i] for i in r.inputs], chain=chain_json(graph, r))
+            region = out.node(out.add_node("ElementwiseRegion", list(r.inputs), node_id=node.id,
+                                           chain=chain_json(graph, r)))
+            if region.type != node.type:
+                raise AssertionError(f"region ending at node {node.id} computes {region.type}, not {node.type}")
         else:
-            nid = out.add_copy(node, [new_id[i] for i in node.inputs], graph)
-        new_id[node.id] = nid
-        same_value[nid] = node.id
-    out.set_outputs(new_id[o] for o in graph.outputs)
-    return out, same_value
+            out.add_checked(node)
+    out.set_outputs(graph.outputs)
+    return out, {n.id: n.id for n in out.nodes}
 
 
 def _pays(graph: Graph, region: Region, target: Target) -> bool:

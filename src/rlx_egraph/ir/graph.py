@@ -219,19 +219,16 @@ class Graph(GraphBuilders):
         self._append(node)
         return nid
 
-    def add_copy(self, node: Node, inputs: Sequence[int], source: Graph) -> int:
-        """Append a copy of ``source``'s ``node`` reading ``inputs`` (ids here) instead of its own; returns
-        its id.  Its type stands without running the shape rule again when each input has the type of the
-        one it replaces; otherwise the node is checked from scratch like :meth:`add_node`."""
-        by_id = self._by_id
-        same = len(inputs) == len(node.inputs) and all(
-            i in by_id and by_id[i].type == source.node(o).type for i, o in zip(inputs, node.inputs, strict=True))
-        name = node.attrs.get("name") if node.kind is Kind.LEAF else None
-        if not same or (name is not None and name in self._leaf_names):
-            return self.add_node(node.op, inputs, **node.attrs)
-        nid = self._next_id
-        self._append(Node(nid, node.op, tuple(inputs), dict(node.attrs), node.shape, node.dtype, node.parts))
-        return nid
+    def add_checked(self, node: Node) -> int:
+        """Append ``node``, checked in another graph, as it is: its inputs must be here with the types they
+        had there (the caller's promise; :meth:`add_node` checks from scratch).  Returns its id."""
+        if node.id in self._by_id:
+            raise GraphError(f"node {node.id} ({node.op}): id {node.id} is already used")
+        missing = [i for i in node.inputs if i not in self._by_id]
+        if missing:
+            raise GraphError(f"node {node.id} ({node.op}): input {missing[0]} is not in the graph")
+        self._append(node)
+        return node.id
 
     def _append(self, node: Node) -> None:
         """Add a node :func:`check_node` accepted against this graph (bookkeeping only)."""
