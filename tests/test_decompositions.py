@@ -34,10 +34,12 @@ def rng_for(*key: str) -> np.random.Generator:
 
 
 def one_node(spec: OpSpec, types: list[TensorType], attrs: dict[str, Any], dtype: str) -> Graph:
-    """One ``spec`` node on Param leaves in0, in1, ... (Params: matrices get fan-in scaled data); its
-    results are the outputs (each through a Get for a multi-result op)."""
+    """One ``spec`` node on Param leaves in0, in1, ... of ``dtype`` (index inputs keep theirs; Params: matrices
+    get fan-in scaled data); its results are the outputs (each through a Get for a multi-result op)."""
     g = Graph(spec.name)
-    ids = [g.param(f"in{k}", t.shape, dtype) for k, t in enumerate(types)]
+    names = spec.input_names  # (a variadic tail's slots share its name)
+    ids = [g.param(f"in{k}", t.shape, t.dtype if names[min(k, len(names) - 1)] in spec.index_inputs else dtype)
+           for k, t in enumerate(types)]
     node = g.add_node(spec.name, ids, **attrs)
     g.set_outputs([g.get(node, index=k) for k in range(len(spec.results))] if spec.results else [node])
     return g

@@ -191,6 +191,15 @@ def residual_norm(norm: str, sum_read: bool = False) -> Graph:
     return g
 
 
+def embeddings() -> Graph:
+    """LayerNorm((table[ids] + token_type) + position): BERT's embeddings after import."""
+    g = Graph()
+    words = g.embedding(g.param("table", (10, 8)), g.input("ids", (2, 4), "i64"))
+    x = g.add(g.add(words, g.param("token_type", (2, 4, 8))), g.param("position", (1, 4, 8)))
+    g.set_outputs([g.layer_norm(x, g.param("gamma", (8,)), g.param("beta", (8,)))])
+    return g
+
+
 def rms_norm_flatten() -> Graph:
     g = Graph()
     x = g.input("x", (1, 8, 16))
@@ -378,6 +387,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "add-rms-norm": (lambda: residual_norm("rms", sum_read=True),
                      {"FusedAddRmsNorm": 1, "Get": 2, "Add": 1, "RmsNorm": 0, "FusedResidualRmsNorm": 0}),
     "rms-norm-flatten": (rms_norm_flatten, {"RmsNorm": 1, "Reshape": 1}),
+    "embed-layer-norm": (embeddings, {"EmbedLayerNorm": 1, "Embedding": 0, "Add": 0, "LayerNorm": 0}),
     "group-norm-silu": (group_norm_silu, {"GroupNormSilu": 1, "Silu": 0}),
     "swiglu": (two_inputs(lambda g, a, b: g.mul(g.silu(a), b)), {"SwiGLU": 1, "Mul": 0}),
     "shared-input-weight": (shared_input(2, bias=False), SHARED_MATMUL),

@@ -19,6 +19,8 @@ from rlx_egraph.cost import TARGETS
 from rlx_egraph.cost.targets import ORT_SLOWER_THAN_UNFUSED
 from rlx_egraph.frontends.onnx.export_table import EXPORTS, MIR_FORMS
 from rlx_egraph.ir import REGISTRY, Kind, op_spec
+from rlx_egraph.ir.registry import INDEX_DTYPE
+from rlx_egraph.kernels.interpreter import random_value
 from rlx_egraph.onnx import export_model, import_model
 from test_onnx_import import SHAPES, assert_close, run_ort
 from test_ops import CASES, Case, P
@@ -77,7 +79,9 @@ def test_fused_op_exports_and_runs_like_its_kernel(op: str) -> None:
             mask = None
         node = g.add_node(op, ids, **attrs)
         g.set_outputs([g.get(node, index=k) for k in range(len(spec.results))] if spec.results else [node])
-        inputs = {f"in{k}": rng.standard_normal(t.shape).astype(np.float32) for k, t in enumerate(types)}
+        inputs = {f"in{k}": random_value(g, g.node(i)) if t.dtype == INDEX_DTYPE  # ids within the table
+                  else rng.standard_normal(t.shape).astype(np.float32)
+                  for k, (t, i) in enumerate(zip(types, ids, strict=True))}
         if mask is not None:
             name = g.node(mask).name
             inputs[name] = np.ones(types[ids.index(mask)].shape, np.float32)

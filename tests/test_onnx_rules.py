@@ -238,6 +238,63 @@ def test_rotate_half_rope_is_one_rotary_embedding(tables: str, swapped: bool, on
     np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
 
 
+# --- BERT embeddings -----------------------------------------------------------------------------------------
+
+VOCAB, POSITIONS, WIDTH = 50, 32, 16
+
+
+def bert_embeddings_model(token_type: str = "buffer") -> onnx.ModelProto:
+    """Word Gather of input_ids + token-type Gather + position Gather, then the decomposed LayerNorm (TorchScript,
+    opset 14); position ids and (token_type "buffer") zero token-type ids are windows of constant buffers, or
+    (token_type "input") the token-type term is a float input."""
+    m = OnnxBuilder(14)
+    ids = m.input("input_ids", TensorProto.INT64, [B, S])
+
+    def window(buffer: np.ndarray) -> str:
+        return m.op("Slice", [m.const(buffer, np.int64), m.ints(0), m.ints(S), m.ints(1)])
+
+    if token_type == "buffer":
+        token_type_ids = m.op("Expand", [window(np.zeros((1, POSITIONS))), m.ints(B, S)])
+        types = m.op("Gather", [m.weight("token_type_embeddings", 2, WIDTH), token_type_ids])
+    else:
+        types = m.input("token_type", F, [B, S, WIDTH])
+    x = m.op("Add", [m.op("Gather", [m.weight("word_embeddings", VOCAB, WIDTH), ids]), types])
+    x = m.op("Add", [x, m.op("Gather", [m.weight("position_embeddings", POSITIONS, WIDTH),
+                                        window(np.arange(POSITIONS)[None])])])
+    return m.model({"y": m.layer_norm_decomposed(x, "LayerNorm", WIDTH)})
+
+
+def embeddings_inputs(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return inputs_of(model) | {"input_ids": np.random.default_rng(2).integers(0, VOCAB, (B, S))}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bert_embeddings_are_one_embed_layer_normalization(engine: str) -> None:
+    """The constant token-type and position gathers fold; Gather, Add, Add, LayerNorm become EmbedLayerNorm,
+    exported as Cast (int64 ids to int32) and com.microsoft EmbedLayerNormalization: 2 launches, not 4."""
+    model = bert_embeddings_model()
+    exported, mir, fired = optimized(model, engine)
+    assert {op: mir[op] for op in ("EmbedLayerNorm", "Embedding", "Add", "LayerNorm")} == \
+        {"EmbedLayerNorm": 1, "Embedding": 0, "Add": 0, "LayerNorm": 0}
+    assert "embed-layer-norm" in fired
+    assert onnx_ops(exported) == Counter({"Cast": 1, "EmbedLayerNormalization": 1, "Identity": 1})
+    assert op_counts(exported)[1] == 2
+    inputs = embeddings_inputs(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+def test_embeddings_with_a_term_known_only_at_run_time_export_unfused() -> None:
+    """EmbedLayerNormalization takes one position table for every batch row: a token-type term that is an
+    input is not one, so EmbedLayerNorm exports as its decomposition (and computes the same)."""
+    model = bert_embeddings_model(token_type="input")
+    exported, mir, _ = optimized(model, "egglog")
+    assert mir["EmbedLayerNorm"] == 1
+    ops = onnx_ops(exported)
+    assert (ops["EmbedLayerNormalization"], ops["Gather"], ops["Add"], ops["LayerNormalization"]) == (0, 1, 2, 1)
+    inputs = embeddings_inputs(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
 # --- RMSNorm as 1 / Sqrt, linear layers on rows -------------------------------------------------------------
 
 

@@ -42,7 +42,7 @@ from egglog import bindings as eb
 
 from ..ir.dtypes import PARITY_TOLERANCE, loosest
 from ..ir.graph import Graph, GraphError
-from ..ir.registry import REGISTRY, AttrType, Kind, ShapeError, TensorType
+from ..ir.registry import INDEX_DTYPE, REGISTRY, AttrType, Kind, ShapeError, TensorType
 from ..kernels.interpreter import evaluate
 from ..kernels.parity import ROUNDING_FACTOR, rounding_error, tolerance_ratio
 from ..kernels.reference import run_node
@@ -619,8 +619,10 @@ class _Builder:
         for var in free_leaves:  # each drawn shape goes through the guards to the next leaves
             self.leaf_shape.setdefault(var, sampled[var] if var in sampled else self._draw_shape())
             self.solve_guards()
+        index_leaves = {item for name, item in named if name in spec.index_inputs}  # integer ids
         for var in dict.fromkeys(free_leaves):
-            types[var] = TensorType(self.leaf_shape[var], self.leaf_dtype.get(var, self.dtype))
+            types[var] = TensorType(self.leaf_shape[var], INDEX_DTYPE if var in index_leaves
+                                    else self.leaf_dtype.get(var, self.dtype))
         in_types = [types[i] if isinstance(i, str) and i in types else self.graph.node(self._id(i)).type
                     for i in inputs]
         for arg, a in zip(args, expr.args, strict=True):

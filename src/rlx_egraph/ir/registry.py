@@ -239,6 +239,7 @@ FlopsFn = Callable[[Attrs, list[ValueType], ValueType], int]
 CanonicalFn = Callable[[Attrs, list[TensorType]], dict[str, Any]]
 DecomposeFn = Callable[["Graph", list[int], Attrs], int | tuple[int, ...]]
 Shapes = dict[str, tuple[int, ...] | list[tuple[int, ...]]]
+INDEX_DTYPE = "i64"  # the dtype of sampled index inputs (OpSpec.index_inputs)
 SampleFn = Callable[[np.random.Generator], tuple[Shapes, dict[str, Any]]]
 
 
@@ -268,7 +269,9 @@ class OpSpec:
     list for a variadic input; an optional input may be left out) and the
     attributes tied to them; see :meth:`sample`.  ``commutative`` marks a
     binary op whose inputs swap with a bit-identical result; the rule loader
-    matches its patterns in both operand orders.
+    matches its patterns in both operand orders.  ``index_inputs`` names the
+    inputs that hold integer indices (Embedding's ids): sampled as
+    :data:`INDEX_DTYPE`, not the float dtype.
     """
 
     name: str
@@ -285,6 +288,7 @@ class OpSpec:
     sampler: SampleFn | None = None
     commutative: bool = False
     results: tuple[str, ...] = ()
+    index_inputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.builder:
@@ -386,7 +390,7 @@ class OpSpec:
             if raw.endswith("*"):
                 types += [TensorType(s, dtype) for s in shapes.get(name, [])]
             elif name in shapes:
-                types.append(TensorType(shapes[name], dtype))
+                types.append(TensorType(shapes[name], INDEX_DTYPE if name in self.index_inputs else dtype))
             elif not raw.endswith("?"):
                 raise ShapeError(f"{self.name} sampler gave no shape for input {name!r}")
         try:

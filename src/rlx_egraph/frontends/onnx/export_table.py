@@ -265,6 +265,25 @@ def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> 
     return b.op("RotaryEmbedding", [ins[0], *caches])
 
 
+def _embed_layer_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+    """com.microsoft EmbedLayerNormalization (f32, ids [B, S]) when first + second are known and alike in every
+    batch row: their sum is its position table [S, H] (row s for token s).  Ids not int32 are cast (one launch);
+    its mask_index output is written and unread.  Out-of-range ids fail in it (Gather takes negative ones)."""
+    table, ids, first, second, gamma, beta = ins
+    terms = [_known(b, name) for name in (first, second)]
+    if types[0].dtype != "f32" or types[1].rank != 2 or any(t is None for t in terms) \
+            or not all(isinstance(d, int) for d in node.shape):
+        return None
+    total = np.broadcast_to(terms[0] + terms[1], node.shape)
+    if not (total == total[:1]).all():
+        return None
+    positions = b.const(np.ascontiguousarray(total[0]), types[2].dtype)
+    if types[1].dtype != "i32":
+        ids = b.op("Cast", [ids], to=ONNX_DTYPES["i32"])
+    return b.multi("EmbedLayerNormalization", [ids, "", table, positions, "", gamma, beta], (0, 1), domain=MS,
+                   epsilon=node.attrs["eps"])[0]
+
+
 EXPORTS: dict[str, ExportFn] = {
     **{op: same(op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Greater", "Less", "Equal", "Where",
                                "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Erf", "Identity",
@@ -310,6 +329,7 @@ EXPORTS: dict[str, ExportFn] = {
     "BiasedAttention": _biased_attention,
     "QkvAttention": _qkv_attention,
     "RotaryEmbedding": _rotary,
+    "EmbedLayerNorm": _embed_layer_norm,
 }
 
 

@@ -485,7 +485,7 @@ _SCALE = AttrSpec("scale", F, 0.0, check=non_negative)
 
 TRANSFORMER = [
     OpSpec("Embedding", Kind.ELEMENTWISE, ("table", "ids"), _embedding_infer, K.embedding,
-           doc="Gather rows of table [V, D] by integer ids."),
+           doc="Gather rows of table [V, D] by integer ids.", index_inputs=("ids",)),
     OpSpec("RoPE", Kind.ELEMENTWISE, ("x",), _rope_infer, lambda a, x: K.rope(x, a["theta"]),
            (AttrSpec("theta", F, 10000.0, check=positive),),
            doc="Rotary position embedding (rotate-half) over [..., S, D]."),
