@@ -58,7 +58,10 @@ class Case:
     def build(self) -> Graph:
         if self.model == "synthetic":
             return examples.synthetic(self.size)
-        return examples.ALL[self.model](layers=self.size)
+        builder = examples.ALL[self.model]
+        if "layers" not in inspect.signature(builder).parameters:  # the conv block has one size
+            return builder()
+        return builder(layers=self.size)
 
 
 @dataclass(frozen=True)
@@ -231,8 +234,8 @@ def _scaling(argv: Sequence[str]) -> int:
 
 ENGINE_NODES = (1_000, 10_000, 20_000, 50_000, 100_000, 1_000_000)
 EGGLOG_MAX_NODES = 100_000  # the egglog engine is not run above this (at 1M it would need ~10 GB)
-AGREEMENT_CASES = (("llama", 2), ("llama", 8), ("bert", 2), ("bert", 8), ("gpt2", 2), ("gpt2", 8), ("mlp", 3),
-                   ("conv_block", 0))
+AGREEMENT_CASES = tuple(Case(m, n) for m, n in (("llama", 2), ("llama", 8), ("bert", 2), ("bert", 8), ("gpt2", 2),
+                                                 ("gpt2", 8), ("mlp", 3), ("conv_block", 0)))
 VERIFY_MAX_NODES = 20_000  # parity is checked on cases up to this size
 
 
@@ -249,12 +252,10 @@ class EngineRun:
     verify_seconds: float = 0.0
 
 
-def run_engine(model: str, size: int, engine: str, target: str) -> EngineRun:
-    """Optimize ``model`` at ``size`` (nodes for the synthetic DAG, else layers) with ``engine``; call it in a
-    fresh process, so the peak RSS is this run's."""
+def run_engine(case: Case, engine: str, target: str) -> EngineRun:
+    """Optimize ``case`` with ``engine``; call it in a fresh process, so the peak RSS is this run's."""
     load_rules()
-    graph = examples.synthetic(size) if model == "synthetic" else (
-        examples.ALL[model]() if model in ("mlp", "conv_block") else examples.ALL[model](layers=size))
+    graph = case.build()
     verify = len(graph) <= VERIFY_MAX_NODES
     start, cpu_start = time.perf_counter(), time.process_time()
     _, report = optimize_with_report(graph, target, engine=engine, verify=verify)
@@ -266,7 +267,7 @@ def run_engine(model: str, size: int, engine: str, target: str) -> EngineRun:
                      report.parity.ok if report.parity is not None else None, verify_seconds)
 
 
-def engines_table(todo: Sequence[tuple[str, int]], target: str) -> str:
+def engines_table(todo: Sequence[Case], target: str) -> str:
     """Both engines on each case, one spawned process per run: seconds without the parity check (the egglog
     engine's per phase), peak MB, predicted ns after, how far the fallback's cost is from the egglog engine's,
     parity, and the engine that ``engine="auto"`` picks by size."""
@@ -274,17 +275,16 @@ def engines_table(todo: Sequence[tuple[str, int]], target: str) -> str:
 
     rows = []
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
-        for model, size in todo:
-            nodes = size if model == "synthetic" else len(
-                examples.ALL[model]() if model in ("mlp", "conv_block") else examples.ALL[model](layers=size))
-            runs = {e: pool.submit(run_engine, model, size, e, target).result()
+        for case in todo:
+            nodes = case.size if case.model == "synthetic" else len(case.build())
+            runs = {e: pool.submit(run_engine, case, e, target).result()
                     for e in ("egglog", "fallback") if e == "fallback" or nodes <= EGGLOG_MAX_NODES}
             eg, fb = runs.get("egglog"), runs["fallback"]
-            print(f"{model}-{size}: " + ", ".join(f"{e} {r.seconds:.2f} s" for e, r in runs.items()),
+            print(f"{case.name}: " + ", ".join(f"{e} {r.seconds:.2f} s" for e, r in runs.items()),
                   file=sys.stderr, flush=True)
             parity = "/".join("-" if r.parity is None else "ok" if r.parity else "FAIL" for r in runs.values())
             rows.append((
-                f"{model}-{size}", f"{nodes:,}",
+                case.name, f"{nodes:,}",
                 f"{eg.seconds:.2f}" if eg else "-",
                 " / ".join(f"{eg.phases.get(p, 0.0):.2f}" for p in PHASES) if eg else "-",
                 f"{eg.cpu_seconds:.2f}" if eg else "-", f"{eg.peak_mb:.0f}" if eg else "-",
@@ -307,7 +307,7 @@ def _engines(argv: Sequence[str]) -> int:
     parser.add_argument("--no-models", action="store_true", help="only the synthetic DAG")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
     args = parser.parse_args(argv)
-    todo = ([] if args.no_models else list(AGREEMENT_CASES)) + [("synthetic", n) for n in args.nodes]
+    todo = ([] if args.no_models else list(AGREEMENT_CASES)) + [Case("synthetic", n) for n in args.nodes]
     print(f"both engines, whole optimize_with_report runs, target {args.target}; seconds exclude the parity check, "
           f"which runs up to {VERIFY_MAX_NODES:,} nodes (egglog/fallback); the egglog engine runs up to "
           f"{EGGLOG_MAX_NODES:,} nodes", flush=True)
