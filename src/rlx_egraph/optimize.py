@@ -22,11 +22,9 @@ check runs at the hints.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -34,7 +32,7 @@ from egglog import bindings as eb
 
 from .cost import Target, get_target, profile
 from .egraph import extract as ex
-from .egraph.budget import Deadline, DeadlineExceeded
+from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import Encoding, encode_graph
 from .egraph.regions import apply_regions
@@ -61,20 +59,6 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
              **options: Any) -> Graph:
     """The cheapest equivalent graph under ``target``'s cost model (see :func:`optimize_with_report`)."""
     return optimize_with_report(graph, target, rules, verify, **options)[0]
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused (then restored): a run allocates millions of objects that
-    live until its end (e-nodes, records), and every full collection rescans them all (a fifth of the
-    time at 100k nodes).  The run's own cycles are collected once it is back on."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @tracked("optimize")
