@@ -213,8 +213,8 @@ class _Solver:
         self.parents = view.parents()
         self.children = [n.children for n in view.nodes]
         self.eclass = [n.eclass for n in view.nodes]
-        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in.
-        self.by_cost = [sorted(cls.nodes, key=lambda i: (costs[i], i)) for cls in view.classes]
+        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in (sorted on first use).
+        self.by_cost: list[list[int] | None] = [None] * len(view.classes)
         self.refs = [0] * len(view.classes)
         self.newly_live: list[int] = []
         self.read: list[int] = []  # classes the current attempt looked at without changing them
@@ -325,7 +325,10 @@ class _Solver:
         """Switch live class ``c`` to its cheapest e-node whose move pays; the kept move's log, or None."""
         if self.refs[c] == 0:
             return None
-        for n in self.by_cost[c]:
+        alternatives = self.by_cost[c]
+        if alternatives is None:
+            alternatives = self.by_cost[c] = sorted(self.view.classes[c].nodes, key=lambda i: (self.costs[i], i))
+        for n in alternatives:
             if n != self.choice[c] and self.usable[n]:
                 log = self._try_move(c, n, max_group)
                 if log is not None:
