@@ -22,8 +22,13 @@ a union of a node with a new term that reads it (``shared-input-last``:
 rewrite that keeps the cost, does not grow the graph and reads from further
 back than the node it replaces (``narrow-narrow``) is taken, a measure that
 only drops, so passes still end.  Each chain step then pays by itself (one
-launch fewer), so the chain runs to its end as under egglog; we chose this over
-tentative sequences with rollback, which would need undoable graph edits.
+launch fewer), so the chain runs to its end as under egglog.
+
+A step that costs more by itself (and replaces its nodes outright) may start a
+chain that pays; :mod:`.lookahead` answers that on a region cut out around the
+step, and when the chain wins, the region's result replaces the region
+(:meth:`_Engine.transplant`), so the graph's cost drops by what the region
+showed.  The graph itself is never edited tentatively.
 
 Passes repeat until none commits (or a limit).  The per-node cost is the one
 extraction minimises (:func:`rlx_egraph.egraph.extract.enode_ns`), so both
@@ -35,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
@@ -49,6 +54,7 @@ from ..ir.graph import Graph, GraphError, Node, check_node
 from ..ir.registry import REGISTRY, Kind
 from ..ir.rewrite import GraphRewriter
 from .facts import PRIMITIVES, Facts, NoMatch, compile_term
+from .lookahead import Chain, Lookahead, RegionRun
 from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, schedule
 from .pattern import (
     ABSENT,
@@ -70,6 +76,9 @@ from .pattern import (
 
 log = logging.getLogger(__name__)
 
+# A chain pays when it lowers the cost by more than this share of the input graph's (float sums differ
+# in the last digits between the region as it is and with the step applied).
+CHAIN_EPS = 1e-9
 STOP_DONE = "no rewrite lowers the cost"
 STOP_ITERATIONS = "iteration limit"
 STOP_TIME = "time limit"
@@ -93,6 +102,7 @@ class RuleStats:
 
     matches: int = 0
     commits: int = 0
+    chain_starts: int = 0  # plans that cost more by themselves, taken because the chain they start pays
     rejected: dict[str, int] = field(default_factory=dict)
 
     def reject(self, reason: str) -> None:
@@ -110,6 +120,8 @@ class FallbackStats:
     cost_after_ns: float = 0.0
     nodes_before: int = 0
     nodes_after: int = 0
+    chains_asked: int = 0  # costly steps the lookahead was asked about
+    regions_run: int = 0  # fallback runs on regions it made for them (the rest were remembered)
 
     @property
     def commits(self) -> dict[str, int]:
@@ -117,12 +129,14 @@ class FallbackStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rules": {name: {"matches": s.matches, "commits": s.commits, "rejected": dict(s.rejected)}
+            "rules": {name: {"matches": s.matches, "commits": s.commits, "chain_starts": s.chain_starts,
+                             "rejected": dict(s.rejected)}
                       for name, s in self.rules.items()},
             "unsupported": [{"rule": u.rule, "location": u.location, "reason": u.reason} for u in self.unsupported],
             "passes": dict(self.passes), "stop_reason": self.stop_reason, "phases": dict(self.phases),
             "cost_before_ns": self.cost_before_ns, "cost_after_ns": self.cost_after_ns,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+            "chains_asked": self.chains_asked, "regions_run": self.regions_run,
         }
 
 
@@ -170,10 +184,34 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     """Optimize ``graph`` with the fallback engine (``graph`` itself is never changed)."""
     start = time.perf_counter()
     compiled = ruleset if isinstance(ruleset, CompiledRules) else load(ruleset)
+    tgt = get_target(target)
+
+    regions: list[_Engine] = []  # one engine, reopened on each region (compiling the rules takes longer)
+
+    def optimized(region: Graph, stage: str, step: _Plan | None) -> RegionRun:
+        if regions:
+            inner = regions[0]
+            inner.reopen(region)
+        else:
+            inner = _Engine(region, compiled, tgt, limits, attention_block_max_tokens, None)
+            regions.append(inner)
+        later = STAGES.index(stage)
+        for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
+            inner.derive(_fact_order([m for m in inner.matchers[earlier] if m.pattern.kind == FACTS]), None)
+        if step is not None:
+            inner.rw.touched = set()
+            inner.apply(step)
+            inner.chain = {n for n in inner.rw.touched if n in inner.nodes}
+        inner.optimize(time.perf_counter(), STAGES[later:])
+        holders = {n.id: h for n in region.nodes if (h := inner.rw.find(n.id)) in inner.nodes}
+        return RegionRun(inner.stats.cost_before_ns, inner.dag_ns(), inner.rw.finish(),
+                         {n: tuple(r) for n, r in inner.rules_of.items()}, holders,
+                         {r: s.commits for r, s in inner.stats.rules.items() if s.commits})
+
     with gc_paused():
-        engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens)
+        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, Lookahead(optimized))
         engine.stats.phases["load"] = time.perf_counter() - start
-        engine.optimize(start)
+        engine.optimize(start, STAGES)
         return engine.result(graph)
 
 
@@ -196,6 +234,8 @@ class _Plan:
     uses: set[int] = field(default_factory=set)  # these must stay alive
     needs: set[int] = field(default_factory=set)  # nodes whose op and inputs the match inspected
     destroys: set[int] = field(default_factory=set)  # nodes the plan replaces or leaves dead
+    chained: bool = False  # a step of the chain a lookahead follows
+    chain: Chain | None = None  # the region's result this plan stands for (see transplant)
 
     def settle(self, nodes: Mapping[int, Node]) -> _Plan:
         """Fill the sets commit needs (only for plans that pay).  A node read by a new node
@@ -208,6 +248,8 @@ class _Plan:
         watch = self.needs | self.destroys
         for d in self.destroys:
             watch.update(nodes[d].inputs)
+        if self.chain is not None:  # a transplant rewrites its whole region
+            watch.update(self.chain.back.values())
         watch -= kept
         self.uses = {v for s in self.matcher.node_slots if isinstance(v := found[s], int)} | kept
         self.watch = {n for n in watch if n in nodes and nodes[n].kind is not Kind.LEAF}
@@ -220,18 +262,19 @@ class _Plan:
 
 class _Engine:
     def __init__(self, graph: Graph, compiled: CompiledRules, target: Target, limits: FallbackLimits,
-                 attention_block_max_tokens: int) -> None:
-        self.target, self.limits = target, limits
+                 attention_block_max_tokens: int, lookahead: Lookahead | None = None) -> None:
+        self.target, self.limits, self.lookahead, self.compiled = target, limits, lookahead, compiled
         self.rw = GraphRewriter(graph)
-        params = (n.id for n in graph.nodes if n.op == "Param")
-        self.facts = Facts(self.rw, compiled.tables, {nid: k for k, nid in enumerate(params)},
-                           attention_block_max_tokens)
+        self.param_order: dict[int, int] = {}
+        self.facts = Facts(self.rw, compiled.tables, self.param_order, attention_block_max_tokens)
         self.nodes = self.rw.nodes_by_id
-        self.stats = FallbackStats(unsupported=list(compiled.unsupported), nodes_before=len(graph))
-        for p in compiled.patterns:
-            self.stats.rules.setdefault(p.base, RuleStats())
-        for s in compiled.symmetries:
-            self.stats.rules.setdefault(s.name, RuleStats())
+        self.stats = FallbackStats()
+        self.costs: dict[int, tuple[Node, float]] = {}
+        self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
+        self.rules_of: dict[int, list[str]] = {}
+        self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
+        self.stage = STAGES[0]
+        self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
         stage_index = {s: k for k, s in enumerate(STAGES)}
         for p in compiled.patterns:
@@ -239,17 +282,36 @@ class _Engine:
             self.matchers[p.stage].append(compile_matcher(p, symmetries, self.facts))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
-        self.costs: dict[int, tuple[Node, float]] = {}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, tuple[dict[str, Any], tuple, str, tuple]] = {}  # see checked()
-        self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
-        self.rules_of: dict[int, list[str]] = {}
+        self.stats.cost_before_ns = self.dag_ns()
+
+    def start(self, graph: Graph) -> None:
+        """Per-graph state, fresh (the rewriter is open on ``graph``)."""
+        params = (n.id for n in graph.nodes if n.op == "Param")
+        self.param_order.clear()
+        self.param_order.update((nid, k) for k, nid in enumerate(params))
+        self.stats = FallbackStats(unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
+        for p in self.compiled.patterns:
+            self.stats.rules.setdefault(p.base, RuleStats())
+        for s in self.compiled.symmetries:
+            self.stats.rules.setdefault(s.name, RuleStats())
+        for cache in (self.costs, self.signatures, self.rules_of):
+            cache.clear()
+        self.chain, self.stage = None, STAGES[0]
+
+    def reopen(self, graph: Graph) -> None:
+        """Start over on ``graph`` with the rules compiled for this engine (their tables are reused)."""
+        self.rw.reopen(graph)
+        self.facts.clear()
+        self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
     # --- the loop ----------------------------------------------------------------------
 
-    def optimize(self, start: float) -> None:
-        for stage in STAGES:
+    def optimize(self, start: float, stages: Sequence[str]) -> None:
+        for stage in stages:
+            self.stage = stage
             matchers = self.matchers[stage]
             if not matchers:
                 continue
@@ -340,15 +402,47 @@ class _Engine:
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
         stats = self.stats.rules[matcher.pattern.base]
         best: _Plan | None = None
+        costly: list[_Plan] = []  # plans that cost more by themselves
         for env in self.matches(matcher, root):
             plan = self.plan(matcher, root, env)
             if isinstance(plan, str):
                 stats.reject(plan)
             elif plan.delta >= -EPS and not (plan.delta <= EPS and (plan.forms or self.shallower(plan))):
-                stats.reject(NO_GAIN)
+                costly.append(plan)
             elif best is None or plan.delta < best.delta:
                 best = plan
+        if best is None and costly:
+            best = self.chain_start(min(costly, key=lambda p: p.delta))
+            if best is not None:
+                costly.remove(best)
+        for _ in costly:
+            stats.reject(NO_GAIN)
         return best.settle(self.nodes) if best is not None else None
+
+    def chain_start(self, plan: _Plan) -> _Plan | None:
+        """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
+        for plans that replace nodes outright (each replaced node dies, and so does every matched node the
+        new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
+        the chain followed there is taken without asking (if it reads or replaces a node of the chain)."""
+        if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
+                or any(old not in plan.dead for old, _ in plan.unions)):
+            return None
+        inspected = {v for s in plan.matcher.node_slots if isinstance(v := plan.found[s], int)}
+        if self.chain is not None:
+            if self.chain.isdisjoint(inspected | plan.dead):
+                return None
+            plan.chained = True
+            return plan
+        read = {i for n in plan.new.values() for i in n.inputs}
+        if self.lookahead is None or any(n not in plan.dead and n not in read and self.nodes[n].kind is not Kind.LEAF
+                                         for n in inspected):
+            return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
+        chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
+                                     CHAIN_EPS * self.stats.cost_before_ns)
+        if chain is None:
+            return None
+        plan.delta, plan.chain = chain.gain_ns, chain
+        return plan
 
     def commit(self, entries: list[tuple[float, int, Any, _Plan]]) -> tuple[int, set[int]]:
         """Commit plans, most gain first.  A plan is skipped when the undecided plans it
@@ -382,9 +476,14 @@ class _Engine:
                 if fresh is None:
                     continue
                 plan = fresh
-            self.apply(plan)
+            if plan.chain is not None:
+                self.transplant(plan)
+            else:
+                self.apply(plan)
             done += 1
             changed, self.rw.touched = self.rw.touched, set()
+            if plan.chained and self.chain is not None:
+                self.chain |= changed
             touched |= changed
             for nid in changed:
                 self.signatures.pop(nid, None)
@@ -593,6 +692,39 @@ class _Engine:
         for r in rules:
             self.stats.rules[r].commits += 1
 
+    def transplant(self, plan: _Plan) -> None:
+        """Replace the region a lookahead cut out around ``plan`` by that region's optimized form
+        (the chain's steps and all), in the graph and in its provenance and stats."""
+        chain, rw = plan.chain, self.rw
+        assert chain is not None
+        run = chain.run
+        made: dict[int, int] = {}
+        for node in run.graph.nodes:  # in topological order
+            inputs = tuple(made[i] for i in node.inputs)
+            if node.id in chain.back:
+                was = self.nodes[chain.back[node.id]]  # alive: the plan is not stale
+                if node.kind is Kind.LEAF or (was.op, was.inputs) == (node.op, inputs):
+                    made[node.id] = was.id
+                    continue
+            first_new = rw.next_id
+            made[node.id] = nid = rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
+                rw.insert_checked(node, inputs)
+            if nid >= first_new:
+                self.rules_of[nid] = list(run.rules_of.get(node.id, ()))
+        olds = []
+        for cut, now in run.holders.items():  # in topological order: each value to where the region keeps it
+            old, rep = chain.back[cut], made[now]
+            if old == rep or old not in self.nodes:
+                continue
+            rw.replace_all_uses(old, rep)
+            known = self.rules_of.setdefault(rep, [])
+            known.extend(r for r in (*run.rules_of.get(now, ()), *self.rules_of.get(old, ())) if r not in known)
+            olds.append(old)
+        rw.eliminate_dead_code(olds)
+        for rule, commits in run.commits.items():
+            self.stats.rules[rule].commits += commits
+        self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
+
     def write_facts(self, program: list[tuple[Any, Any]], env: list) -> None:
         """Apply a facts rule's actions to one match."""
         try:
@@ -648,6 +780,8 @@ class _Engine:
     def result(self, graph: Graph) -> FallbackResult:
         t0 = time.perf_counter()
         self.stats.cost_after_ns = self.dag_ns()
+        if self.lookahead is not None:
+            self.stats.chains_asked, self.stats.regions_run = self.lookahead.asked, len(self.lookahead.runs)
         out = self.rw.finish()
         same: dict[int, list[int]] = {}
         for n in graph.nodes:

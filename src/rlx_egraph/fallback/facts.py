@@ -156,6 +156,14 @@ class Facts:
         self.forms: dict[int, dict[tuple | None, Node]] = {}
         """Node -> its other forms (see the module docstring), by op, inputs and attributes."""
 
+    def clear(self) -> None:
+        """Forget every row and form (the rewriter was reopened on another graph); the table objects stay,
+        as compiled matchers hold them."""
+        for table in (self.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values()):
+            table.clear()
+        self.changed = False
+        self.fresh = set()
+
     # --- reading -----------------------------------------------------------------------
 
     def getter(self, name: str) -> Callable[..., Any]:

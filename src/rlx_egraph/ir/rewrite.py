@@ -86,6 +86,19 @@ class GraphRewriter:
         """Each live node's readers: a read-only view that follows the edits."""
         self.leaf_names: Mapping[str, int] = self._leaf_names
         """Names of the live Input/Param leaves: a read-only view."""
+        self._open(graph)
+
+    def reopen(self, graph: Graph) -> None:
+        """Start over on ``graph``, keeping the table objects (and so the read-only views handed out)."""
+        for table in (self._nodes, self._users, self._by_op, self._level, self._order, self._moved, self._keys,
+                      self._forward, self._leaf_names, self.touched):
+            table.clear()
+        self._input_order = []
+        self._seq = 0
+        self.name = graph.name
+        self._open(graph)
+
+    def _open(self, graph: Graph) -> None:
         nodes, users, by_op, level, order, keys = (self._nodes, self._users, self._by_op, self._level, self._order,
                                                     self._keys)
         for position, node in enumerate(graph.nodes):  # _add, inlined: this loop is the rewriter's opening cost

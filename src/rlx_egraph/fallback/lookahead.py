@@ -1,0 +1,174 @@
+"""Lookahead: whether a rewrite that costs more by itself starts a chain of rewrites that pays.
+
+egglog keeps every form a rule makes and lets extraction pick, so a chain whose
+first step costs more than it saves (on onnxruntime, one wide linear layer and
+three copying Slices instead of three linear layers) is taken when a later step
+(the attention block that reads the Slices) makes the whole chain pay.  The
+fallback commits one step at a time, so for such a step it asks a question:
+cut out the region around the step (the nodes it replaces, what they read, and
+their readers a few levels down), and run the fallback on the region twice from
+the current stage on: as it is, and with the step applied and the chain that
+follows it taken (each next step that reads or replaces a node the chain made
+is committed even if it costs more by itself).  If the second region ends up
+cheaper, the whole graph takes the second region's result as it is (the
+*transplant*), so the graph's cost drops by exactly what the region showed.
+
+The region keeps every value the rest of the graph reads as an output, and the
+non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
+each node is priced as in the whole graph and nothing outside can die or be
+fused.  Regions are renumbered in a canonical order, so two regions with the same
+structure (the layers of a model) are the same graph and are optimized once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..ir.graph import Graph, Node
+from ..ir.registry import Kind
+from ..ir.rewrite import GraphRewriter, node_key
+
+if TYPE_CHECKING:
+    from .engine import _Plan
+
+DEPTH = 3  # levels of readers below the replaced nodes that the region takes in
+NAMED_LEAVES = frozenset({"Input", "Param"})
+
+
+@dataclass(frozen=True)
+class RegionRun:
+    """A region after the fallback ran on it."""
+
+    before_ns: float  # the region's cost as cut out
+    cost_ns: float
+    graph: Graph
+    rules_of: Mapping[int, tuple[str, ...]]  # node of ``graph`` -> the rules that built it
+    holders: Mapping[int, int]  # node as cut out -> the node of ``graph`` that holds its value
+    commits: Mapping[str, int]  # rule -> rewrites committed
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain that pays: the region's result and how its ids map back to the whole graph's."""
+
+    gain_ns: float
+    run: RegionRun
+    back: Mapping[int, int]  # region node (as cut out) -> the whole graph's node of the same value
+
+
+class Lookahead:
+    """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
+
+    def __init__(self, optimized: Callable[[Graph, str, _Plan | None], RegionRun]) -> None:
+        # (region, stage, step) -> the region optimized from that stage on; with a step, the step is
+        # applied first and the chain that follows it is taken (see _Engine.chain_start)
+        self.optimized = optimized
+        self.runs: dict[tuple, RegionRun] = {}
+        self.asked = 0
+
+    def chain(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
+              margin_ns: float) -> Chain | None:
+        """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``."""
+        self.asked += 1
+        region, local, back = _region(rw, param_order, plan)
+        local.update((nid, len(region) + k) for k, nid in enumerate(plan.new))  # its new nodes, numbered after
+        step = dataclasses.replace(
+            plan, new={local[nid]: dataclasses.replace(n, id=local[nid], inputs=tuple(local[i] for i in n.inputs))
+                       for nid, n in plan.new.items()},
+            unions=[(local[old], local[rep]) for old, rep in plan.unions])
+        taken = self.run(region, stage, step)
+        if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
+            return None
+        gain = taken.cost_ns - self.run(region, stage, None).cost_ns
+        if gain >= -margin_ns:
+            return None
+        return Chain(gain, taken, back)
+
+    def run(self, region: Graph, stage: str, step: _Plan | None) -> RegionRun:
+        key = (stage, _content(region), None if step is None else _step_key(step))
+        known = self.runs.get(key)
+        if known is None:
+            known = self.runs[key] = self.optimized(region, stage, step)
+        return known
+
+
+def _region(rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan
+            ) -> tuple[Graph, dict[int, int], dict[int, int]]:
+    """The region around ``plan`` as a graph with canonical ids, the map of live ids to its ids, and the
+    map back (its fresh inputs included)."""
+    nodes, readers = rw.nodes_by_id, rw.readers
+    seeds = set(plan.dead) | {old for old, _ in plan.unions} | {rep for _, rep in plan.unions if rep in nodes}
+    seeds |= {i for n in plan.new.values() for i in n.inputs if i in nodes}
+    inner = set(seeds)
+    frontier = seeds
+    for _ in range(DEPTH):
+        frontier = {r for n in frontier for r in readers[n]} - inner
+        inner |= frontier
+    inner = {n for n in inner if nodes[n].kind is not Kind.LEAF}
+    while True:  # a tuple value is only read by its projections: keep producers and projections together
+        pulled = {i for n in inner for i in nodes[n].inputs if nodes[i].dtype == "tuple"}
+        pulled |= {r for n in inner if nodes[n].dtype == "tuple" for r in readers[n]}
+        if pulled <= inner:
+            break
+        inner |= pulled
+    edge = {i for n in inner for i in nodes[n].inputs} - inner  # values the region reads from outside
+    leaves = {i for i in edge | seeds if nodes[i].kind is Kind.LEAF}
+    boundary = edge - leaves  # computed outside: kept as nodes reading fresh inputs
+    leaves |= {i for b in boundary for i in nodes[b].inputs if nodes[i].kind is Kind.LEAF}
+
+    def order(n: int) -> tuple:
+        return rw.level(n), param_order.get(n, -1), n
+
+    graph = Graph("region")
+    local: dict[int, int] = {}
+    back: dict[int, int] = {}
+
+    fresh: dict[int, int] = {}
+
+    def fresh_input(n: int) -> int:
+        if n not in fresh:
+            back[k := graph.input(f"v{len(graph)}", nodes[n].shape, nodes[n].dtype)] = n
+            fresh[n] = k
+        return fresh[n]
+
+    def add(node: Node, inputs: tuple[int, ...]) -> int:
+        k = len(graph)
+        attrs = {**node.attrs, "name": f"v{k}"} if node.op in NAMED_LEAVES else node.attrs
+        graph.add_checked(dataclasses.replace(node, id=k, inputs=inputs, attrs=attrs))
+        return k
+
+    for n in sorted(leaves, key=order):
+        local[n] = add(nodes[n], ())
+    for n in sorted(boundary | inner, key=order):
+        node = nodes[n]
+        if n in boundary and any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
+            local[n] = fresh_input(n)
+            continue
+        if n in boundary:
+            ins = tuple(local[i] if i in local else fresh_input(i) for i in node.inputs)
+        else:
+            ins = tuple(local[i] for i in node.inputs)
+        local[n] = add(node, ins)
+    outputs = set(rw.outputs) & inner
+    outputs |= {n for n in inner if any(r not in inner for r in readers[n])}
+    outputs |= boundary
+    graph.set_outputs(sorted(local[n] for n in outputs))
+    back.update((k, n) for n, k in local.items())
+    return graph, local, back
+
+
+def _content(graph: Graph) -> tuple:
+    """Everything about a graph that the fallback's result can depend on, hashable."""
+    def fields(node: Node) -> Iterable[Any]:
+        key = node_key(node) or (node.op, node.inputs, node.attrs["name"])
+        return key, node.shape, node.dtype, node.parts
+
+    return tuple(tuple(fields(n)) for n in graph.nodes), graph.outputs
+
+
+def _step_key(step: _Plan) -> tuple:
+    return (tuple((nid, node_key(n) or (n.op, n.inputs, n.attrs["name"]), n.shape, n.dtype, n.parts)
+                  for nid, n in step.new.items()), tuple(step.unions))
