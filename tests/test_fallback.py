@@ -946,3 +946,18 @@ def test_an_engine_reopened_on_another_graph_optimizes_it_as_a_fresh_engine_does
     assert reused.dag_ns() == fresh.dag_ns() < fresh.stats.cost_before_ns
     assert reused.rw.finish() == fresh.rw.finish()
     assert reused.facts.rows == fresh.facts.rows and reused.facts.forms == fresh.facts.forms
+
+
+def test_the_report_keeps_the_fallbacks_stats_and_says_what_the_lookahead_did():
+    _, rep = optimize_with_report(examples.bert(2), target="onnxruntime", engine="fallback")
+    stats = rep.fallback
+    assert stats is not None and stats.chains_asked == 3 and stats.regions_run == 4
+    assert stats.rules["shared-input-linear"].chain_starts == 2
+    text = str(rep)
+    assert "rule matches (summed over passes)" in text
+    assert (f"fallback: {sum(stats.commits.values())} rewrites committed, {sum(stats.passes.values())} passes; "
+            "stopped: no rewrite lowers the cost; lookahead: 3 costly steps asked about, 4 region runs, "
+            "2 chains taken") in text
+    assert rep.to_dict()["fallback"]["rules"]["shared-input-linear"]["chain_starts"] == 2
+    _, egglog_rep = optimize_with_report(examples.bert(2), target="onnxruntime", engine="egglog")
+    assert egglog_rep.fallback is None and egglog_rep.to_dict()["fallback"] is None

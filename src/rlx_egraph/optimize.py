@@ -217,6 +217,7 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     decoded.graph.adopt_store(graph)
     phases["regions"] = time.perf_counter() - t0
     report = OptimizeReport("fallback", why, tgt.name)
+    report.fallback = stats
     report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))  # misses: egglog only
     report.stop_reason = stats.stop_reason
     report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cost import IoProfile
 from ..egraph.decode import Fusion
@@ -23,6 +23,9 @@ from ..ir.registry import REGISTRY, Kind
 from ..kernels.parity import ParityReport
 from .data import OptimizationData
 from .fusion import FusionReport
+
+if TYPE_CHECKING:
+    from ..fallback import FallbackStats
 
 # Version of the JSON layout of ``to_dict``; raised when a key changes meaning or goes away.
 FORMAT_VERSION = 2
@@ -55,6 +58,7 @@ class OptimizeReport:
     phases: dict[str, float] = field(default_factory=dict)
     parity: ParityReport | None = None
     data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
+    fallback: FallbackStats | None = None  # the fallback engine's per-rule counts, passes and lookahead
     fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
 
     @cached_property
@@ -108,6 +112,7 @@ class OptimizeReport:
             "phases": self.phases,
             "parity": self.parity.to_dict() if self.parity else None,
             "fusion": self.fusion.to_dict(),
+            "fallback": self.fallback.to_dict() if self.fallback else None,
         }
         if include_program:
             out["egglog_program"] = self.egglog_program
@@ -126,12 +131,18 @@ class OptimizeReport:
                          f"{sum(it.iterations for it in self.iterations)} iterations")
         fired = {k: v for k, v in self.matches_per_rule.items() if v}
         if fired:
-            lines.append("rule matches (egglog's, summed over iterations): "
+            counted = "egglog's, summed over iterations" if self.engine == "egglog" else "summed over passes"
+            lines.append(f"rule matches ({counted}): "
                          + ", ".join(f"{k} x{v}" for k, v in fired.items()))
         applied = {k: v for k, v in self.applications_per_rule.items() if v}
         if applied:
             lines.append("rule applications (distinct e-nodes built + e-classes merged into): "
                          + ", ".join(f"{k} x{v}" for k, v in applied.items()))
+        if self.fallback is not None:
+            commits, starts = self.fallback.commits, sum(s.chain_starts for s in self.fallback.rules.values())
+            lines.append(f"fallback: {sum(commits.values())} rewrites committed, {sum(self.fallback.passes.values())} "
+                         f"passes; stopped: {self.fallback.stop_reason}; lookahead: {self.fallback.chains_asked} "
+                         f"costly steps asked about, {self.fallback.regions_run} region runs, {starts} chains taken")
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
         if self.engine == "egglog":
             lines.append(self.fusion.summary_line())
