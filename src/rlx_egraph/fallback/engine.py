@@ -189,24 +189,9 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     regions: list[_Engine] = []  # one engine, reopened on each region (compiling the rules takes longer)
 
     def optimized(region: Graph, stage: str, step: _Plan | None) -> RegionRun:
-        if regions:
-            inner = regions[0]
-            inner.reopen(region)
-        else:
-            inner = _Engine(region, compiled, tgt, limits, attention_block_max_tokens, None)
-            regions.append(inner)
-        later = STAGES.index(stage)
-        for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
-            inner.derive(_fact_order([m for m in inner.matchers[earlier] if m.pattern.kind == FACTS]), None)
-        if step is not None:
-            inner.rw.touched = set()
-            inner.apply(step)
-            inner.chain = {n for n in inner.rw.touched if n in inner.nodes}
-        inner.optimize(time.perf_counter(), STAGES[later:])
-        holders = {n.id: h for n in region.nodes if (h := inner.rw.find(n.id)) in inner.nodes}
-        return RegionRun(inner.stats.cost_before_ns, inner.dag_ns(), inner.rw.finish(),
-                         {n: tuple(r) for n, r in inner.rules_of.items()}, holders,
-                         {r: s.commits for r, s in inner.stats.rules.items() if s.commits})
+        if not regions:
+            regions.append(_Engine(region, compiled, tgt, limits, attention_block_max_tokens))
+        return regions[0].run_region(region, stage, step)
 
     with gc_paused():
         engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, Lookahead(optimized))
@@ -282,6 +267,8 @@ class _Engine:
             self.matchers[p.stage].append(compile_matcher(p, symmetries, self.facts))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
+        self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.kind == FACTS])
+                            for stage, ms in self.matchers.items()}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, tuple[dict[str, Any], tuple, str, tuple]] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -307,6 +294,23 @@ class _Engine:
         self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
+    def run_region(self, region: Graph, stage: str, step: _Plan | None) -> RegionRun:
+        """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
+        ids), the step applied first and the chain after it followed (see :meth:`chain_start`)."""
+        self.reopen(region)
+        later = STAGES.index(stage)
+        for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
+            self.derive(self.fact_groups[earlier], None)
+        if step is not None:
+            self.rw.touched = set()
+            self.apply(step)
+            self.chain = {n for n in self.rw.touched if n in self.nodes}
+        self.optimize(time.perf_counter(), STAGES[later:])
+        holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
+        return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
+                         {n: tuple(r) for n, r in self.rules_of.items()}, holders,
+                         {r: s.commits for r, s in self.stats.rules.items() if s.commits})
+
     # --- the loop ----------------------------------------------------------------------
 
     def optimize(self, start: float, stages: Sequence[str]) -> None:
@@ -316,7 +320,7 @@ class _Engine:
             if not matchers:
                 continue
             t0 = time.perf_counter()
-            derive = _fact_order([m for m in matchers if m.pattern.kind == FACTS])
+            derive = self.fact_groups[stage]
             rewrites = [m for m in matchers if m.pattern.kind != FACTS]
             passes = 0
             near: set[int] | None = None  # None: match at every root; else only near these nodes
@@ -666,20 +670,11 @@ class _Engine:
         rw = self.rw
         rules = tuple(dict.fromkeys((plan.matcher.pattern.base, *plan.via)))
         real: dict[int, int] = {}
-        for nid, node in plan.new.items():
-            first_new = rw.next_id
-            inputs = tuple(real.get(i, i) for i in node.inputs)  # the types the plan checked: no re-check
-            made = rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
-                rw.insert_checked(node, inputs)
-            real[nid] = made
-            if made >= first_new:
-                self.rules_of[made] = list(rules)
+        for nid, node in plan.new.items():  # the types the plan checked: no re-check
+            real[nid] = self.insert(node, tuple(real.get(i, i) for i in node.inputs), rules)
         olds = []
         for old, rep in plan.unions:
-            rep = real.get(rep, rep)
-            rw.replace_all_uses(old, rep)
-            known = self.rules_of.setdefault(rep, [])  # this rewrite, then how the replaced value was made
-            known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
+            self.replace(old, real.get(rep, rep), rules)
             olds.append(old)
         for old, form in plan.forms:
             self.facts.add_form(old, form)
@@ -692,10 +687,25 @@ class _Engine:
         for r in rules:
             self.stats.rules[r].commits += 1
 
+    def insert(self, node: Node, inputs: tuple[int, ...], rules: Sequence[str]) -> int:
+        """Insert ``node`` (checked) reading ``inputs``; a node that is new gets ``rules`` as its provenance."""
+        first_new = self.rw.next_id
+        made = self.rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
+            self.rw.insert_checked(node, inputs)
+        if made >= first_new:
+            self.rules_of[made] = list(rules)
+        return made
+
+    def replace(self, old: int, rep: int, rules: Sequence[str]) -> None:
+        """Replace node ``old`` by ``rep``; ``rep``'s provenance gains ``rules``, then how ``old`` was made."""
+        self.rw.replace_all_uses(old, rep)
+        known = self.rules_of.setdefault(rep, [])
+        known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
+
     def transplant(self, plan: _Plan) -> None:
         """Replace the region a lookahead cut out around ``plan`` by that region's optimized form
         (the chain's steps and all), in the graph and in its provenance and stats."""
-        chain, rw = plan.chain, self.rw
+        chain = plan.chain
         assert chain is not None
         run = chain.run
         made: dict[int, int] = {}
@@ -706,21 +716,14 @@ class _Engine:
                 if node.kind is Kind.LEAF or (was.op, was.inputs) == (node.op, inputs):
                     made[node.id] = was.id
                     continue
-            first_new = rw.next_id
-            made[node.id] = nid = rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
-                rw.insert_checked(node, inputs)
-            if nid >= first_new:
-                self.rules_of[nid] = list(run.rules_of.get(node.id, ()))
+            made[node.id] = self.insert(node, inputs, run.rules_of.get(node.id, ()))
         olds = []
         for cut, now in run.holders.items():  # in topological order: each value to where the region keeps it
             old, rep = chain.back[cut], made[now]
-            if old == rep or old not in self.nodes:
-                continue
-            rw.replace_all_uses(old, rep)
-            known = self.rules_of.setdefault(rep, [])
-            known.extend(r for r in (*run.rules_of.get(now, ()), *self.rules_of.get(old, ())) if r not in known)
-            olds.append(old)
-        rw.eliminate_dead_code(olds)
+            if old != rep and old in self.nodes:
+                self.replace(old, rep, run.rules_of.get(now, ()))
+                olds.append(old)
+        self.rw.eliminate_dead_code(olds)
         for rule, commits in run.commits.items():
             self.stats.rules[rule].commits += commits
         self.stats.rules[plan.matcher.pattern.base].chain_starts += 1

@@ -23,9 +23,9 @@ structure (the layers of a model) are the same graph and are optimized once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..ir.graph import Graph, Node
 from ..ir.registry import Kind
@@ -160,15 +160,14 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan
     return graph, local, back
 
 
-def _content(graph: Graph) -> tuple:
-    """Everything about a graph that the fallback's result can depend on, hashable."""
-    def fields(node: Node) -> Iterable[Any]:
-        key = node_key(node) or (node.op, node.inputs, node.attrs["name"])
-        return key, node.shape, node.dtype, node.parts
+def _fields(node: Node) -> tuple:
+    """Everything about a node that the fallback's result can depend on (its id aside), hashable."""
+    return node_key(node) or (node.op, node.inputs, node.attrs["name"]), node.shape, node.dtype, node.parts
 
-    return tuple(tuple(fields(n)) for n in graph.nodes), graph.outputs
+
+def _content(graph: Graph) -> tuple:
+    return tuple(_fields(n) for n in graph.nodes), graph.outputs
 
 
 def _step_key(step: _Plan) -> tuple:
-    return (tuple((nid, node_key(n) or (n.op, n.inputs, n.attrs["name"]), n.shape, n.dtype, n.parts)
-                  for nid, n in step.new.items()), tuple(step.unions))
+    return tuple((nid, _fields(n)) for nid, n in step.new.items()), tuple(step.unions)
