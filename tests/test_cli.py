@@ -500,12 +500,12 @@ def test_bench_engines_prints_both_engines_their_agreement_and_parity(capsys: py
     assert bench.main(["engines", "--no-models", "--nodes", "1000"]) == 0
     out = capsys.readouterr().out.splitlines()
     header = next(line for line in out if line.startswith("case "))
-    assert header.split()[:3] == ["case", "nodes", "egglog"] and header.split()[-2:] == ["parity", "auto"]
+    assert header.split()[:3] == ["case", "nodes", "egglog"] and header.split()[-3:] == ["parity", "stopped", "auto"]
     row = next(line for line in out if line.startswith("synthetic-1000 ")).split()
-    assert row[1] == "1,000" and row[-2:] == ["ok/ok", "egglog"]
+    assert row[1] == "1,000" and row[-3:] == ["ok/ok", "end/end", "egglog"]
     g = examples.synthetic(1000)
     costs = [profile(optimize_with_report(g, engine=e)[0]).ns for e in ("egglog", "fallback")]
-    assert row[-5:-2] == [f"{costs[0]:,.0f}", f"{costs[1]:,.0f}", f"{100 * (costs[1] - costs[0]) / costs[0]:+.2f}"]
+    assert row[-6:-3] == [f"{costs[0]:,.0f}", f"{costs[1]:,.0f}", f"{100 * (costs[1] - costs[0]) / costs[0]:+.2f}"]
 
 
 def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
