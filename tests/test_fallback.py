@@ -6,6 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
 from rlx_egraph.cost import TARGETS, get_target, profile
@@ -635,6 +637,18 @@ def test_synthetic_graph_matches_egglog_and_keeps_parity():
     # it may take the other one than the extraction (0.04% apart here), so the op counts may differ.
     assert profile(og).ns == pytest.approx(profile(egglog).ns, rel=1e-3)
 
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10**6), nodes=st.integers(60, 700), target=st.sampled_from(sorted(TARGETS)))
+def test_drawn_synthetic_graphs_agree_between_engines_and_keep_parity(seed, nodes, target):
+    """Beyond the example models: graphs of blocks drawn at random (norms, MLP activations, SwiGLU, attention)."""
+    g = examples.synthetic(nodes, seed=seed)
+    eg, eg_rep = optimize_with_report(g, target=target, engine="egglog", verify=True)
+    fb, fb_rep = optimize_with_report(g, target=target, engine="fallback", verify=True)
+    assert eg_rep.parity.ok and fb_rep.parity.ok
+    egglog_ns, fallback_ns = profile(eg, target).ns, profile(fb, target).ns
+    assert abs(fallback_ns - egglog_ns) <= 0.02 * egglog_ns
 
 # --- limits, stats, reports --------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..cost import Target
-from ..ir.registry import Kind, OpSpec, TensorType, TupleType
+from ..ir.registry import Kind, OpSpec, TensorType
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
 
@@ -37,6 +37,7 @@ from .view import EGraphView
 # only a tie-breaker that prefers reshaping inputs to reshaping results.
 VIEW_TIE_NS = 1e-3
 EPS = 1e-9
+MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
 
 
 @dataclass
@@ -372,27 +373,40 @@ class _Solver:
         return None
 
     def _release(self, c: int, old: int, log: _Log) -> float:
-        """Switching class ``c`` away from e-node ``old`` (a projection) leaves the multi-result class it
-        read alive for its sibling projections: switch each sibling's class to its alternative of most
-        gain too (kept in ``log``); returns the change of cost."""
+        """Switching class ``c`` away from e-node ``old`` can leave a child of ``old`` alive only for its other
+        readers (the sibling projections of a multi-result node, the Narrows of a shared wide matmul): switch
+        each of them to its alternative of most gain that does not read the child, so that the child dies with
+        them (kept in ``log`` only then); returns the change of cost."""
         delta = 0.0
-        for ch in self.view.nodes[old].children:
-            if self.refs[ch] == 0 or not isinstance(self.view.classes[ch].type, TupleType):
+        view, refs, choice, children, usable = self.view, self.refs, self.choice, self.children, self.usable
+        for ch in dict.fromkeys(view.nodes[old].children):
+            if refs[ch] == 0 or self.free_leaf[choice[ch]]:
                 continue
+            readers: dict[int, int] = {}  # live class -> its chosen e-node, which reads ch
             for p in self.parents[ch]:
-                pc = self.view.nodes[p].eclass
+                pc = self.eclass[p]
                 self.read.append(pc)
-                if pc == c or self.refs[pc] == 0 or self.choice.get(pc) != p:
-                    continue
-                steps = []
-                for alt in self.view.classes[pc].nodes:
-                    if alt != p and self.usable[alt]:
-                        sub = _Log()
-                        steps.append((self.switch(pc, alt, sub), alt))
-                        self.read.extend(sub.classes())
-                        self.undo(sub)
-                if steps:
-                    delta += self.switch(pc, min(steps)[1], log)
+                if pc != c and refs[pc] > 0 and choice.get(pc) == p:
+                    readers[pc] = p
+            alternatives = {pc: [a for a in view.classes[pc].nodes if a != p and usable[a] and ch not in children[a]]
+                            for pc, p in readers.items()}
+            if not readers or len(readers) > MAX_RELEASED_READERS or not all(alternatives.values()):
+                continue
+            sub, step = _Log(), 0.0
+            for pc, alts in alternatives.items():
+                tries = []
+                for alt in alts:
+                    trial = _Log()
+                    tries.append((self.switch(pc, alt, trial), alt))
+                    self.read.extend(trial.classes())
+                    self.undo(trial)
+                step += self.switch(pc, min(tries)[1], sub)
+            if refs[ch] == 0:
+                log.extend(sub)
+                delta += step
+            else:  # still read (an output, or another path): nothing was released
+                self.read.extend(sub.classes())
+                self.undo(sub)
         return delta
 
 
