@@ -394,12 +394,17 @@ class _Solver:
                 continue
             sub, step = _Log(), 0.0
             for pc, alts in alternatives.items():
-                tries = []
+                tries = []  # the alternatives after which fewer read ch (one that reaches it again is no use)
+                before = refs[ch]
                 for alt in alts:
                     trial = _Log()
-                    tries.append((self.switch(pc, alt, trial), alt))
+                    delta_alt = self.switch(pc, alt, trial)
+                    if refs[ch] < before:
+                        tries.append((delta_alt, alt))
                     self.read.extend(trial.classes())
                     self.undo(trial)
+                if not tries:
+                    break
                 step += self.switch(pc, min(tries)[1], sub)
             if refs[ch] == 0:
                 log.extend(sub)
