@@ -388,31 +388,40 @@ class _Solver:
                 self.read.append(pc)
                 if pc != c and refs[pc] > 0 and choice.get(pc) == p:
                     readers[pc] = p
-            alternatives = {pc: [a for a in view.classes[pc].nodes if a != p and usable[a] and ch not in children[a]]
-                            for pc, p in readers.items()}
-            if not readers or len(readers) > MAX_RELEASED_READERS or not all(alternatives.values()):
+            if not readers or len(readers) > MAX_RELEASED_READERS:
                 continue
-            sub, step = _Log(), 0.0
-            for pc, alts in alternatives.items():
-                tries = []  # the alternatives after which fewer read ch (one that reaches it again is no use)
-                before = refs[ch]
-                for alt in alts:
-                    trial = _Log()
-                    delta_alt = self.switch(pc, alt, trial)
-                    if refs[ch] < before:
-                        tries.append((delta_alt, alt))
-                    self.read.extend(trial.classes())
-                    self.undo(trial)
-                if not tries:
+            alternatives: dict[int, list[int]] = {}  # reader -> its e-nodes that do not read ch
+            for pc, p in readers.items():
+                alternatives[pc] = [a for a in view.classes[pc].nodes if a != p and usable[a] and ch not in children[a]]
+                if not alternatives[pc]:  # this reader keeps ch alive whatever it switches to
                     break
-                step += self.switch(pc, min(tries)[1], sub)
-            if refs[ch] == 0:
-                log.extend(sub)
-                delta += step
-            else:  # still read (an output, or another path): nothing was released
-                self.read.extend(sub.classes())
-                self.undo(sub)
+            else:
+                delta += self._switch_away(ch, alternatives, log)
         return delta
+
+    def _switch_away(self, ch: int, alternatives: dict[int, list[int]], log: _Log) -> float:
+        """Switch each reader of ``ch`` to its alternative of most gain among ``alternatives`` (those that leave
+        fewer reading ``ch``); kept in ``log`` only if ``ch`` dies, else undone.  Returns the change of cost."""
+        refs, sub, step = self.refs, _Log(), 0.0
+        for pc, alts in alternatives.items():
+            tries = []  # the alternatives after which fewer read ch (one that reaches it again is no use)
+            before = refs[ch]
+            for alt in alts:
+                trial = _Log()
+                delta_alt = self.switch(pc, alt, trial)
+                if refs[ch] < before:
+                    tries.append((delta_alt, alt))
+                self.read.extend(trial.classes())
+                self.undo(trial)
+            if not tries:
+                break
+            step += self.switch(pc, min(tries)[1], sub)
+        if refs[ch] == 0:
+            log.extend(sub)
+            return step
+        self.read.extend(sub.classes())  # still read (an output, or another path): nothing was released
+        self.undo(sub)
+        return 0.0
 
 
 def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: dict[int, int],
