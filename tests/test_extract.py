@@ -10,6 +10,7 @@ import pytest
 
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.egraph import extract
+from rlx_egraph.egraph._solver import Solver
 from rlx_egraph.egraph.budget import Deadline
 from rlx_egraph.egraph.view import EClass, EGraphView, ENode
 from rlx_egraph.ir.registry import Kind
@@ -41,13 +42,13 @@ def random_view(rng: random.Random, size: int) -> tuple[EGraphView, list[float]]
     return view, costs
 
 
-def full_sweep(solver: extract._Solver, max_passes: int, max_group: int) -> int:
+def full_sweep(solver: Solver, pos: list[float], max_passes: int, max_group: int) -> int:
     """The reference: every pass tries every candidate class in position order."""
-    candidates = sorted((c for c in solver.choice if len(solver.view.classes[c].nodes) > 1),
-                        key=lambda c: (solver.pos[c], c))
+    candidates = sorted((c for c in solver.choices() if len(solver.view.classes[c].nodes) > 1),
+                        key=lambda c: (pos[c], c))
     kept = 0
     for _ in range(max_passes):
-        moved = [c for c in candidates if solver._attempt(c, max_group) is not None]
+        moved = [c for c in candidates if solver.attempt(c, max_group) is not None]
         kept += len(moved)
         if not moved:
             break
@@ -63,11 +64,11 @@ def test_the_worklist_makes_the_same_moves_as_a_full_sweep_on_random_egraphs(max
         pos = [float(c) for c in range(len(view.classes))]
         start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
         roots = sorted(rng.sample(range(len(view.classes) // 2, len(view.classes)), 3))
-        worklist = extract._Solver(view, costs, dict(start), roots, pos)
-        sweep = extract._Solver(view, costs, dict(start), roots, pos)
+        worklist = Solver(view, costs, dict(start), roots, pos)
+        sweep = Solver(view, costs, dict(start), roots, pos)
         kept, stopped = worklist.improve(Deadline(), max_passes, max_group)
-        assert (kept, stopped) == (full_sweep(sweep, max_passes, max_group), False), seed
-        assert (worklist.choice, worklist.refs) == (sweep.choice, sweep.refs), seed
+        assert (kept, stopped) == (full_sweep(sweep, pos, max_passes, max_group), False), seed
+        assert (worklist.choices(), worklist.refs) == (sweep.choices(), sweep.refs), seed
         total += kept
     assert total > 300  # the random e-graphs do give the search work
 
@@ -106,11 +107,11 @@ def test_a_class_is_tried_again_when_a_class_its_group_move_looked_at_changes(na
     label = [name for members in spec for name, _, _ in members]
     pos = extract.class_positions(view, {c: c for c in range(len(spec))})
     start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
-    worklist = extract._Solver(view, costs, dict(start), [len(spec) - 1], pos)
-    sweep = extract._Solver(view, costs, dict(start), [len(spec) - 1], pos)
-    assert worklist.improve(Deadline()) == (full_sweep(sweep, 6, 64), False)
-    assert worklist.choice == sweep.choice
-    assert (label[worklist.choice[first_original]], label[worklist.choice[first_original + 1]]) == ("C1", "P1")
+    worklist = Solver(view, costs, dict(start), [len(spec) - 1], pos)
+    sweep = Solver(view, costs, dict(start), [len(spec) - 1], pos)
+    assert worklist.improve(Deadline()) == (full_sweep(sweep, pos, 6, 64), False)
+    assert worklist.choices() == sweep.choices()
+    assert (label[worklist.chosen(first_original)], label[worklist.chosen(first_original + 1)]) == ("C1", "P1")
 
 
 def fixpoint_positions(view: EGraphView, graph_position: dict[int, int], costs: list[float]) -> list[float]:
@@ -152,7 +153,7 @@ def test_class_positions_are_the_fixpoint_on_random_cyclic_egraphs():
         assert extract.class_positions(view, position) == fixpoint_positions(view, position, finite), seed
 
 
-def test_a_free_constant_read_by_many_classes_costs_one_switch_per_class(monkeypatch: pytest.MonkeyPatch):
+def test_a_free_constant_read_by_many_classes_costs_one_switch_per_class():
     """Each class may read a shared free Scalar instead of its own input, at the same cost: no move pays.
     Group moves used to try every reader of the Scalar from every class (readers squared switches)."""
     readers = 60
@@ -161,18 +162,9 @@ def test_a_free_constant_read_by_many_classes_costs_one_switch_per_class(monkeyp
     classes.append([("Concat", tuple(range(2, 2 + readers)))])
     view = view_of(classes, {0: 0, **{2 + k: 1 + k for k in range(readers)}, 2 + readers: 1 + readers})
     costs = [0.0 if not n.children else 10.0 for n in view.nodes]
-    switches = 0
-    switch = extract._Solver.switch
-
-    def counting(self: extract._Solver, c: int, n: int, log: extract._Log) -> float:
-        nonlocal switches
-        switches += 1
-        return switch(self, c, n, log)
-
-    monkeypatch.setattr(extract._Solver, "switch", counting)
     position = {g: g for g in range(2 + readers)}
     chosen = extract.greedy(view, [2 + readers], get_target("cpu"), position, costs)
-    assert (chosen.moves, chosen.cost_ns, switches) == (0, 10.0 * (readers + 1), readers)
+    assert (chosen.moves, chosen.cost_ns, chosen.switches) == (0, 10.0 * (readers + 1), readers)
 
 
 # --- exact extraction (issue 8): the ILP proves optimality on deep models --------------------------------------

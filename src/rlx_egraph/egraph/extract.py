@@ -12,6 +12,7 @@ the choice by local moves: switch one class to another e-node, paying for the
 classes that become needed and refunding those no longer needed; when a switch
 alone does not pay (a wide QKV matmul), it tries to also switch the classes
 that could share what the switch brought in, and keeps the group if it pays.
+The local search runs compiled, on integer arrays (:mod:`._solver`, Cython).
 ``exact`` solves the same problem as an integer program (HiGHS via scipy).
 Both respect the run's deadline: greedy stops improving (its choice is valid
 at every step), exact gets at most the time left.
@@ -30,14 +31,18 @@ import numpy as np
 
 from ..cost import Target
 from ..ir.registry import Kind, OpSpec, TensorType
+
+try:
+    from ._solver import EPS, Solver
+except ModuleNotFoundError as exc:  # a source checkout that was never installed
+    raise ImportError("rlx_egraph.egraph._solver (Cython) is not built: install the package first "
+                      "(`make .venv/.installed`, or `pip install -e .`)") from exc
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
 
 # A view of an intermediate (not a leaf) costs this much: never a real cost,
 # only a tie-breaker that prefers reshaping inputs to reshaping results.
 VIEW_TIE_NS = 1e-3
-EPS = 1e-9
-MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
 
 
 @dataclass
@@ -48,7 +53,8 @@ class Extraction:
     cost_ns: float
     method: str
     seconds: float = 0.0
-    moves: int = 0
+    moves: int = 0  # greedy: the moves it kept
+    switches: int = 0  # greedy: the switches its local search made, kept or undone (its work)
     optimal: bool = False  # proven optimal (exact mode finished)
     notes: list[str] = field(default_factory=list)
     ilp: dict[str, int] = field(default_factory=dict)  # exact mode: variables, constraints, cuts, LP rounds
@@ -189,241 +195,6 @@ def class_positions(view: EGraphView, graph_position: dict[int, int],
     return pos
 
 
-@dataclass
-class _Log:
-    """What a move changed, to undo it: reference-count steps (``d`` up, ``~d`` down), then switched choices."""
-
-    refs: list[int] = field(default_factory=list)
-    choices: list[tuple[int, int]] = field(default_factory=list)  # (class, its previous e-node)
-
-    def extend(self, other: _Log) -> None:
-        self.refs.extend(other.refs)
-        self.choices.extend(other.choices)
-
-    def classes(self) -> set[int]:
-        """The classes whose reference count or choice the move changed."""
-        return {d if d >= 0 else ~d for d in self.refs} | {c for c, _ in self.choices}
-
-
-class _Solver:
-    """Local search over a choice, with reference counts of needed classes."""
-
-    def __init__(self, view: EGraphView, costs: list[float], choice: dict[int, int], roots: list[int],
-                 pos: list[float]) -> None:
-        self.view, self.costs, self.choice, self.roots, self.pos = view, costs, choice, roots, pos
-        self.parents = view.parents()
-        self.children = [n.children for n in view.nodes]
-        self.eclass = [n.eclass for n in view.nodes]
-        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in (sorted on first use).
-        self.by_cost: list[list[int] | None] = [None] * len(view.classes)
-        self.refs = [0] * len(view.classes)
-        self.newly_live: list[int] = []
-        self.read: list[int] = []  # classes the current attempt looked at without changing them
-        # Usable: finite cost, every child has a choice and sits strictly below the node's class.
-        self.usable = [costs[n.index] < math.inf and all(pos[ch] < pos[n.eclass] and ch in choice for ch in n.children)
-                       for n in view.nodes]
-        # A free e-node without children offers nothing that another class could share.
-        self.free_leaf = [costs[n.index] == 0.0 and not n.children for n in view.nodes]
-        for r in roots:
-            self._incref(r, _Log())
-
-    def _incref(self, c: int, log: _Log) -> float:
-        refs, choice, costs, children, newly_live, logged = \
-            self.refs, self.choice, self.costs, self.children, self.newly_live, log.refs
-        delta = 0.0
-        stack = [c]
-        while stack:
-            d = stack.pop()
-            refs[d] += 1
-            logged.append(d)
-            if refs[d] == 1:
-                newly_live.append(d)
-                n = choice[d]
-                delta += costs[n]
-                stack.extend(children[n])
-        return delta
-
-    def _decref(self, c: int, log: _Log) -> float:
-        refs, choice, costs, children, logged = self.refs, self.choice, self.costs, self.children, log.refs
-        delta = 0.0
-        stack = [c]
-        while stack:
-            d = stack.pop()
-            refs[d] -= 1
-            logged.append(~d)
-            if refs[d] == 0:
-                n = choice[d]
-                delta -= costs[n]
-                stack.extend(children[n])
-        return delta
-
-    def switch(self, c: int, n: int, log: _Log) -> float:
-        old = self.choice[c]
-        self.choice[c] = n
-        log.choices.append((c, old))
-        delta = self.costs[n] - self.costs[old]
-        for ch in self.children[n]:
-            delta += self._incref(ch, log)
-        for ch in self.children[old]:
-            delta += self._decref(ch, log)
-        return delta
-
-    def undo(self, log: _Log) -> None:
-        refs = self.refs
-        for d in log.refs:
-            if d >= 0:
-                refs[d] -= 1
-            else:
-                refs[~d] += 1
-        for c, old in reversed(log.choices):
-            self.choice[c] = old
-
-    def improve(self, deadline: Deadline, max_passes: int = 6, max_group: int = 64) -> tuple[int, bool]:
-        """Apply improving moves until none is left or ``deadline`` passes;
-        returns how many were kept and whether the deadline stopped it.
-
-        Passes sweep the live classes with alternatives in position order, up to
-        ``max_passes``.  A pass visits only the classes whose last attempt read
-        something that a kept move changed since (the others would fail again the
-        same way), so it does what a sweep over every class does, in time
-        proportional to the moves.
-        """
-        candidates = sorted((c for c in self.choice if len(self.view.classes[c].nodes) > 1),
-                            key=lambda c: (self.pos[c], c))
-        readers: dict[int, list[int]] = {}  # class -> ranks of the candidates whose last attempt read it
-        this_pass = list(range(len(candidates)))  # a heap of ranks
-        queued = set(this_pass)
-        next_pass: set[int] = set()
-        kept = 0
-        for _ in range(max_passes):
-            while this_pass:
-                at = heapq.heappop(this_pass)
-                queued.discard(at)
-                if deadline.expired():
-                    return kept, True
-                c = candidates[at]
-                self.read = [c]
-                log = self._attempt(c, max_group)
-                if log is None:
-                    for d in set(self.read):  # each reader once: the lists feed a heap and a set
-                        readers.setdefault(d, []).append(at)
-                    continue
-                kept += 1
-                next_pass.add(at)
-                for d in log.classes():
-                    for r in readers.pop(d, ()):
-                        if r > at and r not in queued:
-                            heapq.heappush(this_pass, r)
-                            queued.add(r)
-                        elif r <= at:
-                            next_pass.add(r)
-            if not next_pass:
-                break
-            this_pass, queued, next_pass = sorted(next_pass), set(next_pass), set()
-        return kept, False
-
-    def _attempt(self, c: int, max_group: int) -> _Log | None:
-        """Switch live class ``c`` to its cheapest e-node whose move pays; the kept move's log, or None."""
-        if self.refs[c] == 0:
-            return None
-        alternatives = self.by_cost[c]
-        if alternatives is None:
-            alternatives = self.by_cost[c] = sorted(self.view.classes[c].nodes, key=lambda i: (self.costs[i], i))
-        for n in alternatives:
-            if n != self.choice[c] and self.usable[n]:
-                log = self._try_move(c, n, max_group)
-                if log is not None:
-                    return log
-        return None
-
-    def _try_move(self, c: int, n: int, max_group: int) -> _Log | None:
-        log = _Log()
-        self.newly_live = []
-        old = self.choice[c]
-        delta = self.switch(c, n, log)
-        if delta < -EPS:
-            return log
-        # Group move: other classes that could read what this switch made live.
-        group = 0
-        choice, refs, usable, eclass, read = self.choice, self.refs, self.usable, self.eclass, self.read
-        for d in list(self.newly_live):
-            if self.free_leaf[choice[d]]:
-                continue
-            for p in self.parents[d]:
-                pc = eclass[p]
-                read.append(pc)
-                if group >= max_group or pc == c or refs[pc] == 0 or choice.get(pc) == p or not usable[p]:
-                    continue
-                sub = _Log()
-                step = self.switch(pc, p, sub)
-                if step < -EPS:
-                    log.extend(sub)
-                    delta += step
-                    group += 1
-                else:
-                    self.read.extend(sub.classes())
-                    self.undo(sub)
-        if delta < -EPS:
-            return log
-        delta += self._release(c, old, log)
-        if delta < -EPS:
-            return log
-        self.read.extend(log.classes())
-        self.undo(log)
-        return None
-
-    def _release(self, c: int, old: int, log: _Log) -> float:
-        """Switching class ``c`` away from e-node ``old`` can leave a child of ``old`` alive only for its other
-        readers (the sibling projections of a multi-result node, the Narrows of a shared wide matmul): switch
-        each of them to its alternative of most gain that does not read the child, so that the child dies with
-        them (kept in ``log`` only then); returns the change of cost."""
-        delta = 0.0
-        view, refs, choice, children, usable = self.view, self.refs, self.choice, self.children, self.usable
-        for ch in dict.fromkeys(view.nodes[old].children):
-            if refs[ch] == 0 or self.free_leaf[choice[ch]]:
-                continue
-            readers: dict[int, int] = {}  # live class -> its chosen e-node, which reads ch
-            for p in self.parents[ch]:
-                pc = self.eclass[p]
-                self.read.append(pc)
-                if pc != c and refs[pc] > 0 and choice.get(pc) == p:
-                    readers[pc] = p
-            if not readers or len(readers) > MAX_RELEASED_READERS:
-                continue
-            alternatives: dict[int, list[int]] = {}  # reader -> its e-nodes that do not read ch
-            for pc, p in readers.items():
-                alternatives[pc] = [a for a in view.classes[pc].nodes if a != p and usable[a] and ch not in children[a]]
-                if not alternatives[pc]:  # this reader keeps ch alive whatever it switches to
-                    break
-            else:
-                delta += self._switch_away(ch, alternatives, log)
-        return delta
-
-    def _switch_away(self, ch: int, alternatives: dict[int, list[int]], log: _Log) -> float:
-        """Switch each reader of ``ch`` to its alternative of most gain among ``alternatives`` (those that leave
-        fewer reading ``ch``); kept in ``log`` only if ``ch`` dies, else undone.  Returns the change of cost."""
-        refs, sub, step = self.refs, _Log(), 0.0
-        for pc, alts in alternatives.items():
-            tries = []  # the alternatives after which fewer read ch (one that reaches it again is no use)
-            before = refs[ch]
-            for alt in alts:
-                trial = _Log()
-                delta_alt = self.switch(pc, alt, trial)
-                if refs[ch] < before:
-                    tries.append((delta_alt, alt))
-                self.read.extend(trial.classes())
-                self.undo(trial)
-            if not tries:
-                break
-            step += self.switch(pc, min(tries)[1], sub)
-        if refs[ch] == 0:
-            log.extend(sub)
-            return step
-        self.read.extend(sub.classes())  # still read (an output, or another path): nothing was released
-        self.undo(sub)
-        return 0.0
-
-
 def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: dict[int, int],
            costs: list[float] | None = None, deadline: Deadline | None = None) -> Extraction:
     """Deterministic DAG extraction: the input graph, improved by local and group moves
@@ -448,21 +219,20 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
         ops = sorted({view.nodes[i].op for r in missing for i in view.classes[r].nodes})
         raise ValueError(f"no supported way to compute an output on {target.name}: ops {ops} are unsupported")
     _drop_unreachable_cycles(view, choice)
-    solver = _Solver(view, costs, choice, roots, pos)
+    solver = Solver(view, costs, choice, roots, pos)
     moves, stopped = solver.improve(deadline or Deadline())
     if not stopped:  # once more, with each class no longer needed back at its cheapest tree choice: a
         # later move that needs it again then finds it computed the cheap way, not the way it last was
-        reset = [c for c in range(len(view.classes)) if solver.refs[c] == 0 and c in tree_node
-                 and solver.choice.get(c, tree_node[c]) != tree_node[c]]
+        reset = [c for c, n in tree_node.items() if solver.needed(c) == 0 and solver.chosen(c) not in (-1, n)]
         for c in reset:
-            solver.choice[c] = tree_node[c]
+            solver.set_choice(c, tree_node[c])
         if reset:
             more, stopped = solver.improve(deadline or Deadline())
             moves += more
-    chosen = {c: solver.choice[c] for c in range(len(view.classes)) if solver.refs[c] > 0}
+    chosen = {c: n for c, n in solver.choices().items() if solver.needed(c) > 0}
     notes = ["extraction stopped at the time limit with the best graph found so far"] if stopped else []
     return Extraction(chosen, dag_cost(view, chosen, roots, costs), "greedy", time.perf_counter() - start, moves,
-                      notes=notes)
+                      solver.switches, notes=notes)
 
 
 def _drop_unreachable_cycles(view: EGraphView, choice: dict[int, int]) -> None:

@@ -32,6 +32,7 @@ from egglog import bindings as eb
 
 from ..cost import Target
 from ..egraph import extract as ex
+from ..egraph._solver import Log, Solver
 from ..egraph.rules import Rule, RuleSet
 from ..egraph.schema import constructor_args
 from ..errors import RlxError
@@ -161,7 +162,7 @@ def _not_extracted(ctx: _Context, target: Target) -> list[MissedFusion]:
     view, choice, costs = ctx.view, ctx.choice, ctx.costs
     complete = {**ex._best_tree_choice(view, costs)[0], **choice}
     chosen_ns = ex.dag_cost(view, choice, ctx.roots, costs)
-    solver = ex._Solver(view, costs, complete, ctx.roots, [0.0] * len(view.classes))
+    solver = Solver(view, costs, complete, ctx.roots, [0.0] * len(view.classes))
     out = []
     for c in sorted(ctx.reach):
         if not ctx.unfused(c):
@@ -170,19 +171,19 @@ def _not_extracted(ctx: _Context, target: Target) -> list[MissedFusion]:
         for idx in view.classes[c].nodes:
             f = view.nodes[idx]
             if f.spec.kind is Kind.FUSED and all(ch in complete for ch in f.children):
-                log = ex._Log()
+                log = Log()
                 cost = chosen_ns + solver.switch(c, idx, log)
                 solver.undo(log)
                 best[f.op] = min(best.get(f.op, (cost, idx)), (cost, idx))
         for fused_ns, idx in best.values():
             f = view.nodes[idx]
             rule = f.built_by[0] if f.built_by else "-"
-            log = ex._Log()
+            log = Log()
             solver.switch(c, idx, log)
             # What the fused node would replace but stays needed: classes its switch let go of that are
             # still live and that the fused node does not read itself.
             reads = {d for d in log.refs if d >= 0}
-            alive = sorted({~d for d in log.refs if d < 0 and solver.refs[~d] > 0} - reads - {c})
+            alive = sorted({~d for d in log.refs if d < 0 and solver.needed(~d) > 0} - reads - {c})
             alive = [k for k in alive if view.nodes[choice[k]].spec.kind is not Kind.LEAF]
             if costs[idx] == float("inf"):
                 reason, detail = "unsupported", f"target {target.name} does not run {f.op} (unsupported op)"
@@ -201,13 +202,13 @@ def _not_extracted(ctx: _Context, target: Target) -> list[MissedFusion]:
     return out
 
 
-def _kept_alive(ctx: _Context, solver: ex._Solver, k: int) -> str:
+def _kept_alive(ctx: _Context, solver: Solver, k: int) -> str:
     """Why class ``k`` stays needed with the fused node in place: the graph outputs it, or other live
     chosen nodes read it."""
     if k in ctx.roots:
         return f"{ctx.describe(k)} is a graph output"
-    readers = sorted({pc for p in solver.parents[k] if solver.refs[pc := ctx.view.nodes[p].eclass] > 0
-                      and solver.choice[pc] == p})
+    readers = sorted({pc for p in solver.parents[k] if solver.needed(pc := ctx.view.nodes[p].eclass) > 0
+                      and solver.chosen(pc) == p})
     return f"{ctx.describe(k)} is also read by " + ", ".join(ctx.describe(p) for p in readers)
 
 

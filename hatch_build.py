@@ -1,0 +1,34 @@
+"""Hatchling build hook: compiles the Cython extension modules into the package, for wheels and editable installs.
+
+The extension is built in place (next to its ``.pyx`` under ``src/``), so an editable install and
+``PYTHONPATH=src`` both import it; a wheel carries it as an artifact.  Cython writes its C++ under
+``build/cython``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+EXTENSIONS = {"rlx_egraph.egraph._solver": "src/rlx_egraph/egraph/_solver.pyx"}
+
+
+class CythonBuildHook(BuildHookInterface):
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        from Cython.Build import cythonize
+        from setuptools import Distribution, Extension
+
+        modules = cythonize([Extension(name, [source], extra_compile_args=["-O2"])
+                             for name, source in EXTENSIONS.items()],
+                            build_dir="build/cython", quiet=True)
+        dist = Distribution({"ext_modules": modules, "package_dir": {"": "src"}})
+        build_ext = dist.get_command_obj("build_ext")
+        build_ext.inplace = True
+        build_ext.ensure_finalized()
+        build_ext.run()
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        build_data["artifacts"].extend(build_ext.get_ext_fullpath(m.name) for m in modules)

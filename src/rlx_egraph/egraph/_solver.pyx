@@ -1,0 +1,479 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+# distutils: language = c++
+"""Greedy extraction's local search, compiled: choices and reference counts over integer arrays.
+
+:class:`Solver` holds one e-node choice per class and, per class, how many live readers need it (the
+outputs count as readers).  A move switches a class to another e-node, paying for the classes that
+become needed and refunding those no longer needed; :meth:`Solver.improve` keeps the moves that pay
+(see :func:`rlx_egraph.egraph.extract.greedy` for the strategy).  Every step appends to a :class:`Log`
+so that a move that does not pay is undone exactly.
+
+The e-graph arrives as flat arrays (children of each e-node, readers of each class, e-nodes of each
+class), so the search runs without Python objects; the floating-point sums are taken in a fixed order,
+so the same e-graph always gives the same choices.
+"""
+
+from libcpp.algorithm cimport sort
+from libcpp.pair cimport pair
+from libcpp.vector cimport vector
+
+import math
+
+EPS = 1e-9  # a move pays when it lowers the cost by more than this (float sums differ in the last digits)
+MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
+cdef double _EPS = EPS
+cdef int _MAX_RELEASED_READERS = MAX_RELEASED_READERS
+
+
+cdef class Log:
+    """What a move changed, to undo it: reference-count steps (``d`` up, ``~d`` down), then switched
+    choices as (class, its previous e-node)."""
+
+    cdef vector[int] steps
+    cdef vector[pair[int, int]] switched
+
+    @property
+    def refs(self):
+        return list(self.steps)
+
+    @property
+    def choices(self):
+        return [(p.first, p.second) for p in self.switched]
+
+    cdef void extend(self, Log other):
+        self.steps.insert(self.steps.end(), other.steps.begin(), other.steps.end())
+        self.switched.insert(self.switched.end(), other.switched.begin(), other.switched.end())
+
+
+cdef vector[int] _csr(list rows, vector[int]& start):
+    """Rows of ints as one flat vector, row ``k`` at ``flat[start[k]:start[k + 1]]``."""
+    cdef vector[int] flat
+    start.clear()
+    start.push_back(0)
+    for row in rows:
+        for x in row:
+            flat.push_back(x)
+        start.push_back(flat.size())
+    return flat
+
+
+cdef class Solver:
+    """Local search over a choice (``choice``: class -> e-node) with reference counts of needed classes.
+
+    ``pos`` orders the classes: only e-nodes whose children all sit strictly below their class are
+    usable, so no move closes a cycle.  ``roots`` are the classes the outputs need.
+    """
+
+    cdef readonly object view
+    cdef readonly list parents  # per class, the e-nodes that read it (the view's list)
+    cdef readonly long switches  # switches made, kept or undone (the search's work)
+    cdef vector[int] child_start, child, parent_start, parent, member_start, member, by_cost_start, by_cost
+    cdef vector[int] eclass, choice, refs_, newly_live, read, stamp, work
+    cdef vector[double] costs, pos
+    cdef vector[char] usable, free_leaf
+    cdef int stamp_now
+
+    def __init__(self, view, costs, dict choice, roots, pos):
+        cdef int n, c, k
+        self.view = view
+        self.parents = view.parents()
+        self.switches = 0
+        self.child = _csr([node.children for node in view.nodes], self.child_start)
+        self.parent = _csr(self.parents, self.parent_start)
+        self.member = _csr([cls.nodes for cls in view.classes], self.member_start)
+        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in.
+        self.by_cost = _csr([sorted(cls.nodes, key=lambda i: (costs[i], i)) for cls in view.classes],
+                            self.by_cost_start)
+        self.eclass = [node.eclass for node in view.nodes]
+        self.costs = costs
+        self.pos = pos
+        self.choice = vector[int](len(view.classes), -1)
+        for c, n in choice.items():
+            self.choice[c] = n
+        self.refs_ = vector[int](len(view.classes), 0)
+        self.stamp = vector[int](len(view.classes), 0)
+        self.stamp_now = 0
+        # Usable: finite cost, every child has a choice and sits strictly below the node's class.
+        self.usable = vector[char](len(view.nodes), 0)
+        self.free_leaf = vector[char](len(view.nodes), 0)
+        for n in range(len(view.nodes)):
+            c = self.eclass[n]
+            self.usable[n] = self.costs[n] < math.inf
+            for k in range(self.child_start[n], self.child_start[n + 1]):
+                if not (self.pos[self.child[k]] < self.pos[c] and self.choice[self.child[k]] >= 0):
+                    self.usable[n] = False
+            # A free e-node without children offers nothing that another class could share.
+            self.free_leaf[n] = self.costs[n] == 0.0 and self.child_start[n] == self.child_start[n + 1]
+        for r in roots:
+            self._incref(r, Log())
+
+    # --- what Python reads ---------------------------------------------------------------------
+
+    @property
+    def refs(self):
+        """Per class, how many live readers (or outputs) need it (0: not needed)."""
+        return list(self.refs_)
+
+    def needed(self, int c):
+        """How many live readers (or outputs) need class ``c``."""
+        return self.refs_[c]
+
+    def chosen(self, int c):
+        """Class ``c``'s e-node, -1 when it has none."""
+        return self.choice[c]
+
+    def set_choice(self, int c, int n):
+        """Give class ``c``, which nothing needs, e-node ``n`` (a later move that needs it starts there)."""
+        if self.refs_[c] != 0:
+            raise ValueError(f"class {c} is needed: only a move may change its choice")
+        self.choice[c] = n
+
+    def choices(self):
+        """Class -> its e-node, for the classes that have one."""
+        return {c: n for c, n in enumerate(self.choice) if n >= 0}
+
+    # --- reference counts --------------------------------------------------------------------
+
+    cdef double _incref(self, int c, Log log) except? -1.0:
+        cdef vector[int]* stack = &self.work  # never nested: one scratch stack
+        cdef double delta = 0.0
+        cdef int d, n, k
+        stack.clear()
+        stack.push_back(c)
+        while stack.size():
+            d = stack.back()
+            stack.pop_back()
+            self.refs_[d] += 1
+            log.steps.push_back(d)
+            if self.refs_[d] == 1:
+                self.newly_live.push_back(d)
+                n = self.choice[d]
+                if n < 0:
+                    raise KeyError(f"class {d} is needed but has no e-node")
+                delta += self.costs[n]
+                for k in range(self.child_start[n], self.child_start[n + 1]):
+                    stack.push_back(self.child[k])
+        return delta
+
+    cdef double _decref(self, int c, Log log) except? -1.0:
+        cdef vector[int]* stack = &self.work  # never nested: one scratch stack
+        cdef double delta = 0.0
+        cdef int d, n, k
+        stack.clear()
+        stack.push_back(c)
+        while stack.size():
+            d = stack.back()
+            stack.pop_back()
+            self.refs_[d] -= 1
+            log.steps.push_back(~d)
+            if self.refs_[d] == 0:
+                n = self.choice[d]
+                delta -= self.costs[n]
+                for k in range(self.child_start[n], self.child_start[n + 1]):
+                    stack.push_back(self.child[k])
+        return delta
+
+    cpdef double switch(self, int c, int n, Log log) except? -1.0:
+        """Choose e-node ``n`` for class ``c``; returns the change of the DAG cost."""
+        cdef int old = self.choice[c], k
+        cdef double delta
+        if old < 0:
+            raise KeyError(f"class {c} has no e-node to switch from")
+        self.switches += 1
+        self.choice[c] = n
+        log.switched.push_back(pair[int, int](c, old))
+        delta = self.costs[n] - self.costs[old]
+        for k in range(self.child_start[n], self.child_start[n + 1]):
+            delta += self._incref(self.child[k], log)
+        for k in range(self.child_start[old], self.child_start[old + 1]):
+            delta += self._decref(self.child[k], log)
+        return delta
+
+    cpdef void undo(self, Log log):
+        """Take back every step of ``log``."""
+        cdef int d
+        cdef size_t k
+        for d in log.steps:
+            if d >= 0:
+                self.refs_[d] -= 1
+            else:
+                self.refs_[~d] += 1
+        for k in range(log.switched.size(), 0, -1):
+            self.choice[log.switched[k - 1].first] = log.switched[k - 1].second
+
+    cdef void _read_log(self, Log log):
+        """Note every class ``log`` changed as read by the current attempt."""
+        cdef int d
+        cdef pair[int, int] p
+        for d in log.steps:
+            self.read.push_back(d if d >= 0 else ~d)
+        for p in log.switched:
+            self.read.push_back(p.first)
+
+    # --- the search ----------------------------------------------------------------------------
+
+    def improve(self, deadline, int max_passes=6, int max_group=64):
+        """Apply improving moves until none is left or ``deadline`` passes;
+        returns how many were kept and whether the deadline stopped it.
+
+        Passes sweep the live classes with alternatives in position order, up to
+        ``max_passes``.  A pass visits only the classes whose last attempt read
+        something that a kept move changed since (the others would fail again the
+        same way), so it does what a sweep over every class does, in time
+        proportional to the moves.
+        """
+        cdef int at, c, d, r, k, kept = 0, passes, count
+        cdef list order = []
+        cdef vector[int] candidates
+        cdef vector[vector[int]] readers = vector[vector[int]](self.choice.size())  # ranks that read a class
+        cdef vector[int] heap  # ranks of this pass, as a max-heap of negated ranks
+        cdef vector[char] queued, in_next
+        cdef vector[int] next_pass
+        cdef Log log
+        for c in range(self.choice.size()):
+            if self.choice[c] >= 0 and self.member_start[c + 1] - self.member_start[c] > 1:
+                order.append((self.pos[c], c))
+        order.sort()
+        for _, c in order:
+            candidates.push_back(c)
+        count = candidates.size()
+        queued = vector[char](count, 1)
+        in_next = vector[char](count, 0)
+        for at in range(count):  # descending values: already a heap
+            heap.push_back(-at)
+        for passes in range(max_passes):
+            while heap.size():
+                at = -heap.front()
+                _pop_heap(heap)
+                queued[at] = False
+                if deadline.expired():
+                    return kept, True
+                c = candidates[at]
+                self.read.clear()
+                self.read.push_back(c)
+                log = self._attempt(c, max_group)
+                if log is None:
+                    self.stamp_now += 1
+                    for d in self.read:
+                        if self.stamp[d] != self.stamp_now:  # each reader once
+                            self.stamp[d] = self.stamp_now
+                            readers[d].push_back(at)
+                    continue
+                kept += 1
+                _add(next_pass, in_next, at)
+                self.stamp_now += 1
+                for d in log.steps:
+                    self._wake(d if d >= 0 else ~d, at, readers, heap, queued, next_pass, in_next)
+                for k in range(log.switched.size()):
+                    self._wake(log.switched[k].first, at, readers, heap, queued, next_pass, in_next)
+            if next_pass.empty():
+                break
+            sort(next_pass.begin(), next_pass.end())
+            heap.clear()
+            for k in range(next_pass.size()):  # descending values: already a heap
+                heap.push_back(-next_pass[k])
+                queued[next_pass[k]] = True
+                in_next[next_pass[k]] = False
+            next_pass.clear()
+        return kept, False
+
+    cdef void _wake(self, int d, int at, vector[vector[int]]& readers, vector[int]& heap, vector[char]& queued,
+                    vector[int]& next_pass, vector[char]& in_next):
+        """Class ``d`` changed in the kept move at rank ``at``: the attempts that read it run again, later in
+        this pass or in the next one."""
+        cdef int r
+        if self.stamp[d] == self.stamp_now:
+            return
+        self.stamp[d] = self.stamp_now
+        for r in readers[d]:
+            if r > at and not queued[r]:
+                _push_heap(heap, -r)
+                queued[r] = True
+            elif r <= at:
+                _add(next_pass, in_next, r)
+        readers[d].clear()
+
+    def attempt(self, int c, int max_group=64):
+        """One attempt at class ``c`` (see :meth:`improve`): the kept move's log, or None."""
+        return self._attempt(c, max_group)
+
+    cdef Log _attempt(self, int c, int max_group):
+        """Switch live class ``c`` to its cheapest e-node whose move pays; the kept move's log, or None."""
+        cdef int k, n
+        cdef Log log
+        if self.refs_[c] == 0:
+            return None
+        for k in range(self.by_cost_start[c], self.by_cost_start[c + 1]):
+            n = self.by_cost[k]
+            if n != self.choice[c] and self.usable[n]:
+                log = self._try_move(c, n, max_group)
+                if log is not None:
+                    return log
+        return None
+
+    cdef Log _try_move(self, int c, int n, int max_group):
+        cdef Log log = Log(), sub
+        cdef int old = self.choice[c], group = 0, d, p, pc, k, j
+        cdef double delta, step
+        cdef vector[int] brought
+        self.newly_live.clear()
+        delta = self.switch(c, n, log)
+        if delta < -_EPS:
+            return log
+        # Group move: other classes that could read what this switch made live.
+        brought = self.newly_live
+        for j in range(brought.size()):
+            d = brought[j]
+            if self.free_leaf[self.choice[d]]:
+                continue
+            for k in range(self.parent_start[d], self.parent_start[d + 1]):
+                p = self.parent[k]
+                pc = self.eclass[p]
+                self.read.push_back(pc)
+                if group >= max_group or pc == c or self.refs_[pc] == 0 or self.choice[pc] == p or not self.usable[p]:
+                    continue
+                sub = Log()
+                step = self.switch(pc, p, sub)
+                if step < -_EPS:
+                    log.extend(sub)
+                    delta += step
+                    group += 1
+                else:
+                    self._read_log(sub)
+                    self.undo(sub)
+        if delta < -_EPS:
+            return log
+        delta += self._release(c, old, log)
+        if delta < -_EPS:
+            return log
+        self._read_log(log)
+        self.undo(log)
+        return None
+
+    cdef double _release(self, int c, int old, Log log) except? -1.0:
+        """Switching class ``c`` away from e-node ``old`` can leave a child of ``old`` alive only for its other
+        readers (the sibling projections of a multi-result node, the Narrows of a shared wide matmul): switch
+        each of them to its alternative of most gain that does not read the child, so that the child dies with
+        them (kept in ``log`` only then); returns the change of cost."""
+        cdef double delta = 0.0
+        cdef int ch, k, p, pc, j, a, m
+        cdef bint reads_ch, some
+        cdef vector[int] seen, reader_class, reader_node, alt_start, alts
+        for k in range(self.child_start[old], self.child_start[old + 1]):
+            ch = self.child[k]
+            if _contains(seen, ch):
+                continue
+            seen.push_back(ch)
+            if self.refs_[ch] == 0 or self.free_leaf[self.choice[ch]]:
+                continue
+            reader_class.clear()  # live classes whose chosen e-node reads ch, and that e-node
+            reader_node.clear()
+            for j in range(self.parent_start[ch], self.parent_start[ch + 1]):
+                p = self.parent[j]
+                pc = self.eclass[p]
+                self.read.push_back(pc)
+                if pc != c and self.refs_[pc] > 0 and self.choice[pc] == p:
+                    reader_class.push_back(pc)
+                    reader_node.push_back(p)
+            if reader_class.empty() or <int>reader_class.size() > _MAX_RELEASED_READERS:
+                continue
+            alt_start.clear()  # per reader, its e-nodes that do not read ch
+            alts.clear()
+            alt_start.push_back(0)
+            some = True
+            for j in range(reader_class.size()):
+                pc = reader_class[j]
+                for m in range(self.member_start[pc], self.member_start[pc + 1]):
+                    a = self.member[m]
+                    if a != reader_node[j] and self.usable[a] and not self._reads(a, ch):
+                        alts.push_back(a)
+                alt_start.push_back(alts.size())
+                if alt_start[j + 1] == alt_start[j]:  # this reader keeps ch alive whatever it switches to
+                    some = False
+                    break
+            if some:
+                delta += self._switch_away(ch, reader_class, alt_start, alts, log)
+        return delta
+
+    cdef bint _reads(self, int n, int ch):
+        cdef int k
+        for k in range(self.child_start[n], self.child_start[n + 1]):
+            if self.child[k] == ch:
+                return True
+        return False
+
+    cdef double _switch_away(self, int ch, vector[int]& reader_class, vector[int]& alt_start, vector[int]& alts,
+                             Log log) except? -1.0:
+        """Switch each reader of ``ch`` to its alternative of most gain among ``alts`` (those that leave fewer
+        reading ``ch``); kept in ``log`` only if ``ch`` dies, else undone.  Returns the change of cost."""
+        cdef Log sub = Log(), trial
+        cdef double step = 0.0, delta_alt, best_delta
+        cdef int j, m, pc, alt, before, best
+        for j in range(reader_class.size()):
+            pc = reader_class[j]
+            best = -1  # the alternative of most gain after which fewer read ch (ties: the lowest index)
+            best_delta = 0.0
+            before = self.refs_[ch]
+            for m in range(alt_start[j], alt_start[j + 1]):
+                alt = alts[m]
+                trial = Log()
+                delta_alt = self.switch(pc, alt, trial)
+                if self.refs_[ch] < before and (best < 0 or delta_alt < best_delta
+                                                or (delta_alt == best_delta and alt < best)):
+                    best, best_delta = alt, delta_alt
+                self._read_log(trial)
+                self.undo(trial)
+            if best < 0:
+                break
+            step += self.switch(pc, best, sub)
+        if self.refs_[ch] == 0:
+            log.extend(sub)
+            return step
+        self._read_log(sub)  # still read (an output, or another path): nothing was released
+        self.undo(sub)
+        return 0.0
+
+
+cdef bint _contains(vector[int]& items, int x):
+    cdef int y
+    for y in items:
+        if y == x:
+            return True
+    return False
+
+
+cdef void _add(vector[int]& ranks, vector[char]& member, int r):
+    if not member[r]:
+        member[r] = True
+        ranks.push_back(r)
+
+
+# A binary max-heap of negated ranks on a vector (pops the least rank first).
+
+cdef void _push_heap(vector[int]& heap, int x):
+    cdef size_t i = heap.size(), parent
+    heap.push_back(x)
+    while i > 0:
+        parent = (i - 1) // 2
+        if heap[parent] >= heap[i]:
+            break
+        heap[parent], heap[i] = heap[i], heap[parent]
+        i = parent
+
+
+cdef void _pop_heap(vector[int]& heap):
+    cdef size_t i = 0, left, largest, n
+    heap[0] = heap.back()
+    heap.pop_back()
+    n = heap.size()
+    while True:
+        left = 2 * i + 1
+        largest = i
+        if left < n and heap[left] > heap[largest]:
+            largest = left
+        if left + 1 < n and heap[left + 1] > heap[largest]:
+            largest = left + 1
+        if largest == i:
+            return
+        heap[largest], heap[i] = heap[i], heap[largest]
+        i = largest
