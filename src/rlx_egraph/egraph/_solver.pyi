@@ -16,7 +16,6 @@ class Log:
 
 class Solver:
     view: Any
-    parents: list[list[int]]
     switches: int
 
     def __init__(self, view: Any, costs: Sequence[float], choice: Mapping[int, int], roots: Sequence[int],

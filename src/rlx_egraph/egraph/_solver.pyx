@@ -1,6 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 # distutils: language = c++
-"""Greedy extraction's local search, compiled: choices and reference counts over integer arrays.
+"""Greedy extraction's passes over the e-graph, compiled: positions, tree choice, local search.
+
+:class:`FlatEGraph` is the e-graph as integer arrays (built once per view, see
+:meth:`rlx_egraph.egraph.view.EGraphView.flat`); :func:`settle_positions` and :func:`tree_choice` are the
+two Dijkstra-like bottom-up passes of :mod:`rlx_egraph.egraph.extract`.
 
 :class:`Solver` holds one e-node choice per class and, per class, how many live readers need it (the
 outputs count as readers).  A move switches a class to another e-node, paying for the classes that
@@ -15,9 +19,10 @@ so the same e-graph always gives the same choices.
 
 from libcpp.algorithm cimport sort
 from libcpp.pair cimport pair
+from libcpp.queue cimport priority_queue
 from libcpp.vector cimport vector
 
-import math
+from libc.math cimport INFINITY
 
 EPS = 1e-9  # a move pays when it lowers the cost by more than this (float sums differ in the last digits)
 MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
@@ -57,6 +62,146 @@ cdef vector[int] _csr(list rows, vector[int]& start):
     return flat
 
 
+cdef class FlatEGraph:
+    """An e-graph as flat arrays: per e-node its class and children (in order, repeats kept); per class its
+    e-nodes and the e-nodes that read it (each reader once, in e-node order, as ``EGraphView.parents``)."""
+
+    cdef vector[int] child_start, child, parent_start, parent, member_start, member, eclass
+    cdef readonly int num_nodes, num_classes
+
+    def __init__(self, view):
+        cdef int n, c, k
+        cdef vector[int] seen, fill
+        self.num_nodes, self.num_classes = len(view.nodes), len(view.classes)
+        self.child = _csr([node.children for node in view.nodes], self.child_start)
+        self.member = _csr([cls.nodes for cls in view.classes], self.member_start)
+        self.eclass = [node.eclass for node in view.nodes]
+        seen = vector[int](self.num_classes, -1)  # the last e-node counted as a reader of each class
+        self.parent_start = vector[int](self.num_classes + 1, 0)
+        for n in range(self.num_nodes):
+            for k in range(self.child_start[n], self.child_start[n + 1]):
+                c = self.child[k]
+                if seen[c] != n:
+                    seen[c] = n
+                    self.parent_start[c + 1] += 1
+        for c in range(self.num_classes):
+            self.parent_start[c + 1] += self.parent_start[c]
+        self.parent = vector[int](self.parent_start[self.num_classes])
+        fill = self.parent_start
+        seen.assign(self.num_classes, -1)
+        for n in range(self.num_nodes):
+            for k in range(self.child_start[n], self.child_start[n + 1]):
+                c = self.child[k]
+                if seen[c] != n:
+                    seen[c] = n
+                    self.parent[fill[c]] = n
+                    fill[c] += 1
+
+    cdef vector[int] distinct_children(self):
+        """Per e-node, how many distinct classes it reads."""
+        cdef vector[int] count = vector[int](self.num_nodes, 0), seen = vector[int](self.num_classes, -1)
+        cdef int n, k
+        for n in range(self.num_nodes):
+            for k in range(self.child_start[n], self.child_start[n + 1]):
+                if seen[self.child[k]] != n:
+                    seen[self.child[k]] = n
+                    count[n] += 1
+        return count
+
+
+# Heap entries, negated: libcpp's priority_queue pops the largest, so (-key, -id) pops the least (key, id).
+ctypedef pair[double, int] Keyed
+ctypedef pair[double, pair[int, int]] Offer
+
+
+def settle_positions(FlatEGraph g, list start, list final, costs=None):
+    """The positions of :func:`rlx_egraph.egraph.extract.class_positions` from the ``start`` positions of the
+    classes that are ``final`` already (leaves, input-graph classes): every other class gets the least over
+    its e-nodes (those of finite ``costs``; all when None) of its highest child's position plus 1/2."""
+    cdef vector[double] pos = start, cost
+    cdef vector[char] done = final
+    cdef vector[int] pending = g.distinct_children()
+    cdef priority_queue[Keyed] heap
+    cdef int n, c
+    cdef bint priced = costs is not None
+    cdef Keyed top
+    if priced:
+        cost = costs
+
+    for n in range(g.num_nodes):
+        if pending[n] == 0:
+            _offer_position(g, n, pos, done, cost, priced, heap)
+    for c in range(g.num_classes):
+        if done[c]:
+            _settle(g, c, pending, pos, done, cost, priced, heap)
+    while not heap.empty():
+        top = heap.top()
+        heap.pop()
+        c = -top.second
+        if not done[c]:
+            pos[c], done[c] = -top.first, True
+            _settle(g, c, pending, pos, done, cost, priced, heap)
+    return list(pos)
+
+
+cdef void _offer_position(FlatEGraph g, int n, vector[double]& pos, vector[char]& done, vector[double]& cost,
+                          bint priced, priority_queue[Keyed]& heap):
+    """All children of e-node ``n`` have their position: offer its class one."""
+    cdef int c = g.eclass[n], k
+    cdef double highest = -1.0
+    if done[c] or (priced and not cost[n] < INFINITY):
+        return
+    for k in range(g.child_start[n], g.child_start[n + 1]):
+        if pos[g.child[k]] > highest:
+            highest = pos[g.child[k]]
+    heap.push(Keyed(-(highest + 0.5), -c))
+
+
+cdef void _settle(FlatEGraph g, int c, vector[int]& pending, vector[double]& pos, vector[char]& done,
+                  vector[double]& cost, bint priced, priority_queue[Keyed]& heap):
+    cdef int k, p
+    for k in range(g.parent_start[c], g.parent_start[c + 1]):
+        p = g.parent[k]
+        pending[p] -= 1
+        if pending[p] == 0:
+            _offer_position(g, p, pos, done, cost, priced, heap)
+
+
+def tree_choice(FlatEGraph g, costs):
+    """Knuth-style bottom-up pass: per class the e-node of least tree cost (an e-node's own cost plus its
+    distinct children's tree costs, added in ascending class order), as (class -> e-node, class -> cost)
+    for the classes that have one; ties go to the lower e-node index."""
+    cdef vector[double] cost = costs, best_cost = vector[double](g.num_classes, 0.0)
+    cdef vector[int] best_node = vector[int](g.num_classes, -1), pending = g.distinct_children(), reads
+    cdef priority_queue[Offer] heap
+    cdef int n, c, k, p, j
+    cdef double total
+    cdef Offer top
+    for n in range(g.num_nodes):
+        if pending[n] == 0 and cost[n] < INFINITY:
+            heap.push(Offer(-cost[n], pair[int, int](-n, -g.eclass[n])))
+    while not heap.empty():
+        top = heap.top()
+        heap.pop()
+        n, c = -top.second.first, -top.second.second
+        if best_node[c] >= 0:
+            continue
+        best_cost[c], best_node[c] = -top.first, n
+        for k in range(g.parent_start[c], g.parent_start[c + 1]):
+            p = g.parent[k]
+            pending[p] -= 1
+            if pending[p] == 0 and cost[p] < INFINITY and best_node[g.eclass[p]] < 0:
+                reads.assign(g.child.begin() + g.child_start[p], g.child.begin() + g.child_start[p + 1])
+                sort(reads.begin(), reads.end())
+                total = 0.0
+                for j in range(reads.size()):
+                    if j == 0 or reads[j] != reads[j - 1]:
+                        total += best_cost[reads[j]]
+                heap.push(Offer(-(cost[p] + total), pair[int, int](-p, -g.eclass[p])))
+    return ({c: best_node[c] for c in range(g.num_classes) if best_node[c] >= 0},
+            {c: best_cost[c] for c in range(g.num_classes) if best_node[c] >= 0})
+
+
 cdef class Solver:
     """Local search over a choice (``choice``: class -> e-node) with reference counts of needed classes.
 
@@ -65,7 +210,6 @@ cdef class Solver:
     """
 
     cdef readonly object view
-    cdef readonly list parents  # per class, the e-nodes that read it (the view's list)
     cdef readonly long switches  # switches made, kept or undone (the search's work)
     cdef vector[int] child_start, child, parent_start, parent, member_start, member, by_cost_start, by_cost
     cdef vector[int] eclass, choice, refs_, newly_live, read, stamp, work
@@ -75,17 +219,22 @@ cdef class Solver:
 
     def __init__(self, view, costs, dict choice, roots, pos):
         cdef int n, c, k
+        cdef FlatEGraph g = view.flat()
+        cdef vector[Keyed] ranked
         self.view = view
-        self.parents = view.parents()
         self.switches = 0
-        self.child = _csr([node.children for node in view.nodes], self.child_start)
-        self.parent = _csr(self.parents, self.parent_start)
-        self.member = _csr([cls.nodes for cls in view.classes], self.member_start)
-        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in.
-        self.by_cost = _csr([sorted(cls.nodes, key=lambda i: (costs[i], i)) for cls in view.classes],
-                            self.by_cost_start)
-        self.eclass = [node.eclass for node in view.nodes]
+        self.child, self.child_start, self.parent, self.parent_start = g.child, g.child_start, g.parent, g.parent_start
+        self.member, self.member_start, self.eclass = g.member, g.member_start, g.eclass
         self.costs = costs
+        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in.
+        self.by_cost_start = self.member_start
+        for c in range(g.num_classes):
+            ranked.clear()
+            for k in range(self.member_start[c], self.member_start[c + 1]):
+                ranked.push_back(Keyed(self.costs[self.member[k]], self.member[k]))
+            sort(ranked.begin(), ranked.end())
+            for k in range(ranked.size()):
+                self.by_cost.push_back(ranked[k].second)
         self.pos = pos
         self.choice = vector[int](len(view.classes), -1)
         for c, n in choice.items():
@@ -98,7 +247,7 @@ cdef class Solver:
         self.free_leaf = vector[char](len(view.nodes), 0)
         for n in range(len(view.nodes)):
             c = self.eclass[n]
-            self.usable[n] = self.costs[n] < math.inf
+            self.usable[n] = self.costs[n] < INFINITY
             for k in range(self.child_start[n], self.child_start[n + 1]):
                 if not (self.pos[self.child[k]] < self.pos[c] and self.choice[self.child[k]] >= 0):
                     self.usable[n] = False

@@ -20,7 +20,6 @@ at every step), exact gets at most the time left.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Mapping
@@ -33,7 +32,7 @@ from ..cost import Target
 from ..ir.registry import Kind, OpSpec, TensorType
 
 try:
-    from ._solver import EPS, Solver
+    from ._solver import EPS, Solver, settle_positions, tree_choice
 except ModuleNotFoundError as exc:  # a source checkout that was never installed
     raise ImportError("rlx_egraph.egraph._solver (Cython) is not built: install the package first "
                       "(`make .venv/.installed`, or `pip install -e .`)") from exc
@@ -123,27 +122,8 @@ def dag_cost(view: EGraphView, choice: dict[int, int], roots: list[int], costs: 
 
 
 def _best_tree_choice(view: EGraphView, costs: list[float]) -> tuple[dict[int, int], dict[int, float]]:
-    """Knuth-style bottom-up pass: per class the e-node of least tree cost."""
-    parents = view.parents()
-    pending = [len(set(n.children)) for n in view.nodes]
-    best_cost: dict[int, float] = {}
-    best_node: dict[int, int] = {}
-    heap: list[tuple[float, int, int]] = []
-    for n in view.nodes:
-        if pending[n.index] == 0 and costs[n.index] < math.inf:
-            heapq.heappush(heap, (costs[n.index], n.index, n.eclass))
-    while heap:
-        cost, idx, c = heapq.heappop(heap)
-        if c in best_cost:
-            continue
-        best_cost[c], best_node[c] = cost, idx
-        for p in parents[c]:
-            pending[p] -= 1
-            if pending[p] == 0 and costs[p] < math.inf and view.nodes[p].eclass not in best_cost:
-                pn = view.nodes[p]
-                total = costs[p] + sum(best_cost[ch] for ch in set(pn.children))
-                heapq.heappush(heap, (total, p, pn.eclass))
-    return best_node, best_cost
+    """Knuth-style bottom-up pass: per class the e-node of least tree cost (compiled: :func:`._solver.tree_choice`)."""
+    return tree_choice(view.flat(), costs)
 
 
 def class_positions(view: EGraphView, graph_position: dict[int, int],
@@ -156,7 +136,8 @@ def class_positions(view: EGraphView, graph_position: dict[int, int],
     Extraction only uses e-nodes whose children sit strictly below their class,
     so every choice is acyclic without searching for cycles.  Computed like
     Dijkstra's shortest paths (Knuth's generalisation: a class's position is the
-    least over its e-nodes of the highest child's plus 1/2), so in O(E log E).
+    least over its e-nodes of the highest child's plus 1/2), so in O(E log E)
+    (compiled: :func:`._solver.settle_positions`).
     """
     pos = [math.inf] * len(view.classes)
     final = [False] * len(view.classes)
@@ -165,34 +146,7 @@ def class_positions(view: EGraphView, graph_position: dict[int, int],
             pos[cls.id], final[cls.id] = -1.0, True
         elif cls.originals:
             pos[cls.id], final[cls.id] = float(min(graph_position[o] for o in cls.originals)), True
-    parents = view.parents()
-    pending = [len(set(n.children)) for n in view.nodes]
-    heap: list[tuple[float, int]] = []
-
-    def reached(n: int) -> None:
-        """All children of e-node ``n`` have their position: offer its class one."""
-        node = view.nodes[n]
-        if not final[node.eclass] and (costs is None or costs[n] < math.inf):
-            heapq.heappush(heap, (max((pos[ch] for ch in node.children), default=-1.0) + 0.5, node.eclass))
-
-    def settle(c: int) -> None:
-        for p in parents[c]:
-            pending[p] -= 1
-            if pending[p] == 0:
-                reached(p)
-
-    for n in view.nodes:
-        if pending[n.index] == 0:
-            reached(n.index)
-    for c in range(len(view.classes)):
-        if final[c]:
-            settle(c)
-    while heap:
-        value, c = heapq.heappop(heap)
-        if not final[c]:
-            pos[c], final[c] = value, True
-            settle(c)
-    return pos
+    return settle_positions(view.flat(), pos, final, costs)
 
 
 def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: dict[int, int],

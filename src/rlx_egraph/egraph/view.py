@@ -30,6 +30,7 @@ from egglog import bindings as eb
 from ..errors import RlxError
 from ..ir.graph import Graph, attrs_equal
 from ..ir.registry import REGISTRY, AttrType, TensorType
+from ._solver import FlatEGraph
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
@@ -101,6 +102,7 @@ class EGraphView:
     class_of_value: dict[Any, int] = field(default_factory=dict, repr=False)  # egglog e-class value -> class id
     _parents: tuple[list[ENode], int, list[list[int]]] | None = field(default=None, init=False, repr=False,
                                                                        compare=False)
+    _flat: tuple[list[ENode], int, FlatEGraph] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_enodes(self) -> int:
@@ -118,6 +120,16 @@ class EGraphView:
                 out[c].append(n.index)
         self._parents = (self.nodes, len(self.nodes), out)
         return out
+
+    def flat(self) -> FlatEGraph:
+        """The e-graph as integer arrays, for the compiled extraction passes (computed once per list of
+        e-nodes, like :meth:`parents`)."""
+        cached = self._flat
+        if cached is not None and cached[0] is self.nodes and cached[1] == len(self.nodes):
+            return cached[2]
+        flat = FlatEGraph(self)
+        self._flat = (self.nodes, len(self.nodes), flat)
+        return flat
 
 
 class _Values:

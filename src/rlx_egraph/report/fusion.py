@@ -207,7 +207,7 @@ def _kept_alive(ctx: _Context, solver: Solver, k: int) -> str:
     chosen nodes read it."""
     if k in ctx.roots:
         return f"{ctx.describe(k)} is a graph output"
-    readers = sorted({pc for p in solver.parents[k] if solver.needed(pc := ctx.view.nodes[p].eclass) > 0
+    readers = sorted({pc for p in ctx.view.parents()[k] if solver.needed(pc := ctx.view.nodes[p].eclass) > 0
                       and solver.chosen(pc) == p})
     return f"{ctx.describe(k)} is also read by " + ", ".join(ctx.describe(p) for p in readers)
 
