@@ -6,6 +6,18 @@ from typing import Any
 EPS: float
 MAX_RELEASED_READERS: int
 
+class FlatEGraph:
+    """An e-graph as flat arrays (per e-node its class and children, per class its e-nodes and readers)."""
+
+    num_nodes: int
+    num_classes: int
+
+    def __init__(self, view: Any) -> None: ...
+
+def settle_positions(g: FlatEGraph, start: list[float], final: list[bool],
+                     costs: Sequence[float] | None = None) -> list[float]: ...
+def tree_choice(g: FlatEGraph, costs: Sequence[float]) -> tuple[dict[int, int], dict[int, float]]: ...
+
 class Log:
     """What a move changed: reference-count steps (``d`` up, ``~d`` down), then (class, previous e-node)."""
 
