@@ -1,6 +1,7 @@
 """The e-graph optimizer end to end: the fusion catalogue's cases, the cost
 model's decisions, parity, reports and the example models."""
 
+import importlib
 import json
 
 import numpy as np
@@ -360,6 +361,19 @@ def test_engine_and_option_errors():
         optimize(g, engine="magic")
     with pytest.raises(TypeError, match="unknown optimize option"):
         optimize(g, max_iteratons=3)
+
+
+def test_auto_takes_the_fallback_above_the_node_threshold(monkeypatch: pytest.MonkeyPatch):
+    g = examples.llama(layers=1)
+    pipeline = importlib.import_module("rlx_egraph.optimize")  # the module (the package exports the function)
+    monkeypatch.setattr(pipeline, "FALLBACK_THRESHOLD", len(g))
+    _, rep = optimize_with_report(g)
+    assert rep.engine == "egglog"
+    assert rep.engine_reason == f"auto: {len(g):,} nodes is within the egglog engine's threshold of {len(g):,}"
+    monkeypatch.setattr(pipeline, "FALLBACK_THRESHOLD", len(g) - 1)
+    _, rep = optimize_with_report(g)
+    assert rep.engine == "fallback"
+    assert rep.engine_reason == f"auto: {len(g):,} nodes is above the egglog engine's threshold of {len(g) - 1:,}"
 
 
 def test_saturation_limits_are_reported():
