@@ -2,11 +2,13 @@
 
 The extension is built in place (next to its ``.pyx`` under ``src/``), so an editable install and
 ``PYTHONPATH=src`` both import it; a wheel carries it as an artifact.  Cython writes its C++ under
-``build/cython``.
+``build/cython``.  Paths are taken from the project root, wherever the build is started from.
 """
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
@@ -21,14 +23,17 @@ class CythonBuildHook(BuildHookInterface):
         from Cython.Build import cythonize
         from setuptools import Distribution, Extension
 
-        modules = cythonize([Extension(name, [source], extra_compile_args=["-O2"])
-                             for name, source in EXTENSIONS.items()],
-                            build_dir="build/cython", quiet=True)
-        dist = Distribution({"ext_modules": modules, "package_dir": {"": "src"}})
-        build_ext = dist.get_command_obj("build_ext")
-        build_ext.inplace = True
-        build_ext.ensure_finalized()
-        build_ext.run()
+        with contextlib.chdir(self.root):  # setuptools and Cython resolve paths from the working directory
+            modules = cythonize([Extension(name, [source], extra_compile_args=["-O2"])
+                                 for name, source in EXTENSIONS.items()],
+                                build_dir="build/cython", quiet=True)
+            dist = Distribution({"ext_modules": modules, "package_dir": {"": "src"}})
+            build_ext = dist.get_command_obj("build_ext")
+            build_ext.inplace = True
+            build_ext.ensure_finalized()
+            build_ext.run()
+            root = Path.cwd()
+            built = [Path(build_ext.get_ext_fullpath(m.name)).resolve().relative_to(root).as_posix() for m in modules]
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
-        build_data["artifacts"].extend(build_ext.get_ext_fullpath(m.name) for m in modules)
+        build_data["artifacts"].extend(built)
