@@ -10,7 +10,7 @@ import pytest
 
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.egraph import extract
-from rlx_egraph.egraph._solver import Solver
+from rlx_egraph.egraph._solver import Log, Solver
 from rlx_egraph.egraph.budget import Deadline
 from rlx_egraph.egraph.view import EClass, EGraphView, ENode
 from rlx_egraph.ir.registry import Kind
@@ -382,3 +382,23 @@ def test_greedy_releases_a_shared_child_when_all_its_readers_switch_away():
     chosen = extract.greedy(view, [out], get_target("cpu"), {c: c for c in range(5)}, costs)
     assert {role[view.nodes[chosen.choice[c]].op] for c in (k, v)} == {"fused"} and wide not in chosen.choice
     assert chosen.cost_ns == extract.exact(view, [out], get_target("cpu"), costs).cost_ns == 7.0
+
+
+def test_the_compiled_solver_rejects_what_is_not_in_its_egraph():
+    """Class and e-node numbers reach the compiled search from Python: each is checked, never read out of bounds."""
+    view = view_of([[("Input", ())], [("Relu", (0,)), ("Neg", (0,))], [("Add", (1, 1))]])
+    costs, pos = [0.0, 2.0, 1.0, 3.0], [-1.0, 0.0, 1.0]
+    solver = Solver(view, costs, {0: 0, 1: 1, 2: 3}, [2], pos)
+    assert (solver.refs, solver.chosen(1), solver.switch(1, 2, Log())) == ([1, 2, 1], 1, -1.0)  # Add: 1 twice
+    with pytest.raises(IndexError, match=r"class 3 is not in the e-graph \(3 classes\)"):
+        solver.needed(3)
+    with pytest.raises(ValueError, match="e-node 3 is not an e-node of class 1"):
+        solver.switch(1, 3, Log())
+    with pytest.raises(ValueError, match="class 1 is needed: only a move may change its choice"):
+        solver.set_choice(1, 1)
+    with pytest.raises(ValueError, match="the choice gives class 1 e-node 0, which is not one of its e-nodes"):
+        Solver(view, costs, {0: 0, 1: 0, 2: 3}, [2], pos)
+    with pytest.raises(KeyError, match="class 1 is needed but has no e-node"):
+        Solver(view, costs, {0: 0, 2: 3}, [2], pos)
+    with pytest.raises(ValueError, match="4 costs and 2 positions for 4 e-nodes and 3 classes"):
+        Solver(view, costs, {}, [], pos[:2])

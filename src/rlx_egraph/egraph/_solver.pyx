@@ -236,8 +236,13 @@ cdef class Solver:
             for k in range(ranked.size()):
                 self.by_cost.push_back(ranked[k].second)
         self.pos = pos
+        if len(costs) != g.num_nodes or len(pos) != g.num_classes:
+            raise ValueError(f"{len(costs)} costs and {len(pos)} positions for {g.num_nodes} e-nodes and "
+                             f"{g.num_classes} classes")
         self.choice = vector[int](len(view.classes), -1)
         for c, n in choice.items():
+            if not (0 <= c < g.num_classes and 0 <= n < g.num_nodes and self.eclass[n] == c):
+                raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
             self.choice[c] = n
         self.refs_ = vector[int](len(view.classes), 0)
         self.stamp = vector[int](len(view.classes), 0)
@@ -254,6 +259,7 @@ cdef class Solver:
             # A free e-node without children offers nothing that another class could share.
             self.free_leaf[n] = self.costs[n] == 0.0 and self.child_start[n] == self.child_start[n + 1]
         for r in roots:
+            self._check_class(r)
             self._incref(r, Log())
 
     # --- what Python reads ---------------------------------------------------------------------
@@ -265,17 +271,26 @@ cdef class Solver:
 
     def needed(self, int c):
         """How many live readers (or outputs) need class ``c``."""
+        self._check_class(c)
         return self.refs_[c]
 
     def chosen(self, int c):
         """Class ``c``'s e-node, -1 when it has none."""
+        self._check_class(c)
         return self.choice[c]
 
     def set_choice(self, int c, int n):
         """Give class ``c``, which nothing needs, e-node ``n`` (a later move that needs it starts there)."""
+        self._check_class(c)
+        if not 0 <= n < <int>self.eclass.size() or self.eclass[n] != c:
+            raise ValueError(f"e-node {n} is not an e-node of class {c}")
         if self.refs_[c] != 0:
             raise ValueError(f"class {c} is needed: only a move may change its choice")
         self.choice[c] = n
+
+    cdef void _check_class(self, int c) except *:
+        if not 0 <= c < <int>self.choice.size():
+            raise IndexError(f"class {c} is not in the e-graph ({self.choice.size()} classes)")
 
     def choices(self):
         """Class -> its e-node, for the classes that have one."""
@@ -322,12 +337,18 @@ cdef class Solver:
                     stack.push_back(self.child[k])
         return delta
 
-    cpdef double switch(self, int c, int n, Log log) except? -1.0:
-        """Choose e-node ``n`` for class ``c``; returns the change of the DAG cost."""
+    def switch(self, int c, int n, Log log):
+        """Choose e-node ``n`` of class ``c`` for it (recorded in ``log``); returns the change of the DAG cost."""
+        self._check_class(c)
+        if not 0 <= n < <int>self.eclass.size() or self.eclass[n] != c:
+            raise ValueError(f"e-node {n} is not an e-node of class {c}")
+        if self.choice[c] < 0:
+            raise KeyError(f"class {c} has no e-node to switch from")
+        return self._switch(c, n, log)
+
+    cdef double _switch(self, int c, int n, Log log) except? -1.0:
         cdef int old = self.choice[c], k
         cdef double delta
-        if old < 0:
-            raise KeyError(f"class {c} has no e-node to switch from")
         self.switches += 1
         self.choice[c] = n
         log.switched.push_back(pair[int, int](c, old))
@@ -444,6 +465,7 @@ cdef class Solver:
 
     def attempt(self, int c, int max_group=64):
         """One attempt at class ``c`` (see :meth:`improve`): the kept move's log, or None."""
+        self._check_class(c)
         return self._attempt(c, max_group)
 
     cdef Log _attempt(self, int c, int max_group):
@@ -466,7 +488,7 @@ cdef class Solver:
         cdef double delta, step
         cdef vector[int] brought
         self.newly_live.clear()
-        delta = self.switch(c, n, log)
+        delta = self._switch(c, n, log)
         if delta < -_EPS:
             return log
         # Group move: other classes that could read what this switch made live.
@@ -482,7 +504,7 @@ cdef class Solver:
                 if group >= max_group or pc == c or self.refs_[pc] == 0 or self.choice[pc] == p or not self.usable[p]:
                     continue
                 sub = Log()
-                step = self.switch(pc, p, sub)
+                step = self._switch(pc, p, sub)
                 if step < -_EPS:
                     log.extend(sub)
                     delta += step
@@ -566,7 +588,7 @@ cdef class Solver:
             for m in range(alt_start[j], alt_start[j + 1]):
                 alt = alts[m]
                 trial = Log()
-                delta_alt = self.switch(pc, alt, trial)
+                delta_alt = self._switch(pc, alt, trial)
                 if self.refs_[ch] < before and (best < 0 or delta_alt < best_delta
                                                 or (delta_alt == best_delta and alt < best)):
                     best, best_delta = alt, delta_alt
@@ -574,7 +596,7 @@ cdef class Solver:
                 self.undo(trial)
             if best < 0:
                 break
-            step += self.switch(pc, best, sub)
+            step += self._switch(pc, best, sub)
         if self.refs_[ch] == 0:
             log.extend(sub)
             return step
