@@ -157,6 +157,15 @@ def test_applications_count_distinct_enodes_built() -> None:
     assert "rule applications (distinct e-nodes built + e-classes merged into): " in str(report)
 
 
+def test_data_tables_are_made_when_read_from_the_run_as_it_ended() -> None:
+    out, report = optimize_with_report(_linear("gelu"), regions=False)
+    assert not {"enodes", "eclasses", "provenance"} & vars(report.data).keys()  # nothing made yet
+    ids = [n.id for n in out.nodes]
+    out.set_outputs([out.relu(out.outputs[0])])  # the caller changes the optimized graph afterwards
+    assert [p["node"] for p in report.data.provenance] == ids
+    assert len(report.data.enodes) == report.enodes and "enodes" in vars(report.data)
+
+
 def test_data_tables_describe_the_egraph_and_the_choice() -> None:
     g = _linear("gelu")
     _, report = optimize_with_report(g, regions=False)

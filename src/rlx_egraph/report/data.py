@@ -10,7 +10,8 @@ before and after.  Every table is a :class:`Records` (a list of dicts) with
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 from ..cost.model import IoProfile
@@ -47,51 +48,93 @@ def io_by_kind(profile: IoProfile, when: str) -> Records:
                    for k, part in profile.by_kind.items())
 
 
-@dataclass
 class OptimizationData:
-    """Tables of one optimize run (see the module doc); ``tables()`` lists them by name."""
+    """Tables of one optimize run (see the module doc); ``tables()`` lists them by name.
 
-    eclasses: Records = field(default_factory=Records)
-    enodes: Records = field(default_factory=Records)
-    choices: Records = field(default_factory=Records)
-    provenance: Records = field(default_factory=Records)
-    iterations: Records = field(default_factory=Records)
-    io_by_kind: Records = field(default_factory=Records)
-    rule_applications: Records = field(default_factory=Records)
+    Each table is made the first time it is read, from the run's results that this object keeps (a
+    100,000-node run has some 200,000 e-node rows, which most callers never look at).  Without a view (no
+    e-graph was built) the e-graph tables are empty.
+    """
+
+    def __init__(self, profiles: tuple[IoProfile, IoProfile] | None = None,
+                 iterations: Sequence[IterationStats] = (), decoded: Decoded | None = None,
+                 view: EGraphView | None = None, choice: Mapping[int, int] | None = None,
+                 costs: Sequence[float] | None = None) -> None:
+        self._profiles, self._iterations, self._decoded = profiles, iterations, decoded
+        # the optimized graph is the caller's to change: its nodes as they were at the end of the run
+        self._nodes = [(n.id, n.op) for n in decoded.graph.nodes] if decoded is not None else []
+        complete = view is not None and choice is not None and costs is not None
+        self._view, self._choice, self._costs = (view, choice, costs) if complete else (None, None, None)
 
     @classmethod
     def build(cls, profiles: tuple[IoProfile, IoProfile], iterations: list[IterationStats], decoded: Decoded,
               view: EGraphView | None = None, choice: dict[int, int] | None = None,
               costs: list[float] | None = None) -> OptimizationData:
-        """The tables of a run (``profiles``: the input's and the result's); the e-graph tables stay empty
-        without ``view`` (no e-graph was built)."""
-        data = cls()
-        data.iterations = Records(
-            {"step": k, "stage": it.stage, "rule": rule, "matches": m, "enodes_after": it.enodes}
-            for k, it in enumerate(iterations) for rule, m in sorted(it.matches.items()))
-        data.provenance = Records(
-            {"node": n.id, "op": n.op, "eclass": decoded.class_of.get(n.id), "replaces": decoded.originals[n.id],
-             "built_by": list(decoded.built_by.get(n.id, ())), "merged_by": list(decoded.merged_by.get(n.id, ()))}
-            for n in decoded.graph.nodes)
-        data.io_by_kind = Records(io_by_kind(profiles[0], "before") + io_by_kind(profiles[1], "after"))
-        if view is None or choice is None or costs is None:
-            return data
-        type_text = [str(c.type) for c in view.classes]
-        data.eclasses = Records(
+        """The tables of a run (``profiles``: the input's and the result's), each made when first read."""
+        return cls(profiles, iterations, decoded, view, choice, costs)
+
+    @cached_property
+    def iterations(self) -> Records:
+        return Records({"step": k, "stage": it.stage, "rule": rule, "matches": m, "enodes_after": it.enodes}
+                       for k, it in enumerate(self._iterations) for rule, m in sorted(it.matches.items()))
+
+    @cached_property
+    def provenance(self) -> Records:
+        decoded = self._decoded
+        if decoded is None:
+            return Records()
+        return Records(
+            {"node": nid, "op": op, "eclass": decoded.class_of.get(nid), "replaces": decoded.originals[nid],
+             "built_by": list(decoded.built_by.get(nid, ())), "merged_by": list(decoded.merged_by.get(nid, ()))}
+            for nid, op in self._nodes)
+
+    @cached_property
+    def io_by_kind(self) -> Records:
+        if self._profiles is None:
+            return Records()
+        return Records(io_by_kind(self._profiles[0], "before") + io_by_kind(self._profiles[1], "after"))
+
+    @cached_property
+    def _type_text(self) -> list[str]:
+        return [str(c.type) for c in self._view.classes] if self._view is not None else []
+
+    @cached_property
+    def eclasses(self) -> Records:
+        view, choice, type_text = self._view, self._choice, self._type_text
+        if view is None or choice is None:
+            return Records()
+        return Records(
             {"eclass": c.id, "type": type_text[c.id], "enodes": len(c.nodes), "originals": list(c.originals),
              "merged_by": list(c.merged_by), "chosen_enode": choice.get(c.id)} for c in view.classes)
-        data.enodes = Records(
+
+    @cached_property
+    def enodes(self) -> Records:
+        view, choice, costs, type_text = self._view, self._choice, self._costs, self._type_text
+        if view is None or choice is None or costs is None:
+            return Records()
+        return Records(
             {"enode": n.index, "eclass": n.eclass, "op": n.op, "kind": n.spec.kind.value,
              "attrs": {k: _json_value(v) for k, v in n.attrs.items()}, "children": list(n.children),
              "type": type_text[n.eclass], "cost_ns": costs[n.index], "original": n.original,
              "built_by": list(n.built_by), "chosen": choice.get(n.eclass) == n.index} for n in view.nodes)
-        data.choices = Records({"eclass": c, "enode": n, "op": view.nodes[n].op, "cost_ns": costs[n]}
-                               for c, n in sorted(choice.items()))
+
+    @cached_property
+    def choices(self) -> Records:
+        view, choice, costs = self._view, self._choice, self._costs
+        if view is None or choice is None or costs is None:
+            return Records()
+        return Records({"eclass": c, "enode": n, "op": view.nodes[n].op, "cost_ns": costs[n]}
+                       for c, n in sorted(choice.items()))
+
+    @cached_property
+    def rule_applications(self) -> Records:
+        view = self._view
+        if view is None:
+            return Records()
         built: Counter[str] = Counter(name for n in view.nodes for name in n.built_by)
         merged: Counter[str] = Counter(name for c in view.classes for name in c.merged_by)
-        data.rule_applications = Records(
+        return Records(
             {"rule": r, "enodes_built": built[r], "eclasses_merged_into": merged[r]} for r in sorted(built | merged))
-        return data
 
     def tables(self) -> dict[str, Records]:
         return {name: getattr(self, name) for name in TABLES}
