@@ -402,3 +402,14 @@ def test_the_compiled_solver_rejects_what_is_not_in_its_egraph():
         Solver(view, costs, {0: 0, 2: 3}, [2], pos)
     with pytest.raises(ValueError, match="4 costs and 2 positions for 4 e-nodes and 3 classes"):
         Solver(view, costs, {}, [], pos[:2])
+
+
+def test_greedy_names_the_output_it_cannot_compute():
+    view = view_of([[("Input", ())], [("Relu", (0,))], [("Relu", (3,))], [("Neg", (2,))]], {0: 0, 1: 1})
+    cpu = get_target("cpu")
+    with pytest.raises(ValueError, match=r"no supported way to compute an output on cpu \(computed by Relu\): every "
+                                         r"way reads an op the target does not run, or a value computed only from"):
+        extract.greedy(view, [1], cpu, {0: 0, 1: 1}, [0.0, math.inf, 1.0, 1.0])  # Relu unsupported
+    with pytest.raises(ValueError, match=r"on cpu \(computed by Relu\): every way reads"):
+        extract.greedy(view, [2], cpu, {0: 0, 1: 1}, [0.0, 1.0, 1.0, 1.0])  # 2 and 3 compute each other only
+    assert extract.greedy(view, [1], cpu, {0: 0, 1: 1}, [0.0, 1.0, 1.0, 1.0]).choice == {0: 0, 1: 1}

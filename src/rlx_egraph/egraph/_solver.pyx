@@ -171,12 +171,20 @@ def tree_choice(FlatEGraph g, costs):
     """Knuth-style bottom-up pass: per class the e-node of least tree cost (an e-node's own cost plus its
     distinct children's tree costs, added in ascending class order), as (class -> e-node, class -> cost)
     for the classes that have one; ties go to the lower e-node index."""
-    cdef vector[double] cost = costs, best_cost = vector[double](g.num_classes, 0.0)
+    cdef vector[double] cost = costs, best_cost
+    cdef vector[int] best_node = _tree_choice(g, cost, best_cost)
+    return ({c: best_node[c] for c in range(g.num_classes) if best_node[c] >= 0},
+            {c: best_cost[c] for c in range(g.num_classes) if best_node[c] >= 0})
+
+
+cdef vector[int] _tree_choice(FlatEGraph g, vector[double]& cost, vector[double]& best_cost):
+    """:func:`tree_choice` as arrays (-1: no e-node); fills ``best_cost``."""
     cdef vector[int] best_node = vector[int](g.num_classes, -1), pending = g.distinct_children(), reads
     cdef priority_queue[Offer] heap
     cdef int n, c, k, p, j
     cdef double total
     cdef Offer top
+    best_cost.assign(g.num_classes, 0.0)
     for n in range(g.num_nodes):
         if pending[n] == 0 and cost[n] < INFINITY:
             heap.push(Offer(-cost[n], pair[int, int](-n, -g.eclass[n])))
@@ -198,8 +206,61 @@ def tree_choice(FlatEGraph g, costs):
                     if j == 0 or reads[j] != reads[j - 1]:
                         total += best_cost[reads[j]]
                 heap.push(Offer(-(cost[p] + total), pair[int, int](-p, -g.eclass[p])))
-    return ({c: best_node[c] for c in range(g.num_classes) if best_node[c] >= 0},
-            {c: best_cost[c] for c in range(g.num_classes) if best_node[c] >= 0})
+    return best_node
+
+
+def start_choice(FlatEGraph g, costs, pos, original):
+    """Greedy's starting point, from the e-nodes computed from classes strictly below their own (by ``pos``):
+    per class its first input-graph e-node (``original``: a flag per e-node) among them, else its least
+    tree-cost one.  Returns (class -> e-node, class -> its least tree-cost e-node), for the classes that have
+    one.  When rules merged several input-graph nodes into one class, only the lowest one is computed from
+    classes below it, and it is the one taken."""
+    cdef vector[double] monotone = costs, position = pos, unused
+    cdef vector[char] is_original = original
+    cdef vector[int] tree, choice = vector[int](g.num_classes, -1)
+    cdef int n, c, k
+    for n in range(g.num_nodes):
+        for k in range(g.child_start[n], g.child_start[n + 1]):
+            if not position[g.child[k]] < position[g.eclass[n]]:
+                monotone[n] = INFINITY
+    tree = _tree_choice(g, monotone, unused)
+    for c in range(g.num_classes):
+        for k in range(g.member_start[c], g.member_start[c + 1]):
+            n = g.member[k]
+            if is_original[n] and monotone[n] < INFINITY:
+                choice[c] = n
+                break
+        if choice[c] < 0:
+            choice[c] = tree[c]
+    return ({c: choice[c] for c in range(g.num_classes) if choice[c] >= 0},
+            {c: tree[c] for c in range(g.num_classes) if tree[c] >= 0})
+
+
+def drop_unreachable(FlatEGraph g, dict choice):
+    """``choice`` without the classes whose chosen e-node reads a class that has no choice, nor, in turn,
+    the classes whose chosen e-node reads one of those (so every walk down a choice ends at leaves)."""
+    cdef vector[int] chosen = vector[int](g.num_classes, -1), stack
+    cdef int c, n, k, j, p
+    for c, n in choice.items():
+        chosen[c] = n
+    for c in range(g.num_classes):
+        n = chosen[c]
+        if n >= 0:
+            for k in range(g.child_start[n], g.child_start[n + 1]):
+                if chosen[g.child[k]] < 0:
+                    stack.push_back(c)
+                    break
+    while not stack.empty():
+        c = stack.back()
+        stack.pop_back()
+        if chosen[c] < 0:
+            continue
+        chosen[c] = -1
+        for k in range(g.parent_start[c], g.parent_start[c + 1]):  # the classes whose choice reads c
+            p = g.parent[k]
+            if chosen[g.eclass[p]] == p:
+                stack.push_back(g.eclass[p])
+    return {c: chosen[c] for c in range(g.num_classes) if chosen[c] >= 0}
 
 
 cdef class Solver:
@@ -291,6 +352,23 @@ cdef class Solver:
     cdef void _check_class(self, int c) except *:
         if not 0 <= c < <int>self.choice.size():
             raise IndexError(f"class {c} is not in the e-graph ({self.choice.size()} classes)")
+
+    def restart(self, dict start):
+        """Give every class that nothing needs and that has a choice its e-node in ``start`` (a later move that
+        needs it again finds it there); returns how many changed."""
+        cdef int c, n, changed = 0
+        for c, n in start.items():
+            self._check_class(c)
+            if self.refs_[c] == 0 and self.choice[c] >= 0 and self.choice[c] != n:
+                if not 0 <= n < <int>self.eclass.size() or self.eclass[n] != c:
+                    raise ValueError(f"e-node {n} is not an e-node of class {c}")
+                self.choice[c] = n
+                changed += 1
+        return changed
+
+    def live_choices(self):
+        """Class -> its e-node, for the classes something needs (the extracted graph)."""
+        return {c: self.choice[c] for c in range(self.choice.size()) if self.refs_[c] > 0}
 
     def choices(self):
         """Class -> its e-node, for the classes that have one."""

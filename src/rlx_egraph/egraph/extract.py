@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..cost import Target
-from ..ir.registry import Kind, OpSpec, TensorType
+from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
 
 try:
-    from ._solver import EPS, Solver, settle_positions, tree_choice
+    from ._solver import EPS, Solver, drop_unreachable, settle_positions, start_choice, tree_choice
 except ModuleNotFoundError as exc:  # a source checkout that was never installed
     raise ImportError("rlx_egraph.egraph._solver (Cython) is not built: install the package first "
                       "(`make .venv/.installed`, or `pip install -e .`)") from exc
@@ -91,14 +91,29 @@ def enode_ns(target: Target | NodePrices, spec: OpSpec, attrs: Mapping[str, Any]
 
 
 def node_costs(view: EGraphView, target: Target) -> list[float]:
-    """:func:`enode_ns` of every e-node (each distinct one priced once, :class:`NodePrices`)."""
+    """:func:`enode_ns` of every e-node, each distinct (op, attributes, input and output types, whether it
+    reads an intermediate) priced once; types are numbered per class first, so that the key hashes ints."""
     classes = view.classes
     prices = NodePrices(target)
-    leaf_classes = {n.eclass for n in view.nodes if n.spec.kind is Kind.LEAF}
+    leaf_ops = {op for op, spec in REGISTRY.items() if spec.kind is Kind.LEAF}
+    leaf_classes = {n.eclass for n in view.nodes if n.op in leaf_ops}
+    type_number: dict[TensorType | None, int] = {}
+    class_type = [type_number.setdefault(c.type, len(type_number)) for c in classes]
+    known: dict[tuple, float] = {}
     costs = []
     for n in view.nodes:
-        cost = enode_ns(prices, n.spec, n.attrs, [classes[c].type for c in n.children], classes[n.eclass].type,
-                        any(c not in leaf_classes for c in n.children))
+        reads_intermediate = any(c not in leaf_classes for c in n.children)
+        try:
+            key: tuple | None = (n.op, tuple(n.attrs.items()), tuple([class_type[c] for c in n.children]),
+                                 class_type[n.eclass], reads_intermediate)
+            cost = known.get(key)  # type: ignore[arg-type]
+        except TypeError:  # unhashable attribute values (arrays): not remembered
+            key, cost = None, None
+        if cost is None:
+            cost = enode_ns(prices, n.spec, n.attrs, [classes[c].type for c in n.children], classes[n.eclass].type,
+                            reads_intermediate)
+            if key is not None:
+                known[key] = cost
         if n.eclass in n.children:
             cost = math.inf  # x = f(x): never a way to compute x
         costs.append(cost)
@@ -156,51 +171,24 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
     start = time.perf_counter()
     costs = node_costs(view, target) if costs is None else costs
     pos = class_positions(view, graph_position, costs)
-    monotone = [c if all(pos[ch] < pos[n.eclass] for ch in n.children) else math.inf
-                for n, c in zip(view.nodes, costs, strict=True)]
-    tree_node, _ = _best_tree_choice(view, monotone)
-    choice: dict[int, int] = {}
-    for cls in view.classes:
-        # When rules merged several input-graph nodes into one class, only the
-        # lowest one is computed from classes below it.
-        original = next((i for i in cls.nodes if view.nodes[i].original is not None and monotone[i] < math.inf),
-                        None)
-        pick = original if original is not None else tree_node.get(cls.id)
-        if pick is not None:
-            choice[cls.id] = pick
+    choice, tree_node = start_choice(view.flat(), costs, pos, [n.original is not None for n in view.nodes])
+    choice = drop_unreachable(view.flat(), choice)
     missing = [r for r in roots if r not in choice]
     if missing:
         ops = sorted({view.nodes[i].op for r in missing for i in view.classes[r].nodes})
-        raise ValueError(f"no supported way to compute an output on {target.name}: ops {ops} are unsupported")
-    _drop_unreachable_cycles(view, choice)
+        raise ValueError(f"no supported way to compute an output on {target.name} (computed by {', '.join(ops)}): "
+                         "every way reads an op the target does not run, or a value computed only from itself")
     solver = Solver(view, costs, choice, roots, pos)
     moves, stopped = solver.improve(deadline or Deadline())
-    if not stopped:  # once more, with each class no longer needed back at its cheapest tree choice: a
-        # later move that needs it again then finds it computed the cheap way, not the way it last was
-        reset = [c for c, n in tree_node.items() if solver.needed(c) == 0 and solver.chosen(c) not in (-1, n)]
-        for c in reset:
-            solver.set_choice(c, tree_node[c])
-        if reset:
-            more, stopped = solver.improve(deadline or Deadline())
-            moves += more
-    chosen = {c: n for c, n in solver.choices().items() if solver.needed(c) > 0}
+    # Once more, with each class no longer needed back at its cheapest tree choice: a later move that
+    # needs it again then finds it computed the cheap way, not the way it last was.
+    if not stopped and solver.restart(tree_node):
+        more, stopped = solver.improve(deadline or Deadline())
+        moves += more
+    chosen = solver.live_choices()
     notes = ["extraction stopped at the time limit with the best graph found so far"] if stopped else []
     return Extraction(chosen, dag_cost(view, chosen, roots, costs), "greedy", time.perf_counter() - start, moves,
                       solver.switches, notes=notes)
-
-
-def _drop_unreachable_cycles(view: EGraphView, choice: dict[int, int]) -> None:
-    """Keep only choices whose children all have choices (so every walk ends at leaves):
-    drop every class whose chosen e-node reads a class without one, then its readers, and so on."""
-    readers: dict[int, list[int]] = {}
-    for c, n in choice.items():
-        for ch in view.nodes[n].children:
-            readers.setdefault(ch, []).append(c)
-    stack = [c for c, n in choice.items() if any(ch not in choice for ch in view.nodes[n].children)]
-    while stack:
-        c = stack.pop()
-        if choice.pop(c, None) is not None:
-            stack.extend(readers.get(c, ()))
 
 
 def exact(view: EGraphView, roots: list[int], target: Target, costs: list[float] | None = None,
