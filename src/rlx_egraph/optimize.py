@@ -52,7 +52,7 @@ from .report.progress import phase, tracked
 log = logging.getLogger("rlx_egraph")
 
 # Above this many nodes ``engine="auto"`` runs the fallback engine (see the README's "Two engines" figures).
-FALLBACK_THRESHOLD = 60_000
+FALLBACK_THRESHOLD = 80_000
 
 
 def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
