@@ -342,9 +342,7 @@ cdef class Solver:
 
     def set_choice(self, int c, int n):
         """Give class ``c``, which nothing needs, e-node ``n`` (a later move that needs it starts there)."""
-        self._check_class(c)
-        if not 0 <= n < <int>self.eclass.size() or self.eclass[n] != c:
-            raise ValueError(f"e-node {n} is not an e-node of class {c}")
+        self._check_member(c, n)
         if self.refs_[c] != 0:
             raise ValueError(f"class {c} is needed: only a move may change its choice")
         self.choice[c] = n
@@ -353,15 +351,18 @@ cdef class Solver:
         if not 0 <= c < <int>self.choice.size():
             raise IndexError(f"class {c} is not in the e-graph ({self.choice.size()} classes)")
 
+    cdef void _check_member(self, int c, int n) except *:
+        self._check_class(c)
+        if not 0 <= n < <int>self.eclass.size() or self.eclass[n] != c:
+            raise ValueError(f"e-node {n} is not an e-node of class {c}")
+
     def restart(self, dict start):
         """Give every class that nothing needs and that has a choice its e-node in ``start`` (a later move that
         needs it again finds it there); returns how many changed."""
         cdef int c, n, changed = 0
         for c, n in start.items():
-            self._check_class(c)
+            self._check_member(c, n)
             if self.refs_[c] == 0 and self.choice[c] >= 0 and self.choice[c] != n:
-                if not 0 <= n < <int>self.eclass.size() or self.eclass[n] != c:
-                    raise ValueError(f"e-node {n} is not an e-node of class {c}")
                 self.choice[c] = n
                 changed += 1
         return changed
@@ -377,6 +378,14 @@ cdef class Solver:
     # --- reference counts --------------------------------------------------------------------
 
     cdef double _incref(self, int c, Log log) except? -1.0:
+        return self._count(c, log, 1)
+
+    cdef double _decref(self, int c, Log log) except? -1.0:
+        return self._count(c, log, -1)
+
+    cdef double _count(self, int c, Log log, int step) except? -1.0:
+        """Class ``c`` gains (``step`` 1) or loses (-1) a reader: a class that becomes needed needs its chosen
+        e-node's children in turn, one that no longer is needed lets them go.  Returns the change of cost."""
         cdef vector[int]* stack = &self.work  # never nested: one scratch stack
         cdef double delta = 0.0
         cdef int d, n, k
@@ -385,41 +394,24 @@ cdef class Solver:
         while stack.size():
             d = stack.back()
             stack.pop_back()
-            self.refs_[d] += 1
-            log.steps.push_back(d)
-            if self.refs_[d] == 1:
-                self.newly_live.push_back(d)
+            self.refs_[d] += step
+            log.steps.push_back(d if step > 0 else ~d)
+            if self.refs_[d] == (1 if step > 0 else 0):
                 n = self.choice[d]
                 if n < 0:
                     raise KeyError(f"class {d} is needed but has no e-node")
-                delta += self.costs[n]
-                for k in range(self.child_start[n], self.child_start[n + 1]):
-                    stack.push_back(self.child[k])
-        return delta
-
-    cdef double _decref(self, int c, Log log) except? -1.0:
-        cdef vector[int]* stack = &self.work  # never nested: one scratch stack
-        cdef double delta = 0.0
-        cdef int d, n, k
-        stack.clear()
-        stack.push_back(c)
-        while stack.size():
-            d = stack.back()
-            stack.pop_back()
-            self.refs_[d] -= 1
-            log.steps.push_back(~d)
-            if self.refs_[d] == 0:
-                n = self.choice[d]
-                delta -= self.costs[n]
+                if step > 0:
+                    self.newly_live.push_back(d)
+                    delta += self.costs[n]
+                else:
+                    delta -= self.costs[n]
                 for k in range(self.child_start[n], self.child_start[n + 1]):
                     stack.push_back(self.child[k])
         return delta
 
     def switch(self, int c, int n, Log log):
         """Choose e-node ``n`` of class ``c`` for it (recorded in ``log``); returns the change of the DAG cost."""
-        self._check_class(c)
-        if not 0 <= n < <int>self.eclass.size() or self.eclass[n] != c:
-            raise ValueError(f"e-node {n} is not an e-node of class {c}")
+        self._check_member(c, n)
         if self.choice[c] < 0:
             raise KeyError(f"class {c} has no e-node to switch from")
         return self._switch(c, n, log)
