@@ -166,6 +166,16 @@ def test_data_tables_are_made_when_read_from_the_run_as_it_ended() -> None:
     assert len(report.data.enodes) == report.enodes and "enodes" in vars(report.data)
 
 
+def test_a_fallback_run_has_the_tables_that_need_no_egraph() -> None:
+    out, report = optimize_with_report(_linear("gelu"), engine="fallback", regions=False)
+    data = report.data
+    assert [p["node"] for p in data.provenance] == [n.id for n in out.nodes]
+    fused = next(p for p in data.provenance if p["op"] == "FusedMatMulBiasAct")
+    assert (fused["replaces"], fused["built_by"]) == ([5], ["matmul-bias-gelu"])
+    assert {r["when"] for r in data.io_by_kind} == {"before", "after"}
+    assert (data.enodes, data.eclasses, data.choices, data.iterations) == ([], [], [], [])
+
+
 def test_data_tables_describe_the_egraph_and_the_choice() -> None:
     g = _linear("gelu")
     _, report = optimize_with_report(g, regions=False)

@@ -224,6 +224,7 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
     report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
+    report.data = OptimizationData.build((report.profile_before, report.profile_after), [], decoded)  # no e-graph
     report.phases = phases
     return decoded, report
 
