@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _copy_tracked(destination: Path) -> None:
+    """The files git tracks, as they are in the working tree (nothing built)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        (destination / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, destination / name)
+
+
+def test_a_checkout_that_was_never_built_says_how_to_build_it(tmp_path: Path) -> None:
+    _copy_tracked(tmp_path)
+    run = subprocess.run([sys.executable, "-c", "import rlx_egraph"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "src")})
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "ImportError: rlx_egraph.egraph._solver (Cython, extraction's passes) is not built: install the package "
+        "first (`make .venv/.installed`, or `pip install -e .`)")
+
+
 def test_the_wheel_carries_the_compiled_module_and_the_shipped_rules(tmp_path: Path) -> None:
     from hatchling.builders.wheel import WheelBuilder
 
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     source = tmp_path / "src-copy"  # a clean copy: the hook compiles in place
-    for name in tracked:
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, source / name)
+    _copy_tracked(source)
     (wheel,) = WheelBuilder(str(source)).build(directory=str(tmp_path / "dist"), versions=["standard"])
     names = zipfile.ZipFile(wheel).namelist()
     compiled = [n for n in names if n.startswith("rlx_egraph/egraph/_solver.") and n.endswith((".so", ".pyd"))]

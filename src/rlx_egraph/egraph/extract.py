@@ -12,7 +12,7 @@ the choice by local moves: switch one class to another e-node, paying for the
 classes that become needed and refunding those no longer needed; when a switch
 alone does not pay (a wide QKV matmul), it tries to also switch the classes
 that could share what the switch brought in, and keeps the group if it pays.
-The local search runs compiled, on integer arrays (:mod:`._solver`, Cython).
+Its passes run compiled, on the e-graph as integer arrays (:mod:`._solver`, Cython).
 ``exact`` solves the same problem as an integer program (HiGHS via scipy).
 Both respect the run's deadline: greedy stops improving (its choice is valid
 at every step), exact gets at most the time left.
@@ -30,12 +30,7 @@ import numpy as np
 
 from ..cost import Target
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
-
-try:
-    from ._solver import EPS, Solver, drop_unreachable, settle_positions, start_choice, tree_choice
-except ModuleNotFoundError as exc:  # a source checkout that was never installed
-    raise ImportError("rlx_egraph.egraph._solver (Cython) is not built: install the package first "
-                      "(`make .venv/.installed`, or `pip install -e .`)") from exc
+from ._solver import EPS, Solver, drop_unreachable, settle_positions, start_choice, tree_choice
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
 
@@ -104,9 +99,9 @@ def node_costs(view: EGraphView, target: Target) -> list[float]:
     for n in view.nodes:
         reads_intermediate = any(c not in leaf_classes for c in n.children)
         try:
-            key: tuple | None = (n.op, tuple(n.attrs.items()), tuple([class_type[c] for c in n.children]),
-                                 class_type[n.eclass], reads_intermediate)
-            cost = known.get(key)  # type: ignore[arg-type]
+            key = (n.op, tuple(n.attrs.items()), tuple([class_type[c] for c in n.children]), class_type[n.eclass],
+                   reads_intermediate)
+            cost = known.get(key)
         except TypeError:  # unhashable attribute values (arrays): not remembered
             key, cost = None, None
         if cost is None:
