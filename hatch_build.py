@@ -22,17 +22,23 @@ class CythonBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         from Cython.Build import cythonize
         from setuptools import Distribution, Extension
+        from setuptools.errors import CompileError, ExecError, LinkError, PlatformError
 
-        with contextlib.chdir(self.root):  # setuptools and Cython resolve paths from the working directory
-            modules = cythonize([Extension(name, [source], extra_compile_args=["-O2"])
+        root = Path(self.root).resolve()
+        with contextlib.chdir(root):  # setuptools resolves paths from the working directory
+            modules = cythonize([Extension(name, [str(root / source)], extra_compile_args=["-O2"])
                                  for name, source in EXTENSIONS.items()],
-                                build_dir="build/cython", quiet=True)
+                                build_dir=str(root / "build" / "cython"), quiet=True)  # absolute: Cython caches by path
             dist = Distribution({"ext_modules": modules, "package_dir": {"": "src"}})
             build_ext = dist.get_command_obj("build_ext")
             build_ext.inplace = True
             build_ext.ensure_finalized()
-            build_ext.run()
-            root = Path.cwd()
+            try:
+                build_ext.run()
+            except (CompileError, ExecError, LinkError, PlatformError) as exc:
+                raise RuntimeError(f"rlx-egraph compiles one Cython module (extraction's passes) and needs a C++ "
+                                   f"compiler and the Python headers for it (Debian: apt-get install g++ "
+                                   f"python3-dev): {exc}") from None
             built = [Path(build_ext.get_ext_fullpath(m.name)).resolve().relative_to(root).as_posix() for m in modules]
         build_data["pure_python"] = False
         build_data["infer_tag"] = True

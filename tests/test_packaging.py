@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,6 +30,19 @@ def test_a_checkout_that_was_never_built_says_how_to_build_it(tmp_path: Path) ->
     assert run.stderr.strip().splitlines()[-1] == (
         "ImportError: rlx_egraph.egraph._solver (Cython, extraction's passes) is not built: install the package "
         "first (`make .venv/.installed`, or `pip install -e .`)")
+
+
+def test_a_build_without_a_working_compiler_says_what_it_needs(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatchling.builders.wheel import WheelBuilder
+
+    source = tmp_path / "src-copy"
+    _copy_tracked(source)
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(RuntimeError, match=r"^rlx-egraph compiles one Cython module \(extraction's passes\) and "
+                                           r"needs a C\+\+ compiler and the Python headers for it"):
+        list(WheelBuilder(str(source)).build(directory=str(tmp_path / "dist"), versions=["standard"]))
 
 
 def test_the_wheel_carries_the_compiled_module_and_the_shipped_rules(tmp_path: Path) -> None:
