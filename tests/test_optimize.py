@@ -363,6 +363,28 @@ def test_engine_and_option_errors():
         optimize(g, max_iteratons=3)
 
 
+@pytest.mark.parametrize("engine", ["egglog", "fallback"])
+def test_a_run_leaves_its_graphs_to_reference_counting_not_to_the_cycle_collector(engine: str):
+    """A recursive closure is a reference cycle: one in decode, the fallback's matcher or its planner kept the whole
+    e-graph view or rewriter alive after the run until the collector's next full pass (0.8 s at 100k nodes)."""
+    import gc
+
+    graph = examples.synthetic(500)
+    optimize_with_report(graph, engine=engine)  # rules and caches loaded outside the measured run
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        optimize_with_report(graph, engine=engine)
+        gc.collect()
+        left = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left & {"Node", "ENode", "EClass", "EGraphView", "GraphRewriter", "Facts", "_Plan", "Graph"}
+
+
 def test_auto_takes_the_fallback_above_the_node_threshold(monkeypatch: pytest.MonkeyPatch):
     g = examples.llama(layers=1)
     pipeline = importlib.import_module("rlx_egraph.optimize")  # the module (the package exports the function)

@@ -11,6 +11,7 @@ blame).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph
@@ -60,6 +61,21 @@ class Decoded:
     fusions: list[Fusion] = field(default_factory=list)
 
 
+def _sort_key(c: int, view: EGraphView, wanted: Mapping[int, int], position: Mapping[int, int],
+              key: dict[int, float]) -> float:
+    """Where class ``c`` goes in the decoded graph: an input-graph class at its node's position, a rule-made one
+    just after its chosen e-node's children (remembered in ``key``).  A module function, not a recursive closure:
+    such a closure is a reference cycle, which kept the whole view alive for the garbage collector."""
+    if c not in key:
+        originals = view.classes[c].originals
+        if originals:
+            key[c] = float(min(position[o] for o in originals))
+        else:
+            children = view.nodes[wanted[c]].children
+            key[c] = max((_sort_key(ch, view, wanted, position, key) for ch in children), default=-1.0) + 0.5
+    return key[c]
+
+
 def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     """Build the optimized graph from ``choice`` (class -> e-node)."""
     position = {n.id: k for k, n in enumerate(graph.nodes)}
@@ -71,14 +87,7 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     key: dict[int, float] = {}
 
     def sort_key(c: int) -> float:
-        if c not in key:
-            originals = view.classes[c].originals
-            if originals:
-                key[c] = float(min(position[o] for o in originals))
-            else:
-                children = view.nodes[wanted[c]].children
-                key[c] = max((sort_key(ch) for ch in children), default=-1.0) + 0.5
-        return key[c]
+        return _sort_key(c, view, wanted, position, key)
 
     pending = {c: len(set(view.nodes[n].children)) for c, n in wanted.items()}
     readers: dict[int, list[int]] = {}

@@ -578,14 +578,17 @@ class _Engine:
         if not plan.unions or len(plan.new) > len(plan.dead):
             return False
         level, nodes = self.rw.level, self.nodes
-
-        def reach(nid: int) -> float:
-            node = plan.new.get(nid)
-            if node is None:
-                return level(nid)
-            return max((reach(i) for i in node.inputs), default=-math.inf)
-        return all(reach(rep) < max((level(i) for i in nodes[old].inputs), default=-math.inf)
+        return all(self.reach(rep, plan.new) < max((level(i) for i in nodes[old].inputs), default=-math.inf)
                    for old, rep in plan.unions)
+
+    def reach(self, nid: int, new: Mapping[int, Node]) -> float:
+        """How far back node ``nid`` reads: a live node's level, a planned node's highest input's.  (A method, not
+        a recursive closure: such a closure is a reference cycle, which kept each plan and the rewriter alive for
+        the garbage collector.)"""
+        node = new.get(nid)
+        if node is None:
+            return self.rw.level(nid)
+        return max((self.reach(i, new) for i in node.inputs), default=-math.inf)
 
     def orient(self, unions: list[tuple[Any, Any]], new: Mapping[int, Node]
                ) -> tuple[list[tuple[int, int]], list[tuple[int, Node]]] | str:

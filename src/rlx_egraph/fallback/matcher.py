@@ -350,40 +350,51 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
              root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
 
-    def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
-        """The nodes reached from the seeds of ``op`` along ``edges``, each step to the parents."""
-        frontier = near.walks.get((op, edges))
-        if frontier is not None:
-            return frontier
-        frontier = set()
+    def step(near: Near, op: str | None, edges: tuple[_Edge, ...], below: set[int] | None) -> set[int]:
+        """The nodes reached from the seeds of ``op`` along ``edges``: the seeds themselves, else one step to the
+        parents from ``below`` (the nodes reached along all edges but the last)."""
+        frontier: set[int] = set()
         if not edges:
             frontier.update(near.by_op.get(op, ()) if op is not None else
                             (n for ns in near.by_op.values() for n in ns))
-        else:
-            below, edge = walk(near, op, edges[:-1]), edges[-1]
-            parent_op = edge.parent_op
-            if edge.kind == "input":  # the parent reads the node
-                by_op = near.readers.get((op, edges[:-1]))
-                if by_op is None:  # group once the readers of ``below``: many matchers ask for other ops
-                    by_op = near.readers[(op, edges[:-1])] = {}
-                    for n in below:
-                        for r in readers.get(n, ()):
-                            by_op.setdefault(nodes[r].op, set()).add(r)
-                frontier = by_op.get(parent_op, frontier)  # type: ignore[arg-type]
-            elif edge.kind == "reader":  # the node reads the parent
+            return frontier
+        assert below is not None
+        edge = edges[-1]
+        parent_op = edge.parent_op
+        if edge.kind == "input":  # the parent reads the node
+            by_op = near.readers.get((op, edges[:-1]))
+            if by_op is None:  # group once the readers of ``below``: many matchers ask for other ops
+                by_op = near.readers[(op, edges[:-1])] = {}
                 for n in below:
-                    node = nodes.get(n)
-                    if node is not None:
-                        frontier.update(node.inputs if parent_op is None else
-                                        (i for i in node.inputs if nodes[i].op == parent_op))
-            else:  # rows holding the node in ``column`` name the parent in ``parent_column``
-                index, parent_column = facts.column(edge.table, edge.column), edge.parent_column
-                for n in below:
-                    rows = index.get(n)
-                    if rows:
-                        frontier.update(args[parent_column] for args in rows)
-        near.walks[(op, edges)] = frontier
+                    for r in readers.get(n, ()):
+                        by_op.setdefault(nodes[r].op, set()).add(r)
+            return by_op.get(parent_op, frontier)
+        if edge.kind == "reader":  # the node reads the parent
+            for n in below:
+                node = nodes.get(n)
+                if node is not None:
+                    frontier.update(node.inputs if parent_op is None else
+                                    (i for i in node.inputs if nodes[i].op == parent_op))
+            return frontier
+        # rows holding the node in ``column`` name the parent in ``parent_column``
+        index, parent_column = facts.column(edge.table, edge.column), edge.parent_column
+        for n in below:
+            rows = index.get(n)
+            if rows:
+                frontier.update(args[parent_column] for args in rows)
         return frontier
+
+    def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
+        """:func:`step` along every prefix of ``edges``, each remembered in ``near``.  (A loop, not a recursive
+        closure: such a closure is a reference cycle, which kept the rewriter alive for the garbage collector.)"""
+        below: set[int] | None = None
+        for k in range(len(edges) + 1):
+            frontier = near.walks.get((op, edges[:k]))
+            if frontier is None:
+                frontier = near.walks[(op, edges[:k])] = step(near, op, edges[:k], below)
+            below = frontier
+        assert below is not None
+        return below
 
     def roots_near(near: Near) -> set[Any]:
         roots: set[Any] = set()
