@@ -272,7 +272,8 @@ cdef class Solver:
 
     cdef readonly object view
     cdef readonly long switches  # switches made, kept or undone (the search's work)
-    cdef vector[int] child_start, child, parent_start, parent, member_start, member, by_cost_start, by_cost
+    cdef vector[int] child_start, child, parent_start, parent, member_start, member, by_cost
+    cdef vector[char] ranked  # per class: whether its slice of by_cost is sorted yet
     cdef vector[int] eclass, choice, refs_, newly_live, read, stamp, work
     cdef vector[double] costs, pos
     cdef vector[char] usable, free_leaf
@@ -281,21 +282,15 @@ cdef class Solver:
     def __init__(self, view, costs, dict choice, roots, pos):
         cdef int n, c, k
         cdef FlatEGraph g = view.flat()
-        cdef vector[Keyed] ranked
         self.view = view
         self.switches = 0
         self.child, self.child_start, self.parent, self.parent_start = g.child, g.child_start, g.parent, g.parent_start
         self.member, self.member_start, self.eclass = g.member, g.member_start, g.eclass
         self.costs = costs
-        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in.
-        self.by_cost_start = self.member_start
-        for c in range(g.num_classes):
-            ranked.clear()
-            for k in range(self.member_start[c], self.member_start[c + 1]):
-                ranked.push_back(Keyed(self.costs[self.member[k]], self.member[k]))
-            sort(ranked.begin(), ranked.end())
-            for k in range(ranked.size()):
-                self.by_cost.push_back(ranked[k].second)
+        # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in, sorted on a
+        # class's first attempt (the FusionReport's solver never attempts a move).
+        self.by_cost = g.member
+        self.ranked = vector[char](g.num_classes, 0)
         self.pos = pos
         if len(costs) != g.num_nodes or len(pos) != g.num_classes:
             raise ValueError(f"{len(costs)} costs and {len(pos)} positions for {g.num_nodes} e-nodes and "
@@ -544,13 +539,26 @@ cdef class Solver:
         cdef Log log
         if self.refs_[c] == 0:
             return None
-        for k in range(self.by_cost_start[c], self.by_cost_start[c + 1]):
+        if not self.ranked[c]:
+            self._rank(c)
+        for k in range(self.member_start[c], self.member_start[c + 1]):
             n = self.by_cost[k]
             if n != self.choice[c] and self.usable[n]:
                 log = self._try_move(c, n, max_group)
                 if log is not None:
                     return log
         return None
+
+    cdef void _rank(self, int c):
+        """Sort class ``c``'s e-nodes in ``by_cost`` by (cost, index)."""
+        cdef vector[Keyed] keyed
+        cdef int k, first = self.member_start[c]
+        for k in range(first, self.member_start[c + 1]):
+            keyed.push_back(Keyed(self.costs[self.by_cost[k]], self.by_cost[k]))
+        sort(keyed.begin(), keyed.end())
+        for k in range(<int>keyed.size()):
+            self.by_cost[first + k] = keyed[k].second
+        self.ranked[c] = True
 
     cdef Log _try_move(self, int c, int n, int max_group):
         cdef Log log = Log(), sub
@@ -598,7 +606,7 @@ cdef class Solver:
         them (kept in ``log`` only then); returns the change of cost."""
         cdef double delta = 0.0
         cdef int ch, k, p, pc, j, a, m
-        cdef bint reads_ch, some
+        cdef bint some
         cdef vector[int] seen, reader_class, reader_node, alt_start, alts
         for k in range(self.child_start[old], self.child_start[old + 1]):
             ch = self.child[k]

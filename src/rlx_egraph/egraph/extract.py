@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..cost import Target
-from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
+from ..ir.registry import Kind, OpSpec, TensorType, ops_of_kind
 from ._solver import EPS, Solver, drop_unreachable, settle_positions, start_choice, tree_choice
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
@@ -90,7 +90,7 @@ def node_costs(view: EGraphView, target: Target) -> list[float]:
     reads an intermediate) priced once; types are numbered per class first, so that the key hashes ints."""
     classes = view.classes
     prices = NodePrices(target)
-    leaf_ops = {op for op, spec in REGISTRY.items() if spec.kind is Kind.LEAF}
+    leaf_ops = ops_of_kind(Kind.LEAF)
     leaf_classes = {n.eclass for n in view.nodes if n.op in leaf_ops}
     type_number: dict[TensorType | None, int] = {}
     class_type = [type_number.setdefault(c.type, len(type_number)) for c in classes]
@@ -151,8 +151,9 @@ def class_positions(view: EGraphView, graph_position: dict[int, int],
     """
     pos = [math.inf] * len(view.classes)
     final = [False] * len(view.classes)
+    leaf_ops = ops_of_kind(Kind.LEAF)
     for cls in view.classes:
-        if any(view.nodes[i].spec.kind is Kind.LEAF for i in cls.nodes):
+        if any(view.nodes[i].op in leaf_ops for i in cls.nodes):
             pos[cls.id], final[cls.id] = -1.0, True
         elif cls.originals:
             pos[cls.id], final[cls.id] = float(min(graph_position[o] for o in cls.originals)), True

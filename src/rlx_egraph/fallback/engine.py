@@ -51,7 +51,7 @@ from ..egraph.decode import Fusion, fold_projections
 from ..egraph.extract import EPS, enode_ns
 from ..egraph.rules import STAGES, RuleSet, load_rules
 from ..ir.graph import Graph, GraphError, Node, check_node
-from ..ir.registry import REGISTRY, Kind
+from ..ir.registry import REGISTRY, Kind, ops_of_kind
 from ..ir.rewrite import GraphRewriter
 from .facts import PRIMITIVES, Facts, NoMatch, compile_term
 from .lookahead import Chain, Lookahead, RegionRun
@@ -85,7 +85,7 @@ STOP_TIME = "time limit"
 NO_GAIN = "does not lower the cost"
 KNOWN_FORM = "the node already has this form"
 TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
-LEAF_OPS = frozenset(op for op, spec in REGISTRY.items() if spec.kind is Kind.LEAF)
+LEAF_OPS = ops_of_kind(Kind.LEAF)
 
 
 @dataclass(frozen=True)

@@ -430,6 +430,11 @@ def register(*specs: OpSpec) -> None:
         REGISTRY[spec.name] = spec
 
 
+def ops_of_kind(kind: Kind) -> frozenset[str]:
+    """The names of the registered ops of ``kind`` (computed per call: the registry may grow)."""
+    return frozenset(name for name, spec in REGISTRY.items() if spec.kind is kind)
+
+
 def op_spec(name: str) -> OpSpec:
     """The spec of op ``name``; raises KeyError naming the known ops' count."""
     try:
