@@ -508,6 +508,21 @@ def test_bench_engines_prints_both_engines_their_agreement_and_parity(capsys: py
     assert row[-6:-3] == [f"{costs[0]:,.0f}", f"{costs[1]:,.0f}", f"{100 * (costs[1] - costs[0]) / costs[0]:+.2f}"]
 
 
+def test_bench_overhead_splits_the_work_around_saturation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["overhead", "--nodes", "1000"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.lstrip().startswith("nodes "))
+    assert header.split() == ["nodes", "saturate", "s", "around", "s", "load", "s", "read", "s", "ours", "s",
+                              "around/sat", "load+read/sat", "ours/sat"]
+    row = out[out.index(header) + 1].split()
+    assert row[0] == "1,000"
+    saturation, around, load, read, ours = map(float, row[1:6])
+    assert saturation > 0 and load > 0 and read > 0
+    assert ours == pytest.approx(around - load - read, abs=0.002)  # each printed to 0.001
+    around_ratio, egglog_ratio, ours_ratio = map(float, row[6:9])
+    assert around_ratio >= ours_ratio > 0 and around_ratio >= egglog_ratio > 0
+
+
 def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     # llama-1 has 108 e-nodes and llama-2 200: the ILP runs on the first only.

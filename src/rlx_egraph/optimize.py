@@ -232,12 +232,18 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
 def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
     """A new egglog e-graph holding the schema, ``ruleset`` and ``graph``'s terms, not yet saturated."""
     encoding = encode_graph(graph, attention_block_max_tokens)
+    egraph = new_egraph(ruleset)
+    encoding.load(egraph)
+    return egraph, encoding
+
+
+def new_egraph(ruleset: RuleSet) -> eb.EGraph:
+    """A new egglog e-graph holding the schema and ``ruleset``, no terms yet."""
     egraph = eb.EGraph()
     egraph.run_program(*egraph.parse_program(schema_text()))
     egraph.run_program(*egraph.parse_program("\n".join(f"(ruleset {s})" for s in STAGES)))
     egraph.run_program(*ruleset.commands())
-    encoding.load(egraph)
-    return egraph, encoding
+    return egraph
 
 
 def blame(decoded: Decoded) -> Callable[[int], list[str]]:

@@ -22,6 +22,7 @@ equate with 0.0, as ``(Neg (Scalar 0.0 dtype))`` (rows ``rlx-row-neg-zero``).
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import math
@@ -130,7 +131,9 @@ class Encoding:
             inputs = []
             for relation, rows in self.rows.items():
                 path = Path(folder) / f"{relation}.tsv"
-                path.write_text("".join("\t".join(map(_field, row)) + "\n" for row in rows), encoding="utf-8")
+                with path.open("w", encoding="utf-8", newline="") as file:  # fields hold no tab nor newline
+                    csv.writer(file, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None,
+                               lineterminator="\n").writerows(rows)
                 inputs.append(f"(input {relation} {string_literal(str(path))})")
             egraph.parse_and_run_program("\n".join([self.declarations, *inputs, self.rules]))
 
@@ -142,14 +145,10 @@ class Encoding:
         return "\n".join([self.declarations, *facts, self.rules]) + "\n"
 
 
-def _field(value: int | float | str) -> str:
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 def _fact_literal(value: int | float | str) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return _field(value)
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _load_rule(spec: OpSpec) -> tuple[tuple[str, ...], str]:

@@ -65,7 +65,7 @@ class MergedInputs:
     message: str
 
 
-@dataclass
+@dataclass(slots=True)
 class ENode:
     """An op applied to e-classes: one alternative of an e-class."""
 
@@ -161,8 +161,41 @@ class _Values:
         return self.constants[text] if kind is AttrType.ARRAY else string_value(text)
 
 
+class _Provenance:
+    """Reads the provenance relations the instrumented rules fill (see :mod:`.rules`)."""
+
+    def __init__(self, functions: dict[str, Any], values: _Values, rules: RuleSet) -> None:
+        self.functions, self.values = functions, values
+        self.rank: dict[str, int] = {}  # base rule name -> its place in file order (provenance names base rules)
+        for k, r in enumerate(rules.rules):
+            self.rank.setdefault(r.base, k)
+        self.named: dict[frozenset[Any], tuple[str, ...]] = {}  # rule-name values -> names, in rule-file order
+
+    def table(self, name: str) -> dict[tuple[Any, ...], tuple[str, ...]]:
+        """Rows of a provenance relation: key (its leading columns) -> rule names, in rule-file order."""
+        found: dict[tuple[Any, ...], set[Any]] = {}
+        for row in self.functions[name].rows if name in self.functions else ():
+            *key, rule = row.inputs
+            found.setdefault(tuple(key), set()).add(rule)
+        return {key: self._names(frozenset(rules)) for key, rules in found.items()}
+
+    def _names(self, rules: frozenset[Any]) -> tuple[str, ...]:
+        names = self.named.get(rules)
+        if names is None:
+            found = {self.values.get(v, AttrType.STR) for v in rules}
+            names = self.named[rules] = tuple(sorted(found, key=lambda n: (self.rank.get(n, len(self.rank)), n)))
+        return names
+
+
 # Rows decoded (or e-nodes type-checked) between two looks at the deadline.
 DEADLINE_STRIDE = 4096
+
+
+def view_tables() -> list[str]:
+    """The egglog functions :func:`build_view` reads: the op constructors, list cells and the absent input,
+    the provenance relations, and the table of input-graph terms."""
+    ops = sorted(REGISTRY)
+    return [*ops, LIST_CONS, NO_INPUT, *map(built_by_table, ops), MERGED_BY, NODE_TABLE]
 
 
 def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules: RuleSet,
@@ -174,17 +207,9 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     :class:`~.budget.DeadlineExceeded` when ``deadline`` passes first.
     """
     deadline = deadline or Deadline()
-    frozen = egraph.freeze()
-    functions = frozen.functions
-    class_ids: dict[Any, int] = {}
-    classes: list[EClass] = []
-
-    def class_of(value: Any) -> int:
-        cid = class_ids.get(value)
-        if cid is None:
-            cid = class_ids[value] = len(classes)
-            classes.append(EClass(cid))
-        return cid
+    functions = egraph.freeze().functions
+    class_ids: dict[Any, int] = {}  # egglog e-class value -> class id, numbered in order of first sight
+    number = class_ids.setdefault
 
     cons_rows = functions[LIST_CONS].rows if LIST_CONS in functions else []
     cons = {row.output: (row.inputs[0], row.inputs[1]) for row in cons_rows[::-1]}
@@ -197,17 +222,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         return items
 
     values = _Values(egraph, constants)
-    order: dict[str, int] = {}  # base rule name -> its place in file order (provenance names base rules)
-    for k, r in enumerate(rules.rules):
-        order.setdefault(r.base, k)
-
-    def provenance(table: str) -> dict[tuple[Any, ...], tuple[str, ...]]:
-        """Rows of a provenance relation: key (its leading columns) -> rule names, in rule-file order."""
-        names: dict[tuple[Any, ...], set[str]] = {}
-        for row in functions[table].rows if table in functions else ():
-            names.setdefault(tuple(row.inputs[:-1]), set()).add(values.get(row.inputs[-1], AttrType.STR))
-        return {key: tuple(sorted(found, key=lambda n: (order.get(n, len(order)), n))) for key, found in names.items()}
-
+    provenance = _Provenance(functions, values, rules)
     absent = {row.output for row in functions[NO_INPUT].rows} if NO_INPUT in functions else set()
     nodes: list[ENode] = []
     for name in sorted(REGISTRY):
@@ -217,25 +232,30 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         spec = REGISTRY[name]
         kinds = {a.name: a.type for a in spec.attrs}
         plan = [(a.name, a.is_input, a.variadic, kinds.get(a.name)) for a in constructor_args(spec)]
-        built_by = provenance(built_by_table(name))
+        only_inputs = all(is_input and not variadic for _, is_input, variadic, _ in plan)
+        built_by = provenance.table(built_by_table(name))
         for row in fn.rows:
             if row.subsumed:
                 continue
             if len(nodes) % DEADLINE_STRIDE == 0:
                 deadline.check("building the e-graph view")
-            children: list[int] = []
+            inputs = row.inputs
             attrs: dict[str, Any] = {}
-            inputs = tuple(row.inputs)
-            for (arg, is_input, variadic, kind), value in zip(plan, inputs, strict=True):
-                if not is_input:
-                    attrs[arg] = values.get(value, kind)
-                elif variadic:
-                    children.extend(class_of(v) for v in expand(value))
-                elif value not in absent:
-                    children.append(class_of(value))
-            nodes.append(ENode(len(nodes), name, tuple(children), attrs, class_of(row.output),
-                               built_by=built_by.get(inputs, ()) if built_by else ()))
-    for (value,), names in provenance(MERGED_BY).items():
+            if only_inputs:  # most ops: every column is an input class
+                children = [number(v, len(class_ids)) for v in inputs if v not in absent]
+            else:
+                children = []
+                for (arg, is_input, variadic, kind), value in zip(plan, inputs, strict=True):
+                    if not is_input:
+                        attrs[arg] = values.get(value, kind)
+                    elif variadic:
+                        children.extend([number(v, len(class_ids)) for v in expand(value)])
+                    elif value not in absent:
+                        children.append(number(value, len(class_ids)))
+            nodes.append(ENode(len(nodes), name, tuple(children), attrs, number(row.output, len(class_ids)),
+                               built_by=built_by.get(tuple(inputs), ()) if built_by else ()))
+    classes = [EClass(cid) for cid in range(len(class_ids))]
+    for (value,), names in provenance.table(MERGED_BY).items():
         classes[class_ids[value]].merged_by = names
 
     term_of = {egraph.value_to_i64(row.inputs[0]): row.output for row in functions[NODE_TABLE].rows}
@@ -365,7 +385,7 @@ def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], exc
                 waiting[p] -= 1
                 if waiting[p] == 0:
                     queue.append(p)
-        if out == have:
+        if out is have or out == have:
             kept.add(n.index)
         else:
             problems[n.index] = f"has type {out} but its e-class has type {have}"
