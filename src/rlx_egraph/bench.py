@@ -229,13 +229,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _scaling(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench scaling",
-                                     description="time per phase and per node of the synthetic DAG, by size")
+def _sizes(command: str, description: str, argv: Sequence[str]) -> argparse.Namespace:
+    """The options of a subcommand that runs the synthetic DAG at several sizes on one target."""
+    parser = argparse.ArgumentParser(prog=f"python -m rlx_egraph.bench {command}", description=description)
     parser.add_argument("--nodes", type=_counts, default=list(SCALING_NODES),
                         help=f"default: {','.join(map(str, SCALING_NODES))}")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _scaling(argv: Sequence[str]) -> int:
+    args = _sizes("scaling", "time per phase and per node of the synthetic DAG, by size", argv)
     print(scaling_table(run([Case("synthetic", n) for n in args.nodes], args.target, exact_max_enodes=0)))
     return 0
 
@@ -375,12 +379,7 @@ def overhead_row(nodes: int, target: str) -> tuple[str, ...]:
 
 
 def _overhead(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench overhead",
-                                     description="the egglog engine's work around saturation, and egglog's part of it")
-    parser.add_argument("--nodes", type=_counts, default=list(SCALING_NODES),
-                        help=f"default: {','.join(map(str, SCALING_NODES))}")
-    parser.add_argument("--target", default="cpu", choices=list(TARGETS))
-    args = parser.parse_args(argv)
+    args = _sizes("overhead", "the egglog engine's work around saturation, and egglog's part of it", argv)
     print(textwrap.fill("egglog engine on the synthetic DAG: 'around' = encode + extract + decode; of it, 'load' "
                         "(egglog reading the encoded rows) and 'read' (freezing the saturated e-graph and reading "
                         "the rows the view decodes through egglog's Python binding) are spent in egglog; 'ours' is "
