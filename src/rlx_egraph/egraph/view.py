@@ -116,7 +116,7 @@ class EGraphView:
             return cached[2]
         out: list[list[int]] = [[] for _ in self.classes]
         for n in self.nodes:
-            for c in dict.fromkeys(n.children):
+            for c in set(n.children):  # each reader once, readers in e-node order
                 out[c].append(n.index)
         self._parents = (self.nodes, len(self.nodes), out)
         return out
@@ -310,11 +310,13 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
     """
     fixed: dict[int, TensorType] = {}
     for cls in view.classes:
+        if not cls.originals:  # made by rules: typed by its e-nodes below
+            continue
         members = {o: graph.node(o) for o in cls.originals}
         types = {m.type for m in members.values()}
         if len(types) == 1:
             fixed[cls.id] = types.pop()
-        elif types:
+        else:
             found = blamed_rules(view, cls.nodes, [cls.id])
             listed = ", ".join(f"node {o} ({m.op}) {m.type}" for o, m in members.items())
             message = (f"unsound rewrite: e-class {cls.id} holds input-graph nodes of different types ({listed}): "
