@@ -197,7 +197,12 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
         engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, Lookahead(optimized))
         engine.stats.phases["load"] = time.perf_counter() - start
         engine.optimize(start, STAGES)
-        return engine.result(graph)
+        result = engine.result(graph)
+        # Freed (by reference counts) while the collector is still paused: its first pass after the pause
+        # would otherwise scan the run's millions of objects just before they go.
+        del engine
+        regions.clear()
+    return result
 
 
 # --- plans -----------------------------------------------------------------------------------

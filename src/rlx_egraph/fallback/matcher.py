@@ -79,7 +79,7 @@ class Matcher:
     run: Callable[[Any], list[tuple]]
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
-    roots_near: Callable[[Near], set[Any]] | None  # None: every pass scans all roots
+    roots_near: Callable[[Near], list[Any]] | None  # sorted; None: every pass scans all roots
     child_ops: tuple[tuple[str | None, ...], ...]  # per operand order: ops the root's inputs must have
     _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
 
@@ -99,7 +99,7 @@ class Matcher:
         of the ``near`` nodes."""
         if near is None or self.roots_near is None:
             return self.roots()
-        return sorted(self.roots_near(near))
+        return self.roots_near(near)
 
 
 @dataclass
@@ -111,6 +111,8 @@ class Near:
     """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
     readers: dict[tuple[str | None, tuple[_Edge, ...]], dict[str, set[int]]] = field(default_factory=dict)
     """The readers, by op, of the nodes a walk reaches (keyed like ``walks``)."""
+    roots: dict[tuple, list[int]] = field(default_factory=dict)
+    """Sorted node roots, by root op and paths (the operand orders of a rule share them)."""
 
     @classmethod
     def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
@@ -365,9 +367,8 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
             by_op = near.readers.get((op, edges[:-1]))
             if by_op is None:  # group once the readers of ``below``: many matchers ask for other ops
                 by_op = near.readers[(op, edges[:-1])] = {}
-                for n in below:
-                    for r in readers.get(n, ()):
-                        by_op.setdefault(nodes[r].op, set()).add(r)
+                for r in set().union(*[readers.get(n, ()) for n in below]):
+                    by_op.setdefault(nodes[r].op, set()).add(r)
             return by_op.get(parent_op, frontier)
         if edge.kind == "reader":  # the node reads the parent
             for n in below:
@@ -378,10 +379,8 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
             return frontier
         # rows holding the node in ``column`` name the parent in ``parent_column``
         index, parent_column = facts.column(edge.table, edge.column), edge.parent_column
-        for n in below:
-            rows = index.get(n)
-            if rows:
-                frontier.update(args[parent_column] for args in rows)
+        for n in index.keys() & below:
+            frontier.update([args[parent_column] for args in index[n]])
         return frontier
 
     def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
@@ -396,7 +395,13 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
         assert below is not None
         return below
 
-    def roots_near(near: Near) -> set[Any]:
+    shared = (root_op, frozenset(paths))  # the key of node roots in ``Near.roots``
+
+    def roots_near(near: Near) -> list[Any]:
+        """Sorted roots near the seeds.  Node roots are shared through ``near`` (the graph does not change
+        while it is in use); row roots are not (rows are added meanwhile)."""
+        if root_op is not None and shared in near.roots:
+            return near.roots[shared]
         roots: set[Any] = set()
         for op, edges, column in paths:
             frontier = walk(near, op, edges)
@@ -404,13 +409,12 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
                 roots |= frontier
             else:
                 index = facts.column(root_table, column)
-                for n in frontier:
-                    rows = index.get(n)
-                    if rows:
-                        roots.update(rows)
+                for n in index.keys() & frontier:
+                    roots.update(index[n])
         if root_op is None:
-            return roots
-        return {r for r in roots if r in nodes and nodes[r].op == root_op}
+            return sorted(roots)
+        found = near.roots[shared] = sorted(r for r in roots if r in nodes and nodes[r].op == root_op)
+        return found
     return roots_near
 
 

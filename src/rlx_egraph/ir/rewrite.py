@@ -375,7 +375,7 @@ class GraphRewriter:
         old_key = node_key(node)
         if old_key is not None and self._keys.get(old_key) == user:
             del self._keys[old_key]
-        rewired = dataclasses.replace(node, inputs=inputs)
+        rewired = Node(user, node.op, inputs, node.attrs, node.shape, node.dtype, node.parts)
         self._nodes[user] = rewired
         del self._users[old][user]
         self._users[new][user] = None
