@@ -92,10 +92,10 @@ class Node:
     def dims(self) -> Iterator[Any]:
         """The dims of the shape, then those of the dim attributes (``AttrSpec.dims``: leaf shapes, Reshape and
         Expand targets, Narrow bounds)."""
-        for part in self.results:
+        for part in self.parts or (self,):  # a node of one result has that result's shape
             yield from part.shape
-        for spec in REGISTRY[self.op].attrs:
-            if spec.dims and spec.name in self.attrs:
+        for spec in REGISTRY[self.op].dim_attrs:
+            if spec.name in self.attrs:
                 value = self.attrs[spec.name]
                 yield from (value if spec.type is AttrType.INTS else (value,))
 

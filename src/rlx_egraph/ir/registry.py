@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -313,6 +314,11 @@ class OpSpec:
     @property
     def attr_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.attrs)
+
+    @cached_property
+    def dim_attrs(self) -> tuple[AttrSpec, ...]:
+        """The attributes that hold tensor dims (``AttrSpec.dims``)."""
+        return tuple(a for a in self.attrs if a.dims)
 
     def arity_text(self) -> str:
         if self.variadic:
