@@ -488,6 +488,17 @@ def test_program_prints_the_egglog_program(capsys: pytest.CaptureFixture[str], l
 # --- bench -----------------------------------------------------------------------------------------------------------
 
 
+def test_exact_extraction_json_is_all_that_reaches_stdout(tmp_path: Path) -> None:
+    """HiGHS writes a banner to the process's stdout when a process makes its first solver: not into --json."""
+    path = tmp_path / "llama.json"
+    examples.llama(1).save(path)
+    proc = subprocess.run([sys.executable, "-m", "rlx_egraph.cli.main", "optimize", str(path), "--extraction", "exact",
+                           "--json"], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["extraction"] == "exact"
+    assert "HiGHS" not in proc.stderr
+
+
 def test_bench_cases_keep_the_given_order() -> None:
     names = [c.name for c in bench.cases(["bert", "synthetic", "llama"], [8, 1])]
     assert names == ["bert-8", "bert-1", "synthetic-20000", "llama-8", "llama-1"]

@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     target = argparse.ArgumentParser(add_help=False)
     target.add_argument("--target", default="cpu", choices=list(TARGETS), help="cost model (default: cpu)")
     target.add_argument("--extraction", default="greedy", choices=EXTRACTIONS,
-                        help="greedy (default) or exact (an integer program, HiGHS through scipy)")
+                        help="greedy (default) or exact (an integer program, HiGHS through highspy)")
 
     p = command("demo", [target, rules], help="optimize the example Llama decoder and show what happened")
     p.add_argument("--layers", type=_non_negative, default=2, help="decoder layers (default: 2)")

@@ -21,6 +21,8 @@ at every step), exact gets at most the time left.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -230,7 +232,6 @@ class _Ilp:
     """
 
     def __init__(self, view: EGraphView, roots: list[int], costs: list[float]) -> None:
-        import highspy
         from scipy.sparse import coo_array
         from scipy.sparse.csgraph import connected_components
 
@@ -249,7 +250,7 @@ class _Ilp:
             self.component = np.arange(len(self.classes))
         self.index = index
         self.need, self.via = self._needs()
-        h = self.highs = highspy.Highs()
+        h = self.highs = _silent_highs()
         for option, value in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("mip_rel_gap", 0.0)):
             h.setOptionValue(option, value)
         # ordering variables, only for classes on a cycle
@@ -431,6 +432,23 @@ class _Ilp:
             if c in self.tcol:
                 values[self.tcol[c]] = float(height[c])
         return values
+
+
+def _silent_highs() -> Any:
+    """A new ``highspy.Highs``.  The first one a process makes writes HiGHS's banner to file descriptor 1, before
+    any option can turn its output off, so it is made with that descriptor pointing at the null device (the
+    banner would otherwise land in the middle of the CLI's ``--json`` output)."""
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _pruned_members(view: EGraphView, roots: list[int], costs: list[float]) -> tuple[dict[int, list[int]],
