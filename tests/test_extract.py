@@ -340,6 +340,42 @@ def test_types_inferred_once_per_key_equal_each_enode_typed_alone(synthetic_view
             synthetic_view.classes[n.eclass].type
 
 
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_greedy_unshares_two_linear_layers_with_an_activation_each(target: str):
+    """Both layers read one input: merged into one wide matmul (a launch, a view and an activation per layer)
+    they cost more than two fused linear+activation layers, and no single move leaves the wide matmul unread.
+    Greedy took the wide matmul (50% over the optimum on wgpu) until it also searched from the tree choice."""
+    from rlx_egraph import Graph, optimize_with_report
+
+    g = Graph("two_linear_silu")
+    x = g.input("x", (4, 8))
+    for k in range(2):
+        g.set_outputs([*g.outputs, g.silu(g.add(g.matmul(x, g.param(f"w{k}", (8, 8))), g.param(f"b{k}", (8,))))])
+    out, report = optimize_with_report(g, target, regions=False, exact_gap=True)
+    assert report.exact_optimal and report.extracted_ns == pytest.approx(report.exact_ns, rel=1e-12)
+    assert sorted(n.op for n in out.nodes if n.spec.kind is not Kind.LEAF) == ["FusedMatMulBiasAct"] * 2
+
+
+def test_greedy_has_no_gap_to_the_proven_optimum_on_random_graphs():
+    """60 random graphs of the property tests' patterns, on rotating targets: greedy from the input graph alone
+    was over the optimum on 15 of them (3 by more than 0.1%, one by 20%)."""
+    import sys
+    from pathlib import Path
+
+    from rlx_egraph import optimize_with_report
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_properties import STEPS, build
+
+    rng, targets, gaps = random.Random(6), sorted(TARGETS), []
+    for k in range(60):
+        plan = [(rng.choice(STEPS), rng.randrange(51), rng.randrange(51)) for _ in range(rng.randint(1, 14))]
+        _, report = optimize_with_report(build(plan), targets[k % len(targets)], regions=False, exact_gap=True)
+        assert report.exact_optimal
+        gaps.append((report.extracted_ns - report.exact_ns) / max(report.exact_ns, 1.0))
+    assert max(gaps) < 1e-9 and min(gaps) > -1e-9
+
+
 def greedy_fingerprint(seeds: range) -> str:
     """Greedy's choice, cost and moves on random e-graphs (every third class an input-graph node), hashed."""
     import hashlib
@@ -362,10 +398,11 @@ def greedy_fingerprint(seeds: range) -> str:
 
 
 def test_greedy_makes_the_same_choices_as_when_its_moves_last_changed():
-    """Pinned when greedy learned to release a shared child from its other readers (better on 7 of these 400
-    e-graphs than before, worse on none; the hash before was 6de155df...): any change of choice, cost or moves
-    fails here, so that a change meant only to make greedy faster cannot change what it picks."""
-    assert greedy_fingerprint(range(400)) == "4841656ef70096abb8dd8d92e98c04ffb14b94e2"
+    """Pinned when greedy learned to search a second time from the least tree-cost choice (better on 5 of these
+    400 e-graphs than before, worse on none; the hash before was 4841656e..., and before greedy learned to release
+    a shared child from its other readers 6de155df...): any change of choice, cost or moves fails here, so that a
+    change meant only to make greedy faster cannot change what it picks."""
+    assert greedy_fingerprint(range(400)) == "a2761f8eff5a34d60c06320a2f9c5449fe824671"
 
 
 def test_greedy_releases_a_shared_child_when_all_its_readers_switch_away():
