@@ -1,5 +1,6 @@
 """Property tests: random graphs optimize to numerically equal, never costlier graphs."""
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,12 +57,14 @@ def build(plan: list[tuple[str, int, int]]) -> Graph:
 plans = st.lists(st.tuples(st.sampled_from(STEPS), st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=10)
 
 
+@pytest.mark.parametrize("engine", ["egglog", "fallback"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plans, st.sampled_from(("cpu", "metal", "wgpu")))
-def test_random_graphs_keep_parity_and_never_cost_more(plan, target):
+def test_random_graphs_keep_parity_and_never_cost_more(engine, plan, target):
     g = build(plan)
     before = g.to_json()
-    og, rep = optimize_with_report(g, target=target, verify=True)
+    og, rep = optimize_with_report(g, target=target, verify=True, engine=engine)
+    assert rep.engine == engine
     assert rep.parity.ok
     assert rep.profile_after.ns <= rep.profile_before.ns + 1e-6
     assert g.to_json() == before
