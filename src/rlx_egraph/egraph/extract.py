@@ -12,8 +12,11 @@ the choice by local moves: switch one class to another e-node, paying for the
 classes that become needed and refunding those no longer needed; when a switch
 alone does not pay (a wide QKV matmul), it tries to also switch the classes
 that could share what the switch brought in, and keeps the group if it pays.
+It then searches again from each class's least tree-cost e-node and keeps the
+cheaper of the two results (so still never worse than the input): sharing can
+hide a cheaper unshared form from every single move.
 Its passes run compiled, on the e-graph as integer arrays (:mod:`._solver`, Cython).
-``exact`` solves the same problem as an integer program (HiGHS via scipy).
+``exact`` solves the same problem as an integer program (HiGHS via ``highspy``).
 Both respect the run's deadline: greedy stops improving (its choice is valid
 at every step), exact gets at most the time left.
 """
