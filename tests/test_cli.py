@@ -499,6 +499,16 @@ def test_exact_extraction_json_is_all_that_reaches_stdout(tmp_path: Path) -> Non
     assert "HiGHS" not in proc.stderr
 
 
+def test_exact_extraction_runs_in_a_process_without_stdout() -> None:
+    """Keeping HiGHS's banner out of stdout must not need a stdout (a daemon has no descriptor 1)."""
+    code = ("import os, sys; os.close(1)\n"
+            "from rlx_egraph import examples, optimize_with_report\n"
+            "_, report = optimize_with_report(examples.llama(1), extraction='exact')\n"
+            "sys.stderr.write(report.extraction)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert (proc.returncode, proc.stderr) == (0, "exact")
+
+
 def test_bench_cases_keep_the_given_order() -> None:
     names = [c.name for c in bench.cases(["bert", "synthetic", "llama"], [8, 1])]
     assert names == ["bert-8", "bert-1", "synthetic-20000", "llama-8", "llama-1"]

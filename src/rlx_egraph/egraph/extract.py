@@ -473,7 +473,10 @@ def _silent_highs() -> Any:
     import highspy
 
     sys.stdout.flush()
-    saved = os.dup(1)
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 (a daemon): nowhere for the banner to go
+        return highspy.Highs()
     try:
         with open(os.devnull, "wb") as devnull:
             os.dup2(devnull.fileno(), 1)
