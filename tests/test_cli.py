@@ -488,6 +488,14 @@ def test_program_prints_the_egglog_program(capsys: pytest.CaptureFixture[str], l
 # --- bench -----------------------------------------------------------------------------------------------------------
 
 
+def test_onnx_output_of_a_graph_without_weights_fails_before_the_run(capsys: pytest.CaptureFixture[str], llama1: Path,
+                                                                     tmp_path: Path) -> None:
+    code, out, err = run_cli(capsys, "optimize", llama1, "-o", tmp_path / "out.onnx")
+    assert code == EXIT_INPUT and out == "" and not (tmp_path / "out.onnx").exists()
+    assert err.startswith("error: export needs every parameter's value in graph.weights; missing: ['embed_tokens")
+    assert err.count("\n") == 1  # one line: no report, so no run
+
+
 def test_exact_extraction_json_is_all_that_reaches_stdout(tmp_path: Path) -> None:
     """HiGHS writes a banner to the process's stdout when a process makes its first solver: not into --json."""
     path = tmp_path / "llama.json"

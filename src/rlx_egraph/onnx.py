@@ -3,8 +3,8 @@
 Needs the ``onnx`` extra (``pip install 'rlx-egraph[onnx]'``).
 """
 
-from .frontends.onnx.exporter import export_model
+from .frontends.onnx.exporter import check_weights, export_model
 from .frontends.onnx.importer import OnnxImportError, import_model
 from .frontends.onnx.rules import onnx_rules
 
-__all__ = ["OnnxImportError", "export_model", "import_model", "onnx_rules"]
+__all__ = ["OnnxImportError", "check_weights", "export_model", "import_model", "onnx_rules"]

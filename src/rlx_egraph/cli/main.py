@@ -124,6 +124,10 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
         raise UsageError("--json and -o - both write to stdout; write the report with --report-json FILE instead")
     rules = _ruleset(args)
     graph = _load_graph(args.input, dict(args.input_shape or []))
+    if args.output and Path(args.output).suffix == ".onnx":
+        from ..onnx import check_weights
+
+        check_weights(graph)  # before the run, not after it
     log = sys.stderr if args.output == STDOUT or args.json else sys.stdout  # stdout then carries only JSON
     print("input " + summarize(graph), file=log)
     new, report = _optimize(graph, rules, args, sys.stdout if args.json else log)

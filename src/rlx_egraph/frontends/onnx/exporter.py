@@ -209,15 +209,21 @@ def _value_info(name: str, node: Node) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, ONNX_DTYPES[node.dtype], [to_json(d) for d in node.shape])
 
 
-def export_model(graph: Graph) -> onnx.ModelProto:
-    """``graph`` as an ONNX model (default domain opset 23, com.microsoft contrib ops) for onnxruntime.
-
-    Every parameter needs its value in ``graph.weights``; raises GraphError naming the
-    missing parameters, or the node that cannot be written.  ``graph`` is not changed.
-    """
+def check_weights(graph: Graph) -> None:
+    """Raise GraphError naming the parameters whose values ``graph.weights`` lacks: export writes them all
+    (optimizing keeps a graph's parameters, so this can be asked of its input before a long run)."""
     missing = [p.name for p in graph.params if p.name not in graph.weights]
     if missing:
         raise GraphError(f"export needs every parameter's value in graph.weights; missing: {missing}")
+
+
+def export_model(graph: Graph) -> onnx.ModelProto:
+    """``graph`` as an ONNX model (default domain opset 23, com.microsoft contrib ops) for onnxruntime.
+
+    Every parameter needs its value in ``graph.weights`` (see :func:`check_weights`); raises GraphError
+    naming the missing parameters, or the node that cannot be written.  ``graph`` is not changed.
+    """
+    check_weights(graph)
     outs = output_names(graph)
     b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs)
     names: dict[int, Any] = {}
@@ -238,4 +244,4 @@ def export_model(graph: Graph) -> onnx.ModelProto:
                              opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(b.domains.items())])
 
 
-__all__ = ["OPSET", "Builder", "export_model", "output_names"]
+__all__ = ["OPSET", "Builder", "check_weights", "export_model", "output_names"]
