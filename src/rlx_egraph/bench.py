@@ -29,6 +29,7 @@ from . import examples
 from .cli.main import format_table
 from .cost.targets import TARGETS
 from .egraph import extract
+from .egraph.budget import gc_paused
 from .egraph.encode import encode_graph
 from .egraph.rules import load_rules
 from .egraph.saturate import STOP_SATURATED, saturate
@@ -362,17 +363,18 @@ def overhead_row(nodes: int, target: str) -> tuple[str, ...]:
     _, report = egglog_engine(graph, target, max_seconds=math.inf)
     saturation = report.phases["saturate"]
     around = sum(report.phases[p] for p in PHASES) - saturation
-    encoding, egraph = encode_graph(graph), new_egraph(ruleset)
-    start = time.perf_counter()
-    encoding.load(egraph)
-    load = time.perf_counter() - start
-    saturate(egraph, ruleset)
-    start = time.perf_counter()
-    functions = egraph.freeze().functions
-    for name in view_tables():
-        for row in functions[name].rows if name in functions else ():
-            row.inputs, row.output, row.subsumed  # noqa: B018 -- each read converts the row's values to Python
-    read = time.perf_counter() - start
+    with gc_paused():  # as in the engine's run
+        encoding, egraph = encode_graph(graph), new_egraph(ruleset)
+        start = time.perf_counter()
+        encoding.load(egraph)
+        load = time.perf_counter() - start
+        saturate(egraph, ruleset)
+        start = time.perf_counter()
+        functions = egraph.freeze().functions
+        for name in view_tables():
+            for row in functions[name].rows if name in functions else ():
+                row.inputs, row.output, row.subsumed  # noqa: B018 -- each read converts the row's values to Python
+        read = time.perf_counter() - start
     ours = around - load - read
     return (f"{nodes:,}", f"{saturation:.3f}", f"{around:.3f}", f"{load:.3f}", f"{read:.3f}", f"{ours:.3f}",
             f"{around / saturation:.1f}", f"{(load + read) / saturation:.1f}", f"{ours / saturation:.1f}")
