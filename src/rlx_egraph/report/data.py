@@ -64,7 +64,7 @@ class OptimizationData:
         # the optimized graph is the caller's to change: its nodes as they were at the end of the run
         self._nodes = [(n.id, n.op) for n in decoded.graph.nodes] if decoded is not None else []
         complete = view is not None and choice is not None and costs is not None
-        self._view, self._choice, self._costs = (view, choice, costs) if complete else (None, None, None)
+        self._egraph = (view, choice, costs) if complete else None  # the e-graph tables' sources, all or none
 
     @classmethod
     def build(cls, profiles: tuple[IoProfile, IoProfile], iterations: list[IterationStats], decoded: Decoded,
@@ -96,22 +96,24 @@ class OptimizationData:
 
     @cached_property
     def _type_text(self) -> list[str]:
-        return [str(c.type) for c in self._view.classes] if self._view is not None else []
+        return [str(c.type) for c in self._egraph[0].classes] if self._egraph is not None else []
 
     @cached_property
     def eclasses(self) -> Records:
-        view, choice, type_text = self._view, self._choice, self._type_text
-        if view is None or choice is None:
+        if self._egraph is None:
             return Records()
+        view, choice, _ = self._egraph
+        type_text = self._type_text
         return Records(
             {"eclass": c.id, "type": type_text[c.id], "enodes": len(c.nodes), "originals": list(c.originals),
              "merged_by": list(c.merged_by), "chosen_enode": choice.get(c.id)} for c in view.classes)
 
     @cached_property
     def enodes(self) -> Records:
-        view, choice, costs, type_text = self._view, self._choice, self._costs, self._type_text
-        if view is None or choice is None or costs is None:
+        if self._egraph is None:
             return Records()
+        view, choice, costs = self._egraph
+        type_text = self._type_text
         return Records(
             {"enode": n.index, "eclass": n.eclass, "op": n.op, "kind": n.spec.kind.value,
              "attrs": {k: _json_value(v) for k, v in n.attrs.items()}, "children": list(n.children),
@@ -120,17 +122,17 @@ class OptimizationData:
 
     @cached_property
     def choices(self) -> Records:
-        view, choice, costs = self._view, self._choice, self._costs
-        if view is None or choice is None or costs is None:
+        if self._egraph is None:
             return Records()
+        view, choice, costs = self._egraph
         return Records({"eclass": c, "enode": n, "op": view.nodes[n].op, "cost_ns": costs[n]}
                        for c, n in sorted(choice.items()))
 
     @cached_property
     def rule_applications(self) -> Records:
-        view = self._view
-        if view is None:
+        if self._egraph is None:
             return Records()
+        view = self._egraph[0]
         built: Counter[str] = Counter(name for n in view.nodes for name in n.built_by)
         merged: Counter[str] = Counter(name for c in view.classes for name in c.merged_by)
         return Records(
