@@ -372,6 +372,21 @@ def test_symbols_are_remembered_and_follow_every_added_node():
     assert g.symbols == ("batch", "seq") and g.copy().symbols == ("batch", "seq")
 
 
+def test_leaves_of_one_type_share_a_remembered_resolve_yet_each_keeps_and_checks_its_own_name() -> None:
+    g = Graph()
+    first, second = g.param("w1", (8, 5)), g.param("w2", (8, 5))  # the second is a remembered resolve
+    assert [g.node(n).attrs for n in (first, second)] == [
+        {"name": "w1", "shape": (8, 5), "dtype": "f32"}, {"name": "w2", "shape": (8, 5), "dtype": "f32"}]
+    assert list(g.node(second).attrs) == ["name", "shape", "dtype"]  # canonical order, as resolved
+    with pytest.raises(GraphError, match=r"^node 2 \(Param\): attribute name=3 is not of type str$"):
+        g.add_node("Param", name=3, shape=(8, 5), dtype="f32")
+    with pytest.raises(GraphError, match=r"^node 2 \(Param\): name 'w1' is already used by node 0$"):
+        g.param("w1", (8, 5))
+    with pytest.raises(GraphError, match=r"^node 2 \(Scalar\): unknown attribute\(s\) \['name'\]"):
+        g.add_node("Scalar", value=1.0, dtype="f32", name="w3")
+    assert len(g) == 2
+
+
 def test_add_checked_appends_a_checked_node_as_it_is_and_names_what_is_wrong() -> None:
     src = Graph()
     x = src.input("x", (2, 3))

@@ -175,13 +175,16 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
 
 _RESOLVED: dict[tuple, tuple[dict[str, Any], ValueType]] = {}
 _RESOLVED_MAX = 1 << 16
+_NO_NAME: Any = object()  # in a remembered leaf's attributes: where its own name goes
 
 
 def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], ValueType]:
-    """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions."""
-    if spec.kind is Kind.LEAF:
-        return spec.resolve(attrs, [n.type for n in in_nodes])
-    key = (spec.name, tuple(attrs.items()), tuple((n.shape, n.dtype, n.parts) for n in in_nodes))
+    """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions.  A leaf's
+    ``name`` (one per leaf) is left out of the key and checked on its own: it plays no part in its type."""
+    named = spec.kind is Kind.LEAF and "name" in spec.attr_specs
+    name = attrs.get("name", _NO_NAME) if named else _NO_NAME
+    items = tuple(attrs.items()) if name is _NO_NAME else tuple(kv for kv in attrs.items() if kv[0] != "name")
+    key = (spec.name, items, tuple((n.shape, n.dtype, n.parts) for n in in_nodes))
     try:
         hit = _RESOLVED.get(key)
     except TypeError:  # unhashable attribute values (lists, arrays): not remembered
@@ -189,8 +192,14 @@ def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tu
     if hit is None:
         if len(_RESOLVED) >= _RESOLVED_MAX:
             _RESOLVED.clear()
-        hit = _RESOLVED[key] = spec.resolve(attrs, [n.type for n in in_nodes])
-    return dict(hit[0]), hit[1]
+        attrs_c, out = spec.resolve(attrs, [n.type for n in in_nodes])
+        _RESOLVED[key] = (attrs_c if name is _NO_NAME else {k: _NO_NAME if k == "name" else v
+                                                            for k, v in attrs_c.items()}, out)
+        return dict(attrs_c), out
+    if name is _NO_NAME:
+        return dict(hit[0]), hit[1]
+    name = spec.attr_specs["name"].coerce(name)
+    return {k: name if v is _NO_NAME else v for k, v in hit[0].items()}, hit[1]
 
 
 class Graph(GraphBuilders):

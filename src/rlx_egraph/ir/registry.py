@@ -316,6 +316,11 @@ class OpSpec:
         return tuple(a.name for a in self.attrs)
 
     @cached_property
+    def attr_specs(self) -> dict[str, AttrSpec]:
+        """Each attribute's spec by name."""
+        return {a.name: a for a in self.attrs}
+
+    @cached_property
     def dim_attrs(self) -> tuple[AttrSpec, ...]:
         """The attributes that hold tensor dims (``AttrSpec.dims``)."""
         return tuple(a for a in self.attrs if a.dims)
