@@ -189,6 +189,29 @@ def test_optimize_exact_extraction(capsys: pytest.CaptureFixture[str], llama1: P
     assert report["extraction"] == "exact"
 
 
+@pytest.mark.parametrize("engine", ["egglog", "fallback"])
+def test_optimize_runs_the_engine_asked_for(capsys: pytest.CaptureFixture[str], llama1: Path, engine: str) -> None:
+    code, out, _ = run_cli(capsys, "optimize", llama1, "--engine", engine, "--json")
+    report = json.loads(out)
+    assert (code, report["engine"], report["engine_reason"]) == (0, engine, "requested")
+    assert (report["nodes_before"], report["nodes_after"]) == (62, 34)
+
+
+@pytest.mark.parametrize("engine", ["auto", "egglog", "fallback"])
+def test_a_graph_with_an_op_its_target_does_not_run_exits_2_naming_the_node(capsys: pytest.CaptureFixture[str],
+                                                                            tmp_path: Path, engine: str) -> None:
+    g = Graph()
+    cat = g.exp(g.input("cat", (4, 16)))
+    g.set_outputs([g.swiglu(g.narrow(cat, start=0, length=8), g.narrow(cat, start=8, length=8))])  # not on ORT
+    g.save(tmp_path / "swiglu.json")
+    code, out, err = run_cli(capsys, "optimize", tmp_path / "swiglu.json", "--target", "onnxruntime",
+                             "--engine", engine)
+    assert code == EXIT_INPUT
+    assert err.splitlines()[-1] == ("error: node 4 (SwiGLU): target onnxruntime does not run SwiGLU, and no rule "
+                                    "gives a way to compute its value with ops it runs")
+    assert "Traceback" not in err and "Traceback" not in out
+
+
 def test_optimize_json_and_graph_on_stdout_is_a_usage_error(capsys: pytest.CaptureFixture[str],
                                                             llama1: Path) -> None:
     code, out, err = run_cli(capsys, "optimize", llama1, "--json", "-o", "-")

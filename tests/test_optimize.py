@@ -3,12 +3,25 @@ model's decisions, parity, reports and the example models."""
 
 import importlib
 import json
+import math
 
 import numpy as np
 import pytest
 
-from rlx_egraph import Graph, dump_egglog_program, evaluate, examples, optimize, optimize_with_report
+from rlx_egraph import (
+    Graph,
+    RlxError,
+    UnsupportedOp,
+    dump_egglog_program,
+    evaluate,
+    examples,
+    optimize,
+    optimize_with_report,
+)
 from rlx_egraph.cost import profile
+from rlx_egraph.egraph.rules import default_rule_dir
+from rlx_egraph.fallback import run as run_fallback
+from rlx_egraph.fallback.engine import NO_GAIN
 
 
 def ops(g: Graph) -> dict[str, int]:
@@ -310,6 +323,42 @@ def test_unsupported_ops_are_legalised_by_extraction():
     og = optimize(examples.bert(layers=2), target="wgpu", verify=True)
     assert "FusedTransformerLayer" not in ops(og)
     assert ops(og)["FusedAttentionBlock"] == 2
+
+
+def swiglu_halves() -> Graph:
+    """SwiGLU over the two halves of exp(x): onnxruntime runs neither SwiGLU nor the FusedSwiGLU a rule makes."""
+    g = Graph()
+    cat = g.exp(g.input("cat", (4, 16)))
+    g.set_outputs([g.swiglu(g.narrow(cat, start=0, length=8), g.narrow(cat, start=8, length=8))])
+    return g
+
+
+@pytest.mark.parametrize("engine", ["egglog", "fallback"])
+def test_both_engines_name_the_node_whose_op_the_target_does_not_run(engine):
+    g = swiglu_halves()
+    before = g.to_json()
+    with pytest.raises(UnsupportedOp, match=r"^node 4 \(SwiGLU\): target onnxruntime does not run SwiGLU, and no rule "
+                                            r"gives a way to compute its value with ops it runs$") as caught:
+        optimize_with_report(g, target="onnxruntime", engine=engine)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, RlxError)
+    assert g.to_json() == before
+
+
+def test_the_fallback_does_not_trade_an_op_the_target_does_not_run_for_another():
+    result = run_fallback(swiglu_halves(), None, "onnxruntime")
+    assert ops(result.graph) == {"Exp": 1, "Narrow": 2, "SwiGLU": 1}  # not FusedSwiGLU: inf for inf is no gain
+    assert result.stats.rules["fused-swiglu-gate-first"].rejected == {NO_GAIN: 1}
+    assert math.isinf(result.stats.cost_after_ns)
+
+
+@pytest.mark.parametrize("engine", ["egglog", "fallback"])
+def test_a_rule_that_gives_a_way_the_target_runs_is_taken(engine, tmp_path):
+    (tmp_path / "unfused.egg").write_text(
+        '(rewrite (SwiGLU ?g ?u) (Mul (Silu ?g) ?u) :ruleset fuse :name "swiglu-unfused")\n')
+    og, rep = optimize_with_report(swiglu_halves(), target="onnxruntime", engine=engine, verify=True,
+                                   rules=[default_rule_dir(), tmp_path / "unfused.egg"])
+    assert ops(og) == {"Exp": 1, "Mul": 1, "Narrow": 2, "Silu": 1}
+    assert rep.parity.ok and math.isinf(rep.profile_before.ns) and math.isfinite(rep.profile_after.ns)
 
 
 def test_predicted_cost_never_rises():

@@ -5,6 +5,7 @@ from typing import Any
 
 from . import examples
 from .compile import compile, specialize
+from .cost.targets import UnsupportedOp
 from .egraph import RuleError, RuleSet, dump_egglog_program
 from .egraph.view import UnsoundRewrite
 from .errors import RlxError
@@ -29,6 +30,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'rlx_egraph' has no attribute {name!r}")
 
 
-__all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet",
-           "ShapeError", "TensorType", "UnsoundRewrite", "__version__", "compile", "dump_egglog_program", "evaluate",
-           "examples", "optimize", "optimize_with_report", "specialize"]
+__all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet", "ShapeError", "TensorType",
+           "UnsoundRewrite", "UnsupportedOp", "__version__", "compile", "dump_egglog_program", "evaluate", "examples",
+           "optimize", "optimize_with_report", "specialize"]

@@ -4,7 +4,7 @@
 base (a GraphError is still a ValueError, a ParityError an AssertionError).
 The errors themselves live next to the code that raises them and are
 importable from the top level: ``GraphError`` (and ``OnnxImportError``),
-``ShapeError``, ``RuleError``, ``UnsoundRewrite``, ``ParityError``.
+``ShapeError``, ``RuleError``, ``UnsoundRewrite``, ``UnsupportedOp``, ``ParityError``.
 """
 
 

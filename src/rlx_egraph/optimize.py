@@ -23,6 +23,7 @@ check runs at the hints.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -31,6 +32,7 @@ from typing import Any
 from egglog import bindings as eb
 
 from .cost import Target, get_target, profile
+from .cost.targets import unsupported_op
 from .egraph import extract as ex
 from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
@@ -207,6 +209,11 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     result = run(graph, ruleset, tgt, FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds),
                  attention_block_max_tokens)
     stats = result.stats
+    if math.isinf(stats.cost_after_ns):
+        held = {o for n in result.graph.nodes if not tgt.supports(n.op) for o in result.provenance[n.id].replaces}
+        error = unsupported_op(tgt, ((n.id, n.op) for n in graph.nodes if n.id in held))
+        if error is not None:
+            raise error
     phases = dict(stats.phases)
     t0 = time.perf_counter()
     built_by = {n: p.rules for n, p in result.provenance.items()}

@@ -9,7 +9,7 @@ the file, node, op or rule, and one of these exit codes:
 Exit codes:
   0    success
   1    an unsound rule: the optimized graph failed the parity check, a rewrite was ill-typed, or rules check found one
-  2    bad input: a missing or malformed graph or rule file, an unknown rule name, or bad arguments
+  2    bad input: a missing or malformed graph or rule file, an unknown rule, bad arguments, an op the target cannot run
   3    internal error: a bug in rlx-egraph (the line says "please report")
   130  interrupted (Ctrl-C)
   141  stdout closed early, as in ``| head`` (128 + SIGPIPE, as a shell reports it)
@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .. import __version__, examples
-from ..cost.targets import TARGETS
+from ..cost.targets import TARGETS, UnsupportedOp
 from ..egraph import STAGES, dump_egglog_program
 from ..egraph.rules import RuleError, RuleSet
 from ..egraph.view import UnsoundRewrite
 from ..ir import Graph, GraphError
 from ..kernels.parity import ParityError
-from ..optimize import optimize_with_report
-from ..options import EXTRACTIONS
+from ..optimize import FALLBACK_THRESHOLD, optimize_with_report
+from ..options import ENGINES, EXTRACTIONS
 from ..report import OptimizeReport
 
 EXIT_PARITY = 1
@@ -96,7 +96,7 @@ def _ruleset(args: argparse.Namespace) -> RuleSet:
 def _optimize(graph: Graph, rules: RuleSet, args: argparse.Namespace, log: TextIO) -> tuple[Graph, OptimizeReport]:
     """Optimize with the common options and print the report to ``log`` (as JSON with ``--json``)."""
     new, report = optimize_with_report(graph, args.target, rules=rules, verify=args.verify,
-                                       extraction=args.extraction)
+                                       extraction=args.extraction, engine=args.engine)
     print(report.to_json() if args.json else report, file=log)
     return new, report
 
@@ -232,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--target", default="cpu", choices=list(TARGETS), help="cost model (default: cpu)")
     target.add_argument("--extraction", default="greedy", choices=EXTRACTIONS,
                         help="greedy (default) or exact (an integer program, HiGHS through highspy)")
+    target.add_argument("--engine", default="auto", choices=ENGINES,
+                        help="egglog (saturate and extract), fallback (the same rules matched on the graph), or "
+                             f"auto (default: the fallback above {FALLBACK_THRESHOLD:,} nodes or when egglog stops "
+                             "at a limit)")
 
     p = command("demo", [target, rules], help="optimize the example Llama decoder and show what happened")
     p.add_argument("--layers", type=_non_negative, default=2, help="decoder layers (default: 2)")
@@ -303,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except (ParityError, UnsoundRewrite) as exc:
         return _fail(str(exc), EXIT_PARITY)
-    except (GraphError, RuleError, UsageError, OSError) as exc:
+    except (GraphError, RuleError, UnsupportedOp, UsageError, OSError) as exc:
         return _fail(_describe(exc), EXIT_INPUT)
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)

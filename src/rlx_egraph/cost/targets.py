@@ -77,10 +77,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import RlxError
 from ..frontends.onnx.export_table import EXPORTS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from .model import IoProfile, NodeCost, node_cost
@@ -96,6 +97,21 @@ REGION_MAX_INPUTS = 8
 ORT_COPIED_LAYOUTS = frozenset({"Narrow", "Transpose", "Expand", "Concat"})
 # Fused ops onnxruntime exports as one kernel that measured slower there than their unfused ops (module docs).
 ORT_SLOWER_THAN_UNFUSED = frozenset({"FusedResidualLN", "FusedAddLayerNorm"})
+
+
+class UnsupportedOp(RlxError, ValueError):
+    """A node of the input graph whose value its target cannot compute: the target does not run the node's op,
+    and no rule gives a way to compute the value with ops it runs."""
+
+
+def unsupported_op(target: Target, nodes: Iterable[tuple[int, str]]) -> UnsupportedOp | None:
+    """The error naming the first of ``nodes`` (input-graph (id, op) pairs, in graph order) whose op ``target``
+    does not run; None when it runs them all."""
+    nid, op = next(((nid, op) for nid, op in nodes if not target.supports(op)), (None, ""))
+    if nid is None:
+        return None
+    return UnsupportedOp(f"node {nid} ({op}): target {target.name} does not run {op}, and no rule gives a way to "
+                         "compute its value with ops it runs")
 
 
 @dataclass(frozen=True, kw_only=True)

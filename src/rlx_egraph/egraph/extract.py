@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..cost import Target
+from ..cost.targets import unsupported_op
 from ..ir.registry import Kind, OpSpec, TensorType, ops_of_kind
 from ._solver import EPS, Solver, drop_unreachable, settle_positions, start_choice, tree_choice
 from .budget import Deadline, DeadlineExceeded
@@ -165,6 +166,12 @@ def class_positions(view: EGraphView, graph_position: dict[int, int],
     return settle_positions(view.flat(), pos, final, costs)
 
 
+def _original_op(view: EGraphView, nid: int) -> str:
+    """The op of input-graph node ``nid`` (its e-node's)."""
+    return next((view.nodes[i].op for i in view.classes[view.class_of_node[nid]].nodes
+                 if view.nodes[i].original == nid), "")
+
+
 def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: dict[int, int],
            costs: list[float] | None = None, deadline: Deadline | None = None) -> Extraction:
     """Deterministic DAG extraction by local search from two starts, the cheaper result kept: the input graph
@@ -182,6 +189,10 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
     first = drop_unreachable(flat, first)
     missing = [r for r in roots if r not in first]
     if missing:
+        lost = sorted((graph_position[nid], nid) for nid, c in view.class_of_node.items() if c not in first)
+        error = unsupported_op(target, ((nid, _original_op(view, nid)) for _, nid in lost))
+        if error is not None:
+            raise error
         ops = sorted({view.nodes[i].op for r in missing for i in view.classes[r].nodes})
         raise ValueError(f"no supported way to compute an output on {target.name} (computed by {', '.join(ops)}): "
                          "every way reads an op the target does not run, or a value computed only from itself")

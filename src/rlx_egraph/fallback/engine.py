@@ -552,6 +552,8 @@ class _Engine:
         for _, form in forms:
             del new[form.id]
         delta, dead = self.delta(new, merges)
+        if math.isnan(delta):  # replaces an op the target does not run by another one: no gain to speak of
+            return NO_GAIN
         return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms)
 
     def checked(self, nid: int, op: str, inputs: list[int], attrs: dict[str, Any],
