@@ -541,6 +541,24 @@ def test_bert_attention_block_on_onnxruntime_is_reached_by_the_lookahead(layers)
     assert all("attention-block" in f.rules and [g.node(i).op for i in f.replaces] == ["Add"] for f in blocks)
 
 
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_attention_over_heads_last_keys_is_reached_by_the_lookahead(target):
+    """q @ Transpose(k, 0 2 3 1) with the keys [B, S, H, D]: rewriting it to MatMulBT (keys heads first) costs
+    more by itself, and the attention it opens is read four levels below the replaced MatMul (Div, Add,
+    Softmax, MatMul): the lookahead's region reaches that deep, so the fallback fuses it as egglog does."""
+    g = Graph()
+    q = g.exp(g.input("q", (2, 2, 4, 8)))  # computed queries, as a projection gives them
+    k, v = g.input("k", (2, 4, 2, 8)), g.input("v", (2, 2, 4, 8))
+    scores = g.div(g.matmul(q, g.transpose(k, perm=(0, 2, 3, 1))), g.scalar(8 ** 0.5))
+    g.set_outputs([g.matmul(g.softmax(g.add(scores, g.input("mask", (1, 2, 4, 4)))), v)])
+    _, eg_report = optimize_with_report(g, target=target, engine="egglog")
+    _, fb_report = optimize_with_report(g, target=target, engine="fallback", verify=True)
+    assert eg_report.fused_op_counts["BiasedAttention"] == fb_report.fused_op_counts["BiasedAttention"] == 1
+    assert fb_report.parity.ok
+    assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+    assert fb_report.fallback.rules["attn-keys-heads-last"].chain_starts == 1
+
+
 def test_the_lookahead_is_not_asked_about_a_step_that_computes_a_live_node_again():
     """rms-norm-matmul where the norm has other readers fuses a copy of the norm into one matmul: the norm
     stays alive, which no later step can undo, so the lookahead is not asked (llama on cuda, where the

@@ -34,7 +34,7 @@ from ..ir.rewrite import GraphRewriter, node_key
 if TYPE_CHECKING:
     from .engine import _Plan
 
-DEPTH = 3  # levels of readers below the replaced nodes that the region takes in
+DEPTH = 4  # levels of readers below the replaced nodes the region takes in (an attention reads its scores 4 down)
 NAMED_LEAVES = frozenset({"Input", "Param"})
 
 
