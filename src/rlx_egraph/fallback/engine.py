@@ -188,10 +188,10 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
 
     regions: list[_Engine] = []  # one engine, reopened on each region (compiling the rules takes longer)
 
-    def optimized(region: Graph, stage: str, step: _Plan | None) -> RegionRun:
+    def optimized(region: Graph, levels: tuple[float, ...], stage: str, step: _Plan | None) -> RegionRun:
         if not regions:
             regions.append(_Engine(region, compiled, tgt, limits, attention_block_max_tokens))
-        return regions[0].run_region(region, stage, step)
+        return regions[0].run_region(region, levels, stage, step)
 
     with gc_paused():
         engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, Lookahead(optimized))
@@ -292,17 +292,18 @@ class _Engine:
             cache.clear()
         self.chain, self.stage = None, STAGES[0]
 
-    def reopen(self, graph: Graph) -> None:
-        """Start over on ``graph`` with the rules compiled for this engine (their tables are reused)."""
-        self.rw.reopen(graph)
+    def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
+        """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
+        see :meth:`GraphRewriter.reopen`."""
+        self.rw.reopen(graph, levels)
         self.facts.clear()
         self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
-    def run_region(self, region: Graph, stage: str, step: _Plan | None) -> RegionRun:
+    def run_region(self, region: Graph, levels: Sequence[float], stage: str, step: _Plan | None) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
         ids), the step applied first and the chain after it followed (see :meth:`chain_start`)."""
-        self.reopen(region)
+        self.reopen(region, levels)
         later = STAGES.index(stage)
         for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
             self.derive(self.fact_groups[earlier], None)

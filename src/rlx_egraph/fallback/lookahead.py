@@ -62,9 +62,9 @@ class Chain:
 class Lookahead:
     """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
 
-    def __init__(self, optimized: Callable[[Graph, str, _Plan | None], RegionRun]) -> None:
-        # (region, stage, step) -> the region optimized from that stage on; with a step, the step is
-        # applied first and the chain that follows it is taken (see _Engine.chain_start)
+    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str, _Plan | None], RegionRun]) -> None:
+        # (region, its levels, stage, step) -> the region optimized from that stage on; with a step, the step
+        # is applied first and the chain that follows it is taken (see _Engine.chain_start)
         self.optimized = optimized
         self.runs: dict[tuple, RegionRun] = {}
         self.asked = 0
@@ -73,32 +73,37 @@ class Lookahead:
               margin_ns: float) -> Chain | None:
         """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``."""
         self.asked += 1
-        region, local, back = _region(rw, param_order, plan)
+        region, levels, local, back = _region(rw, param_order, plan)
         local.update((nid, len(region) + k) for k, nid in enumerate(plan.new))  # its new nodes, numbered after
         step = dataclasses.replace(
             plan, new={local[nid]: dataclasses.replace(n, id=local[nid], inputs=tuple(local[i] for i in n.inputs))
                        for nid, n in plan.new.items()},
             unions=[(local[old], local[rep]) for old, rep in plan.unions])
-        taken = self.run(region, stage, step)
+        taken = self.run(region, levels, stage, step)
         if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
             return None
-        gain = taken.cost_ns - self.run(region, stage, None).cost_ns
+        gain = taken.cost_ns - self.run(region, levels, stage, None).cost_ns
         if gain >= -margin_ns:
             return None
         return Chain(gain, taken, back)
 
-    def run(self, region: Graph, stage: str, step: _Plan | None) -> RegionRun:
-        key = (stage, _content(region), None if step is None else _step_key(step))
+    def run(self, region: Graph, levels: tuple[float, ...], stage: str, step: _Plan | None) -> RegionRun:
+        key = (stage, _content(region), levels, None if step is None else _step_key(step))
         known = self.runs.get(key)
         if known is None:
-            known = self.runs[key] = self.optimized(region, stage, step)
+            known = self.runs[key] = self.optimized(region, levels, stage, step)
         return known
 
 
 def _region(rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan
-            ) -> tuple[Graph, dict[int, int], dict[int, int]]:
-    """The region around ``plan`` as a graph with canonical ids, the map of live ids to its ids, and the
-    map back (its fresh inputs included)."""
+            ) -> tuple[Graph, tuple[float, ...], dict[int, int], dict[int, int]]:
+    """The region around ``plan`` as a graph with canonical ids, its nodes' levels, the map of live ids to its
+    ids, and the map back (its fresh inputs included).
+
+    The levels are the whole graph's in order (a fresh input has the level of the value it stands for), as
+    ranks: a cost-neutral step is taken when it reads from further back (see ``_Engine.shallower``), and the
+    region, cut short above, must judge that as the whole graph does.  Ranks keep the layers of a model one
+    region."""
     nodes, readers = rw.nodes_by_id, rw.readers
     seeds = set(plan.dead) | {old for old, _ in plan.unions} | {rep for _, rep in plan.unions if rep in nodes}
     seeds |= {i for n in plan.new.values() for i in n.inputs if i in nodes}
@@ -157,7 +162,9 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan
     outputs |= boundary
     graph.set_outputs(sorted(local[n] for n in outputs))
     back.update((k, n) for n, k in local.items())
-    return graph, local, back
+    whole = [rw.level(back[k]) for k in range(len(graph))]
+    rank = {w: float(k) for k, w in enumerate(sorted(set(whole)))}
+    return graph, tuple(rank[w] for w in whole), local, back
 
 
 def _fields(node: Node) -> tuple:

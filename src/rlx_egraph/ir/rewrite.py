@@ -88,17 +88,19 @@ class GraphRewriter:
         """Names of the live Input/Param leaves: a read-only view."""
         self._open(graph)
 
-    def reopen(self, graph: Graph) -> None:
-        """Start over on ``graph``, keeping the table objects (and so the read-only views handed out)."""
+    def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
+        """Start over on ``graph``, keeping the table objects (and so the read-only views handed out).
+        ``levels``: each node's level, in graph order (they must rise from input to reader), instead of its
+        height; a part cut out of a larger graph keeps the larger graph's levels, and so its decisions."""
         for table in (self._nodes, self._users, self._by_op, self._level, self._order, self._moved, self._keys,
                       self._forward, self._leaf_names, self.touched):
             table.clear()
         self._input_order = []
         self._seq = 0
         self.name = graph.name
-        self._open(graph)
+        self._open(graph, levels)
 
-    def _open(self, graph: Graph) -> None:
+    def _open(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         nodes, users, by_op, level, order, keys = (self._nodes, self._users, self._by_op, self._level, self._order,
                                                     self._keys)
         for position, node in enumerate(graph.nodes):  # _add, inlined: this loop is the rewriter's opening cost
@@ -121,7 +123,7 @@ class GraphRewriter:
                 users[i][nid] = None
                 if level[i] >= height:
                     height = level[i] + 1.0
-            level[nid] = height
+            level[nid] = height if levels is None else levels[position]
             order[nid] = (float(position), 0)
             if "name" in node.attrs and node.kind is Kind.LEAF:
                 self._leaf_names[node.attrs["name"]] = nid
