@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .engine import _Plan
 
 DEPTH = 4  # levels of readers below the replaced nodes the region takes in (an attention reads its scores 4 down)
+HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
 NAMED_LEAVES = frozenset({"Input", "Param"})
 
 
@@ -111,6 +112,10 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan
     frontier = seeds
     for _ in range(DEPTH):
         frontier = {r for n in frontier for r in readers[n]} - inner
+        inner |= frontier
+    frontier = set(inner)
+    for _ in range(HEIGHT):  # and what those read, up to HEIGHT levels up: a later step may match from there
+        frontier = {i for n in frontier for i in nodes[n].inputs if nodes[i].kind is not Kind.LEAF} - inner
         inner |= frontier
     inner = {n for n in inner if nodes[n].kind is not Kind.LEAF}
     while True:  # a tuple value is only read by its projections: keep producers and projections together
