@@ -560,6 +560,23 @@ def test_bench_engines_prints_both_engines_their_agreement_and_parity(capsys: py
     assert row[-6:-3] == [f"{costs[0]:,.0f}", f"{costs[1]:,.0f}", f"{100 * (costs[1] - costs[0]) / costs[0]:+.2f}"]
 
 
+def test_bench_engines_runs_the_onnx_models_of_a_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import onnx
+
+    from onnx_models import MODELS
+
+    for name, build in MODELS.items():
+        onnx.save(build(), tmp_path / f"{name}.onnx")
+    assert bench.main(["engines", "--onnx", str(tmp_path), "--no-models"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in out[2:]}
+    assert sorted(rows) == sorted(MODELS)  # no example model, no synthetic DAG
+    for name, row in rows.items():
+        assert row[1] == f"{len(bench.OnnxCase(tmp_path / f'{name}.onnx').build()):,}"
+        assert row[-6] == row[-5]  # the same predicted ns: the engines agree on these exports
+        assert row[-4:] == ["+0.00", "ok/ok", "end/end", "egglog"]
+
+
 def test_bench_overhead_splits_the_work_around_saturation(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["overhead", "--nodes", "1000"]) == 0
     out = capsys.readouterr().out.splitlines()

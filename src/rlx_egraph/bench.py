@@ -31,7 +31,7 @@ from .cost.targets import TARGETS
 from .egraph import extract
 from .egraph.budget import gc_paused
 from .egraph.encode import encode_graph
-from .egraph.rules import load_rules
+from .egraph.rules import RuleSet, load_rules
 from .egraph.saturate import STOP_SATURATED, saturate
 from .egraph.view import view_tables
 from .fallback.engine import STOP_DONE
@@ -48,6 +48,7 @@ SYNTHETIC_NODES = 20_000
 SCALING_NODES = (1_000, 10_000, 20_000, 50_000, 100_000)
 PHASES = ("encode", "saturate", "extract", "decode")
 ILP_TIME_LIMIT = inspect.signature(extract.exact).parameters["time_limit"].default
+ONNX_DIMS = {"batch": 2, "sequence": 16}  # the symbolic dims of ONNX cases, as in the onnxruntime comparison
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,37 @@ class Case:
         if "layers" not in inspect.signature(builder).parameters:  # the conv block has one size
             return builder()
         return builder(layers=self.size)
+
+
+    def rules(self) -> RuleSet | None:
+        """The rules to optimize it with (None: the shipped ones)."""
+        return None
+
+
+@dataclass(frozen=True)
+class OnnxCase:
+    """An ONNX model file, imported with its symbolic dims bound to ``ONNX_DIMS`` and optimized with the ONNX
+    rules (as ``python -m rlx_egraph.frontends.onnx.compare`` does)."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def build(self) -> Graph:
+        import onnx
+
+        from .frontends.onnx.compare import input_shapes
+        from .onnx import import_model
+
+        model = onnx.load(str(self.path))
+        return import_model(model, input_shapes(model, ONNX_DIMS))
+
+    def rules(self) -> RuleSet:
+        from .onnx import onnx_rules
+
+        return onnx_rules()
 
 
 @dataclass(frozen=True)
@@ -270,13 +302,14 @@ class EngineRun:
         return self.stop_reason not in (STOP_SATURATED, STOP_DONE)
 
 
-def run_engine(case: Case, engine: str, target: str) -> EngineRun:
+def run_engine(case: Case | OnnxCase, engine: str, target: str) -> EngineRun:
     """Optimize ``case`` with ``engine``; call it in a fresh process, so the peak RSS is this run's."""
-    load_rules()
+    rules = case.rules() or load_rules()
     graph = case.build()
     verify = len(graph) <= VERIFY_MAX_NODES
     start, cpu_start = time.perf_counter(), time.process_time()
-    _, report = optimize_with_report(graph, target, engine=engine, verify=verify, max_seconds=math.inf)  # to the end
+    _, report = optimize_with_report(graph, target, rules=rules, engine=engine, verify=verify,
+                                     max_seconds=math.inf)  # to the end
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     assert report.profile_after is not None
     verify_seconds = report.phases.get("verify", 0.0)
@@ -285,7 +318,7 @@ def run_engine(case: Case, engine: str, target: str) -> EngineRun:
                      report.parity.ok if report.parity is not None else None, report.stop_reason, verify_seconds)
 
 
-def engines_table(todo: Sequence[Case], target: str) -> str:
+def engines_table(todo: Sequence[Case | OnnxCase], target: str) -> str:
     """Both engines on each case, one spawned process per run: seconds without the parity check (the egglog
     engine's per phase), peak MB, predicted ns after, how far the fallback's cost is from the egglog engine's,
     parity, and the engine that ``engine="auto"`` picks by size."""
@@ -294,7 +327,7 @@ def engines_table(todo: Sequence[Case], target: str) -> str:
     rows = []
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
         for case in todo:
-            nodes = case.size if case.model == "synthetic" else len(case.build())
+            nodes = case.size if isinstance(case, Case) and case.model == "synthetic" else len(case.build())
             runs = {e: pool.submit(run_engine, case, e, target).result()
                     for e in ("egglog", "fallback") if e == "fallback" or nodes <= EGGLOG_MAX_NODES}
             eg, fb = runs.get("egglog"), runs["fallback"]
@@ -321,12 +354,17 @@ def _engines(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench engines",
                                      description="both engines side by side: the example models, then the "
                                                  "synthetic DAG by size")
-    parser.add_argument("--nodes", type=_counts, default=list(ENGINE_NODES),
-                        help=f"synthetic sizes (default: {','.join(map(str, ENGINE_NODES))})")
-    parser.add_argument("--no-models", action="store_true", help="only the synthetic DAG")
+    parser.add_argument("--nodes", type=_counts,
+                        help=f"synthetic sizes (default: {','.join(map(str, ENGINE_NODES))}; none with --onnx)")
+    parser.add_argument("--no-models", action="store_true", help="not the example models")
+    parser.add_argument("--onnx", type=Path, metavar="FOLDER",
+                        help="also every .onnx model in FOLDER (extra onnx; dims " +
+                             ", ".join(f"{k}={v}" for k, v in ONNX_DIMS.items()) + ", the ONNX rules)")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
     args = parser.parse_args(argv)
-    todo = ([] if args.no_models else list(AGREEMENT_CASES)) + [Case("synthetic", n) for n in args.nodes]
+    todo: list[Case | OnnxCase] = [] if args.no_models else list(AGREEMENT_CASES)
+    todo += [OnnxCase(p) for p in sorted(args.onnx.glob("*.onnx"))] if args.onnx else []
+    todo += [Case("synthetic", n) for n in args.nodes or ([] if args.onnx else ENGINE_NODES)]
     print(f"both engines, whole optimize_with_report runs with no time limit, target {args.target}; seconds exclude "
           f"the parity check, which runs up to {VERIFY_MAX_NODES:,} nodes (egglog/fallback); the egglog engine runs "
           f"up to {EGGLOG_MAX_NODES:,} nodes; 'stopped': 'end', or the limit that stopped the engine", flush=True)
