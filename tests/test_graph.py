@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -385,6 +386,12 @@ def test_leaves_of_one_type_share_a_remembered_resolve_yet_each_keeps_and_checks
     with pytest.raises(GraphError, match=r"^node 2 \(Scalar\): unknown attribute\(s\) \['name'\]"):
         g.add_node("Scalar", value=1.0, dtype="f32", name="w3")
     assert len(g) == 2
+
+
+def test_a_remembered_resolve_tells_negative_zero_from_zero() -> None:
+    g = Graph()
+    plus, minus, again = g.scalar(0.0), g.scalar(-0.0), g.scalar(0.0)  # 0.0 == -0.0, yet 1 / -0.0 is -inf
+    assert [math.copysign(1.0, g.node(n).attrs["value"]) for n in (plus, minus, again)] == [1.0, -1.0, 1.0]
 
 
 def test_add_checked_appends_a_checked_node_as_it_is_and_names_what_is_wrong() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import reprlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -178,12 +179,18 @@ _RESOLVED_MAX = 1 << 16
 _NO_NAME: Any = object()  # in a remembered leaf's attributes: where its own name goes
 
 
+def _signed_zero(value: float) -> tuple[float, float]:
+    """A float zero as a key that tells -0.0 from 0.0 (they are equal, but 1 / -0.0 is -inf)."""
+    return value, math.copysign(1.0, value)
+
+
 def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], ValueType]:
     """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions.  A leaf's
     ``name`` (one per leaf) is left out of the key and checked on its own: it plays no part in its type."""
     named = spec.kind is Kind.LEAF and "name" in spec.attr_specs
     name = attrs.get("name", _NO_NAME) if named else _NO_NAME
-    items = tuple(attrs.items()) if name is _NO_NAME else tuple(kv for kv in attrs.items() if kv[0] != "name")
+    items = tuple((k, _signed_zero(v) if v.__class__ is float and v == 0.0 else v) for k, v in attrs.items()
+                  if name is _NO_NAME or k != "name")
     key = (spec.name, items, tuple((n.shape, n.dtype, n.parts) for n in in_nodes))
     try:
         hit = _RESOLVED.get(key)
