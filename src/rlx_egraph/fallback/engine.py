@@ -1,6 +1,8 @@
 """The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
 
-Stage by stage (the saturation stages, in order), a pass
+Stage by stage (the saturation stages, in order: first every stage but
+``simplify``, on the graph as written, then every stage, the later ones only
+near what changed; see :meth:`_Engine.optimize`), a pass
 
 1. derives the helper facts: rules that only fill tables run to a fixpoint,
    in the order their tables depend on each other;
@@ -196,7 +198,9 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     with gc_paused():
         engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, Lookahead(optimized))
         engine.stats.phases["load"] = time.perf_counter() - start
-        engine.optimize(start, STAGES)
+        engine.optimize(start, STAGES[1:])  # the graph as written first (see _Engine.optimize)
+        if engine.stats.stop_reason != STOP_TIME:
+            engine.optimize(start, STAGES, after=STAGES[0])
         result = engine.result(graph)
         # Freed (by reference counts) while the collector is still paused: its first pass after the pause
         # would otherwise scan the run's millions of objects just before they go.
@@ -319,7 +323,15 @@ class _Engine:
 
     # --- the loop ----------------------------------------------------------------------
 
-    def optimize(self, start: float, stages: Sequence[str]) -> None:
+    def optimize(self, start: float, stages: Sequence[str], after: str | None = None) -> None:
+        """Run ``stages`` in order, each to its fixpoint.  ``after``: the stages after that one have run to their
+        fixpoint before, so they only match near what this round has changed (leaves included: a simplification
+        can make two nodes read one input, as two linear layers of ``x`` and ``x * 1``).
+
+        A whole run does every stage but the first, then every stage: a simplification (``reshape-reshape``)
+        replaces the form it simplifies, which a rule of a later stage may need (the GQA key path of the dynamo
+        exports), while egglog keeps both; so the later stages see the graph as written first."""
+        changed: set[int] = set()
         for stage in stages:
             self.stage = stage
             matchers = self.matchers[stage]
@@ -330,6 +342,10 @@ class _Engine:
             rewrites = [m for m in matchers if m.pattern.kind != FACTS]
             passes = 0
             near: set[int] | None = None  # None: match at every root; else only near these nodes
+            if after is not None and STAGES.index(stage) > STAGES.index(after):
+                near = {n for n in changed if n in self.nodes}
+                if not near:  # nothing new to match near
+                    continue
             while True:
                 if passes >= self.limits.max_iterations:
                     self.stats.stop_reason = STOP_ITERATIONS
@@ -346,9 +362,10 @@ class _Engine:
                                                          Near.of(self.nodes, near)))
                 if not done:
                     break
+                changed |= touched
                 near = {t for t in touched if t in self.nodes and self.nodes[t].kind is not Kind.LEAF}
-            self.stats.passes[stage] = passes
-            self.stats.phases[stage] = time.perf_counter() - t0
+            self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
+            self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
             if self.stats.stop_reason == STOP_TIME:
                 break
 
