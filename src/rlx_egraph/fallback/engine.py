@@ -122,7 +122,7 @@ class FallbackStats:
     cost_after_ns: float = 0.0
     nodes_before: int = 0
     nodes_after: int = 0
-    chains_asked: int = 0  # costly steps the lookahead was asked about
+    chains_asked: int = 0  # chain starts asked about: costly steps, and neutral ones a paying step would destroy
     regions_run: int = 0  # fallback runs on regions it made for them (the rest were remembered)
 
     @property
@@ -473,7 +473,8 @@ class _Engine:
 
     def commit(self, entries: list[tuple[float, int, Any, _Plan]]) -> tuple[int, set[int]]:
         """Commit plans, most gain first.  A plan is skipped when the undecided plans it
-        would destroy gain more together (one level of lookahead), and matched again
+        would destroy gain more together (one level of lookahead; a cost-neutral one counts
+        the gain of the chain it starts, asked of the lookahead then), and matched again
         at its root when an earlier commit touched its nodes."""
         plans = [e[3] for e in entries]
         needed_by: dict[int, list[int]] = {}
@@ -484,6 +485,7 @@ class _Engine:
             for n in plan.destroys:
                 destroyed_by.setdefault(n, []).append(k)
         decided = [False] * len(plans)
+        valued: set[int] = set()  # plans whose chain the lookahead was asked about as a rival
         touched: set[int] = set()
         died: set[int] = set()
         self.rw.touched = set()
@@ -492,6 +494,12 @@ class _Engine:
             decided[k] = True
             rivals = {j for n in plan.destroys for j in needed_by.get(n, ()) if not decided[j]}
             rivals |= {j for n in plan.needs for j in destroyed_by.get(n, ()) if not decided[j]}
+            for j in sorted(rivals - valued):  # a cost-neutral rival is worth the chain it starts, if one pays
+                valued.add(j)
+                rival = plans[j]
+                if self.lookahead is not None and -EPS <= rival.delta <= EPS and not rival.forms \
+                        and self.chain_start(rival) is not None:
+                    rival.settle(self.nodes)
             if rivals and _independent_gain([plans[j] for j in sorted(rivals)]) > -plan.delta:
                 continue
             if self.known_forms(plan.unions, plan.forms):  # an earlier plan of this batch added them
