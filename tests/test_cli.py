@@ -76,6 +76,13 @@ def test_demo_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert "numpy" not in out  # the header only promises a check when there is one
 
 
+def test_demo_with_the_fallback_engine_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "demo", "--layers", "1", "--engine", "fallback")
+    assert code == 0
+    assert "matched on it by the fallback engine" in " ".join(out.split()) and "egglog e-graph" not in out
+    assert "(fallback engine, target cpu)" in out and "parity: ok" in out
+
+
 # --- optimize --------------------------------------------------------------------------------------------------------
 
 

@@ -104,12 +104,16 @@ def _optimize(graph: Graph, rules: RuleSet, args: argparse.Namespace, log: TextI
 def _demo(args: argparse.Namespace) -> None:
     rules = _ruleset(args)
     graph = examples.llama(layers=args.layers)
+    rules_text = "the shipped rewrite rules" if not (args.rules or args.only_rules) else "the given rewrite rules"
+    cost_model = f"the '{args.target}' IO cost model (kernel launches, bytes moved, FLOPs)"
+    fallback = args.engine == "fallback" or (args.engine == "auto" and len(graph) > FALLBACK_THRESHOLD)
+    how = (f"has {rules_text} (stages {', '.join(STAGES)}) matched on it by the fallback engine, each rewrite "
+           f"taken when it lowers the predicted time under {cost_model}") if fallback else (
+        f"is encoded into an egglog e-graph, saturated with {rules_text} (stages {', '.join(STAGES)}), and the "
+        f"cheapest equivalent graph under {cost_model} is extracted and decoded back into a graph")
     print(textwrap.fill(
         f"rlx-egraph demo: a {args.layers}-layer Llama decoder, written in the primitive ops a PyTorch -> ONNX "
-        "export produces (decomposed RMSNorm and SiLU, separate q/k/v and gate/up projections), is encoded into "
-        f"an egglog e-graph, saturated with the shipped rewrite rules (stages {', '.join(STAGES)}), and the "
-        f"cheapest equivalent graph under the '{args.target}' IO cost model (kernel launches, bytes moved, FLOPs) "
-        "is extracted and decoded back into a graph"
+        f"export produces (decomposed RMSNorm and SiLU, separate q/k/v and gate/up projections), {how}"
         + (", then every node is checked against the input graph with numpy." if args.verify else "."), 100))
     print()
     print("input " + summarize(graph))
