@@ -4,24 +4,24 @@ starts a chain of rewrites that pays.
 egglog keeps every form a rule makes and lets extraction pick, so a chain whose
 first step costs more than it saves (on onnxruntime, one wide linear layer and
 three copying Slices instead of three linear layers) is taken when a later step
-(the attention block that reads the Slices) makes the whole chain pay.  The
-fallback commits one step at a time, so for such a step it asks a question:
-cut out the region around the step (the nodes it replaces, what they read,
-their readers a few levels down, and what all those read a few levels up), and
-run the fallback on the region twice from
-the current stage on: as it is, and with the step applied and the chain that
-follows it taken (each next step that reads or replaces a node the chain made
-is committed even if it costs more by itself).  If the second region ends up
-cheaper, the whole graph takes the second region's result as it is (the
-*transplant*), so the graph's cost drops by exactly what the region showed.
+(the attention block that reads the Slices) makes the whole chain pay. The
+fallback commits one step at a time, so for such a step it asks a question: cut
+out the region around the step (the nodes it replaces, what they read, their
+readers a few levels down, and what all those read a few levels up), and run the
+fallback on the region twice from the current stage on: as it is, and with the
+step applied and the chain that follows it taken (each next step that reads or
+replaces a node the chain made is committed even if it costs more by itself). If
+the second region ends up cheaper, the whole graph takes the second region's
+result as it is (the *transplant*), so the graph's cost drops by exactly what
+the region showed.
 
 The region keeps every value the rest of the graph reads as an output, and the
 non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
 each node is priced as in the whole graph and nothing outside can die or be
 fused; its nodes keep the whole graph's levels (as ranks), so that it decides as
-the whole graph would.  Regions are renumbered in a canonical order, so two regions
-with the same structure (the layers of a model) are the same graph and are
-optimized once.
+the whole graph would. Regions are renumbered in a canonical order, so two
+regions with the same structure (the layers of a model) are the same graph and
+are optimized once.
 """
 
 from __future__ import annotations
