@@ -48,7 +48,6 @@ SYNTHETIC_NODES = 20_000
 SCALING_NODES = (1_000, 10_000, 20_000, 50_000, 100_000)
 PHASES = ("encode", "saturate", "extract", "decode")
 ILP_TIME_LIMIT = inspect.signature(extract.exact).parameters["time_limit"].default
-ONNX_DIMS = {"batch": 2, "sequence": 16}  # the symbolic dims of ONNX cases, as in the onnxruntime comparison
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,6 @@ class Case:
             return builder()
         return builder(layers=self.size)
 
-
     def rules(self) -> RuleSet | None:
         """The rules to optimize it with (None: the shipped ones)."""
         return None
@@ -78,8 +76,8 @@ class Case:
 
 @dataclass(frozen=True)
 class OnnxCase:
-    """An ONNX model file, imported with its symbolic dims bound to ``ONNX_DIMS`` and optimized with the ONNX
-    rules (as ``python -m rlx_egraph.frontends.onnx.compare`` does)."""
+    """An ONNX model file, imported with its symbolic dims bound as ``python -m rlx_egraph.frontends.onnx.compare``
+    binds them by default, and optimized with the ONNX rules."""
 
     path: Path
 
@@ -90,11 +88,11 @@ class OnnxCase:
     def build(self) -> Graph:
         import onnx
 
-        from .frontends.onnx.compare import input_shapes
+        from .frontends.onnx.compare import DIMS, input_shapes
         from .onnx import import_model
 
         model = onnx.load(str(self.path))
-        return import_model(model, input_shapes(model, ONNX_DIMS))
+        return import_model(model, input_shapes(model, DIMS))
 
     def rules(self) -> RuleSet:
         from .onnx import onnx_rules
@@ -322,7 +320,7 @@ def engines_table(todo: Sequence[Case | OnnxCase], target: str) -> str:
     """Both engines on each case, one spawned process per run: seconds without the parity check (the egglog
     engine's per phase), peak MB, predicted ns after, how far the fallback's cost is from the egglog engine's,
     parity, and the engine that ``engine="auto"`` picks by size."""
-    from .optimize import FALLBACK_THRESHOLD
+    from .optimize import engine_by_size
 
     rows = []
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
@@ -343,7 +341,7 @@ def engines_table(todo: Sequence[Case | OnnxCase], target: str) -> str:
                 f"{fb.seconds:.2f}", f"{fb.cpu_seconds:.2f}", f"{fb.peak_mb:.0f}",
                 f"{eg.after_ns:,.0f}" if eg else "-", f"{fb.after_ns:,.0f}",
                 f"{100 * (fb.after_ns - eg.after_ns) / eg.after_ns:+.2f}" if eg else "-", parity, stops,
-                "fallback" if nodes > FALLBACK_THRESHOLD else "egglog"))
+                engine_by_size("auto", nodes)))
     header = ("case", "nodes", "egglog s", "encode / saturate / extract / decode", "egglog cpu s", "egglog MB",
               "fallback s", "fallback cpu s", "fallback MB", "egglog ns", "fallback ns", "fallback vs egglog %",
               "parity", "stopped", "auto")
@@ -358,8 +356,8 @@ def _engines(argv: Sequence[str]) -> int:
                         help=f"synthetic sizes (default: {','.join(map(str, ENGINE_NODES))}; none with --onnx)")
     parser.add_argument("--no-models", action="store_true", help="not the example models")
     parser.add_argument("--onnx", type=Path, metavar="FOLDER",
-                        help="also every .onnx model in FOLDER (extra onnx; dims " +
-                             ", ".join(f"{k}={v}" for k, v in ONNX_DIMS.items()) + ", the ONNX rules)")
+                        help="also every .onnx model in FOLDER (extra onnx; imported and optimized as the "
+                             "onnxruntime comparison does)")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
     args = parser.parse_args(argv)
     todo: list[Case | OnnxCase] = [] if args.no_models else list(AGREEMENT_CASES)

@@ -57,6 +57,12 @@ log = logging.getLogger("rlx_egraph")
 FALLBACK_THRESHOLD = 80_000
 
 
+def engine_by_size(engine: str, nodes: int) -> str:
+    """The engine ``engine`` ("auto", "egglog" or "fallback") runs first on a graph of ``nodes`` nodes ("auto" may
+    still fall back when a saturation stops at a limit)."""
+    return "fallback" if engine == "fallback" or (engine == "auto" and nodes > FALLBACK_THRESHOLD) else "egglog"
+
+
 def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
              **options: Any) -> Graph:
     """The cheapest equivalent graph under ``target``'s cost model (see :func:`optimize_with_report`)."""
@@ -99,7 +105,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     if sentinels is not None:
         static = specialize_graph(graph, sentinels.binding)
         run_tgt = tgt.priced_as(sentinels.price({s: tgt.hint(s) for s in graph.symbols}))
-    if engine == "fallback" or (engine == "auto" and len(graph) > FALLBACK_THRESHOLD):
+    if engine_by_size(engine, len(graph)) == "fallback":
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
         new, report = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens, regions,

@@ -35,7 +35,7 @@ from ..egraph.rules import RuleError, RuleSet
 from ..egraph.view import UnsoundRewrite
 from ..ir import Graph, GraphError
 from ..kernels.parity import ParityError
-from ..optimize import FALLBACK_THRESHOLD, optimize_with_report
+from ..optimize import FALLBACK_THRESHOLD, engine_by_size, optimize_with_report
 from ..options import ENGINES, EXTRACTIONS
 from ..report import OptimizeReport
 
@@ -106,11 +106,13 @@ def _demo(args: argparse.Namespace) -> None:
     graph = examples.llama(layers=args.layers)
     rules_text = "the shipped rewrite rules" if not (args.rules or args.only_rules) else "the given rewrite rules"
     cost_model = f"the '{args.target}' IO cost model (kernel launches, bytes moved, FLOPs)"
-    fallback = args.engine == "fallback" or (args.engine == "auto" and len(graph) > FALLBACK_THRESHOLD)
-    how = (f"has {rules_text} (stages {', '.join(STAGES)}) matched on it by the fallback engine, each rewrite "
-           f"taken when it lowers the predicted time under {cost_model}") if fallback else (
-        f"is encoded into an egglog e-graph, saturated with {rules_text} (stages {', '.join(STAGES)}), and the "
-        f"cheapest equivalent graph under {cost_model} is extracted and decoded back into a graph")
+    stages = ", ".join(STAGES)
+    if engine_by_size(args.engine, len(graph)) == "fallback":
+        how = (f"has {rules_text} (stages {stages}) matched on it by the fallback engine, each rewrite taken when it "
+               f"lowers the predicted time under {cost_model}")
+    else:
+        how = (f"is encoded into an egglog e-graph, saturated with {rules_text} (stages {stages}), and the cheapest "
+               f"equivalent graph under {cost_model} is extracted and decoded back into a graph")
     print(textwrap.fill(
         f"rlx-egraph demo: a {args.layers}-layer Llama decoder, written in the primitive ops a PyTorch -> ONNX "
         f"export produces (decomposed RMSNorm and SiLU, separate q/k/v and gate/up projections), {how}"

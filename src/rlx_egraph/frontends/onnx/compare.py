@@ -43,6 +43,7 @@ FUSED_STANDARD_OPS = frozenset({"LayerNormalization", "RMSNormalization", "Simpl
 MODEL_TYPES = {"bert": "bert", "gpt2": "gpt2", "llama": "gpt2", "t5": "t5", "vit": "vit"}
 TRANSFORMER_LEVELS = (0, 1, 99)
 SESSION_LEVELS = ("ORT_ENABLE_BASIC", "ORT_ENABLE_ALL")
+DIMS = {"batch": 2, "sequence": 16}  # the symbolic dims of the exports, unless --dim binds them otherwise
 
 
 def op_counts(model: onnx.ModelProto) -> tuple[int, int, Counter[str]]:
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden-size", type=int, default=0, help="for the transformer optimizer (0: detect)")
     parser.add_argument("--max-id", type=int, default=100, help="integer id inputs are drawn from [0, max-id)")
     args = parser.parse_args(argv)
-    dims = {"batch": 2, "sequence": 16} | {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
+    dims = DIMS | {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
     print(compare(args.folder, dims, args.runs, args.ort_python, args.num_heads, args.hidden_size, args.max_id,
                   progress=True))
 
