@@ -17,11 +17,12 @@ from rlx_egraph import Graph, GraphError, evaluate, optimize_with_report
 from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS
 from rlx_egraph.cost.targets import ORT_SLOWER_THAN_UNFUSED
+from rlx_egraph.egraph import dump_egglog_program
 from rlx_egraph.frontends.onnx.export_table import EXPORTS, MIR_FORMS
 from rlx_egraph.ir import REGISTRY, Kind, op_spec
 from rlx_egraph.ir.registry import INDEX_DTYPE
 from rlx_egraph.kernels.interpreter import random_value
-from rlx_egraph.onnx import export_model, import_model
+from rlx_egraph.onnx import export_model, import_model, onnx_rules
 from test_onnx_import import SHAPES, assert_close, run_ort
 from test_ops import CASES, Case, P
 
@@ -262,11 +263,22 @@ def test_cli_optimizes_an_onnx_model_into_an_onnx_model(tmp_path: Path, capsys: 
     assert_close(run_ort(onnx.load(tmp_path / "m.opt.onnx"), inputs)[0], run_ort(model, inputs)[0])
 
 
-def test_cli_reports_a_missing_binding(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    onnx.save(MODELS["gpt2"](), tmp_path / "m.onnx")
-    assert main(["optimize", str(tmp_path / "m.onnx")]) == 2
-    assert "error: " in capsys.readouterr().err
-    assert main(["optimize", str(tmp_path / "m.onnx"), "--input-shape", "hidden_states"]) == 2
+@pytest.mark.parametrize("command", ["optimize", "program"])
+def test_cli_reports_a_missing_binding_with_the_flags_that_give_it(command: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """The import error's hint is in the command line's terms: the --input-shape flags, dims as the model names
+    them; with numbers for them the model imports."""
+    path = tmp_path / "m.onnx"
+    onnx.save(MODELS["gpt2"](), path)
+    assert main([command, str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {path}: Slice node '/Slice_71': cannot decide sequence > 32 for every value of sequence; give "
+        "static shapes: --input-shape hidden_states=batch,sequence,16 (each dim a number)\n")
+    assert main([command, str(path), "--input-shape", "hidden_states=2,5,16"]) == 0
+    out = capsys.readouterr().out
+    if command == "program":
+        assert out == dump_egglog_program(import_model(path, {"hidden_states": (2, 5, 16)}), onnx_rules()) + "\n"
+    assert main([command, str(path), "--input-shape", "hidden_states"]) == 2
 
 
 def test_qkv_attention_exports_as_contrib_attention_with_one_expand_per_mask() -> None:

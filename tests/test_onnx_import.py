@@ -191,6 +191,8 @@ def test_missing_dim_binding_names_the_input_and_the_dim() -> None:
         import_model(model)
     assert str(err.value) == ("input 'x': dimension 0 (unnamed) has no binding; pass input_shapes={'x': (...)} or "
                               "bind (unnamed) through another input")
+    assert err.value.command_line_message() == ("input 'x': dimension 0 (unnamed) has no binding; give static "
+                                                 "shapes: --input-shape x=?,4 (each dim a number)")
 
 
 def test_conflicting_and_wrong_bindings_are_refused() -> None:

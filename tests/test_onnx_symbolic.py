@@ -135,6 +135,10 @@ def test_a_tensor_of_symbolic_shape_made_from_known_values_is_refused() -> None:
         "Range node '/Range_9': input 1 '/Squeeze_6_output_0' = [sequence] is computed from symbolic dims, and "
         "Range would make a tensor of symbolic shape or content of it, which MIR cannot hold (it keeps symbolic "
         "dims only in shapes); pass input_shapes to bind 'sequence'")
+    # the inputs whose static shapes bind every symbol, for a hint in other terms (the command line's)
+    assert err.value.unbound == {"hidden_states": ("batch", "sequence", "16")}
+    assert err.value.command_line_message() == (
+        f"{err.value.reason}; give static shapes: --input-shape hidden_states=batch,sequence,16 (each dim a number)")
     model = shape_model(lambda m, x: m.op("Add", [x, m.op("ConstantOfShape", [m.op("Shape", [x])])]))
     with pytest.raises(OnnxImportError, match=r"^ConstantOfShape node '/ConstantOfShape_1': input 0 "
                                               r"'/Shape_0_output_0' = \[batch, 4\] is computed from symbolic dims"):
@@ -193,6 +197,7 @@ def test_a_dim_param_that_is_not_a_symbolic_dim_is_refused() -> None:
         import_model(model)
     assert str(err.value) == ("input 'x': dimension 0 'batch size' is not a symbolic dim (cannot parse dim "
                               "'batch size': unexpected 'size'); pass input_shapes={'x': (...)}")
+    assert err.value.unbound == {"x": ("?", "4")}  # a name with a space would split a command line
 
 
 def test_export_refuses_a_symbol_no_input_carries() -> None:

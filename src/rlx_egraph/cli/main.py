@@ -70,11 +70,14 @@ def summarize(graph: Graph) -> str:
 def _load_graph(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
     """A graph from JSON, or imported from an ``.onnx`` model with ``input_shapes``."""
     try:
-        if Path(path).suffix == ".onnx":
-            from ..onnx import import_model
+        if Path(path).suffix != ".onnx":
+            return Graph.load(path)
+        from ..onnx import OnnxImportError, import_model
 
+        try:
             return import_model(path, input_shapes)
-        return Graph.load(path)
+        except OnnxImportError as exc:
+            raise GraphError(exc.command_line_message()) from None  # its hint in this command line's terms
     except GraphError as exc:
         raise GraphError(f"{path}: {exc}") from None
 
@@ -194,7 +197,7 @@ def _rules_check(args: argparse.Namespace) -> int:
 
 
 def _program(args: argparse.Namespace) -> None:
-    print(dump_egglog_program(_load_graph(args.input), _ruleset(args)))
+    print(dump_egglog_program(_load_graph(args.input, dict(args.input_shape or [])), _ruleset(args)))
 
 
 def _non_negative(text: str) -> int:
@@ -234,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     rules.add_argument("--only-rules", nargs="+", action="extend", metavar="FILE_OR_DIR",
                        help="rule files or folders to use instead of the shipped rules/")
     rules.add_argument("--disable", action="append", metavar="NAME", help="switch off the rule NAME; repeatable")
+    graph_input = argparse.ArgumentParser(add_help=False)
+    graph_input.add_argument("input", metavar="INPUT.json", help="a graph (.json) or an ONNX model (.onnx)")
+    graph_input.add_argument("--input-shape", action="append", type=_input_shape, metavar="NAME=D1,D2,...",
+                             help="static shape of an ONNX input (binds its symbolic dims); repeatable")
     target = argparse.ArgumentParser(add_help=False)
     target.add_argument("--target", default="cpu", choices=list(TARGETS), help="cost model (default: cpu)")
     target.add_argument("--extraction", default="greedy", choices=EXTRACTIONS,
@@ -249,13 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the result against the input with numpy (default: on)")
     p.set_defaults(run=_demo, json=False)
 
-    p = command("optimize", [target, rules], help="optimize a graph saved as JSON or an ONNX model")
-    p.add_argument("input", metavar="INPUT.json", help="a graph (.json) or an ONNX model (.onnx)")
+    p = command("optimize", [graph_input, target, rules], help="optimize a graph saved as JSON or an ONNX model")
     p.add_argument("-o", "--output", metavar="OUTPUT.json",
                    help=f"write the optimized graph here, as ONNX when it ends in .onnx ('{STDOUT}': its JSON to "
                         "stdout and the report to stderr; default: print the report and the graph table)")
-    p.add_argument("--input-shape", action="append", type=_input_shape, metavar="NAME=D1,D2,...",
-                   help="static shape of an ONNX input (binds its symbolic dims); repeatable")
     p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
     p.add_argument("--report", action="store_true",
@@ -281,8 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the result as JSON")
     p.set_defaults(run=_rules_check)
 
-    p = command("program", [rules], help="print the whole egglog program for a graph")
-    p.add_argument("input", metavar="INPUT.json")
+    p = command("program", [graph_input, rules], help="print the whole egglog program for a graph")
     p.set_defaults(run=_program)
     return parser
 

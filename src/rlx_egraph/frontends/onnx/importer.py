@@ -57,7 +57,23 @@ def causal_fill(array: np.ndarray) -> float | None:
 
 
 class OnnxImportError(GraphError):
-    """The model cannot be imported; the message names the node, input or op types at fault."""
+    """The model cannot be imported; the message names the node, input or op types at fault.
+
+    When static input shapes would get the import past the error, ``reason`` is the message without its hint
+    (``input_shapes=``, in Python's terms) and ``unbound`` names the inputs to give static shapes, each with its
+    dims as the model writes them (a symbol's name, a number, ``?`` for an unnamed dim)."""
+
+    def __init__(self, reason: str, hint: str = "", unbound: Mapping[str, Sequence[str]] | None = None) -> None:
+        super().__init__(f"{reason}; {hint}" if hint else reason)
+        self.reason = reason
+        self.unbound = {name: tuple(dims) for name, dims in (unbound or {}).items()}
+
+    def command_line_message(self) -> str:
+        """The message with its hint in the command line's terms (``--input-shape NAME=D1,D2,...``)."""
+        if not self.unbound:
+            return str(self)
+        flags = " ".join(f"--input-shape {name}={','.join(dims)}" for name, dims in self.unbound.items())
+        return f"{self.reason}; give static shapes: {flags} (each dim a number)"
 
 
 @dataclass
@@ -157,18 +173,19 @@ def bind_inputs(graph: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int]
             elif d.dim_param in bound:
                 dims.append(bound[d.dim_param])
             elif d.dim_param:
-                dims.append(_symbolic_dim(info.name, axis, d.dim_param))
+                dims.append(_symbolic_dim(info, axis, d.dim_param))
             else:
                 label = f"{d.dim_param!r}" if d.dim_param else "(unnamed)"
-                raise OnnxImportError(f"input {info.name!r}: dimension {axis} {label} has no binding; pass "
-                                      f"input_shapes={{{info.name!r}: (...)}} or bind {label} through another input")
+                raise OnnxImportError(f"input {info.name!r}: dimension {axis} {label} has no binding",
+                                      f"pass input_shapes={{{info.name!r}: (...)}} or bind {label} through "
+                                      "another input", {info.name: _dim_names(info)})
         if any(isinstance(d, int) and d < 1 for d in dims):
             raise OnnxImportError(f"input {info.name!r}: shape {dims} must hold positive dimensions")
         shapes[info.name] = tuple(dims)
     return shapes, names
 
 
-def _symbolic_dim(input_name: str, axis: int, dim_param: str) -> Dim:
+def _symbolic_dim(info: onnx.ValueInfoProto, axis: int, dim_param: str) -> Dim:
     """The symbolic dim an unbound ``dim_param`` stands for; OnnxImportError when it is not one."""
     try:
         dim = parse(dim_param)
@@ -177,9 +194,16 @@ def _symbolic_dim(input_name: str, axis: int, dim_param: str) -> Dim:
     else:
         why = "it is a number"
     if dim is None or isinstance(dim, int):
-        raise OnnxImportError(f"input {input_name!r}: dimension {axis} {dim_param!r} is not a symbolic dim ({why}); "
-                              f"pass input_shapes={{{input_name!r}: (...)}}")
+        raise OnnxImportError(f"input {info.name!r}: dimension {axis} {dim_param!r} is not a symbolic dim ({why})",
+                              f"pass input_shapes={{{info.name!r}: (...)}}", {info.name: _dim_names(info)})
     return dim
+
+
+def _dim_names(info: onnx.ValueInfoProto) -> tuple[str, ...]:
+    """An input's dims as the model writes them: a number, a symbol's name, ``?`` where it has neither (or the
+    name holds a space, which would split a command line)."""
+    return tuple(str(d.dim_value) if d.HasField("dim_value") else "?" if not d.dim_param or " " in d.dim_param
+                 else d.dim_param for d in info.type.tensor_type.shape.dim)
 
 
 class Importer:

@@ -53,8 +53,22 @@ def _symbols(arrays: Sequence[np.ndarray | None]) -> list[str]:
 
 
 def _refuse(imp: Importer, reason: str, symbols: Sequence[str]) -> OnnxImportError:
+    """The error for a step that needs ``symbols`` bound; it names the inputs whose static shapes bind them."""
     named = ", ".join(repr(s) for s in symbols)
-    return OnnxImportError(f"{imp.label}: {reason}; pass input_shapes to bind {named}")
+    return OnnxImportError(f"{imp.label}: {reason}", f"pass input_shapes to bind {named}", _binding(imp))
+
+
+def _binding(imp: Importer) -> dict[str, tuple[str, ...]]:
+    """The model inputs whose static shapes bind every symbolic dim (in model order, each input that carries a
+    symbol no earlier one does), with their dims as the model writes them: binding only the symbols one step
+    needs would let the import fail again at the next."""
+    bound: set[str] = set()
+    chosen: dict[str, tuple[str, ...]] = {}
+    for node in imp.graph.nodes:
+        if node.op == "Input" and (carried := symbols_of(node.shape)) - bound:
+            chosen[node.attrs["name"]] = tuple(map(str, node.shape))
+            bound |= carried
+    return chosen
 
 
 def _refuse_value(imp: Importer, what: str, name: str, result: str) -> OnnxImportError:
