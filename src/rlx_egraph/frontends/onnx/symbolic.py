@@ -53,7 +53,8 @@ def _symbols(arrays: Sequence[np.ndarray | None]) -> list[str]:
 
 
 def _refuse(imp: Importer, reason: str, symbols: Sequence[str]) -> OnnxImportError:
-    """The error for a step that needs ``symbols`` bound; it names the inputs whose static shapes bind them."""
+    """The error for a step that needs ``symbols`` bound; it also names the inputs whose static shapes bind every
+    symbol (:func:`_binding`)."""
     named = ", ".join(repr(s) for s in symbols)
     return OnnxImportError(f"{imp.label}: {reason}", f"pass input_shapes to bind {named}", _binding(imp))
 
