@@ -68,6 +68,7 @@ from .pattern import (
     Insert,
     L,
     ListPat,
+    NodePat,
     Pattern,
     SetValue,
     Union,
@@ -266,6 +267,7 @@ class _Engine:
         self.costs: dict[int, tuple[Node, float]] = {}
         self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
         self.rules_of: dict[int, list[str]] = {}
+        self.rows_read: dict[tuple[str, str], int] = {}  # (fact rule, table) -> how far it has read the table's log
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
         self.stage = STAGES[0]
         self.start(graph)
@@ -278,6 +280,8 @@ class _Engine:
                          for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.kind == FACTS])
                             for stage, ms in self.matchers.items()}
+        self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms if m.pattern.kind == FACTS
+                           and not any(isinstance(a, NodePat) for a in m.pattern.query)}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, tuple[dict[str, Any], tuple, str, tuple]] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -292,7 +296,7 @@ class _Engine:
             self.stats.rules.setdefault(p.base, RuleStats())
         for s in self.compiled.symmetries:
             self.stats.rules.setdefault(s.name, RuleStats())
-        for cache in (self.costs, self.signatures, self.rules_of):
+        for cache in (self.costs, self.signatures, self.rules_of, self.rows_read):
             cache.clear()
         self.chain, self.stage = None, STAGES[0]
 
@@ -378,6 +382,7 @@ class _Engine:
         """Run the fact rules, each group (tables that feed each other) to its fixpoint; with
         ``near``, only at roots near those nodes and near the rows added meanwhile."""
         seeds, fresh = (None if near is None else Near.of(self.nodes, near)), 0
+        signed: dict[Any, tuple[list, list, set]] = {}  # see roots (rules only add rows: the graph stays)
         for group in groups:
             if near is not None and len(self.facts.fresh) != fresh:  # rows added since: their nodes too
                 seeds, fresh = Near.of(self.nodes, near | self.facts.fresh), len(self.facts.fresh)
@@ -387,33 +392,60 @@ class _Engine:
                 self.facts.changed = False
                 before = set(self.facts.fresh) if recursive else set()
                 for m in group:
-                    program = self.programs[m.pattern.name]
-                    for root in self.roots(m, at):
+                    program, where = self.programs[m.pattern.name], at
+                    if m.pattern.name in self.row_driven:
+                        added = self.rows_since(m)
+                        if at is not None:
+                            where = Near.of(self.nodes, added)
+                    for root in self.roots(m, where, signed):
                         for env in self.matches(m, root):
                             self.write_facts(program, list(env))
                 if not (recursive and self.facts.changed):
                     break
                 at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
 
+    def rows_since(self, matcher: Matcher) -> set[int]:
+        """The nodes named by rows of the tables ``matcher`` reads added or changed since it last ran (a fact rule
+        whose query reads only tables: its matches change only with those rows, not with the nodes they name)."""
+        added: set[int] = set()
+        for table in sorted(matcher.pattern.tables_read() & self.facts.rows.keys()):
+            log, key = self.facts.log.get(table, []), (matcher.pattern.name, table)
+            added.update(log[self.rows_read.get(key, 0):])
+            self.rows_read[key] = len(log)
+        return added
+
     def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
         """The best plan of each rule (as written: its operand orders are one rule) at each root."""
         best: dict[tuple[str, Any], tuple[float, int, Any, _Plan]] = {}
+        signed: dict[Any, tuple[list, list, set]] = {}  # see roots
         for k, m in enumerate(matchers):
-            for root in self.roots(m, near):
+            for root in self.roots(m, near, signed):
                 plan = self.best_plan(m, root)
                 key = (m.pattern.base, root)
                 if plan is not None and (key not in best or plan.delta < best[key][0]):
                     best[key] = (plan.delta, k, root, plan)
         return sorted(best.values(), key=lambda e: e[:3])
 
-    def roots(self, matcher: Matcher, near: Near | None) -> list[Any]:
-        """The matcher's candidate roots (see :meth:`Matcher.candidates`) whose inputs' ops fit it."""
-        roots = matcher.candidates(near)
+    def roots(self, matcher: Matcher, near: Near | None, signed: dict[Any, tuple[list, list, set]]) -> list[Any]:
+        """The matcher's candidate roots (see :meth:`Matcher.candidates`) whose inputs' ops fit it.  ``signed``:
+        candidate lists with their roots' input ops, shared by the matchers of one root op while the graph does not
+        change (every root of an op, or the roots near changes that the operand orders of a rule share)."""
         if matcher.root_op is None:
-            return roots
-        signatures, input_ops = self.signatures, self.input_ops
-        ops = [signatures.get(root) or input_ops(root) for root in roots]
-        fitting = {o for o in set(ops) if matcher.fits(o)}  # few distinct signatures: test each once
+            return matcher.candidates(near)
+        if near is None or matcher.roots_near is None:  # every root of the op
+            key: Any = matcher.root_op
+            known = signed.get(key)
+            roots = matcher.roots() if known is None else known[0]
+        else:
+            roots = matcher.candidates(near)
+            key = id(roots)  # the list stays alive in ``signed``
+            known = signed.get(key)
+        if known is None:
+            signatures, input_ops = self.signatures, self.input_ops
+            ops = [signatures.get(root) or input_ops(root) for root in roots]
+            known = signed[key] = (roots, ops, set(ops))
+        _, ops, distinct = known
+        fitting = {o for o in distinct if matcher.fits(o)}  # few distinct signatures: test each once
         return list(compress(roots, map(fitting.__contains__, ops)))
 
     def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:

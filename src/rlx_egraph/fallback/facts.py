@@ -153,6 +153,9 @@ class Facts:
         """Set whenever a helper row is added or a value changes; the owner may clear it."""
         self.fresh: set[int] = set()
         """Nodes named by rows added or changed since the owner last cleared it."""
+        self.log: dict[str, list[int]] = {}
+        """Per helper table: the nodes named by its rows added or changed, in order, kept until :meth:`clear`
+        (a reader remembers how far it has read)."""
         self.forms: dict[int, dict[tuple | None, Node]] = {}
         """Node -> its other forms (see the module docstring), by op, inputs and attributes."""
 
@@ -163,6 +166,7 @@ class Facts:
             table.clear()
         self.changed = False
         self.fresh = set()
+        self.log.clear()
 
     # --- reading -----------------------------------------------------------------------
 
@@ -222,7 +226,9 @@ class Facts:
                 self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
         self.changed = True
-        self.fresh.update(self._nodes_in(name, args, value))
+        named = self._nodes_in(name, args, value)
+        self.fresh.update(named)
+        self.log.setdefault(name, []).extend(named)
 
     def has_form(self, nid: int, form: Node) -> bool:
         return node_key(form) in self.forms.get(nid, {})
