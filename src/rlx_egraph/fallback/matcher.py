@@ -679,40 +679,49 @@ def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, 
     return lookup
 
 
-def _getters(op: str) -> list[Callable[[Node], Any]]:
-    """Per constructor argument, how to read it from a node of ``op``."""
+INPUT, OPTIONAL_INPUT, REST_INPUTS, ATTR, ARRAY_ATTR = range(5)  # how a constructor argument is read from a node
+
+
+def _readers(op: str) -> list[tuple[int, Any]]:
+    """Per constructor argument of ``op``: how to read it from a node (one of the kinds above) and where
+    (the input position, or the attribute's name)."""
     spec = REGISTRY[op]
-    out: list[Callable[[Node], Any]] = []
+    out: list[tuple[int, Any]] = []
     for k, arg in enumerate(constructor_args(spec)):
         if arg.is_input:
-            if arg.variadic:
-                out.append(lambda n, k=k: n.inputs[k:])
-            elif arg.optional:
-                out.append(lambda n, k=k: n.inputs[k] if k < len(n.inputs) else ABSENT)
-            else:
-                out.append(lambda n, k=k: n.inputs[k])
+            out.append((REST_INPUTS if arg.variadic else OPTIONAL_INPUT if arg.optional else INPUT, k))
         else:
             attr = next(a for a in spec.attrs if a.name == arg.name)
-            if attr.type is AttrType.ARRAY:
-                out.append(lambda n, name=arg.name: ArrayValue(n.attrs[name]))
-            else:
-                out.append(lambda n, name=arg.name: n.attrs[name])
+            out.append((ARRAY_ATTR if attr.type is AttrType.ARRAY else ATTR, arg.name))
     return out
+
+
+def _read(node: Node, how: int, where: Any) -> Any:
+    """A constructor argument of ``node`` (see :func:`_readers`)."""
+    if how == INPUT:
+        return node.inputs[where]
+    if how == ATTR:
+        return node.attrs[where]
+    if how == OPTIONAL_INPUT:
+        return node.inputs[where] if where < len(node.inputs) else ABSENT
+    if how == REST_INPUTS:
+        return node.inputs[where:]
+    return ArrayValue(node.attrs[where])
 
 
 def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[int, ...]
              ) -> Callable[[Node, list], bool]:
     """A check that node fields, read in ``perm`` order, fit the pattern's arguments (binding new variables)."""
-    getters = _getters(atom.op)
+    readers = _readers(atom.op)
     seen = set(known) | {atom.out}
-    checks: list[tuple[Callable[[Node], Any], int, Any]] = []
+    checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
     for position, pat in enumerate((*atom.inputs, *atom.attrs)):
-        get = getters[perm[position]]
+        how, where = readers[perm[position]]
         if isinstance(pat, V):
-            checks.append((get, EQ if pat.name in seen else BIND, slots[pat.name]))
+            checks.append((how, where, EQ if pat.name in seen else BIND, slots[pat.name]))
             seen.add(pat.name)
         elif isinstance(pat, L):
-            checks.append((get, ABSENT_CHECK if pat.value is ABSENT else LIT, pat.value))
+            checks.append((how, where, ABSENT_CHECK if pat.value is ABSENT else LIT, pat.value))
         else:
             items = []
             for name in pat.items:
@@ -722,11 +731,12 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[
             if pat.rest is not None:
                 rest = (EQ if pat.rest in seen else BIND, slots[pat.rest])
                 seen.add(pat.rest)
-            checks.append((get, LIST, (tuple(items), rest)))
+            checks.append((how, where, LIST, (tuple(items), rest)))
 
     def unify(node: Node, env: list) -> bool:
-        for get, kind, arg in checks:
-            value = get(node)
+        inputs = node.inputs
+        for how, where, kind, arg in checks:
+            value = inputs[where] if how == INPUT else _read(node, how, where)
             if kind == BIND:
                 env[arg] = value
             elif kind == EQ:
@@ -787,9 +797,11 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
                 return
             if node.op == op:
                 visit(node, env)
-            for form in forms.get(env[out], {}).values():
-                if form.op == op:
-                    visit(form, env)
+            known = forms.get(env[out])
+            if known:
+                for form in known.values():
+                    if form.op == op:
+                        visit(form, env)
         return top
 
     anchors = [slots[s.name] for s in atom.inputs if isinstance(s, V) and s.name in known]
