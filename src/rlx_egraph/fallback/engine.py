@@ -5,7 +5,9 @@ Stage by stage (the saturation stages, in order: first every stage but
 near what changed; see :meth:`_Engine.optimize`), a pass
 
 1. derives the helper facts: rules that only fill tables run to a fixpoint,
-   in the order their tables depend on each other;
+   in the order their tables depend on each other (after the first pass, near
+   what changed; a rule whose query reads only tables, semi-naively, at the
+   rows added since it last ran);
 2. matches every rewrite rule at the nodes of its root op and, per root, plans
    the best match: the right side's new nodes (built and checked by the op
    registry, reusing identical live nodes), the uses they replace, and the
