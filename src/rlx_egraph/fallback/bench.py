@@ -3,7 +3,8 @@
 For each size it builds ``examples.synthetic(n)`` (not timed), runs the
 fallback engine and prints the nodes before and after, the seconds per phase
 (load = opening the graph and compiling the rules, one column per stage,
-finish = the new Graph and provenance), the total, the CPU seconds, the peak
+finish = the new Graph and provenance), the total, the microseconds per input
+node (flat when the engine is linear), the CPU seconds, the peak
 memory and the predicted cost before and after.  Every size runs in a freshly
 spawned process, so its peak RSS is its own.
 """
@@ -45,11 +46,11 @@ def measure(nodes: int, target: str) -> dict[str, float]:
 
 
 def table(rows: Sequence[dict[str, float]]) -> str:
-    header = ("nodes", "-> nodes", *(f"{p} s" for p in PHASES), "total s", "cpu s", "peak MB", "commits",
+    header = ("nodes", "-> nodes", *(f"{p} s" for p in PHASES), "total s", "us/node", "cpu s", "peak MB", "commits",
               "before ns", "after ns")
     body = [(f"{r['nodes']:,.0f}", f"{r['after']:,.0f}", *(f"{r[p]:.2f}" for p in PHASES), f"{r['total']:.2f}",
-             f"{r['cpu']:.2f}", f"{r['peak_mb']:.0f}", f"{r['commits']:,.0f}", f"{r['before_ns']:,.0f}",
-             f"{r['after_ns']:,.0f}") for r in rows]
+             f"{r['total'] / r['nodes'] * 1e6:.0f}", f"{r['cpu']:.2f}", f"{r['peak_mb']:.0f}", f"{r['commits']:,.0f}",
+             f"{r['before_ns']:,.0f}", f"{r['after_ns']:,.0f}") for r in rows]
     return format_table(header, body, ">" * len(header))
 
 
