@@ -14,7 +14,7 @@ from rlx_egraph.cost import TARGETS, get_target, profile
 from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
 from rlx_egraph.fallback import FallbackLimits, load, run
 from rlx_egraph.fallback.bench import main as bench_main
-from rlx_egraph.fallback.engine import NO_GAIN, _Engine
+from rlx_egraph.fallback.engine import NO_GAIN, _Engine, _row_driven
 from rlx_egraph.fallback.facts import Facts
 from rlx_egraph.fallback.matcher import schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
@@ -793,6 +793,18 @@ def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "user.egg"
     path.write_text(text)
     return path
+
+
+def test_only_rules_whose_outcome_new_rows_alone_change_run_semi_naively(tmp_path):
+    """A rule whose query reads only tables runs again only at new rows, when it fills tables or records a form;
+    one that merges nodes runs near every change (its gain changes with the graph), as does one matching nodes."""
+    driven = {p.base for p in load().patterns if _row_driven(p)}
+    assert driven == {"attn-split-qk", "shared-input-last", "shared-input-order"}
+    path = write(tmp_path, "(relation twin (Op Op))\n"
+                 '(rule ((twin ?a ?b)) ((union ?a ?b)) :ruleset simplify :name "merge-twins")\n')
+    user = {p.base: _row_driven(p) for p in load([default_rule_dir(), path]).patterns}
+    assert user["merge-twins"] is False
+    assert user["shared-input-last"] is True
 
 
 def test_rule_forms_the_fallback_cannot_apply_are_reported_by_name(tmp_path, caplog):

@@ -7,7 +7,7 @@ near what changed; see :meth:`_Engine.optimize`), a pass
 1. derives the helper facts: rules that only fill tables run to a fixpoint,
    in the order their tables depend on each other (after the first pass, near
    what changed; a rule whose query reads only tables, semi-naively, at the
-   rows added since it last ran);
+   rows added since it last ran: see :meth:`_Engine.where`);
 2. matches every rewrite rule at the nodes of its root op and, per root, plans
    the best match: the right side's new nodes (built and checked by the op
    registry, reusing identical live nodes), the uses they replace, and the
@@ -282,8 +282,7 @@ class _Engine:
                          for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.kind == FACTS])
                             for stage, ms in self.matchers.items()}
-        self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms if m.pattern.kind == FACTS
-                           and not any(isinstance(a, NodePat) for a in m.pattern.query)}
+        self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms if _row_driven(m.pattern)}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, tuple[dict[str, Any], tuple, str, tuple]] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -394,34 +393,33 @@ class _Engine:
                 self.facts.changed = False
                 before = set(self.facts.fresh) if recursive else set()
                 for m in group:
-                    program, where = self.programs[m.pattern.name], at
-                    if m.pattern.name in self.row_driven:
-                        added = self.rows_since(m)
-                        if at is not None:
-                            where = Near.of(self.nodes, added)
-                    for root in self.roots(m, where, signed):
+                    program = self.programs[m.pattern.name]
+                    for root in self.roots(m, self.where(m, at), signed):
                         for env in self.matches(m, root):
                             self.write_facts(program, list(env))
                 if not (recursive and self.facts.changed):
                     break
                 at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
 
-    def rows_since(self, matcher: Matcher) -> set[int]:
-        """The nodes named by rows of the tables ``matcher`` reads added or changed since it last ran (a fact rule
-        whose query reads only tables: its matches change only with those rows, not with the nodes they name)."""
+    def where(self, matcher: Matcher, near: Near | None) -> Near | None:
+        """Where ``matcher`` matches in this pass: everywhere (``near`` None), near the changes, or, for a rule whose
+        query reads only tables and whose outcome only rows change (see :func:`_row_driven`), semi-naively: near the
+        rows of those tables added or changed since it last ran."""
+        if matcher.pattern.name not in self.row_driven:
+            return near
         added: set[int] = set()
         for table in sorted(matcher.pattern.tables_read() & self.facts.rows.keys()):
             log, key = self.facts.log.get(table, []), (matcher.pattern.name, table)
             added.update(log[self.rows_read.get(key, 0):])
             self.rows_read[key] = len(log)
-        return added
+        return None if near is None else Near.of(self.nodes, added)
 
     def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
         """The best plan of each rule (as written: its operand orders are one rule) at each root."""
         best: dict[tuple[str, Any], tuple[float, int, Any, _Plan]] = {}
         signed: dict[Any, tuple[list, list, set]] = {}  # see roots
         for k, m in enumerate(matchers):
-            for root in self.roots(m, near, signed):
+            for root in self.roots(m, self.where(m, near), signed):
                 plan = self.best_plan(m, root)
                 key = (m.pattern.base, root)
                 if plan is not None and (key not in best or plan.delta < best[key][0]):
@@ -936,6 +934,33 @@ def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
 
 def _plain(value: Any) -> Any:
     return value.array if isinstance(value, ArrayValue) else value
+
+
+def _row_driven(pattern: Pattern) -> bool:
+    """Whether only new rows can change what ``pattern`` does at a root it has been tried at: its query reads only
+    tables (a node's type, op and Param order never change), and it is a fact rule, or a rewrite whose every union
+    records a form (a new term over the node it is unioned with: ``w = ConcatParams([w])``), whose outcome (recorded,
+    or already known) no change to the graph reverts (forms follow replacements as rows do)."""
+    if any(isinstance(a, NodePat) for a in pattern.query):
+        return False
+    if pattern.kind == FACTS:
+        return True
+    built = {a.out: a for a in pattern.actions if isinstance(a, Build)}
+    unions = [a for a in pattern.actions if isinstance(a, Union)]
+    return bool(unions) and all(isinstance(a, Build | Union) for a in pattern.actions) and all(
+        (u.b in built and u.a not in built and u.a in _input_names(built[u.b])) or
+        (u.a in built and u.b not in built and u.b in _input_names(built[u.a])) for u in unions)
+
+
+def _input_names(build: Build) -> set[str]:
+    """The variables a Build reads directly."""
+    names: set[str] = set()
+    for s in build.inputs:
+        if isinstance(s, V):
+            names.add(s.name)
+        elif isinstance(s, ListPat):
+            names.update(s.items)
+    return names
 
 
 def _reads_own(pattern: Pattern) -> bool:
