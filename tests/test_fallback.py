@@ -798,13 +798,19 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_only_rules_whose_outcome_new_rows_alone_change_run_semi_naively(tmp_path):
     """A rule whose query reads only tables runs again only at new rows, when it fills tables or records a form;
     one that merges nodes runs near every change (its gain changes with the graph), as does one matching nodes."""
-    driven = {p.base for p in load().patterns if _row_driven(p)}
+    driven = {p.base for p in load().patterns if _row_driven(p, set())}
     assert driven == {"attn-split-qk", "shared-input-last", "shared-input-order"}
     path = write(tmp_path, "(relation twin (Op Op))\n"
                  '(rule ((twin ?a ?b)) ((union ?a ?b)) :ruleset simplify :name "merge-twins")\n')
-    user = {p.base: _row_driven(p) for p in load([default_rule_dir(), path]).patterns}
+    user = {p.base: _row_driven(p, set()) for p in load([default_rule_dir(), path]).patterns}
     assert user["merge-twins"] is False
     assert user["shared-input-last"] is True
+    # a rule that sets a Param order where the graph has none: the rules reading param-order run near changes
+    path = write(tmp_path, '(rule ((= ?c (ConcatParams ?ws ?a))) ((set (param-order ?c) 0)) :ruleset fuse '
+                 ':name "order-concat")\n')
+    compiled = load([default_rule_dir(), path])
+    engine = _Engine(examples.mlp(), compiled, get_target("cpu"), FallbackLimits(), 64)
+    assert engine.row_driven == {"attn-split-qk"}
 
 
 @pytest.mark.parametrize("target", ["cpu", "onnxruntime"])
@@ -815,7 +821,7 @@ def test_semi_naive_matching_gives_what_matching_near_every_change_gives(model, 
     g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
     semi = run(g, target=target)
     assert semi.stats.commits["shared-input-last"] > 0
-    monkeypatch.setattr("rlx_egraph.fallback.engine._row_driven", lambda pattern: False)
+    monkeypatch.setattr("rlx_egraph.fallback.engine._row_driven", lambda pattern, set_by_rules: False)
     naive = run(g, target=target)
     assert semi.stats.rules["shared-input-order"].matches < naive.stats.rules["shared-input-order"].matches
     assert semi.stats.commits == naive.stats.commits

@@ -7,7 +7,8 @@ near what changed; see :meth:`_Engine.optimize`), a pass
 1. derives the helper facts: rules that only fill tables run to a fixpoint,
    in the order their tables depend on each other (after the first pass, near
    what changed; a rule whose query reads only tables, semi-naively, at the
-   rows added since it last ran: see :meth:`_Engine.where`);
+   rows added since it last ran, and so does a rewrite of that kind that only
+   records forms: see :meth:`_Engine.where`);
 2. matches every rewrite rule at the nodes of its root op and, per root, plans
    the best match: the right side's new nodes (built and checked by the op
    registry, reusing identical live nodes), the uses they replace, and the
@@ -57,7 +58,7 @@ from ..egraph.rules import STAGES, RuleSet, load_rules
 from ..ir.graph import Graph, GraphError, Node, check_node
 from ..ir.registry import REGISTRY, Kind, ops_of_kind
 from ..ir.rewrite import GraphRewriter
-from .facts import PRIMITIVES, Facts, NoMatch, compile_term
+from .facts import PRIMITIVES, SETTABLE_TABLES, Facts, NoMatch, compile_term
 from .lookahead import Chain, Lookahead, RegionRun
 from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, schedule
 from .pattern import (
@@ -269,7 +270,7 @@ class _Engine:
         self.costs: dict[int, tuple[Node, float]] = {}
         self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
         self.rules_of: dict[int, list[str]] = {}
-        self.rows_read: dict[tuple[str, str], int] = {}  # (fact rule, table) -> how far it has read the table's log
+        self.rows_read: dict[tuple[str, str], int] = {}  # (row-driven rule, table) -> how far it has read its log
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
         self.stage = STAGES[0]
         self.start(graph)
@@ -282,7 +283,9 @@ class _Engine:
                          for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.kind == FACTS])
                             for stage, ms in self.matchers.items()}
-        self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms if _row_driven(m.pattern)}
+        set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written() for p in compiled.patterns))
+        self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms
+                           if _row_driven(m.pattern, set_by_rules)}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, tuple[dict[str, Any], tuple, str, tuple]] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -936,12 +939,13 @@ def _plain(value: Any) -> Any:
     return value.array if isinstance(value, ArrayValue) else value
 
 
-def _row_driven(pattern: Pattern) -> bool:
+def _row_driven(pattern: Pattern, set_by_rules: set[str]) -> bool:
     """Whether only new rows can change what ``pattern`` does at a root it has been tried at: its query reads only
-    tables (a node's type, op and Param order never change), and it is a fact rule, or a rewrite whose every union
-    records a form (a new term over the node it is unioned with: ``w = ConcatParams([w])``), whose outcome (recorded,
-    or already known) no change to the graph reverts (forms follow replacements as rows do)."""
-    if any(isinstance(a, NodePat) for a in pattern.query):
+    helper tables and the graph's own ones (a node's type and op never change, nor does its Param order unless a
+    rule sets it: ``set_by_rules``), and it is a fact rule, or a rewrite whose every union records a form (a new term
+    over the node it is unioned with: ``w = ConcatParams([w])``), whose outcome (recorded, or already known) no
+    change to the graph reverts (forms follow replacements as rows do)."""
+    if any(isinstance(a, NodePat) for a in pattern.query) or pattern.tables_read() & set_by_rules:
         return False
     if pattern.kind == FACTS:
         return True

@@ -95,6 +95,8 @@ CHECKS = frozenset({"<", ">", "<=", ">=", "!=", "vec-contains", "vec-not-contain
 
 # The schema's fact tables the graph gives a meaning to (see the module docstring).
 BUILTIN_TABLES = frozenset({"shape", "dtype", "param-order", "attention-block-max-tokens", "inverse-perms"})
+# Those of them whose values a rule may add where the graph has none (see Facts.set).
+SETTABLE_TABLES = frozenset({"param-order"})
 
 
 def inverse_perm(perm: tuple[int, ...]) -> tuple[int, ...]:
@@ -122,7 +124,7 @@ class Facts:
 
         def order(n: int) -> int:
             value = param_order.get(n)
-            if value is None:
+            if value is None:  # one of SETTABLE_TABLES
                 value = overlay.get("param-order", {}).get((n,))
                 if value is None:
                     raise NoMatch
@@ -317,4 +319,5 @@ def _guard(fn: Callable[..., Any], *args: Any) -> Any:
         raise NoMatch from None
 
 
-__all__ = ["BUILTIN_TABLES", "CHECKS", "PRIMITIVES", "Facts", "NoMatch", "compile_term", "inverse_perm"]
+__all__ = ["BUILTIN_TABLES", "CHECKS", "PRIMITIVES", "SETTABLE_TABLES", "Facts", "NoMatch", "compile_term",
+           "inverse_perm"]
