@@ -78,6 +78,7 @@ from .pattern import (
     Unsupported,
     V,
     compile_rules,
+    slot_vars,
 )
 
 log = logging.getLogger(__name__)
@@ -952,19 +953,8 @@ def _row_driven(pattern: Pattern, set_by_rules: set[str]) -> bool:
     built = {a.out: a for a in pattern.actions if isinstance(a, Build)}
     unions = [a for a in pattern.actions if isinstance(a, Union)]
     return bool(unions) and all(isinstance(a, Build | Union) for a in pattern.actions) and all(
-        (u.b in built and u.a not in built and u.a in _input_names(built[u.b])) or
-        (u.a in built and u.b not in built and u.b in _input_names(built[u.a])) for u in unions)
-
-
-def _input_names(build: Build) -> set[str]:
-    """The variables a Build reads directly."""
-    names: set[str] = set()
-    for s in build.inputs:
-        if isinstance(s, V):
-            names.add(s.name)
-        elif isinstance(s, ListPat):
-            names.update(s.items)
-    return names
+        (u.b in built and u.a not in built and u.a in slot_vars(built[u.b].inputs)) or
+        (u.a in built and u.b not in built and u.b in slot_vars(built[u.a].inputs)) for u in unions)
 
 
 def _reads_own(pattern: Pattern) -> bool:

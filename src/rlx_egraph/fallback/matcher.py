@@ -43,6 +43,7 @@ from .pattern import (
     Term,
     Union,
     V,
+    slot_vars,
     term_vars,
 )
 
@@ -261,7 +262,7 @@ def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[st
     bound: set[str] = set()
     for kind, atom in order:
         if kind == "join" and isinstance(atom, NodePat):
-            watched.update(v for v in _input_vars(atom) if v in bound)
+            watched.update(v for v in slot_vars(atom.inputs) if v in bound)
         elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in _calls(atom)):
             watched |= _atom_vars(atom)
         bound |= _atom_vars(atom)
@@ -270,11 +271,10 @@ def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[st
     kept: set[str] = set()
     for action in pattern.actions:
         if isinstance(action, Build):
-            for s in action.inputs:
-                kept.update([s.name] if isinstance(s, V) else list(s.items) if isinstance(s, ListPat) else [])
+            kept.update(slot_vars(action.inputs))
         elif isinstance(action, Union):
             kept.update((action.a, action.b))
-    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in _input_vars(a) if v not in kept}
+    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in slot_vars(a.inputs) if v not in kept}
 
 
 def _calls(atom: Atom) -> list[Term]:
@@ -305,9 +305,9 @@ def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str]
                 if kind == "top":  # the root
                     parent[atom.out] = None
                 else:
-                    anchor = next(v for v in _input_vars(atom) if v in parent)
+                    anchor = next(v for v in slot_vars(atom.inputs) if v in parent)
                     parent[atom.out] = (anchor, _Edge("reader", None))
-            for v in _input_vars(atom):
+            for v in slot_vars(atom.inputs):
                 parent.setdefault(v, (atom.out, _Edge("input", atom.op)))
             continue
         bound_here = [v for v in _atom_vars(atom) & node_vars if v not in parent]
@@ -340,12 +340,6 @@ def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str]
             current = up
         paths.append((op_of.get(var), tuple(edges), root_column.get(current)))
     return paths
-
-
-def _input_vars(atom: NodePat) -> list[str]:
-    out = [s.name for s in atom.inputs if isinstance(s, V)]
-    out += [i for s in atom.inputs if isinstance(s, ListPat) for i in s.items]
-    return out
 
 
 def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root_op: str | None,
@@ -449,9 +443,7 @@ def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
     for atom in pattern.query:
         if isinstance(atom, NodePat):
             out[atom.out] = None
-            for s in atom.inputs:
-                names = [s.name] if isinstance(s, V) else list(s.items) if isinstance(s, ListPat) else []
-                out.update(dict.fromkeys(names))
+            out.update(dict.fromkeys(slot_vars(atom.inputs)))
             continue
         terms = _atom_terms(atom)
         while terms:
@@ -525,9 +517,7 @@ def _readiness(atom: Atom, bound: set[str], tables: Mapping[str, TableDecl]) -> 
     if isinstance(atom, NodePat):
         if atom.out in bound:
             return 1, "top"
-        inputs = [s.name for s in atom.inputs if isinstance(s, V)]
-        inputs += [i for s in atom.inputs if isinstance(s, ListPat) for i in s.items]
-        if any(i in bound for i in inputs):
+        if any(i in bound for i in slot_vars(atom.inputs)):
             return 4, "join"
         return None
     if isinstance(atom, Equal):
@@ -804,9 +794,7 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
                         visit(form, env)
         return top
 
-    anchors = [slots[s.name] for s in atom.inputs if isinstance(s, V) and s.name in known]
-    anchors += [slots[i] for s in atom.inputs if isinstance(s, ListPat) for i in s.items if i in known]
-    anchor = anchors[0]
+    anchor = next(slots[v] for v in slot_vars(atom.inputs) if v in known)
 
     def join(env: list) -> None:
         users = readers.get(env[anchor])

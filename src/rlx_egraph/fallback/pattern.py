@@ -506,6 +506,13 @@ def _called(atom: Atom) -> Iterator[str]:
             terms.extend(t.args)
 
 
+def slot_vars(slots: Iterable[Slot]) -> list[str]:
+    """The variables input slots name directly: each plain variable, then each list pattern's items (not its rest)."""
+    out = [s.name for s in slots if isinstance(s, V)]
+    out += [i for s in slots if isinstance(s, ListPat) for i in s.items]
+    return out
+
+
 def term_vars(term: Term) -> set[str]:
     """Variables a term reads."""
     if isinstance(term, V):
@@ -517,4 +524,4 @@ def term_vars(term: Term) -> set[str]:
 
 __all__ = ["ABSENT", "REWRITE", "FACTS", "Atom", "Action", "Build", "CompileError", "CompiledRules", "Compute",
            "Equal", "F", "Holds", "Insert", "L", "ListPat", "NodePat", "Pattern", "SetValue", "Symmetry",
-           "TableDecl", "Term", "Union", "Unsupported", "V", "compile_rules", "term_vars"]
+           "TableDecl", "Term", "Union", "Unsupported", "V", "compile_rules", "slot_vars", "term_vars"]
