@@ -14,7 +14,7 @@ import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..ir.graph import Graph
+from ..ir.graph import Graph, Node
 from ..ir.registry import Kind
 from .view import EGraphView
 
@@ -102,7 +102,13 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     while heap:
         _, c = heapq.heappop(heap)
         enode = view.nodes[wanted[c]]
-        nid = out.add_node(enode.op, [new_id[ch] for ch in enode.children], **enode.attrs)
+        inputs = [new_id[ch] for ch in enode.children]
+        if enode.original is None:
+            nid = out.add_node(enode.op, inputs, **enode.attrs)
+        else:  # checked in the input graph, and its children's classes have its inputs' types: not checked again
+            was = graph.node(enode.original)
+            nid = out.add_checked(Node(len(new_id), was.op, tuple(inputs), dict(was.attrs), was.shape, was.dtype,
+                                       was.parts))
         new_id[c] = nid
         decoded.class_of[nid] = c
         decoded.originals[nid] = list(view.classes[c].originals)

@@ -103,7 +103,7 @@ def node_costs(view: EGraphView, target: Target) -> list[float]:
     known: dict[tuple, float] = {}
     costs = []
     for n in view.nodes:
-        reads_intermediate = any(c not in leaf_classes for c in n.children)
+        reads_intermediate = not leaf_classes.issuperset(n.children)
         try:
             key = (n.op, tuple(n.attrs.items()), tuple([class_type[c] for c in n.children]), class_type[n.eclass],
                    reads_intermediate)

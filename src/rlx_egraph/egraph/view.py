@@ -138,13 +138,13 @@ class _Values:
     def __init__(self, egraph: eb.EGraph, constants: dict[str, Any]) -> None:
         self.egraph = egraph
         self.constants = constants
-        self.cache: dict[tuple[AttrType, Any], Any] = {}
+        self.cache: dict[AttrType, dict[Any, Any]] = {kind: {} for kind in AttrType}  # per kind: value -> Python
 
     def get(self, value: Any, kind: AttrType) -> Any:
-        key = (kind, value)
-        hit = self.cache.get(key, self)
+        cache = self.cache[kind]
+        hit = cache.get(value, self)
         if hit is self:
-            hit = self.cache[key] = self._convert(value, kind)
+            hit = cache[value] = self._convert(value, kind)
         return hit
 
     def _convert(self, value: Any, kind: AttrType) -> Any:
@@ -330,7 +330,7 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
     parents = view.parents()
     conflicts: dict[int, set[TensorType]] = {}
     while True:
-        types, problems, kept, new = _propagate(view, graph, fixed, merged | conflicts.keys(), parents, deadline)
+        types, problems, kept, new = _propagate(view, fixed, merged | conflicts.keys(), parents, deadline)
         if not new:
             break
         for c, seen in new.items():
@@ -351,24 +351,29 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
     return kept
 
 
-def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], excluded: set[int],
-               parents: list[list[int]], deadline: Deadline
+def _propagate(view: EGraphView, fixed: dict[int, TensorType], excluded: set[int], parents: list[list[int]],
+               deadline: Deadline
                ) -> tuple[dict[int, TensorType], dict[int, str], set[int], dict[int, set[TensorType]]]:
     """Infer types bottom-up from the leaves, every class outside ``excluded``.
 
-    An input-graph e-node has its node's type: the graph inferred it from the
-    same attributes and from its inputs' types, which are its children's
-    classes' types unless a class is in ``excluded``.
+    An input-graph e-node has its node's type, which ``fixed`` holds for its
+    class: the graph inferred it from the same attributes and from its inputs'
+    types, which are its children's classes' (input-graph classes too, so
+    fixed), so it passes when none of those is excluded, with no inference.
+    The rule-made e-nodes are inferred in order, each once its children's
+    classes have types.
     Returns the class types, the problem of each e-node that fails, the
     e-nodes that pass, and the rule-made classes whose e-nodes disagree.
     """
     types = dict(fixed)
     inferred: dict[tuple, TensorType] = {}  # (op, attributes, input types) -> type: shape rules are pure
     problems: dict[int, str] = {}
-    kept: set[int] = set()
+    kept = {n.index for n in view.nodes if n.original is not None and n.eclass in fixed
+            and all(c in fixed for c in n.children)}
     conflicts: dict[int, set[TensorType]] = {}
-    waiting = [len({c for c in n.children if c not in types}) for n in view.nodes]
-    queue = deque(i for i, w in enumerate(waiting) if w == 0)
+    made = [n for n in view.nodes if n.original is None]
+    waiting = {n.index: len({c for c in n.children if c not in types}) for n in made}
+    queue = deque(n.index for n in made if not waiting[n.index])
     while queue:
         n = view.nodes[queue.popleft()]
         if n.index % DEADLINE_STRIDE == 0:
@@ -376,14 +381,14 @@ def _propagate(view: EGraphView, graph: Graph, fixed: dict[int, TensorType], exc
         if n.eclass in excluded:
             continue
         try:
-            out = graph.node(n.original).type if n.original is not None else _infer(n, types, inferred)
+            out = _infer(n, types, inferred)
         except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # ShapeError, or a rule gone wild
             problems[n.index] = f"is ill-typed: {exc}"
             continue
         have = types.get(n.eclass)
         if have is None:
             types[n.eclass] = have = out
-            for p in parents[n.eclass]:
+            for p in parents[n.eclass]:  # rule-made e-nodes only: an input-graph one reads input-graph classes
                 waiting[p] -= 1
                 if waiting[p] == 0:
                     queue.append(p)
