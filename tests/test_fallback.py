@@ -630,6 +630,26 @@ def test_a_paying_step_does_not_destroy_a_cost_neutral_chain_start(target):
     assert fb_report.fallback.rules["attn-keys-heads-last"].chain_starts == 1
 
 
+@pytest.mark.parametrize("readers", [2, 3])
+def test_of_two_rivals_that_gain_the_same_the_lower_goes_first(readers):
+    """T5's feed-forward output on cuda: ``matmul-add`` (the down projection into the residual Add) and
+    ``residual-rms-norm`` (that Add into the next norm) each save one launch and both want the Add.  The lower
+    one goes first, so the norm stays free and fuses into the wide matmul that the shared-input chain makes of
+    its readers later (as egglog finds); the other order cost one launch more (rule-file order used to decide)."""
+    g = Graph()
+    x = g.input("x", (2, 16, 64))
+    down = g.matmul(g.relu(g.matmul(x, g.param("w1", (64, 128)))), g.param("w2", (128, 64)))
+    normed = g.rms_norm(g.add(x, down), g.param("gamma", (64,)))
+    g.set_outputs([g.matmul(normed, g.param(f"w{k}", (64, 64))) for k in "qkv"[:readers]])
+    _, eg_report = optimize_with_report(g, target="cuda", engine="egglog")
+    _, fb_report = optimize_with_report(g, target="cuda", engine="fallback", verify=True)
+    assert fb_report.fused_op_counts == eg_report.fused_op_counts
+    assert fb_report.fused_op_counts["FusedMatMulAdd"] == fb_report.fused_op_counts["FusedRmsNormMatMul"] == 1
+    assert "FusedResidualRmsNorm" not in fb_report.fused_op_counts and fb_report.parity.ok
+    assert fb_report.profile_after.launches == eg_report.profile_after.launches == 4
+    assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+
+
 def test_the_lookahead_is_not_asked_about_a_step_that_computes_a_live_node_again():
     """rms-norm-matmul where the norm has other readers fuses a copy of the norm into one matmul: the norm
     stays alive, which no later step can undo, so the lookahead is not asked (llama on cuda, where the

@@ -15,7 +15,8 @@ near what changed; see :meth:`_Engine.optimize`), a pass
    change of the graph's predicted cost, which is the new nodes' cost minus
    the cost of the nodes that die (a producer another reader still needs
    stays alive and paid for);
-3. commits the plans that lower the cost, most gain first; a plan whose nodes
+3. commits the plans that lower the cost, most gain first (of two that gain
+   the same and exclude each other, the one rooted lower); a plan whose nodes
    an earlier commit touched is matched again at its root first.
 
 A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule: per root only
@@ -538,6 +539,8 @@ class _Engine:
                     rival.settle(self.nodes)
             if rivals and _independent_gain([plans[j] for j in sorted(rivals)]) > -plan.delta:
                 continue
+            if rivals and self.tie_goes_to_rival(plan, [plans[j] for j in sorted(rivals)], touched, died):
+                continue
             if self.known_forms(plan.unions, plan.forms):  # an earlier plan of this batch added them
                 continue
             if plan.stale(touched, died):
@@ -563,6 +566,18 @@ class _Engine:
                     if self.rw.find(nid) != nid:
                         self.facts.replaced(nid)
         return done, touched
+
+    def tie_goes_to_rival(self, plan: _Plan, rivals: list[_Plan], touched: set[int], died: set[int]) -> bool:
+        """Whether a rival that gains exactly what ``plan`` gains, and that ``plan`` would destroy, goes first: the
+        one rooted lower does (a tie-break, bottom-up).  Fusing a value into its producer leaves the upper node free
+        for its readers, whose own fusions may only form later: ``matmul-add`` before ``residual-rms-norm`` on one
+        residual Add keeps the norm for ``rms-norm-matmul`` once the shared-input chain has made the wide matmul
+        that reads it (T5 on cuda), as extraction finds with every form at hand."""
+        if plan.stale(touched, died) or not isinstance(plan.root, int):
+            return False
+        tolerance, level = EPS * max(1.0, abs(plan.delta)), self.rw.level
+        return any(abs(rival.delta - plan.delta) <= tolerance and isinstance(rival.root, int)
+                   and level(rival.root) < level(plan.root) and not rival.stale(touched, died) for rival in rivals)
 
     # --- planning and applying ---------------------------------------------------------------
 
