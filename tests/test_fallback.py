@@ -630,9 +630,10 @@ def test_a_paying_step_does_not_destroy_a_cost_neutral_chain_start(target):
     assert fb_report.fallback.rules["attn-keys-heads-last"].chain_starts == 1
 
 
+@pytest.mark.parametrize("target", ["cuda", "metal"])
 @pytest.mark.parametrize("readers", [2, 3])
-def test_of_two_rivals_that_gain_the_same_the_lower_goes_first(readers):
-    """T5's feed-forward output on cuda: ``matmul-add`` (the down projection into the residual Add) and
+def test_of_two_rivals_that_gain_the_same_the_lower_goes_first(readers, target):
+    """T5's feed-forward output on cuda and metal: ``matmul-add`` (the down projection into the residual Add) and
     ``residual-rms-norm`` (that Add into the next norm) each save one launch and both want the Add.  The lower
     one goes first, so the norm stays free and fuses into the wide matmul that the shared-input chain makes of
     its readers later (as egglog finds); the other order cost one launch more (rule-file order used to decide)."""
@@ -641,8 +642,8 @@ def test_of_two_rivals_that_gain_the_same_the_lower_goes_first(readers):
     down = g.matmul(g.relu(g.matmul(x, g.param("w1", (64, 128)))), g.param("w2", (128, 64)))
     normed = g.rms_norm(g.add(x, down), g.param("gamma", (64,)))
     g.set_outputs([g.matmul(normed, g.param(f"w{k}", (64, 64))) for k in "qkv"[:readers]])
-    _, eg_report = optimize_with_report(g, target="cuda", engine="egglog")
-    _, fb_report = optimize_with_report(g, target="cuda", engine="fallback", verify=True)
+    _, eg_report = optimize_with_report(g, target=target, engine="egglog")
+    _, fb_report = optimize_with_report(g, target=target, engine="fallback", verify=True)
     assert fb_report.fused_op_counts == eg_report.fused_op_counts
     assert fb_report.fused_op_counts["FusedMatMulAdd"] == fb_report.fused_op_counts["FusedRmsNormMatMul"] == 1
     assert "FusedResidualRmsNorm" not in fb_report.fused_op_counts and fb_report.parity.ok

@@ -539,8 +539,6 @@ class _Engine:
                     rival.settle(self.nodes)
             if rivals and _independent_gain([plans[j] for j in sorted(rivals)]) > -plan.delta:
                 continue
-            if rivals and self.tie_goes_to_rival(plan, [plans[j] for j in sorted(rivals)], touched, died):
-                continue
             if self.known_forms(plan.unions, plan.forms):  # an earlier plan of this batch added them
                 continue
             if plan.stale(touched, died):
@@ -550,6 +548,8 @@ class _Engine:
                 if fresh is None:
                     continue
                 plan = fresh
+            if rivals and self.tie_goes_to_rival(plan, [plans[j] for j in sorted(rivals)], touched, died):
+                continue
             if plan.chain is not None:
                 self.transplant(plan)
             else:
@@ -572,12 +572,22 @@ class _Engine:
         one rooted lower does (a tie-break, bottom-up).  Fusing a value into its producer leaves the upper node free
         for its readers, whose own fusions may only form later: ``matmul-add`` before ``residual-rms-norm`` on one
         residual Add keeps the norm for ``rms-norm-matmul`` once the shared-input chain has made the wide matmul
-        that reads it (T5 on cuda), as extraction finds with every form at hand."""
-        if plan.stale(touched, died) or not isinstance(plan.root, int):
+        that reads it (T5 on cuda and metal), as extraction finds with every form at hand.  ``plan`` is fresh; a
+        rival an earlier commit of the pass touched is matched again first."""
+        if not isinstance(plan.root, int):
             return False
         tolerance, level = EPS * max(1.0, abs(plan.delta)), self.rw.level
-        return any(abs(rival.delta - plan.delta) <= tolerance and isinstance(rival.root, int)
-                   and level(rival.root) < level(plan.root) and not rival.stale(touched, died) for rival in rivals)
+        for rival in rivals:
+            if not isinstance(rival.root, int) or rival.root not in self.nodes or level(rival.root) >= level(plan.root):
+                continue
+            if rival.stale(touched, died):
+                fresh = self.best_plan(rival.matcher, rival.root) if rival.matcher.alive(rival.root) else None
+                if fresh is None:
+                    continue
+                rival = fresh
+            if abs(rival.delta - plan.delta) <= tolerance:
+                return True
+        return False
 
     # --- planning and applying ---------------------------------------------------------------
 
