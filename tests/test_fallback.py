@@ -651,6 +651,20 @@ def test_of_two_rivals_that_gain_the_same_the_lower_goes_first(readers, target):
     assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
 
 
+def test_a_tie_the_lower_rival_would_lose_is_settled_by_the_lookahead():
+    """A norm read by a linear layer with an activation, on wgpu: ``rms-norm-matmul`` (rooted at the MatMul) and
+    ``matmul-bias`` (at the bias Add above it) each save one launch and both want the MatMul.  Lower first would
+    cost a launch more; the lookahead sees that ``matmul-bias-silu`` follows ``matmul-bias`` and takes it."""
+    g = Graph()
+    normed = g.rms_norm(g.input("x", (4, 8)), g.param("gamma", (8,)))
+    g.set_outputs([g.silu(g.add(g.matmul(normed, g.param("w", (8, 8))), g.param("b", (8,))))])
+    _, eg_report = optimize_with_report(g, target="wgpu", engine="egglog")
+    _, fb_report = optimize_with_report(g, target="wgpu", engine="fallback", verify=True)
+    assert fb_report.fused_op_counts == eg_report.fused_op_counts == {"FusedMatMulBiasAct": 1}
+    assert fb_report.profile_after.launches == 2 and fb_report.parity.ok
+    assert fb_report.fallback.chains_asked == 1 and fb_report.fallback.rules["rms-norm-matmul"].commits == 0
+
+
 def test_the_lookahead_is_not_asked_about_a_step_that_computes_a_live_node_again():
     """rms-norm-matmul where the norm has other readers fuses a copy of the norm into one matmul: the norm
     stays alive, which no later step can undo, so the lookahead is not asked (llama on cuda, where the

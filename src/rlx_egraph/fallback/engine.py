@@ -128,7 +128,7 @@ class FallbackStats:
     cost_after_ns: float = 0.0
     nodes_before: int = 0
     nodes_after: int = 0
-    chains_asked: int = 0  # chain starts asked about: costly steps, and neutral ones a paying step would destroy
+    chains_asked: int = 0  # lookahead questions: costly steps, neutral ones a paying step would destroy, and ties
     regions_run: int = 0  # fallback runs on regions it made for them (the rest were remembered)
 
     @property
@@ -196,10 +196,11 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
 
     regions: list[_Engine] = []  # one engine, reopened on each region (compiling the rules takes longer)
 
-    def optimized(region: Graph, levels: tuple[float, ...], stage: str, step: _Plan | None) -> RegionRun:
+    def optimized(region: Graph, levels: tuple[float, ...], stage: str, step: _Plan | None,
+                  follow: bool) -> RegionRun:
         if not regions:
             regions.append(_Engine(region, compiled, tgt, limits, attention_block_max_tokens))
-        return regions[0].run_region(region, levels, stage, step)
+        return regions[0].run_region(region, levels, stage, step, follow)
 
     with gc_paused():
         engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, Lookahead(optimized))
@@ -314,9 +315,10 @@ class _Engine:
         self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
-    def run_region(self, region: Graph, levels: Sequence[float], stage: str, step: _Plan | None) -> RegionRun:
+    def run_region(self, region: Graph, levels: Sequence[float], stage: str, step: _Plan | None,
+                   follow: bool = True) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed (see :meth:`chain_start`)."""
+        ids), the step applied first and, with ``follow``, the chain after it followed (see :meth:`chain_start`)."""
         self.reopen(region, levels)
         later = STAGES.index(stage)
         for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
@@ -324,7 +326,7 @@ class _Engine:
         if step is not None:
             self.rw.touched = set()
             self.apply(step)
-            self.chain = {n for n in self.rw.touched if n in self.nodes}
+            self.chain = {n for n in self.rw.touched if n in self.nodes} if follow else None
         self.optimize(time.perf_counter(), STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
         return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
@@ -568,24 +570,29 @@ class _Engine:
         return done, touched
 
     def tie_goes_to_rival(self, plan: _Plan, rivals: list[_Plan], touched: set[int], died: set[int]) -> bool:
-        """Whether a rival that gains exactly what ``plan`` gains, and that ``plan`` would destroy, goes first: the
-        one rooted lower does (a tie-break, bottom-up).  Fusing a value into its producer leaves the upper node free
-        for its readers, whose own fusions may only form later: ``matmul-add`` before ``residual-rms-norm`` on one
-        residual Add keeps the norm for ``rms-norm-matmul`` once the shared-input chain has made the wide matmul
-        that reads it (T5 on cuda and metal), as extraction finds with every form at hand.  ``plan`` is fresh; a
-        rival an earlier commit of the pass touched is matched again first."""
+        """Whether a rival that gains exactly what ``plan`` gains, and that ``plan`` would destroy, goes first.
+        The lookahead runs the region around both with each taken first, and the cheaper end decides; where it
+        cannot tell (or inside a region), the one rooted lower goes first.  Both orders occur: ``matmul-add``
+        before ``residual-rms-norm`` on one residual Add keeps the norm for ``rms-norm-matmul`` once the
+        shared-input chain has made the wide matmul that reads it (T5 on cuda and metal), while ``matmul-bias``
+        before the lower ``rms-norm-matmul`` on one MatMul lets ``matmul-bias-silu`` follow.  ``plan`` is fresh;
+        a rival an earlier commit of the pass touched is matched again first."""
         if not isinstance(plan.root, int):
             return False
         tolerance, level = EPS * max(1.0, abs(plan.delta)), self.rw.level
         for rival in rivals:
-            if not isinstance(rival.root, int) or rival.root not in self.nodes or level(rival.root) >= level(plan.root):
+            if not isinstance(rival.root, int) or rival.root not in self.nodes:
                 continue
             if rival.stale(touched, died):
                 fresh = self.best_plan(rival.matcher, rival.root) if rival.matcher.alive(rival.root) else None
                 if fresh is None:
                     continue
                 rival = fresh
-            if abs(rival.delta - plan.delta) <= tolerance:
+            if abs(rival.delta - plan.delta) > tolerance:
+                continue
+            first = None if self.lookahead is None else self.lookahead.first(
+                self.rw, self.param_order, plan, rival, self.stage, CHAIN_EPS * self.stats.cost_before_ns)
+            if first is rival or (first is None and level(rival.root) < level(plan.root)):
                 return True
         return False
 

@@ -1,5 +1,5 @@
 """Lookahead: whether a rewrite that costs more by itself (or nothing, when a paying rewrite would destroy it)
-starts a chain of rewrites that pays.
+starts a chain of rewrites that pays, and which of two rival rewrites that gain the same should go first.
 
 egglog keeps every form a rule makes and lets extraction pick, so a chain whose
 first step costs more than it saves (on onnxruntime, one wide linear layer and
@@ -67,9 +67,9 @@ class Chain:
 class Lookahead:
     """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
 
-    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str, _Plan | None], RegionRun]) -> None:
-        # (region, its levels, stage, step) -> the region optimized from that stage on; with a step, the step
-        # is applied first and the chain that follows it is taken (see _Engine.chain_start)
+    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str, _Plan | None, bool], RegionRun]) -> None:
+        # (region, its levels, stage, step, follow) -> the region optimized from that stage on; with a step, the
+        # step is applied first and, with ``follow``, the chain that follows it is taken (see _Engine.chain_start)
         self.optimized = optimized
         self.runs: dict[tuple, RegionRun] = {}
         self.asked = 0
@@ -78,13 +78,8 @@ class Lookahead:
               margin_ns: float) -> Chain | None:
         """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``."""
         self.asked += 1
-        region, levels, local, back = _region(rw, param_order, plan)
-        local.update((nid, len(region) + k) for k, nid in enumerate(plan.new))  # its new nodes, numbered after
-        step = dataclasses.replace(
-            plan, new={local[nid]: dataclasses.replace(n, id=local[nid], inputs=tuple(local[i] for i in n.inputs))
-                       for nid, n in plan.new.items()},
-            unions=[(local[old], local[rep]) for old, rep in plan.unions])
-        taken = self.run(region, levels, stage, step)
+        region, levels, local, back = _region(rw, param_order, [plan])
+        taken = self.run(region, levels, stage, _local_step(plan, local, len(region)))
         if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
             return None
         gain = taken.cost_ns - self.run(region, levels, stage, None).cost_ns
@@ -92,17 +87,42 @@ class Lookahead:
             return None
         return Chain(gain, taken, back)
 
-    def run(self, region: Graph, levels: tuple[float, ...], stage: str, step: _Plan | None) -> RegionRun:
-        key = (stage, _content(region), levels, None if step is None else _step_key(step))
+    def first(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, rival: _Plan, stage: str,
+              margin_ns: float) -> _Plan | None:
+        """Of two steps that gain the same by themselves and exclude each other, the one whose region (around
+        both) ends cheaper, by more than ``margin_ns``, when it is taken first; None when neither does.  Each
+        run takes what pays after the step, as the whole graph would (no chain is followed)."""
+        self.asked += 1
+        region, levels, local, _ = _region(rw, param_order, [plan, rival])
+        plan_first, rival_first = (
+            self.run(region, levels, stage, _local_step(p, dict(local), len(region)), follow=False).cost_ns
+            for p in (plan, rival))
+        if abs(plan_first - rival_first) <= margin_ns:
+            return None
+        return plan if plan_first < rival_first else rival
+
+    def run(self, region: Graph, levels: tuple[float, ...], stage: str, step: _Plan | None,
+            follow: bool = True) -> RegionRun:
+        key = (stage, _content(region), levels, None if step is None else _step_key(step), follow)
         known = self.runs.get(key)
         if known is None:
-            known = self.runs[key] = self.optimized(region, levels, stage, step)
+            known = self.runs[key] = self.optimized(region, levels, stage, step, follow)
         return known
 
 
-def _region(rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan
+def _local_step(plan: _Plan, local: dict[int, int], size: int) -> _Plan:
+    """``plan`` in the ids of a region of ``size`` nodes that ``local`` maps live ids into (its new nodes are
+    numbered after the region's; ``local`` gains them)."""
+    local.update((nid, size + k) for k, nid in enumerate(plan.new))
+    return dataclasses.replace(
+        plan, new={local[nid]: dataclasses.replace(n, id=local[nid], inputs=tuple(local[i] for i in n.inputs))
+                   for nid, n in plan.new.items()},
+        unions=[(local[old], local[rep]) for old, rep in plan.unions])
+
+
+def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan]
             ) -> tuple[Graph, tuple[float, ...], dict[int, int], dict[int, int]]:
-    """The region around ``plan`` as a graph with canonical ids, its nodes' levels, the map of live ids to its
+    """The region around ``plans`` as a graph with canonical ids, its nodes' levels, the map of live ids to its
     ids, and the map back (its fresh inputs included).
 
     The levels are the whole graph's in order (a fresh input has the level of the value it stands for), as
@@ -110,8 +130,10 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan
     region, cut short above, must judge that as the whole graph does.  Ranks keep the layers of a model one
     region."""
     nodes, readers = rw.nodes_by_id, rw.readers
-    seeds = set(plan.dead) | {old for old, _ in plan.unions} | {rep for _, rep in plan.unions if rep in nodes}
-    seeds |= {i for n in plan.new.values() for i in n.inputs if i in nodes}
+    seeds: set[int] = set()
+    for plan in plans:
+        seeds |= set(plan.dead) | {old for old, _ in plan.unions} | {rep for _, rep in plan.unions if rep in nodes}
+        seeds |= {i for n in plan.new.values() for i in n.inputs if i in nodes}
     inner = set(seeds)
     frontier = seeds
     for _ in range(DEPTH):
