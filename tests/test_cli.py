@@ -599,6 +599,28 @@ def test_bench_overhead_splits_the_work_around_saturation(capsys: pytest.Capture
     assert around_ratio >= ours_ratio > 0 and around_ratio >= egglog_ratio > 0
 
 
+def test_bench_agreement_lists_the_random_graphs_the_engines_price_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each listed graph is priced again here; every one of them has the shared pair ``Add(x@w1, x@w2)`` that the
+    fallback fuses at once (the README's known limit), and the count in the first line adds up."""
+    import random
+
+    from rlx_egraph.optimize import optimize_with_report
+
+    assert bench.main(["agreement", "--graphs", "20", "--targets", "cpu,metal"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in out[2:]]
+    assert rows and out[0].startswith(f"{20 - len(rows)} of 20 random graphs (seed 0, targets cpu,metal in turn")
+    rng = random.Random(0)
+    plans = [examples.random_plan(rng) for _ in range(20)]
+    for row in rows:
+        k, target = int(row[0]), row[1]
+        assert target == ("cpu", "metal")[k % 2] and row[5:] == [step for step, _, _ in plans[k]]
+        eg, fb = (optimize_with_report(examples.random_graph(plans[k]), target, engine=e, regions=False)[1]
+                  .profile_after.ns for e in ("egglog", "fallback"))
+        assert row[2:5] == [f"{eg:,.1f}", f"{fb:,.1f}", f"{100 * (fb - eg) / eg:+.2f}"]
+        assert "shared_pair" in row[5:]
+
+
 def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     # llama-1 has 108 e-nodes and llama-2 200: the ILP runs on the first only.

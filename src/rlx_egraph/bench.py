@@ -15,6 +15,7 @@ import inspect
 import json
 import math
 import multiprocessing
+import random
 import resource
 import sys
 import textwrap
@@ -226,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``exact [--models M,...] [--layers N] [--targets T,...]``: the ILP of exact extraction per case.
     ``engines [--nodes N,...] [--no-models]``: both engines side by side, their costs' agreement.
     ``overhead [--nodes N,...]``: the egglog engine's work around saturation, and how much of it egglog does.
+    ``agreement [--graphs N] [--seed S] [--targets T,...]``: both engines' costs on seeded random small graphs.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["scaling"]:
@@ -236,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _engines(argv[1:])
     if argv[:1] == ["overhead"]:
         return _overhead(argv[1:])
+    if argv[:1] == ["agreement"]:
+        return _agreement(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=_names, default=list(MODELS), help=f"default: {','.join(MODELS)}")
     parser.add_argument("--layers", type=_counts, default=list(LAYERS), help=f"default: {','.join(map(str, LAYERS))}")
@@ -448,6 +452,39 @@ def _exact(argv: Sequence[str]) -> int:
             rows.append(exact_row(model, args.layers, target))
             print(f"{rows[-1][0]} {target}: {rows[-1][7]} s", file=sys.stderr, flush=True)
     print(format_table(header, rows, "<<" + ">" * (len(header) - 2)))
+    return 0
+
+
+def agreement_rows(graphs: int, seed: int, targets: Sequence[str]) -> list[tuple[int, str, float, float, str]]:
+    """Graph ``k`` of ``graphs`` (the plans :func:`examples.random_plan` draws from ``random.Random(seed)``) on
+    ``targets[k % len(targets)]``, optimized by both engines with the elementwise-regions pass off (it runs after
+    either engine's decision): (k, target, egglog ns, fallback ns, plan)."""
+    rng = random.Random(seed)
+    rows = []
+    for k in range(graphs):
+        plan = examples.random_plan(rng)
+        target, graph = targets[k % len(targets)], examples.random_graph(plan)
+        eg, fb = (optimize_with_report(graph, target, engine=e, regions=False)[1].profile_after.ns
+                  for e in ("egglog", "fallback"))
+        rows.append((k, target, eg, fb, " ".join(step for step, _, _ in plan)))
+    return rows
+
+
+def _agreement(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench agreement",
+                                     description="both engines' predicted costs on seeded random small graphs")
+    parser.add_argument("--graphs", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--targets", type=lambda t: t.split(","), default=["cpu", "metal", "wgpu"])
+    args = parser.parse_args(argv)
+    rows = agreement_rows(args.graphs, args.seed, args.targets)
+    apart = [r for r in rows if not math.isclose(r[2], r[3], rel_tol=1e-9)]
+    print(f"{len(rows) - len(apart)} of {len(rows)} random graphs (seed {args.seed}, targets "
+          f"{','.join(args.targets)} in turn, regions off): the fallback's predicted cost equals the egglog engine's")
+    if apart:
+        print(format_table(("graph", "target", "egglog ns", "fallback ns", "fallback vs egglog %", "steps"),
+                           [(str(k), t, f"{e:,.1f}", f"{f:,.1f}", f"{100 * (f - e) / e:+.2f}", steps)
+                            for k, t, e, f, steps in apart], ">>>>><"))
     return 0
 
 

@@ -9,8 +9,9 @@ of the same patterns for scalability benchmarks.
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .ir import Graph
 
@@ -283,4 +284,63 @@ def synthetic(nodes: int = 20000, seed: int = 0) -> Graph:
     return g
 
 
-__all__ = ["ALL", "bert", "conv_block", "gpt2", "llama", "mlp", "synthetic"]
+# The steps of a random graph (see random_graph): each appends one pattern built from earlier values.
+RANDOM_STEPS = ("linear", "linear_gelu", "linear_silu", "silu_export", "residual", "layer_norm", "rms_export",
+                "neg_neg", "mul_one", "swiglu", "shared_pair", "relu", "exp")
+_RANDOM_WIDTH = 8
+_RANDOM_MAX_STEPS = 10
+_RANDOM_MAX_PICK = 50  # a step's operands are earlier values picked by index modulo their count
+
+
+def random_plan(rng: random.Random) -> list[tuple[str, int, int]]:
+    """A plan for :func:`random_graph` drawn from ``rng``: 1 to 10 steps, each with two operand picks."""
+    return [(rng.choice(RANDOM_STEPS), rng.randint(0, _RANDOM_MAX_PICK), rng.randint(0, _RANDOM_MAX_PICK))
+            for _ in range(rng.randint(1, _RANDOM_MAX_STEPS))]
+
+
+def random_graph(plan: Sequence[tuple[str, int, int]]) -> Graph:
+    """A small graph of the rules' patterns, values all ``[4, 8]`` f32, from inputs ``x`` and ``y``: each
+    ``(step, i, j)`` of ``plan`` (a step of :data:`RANDOM_STEPS`) appends one pattern over the earlier values
+    ``i`` and ``j`` (modulo their count); the last two values are the outputs.  The property tests draw plans;
+    ``python -m rlx_egraph.bench agreement`` compares the engines on seeded ones."""
+    g = Graph("random")
+    values = [g.input("x", (4, _RANDOM_WIDTH)), g.input("y", (4, _RANDOM_WIDTH))]
+    square, row, numbers = (_RANDOM_WIDTH, _RANDOM_WIDTH), (_RANDOM_WIDTH,), itertools.count(1)
+
+    def param(shape: tuple[int, ...]) -> int:
+        return g.param(f"p{next(numbers)}", shape)
+
+    for step, i, j in plan:
+        _require(step in RANDOM_STEPS, f"unknown random-graph step {step!r}; steps: {', '.join(RANDOM_STEPS)}")
+        a, b = values[i % len(values)], values[j % len(values)]
+        if step.startswith("linear"):
+            v = g.add(g.matmul(a, param(square)), param(row))
+            v = g.gelu(v) if step == "linear_gelu" else g.silu(v) if step == "linear_silu" else v
+        elif step == "silu_export":
+            v = g.mul(a, g.sigmoid(a))
+        elif step == "residual":
+            v = g.add(a, b)
+        elif step == "layer_norm":
+            v = g.layer_norm(a, param(row), param(row))
+        elif step == "rms_export":
+            r = g.rsqrt(g.add(g.reduce_mean(g.pow(a, g.scalar(2.0)), axes=(-1,), keepdims=True), g.scalar(1e-6)))
+            v = g.mul(g.mul(a, r), param(row))
+        elif step == "neg_neg":
+            v = g.neg(g.neg(a))
+        elif step == "mul_one":
+            v = g.mul(a, g.scalar(1.0))
+        elif step == "swiglu":
+            v = g.mul(g.silu(a), b)
+        elif step == "shared_pair":
+            v = g.add(g.matmul(a, param(square)), g.matmul(a, param(square)))
+        elif step == "relu":
+            v = g.relu(a)
+        else:
+            v = g.exp(g.mul(a, g.scalar(0.1)))
+        values.append(v)
+    g.set_outputs(values[-2:])
+    return g
+
+
+__all__ = ["ALL", "RANDOM_STEPS", "bert", "conv_block", "gpt2", "llama", "mlp", "random_graph", "random_plan",
+           "synthetic"]
