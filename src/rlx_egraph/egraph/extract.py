@@ -91,19 +91,24 @@ def enode_ns(target: Target | NodePrices, spec: OpSpec, attrs: Mapping[str, Any]
     return cost
 
 
+def leaf_classes(view: EGraphView) -> set[int]:
+    """The classes that hold a leaf e-node (an op of kind leaf: Input, Param, Constant, Scalar)."""
+    leaf_ops = ops_of_kind(Kind.LEAF)
+    return {n.eclass for n in view.nodes if n.op in leaf_ops}
+
+
 def node_costs(view: EGraphView, target: Target) -> list[float]:
     """:func:`enode_ns` of every e-node, each distinct (op, attributes, input and output types, whether it
     reads an intermediate) priced once; types are numbered per class first, so that the key hashes ints."""
     classes = view.classes
     prices = NodePrices(target)
-    leaf_ops = ops_of_kind(Kind.LEAF)
-    leaf_classes = {n.eclass for n in view.nodes if n.op in leaf_ops}
+    leaves = leaf_classes(view)
     type_number: dict[TensorType | None, int] = {}
     class_type = [type_number.setdefault(c.type, len(type_number)) for c in classes]
     known: dict[tuple, float] = {}
     costs = []
     for n in view.nodes:
-        reads_intermediate = not leaf_classes.issuperset(n.children)
+        reads_intermediate = not leaves.issuperset(n.children)
         try:
             key = (n.op, tuple(n.attrs.items()), tuple([class_type[c] for c in n.children]), class_type[n.eclass],
                    reads_intermediate)
@@ -157,12 +162,12 @@ def class_positions(view: EGraphView, graph_position: dict[int, int],
     """
     pos = [math.inf] * len(view.classes)
     final = [False] * len(view.classes)
-    leaf_ops = ops_of_kind(Kind.LEAF)
+    leaves = leaf_classes(view)
     for cls in view.classes:
-        if any(view.nodes[i].op in leaf_ops for i in cls.nodes):
+        if cls.id in leaves:
             pos[cls.id], final[cls.id] = -1.0, True
         elif cls.originals:
-            pos[cls.id], final[cls.id] = float(min(graph_position[o] for o in cls.originals)), True
+            pos[cls.id], final[cls.id] = float(min(map(graph_position.__getitem__, cls.originals))), True
     return settle_positions(view.flat(), pos, final, costs)
 
 

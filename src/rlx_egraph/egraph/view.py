@@ -278,11 +278,12 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
 def _mark_originals(view: EGraphView, graph: Graph) -> None:
     """Tag each e-node that is exactly a node of the input graph."""
     marked = {n.original for n in view.nodes if n.original is not None}
+    class_of = view.class_of_node.__getitem__
     for gnode in graph.nodes:
         if gnode.id in marked:
             continue
-        cid = view.class_of_node[gnode.id]
-        children = tuple(view.class_of_node[i] for i in gnode.inputs)
+        cid = class_of(gnode.id)
+        children = tuple(map(class_of, gnode.inputs))
         for idx in view.classes[cid].nodes:
             n = view.nodes[idx]
             if n.op == gnode.op and n.children == children and n.original is None and attrs_equal(n.attrs, gnode.attrs):
