@@ -359,18 +359,13 @@ def test_greedy_unshares_two_linear_layers_with_an_activation_each(target: str):
 def test_greedy_has_no_gap_to_the_proven_optimum_on_random_graphs():
     """60 random graphs of the property tests' patterns, on rotating targets: greedy from the input graph alone
     was over the optimum on 15 of them (3 by more than 0.1%, one by 20%)."""
-    import sys
-    from pathlib import Path
-
     from rlx_egraph import optimize_with_report
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_properties import STEPS, build
+    from rlx_egraph.examples import random_graph, random_plan
 
     rng, targets, gaps = random.Random(6), sorted(TARGETS), []
     for k in range(60):
-        plan = [(rng.choice(STEPS), rng.randrange(51), rng.randrange(51)) for _ in range(rng.randint(1, 14))]
-        _, report = optimize_with_report(build(plan), targets[k % len(targets)], regions=False, exact_gap=True)
+        graph = random_graph(random_plan(rng, max_steps=14))
+        _, report = optimize_with_report(graph, targets[k % len(targets)], regions=False, exact_gap=True)
         assert report.exact_optimal
         gaps.append((report.extracted_ns - report.exact_ns) / max(report.exact_ns, 1.0))
     assert max(gaps) < 1e-9 and min(gaps) > -1e-9

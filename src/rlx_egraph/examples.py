@@ -288,14 +288,13 @@ def synthetic(nodes: int = 20000, seed: int = 0) -> Graph:
 RANDOM_STEPS = ("linear", "linear_gelu", "linear_silu", "silu_export", "residual", "layer_norm", "rms_export",
                 "neg_neg", "mul_one", "swiglu", "shared_pair", "relu", "exp")
 _RANDOM_WIDTH = 8
-_RANDOM_MAX_STEPS = 10
 _RANDOM_MAX_PICK = 50  # a step's operands are earlier values picked by index modulo their count
 
 
-def random_plan(rng: random.Random) -> list[tuple[str, int, int]]:
-    """A plan for :func:`random_graph` drawn from ``rng``: 1 to 10 steps, each with two operand picks."""
+def random_plan(rng: random.Random, max_steps: int = 10) -> list[tuple[str, int, int]]:
+    """A plan for :func:`random_graph` drawn from ``rng``: 1 to ``max_steps`` steps, each with two operand picks."""
     return [(rng.choice(RANDOM_STEPS), rng.randint(0, _RANDOM_MAX_PICK), rng.randint(0, _RANDOM_MAX_PICK))
-            for _ in range(rng.randint(1, _RANDOM_MAX_STEPS))]
+            for _ in range(rng.randint(1, max_steps))]
 
 
 def random_graph(plan: Sequence[tuple[str, int, int]]) -> Graph:
