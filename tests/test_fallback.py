@@ -632,11 +632,12 @@ def test_a_paying_step_does_not_destroy_a_cost_neutral_chain_start(target):
 
 @pytest.mark.parametrize("target", ["cuda", "metal"])
 @pytest.mark.parametrize("readers", [2, 3])
-def test_of_two_rivals_that_gain_the_same_the_lower_goes_first(readers, target):
+def test_of_two_rivals_that_gain_the_same_the_one_whose_region_ends_cheaper_goes_first(readers, target):
     """T5's feed-forward output on cuda and metal: ``matmul-add`` (the down projection into the residual Add) and
-    ``residual-rms-norm`` (that Add into the next norm) each save one launch and both want the Add.  The lower
-    one goes first, so the norm stays free and fuses into the wide matmul that the shared-input chain makes of
-    its readers later (as egglog finds); the other order cost one launch more (rule-file order used to decide)."""
+    ``residual-rms-norm`` (that Add into the next norm) each save one launch and both want the Add.  Asked, the
+    lookahead's region shows ``matmul-add`` first ending cheaper: the norm stays free and fuses into the wide
+    matmul that the shared-input chain makes of its readers later (as egglog finds); the other order cost one
+    launch more (rule-file order used to decide, and took it)."""
     g = Graph()
     x = g.input("x", (2, 16, 64))
     down = g.matmul(g.relu(g.matmul(x, g.param("w1", (64, 128)))), g.param("w2", (128, 64)))
@@ -647,8 +648,30 @@ def test_of_two_rivals_that_gain_the_same_the_lower_goes_first(readers, target):
     assert fb_report.fused_op_counts == eg_report.fused_op_counts
     assert fb_report.fused_op_counts["FusedMatMulAdd"] == fb_report.fused_op_counts["FusedRmsNormMatMul"] == 1
     assert "FusedResidualRmsNorm" not in fb_report.fused_op_counts and fb_report.parity.ok
+    assert (fb_report.fallback.chains_asked, fb_report.fallback.ties_asked) == (0, 1)  # one tie, settled by a region
     assert fb_report.profile_after.launches == eg_report.profile_after.launches == 4
     assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+
+
+@pytest.mark.parametrize("lower_first", [True, False])
+def test_a_tie_the_lookahead_cannot_tell_goes_to_the_rival_rooted_lower(lower_first, monkeypatch):
+    """As inside a lookahead's region, where no region is cut out: with the lookahead unable to tell, the T5 tie
+    goes to ``matmul-add``, rooted at the Add below the norm; with the tie-break off, rule-file order takes
+    ``residual-rms-norm`` and costs a launch more."""
+    from rlx_egraph.fallback import engine, lookahead
+
+    monkeypatch.setattr(lookahead.Lookahead, "first", lambda *args: None)
+    if not lower_first:
+        monkeypatch.setattr(engine._Engine, "tie_goes_to_rival", lambda *args: False)
+    g = Graph()
+    x = g.input("x", (2, 16, 64))
+    down = g.matmul(g.relu(g.matmul(x, g.param("w1", (64, 128)))), g.param("w2", (128, 64)))
+    normed = g.rms_norm(g.add(x, down), g.param("gamma", (64,)))
+    g.set_outputs([g.matmul(normed, g.param(f"w{k}", (64, 64))) for k in "qk"])
+    result = run(g, target="cuda")
+    fused = {"FusedMatMulAdd": 1, "FusedRmsNormMatMul": 1} if lower_first else {"FusedResidualRmsNorm": 1}
+    assert {op: n for op, n in ops(result.graph).items() if op.startswith("Fused")} == fused
+    assert profile(result.graph, "cuda").launches == (4 if lower_first else 5)
 
 
 def test_a_tie_the_lower_rival_would_lose_is_settled_by_the_lookahead():
@@ -662,7 +685,8 @@ def test_a_tie_the_lower_rival_would_lose_is_settled_by_the_lookahead():
     _, fb_report = optimize_with_report(g, target="wgpu", engine="fallback", verify=True)
     assert fb_report.fused_op_counts == eg_report.fused_op_counts == {"FusedMatMulBiasAct": 1}
     assert fb_report.profile_after.launches == 2 and fb_report.parity.ok
-    assert fb_report.fallback.chains_asked == 1 and fb_report.fallback.rules["rms-norm-matmul"].commits == 0
+    assert (fb_report.fallback.chains_asked, fb_report.fallback.ties_asked) == (0, 1)
+    assert fb_report.fallback.rules["rms-norm-matmul"].commits == 0
 
 
 def test_the_lookahead_is_not_asked_about_a_step_that_computes_a_live_node_again():
@@ -1134,7 +1158,7 @@ def test_the_report_keeps_the_fallbacks_stats_and_says_what_the_lookahead_did():
     text = str(rep)
     assert "rule matches (summed over passes)" in text
     assert (f"fallback: {sum(stats.commits.values())} rewrites committed, {sum(stats.passes.values())} passes; "
-            "stopped: no rewrite lowers the cost; lookahead: 3 chain starts asked about, 6 region runs, "
+            "stopped: no rewrite lowers the cost; lookahead: 3 chain starts and 0 ties asked about, 6 region runs, "
             "2 chains taken") in text
     assert rep.to_dict()["fallback"]["rules"]["shared-input-linear"]["chain_starts"] == 2
     _, egglog_rep = optimize_with_report(examples.bert(2), target="onnxruntime", engine="egglog")

@@ -16,8 +16,9 @@ near what changed; see :meth:`_Engine.optimize`), a pass
    the cost of the nodes that die (a producer another reader still needs
    stays alive and paid for);
 3. commits the plans that lower the cost, most gain first (of two that gain
-   the same and exclude each other, the one rooted lower); a plan whose nodes
-   an earlier commit touched is matched again at its root first.
+   the same and exclude each other, the one the lookahead shows ending
+   cheaper, else the one rooted lower); a plan whose nodes an earlier commit
+   touched is matched again at its root first.
 
 A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule: per root only
 its best plan competes, and stats and provenance use the base name.  Two kinds
@@ -128,7 +129,8 @@ class FallbackStats:
     cost_after_ns: float = 0.0
     nodes_before: int = 0
     nodes_after: int = 0
-    chains_asked: int = 0  # lookahead questions: costly steps, neutral ones a paying step would destroy, and ties
+    chains_asked: int = 0  # chain starts asked about: costly steps, and neutral ones a paying step would destroy
+    ties_asked: int = 0  # ties between rival steps that gain the same, asked about (see _Engine.tie_goes_to_rival)
     regions_run: int = 0  # fallback runs on regions it made for them (the rest were remembered)
 
     @property
@@ -144,7 +146,7 @@ class FallbackStats:
             "passes": dict(self.passes), "stop_reason": self.stop_reason, "phases": dict(self.phases),
             "cost_before_ns": self.cost_before_ns, "cost_after_ns": self.cost_after_ns,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
-            "chains_asked": self.chains_asked, "regions_run": self.regions_run,
+            "chains_asked": self.chains_asked, "ties_asked": self.ties_asked, "regions_run": self.regions_run,
         }
 
 
@@ -888,7 +890,8 @@ class _Engine:
         t0 = time.perf_counter()
         self.stats.cost_after_ns = self.dag_ns()
         if self.lookahead is not None:
-            self.stats.chains_asked, self.stats.regions_run = self.lookahead.asked, len(self.lookahead.runs)
+            self.stats.chains_asked, self.stats.ties_asked = self.lookahead.asked, self.lookahead.ties
+            self.stats.regions_run = len(self.lookahead.runs)
         out = self.rw.finish()
         same: dict[int, list[int]] = {}
         for n in graph.nodes:

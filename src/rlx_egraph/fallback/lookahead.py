@@ -72,7 +72,8 @@ class Lookahead:
         # step is applied first and, with ``follow``, the chain that follows it is taken (see _Engine.chain_start)
         self.optimized = optimized
         self.runs: dict[tuple, RegionRun] = {}
-        self.asked = 0
+        self.asked = 0  # chain starts asked about
+        self.ties = 0  # ties between rival steps asked about
 
     def chain(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
               margin_ns: float) -> Chain | None:
@@ -92,7 +93,7 @@ class Lookahead:
         """Of two steps that gain the same by themselves and exclude each other, the one whose region (around
         both) ends cheaper, by more than ``margin_ns``, when it is taken first; None when neither does.  Each
         run takes what pays after the step, as the whole graph would (no chain is followed)."""
-        self.asked += 1
+        self.ties += 1
         region, levels, local, _ = _region(rw, param_order, [plan, rival])
         plan_first, rival_first = (
             self.run(region, levels, stage, _local_step(p, dict(local), len(region)), follow=False).cost_ns

@@ -142,7 +142,8 @@ class OptimizeReport:
             commits, starts = self.fallback.commits, sum(s.chain_starts for s in self.fallback.rules.values())
             lines.append(f"fallback: {sum(commits.values())} rewrites committed, {sum(self.fallback.passes.values())} "
                          f"passes; stopped: {self.fallback.stop_reason}; lookahead: {self.fallback.chains_asked} "
-                         f"chain starts asked about, {self.fallback.regions_run} region runs, {starts} chains taken")
+                         f"chain starts and {self.fallback.ties_asked} ties asked about, {self.fallback.regions_run} "
+                         f"region runs, {starts} chains taken")
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
         if self.engine == "egglog":
             lines.append(self.fusion.summary_line())
