@@ -515,8 +515,9 @@ class _Engine:
     def commit(self, entries: list[tuple[float, int, Any, _Plan]]) -> tuple[int, set[int]]:
         """Commit plans, most gain first.  A plan is skipped when the undecided plans it
         would destroy gain more together (one level of lookahead; a cost-neutral one counts
-        the gain of the chain it starts, asked of the lookahead then), and matched again
-        at its root when an earlier commit touched its nodes."""
+        the gain of the chain it starts, asked of the lookahead then), or when one of them
+        gains exactly as much and should go first (:meth:`tie_goes_to_rival`), and matched
+        again at its root when an earlier commit touched its nodes."""
         plans = [e[3] for e in entries]
         needed_by: dict[int, list[int]] = {}
         destroyed_by: dict[int, list[int]] = {}
