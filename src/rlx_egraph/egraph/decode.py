@@ -103,7 +103,7 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         _, c = heapq.heappop(heap)
         enode = view.nodes[wanted[c]]
         inputs = [new_id[ch] for ch in enode.children]
-        if enode.original is None:
+        if enode.original is None or enode.spec.kind is Kind.WEIGHT_PREP:  # weight prep: its inputs' ops matter too
             nid = out.add_node(enode.op, inputs, **enode.attrs)
         else:  # checked in the input graph, and its children's classes have its inputs' types: not checked again
             was = graph.node(enode.original)
