@@ -17,9 +17,11 @@ the region showed.
 
 The region keeps every value the rest of the graph reads as an output, and the
 non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
-each node is priced as in the whole graph and nothing outside can die or be
-fused; its nodes keep the whole graph's levels (as ranks), so that it decides as
-the whole graph would. Regions are renumbered in a canonical order, so two
+each node is priced as in the whole graph and nothing the rest of the graph
+reads can die or be fused (a node read only by the region may be fused into its
+reader, as in the whole graph: in T5, the MatMul above a residual Add); its
+nodes keep the whole graph's levels (as ranks), so that it decides as the whole
+graph would. Regions are renumbered in a canonical order, so two
 regions with the same structure (the layers of a model) are the same graph and
 are optimized once.
 """
@@ -189,9 +191,8 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan
         else:
             ins = tuple(local[i] for i in node.inputs)
         local[n] = add(node, ins)
-    outputs = set(rw.outputs) & inner
-    outputs |= {n for n in inner if any(r not in inner for r in readers[n])}
-    outputs |= boundary
+    outputs = set(rw.outputs) & (inner | boundary)
+    outputs |= {n for n in inner | boundary if any(r not in inner for r in readers[n])}
     graph.set_outputs(sorted(local[n] for n in outputs))
     back.update((k, n) for n, k in local.items())
     whole = [rw.level(back[k]) for k in range(len(graph))]
