@@ -1142,9 +1142,9 @@ def test_planned_node_checks_are_remembered_per_op_attributes_and_input_ops_and_
     g.set_outputs([g.add(e, w), g.exp(y)])
     engine = _Engine(g, load(), get_target("cpu"), FallbackLimits(), 64)
     lookup = engine.nodes.get
-    first = engine.checked(100, "ConcatParams", [w], {"axis": 1}, lookup)
-    again = engine.checked(101, "ConcatParams", [w], {"axis": 1}, lookup)
-    assert (first.id, again.id, len(engine.checks)) == (100, 101, 1)
+    first, remembered = engine.checked(100, "ConcatParams", [w], {"axis": 1}, lookup)
+    again, same = engine.checked(101, "ConcatParams", [w], {"axis": 1}, lookup)
+    assert (first.id, again.id, len(engine.checks), same is remembered) == (100, 101, 1, True)
     assert again.same_as(check_node(101, "ConcatParams", [w], {"axis": 1}, lookup, {}))
     assert again.attrs == {"axis": -1} and again.attrs is not first.attrs  # canonical, never shared
     # same input type, another input op: its own entry, and the weight-prep check still refuses it
@@ -1154,6 +1154,11 @@ def test_planned_node_checks_are_remembered_per_op_attributes_and_input_ops_and_
         with pytest.raises(GraphError, match=rf"^node {nid} \(Add\): shapes \[4, 8\] and \[3, 5\] do not broadcast$"):
             engine.checked(nid, "Add", [x, y], {}, lookup)
     assert len(engine.checks) == 1
+    # a planned node's cost is remembered with its check once a plan's delta has priced it
+    add, priced = engine.checked(105, "Add", [x, w], {}, lookup)
+    assert priced[4] is None
+    assert engine.delta({105: add}, [], {105: priced}) == (engine.node_ns(add, lookup), set())
+    assert priced[4] == engine.node_ns(add, lookup) > 0
 
 
 def test_an_engine_reopened_on_another_graph_optimizes_it_as_a_fresh_engine_does():

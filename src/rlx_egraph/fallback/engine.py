@@ -292,7 +292,7 @@ class _Engine:
         self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms
                            if _row_driven(m.pattern, set_by_rules)}
         self.signature_costs: dict[tuple, float] = {}
-        self.checks: dict[tuple, tuple[dict[str, Any], tuple, str, tuple]] = {}  # see checked()
+        self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
 
     def start(self, graph: Graph) -> None:
@@ -606,6 +606,7 @@ class _Engine:
         pattern, env = matcher.pattern, list(found)
         slots, rw, nodes = matcher.slots, self.rw, self.nodes
         new: dict[int, Node] = {}
+        checks: dict[int, list] = {}  # new node -> its check's remembered outcome (see checked)
         unions: list[tuple[int, int]] = []
         writes: list[tuple[str, tuple, Any]] = []
 
@@ -618,10 +619,12 @@ class _Engine:
                     nid = rw.next_id + len(new)
                     inputs = _inputs(action, env, slots, pattern.base)
                     attrs = {name: _plain(ev(env)) for name, ev in compiled}
-                    node = self.checked(nid, action.op, inputs, attrs, lookup)
+                    node, check = self.checked(nid, action.op, inputs, attrs, lookup)
                     same = rw.existing(node) if not any(i in new for i in node.inputs) else None
                     if same is None:
                         new[nid] = node
+                        if check is not None:
+                            checks[nid] = check
                     env[slots[action.out]] = nid if same is None else same
                 elif isinstance(action, Compute):
                     env[compiled[0]] = compiled[1](env)
@@ -648,15 +651,17 @@ class _Engine:
             return KNOWN_FORM
         for _, form in forms:
             del new[form.id]
-        delta, dead = self.delta(new, merges)
+        delta, dead = self.delta(new, merges, checks)
         if math.isnan(delta):  # replaces an op the target does not run by another one: no gain to speak of
             return NO_GAIN
         return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms)
 
     def checked(self, nid: int, op: str, inputs: list[int], attrs: dict[str, Any],
-                lookup: Callable[[int], Node | None]) -> Node:
+                lookup: Callable[[int], Node | None]) -> tuple[Node, list | None]:
         """:func:`check_node` of a planned node, its outcome remembered per (op, attributes, input
-        ops and types): the checks are pure functions of these (leaves and failures are not remembered)."""
+        ops and types): the checks are pure functions of these (leaves and failures are not remembered).
+        Returns the node and that remembered outcome, ``[attrs, shape, dtype, parts, ns]``: so is the node's
+        cost, filled in by :meth:`delta` when first needed (None here when nothing is remembered)."""
         ins = [lookup(i) if type(i) is int else None for i in inputs]
         key: tuple | None = None
         if None not in ins and op not in LEAF_OPS:
@@ -666,11 +671,12 @@ class _Engine:
             except TypeError:  # unhashable attributes (arrays)
                 key = hit = None
             if hit is not None:
-                return Node(nid, op, tuple(inputs), dict(hit[0]), hit[1], hit[2], hit[3])
+                return Node(nid, op, tuple(inputs), dict(hit[0]), hit[1], hit[2], hit[3]), hit
         node = check_node(nid, op, inputs, attrs, lookup, self.rw.leaf_names)
-        if key is not None:
-            self.checks[key] = (dict(node.attrs), node.shape, node.dtype, node.parts)
-        return node
+        if key is None:
+            return node, None
+        hit = self.checks[key] = [dict(node.attrs), node.shape, node.dtype, node.parts, None]
+        return node, hit
 
     def known_forms(self, merges: list[tuple[int, int]], forms: list[tuple[int, Node]]) -> bool:
         """Whether a rewrite only records forms its nodes already have."""
@@ -745,8 +751,10 @@ class _Engine:
                 return True
         return False
 
-    def delta(self, new: Mapping[int, Node], merges: list[tuple[int, int]]) -> tuple[float, set[int]]:
-        """Predicted cost change of a plan, and the live nodes it leaves dead."""
+    def delta(self, new: Mapping[int, Node], merges: list[tuple[int, int]],
+              checks: Mapping[int, list]) -> tuple[float, set[int]]:
+        """Predicted cost change of a plan, and the live nodes it leaves dead.  ``checks``: the new nodes' remembered
+        checks (see :meth:`checked`), which remember their costs too."""
         use_count, nodes = self.rw.use_count, self.nodes
         extra: dict[int, int] = {}  # uses the plan adds to live nodes
         for n in new.values():
@@ -768,10 +776,19 @@ class _Engine:
                 if (0 if i in olds else use_count(i)) + extra.get(i, 0) == gone:
                     dead.add(i)
                     stack.append(i)
-        cost, node_ns = self.cost, self.node_ns
         lookup = (lambda i: new.get(i) or nodes[i]) if new else nodes.__getitem__
-        created = sum(node_ns(n, lookup) for n in new.values())
-        return created - sum(cost(d) for d in dead), dead
+        created: list[float] = []
+        for nid, n in new.items():
+            check = checks.get(nid)
+            if check is None:
+                created.append(self.node_ns(n, lookup))
+            else:  # a function of what the check's outcome is remembered by
+                if check[4] is None:
+                    check[4] = self.node_ns(n, lookup)
+                created.append(check[4])
+        costs, cost = self.costs, self.cost
+        freed = [known[1] if (known := costs.get(d)) is not None and known[0] is nodes[d] else cost(d) for d in dead]
+        return sum(created) - sum(freed), dead  # sum: compensated, as everywhere costs are added
 
     def apply(self, plan: _Plan) -> None:
         rw = self.rw
