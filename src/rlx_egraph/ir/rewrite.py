@@ -21,10 +21,10 @@ in the size of the graph, so a million rewrites of a million-node graph stay lin
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -100,18 +100,18 @@ class GraphRewriter:
         self._open(graph, levels)
 
     def _open(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
-        nodes, users, by_op, level, order, keys = (self._nodes, self._users, self._by_op, self._level, self._order,
-                                                    self._keys)
+        nodes, users, by_op, level, order, keys, forward = (self._nodes, self._users, self._by_op, self._level,
+                                                             self._order, self._keys, self._forward)
         for position, node in enumerate(graph.nodes):  # _add, inlined: this loop is the rewriter's opening cost
             nid, inputs = node.id, node.inputs
-            if self._forward and any(i in self._forward for i in inputs):
+            if forward and not forward.keys().isdisjoint(inputs):  # reads a node merged into an identical one
                 inputs = tuple(self.find(i) for i in inputs)
-                node = dataclasses.replace(node, inputs=inputs)
+                node = Node(nid, node.op, inputs, node.attrs, node.shape, node.dtype, node.parts)
             key = node_key(node)
             if key is not None:
                 same = keys.setdefault(key, nid)
                 if same != nid:
-                    self._forward[nid] = same
+                    forward[nid] = same
                     continue
             self._input_order.append(nid)
             nodes[nid] = node
@@ -126,7 +126,7 @@ class GraphRewriter:
             order[nid] = (float(position), 0)
             if "name" in node.attrs and node.kind is Kind.LEAF:
                 self._leaf_names[node.attrs["name"]] = nid
-        self._next_id = max((n.id for n in graph.nodes), default=-1) + 1  # new ids never reuse an input id
+        self._next_id = max(map(attrgetter("id"), graph.nodes), default=-1) + 1  # new ids never reuse an input id
         outputs = [self.find(o) for o in graph.outputs]
         self._outputs = outputs
         self._out_uses = Counter(outputs)
