@@ -617,8 +617,11 @@ class _Engine:
             try:
                 if isinstance(action, Build):
                     nid = rw.next_id + len(new)
-                    inputs = _inputs(action, env, slots, pattern.base)
-                    attrs = {name: _plain(ev(env)) for name, ev in compiled}
+                    attr_terms, input_slots = compiled
+                    inputs = [env[k] for k in input_slots] if input_slots is not None else None
+                    if inputs is None or ABSENT in inputs:
+                        inputs = _inputs(action, env, slots, pattern.base)
+                    attrs = {name: _plain(ev(env)) for name, ev in attr_terms}
                     node, check = self.checked(nid, action.op, inputs, attrs, lookup)
                     same = rw.existing(node) if not any(i in new for i in node.inputs) else None
                     if same is None:
@@ -933,7 +936,10 @@ def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[Any, Any]]:
         compiled: Any = None
         if isinstance(action, Build):
             names = [a.name for a in REGISTRY[action.op].attrs]
-            compiled = [(n, compile_term(t, slots, facts)) for n, t in zip(names, action.attrs, strict=True)]
+            # the attributes' evaluators, and the inputs' slots when each input is one variable (most rules)
+            compiled = ([(n, compile_term(t, slots, facts)) for n, t in zip(names, action.attrs, strict=True)],
+                        tuple(slots[s.name] for s in action.inputs) if all(isinstance(s, V) for s in action.inputs)
+                        else None)
         elif isinstance(action, Compute):
             compiled = (slots[action.out], compile_term(action.expr, slots, facts))
         elif isinstance(action, SetValue | Insert):
