@@ -663,8 +663,9 @@ class _Engine:
                 lookup: Callable[[int], Node | None]) -> tuple[Node, list | None]:
         """:func:`check_node` of a planned node, its outcome remembered per (op, attributes, input
         ops and types): the checks are pure functions of these (leaves and failures are not remembered).
-        Returns the node and that remembered outcome, ``[attrs, shape, dtype, parts, ns]``: so is the node's
-        cost, filled in by :meth:`delta` when first needed (None here when nothing is remembered)."""
+        Returns the node and that remembered outcome, ``[attrs, shape, dtype, parts, ns]`` (None when nothing is
+        remembered); ``ns``, the node's cost, is a function of the same key, filled in by :meth:`delta` when first
+        needed."""
         ins = [lookup(i) if type(i) is int else None for i in inputs]
         key: tuple | None = None
         if None not in ins and op not in LEAF_OPS:
