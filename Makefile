@@ -1,12 +1,14 @@
 # Every target sets itself up: a .venv with the project installed (editable) and its dev tools.
-PYTHON ?= python3.12
+# The newest supported interpreter that runs here (the fallback engine is about 15% faster on 3.13 than on 3.12,
+# with the same results; see the README's "Two engines"); PYTHON=... picks another.
+PYTHON ?= $(firstword $(foreach p,python3.13 python3.12,$(shell $(p) -c "" >/dev/null 2>&1 && echo $(p))))
 VENV := .venv
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml hatch_build.py $(wildcard src/rlx_egraph/*/*.pyx)
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.12+) on PATH"; exit 1; }
+	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null 2>&1 || { echo "need python3.13 or python3.12 on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
