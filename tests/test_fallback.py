@@ -536,9 +536,10 @@ def test_bert_attention_block_on_onnxruntime_is_reached_by_the_lookahead(layers)
     assert stats.rules["shared-input-linear"].chain_starts == layers
     assert stats.rules["shared-input-linear"].commits == 2 * layers  # the step and the one after it, per layer
     assert stats.rules["attention-block"].commits == layers
-    # with and without the step, per distinct region: a region takes in what its nodes read four levels up, so
-    # layer 1 (reading the embeddings), layer 2 (reading layer 1's norm) and the rest (all alike) are three
-    assert stats.regions_run == {1: 2, 2: 6, 6: 10}[layers]
+    # the graph is cut into blocks at the residual values (four per layer, alike in every layer, and the
+    # embeddings), each kind optimized once: one chain question, its region run with and without the step
+    assert (stats.blocks, stats.block_kinds) == (4 * layers + 1, 4)
+    assert (stats.chains_asked, stats.regions_run) == (1, 2)
     blocks = [f for f in result.fusions if f.op == "FusedAttentionBlock"]
     assert all("attention-block" in f.rules and [g.node(i).op for i in f.replaces] == ["Add"] for f in blocks)
 
@@ -706,8 +707,8 @@ def test_a_region_keeps_a_value_computed_outside_it_only_when_something_else_rea
     above = values[1]  # the region reaches HEIGHT levels up from the last value: this one is read from outside it
     g.set_outputs([values[-1]] + ([g.neg(above)] if read_outside else []))
     rw = GraphRewriter(g)
-    region, _, local, back = _region(rw, {}, [SimpleNamespace(dead={values[-1]}, unions=[], new={})])
-    assert back[local[above]] == above and region.node(local[above]).op == "Exp"
+    region, local, back = _region(rw, {}, [SimpleNamespace(dead={values[-1]}, unions=[], new={})])
+    assert back[local[above]] == above and region.nodes[local[above]].op == "Exp"
     assert (local[above] in region.outputs) is read_outside
     assert local[values[-1]] in region.outputs  # a graph output stays one
 
@@ -901,6 +902,7 @@ def test_semi_naive_matching_gives_what_matching_near_every_change_gives(model, 
     """Running the row-driven rules only at new rows is an optimization: the same graph, cost and commits as
     running them near every change (the shared-input chains and the lookahead's regions included)."""
     g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
+    monkeypatch.setattr("rlx_egraph.fallback.engine.blocks", lambda rw: [list(rw.nodes_by_id)])  # the graph whole
     semi = run(g, target=target)
     assert semi.stats.commits["shared-input-last"] > 0
     monkeypatch.setattr("rlx_egraph.fallback.engine._row_driven", lambda pattern, set_by_rules: False)
@@ -1181,13 +1183,15 @@ def test_an_engine_reopened_on_another_graph_optimizes_it_as_a_fresh_engine_does
 def test_the_report_keeps_the_fallbacks_stats_and_says_what_the_lookahead_did():
     _, rep = optimize_with_report(examples.bert(2), target="onnxruntime", engine="fallback")
     stats = rep.fallback
-    assert stats is not None and stats.chains_asked == 3 and stats.regions_run == 6
+    # two layers of four blocks each, alike, and the embeddings: one chain question, asked in the first layer
+    assert stats is not None and (stats.blocks, stats.block_kinds) == (9, 4)
+    assert stats.chains_asked == 1 and stats.regions_run == 2
     assert stats.rules["shared-input-linear"].chain_starts == 2
     text = str(rep)
     assert "rule matches (summed over passes)" in text
-    assert (f"fallback: {sum(stats.commits.values())} rewrites committed, {sum(stats.passes.values())} passes; "
-            "stopped: no rewrite lowers the cost; lookahead: 3 chain starts and 0 ties asked about, 6 region runs, "
-            "2 chains taken") in text
+    assert (f"fallback: {sum(stats.commits.values())} rewrites committed, 9 blocks (4 distinct, each optimized "
+            f"once), then {sum(stats.passes.values())} passes near their seams; stopped: no rewrite lowers the cost; "
+            "lookahead: 1 chain starts and 0 ties asked about, 2 region runs, 2 chains taken") in text
     assert rep.to_dict()["fallback"]["rules"]["shared-input-linear"]["chain_starts"] == 2
     _, egglog_rep = optimize_with_report(examples.bert(2), target="onnxruntime", engine="egglog")
     assert egglog_rep.fallback is None and egglog_rep.to_dict()["fallback"] is None

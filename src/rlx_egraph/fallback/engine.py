@@ -60,8 +60,9 @@ from ..egraph.rules import STAGES, RuleSet, load_rules
 from ..ir.graph import Graph, GraphError, Node, check_node
 from ..ir.registry import REGISTRY, Kind, ops_of_kind
 from ..ir.rewrite import GraphRewriter
+from .blocks import blocks
 from .facts import PRIMITIVES, SETTABLE_TABLES, Facts, NoMatch, compile_term
-from .lookahead import Chain, Lookahead, RegionRun
+from .lookahead import Chain, Lookahead, RegionRun, cut_out
 from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, schedule
 from .pattern import (
     ABSENT,
@@ -114,8 +115,14 @@ class RuleStats:
     chain_starts: int = 0  # plans that cost more by themselves, taken because the chain they start pays
     rejected: dict[str, int] = field(default_factory=dict)
 
-    def reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+    def reject(self, reason: str, times: int = 1) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + times
+
+    def add_matches(self, other: RuleStats) -> None:
+        """Count ``other``'s matches and rejections too."""
+        self.matches += other.matches
+        for reason, times in other.rejected.items():
+            self.reject(reason, times)
 
 
 @dataclass
@@ -132,6 +139,8 @@ class FallbackStats:
     chains_asked: int = 0  # chain starts asked about: costly steps, and neutral ones a paying step would destroy
     ties_asked: int = 0  # ties between rival steps that gain the same, asked about (see _Engine.tie_goes_to_rival)
     regions_run: int = 0  # fallback runs on regions it made for them (the rest were remembered)
+    blocks: int = 0  # blocks optimized one by one (see .blocks); 0: the graph is one block
+    block_kinds: int = 0  # distinct blocks among them (each optimized once)
 
     @property
     def commits(self) -> dict[str, int]:
@@ -147,6 +156,7 @@ class FallbackStats:
             "cost_before_ns": self.cost_before_ns, "cost_after_ns": self.cost_after_ns,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
             "chains_asked": self.chains_asked, "ties_asked": self.ties_asked, "regions_run": self.regions_run,
+            "blocks": self.blocks, "block_kinds": self.block_kinds,
         }
 
 
@@ -196,20 +206,23 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     compiled = ruleset if isinstance(ruleset, CompiledRules) else load(ruleset)
     tgt = get_target(target)
 
-    regions: list[_Engine] = []  # one engine, reopened on each region (compiling the rules takes longer)
+    # Engines reopened on each region (compiling the rules takes longer): one for the blocks (stage None), which
+    # asks the lookahead too, as the whole graph does, and one for the lookahead's questions.
+    regions: dict[bool, _Engine] = {}
 
-    def optimized(region: Graph, levels: tuple[float, ...], stage: str, step: _Plan | None,
+    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
                   follow: bool) -> RegionRun:
-        if not regions:
-            regions.append(_Engine(region, compiled, tgt, limits, attention_block_max_tokens))
-        return regions[0].run_region(region, levels, stage, step, follow)
+        block = stage is None
+        if block not in regions:
+            regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
+                                     lookahead if block else None)
+        return regions[block].run_region(region, levels, stage, step, follow)
 
     with gc_paused():
-        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, Lookahead(optimized))
+        lookahead = Lookahead(optimized)
+        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, lookahead)
         engine.stats.phases["load"] = time.perf_counter() - start
-        engine.optimize(start, STAGES[1:])  # the graph as written first (see _Engine.optimize)
-        if engine.stats.stop_reason != STOP_TIME:
-            engine.optimize(start, STAGES, after=STAGES[0])
+        engine.whole(start, engine.replay(start))
         result = engine.result(graph)
         # Freed (by reference counts) while the collector is still paused: its first pass after the pause
         # would otherwise scan the run's millions of objects just before they go.
@@ -317,27 +330,64 @@ class _Engine:
         self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
-    def run_region(self, region: Graph, levels: Sequence[float], stage: str, step: _Plan | None,
+    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
                    follow: bool = True) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and, with ``follow``, the chain after it followed (see :meth:`chain_start`)."""
+        ids), the step applied first and, with ``follow``, the chain after it followed (see :meth:`chain_start`).
+        Stage None: a block, optimized as a whole run would."""
         self.reopen(region, levels)
-        later = STAGES.index(stage)
-        for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
-            self.derive(self.fact_groups[earlier], None)
-        if step is not None:
-            self.rw.touched = set()
-            self.apply(step)
-            self.chain = {n for n in self.rw.touched if n in self.nodes} if follow else None
-        self.optimize(time.perf_counter(), STAGES[later:])
+        if stage is None:
+            self.whole(time.perf_counter())
+        else:
+            later = STAGES.index(stage)
+            for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
+                self.derive(self.fact_groups[earlier], None)
+            if step is not None:
+                self.rw.touched = set()
+                self.apply(step)
+                self.chain = {n for n in self.rw.touched if n in self.nodes} if follow else None
+            self.optimize(time.perf_counter(), STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
         return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
                          {n: tuple(r) for n, r in self.rules_of.items()}, holders,
-                         {r: s.commits for r, s in self.stats.rules.items() if s.commits})
+                         {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason)
 
     # --- the loop ----------------------------------------------------------------------
 
-    def optimize(self, start: float, stages: Sequence[str], after: str | None = None) -> None:
+    def replay(self, start: float) -> set[int] | None:
+        """Optimize the graph block by block (see :mod:`.blocks`): each block is cut out as a region, run
+        once per kind (the lookahead remembers regions by content) and transplanted when cheaper.  The values
+        that now hold the cut values, where a rewrite can span two blocks; None when the graph is one block."""
+        pieces = blocks(self.rw) if self.lookahead is not None else []
+        if len(pieces) < 2:
+            return None
+        t0 = time.perf_counter()
+        margin = CHAIN_EPS * self.stats.cost_before_ns
+        for block in pieces:
+            if time.perf_counter() - start > self.limits.max_seconds:
+                self.stats.stop_reason = STOP_TIME
+                break
+            region, _, back = cut_out(self.rw, self.param_order, set(block))
+            run = self.lookahead.run(region, None, None)
+            if run.stop_reason != STOP_DONE and self.stats.stop_reason == STOP_DONE:
+                self.stats.stop_reason = run.stop_reason
+            if run.cost_ns < run.before_ns - margin:
+                self.transplant(Chain(run.cost_ns - run.before_ns, run, back), block=True)
+            for rule, stats in run.rules.items():
+                self.stats.rules[rule].add_matches(stats)
+            self.stats.blocks += 1
+        self.stats.phases["replay"] = time.perf_counter() - t0
+        return {h for block in pieces if (h := self.rw.find(block[-1])) in self.nodes}
+
+    def whole(self, start: float, seams: set[int] | None = None) -> None:
+        """A whole run: every stage but the first on the graph as written, then every stage (see
+        :meth:`optimize`); with ``seams``, the first round only near those (the blocks are done)."""
+        self.optimize(start, STAGES[1:], seams=seams)
+        if self.stats.stop_reason != STOP_TIME:
+            self.optimize(start, STAGES, after=STAGES[0])
+
+    def optimize(self, start: float, stages: Sequence[str], after: str | None = None,
+                 seams: set[int] | None = None) -> None:
         """Run ``stages`` in order, each to its fixpoint.  ``after``: the stages after that one have run to their
         fixpoint before, so they only match near what this round has changed (leaves included: a simplification
         can make two nodes read one input, as two linear layers of ``x`` and ``x * 1``).
@@ -356,6 +406,8 @@ class _Engine:
             rewrites = [m for m in matchers if m.pattern.kind != FACTS]
             passes = 0
             near: set[int] | None = None  # None: match at every root; else only near these nodes
+            if seams is not None:
+                near = {n for n in seams | changed if n in self.nodes}
             if after is not None and STAGES.index(stage) > STAGES.index(after):
                 near = {n for n in changed if n in self.nodes}
                 if not near:  # nothing new to match near
@@ -556,7 +608,8 @@ class _Engine:
             if rivals and self.tie_goes_to_rival(plan, [plans[j] for j in sorted(rivals)], touched, died):
                 continue
             if plan.chain is not None:
-                self.transplant(plan)
+                self.transplant(plan.chain)
+                self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
             else:
                 self.apply(plan)
             done += 1
@@ -830,11 +883,9 @@ class _Engine:
         known = self.rules_of.setdefault(rep, [])
         known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
 
-    def transplant(self, plan: _Plan) -> None:
-        """Replace the region a lookahead cut out around ``plan`` by that region's optimized form
-        (the chain's steps and all), in the graph and in its provenance and stats."""
-        chain = plan.chain
-        assert chain is not None
+    def transplant(self, chain: Chain, block: bool = False) -> None:
+        """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
+        block's), in the graph and in its provenance and stats (its commits; a block's chain starts too)."""
         run = chain.run
         made: dict[int, int] = {}
         for node in run.graph.nodes:  # in topological order
@@ -852,9 +903,10 @@ class _Engine:
                 self.replace(old, rep, run.rules_of.get(now, ()))
                 olds.append(old)
         self.rw.eliminate_dead_code(olds)
-        for rule, commits in run.commits.items():
-            self.stats.rules[rule].commits += commits
-        self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
+        for rule, stats in run.rules.items():
+            self.stats.rules[rule].commits += stats.commits
+            if block:
+                self.stats.rules[rule].chain_starts += stats.chain_starts
 
     def write_facts(self, program: list[tuple[Any, Any]], env: list) -> None:
         """Apply a facts rule's actions to one match."""
@@ -913,7 +965,8 @@ class _Engine:
         self.stats.cost_after_ns = self.dag_ns()
         if self.lookahead is not None:
             self.stats.chains_asked, self.stats.ties_asked = self.lookahead.asked, self.lookahead.ties
-            self.stats.regions_run = len(self.lookahead.runs)
+            self.stats.regions_run = sum(stage is not None for stage, *_ in self.lookahead.runs)
+            self.stats.block_kinds = len(self.lookahead.runs) - self.stats.regions_run
         out = self.rw.finish()
         same: dict[int, list[int]] = {}
         for n in graph.nodes:

@@ -38,7 +38,7 @@ from ..ir.registry import Kind
 from ..ir.rewrite import GraphRewriter, node_key
 
 if TYPE_CHECKING:
-    from .engine import _Plan
+    from .engine import RuleStats, _Plan
 
 DEPTH = 4  # levels of readers below the replaced nodes the region takes in (an attention reads its scores 4 down)
 HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
@@ -54,7 +54,8 @@ class RegionRun:
     graph: Graph
     rules_of: Mapping[int, tuple[str, ...]]  # node of ``graph`` -> the rules that built it
     holders: Mapping[int, int]  # node as cut out -> the node of ``graph`` that holds its value
-    commits: Mapping[str, int]  # rule -> rewrites committed
+    rules: Mapping[str, RuleStats]  # rule -> its statistics on the region (the rules that did something)
+    stop_reason: str  # why the fallback stopped on the region (a limit, or no rewrite pays)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class Chain:
 class Lookahead:
     """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
 
-    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str, _Plan | None, bool], RegionRun]) -> None:
+    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, bool], RegionRun]
+                 ) -> None:
         # (region, its levels, stage, step, follow) -> the region optimized from that stage on; with a step, the
         # step is applied first and, with ``follow``, the chain that follows it is taken (see _Engine.chain_start)
         self.optimized = optimized
@@ -81,11 +83,11 @@ class Lookahead:
               margin_ns: float) -> Chain | None:
         """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``."""
         self.asked += 1
-        region, levels, local, back = _region(rw, param_order, [plan])
-        taken = self.run(region, levels, stage, _local_step(plan, local, len(region)))
+        region, local, back = _region(rw, param_order, [plan])
+        taken = self.run(region, stage, _local_step(plan, local, len(region)))
         if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
             return None
-        gain = taken.cost_ns - self.run(region, levels, stage, None).cost_ns
+        gain = taken.cost_ns - self.run(region, stage, None).cost_ns
         if gain >= -margin_ns:
             return None
         return Chain(gain, taken, back)
@@ -96,20 +98,20 @@ class Lookahead:
         both) ends cheaper, by more than ``margin_ns``, when it is taken first; None when neither does.  Each
         run takes what pays after the step, as the whole graph would (no chain is followed)."""
         self.ties += 1
-        region, levels, local, _ = _region(rw, param_order, [plan, rival])
+        region, local, _ = _region(rw, param_order, [plan, rival])
         plan_first, rival_first = (
-            self.run(region, levels, stage, _local_step(p, dict(local), len(region)), follow=False).cost_ns
+            self.run(region, stage, _local_step(p, dict(local), len(region)), follow=False).cost_ns
             for p in (plan, rival))
         if abs(plan_first - rival_first) <= margin_ns:
             return None
         return plan if plan_first < rival_first else rival
 
-    def run(self, region: Graph, levels: tuple[float, ...], stage: str, step: _Plan | None,
-            follow: bool = True) -> RegionRun:
-        key = (stage, _content(region), levels, None if step is None else _step_key(step), follow)
+    def run(self, region: Region, stage: str | None, step: _Plan | None, follow: bool = True) -> RegionRun:
+        """``region`` optimized from ``stage`` on (None: as a whole run, see ``_Engine.replay``), remembered."""
+        key = (stage, region.content(), None if step is None else _step_key(step), follow)
         known = self.runs.get(key)
         if known is None:
-            known = self.runs[key] = self.optimized(region, levels, stage, step, follow)
+            known = self.runs[key] = self.optimized(region.graph(), region.levels, stage, step, follow)
         return known
 
 
@@ -124,9 +126,9 @@ def _local_step(plan: _Plan, local: dict[int, int], size: int) -> _Plan:
 
 
 def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan]
-            ) -> tuple[Graph, tuple[float, ...], dict[int, int], dict[int, int]]:
-    """The region around ``plans`` as a graph with canonical ids, its nodes' levels, the map of live ids to its
-    ids, and the map back (its fresh inputs included).
+             ) -> tuple[Region, dict[int, int], dict[int, int]]:
+    """The region around ``plans``, the map of live ids to its ids, and the map back (its fresh inputs
+    included).
 
     The levels are the whole graph's in order (a fresh input has the level of the value it stands for), as
     ranks: a cost-neutral step is taken when it reads from further back (see ``_Engine.shallower``), and the
@@ -146,6 +148,38 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan
     for _ in range(HEIGHT):  # and what those read, up to HEIGHT levels up: a later step may match from there
         frontier = {i for n in frontier for i in nodes[n].inputs if nodes[i].kind is not Kind.LEAF} - inner
         inner |= frontier
+    return cut_out(rw, param_order, inner, seeds)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Nodes cut out of the graph (see :func:`cut_out`), numbered canonically: node ``k`` has id ``k``."""
+
+    nodes: tuple[Node, ...]
+    outputs: tuple[int, ...]
+    levels: tuple[float, ...]  # each node's level in the whole graph, as a rank
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def content(self) -> tuple:
+        """Everything the fallback's result on the region depends on, hashable (names of leaves aside)."""
+        return tuple(_fields(n) for n in self.nodes), self.outputs, self.levels
+
+    def graph(self) -> Graph:
+        graph = Graph("region")
+        for node in self.nodes:  # checked in the whole graph, with the same types here
+            graph.add_checked(node)
+        graph.set_outputs(list(self.outputs))
+        return graph
+
+
+def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], seeds: set[int] = frozenset()
+            ) -> tuple[Region, dict[int, int], dict[int, int]]:
+    """The nodes ``inner`` (leaves aside, with the producers and projections of the tuples they touch) as a
+    region, the map of live ids to its ids, and the map back (its fresh inputs included); see
+    :func:`_region`.  Leaves among ``seeds`` are taken in too."""
+    nodes, readers = rw.nodes_by_id, rw.readers
     inner = {n for n in inner if nodes[n].kind is not Kind.LEAF}
     while True:  # a tuple value is only read by its projections: keep producers and projections together
         pulled = {i for n in inner for i in nodes[n].inputs if nodes[i].dtype == "tuple"}
@@ -161,22 +195,23 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan
     def order(n: int) -> tuple:
         return rw.level(n), param_order.get(n, -1), n
 
-    graph = Graph("region")
+    cut: list[Node] = []
     local: dict[int, int] = {}
     back: dict[int, int] = {}
-
     fresh: dict[int, int] = {}
 
     def fresh_input(n: int) -> int:
         if n not in fresh:
-            back[k := graph.input(f"v{len(graph)}", nodes[n].shape, nodes[n].dtype)] = n
-            fresh[n] = k
+            k = fresh[n] = len(cut)
+            back[k] = n
+            shape, dtype = nodes[n].shape, nodes[n].dtype
+            cut.append(Node(k, "Input", (), {"name": f"v{k}", "shape": shape, "dtype": dtype}, shape, dtype))
         return fresh[n]
 
     def add(node: Node, inputs: tuple[int, ...]) -> int:
-        k = len(graph)
+        k = len(cut)
         attrs = {**node.attrs, "name": f"v{k}"} if node.op in NAMED_LEAVES else node.attrs
-        graph.add_checked(dataclasses.replace(node, id=k, inputs=inputs, attrs=attrs))
+        cut.append(Node(k, node.op, inputs, attrs, node.shape, node.dtype, node.parts))
         return k
 
     for n in sorted(leaves, key=order):
@@ -193,20 +228,15 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan
         local[n] = add(node, ins)
     outputs = set(rw.outputs) & (inner | boundary)
     outputs |= {n for n in inner | boundary if any(r not in inner for r in readers[n])}
-    graph.set_outputs(sorted(local[n] for n in outputs))
     back.update((k, n) for n, k in local.items())
-    whole = [rw.level(back[k]) for k in range(len(graph))]
+    whole = [rw.level(back[k]) for k in range(len(cut))]
     rank = {w: float(k) for k, w in enumerate(sorted(set(whole)))}
-    return graph, tuple(rank[w] for w in whole), local, back
+    return Region(tuple(cut), tuple(sorted(local[n] for n in outputs)), tuple(rank[w] for w in whole)), local, back
 
 
 def _fields(node: Node) -> tuple:
     """Everything about a node that the fallback's result can depend on (its id aside), hashable."""
     return node_key(node) or (node.op, node.inputs, node.attrs["name"]), node.shape, node.dtype, node.parts
-
-
-def _content(graph: Graph) -> tuple:
-    return tuple(_fields(n) for n in graph.nodes), graph.outputs
 
 
 def _step_key(step: _Plan) -> tuple:

@@ -139,11 +139,15 @@ class OptimizeReport:
             lines.append("rule applications (distinct e-nodes built + e-classes merged into): "
                          + ", ".join(f"{k} x{v}" for k, v in applied.items()))
         if self.fallback is not None:
-            commits, starts = self.fallback.commits, sum(s.chain_starts for s in self.fallback.rules.values())
-            lines.append(f"fallback: {sum(commits.values())} rewrites committed, {sum(self.fallback.passes.values())} "
-                         f"passes; stopped: {self.fallback.stop_reason}; lookahead: {self.fallback.chains_asked} "
-                         f"chain starts and {self.fallback.ties_asked} ties asked about, {self.fallback.regions_run} "
-                         f"region runs, {starts} chains taken")
+            fb = self.fallback
+            commits, starts = fb.commits, sum(s.chain_starts for s in fb.rules.values())
+            passes = f"{sum(fb.passes.values())} passes"
+            if fb.blocks:
+                passes = (f"{fb.blocks} blocks ({fb.block_kinds} distinct, each optimized once), then {passes} "
+                          "near their seams")
+            lines.append(f"fallback: {sum(commits.values())} rewrites committed, {passes}; stopped: "
+                         f"{fb.stop_reason}; lookahead: {fb.chains_asked} chain starts and {fb.ties_asked} ties asked "
+                         f"about, {fb.regions_run} region runs, {starts} chains taken")
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
         if self.engine == "egglog":
             lines.append(self.fusion.summary_line())
