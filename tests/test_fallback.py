@@ -14,6 +14,7 @@ from rlx_egraph.cost import TARGETS, get_target, profile
 from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
 from rlx_egraph.fallback import FallbackLimits, load, run
 from rlx_egraph.fallback.bench import main as bench_main
+from rlx_egraph.fallback.blocks import MIN_BLOCK, blocks
 from rlx_egraph.fallback.engine import NO_GAIN, _Engine, _row_driven
 from rlx_egraph.fallback.facts import Facts
 from rlx_egraph.fallback.matcher import schedule
@@ -690,6 +691,72 @@ def test_a_tie_the_lower_rival_would_lose_is_settled_by_the_lookahead():
     assert fb_report.fallback.rules["rms-norm-matmul"].commits == 0
 
 
+# --- blocks: the graph cut at its residual values, each kind of block optimized once ---------------------
+
+
+def residual_layers(layers: int, shared: bool = False) -> Graph:
+    """``h = h + tanh(...tanh(h))`` per layer, MIN_BLOCK Tanh deep; with ``shared``, every layer also multiplies
+    by one value computed before the first (as an attention mask is), which leaps over every layer."""
+    g = Graph()
+    h = g.input("x", X)
+    mask = g.exp(g.input("m", X)) if shared else None
+    for _ in range(layers):
+        f = h
+        for _ in range(MIN_BLOCK):
+            f = g.tanh(f)
+        h = g.add(h, f if mask is None else g.mul(f, mask))
+    g.set_outputs([h])
+    return g
+
+
+def test_blocks_end_at_values_that_nothing_leaps_over_and_that_two_nodes_read():
+    g = residual_layers(4)
+    found = blocks(GraphRewriter(g))
+    adds = [n.id for n in g.nodes if n.op == "Add"]
+    assert [b[-1] for b in found] == adds  # each layer's residual Add closes its block
+    assert [[g.node(n).op for n in b] for b in found] == [["Tanh"] * MIN_BLOCK + ["Add"]] * 4
+    assert len(blocks(GraphRewriter(residual_layers(4, shared=True)))) == 1  # the mask leaps over every layer
+    chain = Graph()
+    v = chain.input("x", X)
+    for _ in range(3 * MIN_BLOCK):  # nothing leaps over a chain, but each value has one reader
+        v = chain.exp(v)
+    chain.set_outputs([v])
+    assert len(blocks(GraphRewriter(chain))) == 1
+
+
+def test_each_kind_of_block_is_optimized_once(monkeypatch):
+    """Layers alike are one region (canonical ids, the whole graph's levels as ranks): the first layer, which
+    reads the input itself, and the rest, which read the layer before (its sum a region output, as the last
+    layer's is the graph's), are two kinds."""
+    asked = []
+    run_region = _Engine.run_region
+
+    def counted(self, region, levels, stage, step, follow=True):
+        asked.append(stage)
+        return run_region(self, region, levels, stage, step, follow)
+
+    monkeypatch.setattr(_Engine, "run_region", counted)
+    result = run(residual_layers(12))
+    assert (result.stats.blocks, result.stats.block_kinds, asked.count(None)) == (12, 2, 2)
+
+
+@pytest.mark.parametrize("target", ["cpu", "onnxruntime"])
+@pytest.mark.parametrize("model", ["llama-6", "bert-6", "gpt2-6", "synthetic"])
+def test_blocks_give_what_the_whole_graph_gives(model, target, monkeypatch):
+    """Optimizing block by block, then near the seams, is an optimization: the cost, commits and fused ops of
+    the whole graph run at once (the lookahead's chains inside blocks included), and parity."""
+    g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
+    by_blocks = run(g, target=target)
+    assert by_blocks.stats.blocks > by_blocks.stats.block_kinds > 1
+    assert check_parity(g, by_blocks.graph, by_blocks.originals).ok
+    monkeypatch.setattr("rlx_egraph.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)])
+    whole = run(g, target=target)
+    assert whole.stats.blocks == 0
+    assert by_blocks.stats.cost_after_ns == pytest.approx(whole.stats.cost_after_ns, rel=1e-12)
+    assert by_blocks.stats.commits == whole.stats.commits
+    assert ops(by_blocks.graph) == ops(whole.graph)
+
+
 @pytest.mark.parametrize("read_outside", [False, True])
 def test_a_region_keeps_a_value_computed_outside_it_only_when_something_else_reads_it(read_outside):
     """The node a region reads from above its top (kept as a node over fresh inputs) is an output of the region
@@ -707,7 +774,7 @@ def test_a_region_keeps_a_value_computed_outside_it_only_when_something_else_rea
     above = values[1]  # the region reaches HEIGHT levels up from the last value: this one is read from outside it
     g.set_outputs([values[-1]] + ([g.neg(above)] if read_outside else []))
     rw = GraphRewriter(g)
-    region, local, back = _region(rw, {}, [SimpleNamespace(dead={values[-1]}, unions=[], new={})])
+    region, local, back = _region(rw, {}, [SimpleNamespace(dead={values[-1]}, unions=[], new={})], frozenset())
     assert back[local[above]] == above and region.nodes[local[above]].op == "Exp"
     assert (local[above] in region.outputs) is read_outside
     assert local[values[-1]] in region.outputs  # a graph output stays one
@@ -861,7 +928,7 @@ def test_bench_prints_nodes_and_seconds_per_phase(capsys):
     assert bench_main(["300"]) == 0
     out = capsys.readouterr().out
     header, row = out.splitlines()[1:3]
-    assert "load s  simplify s  recognize s  fuse s  blocks s  finish s  total s  us/node  cpu s" in header
+    assert "load s  replay s  simplify s  recognize s  fuse s  blocks s  finish s  total s  us/node  cpu s" in header
     columns = [c.strip() for c in header.split("  ") if c.strip()]
     values = dict(zip(columns, row.split(), strict=True))
     assert values["nodes"] == "300"
@@ -902,7 +969,7 @@ def test_semi_naive_matching_gives_what_matching_near_every_change_gives(model, 
     """Running the row-driven rules only at new rows is an optimization: the same graph, cost and commits as
     running them near every change (the shared-input chains and the lookahead's regions included)."""
     g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
-    monkeypatch.setattr("rlx_egraph.fallback.engine.blocks", lambda rw: [list(rw.nodes_by_id)])  # the graph whole
+    monkeypatch.setattr("rlx_egraph.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)])  # one block
     semi = run(g, target=target)
     assert semi.stats.commits["shared-input-last"] > 0
     monkeypatch.setattr("rlx_egraph.fallback.engine._row_driven", lambda pattern, set_by_rules: False)

@@ -27,7 +27,7 @@ from ..egraph.rules import STAGES
 from .engine import FallbackLimits, load, run
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
-PHASES = ("load", *STAGES, "finish")
+PHASES = ("load", "replay", *STAGES, "finish")
 
 
 def measure(nodes: int, target: str) -> dict[str, float]:

@@ -1,5 +1,9 @@
 """The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
 
+A graph whose layers repeat is first cut into blocks at its residual values (see :mod:`.blocks`): each kind of
+block is optimized once, as a region of its own (below), its result copied into every block of that kind, and
+the passes below then match only near the seams, where a rewrite can span two blocks.
+
 Stage by stage (the saturation stages, in order: first every stage but
 ``simplify``, on the graph as written, then every stage, the later ones only
 near what changed; see :meth:`_Engine.optimize`), a pass
@@ -60,9 +64,9 @@ from ..egraph.rules import STAGES, RuleSet, load_rules
 from ..ir.graph import Graph, GraphError, Node, check_node
 from ..ir.registry import REGISTRY, Kind, ops_of_kind
 from ..ir.rewrite import GraphRewriter
-from .blocks import blocks
+from .blocks import blocks, straddles
 from .facts import PRIMITIVES, SETTABLE_TABLES, Facts, NoMatch, compile_term
-from .lookahead import Chain, Lookahead, RegionRun, cut_out
+from .lookahead import Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, schedule
 from .pattern import (
     ABSENT,
@@ -209,18 +213,19 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     # Engines reopened on each region (compiling the rules takes longer): one for the blocks (stage None), which
     # asks the lookahead too, as the whole graph does, and one for the lookahead's questions.
     regions: dict[bool, _Engine] = {}
+    shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
 
     def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
                   follow: bool) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
-                                     lookahead if block else None)
+                                     shared[0] if block else None)
         return regions[block].run_region(region, levels, stage, step, follow)
 
     with gc_paused():
-        lookahead = Lookahead(optimized)
-        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, lookahead)
+        shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
+        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, shared[0])
         engine.stats.phases["load"] = time.perf_counter() - start
         engine.whole(start, engine.replay(start))
         result = engine.result(graph)
@@ -228,6 +233,7 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
         # would otherwise scan the run's millions of objects just before they go.
         del engine
         regions.clear()
+        shared.clear()
     return result
 
 
@@ -304,6 +310,7 @@ class _Engine:
         set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written() for p in compiled.patterns))
         self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms
                            if _row_driven(m.pattern, set_by_rules)}
+        self.straddles = straddles(compiled.patterns)
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -358,7 +365,7 @@ class _Engine:
         """Optimize the graph block by block (see :mod:`.blocks`): each block is cut out as a region, run
         once per kind (the lookahead remembers regions by content) and transplanted when cheaper.  The values
         that now hold the cut values, where a rewrite can span two blocks; None when the graph is one block."""
-        pieces = blocks(self.rw) if self.lookahead is not None else []
+        pieces = blocks(self.rw, self.straddles) if self.lookahead is not None else []
         if len(pieces) < 2:
             return None
         t0 = time.perf_counter()
@@ -367,7 +374,7 @@ class _Engine:
             if time.perf_counter() - start > self.limits.max_seconds:
                 self.stats.stop_reason = STOP_TIME
                 break
-            region, _, back = cut_out(self.rw, self.param_order, set(block))
+            region, _, back = cut_out(self.rw, self.param_order, set(block), self.lookahead.names)
             run = self.lookahead.run(region, None, None)
             if run.stop_reason != STOP_DONE and self.stats.stop_reason == STOP_DONE:
                 self.stats.stop_reason = run.stop_reason

@@ -29,13 +29,14 @@ are optimized once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..ir.graph import Graph, Node
 from ..ir.registry import Kind
 from ..ir.rewrite import GraphRewriter, node_key
+from .pattern import L, NodePat, Pattern
 
 if TYPE_CHECKING:
     from .engine import RuleStats, _Plan
@@ -70,11 +71,12 @@ class Chain:
 class Lookahead:
     """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
 
-    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, bool], RegionRun]
-                 ) -> None:
+    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, bool], RegionRun],
+                 names: frozenset[str] = frozenset()) -> None:
         # (region, its levels, stage, step, follow) -> the region optimized from that stage on; with a step, the
         # step is applied first and, with ``follow``, the chain that follows it is taken (see _Engine.chain_start)
         self.optimized = optimized
+        self.names = names  # names of leaves that rules match (see cut_out)
         self.runs: dict[tuple, RegionRun] = {}
         self.asked = 0  # chain starts asked about
         self.ties = 0  # ties between rival steps asked about
@@ -83,7 +85,7 @@ class Lookahead:
               margin_ns: float) -> Chain | None:
         """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``."""
         self.asked += 1
-        region, local, back = _region(rw, param_order, [plan])
+        region, local, back = _region(rw, param_order, [plan], self.names)
         taken = self.run(region, stage, _local_step(plan, local, len(region)))
         if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
             return None
@@ -98,7 +100,7 @@ class Lookahead:
         both) ends cheaper, by more than ``margin_ns``, when it is taken first; None when neither does.  Each
         run takes what pays after the step, as the whole graph would (no chain is followed)."""
         self.ties += 1
-        region, local, _ = _region(rw, param_order, [plan, rival])
+        region, local, _ = _region(rw, param_order, [plan, rival], self.names)
         plan_first, rival_first = (
             self.run(region, stage, _local_step(p, dict(local), len(region)), follow=False).cost_ns
             for p in (plan, rival))
@@ -125,8 +127,8 @@ def _local_step(plan: _Plan, local: dict[int, int], size: int) -> _Plan:
         unions=[(local[old], local[rep]) for old, rep in plan.unions])
 
 
-def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan]
-             ) -> tuple[Region, dict[int, int], dict[int, int]]:
+def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan], names: frozenset[str]
+            ) -> tuple[Region, dict[int, int], dict[int, int]]:
     """The region around ``plans``, the map of live ids to its ids, and the map back (its fresh inputs
     included).
 
@@ -148,7 +150,7 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan
     for _ in range(HEIGHT):  # and what those read, up to HEIGHT levels up: a later step may match from there
         frontier = {i for n in frontier for i in nodes[n].inputs if nodes[i].kind is not Kind.LEAF} - inner
         inner |= frontier
-    return cut_out(rw, param_order, inner, seeds)
+    return cut_out(rw, param_order, inner, names, seeds)
 
 
 @dataclass(frozen=True)
@@ -174,11 +176,12 @@ class Region:
         return graph
 
 
-def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], seeds: set[int] = frozenset()
-            ) -> tuple[Region, dict[int, int], dict[int, int]]:
+def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], names: frozenset[str],
+            seeds: set[int] = frozenset()) -> tuple[Region, dict[int, int], dict[int, int]]:
     """The nodes ``inner`` (leaves aside, with the producers and projections of the tuples they touch) as a
     region, the map of live ids to its ids, and the map back (its fresh inputs included); see
-    :func:`_region`.  Leaves among ``seeds`` are taken in too."""
+    :func:`_region`.  Leaves among ``seeds`` are taken in too.  Inputs and Params are renamed by position
+    (layers alike are one region), but for ``names``, which rules match (``rlx.causal_mask``)."""
     nodes, readers = rw.nodes_by_id, rw.readers
     inner = {n for n in inner if nodes[n].kind is not Kind.LEAF}
     while True:  # a tuple value is only read by its projections: keep producers and projections together
@@ -210,7 +213,8 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
 
     def add(node: Node, inputs: tuple[int, ...]) -> int:
         k = len(cut)
-        attrs = {**node.attrs, "name": f"v{k}"} if node.op in NAMED_LEAVES else node.attrs
+        renamed = node.op in NAMED_LEAVES and node.attrs["name"] not in names
+        attrs = {**node.attrs, "name": f"v{k}"} if renamed else node.attrs
         cut.append(Node(k, node.op, inputs, attrs, node.shape, node.dtype, node.parts))
         return k
 
@@ -232,6 +236,13 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
     whole = [rw.level(back[k]) for k in range(len(cut))]
     rank = {w: float(k) for k, w in enumerate(sorted(set(whole)))}
     return Region(tuple(cut), tuple(sorted(local[n] for n in outputs)), tuple(rank[w] for w in whole)), local, back
+
+
+def matched_names(patterns: Iterable[Pattern]) -> frozenset[str]:
+    """The names of Inputs and Params that rules match (string literals among their attributes)."""
+    return frozenset(a.value for p in patterns for atom in p.query
+                     if isinstance(atom, NodePat) and atom.op in NAMED_LEAVES
+                     for a in atom.attrs if isinstance(a, L) and isinstance(a.value, str))
 
 
 def _fields(node: Node) -> tuple:
