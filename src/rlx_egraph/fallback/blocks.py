@@ -1,15 +1,19 @@
-"""Blocks: the graph cut at the values every later node reaches only through, so that repeated layers are
-optimized once.
+"""Blocks: the graph cut at its residual values, so that repeated layers are optimized once.
 
 A model's layers repeat: one residual value flows from layer to layer, and nothing computed before it is read
 after it except through it (and leaves: Params, constants).  Such a value is a *cut value*: taking the
-non-leaf nodes in topological order, no edge leaps over it.  The pieces between cut values are the *blocks*
-(a cut value closes its block; pieces shorter than :data:`MIN_BLOCK` are merged with the next).  The fallback
-cuts each block out as a lookahead region (:func:`.lookahead.cut_out`: canonical ids, so the repeats of a layer
-are one region, optimized once) and transplants the region's result, then runs its passes near the cut values
-only, where a rewrite can span two blocks (see ``_Engine.replay``).
-"""
+non-leaf nodes in topological order, no edge leaps over it.  Two more conditions keep a block's decisions those
+of the whole graph: two or more nodes read the value (a plain chain is no place to cut, a pattern runs along
+it), and no rule matches through it (the value, what it reads and a reader of it in one match; see
+:func:`straddles`).  The pieces between cut values are the *blocks* (a cut value closes its block; pieces
+shorter than :data:`MIN_BLOCK` are merged with the next).
 
+The fallback cuts each block out as a lookahead region (:func:`.lookahead.cut_out`: canonical ids, so the
+repeats of a layer are one region, optimized once), transplants the region's result, then runs its passes near
+the cut values only, where a rewrite can still span two blocks (a region keeps the values it reads from
+outside as nodes, so a rule that matches a cut value and its readers, ``add-layer-norm``, matches in the next
+block).  See ``_Engine.replay``.
+"""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping

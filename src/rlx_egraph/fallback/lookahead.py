@@ -21,9 +21,11 @@ each node is priced as in the whole graph and nothing the rest of the graph
 reads can die or be fused (a node read only by the region may be fused into its
 reader, as in the whole graph: in T5, the MatMul above a residual Add); its
 nodes keep the whole graph's levels (as ranks), so that it decides as the whole
-graph would. Regions are renumbered in a canonical order, so two
-regions with the same structure (the layers of a model) are the same graph and
-are optimized once.
+graph would. Regions are renumbered in a canonical order (their Inputs and
+Params renamed by position, but for the names a rule matches), so two regions
+with the same structure (the layers of a model) are the same graph and are
+optimized once.  The blocks the fallback cuts a graph into (:mod:`.blocks`) are
+regions too, optimized as a whole run would.
 """
 
 from __future__ import annotations
