@@ -694,15 +694,16 @@ def test_a_tie_the_lower_rival_would_lose_is_settled_by_the_lookahead():
 # --- blocks: the graph cut at its residual values, each kind of block optimized once ---------------------
 
 
-def residual_layers(layers: int, shared: bool = False) -> Graph:
-    """``h = h + tanh(...tanh(h))`` per layer, MIN_BLOCK Tanh deep; with ``shared``, every layer also multiplies
-    by one value computed before the first (as an attention mask is), which leaps over every layer."""
+def residual_layers(layers: int, shared: bool = False, deeper: int = 0) -> Graph:
+    """``h = h + tanh(...tanh(h))`` per layer, MIN_BLOCK Tanh deep (each layer ``deeper`` more than the one
+    before); with ``shared``, every layer also multiplies by one value computed before the first (as an attention
+    mask is), which leaps over every layer."""
     g = Graph()
     h = g.input("x", X)
     mask = g.exp(g.input("m", X)) if shared else None
-    for _ in range(layers):
+    for layer in range(layers):
         f = h
-        for _ in range(MIN_BLOCK):
+        for _ in range(MIN_BLOCK + layer * deeper):
             f = g.tanh(f)
         h = g.add(h, f if mask is None else g.mul(f, mask))
     g.set_outputs([h])
@@ -738,6 +739,10 @@ def test_each_kind_of_block_is_optimized_once(monkeypatch):
     monkeypatch.setattr(_Engine, "run_region", counted)
     result = run(residual_layers(12))
     assert (result.stats.blocks, result.stats.block_kinds, asked.count(None)) == (12, 2, 2)
+    asked.clear()
+    unlike = run(residual_layers(4, deeper=1))  # no two blocks alike: the graph is optimized whole, as it was
+    assert (unlike.stats.blocks, unlike.stats.block_kinds, asked.count(None)) == (0, 0, 0)
+    assert len(blocks(GraphRewriter(residual_layers(4, deeper=1)))) == 4
 
 
 @pytest.mark.parametrize("target", ["cpu", "onnxruntime"])

@@ -364,9 +364,12 @@ class _Engine:
     def replay(self, start: float) -> set[int] | None:
         """Optimize the graph block by block (see :mod:`.blocks`): each block is cut out as a region, run
         once per kind (the lookahead remembers regions by content) and transplanted when cheaper.  The values
-        that now hold the cut values, where a rewrite can span two blocks; None when the graph is one block."""
+        that now hold the cut values, where a rewrite can span two blocks; None when no two blocks look alike
+        (the same ops and shapes in order), so that each block would be optimized once anyway."""
         pieces = blocks(self.rw, self.straddles) if self.lookahead is not None else []
-        if len(pieces) < 2:
+        nodes = self.nodes
+        looks = {tuple((nodes[n].op, nodes[n].shape) for n in block) for block in pieces}
+        if len(looks) == len(pieces):  # no two blocks alike (nor one block alone): nothing to replay
             return None
         t0 = time.perf_counter()
         margin = CHAIN_EPS * self.stats.cost_before_ns
