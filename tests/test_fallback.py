@@ -696,8 +696,8 @@ def test_a_tie_the_lower_rival_would_lose_is_settled_by_the_lookahead():
 
 def residual_layers(layers: int, shared: bool = False, deeper: int = 0) -> Graph:
     """``h = h + tanh(...tanh(h))`` per layer, MIN_BLOCK Tanh deep (each layer ``deeper`` more than the one
-    before); with ``shared``, every layer also multiplies by one value computed before the first (as an attention
-    mask is), which leaps over every layer."""
+    before); with ``shared``, every layer also multiplies by one value computed before the first, as an attention
+    mask is."""
     g = Graph()
     h = g.input("x", X)
     mask = g.exp(g.input("m", X)) if shared else None
@@ -710,13 +710,25 @@ def residual_layers(layers: int, shared: bool = False, deeper: int = 0) -> Graph
     return g
 
 
-def test_blocks_end_at_values_that_nothing_leaps_over_and_that_two_nodes_read():
+def test_blocks_end_at_values_that_nothing_but_side_values_leap_over_and_that_two_nodes_read():
     g = residual_layers(4)
     found = blocks(GraphRewriter(g))
     adds = [n.id for n in g.nodes if n.op == "Add"]
     assert [b[-1] for b in found] == adds  # each layer's residual Add closes its block
     assert [[g.node(n).op for n in b] for b in found] == [["Tanh"] * MIN_BLOCK + ["Add"]] * 4
-    assert len(blocks(GraphRewriter(residual_layers(4, shared=True)))) == 1  # the mask leaps over every layer
+    # the mask leaps over every layer, but it is only read late (a side value: each block takes it as a node)
+    shared = residual_layers(4, shared=True)
+    assert [shared.node(b[-1]).op for b in blocks(GraphRewriter(shared))] == ["Add"] * 4
+    early = Graph()  # a value of the first layer that its next node reads at once, and the output too
+    h = early.input("x", X)
+    first = early.tanh(h)
+    for layer in range(3):
+        f = first if layer == 0 else h
+        for _ in range(MIN_BLOCK - (layer == 0)):
+            f = early.tanh(f)
+        h = early.add(h, f)
+    early.set_outputs([early.mul(h, first)])
+    assert len(blocks(GraphRewriter(early))) == 1
     chain = Graph()
     v = chain.input("x", X)
     for _ in range(3 * MIN_BLOCK):  # nothing leaps over a chain, but each value has one reader

@@ -1,8 +1,10 @@
 """Blocks: the graph cut at its residual values, so that repeated layers are optimized once.
 
 A model's layers repeat: one residual value flows from layer to layer, and nothing computed before it is read
-after it except through it (and leaves: Params, constants).  Such a value is a *cut value*: taking the
-non-leaf nodes in topological order, no edge leaps over it.  Two more conditions keep a block's decisions those
+after it except through it (and leaves: Params, constants; and *side values*, computed early and read only
+late, as an attention mask read by every layer: a block takes such a value as a node reading fresh inputs, as
+it takes a leaf).  Such a value is a *cut value*: taking the non-leaf nodes in topological order, no edge leaps
+over it but from a side value.  Two more conditions keep a block's decisions those
 of the whole graph: two or more nodes read the value (a plain chain is no place to cut, a pattern runs along
 it), and no rule matches through it (the value, what it reads and a reader of it in one match; see
 :func:`straddles`).  The pieces between cut values are the *blocks* (a cut value closes its block; pieces
@@ -80,10 +82,13 @@ def blocks(rw: GraphRewriter, through: Mapping[tuple[str, str], list[Shape]] | N
     order = sorted((n for n, node in nodes.items() if node.kind is not Kind.LEAF), key=lambda n: (level(n), n))
     position = {n: p for p, n in enumerate(order)}
     leaps = [0] * (len(order) + 1)  # leaps[p]: edges from before position p to after it, as a difference array
+    # side values: two or more readers, none of which reads it as its deepest input (each reads something
+    # computed later): an edge from one leaps harmlessly
+    side = {n for n in order if len(readers[n]) > 1 and min(level(r) for r in readers[n]) > level(n) + 1}
     for p, n in enumerate(order):
         for i in nodes[n].inputs:
             q = position.get(i)
-            if q is not None and q < p - 1:
+            if q is not None and q < p - 1 and i not in side:
                 leaps[q + 1] += 1
                 leaps[p] -= 1
     out: list[list[int]] = [[]]
