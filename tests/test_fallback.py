@@ -1307,7 +1307,7 @@ def test_the_report_keeps_the_fallbacks_stats_and_says_what_the_lookahead_did():
     assert stats.chains_asked == 1 and stats.regions_run == 2
     assert stats.rules["shared-input-linear"].chain_starts == 2
     text = str(rep)
-    assert "rule matches (summed over passes)" in text
+    assert "rule matches (summed over passes and blocks; a kind of block is matched once, counted for each)" in text
     assert (f"fallback: {sum(stats.commits.values())} rewrites committed, 9 blocks (4 distinct, each optimized "
             f"once), then {sum(stats.passes.values())} passes near their seams; stopped: no rewrite lowers the cost; "
             "lookahead: 1 chain starts and 0 ties asked about, 2 region runs, 2 chains taken") in text

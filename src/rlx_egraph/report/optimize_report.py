@@ -132,6 +132,8 @@ class OptimizeReport:
         fired = {k: v for k, v in self.matches_per_rule.items() if v}
         if fired:
             counted = "egglog's, summed over iterations" if self.engine == "egglog" else "summed over passes"
+            if self.fallback is not None and self.fallback.blocks:
+                counted += " and blocks; a kind of block is matched once, counted for each"
             lines.append(f"rule matches ({counted}): "
                          + ", ".join(f"{k} x{v}" for k, v in fired.items()))
         applied = {k: v for k, v in self.applications_per_rule.items() if v}
