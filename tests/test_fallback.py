@@ -759,6 +759,17 @@ def test_each_kind_of_block_is_optimized_once(monkeypatch):
     assert len(blocks(GraphRewriter(residual_layers(4, deeper=1)))) == 4
 
 
+def test_the_time_limit_stops_the_blocks_too():
+    g = examples.llama(6)
+    assert run(g).stats.blocks > 0
+    stopped = run(g, limits=FallbackLimits(max_seconds=0.0))
+    assert stopped.stats.stop_reason == "time limit" and stopped.stats.blocks == 0
+    assert ops(stopped.graph) == ops(g)
+    one = run(g, limits=FallbackLimits(max_iterations=1))  # each block stops after one pass per stage, too
+    assert one.stats.stop_reason == "iteration limit" and one.stats.blocks > 0
+    assert check_parity(g, one.graph, one.originals).ok
+
+
 @pytest.mark.parametrize("target", ["cpu", "onnxruntime"])
 @pytest.mark.parametrize("model", ["llama-6", "bert-6", "gpt2-6", "synthetic"])
 def test_blocks_give_what_the_whole_graph_gives(model, target, monkeypatch):
