@@ -30,12 +30,12 @@ MIN_BLOCK = 8  # non-leaf nodes
 
 
 @dataclass(frozen=True)
-class Shape:
-    """What a pattern matches at and above a node: its op and, per input slot, the shape matched there
+class Above:
+    """What a pattern matches at and above a node: its op and, per input slot, what it matches there
     (None: any value)."""
 
     op: str
-    inputs: tuple[Shape | None, ...]
+    inputs: tuple[Above | None, ...]
 
     def fits(self, nid: int, nodes: Mapping[int, Node]) -> bool:
         """Whether the ops at and above ``nid`` are these (guards aside: a cut is given up when in doubt)."""
@@ -47,11 +47,12 @@ class Shape:
         return all(s is None or s.fits(i, nodes) for s, i in zip(self.inputs, node.inputs, strict=True))
 
 
-def straddles(patterns: Iterable[Pattern]) -> dict[tuple[str, str], list[Shape]]:
-    """Per (op, reader's op): the shapes some pattern matches a node of that op through, the node, what it reads
-    and its reader all in the match.  A value that fits one is no cut: a block would take the part above it
-    alone (``onnx-attention-isnan`` matches a Softmax, its scores and its IsNaN reader)."""
-    out: dict[tuple[str, str], list[Shape]] = {}
+def straddles(patterns: Iterable[Pattern]) -> dict[tuple[str, str], list[Above]]:
+    """Per (op, reader's op): what some pattern matches at and above a node of that op while it matches the node's
+    reader too (the node, what it reads and its reader all in one match).  A value that fits one is no cut: a
+    block would take the part above it alone (``onnx-attention-isnan`` matches a Softmax, its scores and its
+    IsNaN reader)."""
+    out: dict[tuple[str, str], list[Above]] = {}
     for pattern in patterns:
         made = {a.out: a for a in pattern.query if isinstance(a, NodePat)}
         for reader in made.values():
@@ -59,21 +60,21 @@ def straddles(patterns: Iterable[Pattern]) -> dict[tuple[str, str], list[Shape]]
                 node = made.get(slot.name) if isinstance(slot, V) else None
                 if node is None or not any(isinstance(s, V) and s.name in made for s in node.inputs):
                     continue
-                found = _shape(node, made, frozenset({node.out}))
+                found = _above(node, made, frozenset({node.out}))
                 known = out.setdefault((node.op, reader.op), [])
                 if found not in known:
                     known.append(found)
     return out
 
 
-def _shape(atom: NodePat, made: Mapping[str, NodePat], seen: frozenset[str]) -> Shape:
-    """The shape ``atom`` matches, the atoms binding its inputs followed up (``seen``: those on the way)."""
-    return Shape(atom.op, tuple(
-        _shape(made[s.name], made, seen | {s.name}) if isinstance(s, V) and s.name in made and s.name not in seen
+def _above(atom: NodePat, made: Mapping[str, NodePat], seen: frozenset[str]) -> Above:
+    """What ``atom`` matches, the atoms binding its inputs followed up (``seen``: those on the way)."""
+    return Above(atom.op, tuple(
+        _above(made[s.name], made, seen | {s.name}) if isinstance(s, V) and s.name in made and s.name not in seen
         else None for s in atom.inputs))
 
 
-def blocks(rw: GraphRewriter, through: Mapping[tuple[str, str], list[Shape]] | None = None) -> list[list[int]]:
+def blocks(rw: GraphRewriter, through: Mapping[tuple[str, str], list[Above]] | None = None) -> list[list[int]]:
     """The live non-leaf nodes of ``rw`` in topological order, split after cut values into blocks of at least
     :data:`MIN_BLOCK` nodes (the last block may be shorter); one block when the graph has no cut value.  A
     value that a pattern matches through (``through``: see :func:`straddles`) is no cut."""
@@ -97,7 +98,7 @@ def blocks(rw: GraphRewriter, through: Mapping[tuple[str, str], list[Shape]] | N
         over += leaps[p]
         out[-1].append(n)
         if over == 0 and len(readers[n]) > 1 and len(out[-1]) >= MIN_BLOCK and p < len(order) - 1 \
-                and not any(shape.fits(n, nodes) for r in readers[n]
-                            for shape in through.get((nodes[n].op, nodes[r].op), ())):
+                and not any(above.fits(n, nodes) for r in readers[n]
+                            for above in through.get((nodes[n].op, nodes[r].op), ())):
             out.append([])
     return out
