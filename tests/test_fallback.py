@@ -739,6 +739,22 @@ def test_blocks_end_at_values_that_nothing_but_side_values_leap_over_and_that_tw
     assert len(blocks(GraphRewriter(chain))) == 1
 
 
+def test_a_multi_result_node_is_no_cut_its_projections_stay_with_it():
+    g = Graph()
+    h, gamma = g.input("x", X), g.param("gamma", X[-1:])
+    for _ in range(4):
+        f = h
+        for _ in range(MIN_BLOCK):
+            f = g.tanh(f)
+        both = g.fused_add_rms_norm(h, f, gamma)  # two readers (its Gets) and nothing leaps over it
+        h = g.add(g.get(both, index=0), g.get(both, index=1))
+    g.set_outputs([h])
+    found = blocks(GraphRewriter(g))
+    assert [g.node(b[-1]).op for b in found] == ["Add"] * 4
+    result = run(g)
+    assert result.stats.blocks == 4 and check_parity(g, result.graph, result.originals).ok
+
+
 def test_each_kind_of_block_is_optimized_once(monkeypatch):
     """Layers alike are one region (canonical ids, the whole graph's levels as ranks): the first layer, which
     reads the input itself, and the rest, which read the layer before (its sum a region output, as the last

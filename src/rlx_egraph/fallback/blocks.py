@@ -77,7 +77,8 @@ def _above(atom: NodePat, made: Mapping[str, NodePat], seen: frozenset[str]) -> 
 def blocks(rw: GraphRewriter, through: Mapping[tuple[str, str], list[Above]] | None = None) -> list[list[int]]:
     """The live non-leaf nodes of ``rw`` in topological order, split after cut values into blocks of at least
     :data:`MIN_BLOCK` nodes (the last block may be shorter); one block when the graph has no cut value.  A
-    value that a pattern matches through (``through``: see :func:`straddles`) is no cut."""
+    value that a pattern matches through (``through``: see :func:`straddles`) is no cut, nor is a multi-result
+    node (its projections stay in its block)."""
     nodes, readers, level = rw.nodes_by_id, rw.readers, rw.level
     through = through or {}
     order = sorted((n for n, node in nodes.items() if node.kind is not Kind.LEAF), key=lambda n: (level(n), n))
@@ -98,6 +99,7 @@ def blocks(rw: GraphRewriter, through: Mapping[tuple[str, str], list[Above]] | N
         over += leaps[p]
         out[-1].append(n)
         if over == 0 and len(readers[n]) > 1 and len(out[-1]) >= MIN_BLOCK and p < len(order) - 1 \
+                and nodes[n].dtype != "tuple" \
                 and not any(above.fits(n, nodes) for r in readers[n]
                             for above in through.get((nodes[n].op, nodes[r].op), ())):
             out.append([])
