@@ -377,7 +377,8 @@ class _Engine:
             if time.perf_counter() - start > self.limits.max_seconds:
                 self.stats.stop_reason = STOP_TIME
                 break
-            region, _, back = cut_out(self.rw, self.param_order, set(block), self.lookahead.names)
+            alive = {n for n in block if n in nodes}  # (a block before may have taken a projection of its tuple)
+            region, _, back = cut_out(self.rw, self.param_order, alive, self.lookahead.names)
             run = self.lookahead.run(region, None, None)
             if run.stop_reason != STOP_DONE and self.stats.stop_reason == STOP_DONE:
                 self.stats.stop_reason = run.stop_reason
