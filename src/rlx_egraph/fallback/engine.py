@@ -378,8 +378,6 @@ class _Engine:
                 self.stats.stop_reason = STOP_TIME
                 break
             alive = {n for n in block if n in nodes}  # (a block before may have taken a projection of its tuple)
-            if not alive:
-                continue
             region, _, back = cut_out(self.rw, self.param_order, alive, self.lookahead.names)
             run = self.lookahead.run(region, None, None)
             if run.stop_reason != STOP_DONE and self.stats.stop_reason == STOP_DONE:
