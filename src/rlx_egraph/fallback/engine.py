@@ -388,7 +388,7 @@ class _Engine:
                 self.stats.rules[rule].add_matches(stats)
             self.stats.blocks += 1
         self.stats.phases["replay"] = time.perf_counter() - t0
-        return {h for block in pieces if (h := self.rw.find(block[-1])) in self.nodes}
+        return {h for block in pieces[:-1] if (h := self.rw.find(block[-1])) in self.nodes}  # (the last ends the graph)
 
     def whole(self, start: float, seams: set[int] | None = None) -> None:
         """A whole run: every stage but the first on the graph as written, then every stage (see
