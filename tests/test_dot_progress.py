@@ -103,7 +103,7 @@ def test_the_library_logger_is_quiet_by_default_and_logs_each_phase(caplog: pyte
     assert [r.name for r in caplog.records if r.name.startswith("egglog")] == []
     phases = [re.fullmatch(r"optimize: (\w+) took \d+\.\d{3} s", r.getMessage()) for r in caplog.records
               if r.name == "rlx_egraph"]
-    assert [m.group(1) for m in phases if m] == ["encode", "saturate", "extract", "decode", "verify"]
+    assert [m.group(1) for m in phases if m] == ["encode", "saturate", "extract", "decode", "regions", "verify"]
 
 
 def test_progress_is_off_in_tests_and_closes_when_the_run_fails() -> None:

@@ -263,6 +263,36 @@ def drop_unreachable(FlatEGraph g, dict choice):
     return {c: chosen[c] for c in range(g.num_classes) if chosen[c] >= 0}
 
 
+def dag_cost(FlatEGraph g, dict choice, roots, costs):
+    """The sum of ``costs`` over the classes reachable from ``roots`` under ``choice`` (class -> e-node), each
+    once, walked depth first (roots, then children, pushed in order, the last popped first: the order of the
+    float sum is fixed).  Raises KeyError for a reached class without a choice."""
+    cdef vector[int] chosen = vector[int](g.num_classes, -1), stack
+    cdef vector[char] seen = vector[char](g.num_classes, 0)
+    cdef vector[double] cost = costs
+    cdef double total = 0.0
+    cdef int c, n, k
+    for c, n in choice.items():
+        if not (0 <= c < g.num_classes and 0 <= n < g.num_nodes and g.eclass[n] == c):
+            raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
+        chosen[c] = n
+    for c in roots:
+        stack.push_back(c)
+    while not stack.empty():
+        c = stack.back()
+        stack.pop_back()
+        if seen[c]:
+            continue
+        seen[c] = 1
+        n = chosen[c]
+        if n < 0:
+            raise KeyError(c)
+        total += cost[n]
+        for k in range(g.child_start[n], g.child_start[n + 1]):
+            stack.push_back(g.child[k])
+    return total
+
+
 cdef class Solver:
     """Local search over a choice (``choice``: class -> e-node) with reference counts of needed classes.
 

@@ -37,6 +37,7 @@ from ..cost import Target
 from ..cost.targets import unsupported_op
 from ..ir.registry import Kind, OpSpec, TensorType, ops_of_kind
 from ._solver import EPS, Solver, drop_unreachable, settle_positions, start_choice, tree_choice
+from ._solver import dag_cost as flat_dag_cost
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
 
@@ -109,17 +110,12 @@ def node_costs(view: EGraphView, target: Target) -> list[float]:
     costs = []
     for n in view.nodes:
         reads_intermediate = not leaves.issuperset(n.children)
-        try:
-            key = (n.op, tuple(n.attrs.items()), tuple([class_type[c] for c in n.children]), class_type[n.eclass],
-                   reads_intermediate)
-            cost = known.get(key)
-        except TypeError:  # unhashable attribute values (arrays): not remembered
-            key, cost = None, None
+        # e-nodes of equal attributes share one dict (see build_view): its identity stands for the attributes
+        key = (n.op, id(n.attrs), class_type[n.eclass], reads_intermediate, *[class_type[c] for c in n.children])
+        cost = known.get(key)
         if cost is None:
-            cost = enode_ns(prices, n.spec, n.attrs, [classes[c].type for c in n.children], classes[n.eclass].type,
-                            reads_intermediate)
-            if key is not None:
-                known[key] = cost
+            cost = known[key] = enode_ns(prices, n.spec, n.attrs, [classes[c].type for c in n.children],
+                                         classes[n.eclass].type, reads_intermediate)
         if n.eclass in n.children:
             cost = math.inf  # x = f(x): never a way to compute x
         costs.append(cost)
@@ -127,19 +123,9 @@ def node_costs(view: EGraphView, target: Target) -> list[float]:
 
 
 def dag_cost(view: EGraphView, choice: dict[int, int], roots: list[int], costs: list[float]) -> float:
-    """Sum of node costs over the classes reachable from ``roots`` under ``choice``."""
-    seen: set[int] = set()
-    stack = list(roots)
-    total = 0.0
-    while stack:
-        c = stack.pop()
-        if c in seen:
-            continue
-        seen.add(c)
-        n = choice[c]
-        total += costs[n]
-        stack.extend(view.nodes[n].children)
-    return total
+    """Sum of node costs over the classes reachable from ``roots`` under ``choice`` (compiled:
+    :func:`._solver.dag_cost`)."""
+    return flat_dag_cost(view.flat(), choice, roots, costs)
 
 
 def _best_tree_choice(view: EGraphView, costs: list[float]) -> tuple[dict[int, int], dict[int, float]]:

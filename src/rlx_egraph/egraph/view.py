@@ -72,7 +72,7 @@ class ENode:
     index: int
     op: str
     children: tuple[int, ...]
-    attrs: dict[str, Any]
+    attrs: dict[str, Any]  # shared by the e-nodes of one op with equal attributes: read it, never modify it
     eclass: int
     original: int | None = None  # graph node id when this e-node is that node
     built_by: tuple[str, ...] = ()  # rules whose actions constructed this e-node
@@ -82,7 +82,7 @@ class ENode:
         return REGISTRY[self.op]
 
 
-@dataclass
+@dataclass(slots=True)
 class EClass:
     id: int
     nodes: list[int] = field(default_factory=list)
@@ -175,8 +175,8 @@ class _Provenance:
         """Rows of a provenance relation: key (its leading columns) -> rule names, in rule-file order."""
         found: dict[tuple[Any, ...], set[Any]] = {}
         for row in self.functions[name].rows if name in self.functions else ():
-            *key, rule = row.inputs
-            found.setdefault(tuple(key), set()).add(rule)
+            inputs = row.inputs
+            found.setdefault(tuple(inputs[:-1]), set()).add(inputs[-1])  # the key columns, then the rule
         return {key: self._names(frozenset(rules)) for key, rules in found.items()}
 
     def _names(self, rules: frozenset[Any]) -> tuple[str, ...]:
@@ -225,14 +225,18 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     provenance = _Provenance(functions, values, rules)
     absent = {row.output for row in functions[NO_INPUT].rows} if NO_INPUT in functions else set()
     nodes: list[ENode] = []
+    no_attrs: dict[str, Any] = {}
     for name in sorted(REGISTRY):
         fn = functions.get(name)
         if fn is None:
             continue
         spec = REGISTRY[name]
         kinds = {a.name: a.type for a in spec.attrs}
-        plan = [(a.name, a.is_input, a.variadic, kinds.get(a.name)) for a in constructor_args(spec)]
-        only_inputs = all(is_input and not variadic for _, is_input, variadic, _ in plan)
+        args = constructor_args(spec)
+        attr_columns = [(k, a.name, kinds.get(a.name)) for k, a in enumerate(args) if not a.is_input]
+        input_columns = [(k, a.variadic) for k, a in enumerate(args) if a.is_input]
+        only_inputs = not attr_columns and not any(variadic for _, variadic in input_columns)
+        interned: dict[tuple[Any, ...], dict[str, Any]] = {}  # the attribute columns' values -> their attributes
         built_by = provenance.table(built_by_table(name))
         for row in fn.rows:
             if row.subsumed:
@@ -240,15 +244,18 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
             if len(nodes) % DEADLINE_STRIDE == 0:
                 deadline.check("building the e-graph view")
             inputs = row.inputs
-            attrs: dict[str, Any] = {}
             if only_inputs:  # most ops: every column is an input class
+                attrs = no_attrs
                 children = [number(v, len(class_ids)) for v in inputs if v not in absent]
             else:
+                key = tuple([inputs[k] for k, _, _ in attr_columns])
+                attrs = interned.get(key)
+                if attrs is None:
+                    attrs = interned[key] = {arg: values.get(inputs[k], kind) for k, arg, kind in attr_columns}
                 children = []
-                for (arg, is_input, variadic, kind), value in zip(plan, inputs, strict=True):
-                    if not is_input:
-                        attrs[arg] = values.get(value, kind)
-                    elif variadic:
+                for k, variadic in input_columns:
+                    value = inputs[k]
+                    if variadic:
                         children.extend([number(v, len(class_ids)) for v in expand(value)])
                     elif value not in absent:
                         children.append(number(value, len(class_ids)))
@@ -313,6 +320,9 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
     for cls in view.classes:
         if not cls.originals:  # made by rules: typed by its e-nodes below
             continue
+        if len(cls.originals) == 1:
+            fixed[cls.id] = graph.node(cls.originals[0]).type
+            continue
         members = {o: graph.node(o) for o in cls.originals}
         types = {m.type for m in members.values()}
         if len(types) == 1:
@@ -367,10 +377,14 @@ def _propagate(view: EGraphView, fixed: dict[int, TensorType], excluded: set[int
     e-nodes that pass, and the rule-made classes whose e-nodes disagree.
     """
     types = dict(fixed)
-    inferred: dict[tuple, TensorType] = {}  # (op, attributes, input types) -> type: shape rules are pure
+    type_number: dict[TensorType, int] = {}
+    numbers = {c: type_number.setdefault(t, len(type_number)) for c, t in types.items()}  # class -> its type's
+    inferred: dict[tuple, TensorType] = {}  # (op, attributes, input types' numbers) -> type: shape rules are pure
     problems: dict[int, str] = {}
-    kept = {n.index for n in view.nodes if n.original is not None and n.eclass in fixed
-            and all(c in fixed for c in n.children)}
+    # An input-graph e-node's class and children are input-graph classes: it passes unless one has no fixed type.
+    unfixed = {c.id for c in view.classes if c.originals and c.id not in fixed}
+    kept = {n.index for n in view.nodes if n.original is not None
+            and (not unfixed or (n.eclass not in unfixed and unfixed.isdisjoint(n.children)))}
     conflicts: dict[int, set[TensorType]] = {}
     made = [n for n in view.nodes if n.original is None]
     waiting = {n.index: len({c for c in n.children if c not in types}) for n in made}
@@ -382,13 +396,14 @@ def _propagate(view: EGraphView, fixed: dict[int, TensorType], excluded: set[int
         if n.eclass in excluded:
             continue
         try:
-            out = _infer(n, types, inferred)
+            out = _infer(n, types, numbers, inferred)
         except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # ShapeError, or a rule gone wild
             problems[n.index] = f"is ill-typed: {exc}"
             continue
         have = types.get(n.eclass)
         if have is None:
             types[n.eclass] = have = out
+            numbers[n.eclass] = type_number.setdefault(out, len(type_number))
             for p in parents[n.eclass]:  # rule-made e-nodes only: an input-graph one reads input-graph classes
                 waiting[p] -= 1
                 if waiting[p] == 0:
@@ -402,21 +417,22 @@ def _propagate(view: EGraphView, fixed: dict[int, TensorType], excluded: set[int
     return types, problems, kept, conflicts
 
 
-def _infer(n: ENode, types: dict[int, TensorType], inferred: dict[tuple, TensorType]) -> TensorType:
-    """The type ``n``'s shape rule gives it from its children's class types, remembered in ``inferred``."""
-    in_types = [types[c] for c in n.children]
-    try:
-        key = (n.op, tuple(n.attrs.items()), tuple(in_types))
-        hit = inferred.get(key)
-    except TypeError:  # unhashable attribute values (arrays): not remembered
-        return n.spec.resolve(n.attrs, in_types)[1]
+def _infer(n: ENode, types: dict[int, TensorType], numbers: dict[int, int],
+           inferred: dict[tuple, TensorType]) -> TensorType:
+    """The type ``n``'s shape rule gives it from its children's class types (``numbers``: each class's type's
+    number), remembered in ``inferred``: e-nodes of equal attributes share one dict (see :func:`build_view`),
+    so the dict's identity stands for the attributes."""
+    key = (n.op, id(n.attrs), *[numbers[c] for c in n.children])
+    hit = inferred.get(key)
     if hit is None:
-        hit = inferred[key] = n.spec.resolve(n.attrs, in_types)[1]
+        hit = inferred[key] = n.spec.resolve(n.attrs, [types[c] for c in n.children])[1]
     return hit
 
 
 def _keep_only(view: EGraphView, kept: set[int]) -> None:
     """Drop every e-node not in ``kept`` from the view, renumbering the rest."""
+    if len(kept) == len(view.nodes):
+        return
     nodes = [n for n in view.nodes if n.index in kept]
     view.dropped = len(view.nodes) - len(nodes)
     for k, n in enumerate(nodes):
