@@ -13,6 +13,7 @@ from rlx_egraph.egraph import extract
 from rlx_egraph.egraph._solver import Log, Solver
 from rlx_egraph.egraph.budget import Deadline
 from rlx_egraph.egraph.view import EClass, EGraphView, ENode
+from rlx_egraph.ir.graph import attrs_equal
 from rlx_egraph.ir.registry import Kind
 
 
@@ -445,3 +446,37 @@ def test_greedy_names_the_output_it_cannot_compute():
     with pytest.raises(ValueError, match=r"on cpu \(computed by Relu\): every way reads"):
         extract.greedy(view, [2], cpu, {0: 0, 1: 1}, [0.0, 1.0, 1.0, 1.0])  # 2 and 3 compute each other only
     assert extract.greedy(view, [1], cpu, {0: 0, 1: 1}, [0.0, 1.0, 1.0, 1.0]).choice == {0: 0, 1: 1}
+
+
+def test_enodes_of_one_op_with_equal_attributes_share_one_dict(synthetic_view: EGraphView):
+    """The memos of pricing and typing key attributes by the dict's identity, so that equal attributes of one op
+    are priced and typed once: they must be one dict."""
+    by_op: dict[str, dict[int, dict]] = {}
+    for n in synthetic_view.nodes:
+        by_op.setdefault(n.op, {})[id(n.attrs)] = n.attrs
+    shared = 0
+    for op, dicts in by_op.items():
+        found = list(dicts.values())
+        for k, a in enumerate(found):
+            assert not any(attrs_equal(a, b) for b in found[k + 1:]), op
+        shared += sum(1 for n in synthetic_view.nodes if n.op == op) - len(found)
+    assert shared > len(synthetic_view.nodes) // 2
+
+
+def test_dag_cost_sums_each_reachable_class_once_and_needs_a_choice_for_each(synthetic_view: EGraphView):
+    view = synthetic_view
+    roots = sorted({c.id for c in view.classes if c.originals})[-3:]
+    choice = {c.id: c.nodes[0] for c in view.classes if c.nodes}
+    costs = [float(k % 7) for k in range(len(view.nodes))]
+    reached, stack = set(), list(roots)
+    while stack:
+        c = stack.pop()
+        if c not in reached:
+            reached.add(c)
+            stack.extend(view.nodes[choice[c]].children)
+    assert extract.dag_cost(view, choice, roots, costs) == sum(costs[choice[c]] for c in reached)
+    missing = next(iter(view.nodes[choice[roots[0]]].children))
+    with pytest.raises(KeyError):
+        extract.dag_cost(view, {c: n for c, n in choice.items() if c != missing}, roots, costs)
+    with pytest.raises(ValueError, match="not one of its e-nodes"):
+        extract.dag_cost(view, {**choice, roots[0]: choice[missing]}, roots, costs)
