@@ -480,3 +480,23 @@ def test_dag_cost_sums_each_reachable_class_once_and_needs_a_choice_for_each(syn
         extract.dag_cost(view, {c: n for c, n in choice.items() if c != missing}, roots, costs)
     with pytest.raises(ValueError, match="not one of its e-nodes"):
         extract.dag_cost(view, {**choice, roots[0]: choice[missing]}, roots, costs)
+
+
+def test_decoded_nodes_checked_once_per_key_equal_each_node_checked_alone(synthetic_view: EGraphView):
+    """Decoding checks a rule-made node once per (op, attributes, input types): every node it builds is what
+    Graph.add_node makes of it from scratch."""
+    from rlx_egraph import examples
+    from rlx_egraph.egraph.decode import decode
+    from rlx_egraph.ir.graph import Graph
+
+    graph, view, tgt = examples.synthetic(1500, seed=3), synthetic_view, get_target("cpu")
+    roots = [view.class_of_node[o] for o in graph.outputs]
+    choice = extract.greedy(view, roots, tgt, {n.id: k for k, n in enumerate(graph.nodes)}).choice
+    decoded = decode(view, choice, graph).graph
+    alone = Graph("alone")
+    for node in decoded.nodes:
+        alone.add_node(node.op, node.inputs, node.id, **node.attrs)
+    assert sum(n.op.startswith("Fused") for n in decoded.nodes) > 50  # many rule-made nodes share a key
+    assert [(n.id, n.op, n.inputs, n.shape, n.dtype, n.parts) for n in decoded.nodes] == \
+        [(n.id, n.op, n.inputs, n.shape, n.dtype, n.parts) for n in alone.nodes]
+    assert all(attrs_equal(a.attrs, b.attrs) for a, b in zip(decoded.nodes, alone.nodes, strict=True))

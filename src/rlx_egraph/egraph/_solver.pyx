@@ -22,6 +22,8 @@ from libcpp.pair cimport pair
 from libcpp.queue cimport priority_queue
 from libcpp.vector cimport vector
 
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.math cimport INFINITY
 
 EPS = 1e-9  # a move pays when it lowers the cost by more than this (float sums differ in the last digits)
@@ -44,6 +46,10 @@ cdef class Log:
     @property
     def choices(self):
         return [(p.first, p.second) for p in self.switched]
+
+    cdef void clear(self):
+        self.steps.clear()
+        self.switched.clear()
 
     cdef void extend(self, Log other):
         self.steps.insert(self.steps.end(), other.steps.begin(), other.steps.end())
@@ -107,6 +113,129 @@ cdef class FlatEGraph:
                     seen[self.child[k]] = n
                     count[n] += 1
         return count
+
+
+# E-nodes type-checked between two looks at the deadline (as the view's row decoding).
+cdef int _DEADLINE_STRIDE = 4096
+# The errors that make an e-node ill-typed: ShapeError, or a rule gone wild.
+_ILL_TYPED = (ArithmeticError, LookupError, TypeError, ValueError)
+
+
+cdef tuple _signature(list nodes, int n, vector[int]& child_start, vector[int]& child, vector[int]& numbers,
+                      int extra):
+    """E-node ``n``'s memo key: its op, its attributes dict's identity (e-nodes of equal attributes share one,
+    see :func:`rlx_egraph.egraph.view.build_view`), ``extra`` and its children's ``numbers``."""
+    cdef int k, first = child_start[n], width = child_start[n + 1] - first
+    cdef tuple key = PyTuple_New(3 + width)
+    node = nodes[n]
+    for k, item in enumerate((node.op, id(node.attrs), extra)):
+        Py_INCREF(item)
+        PyTuple_SET_ITEM(key, k, item)
+    for k in range(width):
+        item = numbers[child[first + k]]
+        Py_INCREF(item)
+        PyTuple_SET_ITEM(key, 3 + k, item)
+    return key
+
+
+def propagate_types(FlatEGraph g, list nodes, fixed, original, excluded, infer, deadline):
+    """The view's type propagation (:func:`rlx_egraph.egraph.view._propagate`) over the flat e-graph.
+
+    Types are numbers (equal numbers, equal types).  ``fixed``: per class its input-graph type's number, -1 when
+    it has none; ``original``: per e-node whether it is an input-graph node; ``excluded``: classes whose
+    rule-made e-nodes are left out; ``infer(n, numbers)``: the number of the type that e-node ``n``'s shape rule
+    gives from its children's type ``numbers`` (raising the error that makes it ill-typed), called once per
+    (op, attributes, children's types).  An input-graph e-node passes when its class and children are fixed;
+    the rule-made ones are inferred in order, each once its children's classes have types, the first typing
+    its class.  Returns per class its type's number (-1: none), per e-node whether it passes, the ill-typed
+    e-nodes (e-node -> error), the e-nodes whose type is not their class's (e-node -> (its type, the class's))
+    and the classes without an input-graph type whose e-nodes disagree (class -> type numbers)."""
+    cdef vector[int] types = fixed, waiting = vector[int](g.num_nodes, 0), queue
+    cdef vector[int] seen = vector[int](g.num_classes, -1)
+    cdef vector[char] is_original = original, kept = vector[char](g.num_nodes, 0)
+    cdef vector[char] skip = vector[char](g.num_classes, 0)
+    cdef int n, c, k, out, have, p
+    cdef size_t head = 0
+    cdef bint ok
+    cdef dict memo = {}, errors = {}, mismatches = {}, conflicts = {}
+    cdef tuple key
+    for c in excluded:
+        skip[c] = True
+    for n in range(g.num_nodes):
+        if is_original[n]:
+            ok = types[g.eclass[n]] >= 0
+            for k in range(g.child_start[n], g.child_start[n + 1]):
+                ok = ok and types[g.child[k]] >= 0
+            kept[n] = ok
+            continue
+        for k in range(g.child_start[n], g.child_start[n + 1]):
+            c = g.child[k]
+            if types[c] < 0 and seen[c] != n:
+                seen[c] = n
+                waiting[n] += 1
+        if waiting[n] == 0:
+            queue.push_back(n)
+    while head < queue.size():
+        n = queue[head]
+        head += 1
+        if n % _DEADLINE_STRIDE == 0:
+            deadline.check("type-checking the e-graph view")
+        c = g.eclass[n]
+        if skip[c]:
+            continue
+        key = _signature(nodes, n, g.child_start, g.child, types, 0)
+        hit = memo.get(key)
+        if hit is None:
+            try:
+                hit = infer(n, key[3:])
+            except _ILL_TYPED as exc:
+                hit = exc
+            memo[key] = hit
+        if isinstance(hit, BaseException):
+            errors[n] = hit
+            continue
+        out = hit
+        have = types[c]
+        if have < 0:
+            types[c] = have = out
+            for k in range(g.parent_start[c], g.parent_start[c + 1]):
+                p = g.parent[k]
+                waiting[p] -= 1
+                if waiting[p] == 0 and not is_original[p]:
+                    queue.push_back(p)
+        if out == have:
+            kept[n] = True
+        else:
+            mismatches[n] = (out, have)
+            if fixed[c] < 0:
+                conflicts.setdefault(c, {have}).add(out)
+    return list(types), [bool(x) for x in kept], errors, mismatches, conflicts
+
+
+def price_nodes(FlatEGraph g, list nodes, type_numbers, leaf, price):
+    """Per e-node its cost: ``price(n, reads_intermediate)``, called once per (op, attributes, class type,
+    whether it reads a class that is not a ``leaf`` (a flag per class), children's types), with
+    ``type_numbers`` per class (see :func:`_signature`); infinity for an e-node that reads its own class
+    (x = f(x) is never a way to compute x)."""
+    cdef vector[int] numbers = type_numbers
+    cdef vector[char] is_leaf = leaf
+    cdef vector[double] costs = vector[double](g.num_nodes, 0.0)
+    cdef int n, k, c
+    cdef bint intermediate, cyclic
+    cdef dict memo = {}
+    cdef tuple key
+    for n in range(g.num_nodes):
+        c = g.eclass[n]
+        intermediate = cyclic = False
+        for k in range(g.child_start[n], g.child_start[n + 1]):
+            intermediate = intermediate or not is_leaf[g.child[k]]
+            cyclic = cyclic or g.child[k] == c
+        key = _signature(nodes, n, g.child_start, g.child, numbers, 2 * numbers[c] + intermediate)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = price(n, intermediate)
+        costs[n] = INFINITY if cyclic else hit
+    return list(costs)
 
 
 # Heap entries, negated: libcpp's priority_queue pops the largest, so (-key, -id) pops the least (key, id).
@@ -308,12 +437,18 @@ cdef class Solver:
     cdef vector[double] costs, pos
     cdef vector[char] usable, free_leaf
     cdef int stamp_now
+    # Scratch logs, cleared and refilled by every move (their vectors keep their memory): the move's, a group
+    # member's, and those of releasing a child (the group of switches, one trial switch).
+    cdef Log move_log, group_log, release_log, trial_log
+    # Scratch vectors of one move, cleared before use (they keep their memory too).
+    cdef vector[int] brought, seen, reader_class, reader_node, alt_start, alts
 
     def __init__(self, view, costs, dict choice, roots, pos):
         cdef int n, c, k
         cdef FlatEGraph g = view.flat()
         self.view = view
         self.switches = 0
+        self.move_log, self.group_log, self.release_log, self.trial_log = Log(), Log(), Log(), Log()
         self.child, self.child_start, self.parent, self.parent_start = g.child, g.child_start, g.parent, g.parent_start
         self.member, self.member_start, self.eclass = g.member, g.member_start, g.eclass
         self.costs = costs
@@ -559,12 +694,19 @@ cdef class Solver:
         readers[d].clear()
 
     def attempt(self, int c, int max_group=64):
-        """One attempt at class ``c`` (see :meth:`improve`): the kept move's log, or None."""
+        """One attempt at class ``c`` (see :meth:`improve`): the kept move's log (a copy), or None."""
+        cdef Log kept, copy
         self._check_class(c)
-        return self._attempt(c, max_group)
+        kept = self._attempt(c, max_group)
+        if kept is None:
+            return None
+        copy = Log()
+        copy.extend(kept)
+        return copy
 
     cdef Log _attempt(self, int c, int max_group):
-        """Switch live class ``c`` to its cheapest e-node whose move pays; the kept move's log, or None."""
+        """Switch live class ``c`` to its cheapest e-node whose move pays; the kept move's log (the scratch
+        ``move_log``, valid until the next move), or None."""
         cdef int k, n
         cdef Log log
         if self.refs_[c] == 0:
@@ -591,18 +733,18 @@ cdef class Solver:
         self.ranked[c] = True
 
     cdef Log _try_move(self, int c, int n, int max_group):
-        cdef Log log = Log(), sub
+        cdef Log log = self.move_log, sub = self.group_log
         cdef int old = self.choice[c], group = 0, d, p, pc, k, j
         cdef double delta, step
-        cdef vector[int] brought
         self.newly_live.clear()
+        log.clear()
         delta = self._switch(c, n, log)
         if delta < -_EPS:
             return log
         # Group move: other classes that could read what this switch made live.
-        brought = self.newly_live
-        for j in range(brought.size()):
-            d = brought[j]
+        self.brought = self.newly_live  # copied: the group's switches add to newly_live
+        for j in range(self.brought.size()):
+            d = self.brought[j]
             if self.free_leaf[self.choice[d]]:
                 continue
             for k in range(self.parent_start[d], self.parent_start[d + 1]):
@@ -611,7 +753,7 @@ cdef class Solver:
                 self.read.push_back(pc)
                 if group >= max_group or pc == c or self.refs_[pc] == 0 or self.choice[pc] == p or not self.usable[p]:
                     continue
-                sub = Log()
+                sub.clear()
                 step = self._switch(pc, p, sub)
                 if step < -_EPS:
                     log.extend(sub)
@@ -637,41 +779,41 @@ cdef class Solver:
         cdef double delta = 0.0
         cdef int ch, k, p, pc, j, a, m
         cdef bint some
-        cdef vector[int] seen, reader_class, reader_node, alt_start, alts
+        self.seen.clear()
         for k in range(self.child_start[old], self.child_start[old + 1]):
             ch = self.child[k]
-            if _contains(seen, ch):
+            if _contains(self.seen, ch):
                 continue
-            seen.push_back(ch)
+            self.seen.push_back(ch)
             if self.refs_[ch] == 0 or self.free_leaf[self.choice[ch]]:
                 continue
-            reader_class.clear()  # live classes whose chosen e-node reads ch, and that e-node
-            reader_node.clear()
+            self.reader_class.clear()  # live classes whose chosen e-node reads ch, and that e-node
+            self.reader_node.clear()
             for j in range(self.parent_start[ch], self.parent_start[ch + 1]):
                 p = self.parent[j]
                 pc = self.eclass[p]
                 self.read.push_back(pc)
                 if pc != c and self.refs_[pc] > 0 and self.choice[pc] == p:
-                    reader_class.push_back(pc)
-                    reader_node.push_back(p)
-            if reader_class.empty() or <int>reader_class.size() > _MAX_RELEASED_READERS:
+                    self.reader_class.push_back(pc)
+                    self.reader_node.push_back(p)
+            if self.reader_class.empty() or <int>self.reader_class.size() > _MAX_RELEASED_READERS:
                 continue
-            alt_start.clear()  # per reader, its e-nodes that do not read ch
-            alts.clear()
-            alt_start.push_back(0)
+            self.alt_start.clear()  # per reader, its e-nodes that do not read ch
+            self.alts.clear()
+            self.alt_start.push_back(0)
             some = True
-            for j in range(reader_class.size()):
-                pc = reader_class[j]
+            for j in range(self.reader_class.size()):
+                pc = self.reader_class[j]
                 for m in range(self.member_start[pc], self.member_start[pc + 1]):
                     a = self.member[m]
-                    if a != reader_node[j] and self.usable[a] and not self._reads(a, ch):
-                        alts.push_back(a)
-                alt_start.push_back(alts.size())
-                if alt_start[j + 1] == alt_start[j]:  # this reader keeps ch alive whatever it switches to
+                    if a != self.reader_node[j] and self.usable[a] and not self._reads(a, ch):
+                        self.alts.push_back(a)
+                self.alt_start.push_back(self.alts.size())
+                if self.alt_start[j + 1] == self.alt_start[j]:  # the reader keeps ch alive whatever it switches to
                     some = False
                     break
             if some:
-                delta += self._switch_away(ch, reader_class, alt_start, alts, log)
+                delta += self._switch_away(ch, self.reader_class, self.alt_start, self.alts, log)
         return delta
 
     cdef bint _reads(self, int n, int ch):
@@ -685,9 +827,10 @@ cdef class Solver:
                              Log log) except? -1.0:
         """Switch each reader of ``ch`` to its alternative of most gain among ``alts`` (those that leave fewer
         reading ``ch``); kept in ``log`` only if ``ch`` dies, else undone.  Returns the change of cost."""
-        cdef Log sub = Log(), trial
+        cdef Log sub = self.release_log, trial = self.trial_log
         cdef double step = 0.0, delta_alt, best_delta
         cdef int j, m, pc, alt, before, best
+        sub.clear()
         for j in range(reader_class.size()):
             pc = reader_class[j]
             best = -1  # the alternative of most gain after which fewer read ch (ties: the lowest index)
@@ -695,7 +838,7 @@ cdef class Solver:
             before = self.refs_[ch]
             for m in range(alt_start[j], alt_start[j + 1]):
                 alt = alts[m]
-                trial = Log()
+                trial.clear()
                 delta_alt = self._switch(pc, alt, trial)
                 if self.refs_[ch] < before and (best < 0 or delta_alt < best_delta
                                                 or (delta_alt == best_delta and alt < best)):

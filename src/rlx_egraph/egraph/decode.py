@@ -11,12 +11,11 @@ blame).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node
 from ..ir.registry import Kind
-from .view import EGraphView
+from .view import EGraphView, ENode
 
 
 @dataclass(frozen=True)
@@ -61,50 +60,64 @@ class Decoded:
     fusions: list[Fusion] = field(default_factory=list)
 
 
-def _sort_key(c: int, view: EGraphView, wanted: Mapping[int, int], position: Mapping[int, int],
-              key: dict[int, float]) -> float:
-    """Where class ``c`` goes in the decoded graph: an input-graph class at its node's position, a rule-made one
-    just after its chosen e-node's children (remembered in ``key``).  A module function, not a recursive closure:
-    such a closure is a reference cycle, which kept the whole view alive for the garbage collector."""
-    if c not in key:
-        originals = view.classes[c].originals
-        if originals:
-            key[c] = float(min(position[o] for o in originals))
-        else:
-            children = view.nodes[wanted[c]].children
-            key[c] = max((_sort_key(ch, view, wanted, position, key) for ch in children), default=-1.0) + 0.5
-    return key[c]
+def _add_checked_once(out: Graph, nid: int, enode: ENode, inputs: list[int], type_numbers: list[int],
+                      checked: dict[tuple, Node]) -> int:
+    """Append ``enode`` (rule-made, or a weight prep) reading ``inputs`` as node ``nid``.
+    :meth:`Graph.add_node` checks it once per (op, attributes, input classes' types, and for a weight prep its
+    inputs' ops): the checks are pure functions of these (e-nodes of equal attributes share one dict, see
+    :func:`.view.build_view`).  A leaf is checked every time (its name must be new)."""
+    if enode.spec.kind is Kind.LEAF:
+        return out.add_node(enode.op, inputs, nid, **enode.attrs)
+    key = (enode.op, id(enode.attrs), *[type_numbers[c] for c in enode.children])
+    if enode.spec.kind is Kind.WEIGHT_PREP:
+        key += tuple([out.node(i).op for i in inputs])
+    seen = checked.get(key)
+    if seen is None:
+        out.add_node(enode.op, inputs, nid, **enode.attrs)
+        checked[key] = out.node(nid)
+        return nid
+    return out.add_checked(Node(nid, seen.op, tuple(inputs), dict(seen.attrs), seen.shape, seen.dtype, seen.parts))
 
 
 def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
-    """Build the optimized graph from ``choice`` (class -> e-node)."""
+    """Build the optimized graph from ``choice`` (class -> e-node).
+
+    Each class goes in when its chosen e-node's inputs are in, the least sort key first: an input-graph class
+    at its node's position, a rule-made one just after its inputs."""
     position = {n.id: k for k, n in enumerate(graph.nodes)}
     wanted = dict(choice)
     for node in graph.inputs:  # graph inputs are the interface: always kept
         c = view.class_of_node[node.id]
         wanted.setdefault(c, next(i for i in view.classes[c].nodes if view.nodes[i].original == node.id))
 
-    key: dict[int, float] = {}
+    key: dict[int, float] = {}  # class -> its sort key, set when it becomes ready (its inputs' keys are set)
 
-    def sort_key(c: int) -> float:
-        return _sort_key(c, view, wanted, position, key)
+    def ready(c: int) -> tuple[float, int]:
+        originals = view.classes[c].originals
+        if originals:
+            key[c] = float(min([position[o] for o in originals]))
+        else:
+            key[c] = max([key[ch] for ch in view.nodes[wanted[c]].children], default=-1.0) + 0.5
+        return key[c], c
 
     pending = {c: len(set(view.nodes[n].children)) for c, n in wanted.items()}
     readers: dict[int, list[int]] = {}
     for c, n in wanted.items():
         for ch in set(view.nodes[n].children):
             readers.setdefault(ch, []).append(c)
-    heap = [(sort_key(c), c) for c, p in pending.items() if p == 0]
+    heap = [ready(c) for c, p in pending.items() if p == 0]
     heapq.heapify(heap)
     out = Graph(graph.name)
     new_id: dict[int, int] = {}
     decoded = Decoded(out, {}, {})
+    type_numbers = view.type_numbers()
+    checked: dict[tuple, Node] = {}
     while heap:
         _, c = heapq.heappop(heap)
         enode = view.nodes[wanted[c]]
         inputs = [new_id[ch] for ch in enode.children]
         if enode.original is None or enode.spec.kind is Kind.WEIGHT_PREP:  # weight prep: its inputs' ops matter too
-            nid = out.add_node(enode.op, inputs, **enode.attrs)
+            nid = _add_checked_once(out, len(new_id), enode, inputs, type_numbers, checked)
         else:  # checked in the input graph, and its children's classes have its inputs' types: not checked again
             was = graph.node(enode.original)
             nid = out.add_checked(Node(len(new_id), was.op, tuple(inputs), dict(was.attrs), was.shape, was.dtype,
@@ -119,7 +132,7 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         for r in readers.get(c, ()):
             pending[r] -= 1
             if pending[r] == 0:
-                heapq.heappush(heap, (sort_key(r), r))
+                heapq.heappush(heap, ready(r))
     if len(new_id) != len(wanted):
         stuck = sorted(set(wanted) - set(new_id))[:5]
         raise RuntimeError(f"decode: the extracted choice is cyclic around e-classes {stuck}")

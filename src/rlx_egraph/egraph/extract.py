@@ -36,7 +36,7 @@ import numpy as np
 from ..cost import Target
 from ..cost.targets import unsupported_op
 from ..ir.registry import Kind, OpSpec, TensorType, ops_of_kind
-from ._solver import EPS, Solver, drop_unreachable, settle_positions, start_choice, tree_choice
+from ._solver import EPS, Solver, drop_unreachable, price_nodes, settle_positions, start_choice, tree_choice
 from ._solver import dag_cost as flat_dag_cost
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
@@ -100,26 +100,18 @@ def leaf_classes(view: EGraphView) -> set[int]:
 
 def node_costs(view: EGraphView, target: Target) -> list[float]:
     """:func:`enode_ns` of every e-node, each distinct (op, attributes, input and output types, whether it
-    reads an intermediate) priced once; types are numbered per class first, so that the key hashes ints."""
-    classes = view.classes
+    reads an intermediate) priced once (compiled: :func:`._solver.price_nodes`; the classes' types go by
+    :meth:`EGraphView.type_numbers`)."""
+    classes, nodes = view.classes, view.nodes
     prices = NodePrices(target)
     leaves = leaf_classes(view)
-    type_number: dict[TensorType | None, int] = {}
-    class_type = [type_number.setdefault(c.type, len(type_number)) for c in classes]
-    known: dict[tuple, float] = {}
-    costs = []
-    for n in view.nodes:
-        reads_intermediate = not leaves.issuperset(n.children)
-        # e-nodes of equal attributes share one dict (see build_view): its identity stands for the attributes
-        key = (n.op, id(n.attrs), class_type[n.eclass], reads_intermediate, *[class_type[c] for c in n.children])
-        cost = known.get(key)
-        if cost is None:
-            cost = known[key] = enode_ns(prices, n.spec, n.attrs, [classes[c].type for c in n.children],
-                                         classes[n.eclass].type, reads_intermediate)
-        if n.eclass in n.children:
-            cost = math.inf  # x = f(x): never a way to compute x
-        costs.append(cost)
-    return costs
+
+    def price(n: int, reads_intermediate: bool) -> float:
+        node = nodes[n]
+        return enode_ns(prices, node.spec, node.attrs, [classes[c].type for c in node.children],
+                        classes[node.eclass].type, reads_intermediate)
+
+    return price_nodes(view.flat(), nodes, view.type_numbers(), [c.id in leaves for c in classes], price)
 
 
 def dag_cost(view: EGraphView, choice: dict[int, int], roots: list[int], costs: list[float]) -> float:

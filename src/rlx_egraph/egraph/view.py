@@ -20,7 +20,6 @@ into it, and every blame names exactly those.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +27,9 @@ from typing import Any
 from egglog import bindings as eb
 
 from ..errors import RlxError
-from ..ir.graph import Graph, attrs_equal
-from ..ir.registry import REGISTRY, AttrType, TensorType
-from ._solver import FlatEGraph
+from ..ir.graph import Graph, Node, attrs_equal
+from ..ir.registry import REGISTRY, TUPLE, AttrType, TensorType, TupleType, ValueType
+from ._solver import FlatEGraph, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
@@ -103,6 +102,7 @@ class EGraphView:
     _parents: tuple[list[ENode], int, list[list[int]]] | None = field(default=None, init=False, repr=False,
                                                                        compare=False)
     _flat: tuple[list[ENode], int, FlatEGraph] | None = field(default=None, init=False, repr=False, compare=False)
+    _type_numbers: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_enodes(self) -> int:
@@ -120,6 +120,15 @@ class EGraphView:
                 out[c].append(n.index)
         self._parents = (self.nodes, len(self.nodes), out)
         return out
+
+    def type_numbers(self) -> list[int]:
+        """Per class, a number for its type: equal numbers for equal types, -1 for no type (computed once: the
+        memos of pricing and decoding key on them)."""
+        if self._type_numbers is None or len(self._type_numbers) != len(self.classes):
+            number: dict[TensorType, int] = {}
+            self._type_numbers = [-1 if c.type is None else number.setdefault(c.type, len(number))
+                                  for c in self.classes]
+        return self._type_numbers
 
     def flat(self) -> FlatEGraph:
         """The e-graph as integer arrays, for the compiled extraction passes (computed once per list of
@@ -173,11 +182,15 @@ class _Provenance:
 
     def table(self, name: str) -> dict[tuple[Any, ...], tuple[str, ...]]:
         """Rows of a provenance relation: key (its leading columns) -> rule names, in rule-file order."""
-        found: dict[tuple[Any, ...], set[Any]] = {}
+        found: dict[tuple[Any, ...], Any] = {}  # key -> its rule's value, or the set of them when several
         for row in self.functions[name].rows if name in self.functions else ():
             inputs = row.inputs
-            found.setdefault(tuple(inputs[:-1]), set()).add(inputs[-1])  # the key columns, then the rule
-        return {key: self._names(frozenset(rules)) for key, rules in found.items()}
+            key, rule = tuple(inputs[:-1]), inputs[-1]  # the key columns, then the rule
+            have = found.setdefault(key, rule)
+            if have is not rule:
+                found[key] = have | {rule} if isinstance(have, set) else {have, rule}
+        return {key: self._names(frozenset(rules) if isinstance(rules, set) else frozenset((rules,)))
+                for key, rules in found.items()}
 
     def _names(self, rules: frozenset[Any]) -> tuple[str, ...]:
         names = self.named.get(rules)
@@ -238,11 +251,11 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         only_inputs = not attr_columns and not any(variadic for _, variadic in input_columns)
         interned: dict[tuple[Any, ...], dict[str, Any]] = {}  # the attribute columns' values -> their attributes
         built_by = provenance.table(built_by_table(name))
-        for row in fn.rows:
+        for k, row in enumerate(fn.rows):
+            if k % DEADLINE_STRIDE == 0:
+                deadline.check("building the e-graph view")
             if row.subsumed:
                 continue
-            if len(nodes) % DEADLINE_STRIDE == 0:
-                deadline.check("building the e-graph view")
             inputs = row.inputs
             if only_inputs:  # most ops: every column is an input class
                 attrs = no_attrs
@@ -259,8 +272,8 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                         children.extend([number(v, len(class_ids)) for v in expand(value)])
                     elif value not in absent:
                         children.append(number(value, len(class_ids)))
-            nodes.append(ENode(len(nodes), name, tuple(children), attrs, number(row.output, len(class_ids)),
-                               built_by=built_by.get(tuple(inputs), ()) if built_by else ()))
+            nodes.append(ENode(len(nodes), name, tuple(children), attrs, number(row.output, len(class_ids)), None,
+                               built_by.get(tuple(inputs), ()) if built_by else ()))
     classes = [EClass(cid) for cid in range(len(class_ids))]
     for (value,), names in provenance.table(MERGED_BY).items():
         classes[class_ids[value]].merged_by = names
@@ -271,7 +284,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         cid = class_ids[term_of[gnode.id]]
         class_of_node[gnode.id] = cid
         classes[cid].originals.append(gnode.id)
-        if is_negative_zero_scalar(gnode):  # encoded as Neg(Scalar 0.0): the leaf itself is an e-node too
+        if gnode.op == "Scalar" and is_negative_zero_scalar(gnode):  # as Neg(Scalar 0.0): the leaf is an e-node too
             nodes.append(ENode(len(nodes), gnode.op, (), dict(gnode.attrs), cid, gnode.id))
     for n in nodes:
         classes[n.eclass].nodes.append(n.index)
@@ -285,15 +298,16 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
 def _mark_originals(view: EGraphView, graph: Graph) -> None:
     """Tag each e-node that is exactly a node of the input graph."""
     marked = {n.original for n in view.nodes if n.original is not None}
-    class_of = view.class_of_node.__getitem__
+    nodes, classes, class_of = view.nodes, view.classes, view.class_of_node
     for gnode in graph.nodes:
         if gnode.id in marked:
             continue
-        cid = class_of(gnode.id)
-        children = tuple(map(class_of, gnode.inputs))
-        for idx in view.classes[cid].nodes:
-            n = view.nodes[idx]
-            if n.op == gnode.op and n.children == children and n.original is None and attrs_equal(n.attrs, gnode.attrs):
+        op, attrs = gnode.op, gnode.attrs
+        children = tuple([class_of[i] for i in gnode.inputs])
+        for idx in classes[class_of[gnode.id]].nodes:
+            n = nodes[idx]
+            if n.op == op and n.children == children and n.original is None \
+                    and ((not attrs and not n.attrs) or attrs_equal(n.attrs, attrs)):
                 n.original = gnode.id
                 break
 
@@ -309,24 +323,28 @@ def _named(names: tuple[str, ...], rules: RuleSet) -> str:
     return ", ".join(f"{name} ({rules.by_name(name).location})" for name in names) or "none recorded"
 
 
-def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, deadline: Deadline) -> set[int]:
-    """Type every class and check every e-node against its class; returns the e-nodes that pass.
+def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, deadline: Deadline) -> list[bool]:
+    """Type every class and check every e-node against its class; returns per e-node whether it passes.
 
-    A rule-made class whose e-nodes disagree has no type to trust: all its
+    A class holding input-graph nodes has their type; the rule-made e-nodes are inferred bottom-up from the
+    leaves, with the shape rule called once per (op, attributes, input types) (compiled:
+    :func:`._solver.propagate_types`).  A rule-made class whose e-nodes disagree has no type to trust: all its
     e-nodes are left out and the check runs again without them, until no new
     disagreement appears.
     """
-    fixed: dict[int, TensorType] = {}
+    numbering = _TypeNumbers()
+    fixed = [-1] * len(view.classes)  # per class its input-graph type's number
+    node_of = {n.id: n for n in graph.nodes}
     for cls in view.classes:
         if not cls.originals:  # made by rules: typed by its e-nodes below
             continue
         if len(cls.originals) == 1:
-            fixed[cls.id] = graph.node(cls.originals[0]).type
+            fixed[cls.id] = numbering.of_node(node_of[cls.originals[0]])
             continue
         members = {o: graph.node(o) for o in cls.originals}
         types = {m.type for m in members.values()}
         if len(types) == 1:
-            fixed[cls.id] = types.pop()
+            fixed[cls.id] = numbering.of_type(types.pop())
         else:
             found = blamed_rules(view, cls.nodes, [cls.id])
             listed = ", ".join(f"node {o} ({m.op}) {m.type}" for o, m in members.items())
@@ -337,21 +355,32 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
                 raise UnsoundRewrite(message)
             view.merged.append(MergedInputs(cls.id, tuple((o, m.op, m.type) for o, m in members.items()),
                                             found, message))
-    merged = {m.eclass for m in view.merged}
-    parents = view.parents()
-    conflicts: dict[int, set[TensorType]] = {}
+    excluded = {m.eclass for m in view.merged}
+    original = [n.original is not None for n in view.nodes]
+
+    def infer(n: int, numbers: tuple[int, ...]) -> int:
+        """The number of the type e-node ``n``'s shape rule gives it from its children's types."""
+        node = view.nodes[n]
+        return numbering.of_type(node.spec.resolve(node.attrs, [numbering.types[k] for k in numbers])[1])
+
+    conflicts: dict[int, set[int]] = {}  # rule-made class -> the type numbers its e-nodes have
     while True:
-        types, problems, kept, new = _propagate(view, fixed, merged | conflicts.keys(), parents, deadline)
+        numbers, kept, errors, mismatches, new = propagate_types(view.flat(), view.nodes, fixed, original,
+                                                                 excluded | conflicts.keys(), infer, deadline)
         if not new:
             break
         for c, seen in new.items():
             conflicts.setdefault(c, set()).update(seen)
+    problems = {i: f"is ill-typed: {exc}" for i, exc in errors.items()}
+    for i, (out, have) in mismatches.items():
+        problems[i] = f"has type {numbering.types[out]} but its e-class has type {numbering.types[have]}"
     for c, seen in sorted(conflicts.items()):
-        listed = " and ".join(sorted(map(str, seen)))
+        listed = " and ".join(sorted(str(numbering.types[k]) for k in seen))
         for i in view.classes[c].nodes:
             problems[i] = f"is in e-class {c}, made by rules, whose e-nodes have different types ({listed})"
-    for cls in view.classes:
-        cls.type = types.get(cls.id)
+    for cls, k in zip(view.classes, numbers, strict=True):
+        cls.type = numbering.types[k] if k >= 0 else None
+    view._type_numbers = numbers
     for i, problem in sorted(problems.items()):
         n = view.nodes[i]
         found = blamed_rules(view, [i], [n.eclass])
@@ -362,78 +391,34 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
     return kept
 
 
-def _propagate(view: EGraphView, fixed: dict[int, TensorType], excluded: set[int], parents: list[list[int]],
-               deadline: Deadline
-               ) -> tuple[dict[int, TensorType], dict[int, str], set[int], dict[int, set[TensorType]]]:
-    """Infer types bottom-up from the leaves, every class outside ``excluded``.
+class _TypeNumbers:
+    """Numbers types in order of first sight, equal types equal numbers.  A type is keyed by its shape, dtype
+    and parts, as a Node holds them, so that an input-graph node is numbered without building its type."""
 
-    An input-graph e-node has its node's type, which ``fixed`` holds for its
-    class: the graph inferred it from the same attributes and from its inputs'
-    types, which are its children's classes' (input-graph classes too, so
-    fixed), so it passes when none of those is excluded, with no inference.
-    The rule-made e-nodes are inferred in order, each once its children's
-    classes have types.
-    Returns the class types, the problem of each e-node that fails, the
-    e-nodes that pass, and the rule-made classes whose e-nodes disagree.
-    """
-    types = dict(fixed)
-    type_number: dict[TensorType, int] = {}
-    numbers = {c: type_number.setdefault(t, len(type_number)) for c, t in types.items()}  # class -> its type's
-    inferred: dict[tuple, TensorType] = {}  # (op, attributes, input types' numbers) -> type: shape rules are pure
-    problems: dict[int, str] = {}
-    # An input-graph e-node's class and children are input-graph classes: it passes unless one has no fixed type.
-    unfixed = {c.id for c in view.classes if c.originals and c.id not in fixed}
-    kept = {n.index for n in view.nodes if n.original is not None
-            and (not unfixed or (n.eclass not in unfixed and unfixed.isdisjoint(n.children)))}
-    conflicts: dict[int, set[TensorType]] = {}
-    made = [n for n in view.nodes if n.original is None]
-    waiting = {n.index: len({c for c in n.children if c not in types}) for n in made}
-    queue = deque(n.index for n in made if not waiting[n.index])
-    while queue:
-        n = view.nodes[queue.popleft()]
-        if n.index % DEADLINE_STRIDE == 0:
-            deadline.check("type-checking the e-graph view")
-        if n.eclass in excluded:
-            continue
-        try:
-            out = _infer(n, types, numbers, inferred)
-        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # ShapeError, or a rule gone wild
-            problems[n.index] = f"is ill-typed: {exc}"
-            continue
-        have = types.get(n.eclass)
-        if have is None:
-            types[n.eclass] = have = out
-            numbers[n.eclass] = type_number.setdefault(out, len(type_number))
-            for p in parents[n.eclass]:  # rule-made e-nodes only: an input-graph one reads input-graph classes
-                waiting[p] -= 1
-                if waiting[p] == 0:
-                    queue.append(p)
-        if out is have or out == have:
-            kept.add(n.index)
-        else:
-            problems[n.index] = f"has type {out} but its e-class has type {have}"
-            if n.eclass not in fixed:
-                conflicts.setdefault(n.eclass, {have}).add(out)
-    return types, problems, kept, conflicts
+    def __init__(self) -> None:
+        self.types: list[ValueType] = []  # number -> type
+        self._number: dict[tuple, int] = {}
+
+    def of_node(self, node: Node) -> int:
+        k = self._number.get((node.shape, node.dtype, node.parts))
+        return self._new((node.shape, node.dtype, node.parts), node.type) if k is None else k
+
+    def of_type(self, t: ValueType) -> int:
+        key = ((), TUPLE, t.parts) if isinstance(t, TupleType) else (t.shape, t.dtype, ())
+        k = self._number.get(key)
+        return self._new(key, t) if k is None else k
+
+    def _new(self, key: tuple, t: ValueType) -> int:
+        k = self._number[key] = len(self.types)
+        self.types.append(t)
+        return k
 
 
-def _infer(n: ENode, types: dict[int, TensorType], numbers: dict[int, int],
-           inferred: dict[tuple, TensorType]) -> TensorType:
-    """The type ``n``'s shape rule gives it from its children's class types (``numbers``: each class's type's
-    number), remembered in ``inferred``: e-nodes of equal attributes share one dict (see :func:`build_view`),
-    so the dict's identity stands for the attributes."""
-    key = (n.op, id(n.attrs), *[numbers[c] for c in n.children])
-    hit = inferred.get(key)
-    if hit is None:
-        hit = inferred[key] = n.spec.resolve(n.attrs, [types[c] for c in n.children])[1]
-    return hit
-
-
-def _keep_only(view: EGraphView, kept: set[int]) -> None:
-    """Drop every e-node not in ``kept`` from the view, renumbering the rest."""
-    if len(kept) == len(view.nodes):
+def _keep_only(view: EGraphView, kept: list[bool]) -> None:
+    """Drop every e-node not ``kept`` (a flag per e-node) from the view, renumbering the rest."""
+    if all(kept):
         return
-    nodes = [n for n in view.nodes if n.index in kept]
+    nodes = [n for n, keep in zip(view.nodes, kept, strict=True) if keep]
     view.dropped = len(view.nodes) - len(nodes)
     for k, n in enumerate(nodes):
         n.index = k
