@@ -36,8 +36,8 @@ class CythonBuildHook(BuildHookInterface):
             try:
                 build_ext.run()
             except (CompileError, ExecError, LinkError, PlatformError) as exc:
-                raise RuntimeError(f"rlx-egraph compiles one Cython module (extraction's passes) and needs a C++ "
-                                   f"compiler and the Python headers for it (Debian: apt-get install g++ "
+                raise RuntimeError(f"rlx-egraph compiles one Cython module (the passes over the e-graph) and needs a "
+                                   f"C++ compiler and the Python headers for it (Debian: apt-get install g++ "
                                    f"python3-dev): {exc}") from None
             built = [Path(build_ext.get_ext_fullpath(m.name)).resolve().relative_to(root).as_posix() for m in modules]
         build_data["pure_python"] = False

@@ -28,8 +28,8 @@ def test_a_checkout_that_was_never_built_says_how_to_build_it(tmp_path: Path) ->
                          env={**os.environ, "PYTHONPATH": str(tmp_path / "src")})
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == (
-        "ImportError: rlx_egraph.egraph._solver (Cython, extraction's passes) is not built: install the package "
-        "first (`make .venv/.installed`, or `pip install -e .`)")
+        "ImportError: rlx_egraph.egraph._solver (Cython, the passes over the e-graph) is not built: install the "
+        "package first (`make .venv/.installed`, or `pip install -e .`)")
 
 
 def test_a_build_without_a_working_compiler_says_what_it_needs(tmp_path: Path,
@@ -40,8 +40,8 @@ def test_a_build_without_a_working_compiler_says_what_it_needs(tmp_path: Path,
     _copy_tracked(source)
     monkeypatch.setenv("CXX", "false")  # a compiler that always fails
     monkeypatch.setenv("CC", "false")
-    with pytest.raises(RuntimeError, match=r"^rlx-egraph compiles one Cython module \(extraction's passes\) and "
-                                           r"needs a C\+\+ compiler and the Python headers for it"):
+    with pytest.raises(RuntimeError, match=r"^rlx-egraph compiles one Cython module \(the passes over the e-graph\) "
+                                           r"and needs a C\+\+ compiler and the Python headers for it"):
         list(WheelBuilder(str(source)).build(directory=str(tmp_path / "dist"), versions=["standard"]))
 
 

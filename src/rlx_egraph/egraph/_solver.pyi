@@ -1,6 +1,7 @@
-"""Type stub of the compiled module ``_solver.pyx`` (greedy extraction's local search)."""
+"""Type stub of the compiled module ``_solver.pyx`` (the passes over the flat e-graph: the view's type propagation,
+pricing, greedy extraction)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 EPS: float
@@ -20,6 +21,12 @@ def tree_choice(g: FlatEGraph, costs: Sequence[float]) -> tuple[dict[int, int], 
 def start_choice(g: FlatEGraph, costs: Sequence[float], pos: Sequence[float],
                  original: Sequence[bool]) -> tuple[dict[int, int], dict[int, int]]: ...
 def drop_unreachable(g: FlatEGraph, choice: dict[int, int]) -> dict[int, int]: ...
+def propagate_types(g: FlatEGraph, nodes: list[Any], fixed: Sequence[int], original: Sequence[bool],
+                    excluded: Iterable[int], infer: Callable[[int, tuple[int, ...]], int], deadline: Any
+                    ) -> tuple[list[int], list[bool], dict[int, Exception], dict[int, tuple[int, int]],
+                               dict[int, set[int]]]: ...
+def price_nodes(g: FlatEGraph, nodes: list[Any], type_numbers: Sequence[int], leaf: Sequence[bool],
+                price: Callable[[int, bool], float]) -> list[float]: ...
 def dag_cost(g: FlatEGraph, choice: dict[int, int], roots: Sequence[int], costs: Sequence[float]) -> float: ...
 
 class Log:

@@ -1,10 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 # distutils: language = c++
-"""Greedy extraction's passes over the e-graph, compiled: positions, tree choice, local search.
+"""The passes over the e-graph, compiled: the view's type propagation, pricing, and greedy extraction's
+positions, tree choice and local search.
 
 :class:`FlatEGraph` is the e-graph as integer arrays (built once per view, see
-:meth:`rlx_egraph.egraph.view.EGraphView.flat`); :func:`settle_positions` and :func:`tree_choice` are the
-two Dijkstra-like bottom-up passes of :mod:`rlx_egraph.egraph.extract`.
+:meth:`rlx_egraph.egraph.view.EGraphView.flat`).  :func:`propagate_types` and :func:`price_nodes` walk it for
+the view's type check and for pricing, calling back into Python (the registry's shape rules, the target's
+cost) once per distinct signature.  :func:`settle_positions` and :func:`tree_choice` are the two
+Dijkstra-like bottom-up passes of :mod:`rlx_egraph.egraph.extract`.
 
 :class:`Solver` holds one e-node choice per class and, per class, how many live readers need it (the
 outputs count as readers).  A move switches a class to another e-node, paying for the classes that
