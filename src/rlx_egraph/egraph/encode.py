@@ -128,14 +128,19 @@ class Encoding:
     def load(self, egraph: Any) -> None:
         """Run the program on ``egraph``: the rows through tab-separated files and ``input``."""
         with tempfile.TemporaryDirectory(prefix="rlx-egraph-rows-") as folder:
-            inputs = []
-            for relation, rows in self.rows.items():
-                path = Path(folder) / f"{relation}.tsv"
-                with path.open("w", encoding="utf-8", newline="") as file:  # fields hold no tab nor newline
-                    csv.writer(file, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None,
-                               lineterminator="\n").writerows(rows)
-                inputs.append(f"(input {relation} {string_literal(str(path))})")
-            egraph.parse_and_run_program("\n".join([self.declarations, *inputs, self.rules]))
+            egraph.parse_and_run_program(self.write_rows(Path(folder)))
+
+    def write_rows(self, folder: Path) -> str:
+        """Write the rows into ``folder``, a tab-separated file per relation; returns the program that runs
+        with them (the declarations, an ``input`` per file, the loading rules and graph-wide facts)."""
+        inputs = []
+        for relation, rows in self.rows.items():
+            path = folder / f"{relation}.tsv"
+            with path.open("w", encoding="utf-8", newline="") as file:  # fields hold no tab nor newline
+                csv.writer(file, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None,
+                           lineterminator="\n").writerows(rows)
+            inputs.append(f"(input {relation} {string_literal(str(path))})")
+        return "\n".join([self.declarations, *inputs, self.rules])
 
     @cached_property
     def text(self) -> str:
@@ -200,8 +205,10 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
             tail = lid
         return tail
 
+    dtype_text: dict[str, str] = {}  # dtype -> its stored form
+
     for node in graph.nodes:
-        if is_negative_zero_scalar(node):  # the same value, a term that egglog keeps apart from +0.0
+        if node.op == "Scalar" and is_negative_zero_scalar(node):  # a term egglog keeps apart from +0.0
             rows.setdefault(NEG_ZERO_ROWS, []).append((node.id, stored_string(str(node.dtype))))
         else:
             plan = plans.get(node.op)
@@ -242,7 +249,10 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
             rows.setdefault(ROW_PREFIX + node.op, []).append(tuple(row))
         if not node.parts:  # a multi-result node has no one shape: its Gets have theirs
             facts["shape"].append((node.id, vec_id(node.shape)))
-            facts["dtype"].append((node.id, stored_string(str(node.dtype))))
+            text = dtype_text.get(node.dtype)
+            if text is None:
+                text = dtype_text[node.dtype] = stored_string(str(node.dtype))
+            facts["dtype"].append((node.id, text))
         if node.op == "Param":
             facts["param-order"].append((node.id, len(facts["param-order"])))
         elif node.op == "Transpose":
