@@ -33,6 +33,7 @@ EPS = 1e-9  # a move pays when it lowers the cost by more than this (float sums 
 MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
 cdef double _EPS = EPS
 cdef int _MAX_RELEASED_READERS = MAX_RELEASED_READERS
+cdef int _ATTEMPTS_PER_CLOCK = 16  # the local search reads the clock before every 16th attempt (the first included)
 
 
 cdef class Log:
@@ -626,6 +627,7 @@ cdef class Solver:
         proportional to the moves.
         """
         cdef int at, c, d, r, k, kept = 0, passes, count
+        cdef long attempts = 0
         cdef list order = []
         cdef vector[int] candidates
         cdef vector[vector[int]] readers = vector[vector[int]](self.choice.size())  # ranks that read a class
@@ -649,8 +651,9 @@ cdef class Solver:
                 at = -heap.front()
                 _pop_heap(heap)
                 queued[at] = False
-                if deadline.expired():
+                if attempts % _ATTEMPTS_PER_CLOCK == 0 and deadline.expired():
                     return kept, True
+                attempts += 1
                 c = candidates[at]
                 self.read.clear()
                 self.read.push_back(c)

@@ -251,8 +251,8 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         only_inputs = not attr_columns and not any(variadic for _, variadic in input_columns)
         interned: dict[tuple[Any, ...], dict[str, Any]] = {}  # the attribute columns' values -> their attributes
         built_by = provenance.table(built_by_table(name))
-        for k, row in enumerate(fn.rows):
-            if k % DEADLINE_STRIDE == 0:
+        for r, row in enumerate(fn.rows):
+            if r % DEADLINE_STRIDE == 0:
                 deadline.check("building the e-graph view")
             if row.subsumed:
                 continue
