@@ -54,7 +54,7 @@ from .report.progress import phase, tracked
 log = logging.getLogger("rlx_egraph")
 
 # Above this many nodes ``engine="auto"`` runs the fallback engine (see the README's "Two engines" figures).
-FALLBACK_THRESHOLD = 80_000
+FALLBACK_THRESHOLD = 100_000
 
 
 def engine_by_size(engine: str, nodes: int) -> str:
