@@ -149,8 +149,8 @@ def propagate_types(FlatEGraph g, list nodes, fixed, original, excluded, infer, 
     it has none; ``original``: per e-node whether it is an input-graph node; ``excluded``: classes whose
     rule-made e-nodes are left out; ``infer(n, numbers)``: the number of the type that e-node ``n``'s shape rule
     gives from its children's type ``numbers`` (raising the error that makes it ill-typed), called once per
-    (op, attributes, children's types).  An input-graph e-node passes when its class and children are fixed;
-    the rule-made ones are inferred in order, each once its children's classes have types, the first typing
+    (op, attributes, children's types).  An input-graph e-node passes when its class and children are fixed
+    (the input graph inferred its type from the same attributes and its inputs' types); the rule-made ones are inferred in order, each once its children's classes have types, the first typing
     its class.  Returns per class its type's number (-1: none), per e-node whether it passes, the ill-typed
     e-nodes (e-node -> error), the e-nodes whose type is not their class's (e-node -> (its type, the class's))
     and the classes without an input-graph type whose e-nodes disagree (class -> type numbers)."""

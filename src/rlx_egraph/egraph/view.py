@@ -125,9 +125,8 @@ class EGraphView:
         """Per class, a number for its type: equal numbers for equal types, -1 for no type (computed once: the
         memos of pricing and decoding key on them)."""
         if self._type_numbers is None or len(self._type_numbers) != len(self.classes):
-            number: dict[TensorType, int] = {}
-            self._type_numbers = [-1 if c.type is None else number.setdefault(c.type, len(number))
-                                  for c in self.classes]
+            numbering = _TypeNumbers()
+            self._type_numbers = [-1 if c.type is None else numbering.of_type(c.type) for c in self.classes]
         return self._type_numbers
 
     def flat(self) -> FlatEGraph:
@@ -341,7 +340,7 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
         if len(cls.originals) == 1:
             fixed[cls.id] = numbering.of_node(node_of[cls.originals[0]])
             continue
-        members = {o: graph.node(o) for o in cls.originals}
+        members = {o: node_of[o] for o in cls.originals}
         types = {m.type for m in members.values()}
         if len(types) == 1:
             fixed[cls.id] = numbering.of_type(types.pop())
@@ -380,7 +379,7 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
             problems[i] = f"is in e-class {c}, made by rules, whose e-nodes have different types ({listed})"
     for cls, k in zip(view.classes, numbers, strict=True):
         cls.type = numbering.types[k] if k >= 0 else None
-    view._type_numbers = numbers
+    view._type_numbers = numbers  # what type_numbers() would compute from the class types just set
     for i, problem in sorted(problems.items()):
         n = view.nodes[i]
         found = blamed_rules(view, [i], [n.eclass])
