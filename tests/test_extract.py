@@ -500,3 +500,56 @@ def test_decoded_nodes_checked_once_per_key_equal_each_node_checked_alone(synthe
     assert [(n.id, n.op, n.inputs, n.shape, n.dtype, n.parts) for n in decoded.nodes] == \
         [(n.id, n.op, n.inputs, n.shape, n.dtype, n.parts) for n in alone.nodes]
     assert all(attrs_equal(a.attrs, b.attrs) for a, b in zip(decoded.nodes, alone.nodes, strict=True))
+
+
+def reference_decode_order(view: EGraphView, wanted: dict[int, int], first: list[float]) -> list[int]:
+    """decode's order in plain Python: Kahn's algorithm, a heap of (sort key, class)."""
+    import heapq
+
+    key: dict[int, float] = {}
+
+    def ready(c: int) -> tuple[float, int]:
+        children = view.nodes[wanted[c]].children
+        key[c] = first[c] if first[c] >= 0 else max([key[ch] for ch in children], default=-1.0) + 0.5
+        return key[c], c
+
+    pending = {c: len(set(view.nodes[n].children)) for c, n in wanted.items()}
+    readers: dict[int, list[int]] = {}
+    for c, n in wanted.items():
+        for ch in set(view.nodes[n].children):
+            readers.setdefault(ch, []).append(c)
+    heap = [ready(c) for c, p in pending.items() if p == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, c = heapq.heappop(heap)
+        order.append(c)
+        for r in readers.get(c, ()):
+            pending[r] -= 1
+            if pending[r] == 0:
+                heapq.heappush(heap, ready(r))
+    return order
+
+
+def test_decode_order_is_kahns_order_least_key_first_on_random_egraphs():
+    from rlx_egraph.egraph._solver import decode_order
+
+    rng = random.Random(7)
+    for _ in range(200):
+        view, _ = random_view(rng, rng.randint(4, 40))
+        wanted = {c: rng.choice(cls.nodes) for c, cls in enumerate(view.classes)}
+        positions = iter(range(len(view.classes)))  # input-graph classes in increasing position, ties impossible
+        first = [float(next(positions)) if rng.random() < 0.5 else -1.0 for _ in view.classes]
+        order = decode_order(view.flat(), wanted, first)
+        assert order == reference_decode_order(view, wanted, first)
+        assert sorted(order) == sorted(wanted)
+
+
+def test_decode_order_leaves_out_a_cycle_and_what_reads_it():
+    from rlx_egraph.egraph._solver import decode_order
+
+    view = view_of([[("Input", ())], [("Add", (0, 2))], [("Relu", (1,))], [("Relu", (2,))]])
+    wanted = {c: view.classes[c].nodes[0] for c in range(4)}
+    assert decode_order(view.flat(), wanted, [0.0, -1.0, -1.0, -1.0]) == [0]
+    with pytest.raises(ValueError, match="the choice gives class 1 e-node 0, which is not one of its e-nodes"):
+        decode_order(view.flat(), {1: 0}, [-1.0] * 4)

@@ -426,6 +426,57 @@ def dag_cost(FlatEGraph g, dict choice, roots, costs):
     return total
 
 
+def decode_order(FlatEGraph g, dict wanted, first):
+    """The order decoding builds the classes of ``wanted`` (class -> e-node) in: each once its e-node's children
+    are built, the least sort key first, ties to the lower class.  A class's key is ``first[c]`` when that is
+    not negative (the position of its first input-graph node), else just above its children's keys (the highest
+    plus 1/2; -1/2 without children).  A class on a cycle of ``wanted``, or reading a class outside it, never
+    comes: the order is then shorter than ``wanted``."""
+    cdef vector[int] chosen = vector[int](g.num_classes, -1), pending = vector[int](g.num_classes, 0)
+    cdef vector[int] seen = vector[int](g.num_classes, -1)
+    cdef vector[double] position = first, key = vector[double](g.num_classes, 0.0)
+    cdef priority_queue[Keyed] heap
+    cdef list order = []
+    cdef int c, n, k, p, pc
+    for c, n in wanted.items():
+        if not (0 <= c < g.num_classes and 0 <= n < g.num_nodes and g.eclass[n] == c):
+            raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
+        chosen[c] = n
+        for k in range(g.child_start[n], g.child_start[n + 1]):
+            if seen[g.child[k]] != c:
+                seen[g.child[k]] = c
+                pending[c] += 1
+    for c in range(g.num_classes):
+        if chosen[c] >= 0 and pending[c] == 0:
+            heap.push(_ready(g, c, chosen[c], position, key))
+    while not heap.empty():
+        c = -heap.top().second
+        heap.pop()
+        order.append(c)
+        for k in range(g.parent_start[c], g.parent_start[c + 1]):  # each reader e-node once
+            p = g.parent[k]
+            pc = g.eclass[p]
+            if chosen[pc] == p:
+                pending[pc] -= 1
+                if pending[pc] == 0:
+                    heap.push(_ready(g, pc, p, position, key))
+    return order
+
+
+cdef Keyed _ready(FlatEGraph g, int c, int n, vector[double]& position, vector[double]& key):
+    """Class ``c``, whose e-node ``n``'s children all have their keys, gets its own; returns its heap entry."""
+    cdef int k
+    cdef double highest = -1.0
+    if position[c] >= 0:
+        key[c] = position[c]
+    else:
+        for k in range(g.child_start[n], g.child_start[n + 1]):
+            if key[g.child[k]] > highest:
+                highest = key[g.child[k]]
+        key[c] = highest + 0.5
+    return Keyed(-key[c], -c)
+
+
 cdef class Solver:
     """Local search over a choice (``choice``: class -> e-node) with reference counts of needed classes.
 

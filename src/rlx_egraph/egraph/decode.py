@@ -10,11 +10,11 @@ blame).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node
 from ..ir.registry import Kind
+from ._solver import decode_order
 from .view import EGraphView, ENode
 
 
@@ -83,37 +83,26 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     """Build the optimized graph from ``choice`` (class -> e-node).
 
     Each class goes in when its chosen e-node's inputs are in, the least sort key first: an input-graph class
-    at its node's position, a rule-made one just after its inputs."""
-    position = {n.id: k for k, n in enumerate(graph.nodes)}
+    at its node's position, a rule-made one just after its inputs (compiled: :func:`._solver.decode_order`)."""
     wanted = dict(choice)
     for node in graph.inputs:  # graph inputs are the interface: always kept
         c = view.class_of_node[node.id]
         wanted.setdefault(c, next(i for i in view.classes[c].nodes if view.nodes[i].original == node.id))
-
-    key: dict[int, float] = {}  # class -> its sort key, set when it becomes ready (its inputs' keys are set)
-
-    def ready(c: int) -> tuple[float, int]:
-        originals = view.classes[c].originals
-        if originals:
-            key[c] = float(min([position[o] for o in originals]))
-        else:
-            key[c] = max([key[ch] for ch in view.nodes[wanted[c]].children], default=-1.0) + 0.5
-        return key[c], c
-
-    pending = {c: len(set(view.nodes[n].children)) for c, n in wanted.items()}
-    readers: dict[int, list[int]] = {}
-    for c, n in wanted.items():
-        for ch in set(view.nodes[n].children):
-            readers.setdefault(ch, []).append(c)
-    heap = [ready(c) for c, p in pending.items() if p == 0]
-    heapq.heapify(heap)
+    first = [-1.0] * len(view.classes)  # per class the position of its first input-graph node
+    for k, node in enumerate(graph.nodes):
+        c = view.class_of_node[node.id]
+        if first[c] < 0:
+            first[c] = float(k)
+    order = decode_order(view.flat(), wanted, first)
+    if len(order) != len(wanted):
+        stuck = sorted(set(wanted) - set(order))[:5]
+        raise RuntimeError(f"decode: the extracted choice is cyclic around e-classes {stuck}")
     out = Graph(graph.name)
     new_id: dict[int, int] = {}
     decoded = Decoded(out, {}, {})
     type_numbers = view.type_numbers()
     checked: dict[tuple, Node] = {}
-    while heap:
-        _, c = heapq.heappop(heap)
+    for c in order:
         enode = view.nodes[wanted[c]]
         inputs = [new_id[ch] for ch in enode.children]
         if enode.original is None or enode.spec.kind is Kind.WEIGHT_PREP:  # weight prep: its inputs' ops matter too
@@ -129,13 +118,6 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         decoded.merged_by[nid] = view.classes[c].merged_by
         if enode.original is None and enode.op not in ("Input", "Param"):
             decoded.fusions.append(Fusion(nid, enode.op, enode.built_by, tuple(view.classes[c].originals)))
-        for r in readers.get(c, ()):
-            pending[r] -= 1
-            if pending[r] == 0:
-                heapq.heappush(heap, ready(r))
-    if len(new_id) != len(wanted):
-        stuck = sorted(set(wanted) - set(new_id))[:5]
-        raise RuntimeError(f"decode: the extracted choice is cyclic around e-classes {stuck}")
     out.set_outputs(new_id[view.class_of_node[o]] for o in graph.outputs)
     decoded.fusions = fold_projections(out, decoded.fusions)
     return decoded
