@@ -143,17 +143,18 @@ cdef tuple _signature(list nodes, int n, vector[int]& child_start, vector[int]& 
 
 
 def propagate_types(FlatEGraph g, list nodes, fixed, original, excluded, infer, deadline):
-    """The view's type propagation (:func:`rlx_egraph.egraph.view._propagate`) over the flat e-graph.
+    """The view's type propagation (see :func:`rlx_egraph.egraph.view._check_types`) over the flat e-graph.
 
     Types are numbers (equal numbers, equal types).  ``fixed``: per class its input-graph type's number, -1 when
     it has none; ``original``: per e-node whether it is an input-graph node; ``excluded``: classes whose
     rule-made e-nodes are left out; ``infer(n, numbers)``: the number of the type that e-node ``n``'s shape rule
     gives from its children's type ``numbers`` (raising the error that makes it ill-typed), called once per
     (op, attributes, children's types).  An input-graph e-node passes when its class and children are fixed
-    (the input graph inferred its type from the same attributes and its inputs' types); the rule-made ones are inferred in order, each once its children's classes have types, the first typing
-    its class.  Returns per class its type's number (-1: none), per e-node whether it passes, the ill-typed
-    e-nodes (e-node -> error), the e-nodes whose type is not their class's (e-node -> (its type, the class's))
-    and the classes without an input-graph type whose e-nodes disagree (class -> type numbers)."""
+    (the input graph inferred its type from the same attributes and its inputs' types); the rule-made ones are
+    inferred in order, each once its children's classes have types, the first typing its class.  Returns per
+    class its type's number (-1: none), per e-node whether it passes, the ill-typed e-nodes (e-node -> error),
+    the e-nodes whose type is not their class's (e-node -> (its type, the class's)) and the classes without an
+    input-graph type whose e-nodes disagree (class -> type numbers)."""
     cdef vector[int] types = fixed, waiting = vector[int](g.num_nodes, 0), queue
     cdef vector[int] seen = vector[int](g.num_classes, -1)
     cdef vector[char] is_original = original, kept = vector[char](g.num_nodes, 0)
@@ -679,7 +680,7 @@ cdef class Solver:
         """
         cdef int at, c, d, r, k, kept = 0, passes, count
         cdef long attempts = 0
-        cdef list order = []
+        cdef vector[Keyed] order  # (position, class) of the candidates
         cdef vector[int] candidates
         cdef vector[vector[int]] readers = vector[vector[int]](self.choice.size())  # ranks that read a class
         cdef vector[int] heap  # ranks of this pass, as a max-heap of negated ranks
@@ -688,10 +689,10 @@ cdef class Solver:
         cdef Log log
         for c in range(self.choice.size()):
             if self.choice[c] >= 0 and self.member_start[c + 1] - self.member_start[c] > 1:
-                order.append((self.pos[c], c))
-        order.sort()
-        for _, c in order:
-            candidates.push_back(c)
+                order.push_back(Keyed(self.pos[c], c))
+        sort(order.begin(), order.end())
+        for k in range(order.size()):
+            candidates.push_back(order[k].second)
         count = candidates.size()
         queued = vector[char](count, 1)
         in_next = vector[char](count, 0)
