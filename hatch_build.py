@@ -13,7 +13,8 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-EXTENSIONS = {"rlx_egraph.egraph._solver": "src/rlx_egraph/egraph/_solver.pyx"}
+EXTENSIONS = {"rlx_egraph.egraph._solver": "src/rlx_egraph/egraph/_solver.pyx",
+              "rlx_egraph.egraph._rows": "src/rlx_egraph/egraph/_rows.pyx"}
 
 
 class CythonBuildHook(BuildHookInterface):
@@ -36,9 +37,9 @@ class CythonBuildHook(BuildHookInterface):
             try:
                 build_ext.run()
             except (CompileError, ExecError, LinkError, PlatformError) as exc:
-                raise RuntimeError(f"rlx-egraph compiles one Cython module (the passes over the e-graph) and needs a "
-                                   f"C++ compiler and the Python headers for it (Debian: apt-get install g++ "
-                                   f"python3-dev): {exc}") from None
+                raise RuntimeError(f"rlx-egraph compiles two Cython modules (egglog's rows read as integers, the "
+                                   f"passes over the e-graph) and needs a C++ compiler and the Python headers for "
+                                   f"them (Debian: apt-get install g++ python3-dev): {exc}") from None
             built = [Path(build_ext.get_ext_fullpath(m.name)).resolve().relative_to(root).as_posix() for m in modules]
         build_data["pure_python"] = False
         build_data["infer_tag"] = True

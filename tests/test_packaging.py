@@ -1,4 +1,4 @@
-"""The wheel: built by hatchling with the Cython hook, it carries the compiled extraction module and the rules."""
+"""The wheel: built by hatchling with the Cython hook, it carries the compiled modules and the rules."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def test_a_checkout_that_was_never_built_says_how_to_build_it(tmp_path: Path) ->
                          env={**os.environ, "PYTHONPATH": str(tmp_path / "src")})
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == (
-        "ImportError: rlx_egraph.egraph._solver (Cython, the passes over the e-graph) is not built: install the "
-        "package first (`make .venv/.installed`, or `pip install -e .`)")
+        "ImportError: rlx_egraph.egraph's Cython modules (_rows, egglog's rows read as integers; _solver, the passes "
+        "over the e-graph) are not built: install the package first (`make .venv/.installed`, or `pip install -e .`)")
 
 
 def test_a_build_without_a_working_compiler_says_what_it_needs(tmp_path: Path,
@@ -40,8 +40,9 @@ def test_a_build_without_a_working_compiler_says_what_it_needs(tmp_path: Path,
     _copy_tracked(source)
     monkeypatch.setenv("CXX", "false")  # a compiler that always fails
     monkeypatch.setenv("CC", "false")
-    with pytest.raises(RuntimeError, match=r"^rlx-egraph compiles one Cython module \(the passes over the e-graph\) "
-                                           r"and needs a C\+\+ compiler and the Python headers for it"):
+    with pytest.raises(RuntimeError, match=r"^rlx-egraph compiles two Cython modules \(egglog's rows read as "
+                                           r"integers, the passes over the e-graph\) and needs a C\+\+ compiler "
+                                           r"and the Python headers for them"):
         list(WheelBuilder(str(source)).build(directory=str(tmp_path / "dist"), versions=["standard"]))
 
 
@@ -52,8 +53,9 @@ def test_the_wheel_carries_the_compiled_module_and_the_shipped_rules(tmp_path: P
     _copy_tracked(source)
     (wheel,) = WheelBuilder(str(source)).build(directory=str(tmp_path / "dist"), versions=["standard"])
     names = zipfile.ZipFile(wheel).namelist()
-    compiled = [n for n in names if n.startswith("rlx_egraph/egraph/_solver.") and n.endswith((".so", ".pyd"))]
-    assert len(compiled) == 1, names
+    compiled = sorted(n.split("/")[-1].split(".")[0] for n in names if n.endswith((".so", ".pyd")))
+    assert compiled == ["_rows", "_solver"], names
+    assert all(n.startswith("rlx_egraph/egraph/") for n in names if n.endswith((".so", ".pyd")))
     assert "rlx_egraph/shipped_rules/norms.egg" in names
     assert not any(n.endswith((".cpp", ".c")) for n in names)
     assert "-py3-none-any" not in Path(wheel).name  # a platform wheel, since it holds compiled code

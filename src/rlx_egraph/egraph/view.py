@@ -29,6 +29,7 @@ from egglog import bindings as eb
 from ..errors import RlxError
 from ..ir.graph import Graph, Node, attrs_equal
 from ..ir.registry import REGISTRY, TUPLE, AttrType, TensorType, TupleType, ValueType
+from ._rows import ClassNumbers, ListCells, read_enodes, read_relation, value_id
 from ._solver import FlatEGraph, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
@@ -98,11 +99,16 @@ class EGraphView:
     ill_typed: list[IllTyped] = field(default_factory=list)
     merged: list[MergedInputs] = field(default_factory=list)
     dropped: int = 0  # e-nodes left out: ill-typed, or reading a class that has no type
-    class_of_value: dict[Any, int] = field(default_factory=dict, repr=False)  # egglog e-class value -> class id
+    class_numbers: ClassNumbers | None = field(default=None, repr=False)  # egglog e-class value id -> class id
     _parents: tuple[list[ENode], int, list[list[int]]] | None = field(default=None, init=False, repr=False,
                                                                        compare=False)
     _flat: tuple[list[ENode], int, FlatEGraph] | None = field(default=None, init=False, repr=False, compare=False)
     _type_numbers: list[int] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def class_of_value(self, value: Any) -> int | None:
+        """The class of an egglog e-class ``Value`` of the saturated e-graph, or None when the view has none."""
+        k = -1 if self.class_numbers is None else self.class_numbers.of(value)
+        return None if k < 0 else k
 
     @property
     def num_enodes(self) -> int:
@@ -172,35 +178,25 @@ class _Values:
 class _Provenance:
     """Reads the provenance relations the instrumented rules fill (see :mod:`.rules`)."""
 
-    def __init__(self, functions: dict[str, Any], values: _Values, rules: RuleSet) -> None:
-        self.functions, self.values = functions, values
+    def __init__(self, values: _Values, rules: RuleSet) -> None:
+        self.values = values
         self.rank: dict[str, int] = {}  # base rule name -> its place in file order (provenance names base rules)
         for k, r in enumerate(rules.rules):
             self.rank.setdefault(r.base, k)
-        self.named: dict[frozenset[Any], tuple[str, ...]] = {}  # rule-name values -> names, in rule-file order
+        self.rule_values: dict[int, Any] = {}  # rule-name value id -> its Value
+        self.named: dict[frozenset[int], tuple[str, ...]] = {}  # rule-name value ids -> names, in rule-file order
 
-    def table(self, name: str) -> dict[tuple[Any, ...], tuple[str, ...]]:
-        """Rows of a provenance relation: key (its leading columns) -> rule names, in rule-file order."""
-        found: dict[tuple[Any, ...], Any] = {}  # key -> its rule's value, or the set of them when several
-        for row in self.functions[name].rows if name in self.functions else ():
-            inputs = row.inputs
-            key, rule = tuple(inputs[:-1]), inputs[-1]  # the key columns, then the rule
-            have = found.setdefault(key, rule)
-            if have is not rule:
-                found[key] = have | {rule} if isinstance(have, set) else {have, rule}
-        return {key: self._names(frozenset(rules) if isinstance(rules, set) else frozenset((rules,)))
-                for key, rules in found.items()}
+    def table(self, rows: list[Any]) -> dict[tuple[int, ...], tuple[str, ...]]:
+        """Rows of a provenance relation: key (its leading columns' value ids) -> rule names, in rule-file
+        order."""
+        return {key: self._names(frozenset(ids)) for key, ids in read_relation(rows, self.rule_values).items()}
 
-    def _names(self, rules: frozenset[Any]) -> tuple[str, ...]:
-        names = self.named.get(rules)
+    def _names(self, ids: frozenset[int]) -> tuple[str, ...]:
+        names = self.named.get(ids)
         if names is None:
-            found = {self.values.get(v, AttrType.STR) for v in rules}
-            names = self.named[rules] = tuple(sorted(found, key=lambda n: (self.rank.get(n, len(self.rank)), n)))
+            found = {self.values.get(self.rule_values[v], AttrType.STR) for v in ids}
+            names = self.named[ids] = tuple(sorted(found, key=lambda n: (self.rank.get(n, len(self.rank)), n)))
         return names
-
-
-# Rows decoded (or e-nodes type-checked) between two looks at the deadline.
-DEADLINE_STRIDE = 4096
 
 
 def view_tables() -> list[str]:
@@ -220,74 +216,45 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     """
     deadline = deadline or Deadline()
     functions = egraph.freeze().functions
-    class_ids: dict[Any, int] = {}  # egglog e-class value -> class id, numbered in order of first sight
-    number = class_ids.setdefault
 
-    cons_rows = functions[LIST_CONS].rows if LIST_CONS in functions else []
-    cons = {row.output: (row.inputs[0], row.inputs[1]) for row in cons_rows[::-1]}
+    def rows(name: str) -> list[Any]:
+        return functions[name].rows if name in functions else []
 
-    def expand(value: Any) -> list[Any]:
-        items = []
-        while value in cons:
-            head, value = cons[value]
-            items.append(head)
-        return items
-
+    classes_seen = ClassNumbers()  # e-class value id -> class id, numbered in order of first sight
+    lists = ListCells(rows(LIST_CONS))
+    absent = {value_id(row.output) for row in rows(NO_INPUT)}
     values = _Values(egraph, constants)
-    provenance = _Provenance(functions, values, rules)
-    absent = {row.output for row in functions[NO_INPUT].rows} if NO_INPUT in functions else set()
+    provenance = _Provenance(values, rules)
     nodes: list[ENode] = []
-    no_attrs: dict[str, Any] = {}
     for name in sorted(REGISTRY):
-        fn = functions.get(name)
-        if fn is None:
+        if name not in functions:
             continue
         spec = REGISTRY[name]
         kinds = {a.name: a.type for a in spec.attrs}
         args = constructor_args(spec)
         attr_columns = [(k, a.name, kinds.get(a.name)) for k, a in enumerate(args) if not a.is_input]
-        input_columns = [(k, a.variadic) for k, a in enumerate(args) if a.is_input]
-        only_inputs = not attr_columns and not any(variadic for _, variadic in input_columns)
-        interned: dict[tuple[Any, ...], dict[str, Any]] = {}  # the attribute columns' values -> their attributes
-        built_by = provenance.table(built_by_table(name))
-        for r, row in enumerate(fn.rows):
-            if r % DEADLINE_STRIDE == 0:
-                deadline.check("building the e-graph view")
-            if row.subsumed:
-                continue
-            inputs = row.inputs
-            if only_inputs:  # most ops: every column is an input class
-                attrs = no_attrs
-                children = [number(v, len(class_ids)) for v in inputs if v not in absent]
-            else:
-                key = tuple([inputs[k] for k, _, _ in attr_columns])
-                attrs = interned.get(key)
-                if attrs is None:
-                    attrs = interned[key] = {arg: values.get(inputs[k], kind) for k, arg, kind in attr_columns}
-                children = []
-                for k, variadic in input_columns:
-                    value = inputs[k]
-                    if variadic:
-                        children.extend([number(v, len(class_ids)) for v in expand(value)])
-                    elif value not in absent:
-                        children.append(number(value, len(class_ids)))
-            nodes.append(ENode(len(nodes), name, tuple(children), attrs, number(row.output, len(class_ids)), None,
-                               built_by.get(tuple(inputs), ()) if built_by else ()))
-    classes = [EClass(cid) for cid in range(len(class_ids))]
-    for (value,), names in provenance.table(MERGED_BY).items():
-        classes[class_ids[value]].merged_by = names
+
+        def attrs_of(inputs: list[Any], attr_columns: list = attr_columns) -> dict[str, Any]:
+            return {arg: values.get(inputs[k], kind) for k, arg, kind in attr_columns}
+
+        read_enodes(name, functions[name].rows, [(k, a.variadic) for k, a in enumerate(args) if a.is_input],
+                    [k for k, _, _ in attr_columns], classes_seen, lists, absent, {}, attrs_of,
+                    provenance.table(rows(built_by_table(name))), nodes, ENode, deadline)
+    classes = [EClass(cid) for cid in range(classes_seen.count)]
+    for (value,), names in provenance.table(rows(MERGED_BY)).items():
+        classes[classes_seen.of_id(value)].merged_by = names
 
     term_of = {egraph.value_to_i64(row.inputs[0]): row.output for row in functions[NODE_TABLE].rows}
     class_of_node: dict[int, int] = {}
     for gnode in graph.nodes:
-        cid = class_ids[term_of[gnode.id]]
+        cid = classes_seen.of(term_of[gnode.id])
         class_of_node[gnode.id] = cid
         classes[cid].originals.append(gnode.id)
         if gnode.op == "Scalar" and is_negative_zero_scalar(gnode):  # as Neg(Scalar 0.0): the leaf is an e-node too
             nodes.append(ENode(len(nodes), gnode.op, (), dict(gnode.attrs), cid, gnode.id))
     for n in nodes:
         classes[n.eclass].nodes.append(n.index)
-    view = EGraphView(classes, nodes, class_of_node, class_of_value=class_ids)
+    view = EGraphView(classes, nodes, class_of_node, class_numbers=classes_seen)
     _mark_originals(view, graph)
     kept = _check_types(view, graph, rules, strict, deadline)
     _keep_only(view, kept)

@@ -244,9 +244,8 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
             continue
     egraph.run_program(*egraph.parse_program(f"(run {_RULESET} 1)"))
     hits: dict[int, set[int]] = {}
-    classes = ctx.view.class_of_value
     for row in egraph.freeze().functions[_RELATION].rows:
-        c = classes.get(row.inputs[1])
+        c = ctx.view.class_of_value(row.inputs[1])
         if c is not None:
             hits.setdefault(egraph.value_to_i64(row.inputs[0]), set()).add(c)
     out, seen = [], set()

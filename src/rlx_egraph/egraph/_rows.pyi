@@ -1,0 +1,25 @@
+"""Type stub of the compiled module ``_rows.pyx`` (egglog's frozen rows read as integers, for the view)."""
+
+from collections.abc import Callable
+from typing import Any
+
+def value_id(value: Any) -> int: ...
+
+class ClassNumbers:
+    """Numbers e-class ids in order of first sight."""
+
+    count: int
+
+    def of(self, value: Any) -> int: ...
+    def of_id(self, value: int) -> int: ...
+
+class ListCells:
+    """The cells of the ``TensorList`` sort, by list id."""
+
+    def __init__(self, rows: list[Any]) -> None: ...
+
+def read_relation(rows: list[Any], rule_values: dict[int, Any]) -> dict[tuple[int, ...], list[int]]: ...
+def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]], attr_columns: list[int],
+                classes: ClassNumbers, lists: ListCells, absent: set[int], interned: dict[tuple[int, ...], Any],
+                attrs_of: Callable[[list[Any]], dict[str, Any]], built_by: dict[tuple[int, ...], tuple[str, ...]],
+                nodes: list[Any], make_enode: Callable[..., Any], deadline: Any) -> None: ...

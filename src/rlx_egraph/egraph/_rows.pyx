@@ -1,0 +1,182 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+# distutils: language = c++
+"""egglog's frozen rows read as integers, for the view (see :func:`rlx_egraph.egraph.view.build_view`).
+
+egglog's Python binding hands every cell of a row over as a ``Value`` object whose hash and equality run in
+Rust: a dict keyed by them costs about 0.25 us per lookup, and the view looks up every cell.  A ``Value``
+wraps egglog's 32-bit value id (pyo3 lays the object out as the Python object header followed by that id,
+and prints it as ``Value(<id>)``), so :func:`value_id` reads the id directly and the loops below number
+classes, follow list cells and key provenance by plain integers.  :func:`_check_layout` compares the read
+against the printed id when the module is imported, so another binding layout fails at once and by name.
+
+Ids are unique within one egglog sort, so every table here is keyed by ids of one sort: e-classes (the
+``Op`` sort), list cells (``TensorList``), rule names (``String``).
+"""
+
+from cython.operator cimport dereference as deref
+from libcpp.pair cimport pair
+from libcpp.unordered_map cimport unordered_map
+from libcpp.vector cimport vector
+from libc.stdint cimport uint32_t
+
+from cpython.object cimport PyObject
+
+from egglog import bindings as _eb
+
+
+cdef Py_ssize_t _ID_OFFSET = sizeof(PyObject)  # the id follows the object header
+
+
+cdef inline uint32_t _id(object value):
+    return (<uint32_t*>((<char*><PyObject*>value) + _ID_OFFSET))[0]
+
+
+def value_id(value) -> int:
+    """The id of an egglog ``Value`` (unique among the values of its sort)."""
+    if type(value) is not _eb.Value:
+        raise TypeError(f"value_id takes an egglog Value, not {type(value).__name__}")
+    return _id(value)
+
+
+def _check_layout() -> None:
+    """Fail unless :func:`value_id` reads the id that egglog prints for a value."""
+    egraph = _eb.EGraph()
+    egraph.parse_and_run_program("(datatype RlxProbe (RlxLeaf i64) (RlxPair RlxProbe RlxProbe))\n"
+                                 + "\n".join(f"(RlxPair (RlxLeaf {k}) (RlxLeaf {3 * k + 1}))" for k in range(20)))
+    cells = [v for f in egraph.freeze().functions.values() for row in f.rows for v in (*row.inputs, row.output)]
+    if _eb.Value.__basicsize__ < _ID_OFFSET + 4 or any(str(v) != f"Value({_id(v)})" for v in cells):
+        raise ImportError(f"rlx-egraph reads egglog's Value ids from the binding's object layout, and this egglog "
+                          f"build lays them out differently (Value prints {cells[0]}); rlx-egraph supports "
+                          f"egglog 14")
+
+
+_check_layout()
+
+
+# Rows decoded between two looks at the deadline.
+cdef int _DEADLINE_STRIDE = 4096
+
+
+cdef class ClassNumbers:
+    """Numbers e-class ids in order of first sight: 0, 1, 2, ..."""
+
+    cdef vector[int] number_of  # value id -> class number, -1 when not seen yet
+    cdef readonly int count
+
+    cdef int number(self, uint32_t value):
+        if value >= self.number_of.size():
+            self.number_of.resize(max(<size_t>value + 1, 2 * self.number_of.size()), -1)
+        cdef int k = self.number_of[value]
+        if k < 0:
+            k = self.number_of[value] = self.count
+            self.count += 1
+        return k
+
+    def of(self, value) -> int:
+        """The class number of an e-class ``Value``, or -1 when not seen."""
+        return self.of_id(value_id(value))
+
+    def of_id(self, uint32_t value) -> int:
+        """The class number of the e-class with value id ``value``, or -1 when not seen."""
+        return self.number_of[value] if value < self.number_of.size() else -1
+
+
+def read_relation(list rows, dict rule_values) -> dict:
+    """Rows of a relation whose last column names a rule: key (the value ids of the other columns, a tuple)
+    -> the ids of the rules, a list in row order without repeats.  ``rule_values`` gets each rule's id ->
+    its ``Value``."""
+    cdef dict found = {}
+    cdef list inputs, rules
+    cdef tuple key
+    cdef Py_ssize_t width, k
+    cdef object rule
+    for row in rows:
+        inputs = row.inputs
+        width = len(inputs) - 1
+        key = tuple([_id(inputs[k]) for k in range(width)])
+        rule = _id(inputs[width])
+        if rule not in rule_values:
+            rule_values[rule] = inputs[width]
+        rules = found.get(key)
+        if rules is None:
+            found[key] = [rule]
+        elif rule not in rules:
+            rules.append(rule)
+    return found
+
+
+cdef class ListCells:
+    """The cells of the ``TensorList`` sort: list id -> (head class value id, tail list id), the first row of
+    each list winning (as egglog's own lookup would)."""
+
+    cdef unordered_map[uint32_t, pair[uint32_t, uint32_t]] cells
+
+    def __init__(self, list rows):
+        cdef list inputs
+        for row in rows:
+            inputs = row.inputs
+            self.cells.insert(pair[uint32_t, pair[uint32_t, uint32_t]](
+                _id(row.output), pair[uint32_t, uint32_t](_id(inputs[0]), _id(inputs[1]))))
+
+    cdef void extend(self, uint32_t value, vector[uint32_t]& out):
+        """Append the class ids of list ``value``'s items to ``out``."""
+        cdef unordered_map[uint32_t, pair[uint32_t, uint32_t]].iterator it = self.cells.find(value)
+        while it != self.cells.end():
+            out.push_back(deref(it).second.first)
+            it = self.cells.find(deref(it).second.second)
+
+
+def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassNumbers classes, ListCells lists,
+                set absent, dict interned, attrs_of, dict built_by, list nodes, make_enode, deadline) -> None:
+    """Append to ``nodes`` one e-node per live row of op ``op``'s table, made by ``make_enode(index, op,
+    children, attrs, eclass, None, built_by)``.
+
+    ``input_columns``: (column, variadic) per input, in order; an input reading a class in ``absent`` (value
+    ids) is left out and a variadic one gives its list's items.  ``attr_columns``: the attribute columns;
+    ``interned`` maps their value ids (a tuple) to the attributes, ``attrs_of(row.inputs)`` making a new
+    entry.  ``built_by``: value ids of the whole row key (a tuple) -> the rules that built it.  Classes are
+    numbered by ``classes``, children before the output.  ``deadline.check`` runs every 4096 rows.
+    """
+    cdef Py_ssize_t r = 0, k, j
+    cdef list inputs, children
+    cdef tuple key
+    cdef vector[int] input_at
+    cdef vector[char] variadic
+    cdef vector[uint32_t] items
+    cdef bint plain = not attr_columns and not any(v for _, v in input_columns)
+    cdef uint32_t value
+    cdef object attrs, no_attrs = {}
+    for k, v in input_columns:
+        input_at.push_back(k)
+        variadic.push_back(v)
+    for row in rows:
+        if r % _DEADLINE_STRIDE == 0:
+            deadline.check("building the e-graph view")
+        r += 1
+        if row.subsumed:
+            continue
+        inputs = row.inputs
+        children = []
+        if plain:
+            attrs = no_attrs
+            for k in range(len(inputs)):
+                value = _id(inputs[k])
+                if value not in absent:
+                    children.append(classes.number(value))
+        else:
+            key = tuple([_id(inputs[k]) for k in attr_columns])
+            attrs = interned.get(key)
+            if attrs is None:
+                attrs = interned[key] = attrs_of(inputs)
+            for j in range(input_at.size()):
+                value = _id(inputs[input_at[j]])
+                if variadic[j]:
+                    items.clear()
+                    lists.extend(value, items)
+                    for value in items:
+                        children.append(classes.number(value))
+                elif value not in absent:
+                    children.append(classes.number(value))
+        out = classes.number(_id(row.output))
+        built = built_by.get(tuple([_id(v) for v in inputs]), ()) if built_by else ()
+        nodes.append(make_enode(len(nodes), op, tuple(children), attrs, out, None, built))
