@@ -74,19 +74,21 @@ def test_the_view_holds_the_enodes_the_binding_values_spell_out(saturated) -> No
     assert Counter((n.op, n.children, n.eclass) for n in view.nodes) == spelled + negative_zeros
 
 
-def test_read_relation_keys_by_ids_and_keeps_each_rule_once_in_row_order() -> None:
+def test_read_relation_keys_by_ids_and_names_each_distinct_rule_list_once() -> None:
     egraph = eb.EGraph()
     egraph.parse_and_run_program('(relation Built (i64 i64 String))\n(Built 1 2 "b")\n(Built 1 2 "a")\n'
-                                 '(Built 1 2 "b")\n(Built 3 2 "a")')
+                                 '(Built 1 2 "b")\n(Built 3 2 "a")\n(Built 4 2 "b")\n(Built 4 2 "a")')
     rows = egraph.freeze().functions["Built"].rows
-    rule_values: dict = {}
-    found = read_relation(rows, rule_values)
+    asked = []
 
-    def key(*ints: int) -> tuple[int, ...]:
-        return tuple(value_id(v) for row in rows for v in row.inputs[:2]
-                     if [egraph.value_to_i64(u) for u in row.inputs[:2]] == list(ints))[:2]
+    def names_of(rules: tuple) -> tuple[str, ...]:
+        asked.append(names := tuple(egraph.value_to_string(v) for v in rules))
+        return names
 
-    names = {k: [egraph.value_to_string(rule_values[r]) for r in rules] for k, rules in found.items()}
-    order = [egraph.value_to_string(row.inputs[2]) for row in rows if egraph.value_to_i64(row.inputs[0]) == 1]
-    assert names == {key(1, 2): order, key(3, 2): ["a"]}
-    assert sorted(order) == ["a", "b"]
+    found = read_relation(rows, names_of, {})
+    ints = {tuple(value_id(v) for v in row.inputs[:2]): egraph.value_to_i64(row.inputs[0]) for row in rows}
+    in_rows = {k: tuple(dict.fromkeys(egraph.value_to_string(row.inputs[2]) for row in rows
+                                      if egraph.value_to_i64(row.inputs[0]) == k)) for k in (1, 3, 4)}
+    assert {ints[key]: names for key, names in found.items()} == in_rows
+    assert sorted(in_rows[1]) == sorted(in_rows[4]) == ["a", "b"] and in_rows[3] == ("a",)
+    assert sorted(asked) == sorted(set(in_rows.values()))  # each distinct rule list named once

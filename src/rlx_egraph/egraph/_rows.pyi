@@ -18,7 +18,8 @@ class ListCells:
 
     def __init__(self, rows: list[Any]) -> None: ...
 
-def read_relation(rows: list[Any], rule_values: dict[int, Any]) -> dict[tuple[int, ...], list[int]]: ...
+def read_relation(rows: list[Any], names_of: Callable[[tuple[Any, ...]], tuple[str, ...]],
+                  named: dict[tuple[int, ...], tuple[str, ...]]) -> dict[tuple[int, ...], tuple[str, ...]]: ...
 def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]], attr_columns: list[int],
                 classes: ClassNumbers, lists: ListCells, absent: set[int], interned: dict[tuple[int, ...], Any],
                 attrs_of: Callable[[list[Any]], dict[str, Any]], built_by: dict[tuple[int, ...], tuple[str, ...]],

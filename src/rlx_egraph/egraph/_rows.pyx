@@ -81,28 +81,37 @@ cdef class ClassNumbers:
         return self.number_of[value] if value < self.number_of.size() else -1
 
 
-def read_relation(list rows, dict rule_values) -> dict:
+def read_relation(list rows, names_of, dict named) -> dict:
     """Rows of a relation whose last column names a rule: key (the value ids of the other columns, a tuple)
-    -> the ids of the rules, a list in row order without repeats.  ``rule_values`` gets each rule's id ->
-    its ``Value``."""
-    cdef dict found = {}
-    cdef list inputs, rules
-    cdef tuple key
+    -> ``names_of(rules)``, ``rules`` the key's rule ``Value`` objects in row order without repeats.  ``named``
+    keeps each distinct tuple of rule ids -> its names, across calls."""
+    cdef dict rules_of = {}, first = {}  # key -> rule id, or a list of them when several; rule id -> its Value
+    cdef list inputs
+    cdef tuple key, ids
     cdef Py_ssize_t width, k
-    cdef object rule
+    cdef object rule, have
     for row in rows:
         inputs = row.inputs
         width = len(inputs) - 1
         key = tuple([_id(inputs[k]) for k in range(width)])
         rule = _id(inputs[width])
-        if rule not in rule_values:
-            rule_values[rule] = inputs[width]
-        rules = found.get(key)
-        if rules is None:
-            found[key] = [rule]
-        elif rule not in rules:
-            rules.append(rule)
-    return found
+        if rule not in first:
+            first[rule] = inputs[width]
+        have = rules_of.get(key)
+        if have is None:
+            rules_of[key] = rule
+        elif type(have) is list:
+            if rule not in have:
+                have.append(rule)
+        elif have != rule:
+            rules_of[key] = [have, rule]
+    for key, have in rules_of.items():
+        ids = tuple(have) if type(have) is list else (have,)
+        names = named.get(ids)
+        if names is None:
+            names = named[ids] = names_of(tuple([first[r] for r in ids]))
+        rules_of[key] = names
+    return rules_of
 
 
 cdef class ListCells:

@@ -183,20 +183,16 @@ class _Provenance:
         self.rank: dict[str, int] = {}  # base rule name -> its place in file order (provenance names base rules)
         for k, r in enumerate(rules.rules):
             self.rank.setdefault(r.base, k)
-        self.rule_values: dict[int, Any] = {}  # rule-name value id -> its Value
-        self.named: dict[frozenset[int], tuple[str, ...]] = {}  # rule-name value ids -> names, in rule-file order
+        self.named: dict[tuple[int, ...], tuple[str, ...]] = {}  # rule-name value ids -> names
 
     def table(self, rows: list[Any]) -> dict[tuple[int, ...], tuple[str, ...]]:
         """Rows of a provenance relation: key (its leading columns' value ids) -> rule names, in rule-file
         order."""
-        return {key: self._names(frozenset(ids)) for key, ids in read_relation(rows, self.rule_values).items()}
+        return read_relation(rows, self._names, self.named)
 
-    def _names(self, ids: frozenset[int]) -> tuple[str, ...]:
-        names = self.named.get(ids)
-        if names is None:
-            found = {self.values.get(self.rule_values[v], AttrType.STR) for v in ids}
-            names = self.named[ids] = tuple(sorted(found, key=lambda n: (self.rank.get(n, len(self.rank)), n)))
-        return names
+    def _names(self, rules: tuple[Any, ...]) -> tuple[str, ...]:
+        found = {self.values.get(v, AttrType.STR) for v in rules}
+        return tuple(sorted(found, key=lambda n: (self.rank.get(n, len(self.rank)), n)))
 
 
 def view_tables() -> list[str]:
