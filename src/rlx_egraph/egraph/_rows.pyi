@@ -20,7 +20,8 @@ class ListCells:
 
 def read_relation(rows: list[Any], names_of: Callable[[tuple[Any, ...]], tuple[str, ...]],
                   named: dict[tuple[int, ...], tuple[str, ...]]) -> dict[tuple[int, ...], tuple[str, ...]]: ...
-def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]], attr_columns: list[int],
-                classes: ClassNumbers, lists: ListCells, absent: set[int], interned: dict[tuple[int, ...], Any],
-                attrs_of: Callable[[list[Any]], dict[str, Any]], built_by: dict[tuple[int, ...], tuple[str, ...]],
-                nodes: list[Any], make_enode: Callable[..., Any], deadline: Any) -> None: ...
+def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]],
+                attr_columns: list[tuple[int, str, Any, dict[int, Any]]], classes: ClassNumbers, lists: ListCells,
+                absent: set[int], convert: Callable[[Any, Any], Any],
+                built_by: dict[tuple[int, ...], tuple[str, ...]], nodes: list[Any], make_enode: Callable[..., Any],
+                deadline: Any) -> None: ...

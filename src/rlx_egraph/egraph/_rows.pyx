@@ -53,6 +53,8 @@ def _check_layout() -> None:
 _check_layout()
 
 
+cdef object _MISSING = object()
+
 # Rows decoded between two looks at the deadline.
 cdef int _DEADLINE_STRIDE = 4096
 
@@ -136,25 +138,26 @@ cdef class ListCells:
 
 
 def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassNumbers classes, ListCells lists,
-                set absent, dict interned, attrs_of, dict built_by, list nodes, make_enode, deadline) -> None:
+                set absent, convert, dict built_by, list nodes, make_enode, deadline) -> None:
     """Append to ``nodes`` one e-node per live row of op ``op``'s table, made by ``make_enode(index, op,
     children, attrs, eclass, None, built_by)``.
 
     ``input_columns``: (column, variadic) per input, in order; an input reading a class in ``absent`` (value
-    ids) is left out and a variadic one gives its list's items.  ``attr_columns``: the attribute columns;
-    ``interned`` maps their value ids (a tuple) to the attributes, ``attrs_of(row.inputs)`` making a new
-    entry.  ``built_by``: value ids of the whole row key (a tuple) -> the rules that built it.  Classes are
+    ids) is left out and a variadic one gives its list's items.  ``attr_columns``: (column, attribute name, kind,
+    cache) per attribute, ``cache`` a dict of value id -> ``convert(value, kind)``, the Python value.  E-nodes
+    whose attribute columns hold the same ids share one attributes dict.  ``built_by``: value ids of the whole row key (a tuple) -> the rules that built it.  Classes are
     numbered by ``classes``, children before the output.  ``deadline.check`` runs every 4096 rows.
     """
     cdef Py_ssize_t r = 0, k, j
     cdef list inputs, children
-    cdef tuple key
+    cdef tuple key, column
+    cdef dict interned = {}, cache
     cdef vector[int] input_at
     cdef vector[char] variadic
     cdef vector[uint32_t] items
     cdef bint plain = not attr_columns and not any(v for _, v in input_columns)
     cdef uint32_t value
-    cdef object attrs, no_attrs = {}
+    cdef object attrs, no_attrs = {}, value_object, python_value
     for k, v in input_columns:
         input_at.push_back(k)
         variadic.push_back(v)
@@ -173,10 +176,18 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
                 if value not in absent:
                     children.append(classes.number(value))
         else:
-            key = tuple([_id(inputs[k]) for k in attr_columns])
+            key = tuple([_id(inputs[column[0]]) for column in attr_columns])
             attrs = interned.get(key)
             if attrs is None:
-                attrs = interned[key] = attrs_of(inputs)
+                attrs = interned[key] = {}
+                for j in range(len(attr_columns)):
+                    column = attr_columns[j]
+                    cache = column[3]
+                    python_value = cache.get(key[j], _MISSING)
+                    if python_value is _MISSING:
+                        value_object = inputs[column[0]]
+                        python_value = cache[key[j]] = convert(value_object, column[2])
+                    attrs[column[1]] = python_value
             for j in range(input_at.size()):
                 value = _id(inputs[input_at[j]])
                 if variadic[j]:

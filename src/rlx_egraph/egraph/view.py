@@ -147,21 +147,22 @@ class EGraphView:
 
 
 class _Values:
-    """Converts egglog primitive Values to Python, caching per value."""
+    """Converts egglog primitive Values to Python, caching per value id."""
 
     def __init__(self, egraph: eb.EGraph, constants: dict[str, Any]) -> None:
         self.egraph = egraph
         self.constants = constants
-        self.cache: dict[AttrType, dict[Any, Any]] = {kind: {} for kind in AttrType}  # per kind: value -> Python
+        self.cache: dict[AttrType, dict[int, Any]] = {kind: {} for kind in AttrType}  # per kind: value id -> Python
 
     def get(self, value: Any, kind: AttrType) -> Any:
-        cache = self.cache[kind]
-        hit = cache.get(value, self)
+        cache, key = self.cache[kind], value_id(value)
+        hit = cache.get(key, self)
         if hit is self:
-            hit = cache[value] = self._convert(value, kind)
+            hit = cache[key] = self.convert(value, kind)
         return hit
 
-    def _convert(self, value: Any, kind: AttrType) -> Any:
+    def convert(self, value: Any, kind: AttrType) -> Any:
+        """The Python value of ``value``, an attribute of ``kind``."""
         eg = self.egraph
         if kind is AttrType.INT:
             return eg.value_to_i64(value)
@@ -228,13 +229,10 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         spec = REGISTRY[name]
         kinds = {a.name: a.type for a in spec.attrs}
         args = constructor_args(spec)
-        attr_columns = [(k, a.name, kinds.get(a.name)) for k, a in enumerate(args) if not a.is_input]
-
-        def attrs_of(inputs: list[Any], attr_columns: list = attr_columns) -> dict[str, Any]:
-            return {arg: values.get(inputs[k], kind) for k, arg, kind in attr_columns}
-
+        attr_columns = [(k, a.name, kinds[a.name], values.cache[kinds[a.name]]) for k, a in enumerate(args)
+                        if not a.is_input]
         read_enodes(name, functions[name].rows, [(k, a.variadic) for k, a in enumerate(args) if a.is_input],
-                    [k for k, _, _ in attr_columns], classes_seen, lists, absent, {}, attrs_of,
+                    attr_columns, classes_seen, lists, absent, values.convert,
                     provenance.table(rows(built_by_table(name))), nodes, ENode, deadline)
     classes = [EClass(cid) for cid in range(classes_seen.count)]
     for (value,), names in provenance.table(rows(MERGED_BY)).items():
