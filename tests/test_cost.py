@@ -226,6 +226,26 @@ def test_layout_leaves_and_weight_prep_are_free() -> None:
     assert p.breakdown()["dispatch"] == 0.0 and p.ns == p.readback_bytes / 1.0
 
 
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_only_a_node_that_launches_a_kernel_has_its_attributes_priced(name: str) -> None:
+    """``prices_attributes`` (extraction's memo leaves attributes out of the key where it is false): a node that
+    launches nothing, or that the target cannot run, costs the same whatever its attributes and types."""
+    target = get_target(name)
+    f32 = TensorType((4, 6), "f32")
+    for op, spec in sorted(REGISTRY.items()):
+        for reads_intermediate in (False, True):
+            priced = target.prices_attributes(spec, reads_intermediate)
+            copies = target.copies(spec, reads_intermediate)
+            assert priced == (target.supports(op) and (spec.kind.launches > 0 or copies)), (op, reads_intermediate)
+            if not priced:
+                costs = {target.node_ns(spec, attrs, [f32] * 2, out, reads_intermediate)
+                         for attrs in ({}, {"name": "w", "value": 2.0}) for out in (f32, TensorType((9,), "f16"))}
+                assert costs == {math.inf if not target.supports(op) else 0.0}, (op, costs)
+    assert target.prices_attributes(REGISTRY["MatMul"]) == target.supports("MatMul")
+    assert not target.prices_attributes(REGISTRY["Param"], True)
+    assert target.prices_attributes(REGISTRY["Transpose"], True) == ("Transpose" in target.copied_layouts)
+
+
 def test_outputs_read_back_once() -> None:
     g, y = mlp()
     g.set_outputs([y, y])

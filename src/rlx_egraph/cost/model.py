@@ -42,12 +42,17 @@ class NodeCost:
 FREE = NodeCost(0, 0, 0, 0)
 
 
+def node_launches(spec: OpSpec, copies: bool = False) -> int:
+    """Kernel launches of one node: its kind's, or one for a layout op the target runs as a copy kernel."""
+    return 1 if copies else spec.kind.launches
+
+
 def node_cost(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType], out_type: TensorType,
               copies: bool = False) -> NodeCost:
     """Count one node: launches, host syncs, device bytes moved and FLOPs.  ``copies``: a layout op that the
     target runs as a copy kernel (:attr:`~rlx_egraph.cost.targets.Target.copied_layouts`), not as a view."""
-    launches = 1 if copies else spec.kind.launches
-    if launches == 0:
+    launches = node_launches(spec, copies)
+    if launches == 0:  # nothing launched, nothing priced: the attributes and types are not read
         return FREE
     return NodeCost(
         launches=launches,

@@ -84,7 +84,7 @@ from typing import Any
 from ..errors import RlxError
 from ..frontends.onnx.export_table import EXPORTS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
-from .model import IoProfile, NodeCost, node_cost
+from .model import IoProfile, NodeCost, node_cost, node_launches
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
@@ -222,8 +222,18 @@ class Target:
         """
         if not self.supports(spec.name):
             return math.inf
-        copies = reads_intermediate and spec.name in self.copied_layouts
-        return self.cost_ns(node_cost(spec, attrs, in_types, out_type, copies))
+        return self.cost_ns(node_cost(spec, attrs, in_types, out_type, self.copies(spec, reads_intermediate)))
+
+    def copies(self, spec: OpSpec, reads_intermediate: bool) -> bool:
+        """Whether a node of ``spec`` runs as a copy kernel here: a layout op in ``copied_layouts`` that reads an
+        intermediate."""
+        return reads_intermediate and spec.name in self.copied_layouts
+
+    def prices_attributes(self, spec: OpSpec, reads_intermediate: bool = False) -> bool:
+        """Whether :meth:`node_ns` reads a node's attributes: only for a supported node that launches a kernel
+        (through its FLOPs); any other costs 0 or infinity whatever its attributes (extraction's memo of node
+        costs leaves them out of its key then)."""
+        return self.supports(spec.name) and node_launches(spec, self.copies(spec, reads_intermediate)) > 0
 
     def should_fuse(self, before: IoProfile, after: IoProfile) -> bool:
         """Whether ``after`` is predicted faster than ``before`` here: the extraction's own rule (the DAG

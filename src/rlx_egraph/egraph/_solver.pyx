@@ -126,13 +126,14 @@ _ILL_TYPED = (ArithmeticError, LookupError, TypeError, ValueError)
 
 
 cdef tuple _signature(list nodes, int n, vector[int]& child_start, vector[int]& child, vector[int]& numbers,
-                      int extra):
+                      int extra, bint with_attrs=True):
     """E-node ``n``'s memo key: its op, its attributes dict's identity (e-nodes of equal attributes share one,
-    see :func:`rlx_egraph.egraph.view.build_view`), ``extra`` and its children's ``numbers``."""
+    see :func:`rlx_egraph.egraph.view.build_view`; None without ``with_attrs``), ``extra`` and its children's
+    ``numbers``."""
     cdef int k, first = child_start[n], width = child_start[n + 1] - first
     cdef tuple key = PyTuple_New(3 + width)
     node = nodes[n]
-    for k, item in enumerate((node.op, id(node.attrs), extra)):
+    for k, item in enumerate((node.op, id(node.attrs) if with_attrs else None, extra)):
         Py_INCREF(item)
         PyTuple_SET_ITEM(key, k, item)
     for k in range(width):
@@ -217,11 +218,12 @@ def propagate_types(FlatEGraph g, list nodes, fixed, original, excluded, infer, 
     return list(types), [bool(x) for x in kept], errors, mismatches, conflicts
 
 
-def price_nodes(FlatEGraph g, list nodes, type_numbers, leaf, price):
+def price_nodes(FlatEGraph g, list nodes, type_numbers, leaf, price, dict prices_attributes):
     """Per e-node its cost: ``price(n, reads_intermediate)``, called once per (op, attributes, class type,
     whether it reads a class that is not a ``leaf`` (a flag per class), children's types), with
-    ``type_numbers`` per class (see :func:`_signature`); infinity for an e-node that reads its own class
-    (x = f(x) is never a way to compute x)."""
+    ``type_numbers`` per class (see :func:`_signature`); the attributes only where
+    ``prices_attributes[op][reads_intermediate]``.  Infinity for an e-node that reads its own class (x = f(x)
+    is never a way to compute x)."""
     cdef vector[int] numbers = type_numbers
     cdef vector[char] is_leaf = leaf
     cdef vector[double] costs = vector[double](g.num_nodes, 0.0)
@@ -235,7 +237,8 @@ def price_nodes(FlatEGraph g, list nodes, type_numbers, leaf, price):
         for k in range(g.child_start[n], g.child_start[n + 1]):
             intermediate = intermediate or not is_leaf[g.child[k]]
             cyclic = cyclic or g.child[k] == c
-        key = _signature(nodes, n, g.child_start, g.child, numbers, 2 * numbers[c] + intermediate)
+        key = _signature(nodes, n, g.child_start, g.child, numbers, 2 * numbers[c] + intermediate,
+                         prices_attributes[nodes[n].op][intermediate])
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = price(n, intermediate)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..cost import Target
 from ..cost.targets import unsupported_op
-from ..ir.registry import Kind, OpSpec, TensorType, ops_of_kind
+from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, ops_of_kind
 from ._solver import EPS, Solver, drop_unreachable, price_nodes, settle_positions, start_choice, tree_choice
 from ._solver import dag_cost as flat_dag_cost
 from .budget import Deadline, DeadlineExceeded
@@ -99,9 +99,9 @@ def leaf_classes(view: EGraphView) -> set[int]:
 
 
 def node_costs(view: EGraphView, target: Target) -> list[float]:
-    """:func:`enode_ns` of every e-node, each distinct (op, attributes, input and output types, whether it
-    reads an intermediate) priced once (compiled: :func:`._solver.price_nodes`; the classes' types go by
-    :meth:`EGraphView.type_numbers`)."""
+    """:func:`enode_ns` of every e-node, each distinct (op, attributes where :meth:`Target.prices_attributes`,
+    input and output types, whether it reads an intermediate) priced once (compiled:
+    :func:`._solver.price_nodes`; the classes' types go by :meth:`EGraphView.type_numbers`)."""
     classes, nodes = view.classes, view.nodes
     prices = NodePrices(target)
     leaves = leaf_classes(view)
@@ -111,7 +111,10 @@ def node_costs(view: EGraphView, target: Target) -> list[float]:
         return enode_ns(prices, node.spec, node.attrs, [classes[c].type for c in node.children],
                         classes[node.eclass].type, reads_intermediate)
 
-    return price_nodes(view.flat(), nodes, view.type_numbers(), [c.id in leaves for c in classes], price)
+    reads_attrs = {op: (target.prices_attributes(spec, False), target.prices_attributes(spec, True))
+                   for op, spec in REGISTRY.items()}
+    return price_nodes(view.flat(), nodes, view.type_numbers(), [c.id in leaves for c in classes], price,
+                       reads_attrs)
 
 
 def dag_cost(view: EGraphView, choice: dict[int, int], roots: list[int], costs: list[float]) -> float:
