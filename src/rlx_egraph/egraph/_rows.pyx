@@ -117,8 +117,8 @@ def read_relation(list rows, names_of, dict named) -> dict:
 
 
 cdef class ListCells:
-    """The cells of the ``TensorList`` sort: list id -> (head class value id, tail list id), the first row of
-    each list winning (as egglog's own lookup would)."""
+    """The cells of the ``TensorList`` sort: list id -> (head class value id, tail list id); when two rows
+    give one list, the first wins."""
 
     cdef unordered_map[uint32_t, pair[uint32_t, uint32_t]] cells
 
@@ -145,8 +145,9 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
     ``input_columns``: (column, variadic) per input, in order; an input reading a class in ``absent`` (value
     ids) is left out and a variadic one gives its list's items.  ``attr_columns``: (column, attribute name, kind,
     cache) per attribute, ``cache`` a dict of value id -> ``convert(value, kind)``, the Python value.  E-nodes
-    whose attribute columns hold the same ids share one attributes dict.  ``built_by``: value ids of the whole row key (a tuple) -> the rules that built it.  Classes are
-    numbered by ``classes``, children before the output.  ``deadline.check`` runs every 4096 rows.
+    whose attribute columns hold the same ids share one attributes dict.  ``built_by``: value ids of the whole
+    row key (a tuple) -> the rules that built it.  Classes are numbered by ``classes``, children before the
+    output.  ``deadline.check`` runs every 4096 rows.
     """
     cdef Py_ssize_t r = 0, k, j
     cdef list inputs, children

@@ -242,6 +242,8 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     class_of_node: dict[int, int] = {}
     for gnode in graph.nodes:
         cid = classes_seen.of(term_of[gnode.id])
+        if cid < 0:
+            raise RuntimeError(f"node {gnode.id} ({gnode.op}): its term is in no e-class the view read")
         class_of_node[gnode.id] = cid
         classes[cid].originals.append(gnode.id)
         if gnode.op == "Scalar" and is_negative_zero_scalar(gnode):  # as Neg(Scalar 0.0): the leaf is an e-node too
