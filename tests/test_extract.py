@@ -74,6 +74,43 @@ def test_the_worklist_makes_the_same_moves_as_a_full_sweep_on_random_egraphs(max
     assert total > 300  # the random e-graphs do give the search work
 
 
+def test_after_a_restart_the_worklist_makes_the_same_moves_as_a_full_sweep():
+    """The second search of greedy: improve, restart the classes no longer needed, improve again; the second
+    call attempts only what the restart could change, and ends where two full sweeps end."""
+    total = 0
+    for seed in range(150):
+        rng = random.Random(seed)
+        view, costs = random_view(rng, rng.randint(8, 40))
+        pos = [float(c) for c in range(len(view.classes))]
+        start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
+        other = {c: rng.choice(cls.nodes) for c, cls in enumerate(view.classes)}
+        roots = sorted(rng.sample(range(len(view.classes) // 2, len(view.classes)), 3))
+        worklist = Solver(view, costs, dict(start), roots, pos)
+        sweep = Solver(view, costs, dict(start), roots, pos)
+        assert worklist.improve(Deadline()) == (full_sweep(sweep, pos, 6, 64), False), seed
+        assert worklist.restart(other) == sweep.restart(other), seed
+        kept, stopped = worklist.improve(Deadline())
+        assert (kept, stopped) == (full_sweep(sweep, pos, 6, 64), False), seed
+        assert (worklist.choices(), worklist.refs) == (sweep.choices(), sweep.refs), seed
+        total += kept
+    assert total > 10  # the restarts do give the second search work (15 moves over these seeds)
+
+
+def test_a_search_stopped_by_the_deadline_goes_on_where_it_stopped():
+    rng = random.Random(7)
+    view, costs = random_view(rng, 40)
+    pos = [float(c) for c in range(len(view.classes))]
+    start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
+    roots = sorted(rng.sample(range(20, 40), 3))
+    stopped_first = Solver(view, costs, dict(start), roots, pos)
+    sweep = Solver(view, costs, dict(start), roots, pos)
+    assert stopped_first.improve(Deadline(0.0)) == (0, True)
+    kept = full_sweep(sweep, pos, 6, 64)
+    assert kept > 0
+    assert stopped_first.improve(Deadline()) == (kept, False)
+    assert stopped_first.choices() == sweep.choices()
+
+
 # Two e-graphs where a class's failed group move pays only after a move elsewhere changes a class that the group
 # move merely looked at: a reader of what it brought in, not live yet (1), or a class that a tried switch of another
 # class brought in (2).  Per class its e-nodes (name, children, cost), each reading lower classes; classes 0-3 are

@@ -23,5 +23,5 @@ def read_relation(rows: list[Any], names_of: Callable[[tuple[Any, ...]], tuple[s
 def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]],
                 attr_columns: list[tuple[int, str, Any, dict[int, Any]]], classes: ClassNumbers, lists: ListCells,
                 absent: set[int], convert: Callable[[Any, Any], Any],
-                built_by: dict[tuple[int, ...], tuple[str, ...]], nodes: list[Any], make_enode: Callable[..., Any],
-                deadline: Any) -> None: ...
+                built_by: dict[tuple[int, ...], tuple[str, ...]], nodes: list[Any], eclasses: list[int],
+                make_enode: Callable[..., Any], deadline: Any) -> None: ...

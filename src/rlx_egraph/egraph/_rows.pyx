@@ -138,9 +138,9 @@ cdef class ListCells:
 
 
 def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassNumbers classes, ListCells lists,
-                set absent, convert, dict built_by, list nodes, make_enode, deadline) -> None:
+                set absent, convert, dict built_by, list nodes, list eclasses, make_enode, deadline) -> None:
     """Append to ``nodes`` one e-node per live row of op ``op``'s table, made by ``make_enode(index, op,
-    children, attrs, eclass, None, built_by)``.
+    children, attrs, eclass, None, built_by)``, and its class to ``eclasses``.
 
     ``input_columns``: (column, variadic) per input, in order; an input reading a class in ``absent`` (value
     ids) is left out and a variadic one gives its list's items.  ``attr_columns``: (column, attribute name, kind,
@@ -201,3 +201,4 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
         out = classes.number(_id(row.output))
         built = built_by.get(tuple([_id(v) for v in inputs]), ()) if built_by else ()
         nodes.append(make_enode(len(nodes), op, tuple(children), attrs, out, None, built))
+        eclasses.append(out)

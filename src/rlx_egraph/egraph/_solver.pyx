@@ -501,6 +501,12 @@ cdef class Solver:
     cdef Log move_log, group_log, release_log, trial_log
     # Scratch vectors of one move, cleared before use (they keep their memory too).
     cdef vector[int] brought, seen, reader_class, reader_node, alt_start, alts
+    # The search's memory between calls of improve: the candidate classes in position order (their ranks), per
+    # class the ranks whose last attempt read it, and the ranks to attempt first in the next call.
+    cdef vector[int] candidates, pending
+    cdef vector[vector[int]] readers
+    cdef vector[char] is_pending
+    cdef bint searched
 
     def __init__(self, view, costs, dict choice, roots, pos):
         cdef int n, c, k
@@ -577,13 +583,18 @@ cdef class Solver:
 
     def restart(self, dict start):
         """Give every class that nothing needs and that has a choice its e-node in ``start`` (a later move that
-        needs it again finds it there); returns how many changed."""
-        cdef int c, n, changed = 0
+        needs it again finds it there); returns how many changed.  The next :meth:`improve` attempts first the
+        classes whose last attempt read a changed class (the others would fail again the same way)."""
+        cdef int c, n, r, changed = 0
         for c, n in start.items():
             self._check_member(c, n)
             if self.refs_[c] == 0 and self.choice[c] >= 0 and self.choice[c] != n:
                 self.choice[c] = n
                 changed += 1
+                if self.searched:
+                    for r in self.readers[c]:
+                        _add(self.pending, self.is_pending, r)
+                    self.readers[c].clear()
         return changed
 
     def live_choices(self):
@@ -679,37 +690,38 @@ cdef class Solver:
         ``max_passes``.  A pass visits only the classes whose last attempt read
         something that a kept move changed since (the others would fail again the
         same way), so it does what a sweep over every class does, in time
-        proportional to the moves.
+        proportional to the moves.  A later call goes on from there: its first pass
+        visits the classes left for it (by the pass limit, the deadline, or
+        :meth:`restart`), as a sweep over every class would do.
         """
-        cdef int at, c, d, r, k, kept = 0, passes, count
+        cdef int at, c, d, k, kept = 0, passes
         cdef long attempts = 0
-        cdef vector[Keyed] order  # (position, class) of the candidates
-        cdef vector[int] candidates
-        cdef vector[vector[int]] readers = vector[vector[int]](self.choice.size())  # ranks that read a class
         cdef vector[int] heap  # ranks of this pass, as a max-heap of negated ranks
-        cdef vector[char] queued, in_next
-        cdef vector[int] next_pass
+        cdef vector[char] queued
         cdef Log log
-        for c in range(self.choice.size()):
-            if self.choice[c] >= 0 and self.member_start[c + 1] - self.member_start[c] > 1:
-                order.push_back(Keyed(self.pos[c], c))
-        sort(order.begin(), order.end())
-        for k in range(order.size()):
-            candidates.push_back(order[k].second)
-        count = candidates.size()
-        queued = vector[char](count, 1)
-        in_next = vector[char](count, 0)
-        for at in range(count):  # descending values: already a heap
-            heap.push_back(-at)
+        if not self.searched:
+            self._rank_candidates()
+        queued = vector[char](self.candidates.size(), 0)
         for passes in range(max_passes):
+            sort(self.pending.begin(), self.pending.end())
+            heap.clear()
+            for k in range(self.pending.size()):  # descending negated ranks: already a heap
+                heap.push_back(-self.pending[k])
+                queued[self.pending[k]] = True
+                self.is_pending[self.pending[k]] = False
+            self.pending.clear()
+            if heap.empty():
+                break
             while heap.size():
                 at = -heap.front()
+                if attempts % _ATTEMPTS_PER_CLOCK == 0 and deadline.expired():
+                    for k in range(heap.size()):  # left for a later call
+                        _add(self.pending, self.is_pending, -heap[k])
+                    return kept, True
                 _pop_heap(heap)
                 queued[at] = False
-                if attempts % _ATTEMPTS_PER_CLOCK == 0 and deadline.expired():
-                    return kept, True
                 attempts += 1
-                c = candidates[at]
+                c = self.candidates[at]
                 self.read.clear()
                 self.read.push_back(c)
                 log = self._attempt(c, max_group)
@@ -718,41 +730,47 @@ cdef class Solver:
                     for d in self.read:
                         if self.stamp[d] != self.stamp_now:  # each reader once
                             self.stamp[d] = self.stamp_now
-                            readers[d].push_back(at)
+                            self.readers[d].push_back(at)
                     continue
                 kept += 1
-                _add(next_pass, in_next, at)
+                _add(self.pending, self.is_pending, at)
                 self.stamp_now += 1
                 for d in log.steps:
-                    self._wake(d if d >= 0 else ~d, at, readers, heap, queued, next_pass, in_next)
+                    self._wake(d if d >= 0 else ~d, at, heap, queued)
                 for k in range(log.switched.size()):
-                    self._wake(log.switched[k].first, at, readers, heap, queued, next_pass, in_next)
-            if next_pass.empty():
-                break
-            sort(next_pass.begin(), next_pass.end())
-            heap.clear()
-            for k in range(next_pass.size()):  # descending values: already a heap
-                heap.push_back(-next_pass[k])
-                queued[next_pass[k]] = True
-                in_next[next_pass[k]] = False
-            next_pass.clear()
+                    self._wake(log.switched[k].first, at, heap, queued)
         return kept, False
 
-    cdef void _wake(self, int d, int at, vector[vector[int]]& readers, vector[int]& heap, vector[char]& queued,
-                    vector[int]& next_pass, vector[char]& in_next):
+    cdef void _rank_candidates(self):
+        """The candidates (live or not, classes with an e-node and an alternative) in position order, all
+        pending."""
+        cdef vector[Keyed] order  # (position, class)
+        cdef int c, k
+        for c in range(self.choice.size()):
+            if self.choice[c] >= 0 and self.member_start[c + 1] - self.member_start[c] > 1:
+                order.push_back(Keyed(self.pos[c], c))
+        sort(order.begin(), order.end())
+        for k in range(order.size()):
+            self.candidates.push_back(order[k].second)
+            self.pending.push_back(k)
+        self.is_pending = vector[char](order.size(), 1)
+        self.readers = vector[vector[int]](self.choice.size())
+        self.searched = True
+
+    cdef void _wake(self, int d, int at, vector[int]& heap, vector[char]& queued):
         """Class ``d`` changed in the kept move at rank ``at``: the attempts that read it run again, later in
         this pass or in the next one."""
         cdef int r
         if self.stamp[d] == self.stamp_now:
             return
         self.stamp[d] = self.stamp_now
-        for r in readers[d]:
+        for r in self.readers[d]:
             if r > at and not queued[r]:
                 _push_heap(heap, -r)
                 queued[r] = True
             elif r <= at:
-                _add(next_pass, in_next, r)
-        readers[d].clear()
+                _add(self.pending, self.is_pending, r)
+        self.readers[d].clear()
 
     def attempt(self, int c, int max_group=64):
         """One attempt at class ``c`` (see :meth:`improve`): the kept move's log (a copy), or None."""

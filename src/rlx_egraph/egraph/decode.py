@@ -98,26 +98,34 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         stuck = sorted(set(wanted) - set(order))[:5]
         raise RuntimeError(f"decode: the extracted choice is cyclic around e-classes {stuck}")
     out = Graph(graph.name)
-    new_id: dict[int, int] = {}
-    decoded = Decoded(out, {}, {})
-    type_numbers = view.type_numbers()
+    new_id = [-1] * len(view.classes)  # class -> its node in ``out`` (ids count up from 0 in order)
+    nodes, classes, type_numbers = view.nodes, view.classes, view.type_numbers()
+    input_node, add_checked = graph.node, out.add_checked
     checked: dict[tuple, Node] = {}
-    for c in order:
-        enode = view.nodes[wanted[c]]
+    originals: list[list[int]] = []  # per new node, as the fields of Decoded
+    built_by: list[tuple[str, ...]] = []
+    merged_by: list[tuple[str, ...]] = []
+    fusions: list[Fusion] = []
+    weight_prep = Kind.WEIGHT_PREP
+    for nid, c in enumerate(order):
+        enode, cls = nodes[wanted[c]], classes[c]
         inputs = [new_id[ch] for ch in enode.children]
-        if enode.original is None or enode.spec.kind is Kind.WEIGHT_PREP:  # weight prep: its inputs' ops matter too
-            nid = _add_checked_once(out, len(new_id), enode, inputs, type_numbers, checked)
+        if enode.original is None or enode.spec.kind is weight_prep:  # weight prep: its inputs' ops matter too
+            _add_checked_once(out, nid, enode, inputs, type_numbers, checked)
         else:  # checked in the input graph, and its children's classes have its inputs' types: not checked again
-            was = graph.node(enode.original)
-            nid = out.add_checked(Node(len(new_id), was.op, tuple(inputs), dict(was.attrs), was.shape, was.dtype,
-                                       was.parts))
+            was = input_node(enode.original)
+            add_checked(Node(nid, was.op, tuple(inputs), dict(was.attrs), was.shape, was.dtype, was.parts))
         new_id[c] = nid
-        decoded.class_of[nid] = c
-        decoded.originals[nid] = list(view.classes[c].originals)
-        decoded.built_by[nid] = () if enode.original is not None else enode.built_by
-        decoded.merged_by[nid] = view.classes[c].merged_by
-        if enode.original is None and enode.op not in ("Input", "Param"):
-            decoded.fusions.append(Fusion(nid, enode.op, enode.built_by, tuple(view.classes[c].originals)))
+        originals.append(list(cls.originals))
+        merged_by.append(cls.merged_by)
+        if enode.original is None:
+            built_by.append(enode.built_by)
+            if enode.op != "Input" and enode.op != "Param":
+                fusions.append(Fusion(nid, enode.op, enode.built_by, tuple(cls.originals)))
+        else:
+            built_by.append(())
+    decoded = Decoded(out, dict(enumerate(order)), dict(enumerate(originals)), dict(enumerate(built_by)),
+                      dict(enumerate(merged_by)))
     out.set_outputs(new_id[view.class_of_node[o]] for o in graph.outputs)
-    decoded.fusions = fold_projections(out, decoded.fusions)
+    decoded.fusions = fold_projections(out, fusions)
     return decoded

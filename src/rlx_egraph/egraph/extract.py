@@ -143,12 +143,10 @@ def class_positions(view: EGraphView, graph_position: dict[int, int],
     """
     pos = [math.inf] * len(view.classes)
     final = [False] * len(view.classes)
-    leaves = leaf_classes(view)
-    for cls in view.classes:
-        if cls.id in leaves:
-            pos[cls.id], final[cls.id] = -1.0, True
-        elif cls.originals:
-            pos[cls.id], final[cls.id] = float(min(map(graph_position.__getitem__, cls.originals))), True
+    for nid, c in view.class_of_node.items():
+        pos[c], final[c] = min(pos[c], float(graph_position[nid])), True
+    for c in leaf_classes(view):
+        pos[c], final[c] = -1.0, True
     return settle_positions(view.flat(), pos, final, costs)
 
 
@@ -171,7 +169,7 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
     costs = node_costs(view, target) if costs is None else costs
     pos = class_positions(view, graph_position, costs)
     flat = view.flat()
-    first, tree_node = start_choice(flat, costs, pos, [n.original is not None for n in view.nodes])
+    first, tree_node = start_choice(flat, costs, pos, view.original_flags())
     first = drop_unreachable(flat, first)
     missing = [r for r in roots if r not in first]
     if missing:

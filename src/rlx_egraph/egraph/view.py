@@ -104,6 +104,8 @@ class EGraphView:
                                                                        compare=False)
     _flat: tuple[list[ENode], int, FlatEGraph] | None = field(default=None, init=False, repr=False, compare=False)
     _type_numbers: list[int] | None = field(default=None, init=False, repr=False, compare=False)
+    _original_flags: tuple[list[ENode], int, list[bool]] | None = field(default=None, init=False, repr=False,
+                                                                        compare=False)
 
     def class_of_value(self, value: Any) -> int | None:
         """The class of an egglog e-class ``Value`` of the saturated e-graph, or None when the view has none."""
@@ -134,6 +136,16 @@ class EGraphView:
             numbering = _TypeNumbers()
             self._type_numbers = [-1 if c.type is None else numbering.of_type(c.type) for c in self.classes]
         return self._type_numbers
+
+    def original_flags(self) -> list[bool]:
+        """Per e-node whether it is a node of the input graph (computed once per list of e-nodes, like
+        :meth:`parents`; do not modify it)."""
+        cached = self._original_flags
+        if cached is not None and cached[0] is self.nodes and cached[1] == len(self.nodes):
+            return cached[2]
+        flags = [n.original is not None for n in self.nodes]
+        self._original_flags = (self.nodes, len(self.nodes), flags)
+        return flags
 
     def flat(self) -> FlatEGraph:
         """The e-graph as integer arrays, for the compiled extraction passes (computed once per list of
@@ -223,6 +235,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     values = _Values(egraph, constants)
     provenance = _Provenance(values, rules)
     nodes: list[ENode] = []
+    eclasses: list[int] = []  # per e-node its class
     for name in sorted(REGISTRY):
         if name not in functions:
             continue
@@ -233,33 +246,37 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                         if not a.is_input]
         read_enodes(name, functions[name].rows, [(k, a.variadic) for k, a in enumerate(args) if a.is_input],
                     attr_columns, classes_seen, lists, absent, values.convert,
-                    provenance.table(rows(built_by_table(name))), nodes, ENode, deadline)
-    classes = [EClass(cid) for cid in range(classes_seen.count)]
-    for (value,), names in provenance.table(rows(MERGED_BY)).items():
-        classes[classes_seen.of_id(value)].merged_by = names
+                    provenance.table(rows(built_by_table(name))), nodes, eclasses, ENode, deadline)
 
     term_of = {egraph.value_to_i64(row.inputs[0]): row.output for row in functions[NODE_TABLE].rows}
     class_of_node: dict[int, int] = {}
+    originals: list[list[int]] = [[] for _ in range(classes_seen.count)]  # per class its graph nodes
+    negative_zeros: set[int] = set()  # graph nodes whose e-node is made here, already tagged
     for gnode in graph.nodes:
         cid = classes_seen.of(term_of[gnode.id])
         if cid < 0:
             raise RuntimeError(f"node {gnode.id} ({gnode.op}): its term is in no e-class the view read")
         class_of_node[gnode.id] = cid
-        classes[cid].originals.append(gnode.id)
+        originals[cid].append(gnode.id)
         if gnode.op == "Scalar" and is_negative_zero_scalar(gnode):  # as Neg(Scalar 0.0): the leaf is an e-node too
             nodes.append(ENode(len(nodes), gnode.op, (), dict(gnode.attrs), cid, gnode.id))
-    for n in nodes:
-        classes[n.eclass].nodes.append(n.index)
+            eclasses.append(cid)
+            negative_zeros.add(gnode.id)
+    members: list[list[int]] = [[] for _ in originals]  # per class its e-nodes
+    for index, cid in enumerate(eclasses):
+        members[cid].append(index)
+    classes = [EClass(cid, members[cid], None, originals[cid]) for cid in range(len(originals))]
+    for (value,), names in provenance.table(rows(MERGED_BY)).items():
+        classes[classes_seen.of_id(value)].merged_by = names
     view = EGraphView(classes, nodes, class_of_node, class_numbers=classes_seen)
-    _mark_originals(view, graph)
+    _mark_originals(view, graph, negative_zeros)
     kept = _check_types(view, graph, rules, strict, deadline)
     _keep_only(view, kept)
     return view
 
 
-def _mark_originals(view: EGraphView, graph: Graph) -> None:
-    """Tag each e-node that is exactly a node of the input graph."""
-    marked = {n.original for n in view.nodes if n.original is not None}
+def _mark_originals(view: EGraphView, graph: Graph, marked: set[int]) -> None:
+    """Tag each e-node that is exactly a node of the input graph (but those of ``marked``, tagged already)."""
     nodes, classes, class_of = view.nodes, view.classes, view.class_of_node
     for gnode in graph.nodes:
         if gnode.id in marked:
@@ -295,30 +312,30 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
     disagreement appears.
     """
     numbering = _TypeNumbers()
-    fixed = [-1] * len(view.classes)  # per class its input-graph type's number
-    node_of = {n.id: n for n in graph.nodes}
-    for cls in view.classes:
-        if not cls.originals:  # made by rules: typed by its e-nodes below
-            continue
-        if len(cls.originals) == 1:
-            fixed[cls.id] = numbering.of_node(node_of[cls.originals[0]])
-            continue
-        members = {o: node_of[o] for o in cls.originals}
-        types = {m.type for m in members.values()}
-        if len(types) == 1:
-            fixed[cls.id] = numbering.of_type(types.pop())
-        else:
-            found = blamed_rules(view, cls.nodes, [cls.id])
-            listed = ", ".join(f"node {o} ({m.op}) {m.type}" for o, m in members.items())
-            message = (f"unsound rewrite: e-class {cls.id} holds input-graph nodes of different types ({listed}): "
-                       f"a rule merged values that cannot be equal; rules that merged or built it: "
-                       f"{_named(found, rules)}")
-            if strict:
-                raise UnsoundRewrite(message)
-            view.merged.append(MergedInputs(cls.id, tuple((o, m.op, m.type) for o, m in members.items()),
-                                            found, message))
+    fixed = [-1] * len(view.classes)  # per class its input-graph type's number (rule-made classes: by e-nodes)
+    split: set[int] = set()  # classes holding input-graph nodes of different types
+    class_of = view.class_of_node
+    for gnode in graph.nodes:
+        c, k = class_of[gnode.id], numbering.of_node(gnode)
+        if fixed[c] < 0:
+            fixed[c] = k
+        elif fixed[c] != k:
+            split.add(c)
+    for c in sorted(split):
+        fixed[c] = -1
+        cls = view.classes[c]
+        members = {o: graph.node(o) for o in cls.originals}
+        found = blamed_rules(view, cls.nodes, [cls.id])
+        listed = ", ".join(f"node {o} ({m.op}) {m.type}" for o, m in members.items())
+        message = (f"unsound rewrite: e-class {cls.id} holds input-graph nodes of different types ({listed}): "
+                   f"a rule merged values that cannot be equal; rules that merged or built it: "
+                   f"{_named(found, rules)}")
+        if strict:
+            raise UnsoundRewrite(message)
+        view.merged.append(MergedInputs(cls.id, tuple((o, m.op, m.type) for o, m in members.items()),
+                                        found, message))
     excluded = {m.eclass for m in view.merged}
-    original = [n.original is not None for n in view.nodes]
+    original = view.original_flags()
 
     def infer(n: int, numbers: tuple[int, ...]) -> int:
         """The number of the type e-node ``n``'s shape rule gives it from its children's types."""
