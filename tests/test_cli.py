@@ -599,6 +599,21 @@ def test_bench_overhead_splits_the_work_around_saturation(capsys: pytest.Capture
     assert around_ratio >= ours_ratio > 0 and around_ratio >= egglog_ratio > 0
 
 
+def test_bench_overhead_repeated_keeps_each_columns_least(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["overhead", "--nodes", "1000", "--repeat", "2"]) == 0
+    captured = capsys.readouterr()
+    runs = [line.split() for line in captured.err.splitlines() if line.startswith("1,000 nodes:")]
+    assert len(runs) == 2
+    assert "least of 2 runs" in " ".join(captured.out.split())
+    header = next(line for line in captured.out.splitlines() if line.lstrip().startswith("nodes "))
+    row = captured.out.splitlines()[captured.out.splitlines().index(header) + 1].split()
+    assert float(row[1]) == pytest.approx(min(float(r[3]) for r in runs), abs=0.001)  # saturate: the least
+    assert float(row[2]) == pytest.approx(min(float(r[7]) for r in runs), abs=0.001)  # around: the least
+    with pytest.raises(SystemExit):
+        bench.main(["overhead", "--nodes", "1000", "--repeat", "0"])
+    assert "--repeat must be at least 1, not 0" in capsys.readouterr().err
+
+
 def test_bench_agreement_lists_the_random_graphs_the_engines_price_apart(capsys: pytest.CaptureFixture[str]) -> None:
     """Each listed graph is priced again here; every one of them has the shared pair ``Add(x@w1, x@w2)`` that the
     fallback fuses at once (the README's known limit), and the count in the first line adds up."""

@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``scaling [--nodes N,...]``: the synthetic DAG at each size, the time per phase and per node.
     ``exact [--models M,...] [--layers N] [--targets T,...]``: the ILP of exact extraction per case.
     ``engines [--nodes N,...] [--no-models]``: both engines side by side, their costs' agreement.
-    ``overhead [--nodes N,...]``: the egglog engine's work around saturation, and how much of it egglog does.
+    ``overhead [--nodes N,...] [--repeat K]``: the egglog engine's work around saturation, and how much of it egglog does.
     ``agreement [--graphs N] [--seed S] [--targets T,...]``: both engines' costs on seeded random small graphs.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -265,13 +265,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _sizes(command: str, description: str, argv: Sequence[str]) -> argparse.Namespace:
-    """The options of a subcommand that runs the synthetic DAG at several sizes on one target."""
+def _sizes(command: str, description: str, argv: Sequence[str], repeat: bool = False) -> argparse.Namespace:
+    """The options of a subcommand that runs the synthetic DAG at several sizes on one target (``repeat``: and
+    how many runs per size)."""
     parser = argparse.ArgumentParser(prog=f"python -m rlx_egraph.bench {command}", description=description)
     parser.add_argument("--nodes", type=_counts, default=list(SCALING_NODES),
                         help=f"default: {','.join(map(str, SCALING_NODES))}")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
-    return parser.parse_args(argv)
+    if repeat:
+        parser.add_argument("--repeat", type=int, default=1,
+                            help="runs per size, each in a fresh process; each column's seconds are the least of "
+                                 "its runs, the ratios are of those (a shared machine only ever adds time)")
+    args = parser.parse_args(argv)
+    if repeat and args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, not {args.repeat}")
+    return args
 
 
 def _scaling(argv: Sequence[str]) -> int:
@@ -394,12 +402,13 @@ def exact_row(model: str, layers: int, target: str) -> tuple[str, ...]:
             f"{ilp.cost_ns:,.3f}", f"{greedy.cost_ns:,.3f}", f"{greedy.cost_ns - ilp.cost_ns:,.3f}")
 
 
-def overhead_row(nodes: int, target: str) -> tuple[str, ...]:
+def overhead_row(nodes: int, target: str) -> tuple[float, float, float, float]:
     """The synthetic DAG at ``nodes`` (call it in a fresh process): the egglog engine's saturation and the work
     around it (encode + extract + decode; the regions pass after either engine's decision is not counted), and
     the two parts of that work done by egglog, not by our Python: loading (in encode: parsing the schema and the
     rules, then reading the encoded rows from their files; writing the files is ours) and reading the saturated
-    rows back through the binding (in extract), timed again on an e-graph built and saturated the same way."""
+    rows back through the binding (in extract), timed again on an e-graph built and saturated the same way.
+    Returns those seconds: saturation, around, load, read."""
     ruleset = load_rules()
     graph = examples.synthetic(nodes)
     _, report = egglog_engine(graph, target, max_seconds=math.inf)
@@ -421,26 +430,34 @@ def overhead_row(nodes: int, target: str) -> tuple[str, ...]:
             for row in functions[name].rows if name in functions else ():
                 row.inputs, row.output, row.subsumed  # noqa: B018 -- each read converts the row's values to Python
         read = time.perf_counter() - start
-    ours = around - load - read
-    return (f"{nodes:,}", f"{saturation:.3f}", f"{around:.3f}", f"{load:.3f}", f"{read:.3f}", f"{ours:.3f}",
-            f"{around / saturation:.1f}", f"{(load + read) / saturation:.1f}", f"{ours / saturation:.1f}")
+    return saturation, around, load, read
 
 
 def _overhead(argv: Sequence[str]) -> int:
-    args = _sizes("overhead", "the egglog engine's work around saturation, and egglog's part of it", argv)
+    args = _sizes("overhead", "the egglog engine's work around saturation, and egglog's part of it", argv,
+                  repeat=True)
     print(textwrap.fill("egglog engine on the synthetic DAG: 'around' = encode + extract + decode; of it, 'load' "
                         "(egglog parsing the schema and the rules, reading the encoded rows from the files we "
                         "wrote, and running the loading rules) "
                         "and 'read' (freezing the saturated e-graph and reading the rows the view decodes through "
                         "egglog's Python binding) are spent in egglog; 'ours' is the rest. Ratios are to the "
-                        "saturation's seconds.", 120), flush=True)
+                        "saturation's seconds." + (f" Each column is the least of {args.repeat} runs per size."
+                                                   if args.repeat > 1 else ""), 120), flush=True)
     header = ("nodes", "saturate s", "around s", "load s", "read s", "ours s", "around/sat", "load+read/sat",
               "ours/sat")
     rows = []
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
         for n in args.nodes:
-            rows.append(pool.submit(overhead_row, n, args.target).result())
-            print(f"{n:,} nodes: saturate {rows[-1][1]} s, around it {rows[-1][2]} s", file=sys.stderr, flush=True)
+            runs = []
+            for _ in range(args.repeat):
+                runs.append(pool.submit(overhead_row, n, args.target).result())
+                print(f"{n:,} nodes: saturate {runs[-1][0]:.3f} s, around it {runs[-1][1]:.3f} s", file=sys.stderr,
+                      flush=True)
+            saturation, around, load, read = (min(column) for column in zip(*runs, strict=True))
+            ours = min(r[1] - r[2] - r[3] for r in runs)
+            rows.append((f"{n:,}", f"{saturation:.3f}", f"{around:.3f}", f"{load:.3f}", f"{read:.3f}", f"{ours:.3f}",
+                         f"{around / saturation:.1f}", f"{(load + read) / saturation:.1f}",
+                         f"{ours / saturation:.1f}"))
     print(format_table(header, rows, ">" * len(header)))
     return 0
 
