@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``scaling [--nodes N,...]``: the synthetic DAG at each size, the time per phase and per node.
     ``exact [--models M,...] [--layers N] [--targets T,...]``: the ILP of exact extraction per case.
     ``engines [--nodes N,...] [--no-models]``: both engines side by side, their costs' agreement.
-    ``overhead [--nodes N,...] [--repeat K]``: the egglog engine's work around saturation, and how much of it egglog does.
+    ``overhead [--nodes N,...] [--repeat K]``: the egglog engine's work around saturation, and egglog's part of it.
     ``agreement [--graphs N] [--seed S] [--targets T,...]``: both engines' costs on seeded random small graphs.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
