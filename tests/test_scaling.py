@@ -14,6 +14,7 @@ from rlx_egraph.egraph.rules import STAGES, load_rules
 from rlx_egraph.egraph.saturate import saturate
 from rlx_egraph.egraph.schema import schema_text
 from rlx_egraph.egraph.view import build_view, view_tables
+from rlx_egraph.ir.graph import attrs_equal
 from rlx_egraph.optimize import build_egraph
 
 # Extracted cost, nodes after, e-classes and e-nodes on target cpu, measured with the
@@ -103,6 +104,44 @@ def test_rows_through_files_and_as_facts_load_the_same_terms():
     classes = {n[4]: n[3] for n in view if n[4] is not None}
     assert concat[cat][1] == (classes[a], classes[b], classes[a]) and concat[cat2][1] == (classes[b], classes[a])
     assert next(n for n in view if n[0] == "RmsNorm")[1] == (classes[cat], classes[norm - 1])  # no beta
+
+
+def _originals_by_definition(view, graph: Graph) -> dict[int, int]:
+    """The reference: per input-graph node in order, the first e-node of its class with its op, its inputs'
+    classes as children and equal attributes that no earlier node took."""
+    taken: dict[int, int] = {}
+    for gnode in graph.nodes:
+        children = tuple(view.class_of_node[i] for i in gnode.inputs)
+        for i in view.classes[view.class_of_node[gnode.id]].nodes:
+            n = view.nodes[i]
+            if i not in taken and n.op == gnode.op and n.children == children and attrs_equal(n.attrs, gnode.attrs):
+                taken[i] = gnode.id
+                break
+    return taken
+
+
+@pytest.mark.parametrize("name", ["llama", "bert", "duplicates"])
+def test_the_view_tags_each_input_node_s_e_node_as_defined(name: str):
+    """Saturated, so classes hold rule-made e-nodes beside the input graph's; two identical nodes share one
+    e-node, which the first of them gets."""
+    if name == "duplicates":
+        graph = Graph()
+        x = graph.input("x", (2, 4))
+        first, second = graph.relu(x), graph.relu(x)
+        perm = graph.add_node("Transpose", [x], perm=(1, 0))
+        graph.set_outputs([graph.add(first, second), perm, graph.add(graph.scalar(2.0), graph.scalar(2.0))])
+    else:
+        graph = examples.ALL[name](layers=1)
+    rules = load_rules()
+    egraph, encoding = build_egraph(graph, rules)
+    saturate(egraph, rules)
+    view = build_view(egraph, graph, encoding.constants, rules)
+    tagged = {n.index: n.original for n in view.nodes if n.original is not None}
+    assert tagged == _originals_by_definition(view, graph)
+    if name == "duplicates":
+        assert sorted(tagged.values()) == [0, 1, 3, 4, 5, 7]  # not 2 (the second Relu) nor 6 (the second 2.0)
+    else:
+        assert any(len(view.classes[n.eclass].nodes) > 1 for n in view.nodes if n.original is not None)
 
 
 def test_view_tables_lists_every_egglog_function_the_view_reads():

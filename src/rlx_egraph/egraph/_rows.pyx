@@ -82,6 +82,16 @@ cdef class ClassNumbers:
         """The class number of the e-class with value id ``value``, or -1 when not seen."""
         return self.number_of[value] if value < self.number_of.size() else -1
 
+    def of_keys(self, list rows, key_of) -> dict:
+        """Rows of a table that names e-classes: ``key_of(first input)`` -> the class number of the row's output
+        (-1 when not seen), in row order."""
+        cdef dict out = {}
+        cdef uint32_t value
+        for row in rows:
+            value = _id(row.output)
+            out[key_of(row.inputs[0])] = self.number_of[value] if value < self.number_of.size() else -1
+        return out
+
 
 def read_relation(list rows, names_of, dict named) -> dict:
     """Rows of a relation whose last column names a rule: key (the value ids of the other columns, a tuple)

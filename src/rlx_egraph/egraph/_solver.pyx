@@ -430,6 +430,50 @@ def dag_cost(FlatEGraph g, dict choice, roots, costs):
     return total
 
 
+def match_originals(FlatEGraph g, list op_spans, tuple graph_nodes, dict class_of, set skip, same_attrs):
+    """Per node of ``graph_nodes`` (the input graph's, in order), the e-node that is it, -1 for none: the first
+    e-node of the node's class (``class_of``: node id -> class) that has its op, its inputs' classes as
+    children and is no other node's, and its attributes: ``same_attrs(e-node, node)`` when the op has
+    attribute columns, else none.
+    ``op_spans``: (op, first e-node, end, whether the op has attributes) per op (the view reads the e-nodes op
+    by op); nodes of ``skip`` (ids) are matched already."""
+    cdef vector[int] op_of = vector[int](g.num_nodes, -1), found
+    cdef vector[char] taken = vector[char](g.num_nodes, 0), attributed
+    cdef vector[int] inputs
+    cdef dict op_number = {}
+    cdef int k, n, m, j, c, op, first, width
+    cdef bint match
+    for k, (name, first, end, has_attrs) in enumerate(op_spans):
+        op_number[name] = k
+        attributed.push_back(has_attrs)
+        for n in range(first, end):
+            op_of[n] = k
+    for gnode in graph_nodes:
+        found.push_back(-1)
+        if gnode.id in skip:
+            continue
+        op = op_number.get(gnode.op, -2)  # -1: e-nodes outside the spans
+        c = class_of[gnode.id]
+        inputs.clear()
+        for i in gnode.inputs:
+            inputs.push_back(class_of[i])
+        width = inputs.size()
+        for m in range(g.member_start[c], g.member_start[c + 1]):
+            n = g.member[m]
+            if op_of[n] != op or taken[n] or g.child_start[n + 1] - g.child_start[n] != width:
+                continue
+            match = True
+            for j in range(width):
+                if g.child[g.child_start[n] + j] != inputs[j]:
+                    match = False
+                    break
+            if match and (same_attrs(n, gnode) if attributed[op] else not gnode.attrs):
+                taken[n] = True
+                found[found.size() - 1] = n
+                break
+    return list(found)
+
+
 def decode_order(FlatEGraph g, dict wanted, first):
     """The order decoding builds the classes of ``wanted`` (class -> e-node) in: each once its e-node's children
     are built, the least sort key first, ties to the lower class.  A class's key is ``first[c]`` when that is

@@ -30,7 +30,7 @@ from ..errors import RlxError
 from ..ir.graph import Graph, Node, attrs_equal
 from ..ir.registry import REGISTRY, TUPLE, AttrType, TensorType, TupleType, ValueType
 from ._rows import ClassNumbers, ListCells, read_enodes, read_relation, value_id
-from ._solver import FlatEGraph, propagate_types
+from ._solver import FlatEGraph, match_originals, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
@@ -236,6 +236,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     provenance = _Provenance(values, rules)
     nodes: list[ENode] = []
     eclasses: list[int] = []  # per e-node its class
+    op_spans: list[tuple[str, int, int, bool]] = []  # per op: its e-nodes' range, whether it has attributes
     for name in sorted(REGISTRY):
         if name not in functions:
             continue
@@ -244,16 +245,18 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         args = constructor_args(spec)
         attr_columns = [(k, a.name, kinds[a.name], values.cache[kinds[a.name]]) for k, a in enumerate(args)
                         if not a.is_input]
+        first = len(nodes)
         read_enodes(name, functions[name].rows, [(k, a.variadic) for k, a in enumerate(args) if a.is_input],
                     attr_columns, classes_seen, lists, absent, values.convert,
                     provenance.table(rows(built_by_table(name))), nodes, eclasses, ENode, deadline)
+        op_spans.append((name, first, len(nodes), bool(attr_columns)))
 
-    term_of = {egraph.value_to_i64(row.inputs[0]): row.output for row in functions[NODE_TABLE].rows}
+    class_of_id = classes_seen.of_keys(functions[NODE_TABLE].rows, egraph.value_to_i64)  # node id -> class
     class_of_node: dict[int, int] = {}
     originals: list[list[int]] = [[] for _ in range(classes_seen.count)]  # per class its graph nodes
     negative_zeros: set[int] = set()  # graph nodes whose e-node is made here, already tagged
     for gnode in graph.nodes:
-        cid = classes_seen.of(term_of[gnode.id])
+        cid = class_of_id.get(gnode.id, -1)
         if cid < 0:
             raise RuntimeError(f"node {gnode.id} ({gnode.op}): its term is in no e-class the view read")
         class_of_node[gnode.id] = cid
@@ -269,26 +272,25 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     for (value,), names in provenance.table(rows(MERGED_BY)).items():
         classes[classes_seen.of_id(value)].merged_by = names
     view = EGraphView(classes, nodes, class_of_node, class_numbers=classes_seen)
-    _mark_originals(view, graph, negative_zeros)
+    _mark_originals(view, graph, negative_zeros, op_spans)
     kept = _check_types(view, graph, rules, strict, deadline)
     _keep_only(view, kept)
     return view
 
 
-def _mark_originals(view: EGraphView, graph: Graph, marked: set[int]) -> None:
-    """Tag each e-node that is exactly a node of the input graph (but those of ``marked``, tagged already)."""
-    nodes, classes, class_of = view.nodes, view.classes, view.class_of_node
-    for gnode in graph.nodes:
-        if gnode.id in marked:
-            continue
-        op, attrs = gnode.op, gnode.attrs
-        children = tuple([class_of[i] for i in gnode.inputs])
-        for idx in classes[class_of[gnode.id]].nodes:
-            n = nodes[idx]
-            if n.op == op and n.children == children and n.original is None \
-                    and ((not attrs and not n.attrs) or attrs_equal(n.attrs, attrs)):
-                n.original = gnode.id
-                break
+def _mark_originals(view: EGraphView, graph: Graph, marked: set[int], op_spans: list[tuple[str, int, int, bool]]
+                    ) -> None:
+    """Tag each e-node that is exactly a node of the input graph (but those of ``marked``, tagged already;
+    ``op_spans``: see :func:`._solver.match_originals`, compiled)."""
+    nodes = view.nodes
+
+    def same_attrs(n: int, gnode: Node) -> bool:
+        return attrs_equal(nodes[n].attrs, gnode.attrs)
+
+    found = match_originals(view.flat(), op_spans, graph.nodes, view.class_of_node, marked, same_attrs)
+    for gnode, n in zip(graph.nodes, found, strict=True):
+        if n >= 0:
+            nodes[n].original = gnode.id
 
 
 def blamed_rules(view: EGraphView, enodes: Iterable[int], classes: Iterable[int]) -> tuple[str, ...]:
