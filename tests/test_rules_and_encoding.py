@@ -129,8 +129,8 @@ def test_encoding_carries_attributes_and_shape_facts():
     text = encoding.text
     assert "(set (rlx-vec 1) (vec-of 0 2 1))" in text and "(rlx-row-Transpose 1 0 1)" in text
     assert "(rlx-row-Narrow 3 2 -1 1 2)" in text
-    assert "(set (rlx-vec 3) (vec-of 2 3 2))" in text and "(rlx-row-shape 3 3)" in text
-    assert '(rlx-row-dtype 0 "f32")' in text
+    assert "(set (rlx-vec 3) (vec-of 2 3 2))" in text and '(rlx-row-type 3 3 "f32")' in text
+    assert '(rlx-row-type 0 0 "f32")' in text
     assert "(inverse-perms (vec-of 0 2 1) (vec-of 0 2 1))" in text
     egraph = eb.EGraph()
     egraph.parse_and_run_program(schema_text())

@@ -40,10 +40,12 @@ def test_one_row_per_node_one_loading_rule_per_op_and_each_int_tuple_once():
     encoding = encode_graph(g)
     ops = {n.op for n in g.nodes}
     assert sorted(encoding.rows) == sorted([ROW_PREFIX + op for op in ops] + [ROW_PREFIX + t for t in
-                                                                                ("shape", "dtype", "param-order")])
+                                                                                ("type", "param-order")])
     assert sum(len(encoding.rows[ROW_PREFIX + op]) for op in ops) == len(g)
-    assert [row[0] for row in encoding.rows[ROW_PREFIX + "shape"]] == [n.id for n in g.nodes]
-    assert encoding.rules.count("(rule (") == len(ops) + 3 and encoding.rules.count(f"(run {LOAD_RULESET} 1)") == 1
+    types = encoding.rows[ROW_PREFIX + "type"]  # node id, its shape's IntVec id, its dtype: one row per node
+    assert [(row[0], row[2]) for row in types] == [(n.id, n.dtype) for n in g.nodes]
+    assert len({row[1] for row in types}) == len({n.shape for n in g.nodes})
+    assert encoding.rules.count("(rule (") == len(ops) + 2 and encoding.rules.count(f"(run {LOAD_RULESET} 1)") == 1
     tuples = {n.shape for n in g.nodes} | {v for n in g.nodes for v in n.attrs.values() if isinstance(v, tuple)}
     assert encoding.declarations.count(f"(set ({VEC_TABLE} ") == len(tuples)
     # the rows written as facts: the same program, runnable as-is

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node
-from ..ir.registry import Kind
+from ..ir.registry import Kind, ops_of_kind
 from ._solver import decode_order
 from .view import EGraphView, ENode
 
@@ -89,8 +89,9 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         c = view.class_of_node[node.id]
         wanted.setdefault(c, next(i for i in view.classes[c].nodes if view.nodes[i].original == node.id))
     first = [-1.0] * len(view.classes)  # per class the position of its first input-graph node
+    class_of = view.class_of_node
     for k, node in enumerate(graph.nodes):
-        c = view.class_of_node[node.id]
+        c = class_of[node.id]
         if first[c] < 0:
             first[c] = float(k)
     order = decode_order(view.flat(), wanted, first)
@@ -106,11 +107,11 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     built_by: list[tuple[str, ...]] = []
     merged_by: list[tuple[str, ...]] = []
     fusions: list[Fusion] = []
-    weight_prep = Kind.WEIGHT_PREP
+    weight_preps = ops_of_kind(Kind.WEIGHT_PREP)
     for nid, c in enumerate(order):
         enode, cls = nodes[wanted[c]], classes[c]
         inputs = [new_id[ch] for ch in enode.children]
-        if enode.original is None or enode.spec.kind is weight_prep:  # weight prep: its inputs' ops matter too
+        if enode.original is None or enode.op in weight_preps:  # weight prep: its inputs' ops matter too
             _add_checked_once(out, nid, enode, inputs, type_numbers, checked)
         else:  # checked in the input graph, and its children's classes have its inputs' types: not checked again
             was = input_node(enode.original)

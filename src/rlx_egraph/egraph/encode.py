@@ -12,7 +12,7 @@ of any depth.  Values that are no primitive of a row: an ``IntVec`` by the id of
 ``rlx-vec`` (each distinct tuple once), a bool by its row in ``rlx-bool``, an absent
 optional input as node :data:`NO_INPUT_ID` (the class of ``(NoInput)``), a variadic input
 list by its id in ``rlx-list`` (built from ``rlx-row-TCons`` rows, one per distinct suffix).
-The shape, dtype and param-order facts are rows too.
+The shape and dtype facts (one row per node) and the param-order facts are rows too.
 
 Every value reads back exactly: any Python str (:func:`stored_string`), a constant array by
 its bit-exact content key (:func:`array_key`), and a Scalar -0.0, which egglog's f64 would
@@ -51,8 +51,10 @@ NO_INPUT_ID = -1
 LOAD_RULESET = "rlx-load"
 ROW_PREFIX = "rlx-row-"
 NEG_ZERO_ROWS = f"{ROW_PREFIX}neg-zero"
-# The fact tables filled from rows: (relation, its value column's sort, the table it sets).
-FACT_ROWS = {"shape": "i64", "dtype": "String", "param-order": "i64"}
+# The facts filled from rows: relation -> the sorts of its columns after the node id (c0, c1, ...), what its
+# rule's query adds, and the (table, value) pairs it sets for the node (a shape goes by its IntVec's id).
+FACT_ROWS = {"type": (("i64", "String"), f" (= s ({VEC_TABLE} c0))", (("shape", "s"), ("dtype", "c1"))),
+             "param-order": (("i64",), "", (("param-order", "c0"),))}
 
 Row = tuple[int | float | str, ...]
 
@@ -248,11 +250,10 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
                     row.append(stored_string(str(value)))
             rows.setdefault(ROW_PREFIX + node.op, []).append(tuple(row))
         if not node.parts:  # a multi-result node has no one shape: its Gets have theirs
-            facts["shape"].append((node.id, vec_id(node.shape)))
             text = dtype_text.get(node.dtype)
             if text is None:
                 text = dtype_text[node.dtype] = stored_string(str(node.dtype))
-            facts["dtype"].append((node.id, text))
+            facts["type"].append((node.id, vec_id(node.shape), text))
         if node.op == "Param":
             facts["param-order"].append((node.id, len(facts["param-order"])))
         elif node.op == "Transpose":
@@ -284,12 +285,13 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
         columns[relation], rows[relation] = ("i64", "i64", "i64"), cons_rows
         rules.append(f"(rule (({relation} l h t)) ((union ({LIST_TABLE} l) ({LIST_CONS} ({NODE_TABLE} h) "
                      f"({LIST_TABLE} t)))) :ruleset {LOAD_RULESET})")
-    for name, sort in FACT_ROWS.items():
+    for name, (sorts, query, sets) in FACT_ROWS.items():
         if facts[name]:
             relation = ROW_PREFIX + name
-            columns[relation], rows[relation] = ("i64", sort), facts[name]
-            query = f"({relation} k i) (= v ({VEC_TABLE} i))" if name == "shape" else f"({relation} k v)"
-            rules.append(f"(rule ({query}) ((set ({name} ({NODE_TABLE} k)) v)) :ruleset {LOAD_RULESET})")
+            columns[relation], rows[relation] = ("i64", *sorts), facts[name]
+            head = " ".join(["k", *(f"c{j}" for j in range(len(sorts)))])
+            actions = " ".join(f"(set ({table} ({NODE_TABLE} k)) {value})" for table, value in sets)
+            rules.append(f"(rule (({relation} {head}){query}) ({actions}) :ruleset {LOAD_RULESET})")
     declarations += [f"(relation {relation} ({' '.join(sorts)}))" for relation, sorts in columns.items()]
     graph_facts = [f"(run {LOAD_RULESET} 1)", f"(set (attention-block-max-tokens) {int(attention_block_max_tokens)})"]
     for p in sorted(perms):
