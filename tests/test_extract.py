@@ -378,6 +378,27 @@ def test_types_inferred_once_per_key_equal_each_enode_typed_alone(synthetic_view
             synthetic_view.classes[n.eclass].type
 
 
+def test_greedy_s_two_searches_at_once_give_what_one_after_the_other_gives(synthetic_view: EGraphView):
+    """greedy runs its two searches in two threads; run here one after the other, from the same starts."""
+    from rlx_egraph.egraph._solver import drop_unreachable, start_choice
+
+    view, cpu = synthetic_view, get_target("cpu")
+    roots = sorted({view.class_of_node[n] for c in view.classes for n in c.originals} - {
+        ch for n in view.nodes if n.original is not None for ch in n.children})
+    position = {nid: k for k, nid in enumerate(sorted(view.class_of_node))}
+    costs = extract.node_costs(view, cpu)
+    pos = extract.class_positions(view, position, costs)
+    first, tree_node = start_choice(view.flat(), costs, pos, view.original_flags())
+    searches = [extract._search(view, costs, drop_unreachable(view.flat(), start), roots, pos, tree_node,
+                                Deadline()) for start in (first, tree_node)]
+    assert searches[0].moves > 0 and searches[1].moves > 0 and searches[0].moves != searches[1].moves
+    cheaper = searches[1].cost_ns < searches[0].cost_ns - extract.EPS * max(1.0, abs(searches[0].cost_ns))
+    best = searches[1] if cheaper else searches[0]  # greedy's rule: the second only when cheaper
+    both = extract.greedy(view, roots, cpu, position, costs)
+    assert (both.choice, both.cost_ns, both.moves) == (best.choice, best.cost_ns, best.moves)
+    assert both.switches == searches[0].switches + searches[1].switches
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_greedy_unshares_two_linear_layers_with_an_activation_each(target: str):
     """Both layers read one input: merged into one wide matmul (a launch, a view and an activation per layer)

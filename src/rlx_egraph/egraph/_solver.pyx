@@ -12,8 +12,9 @@ Dijkstra-like bottom-up passes of :mod:`rlx_egraph.egraph.extract`.
 :class:`Solver` holds one e-node choice per class and, per class, how many live readers need it (the
 outputs count as readers).  A move switches a class to another e-node, paying for the classes that
 become needed and refunding those no longer needed; :meth:`Solver.improve` keeps the moves that pay
-(see :func:`rlx_egraph.egraph.extract.greedy` for the strategy).  Every step appends to a :class:`Log`
-so that a move that does not pay is undone exactly.
+(see :func:`rlx_egraph.egraph.extract.greedy` for the strategy).  Every step appends to a log (a C++
+struct; :class:`Log` for Python) so that a move that does not pay is undone exactly.  The search holds no
+Python object, so :meth:`Solver.improve` runs without the GIL and two solvers can search at once.
 
 The e-graph arrives as flat arrays (children of each e-node, readers of each class, e-nodes of each
 class), so the search runs without Python objects; the floating-point sums are taken in a fixed order,
@@ -28,6 +29,7 @@ from libcpp.vector cimport vector
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.math cimport INFINITY
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 EPS = 1e-9  # a move pays when it lowers the cost by more than this (float sums differ in the last digits)
 MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
@@ -36,28 +38,41 @@ cdef int _MAX_RELEASED_READERS = MAX_RELEASED_READERS
 cdef int _ATTEMPTS_PER_CLOCK = 16  # the local search reads the clock before every 16th attempt (the first included)
 
 
+cdef struct _Log:
+    vector[int] steps  # reference-count steps: d up, ~d down
+    vector[pair[int, int]] switched  # (class, its previous e-node)
+
+
+cdef inline void _clear(_Log& log) noexcept nogil:
+    log.steps.clear()
+    log.switched.clear()
+
+
+cdef inline void _extend(_Log& log, _Log& other) noexcept nogil:
+    log.steps.insert(log.steps.end(), other.steps.begin(), other.steps.end())
+    log.switched.insert(log.switched.end(), other.switched.begin(), other.switched.end())
+
+
 cdef class Log:
     """What a move changed, to undo it: reference-count steps (``d`` up, ``~d`` down), then switched
     choices as (class, its previous e-node)."""
 
-    cdef vector[int] steps
-    cdef vector[pair[int, int]] switched
+    cdef _Log data
 
     @property
     def refs(self):
-        return list(self.steps)
+        return list(self.data.steps)
 
     @property
     def choices(self):
-        return [(p.first, p.second) for p in self.switched]
+        return [(p.first, p.second) for p in self.data.switched]
 
-    cdef void clear(self):
-        self.steps.clear()
-        self.switched.clear()
 
-    cdef void extend(self, Log other):
-        self.steps.insert(self.steps.end(), other.steps.begin(), other.steps.end())
-        self.switched.insert(self.switched.end(), other.switched.begin(), other.switched.end())
+cdef double _now() noexcept nogil:
+    """``time.perf_counter()`` (CLOCK_MONOTONIC on Linux), readable without the GIL."""
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return t.tv_sec + 1e-9 * t.tv_nsec
 
 
 cdef vector[int] _csr(list rows, vector[int]& start):
@@ -542,7 +557,7 @@ cdef class Solver:
     cdef int stamp_now
     # Scratch logs, cleared and refilled by every move (their vectors keep their memory): the move's, a group
     # member's, and those of releasing a child (the group of switches, one trial switch).
-    cdef Log move_log, group_log, release_log, trial_log
+    cdef _Log move_log, group_log, release_log, trial_log
     # Scratch vectors of one move, cleared before use (they keep their memory too).
     cdef vector[int] brought, seen, reader_class, reader_node, alt_start, alts
     # The search's memory between calls of improve: the candidate classes in position order (their ranks), per
@@ -557,7 +572,6 @@ cdef class Solver:
         cdef FlatEGraph g = view.flat()
         self.view = view
         self.switches = 0
-        self.move_log, self.group_log, self.release_log, self.trial_log = Log(), Log(), Log(), Log()
         self.child, self.child_start, self.parent, self.parent_start = g.child, g.child_start, g.parent, g.parent_start
         self.member, self.member_start, self.eclass = g.member, g.member_start, g.eclass
         self.costs = costs
@@ -590,7 +604,8 @@ cdef class Solver:
             self.free_leaf[n] = self.costs[n] == 0.0 and self.child_start[n] == self.child_start[n + 1]
         for r in roots:
             self._check_class(r)
-            self._incref(r, Log())
+            self._incref(r, self.trial_log)
+        _clear(self.trial_log)
 
     # --- what Python reads ---------------------------------------------------------------------
 
@@ -651,13 +666,13 @@ cdef class Solver:
 
     # --- reference counts --------------------------------------------------------------------
 
-    cdef double _incref(self, int c, Log log) except? -1.0:
+    cdef double _incref(self, int c, _Log& log) except? -1.0 nogil:
         return self._count(c, log, 1)
 
-    cdef double _decref(self, int c, Log log) except? -1.0:
+    cdef double _decref(self, int c, _Log& log) except? -1.0 nogil:
         return self._count(c, log, -1)
 
-    cdef double _count(self, int c, Log log, int step) except? -1.0:
+    cdef double _count(self, int c, _Log& log, int step) except? -1.0 nogil:
         """Class ``c`` gains (``step`` 1) or loses (-1) a reader: a class that becomes needed needs its chosen
         e-node's children in turn, one that no longer is needed lets them go.  Returns the change of cost."""
         cdef vector[int]* stack = &self.work  # never nested: one scratch stack
@@ -673,7 +688,8 @@ cdef class Solver:
             if self.refs_[d] == (1 if step > 0 else 0):
                 n = self.choice[d]
                 if n < 0:
-                    raise KeyError(f"class {d} is needed but has no e-node")
+                    with gil:
+                        raise KeyError(f"class {d} is needed but has no e-node")
                 if step > 0:
                     self.newly_live.push_back(d)
                     delta += self.costs[n]
@@ -688,9 +704,9 @@ cdef class Solver:
         self._check_member(c, n)
         if self.choice[c] < 0:
             raise KeyError(f"class {c} has no e-node to switch from")
-        return self._switch(c, n, log)
+        return self._switch(c, n, log.data)
 
-    cdef double _switch(self, int c, int n, Log log) except? -1.0:
+    cdef double _switch(self, int c, int n, _Log& log) except? -1.0 nogil:
         cdef int old = self.choice[c], k
         cdef double delta
         self.switches += 1
@@ -703,8 +719,11 @@ cdef class Solver:
             delta += self._decref(self.child[k], log)
         return delta
 
-    cpdef void undo(self, Log log):
+    def undo(self, Log log):
         """Take back every step of ``log``."""
+        self._undo(log.data)
+
+    cdef void _undo(self, _Log& log) noexcept nogil:
         cdef int d
         cdef size_t k
         for d in log.steps:
@@ -715,7 +734,7 @@ cdef class Solver:
         for k in range(log.switched.size(), 0, -1):
             self.choice[log.switched[k - 1].first] = log.switched[k - 1].second
 
-    cdef void _read_log(self, Log log):
+    cdef void _read_log(self, _Log& log) noexcept nogil:
         """Note every class ``log`` changed as read by the current attempt."""
         cdef int d
         cdef pair[int, int] p
@@ -736,20 +755,28 @@ cdef class Solver:
         same way), so it does what a sweep over every class does, in time
         proportional to the moves.  A later call goes on from there: its first pass
         visits the classes left for it (by the pass limit, the deadline, or
-        :meth:`restart`), as a sweep over every class would do.
+        :meth:`restart`), as a sweep over every class would do.  ``deadline``: a
+        :class:`~rlx_egraph.egraph.budget.Deadline`, read as its ``end`` on
+        ``time.perf_counter``'s clock; the search runs without the GIL.
         """
-        cdef int at, c, d, k, kept = 0, passes
-        cdef long attempts = 0
-        cdef vector[int] heap  # ranks of this pass, as a max-heap of negated ranks
-        cdef vector[char] queued
-        cdef Log log
+        cdef int kept = 0, outcome
+        cdef double end = deadline.end
         if not self.searched:
             self._rank_candidates()
-        queued = vector[char](self.candidates.size(), 0)
+        with nogil:  # the search touches no Python object: another thread can search meanwhile
+            outcome = self._improve(end, max_passes, max_group, &kept)
+        return kept, outcome == 1
+
+    cdef int _improve(self, double end, int max_passes, int max_group, int* kept) except -1 nogil:
+        """:meth:`improve` until ``end`` (on :func:`_now`'s clock); returns 1 when the deadline stopped it."""
+        cdef int at, c, d, k, passes, moved
+        cdef long attempts = 0
+        cdef vector[int] heap  # ranks of this pass, as a max-heap of negated ranks
+        cdef vector[char] queued = vector[char](self.candidates.size(), 0)
         for passes in range(max_passes):
             sort(self.pending.begin(), self.pending.end())
             heap.clear()
-            for k in range(self.pending.size()):  # descending negated ranks: already a heap
+            for k in range(<int>self.pending.size()):  # descending negated ranks: already a heap
                 heap.push_back(-self.pending[k])
                 queued[self.pending[k]] = True
                 self.is_pending[self.pending[k]] = False
@@ -758,32 +785,32 @@ cdef class Solver:
                 break
             while heap.size():
                 at = -heap.front()
-                if attempts % _ATTEMPTS_PER_CLOCK == 0 and deadline.expired():
-                    for k in range(heap.size()):  # left for a later call
+                if attempts % _ATTEMPTS_PER_CLOCK == 0 and _now() >= end:
+                    for k in range(<int>heap.size()):  # left for a later call
                         _add(self.pending, self.is_pending, -heap[k])
-                    return kept, True
+                    return 1
                 _pop_heap(heap)
                 queued[at] = False
                 attempts += 1
                 c = self.candidates[at]
                 self.read.clear()
                 self.read.push_back(c)
-                log = self._attempt(c, max_group)
-                if log is None:
+                moved = self._attempt(c, max_group)
+                if not moved:
                     self.stamp_now += 1
                     for d in self.read:
                         if self.stamp[d] != self.stamp_now:  # each reader once
                             self.stamp[d] = self.stamp_now
                             self.readers[d].push_back(at)
                     continue
-                kept += 1
+                kept[0] += 1
                 _add(self.pending, self.is_pending, at)
                 self.stamp_now += 1
-                for d in log.steps:
+                for d in self.move_log.steps:
                     self._wake(d if d >= 0 else ~d, at, heap, queued)
-                for k in range(log.switched.size()):
-                    self._wake(log.switched[k].first, at, heap, queued)
-        return kept, False
+                for k in range(<int>self.move_log.switched.size()):
+                    self._wake(self.move_log.switched[k].first, at, heap, queued)
+        return 0
 
     cdef void _rank_candidates(self):
         """The candidates (live or not, classes with an e-node and an alternative) in position order, all
@@ -801,7 +828,7 @@ cdef class Solver:
         self.readers = vector[vector[int]](self.choice.size())
         self.searched = True
 
-    cdef void _wake(self, int d, int at, vector[int]& heap, vector[char]& queued):
+    cdef void _wake(self, int d, int at, vector[int]& heap, vector[char]& queued) noexcept nogil:
         """Class ``d`` changed in the kept move at rank ``at``: the attempts that read it run again, later in
         this pass or in the next one."""
         cdef int r
@@ -818,33 +845,30 @@ cdef class Solver:
 
     def attempt(self, int c, int max_group=64):
         """One attempt at class ``c`` (see :meth:`improve`): the kept move's log (a copy), or None."""
-        cdef Log kept, copy
+        cdef Log copy
         self._check_class(c)
-        kept = self._attempt(c, max_group)
-        if kept is None:
+        if not self._attempt(c, max_group):
             return None
         copy = Log()
-        copy.extend(kept)
+        copy.data = self.move_log
         return copy
 
-    cdef Log _attempt(self, int c, int max_group):
-        """Switch live class ``c`` to its cheapest e-node whose move pays; the kept move's log (the scratch
-        ``move_log``, valid until the next move), or None."""
+    cdef int _attempt(self, int c, int max_group) except -1 nogil:
+        """Switch live class ``c`` to its cheapest e-node whose move pays; 1 when a move was kept (its log in
+        ``move_log``, valid until the next move), else 0."""
         cdef int k, n
-        cdef Log log
         if self.refs_[c] == 0:
-            return None
+            return 0
         if not self.ranked[c]:
             self._rank(c)
         for k in range(self.member_start[c], self.member_start[c + 1]):
             n = self.by_cost[k]
             if n != self.choice[c] and self.usable[n]:
-                log = self._try_move(c, n, max_group)
-                if log is not None:
-                    return log
-        return None
+                if self._try_move(c, n, max_group):
+                    return 1
+        return 0
 
-    cdef void _rank(self, int c):
+    cdef void _rank(self, int c) noexcept nogil:
         """Sort class ``c``'s e-nodes in ``by_cost`` by (cost, index)."""
         cdef vector[Keyed] keyed
         cdef int k, first = self.member_start[c]
@@ -855,18 +879,19 @@ cdef class Solver:
             self.by_cost[first + k] = keyed[k].second
         self.ranked[c] = True
 
-    cdef Log _try_move(self, int c, int n, int max_group):
-        cdef Log log = self.move_log, sub = self.group_log
+    cdef int _try_move(self, int c, int n, int max_group) except -1 nogil:
+        """Switch class ``c`` to e-node ``n``, with the group and release moves that help; 1 when the whole move
+        pays (kept, its log in ``move_log``), else 0 (undone)."""
         cdef int old = self.choice[c], group = 0, d, p, pc, k, j
         cdef double delta, step
         self.newly_live.clear()
-        log.clear()
-        delta = self._switch(c, n, log)
+        _clear(self.move_log)
+        delta = self._switch(c, n, self.move_log)
         if delta < -_EPS:
-            return log
+            return 1
         # Group move: other classes that could read what this switch made live.
         self.brought = self.newly_live  # copied: the group's switches add to newly_live
-        for j in range(self.brought.size()):
+        for j in range(<int>self.brought.size()):
             d = self.brought[j]
             if self.free_leaf[self.choice[d]]:
                 continue
@@ -876,25 +901,25 @@ cdef class Solver:
                 self.read.push_back(pc)
                 if group >= max_group or pc == c or self.refs_[pc] == 0 or self.choice[pc] == p or not self.usable[p]:
                     continue
-                sub.clear()
-                step = self._switch(pc, p, sub)
+                _clear(self.group_log)
+                step = self._switch(pc, p, self.group_log)
                 if step < -_EPS:
-                    log.extend(sub)
+                    _extend(self.move_log, self.group_log)
                     delta += step
                     group += 1
                 else:
-                    self._read_log(sub)
-                    self.undo(sub)
+                    self._read_log(self.group_log)
+                    self._undo(self.group_log)
         if delta < -_EPS:
-            return log
-        delta += self._release(c, old, log)
+            return 1
+        delta += self._release(c, old, self.move_log)
         if delta < -_EPS:
-            return log
-        self._read_log(log)
-        self.undo(log)
-        return None
+            return 1
+        self._read_log(self.move_log)
+        self._undo(self.move_log)
+        return 0
 
-    cdef double _release(self, int c, int old, Log log) except? -1.0:
+    cdef double _release(self, int c, int old, _Log& log) except? -1.0 nogil:
         """Switching class ``c`` away from e-node ``old`` can leave a child of ``old`` alive only for its other
         readers (the sibling projections of a multi-result node, the Narrows of a shared wide matmul): switch
         each of them to its alternative of most gain that does not read the child, so that the child dies with
@@ -939,7 +964,7 @@ cdef class Solver:
                 delta += self._switch_away(ch, self.reader_class, self.alt_start, self.alts, log)
         return delta
 
-    cdef bint _reads(self, int n, int ch):
+    cdef bint _reads(self, int n, int ch) noexcept nogil:
         cdef int k
         for k in range(self.child_start[n], self.child_start[n + 1]):
             if self.child[k] == ch:
@@ -947,13 +972,12 @@ cdef class Solver:
         return False
 
     cdef double _switch_away(self, int ch, vector[int]& reader_class, vector[int]& alt_start, vector[int]& alts,
-                             Log log) except? -1.0:
+                             _Log& log) except? -1.0 nogil:
         """Switch each reader of ``ch`` to its alternative of most gain among ``alts`` (those that leave fewer
         reading ``ch``); kept in ``log`` only if ``ch`` dies, else undone.  Returns the change of cost."""
-        cdef Log sub = self.release_log, trial = self.trial_log
         cdef double step = 0.0, delta_alt, best_delta
         cdef int j, m, pc, alt, before, best
-        sub.clear()
+        _clear(self.release_log)
         for j in range(reader_class.size()):
             pc = reader_class[j]
             best = -1  # the alternative of most gain after which fewer read ch (ties: the lowest index)
@@ -961,25 +985,25 @@ cdef class Solver:
             before = self.refs_[ch]
             for m in range(alt_start[j], alt_start[j + 1]):
                 alt = alts[m]
-                trial.clear()
-                delta_alt = self._switch(pc, alt, trial)
+                _clear(self.trial_log)
+                delta_alt = self._switch(pc, alt, self.trial_log)
                 if self.refs_[ch] < before and (best < 0 or delta_alt < best_delta
                                                 or (delta_alt == best_delta and alt < best)):
                     best, best_delta = alt, delta_alt
-                self._read_log(trial)
-                self.undo(trial)
+                self._read_log(self.trial_log)
+                self._undo(self.trial_log)
             if best < 0:
                 break
-            step += self._switch(pc, best, sub)
+            step += self._switch(pc, best, self.release_log)
         if self.refs_[ch] == 0:
-            log.extend(sub)
+            _extend(log, self.release_log)
             return step
-        self._read_log(sub)  # still read (an output, or another path): nothing was released
-        self.undo(sub)
+        self._read_log(self.release_log)  # still read (an output, or another path): nothing was released
+        self._undo(self.release_log)
         return 0.0
 
 
-cdef bint _contains(vector[int]& items, int x):
+cdef bint _contains(vector[int]& items, int x) noexcept nogil:
     cdef int y
     for y in items:
         if y == x:
@@ -987,7 +1011,7 @@ cdef bint _contains(vector[int]& items, int x):
     return False
 
 
-cdef void _add(vector[int]& ranks, vector[char]& member, int r):
+cdef void _add(vector[int]& ranks, vector[char]& member, int r) noexcept nogil:
     if not member[r]:
         member[r] = True
         ranks.push_back(r)
@@ -995,7 +1019,7 @@ cdef void _add(vector[int]& ranks, vector[char]& member, int r):
 
 # A binary max-heap of negated ranks on a vector (pops the least rank first).
 
-cdef void _push_heap(vector[int]& heap, int x):
+cdef void _push_heap(vector[int]& heap, int x) noexcept nogil:
     cdef size_t i = heap.size(), parent
     heap.push_back(x)
     while i > 0:
@@ -1006,7 +1030,7 @@ cdef void _push_heap(vector[int]& heap, int x):
         i = parent
 
 
-cdef void _pop_heap(vector[int]& heap):
+cdef void _pop_heap(vector[int]& heap) noexcept nogil:
     cdef size_t i = 0, left, largest, n
     heap[0] = heap.back()
     heap.pop_back()

@@ -12,10 +12,12 @@ the choice by local moves: switch one class to another e-node, paying for the
 classes that become needed and refunding those no longer needed; when a switch
 alone does not pay (a wide QKV matmul), it tries to also switch the classes
 that could share what the switch brought in, and keeps the group if it pays.
-It then searches again from each class's least tree-cost e-node and keeps the
+It also searches from each class's least tree-cost e-node and keeps the
 cheaper of the two results (so still never worse than the input): sharing can
 hide a cheaper unshared form from every single move.
-Its passes run compiled, on the e-graph as integer arrays (:mod:`._solver`, Cython).
+Its passes run compiled, on the e-graph as integer arrays (:mod:`._solver`, Cython);
+the two searches run at once, each in its own thread (the compiled search holds
+no Python object, so it lets go of the GIL).
 ``exact`` solves the same problem as an integer program (HiGHS via ``highspy``).
 Both respect the run's deadline: greedy stops improving (its choice is valid
 at every step), exact gets at most the time left.
@@ -28,6 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,13 +183,18 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: d
         ops = sorted({view.nodes[i].op for r in missing for i in view.classes[r].nodes})
         raise ValueError(f"no supported way to compute an output on {target.name} (computed by {', '.join(ops)}): "
                          "every way reads an op the target does not run, or a value computed only from itself")
-    best = _search(view, costs, first, roots, pos, tree_node, deadline)
-    switches = best.switches
     tree_start = drop_unreachable(flat, tree_node)
-    if not best.stopped and tree_start != first:  # the same start would search the same way
-        second = _search(view, costs, tree_start, roots, pos, tree_node, deadline)
-        switches += second.switches
-        if second.cost_ns < best.cost_ns - EPS * max(1.0, abs(best.cost_ns)):
+    if tree_start == first:  # the same start would search the same way
+        best = _search(view, costs, first, roots, pos, tree_node, deadline)
+        switches = best.switches
+    else:  # the two searches at once: the compiled search lets go of the GIL
+        with ThreadPoolExecutor(1, thread_name_prefix="rlx-greedy") as pool:
+            from_tree = pool.submit(_search, view, costs, tree_start, roots, pos, tree_node, deadline)
+            best = _search(view, costs, first, roots, pos, tree_node, deadline)
+            second = from_tree.result()
+        switches = best.switches + second.switches
+        # a search from the input graph that the deadline stopped keeps the input graph's choice
+        if not best.stopped and second.cost_ns < best.cost_ns - EPS * max(1.0, abs(best.cost_ns)):
             best = second
     notes = ["extraction stopped at the time limit with the best graph found so far"] if best.stopped else []
     return Extraction(best.choice, best.cost_ns, "greedy", time.perf_counter() - start, best.moves, switches,
