@@ -56,17 +56,22 @@ def full_sweep(solver: Solver, pos: list[float], max_passes: int, max_group: int
     return kept
 
 
+def twin_solvers(rng: random.Random, size: int) -> tuple[EGraphView, list[float], Solver, Solver]:
+    """A random e-graph of ``size`` classes (positions by class id), and two solvers on it, each from every
+    class's first e-node with three random roots in the upper half."""
+    view, costs = random_view(rng, size)
+    pos = [float(c) for c in range(len(view.classes))]
+    start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
+    roots = sorted(rng.sample(range(len(view.classes) // 2, len(view.classes)), 3))
+    return view, pos, Solver(view, costs, dict(start), roots, pos), Solver(view, costs, dict(start), roots, pos)
+
+
 @pytest.mark.parametrize("max_passes,max_group", [(6, 64), (1, 64), (2, 1), (50, 3)])
 def test_the_worklist_makes_the_same_moves_as_a_full_sweep_on_random_egraphs(max_passes, max_group):
     total = 0
     for seed in range(150):
         rng = random.Random(seed)
-        view, costs = random_view(rng, rng.randint(8, 40))
-        pos = [float(c) for c in range(len(view.classes))]
-        start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
-        roots = sorted(rng.sample(range(len(view.classes) // 2, len(view.classes)), 3))
-        worklist = Solver(view, costs, dict(start), roots, pos)
-        sweep = Solver(view, costs, dict(start), roots, pos)
+        _, pos, worklist, sweep = twin_solvers(rng, rng.randint(8, 40))
         kept, stopped = worklist.improve(Deadline(), max_passes, max_group)
         assert (kept, stopped) == (full_sweep(sweep, pos, max_passes, max_group), False), seed
         assert (worklist.choices(), worklist.refs) == (sweep.choices(), sweep.refs), seed
@@ -80,30 +85,19 @@ def test_after_a_restart_the_worklist_makes_the_same_moves_as_a_full_sweep():
     total = 0
     for seed in range(150):
         rng = random.Random(seed)
-        view, costs = random_view(rng, rng.randint(8, 40))
-        pos = [float(c) for c in range(len(view.classes))]
-        start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
+        view, pos, worklist, sweep = twin_solvers(rng, rng.randint(8, 40))
         other = {c: rng.choice(cls.nodes) for c, cls in enumerate(view.classes)}
-        roots = sorted(rng.sample(range(len(view.classes) // 2, len(view.classes)), 3))
-        worklist = Solver(view, costs, dict(start), roots, pos)
-        sweep = Solver(view, costs, dict(start), roots, pos)
         assert worklist.improve(Deadline()) == (full_sweep(sweep, pos, 6, 64), False), seed
         assert worklist.restart(other) == sweep.restart(other), seed
         kept, stopped = worklist.improve(Deadline())
         assert (kept, stopped) == (full_sweep(sweep, pos, 6, 64), False), seed
         assert (worklist.choices(), worklist.refs) == (sweep.choices(), sweep.refs), seed
         total += kept
-    assert total > 10  # the restarts do give the second search work (15 moves over these seeds)
+    assert total > 10  # the restarts do give the second search work
 
 
 def test_a_search_stopped_by_the_deadline_goes_on_where_it_stopped():
-    rng = random.Random(7)
-    view, costs = random_view(rng, 40)
-    pos = [float(c) for c in range(len(view.classes))]
-    start = {c: cls.nodes[0] for c, cls in enumerate(view.classes)}
-    roots = sorted(rng.sample(range(20, 40), 3))
-    stopped_first = Solver(view, costs, dict(start), roots, pos)
-    sweep = Solver(view, costs, dict(start), roots, pos)
+    _, pos, stopped_first, sweep = twin_solvers(random.Random(7), 40)
     assert stopped_first.improve(Deadline(0.0)) == (0, True)
     kept = full_sweep(sweep, pos, 6, 64)
     assert kept > 0
