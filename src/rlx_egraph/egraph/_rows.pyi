@@ -21,8 +21,37 @@ class ListCells:
 
 def read_relation(rows: list[Any], names_of: Callable[[tuple[Any, ...]], tuple[str, ...]],
                   named: dict[tuple[int, ...], tuple[str, ...]]) -> dict[tuple[int, ...], tuple[str, ...]]: ...
+class ENode:
+    """An op applied to e-classes: one alternative of an e-class."""
+
+    index: int
+    op: str
+    children: tuple[int, ...]
+    attrs: dict[str, Any]
+    eclass: int
+    original: int | None
+    built_by: tuple[str, ...]
+
+    def __init__(self, index: int, op: str, children: tuple[int, ...], attrs: dict[str, Any], eclass: int,
+                 original: int | None = None, built_by: tuple[str, ...] = ()) -> None: ...
+    @property
+    def spec(self) -> Any: ...
+
+class EClass:
+    """An e-class: its e-nodes, its type, the input-graph nodes in it, the rules that merged into it."""
+
+    id: int
+    nodes: list[int]
+    type: Any
+    originals: list[int]
+    merged_by: tuple[str, ...]
+
+    def __init__(self, id: int, nodes: list[int] | None = None, type: Any = None, originals: list[int] | None = None,
+                 merged_by: tuple[str, ...] = ()) -> None: ...
+
+def make_classes(members: list[list[int]], originals: list[list[int]]) -> list[EClass]: ...
 def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]],
                 attr_columns: list[tuple[int, str, Any, dict[int, Any]]], classes: ClassNumbers, lists: ListCells,
                 absent: set[int], convert: Callable[[Any, Any], Any],
-                built_by: dict[tuple[int, ...], tuple[str, ...]], nodes: list[Any], eclasses: list[int],
-                make_enode: Callable[..., Any], deadline: Any) -> None: ...
+                built_by: dict[tuple[int, ...], tuple[str, ...]], nodes: list[ENode], eclasses: list[int],
+                deadline: Any) -> None: ...

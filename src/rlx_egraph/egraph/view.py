@@ -29,7 +29,7 @@ from egglog import bindings as eb
 from ..errors import RlxError
 from ..ir.graph import Graph, Node, attrs_equal
 from ..ir.registry import REGISTRY, TUPLE, AttrType, TensorType, TupleType, ValueType
-from ._rows import ClassNumbers, ListCells, read_enodes, read_relation, value_id
+from ._rows import ClassNumbers, EClass, ENode, ListCells, make_classes, read_enodes, read_relation, value_id
 from ._solver import FlatEGraph, match_originals, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
@@ -63,32 +63,6 @@ class MergedInputs:
     members: tuple[tuple[int, str, TensorType], ...]  # (graph node id, op, type)
     rules: tuple[str, ...]  # the rules that merged into the class or built its e-nodes
     message: str
-
-
-@dataclass(slots=True)
-class ENode:
-    """An op applied to e-classes: one alternative of an e-class."""
-
-    index: int
-    op: str
-    children: tuple[int, ...]
-    attrs: dict[str, Any]  # shared by the e-nodes of one op with equal attributes: read it, never modify it
-    eclass: int
-    original: int | None = None  # graph node id when this e-node is that node
-    built_by: tuple[str, ...] = ()  # rules whose actions constructed this e-node
-
-    @property
-    def spec(self):
-        return REGISTRY[self.op]
-
-
-@dataclass(slots=True)
-class EClass:
-    id: int
-    nodes: list[int] = field(default_factory=list)
-    type: TensorType | None = None
-    originals: list[int] = field(default_factory=list)  # graph node ids in this class
-    merged_by: tuple[str, ...] = ()  # rules that unioned something into this class
 
 
 @dataclass
@@ -248,7 +222,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         first = len(nodes)
         read_enodes(name, functions[name].rows, [(k, a.variadic) for k, a in enumerate(args) if a.is_input],
                     attr_columns, classes_seen, lists, absent, values.convert,
-                    provenance.table(rows(built_by_table(name))), nodes, eclasses, ENode, deadline)
+                    provenance.table(rows(built_by_table(name))), nodes, eclasses, deadline)
         op_spans.append((name, first, len(nodes), bool(attr_columns)))
 
     class_of_id = classes_seen.of_keys(functions[NODE_TABLE].rows, egraph.value_to_i64)  # node id -> class
@@ -268,7 +242,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     members: list[list[int]] = [[] for _ in originals]  # per class its e-nodes
     for index, cid in enumerate(eclasses):
         members[cid].append(index)
-    classes = [EClass(cid, members[cid], None, originals[cid]) for cid in range(len(originals))]
+    classes = make_classes(members, originals)
     for (value,), names in provenance.table(rows(MERGED_BY)).items():
         classes[classes_seen.of_id(value)].merged_by = names
     view = EGraphView(classes, nodes, class_of_node, class_numbers=classes_seen)
