@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -128,21 +129,32 @@ class Encoding:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
 
     def load(self, egraph: Any) -> None:
-        """Run the program on ``egraph``: the rows through tab-separated files and ``input``."""
-        with tempfile.TemporaryDirectory(prefix="rlx-egraph-rows-") as folder:
-            egraph.parse_and_run_program(self.write_rows(Path(folder)))
+        """Run the program on ``egraph``: the rows through tab-separated files and ``input``.  egglog reads
+        each file in a second thread while the next one is written (it lets go of the GIL while it works), so
+        the writing hides behind egglog's reading; the program is :meth:`write_rows`', in the same order."""
+        with tempfile.TemporaryDirectory(prefix="rlx-egraph-rows-") as folder, \
+                ThreadPoolExecutor(1, thread_name_prefix="rlx-egglog-input") as egglog:
+            egraph.parse_and_run_program(self.declarations)
+            inputs = [egglog.submit(egraph.parse_and_run_program, self._write(Path(folder), relation, rows))
+                      for relation, rows in self.rows.items()]
+            for read in inputs:
+                read.result()
+            egraph.parse_and_run_program(self.rules)
 
     def write_rows(self, folder: Path) -> str:
         """Write the rows into ``folder``, a tab-separated file per relation; returns the program that runs
         with them (the declarations, an ``input`` per file, the loading rules and graph-wide facts)."""
-        inputs = []
-        for relation, rows in self.rows.items():
-            path = folder / f"{relation}.tsv"
-            with path.open("w", encoding="utf-8", newline="") as file:  # fields hold no tab nor newline
-                csv.writer(file, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None,
-                           lineterminator="\n").writerows(rows)
-            inputs.append(f"(input {relation} {string_literal(str(path))})")
+        inputs = [self._write(folder, relation, rows) for relation, rows in self.rows.items()]
         return "\n".join([self.declarations, *inputs, self.rules])
+
+    @staticmethod
+    def _write(folder: Path, relation: str, rows: list[Row]) -> str:
+        """Write ``relation``'s rows into ``folder``; returns the ``input`` command that reads them."""
+        path = folder / f"{relation}.tsv"
+        with path.open("w", encoding="utf-8", newline="") as file:  # fields hold no tab nor newline
+            csv.writer(file, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None,
+                       lineterminator="\n").writerows(rows)
+        return f"(input {relation} {string_literal(str(path))})"
 
     @cached_property
     def text(self) -> str:
