@@ -247,26 +247,23 @@ class Graph(GraphBuilders):
     def add_checked(self, node: Node) -> int:
         """Append ``node``, checked in another graph, as it is: its inputs must be here with the types they
         had there (the caller's promise; :meth:`add_node` checks from scratch).  Returns its id."""
-        by_id = self._by_id
-        if node.id in by_id:
+        if node.id in self._by_id:
             raise GraphError(f"node {node.id} ({node.op}): id {node.id} is already used")
-        for i in node.inputs:
-            if i not in by_id:
-                raise GraphError(f"node {node.id} ({node.op}): input {i} is not in the graph")
+        missing = [i for i in node.inputs if i not in self._by_id]
+        if missing:
+            raise GraphError(f"node {node.id} ({node.op}): input {missing[0]} is not in the graph")
         self._append(node)
         return node.id
 
     def _append(self, node: Node) -> None:
         """Add a node :func:`check_node` accepted against this graph (bookkeeping only)."""
-        nid, users = node.id, self._users
         self._nodes.append(node)
-        self._by_id[nid] = node
-        if nid >= self._next_id:
-            self._next_id = nid + 1
+        self._by_id[node.id] = node
+        self._next_id = max(self._next_id, node.id + 1)
         self._symbols = None
-        users[nid] = []
+        self._users[node.id] = []
         for i in dict.fromkeys(node.inputs):
-            users[i].append(nid)
+            self._users[i].append(node.id)
         if "name" in node.attrs and node.kind is Kind.LEAF:
             self._leaf_names[node.attrs["name"]] = node.id
 
