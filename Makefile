@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml hatch_build.py $(wildcard src/rlx_egraph/*/*.pyx)
+$(STAMP): pyproject.toml hatch_build.py $(wildcard src/rlx_egraph/*/*.pyx src/rlx_egraph/*/*.pxd)
 	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null 2>&1 || { echo "need python3.13 or python3.12 on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip

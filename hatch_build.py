@@ -29,7 +29,8 @@ class CythonBuildHook(BuildHookInterface):
         with contextlib.chdir(root):  # setuptools resolves paths from the working directory
             modules = cythonize([Extension(name, [str(root / source)], extra_compile_args=["-O2"])
                                  for name, source in EXTENSIONS.items()],
-                                build_dir=str(root / "build" / "cython"), quiet=True)  # absolute: Cython caches by path
+                                build_dir=str(root / "build" / "cython"),  # absolute: Cython caches by path
+                                include_path=[str(root / "src")], quiet=True)  # finds _rows.pxd for _solver
             dist = Distribution({"ext_modules": modules, "package_dir": {"": "src"}})
             build_ext = dist.get_command_obj("build_ext")
             build_ext.inplace = True

@@ -420,3 +420,28 @@ def test_add_checked_appends_a_checked_node_as_it_is_and_names_what_is_wrong() -
     assert dst.node(y) is src.node(y) and dst.users(x) == [y] and len(dst) == 2
     with pytest.raises(GraphError, match=r"node 1 \(Relu\): id 1 is already used"):
         dst.add_checked(src.node(y))
+
+
+def test_users_follow_nodes_added_after_the_first_ask() -> None:
+    g = Graph()
+    x = g.input("x", (3,))
+    a = g.relu(x)
+    assert g.users(x) == [a]  # the readers are counted now, then kept up to date
+    b = g.mul(x, a)
+    assert g.users(x) == [a, b] and g.users(a) == [b] and g.users(b) == []
+
+
+def test_from_checked_holds_the_nodes_in_order_and_names_a_reused_id_or_leaf_name() -> None:
+    src = Graph("src")
+    x = src.input("x", (2, 3))
+    w = src.param("w", (2, 3))
+    y = src.add(x, w)
+    nodes = list(src.nodes)
+    g = Graph.from_checked("dst", nodes)
+    assert g.name == "dst" and g.nodes == src.nodes and g.users(x) == [y] and g.leaf("w").id == w
+    assert g.add_node("Relu", [y]) == y + 1  # new ids follow the highest
+    with pytest.raises(GraphError, match=r"node 1 \(Param\): id 1 is already used"):
+        Graph.from_checked("dst", [*nodes, nodes[1]])
+    clash = Node(7, "Param", (), {"name": "x"}, (4,), "f32")
+    with pytest.raises(GraphError, match=r"node 7 \(Param\): name 'x' is already used by node 0"):
+        Graph.from_checked("dst", [*nodes, clash])

@@ -63,15 +63,7 @@ from rlx_egraph.ir.registry import REGISTRY
 
 cdef class ENode:
     """An op applied to e-classes: one alternative of an e-class.  (Compiled: the view makes one per e-node,
-    191,609 at 100k nodes.)"""
-
-    cdef public object index  # its place in ``EGraphView.nodes``
-    cdef public str op
-    cdef public tuple children  # class ids, in the op's input order
-    cdef public dict attrs  # shared by the e-nodes of one op with equal attributes: read it, never modify it
-    cdef public object eclass
-    cdef public object original  # graph node id when this e-node is that node, else None
-    cdef public tuple built_by  # rules whose actions constructed this e-node
+    191,609 at 100k nodes; its fields are declared in ``_rows.pxd``, for the compiled passes to read.)"""
 
     def __init__(self, index, str op, tuple children, dict attrs, eclass, original=None, tuple built_by=()):
         self.index, self.op, self.children, self.attrs = index, op, children, attrs
@@ -97,12 +89,6 @@ cdef class ENode:
 cdef class EClass:
     """An e-class: its e-nodes (indices into ``EGraphView.nodes``), its type, the input-graph nodes in it and the
     rules that merged into it.  (Compiled, as :class:`ENode`.)"""
-
-    cdef public object id
-    cdef public list nodes
-    cdef public object type  # a TensorType (TupleType for a multi-result op), None when it has none
-    cdef public list originals  # graph node ids in this class
-    cdef public tuple merged_by  # rules that unioned something into this class
 
     def __init__(self, id, list nodes=None, type=None, list originals=None, tuple merged_by=()):
         self.id, self.type, self.merged_by = id, type, merged_by

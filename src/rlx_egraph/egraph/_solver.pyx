@@ -31,6 +31,11 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.math cimport INFINITY
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+from rlx_egraph.egraph._rows cimport EClass, ENode
+
+from rlx_egraph.ir.graph import Node
+from rlx_egraph.ir.registry import Kind, ops_of_kind
+
 EPS = 1e-9  # a move pays when it lowers the cost by more than this (float sums differ in the last digits)
 MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
 cdef double _EPS = EPS
@@ -97,6 +102,8 @@ cdef class FlatEGraph:
     def __init__(self, view):
         cdef int n, c, k
         cdef vector[int] seen, fill
+        cdef ENode node
+        cdef EClass cls
         self.num_nodes, self.num_classes = len(view.nodes), len(view.classes)
         self.child = _csr([node.children for node in view.nodes], self.child_start)
         self.member = _csr([cls.nodes for cls in view.classes], self.member_start)
@@ -524,6 +531,63 @@ def decode_order(FlatEGraph g, dict wanted, first):
                 if pending[pc] == 0:
                     heap.push(_ready(g, pc, p, position, key))
     return order
+
+
+def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input_nodes, rechecked,
+                  list type_numbers, check):
+    """The nodes of the optimized graph: class ``order[k]`` becomes node ``k``, computed by its e-node
+    ``wanted[c]`` reading the nodes of its children's classes (each must come before it).
+
+    An e-node that is an input-graph node (and not of an op in ``rechecked``, whose inputs' ops matter) copies
+    that node (``input_nodes``: id -> Node): it was checked there and its children's classes have its inputs'
+    types.  Any other is checked by ``check(id, op, inputs, attributes, nodes so far)`` (a Node, or raises) once per (op,
+    attributes, children's ``type_numbers``, for ``rechecked`` ops the inputs' ops too), then copied from that
+    first one; a leaf every time.  Returns the nodes, per class its node id (-1 when not built) and per
+    node its class's input-graph nodes, its e-node's rules, its class's merging rules, and whether it is rule-made
+    (an e-node of no input-graph node)."""
+    cdef Py_ssize_t nid, k, width
+    cdef list new_id = [-1] * len(classes), nodes = [], originals = [], built_by = [], merged_by = []
+    cdef list made = []
+    cdef dict checked = {}
+    cdef tuple children, inputs, key
+    cdef ENode enode
+    cdef EClass cls
+    cdef object leaves = ops_of_kind(Kind.LEAF)
+    for nid in range(len(order)):
+        c = order[nid]
+        enode = enodes[wanted[c]]
+        cls = classes[c]
+        children = enode.children
+        width = len(children)
+        inputs = PyTuple_New(width)
+        for k in range(width):
+            item = new_id[children[k]]
+            if item < 0:
+                raise RuntimeError(f"decode: class {c} reads class {children[k]} before it is built")
+            Py_INCREF(item)
+            PyTuple_SET_ITEM(inputs, k, item)
+        op, original = enode.op, enode.original
+        if original is not None and op not in rechecked:
+            was = input_nodes[original]
+            node = Node(nid, was.op, inputs, dict(was.attrs), was.shape, was.dtype, was.parts)
+        elif op in leaves:
+            node = check(nid, op, inputs, enode.attrs, nodes)
+        else:
+            key = (op, id(enode.attrs), *[type_numbers[child] for child in children])
+            if op in rechecked:
+                key += tuple([nodes[i].op for i in inputs])
+            seen = checked.get(key)
+            if seen is None:
+                node = checked[key] = check(nid, op, inputs, enode.attrs, nodes)
+            else:
+                node = Node(nid, seen.op, inputs, dict(seen.attrs), seen.shape, seen.dtype, seen.parts)
+        nodes.append(node)
+        new_id[c] = nid
+        originals.append(list(cls.originals))
+        merged_by.append(cls.merged_by)
+        built_by.append(() if original is not None else enode.built_by)
+        made.append(original is None)
+    return nodes, new_id, originals, built_by, merged_by, made
 
 
 cdef Keyed _ready(FlatEGraph g, int c, int n, vector[double]& position, vector[double]& key):

@@ -225,7 +225,7 @@ class Graph(GraphBuilders):
         self.name = name
         self._nodes: list[Node] = []
         self._by_id: dict[int, Node] = {}
-        self._users: dict[int, list[int]] = {}
+        self._users: dict[int, list[int]] | None = None  # node id -> its readers; built on first ask
         self._outputs: tuple[int, ...] = ()
         self._leaf_names: dict[str, int] = {}
         self._next_id = 0
@@ -255,15 +255,38 @@ class Graph(GraphBuilders):
         self._append(node)
         return node.id
 
+    @classmethod
+    def from_checked(cls, name: str, nodes: list[Node]) -> Graph:
+        """A graph of ``nodes`` in that order, each checked against the ones before it (by :func:`check_node`,
+        or in another graph where its inputs had the same types): the caller's promise, as for
+        :meth:`add_checked`.  Ids and leaf names must be distinct; set the outputs after."""
+        graph = cls(name)
+        graph._nodes = list(nodes)
+        graph._by_id = {node.id: node for node in graph._nodes}
+        if len(graph._by_id) != len(graph._nodes):
+            seen: set[int] = set()
+            twice = next(node for node in graph._nodes if node.id in seen or seen.add(node.id))
+            raise GraphError(f"node {twice.id} ({twice.op}): id {twice.id} is already used")
+        graph._next_id = max(graph._by_id, default=-1) + 1
+        for node in graph._nodes:
+            if "name" in node.attrs and node.kind is Kind.LEAF:
+                used = graph._leaf_names.setdefault(node.attrs["name"], node.id)
+                if used != node.id:
+                    raise GraphError(f"node {node.id} ({node.op}): name {node.attrs['name']!r} is already used by "
+                                     f"node {used}")
+        return graph
+
     def _append(self, node: Node) -> None:
         """Add a node :func:`check_node` accepted against this graph (bookkeeping only)."""
         self._nodes.append(node)
         self._by_id[node.id] = node
         self._next_id = max(self._next_id, node.id + 1)
         self._symbols = None
-        self._users[node.id] = []
-        for i in dict.fromkeys(node.inputs):
-            self._users[i].append(node.id)
+        users = self._users
+        if users is not None:
+            users[node.id] = []
+            for i in dict.fromkeys(node.inputs):
+                users[i].append(node.id)
         if "name" in node.attrs and node.kind is Kind.LEAF:
             self._leaf_names[node.attrs["name"]] = node.id
 
@@ -319,7 +342,13 @@ class Graph(GraphBuilders):
     def users(self, node_id: int) -> list[int]:
         """Ids of the nodes that read ``node_id`` (each consumer once), in topological order."""
         self.node(node_id)
-        return list(self._users[node_id])
+        users = self._users
+        if users is None:
+            users = self._users = {n.id: [] for n in self._nodes}
+            for n in self._nodes:
+                for i in dict.fromkeys(n.inputs):
+                    users[i].append(n.id)
+        return list(users[node_id])
 
     def use_count(self, node_id: int) -> int:
         """Consumers plus the number of graph-output slots holding ``node_id``."""
