@@ -108,12 +108,16 @@ cdef class EClass:
                 f"merged_by={self.merged_by!r})")
 
 
-def make_classes(list members, list originals) -> list:
-    """One :class:`EClass` per class id: its e-nodes ``members[id]`` and input-graph nodes ``originals[id]``."""
-    cdef list out = []
+def make_classes(list eclasses, list originals) -> list:
+    """One :class:`EClass` per class id: its e-nodes (those ``k`` with ``eclasses[k]`` its id, in order) and
+    input-graph nodes ``originals[id]``."""
+    cdef Py_ssize_t k, c, count = len(originals)
+    cdef list out = [], members = [[] for _ in range(count)]
     cdef EClass cls
-    cdef Py_ssize_t k
-    for k in range(len(members)):
+    for k in range(len(eclasses)):
+        c = eclasses[k]
+        (<list>members[c]).append(k)
+    for k in range(count):
         cls = EClass.__new__(EClass)
         cls.id, cls.nodes, cls.type, cls.originals, cls.merged_by = k, members[k], None, originals[k], ()
         out.append(cls)
@@ -157,6 +161,25 @@ cdef class ClassNumbers:
             value = _id(row.output)
             out[key_of(row.inputs[0])] = self.number_of[value] if value < self.number_of.size() else -1
         return out
+
+
+def link_graph_nodes(tuple graph_nodes, dict class_of_id, int num_classes):
+    """The input graph's nodes in their classes (``class_of_id``: node id -> class, -1 for none): node id ->
+    class, per class its nodes' ids, and the Scalar nodes (the view tags a negative zero's e-node itself).
+    Raises RuntimeError naming a node in no class."""
+    cdef dict class_of_node = {}
+    cdef list originals = [[] for _ in range(num_classes)], scalars = []
+    cdef Py_ssize_t c
+    for gnode in graph_nodes:
+        nid = gnode.id
+        c = class_of_id.get(nid, -1)
+        if c < 0:
+            raise RuntimeError(f"node {nid} ({gnode.op}): its term is in no e-class the view read")
+        class_of_node[nid] = c
+        (<list>originals[c]).append(nid)
+        if gnode.op == "Scalar":
+            scalars.append(gnode)
+    return class_of_node, originals, scalars
 
 
 def read_relation(list rows, names_of, dict named) -> dict:

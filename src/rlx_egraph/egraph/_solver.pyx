@@ -31,6 +31,8 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.math cimport INFINITY
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+import numpy as np
+
 from rlx_egraph.egraph._rows cimport EClass, ENode
 
 from rlx_egraph.ir.graph import Node
@@ -452,11 +454,33 @@ def dag_cost(FlatEGraph g, dict choice, roots, costs):
     return total
 
 
-def match_originals(FlatEGraph g, list op_spans, tuple graph_nodes, dict class_of, set skip, same_attrs):
+cdef object _MISSING = object()
+
+
+cdef bint _same_attrs(int n, dict have, gnode, same_attrs) except -1:
+    """Whether e-node ``n``'s attributes ``have`` equal ``gnode``'s: compared here, the first pair that holds an
+    array left to ``same_attrs(n, gnode)``."""
+    cdef dict want = gnode.attrs
+    if len(have) != len(want):
+        return False
+    for key, value in have.items():
+        other = want.get(key, _MISSING)
+        if other is _MISSING:
+            return False
+        if isinstance(value, np.ndarray) or isinstance(other, np.ndarray):
+            return same_attrs(n, gnode)
+        if value != other:
+            return False
+    return True
+
+
+def match_originals(FlatEGraph g, list nodes, list op_spans, tuple graph_nodes, dict class_of, set skip,
+                    same_attrs):
     """Per node of ``graph_nodes`` (the input graph's, in order), the e-node that is it, -1 for none: the first
     e-node of the node's class (``class_of``: node id -> class) that has its op, its inputs' classes as
-    children and is no other node's, and its attributes: ``same_attrs(e-node, node)`` when the op has
-    attribute columns, else none.
+    children and is no other node's, and its attributes (``nodes``: the e-nodes) when the op has attribute
+    columns, else none.  Attributes are compared in C unless one is an array; then by ``same_attrs(e-node,
+    node)`` (:func:`rlx_egraph.ir.graph.attrs_equal`, which gives the same answer for the others).
     ``op_spans``: (op, first e-node, end, whether the op has attributes) per op (the view reads the e-nodes op
     by op); nodes of ``skip`` (ids) are matched already."""
     cdef vector[int] op_of = vector[int](g.num_nodes, -1), found
@@ -489,7 +513,8 @@ def match_originals(FlatEGraph g, list op_spans, tuple graph_nodes, dict class_o
                 if g.child[g.child_start[n] + j] != inputs[j]:
                     match = False
                     break
-            if match and (same_attrs(n, gnode) if attributed[op] else not gnode.attrs):
+            if match and (_same_attrs(n, (<ENode>nodes[n]).attrs, gnode, same_attrs) if attributed[op]
+                          else not gnode.attrs):
                 taken[n] = True
                 found[found.size() - 1] = n
                 break

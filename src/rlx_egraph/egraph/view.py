@@ -29,7 +29,17 @@ from egglog import bindings as eb
 from ..errors import RlxError
 from ..ir.graph import Graph, Node, attrs_equal
 from ..ir.registry import REGISTRY, TUPLE, AttrType, TensorType, TupleType, ValueType
-from ._rows import ClassNumbers, EClass, ENode, ListCells, make_classes, read_enodes, read_relation, value_id
+from ._rows import (
+    ClassNumbers,
+    EClass,
+    ENode,
+    ListCells,
+    link_graph_nodes,
+    make_classes,
+    read_enodes,
+    read_relation,
+    value_id,
+)
 from ._solver import FlatEGraph, match_originals, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
@@ -226,23 +236,15 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
         op_spans.append((name, first, len(nodes), bool(attr_columns)))
 
     class_of_id = classes_seen.of_keys(functions[NODE_TABLE].rows, egraph.value_to_i64)  # node id -> class
-    class_of_node: dict[int, int] = {}
-    originals: list[list[int]] = [[] for _ in range(classes_seen.count)]  # per class its graph nodes
+    class_of_node, originals, scalars = link_graph_nodes(graph.nodes, class_of_id, classes_seen.count)
     negative_zeros: set[int] = set()  # graph nodes whose e-node is made here, already tagged
-    for gnode in graph.nodes:
-        cid = class_of_id.get(gnode.id, -1)
-        if cid < 0:
-            raise RuntimeError(f"node {gnode.id} ({gnode.op}): its term is in no e-class the view read")
-        class_of_node[gnode.id] = cid
-        originals[cid].append(gnode.id)
-        if gnode.op == "Scalar" and is_negative_zero_scalar(gnode):  # as Neg(Scalar 0.0): the leaf is an e-node too
+    for gnode in scalars:
+        if is_negative_zero_scalar(gnode):  # as Neg(Scalar 0.0): the leaf is an e-node too
+            cid = class_of_node[gnode.id]
             nodes.append(ENode(len(nodes), gnode.op, (), dict(gnode.attrs), cid, gnode.id))
             eclasses.append(cid)
             negative_zeros.add(gnode.id)
-    members: list[list[int]] = [[] for _ in originals]  # per class its e-nodes
-    for index, cid in enumerate(eclasses):
-        members[cid].append(index)
-    classes = make_classes(members, originals)
+    classes = make_classes(eclasses, originals)
     for (value,), names in provenance.table(rows(MERGED_BY)).items():
         classes[classes_seen.of_id(value)].merged_by = names
     view = EGraphView(classes, nodes, class_of_node, class_numbers=classes_seen)
@@ -261,7 +263,7 @@ def _mark_originals(view: EGraphView, graph: Graph, marked: set[int], op_spans: 
     def same_attrs(n: int, gnode: Node) -> bool:
         return attrs_equal(nodes[n].attrs, gnode.attrs)
 
-    found = match_originals(view.flat(), op_spans, graph.nodes, view.class_of_node, marked, same_attrs)
+    found = match_originals(view.flat(), nodes, op_spans, graph.nodes, view.class_of_node, marked, same_attrs)
     for gnode, n in zip(graph.nodes, found, strict=True):
         if n >= 0:
             nodes[n].original = gnode.id
