@@ -562,7 +562,7 @@ def reference_decode_order(view: EGraphView, wanted: dict[int, int], first: list
 
     def ready(c: int) -> tuple[float, int]:
         children = view.nodes[wanted[c]].children
-        key[c] = first[c] if first[c] >= 0 else max([key[ch] for ch in children], default=-1.0) + 0.5
+        key[c] = first[c] if first[c] < math.inf else max([key[ch] for ch in children], default=-1.0) + 0.5
         return key[c], c
 
     pending = {c: len(set(view.nodes[n].children)) for c, n in wanted.items()}
@@ -591,7 +591,7 @@ def test_decode_order_is_kahns_order_least_key_first_on_random_egraphs():
         view, _ = random_view(rng, rng.randint(4, 40))
         wanted = {c: rng.choice(cls.nodes) for c, cls in enumerate(view.classes)}
         positions = iter(range(len(view.classes)))  # input-graph classes in increasing position, ties impossible
-        first = [float(next(positions)) if rng.random() < 0.5 else -1.0 for _ in view.classes]
+        first = [float(next(positions)) if rng.random() < 0.5 else math.inf for _ in view.classes]
         order = decode_order(view.flat(), wanted, first)
         assert order == reference_decode_order(view, wanted, first)
         assert sorted(order) == sorted(wanted)
@@ -602,6 +602,6 @@ def test_decode_order_leaves_out_a_cycle_and_what_reads_it():
 
     view = view_of([[("Input", ())], [("Add", (0, 2))], [("Relu", (1,))], [("Relu", (2,))]])
     wanted = {c: view.classes[c].nodes[0] for c in range(4)}
-    assert decode_order(view.flat(), wanted, [0.0, -1.0, -1.0, -1.0]) == [0]
+    assert decode_order(view.flat(), wanted, [0.0, math.inf, math.inf, math.inf]) == [0]
     with pytest.raises(ValueError, match="the choice gives class 1 e-node 0, which is not one of its e-nodes"):
-        decode_order(view.flat(), {1: 0}, [-1.0] * 4)
+        decode_order(view.flat(), {1: 0}, [math.inf] * 4)

@@ -454,6 +454,29 @@ def dag_cost(FlatEGraph g, dict choice, roots, costs):
     return total
 
 
+def least_per_class(dict class_of, dict value_of, int num_classes) -> list:
+    """Per class the least ``value_of[key]`` over the keys of ``class_of`` (key -> class) in it, infinity for
+    none."""
+    cdef vector[double] least = vector[double](num_classes, INFINITY)
+    cdef int c
+    cdef double value
+    for key, c in class_of.items():
+        value = value_of[key]
+        if value < least[c]:
+            least[c] = value
+    return least
+
+
+def classes_of_ops(list nodes, ops) -> set:
+    """The classes of the e-nodes (``ENode``) whose op is in ``ops``."""
+    cdef set out = set()
+    cdef ENode node
+    for node in nodes:
+        if node.op in ops:
+            out.add(node.eclass)
+    return out
+
+
 cdef object _MISSING = object()
 
 
@@ -524,8 +547,8 @@ def match_originals(FlatEGraph g, list nodes, list op_spans, tuple graph_nodes, 
 def decode_order(FlatEGraph g, dict wanted, first):
     """The order decoding builds the classes of ``wanted`` (class -> e-node) in: each once its e-node's children
     are built, the least sort key first, ties to the lower class.  A class's key is ``first[c]`` when that is
-    not negative (the position of its first input-graph node), else just above its children's keys (the highest
-    plus 1/2; -1/2 without children).  A class on a cycle of ``wanted``, or reading a class outside it, never
+    finite (the position of its first input-graph node), else just above its children's keys (the highest plus
+    1/2; -1/2 without children).  A class on a cycle of ``wanted``, or reading a class outside it, never
     comes: the order is then shorter than ``wanted``."""
     cdef vector[int] chosen = vector[int](g.num_classes, -1), pending = vector[int](g.num_classes, 0)
     cdef vector[int] seen = vector[int](g.num_classes, -1)
@@ -619,7 +642,7 @@ cdef Keyed _ready(FlatEGraph g, int c, int n, vector[double]& position, vector[d
     """Class ``c``, whose e-node ``n``'s children all have their keys, gets its own; returns its heap entry."""
     cdef int k
     cdef double highest = -1.0
-    if position[c] >= 0:
+    if position[c] < INFINITY:
         key[c] = position[c]
     else:
         for k in range(g.child_start[n], g.child_start[n + 1]):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node, check_node
 from ..ir.registry import Kind, ops_of_kind
-from ._solver import decode_order, decoded_nodes
+from ._solver import decode_order, decoded_nodes, least_per_class
 from .view import EGraphView
 
 
@@ -75,13 +75,8 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     for node in graph.inputs:  # graph inputs are the interface: always kept
         c = view.class_of_node[node.id]
         wanted.setdefault(c, next(i for i in view.classes[c].nodes if view.nodes[i].original == node.id))
-    first = [-1.0] * len(view.classes)  # per class the position of its first input-graph node
-    class_of = view.class_of_node
-    for k, node in enumerate(graph.nodes):
-        c = class_of[node.id]
-        if first[c] < 0:
-            first[c] = float(k)
-    order = decode_order(view.flat(), wanted, first)
+    first = least_per_class(view.class_of_node, {n.id: k for k, n in enumerate(graph.nodes)}, len(view.classes))
+    order = decode_order(view.flat(), wanted, first)  # ``first``: per class its first input-graph node's place
     if len(order) != len(wanted):
         stuck = sorted(set(wanted) - set(order))[:5]
         raise RuntimeError(f"decode: the extracted choice is cyclic around e-classes {stuck}")

@@ -199,7 +199,7 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
     vec_ids: dict[tuple[int, ...], int] = {}
     list_ids: dict[tuple[int, ...], int] = {}
     cons_rows: list[Row] = []
-    plans: dict[str, list[tuple[bool, bool, AttrType | None, str]]] = {}
+    plans: dict[str, tuple[list[tuple[bool, bool, AttrType | None, str]], list[Row]]] = {}  # op -> columns, rows
     rows: dict[str, list[Row]] = {}
     facts: dict[str, list[Row]] = {name: [] for name in FACT_ROWS}
     perms: set[tuple[int, ...]] = set()
@@ -220,20 +220,22 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
         return tail
 
     dtype_text: dict[str, str] = {}  # dtype -> its stored form
+    type_rows, order_rows = facts["type"], facts["param-order"]
 
     for node in graph.nodes:
-        if node.op == "Scalar" and is_negative_zero_scalar(node):  # a term egglog keeps apart from +0.0
+        op = node.op
+        if op == "Scalar" and is_negative_zero_scalar(node):  # a term egglog keeps apart from +0.0
             rows.setdefault(NEG_ZERO_ROWS, []).append((node.id, stored_string(str(node.dtype))))
         else:
-            plan = plans.get(node.op)
+            plan = plans.get(op)
             if plan is None:
                 kinds = {a.name: a.type for a in node.spec.attrs}
-                plan = plans[node.op] = [(a.is_input, a.variadic, kinds.get(a.name), a.name)
-                                         for a in constructor_args(node.spec)]
+                plan = plans[op] = ([(a.is_input, a.variadic, kinds.get(a.name), a.name)
+                                     for a in constructor_args(node.spec)], rows.setdefault(ROW_PREFIX + op, []))
             row: list[int | float | str] = [node.id]
             inputs = node.inputs
             k = 0
-            for is_input, variadic, kind, name in plan:
+            for is_input, variadic, kind, name in plan[0]:
                 if is_input:
                     if variadic:
                         row.append(list_id(tuple(inputs[k:])))
@@ -260,15 +262,16 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
                     row.append(key)
                 else:
                     row.append(stored_string(str(value)))
-            rows.setdefault(ROW_PREFIX + node.op, []).append(tuple(row))
+            plan[1].append(tuple(row))
         if not node.parts:  # a multi-result node has no one shape: its Gets have theirs
             text = dtype_text.get(node.dtype)
             if text is None:
                 text = dtype_text[node.dtype] = stored_string(str(node.dtype))
-            facts["type"].append((node.id, vec_id(node.shape), text))
-        if node.op == "Param":
-            facts["param-order"].append((node.id, len(facts["param-order"])))
-        elif node.op == "Transpose":
+            shape = vec_ids.get(node.shape)
+            type_rows.append((node.id, vec_id(node.shape) if shape is None else shape, text))
+        if op == "Param":
+            order_rows.append((node.id, len(order_rows)))
+        elif op == "Transpose":
             perms.add(node.attrs["perm"])
 
     declarations = [f"(constructor {NODE_TABLE} (i64) Op :unextractable)",

@@ -38,8 +38,17 @@ import numpy as np
 
 from ..cost import Target
 from ..cost.targets import unsupported_op
-from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, ops_of_kind
-from ._solver import EPS, Solver, drop_unreachable, price_nodes, settle_positions, start_choice, tree_choice
+from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
+from ._solver import (
+    EPS,
+    Solver,
+    drop_unreachable,
+    least_per_class,
+    price_nodes,
+    settle_positions,
+    start_choice,
+    tree_choice,
+)
 from ._solver import dag_cost as flat_dag_cost
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
@@ -95,19 +104,13 @@ def enode_ns(target: Target | NodePrices, spec: OpSpec, attrs: Mapping[str, Any]
     return cost
 
 
-def leaf_classes(view: EGraphView) -> set[int]:
-    """The classes that hold a leaf e-node (an op of kind leaf: Input, Param, Constant, Scalar)."""
-    leaf_ops = ops_of_kind(Kind.LEAF)
-    return {n.eclass for n in view.nodes if n.op in leaf_ops}
-
-
 def node_costs(view: EGraphView, target: Target) -> list[float]:
     """:func:`enode_ns` of every e-node, each distinct (op, attributes where :meth:`Target.prices_attributes`,
     input and output types, whether it reads an intermediate) priced once (compiled:
     :func:`._solver.price_nodes`; the classes' types go by :meth:`EGraphView.type_numbers`)."""
     classes, nodes = view.classes, view.nodes
     prices = NodePrices(target)
-    leaves = leaf_classes(view)
+    leaves = view.leaf_classes()
 
     def price(n: int, reads_intermediate: bool) -> float:
         node = nodes[n]
@@ -144,11 +147,9 @@ def class_positions(view: EGraphView, graph_position: dict[int, int],
     least over its e-nodes of the highest child's plus 1/2), so in O(E log E)
     (compiled: :func:`._solver.settle_positions`).
     """
-    pos = [math.inf] * len(view.classes)
-    final = [False] * len(view.classes)
-    for nid, c in view.class_of_node.items():
-        pos[c], final[c] = min(pos[c], float(graph_position[nid])), True
-    for c in leaf_classes(view):
+    pos = least_per_class(view.class_of_node, graph_position, len(view.classes))
+    final = [p < math.inf for p in pos]
+    for c in view.leaf_classes():
         pos[c], final[c] = -1.0, True
     return settle_positions(view.flat(), pos, final, costs)
 

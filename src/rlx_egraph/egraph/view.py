@@ -20,7 +20,7 @@ into it, and every blame names exactly those.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from egglog import bindings as eb
 
 from ..errors import RlxError
 from ..ir.graph import Graph, Node, attrs_equal
-from ..ir.registry import REGISTRY, TUPLE, AttrType, TensorType, TupleType, ValueType
+from ..ir.registry import REGISTRY, TUPLE, AttrType, Kind, TensorType, TupleType, ValueType, ops_of_kind
 from ._rows import (
     ClassNumbers,
     EClass,
@@ -40,7 +40,7 @@ from ._rows import (
     read_relation,
     value_id,
 )
-from ._solver import FlatEGraph, match_originals, propagate_types
+from ._solver import FlatEGraph, classes_of_ops, match_originals, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
@@ -84,12 +84,9 @@ class EGraphView:
     merged: list[MergedInputs] = field(default_factory=list)
     dropped: int = 0  # e-nodes left out: ill-typed, or reading a class that has no type
     class_numbers: ClassNumbers | None = field(default=None, repr=False)  # egglog e-class value id -> class id
-    _parents: tuple[list[ENode], int, list[list[int]]] | None = field(default=None, init=False, repr=False,
-                                                                       compare=False)
-    _flat: tuple[list[ENode], int, FlatEGraph] | None = field(default=None, init=False, repr=False, compare=False)
     _type_numbers: list[int] | None = field(default=None, init=False, repr=False, compare=False)
-    _original_flags: tuple[list[ENode], int, list[bool]] | None = field(default=None, init=False, repr=False,
-                                                                        compare=False)
+    _memo: dict[str, tuple[list[ENode], int, Any]] = field(default_factory=dict, init=False, repr=False,
+                                                          compare=False)
 
     def class_of_value(self, value: Any) -> int | None:
         """The class of an egglog e-class ``Value`` of the saturated e-graph, or None when the view has none."""
@@ -101,17 +98,24 @@ class EGraphView:
         """E-nodes in the e-graph, those left out included."""
         return len(self.nodes) + self.dropped
 
+    def _per_nodes(self, name: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, kept under ``name`` until the list of e-nodes is replaced or resized."""
+        hit = self._memo.get(name)
+        if hit is not None and hit[0] is self.nodes and hit[1] == len(self.nodes):
+            return hit[2]
+        value = compute()
+        self._memo[name] = (self.nodes, len(self.nodes), value)
+        return value
+
     def parents(self) -> list[list[int]]:
         """For each class, the e-nodes that read it (computed once per list of e-nodes; do not modify it)."""
-        cached = self._parents
-        if cached is not None and cached[0] is self.nodes and cached[1] == len(self.nodes):
-            return cached[2]
-        out: list[list[int]] = [[] for _ in self.classes]
-        for n in self.nodes:
-            for c in set(n.children):  # each reader once, readers in e-node order
-                out[c].append(n.index)
-        self._parents = (self.nodes, len(self.nodes), out)
-        return out
+        def readers() -> list[list[int]]:
+            out: list[list[int]] = [[] for _ in self.classes]
+            for n in self.nodes:
+                for c in set(n.children):  # each reader once, readers in e-node order
+                    out[c].append(n.index)
+            return out
+        return self._per_nodes("parents", readers)
 
     def type_numbers(self) -> list[int]:
         """Per class, a number for its type: equal numbers for equal types, -1 for no type (computed once: the
@@ -124,22 +128,17 @@ class EGraphView:
     def original_flags(self) -> list[bool]:
         """Per e-node whether it is a node of the input graph (computed once per list of e-nodes, like
         :meth:`parents`; do not modify it)."""
-        cached = self._original_flags
-        if cached is not None and cached[0] is self.nodes and cached[1] == len(self.nodes):
-            return cached[2]
-        flags = [n.original is not None for n in self.nodes]
-        self._original_flags = (self.nodes, len(self.nodes), flags)
-        return flags
+        return self._per_nodes("original_flags", lambda: [n.original is not None for n in self.nodes])
+
+    def leaf_classes(self) -> set[int]:
+        """The classes that hold a leaf e-node (an op of kind leaf: Input, Param, Constant, Scalar; computed once
+        per list of e-nodes, like :meth:`parents`; do not modify it)."""
+        return self._per_nodes("leaf_classes", lambda: classes_of_ops(self.nodes, ops_of_kind(Kind.LEAF)))
 
     def flat(self) -> FlatEGraph:
         """The e-graph as integer arrays, for the compiled extraction passes (computed once per list of
         e-nodes, like :meth:`parents`)."""
-        cached = self._flat
-        if cached is not None and cached[0] is self.nodes and cached[1] == len(self.nodes):
-            return cached[2]
-        flat = FlatEGraph(self)
-        self._flat = (self.nodes, len(self.nodes), flat)
-        return flat
+        return self._per_nodes("flat", lambda: FlatEGraph(self))
 
 
 class _Values:
