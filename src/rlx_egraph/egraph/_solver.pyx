@@ -167,6 +167,24 @@ cdef tuple _signature(list nodes, int n, vector[int]& child_start, vector[int]& 
     return key
 
 
+def input_types(tuple graph_nodes, dict class_of, int num_classes, dict numbers, number_of_node):
+    """Per class the type number of the input-graph nodes in it (``class_of``: node id -> class), -1 for none,
+    and the classes holding nodes of different types.  ``numbers``: (shape, dtype, parts) -> type number;
+    ``number_of_node(node)`` numbers a node whose key is not in it yet."""
+    cdef vector[int] fixed = vector[int](num_classes, -1)
+    cdef set split = set()
+    cdef int c, k
+    for gnode in graph_nodes:
+        c = class_of[gnode.id]
+        number = numbers.get((gnode.shape, gnode.dtype, gnode.parts))
+        k = number_of_node(gnode) if number is None else number
+        if fixed[c] < 0:
+            fixed[c] = k
+        elif fixed[c] != k:
+            split.add(c)
+    return fixed, split
+
+
 def propagate_types(FlatEGraph g, list nodes, fixed, original, excluded, infer, deadline):
     """The view's type propagation (see :func:`rlx_egraph.egraph.view._check_types`) over the flat e-graph.
 

@@ -40,7 +40,7 @@ from ._rows import (
     read_relation,
     value_id,
 )
-from ._solver import FlatEGraph, classes_of_ops, match_originals, propagate_types
+from ._solver import FlatEGraph, classes_of_ops, input_types, match_originals, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
@@ -289,15 +289,10 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
     disagreement appears.
     """
     numbering = _TypeNumbers()
-    fixed = [-1] * len(view.classes)  # per class its input-graph type's number (rule-made classes: by e-nodes)
-    split: set[int] = set()  # classes holding input-graph nodes of different types
-    class_of = view.class_of_node
-    for gnode in graph.nodes:
-        c, k = class_of[gnode.id], numbering.of_node(gnode)
-        if fixed[c] < 0:
-            fixed[c] = k
-        elif fixed[c] != k:
-            split.add(c)
+    # per class its input-graph type's number (rule-made classes: by e-nodes); classes holding input-graph nodes of
+    # different types
+    fixed, split = input_types(graph.nodes, view.class_of_node, len(view.classes), numbering.numbers,
+                               numbering.of_node)
     for c in sorted(split):
         fixed[c] = -1
         cls = view.classes[c]
@@ -353,19 +348,19 @@ class _TypeNumbers:
 
     def __init__(self) -> None:
         self.types: list[ValueType] = []  # number -> type
-        self._number: dict[tuple, int] = {}
+        self.numbers: dict[tuple, int] = {}  # key -> number (read it, never modify it)
 
     def of_node(self, node: Node) -> int:
-        k = self._number.get((node.shape, node.dtype, node.parts))
+        k = self.numbers.get((node.shape, node.dtype, node.parts))
         return self._new((node.shape, node.dtype, node.parts), node.type) if k is None else k
 
     def of_type(self, t: ValueType) -> int:
         key = ((), TUPLE, t.parts) if isinstance(t, TupleType) else (t.shape, t.dtype, ())
-        k = self._number.get(key)
+        k = self.numbers.get(key)
         return self._new(key, t) if k is None else k
 
     def _new(self, key: tuple, t: ValueType) -> int:
-        k = self._number[key] = len(self.types)
+        k = self.numbers[key] = len(self.types)
         self.types.append(t)
         return k
 
