@@ -156,7 +156,7 @@ cdef tuple _signature(list nodes, int n, vector[int]& child_start, vector[int]& 
     ``numbers``."""
     cdef int k, first = child_start[n], width = child_start[n + 1] - first
     cdef tuple key = PyTuple_New(3 + width)
-    node = nodes[n]
+    cdef ENode node = nodes[n]
     for k, item in enumerate((node.op, id(node.attrs) if with_attrs else None, extra)):
         Py_INCREF(item)
         PyTuple_SET_ITEM(key, k, item)
@@ -280,7 +280,7 @@ def price_nodes(FlatEGraph g, list nodes, type_numbers, leaf, price, dict prices
             intermediate = intermediate or not is_leaf[g.child[k]]
             cyclic = cyclic or g.child[k] == c
         key = _signature(nodes, n, g.child_start, g.child, numbers, 2 * numbers[c] + intermediate,
-                         prices_attributes[nodes[n].op][intermediate])
+                         prices_attributes[(<ENode>nodes[n]).op][intermediate])
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = price(n, intermediate)
@@ -483,6 +483,12 @@ def least_per_class(dict class_of, dict value_of, int num_classes) -> list:
         if value < least[c]:
             least[c] = value
     return least
+
+
+def original_flags(list nodes) -> list:
+    """Per e-node (``ENode``) whether it is a node of the input graph."""
+    cdef ENode node
+    return [node.original is not None for node in nodes]
 
 
 def classes_of_ops(list nodes, ops) -> set:

@@ -40,7 +40,7 @@ from ._rows import (
     read_relation,
     value_id,
 )
-from ._solver import FlatEGraph, classes_of_ops, input_types, match_originals, propagate_types
+from ._solver import FlatEGraph, classes_of_ops, input_types, match_originals, original_flags, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
@@ -128,7 +128,7 @@ class EGraphView:
     def original_flags(self) -> list[bool]:
         """Per e-node whether it is a node of the input graph (computed once per list of e-nodes, like
         :meth:`parents`; do not modify it)."""
-        return self._per_nodes("original_flags", lambda: [n.original is not None for n in self.nodes])
+        return self._per_nodes("original_flags", lambda: original_flags(self.nodes))
 
     def leaf_classes(self) -> set[int]:
         """The classes that hold a leaf e-node (an op of kind leaf: Input, Param, Constant, Scalar; computed once
