@@ -104,8 +104,6 @@ cdef class FlatEGraph:
     def __init__(self, view):
         cdef int n, c, k
         cdef vector[int] seen, fill
-        cdef ENode node
-        cdef EClass cls
         self.num_nodes, self.num_classes = len(view.nodes), len(view.classes)
         self.child = _csr([node.children for node in view.nodes], self.child_start)
         self.member = _csr([cls.nodes for cls in view.classes], self.member_start)
@@ -612,11 +610,11 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
 
     An e-node that is an input-graph node (and not of an op in ``rechecked``, whose inputs' ops matter) copies
     that node (``input_nodes``: id -> Node): it was checked there and its children's classes have its inputs'
-    types.  Any other is checked by ``check(id, op, inputs, attributes, nodes so far)`` (a Node, or raises) once per (op,
-    attributes, children's ``type_numbers``, for ``rechecked`` ops the inputs' ops too), then copied from that
-    first one; a leaf every time.  Returns the nodes, per class its node id (-1 when not built) and per
-    node its class's input-graph nodes, its e-node's rules, its class's merging rules, and whether it is rule-made
-    (an e-node of no input-graph node)."""
+    types.  Any other is checked by ``check(id, op, inputs, attributes, nodes so far)`` (a Node, or raises)
+    once per (op, attributes, children's ``type_numbers``, for ``rechecked`` ops the inputs' ops too), then
+    copied from that first one; a leaf every time.  Returns the nodes, per class its node id (-1 when not
+    built), and per node its class's input-graph nodes, its e-node's rules, its class's merging rules and
+    whether it is rule-made (an e-node of no input-graph node)."""
     cdef Py_ssize_t nid, k, width
     cdef list new_id = [-1] * len(classes), nodes = [], originals = [], built_by = [], merged_by = []
     cdef list made = []

@@ -267,8 +267,8 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
             text = dtype_text.get(node.dtype)
             if text is None:
                 text = dtype_text[node.dtype] = stored_string(str(node.dtype))
-            shape = vec_ids.get(node.shape)
-            type_rows.append((node.id, vec_id(node.shape) if shape is None else shape, text))
+            shape_id = vec_ids.get(node.shape)
+            type_rows.append((node.id, vec_id(node.shape) if shape_id is None else shape_id, text))
         if op == "Param":
             order_rows.append((node.id, len(order_rows)))
         elif op == "Transpose":
