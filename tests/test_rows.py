@@ -9,7 +9,7 @@ import pytest
 from egglog import bindings as eb
 
 from rlx_egraph import examples
-from rlx_egraph.egraph._rows import read_relation, value_id
+from rlx_egraph.egraph._rows import RuleRelation, value_id
 from rlx_egraph.egraph.encode import is_negative_zero_scalar
 from rlx_egraph.egraph.rules import load_rules
 from rlx_egraph.egraph.saturate import saturate
@@ -74,7 +74,7 @@ def test_the_view_holds_the_enodes_the_binding_values_spell_out(saturated) -> No
     assert Counter((n.op, n.children, n.eclass) for n in view.nodes) == spelled + negative_zeros
 
 
-def test_read_relation_keys_by_ids_and_names_each_distinct_rule_list_once() -> None:
+def test_rule_relation_keys_by_ids_and_names_each_distinct_rule_list_once() -> None:
     egraph = eb.EGraph()
     egraph.parse_and_run_program('(relation Built (i64 i64 String))\n(Built 1 2 "b")\n(Built 1 2 "a")\n'
                                  '(Built 1 2 "b")\n(Built 3 2 "a")\n(Built 4 2 "b")\n(Built 4 2 "a")')
@@ -85,8 +85,9 @@ def test_read_relation_keys_by_ids_and_names_each_distinct_rule_list_once() -> N
         asked.append(names := tuple(egraph.value_to_string(v) for v in rules))
         return names
 
-    found = read_relation(rows, names_of, {})
+    found = RuleRelation(rows, names_of, {})
     ints = {tuple(value_id(v) for v in row.inputs[:2]): egraph.value_to_i64(row.inputs[0]) for row in rows}
+    assert len(found) == 3 and [key for key, _ in found.items()] == list(dict.fromkeys(ints))  # first-seen order
     in_rows = {k: tuple(dict.fromkeys(egraph.value_to_string(row.inputs[2]) for row in rows
                                       if egraph.value_to_i64(row.inputs[0]) == k)) for k in (1, 3, 4)}
     assert {ints[key]: names for key, names in found.items()} == in_rows

@@ -19,8 +19,14 @@ class ListCells:
 
     def __init__(self, rows: list[Any]) -> None: ...
 
-def read_relation(rows: list[Any], names_of: Callable[[tuple[Any, ...]], tuple[str, ...]],
-                  named: dict[tuple[int, ...], tuple[str, ...]]) -> dict[tuple[int, ...], tuple[str, ...]]: ...
+class RuleRelation:
+    """The rows of a provenance relation: key (value ids) -> the rules' names."""
+
+    def __init__(self, rows: list[Any], names_of: Callable[[tuple[Any, ...]], tuple[str, ...]],
+                 named: dict[tuple[int, ...], tuple[str, ...]]) -> None: ...
+    def __len__(self) -> int: ...
+    def items(self) -> list[tuple[tuple[int, ...], tuple[str, ...]]]: ...
+
 class ENode:
     """An op applied to e-classes: one alternative of an e-class."""
 
@@ -55,5 +61,5 @@ def link_graph_nodes(graph_nodes: tuple[Any, ...], class_of_id: dict[int, int], 
 def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]],
                 attr_columns: list[tuple[int, str, Any, dict[int, Any]]], classes: ClassNumbers, lists: ListCells,
                 absent: set[int], convert: Callable[[Any, Any], Any],
-                built_by: dict[tuple[int, ...], tuple[str, ...]], nodes: list[ENode], eclasses: list[int],
+                built_by: RuleRelation, nodes: list[ENode], eclasses: list[int],
                 deadline: Any) -> None: ...

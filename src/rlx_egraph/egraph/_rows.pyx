@@ -17,7 +17,9 @@ per e-node and one per class (at 100k nodes 191,609 and 114,533), five times fas
 """
 
 from cython.operator cimport dereference as deref
+from libcpp.map cimport map
 from libcpp.pair cimport pair
+from libcpp.string cimport string
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 from libc.stdint cimport uint32_t
@@ -182,37 +184,88 @@ def link_graph_nodes(tuple graph_nodes, dict class_of_id, int num_classes):
     return class_of_node, originals, scalars
 
 
-def read_relation(list rows, names_of, dict named) -> dict:
-    """Rows of a relation whose last column names a rule: key (the value ids of the other columns, a tuple)
-    -> ``names_of(rules)``, ``rules`` the key's rule ``Value`` objects in row order without repeats.  ``named``
-    keeps each distinct tuple of rule ids -> its names, across calls."""
-    cdef dict rules_of = {}, first = {}  # key -> rule id, or a list of them when several; rule id -> its Value
-    cdef list inputs
-    cdef tuple key, ids
-    cdef Py_ssize_t width, k
-    cdef object rule, have
-    for row in rows:
-        inputs = row.inputs
-        width = len(inputs) - 1
-        key = tuple([_id(inputs[k]) for k in range(width)])
-        rule = _id(inputs[width])
-        if rule not in first:
-            first[rule] = inputs[width]
-        have = rules_of.get(key)
-        if have is None:
-            rules_of[key] = rule
-        elif type(have) is list:
-            if rule not in have:
-                have.append(rule)
-        elif have != rule:
-            rules_of[key] = [have, rule]
-    for key, have in rules_of.items():
-        ids = tuple(have) if type(have) is list else (have,)
-        names = named.get(ids)
-        if names is None:
-            names = named[ids] = names_of(tuple([first[r] for r in ids]))
-        rules_of[key] = names
-    return rules_of
+cdef inline void _append_id(string& key, uint32_t value):
+    key.append(<const char*>&value, sizeof(uint32_t))
+
+
+cdef class RuleRelation:
+    """The rows of a relation whose last column names a rule (a provenance table, see :mod:`.rules`): per key,
+    the value ids of the other columns, ``names_of(rules)``, ``rules`` the key's rule ``Value`` objects in row
+    order without repeats.  ``named`` keeps each distinct tuple of rule ids -> its names, across relations.
+
+    Keys live in C++, as the bytes of their ids: the view looks up every e-node's row here without making a
+    Python object for the key."""
+
+    cdef unordered_map[string, int] slot_of  # key -> its slot
+    cdef vector[string] keys  # per slot its key, in order of first sight
+    cdef vector[int] names_at  # per slot the position of its names in ``names``
+    cdef list names  # each distinct tuple of rule names once
+
+    def __init__(self, list rows, names_of, dict named):
+        cdef vector[vector[uint32_t]] rules_at  # per slot its rule ids
+        cdef map[vector[uint32_t], int] position  # rule ids -> the position of their names
+        cdef list inputs
+        cdef dict first = {}  # rule id -> its Value
+        cdef string key
+        cdef Py_ssize_t width, k
+        cdef uint32_t rule
+        cdef int slot
+        self.names = []
+        for row in rows:
+            inputs = row.inputs
+            width = len(inputs) - 1
+            key.clear()
+            for k in range(width):
+                _append_id(key, _id(inputs[k]))
+            rule = _id(inputs[width])
+            if rule not in first:
+                first[rule] = inputs[width]
+            found = self.slot_of.find(key)
+            if found == self.slot_of.end():
+                slot = self.keys.size()
+                self.slot_of[key] = slot
+                self.keys.push_back(key)
+                rules_at.push_back(vector[uint32_t](1, rule))
+            elif not _holds(rules_at[deref(found).second], rule):
+                rules_at[deref(found).second].push_back(rule)
+        for slot in range(rules_at.size()):
+            at = position.find(rules_at[slot])
+            if at == position.end():
+                ids = tuple(rules_at[slot])
+                names = named.get(ids)
+                if names is None:
+                    names = named[ids] = names_of(tuple([first[r] for r in ids]))
+                position[rules_at[slot]] = len(self.names)
+                self.names.append(names)
+                self.names_at.push_back(len(self.names) - 1)
+            else:
+                self.names_at.push_back(deref(at).second)
+
+    cdef object names_of_key(self, const string& key):
+        """The names of ``key``, or () when the relation has no row for it."""
+        found = self.slot_of.find(key)
+        return () if found == self.slot_of.end() else self.names[self.names_at[deref(found).second]]
+
+    def __len__(self) -> int:
+        return self.keys.size()
+
+    def items(self) -> list:
+        """(key, names) per key, in order of first sight; a key is the tuple of its value ids."""
+        cdef size_t slot
+        cdef const uint32_t* ids
+        out = []
+        for slot in range(self.keys.size()):
+            ids = <const uint32_t*>self.keys[slot].data()
+            key = tuple([ids[k] for k in range(self.keys[slot].size() // sizeof(uint32_t))])
+            out.append((key, self.names[self.names_at[slot]]))
+        return out
+
+
+cdef inline bint _holds(vector[uint32_t]& ids, uint32_t value):
+    for k in range(ids.size()):
+        if ids[k] == value:
+            return True
+    return False
 
 
 cdef class ListCells:
@@ -237,15 +290,15 @@ cdef class ListCells:
 
 
 def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassNumbers classes, ListCells lists,
-                set absent, convert, dict built_by, list nodes, list eclasses, deadline) -> None:
+                set absent, convert, RuleRelation built_by not None, list nodes, list eclasses, deadline) -> None:
     """Append to ``nodes`` one :class:`ENode` per live row of op ``op``'s table, and its class to ``eclasses``.
 
     ``input_columns``: (column, variadic) per input, in order; an input reading a class in ``absent`` (value
     ids) is left out and a variadic one gives its list's items.  ``attr_columns``: (column, attribute name, kind,
     cache) per attribute, ``cache`` a dict of value id -> ``convert(value, kind)``, the Python value.  E-nodes
-    whose attribute columns hold the same ids share one attributes dict.  ``built_by``: value ids of the whole
-    row key (a tuple) -> the rules that built it.  Classes are numbered by ``classes``, children before the
-    output.  ``deadline.check`` runs every 4096 rows.
+    whose attribute columns hold the same ids share one attributes dict.  ``built_by``: the rules that built
+    each row, keyed by the row's whole key.  Classes are numbered by ``classes``, children before the output.
+    ``deadline.check`` runs every 4096 rows.
     """
     cdef Py_ssize_t r = 0, k, j
     cdef list inputs, children
@@ -256,6 +309,7 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
     cdef vector[uint32_t] items
     cdef bint plain = not attr_columns and not any(v for _, v in input_columns)
     cdef uint32_t value
+    cdef string row_key
     cdef object attrs, no_attrs = {}, value_object, python_value
     cdef ENode enode
     for k, v in input_columns:
@@ -298,7 +352,13 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
                 elif value not in absent:
                     children.append(classes.number(value))
         out = classes.number(_id(row.output))
-        built = built_by.get(tuple([_id(v) for v in inputs]), ()) if built_by else ()
+        if built_by.keys.empty():
+            built = ()
+        else:
+            row_key.clear()
+            for k in range(len(inputs)):
+                _append_id(row_key, _id(inputs[k]))
+            built = built_by.names_of_key(row_key)
         enode = ENode.__new__(ENode)
         enode.index, enode.op, enode.children, enode.attrs = len(nodes), op, tuple(children), attrs
         enode.eclass, enode.original, enode.built_by = out, None, built

@@ -82,18 +82,6 @@ cdef double _now() noexcept nogil:
     return t.tv_sec + 1e-9 * t.tv_nsec
 
 
-cdef vector[int] _csr(list rows, vector[int]& start):
-    """Rows of ints as one flat vector, row ``k`` at ``flat[start[k]:start[k + 1]]``."""
-    cdef vector[int] flat
-    start.clear()
-    start.push_back(0)
-    for row in rows:
-        for x in row:
-            flat.push_back(x)
-        start.push_back(flat.size())
-    return flat
-
-
 cdef class FlatEGraph:
     """An e-graph as flat arrays: per e-node its class and children (in order, repeats kept); per class its
     e-nodes and the e-nodes that read it (each reader once, in e-node order, as ``EGraphView.parents``)."""
@@ -104,10 +92,27 @@ cdef class FlatEGraph:
     def __init__(self, view):
         cdef int n, c, k
         cdef vector[int] seen, fill
+        cdef ENode node
+        cdef EClass cls
+        cdef tuple children
+        cdef list members
         self.num_nodes, self.num_classes = len(view.nodes), len(view.classes)
-        self.child = _csr([node.children for node in view.nodes], self.child_start)
-        self.member = _csr([cls.nodes for cls in view.classes], self.member_start)
-        self.eclass = [node.eclass for node in view.nodes]
+        self.child_start.reserve(self.num_nodes + 1)
+        self.child_start.push_back(0)
+        self.eclass.reserve(self.num_nodes)
+        for node in view.nodes:
+            children = node.children
+            for k in range(len(children)):
+                self.child.push_back(children[k])
+            self.child_start.push_back(self.child.size())
+            self.eclass.push_back(node.eclass)
+        self.member_start.reserve(self.num_classes + 1)
+        self.member_start.push_back(0)
+        for cls in view.classes:
+            members = cls.nodes
+            for k in range(len(members)):
+                self.member.push_back(members[k])
+            self.member_start.push_back(self.member.size())
         seen = vector[int](self.num_classes, -1)  # the last e-node counted as a reader of each class
         self.parent_start = vector[int](self.num_classes + 1, 0)
         for n in range(self.num_nodes):

@@ -34,10 +34,10 @@ from ._rows import (
     EClass,
     ENode,
     ListCells,
+    RuleRelation,
     link_graph_nodes,
     make_classes,
     read_enodes,
-    read_relation,
     value_id,
 )
 from ._solver import FlatEGraph, classes_of_ops, input_types, match_originals, original_flags, propagate_types
@@ -181,10 +181,10 @@ class _Provenance:
             self.rank.setdefault(r.base, k)
         self.named: dict[tuple[int, ...], tuple[str, ...]] = {}  # rule-name value ids -> names
 
-    def table(self, rows: list[Any]) -> dict[tuple[int, ...], tuple[str, ...]]:
+    def table(self, rows: list[Any]) -> RuleRelation:
         """Rows of a provenance relation: key (its leading columns' value ids) -> rule names, in rule-file
         order."""
-        return read_relation(rows, self._names, self.named)
+        return RuleRelation(rows, self._names, self.named)
 
     def _names(self, rules: tuple[Any, ...]) -> tuple[str, ...]:
         found = {self.values.get(v, AttrType.STR) for v in rules}
