@@ -431,6 +431,16 @@ def test_users_follow_nodes_added_after_the_first_ask() -> None:
     assert g.users(x) == [a, b] and g.users(a) == [b] and g.users(b) == []
 
 
+def test_positions_and_nodes_by_id_follow_nodes_added_after_the_first_ask() -> None:
+    g = Graph()
+    x = g.input("x", (3,))
+    a = g.add_node("Relu", [x], node_id=10)
+    assert g.positions() == {x: 0, a: 1} and dict(g.nodes_by_id) == {x: g.node(x), a: g.node(a)}
+    b = g.add_node("Exp", [a], node_id=4)  # ids need not follow places
+    assert g.positions() == {x: 0, a: 1, b: 2} and g.nodes_by_id[b] is g.node(b)
+    assert Graph.from_checked("copy", list(g.nodes)).positions() == g.positions()
+
+
 def test_from_checked_holds_the_nodes_in_order_and_names_a_reused_id_or_leaf_name() -> None:
     src = Graph("src")
     x = src.input("x", (2, 3))

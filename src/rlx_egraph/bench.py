@@ -402,7 +402,7 @@ def exact_row(model: str, layers: int, target: str) -> tuple[str, ...]:
     saturate(egraph, rules)
     view = build_view(egraph, graph, encoding.constants, rules)
     roots = [view.class_of_node[o] for o in graph.outputs]
-    greedy = extract.greedy(view, roots, tgt, {n.id: k for k, n in enumerate(graph.nodes)})
+    greedy = extract.greedy(view, roots, tgt, graph.positions())
     ilp = extract.exact(view, roots, tgt, start=greedy.choice)
     return (f"{model}-{layers}", target, str(view.num_enodes), str(ilp.ilp["variables"]), str(ilp.ilp["constraints"]),
             str(ilp.ilp["cuts"]), str(ilp.ilp["rounds"]), f"{ilp.seconds:.2f}", "yes" if ilp.optimal else "no",

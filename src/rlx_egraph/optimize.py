@@ -272,7 +272,7 @@ def _extract(view: EGraphView, graph: Graph, target: Target, extraction: str, ex
     """Extract with ``extraction``; when the exact solver runs out of time, greedy (which
     starts from the input graph) gives the answer.  ``exact_gap`` also records the ILP optimum."""
     roots = [view.class_of_node[o] for o in graph.outputs]
-    chosen = ex.greedy(view, roots, target, {n.id: k for k, n in enumerate(graph.nodes)}, costs, deadline)
+    chosen = ex.greedy(view, roots, target, graph.positions(), costs, deadline)
     if extraction == "exact":  # greedy's choice is the solver's first incumbent
         try:
             chosen = ex.exact(view, roots, target, costs, deadline=deadline, start=chosen.choice)

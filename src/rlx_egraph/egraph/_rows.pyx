@@ -21,10 +21,13 @@ from libcpp.map cimport map
 from libcpp.pair cimport pair
 from libcpp.string cimport string
 from libcpp.unordered_map cimport unordered_map
+from libcpp.unordered_set cimport unordered_set
 from libcpp.vector cimport vector
 from libc.stdint cimport uint32_t
 
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 
 from egglog import bindings as _eb
 
@@ -188,6 +191,18 @@ cdef inline void _append_id(string& key, uint32_t value):
     key.append(<const char*>&value, sizeof(uint32_t))
 
 
+cdef tuple _int_tuple(vector[int]& items):
+    """``items`` as a Python tuple."""
+    cdef tuple out = PyTuple_New(items.size())
+    cdef size_t k
+    cdef object item
+    for k in range(items.size()):
+        item = items[k]
+        Py_INCREF(item)
+        PyTuple_SET_ITEM(out, k, item)
+    return out
+
+
 cdef class RuleRelation:
     """The rows of a relation whose last column names a rule (a provenance table, see :mod:`.rules`): per key,
     the value ids of the other columns, ``names_of(rules)``, ``rules`` the key's rule ``Value`` objects in row
@@ -301,20 +316,25 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
     ``deadline.check`` runs every 4096 rows.
     """
     cdef Py_ssize_t r = 0, k, j
-    cdef list inputs, children
-    cdef tuple key, column
-    cdef dict interned = {}, cache
-    cdef vector[int] input_at
+    cdef list inputs
+    cdef tuple column
+    cdef dict cache
+    cdef list interned = []  # distinct attributes dicts
+    cdef unordered_map[string, int] interned_at  # attribute columns' ids -> the place of their dict
+    cdef unordered_set[uint32_t] absent_ids
+    cdef vector[int] input_at, kids
     cdef vector[char] variadic
     cdef vector[uint32_t] items
     cdef bint plain = not attr_columns and not any(v for _, v in input_columns)
     cdef uint32_t value
-    cdef string row_key
-    cdef object attrs, no_attrs = {}, value_object, python_value
+    cdef string row_key, attrs_key
+    cdef object attrs, no_attrs = {}, python_value
     cdef ENode enode
     for k, v in input_columns:
         input_at.push_back(k)
         variadic.push_back(v)
+    for value in absent:
+        absent_ids.insert(value)
     for row in rows:
         if r % _DEADLINE_STRIDE == 0:
             deadline.check("building the e-graph view")
@@ -322,25 +342,31 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
         if row.subsumed:
             continue
         inputs = row.inputs
-        children = []
+        kids.clear()
         if plain:
             attrs = no_attrs
             for k in range(len(inputs)):
                 value = _id(inputs[k])
-                if value not in absent:
-                    children.append(classes.number(value))
+                if not absent_ids.count(value):
+                    kids.push_back(classes.number(value))
         else:
-            key = tuple([_id(inputs[column[0]]) for column in attr_columns])
-            attrs = interned.get(key)
-            if attrs is None:
-                attrs = interned[key] = {}
+            attrs_key.clear()
+            for j in range(len(attr_columns)):
+                _append_id(attrs_key, _id(inputs[(<tuple>attr_columns[j])[0]]))
+            found = interned_at.find(attrs_key)
+            if found != interned_at.end():
+                attrs = interned[deref(found).second]
+            else:
+                attrs = {}
+                interned_at[attrs_key] = len(interned)
+                interned.append(attrs)
                 for j in range(len(attr_columns)):
                     column = attr_columns[j]
                     cache = column[3]
-                    python_value = cache.get(key[j], _MISSING)
+                    value = _id(inputs[column[0]])
+                    python_value = cache.get(value, _MISSING)
                     if python_value is _MISSING:
-                        value_object = inputs[column[0]]
-                        python_value = cache[key[j]] = convert(value_object, column[2])
+                        python_value = cache[value] = convert(inputs[column[0]], column[2])
                     attrs[column[1]] = python_value
             for j in range(input_at.size()):
                 value = _id(inputs[input_at[j]])
@@ -348,9 +374,9 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
                     items.clear()
                     lists.extend(value, items)
                     for value in items:
-                        children.append(classes.number(value))
-                elif value not in absent:
-                    children.append(classes.number(value))
+                        kids.push_back(classes.number(value))
+                elif not absent_ids.count(value):
+                    kids.push_back(classes.number(value))
         out = classes.number(_id(row.output))
         if built_by.keys.empty():
             built = ()
@@ -360,7 +386,7 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
                 _append_id(row_key, _id(inputs[k]))
             built = built_by.names_of_key(row_key)
         enode = ENode.__new__(ENode)
-        enode.index, enode.op, enode.children, enode.attrs = len(nodes), op, tuple(children), attrs
+        enode.index, enode.op, enode.children, enode.attrs = len(nodes), op, _int_tuple(kids), attrs
         enode.eclass, enode.original, enode.built_by = out, None, built
         nodes.append(enode)
         eclasses.append(out)

@@ -614,12 +614,13 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
     ``wanted[c]`` reading the nodes of its children's classes (each must come before it).
 
     An e-node that is an input-graph node (and not of an op in ``rechecked``, whose inputs' ops matter) copies
-    that node (``input_nodes``: id -> Node): it was checked there and its children's classes have its inputs'
-    types.  Any other is checked by ``check(id, op, inputs, attributes, nodes so far)`` (a Node, or raises)
-    once per (op, attributes, children's ``type_numbers``, for ``rechecked`` ops the inputs' ops too), then
-    copied from that first one; a leaf every time.  Returns the nodes, per class its node id (-1 when not
-    built), and per node its class's input-graph nodes, its e-node's rules, its class's merging rules and
-    whether it is rule-made (an e-node of no input-graph node)."""
+    that node (``input_nodes``: id -> Node), sharing its attributes dict as the rewriter's nodes do (a Node
+    never changes): it was checked there and its children's classes have its inputs' types.  Any other is
+    checked by ``check(id, op, inputs, attributes, nodes so far)`` (a Node, or raises) once per (op,
+    attributes, children's ``type_numbers``, for ``rechecked`` ops the inputs' ops too), then copied from that
+    first one with its own attributes dict; a leaf every time.  Returns the nodes, per class its node id (-1
+    when not built), per node its class's input-graph nodes, its e-node's rules and its class's merging rules,
+    and the rule-made nodes (of e-nodes that are no input-graph node), in order."""
     cdef Py_ssize_t nid, k, width
     cdef list new_id = [-1] * len(classes), nodes = [], originals = [], built_by = [], merged_by = []
     cdef list made = []
@@ -644,7 +645,7 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
         op, original = enode.op, enode.original
         if original is not None and op not in rechecked:
             was = input_nodes[original]
-            node = Node(nid, was.op, inputs, dict(was.attrs), was.shape, was.dtype, was.parts)
+            node = Node(nid, was.op, inputs, was.attrs, was.shape, was.dtype, was.parts)
         elif op in leaves:
             node = check(nid, op, inputs, enode.attrs, nodes)
         else:
@@ -661,7 +662,8 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
         originals.append(list(cls.originals))
         merged_by.append(cls.merged_by)
         built_by.append(() if original is not None else enode.built_by)
-        made.append(original is None)
+        if original is None:
+            made.append(nid)
     return nodes, new_id, originals, built_by, merged_by, made
 
 

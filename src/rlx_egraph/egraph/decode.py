@@ -75,7 +75,7 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     for node in graph.inputs:  # graph inputs are the interface: always kept
         c = view.class_of_node[node.id]
         wanted.setdefault(c, next(i for i in view.classes[c].nodes if view.nodes[i].original == node.id))
-    first = least_per_class(view.class_of_node, {n.id: k for k, n in enumerate(graph.nodes)}, len(view.classes))
+    first = least_per_class(view.class_of_node, graph.positions(), len(view.classes))
     order = decode_order(view.flat(), wanted, first)  # ``first``: per class its first input-graph node's place
     if len(order) != len(wanted):
         stuck = sorted(set(wanted) - set(order))[:5]
@@ -86,11 +86,11 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         return check_node(nid, op, inputs, attrs, built.__getitem__, {})
 
     nodes, new_id, originals, built_by, merged_by, made = decoded_nodes(
-        order, wanted, view.nodes, view.classes, {n.id: n for n in graph.nodes}, ops_of_kind(Kind.WEIGHT_PREP),
+        order, wanted, view.nodes, view.classes, graph.nodes_by_id, ops_of_kind(Kind.WEIGHT_PREP),
         view.type_numbers(), check)
     out = Graph.from_checked(graph.name, nodes)
-    fusions = [Fusion(nid, node.op, built_by[nid], tuple(originals[nid])) for nid, node in enumerate(nodes)
-               if made[nid] and node.op != "Input" and node.op != "Param"]
+    fusions = [Fusion(nid, op, built_by[nid], tuple(originals[nid])) for nid in made
+               if (op := nodes[nid].op) != "Input" and op != "Param"]
     decoded = Decoded(out, dict(enumerate(order)), dict(enumerate(originals)), dict(enumerate(built_by)),
                       dict(enumerate(merged_by)))
     out.set_outputs(new_id[view.class_of_node[o]] for o in graph.outputs)

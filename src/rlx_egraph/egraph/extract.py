@@ -134,7 +134,7 @@ def _best_tree_choice(view: EGraphView, costs: list[float]) -> tuple[dict[int, i
     return tree_choice(view.flat(), costs)
 
 
-def class_positions(view: EGraphView, graph_position: dict[int, int],
+def class_positions(view: EGraphView, graph_position: Mapping[int, int],
                     costs: list[float] | None = None) -> list[float]:
     """A potential over classes: leaves -1, input-graph classes their graph position,
     new classes just above the inputs of their lowest e-node that the target can run
@@ -160,7 +160,7 @@ def _original_op(view: EGraphView, nid: int) -> str:
                  if view.nodes[i].original == nid), "")
 
 
-def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: dict[int, int],
+def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: Mapping[int, int],
            costs: list[float] | None = None, deadline: Deadline | None = None) -> Extraction:
     """Deterministic DAG extraction by local search from two starts, the cheaper result kept: the input graph
     (each class its input-graph node where it has one), and each class's least tree-cost e-node.  Each search

@@ -226,6 +226,7 @@ class Graph(GraphBuilders):
         self._nodes: list[Node] = []
         self._by_id: dict[int, Node] = {}
         self._users: dict[int, list[int]] | None = None  # node id -> its readers; built on first ask
+        self._positions: dict[int, int] | None = None  # node id -> its place in nodes; built on first ask
         self._outputs: tuple[int, ...] = ()
         self._leaf_names: dict[str, int] = {}
         self._next_id = 0
@@ -282,6 +283,8 @@ class Graph(GraphBuilders):
         self._by_id[node.id] = node
         self._next_id = max(self._next_id, node.id + 1)
         self._symbols = None
+        if self._positions is not None:
+            self._positions[node.id] = len(self._nodes) - 1
         users = self._users
         if users is not None:
             users[node.id] = []
@@ -338,6 +341,18 @@ class Graph(GraphBuilders):
             return self._by_id[node_id]
         except KeyError:
             raise GraphError(f"no node {node_id} in graph {self.name!r}") from None
+
+    @property
+    def nodes_by_id(self) -> Mapping[int, Node]:
+        """Node id -> node, kept up to date (read it, never modify it)."""
+        return self._by_id
+
+    def positions(self) -> Mapping[int, int]:
+        """Node id -> its place in :attr:`nodes` (counted on first ask and kept up to date; read it, never modify
+        it)."""
+        if self._positions is None:
+            self._positions = {n.id: k for k, n in enumerate(self._nodes)}
+        return self._positions
 
     def users(self, node_id: int) -> list[int]:
         """Ids of the nodes that read ``node_id`` (each consumer once), in topological order."""
