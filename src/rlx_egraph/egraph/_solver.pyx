@@ -21,11 +21,15 @@ class), so the search runs without Python objects; the floating-point sums are t
 so the same e-graph always gives the same choices.
 """
 
+from cython.operator cimport dereference as deref
 from libcpp.algorithm cimport sort
 from libcpp.pair cimport pair
 from libcpp.queue cimport priority_queue
+from libcpp.string cimport string
+from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
+from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.math cimport INFINITY
@@ -152,22 +156,26 @@ cdef int _DEADLINE_STRIDE = 4096
 _ILL_TYPED = (ArithmeticError, LookupError, TypeError, ValueError)
 
 
-cdef tuple _signature(list nodes, int n, vector[int]& child_start, vector[int]& child, vector[int]& numbers,
-                      int extra, bint with_attrs=True):
-    """E-node ``n``'s memo key: its op, its attributes dict's identity (e-nodes of equal attributes share one,
-    see :func:`rlx_egraph.egraph.view.build_view`; None without ``with_attrs``), ``extra`` and its children's
-    ``numbers``."""
-    cdef int k, first = child_start[n], width = child_start[n + 1] - first
-    cdef tuple key = PyTuple_New(3 + width)
-    cdef ENode node = nodes[n]
-    for k, item in enumerate((node.op, id(node.attrs) if with_attrs else None, extra)):
-        Py_INCREF(item)
-        PyTuple_SET_ITEM(key, k, item)
-    for k in range(width):
-        item = numbers[child[first + k]]
-        Py_INCREF(item)
-        PyTuple_SET_ITEM(key, 3 + k, item)
-    return key
+cdef inline void _append_word(string& key, long long value):
+    key.append(<const char*>&value, sizeof(long long))
+
+
+cdef inline void _append_int(string& key, int value):
+    key.append(<const char*>&value, sizeof(int))
+
+
+cdef void _signature(string& key, ENode node, int n, vector[int]& child_start, vector[int]& child,
+                     vector[int]& numbers, long long extra, bint with_attrs=True):
+    """Write e-node ``n``'s memo key into ``key`` (as bytes, for a C++ map): its op's and its attributes dict's
+    identities (e-nodes of equal attributes share one, see :func:`rlx_egraph.egraph.view.build_view`; none
+    without ``with_attrs``), ``extra`` and its children's ``numbers``.  Keys are compared within one pass,
+    while the e-nodes live."""
+    key.clear()
+    _append_word(key, <long long><PyObject*>node.op)
+    _append_word(key, <long long><PyObject*>node.attrs if with_attrs else 0)
+    _append_word(key, extra)
+    for k in range(child_start[n], child_start[n + 1]):
+        _append_int(key, numbers[child[k]])
 
 
 def input_types(tuple graph_nodes, dict class_of, int num_classes, dict numbers, number_of_node):
@@ -208,8 +216,10 @@ def propagate_types(FlatEGraph g, list nodes, fixed, original, excluded, infer, 
     cdef int n, c, k, out, have, p
     cdef size_t head = 0
     cdef bint ok
-    cdef dict memo = {}, errors = {}, mismatches = {}, conflicts = {}
-    cdef tuple key
+    cdef dict errors = {}, mismatches = {}, conflicts = {}
+    cdef unordered_map[string, int] memo  # signature -> its outcome's place in outcomes
+    cdef list outcomes = []
+    cdef string key
     for c in excluded:
         skip[c] = True
     for n in range(g.num_nodes):
@@ -234,14 +244,17 @@ def propagate_types(FlatEGraph g, list nodes, fixed, original, excluded, infer, 
         c = g.eclass[n]
         if skip[c]:
             continue
-        key = _signature(nodes, n, g.child_start, g.child, types, 0)
-        hit = memo.get(key)
-        if hit is None:
+        _signature(key, nodes[n], n, g.child_start, g.child, types, 0)
+        found = memo.find(key)
+        if found != memo.end():
+            hit = outcomes[deref(found).second]
+        else:
             try:
-                hit = infer(n, key[3:])
+                hit = infer(n, tuple([types[g.child[k]] for k in range(g.child_start[n], g.child_start[n + 1])]))
             except _ILL_TYPED as exc:
                 hit = exc
-            memo[key] = hit
+            memo[key] = len(outcomes)
+            outcomes.append(hit)
         if isinstance(hit, BaseException):
             errors[n] = hit
             continue
@@ -274,20 +287,25 @@ def price_nodes(FlatEGraph g, list nodes, type_numbers, leaf, price, dict prices
     cdef vector[double] costs = vector[double](g.num_nodes, 0.0)
     cdef int n, k, c
     cdef bint intermediate, cyclic
-    cdef dict memo = {}
-    cdef tuple key
+    cdef unordered_map[string, double] memo
+    cdef string key
+    cdef double cost
+    cdef ENode node
     for n in range(g.num_nodes):
         c = g.eclass[n]
         intermediate = cyclic = False
         for k in range(g.child_start[n], g.child_start[n + 1]):
             intermediate = intermediate or not is_leaf[g.child[k]]
             cyclic = cyclic or g.child[k] == c
-        key = _signature(nodes, n, g.child_start, g.child, numbers, 2 * numbers[c] + intermediate,
-                         prices_attributes[(<ENode>nodes[n]).op][intermediate])
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = price(n, intermediate)
-        costs[n] = INFINITY if cyclic else hit
+        node = nodes[n]
+        _signature(key, node, n, g.child_start, g.child, numbers, 2 * numbers[c] + intermediate,
+                   prices_attributes[node.op][intermediate])
+        found = memo.find(key)
+        if found == memo.end():
+            cost = memo[key] = price(n, intermediate)
+        else:
+            cost = deref(found).second
+        costs[n] = INFINITY if cyclic else cost
     return list(costs)
 
 
@@ -623,9 +641,11 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
     and the rule-made nodes (of e-nodes that are no input-graph node), in order."""
     cdef Py_ssize_t nid, k, width
     cdef list new_id = [-1] * len(classes), nodes = [], originals = [], built_by = [], merged_by = []
-    cdef list made = []
-    cdef dict checked = {}
-    cdef tuple children, inputs, key
+    cdef list made = [], checked = []  # checked: the first node of each signature
+    cdef unordered_map[string, int] checked_at  # signature -> its place in checked
+    cdef vector[int] numbers = type_numbers
+    cdef string key
+    cdef tuple children, inputs
     cdef ENode enode
     cdef EClass cls
     cdef object leaves = ops_of_kind(Kind.LEAF)
@@ -649,13 +669,21 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
         elif op in leaves:
             node = check(nid, op, inputs, enode.attrs, nodes)
         else:
-            key = (op, id(enode.attrs), *[type_numbers[child] for child in children])
+            key.clear()  # as _signature's, with the inputs' ops of a rechecked op
+            _append_word(key, <long long><PyObject*>op)
+            _append_word(key, <long long><PyObject*>enode.attrs)
+            for k in range(width):
+                _append_int(key, numbers[<int>children[k]])
             if op in rechecked:
-                key += tuple([nodes[i].op for i in inputs])
-            seen = checked.get(key)
-            if seen is None:
-                node = checked[key] = check(nid, op, inputs, enode.attrs, nodes)
+                for k in range(width):
+                    _append_word(key, <long long><PyObject*>(<list>nodes)[<Py_ssize_t>inputs[k]].op)
+            found = checked_at.find(key)
+            if found == checked_at.end():
+                node = check(nid, op, inputs, enode.attrs, nodes)
+                checked_at[key] = len(checked)
+                checked.append(node)
             else:
+                seen = checked[deref(found).second]
                 node = Node(nid, seen.op, inputs, dict(seen.attrs), seen.shape, seen.dtype, seen.parts)
         nodes.append(node)
         new_id[c] = nid
