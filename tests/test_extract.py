@@ -372,6 +372,30 @@ def test_types_inferred_once_per_key_equal_each_enode_typed_alone(synthetic_view
             synthetic_view.classes[n.eclass].type
 
 
+def test_class_choice_reads_like_the_dict_of_its_classes_and_drop_unreachable_takes_either(
+        synthetic_view: EGraphView) -> None:
+    from rlx_egraph.egraph._solver import ClassChoice, drop_unreachable, start_choice
+
+    view = synthetic_view
+    costs = extract.node_costs(view, get_target("cpu"))
+    pos = extract.class_positions(view, {nid: k for k, nid in enumerate(sorted(view.class_of_node))}, costs)
+    first, tree_node = start_choice(view.flat(), costs, pos, view.original_flags())
+    as_dict = first.to_dict()
+    assert isinstance(first, ClassChoice) and len(first) == len(as_dict) > 0
+    assert first == as_dict and dict(first) == as_dict and first.items() == list(as_dict.items())
+    missing = next(c for c in range(len(view.classes)) if c not in as_dict) if len(as_dict) < len(view.classes) \
+        else len(view.classes)
+    assert missing not in first and -1 not in first and all(first[c] == n for c, n in as_dict.items())
+    with pytest.raises(KeyError):
+        first[missing]
+    assert drop_unreachable(view.flat(), first) == drop_unreachable(view.flat(), as_dict)
+    assert (tree_node == first) == (tree_node.to_dict() == as_dict)
+    c = next(iter(as_dict))
+    wrong = next(i for i in range(len(view.nodes)) if view.nodes[i].eclass != c)
+    with pytest.raises(ValueError, match=rf"the choice gives class {c} e-node {wrong}, which is not one of its"):
+        drop_unreachable(view.flat(), {**as_dict, c: wrong})
+
+
 def test_greedy_s_two_searches_at_once_give_what_one_after_the_other_gives(synthetic_view: EGraphView):
     """greedy runs its two searches in two threads; run here one after the other, from the same starts."""
     from rlx_egraph.egraph._solver import drop_unreachable, start_choice

@@ -35,7 +35,7 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.math cimport INFINITY
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-import numpy as np
+from numpy import ndarray
 
 from rlx_egraph.egraph._rows cimport EClass, ENode
 
@@ -409,11 +409,75 @@ cdef vector[int] _tree_choice(FlatEGraph g, vector[double]& cost, vector[double]
     return best_node
 
 
+cdef class ClassChoice:
+    """An e-node per class as an array (-1: none), read like a dict of class -> e-node: greedy's starts, passed
+    between the compiled passes without making a dict of every class."""
+
+    cdef vector[int] node
+    cdef int count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, c) -> bool:
+        return 0 <= c < <int>self.node.size() and self.node[c] >= 0
+
+    def __getitem__(self, c) -> int:
+        if c not in self:
+            raise KeyError(c)
+        return self.node[c]
+
+    def keys(self) -> list:
+        return [c for c in range(self.node.size()) if self.node[c] >= 0]
+
+    def items(self) -> list:
+        return [(c, self.node[c]) for c in range(self.node.size()) if self.node[c] >= 0]
+
+    def to_dict(self) -> dict:
+        return {c: self.node[c] for c in range(self.node.size()) if self.node[c] >= 0}
+
+    def __eq__(self, other) -> bool:
+        if type(other) is ClassChoice:
+            return self.node == (<ClassChoice>other).node
+        return isinstance(other, dict) and self.to_dict() == other
+
+    __hash__ = None
+
+
+cdef ClassChoice _class_choice(vector[int]& node):
+    cdef ClassChoice out = ClassChoice.__new__(ClassChoice)
+    out.node = node
+    out.count = 0
+    for c in range(node.size()):
+        out.count += node[c] >= 0
+    return out
+
+
+cdef vector[int] _choice_array(FlatEGraph g, choice) except *:
+    """``choice`` (a :class:`ClassChoice`, or a dict of class -> e-node) as an array per class (-1: none);
+    raises ValueError for an e-node that is not its class's."""
+    cdef vector[int] out
+    cdef int c, n
+    if type(choice) is ClassChoice:
+        out = (<ClassChoice>choice).node
+        for c in range(out.size()):
+            n = out[c]
+            if n >= 0 and not (n < g.num_nodes and g.eclass[n] == c):
+                raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
+        return out
+    out.assign(g.num_classes, -1)
+    for c, n in (<dict>choice).items():
+        if not (0 <= c < g.num_classes and 0 <= n < g.num_nodes and g.eclass[n] == c):
+            raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
+        out[c] = n
+    return out
+
+
 def start_choice(FlatEGraph g, costs, pos, original):
     """Greedy's starting point, from the e-nodes computed from classes strictly below their own (by ``pos``):
     per class its first input-graph e-node (``original``: a flag per e-node) among them, else its least
     tree-cost one.  Returns (class -> e-node, class -> its least tree-cost e-node), for the classes that have
-    one.  When rules merged several input-graph nodes into one class, only the lowest one is computed from
+    one, as :class:`ClassChoice`.  When rules merged several input-graph nodes into one class, only the lowest one is computed from
     classes below it, and it is the one taken."""
     cdef vector[double] monotone = costs, position = pos, unused
     cdef vector[char] is_original = original
@@ -432,17 +496,14 @@ def start_choice(FlatEGraph g, costs, pos, original):
                 break
         if choice[c] < 0:
             choice[c] = tree[c]
-    return ({c: choice[c] for c in range(g.num_classes) if choice[c] >= 0},
-            {c: tree[c] for c in range(g.num_classes) if tree[c] >= 0})
+    return _class_choice(choice), _class_choice(tree)
 
 
-def drop_unreachable(FlatEGraph g, dict choice):
+def drop_unreachable(FlatEGraph g, choice):
     """``choice`` without the classes whose chosen e-node reads a class that has no choice, nor, in turn,
     the classes whose chosen e-node reads one of those (so every walk down a choice ends at leaves)."""
-    cdef vector[int] chosen = vector[int](g.num_classes, -1), stack
+    cdef vector[int] chosen = _choice_array(g, choice), stack
     cdef int c, n, k, j, p
-    for c, n in choice.items():
-        chosen[c] = n
     for c in range(g.num_classes):
         n = chosen[c]
         if n >= 0:
@@ -460,7 +521,7 @@ def drop_unreachable(FlatEGraph g, dict choice):
             p = g.parent[k]
             if chosen[g.eclass[p]] == p:
                 stack.push_back(g.eclass[p])
-    return {c: chosen[c] for c in range(g.num_classes) if chosen[c] >= 0}
+    return _class_choice(chosen)
 
 
 def dag_cost(FlatEGraph g, dict choice, roots, costs):
@@ -535,7 +596,7 @@ cdef bint _same_attrs(int n, dict have, gnode, same_attrs) except -1:
         other = want.get(key, _MISSING)
         if other is _MISSING:
             return False
-        if isinstance(value, np.ndarray) or isinstance(other, np.ndarray):
+        if isinstance(value, ndarray) or isinstance(other, ndarray):
             return same_attrs(n, gnode)
         if value != other:
             return False
@@ -637,10 +698,12 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
     checked by ``check(id, op, inputs, attributes, nodes so far)`` (a Node, or raises) once per (op,
     attributes, children's ``type_numbers``, for ``rechecked`` ops the inputs' ops too), then copied from that
     first one with its own attributes dict; a leaf every time.  Returns the nodes, per class its node id (-1
-    when not built), per node its class's input-graph nodes, its e-node's rules and its class's merging rules,
-    and the rule-made nodes (of e-nodes that are no input-graph node), in order."""
+    when not built), per node id (dicts) its class, its class's input-graph nodes, its e-node's rules and its
+    class's merging rules, and the rule-made nodes (of e-nodes that are no input-graph node), in order."""
     cdef Py_ssize_t nid, k, width
-    cdef list new_id = [-1] * len(classes), nodes = [], originals = [], built_by = [], merged_by = []
+    cdef list new_id = [-1] * len(classes), nodes = []
+    cdef dict class_of = {}, originals = {}, built_by = {}, merged_by = {}
+    cdef object key_of  # node id as a Python int
     cdef list made = [], checked = []  # checked: the first node of each signature
     cdef unordered_map[string, int] checked_at  # signature -> its place in checked
     cdef vector[int] numbers = type_numbers
@@ -686,13 +749,15 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
                 seen = checked[deref(found).second]
                 node = Node(nid, seen.op, inputs, dict(seen.attrs), seen.shape, seen.dtype, seen.parts)
         nodes.append(node)
-        new_id[c] = nid
-        originals.append(list(cls.originals))
-        merged_by.append(cls.merged_by)
-        built_by.append(() if original is not None else enode.built_by)
+        key_of = nid  # one int object for the five tables
+        new_id[c] = key_of
+        class_of[key_of] = c
+        originals[key_of] = list(cls.originals)
+        merged_by[key_of] = cls.merged_by
+        built_by[key_of] = () if original is not None else enode.built_by
         if original is None:
-            made.append(nid)
-    return nodes, new_id, originals, built_by, merged_by, made
+            made.append(key_of)
+    return nodes, new_id, class_of, originals, built_by, merged_by, made
 
 
 cdef Keyed _ready(FlatEGraph g, int c, int n, vector[double]& position, vector[double]& key):
@@ -736,7 +801,7 @@ cdef class Solver:
     cdef vector[char] is_pending
     cdef bint searched
 
-    def __init__(self, view, costs, dict choice, roots, pos):
+    def __init__(self, view, costs, choice, roots, pos):
         cdef int n, c, k
         cdef FlatEGraph g = view.flat()
         self.view = view
@@ -752,11 +817,7 @@ cdef class Solver:
         if len(costs) != g.num_nodes or len(pos) != g.num_classes:
             raise ValueError(f"{len(costs)} costs and {len(pos)} positions for {g.num_nodes} e-nodes and "
                              f"{g.num_classes} classes")
-        self.choice = vector[int](len(view.classes), -1)
-        for c, n in choice.items():
-            if not (0 <= c < g.num_classes and 0 <= n < g.num_nodes and self.eclass[n] == c):
-                raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
-            self.choice[c] = n
+        self.choice = _choice_array(g, choice)
         self.refs_ = vector[int](len(view.classes), 0)
         self.stamp = vector[int](len(view.classes), 0)
         self.stamp_now = 0
@@ -809,7 +870,7 @@ cdef class Solver:
         if not 0 <= n < <int>self.eclass.size() or self.eclass[n] != c:
             raise ValueError(f"e-node {n} is not an e-node of class {c}")
 
-    def restart(self, dict start):
+    def restart(self, start):
         """Give every class that nothing needs and that has a choice its e-node in ``start`` (a later move that
         needs it again finds it there); returns how many changed.  The next :meth:`improve` attempts first the
         classes whose last attempt read a changed class (the others would fail again the same way)."""

@@ -85,14 +85,13 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
         """Check a rule-made e-node as node ``nid`` (a leaf's name is checked by Graph.from_checked)."""
         return check_node(nid, op, inputs, attrs, built.__getitem__, {})
 
-    nodes, new_id, originals, built_by, merged_by, made = decoded_nodes(
+    nodes, new_id, class_of, originals, built_by, merged_by, made = decoded_nodes(
         order, wanted, view.nodes, view.classes, graph.nodes_by_id, ops_of_kind(Kind.WEIGHT_PREP),
         view.type_numbers(), check)
     out = Graph.from_checked(graph.name, nodes)
     fusions = [Fusion(nid, op, built_by[nid], tuple(originals[nid])) for nid in made
                if (op := nodes[nid].op) != "Input" and op != "Param"]
-    decoded = Decoded(out, dict(enumerate(order)), dict(enumerate(originals)), dict(enumerate(built_by)),
-                      dict(enumerate(merged_by)))
+    decoded = Decoded(out, class_of, originals, built_by, merged_by)
     out.set_outputs(new_id[view.class_of_node[o]] for o in graph.outputs)
     decoded.fusions = fold_projections(out, fusions)
     return decoded

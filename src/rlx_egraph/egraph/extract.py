@@ -41,6 +41,7 @@ from ..cost.targets import unsupported_op
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
 from ._solver import (
     EPS,
+    ClassChoice,
     Solver,
     drop_unreachable,
     least_per_class,
@@ -211,8 +212,8 @@ class _SearchResult:
     stopped: bool  # by the deadline
 
 
-def _search(view: EGraphView, costs: list[float], start: dict[int, int], roots: list[int], pos: list[float],
-            tree_node: dict[int, int], deadline: Deadline) -> _SearchResult:
+def _search(view: EGraphView, costs: list[float], start: ClassChoice, roots: list[int], pos: list[float],
+            tree_node: ClassChoice, deadline: Deadline) -> _SearchResult:
     """Greedy's local search from ``start``, run a second time with each class no longer needed back at its
     cheapest tree choice (a later move that needs it again then finds it computed the cheap way, not the way it
     last was)."""
