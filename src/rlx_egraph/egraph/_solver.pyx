@@ -164,16 +164,20 @@ cdef inline void _append_int(string& key, int value):
     key.append(<const char*>&value, sizeof(int))
 
 
-cdef void _signature(string& key, ENode node, int n, vector[int]& child_start, vector[int]& child,
-                     vector[int]& numbers, long long extra, bint with_attrs=True):
-    """Write e-node ``n``'s memo key into ``key`` (as bytes, for a C++ map): its op's and its attributes dict's
+cdef inline void _signature_head(string& key, ENode node, long long extra, bint with_attrs=True):
+    """Start e-node ``node``'s memo key in ``key`` (as bytes, for a C++ map): its op's and its attributes dict's
     identities (e-nodes of equal attributes share one, see :func:`rlx_egraph.egraph.view.build_view`; none
-    without ``with_attrs``), ``extra`` and its children's ``numbers``.  Keys are compared within one pass,
-    while the e-nodes live."""
+    without ``with_attrs``) and ``extra``.  Keys are compared within one pass, while the e-nodes live."""
     key.clear()
     _append_word(key, <long long><PyObject*>node.op)
     _append_word(key, <long long><PyObject*>node.attrs if with_attrs else 0)
     _append_word(key, extra)
+
+
+cdef void _signature(string& key, ENode node, int n, vector[int]& child_start, vector[int]& child,
+                     vector[int]& numbers, long long extra, bint with_attrs=True):
+    """Write e-node ``n``'s memo key into ``key``: :func:`_signature_head`, then its children's ``numbers``."""
+    _signature_head(key, node, extra, with_attrs)
     for k in range(child_start[n], child_start[n + 1]):
         _append_int(key, numbers[child[k]])
 
@@ -477,8 +481,8 @@ def start_choice(FlatEGraph g, costs, pos, original):
     """Greedy's starting point, from the e-nodes computed from classes strictly below their own (by ``pos``):
     per class its first input-graph e-node (``original``: a flag per e-node) among them, else its least
     tree-cost one.  Returns (class -> e-node, class -> its least tree-cost e-node), for the classes that have
-    one, as :class:`ClassChoice`.  When rules merged several input-graph nodes into one class, only the lowest one is computed from
-    classes below it, and it is the one taken."""
+    one, as :class:`ClassChoice`.  When rules merged several input-graph nodes into one class, only the lowest
+    one is computed from classes below it, and it is the one taken."""
     cdef vector[double] monotone = costs, position = pos, unused
     cdef vector[char] is_original = original
     cdef vector[int] tree, choice = vector[int](g.num_classes, -1)
@@ -732,9 +736,7 @@ def decoded_nodes(list order, dict wanted, list enodes, list classes, dict input
         elif op in leaves:
             node = check(nid, op, inputs, enode.attrs, nodes)
         else:
-            key.clear()  # as _signature's, with the inputs' ops of a rechecked op
-            _append_word(key, <long long><PyObject*>op)
-            _append_word(key, <long long><PyObject*>enode.attrs)
+            _signature_head(key, enode, 0)  # then the children's types, and a rechecked op's inputs' ops
             for k in range(width):
                 _append_int(key, numbers[<int>children[k]])
             if op in rechecked:
