@@ -396,6 +396,26 @@ def test_class_choice_reads_like_the_dict_of_its_classes_and_drop_unreachable_ta
         drop_unreachable(view.flat(), {**as_dict, c: wrong})
 
 
+def test_a_restart_from_a_class_choice_does_what_one_from_its_dict_does(synthetic_view: EGraphView) -> None:
+    from rlx_egraph.egraph._solver import start_choice
+
+    view = synthetic_view
+    costs = extract.node_costs(view, get_target("cpu"))
+    pos = extract.class_positions(view, {nid: k for k, nid in enumerate(sorted(view.class_of_node))}, costs)
+    first, tree_node = start_choice(view.flat(), costs, pos, view.original_flags())
+    roots = [view.class_of_node[nid] for nid in sorted(view.class_of_node)[-3:]]
+    solvers = [Solver(view, costs, first, roots, pos) for _ in range(2)]
+    for solver in solvers:
+        solver.improve(Deadline())
+    changed = [solvers[0].restart(tree_node), solvers[1].restart(tree_node.to_dict())]
+    assert changed[0] == changed[1] > 0
+    assert solvers[0].choices() == solvers[1].choices()
+    after = [solver.improve(Deadline()) for solver in solvers]  # the second search attempts the same classes
+    assert after[0] == after[1] and solvers[0].live_choices() == solvers[1].live_choices()
+    with pytest.raises(IndexError, match=r"^class 999999 is not in the e-graph"):
+        solvers[0].restart({999999: 0})
+
+
 def test_greedy_s_two_searches_at_once_give_what_one_after_the_other_gives(synthetic_view: EGraphView):
     """greedy runs its two searches in two threads; run here one after the other, from the same starts."""
     from rlx_egraph.egraph._solver import drop_unreachable, start_choice

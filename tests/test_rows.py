@@ -9,7 +9,7 @@ import pytest
 from egglog import bindings as eb
 
 from rlx_egraph import examples
-from rlx_egraph.egraph._rows import RuleRelation, value_id
+from rlx_egraph.egraph._rows import ClassNumbers, RuleRelation, value_id
 from rlx_egraph.egraph.encode import is_negative_zero_scalar
 from rlx_egraph.egraph.rules import load_rules
 from rlx_egraph.egraph.saturate import saturate
@@ -93,3 +93,18 @@ def test_rule_relation_keys_by_ids_and_names_each_distinct_rule_list_once() -> N
     assert {ints[key]: names for key, names in found.items()} == in_rows
     assert sorted(in_rows[1]) == sorted(in_rows[4]) == ["a", "b"] and in_rows[3] == ("a",)
     assert sorted(asked) == sorted(set(in_rows.values()))  # each distinct rule list named once
+
+
+def test_class_numbers_read_every_i64_key_as_egglog_converts_it() -> None:
+    """A small key is read from its value id, a negative or large one (interned by egglog) through the binding:
+    both give the i64 the binding's conversion gives."""
+    egraph = eb.EGraph()
+    keys = [0, 1, 7, 2**31 - 2, 2**31 - 1, 2**31, 2**40, -1, -(2**31)]
+    egraph.parse_and_run_program("(datatype Probe (Leaf i64))\n(function key (i64) Probe :no-merge)\n"
+                                 + "\n".join(f"(set (key {k}) (Leaf {k}))" for k in keys))
+    functions = egraph.freeze().functions
+    converted = []
+    read = ClassNumbers().of_keys(functions["key"].rows, lambda v: converted.append(v) or egraph.value_to_i64(v))
+    assert sorted(read) == sorted(keys)
+    assert set(read.values()) == {-1}  # no class numbered yet
+    assert sorted(egraph.value_to_i64(v) for v in converted) == sorted(k for k in keys if not 0 <= k < 2**31)

@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -38,7 +39,7 @@ from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import Encoding, encode_graph
 from .egraph.regions import apply_regions
-from .egraph.rules import STAGES, RuleSet, load_rules
+from .egraph.rules import RuleSet, load_rules
 from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
@@ -246,19 +247,31 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
 
 
 def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
-    """A new egglog e-graph holding the schema, ``ruleset`` and ``graph``'s terms, not yet saturated."""
-    encoding = encode_graph(graph, attention_block_max_tokens)
-    egraph = new_egraph(ruleset)
+    """A new egglog e-graph holding the schema, ``ruleset`` and ``graph``'s terms, not yet saturated.  egglog
+    parses and runs the schema and the rules in a second thread while ``graph`` is encoded."""
+    with ThreadPoolExecutor(1, thread_name_prefix="rlx-egglog-rules") as egglog:
+        fresh = egglog.submit(_egraph_running, rules_program(ruleset))
+        encoding = encode_graph(graph, attention_block_max_tokens)
+        egraph = fresh.result()
     encoding.load(egraph)
     return egraph, encoding
 
 
+def rules_program(ruleset: RuleSet) -> str:
+    """The schema and ``ruleset`` as one egglog program."""
+    return schema_text() + "\n" + ruleset.text
+
+
 def new_egraph(ruleset: RuleSet) -> eb.EGraph:
     """A new egglog e-graph holding the schema and ``ruleset``, no terms yet."""
+    return _egraph_running(rules_program(ruleset))
+
+
+def _egraph_running(program: str) -> eb.EGraph:
+    """A new egglog e-graph that has run ``program`` (egglog lets go of the GIL while it parses and runs a
+    program's text, not while it runs parsed commands)."""
     egraph = eb.EGraph()
-    egraph.run_program(*egraph.parse_program(schema_text()))
-    egraph.run_program(*egraph.parse_program("\n".join(f"(ruleset {s})" for s in STAGES)))
-    egraph.run_program(*ruleset.commands())
+    egraph.parse_and_run_program(program)
     return egraph
 
 

@@ -876,17 +876,33 @@ cdef class Solver:
         """Give every class that nothing needs and that has a choice its e-node in ``start`` (a later move that
         needs it again finds it there); returns how many changed.  The next :meth:`improve` attempts first the
         classes whose last attempt read a changed class (the others would fail again the same way)."""
-        cdef int c, n, r, changed = 0
+        cdef int c, n, changed = 0
+        cdef vector[int]* node
+        if type(start) is ClassChoice:  # read as its array, in class order
+            node = &(<ClassChoice>start).node
+            for c in range(min(node.size(), self.choice.size())):
+                if deref(node)[c] >= 0:
+                    changed += self._restart_class(c, deref(node)[c])
+            for c in range(self.choice.size(), node.size()):
+                if deref(node)[c] >= 0:
+                    self._check_class(c)
+            return changed
         for c, n in start.items():
-            self._check_member(c, n)
-            if self.refs_[c] == 0 and self.choice[c] >= 0 and self.choice[c] != n:
-                self.choice[c] = n
-                changed += 1
-                if self.searched:
-                    for r in self.readers[c]:
-                        _add(self.pending, self.is_pending, r)
-                    self.readers[c].clear()
+            changed += self._restart_class(c, n)
         return changed
+
+    cdef int _restart_class(self, int c, int n) except -1:
+        """:meth:`restart` for class ``c`` and its e-node ``n`` in the start; 1 when ``c`` changed, else 0."""
+        cdef int r
+        self._check_member(c, n)
+        if self.refs_[c] != 0 or self.choice[c] < 0 or self.choice[c] == n:
+            return 0
+        self.choice[c] = n
+        if self.searched:
+            for r in self.readers[c]:
+                _add(self.pending, self.is_pending, r)
+            self.readers[c].clear()
+        return 1
 
     def live_choices(self):
         """Class -> its e-node, for the classes something needs (the extracted graph)."""

@@ -37,7 +37,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,11 @@ class Rule:
     @property
     def location(self) -> str:
         return f"{self.file}:{self.line}"
+
+    @cached_property
+    def program_text(self) -> str:
+        """The egglog text of :attr:`program` (made once: every new e-graph parses it)."""
+        return "\n".join(map(str, self.program))
 
 
 Source = tuple[str, str, bytes]  # a loaded rule file: (path, name shown in messages, content)
@@ -173,7 +178,7 @@ class RuleSet:
     def text(self) -> str:
         """The egglog text of what runs: rulesets, provenance and helper relations, every instrumented rule."""
         decls = [f"(ruleset {s})" for s in STAGES] + [source for source, _ in self.provenance + self.declarations]
-        rules = [f";; {r.name} ({r.location})\n" + "\n".join(map(str, r.program)) for r in self.rules]
+        rules = [f";; {r.name} ({r.location})\n{r.program_text}" for r in self.rules]
         return "\n".join(decls + rules) + "\n"
 
     def commands(self) -> list[Any]:
