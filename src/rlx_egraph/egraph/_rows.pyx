@@ -152,6 +152,10 @@ cdef class ClassNumbers:
 
     cdef vector[int] number_of  # value id -> class number, -1 when not seen yet
     cdef readonly int count
+    cdef list ints  # class number -> that number as a Python int, one object for every e-node that reads it
+
+    def __cinit__(self):
+        self.ints = []
 
     cdef int number(self, uint32_t value):
         if value >= self.number_of.size():
@@ -160,7 +164,19 @@ cdef class ClassNumbers:
         if k < 0:
             k = self.number_of[value] = self.count
             self.count += 1
+            self.ints.append(k)
         return k
+
+    cdef tuple tuple_of(self, vector[int]& numbers):
+        """``numbers`` (class numbers) as a Python tuple of the shared ints."""
+        cdef tuple out = PyTuple_New(numbers.size())
+        cdef size_t k
+        cdef object item
+        for k in range(numbers.size()):
+            item = self.ints[numbers[k]]
+            Py_INCREF(item)
+            PyTuple_SET_ITEM(out, k, item)
+        return out
 
     def of(self, value) -> int:
         """The class number of an e-class ``Value``, or -1 when not seen."""
@@ -206,18 +222,6 @@ def link_graph_nodes(tuple graph_nodes, dict class_of_id, int num_classes):
 
 cdef inline void _append_id(string& key, uint32_t value):
     key.append(<const char*>&value, sizeof(uint32_t))
-
-
-cdef tuple _int_tuple(vector[int]& items):
-    """``items`` as a Python tuple."""
-    cdef tuple out = PyTuple_New(items.size())
-    cdef size_t k
-    cdef object item
-    for k in range(items.size()):
-        item = items[k]
-        Py_INCREF(item)
-        PyTuple_SET_ITEM(out, k, item)
-    return out
 
 
 cdef class RuleRelation:
@@ -403,7 +407,7 @@ def read_enodes(str op, list rows, list input_columns, list attr_columns, ClassN
                 _append_id(row_key, _id(inputs[k]))
             built = built_by.names_of_key(row_key)
         enode = ENode.__new__(ENode)
-        enode.index, enode.op, enode.children, enode.attrs = len(nodes), op, _int_tuple(kids), attrs
-        enode.eclass, enode.original, enode.built_by = out, None, built
+        enode.index, enode.op, enode.children, enode.attrs = len(nodes), op, classes.tuple_of(kids), attrs
+        enode.eclass, enode.original, enode.built_by = classes.ints[out], None, built
         nodes.append(enode)
-        eclasses.append(out)
+        eclasses.append(enode.eclass)
