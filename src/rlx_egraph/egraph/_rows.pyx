@@ -9,10 +9,6 @@ and prints it as ``Value(<id>)``), so :func:`value_id` reads the id directly and
 classes, follow list cells and key provenance by plain integers.  :func:`_check_layout` compares the read
 against the printed id when the module is imported, so another binding layout fails at once and by name.
 
-egglog stores an i64 whose top 33 bits are clear in the value id itself (a larger one or a negative one is
-interned, with the id's top bit set), so :meth:`ClassNumbers.of_keys` reads a graph node id from the id and
-calls the binding only for an interned one; the import checks that too.
-
 Ids are unique within one egglog sort, so every table here is keyed by ids of one sort: e-classes (the
 ``Op`` sort), list cells (``TensorList``), rule names (``String``).
 
@@ -60,15 +56,6 @@ def _check_layout() -> None:
         raise ImportError(f"rlx-egraph reads egglog's Value ids from the binding's object layout, and this egglog "
                           f"build lays them out differently (Value prints {cells[0]}); rlx-egraph supports "
                           f"egglog 14")
-    egraph.parse_and_run_program("(RlxLeaf -1) (RlxLeaf 2147483647) (RlxLeaf 2147483648)")
-    leaves = [row.inputs[0] for row in egraph.freeze().functions["RlxLeaf"].rows]
-    if any((_id(v) < _INTERNED) != (0 <= egraph.value_to_i64(v) < _INTERNED)
-           or (_id(v) < _INTERNED and _id(v) != egraph.value_to_i64(v)) for v in leaves):
-        raise ImportError("rlx-egraph reads a small i64 from its egglog Value id, and this egglog build stores "
-                          "i64 values differently; rlx-egraph supports egglog 14")
-
-
-cdef uint32_t _INTERNED = 0x80000000  # an i64 Value id with this bit set names an interned i64, not the number
 
 
 _check_layout()
@@ -187,17 +174,13 @@ cdef class ClassNumbers:
         return self.number_of[value] if value < self.number_of.size() else -1
 
     def of_keys(self, list rows, key_of) -> dict:
-        """Rows of a table keyed by an i64 that names e-classes: the key -> the class number of the row's output
-        (-1 when not seen), in row order.  ``key_of(Value)`` is the binding's i64 conversion, called only for an
-        interned key (see the module's docstring)."""
+        """Rows of a table that names e-classes: ``key_of(first input)`` -> the class number of the row's output
+        (-1 when not seen), in row order."""
         cdef dict out = {}
-        cdef uint32_t value, key
+        cdef uint32_t value
         for row in rows:
             value = _id(row.output)
-            item = row.inputs[0]
-            key = _id(item)
-            out[key if key < _INTERNED else key_of(item)] = \
-                self.number_of[value] if value < self.number_of.size() else -1
+            out[key_of(row.inputs[0])] = self.number_of[value] if value < self.number_of.size() else -1
         return out
 
 
