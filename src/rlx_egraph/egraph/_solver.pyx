@@ -29,13 +29,16 @@ from libcpp.string cimport string
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyObject_TypeCheck, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.math cimport INFINITY
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from numpy import ndarray
+
+# numpy's array type, checked in C: isinstance's general protocol (a type's __instancecheck__) costs 6x more per call
+cdef PyTypeObject* _NDARRAY = <PyTypeObject*>ndarray
 
 from rlx_egraph.egraph._rows cimport EClass, ENode
 
@@ -189,10 +192,21 @@ def input_types(tuple graph_nodes, dict class_of, int num_classes, dict numbers,
     cdef vector[int] fixed = vector[int](num_classes, -1)
     cdef set split = set()
     cdef int c, k
+    cdef string key
+    cdef unordered_map[string, int] seen  # the identities of a (shape, dtype, parts) -> its type number
     for gnode in graph_nodes:
         c = class_of[gnode.id]
-        number = numbers.get((gnode.shape, gnode.dtype, gnode.parts))
-        k = number_of_node(gnode) if number is None else number
+        shape, dtype, parts = gnode.shape, gnode.dtype, gnode.parts
+        key.clear()  # nodes share their shape objects: keyed by identity, most need no hash of a shape
+        _append_word(key, <long long><PyObject*>shape)
+        _append_word(key, <long long><PyObject*>dtype)
+        _append_word(key, <long long><PyObject*>parts)
+        found = seen.find(key)
+        if found != seen.end():
+            k = deref(found).second
+        else:
+            number = numbers.get((shape, dtype, parts))
+            k = seen[key] = number_of_node(gnode) if number is None else number
         if fixed[c] < 0:
             fixed[c] = k
         elif fixed[c] != k:
@@ -600,7 +614,7 @@ cdef bint _same_attrs(int n, dict have, gnode, same_attrs) except -1:
         other = want.get(key, _MISSING)
         if other is _MISSING:
             return False
-        if isinstance(value, ndarray) or isinstance(other, ndarray):
+        if PyObject_TypeCheck(value, _NDARRAY) or PyObject_TypeCheck(other, _NDARRAY):
             return same_attrs(n, gnode)
         if value != other:
             return False
