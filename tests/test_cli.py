@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -590,14 +591,16 @@ def test_bench_overhead_splits_the_work_around_saturation(capsys: pytest.Capture
     out = capsys.readouterr().out.splitlines()
     header = next(line for line in out if line.lstrip().startswith("nodes "))
     assert header.split() == ["nodes", "saturate", "s", "around", "s", "load", "s", "read", "s", "ours", "s",
-                              "around/sat", "load+read/sat", "ours/sat"]
+                              "around/sat", "load+read/sat", "ours/sat", "paired", "ours/sat"]
     row = out[out.index(header) + 1].split()
     assert row[0] == "1,000"
     saturation, around, load, read, ours = map(float, row[1:6])
     assert saturation > 0 and load > 0 and read > 0
     assert ours == pytest.approx(around - load - read, abs=0.002)  # each printed to 0.001
-    around_ratio, egglog_ratio, ours_ratio = map(float, row[6:9])
+    around_ratio, egglog_ratio, ours_ratio, paired = map(float, row[6:10])
     assert around_ratio >= ours_ratio > 0 and around_ratio >= egglog_ratio > 0
+    # one run: its own ratio, from the unrounded seconds (those printed are rounded to 0.001)
+    assert paired == pytest.approx(ours / saturation, abs=0.005 + 0.002 / saturation)
 
 
 def test_bench_overhead_repeated_keeps_each_columns_least(capsys: pytest.CaptureFixture[str]) -> None:
@@ -612,6 +615,7 @@ def test_bench_overhead_repeated_keeps_each_columns_least(capsys: pytest.Capture
     assert saturation == pytest.approx(min(float(r[3]) for r in runs), abs=0.001)  # the least
     assert around == pytest.approx(min(float(r[7]) for r in runs), abs=0.001)  # the least
     assert ours == pytest.approx(around - load - read, abs=0.002)  # from the least of each
+    assert float(row[9]) == pytest.approx(statistics.median(float(r[-1]) for r in runs), abs=0.011)  # to 0.01
     with pytest.raises(SystemExit):
         bench.main(["overhead", "--nodes", "1000", "--repeat", "0"])
     assert "--repeat must be at least 1, not 0" in capsys.readouterr().err
