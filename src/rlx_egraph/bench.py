@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
-from egglog import bindings as eb
-
 from . import examples
 from .cli.main import format_table
 from .cost.targets import TARGETS
@@ -41,7 +39,7 @@ from .egraph.saturate import STOP_SATURATED, saturate
 from .egraph.view import view_tables
 from .fallback.engine import STOP_DONE
 from .ir import Graph
-from .optimize import optimize_with_report, rules_program
+from .optimize import egraph_from_program, optimize_with_report, rules_program
 
 # these measure the egglog engine itself (engine="auto" would fall back when a limit stops it)
 egglog_engine = partial(optimize_with_report, engine="egglog")
@@ -430,8 +428,7 @@ def overhead_row(nodes: int, target: str) -> tuple[float, float, float, float]:
     with gc_paused(), tempfile.TemporaryDirectory() as folder:  # as in the engine's run
         encoding, rules_text = encode_graph(graph), rules_program(ruleset)
         start = time.perf_counter()
-        egraph = eb.EGraph()
-        egraph.parse_and_run_program(rules_text)
+        egraph = egraph_from_program(rules_text)
         load = time.perf_counter() - start
         program = encoding.write_rows(Path(folder))  # our part of loading: writing the rows' files
         start = time.perf_counter()

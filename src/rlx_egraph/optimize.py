@@ -250,7 +250,7 @@ def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int
     """A new egglog e-graph holding the schema, ``ruleset`` and ``graph``'s terms, not yet saturated.  egglog
     parses and runs the schema and the rules in a second thread while ``graph`` is encoded."""
     with ThreadPoolExecutor(1, thread_name_prefix="rlx-egglog-rules") as egglog:
-        fresh = egglog.submit(_egraph_running, rules_program(ruleset))
+        fresh = egglog.submit(egraph_from_program, rules_program(ruleset))
         encoding = encode_graph(graph, attention_block_max_tokens)
         egraph = fresh.result()
     encoding.load(egraph)
@@ -264,10 +264,10 @@ def rules_program(ruleset: RuleSet) -> str:
 
 def new_egraph(ruleset: RuleSet) -> eb.EGraph:
     """A new egglog e-graph holding the schema and ``ruleset``, no terms yet."""
-    return _egraph_running(rules_program(ruleset))
+    return egraph_from_program(rules_program(ruleset))
 
 
-def _egraph_running(program: str) -> eb.EGraph:
+def egraph_from_program(program: str) -> eb.EGraph:
     """A new egglog e-graph that has run ``program`` (egglog lets go of the GIL while it parses and runs a
     program's text, not while it runs parsed commands)."""
     egraph = eb.EGraph()
