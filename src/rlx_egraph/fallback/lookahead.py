@@ -162,13 +162,14 @@ class Region:
     nodes: tuple[Node, ...]
     outputs: tuple[int, ...]
     levels: tuple[float, ...]  # each node's level in the whole graph, as a rank
+    fields: tuple[tuple, ...]  # per node, everything about it the fallback's result can depend on (id aside)
 
     def __len__(self) -> int:
         return len(self.nodes)
 
     def content(self) -> tuple:
         """Everything the fallback's result on the region depends on, hashable (names of leaves aside)."""
-        return tuple(_fields(n) for n in self.nodes), self.outputs, self.levels
+        return self.fields, self.outputs, self.levels
 
     def graph(self) -> Graph:
         graph = Graph("region")
@@ -197,10 +198,13 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
     boundary = edge - leaves  # computed outside: kept as nodes reading fresh inputs
     leaves |= {i for b in boundary for i in nodes[b].inputs if nodes[i].kind is Kind.LEAF}
 
+    level, key = rw.levels, rw.key
+
     def order(n: int) -> tuple:
-        return rw.level(n), param_order.get(n, -1), n
+        return level[n], param_order.get(n, -1), n
 
     cut: list[Node] = []
+    fields: list[tuple] = []  # see _fields: computed as each node is cut, from the rewriter's keys
     local: dict[int, int] = {}
     back: dict[int, int] = {}
     fresh: dict[int, int] = {}
@@ -210,18 +214,26 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             k = fresh[n] = len(cut)
             back[k] = n
             shape, dtype = nodes[n].shape, nodes[n].dtype
-            cut.append(Node(k, "Input", (), {"name": f"v{k}", "shape": shape, "dtype": dtype}, shape, dtype))
+            name = f"v{k}"
+            cut.append(Node(k, "Input", (), {"name": name, "shape": shape, "dtype": dtype}, shape, dtype))
+            fields.append((("Input", (), name), shape, dtype, ()))
         return fresh[n]
 
-    def add(node: Node, inputs: tuple[int, ...]) -> int:
-        k = len(cut)
-        renamed = node.op in NAMED_LEAVES and node.attrs["name"] not in names
-        attrs = {**node.attrs, "name": f"v{k}"} if renamed else node.attrs
+    def add(n: int, inputs: tuple[int, ...]) -> int:
+        k, node = len(cut), nodes[n]
+        if node.op in NAMED_LEAVES:
+            name = node.attrs["name"] if node.attrs["name"] in names else f"v{k}"
+            attrs = node.attrs if name == node.attrs["name"] else {**node.attrs, "name": name}
+            head: tuple = (node.op, inputs, name)
+        else:
+            attrs, whole = node.attrs, key(n)
+            head = (whole[0], inputs, whole[2])  # node_key of the cut node
         cut.append(Node(k, node.op, inputs, attrs, node.shape, node.dtype, node.parts))
+        fields.append((head, node.shape, node.dtype, node.parts))
         return k
 
     for n in sorted(leaves, key=order):
-        local[n] = add(nodes[n], ())
+        local[n] = add(n, ())
     for n in sorted(boundary | inner, key=order):
         node = nodes[n]
         if n in boundary and any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
@@ -231,13 +243,14 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             ins = tuple(local[i] if i in local else fresh_input(i) for i in node.inputs)
         else:
             ins = tuple(local[i] for i in node.inputs)
-        local[n] = add(node, ins)
+        local[n] = add(n, ins)
     outputs = set(rw.outputs) & (inner | boundary)
     outputs |= {n for n in inner | boundary if any(r not in inner for r in readers[n])}
     back.update((k, n) for n, k in local.items())
-    whole = [rw.level(back[k]) for k in range(len(cut))]
+    whole = [level[back[k]] for k in range(len(cut))]
     rank = {w: float(k) for k, w in enumerate(sorted(set(whole)))}
-    return Region(tuple(cut), tuple(sorted(local[n] for n in outputs)), tuple(rank[w] for w in whole)), local, back
+    return Region(tuple(cut), tuple(sorted(local[n] for n in outputs)), tuple(rank[w] for w in whole),
+                  tuple(fields)), local, back
 
 
 def matched_names(patterns: Iterable[Pattern]) -> frozenset[str]:

@@ -70,6 +70,7 @@ class GraphRewriter:
         self._order: dict[int, tuple[float, int]] = {}  # output-order hint (input position, sequence)
         self._moved: set[int] = set()  # nodes whose order hint is not their input position
         self._keys: dict[tuple, int] = {}
+        self._key_of: dict[int, tuple | None] = {}  # each live node's node_key, remembered
         self._forward: dict[int, int] = {}
         self._leaf_names: dict[str, int] = {}
         self._input_order: list[int] = []
@@ -85,6 +86,8 @@ class GraphRewriter:
         """Each live node's readers: a read-only view that follows the edits."""
         self.leaf_names: Mapping[str, int] = self._leaf_names
         """Names of the live Input/Param leaves: a read-only view."""
+        self.levels: Mapping[int, float] = self._level
+        """Each live node's :meth:`level`: a read-only view that follows the edits."""
         self._open(graph)
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
@@ -92,7 +95,7 @@ class GraphRewriter:
         ``levels``: each node's level, in graph order (they must rise from input to reader), instead of its
         height; a part cut out of a larger graph keeps the larger graph's levels, and so its decisions."""
         for table in (self._nodes, self._users, self._by_op, self._level, self._order, self._moved, self._keys,
-                      self._forward, self._leaf_names, self.touched):
+                      self._key_of, self._forward, self._leaf_names, self.touched):
             table.clear()
         self._input_order = []
         self._seq = 0
@@ -100,8 +103,8 @@ class GraphRewriter:
         self._open(graph, levels)
 
     def _open(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
-        nodes, users, by_op, level, order, keys, forward = (self._nodes, self._users, self._by_op, self._level,
-                                                             self._order, self._keys, self._forward)
+        nodes, users, by_op, level, order, keys, key_of, forward = (
+            self._nodes, self._users, self._by_op, self._level, self._order, self._keys, self._key_of, self._forward)
         for position, node in enumerate(graph.nodes):  # _add, inlined: this loop is the rewriter's opening cost
             nid, inputs = node.id, node.inputs
             if forward and not forward.keys().isdisjoint(inputs):  # reads a node merged into an identical one
@@ -115,6 +118,7 @@ class GraphRewriter:
                     continue
             self._input_order.append(nid)
             nodes[nid] = node
+            key_of[nid] = key
             users[nid] = {}
             by_op.setdefault(node.op, {})[nid] = None
             height = 0.0
@@ -182,6 +186,10 @@ class GraphRewriter:
     def level(self, node_id: int) -> float:
         """A topological number: every input of a node has a smaller one."""
         return self._level[node_id]
+
+    def key(self, node_id: int) -> tuple | None:
+        """:func:`node_key` of live node ``node_id`` (remembered: no attribute is keyed again)."""
+        return self._key_of[node_id]
 
     def existing(self, node: Node) -> int | None:
         """The live node identical to ``node`` (same op, inputs and attributes), if any."""
@@ -346,6 +354,7 @@ class GraphRewriter:
         # inputs' readers then rarely sits higher than it, so replacements rarely raise levels.
         self._level[nid] = max((self._level[i] for i in node.inputs), default=-1.0) + _LEVEL_STEP
         self._order[nid] = order
+        self._key_of[nid] = key
         if key is not None:
             self._keys[key] = nid
         if "name" in node.attrs and node.kind is Kind.LEAF:
@@ -357,7 +366,7 @@ class GraphRewriter:
         nid = node.id
         del self._nodes[nid], self._users[nid], self._by_op[node.op][nid], self._level[nid], self._order[nid]
         self._moved.discard(nid)
-        key = node_key(node)
+        key = self._key_of.pop(nid)
         if key is not None and self._keys.get(key) == nid:
             del self._keys[key]
         if "name" in node.attrs and node.kind is Kind.LEAF:
@@ -374,17 +383,16 @@ class GraphRewriter:
         inputs = tuple(new if i == old else i for i in node.inputs)
         if node.kind is Kind.WEIGHT_PREP:  # its inputs' ops matter, not only their types
             check_node(user, node.op, inputs, node.attrs, self._nodes.get, {})
-        old_key = node_key(node)
+        old_key = self._key_of[user]
         if old_key is not None and self._keys.get(old_key) == user:
             del self._keys[old_key]
-        rewired = Node(user, node.op, inputs, node.attrs, node.shape, node.dtype, node.parts)
-        self._nodes[user] = rewired
+        self._nodes[user] = Node(user, node.op, inputs, node.attrs, node.shape, node.dtype, node.parts)
         del self._users[old][user]
         self._users[new][user] = None
         self.touched.update((user, old, new))
-        key = node_key(rewired)
-        if key is None:
+        if old_key is None:
             return None
+        key = self._key_of[user] = (old_key[0], inputs, old_key[2])  # node_key of the rewired node
         same = self._keys.setdefault(key, user)
         return same if same != user else None
 
