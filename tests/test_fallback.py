@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -22,7 +23,7 @@ from rlx_egraph.fallback.facts import Facts
 from rlx_egraph.fallback.matcher import schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
 from rlx_egraph.ir.graph import Node, check_node
-from rlx_egraph.ir.rewrite import GraphRewriter
+from rlx_egraph.ir.rewrite import GraphRewriter, node_key
 from rlx_egraph.kernels.parity import check_parity
 
 SQRT_2 = 1.4142135623730951
@@ -1241,6 +1242,34 @@ def test_rewriter_merges_identical_nodes_like_an_egraph():
     assert rw.find(e2) == e1 and rw.find(9) == 8 and 9 not in rw
     out = rw.finish()
     assert out.node(out.outputs[1]).inputs == (8, 8)
+
+
+def test_rewriter_keys_and_levels_follow_every_edit():
+    """The rewriter remembers each live node's key (cut_out and removals read it): after inserts, a rewiring that
+    merges two readers, reopening and dead-code elimination, it is node_key of the live record."""
+    g = Graph()
+    x = g.input("x", X)
+    c = g.constant(np.arange(8, dtype=np.float32))
+    e1, e2 = g.exp(x), g.abs(x)
+    g.set_outputs([g.mul(g.add(g.relu(e1), c), g.relu(e2))])
+    rw = GraphRewriter(g)
+
+    def agrees() -> None:
+        assert {n: rw.key(n) for n in rw.nodes_by_id} == {n: node_key(node) for n, node in rw.nodes_by_id.items()}
+        assert dict(rw.levels) == {n: rw.level(n) for n in rw.nodes_by_id}
+
+    agrees()
+    neg = rw.insert("Neg", [e1])
+    agrees()
+    rw.replace_all_uses(e2, e1)  # Relu(e2) becomes Relu(e1), merged into it
+    agrees()
+    rw.eliminate_dead_code([neg, e2])
+    assert neg not in rw and e2 not in rw
+    agrees()
+    rw.reopen(rw.finish())
+    agrees()
+    with pytest.raises(KeyError):
+        rw.key(neg)
 
 
 def test_replacing_a_low_node_does_not_renumber_the_graph_above_it():
