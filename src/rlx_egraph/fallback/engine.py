@@ -122,11 +122,11 @@ class RuleStats:
     def reject(self, reason: str, times: int = 1) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + times
 
-    def add_matches(self, other: RuleStats) -> None:
-        """Count ``other``'s matches and rejections too."""
-        self.matches += other.matches
+    def add_matches(self, other: RuleStats, runs: int = 1) -> None:
+        """Count ``other``'s matches and rejections too, ``runs`` times."""
+        self.matches += other.matches * runs
         for reason, times in other.rejected.items():
-            self.reject(reason, times)
+            self.reject(reason, times * runs)
 
 
 @dataclass
@@ -373,6 +373,7 @@ class _Engine:
             return None
         t0 = time.perf_counter()
         margin = CHAIN_EPS * self.stats.cost_before_ns
+        tallies: dict[int, list] = {}  # id of a kind's run -> [run, blocks of that kind, blocks transplanted]
         for block in pieces:
             if time.perf_counter() - start > self.limits.max_seconds:
                 self.stats.stop_reason = STOP_TIME
@@ -382,11 +383,18 @@ class _Engine:
             run = self.lookahead.run(region, None, None)
             if run.stop_reason != STOP_DONE and self.stats.stop_reason == STOP_DONE:
                 self.stats.stop_reason = run.stop_reason
+            tally = tallies.setdefault(id(run), [run, 0, 0])
+            tally[1] += 1
             if run.cost_ns < run.before_ns - margin:
-                self.transplant(Chain(run.cost_ns - run.before_ns, run, back), block=True)
-            for rule, stats in run.rules.items():
-                self.stats.rules[rule].add_matches(stats)
+                self.transplant(Chain(run.cost_ns - run.before_ns, run, back), count=False)
+                tally[2] += 1
             self.stats.blocks += 1
+        for run, times, transplanted in tallies.values():  # each kind's stats once, times its blocks
+            for rule, stats in run.rules.items():
+                mine = self.stats.rules[rule]
+                mine.add_matches(stats, times)
+                mine.commits += stats.commits * transplanted
+                mine.chain_starts += stats.chain_starts * transplanted
         self.stats.phases["replay"] = time.perf_counter() - t0
         return {h for block in pieces[:-1] if (h := self.rw.find(block[-1])) in self.nodes}  # (the last ends the graph)
 
@@ -894,9 +902,10 @@ class _Engine:
         known = self.rules_of.setdefault(rep, [])
         known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
 
-    def transplant(self, chain: Chain, block: bool = False) -> None:
+    def transplant(self, chain: Chain, count: bool = True) -> None:
         """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
-        block's), in the graph and in its provenance and stats (its commits; a block's chain starts too)."""
+        block's), in the graph and in its provenance; ``count``: and its commits in the stats (a block's
+        are counted per kind, see :meth:`replay`)."""
         run = chain.run
         made: dict[int, int] = {}
         for node in run.graph.nodes:  # in topological order
@@ -914,10 +923,9 @@ class _Engine:
                 self.replace(old, rep, run.rules_of.get(now, ()))
                 olds.append(old)
         self.rw.eliminate_dead_code(olds)
-        for rule, stats in run.rules.items():
-            self.stats.rules[rule].commits += stats.commits
-            if block:
-                self.stats.rules[rule].chain_starts += stats.chain_starts
+        if count:
+            for rule, stats in run.rules.items():
+                self.stats.rules[rule].commits += stats.commits
 
     def write_facts(self, program: list[tuple[Any, Any]], env: list) -> None:
         """Apply a facts rule's actions to one match."""

@@ -282,7 +282,7 @@ class GraphRewriter:
                 if same is not None:
                     pending.append((u, same))
                     duplicates.append(u)
-            if self._out_uses[old]:
+            if old in self._out_uses:
                 self._outputs = [new if o == old else o for o in self._outputs]
                 self._out_uses[new] += self._out_uses.pop(old)
             self._forward[old] = new
@@ -290,7 +290,8 @@ class GraphRewriter:
             self._moved.add(new)
             self.touched.update((old, new))
             self._raise_levels(new)
-        self.eliminate_dead_code(duplicates)
+        if duplicates:
+            self.eliminate_dead_code(duplicates)
 
     def erase(self, node_id: int) -> None:
         """Remove an unused node (its inputs stay, even if now unused)."""
@@ -306,10 +307,11 @@ class GraphRewriter:
         stack = list(self._nodes if candidates is None else candidates)
         stack.reverse()
         erased: list[int] = []
+        nodes, users, out_uses = self._nodes, self._users, self._out_uses
         while stack:
             nid = stack.pop()
-            node = self._nodes.get(nid)
-            if node is None or self._users[nid] or self._out_uses[nid] or node.op == "Input":
+            node = nodes.get(nid)
+            if node is None or users[nid] or nid in out_uses or node.op == "Input":
                 continue
             self._remove(node)
             erased.append(nid)
@@ -380,7 +382,7 @@ class GraphRewriter:
     def _rewire(self, user: int, old: int, new: int) -> int | None:
         """Point ``user``'s ``old`` inputs at ``new``; returns the live node it now duplicates, if any."""
         node = self._nodes[user]
-        inputs = tuple(new if i == old else i for i in node.inputs)
+        inputs = tuple([new if i == old else i for i in node.inputs])
         if node.kind is Kind.WEIGHT_PREP:  # its inputs' ops matter, not only their types
             check_node(user, node.op, inputs, node.attrs, self._nodes.get, {})
         old_key = self._key_of[user]
