@@ -909,7 +909,7 @@ class _Engine:
         run = chain.run
         made: dict[int, int] = {}
         for node in run.graph.nodes:  # in topological order
-            inputs = tuple(made[i] for i in node.inputs)
+            inputs = tuple([made[i] for i in node.inputs])
             if node.id in chain.back:
                 was = self.nodes[chain.back[node.id]]  # alive: the plan is not stale
                 if node.kind is Kind.LEAF or (was.op, was.inputs) == (node.op, inputs):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from ..ir.graph import Graph, Node
@@ -159,13 +160,28 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan
 class Region:
     """Nodes cut out of the graph (see :func:`cut_out`), numbered canonically: node ``k`` has id ``k``."""
 
-    nodes: tuple[Node, ...]
+    fields: tuple[tuple, ...]  # per node, everything about it the fallback's result can depend on (id aside)
+    sources: tuple[Node | None, ...]  # per node, the graph's node it copies (None: a fresh input)
     outputs: tuple[int, ...]
     levels: tuple[float, ...]  # each node's level in the whole graph, as a rank
-    fields: tuple[tuple, ...]  # per node, everything about it the fallback's result can depend on (id aside)
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self.fields)
+
+    @cached_property
+    def nodes(self) -> tuple[Node, ...]:
+        """The nodes, made when first asked for (most regions are only looked up by :meth:`content`)."""
+        out = []
+        for k, ((op, inputs, name), shape, dtype, parts) in enumerate(self.fields):
+            source = self.sources[k]
+            if source is None:
+                attrs = {"name": name, "shape": shape, "dtype": dtype}
+            elif op in NAMED_LEAVES and name != source.attrs["name"]:
+                attrs = {**source.attrs, "name": name}
+            else:
+                attrs = source.attrs
+            out.append(Node(k, op, inputs, attrs, shape, dtype, parts))
+        return tuple(out)
 
     def content(self) -> tuple:
         """Everything the fallback's result on the region depends on, hashable (names of leaves aside)."""
@@ -203,7 +219,7 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
     def order(n: int) -> tuple:
         return level[n], param_order.get(n, -1), n
 
-    cut: list[Node] = []
+    cut: list[Node | None] = []  # per region node, the node it copies (None: a fresh input)
     fields: list[tuple] = []  # see _fields: computed as each node is cut, from the rewriter's keys
     local: dict[int, int] = {}
     back: dict[int, int] = {}
@@ -213,22 +229,19 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
         if n not in fresh:
             k = fresh[n] = len(cut)
             back[k] = n
-            shape, dtype = nodes[n].shape, nodes[n].dtype
-            name = f"v{k}"
-            cut.append(Node(k, "Input", (), {"name": name, "shape": shape, "dtype": dtype}, shape, dtype))
-            fields.append((("Input", (), name), shape, dtype, ()))
+            cut.append(None)
+            fields.append((("Input", (), f"v{k}"), nodes[n].shape, nodes[n].dtype, ()))
         return fresh[n]
 
     def add(n: int, inputs: tuple[int, ...]) -> int:
         k, node = len(cut), nodes[n]
         if node.op in NAMED_LEAVES:
-            name = node.attrs["name"] if node.attrs["name"] in names else f"v{k}"
-            attrs = node.attrs if name == node.attrs["name"] else {**node.attrs, "name": name}
-            head: tuple = (node.op, inputs, name)
+            name = node.attrs["name"]
+            head: tuple = (node.op, inputs, name if name in names else f"v{k}")
         else:
-            attrs, whole = node.attrs, key(n)
+            whole = key(n)
             head = (whole[0], inputs, whole[2])  # node_key of the cut node
-        cut.append(Node(k, node.op, inputs, attrs, node.shape, node.dtype, node.parts))
+        cut.append(node)
         fields.append((head, node.shape, node.dtype, node.parts))
         return k
 
@@ -249,8 +262,8 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
     back.update((k, n) for n, k in local.items())
     whole = [level[back[k]] for k in range(len(cut))]
     rank = {w: float(k) for k, w in enumerate(sorted(set(whole)))}
-    return Region(tuple(cut), tuple(sorted(local[n] for n in outputs)), tuple(rank[w] for w in whole),
-                  tuple(fields)), local, back
+    return Region(tuple(fields), tuple(cut), tuple(sorted(local[n] for n in outputs)),
+                  tuple(rank[w] for w in whole)), local, back
 
 
 def matched_names(patterns: Iterable[Pattern]) -> frozenset[str]:
