@@ -171,6 +171,11 @@ class Provenance:
     rules: tuple[str, ...]  # rules that built it or unioned a value into it (empty: an untouched input node)
     replaces: tuple[int, ...]  # input-graph node ids that compute the same value
 
+    def __init__(self, rules: tuple[str, ...], replaces: tuple[int, ...]) -> None:
+        # Straight into the instance dict, as Node does: a run makes one per node of the optimized graph.
+        d = self.__dict__
+        d["rules"], d["replaces"] = rules, replaces
+
 
 @dataclass
 class FallbackResult:

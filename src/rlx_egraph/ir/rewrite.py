@@ -324,7 +324,7 @@ class GraphRewriter:
         unmoved = [nid for nid in self._input_order if nid in live and nid not in moved]  # in order already
         # one stable sort of the two runs (a merge, done by sorted in C): on a tie, the unmoved node first
         order = sorted(unmoved + [nid for nid in moved if nid in live], key=self._order.__getitem__)
-        out = Graph(self.name)
+        ordered: list[Node] = []
         done: set[int] = set()
         for nid in order:
             if nid in done:
@@ -332,14 +332,15 @@ class GraphRewriter:
             stack = [nid]
             while stack:  # inputs first
                 top = stack[-1]
-                waiting = [i for i in self._nodes[top].inputs if i not in done]
+                waiting = [i for i in live[top].inputs if i not in done]
                 if waiting:
                     stack.extend(reversed(waiting))
                     continue
                 stack.pop()
                 if top not in done:
                     done.add(top)
-                    out._append(self._nodes[top])
+                    ordered.append(live[top])
+        out = Graph.from_checked(self.name, ordered)  # each node checked when it was opened or inserted
         out.set_outputs(self._outputs)
         return out
 
