@@ -233,33 +233,33 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             fields.append((("Input", (), f"v{k}"), nodes[n].shape, nodes[n].dtype, ()))
         return fresh[n]
 
-    def add(n: int, inputs: tuple[int, ...]) -> int:
-        k, node = len(cut), nodes[n]
+    for n in sorted(leaves, key=order):
+        node = nodes[n]
+        k = local[n] = len(cut)
         if node.op in NAMED_LEAVES:
             name = node.attrs["name"]
-            head: tuple = (node.op, inputs, name if name in names else f"v{k}")
+            head: tuple = (node.op, (), name if name in names else f"v{k}")
         else:
             whole = key(n)
-            head = (whole[0], inputs, whole[2])  # node_key of the cut node
+            head = (whole[0], (), whole[2])  # node_key of the cut node
         cut.append(node)
         fields.append((head, node.shape, node.dtype, node.parts))
-        return k
-
-    for n in sorted(leaves, key=order):
-        local[n] = add(n, ())
-    for n in sorted(boundary | inner, key=order):
+    for n in sorted(boundary | inner, key=order):  # no leaves: each has its key
         node = nodes[n]
-        if n in boundary and any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
-            local[n] = fresh_input(n)
-            continue
         if n in boundary:
-            ins = tuple(local[i] if i in local else fresh_input(i) for i in node.inputs)
+            if any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
+                local[n] = fresh_input(n)
+                continue
+            ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])
         else:
-            ins = tuple(local[i] for i in node.inputs)
-        local[n] = add(n, ins)
+            ins = tuple([local[i] for i in node.inputs])
+        whole = key(n)
+        local[n] = len(cut)
+        cut.append(node)
+        fields.append(((whole[0], ins, whole[2]), node.shape, node.dtype, node.parts))
     outputs = set(rw.outputs) & (inner | boundary)
-    outputs |= {n for n in inner | boundary if any(r not in inner for r in readers[n])}
-    back.update((k, n) for n, k in local.items())
+    outputs |= {n for n in inner | boundary if not inner.issuperset(readers[n])}
+    back.update(zip(local.values(), local.keys(), strict=True))
     whole = [level[back[k]] for k in range(len(cut))]
     rank = {w: float(k) for k, w in enumerate(sorted(set(whole)))}
     return Region(tuple(fields), tuple(cut), tuple(sorted(local[n] for n in outputs)),
