@@ -250,7 +250,7 @@ class GraphRewriter:
         if before is not None:
             position = self._order[self.node(before)][0] - 0.5
         else:
-            position = max((self._order[i][0] for i in node.inputs), default=-1.0) + 0.5
+            position = max([self._order[i][0] for i in node.inputs], default=-1.0) + 0.5
         self._next_id += 1
         self._seq += 1
         self._add(node, key, (position, self._seq))
@@ -347,38 +347,36 @@ class GraphRewriter:
     # --- internals -----------------------------------------------------------------------
 
     def _add(self, node: Node, key: tuple | None, order: tuple[float, int]) -> None:
-        nid = node.id
+        nid, inputs, users, level = node.id, node.inputs, self._users, self._level
         self._nodes[nid] = node
-        self._users[nid] = {}
+        users[nid] = {}
         self._by_op.setdefault(node.op, {})[nid] = None
-        for i in node.inputs:
-            self._users[i][nid] = None
+        for i in inputs:
+            users[i][nid] = None
         # Just above the highest input (inserted nodes): a node that replaces one of the same
         # inputs' readers then rarely sits higher than it, so replacements rarely raise levels.
-        self._level[nid] = max((self._level[i] for i in node.inputs), default=-1.0) + _LEVEL_STEP
+        level[nid] = max([level[i] for i in inputs], default=-1.0) + _LEVEL_STEP
         self._order[nid] = order
         self._key_of[nid] = key
         if key is not None:
             self._keys[key] = nid
         if "name" in node.attrs and node.kind is Kind.LEAF:
             self._leaf_names[node.attrs["name"]] = nid
-        self.touched.add(nid)
-        self.touched.update(node.inputs)
+        self.touched.update((nid, *inputs))
 
     def _remove(self, node: Node) -> None:
-        nid = node.id
-        del self._nodes[nid], self._users[nid], self._by_op[node.op][nid], self._level[nid], self._order[nid]
+        nid, inputs, users = node.id, node.inputs, self._users
+        del self._nodes[nid], users[nid], self._by_op[node.op][nid], self._level[nid], self._order[nid]
         self._moved.discard(nid)
         key = self._key_of.pop(nid)
         if key is not None and self._keys.get(key) == nid:
             del self._keys[key]
         if "name" in node.attrs and node.kind is Kind.LEAF:
             del self._leaf_names[node.attrs["name"]]
-        for i in node.inputs:
-            self._users[i].pop(nid, None)
+        for i in inputs:
+            users[i].pop(nid, None)
         self._out_uses.pop(nid, None)
-        self.touched.add(nid)
-        self.touched.update(node.inputs)
+        self.touched.update((nid, *inputs))
 
     def _rewire(self, user: int, old: int, new: int) -> int | None:
         """Point ``user``'s ``old`` inputs at ``new``; returns the live node it now duplicates, if any."""
