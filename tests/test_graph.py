@@ -386,6 +386,9 @@ def test_symbols_are_remembered_and_follow_every_added_node():
     assert g.symbols == ("batch", "seq")
     g.set_outputs([y])
     assert g.symbols == ("batch", "seq") and g.copy().symbols == ("batch", "seq")
+    r = g.node(g.reshape(y, shape=("batch", 2, 4)))
+    assert list(r.dim_tuples()) == [r.shape, r.attrs["shape"]] and len(r.attrs["shape"]) == 3  # shape, then target
+    assert list(r.dims()) == [d for dims in r.dim_tuples() for d in dims]
 
 
 def test_leaves_of_one_type_share_a_remembered_resolve_yet_each_keeps_and_checks_its_own_name() -> None:

@@ -102,12 +102,17 @@ class Node:
     def dims(self) -> Iterator[Any]:
         """The dims of the shape, then those of the dim attributes (``AttrSpec.dims``: leaf shapes, Reshape and
         Expand targets, Narrow bounds)."""
+        for dims in self.dim_tuples():
+            yield from dims
+
+    def dim_tuples(self) -> Iterator[tuple[Any, ...]]:
+        """:meth:`dims` as the tuples that hold them: each result's shape, then each dim attribute's value."""
         for part in self.parts or (self,):  # a node of one result has that result's shape
-            yield from part.shape
+            yield part.shape
         for spec in REGISTRY[self.op].dim_attrs:
             if spec.name in self.attrs:
                 value = self.attrs[spec.name]
-                yield from (value if spec.type is AttrType.INTS else (value,))
+                yield tuple(value) if spec.type is AttrType.INTS else (value,)
 
     def same_as(self, other: Node) -> bool:
         """Equal op, attributes, inputs and type (ids aside)."""
@@ -387,8 +392,9 @@ class Graph(GraphBuilders):
     @property
     def symbols(self) -> tuple[str, ...]:
         """The names of the symbolic dims in the graph, sorted (empty for a static graph)."""
-        if self._symbols is None:
-            self._symbols = tuple(sorted(symbols_of(d for n in self._nodes for d in n.dims())))
+        if self._symbols is None:  # each distinct tuple of dims once: nodes share a few shapes
+            tuples = {dims for n in self._nodes for dims in n.dim_tuples()}
+            self._symbols = tuple(sorted(symbols_of(d for dims in tuples for d in dims)))
         return self._symbols
 
     def op_counts(self) -> Counter[str]:
