@@ -13,12 +13,13 @@ leaves included, unlike the seed, which skipped outputs that are views).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..ir.graph import Graph
-from ..ir.registry import Kind, OpSpec, TensorType
+from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
 from ..ir.specialize import specialize_graph
 
 if TYPE_CHECKING:
@@ -171,18 +172,22 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
     nodes: dict[str, int] = {}
     sums: dict[str, list[int]] = {}  # kind -> launches, syncs, traffic bytes, FLOPs
     ops: dict[str, set[str]] = {}
-    by_id, copied = graph.node, tgt.copied_layouts
+    by_id, copied = graph.nodes_by_id, tgt.copied_layouts
+    kind_of: dict[str, str] = {}  # op -> its kind's name, for the ops that cost something
+    for op, count in Counter(node.op for node in graph.nodes).items():
+        kind = REGISTRY[op].kind
+        if kind.value not in nodes:
+            nodes[kind.value], sums[kind.value], ops[kind.value] = 0, [0, 0, 0, 0], set()
+        nodes[kind.value] += count
+        ops[kind.value].add(op)
+        if kind.launches or op in copied:  # others are free: leaves, views, load-time weight preparation
+            kind_of[op] = kind.value
     known: dict[tuple, NodeCost] = {}
     for node in graph.nodes:
-        spec = node.spec
-        kind = spec.kind.value
-        if kind not in nodes:
-            nodes[kind], sums[kind], ops[kind] = 0, [0, 0, 0, 0], set()
-        nodes[kind] += 1
-        ops[kind].add(node.op)
-        if spec.kind.launches == 0 and node.op not in copied:
-            continue  # free: leaves, views, load-time weight preparation
-        ins = [by_id(i) for i in node.inputs]
+        kind = kind_of.get(node.op)
+        if kind is None:
+            continue
+        ins = [by_id[i] for i in node.inputs]
         copies = node.op in copied and any(i.kind is not Kind.LEAF for i in ins)
         try:  # node_cost is a pure function of these: most nodes of a model repeat one
             key = (node.op, tuple(node.attrs.items()), tuple([(i.shape, i.dtype, i.parts) for i in ins]),
@@ -191,7 +196,7 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
         except TypeError:  # unhashable attribute values (arrays): not remembered
             key = cost = None
         if cost is None:
-            cost = node_cost(spec, node.attrs, [i.type for i in ins], node.type, copies)
+            cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
             if key is not None:
                 known[key] = cost
         total = sums[kind]
