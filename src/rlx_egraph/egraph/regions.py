@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..cost import Target
 from ..cost.targets import REGION_MAX_INPUTS, REGION_MAX_STEPS
-from ..ir.graph import Graph, Node
+from ..ir.graph import Graph, Node, check_node
 from ..ir.registry import Kind, op_spec
 
 # Elementwise-kind ops a region kernel cannot compute lane by lane: Embedding gathers whole rows
@@ -115,18 +115,20 @@ def fuse_regions(graph: Graph, regions: list[Region]) -> tuple[Graph, dict[int, 
     the nodes outside the regions are the same, reading the same ids of the same types."""
     by_tail = {r.tail: r for r in regions}
     absorbed = {m for r in regions for m in r.members if m != r.tail}
-    out = Graph(graph.name)
+    kept: list[Node] = []
     for node in graph.nodes:
         if node.id in absorbed:
             continue
-        if node.id in by_tail:
+        if node.id in by_tail:  # checked against ``graph``: its inputs are there, of the same types
             r = by_tail[node.id]
-            region = out.node(out.add_node("ElementwiseRegion", list(r.inputs), node_id=node.id,
-                                           chain=chain_json(graph, r)))
+            region = check_node(node.id, "ElementwiseRegion", list(r.inputs), {"chain": chain_json(graph, r)},
+                                graph.nodes_by_id.get, {})
             if region.type != node.type:
                 raise AssertionError(f"region ending at node {node.id} computes {region.type}, not {node.type}")
+            kept.append(region)
         else:
-            out.add_checked(node)
+            kept.append(node)
+    out = Graph.from_checked(graph.name, kept)
     out.set_outputs(graph.outputs)
     return out, {n.id: n.id for n in out.nodes}
 
