@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from egglog import bindings as eb
@@ -161,12 +162,19 @@ class Pattern:
     query: tuple[Atom, ...]
     actions: tuple[Action, ...]
 
-    def tables_read(self) -> set[str]:
-        return {name for atom in self.query for name in _called(atom)}
+    def tables_read(self) -> frozenset[str]:
+        """The tables and functions the query calls (computed once: a Pattern never changes)."""
+        return self._tables[0]
 
-    def tables_written(self) -> set[str]:
-        return {a.table if isinstance(a, SetValue) else a.relation for a in self.actions
-                if isinstance(a, SetValue | Insert)}
+    def tables_written(self) -> frozenset[str]:
+        """The tables the actions set or insert into (computed once)."""
+        return self._tables[1]
+
+    @cached_property
+    def _tables(self) -> tuple[frozenset[str], frozenset[str]]:
+        return (frozenset(name for atom in self.query for name in _called(atom)),
+                frozenset(a.table if isinstance(a, SetValue) else a.relation for a in self.actions
+                          if isinstance(a, SetValue | Insert)))
 
 
 @dataclass(frozen=True)
