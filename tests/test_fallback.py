@@ -776,6 +776,31 @@ def test_each_kind_of_block_is_optimized_once(monkeypatch):
     assert len(blocks(GraphRewriter(residual_layers(4, deeper=1)))) == 4
 
 
+def test_a_cut_regions_content_is_that_of_its_nodes():
+    """cut_out computes a region's content from the rewriter's remembered keys as it cuts, and makes its nodes only
+    when they are asked for: the two agree (``_fields`` defines the content), ids are canonical, Params are renamed
+    by position, and each region node maps back to the graph node it copies or stands for."""
+    from rlx_egraph.fallback.lookahead import _fields, cut_out, matched_names
+
+    names = matched_names(load().patterns)
+    renamed = fresh = 0
+    for g in (examples.llama(2), examples.bert(2), examples.gpt2(2)):
+        rw = GraphRewriter(g)
+        params = {n.id: k for k, n in enumerate(n for n in g.nodes if n.op == "Param")}
+        for block in blocks(rw):
+            region, local, back = cut_out(rw, params, set(block), names)
+            nodes = region.nodes
+            assert region.content()[0] == tuple(_fields(n) for n in nodes)
+            assert [n.id for n in nodes] == list(range(len(region))) and region.nodes is nodes
+            assert all(back[k] == n for n, k in local.items()) and set(back) == set(range(len(region)))
+            for n in nodes:
+                was = g.node(back[n.id])
+                assert (n.shape, n.dtype) == (was.shape, was.dtype)
+                renamed += n.op == "Param" and n.attrs == {**was.attrs, "name": f"v{n.id}"}
+                fresh += n.op == "Input" and was.op != "Input"
+    assert renamed > 0 and fresh > 0
+
+
 def test_the_time_limit_stops_the_blocks_too():
     g = examples.llama(6)
     assert run(g).stats.blocks > 0

@@ -240,8 +240,8 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             name = node.attrs["name"]
             head: tuple = (node.op, (), name if name in names else f"v{k}")
         else:
-            whole = key(n)
-            head = (whole[0], (), whole[2])  # node_key of the cut node
+            own = key(n)
+            head = (own[0], (), own[2])  # node_key of the cut node
         cut.append(node)
         fields.append((head, node.shape, node.dtype, node.parts))
     for n in sorted(boundary | inner, key=order):  # no leaves: each has its key
@@ -253,10 +253,10 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])
         else:
             ins = tuple([local[i] for i in node.inputs])
-        whole = key(n)
+        own = key(n)
         local[n] = len(cut)
         cut.append(node)
-        fields.append(((whole[0], ins, whole[2]), node.shape, node.dtype, node.parts))
+        fields.append(((own[0], ins, own[2]), node.shape, node.dtype, node.parts))
     outputs = set(rw.outputs) & (inner | boundary)
     outputs |= {n for n in inner | boundary if not inner.issuperset(readers[n])}
     back.update(zip(local.values(), local.keys(), strict=True))
