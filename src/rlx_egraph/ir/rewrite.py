@@ -55,6 +55,8 @@ def node_key(node: Node) -> tuple | None:
     """What makes two nodes the same value: op, inputs and attributes (None for named leaves)."""
     if node.op in _NAMED_LEAVES:
         return None
+    if not node.attrs:  # most ops have no attributes
+        return node.op, node.inputs, ()
     return node.op, node.inputs, tuple([v if type(v) in _OWN_KEY else _value_key(v) for v in node.attrs.values()])
 
 
