@@ -291,3 +291,20 @@ def test_bf16_scalar_keeps_rank_zero_in_and_out_of_a_region():
     s = g.scalar(1.00390625, "bf16")  # halfway between two bf16 values: rounds to even, 1.0
     g.set_outputs([s, g.neg(s)])
     assert [(v.shape, float(v)) for v in evaluate(g)] == [((), 1.0), ((), -1.0)]
+
+
+@pytest.mark.parametrize("engine", ["egglog", "fallback"])
+def test_a_region_ending_at_a_rule_made_node_is_one_fusion_named_by_its_op(engine):
+    """A region whose tail a rule built (``Silu`` from ``e * sigmoid(e)``) replaces that node: the report lists the
+    region once, as an ElementwiseRegion carrying the rule, not also the Silu it no longer is."""
+    from rlx_egraph import optimize_with_report
+
+    g = Graph()
+    e = g.exp(g.input("x", (4, 8)))
+    g.set_outputs([g.mul(e, g.sigmoid(e))])
+    out, report = optimize_with_report(g, "cuda", engine=engine)
+    ops = {n.id: n.op for n in out.nodes}
+    assert sorted(ops.values()) == ["ElementwiseRegion", "Input"]
+    assert [(ops[f.node], f.op) for f in report.fusions] == [("ElementwiseRegion", "ElementwiseRegion")]
+    (region,) = report.fusions
+    assert "silu-mul-sigmoid" in region.rules and "pass:elementwise-region" in region.rules

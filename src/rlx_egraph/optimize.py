@@ -310,25 +310,32 @@ def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
 
 
 def _with_regions(decoded: Decoded, target: Target) -> Decoded:
-    """Apply the ElementwiseRegion pass and carry provenance over to the new ids.
+    """Apply the ElementwiseRegion pass and carry provenance over.
 
-    A region is built by the pass from its steps: it carries their builders and mergers.
+    The pass keeps every node's id (a region takes its tail's), so each table keeps its entries but those of the
+    nodes a region absorbed.  A region is built by the pass from its steps: it carries their builders and mergers,
+    and its fusion replaces theirs (its tail's too: that node is the region now, whatever a rule made it).
     """
-    graph, same_value, applied = apply_regions(decoded.graph, target)
+    graph, _, applied = apply_regions(decoded.graph, target)
     if not applied:
         return decoded
-    new_of = {old: new for new, old in same_value.items()}
-    built_by = {n: decoded.built_by[o] for n, o in same_value.items()}
-    merged_by = {n: decoded.merged_by[o] for n, o in same_value.items()}
-    fusions = [Fusion(new_of[f.node], f.op, f.rules, f.replaces) for f in decoded.fusions if f.node in new_of]
+    absorbed = [m for r in applied for m in r.members if m != r.tail]
+
+    def kept(table: dict[int, Any]) -> dict[int, Any]:
+        out = dict(table)
+        for m in absorbed:
+            del out[m]
+        return out
+
+    built_by, merged_by = kept(decoded.built_by), kept(decoded.merged_by)
+    members = {m for r in applied for m in r.members}
+    fusions = [f for f in decoded.fusions if f.node not in members]
     for r in applied:
-        node = new_of[r.tail]
-        built_by[node] = tuple(dict.fromkeys(("pass:elementwise-region", *(n for m in r.members
-                                                                          for n in decoded.built_by[m]))))
-        merged_by[node] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
-        fusions.append(Fusion(node, "ElementwiseRegion", built_by[node], tuple(decoded.originals[r.tail])))
-    return Decoded(graph, {n: decoded.class_of[o] for n, o in same_value.items()},
-                   {n: decoded.originals[o] for n, o in same_value.items()}, built_by, merged_by,
+        built_by[r.tail] = tuple(dict.fromkeys(("pass:elementwise-region", *(n for m in r.members
+                                                                            for n in decoded.built_by[m]))))
+        merged_by[r.tail] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
+        fusions.append(Fusion(r.tail, "ElementwiseRegion", built_by[r.tail], tuple(decoded.originals[r.tail])))
+    return Decoded(graph, kept(decoded.class_of), kept(decoded.originals), built_by, merged_by,
                    sorted(fusions, key=lambda f: f.node))
 
 
