@@ -621,6 +621,28 @@ def test_bench_overhead_repeated_keeps_each_columns_least(capsys: pytest.Capture
     assert "--repeat must be at least 1, not 0" in capsys.readouterr().err
 
 
+def test_bench_fingerprint_digests_each_result_the_same_way_twice(capsys: pytest.CaptureFixture[str]) -> None:
+    """One row per case, target and engine, with the predicted ns and node count of that run; a second invocation
+    prints the same; the digest follows the graph and the fusions, not the run."""
+    from rlx_egraph.optimize import optimize_with_report
+
+    argv = ["fingerprint", "--models", "mlp,conv_block", "--layers", "1", "--nodes", "1000", "--targets", "cpu,cuda"]
+    assert bench.main(argv) == 0
+    first = capsys.readouterr().out
+    assert bench.main(argv) == 0
+    assert capsys.readouterr().out == first
+    rows = [line.split() for line in first.splitlines()[1:]]  # after the header
+    assert [r[:3] for r in rows] == [[c, t, e] for c in ("mlp-1", "conv_block-0", "synthetic-1000")
+                                     for t in ("cpu", "cuda") for e in ("egglog", "fallback")]
+    out, report = optimize_with_report(examples.mlp(layers=1), "cuda", engine="fallback")
+    assert rows[3][3:] == [f"{report.profile_after.ns:.4f}", f"{len(out):,}", bench.result_digest(out, report.fusions)]
+    assert bench.result_digest(out, report.fusions[1:]) != rows[3][5]  # a fusion fewer
+    assert bench.result_digest(examples.mlp(layers=1), report.fusions) != rows[3][5]  # another graph
+    with pytest.raises(SystemExit):
+        bench.main(["fingerprint", "--engines", "egglog,greedy"])
+    assert "engines must be among egglog, fallback (got 'egglog,greedy')" in capsys.readouterr().err
+
+
 def test_bench_agreement_lists_the_random_graphs_the_engines_price_apart(capsys: pytest.CaptureFixture[str]) -> None:
     """Each listed graph is priced again here; every one of them has the shared pair ``Add(x@w1, x@w2)`` that the
     fallback fuses at once (the README's known limit), and the count in the first line adds up."""

@@ -11,6 +11,7 @@ Every case runs in a freshly spawned process, so its peak RSS is its own
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import json
 import math
@@ -22,11 +23,12 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from . import examples
 from .cli.main import format_table
@@ -39,6 +41,7 @@ from .egraph.saturate import STOP_SATURATED, saturate
 from .egraph.view import view_tables
 from .fallback.engine import STOP_DONE
 from .ir import Graph
+from .ir.rewrite import node_key
 from .optimize import egraph_from_program, optimize_with_report, rules_program
 
 # these measure the egglog engine itself (engine="auto" would fall back when a limit stops it)
@@ -230,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``engines [--nodes N,...] [--no-models]``: both engines side by side, their costs' agreement.
     ``overhead [--nodes N,...] [--repeat K]``: the egglog engine's work around saturation, and egglog's part of it.
     ``agreement [--graphs N] [--seed S] [--targets T,...]``: both engines' costs on seeded random small graphs.
+    ``fingerprint [--models M,...] [--layers N,...] [--nodes N,...] [--targets T,...] [--engines E,...]``: a digest
+    of each result, to check that a change leaves the results as they were.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["scaling"]:
@@ -242,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _overhead(argv[1:])
     if argv[:1] == ["agreement"]:
         return _agreement(argv[1:])
+    if argv[:1] == ["fingerprint"]:
+        return _fingerprint(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=_names, default=list(MODELS), help=f"default: {','.join(MODELS)}")
     parser.add_argument("--layers", type=_counts, default=list(LAYERS), help=f"default: {','.join(map(str, LAYERS))}")
@@ -528,6 +535,63 @@ def _agreement(argv: Sequence[str]) -> int:
         print(format_table(("graph", "target", "egglog ns", "fallback ns", "fallback vs egglog %", "steps"),
                            [(str(k), t, f"{e:,.1f}", f"{f:,.1f}", f"{100 * (f - e) / e:+.2f}", steps)
                             for k, t, e, f, steps in apart], ">>>>><"))
+    return 0
+
+
+def result_digest(graph: Graph, fusions: Sequence[Any]) -> str:
+    """A digest of an optimized graph and its fusions: node ids, ops, inputs, attributes (arrays by content, as
+    :func:`~rlx_egraph.ir.rewrite.node_key` keys them), types and outputs, then each fusion's node, op, rules and the
+    input nodes it replaces.  Equal results give equal digests."""
+    digest = hashlib.sha1()
+    for n in graph.nodes:
+        digest.update(repr((n.id, node_key(n) or (n.op, n.attrs["name"]), n.shape, n.dtype, n.parts)).encode())
+    digest.update(repr(graph.outputs).encode())
+    digest.update(repr(sorted((f.node, f.op, f.rules, f.replaces) for f in fusions)).encode())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint_rows(todo: Sequence[Case], targets: Sequence[str], engines: Sequence[str]
+                     ) -> list[tuple[str, str, str, str, str, str]]:
+    """Per case, target and engine: the predicted ns, the nodes after and :func:`result_digest` (in this process:
+    a result does not depend on the process)."""
+    rows = []
+    for case in todo:
+        graph = case.build()
+        for target in targets:
+            for engine in engines:
+                out, report = optimize_with_report(graph, target, engine=engine, max_seconds=math.inf)
+                assert report.profile_after is not None
+                rows.append((case.name, target, engine, f"{report.profile_after.ns:.4f}", f"{len(out):,}",
+                             result_digest(out, report.fusions)))
+    return rows
+
+
+def _among(what: str, known: Iterable[str]) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names, each one of ``known``."""
+    choices = list(known)
+
+    def parse(text: str) -> list[str]:
+        names = [n for n in text.split(",") if n]
+        if not names or set(names) - set(choices):
+            raise argparse.ArgumentTypeError(f"{what} must be among {', '.join(choices)} (got {text!r})")
+        return names
+    return parse
+
+
+def _fingerprint(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench fingerprint",
+                                     description="a digest of each result, to check that a change leaves the "
+                                                 "results as they were (run before and after, and diff)")
+    parser.add_argument("--models", type=_among("models", examples.ALL), default=list(examples.ALL))
+    parser.add_argument("--layers", type=_counts, default=[1, 2, 4])
+    parser.add_argument("--nodes", type=_counts, default=[3_000, 12_000], help="synthetic DAG sizes")
+    parser.add_argument("--targets", type=_among("targets", TARGETS), default=["cpu", "cuda", "onnxruntime"])
+    parser.add_argument("--engines", type=_among("engines", ("egglog", "fallback")), default=["egglog", "fallback"])
+    args = parser.parse_args(argv)
+    todo = [c for m in args.models for c in ([Case(m, 0)] if m == "conv_block" else [Case(m, n) for n in args.layers])]
+    todo += [Case("synthetic", n) for n in args.nodes]
+    print(format_table(("case", "target", "engine", "predicted ns", "nodes after", "digest"),
+                       fingerprint_rows(todo, args.targets, args.engines), "<<<>><"))
     return 0
 
 
