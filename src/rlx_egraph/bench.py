@@ -28,13 +28,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from . import examples
 from .cli.main import format_table
 from .cost.targets import TARGETS
 from .egraph import extract
 from .egraph.budget import gc_paused
+from .egraph.decode import Fusion
 from .egraph.encode import encode_graph
 from .egraph.rules import RuleSet, load_rules
 from .egraph.saturate import STOP_SATURATED, saturate
@@ -538,7 +538,7 @@ def _agreement(argv: Sequence[str]) -> int:
     return 0
 
 
-def result_digest(graph: Graph, fusions: Sequence[Any]) -> str:
+def result_digest(graph: Graph, fusions: Sequence[Fusion]) -> str:
     """A digest of an optimized graph and its fusions: node ids, ops, inputs, attributes (arrays by content, as
     :func:`~rlx_egraph.ir.rewrite.node_key` keys them), types and outputs, then each fusion's node, op, rules and the
     input nodes it replaces.  Equal results give equal digests."""
