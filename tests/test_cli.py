@@ -568,6 +568,39 @@ def test_bench_engines_prints_both_engines_their_agreement_and_parity(capsys: py
     assert row[-6:-3] == [f"{costs[0]:,.0f}", f"{costs[1]:,.0f}", f"{100 * (costs[1] - costs[0]) / costs[0]:+.2f}"]
 
 
+def test_bench_engines_repeat_gives_each_engines_least_and_median_seconds(capsys: pytest.CaptureFixture[str]
+                                                                          ) -> None:
+    assert bench.main(["engines", "--no-models", "--nodes", "1000", "--repeat", "2"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
+    header = next(line for line in out if line.startswith("case "))
+    assert header.split()[2:6] == ["egglog", "least", "s", "egglog"]  # then "median s"
+    assert "fallback least s  fallback median s" in header
+    row = next(line for line in out if line.startswith("synthetic-1000 ")).split()
+    eg_least, eg_median = float(row[2]), float(row[3])
+    fb_least, fb_median = float(row[-10]), float(row[-9])
+    assert 0 < eg_least <= eg_median and 0 < fb_least <= fb_median
+    progress = [line for line in captured.err.splitlines() if line.startswith("synthetic-1000: ")]
+    assert len(progress) == 2  # one line per round of both engines
+    ran = [float(part.split()[1]) for line in progress for part in line.split(": ")[1].split(", ")
+           if part.startswith("fallback ")]
+    assert fb_least == min(ran) and fb_median == pytest.approx(sum(ran) / 2, abs=0.006)
+    assert row[-3:] == ["ok/ok", "end/end", "egglog"]
+
+
+def test_bench_engines_rejects_a_repeat_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["engines", "--no-models", "--nodes", "1000", "--repeat", "0"])
+    assert "--repeat must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_runs_of_one_case_that_disagree_are_an_error() -> None:
+    runs = [bench.EngineRun(1.0, 1.0, {}, 100.0, ns, True, "saturated") for ns in (10.0, 10.0, 11.0)]
+    with pytest.raises(RuntimeError, match="llama-2, fallback engine: runs of the same case gave different results"):
+        bench._least_run(runs, "llama-2, fallback engine")
+    assert bench._least_run(runs[:2], "x") is runs[0]
+
+
 def test_bench_engines_runs_the_onnx_models_of_a_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     import onnx
 

@@ -230,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ``scaling [--nodes N,...]``: the synthetic DAG at each size, the time per phase and per node.
     ``exact [--models M,...] [--layers N] [--targets T,...]``: the ILP of exact extraction per case.
-    ``engines [--nodes N,...] [--no-models]``: both engines side by side, their costs' agreement.
+    ``engines [--nodes N,...] [--no-models] [--onnx FOLDER] [--repeat K]``: both engines side by side, their costs'
+    agreement.
     ``overhead [--nodes N,...] [--repeat K]``: the egglog engine's work around saturation, and egglog's part of it.
     ``agreement [--graphs N] [--seed S] [--targets T,...]``: both engines' costs on seeded random small graphs.
     ``fingerprint [--models M,...] [--layers N,...] [--nodes N,...] [--targets T,...] [--engines E,...]``: a digest
@@ -344,35 +345,58 @@ def run_engine(case: Case | OnnxCase, engine: str, target: str) -> EngineRun:
                      report.stop_reason)
 
 
-def engines_table(todo: Sequence[Case | OnnxCase], target: str) -> str:
+def _least_run(runs: Sequence[EngineRun], what: str) -> EngineRun:
+    """The quickest of ``runs`` (one case and engine, each in its own process), after checking that they all
+    predict the same ns and stop for the same reason: the same graph, rules and options give the same result."""
+    results = {(r.after_ns, r.stop_reason) for r in runs}
+    if len(results) > 1:
+        raise RuntimeError(f"{what}: runs of the same case gave different results: {sorted(results)}")
+    return min(runs, key=lambda r: r.seconds)
+
+
+def _seconds_cells(runs: Sequence[EngineRun] | None, repeat: int) -> list[str]:
+    """An engine's seconds on a case: its least, and with ``repeat`` > 1 its median ("-" when it did not run)."""
+    if not runs:
+        return ["-"] * (2 if repeat > 1 else 1)
+    least = f"{min(r.seconds for r in runs):.2f}"
+    return [least, f"{statistics.median(r.seconds for r in runs):.2f}"] if repeat > 1 else [least]
+
+
+def engines_table(todo: Sequence[Case | OnnxCase], target: str, repeat: int = 1) -> str:
     """Both engines on each case, one spawned process per run: seconds without the parity check (the egglog
     engine's per phase), peak MB, predicted ns after, how far the fallback's cost is from the egglog engine's,
-    parity, and the engine that ``engine="auto"`` picks by size."""
+    parity, and the engine that ``engine="auto"`` picks by size.  With ``repeat`` > 1 each engine runs that many
+    times per case, the engines alternating: the table gives the quickest run's figures, and each engine's median
+    seconds beside its least."""
     from .optimize import engine_by_size
 
+    kinds = ["least s", "median s"] if repeat > 1 else ["s"]  # the seconds columns of each engine
     rows = []
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
         for case in todo:
             nodes = case.size if isinstance(case, Case) and case.model == "synthetic" else len(case.build())
-            runs = {e: pool.submit(run_engine, case, e, target).result()
-                    for e in ("egglog", "fallback") if e == "fallback" or nodes <= EGGLOG_MAX_NODES}
+            engines = [e for e in ("egglog", "fallback") if e == "fallback" or nodes <= EGGLOG_MAX_NODES]
+            tries: dict[str, list[EngineRun]] = {e: [] for e in engines}
+            for _ in range(repeat):
+                for e in engines:
+                    tries[e].append(pool.submit(run_engine, case, e, target).result())
+                print(f"{case.name}: " + ", ".join(f"{e} {r[-1].seconds:.2f} s" for e, r in tries.items()),
+                      file=sys.stderr, flush=True)
+            runs = {e: _least_run(r, f"{case.name}, {e} engine") for e, r in tries.items()}
             eg, fb = runs.get("egglog"), runs["fallback"]
-            print(f"{case.name}: " + ", ".join(f"{e} {r.seconds:.2f} s" for e, r in runs.items()),
-                  file=sys.stderr, flush=True)
             parity = "/".join("-" if r.parity is None else "ok" if r.parity else "FAIL" for r in runs.values())
             stops = "/".join(r.stop_reason.split(":")[0] if r.stopped_early else "end" for r in runs.values())
             rows.append((
-                case.name, f"{nodes:,}",
-                f"{eg.seconds:.2f}" if eg else "-",
+                case.name, f"{nodes:,}", *_seconds_cells(tries.get("egglog"), repeat),
                 " / ".join(f"{eg.phases.get(p, 0.0):.2f}" for p in PHASES) if eg else "-",
                 f"{eg.cpu_seconds:.2f}" if eg else "-", f"{eg.peak_mb:.0f}" if eg else "-",
-                f"{fb.seconds:.2f}", f"{fb.cpu_seconds:.2f}", f"{fb.peak_mb:.0f}",
+                *_seconds_cells(tries["fallback"], repeat), f"{fb.cpu_seconds:.2f}", f"{fb.peak_mb:.0f}",
                 f"{eg.after_ns:,.0f}" if eg else "-", f"{fb.after_ns:,.0f}",
                 f"{100 * (fb.after_ns - eg.after_ns) / eg.after_ns:+.2f}" if eg else "-", parity, stops,
                 engine_by_size("auto", nodes)))
-    header = ("case", "nodes", "egglog s", "encode / saturate / extract / decode", "egglog cpu s", "egglog MB",
-              "fallback s", "fallback cpu s", "fallback MB", "egglog ns", "fallback ns", "fallback vs egglog %",
-              "parity", "stopped", "auto")
+    header = ("case", "nodes", *(f"egglog {k}" for k in kinds), "encode / saturate / extract / decode",
+              "egglog cpu s", "egglog MB", *(f"fallback {k}" for k in kinds), "fallback cpu s", "fallback MB",
+              "egglog ns", "fallback ns", "fallback vs egglog %", "parity", "stopped", "auto")
     return format_table(header, rows, "<" + ">" * (len(header) - 4) + "<<<")
 
 
@@ -387,14 +411,21 @@ def _engines(argv: Sequence[str]) -> int:
                         help="also every .onnx model in FOLDER (extra onnx; imported and optimized as the "
                              "onnxruntime comparison does)")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per case and engine, the engines alternating (default 1): the table gives the "
+                             "quickest run's figures and each engine's median seconds")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, not {args.repeat}")
     todo: list[Case | OnnxCase] = [] if args.no_models else list(AGREEMENT_CASES)
     todo += [OnnxCase(p) for p in sorted(args.onnx.glob("*.onnx"))] if args.onnx else []
     todo += [Case("synthetic", n) for n in args.nodes or ([] if args.onnx else ENGINE_NODES)]
     print(f"both engines, whole optimize_with_report runs with no time limit, target {args.target}; seconds exclude "
           f"the parity check, which runs up to {VERIFY_MAX_NODES:,} nodes (egglog/fallback); the egglog engine runs "
-          f"up to {EGGLOG_MAX_NODES:,} nodes; 'stopped': 'end', or the limit that stopped the engine", flush=True)
-    print(engines_table(todo, args.target))
+          f"up to {EGGLOG_MAX_NODES:,} nodes; 'stopped': 'end', or the limit that stopped the engine"
+          + (f"; each engine ran {args.repeat} times per case, alternating: figures of its quickest run, and its "
+             "median seconds" if args.repeat > 1 else ""), flush=True)
+    print(engines_table(todo, args.target, args.repeat))
     return 0
 
 
