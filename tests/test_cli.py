@@ -599,6 +599,9 @@ def test_runs_of_one_case_that_disagree_are_an_error() -> None:
     with pytest.raises(RuntimeError, match="llama-2, fallback engine: runs of the same case gave different results"):
         bench._least_run(runs, "llama-2, fallback engine")
     assert bench._least_run(runs[:2], "x") is runs[0]
+    failed = bench.EngineRun(0.5, 0.5, {}, 100.0, 10.0, False, "saturated")  # the same cost, but parity failed
+    with pytest.raises(RuntimeError, match="runs of the same case gave different results"):
+        bench._least_run([runs[0], failed], "llama-2, egglog engine")
 
 
 def test_bench_engines_runs_the_onnx_models_of_a_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -347,8 +347,9 @@ def run_engine(case: Case | OnnxCase, engine: str, target: str) -> EngineRun:
 
 def _least_run(runs: Sequence[EngineRun], what: str) -> EngineRun:
     """The quickest of ``runs`` (one case and engine, each in its own process), after checking that they all
-    predict the same ns and stop for the same reason: the same graph, rules and options give the same result."""
-    results = {(r.after_ns, r.stop_reason) for r in runs}
+    predict the same ns, stop for the same reason and pass or fail parity alike: the same graph, rules and options
+    give the same result."""
+    results = {(r.after_ns, r.stop_reason, r.parity) for r in runs}
     if len(results) > 1:
         raise RuntimeError(f"{what}: runs of the same case gave different results: {sorted(results)}")
     return min(runs, key=lambda r: r.seconds)
