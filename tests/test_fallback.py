@@ -1223,12 +1223,14 @@ def test_rewriter_edits_a_copy_and_finishes_a_valid_graph():
     g, n = small()
     before = g.to_dict()
     rw = GraphRewriter(g)
+    assert not rw.has_op("FusedMatMulBiasAct") and rw.has_op("MatMul")
     fused = rw.insert("FusedMatMulBiasAct", [n["x"], n["w"], n["b"]])
-    assert fused == 7 and rw.node(fused).shape == (4, 8)
+    assert fused == 7 and rw.node(fused).shape == (4, 8) and rw.has_op("FusedMatMulBiasAct")
     assert rw.insert("FusedMatMulBiasAct", [n["x"], n["w"], n["b"]]) == fused  # reused, not duplicated
     rw.replace_all_uses(n["add"], fused)
     assert rw.users(n["add"]) == [] and rw.find(n["add"]) == fused
     assert rw.eliminate_dead_code([n["add"]]) == [n["add"], n["mm"]]
+    assert not rw.has_op("MatMul") and rw.nodes_of("MatMul") == []  # its only node erased
     out = rw.finish()
     assert g.to_dict() == before
     assert [node.op for node in out.nodes] == ["Input", "Param", "Param", "FusedMatMulBiasAct", "Gelu", "Relu"]

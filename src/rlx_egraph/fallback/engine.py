@@ -517,6 +517,8 @@ class _Engine:
         change (every root of an op, or the roots near changes that the operand orders of a rule share)."""
         if matcher.root_op is None:
             return matcher.candidates(near)
+        if not self.rw.has_op(matcher.root_op):  # no root at all (a block has few ops): no walk near the changes
+            return []
         if near is None or matcher.roots_near is None:  # every root of the op
             key: Any = matcher.root_op
             known = signed.get(key)

@@ -180,6 +180,10 @@ class GraphRewriter:
         """Live nodes of ``op`` in insertion order."""
         return list(self._by_op.get(op, ()))
 
+    def has_op(self, op: str) -> bool:
+        """Whether some live node is of ``op``."""
+        return bool(self._by_op.get(op))
+
     @property
     def next_id(self) -> int:
         """The id :meth:`insert` gives the next new node (larger than every id so far)."""
