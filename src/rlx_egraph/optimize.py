@@ -32,6 +32,7 @@ from typing import Any
 
 from egglog import bindings as eb
 
+from . import fallback
 from .cost import Target, get_target, profile
 from .cost.targets import unsupported_op
 from .egraph import extract as ex
@@ -213,11 +214,9 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
                        attention_block_max_tokens: int, regions: bool, why: str) -> tuple[Decoded, OptimizeReport]:
     """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`)."""
-    from .fallback import FallbackLimits, run
-
     phase("fallback")
-    result = run(graph, ruleset, tgt, FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds),
-                 attention_block_max_tokens)
+    limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
+    result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
     stats = result.stats
     if math.isinf(stats.cost_after_ns):
         held = {o for n in result.graph.nodes if not tgt.supports(n.op) for o in result.provenance[n.id].replaces}
