@@ -18,7 +18,7 @@ from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
 from rlx_egraph.fallback import FallbackLimits, load, run
 from rlx_egraph.fallback.bench import main as bench_main
 from rlx_egraph.fallback.blocks import MIN_BLOCK, blocks
-from rlx_egraph.fallback.engine import NO_GAIN, _Engine, _row_driven
+from rlx_egraph.fallback.engine import NO_GAIN, _Engine, _row_driven, compile_rules
 from rlx_egraph.fallback.facts import Facts
 from rlx_egraph.fallback.matcher import schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
@@ -1106,6 +1106,23 @@ def test_rule_forms_the_fallback_cannot_apply_are_reported_by_name(tmp_path, cap
     result = run(g, compiled)
     assert [u.rule for u in result.stats.unsupported] == ["panic-add", "orphan", "two-new"]
     assert ops(result.graph) == {"FusedMatMulBiasAct": 4, "Relu": 3}
+
+
+def test_run_compiles_a_rule_set_once_and_still_names_the_rules_it_cannot_apply_every_time(tmp_path, caplog,
+                                                                                           monkeypatch):
+    compiles = []
+    monkeypatch.setattr("rlx_egraph.fallback.engine.compile_rules",
+                        lambda *a: compiles.append(a[0]) or compile_rules(*a))
+    rules = load_rules([default_rule_dir(), write(tmp_path, '(rule ((= ?e (Exp ?x))) ((let ?y (Relu ?x))) '
+                                                            ':ruleset simplify :name "orphan")\n')])
+    g = examples.mlp()
+    with caplog.at_level(logging.WARNING, logger="rlx_egraph.fallback.engine"):
+        first, second = run(g, rules), run(g, rules)
+        assert caplog.text.count("cannot apply rule orphan (") == 2  # each run names it
+    assert compiles == [rules]  # compiled for the first run only
+    assert [u.rule for u in second.stats.unsupported] == ["orphan"] and second.graph == first.graph
+    run(g, rules.without("orphan"))  # another RuleSet: compiled for itself
+    assert len(compiles) == 2 and compiles[1] is not rules
 
 
 def test_an_ill_typed_right_side_is_rejected_counted_and_named(tmp_path):

@@ -203,8 +203,32 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
             continue
         kept.append(p)
     compiled.patterns = kept
+    _log_unsupported(compiled)
+    return compiled
+
+
+def _log_unsupported(compiled: CompiledRules) -> None:
     for u in compiled.unsupported:
         log.warning("the fallback engine cannot apply rule %s", u)
+
+
+# The rules :func:`run` compiled for the last few RuleSet objects (a RuleSet never changes: its operations return
+# new ones), each kept with its RuleSet so that its id is not reused meanwhile.
+_COMPILED: dict[int, tuple[RuleSet, CompiledRules]] = {}
+_COMPILED_AT_MOST = 8
+
+
+def _compiled(ruleset: RuleSet) -> CompiledRules:
+    """:func:`load` of ``ruleset``, compiled once per RuleSet object; the rules it cannot apply are logged on every
+    call, as when it is compiled."""
+    known = _COMPILED.get(id(ruleset))
+    if known is not None and known[0] is ruleset:
+        _log_unsupported(known[1])
+        return known[1]
+    compiled = load(ruleset)
+    if len(_COMPILED) >= _COMPILED_AT_MOST:
+        del _COMPILED[next(iter(_COMPILED))]
+    _COMPILED[id(ruleset)] = (ruleset, compiled)
     return compiled
 
 
@@ -212,7 +236,7 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
         limits: FallbackLimits = FallbackLimits(), attention_block_max_tokens: int = 64) -> FallbackResult:
     """Optimize ``graph`` with the fallback engine (``graph`` itself is never changed)."""
     start = time.perf_counter()
-    compiled = ruleset if isinstance(ruleset, CompiledRules) else load(ruleset)
+    compiled = ruleset if isinstance(ruleset, CompiledRules) else _compiled(load_rules(ruleset))
     tgt = get_target(target)
 
     # Engines reopened on each region (compiling the rules takes longer): one for the blocks (stage None), which
