@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -364,6 +364,17 @@ def _unify(a: Any, b: Any, subst: dict[str, Any]) -> bool:
     return str(a) == str(b)
 
 
+# The primitives a guard may call, as the instances' values evaluate them.
+_PRIMITIVES: dict[str, Callable[..., Any]] = {
+    "vec-of": lambda *v: tuple(v), "vec-empty": lambda: (), "vec-length": len,
+    "vec-get": lambda v, i: v[i], "vec-set": lambda v, i, x: (*v[:i], x, *v[i + 1:]),
+    "+": lambda a, b: a + b, "-": lambda a, b=None: -a if b is None else a - b,
+    "*": lambda a, b: a * b, "/": lambda a, b: a / b if isinstance(a, float) else a // b,
+    "abs": abs, "max": max, "min": min, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "!=": lambda a, b: a != b,
+    "=": lambda a, b: a == b}
+
+
 class _Builder:
     """Random graph for a list of facts: term definitions become nodes, guards are solved or checked."""
 
@@ -474,17 +485,10 @@ class _Builder:
             p, q = (tuple(self.value(a)) for a in args)
             return len(p) == len(q) and all(q[p[i]] == i for i in range(len(p)))
         vals = [self.value(a) for a in args]
-        ops = {"vec-of": lambda *v: tuple(v), "vec-empty": lambda: (), "vec-length": len,
-               "vec-get": lambda v, i: v[i], "vec-set": lambda v, i, x: (*v[:i], x, *v[i + 1:]),
-               "+": lambda a, b: a + b, "-": lambda a, b=None: -a if b is None else a - b,
-               "*": lambda a, b: a * b, "/": lambda a, b: a / b if isinstance(a, float) else a // b,
-               "abs": abs, "max": max, "min": min, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
-               ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "!=": lambda a, b: a != b,
-               "=": lambda a, b: a == b}
-        if name not in ops:
+        if name not in _PRIMITIVES:
             raise _Reject(f"cannot evaluate {name}")
         try:
-            return ops[name](*vals)
+            return _PRIMITIVES[name](*vals)
         except (IndexError, ZeroDivisionError, TypeError) as exc:
             raise _Reject(f"{name}: {exc}") from None
 
