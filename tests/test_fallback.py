@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
 from rlx_egraph.cost import TARGETS, get_target, profile
 from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
-from rlx_egraph.fallback import FallbackLimits, load, run
+from rlx_egraph.fallback import CompiledRules, FallbackLimits, load, run
 from rlx_egraph.fallback.bench import main as bench_main
 from rlx_egraph.fallback.blocks import MIN_BLOCK, blocks
 from rlx_egraph.fallback.engine import NO_GAIN, _Engine, _row_driven, compile_rules
 from rlx_egraph.fallback.facts import Facts
-from rlx_egraph.fallback.matcher import schedule
+from rlx_egraph.fallback.matcher import plan_matcher, schedule
 from rlx_egraph.fallback.pattern import FACTS, TableDecl
 from rlx_egraph.ir.graph import Node, check_node
 from rlx_egraph.ir.rewrite import GraphRewriter, node_key
@@ -1123,6 +1123,26 @@ def test_run_compiles_a_rule_set_once_and_still_names_the_rules_it_cannot_apply_
     assert [u.rule for u in second.stats.unsupported] == ["orphan"] and second.graph == first.graph
     run(g, rules.without("orphan"))  # another RuleSet: compiled for itself
     assert len(compiles) == 2 and compiles[1] is not rules
+
+
+def test_each_pattern_is_planned_once_when_the_rules_load_and_every_engine_binds_that_plan(monkeypatch):
+    planned = []
+
+    def counted(pattern, *args):
+        planned.append(pattern.name)
+        return plan_matcher(pattern, *args)
+
+    monkeypatch.setattr("rlx_egraph.fallback.engine.plan_matcher", counted)
+    monkeypatch.setattr("rlx_egraph.fallback.matcher.plan_matcher", counted)
+    compiled = load()
+    names = [p.name for p in compiled.patterns]
+    assert planned == names and list(compiled.plans) == names
+    planned.clear()
+    result = run(residual_layers(12), compiled)  # two engines: the graph's and the blocks'
+    assert result.stats.block_kinds == 2 and planned == []
+    unplanned = run(residual_layers(12), CompiledRules(compiled.patterns, compiled.symmetries, compiled.tables))
+    assert planned == names * 2  # rules without plans: each engine plans them
+    assert unplanned.graph == result.graph
 
 
 def test_an_ill_typed_right_side_is_rejected_counted_and_named(tmp_path):

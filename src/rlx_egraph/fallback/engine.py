@@ -67,7 +67,7 @@ from ..ir.rewrite import GraphRewriter
 from .blocks import blocks, straddles
 from .facts import PRIMITIVES, SETTABLE_TABLES, Facts, NoMatch, compile_term
 from .lookahead import Chain, Lookahead, RegionRun, cut_out, matched_names
-from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, schedule
+from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, plan_matcher
 from .pattern import (
     ABSENT,
     FACTS,
@@ -81,6 +81,7 @@ from .pattern import (
     NodePat,
     Pattern,
     SetValue,
+    Symmetry,
     Union,
     Unsupported,
     V,
@@ -196,7 +197,7 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     kept = []
     for p in compiled.patterns:
         try:
-            schedule(p, compiled.tables)
+            compiled.plans[p.name] = plan_matcher(p, _symmetries(p, compiled.symmetries), compiled.tables)
         except CompileError as exc:
             if all(u.rule != p.base for u in compiled.unsupported):
                 compiled.unsupported.append(Unsupported(p.base, p.location, str(exc)))
@@ -205,6 +206,12 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     compiled.patterns = kept
     _log_unsupported(compiled)
     return compiled
+
+
+def _symmetries(pattern: Pattern, symmetries: list[Symmetry]) -> list[Symmetry]:
+    """The symmetries ``pattern`` matches through: those of its stage and of the stages before it."""
+    stage = STAGES.index(pattern.stage)
+    return [s for s in symmetries if STAGES.index(s.stage) <= stage]
 
 
 def _log_unsupported(compiled: CompiledRules) -> None:
@@ -328,10 +335,9 @@ class _Engine:
         self.stage = STAGES[0]
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
-        stage_index = {s: k for k, s in enumerate(STAGES)}
         for p in compiled.patterns:
-            symmetries = [s for s in compiled.symmetries if stage_index[s.stage] <= stage_index[p.stage]]
-            self.matchers[p.stage].append(compile_matcher(p, symmetries, self.facts))
+            self.matchers[p.stage].append(compile_matcher(p, _symmetries(p, compiled.symmetries), self.facts,
+                                                          compiled.plans.get(p.name)))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.kind == FACTS])

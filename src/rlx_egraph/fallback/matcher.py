@@ -128,8 +128,24 @@ class Near:
         return sum(map(len, self.by_op.values()))
 
 
-def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) -> Matcher:
-    """Order ``pattern``'s query and compile it (CompileError when some atom can never run)."""
+@dataclass(frozen=True)
+class MatcherPlan:
+    """What compiling a pattern's query decides before any graph is seen (see :func:`plan_matcher`); an engine
+    binds it to its graph with :func:`compile_matcher`, so engines of one rule set share it."""
+
+    slots: dict[str, int]
+    order: list[tuple[str, Atom]]  # the atoms in the order they run, each with its step kind
+    known: list[set[str]]  # per atom of ``order``: the variables bound before it
+    alternatives: list[list]  # per atom of ``order``: its operand orders (see _alternatives)
+    node_slots: tuple[int, ...]
+    shape_slots: tuple[int, ...]
+    paths: list[tuple[str | None, tuple[_Edge, ...], int | None]] | None  # see _paths
+    child_ops: tuple[tuple[str | None, ...], ...]
+
+
+def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[str, TableDecl]) -> MatcherPlan:
+    """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
+    run)."""
     slots: dict[str, int] = {}
 
     def slot(name: str) -> int:
@@ -140,30 +156,48 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
     for action in pattern.actions:  # slots for what the actions compute, after the query's
         if isinstance(action, Build | Compute):
             slot(action.out)
-    order = schedule(pattern, facts.decls)
+    order = schedule(pattern, tables)
     perms: dict[str, list[tuple[tuple[int, ...], str]]] = {}
     for sym in symmetries:
         perms.setdefault(sym.op, []).append((sym.perm, sym.name))
+    known: list[set[str]] = []
+    bound: set[str] = set()
+    for _, atom in order:
+        known.append(set(bound))
+        bound |= _atom_vars(atom)
+    first = order[0][1]
+    node_vars = _node_vars(pattern, tables)
+    return MatcherPlan(
+        slots, order, known, [_alternatives(perms, atom) for _, atom in order],
+        tuple(slots[v] for v in node_vars),
+        tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat))),
+        _paths(order, set(node_vars), _watched(pattern, order, tables), tables),
+        _child_ops(first, pattern, _alternatives(perms, first)) if isinstance(first, NodePat) else ())
+
+
+def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
+                    plan: MatcherPlan | None = None) -> Matcher:
+    """Compile ``pattern``'s query on the graph of ``facts`` (CompileError when some atom can never run);
+    ``plan``: its :func:`plan_matcher`, made once for all engines (default: made here)."""
+    if plan is None:
+        plan = plan_matcher(pattern, symmetries, facts.decls)
+    slots, order = plan.slots, plan.order
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
     sink: list[list[tuple]] = []  # the current run's matches
 
     def emit(env: list) -> None:
         sink[-1].append(tuple(env))
 
-    known: list[set[str]] = []
-    bound: set[str] = set()
-    for _, atom in order:
-        known.append(set(bound))
-        bound |= _atom_vars(atom)
     pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
-    for (kind, atom), before in zip(reversed(order[1:]), reversed(known[1:]), strict=True):
-        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, _alternatives(perms, atom))
+    for (kind, atom), before, alternatives in zip(reversed(order[1:]), reversed(plan.known[1:]),
+                                                  reversed(plan.alternatives[1:]), strict=True):
+        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, alternatives)
     first = order[0][1]
     width = len(slots) + 1
     root_op: str | None
     if isinstance(first, NodePat):
-        chain = _step("top", first, set(), slots, chain, nodes, readers, facts, _alternatives(perms, first))
+        chain = _step("top", first, set(), slots, chain, nodes, readers, facts, plan.alternatives[0])
         root_op, root_slot = first.op, slots[first.out]
 
         def roots() -> list[Any]:
@@ -202,13 +236,9 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts) 
                 pinned.pop()
             return found
 
-    node_vars = _node_vars(pattern, facts.decls)
-    node_slots = tuple(slots[v] for v in node_vars)
-    shape_slots = tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat)))
-    paths = _paths(order, set(node_vars), _watched(pattern, order, facts.decls), facts.decls)
-    roots_near = _reverse(paths, root_op, _root_table(first), facts) if paths is not None else None
-    child_ops = _child_ops(first, pattern, _alternatives(perms, first)) if isinstance(first, NodePat) else ()
-    return Matcher(pattern, root_op, slots, node_slots, shape_slots, run, roots, alive, roots_near, child_ops)
+    roots_near = _reverse(plan.paths, root_op, _root_table(first), facts) if plan.paths is not None else None
+    return Matcher(pattern, root_op, slots, plan.node_slots, plan.shape_slots, run, roots, alive, roots_near,
+                   plan.child_ops)
 
 
 def _root_table(root: Atom) -> str:
@@ -808,4 +838,4 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     return join
 
 
-__all__ = ["VIA", "ArrayValue", "Matcher", "Near", "compile_matcher", "schedule"]
+__all__ = ["VIA", "ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]

@@ -217,6 +217,8 @@ class CompiledRules:
     symmetries: list[Symmetry] = field(default_factory=list)
     tables: dict[str, TableDecl] = field(default_factory=dict)
     unsupported: list[Unsupported] = field(default_factory=list)
+    # pattern name -> its fallback.matcher.MatcherPlan, made once when the rules are loaded (every engine binds it)
+    plans: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 class CompileError(ValueError):
