@@ -47,12 +47,18 @@ class ConstructorArg:
     variadic: bool = False
 
 
-def constructor_args(spec: OpSpec) -> list[ConstructorArg]:
-    """The constructor's arguments in order: inputs, then attributes."""
-    args = [ConstructorArg(raw.rstrip("?*"), "TensorList" if raw.endswith("*") else "Op", True,
-                           optional=raw.endswith("?"), variadic=raw.endswith("*")) for raw in spec.inputs]
-    args += [ConstructorArg(a.name, a.type.egglog_sort, False) for a in spec.attrs]
-    return args
+def constructor_args(spec: OpSpec) -> tuple[ConstructorArg, ...]:
+    """The constructor's arguments in order: inputs, then attributes (made once per spec)."""
+    known = _CONSTRUCTOR_ARGS.get(spec.name)
+    if known is None or known[0] is not spec:  # (an op registered again gets its own)
+        args = [ConstructorArg(raw.rstrip("?*"), "TensorList" if raw.endswith("*") else "Op", True,
+                               optional=raw.endswith("?"), variadic=raw.endswith("*")) for raw in spec.inputs]
+        args += [ConstructorArg(a.name, a.type.egglog_sort, False) for a in spec.attrs]
+        known = _CONSTRUCTOR_ARGS[spec.name] = (spec, tuple(args))
+    return known[1]
+
+
+_CONSTRUCTOR_ARGS: dict[str, tuple[OpSpec, tuple[ConstructorArg, ...]]] = {}
 
 
 def schema_text() -> str:
