@@ -1275,6 +1275,44 @@ def test_rewriter_edits_a_copy_and_finishes_a_valid_graph():
     assert Graph.from_dict(out.to_dict()) == out
 
 
+def test_replace_all_uses_leaves_the_readers_in_skip_reading_the_old_node():
+    """A transplant drops the region's old nodes: replacing a value, it leaves their reads of it alone (no rewiring,
+    so no merge with the region's new nodes); the replaced values then die with them, and readers outside the region
+    read the new nodes."""
+    g = Graph()
+    x = g.input("x", X)
+    e = g.exp(x)
+    r = g.relu(e)  # the region: e and r, replaced by Abs and Relu(Abs)
+    t, a = g.tanh(e), g.neg(r)  # read from outside the region
+    g.set_outputs([t, a])
+    rw = GraphRewriter(g)
+    e2 = rw.insert("Abs", [x])
+    r2 = rw.insert("Relu", [e2])
+    dropped = [r, e]  # readers first
+    rw.replace_all_uses(e, e2, skip=set(dropped))
+    assert rw.node(r).inputs == (e,) and rw.users(e) == [r] and rw.node(t).inputs == (e2,)
+    rw.replace_all_uses(r, r2, skip=set(dropped))
+    assert rw.find(r) == r2 and rw.find(e) == e2 and rw.users(r) == [] and rw.node(a).inputs == (r2,)
+    assert rw.eliminate_dead_code(dropped) == [r, e]
+    out = rw.finish()
+    assert [n.op for n in out.nodes] == ["Input", "Abs", "Relu", "Tanh", "Neg"] and out.outputs == (t, a)
+
+
+def test_rewriter_inserts_before_a_given_node_in_the_finished_order():
+    g = Graph()
+    x = g.input("x", X)
+    e = g.exp(x)
+    g.set_outputs([g.relu(e)])
+    rw = GraphRewriter(g)
+    a = rw.insert("Abs", [x], before=e)
+    rw.replace_all_uses(e, rw.insert("Exp", [a]))
+    rw.eliminate_dead_code([e])
+    finished = [(n.op, n.inputs) for n in rw.finish().nodes]
+    assert finished == [("Input", ()), ("Abs", (0,)), ("Exp", (a,)), ("Relu", (a + 1,))]
+    with pytest.raises(GraphError, match="no live node 99"):
+        rw.insert("Neg", [x], before=99)
+
+
 def test_rewriter_refuses_bad_edits_with_clear_messages():
     g, n = small()
     rw = GraphRewriter(g)
@@ -1321,6 +1359,7 @@ def test_rewriter_keys_and_levels_follow_every_edit():
     def agrees() -> None:
         assert {n: rw.key(n) for n in rw.nodes_by_id} == {n: node_key(node) for n, node in rw.nodes_by_id.items()}
         assert dict(rw.levels) == {n: rw.level(n) for n in rw.nodes_by_id}
+        assert dict(rw.keys) == {n: rw.key(n) for n in rw.nodes_by_id}
 
     agrees()
     neg = rw.insert("Neg", [e1])

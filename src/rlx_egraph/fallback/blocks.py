@@ -79,14 +79,14 @@ def blocks(rw: GraphRewriter, through: Mapping[tuple[str, str], list[Above]] | N
     :data:`MIN_BLOCK` nodes (the last block may be shorter); one block when the graph has no cut value.  A
     value that a pattern matches through (``through``: see :func:`straddles`) is no cut, nor is a multi-result
     node (its projections stay in its block)."""
-    nodes, readers, level = rw.nodes_by_id, rw.readers, rw.level
+    nodes, readers, level = rw.nodes_by_id, rw.readers, rw.levels
     through = through or {}
-    order = sorted((n for n, node in nodes.items() if node.kind is not Kind.LEAF), key=lambda n: (level(n), n))
+    order = [n for _, n in sorted([(level[n], n) for n, node in nodes.items() if node.kind is not Kind.LEAF])]
     position = {n: p for p, n in enumerate(order)}
     leaps = [0] * (len(order) + 1)  # leaps[p]: edges from before position p to after it, as a difference array
     # side values: two or more readers, none of which reads it as its deepest input (each reads something
     # computed later): an edge from one leaps harmlessly
-    side = {n for n in order if len(readers[n]) > 1 and min(level(r) for r in readers[n]) > level(n) + 1}
+    side = {n for n in order if len(readers[n]) > 1 and min([level[r] for r in readers[n]]) > level[n] + 1}
     for p, n in enumerate(order):
         for i in nodes[n].inputs:
             q = position.get(i)

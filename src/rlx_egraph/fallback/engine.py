@@ -51,7 +51,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
@@ -933,9 +933,10 @@ class _Engine:
             self.rules_of[made] = list(rules)
         return made
 
-    def replace(self, old: int, rep: int, rules: Sequence[str]) -> None:
-        """Replace node ``old`` by ``rep``; ``rep``'s provenance gains ``rules``, then how ``old`` was made."""
-        self.rw.replace_all_uses(old, rep)
+    def replace(self, old: int, rep: int, rules: Sequence[str], skip: Container[int] = ()) -> None:
+        """Replace node ``old`` by ``rep`` (but in its readers in ``skip``: see ``GraphRewriter.replace_all_uses``);
+        ``rep``'s provenance gains ``rules``, then how ``old`` was made."""
+        self.rw.replace_all_uses(old, rep, skip)
         known = self.rules_of.setdefault(rep, [])
         known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
 
@@ -953,13 +954,17 @@ class _Engine:
                     made[node.id] = was.id
                     continue
             made[node.id] = self.insert(node, inputs, run.rules_of.get(node.id, ()))
-        olds = []
+        # The region's nodes that its result drops, readers first: they die, so their inputs' replacements leave
+        # them be (the region's outputs, those the rest of the graph reads, are all replaced).
+        kept = set(made.values())
+        dropped = [live for cut in sorted(chain.back, reverse=True) if (live := chain.back[cut]) not in kept]
+        skip, olds = set(dropped), []
         for cut, now in run.holders.items():  # in topological order: each value to where the region keeps it
             old, rep = chain.back[cut], made[now]
             if old != rep and old in self.nodes:
-                self.replace(old, rep, run.rules_of.get(now, ()))
+                self.replace(old, rep, run.rules_of.get(now, ()), skip)
                 olds.append(old)
-        self.rw.eliminate_dead_code(olds)
+        self.rw.eliminate_dead_code(dropped + olds)
         if count:
             for rule, stats in run.rules.items():
                 self.stats.rules[rule].commits += stats.commits

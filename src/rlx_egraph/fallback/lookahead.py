@@ -204,20 +204,27 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
     nodes, readers = rw.nodes_by_id, rw.readers
     inner = {n for n in inner if nodes[n].kind is not Kind.LEAF}
     while True:  # a tuple value is only read by its projections: keep producers and projections together
-        pulled = {i for n in inner for i in nodes[n].inputs if nodes[i].dtype == "tuple"}
-        pulled |= {r for n in inner if nodes[n].dtype == "tuple" for r in readers[n]}
+        edge: set[int] = set()  # values the region reads from outside
+        pulled: set[int] = set()
+        for n in inner:
+            node = nodes[n]
+            edge.update(node.inputs)
+            if node.dtype == "tuple":
+                pulled.update(readers[n])
+        edge -= inner
+        pulled.update(i for i in edge if nodes[i].dtype == "tuple")
         if pulled <= inner:
             break
         inner |= pulled
-    edge = {i for n in inner for i in nodes[n].inputs} - inner  # values the region reads from outside
     leaves = {i for i in edge | seeds if nodes[i].kind is Kind.LEAF}
     boundary = edge - leaves  # computed outside: kept as nodes reading fresh inputs
     leaves |= {i for b in boundary for i in nodes[b].inputs if nodes[i].kind is Kind.LEAF}
 
-    level, key = rw.levels, rw.key
+    level, key, order = rw.levels, rw.keys, param_order.get
 
-    def order(n: int) -> tuple:
-        return level[n], param_order.get(n, -1), n
+    def in_order(ids: set[int]) -> list[int]:
+        """``ids`` by level, then Params in graph order, then id."""
+        return [n for _, _, n in sorted([(level[n], order(n, -1), n) for n in ids])]
 
     cut: list[Node | None] = []  # per region node, the node it copies (None: a fresh input)
     fields: list[tuple] = []  # see _fields: computed as each node is cut, from the rewriter's keys
@@ -233,18 +240,18 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             fields.append((("Input", (), f"v{k}"), nodes[n].shape, nodes[n].dtype, ()))
         return fresh[n]
 
-    for n in sorted(leaves, key=order):
+    for n in in_order(leaves):
         node = nodes[n]
         k = local[n] = len(cut)
         if node.op in NAMED_LEAVES:
             name = node.attrs["name"]
             head: tuple = (node.op, (), name if name in names else f"v{k}")
         else:
-            own = key(n)
+            own = key[n]
             head = (own[0], (), own[2])  # node_key of the cut node
         cut.append(node)
         fields.append((head, node.shape, node.dtype, node.parts))
-    for n in sorted(boundary | inner, key=order):  # no leaves: each has its key
+    for n in in_order(boundary | inner):  # no leaves: each has its key
         node = nodes[n]
         if n in boundary:
             if any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
@@ -253,7 +260,7 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])
         else:
             ins = tuple([local[i] for i in node.inputs])
-        own = key(n)
+        own = key[n]
         local[n] = len(cut)
         cut.append(node)
         fields.append(((own[0], ins, own[2]), node.shape, node.dtype, node.parts))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -90,6 +90,8 @@ class GraphRewriter:
         """Names of the live Input/Param leaves: a read-only view."""
         self.levels: Mapping[int, float] = self._level
         """Each live node's :meth:`level`: a read-only view that follows the edits."""
+        self.keys: Mapping[int, tuple | None] = self._key_of
+        """Each live node's :meth:`key`: a read-only view that follows the edits."""
         self._open(graph)
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
@@ -107,6 +109,7 @@ class GraphRewriter:
     def _open(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         nodes, users, by_op, level, order, keys, key_of, forward = (
             self._nodes, self._users, self._by_op, self._level, self._order, self._keys, self._key_of, self._forward)
+        input_order = self._input_order
         for position, node in enumerate(graph.nodes):  # _add, inlined: this loop is the rewriter's opening cost
             nid, inputs = node.id, node.inputs
             if forward and not forward.keys().isdisjoint(inputs):  # reads a node merged into an identical one
@@ -118,11 +121,14 @@ class GraphRewriter:
                 if same != nid:
                     forward[nid] = same
                     continue
-            self._input_order.append(nid)
+            input_order.append(nid)
             nodes[nid] = node
             key_of[nid] = key
             users[nid] = {}
-            by_op.setdefault(node.op, {})[nid] = None
+            of_op = by_op.get(node.op)
+            if of_op is None:
+                of_op = by_op[node.op] = {}
+            of_op[nid] = None
             height = 0.0
             for i in inputs:
                 users[i][nid] = None
@@ -254,7 +260,8 @@ class GraphRewriter:
         if reuse and key is not None and key in self._keys:
             return self._keys[key]
         if before is not None:
-            position = self._order[self.node(before)][0] - 0.5
+            self.node(before)  # raises: not a live node
+            position = self._order[before][0] - 0.5
         else:
             position = max([self._order[i][0] for i in node.inputs], default=-1.0) + 0.5
         self._next_id += 1
@@ -263,12 +270,14 @@ class GraphRewriter:
         self._moved.add(node.id)
         return node.id
 
-    def replace_all_uses(self, old: int, new: int) -> None:
+    def replace_all_uses(self, old: int, new: int, skip: Container[int] = ()) -> None:
         """Make every reader and output slot of ``old`` use ``new`` instead.
 
         ``new`` must have ``old``'s type and must not read ``old`` (that would be a
         cycle).  ``old`` stays in place, unused: erase it or run dead-code elimination.
-        Readers that become identical to another node are merged into it.
+        Readers that become identical to another node are merged into it.  Readers in
+        ``skip`` keep reading ``old``: nodes the caller drops next (rewiring them would be
+        wasted), so that ``old`` dies with them.
         """
         pending = [(old, new)]
         duplicates: list[int] = []
@@ -284,6 +293,8 @@ class GraphRewriter:
                 raise GraphError(f"cannot replace node {old} ({a.op}) by node {new} ({b.op}): node {new} reads "
                                  f"node {old}, so the graph would have a cycle")
             for u in list(self._users[old]):
+                if u in skip:
+                    continue
                 same = self._rewire(u, old, new)
                 if same is not None:
                     pending.append((u, same))
