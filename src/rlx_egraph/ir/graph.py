@@ -366,8 +366,11 @@ class Graph(GraphBuilders):
         if users is None:
             users = self._users = {n.id: [] for n in self._nodes}
             for n in self._nodes:
-                for i in dict.fromkeys(n.inputs):
-                    users[i].append(n.id)
+                nid = n.id
+                for i in n.inputs:
+                    readers = users[i]
+                    if not readers or readers[-1] != nid:  # a node reading a value twice is listed once
+                        readers.append(nid)
         return list(users[node_id])
 
     def use_count(self, node_id: int) -> int:
@@ -393,7 +396,10 @@ class Graph(GraphBuilders):
     def symbols(self) -> tuple[str, ...]:
         """The names of the symbolic dims in the graph, sorted (empty for a static graph)."""
         if self._symbols is None:  # each distinct tuple of dims once: nodes share a few shapes
-            tuples = {dims for n in self._nodes for dims in n.dim_tuples()}
+            tuples = {n.shape for n in self._nodes}  # most nodes: their shape alone (Node.dim_tuples)
+            with_more = {op for op in {n.op for n in self._nodes} if REGISTRY[op].dim_attrs}
+            for n in [n for n in self._nodes if n.parts or n.op in with_more]:
+                tuples.update(n.dim_tuples())
             self._symbols = tuple(sorted(symbols_of(d for dims in tuples for d in dims)))
         return self._symbols
 

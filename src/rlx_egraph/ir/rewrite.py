@@ -109,7 +109,6 @@ class GraphRewriter:
     def _open(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         nodes, users, by_op, level, order, keys, key_of, forward = (
             self._nodes, self._users, self._by_op, self._level, self._order, self._keys, self._key_of, self._forward)
-        input_order = self._input_order
         for position, node in enumerate(graph.nodes):  # _add, inlined: this loop is the rewriter's opening cost
             nid, inputs = node.id, node.inputs
             if forward and not forward.keys().isdisjoint(inputs):  # reads a node merged into an identical one
@@ -121,14 +120,11 @@ class GraphRewriter:
                 if same != nid:
                     forward[nid] = same
                     continue
-            input_order.append(nid)
+            self._input_order.append(nid)
             nodes[nid] = node
             key_of[nid] = key
             users[nid] = {}
-            of_op = by_op.get(node.op)
-            if of_op is None:
-                of_op = by_op[node.op] = {}
-            of_op[nid] = None
+            by_op.setdefault(node.op, {})[nid] = None
             height = 0.0
             for i in inputs:
                 users[i][nid] = None
