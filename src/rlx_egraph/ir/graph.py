@@ -361,7 +361,14 @@ class Graph(GraphBuilders):
 
     def users(self, node_id: int) -> list[int]:
         """Ids of the nodes that read ``node_id`` (each consumer once), in topological order."""
-        self.node(node_id)
+        return list(self._readers(node_id))
+
+    def use_count(self, node_id: int) -> int:
+        """Consumers plus the number of graph-output slots holding ``node_id``."""
+        return len(self._readers(node_id)) + self._outputs.count(node_id)
+
+    def _readers(self, node_id: int) -> list[int]:
+        """The users index's list for ``node_id`` (the index is built on first ask; never modify the list)."""
         users = self._users
         if users is None:
             users = self._users = {n.id: [] for n in self._nodes}
@@ -371,11 +378,9 @@ class Graph(GraphBuilders):
                     readers = users[i]
                     if not readers or readers[-1] != nid:  # a node reading a value twice is listed once
                         readers.append(nid)
-        return list(users[node_id])
-
-    def use_count(self, node_id: int) -> int:
-        """Consumers plus the number of graph-output slots holding ``node_id``."""
-        return len(self.users(node_id)) + self._outputs.count(node_id)
+        if node_id not in users:
+            self.node(node_id)  # raises: no such node
+        return users[node_id]
 
     def leaf(self, name: str) -> Node:
         """The Input or Param leaf called ``name``."""
