@@ -190,8 +190,8 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
         ins = [by_id[i] for i in node.inputs]
         copies = node.op in copied and any(i.kind is not Kind.LEAF for i in ins)
         try:  # node_cost is a pure function of these: most nodes of a model repeat one
-            key = (node.op, tuple(node.attrs.items()), tuple([(i.shape, i.dtype, i.parts) for i in ins]),
-                   node.shape, node.dtype, node.parts, copies)
+            key = (node.op, tuple(node.attrs.items()) if node.attrs else (),
+                   tuple([(i.shape, i.dtype, i.parts) for i in ins]), node.shape, node.dtype, node.parts, copies)
             cost = known.get(key)
         except TypeError:  # unhashable attribute values (arrays): not remembered
             key = cost = None

@@ -993,8 +993,8 @@ class _Engine:
             return cost
         ins = [lookup(i) for i in node.inputs]
         reads_intermediate = not LEAF_OPS.issuperset([i.op for i in ins])
-        key = (node.op, tuple(node.attrs.values()), tuple([(i.shape, i.dtype) for i in ins]), node.shape,
-               node.dtype, reads_intermediate)
+        key = (node.op, tuple(node.attrs.values()) if node.attrs else (), tuple([(i.shape, i.dtype) for i in ins]),
+               node.shape, node.dtype, reads_intermediate)
         try:
             cost = self.signature_costs.get(key)
         except TypeError:  # unhashable attributes

@@ -203,8 +203,8 @@ def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tu
     ``name`` (one per leaf) is left out of the key and checked on its own: it plays no part in its type."""
     named = spec.kind is Kind.LEAF and "name" in spec.attr_specs
     name = attrs.get("name", _NO_NAME) if named else _NO_NAME
-    items = tuple((k, _signed_zero(v) if v.__class__ is float and v == 0.0 else v) for k, v in attrs.items()
-                  if name is _NO_NAME or k != "name")
+    items = () if not attrs else tuple((k, _signed_zero(v) if v.__class__ is float and v == 0.0 else v)
+                                       for k, v in attrs.items() if name is _NO_NAME or k != "name")
     key = (spec.name, items, tuple((n.shape, n.dtype, n.parts) for n in in_nodes))
     try:
         hit = _RESOLVED.get(key)
