@@ -107,7 +107,7 @@ class FusionReport:
 
 def fused_op_counts(graph: Graph) -> dict[str, int]:
     """Nodes of fused ops (kind ``fused``: not views, not derived weights) per op."""
-    return dict(sorted(Counter(n.op for n in graph.nodes if REGISTRY[n.op].kind is Kind.FUSED).items()))
+    return dict(sorted((op, n) for op, n in graph.op_counts().items() if REGISTRY[op].kind is Kind.FUSED))
 
 
 class _Context:
