@@ -167,12 +167,12 @@ def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[s
         bound |= _atom_vars(atom)
     first = order[0][1]
     node_vars = _node_vars(pattern, tables)
+    alternatives = [_alternatives(perms, atom) for _, atom in order]
     return MatcherPlan(
-        slots, order, known, [_alternatives(perms, atom) for _, atom in order],
-        tuple(slots[v] for v in node_vars),
+        slots, order, known, alternatives, tuple(slots[v] for v in node_vars),
         tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat))),
         _paths(order, set(node_vars), _watched(pattern, order, tables), tables),
-        _child_ops(first, pattern, _alternatives(perms, first)) if isinstance(first, NodePat) else ())
+        _child_ops(first, pattern, alternatives[0]) if isinstance(first, NodePat) else ())
 
 
 def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
