@@ -627,7 +627,8 @@ def test_bench_overhead_splits_the_work_around_saturation(capsys: pytest.Capture
     out = capsys.readouterr().out.splitlines()
     header = next(line for line in out if line.lstrip().startswith("nodes "))
     assert header.split() == ["nodes", "saturate", "s", "around", "s", "load", "s", "read", "s", "ours", "s",
-                              "around/sat", "load+read/sat", "ours/sat", "paired", "ours/sat"]
+                              "around/sat", "load+read/sat", "ours/sat", "paired", "ours/sat", "first", "run:",
+                              "saturate", "s", "around", "s", "ours/sat", "paired", "ours/sat"]
     row = out[out.index(header) + 1].split()
     assert row[0] == "1,000"
     saturation, around, load, read, ours = map(float, row[1:6])
@@ -637,6 +638,12 @@ def test_bench_overhead_splits_the_work_around_saturation(capsys: pytest.Capture
     assert around_ratio >= ours_ratio > 0 and around_ratio >= egglog_ratio > 0
     # one run: its own ratio, from the unrounded seconds (those printed are rounded to 0.001)
     assert paired == pytest.approx(ours / saturation, abs=0.005 + 0.002 / saturation)
+    # the process's first run, with egglog's part as timed after both runs
+    first_saturation, first_around, first_ratio, first_paired = map(float, row[10:14])
+    assert first_saturation > 0 and first_around > 0
+    first_ours = first_around - load - read
+    assert first_ratio == pytest.approx(first_ours / first_saturation, abs=0.05 + 0.004 / first_saturation)
+    assert first_paired == pytest.approx(first_ours / first_saturation, abs=0.005 + 0.004 / first_saturation)
 
 
 def test_bench_overhead_repeated_keeps_each_columns_least(capsys: pytest.CaptureFixture[str]) -> None:
@@ -648,10 +655,15 @@ def test_bench_overhead_repeated_keeps_each_columns_least(capsys: pytest.Capture
     header = next(line for line in captured.out.splitlines() if line.lstrip().startswith("nodes "))
     row = captured.out.splitlines()[captured.out.splitlines().index(header) + 1].split()
     saturation, around, load, read, ours = map(float, row[1:6])
+    # each stderr line: "<n> nodes: saturate S s, around it A s, ours/sat R; first run: saturate S s, around it A s,
+    # ours/sat R"
     assert saturation == pytest.approx(min(float(r[3]) for r in runs), abs=0.001)  # the least
     assert around == pytest.approx(min(float(r[7]) for r in runs), abs=0.001)  # the least
     assert ours == pytest.approx(around - load - read, abs=0.002)  # from the least of each
-    assert float(row[9]) == pytest.approx(statistics.median(float(r[-1]) for r in runs), abs=0.011)  # to 0.01
+    assert float(row[9]) == pytest.approx(statistics.median(float(r[10].rstrip(";")) for r in runs), abs=0.011)
+    assert float(row[10]) == pytest.approx(min(float(r[14]) for r in runs), abs=0.001)  # the first runs' least
+    assert float(row[11]) == pytest.approx(min(float(r[18]) for r in runs), abs=0.001)
+    assert float(row[13]) == pytest.approx(statistics.median(float(r[-1]) for r in runs), abs=0.011)
     with pytest.raises(SystemExit):
         bench.main(["overhead", "--nodes", "1000", "--repeat", "0"])
     assert "--repeat must be at least 1, not 0" in capsys.readouterr().err
