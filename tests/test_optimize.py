@@ -381,6 +381,28 @@ def test_input_graph_is_not_mutated_and_results_are_deterministic():
     assert [f.to_dict() for f in ra.fusions] == [f.to_dict() for f in rb.fusions]
 
 
+@pytest.mark.parametrize("engine", ["egglog", "fallback"])
+def test_optimize_returns_the_reports_graph_without_computing_the_reports_summaries(
+        engine: str, monkeypatch: pytest.MonkeyPatch):
+    """optimize() returns only the graph: the IO profiles, fused-op counts, data tables and missed fusions, which
+    only the report shows, are not computed for it; optimize_with_report still computes them, also after it."""
+    pipeline = importlib.import_module("rlx_egraph.optimize")  # the module (the package exports the function)
+    g = examples.llama(layers=1)
+    wanted, _ = optimize_with_report(g, engine=engine)
+    summarized: list[str] = []
+    for name in ("profile", "fused_op_counts", "missed_fusions"):
+        real = getattr(pipeline, name)
+        monkeypatch.setattr(pipeline, name, lambda *a, _name=name, _real=real, **k: summarized.append(_name) or
+                            _real(*a, **k))
+    assert optimize(g, engine=engine, verify=True) == wanted
+    assert summarized == []
+    _, report = optimize_with_report(g, engine=engine)
+    assert summarized.count("profile") == 2 and summarized.count("fused_op_counts") == 2
+    assert summarized.count("missed_fusions") == (engine == "egglog")
+    assert report.profile_after is not None and report.profile_after.ns < report.profile_before.ns
+    assert report.fusion.after and report.data.provenance
+
+
 def test_report_contents_and_json():
     og, rep = optimize_with_report(examples.llama(layers=1), verify=True)
     d = rep.to_dict()

@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
@@ -65,10 +66,21 @@ def engine_by_size(engine: str, nodes: int) -> str:
     return "fallback" if engine == "fallback" or (engine == "auto" and nodes > FALLBACK_THRESHOLD) else "egglog"
 
 
+# Whether optimize_with_report computes the report's summaries (the IO profiles, the data tables, the fused-op counts
+# and the missed fusions): optimize() returns only the graph, so it turns them off for its call.
+_SUMMARIES: ContextVar[bool] = ContextVar("rlx_egraph_report_summaries", default=True)
+
+
 def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
              **options: Any) -> Graph:
-    """The cheapest equivalent graph under ``target``'s cost model (see :func:`optimize_with_report`)."""
-    return optimize_with_report(graph, target, rules, verify, **options)[0]
+    """The cheapest equivalent graph under ``target``'s cost model: :func:`optimize_with_report`'s graph, same
+    options.  The report's summaries, which only the report shows, are not computed (at 100k nodes its two IO
+    profiles alone take some 0.3 s)."""
+    token = _SUMMARIES.set(False)
+    try:
+        return optimize_with_report(graph, target, rules, verify, **options)[0]
+    finally:
+        _SUMMARIES.reset(token)
 
 
 @tracked("optimize")
@@ -97,6 +109,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
+    summaries = _SUMMARIES.get()
     sat_limits = SaturationLimits(**limits)
     tgt = get_target(target)
     if dim_hints:
@@ -111,21 +124,22 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
         new, report = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens, regions,
-                                         why)
+                                         why, summaries)
     else:
         new, report = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
-                                       attention_block_max_tokens, regions, strict)
+                                       attention_block_max_tokens, regions, strict, summaries)
         if engine == "auto" and report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound"):
             why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
             log.warning(why)
             new, report = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
-                                             regions, why)
+                                             regions, why, summaries)
         elif engine == "egglog":
             report.engine_reason = "requested"
     result, original, optimized = new.graph, graph, new.graph
     if sentinels is not None:  # back to symbols; priced and checked at the hints
         result = sentinels.restore(new.graph)
-        report.profile_before, report.profile_after = profile(graph, tgt), profile(result, tgt)
+        if summaries:
+            report.profile_before, report.profile_after = profile(graph, tgt), profile(result, tgt)
         hints = {s: tgt.hint(s) for s in graph.symbols}
         original, optimized = specialize_graph(graph, hints), specialize_graph(result, hints)
     if verify:
@@ -137,9 +151,10 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,
-                     exact_gap: bool, attention_block_max_tokens: int, regions: bool,
-                     strict: bool) -> tuple[Decoded, OptimizeReport]:
-    """The egglog engine: encode, saturate, extract, decode, then the regions pass (each timed in the report)."""
+                     exact_gap: bool, attention_block_max_tokens: int, regions: bool, strict: bool,
+                     summaries: bool) -> tuple[Decoded, OptimizeReport]:
+    """The egglog engine: encode, saturate, extract, decode, then the regions pass (each timed in the report);
+    ``summaries``: and the report's summaries (see :func:`_summarize`)."""
     deadline = Deadline(sat_limits.max_seconds)
     phases: dict[str, float] = {}
     report = OptimizeReport("egglog", f"auto: {len(graph):,} nodes is within the egglog engine's threshold of "
@@ -195,13 +210,11 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
 
     report.program_text = partial(_program_text, ruleset, encoding)
     choice = chosen.choice if chosen is not None else None
-    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
-    report.data = OptimizationData.build((report.profile_before, report.profile_after), result.history, decoded,
-                                         view, choice, costs)
-    report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))
-    if choice is not None:
-        report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
-            view, graph, choice, costs, ruleset, tgt, egraph)
+    if summaries:
+        _summarize(report, graph, decoded, tgt, result.history, view, choice, costs)
+        if choice is not None:
+            report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
+                view, graph, choice, costs, ruleset, tgt, egraph)
     report.stop_reason = _stop_reason(result.stop_reason, result.detail, notes)
     report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
@@ -212,8 +225,10 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
 
 
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
-                       attention_block_max_tokens: int, regions: bool, why: str) -> tuple[Decoded, OptimizeReport]:
-    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`)."""
+                       attention_block_max_tokens: int, regions: bool, why: str,
+                       summaries: bool) -> tuple[Decoded, OptimizeReport]:
+    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`);
+    ``summaries``: and the report's summaries (see :func:`_summarize`; missed fusions are the egglog engine's)."""
     phase("fallback")
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
     result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
@@ -235,15 +250,24 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     phases["regions"] = time.perf_counter() - t0
     report = OptimizeReport("fallback", why, tgt.name)
     report.fallback = stats
-    report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))  # misses: egglog only
     report.stop_reason = stats.stop_reason
     report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
-    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
-    report.data = OptimizationData.build((report.profile_before, report.profile_after), [], decoded)  # no e-graph
+    if summaries:
+        _summarize(report, graph, decoded, tgt, [])  # no e-graph
     report.phases = phases
     return decoded, report
+
+
+def _summarize(report: OptimizeReport, graph: Graph, decoded: Decoded, tgt: Target, history: list[Any],
+               view: EGraphView | None = None, choice: Any = None, costs: list[float] | None = None) -> None:
+    """Fill the report's summaries of a run (either engine's): both graphs' IO profiles, the run as data tables
+    and the fused-op counts (the egglog engine adds its missed fusions)."""
+    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
+    report.data = OptimizationData.build((report.profile_before, report.profile_after), history, decoded, view,
+                                         choice, costs)
+    report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))
 
 
 def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
