@@ -61,8 +61,9 @@ class OptimizationData:
                  view: EGraphView | None = None, choice: Mapping[int, int] | None = None,
                  costs: Sequence[float] | None = None) -> None:
         self._profiles, self._iterations, self._decoded = profiles, iterations, decoded
-        # the optimized graph is the caller's to change: its nodes as they were at the end of the run
-        self._nodes = [(n.id, n.op) for n in decoded.graph.nodes] if decoded is not None else []
+        # the optimized graph is the caller's to add to: its nodes as they were at the end of the run (one tuple of
+        # the Node records, which never change)
+        self._nodes = decoded.graph.nodes if decoded is not None else ()
         complete = view is not None and choice is not None and costs is not None
         self._egraph = (view, choice, costs) if complete else None  # the e-graph tables' sources, all or none
 
@@ -84,9 +85,9 @@ class OptimizationData:
         if decoded is None:
             return Records()
         return Records(
-            {"node": nid, "op": op, "eclass": decoded.class_of.get(nid), "replaces": decoded.originals[nid],
-             "built_by": list(decoded.built_by.get(nid, ())), "merged_by": list(decoded.merged_by.get(nid, ()))}
-            for nid, op in self._nodes)
+            {"node": n.id, "op": n.op, "eclass": decoded.class_of.get(n.id), "replaces": decoded.originals[n.id],
+             "built_by": list(decoded.built_by.get(n.id, ())), "merged_by": list(decoded.merged_by.get(n.id, ()))}
+            for n in self._nodes)
 
     @cached_property
     def io_by_kind(self) -> Records:
