@@ -1034,8 +1034,9 @@ class _Engine:
             holder = self.rw.find(n.id)
             if holder in self.nodes:
                 same.setdefault(holder, []).append(n.id)
-        provenance = {n.id: Provenance(tuple(self.rules_of.get(n.id, ())), tuple(same.get(n.id, ())))
-                      for n in out.nodes}
+        rules: dict[tuple[str, ...], tuple[str, ...]] = {}  # each distinct tuple of rules once, shared by its nodes
+        provenance = {n.id: Provenance(rules.setdefault(names := tuple(self.rules_of.get(n.id, ())), names),
+                                       tuple(same.get(n.id, ()))) for n in out.nodes}
         fusions = fold_projections(out, [Fusion(n.id, n.op, provenance[n.id].rules, provenance[n.id].replaces)
                                          for n in out.nodes if n.id not in graph])
         self.stats.nodes_after = len(out)
