@@ -16,6 +16,7 @@ The view's :class:`ENode` and :class:`EClass` are defined here too, as compiled 
 per e-node and one per class (at 100k nodes 191,609 and 114,533), five times faster than dataclasses.
 """
 
+cimport cython
 from cython.operator cimport dereference as deref
 from libcpp.map cimport map
 from libcpp.pair cimport pair
@@ -66,6 +67,10 @@ cdef object _MISSING = object()
 from rlx_egraph.ir.registry import REGISTRY
 
 
+# Not tracked by the cycle collector (no_gc): an e-node's and an e-class's fields hold ints, strings, tuples, an
+# attribute dict and a type, never an e-node or an e-class, so no cycle can run through them.  A view keeps
+# hundreds of thousands of both, which every collection would otherwise scan.
+@cython.no_gc
 cdef class ENode:
     """An op applied to e-classes: one alternative of an e-class.  (Compiled: the view makes one per e-node,
     191,609 at 100k nodes; its fields are declared in ``_rows.pxd``, for the compiled passes to read.)"""
@@ -91,6 +96,7 @@ cdef class ENode:
                 f"eclass={self.eclass!r}, original={self.original!r}, built_by={self.built_by!r})")
 
 
+@cython.no_gc
 cdef class EClass:
     """An e-class: its e-nodes (indices into ``EGraphView.nodes``), its type, the input-graph nodes in it and the
     rules that merged into it.  (Compiled, as :class:`ENode`.)"""
