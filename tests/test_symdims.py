@@ -18,6 +18,7 @@ from rlx_egraph.cost import get_target, profile
 from rlx_egraph.ir.dims import Sym, as_dim, parse, symbol
 from rlx_egraph.ir.graph import FORMAT_VERSION
 from rlx_egraph.ir.specialize import SENTINEL_FLOOR, Sentinels
+from rlx_egraph.report.data import io_by_kind
 
 BATCH, SEQ = symbol("batch"), symbol("seq")
 BINDINGS = ({"batch": 2, "seq": 16}, {"batch": 3, "seq": 40})
@@ -193,6 +194,9 @@ def test_symbols_are_priced_at_the_hints() -> None:
     at_hints = {"batch": cuda.default_dim_hint, "seq": 40}
     assert report.profile_before.to_dict() == profile(specialize(g, at_hints), "cuda").to_dict()
     assert report.profile_before.target.dim_hints == {"seq": 40} and cuda.hint("batch") == 16
+    # the report's tables price the same way (not at the sentinels the engine ran at)
+    assert report.data.io_by_kind == io_by_kind(report.profile_before, "before") + \
+        io_by_kind(report.profile_after, "after")
     hinted = cuda.replace(dim_hints={"batch": 4, "seq": 8})
     assert profile(g, hinted).traffic_bytes == profile(specialize(g, {"batch": 4, "seq": 8}), "cuda").traffic_bytes
     with pytest.raises(ValueError, match=r"^dim_hints: the size of 'seq' must be >= 1, got 0$"):

@@ -51,7 +51,7 @@ from .kernels.parity import check_parity
 from .options import check_options
 from .report import OptimizeReport
 from .report.data import OptimizationData
-from .report.fusion import FusionReport, fused_op_counts, missed_fusions
+from .report.fusion import fused_op_counts, missed_fusions
 from .report.progress import phase, tracked
 
 log = logging.getLogger("rlx_egraph")
@@ -123,25 +123,25 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     if engine_by_size(engine, len(graph)) == "fallback":
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
-        new, report = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens, regions,
-                                         why, summaries)
+        new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
+                                                 regions, why)
     else:
-        new, report = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
-                                       attention_block_max_tokens, regions, strict, summaries)
+        new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
+                                               attention_block_max_tokens, regions, strict, summaries)
         if engine == "auto" and report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound"):
             why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
             log.warning(why)
-            new, report = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
-                                             regions, why, summaries)
+            new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits,
+                                                     attention_block_max_tokens, regions, why)
         elif engine == "egglog":
             report.engine_reason = "requested"
     result, original, optimized = new.graph, graph, new.graph
     if sentinels is not None:  # back to symbols; priced and checked at the hints
         result = sentinels.restore(new.graph)
-        if summaries:
-            report.profile_before, report.profile_after = profile(graph, tgt), profile(result, tgt)
         hints = {s: tgt.hint(s) for s in graph.symbols}
         original, optimized = specialize_graph(graph, hints), specialize_graph(result, hints)
+    if summaries:  # of the graphs as given and returned: a symbolic graph is priced at the hints
+        _summarize(report, graph, result, tgt, new, *tables)
     if verify:
         t0 = time.perf_counter()
         phase("verify")
@@ -152,9 +152,10 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,
                      exact_gap: bool, attention_block_max_tokens: int, regions: bool, strict: bool,
-                     summaries: bool) -> tuple[Decoded, OptimizeReport]:
+                     missed: bool) -> tuple[Decoded, OptimizeReport, tuple[EGraphView | None, Any, Any]]:
     """The egglog engine: encode, saturate, extract, decode, then the regions pass (each timed in the report);
-    ``summaries``: and the report's summaries (see :func:`_summarize`)."""
+    ``missed``: and the missed fusions.  Also returns what the report's e-graph tables are made from (the view, the
+    choice and the e-node costs; None where the run stopped before them)."""
     deadline = Deadline(sat_limits.max_seconds)
     phases: dict[str, float] = {}
     report = OptimizeReport("egglog", f"auto: {len(graph):,} nodes is within the egglog engine's threshold of "
@@ -210,25 +211,23 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
 
     report.program_text = partial(_program_text, ruleset, encoding)
     choice = chosen.choice if chosen is not None else None
-    if summaries:
-        _summarize(report, graph, decoded, tgt, result.history, view, choice, costs)
-        if choice is not None:
-            report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
-                view, graph, choice, costs, ruleset, tgt, egraph)
+    if missed and choice is not None:
+        report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
+            view, graph, choice, costs, ruleset, tgt, egraph)
     report.stop_reason = _stop_reason(result.stop_reason, result.detail, notes)
     report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
     report.phases = phases
-    return decoded, report
+    return decoded, report, (view, choice, costs)
 
 
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
-                       attention_block_max_tokens: int, regions: bool, why: str,
-                       summaries: bool) -> tuple[Decoded, OptimizeReport]:
-    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`);
-    ``summaries``: and the report's summaries (see :func:`_summarize`; missed fusions are the egglog engine's)."""
+                       attention_block_max_tokens: int, regions: bool,
+                       why: str) -> tuple[Decoded, OptimizeReport, tuple[None, None, None]]:
+    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`).  It has
+    no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`)."""
     phase("fallback")
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
     result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
@@ -254,20 +253,19 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
-    if summaries:
-        _summarize(report, graph, decoded, tgt, [])  # no e-graph
     report.phases = phases
-    return decoded, report
+    return decoded, report, (None, None, None)
 
 
-def _summarize(report: OptimizeReport, graph: Graph, decoded: Decoded, tgt: Target, history: list[Any],
-               view: EGraphView | None = None, choice: Any = None, costs: list[float] | None = None) -> None:
-    """Fill the report's summaries of a run (either engine's): both graphs' IO profiles, the run as data tables
-    and the fused-op counts (the egglog engine adds its missed fusions)."""
-    report.profile_before, report.profile_after = profile(graph, tgt), profile(decoded.graph, tgt)
-    report.data = OptimizationData.build((report.profile_before, report.profile_after), history, decoded, view,
-                                         choice, costs)
-    report.fusion = FusionReport(fused_op_counts(graph), fused_op_counts(decoded.graph))
+def _summarize(report: OptimizeReport, before: Graph, after: Graph, tgt: Target, decoded: Decoded,
+               view: EGraphView | None, choice: Any, costs: list[float] | None) -> None:
+    """Fill the report's summaries of a run (either engine's): the IO profiles of the graph given (``before``) and
+    the graph returned (``after``), the run as data tables, and the fused-op counts (beside the egglog engine's
+    missed fusions)."""
+    report.profile_before, report.profile_after = profile(before, tgt), profile(after, tgt)
+    report.data = OptimizationData.build((report.profile_before, report.profile_after), report.iterations, decoded,
+                                         view, choice, costs)
+    report.fusion.before, report.fusion.after = fused_op_counts(before), fused_op_counts(after)
 
 
 def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
