@@ -1143,39 +1143,40 @@ def _fact_order(matchers: list[Matcher]) -> list[list[Matcher]]:
     feeds = {k: [index[id(o)] for o in matchers if m.pattern.tables_written() & o.pattern.tables_read()]
              for k, m in enumerate(matchers)}
     order: list[list[int]] = []
-    counter = 0
-    low: dict[int, int] = {}
     num: dict[int, int] = {}
+    low: dict[int, int] = {}
     stack: list[int] = []
     on_stack: set[int] = set()
-
-    def visit(v: int) -> None:  # Tarjan; emits components sinks-first
-        nonlocal counter
-        num[v] = low[v] = counter
-        counter += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in feeds[v]:
-            if w not in num:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], num[w])
-        if low[v] == num[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            order.append(sorted(group))
-
     for v in range(len(matchers)):
         if v not in num:
-            visit(v)
+            _strong_components(v, feeds, num, low, stack, on_stack, order)
     order.reverse()  # writers before readers
     return [[matchers[k] for k in group] for group in order]
+
+
+def _strong_components(v: int, feeds: Mapping[int, list[int]], num: dict[int, int], low: dict[int, int],
+                       stack: list[int], on_stack: set[int], order: list[list[int]]) -> None:
+    """Tarjan's algorithm from ``v`` over the graph ``feeds`` (node -> the nodes it feeds): appends to ``order`` each
+    strongly connected component it closes, sinks first, sorted.  ``num``: each visited node's visit number.  (A
+    function, not a recursive closure: such a closure is a reference cycle, left to the garbage collector.)"""
+    num[v] = low[v] = len(num)
+    stack.append(v)
+    on_stack.add(v)
+    for w in feeds[v]:
+        if w not in num:
+            _strong_components(w, feeds, num, low, stack, on_stack, order)
+            low[v] = min(low[v], low[w])
+        elif w in on_stack:
+            low[v] = min(low[v], num[w])
+    if low[v] == num[v]:
+        group = []
+        while True:
+            w = stack.pop()
+            on_stack.discard(w)
+            group.append(w)
+            if w == v:
+                break
+        order.append(sorted(group))
 
 
 __all__ = ["FallbackLimits", "FallbackResult", "FallbackStats", "Provenance", "RuleStats", "load", "run"]

@@ -441,10 +441,10 @@ def _pattern(rule: Rule, body: list, head: list, tables: dict[str, TableDecl], p
     query: list[Atom] = []
     for fact in body:
         flat.fact(fact, query)
-    actions: list[Action] = []
-    built: set[str] = set()
+    compiled = _Actions(flat)
     for action in head:
-        _action(action, actions, built, flat)
+        compiled.add(action)
+    actions, built = compiled.actions, compiled.built
     unions = [a for a in actions if isinstance(a, Union)]
     if built and not unions:
         raise CompileError("it builds terms but unions none of them into the graph, so nothing would use them")
@@ -455,48 +455,60 @@ def _pattern(rule: Rule, body: list, head: list, tables: dict[str, TableDecl], p
     return Pattern(rule.name, rule.base, rule.stage, rule.location, kind, tuple(query), tuple(actions))
 
 
-def _action(action: Any, actions: list[Action], built: set[str], flat: _Flattener) -> None:
-    def build(call: Any, out: str | None = None) -> str:
-        var = out or flat.fresh()
-        inputs, attrs = flat.arguments(call, build, value, lambda e: _fail("an Op-valued table lookup in a new term"))
-        actions.append(Build(var, call.name, inputs, attrs))
-        built.add(var)
+class _Actions:
+    """Turns a rule's actions into :class:`Action` records (``actions``), naming every new term; ``built``: the
+    variables of the new terms.  (Methods, not mutually recursive closures: such closures are a reference cycle,
+    left to the garbage collector.)"""
+
+    def __init__(self, flat: _Flattener) -> None:
+        self.flat = flat
+        self.actions: list[Action] = []
+        self.built: set[str] = set()
+
+    def add(self, action: Any) -> None:
+        flat, actions = self.flat, self.actions
+        if isinstance(action, eb.Let):
+            if _is_cons(action.rhs):
+                self.build(action.rhs, action.lhs)
+            else:
+                actions.append(Compute(action.lhs, self.value(action.rhs)))
+        elif isinstance(action, eb.Union):
+            actions.append(Union(self.var_of(action.lhs), self.var_of(action.rhs)))
+        elif isinstance(action, eb.Set):
+            if action.lhs not in flat.tables or flat.tables[action.lhs].output is None:
+                raise CompileError(f"set of {action.lhs!r}, which is not a declared function")
+            actions.append(SetValue(action.lhs, tuple(self.value(a) for a in action.args), self.value(action.rhs)))
+        elif isinstance(action, eb.Expr_) and isinstance(action.expr, eb.Call) and action.expr.name in flat.tables \
+                and flat.tables[action.expr.name].output is None:
+            actions.append(Insert(action.expr.name, tuple(self.value(a) for a in action.expr.args)))
+        elif isinstance(action, eb.Expr_) and _is_cons(action.expr):
+            self.build(action.expr)
+        elif isinstance(action, eb.Expr_):
+            raise CompileError("an action expression must insert into a declared relation or build a term")
+        else:
+            kind = type(action).__name__
+            detail = {"Change": "delete/subsume", "Panic": "panic"}.get(kind, kind)
+            raise CompileError(f"{detail} actions are not supported")
+
+    def build(self, call: Any, out: str | None = None) -> str:
+        var = out or self.flat.fresh()
+        inputs, attrs = self.flat.arguments(call, self.build, self.value,
+                                            lambda e: _fail("an Op-valued table lookup in a new term"))
+        self.actions.append(Build(var, call.name, inputs, attrs))
+        self.built.add(var)
         return var
 
-    def value(expr: Any) -> Term:
+    def value(self, expr: Any) -> Term:
         if _is_cons(expr):
-            return V(build(expr))
-        return _term(expr, flat.tables, [], None, flat.primitives)
+            return V(self.build(expr))
+        return _term(expr, self.flat.tables, [], None, self.flat.primitives)
 
-    def var_of(expr: Any) -> str:
+    def var_of(self, expr: Any) -> str:
         if isinstance(expr, eb.Var):
             return expr.name
         if _is_cons(expr):
-            return build(expr)
+            return self.build(expr)
         raise CompileError("union takes variables or constructor terms")
-
-    if isinstance(action, eb.Let):
-        if _is_cons(action.rhs):
-            build(action.rhs, action.lhs)
-        else:
-            actions.append(Compute(action.lhs, value(action.rhs)))
-    elif isinstance(action, eb.Union):
-        actions.append(Union(var_of(action.lhs), var_of(action.rhs)))
-    elif isinstance(action, eb.Set):
-        if action.lhs not in flat.tables or flat.tables[action.lhs].output is None:
-            raise CompileError(f"set of {action.lhs!r}, which is not a declared function")
-        actions.append(SetValue(action.lhs, tuple(value(a) for a in action.args), value(action.rhs)))
-    elif isinstance(action, eb.Expr_) and isinstance(action.expr, eb.Call) and action.expr.name in flat.tables \
-            and flat.tables[action.expr.name].output is None:
-        actions.append(Insert(action.expr.name, tuple(value(a) for a in action.expr.args)))
-    elif isinstance(action, eb.Expr_) and _is_cons(action.expr):
-        build(action.expr)
-    elif isinstance(action, eb.Expr_):
-        raise CompileError("an action expression must insert into a declared relation or build a term")
-    else:
-        kind = type(action).__name__
-        detail = {"Change": "delete/subsume", "Panic": "panic"}.get(kind, kind)
-        raise CompileError(f"{detail} actions are not supported")
 
 
 def _fail(what: str) -> str:

@@ -364,21 +364,22 @@ def _vars(expr: Any) -> list[str]:
 
 def _rename(expr: Any, names: dict[str, str], last_of: int = 0) -> Any:
     """``expr`` with variables renamed; with ``last_of`` = n, only the n-th (last) use is renamed."""
-    count: Counter[str] = Counter()
+    return _renamed(expr, names, last_of, Counter())
 
-    def go(e: Any) -> Any:
-        kind = type(e).__name__
-        if kind == "Var":
-            count[e.name] += 1
-            if e.name in names and (not last_of or count[e.name] == last_of):
-                return eb.Var(e.span, names[e.name])
-            return e
-        if kind == "Call":
-            return eb.Call(e.span, e.name, [go(a) for a in e.args])
-        if kind == "Eq":
-            return eb.Eq(e.span, go(e.left), go(e.right))
-        if kind == "Fact":
-            return eb.Fact(go(e.expr))
+
+def _renamed(e: Any, names: dict[str, str], last_of: int, count: Counter[str]) -> Any:
+    """:func:`_rename`, ``count`` holding the uses seen so far.  (A function, not a recursive closure: such a closure
+    is a reference cycle, left to the garbage collector.)"""
+    kind = type(e).__name__
+    if kind == "Var":
+        count[e.name] += 1
+        if e.name in names and (not last_of or count[e.name] == last_of):
+            return eb.Var(e.span, names[e.name])
         return e
-
-    return go(expr)
+    if kind == "Call":
+        return eb.Call(e.span, e.name, [_renamed(a, names, last_of, count) for a in e.args])
+    if kind == "Eq":
+        return eb.Eq(e.span, _renamed(e.left, names, last_of, count), _renamed(e.right, names, last_of, count))
+    if kind == "Fact":
+        return eb.Fact(_renamed(e.expr, names, last_of, count))
+    return e
