@@ -91,3 +91,19 @@ def test_one_except_clause_catches_what_the_library_raises(tmp_path: Path) -> No
         except RlxError as exc:
             caught.append(type(exc).__name__)
     assert caught == ["GraphError", "RuleError", "GraphError", "RuleError"]
+
+
+def test_scipy_is_imported_only_when_a_kernel_needs_it() -> None:
+    """Importing scipy.special (and the libraries it loads) took about 0.6 s of every ``import rlx_egraph``, the
+    CLI's included: optimizing leaves it out; the parity check, whose sigmoid and erf kernels use it, brings it."""
+    import subprocess
+    import sys
+
+    script = ("import sys\n"
+              "from rlx_egraph import examples, optimize\n"
+              "optimize(examples.llama(layers=1))\n"
+              "print('scipy' in sys.modules)\n"
+              "optimize(examples.llama(layers=1), verify=True)\n"
+              "print('scipy' in sys.modules)\n")
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert ran.stdout.split() == ["False", "True"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import special
 
 from ..ir.dtypes import to_compute, to_storage
 
@@ -85,19 +85,32 @@ BINARY = {
 }
 
 
+def _special() -> ModuleType:
+    """``scipy.special``, imported when a kernel first runs: importing it (and the libraries it loads) takes
+    about 0.6 s, which ``import rlx_egraph`` would otherwise pay, the CLI and a run without the parity check
+    included."""
+    from scipy import special
+
+    return special
+
+
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return special.expit(x)
+    return _special().expit(x)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x * special.expit(x)
+    return x * _special().expit(x)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    return _special().erf(x)
 
 
 def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
     if approximate == "tanh":
         c = np.asarray(math.sqrt(2.0 / math.pi), dtype=x.dtype)
         return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
-    return 0.5 * x * (1.0 + special.erf(x / np.asarray(math.sqrt(2.0), dtype=x.dtype)))
+    return 0.5 * x * (1.0 + erf(x / np.asarray(math.sqrt(2.0), dtype=x.dtype)))
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -116,7 +129,7 @@ UNARY = {
     "Sqrt": np.sqrt,
     "Rsqrt": lambda x: 1.0 / np.sqrt(x),
     "Recip": lambda x: 1.0 / x,
-    "Erf": special.erf,
+    "Erf": erf,
     "Identity": lambda x: x,
 }
 
