@@ -439,7 +439,8 @@ def test_a_run_leaves_no_reference_cycle_to_the_cycle_collector(engine: str):
     """A recursive closure is a reference cycle: one in decode, the fallback's matcher or its planner kept the whole
     e-graph view or rewriter alive after the run until the collector's next full pass (0.8 s at 100k nodes); the
     Tarjan pass ordering the fallback's fact rules and the report's missed-fusion patterns left smaller ones.  A
-    run leaves none, which is what lets ``gc_paused`` age what a run returns (see the next test)."""
+    run leaves none, which is what lets ``gc_paused`` age what a run returns (see
+    test_what_a_run_returns_joins_the_collectors_oldest_generation_but_what_the_caller_froze_stays_frozen)."""
     import gc
     import types
 
