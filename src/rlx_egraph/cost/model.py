@@ -169,41 +169,45 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
     tgt = _target(target)
     if graph.symbols:
         graph = specialize_graph(graph, {s: tgt.hint(s) for s in graph.symbols})
-    nodes: dict[str, int] = {}
-    sums: dict[str, list[int]] = {}  # kind -> launches, syncs, traffic bytes, FLOPs
-    ops: dict[str, set[str]] = {}
     by_id, copied = graph.nodes_by_id, tgt.copied_layouts
+    op_counts = Counter(node.op for node in graph.nodes)
+    nodes: dict[str, int] = {}  # kind -> its nodes
+    ops: dict[str, set[str]] = {}
     kind_of: dict[str, str] = {}  # op -> its kind's name, for the ops that cost something
-    for op, count in Counter(node.op for node in graph.nodes).items():
+    for op, count in op_counts.items():
         kind = REGISTRY[op].kind
-        if kind.value not in nodes:
-            nodes[kind.value], sums[kind.value], ops[kind.value] = 0, [0, 0, 0, 0], set()
-        nodes[kind.value] += count
-        ops[kind.value].add(op)
+        nodes[kind.value] = nodes.get(kind.value, 0) + count
+        ops.setdefault(kind.value, set()).add(op)
         if kind.launches or op in copied:  # others are free: leaves, views, load-time weight preparation
             kind_of[op] = kind.value
-    known: dict[tuple, NodeCost] = {}
+    # node_cost is a pure function of a node's signature (op, attributes, input and output types, whether it
+    # copies), and most nodes of a model repeat one: each signature is priced once, times its nodes
+    signatures: dict[tuple, list] = {}  # signature -> [a node of it, its inputs, whether it copies, nodes]
+    unhashable: list[list] = []  # nodes with attribute values such as arrays: priced one by one
     for node in graph.nodes:
-        kind = kind_of.get(node.op)
-        if kind is None:
+        if node.op not in kind_of:
             continue
         ins = [by_id[i] for i in node.inputs]
         copies = node.op in copied and any(i.kind is not Kind.LEAF for i in ins)
-        try:  # node_cost is a pure function of these: most nodes of a model repeat one
+        try:
             key = (node.op, tuple(node.attrs.items()) if node.attrs else (),
                    tuple([(i.shape, i.dtype, i.parts) for i in ins]), node.shape, node.dtype, node.parts, copies)
-            cost = known.get(key)
-        except TypeError:  # unhashable attribute values (arrays): not remembered
-            key = cost = None
-        if cost is None:
-            cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
-            if key is not None:
-                known[key] = cost
-        total = sums[kind]
-        total[0] += cost.launches
-        total[1] += cost.syncs
-        total[2] += cost.traffic_bytes
-        total[3] += cost.flops
+            same = signatures.get(key)
+        except TypeError:
+            unhashable.append([node, ins, copies, 1])
+            continue
+        if same is None:
+            signatures[key] = [node, ins, copies, 1]
+        else:
+            same[3] += 1
+    sums = {kind: [0, 0, 0, 0] for kind in nodes}  # kind -> launches, syncs, traffic bytes, FLOPs
+    for node, ins, copies, count in [*signatures.values(), *unhashable]:
+        cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
+        total = sums[kind_of[node.op]]
+        total[0] += cost.launches * count
+        total[1] += cost.syncs * count
+        total[2] += cost.traffic_bytes * count
+        total[3] += cost.flops * count
     costs = {k: NodeCost(*v) for k, v in sums.items()}
     total = sum(costs.values(), FREE)
     readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(graph.outputs))
