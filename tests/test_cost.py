@@ -429,6 +429,38 @@ def test_profile_by_kind_sums_node_costs_and_prices_each_kind() -> None:
     assert p.kind_ns("leaf") == 0.0 and p.kind_ns("elementwise") == math.inf  # Relu is unsupported
 
 
+def _transposes_of_a_leaf_and_of_an_intermediate() -> Graph:
+    """Two Transposes of one signature (op, attributes, types): on onnxruntime only the one of an intermediate
+    copies."""
+    g = Graph()
+    x = g.input("x", (4, 8))
+    g.set_outputs([g.add(g.transpose(g.param("w", (4, 8)), perm=[1, 0]), g.transpose(g.relu(x), perm=[1, 0]))])
+    return g
+
+
+@pytest.mark.parametrize("build", [lambda: examples.synthetic(1_500), lambda: examples.llama(layers=2),
+                                   lambda: examples.bert(layers=2), _transposes_of_a_leaf_and_of_an_intermediate],
+                         ids=["synthetic", "llama", "bert", "transposes"])
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_profile_prices_each_node_as_node_cost_does(build: Callable[[], Graph], target: str) -> None:
+    """profile prices each signature once and multiplies: its sums are those of node_cost over every node (a
+    layout op copies only when it reads an intermediate, so its nodes of one shape can price two ways)."""
+    g = build()
+    tgt = TARGETS[target]
+    by_id = g.nodes_by_id
+    per_kind: dict[str, NodeCost] = {}
+    for n in g.nodes:
+        ins = [by_id[i] for i in n.inputs]
+        copies = n.op in tgt.copied_layouts and any(i.kind is not Kind.LEAF for i in ins)
+        cost = node_cost(n.spec, n.attrs, [i.type for i in ins], n.type, copies)
+        per_kind[n.kind.value] = per_kind.get(n.kind.value, NodeCost(0, 0, 0, 0)) + cost
+    p = profile(g, tgt)
+    assert {k: part.cost for k, part in p.by_kind.items()} == per_kind
+    assert sum(per_kind.values(), NodeCost(0, 0, 0, 0)) == NodeCost(p.launches, p.sync_points, p.traffic_bytes,
+                                                                     p.flops)
+    assert sum(part.nodes for part in p.by_kind.values()) == len(g)
+
+
 def test_copied_layouts_must_be_layout_ops() -> None:
     with pytest.raises(ValueError, match=r"target 'cpu': copied_layouts names op\(s\) that are not layout ops "
                                          r"\['NoSuchOp', 'Relu'\]"):
