@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from egglog import bindings as eb
 
 from rlx_egraph import Graph, examples, optimize_with_report
+from rlx_egraph.egraph import encode
 from rlx_egraph.egraph.encode import LOAD_RULESET, ROW_PREFIX, VEC_TABLE, encode_graph
 from rlx_egraph.egraph.rules import STAGES, load_rules
 from rlx_egraph.egraph.saturate import saturate
@@ -106,6 +108,20 @@ def test_rows_through_files_and_as_facts_load_the_same_terms():
     classes = {n[4]: n[3] for n in view if n[4] is not None}
     assert concat[cat][1] == (classes[a], classes[b], classes[a]) and concat[cat2][1] == (classes[b], classes[a])
     assert next(n for n in view if n[0] == "RmsNorm")[1] == (classes[cat], classes[norm - 1])  # no beta
+
+
+def test_rows_split_over_files_load_the_same_terms(monkeypatch, tmp_path):
+    """A relation of more rows than a file holds is written over several files, read in order."""
+    monkeypatch.setattr(encode, "ROWS_PER_FILE", 3)
+    g = examples.llama(layers=1)
+    rows = encode_graph(g).rows
+    program = encode_graph(g).write_rows(tmp_path)
+    for relation, its_rows in rows.items():
+        files = re.findall(rf'^\(input {re.escape(relation)} "(.*)"\)$', program, re.M)
+        assert (len(files) == -(-len(its_rows) // 3) and len(files) > 1) or len(its_rows) <= 3
+        assert [line.split("\t")[0] for f in files for line in Path(f).read_text().splitlines()] == \
+            [str(row[0]) for row in its_rows]
+    assert _view_of(g, load_rows=True) == _view_of(g, load_rows=False)
 
 
 def _originals_by_definition(view, graph: Graph) -> dict[int, int]:

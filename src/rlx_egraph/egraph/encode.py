@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -58,6 +59,8 @@ FACT_ROWS = {"type": (("i64", "String"), f" (= s ({VEC_TABLE} c0))", (("shape", 
              "param-order": (("i64",), "", (("param-order", "c0"),))}
 
 Row = tuple[int | float | str, ...]
+# Rows per file that egglog reads (see Encoding.load): its reading of one file hides our writing of the next.
+ROWS_PER_FILE = 2_000
 
 
 def literal(value: Any, kind: AttrType) -> str:
@@ -131,26 +134,35 @@ class Encoding:
     def load(self, egraph: Any) -> None:
         """Run the program on ``egraph``: the rows through tab-separated files and ``input``.  egglog reads
         each file in a second thread while the next one is written (it lets go of the GIL while it works), so
-        the writing hides behind egglog's reading; the program is :meth:`write_rows`', in the same order."""
+        the writing hides behind egglog's reading, all but the first file's writing and the last file's reading:
+        so a file holds at most :data:`ROWS_PER_FILE` rows.  The program is :meth:`write_rows`', in the same
+        order."""
         with tempfile.TemporaryDirectory(prefix="rlx-egraph-rows-") as folder, \
                 ThreadPoolExecutor(1, thread_name_prefix="rlx-egglog-input") as egglog:
             egraph.parse_and_run_program(self.declarations)
-            inputs = [egglog.submit(egraph.parse_and_run_program, self._write(Path(folder), relation, rows))
-                      for relation, rows in self.rows.items()]
+            inputs = [egglog.submit(egraph.parse_and_run_program, self._write(Path(folder), *part))
+                      for part in self._parts()]
             for read in inputs:
                 read.result()
             egraph.parse_and_run_program(self.rules)
 
     def write_rows(self, folder: Path) -> str:
-        """Write the rows into ``folder``, a tab-separated file per relation; returns the program that runs
+        """Write the rows into ``folder`` as tab-separated files (see :meth:`load`); returns the program that runs
         with them (the declarations, an ``input`` per file, the loading rules and graph-wide facts)."""
-        inputs = [self._write(folder, relation, rows) for relation, rows in self.rows.items()]
+        inputs = [self._write(folder, *part) for part in self._parts()]
         return "\n".join([self.declarations, *inputs, self.rules])
 
+    def _parts(self) -> Iterator[tuple[str, str, list[Row]]]:
+        """The rows files, in order: (file name, relation, its rows there)."""
+        for relation, rows in self.rows.items():
+            for k, start in enumerate(range(0, len(rows), ROWS_PER_FILE)):
+                yield f"{relation}.{k}", relation, rows[start:start + ROWS_PER_FILE]
+
     @staticmethod
-    def _write(folder: Path, relation: str, rows: list[Row]) -> str:
-        """Write ``relation``'s rows into ``folder``; returns the ``input`` command that reads them."""
-        path = folder / f"{relation}.tsv"
+    def _write(folder: Path, name: str, relation: str, rows: list[Row]) -> str:
+        """Write rows of ``relation`` into file ``name`` of ``folder``; returns the ``input`` command that reads
+        them."""
+        path = folder / f"{name}.tsv"
         with path.open("w", encoding="utf-8", newline="") as file:  # fields hold no tab nor newline
             csv.writer(file, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None,
                        lineterminator="\n").writerows(rows)
