@@ -342,6 +342,10 @@ class GraphRewriter:
         for nid in order:
             if nid in done:
                 continue
+            if done.issuperset(live[nid].inputs):  # most nodes: their inputs are placed already
+                done.add(nid)
+                ordered.append(live[nid])
+                continue
             stack = [nid]
             while stack:  # inputs first
                 top = stack[-1]
