@@ -929,8 +929,8 @@ def test_llama_provenance_names_rules_and_replaced_nodes():
         assert [g.node(i).op for i in f.replaces] == ["Mul"]  # the exported silu(gate) * up
     narrows = [f for f in result.fusions if f.op == "Narrow"]
     assert len(narrows) == 6 and all(g.node(i).op == "MatMul" for f in narrows for i in f.replaces)
-    untouched = result.provenance[g.inputs[0].id]
-    assert untouched.rules == () and untouched.replaces == (g.inputs[0].id,)
+    untouched = g.inputs[0].id
+    assert result.built_by[untouched] == () and result.originals[untouched] == [untouched]
 
 
 @pytest.mark.parametrize("shape, duplicates", [((4, 64, 64), False), ((512, 8, 512), True)])
@@ -1478,5 +1478,5 @@ def test_the_report_keeps_the_fallbacks_stats_and_says_what_the_lookahead_did():
 def test_a_run_with_transplanted_chains_is_deterministic():
     first, second = (run(examples.bert(2), target="onnxruntime") for _ in range(2))
     assert first.stats.rules["shared-input-linear"].chain_starts == 2
-    assert first.graph == second.graph and first.provenance == second.provenance
+    assert first.graph == second.graph and first.built_by == second.built_by and first.originals == second.originals
     assert first.stats.to_dict() | {"phases": {}} == second.stats.to_dict() | {"phases": {}}

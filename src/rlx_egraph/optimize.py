@@ -233,15 +233,14 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
     stats = result.stats
     if math.isinf(stats.cost_after_ns):
-        held = {o for n in result.graph.nodes if not tgt.supports(n.op) for o in result.provenance[n.id].replaces}
+        held = {o for n in result.graph.nodes if not tgt.supports(n.op) for o in result.originals[n.id]}
         error = unsupported_op(tgt, ((n.id, n.op) for n in graph.nodes if n.id in held))
         if error is not None:
             raise error
     phases = dict(stats.phases)
     t0 = time.perf_counter()
-    built_by = {n: p.rules for n, p in result.provenance.items()}
-    ids = result.provenance.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
-    decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, built_by,
+    ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
+    decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
                       dict.fromkeys(ids, ()), result.fusions)
     if regions:
         decoded = _with_regions(decoded, tgt)

@@ -7,8 +7,8 @@ committing a rewrite only when the cost model extraction uses says the graph's
 predicted time drops.
 """
 
-from .engine import FallbackLimits, FallbackResult, FallbackStats, Provenance, RuleStats, load, run
+from .engine import FallbackLimits, FallbackResult, FallbackStats, RuleStats, load, run
 from .pattern import CompiledRules, Unsupported
 
-__all__ = ["CompiledRules", "FallbackLimits", "FallbackResult", "FallbackStats", "Provenance", "RuleStats",
-           "Unsupported", "load", "run"]
+__all__ = ["CompiledRules", "FallbackLimits", "FallbackResult", "FallbackStats", "RuleStats", "Unsupported", "load",
+           "run"]

@@ -165,30 +165,18 @@ class FallbackStats:
         }
 
 
-@dataclass(frozen=True)
-class Provenance:
-    """Where a node of the optimized graph comes from."""
-
-    rules: tuple[str, ...]  # rules that built it or unioned a value into it (empty: an untouched input node)
-    replaces: tuple[int, ...]  # input-graph node ids that compute the same value
-
-    def __init__(self, rules: tuple[str, ...], replaces: tuple[int, ...]) -> None:
-        # Straight into the instance dict, as Node does: a run makes one per node of the optimized graph.
-        d = self.__dict__
-        d["rules"], d["replaces"] = rules, replaces
-
-
 @dataclass
 class FallbackResult:
+    """The optimized graph; where each of its nodes comes from, as the tables of the same names in
+    :class:`~rlx_egraph.egraph.decode.Decoded`: ``built_by``, the rules that built it or unioned a value into it
+    (empty: an untouched input node), and ``originals``, the input-graph node ids of the same value (what parity
+    compares); its fusions and the run's statistics."""
+
     graph: Graph
-    provenance: dict[int, Provenance]  # every node of ``graph``
+    built_by: dict[int, tuple[str, ...]]  # every node of ``graph``
+    originals: dict[int, list[int]]  # every node of ``graph``
     fusions: list[Fusion]  # the nodes that are not in the input graph
     stats: FallbackStats
-
-    @property
-    def originals(self) -> dict[int, list[int]]:
-        """Node id -> input-graph node ids of the same value (what parity compares)."""
-        return {n: list(p.replaces) for n, p in self.provenance.items()}
 
 
 def load(ruleset: RuleSet | Any = None) -> CompiledRules:
@@ -1029,19 +1017,21 @@ class _Engine:
             self.stats.regions_run = sum(stage is not None for stage, *_ in self.lookahead.runs)
             self.stats.block_kinds = len(self.lookahead.runs) - self.stats.regions_run
         out = self.rw.finish()
-        same: dict[int, list[int]] = {}
-        for n in graph.nodes:
-            holder = self.rw.find(n.id)
-            if holder in self.nodes:
-                same.setdefault(holder, []).append(n.id)
-        rules: dict[tuple[str, ...], tuple[str, ...]] = {}  # each distinct tuple of rules once, shared by its nodes
-        provenance = {n.id: Provenance(rules.setdefault(names := tuple(self.rules_of.get(n.id, ())), names),
-                                       tuple(same.get(n.id, ()))) for n in out.nodes}
-        fusions = fold_projections(out, [Fusion(n.id, n.op, provenance[n.id].rules, provenance[n.id].replaces)
+        originals: dict[int, list[int]] = {n.id: [] for n in out.nodes}
+        ids = list(graph.nodes_by_id)  # in graph order
+        for nid, holder in zip(ids, self.rw.holders(ids), strict=True):
+            if (same := originals.get(holder)) is not None:
+                same.append(nid)
+        names: dict[tuple[str, ...], tuple[str, ...]] = {}  # each distinct tuple of rules once, shared by its nodes
+        built_by = dict.fromkeys(originals, ())  # untouched nodes (the rest are in rules_of)
+        for nid, rules in self.rules_of.items():
+            if nid in built_by:
+                built_by[nid] = names.setdefault(key := tuple(rules), key)
+        fusions = fold_projections(out, [Fusion(n.id, n.op, built_by[n.id], tuple(originals[n.id]))
                                          for n in out.nodes if n.id not in graph])
         self.stats.nodes_after = len(out)
         self.stats.phases["finish"] = time.perf_counter() - t0
-        return FallbackResult(out, provenance, fusions, self.stats)
+        return FallbackResult(out, built_by, originals, fusions, self.stats)
 
 
 def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[Any, Any]]:
@@ -1179,4 +1169,4 @@ def _strong_components(v: int, feeds: Mapping[int, list[int]], num: dict[int, in
         order.append(sorted(group))
 
 
-__all__ = ["FallbackLimits", "FallbackResult", "FallbackStats", "Provenance", "RuleStats", "load", "run"]
+__all__ = ["FallbackLimits", "FallbackResult", "FallbackStats", "RuleStats", "load", "run"]

@@ -213,6 +213,11 @@ class GraphRewriter:
             self._forward[node_id], node_id = root, self._forward[node_id]
         return root
 
+    def holders(self, node_ids: Iterable[int]) -> list[int]:
+        """:meth:`find` of each of ``node_ids``, in order."""
+        forward, find = self._forward, self.find
+        return [find(n) if n in forward else n for n in node_ids]
+
     def depends_on(self, node_id: int, other: int) -> bool:
         """Whether ``node_id`` reads ``other``, directly or through other nodes (or is it)."""
         if node_id == other:
