@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import rlx_egraph
 from rlx_egraph import Graph, GraphError, ShapeError, evaluate, examples, optimize, optimize_with_report, specialize
 from rlx_egraph.cost import get_target, profile
+from rlx_egraph.ir import graph as graph_module
 from rlx_egraph.ir.dims import Sym, as_dim, parse, symbol
 from rlx_egraph.ir.graph import FORMAT_VERSION
 from rlx_egraph.ir.specialize import SENTINEL_FLOOR, Sentinels
@@ -167,6 +168,24 @@ def test_a_fused_graph_specialised_equals_the_specialised_graph_fused(name: str)
         assert specialize(fused, binding) == static
         assert fused.op_counts() == static.op_counts()
         np.testing.assert_allclose(evaluate(specialize(fused, binding))[0], evaluate(static)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_an_optimized_static_graph_is_known_static_and_a_symbolic_one_counts_its_own(monkeypatch) -> None:
+    """The engines' graphs take the input's static fact (``Graph.adopt_store``) instead of counting dims again."""
+    counted: list[int] = []
+    real = graph_module.symbols_of
+    monkeypatch.setattr(graph_module, "symbols_of", lambda dims: counted.append(1) or real(dims))
+    static = examples.llama(2)
+    assert static.symbols == () and len(counted) == 1
+    for engine in ("egglog", "fallback"):
+        counted.clear()
+        fused, report = optimize_with_report(static, engine=engine, verify=True)
+        assert fused.symbols == () and report.fusion.after.get("FusedSwiGLU") == 2 and report.parity.ok
+        assert not counted, engine  # the fused graph's symbols were not counted
+        assert Graph.from_checked(fused.name, list(fused.nodes)).symbols == ()  # and a count agrees
+    symbolic = _symbolic("llama")
+    fused = optimize(symbolic, engine="fallback")
+    assert fused.symbols == symbolic.symbols == ("batch", "seq")
 
 
 def test_a_size_guarded_fusion_is_left_out_for_symbols() -> None:

@@ -457,9 +457,13 @@ class Graph(GraphBuilders):
         return g
 
     def adopt_store(self, source: Graph) -> None:
-        """Take ``source``'s weights (arrays shared) and meta, for a graph derived from it."""
+        """Take ``source``'s weights (arrays shared) and meta, for a graph derived from it; and, when ``source`` has
+        no symbolic dim, that fact (:attr:`symbols`, not counted again: a derived graph's shapes and dims are
+        computed from ``source``'s)."""
         self.weights.update(source.weights)
         self.meta.update(json.loads(json.dumps(source.meta)))
+        if self._symbols is None and source._symbols == ():
+            self._symbols = ()
 
     # --- construction from records and JSON ---------------------------------------
 
