@@ -352,6 +352,18 @@ def synthetic_view() -> EGraphView:
     return build_view(egraph, graph, encoding.constants, rules)
 
 
+def test_parents_list_each_reader_of_a_class_once_in_enode_order(synthetic_view: EGraphView) -> None:
+    view = synthetic_view
+    parents = view.parents()
+    assert len(parents) == len(view.classes) and parents is view.parents()  # computed once
+    readers: dict[int, list[int]] = {}
+    for n in view.nodes:
+        for c in dict.fromkeys(n.children):
+            readers.setdefault(c, []).append(n.index)
+    assert parents == [readers.get(c, []) for c in range(len(view.classes))]
+    assert sum(map(len, parents)) > len(view.nodes) // 2 and any(len(p) > 1 for p in parents)
+
+
 @pytest.mark.parametrize("target", ["cpu", "cuda", "wgpu"])
 def test_node_costs_priced_once_per_key_equal_each_enode_priced_alone(synthetic_view: EGraphView, target: str):
     view, tgt = synthetic_view, get_target(target)

@@ -14,6 +14,8 @@ class FlatEGraph:
     num_classes: int
 
     def __init__(self, view: Any) -> None: ...
+    def parents(self) -> list[list[int]]:
+        """Per class, the list of e-nodes that read it (each reader once, in e-node order)."""
 
 def settle_positions(g: FlatEGraph, start: list[float], final: list[bool],
                      costs: Sequence[float] | None = None) -> list[float]: ...

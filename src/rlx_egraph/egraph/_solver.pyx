@@ -141,6 +141,14 @@ cdef class FlatEGraph:
                     self.parent[fill[c]] = n
                     fill[c] += 1
 
+    def parents(self):
+        """Per class, the list of e-nodes that read it (each reader once, in e-node order)."""
+        cdef int c, k
+        cdef list out = [None] * self.num_classes
+        for c in range(self.num_classes):
+            out[c] = [self.parent[k] for k in range(self.parent_start[c], self.parent_start[c + 1])]
+        return out
+
     cdef vector[int] distinct_children(self):
         """Per e-node, how many distinct classes it reads."""
         cdef vector[int] count = vector[int](self.num_nodes, 0), seen = vector[int](self.num_classes, -1)

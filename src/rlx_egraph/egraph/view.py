@@ -108,14 +108,9 @@ class EGraphView:
         return value
 
     def parents(self) -> list[list[int]]:
-        """For each class, the e-nodes that read it (computed once per list of e-nodes; do not modify it)."""
-        def readers() -> list[list[int]]:
-            out: list[list[int]] = [[] for _ in self.classes]
-            for n in self.nodes:
-                for c in set(n.children):  # each reader once, readers in e-node order
-                    out[c].append(n.index)
-            return out
-        return self._per_nodes("parents", readers)
+        """For each class, the e-nodes that read it, each once, in e-node order (from :meth:`flat`; computed once
+        per list of e-nodes; do not modify it)."""
+        return self._per_nodes("parents", lambda: self.flat().parents())
 
     def type_numbers(self) -> list[int]:
         """Per class, a number for its type: equal numbers for equal types, -1 for no type (computed once: the
@@ -136,8 +131,7 @@ class EGraphView:
         return self._per_nodes("leaf_classes", lambda: classes_of_ops(self.nodes, ops_of_kind(Kind.LEAF)))
 
     def flat(self) -> FlatEGraph:
-        """The e-graph as integer arrays, for the compiled extraction passes (computed once per list of
-        e-nodes, like :meth:`parents`)."""
+        """The e-graph as integer arrays, for the compiled passes (computed once per list of e-nodes)."""
         return self._per_nodes("flat", lambda: FlatEGraph(self))
 
 
