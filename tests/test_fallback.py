@@ -1298,6 +1298,43 @@ def test_replace_all_uses_leaves_the_readers_in_skip_reading_the_old_node():
     assert [n.op for n in out.nodes] == ["Input", "Abs", "Relu", "Tanh", "Neg"] and out.outputs == (t, a)
 
 
+def test_splice_replaces_a_cut_out_part_by_its_rewritten_form():
+    """``splice``: the part's kept nodes stay, its new ones are inserted, each value read outside moves to its
+    holder (a value read only inside moves too, for ``find``), and the part's old nodes die."""
+    g = Graph()
+    x = g.input("x", X)
+    e = g.exp(x)
+    s = g.sigmoid(e)
+    r = g.relu(s)  # the part: e, s, r; rewritten, e's and s's ops change and r reads the new s
+    t, a = g.tanh(e), g.neg(r)  # read from outside the part
+    g.set_outputs([t, a])
+    part = Graph("part")
+    v = part.input("v0", X)  # as cut out: x read through a fresh input
+    part.set_outputs([part.relu(part.sigmoid(part.abs(v)))])
+    back = {0: x, 1: e, 2: s, 3: r}  # the part's nodes as cut out (Input, Exp, Sigmoid, Relu) -> live ids
+    rw = GraphRewriter(g)
+    first = rw.next_id
+    made, new, replaced = rw.splice(part, back, {0: 0, 1: 1, 2: 2, 3: 3})
+    assert made == {0: x, 1: first, 2: first + 1, 3: first + 2} and new == [1, 2, 3]
+    assert replaced == [(e, first, 1), (s, first + 1, 2), (r, first + 2, 3)]
+    assert [rw.find(n) for n in (e, s, r)] == [first, first + 1, first + 2]
+    assert all(n not in rw for n in (e, s, r)) and rw.node(t).inputs == (first,) and rw.node(a).inputs == (first + 2,)
+    out = rw.finish()
+    assert [(n.op, n.inputs) for n in out.nodes] == [
+        ("Input", ()), ("Abs", (x,)), ("Sigmoid", (first,)), ("Relu", (first + 1,)), ("Tanh", (first,)),
+        ("Neg", (first + 2,))]  # each new node where the node it replaces was
+    assert out.outputs == (t, a)
+
+    kept = GraphRewriter(g)  # the same part, its Exp kept: Sigmoid(Exp) becomes Abs(Exp)
+    part = Graph("part")
+    v = part.input("v0", X)
+    part.set_outputs([part.relu(part.abs(part.exp(v)))])
+    made, new, replaced = kept.splice(part, back, {0: 0, 1: 1, 2: 2, 3: 3})
+    assert made == {0: x, 1: e, 2: first, 3: first + 1} and new == [2, 3]
+    assert replaced == [(s, first, 2), (r, first + 1, 3)] and kept.node(first).inputs == (e,)
+    assert e in kept and s not in kept and r not in kept and kept.node(a).inputs == (first + 1,)
+
+
 def test_rewriter_inserts_before_a_given_node_in_the_finished_order():
     g = Graph()
     x = g.input("x", X)

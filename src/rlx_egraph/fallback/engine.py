@@ -51,7 +51,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
@@ -921,38 +921,27 @@ class _Engine:
             self.rules_of[made] = list(rules)
         return made
 
-    def replace(self, old: int, rep: int, rules: Sequence[str], skip: Container[int] = ()) -> None:
-        """Replace node ``old`` by ``rep`` (but in its readers in ``skip``: see ``GraphRewriter.replace_all_uses``);
-        ``rep``'s provenance gains ``rules``, then how ``old`` was made."""
-        self.rw.replace_all_uses(old, rep, skip)
+    def replace(self, old: int, rep: int, rules: Sequence[str]) -> None:
+        """Replace node ``old`` by ``rep``, with provenance (see :meth:`credit`)."""
+        self.rw.replace_all_uses(old, rep)
+        self.credit(old, rep, rules)
+
+    def credit(self, old: int, rep: int, rules: Sequence[str]) -> None:
+        """Provenance of a replacement: ``rep``'s gains ``rules``, then how ``old`` was made."""
         known = self.rules_of.setdefault(rep, [])
         known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
 
     def transplant(self, chain: Chain, count: bool = True) -> None:
         """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
-        block's), in the graph and in its provenance; ``count``: and its commits in the stats (a block's
-        are counted per kind, see :meth:`replay`)."""
+        block's; see :meth:`GraphRewriter.splice`), in the graph and in its provenance; ``count``: and its
+        commits in the stats (a block's are counted per kind, see :meth:`replay`)."""
         run = chain.run
-        made: dict[int, int] = {}
-        for node in run.graph.nodes:  # in topological order
-            inputs = tuple([made[i] for i in node.inputs])
-            if node.id in chain.back:
-                was = self.nodes[chain.back[node.id]]  # alive: the plan is not stale
-                if node.kind is Kind.LEAF or (was.op, was.inputs) == (node.op, inputs):
-                    made[node.id] = was.id
-                    continue
-            made[node.id] = self.insert(node, inputs, run.rules_of.get(node.id, ()))
-        # The region's nodes that its result drops, readers first: they die, so their inputs' replacements leave
-        # them be (the region's outputs, those the rest of the graph reads, are all replaced).
-        kept = set(made.values())
-        dropped = [live for cut in sorted(chain.back, reverse=True) if (live := chain.back[cut]) not in kept]
-        skip, olds = set(dropped), []
-        for cut, now in run.holders.items():  # in topological order: each value to where the region keeps it
-            old, rep = chain.back[cut], made[now]
-            if old != rep and old in self.nodes:
-                self.replace(old, rep, run.rules_of.get(now, ()), skip)
-                olds.append(old)
-        self.rw.eliminate_dead_code(dropped + olds)
+        made, new, replaced = self.rw.splice(run.graph, chain.back, run.holders)
+        rules_of = self.rules_of
+        for nid in new:
+            rules_of[made[nid]] = list(run.rules_of.get(nid, ()))
+        for old, rep, now in replaced:
+            self.credit(old, rep, run.rules_of.get(now, ()))
         if count:
             for rule, stats in run.rules.items():
                 self.stats.rules[rule].commits += stats.commits

@@ -286,13 +286,11 @@ class GraphRewriter:
             old, new = pending.pop()
             if old == new or old not in self._nodes:
                 continue
-            a, b = self.node(old), self.node(new)
-            if (a.shape, a.dtype) != (b.shape, b.dtype):
-                raise GraphError(f"cannot replace node {old} ({a.op}, {a.type}) by node {new} ({b.op}, {b.type}): "
-                                 "their types differ")
+            self._check_types(old, new)
             if self.depends_on(new, old):
-                raise GraphError(f"cannot replace node {old} ({a.op}) by node {new} ({b.op}): node {new} reads "
-                                 f"node {old}, so the graph would have a cycle")
+                raise GraphError(f"cannot replace node {old} ({self._nodes[old].op}) by node {new} "
+                                 f"({self._nodes[new].op}): node {new} reads node {old}, so the graph would have a "
+                                 "cycle")
             for u in list(self._users[old]):
                 if u in skip:
                     continue
@@ -303,13 +301,58 @@ class GraphRewriter:
             if old in self._out_uses:
                 self._outputs = [new if o == old else o for o in self._outputs]
                 self._out_uses[new] += self._out_uses.pop(old)
-            self._forward[old] = new
-            self._order[new] = min(self._order[new], self._order[old])
-            self._moved.add(new)
-            self.touched.update((old, new))
+            self._held_by(old, new)
             self._raise_levels(new)
         if duplicates:
             self.eliminate_dead_code(duplicates)
+
+    def splice(self, part: Graph, back: Mapping[int, int], holders: Mapping[int, int]
+               ) -> tuple[dict[int, int], list[int], list[tuple[int, int, int]]]:
+        """Replace a part of the graph by ``part``, its rewritten form (one batch of :meth:`insert`,
+        :meth:`replace_all_uses` and :meth:`eliminate_dead_code`).
+
+        The part was cut out as a graph of its own: ``back`` maps its nodes (as cut out) to the live nodes they
+        copy, and ``part`` keeps the ids of the nodes it keeps; ``holders`` maps each node as cut out to the node
+        of ``part`` that holds its value.  A node of ``part`` that is a leaf, or reads what the live node it copies
+        reads, stays that node; the others are inserted (checked, as the part was); each value the rest of the
+        graph reads is replaced by its holder, and the live nodes the part drops die (their reads of a replaced
+        value are not rewired first).  Returns the live id of each node of ``part``, the nodes of ``part`` that are
+        new nodes, and the replacements (old live id, new live id, the holder in ``part``), in order."""
+        nodes, users, out_uses = self._nodes, self._users, self._out_uses
+        made: dict[int, int] = {}
+        new: list[int] = []
+        for node in part.nodes:  # in topological order
+            inputs = tuple([made[i] for i in node.inputs])
+            copied = back.get(node.id)
+            if copied is not None:
+                was = nodes[copied]
+                if node.kind is Kind.LEAF or (was.op, was.inputs) == (node.op, inputs):
+                    made[node.id] = copied
+                    continue
+            first_new = self._next_id
+            if node.kind is Kind.LEAF:
+                made[node.id] = self.insert(node.op, inputs, **node.attrs)
+            else:
+                made[node.id] = self._insert(
+                    Node(first_new, node.op, inputs, node.attrs, node.shape, node.dtype, node.parts), None, True)
+            if made[node.id] >= first_new:
+                new.append(node.id)
+        kept = set(made.values())
+        dropped = [live for cut in sorted(back, reverse=True) if (live := back[cut]) not in kept]
+        skip = set(dropped)
+        replaced: list[tuple[int, int, int]] = []
+        for cut, now in holders.items():  # in topological order: each value to where the part keeps it
+            old, rep = back[cut], made[now]
+            if old == rep or old not in nodes:
+                continue
+            if old in out_uses or not skip.issuperset(users[old]):
+                self.replace_all_uses(old, rep, skip)
+            else:  # nothing to rewire (nor a cycle to fear): what replace_all_uses does then
+                self._check_types(old, rep)
+                self._held_by(old, rep)
+            replaced.append((old, rep, now))
+        self.eliminate_dead_code(dropped + [old for old, _, _ in replaced])
+        return made, new, replaced
 
     def erase(self, node_id: int) -> None:
         """Remove an unused node (its inputs stay, even if now unused)."""
@@ -399,6 +442,19 @@ class GraphRewriter:
             users[i].pop(nid, None)
         self._out_uses.pop(nid, None)
         self.touched.update((nid, *inputs))
+
+    def _check_types(self, old: int, new: int) -> None:
+        a, b = self.node(old), self.node(new)
+        if (a.shape, a.dtype) != (b.shape, b.dtype):
+            raise GraphError(f"cannot replace node {old} ({a.op}, {a.type}) by node {new} ({b.op}, {b.type}): "
+                             "their types differ")
+
+    def _held_by(self, old: int, new: int) -> None:
+        """Note that ``new`` now holds ``old``'s value (``old``'s readers and output slots moved over)."""
+        self._forward[old] = new
+        self._order[new] = min(self._order[new], self._order[old])
+        self._moved.add(new)
+        self.touched.update((old, new))
 
     def _rewire(self, user: int, old: int, new: int) -> int | None:
         """Point ``user``'s ``old`` inputs at ``new``; returns the live node it now duplicates, if any."""
