@@ -138,7 +138,7 @@ class GraphRewriter:
         outputs = [self.find(o) for o in graph.outputs]
         self._outputs = outputs
         self._out_uses = Counter(outputs)
-        self.eliminate_dead_code(list(self._nodes))
+        self.eliminate_dead_code([n for n, readers in users.items() if not readers])  # (the rest, in turn)
         self.touched.clear()
 
     # --- queries ---------------------------------------------------------------------
