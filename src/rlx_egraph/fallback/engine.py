@@ -391,8 +391,13 @@ class _Engine:
         (the same ops and shapes in order), so that each block would be optimized once anyway."""
         pieces = blocks(self.rw, self.straddles) if self.lookahead is not None else []
         nodes = self.nodes
-        looks = {tuple((nodes[n].op, nodes[n].shape) for n in block) for block in pieces}
-        if len(looks) == len(pieces):  # no two blocks alike (nor one block alone): nothing to replay
+        looks: set[tuple] = set()
+        for block in pieces:  # up to the first block that looks like one before
+            look = tuple([(nodes[n].op, nodes[n].shape) for n in block])
+            if look in looks:
+                break
+            looks.add(look)
+        else:  # no two blocks alike (nor one block alone): nothing to replay
             return None
         t0 = time.perf_counter()
         margin = CHAIN_EPS * self.stats.cost_before_ns
