@@ -11,6 +11,8 @@ topological order that keeps the input's order wherever nodes survive.
 
 Each operation costs time in what it touches (the node, its inputs and users), never
 in the size of the graph, so a million rewrites of a million-node graph stay linear.
+:meth:`GraphRewriter.splice` does the three edits below in one batch for a part of the
+graph cut out, rewritten on its own, and put back (the fallback's blocks and chains).
 
     rw = GraphRewriter(g)
     fused = rw.insert("FusedMatMulBiasAct", [x, w, b], act="gelu")
