@@ -1298,25 +1298,43 @@ def test_replace_all_uses_leaves_the_readers_in_skip_reading_the_old_node():
     assert [n.op for n in out.nodes] == ["Input", "Abs", "Relu", "Tanh", "Neg"] and out.outputs == (t, a)
 
 
+def _cut_exp_sigmoid_relu() -> tuple[Graph, int, int, int, int]:
+    """The part of ``exp -> sigmoid -> relu`` as cut out (x read through a fresh input), as the fallback cuts one:
+    the values read outside it (Exp and Relu) are its outputs."""
+    cut = Graph("cut")
+    v = cut.input("v0", X)
+    ce = cut.exp(v)
+    cs = cut.sigmoid(ce)
+    cr = cut.relu(cs)
+    cut.set_outputs([ce, cr])
+    return cut, v, ce, cs, cr
+
+
 def test_splice_replaces_a_cut_out_part_by_its_rewritten_form():
-    """``splice``: the part's kept nodes stay, its new ones are inserted, each value read outside moves to its
-    holder (a value read only inside moves too, for ``find``), and the part's old nodes die."""
+    """``splice``: the part, rewritten by a rewriter of its own, goes back in.  Its kept nodes stay, its new ones are
+    inserted, each value read outside moves to its holder (a value read only inside moves too, for ``find``), and
+    the part's old nodes die."""
     g = Graph()
     x = g.input("x", X)
     e = g.exp(x)
     s = g.sigmoid(e)
-    r = g.relu(s)  # the part: e, s, r; rewritten, e's and s's ops change and r reads the new s
+    r = g.relu(s)  # the part: e, s, r
     t, a = g.tanh(e), g.neg(r)  # read from outside the part
     g.set_outputs([t, a])
-    part = Graph("part")
-    v = part.input("v0", X)  # as cut out: x read through a fresh input
-    part.set_outputs([part.relu(part.sigmoid(part.abs(v)))])
-    back = {0: x, 1: e, 2: s, 3: r}  # the part's nodes as cut out (Input, Exp, Sigmoid, Relu) -> live ids
+    back = {0: x, 1: e, 2: s, 3: r}  # the part's nodes as cut out -> live ids
+
+    cut, v, ce, *_ = _cut_exp_sigmoid_relu()
+    edit = GraphRewriter(cut)  # the Exp becomes an Abs: the Sigmoid reads it (rewired), so the Relu reads a new node
+    edit.replace_all_uses(ce, edit.insert("Abs", [v]))
+    edit.eliminate_dead_code([ce])
+    part = edit.finish()
+    holders = {k: edit.find(k) for k in back}
+    assert holders == {0: 0, 1: 4, 2: 2, 3: 3} and part.node(2).inputs == (4,)
     rw = GraphRewriter(g)
     first = rw.next_id
-    made, new, replaced = rw.splice(part, back, {0: 0, 1: 1, 2: 2, 3: 3})
-    assert made == {0: x, 1: first, 2: first + 1, 3: first + 2} and new == [1, 2, 3]
-    assert replaced == [(e, first, 1), (s, first + 1, 2), (r, first + 2, 3)]
+    made, new, replaced = rw.splice(part, back, holders)
+    assert made == {0: x, 4: first, 2: first + 1, 3: first + 2} and new == [4, 2, 3]  # all three new nodes
+    assert replaced == [(e, first, 4), (s, first + 1, 2), (r, first + 2, 3)]
     assert [rw.find(n) for n in (e, s, r)] == [first, first + 1, first + 2]
     assert all(n not in rw for n in (e, s, r)) and rw.node(t).inputs == (first,) and rw.node(a).inputs == (first + 2,)
     out = rw.finish()
@@ -1325,14 +1343,36 @@ def test_splice_replaces_a_cut_out_part_by_its_rewritten_form():
         ("Neg", (first + 2,))]  # each new node where the node it replaces was
     assert out.outputs == (t, a)
 
-    kept = GraphRewriter(g)  # the same part, its Exp kept: Sigmoid(Exp) becomes Abs(Exp)
-    part = Graph("part")
-    v = part.input("v0", X)
-    part.set_outputs([part.relu(part.abs(part.exp(v)))])
-    made, new, replaced = kept.splice(part, back, {0: 0, 1: 1, 2: 2, 3: 3})
-    assert made == {0: x, 1: e, 2: first, 3: first + 1} and new == [2, 3]
-    assert replaced == [(s, first, 2), (r, first + 1, 3)] and kept.node(first).inputs == (e,)
+    cut, _, ce, cs, _ = _cut_exp_sigmoid_relu()
+    edit = GraphRewriter(cut)  # the Exp kept: Sigmoid(Exp) becomes Abs(Exp), and the Relu reads it (rewired)
+    edit.replace_all_uses(cs, edit.insert("Abs", [ce]))
+    edit.eliminate_dead_code([cs])
+    part = edit.finish()
+    holders = {k: edit.find(k) for k in back}
+    assert holders == {0: 0, 1: 1, 2: 4, 3: 3} and part.node(3).inputs == (4,)
+    kept = GraphRewriter(g)
+    made, new, replaced = kept.splice(part, back, holders)
+    assert made == {0: x, 1: e, 4: first, 3: first + 1} and new == [4, 3]  # the rewired Relu is a new node
+    assert replaced == [(s, first, 4), (r, first + 1, 3)] and kept.node(first).inputs == (e,)
     assert e in kept and s not in kept and r not in kept and kept.node(a).inputs == (first + 1,)
+
+
+def test_splice_refuses_a_holder_of_another_type():
+    """Each holder's type is checked before any edit (a value whose readers all die with the part is only noted as
+    moved, so nothing else would check it): the graph stays as it was."""
+    g = Graph()
+    x = g.input("x", X)
+    e = g.exp(x)
+    r = g.relu(g.sigmoid(e))
+    g.set_outputs([g.neg(r)])
+    cut, v, *_ = _cut_exp_sigmoid_relu()
+    edit = GraphRewriter(cut)
+    wrong = edit.insert("Transpose", [v], perm=(1, 0))  # f32[8, 4], given as the Exp's holder
+    rw = GraphRewriter(g)
+    with pytest.raises(GraphError, match=rf"cannot splice: node {e} \(Exp, f32\[4, 8\]\) would be held by the "
+                                         rf"part's node {wrong} \(Transpose, f32\[8, 4\]\): their types differ"):
+        rw.splice(edit.finish(), {0: x, 1: e, 2: e + 1, 3: r}, {0: 0, 1: wrong, 2: 2, 3: 3})
+    assert rw.finish().to_dict() == g.to_dict()
 
 
 def test_rewriter_inserts_before_a_given_node_in_the_finished_order():

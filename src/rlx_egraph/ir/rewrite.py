@@ -288,11 +288,13 @@ class GraphRewriter:
             old, new = pending.pop()
             if old == new or old not in self._nodes:
                 continue
-            self._check_types(old, new)
+            a, b = self.node(old), self.node(new)
+            if (a.shape, a.dtype) != (b.shape, b.dtype):
+                raise GraphError(f"cannot replace node {old} ({a.op}, {a.type}) by node {new} ({b.op}, {b.type}): "
+                                 "their types differ")
             if self.depends_on(new, old):
-                raise GraphError(f"cannot replace node {old} ({self._nodes[old].op}) by node {new} "
-                                 f"({self._nodes[new].op}): node {new} reads node {old}, so the graph would have a "
-                                 "cycle")
+                raise GraphError(f"cannot replace node {old} ({a.op}) by node {new} ({b.op}): node {new} reads "
+                                 f"node {old}, so the graph would have a cycle")
             for u in list(self._users[old]):
                 if u in skip:
                     continue
@@ -313,14 +315,24 @@ class GraphRewriter:
         """Replace a part of the graph by ``part``, its rewritten form (one batch of :meth:`insert`,
         :meth:`replace_all_uses` and :meth:`eliminate_dead_code`).
 
-        The part was cut out as a graph of its own: ``back`` maps its nodes (as cut out) to the live nodes they
-        copy, and ``part`` keeps the ids of the nodes it keeps; ``holders`` maps each node as cut out to the node
-        of ``part`` that holds its value.  A node of ``part`` that is a leaf, or reads what the live node it copies
-        reads, stays that node; the others are inserted (checked, as the part was); each value the rest of the
-        graph reads is replaced by its holder, and the live nodes the part drops die (their reads of a replaced
-        value are not rewired first).  Returns the live id of each node of ``part``, the nodes of ``part`` that are
-        new nodes, and the replacements (old live id, new live id, the holder in ``part``), in order."""
+        The part was cut out as a graph of its own and rewritten (by a rewriter of its own, say): ``back`` maps
+        its nodes as cut out to the live nodes they copy; ``part`` has the id of each of them that it still holds
+        (that node, perhaps rewired to other inputs) and other ids for its new nodes; ``holders`` maps each node as
+        cut out to the node of ``part`` that holds its value.  A node of ``part`` that is a leaf, or reads what the
+        live node it copies reads, stays that node; the others are inserted (checked, as the part was); each value
+        the rest of the graph reads is replaced by its holder, and the live nodes the part drops die (their reads
+        of a replaced value are not rewired first).  A holder of another type than its value raises GraphError
+        before any edit.  Returns the live id of each node of ``part``, the nodes of ``part`` that are new nodes,
+        and the replacements (old live id, new live id, the holder in ``part``), in order."""
         nodes, users, out_uses = self._nodes, self._users, self._out_uses
+        part_nodes = part.nodes_by_id
+        for cut, now in holders.items():  # before any edit: a part that cannot go in leaves the graph as it is
+            if now == cut:  # that node, perhaps rewired: of its own type
+                continue
+            was, holder = nodes.get(back[cut]), part_nodes[now]
+            if was is not None and (was.shape, was.dtype) != (holder.shape, holder.dtype):
+                raise GraphError(f"cannot splice: node {was.id} ({was.op}, {was.type}) would be held by the part's "
+                                 f"node {now} ({holder.op}, {holder.type}): their types differ")
         made: dict[int, int] = {}
         new: list[int] = []
         for node in part.nodes:  # in topological order
@@ -349,8 +361,7 @@ class GraphRewriter:
                 continue
             if old in out_uses or not skip.issuperset(users[old]):
                 self.replace_all_uses(old, rep, skip)
-            else:  # nothing to rewire (nor a cycle to fear): what replace_all_uses does then
-                self._check_types(old, rep)
+            else:  # nothing to rewire (nor a cycle to fear; the types are checked): what replace_all_uses does then
                 self._held_by(old, rep)
             replaced.append((old, rep, now))
         self.eliminate_dead_code(dropped + [old for old, _, _ in replaced])
@@ -444,12 +455,6 @@ class GraphRewriter:
             users[i].pop(nid, None)
         self._out_uses.pop(nid, None)
         self.touched.update((nid, *inputs))
-
-    def _check_types(self, old: int, new: int) -> None:
-        a, b = self.node(old), self.node(new)
-        if (a.shape, a.dtype) != (b.shape, b.dtype):
-            raise GraphError(f"cannot replace node {old} ({a.op}, {a.type}) by node {new} ({b.op}, {b.type}): "
-                             "their types differ")
 
     def _held_by(self, old: int, new: int) -> None:
         """Note that ``new`` now holds ``old``'s value (``old``'s readers and output slots moved over)."""
