@@ -1298,16 +1298,22 @@ def test_replace_all_uses_leaves_the_readers_in_skip_reading_the_old_node():
     assert [n.op for n in out.nodes] == ["Input", "Abs", "Relu", "Tanh", "Neg"] and out.outputs == (t, a)
 
 
-def _cut_exp_sigmoid_relu() -> tuple[Graph, int, int, int, int]:
-    """The part of ``exp -> sigmoid -> relu`` as cut out (x read through a fresh input), as the fallback cuts one:
-    the values read outside it (Exp and Relu) are its outputs."""
+def _cut_exp_sigmoid_relu() -> Graph:
+    """The part ``exp -> sigmoid -> relu`` as the fallback cuts one out: 0 the fresh input standing for x, 1 the Exp,
+    2 the Sigmoid, 3 the Relu; the values read outside it (Exp and Relu) are its outputs."""
     cut = Graph("cut")
-    v = cut.input("v0", X)
-    ce = cut.exp(v)
-    cs = cut.sigmoid(ce)
-    cr = cut.relu(cs)
-    cut.set_outputs([ce, cr])
-    return cut, v, ce, cs, cr
+    exp = cut.exp(cut.input("v0", X))
+    cut.set_outputs([exp, cut.relu(cut.sigmoid(exp))])
+    return cut
+
+
+def _rewritten_part(old: int, op: str, reads: int) -> tuple[Graph, dict[int, int]]:
+    """That part rewritten by a rewriter of its own (node ``old`` replaced by ``op`` of node ``reads``), and where
+    each of its nodes as cut out is now held."""
+    edit = GraphRewriter(_cut_exp_sigmoid_relu())
+    edit.replace_all_uses(old, edit.insert(op, [reads]))
+    edit.eliminate_dead_code([old])
+    return edit.finish(), {k: edit.find(k) for k in range(4)}
 
 
 def test_splice_replaces_a_cut_out_part_by_its_rewritten_form():
@@ -1323,12 +1329,7 @@ def test_splice_replaces_a_cut_out_part_by_its_rewritten_form():
     g.set_outputs([t, a])
     back = {0: x, 1: e, 2: s, 3: r}  # the part's nodes as cut out -> live ids
 
-    cut, v, ce, *_ = _cut_exp_sigmoid_relu()
-    edit = GraphRewriter(cut)  # the Exp becomes an Abs: the Sigmoid reads it (rewired), so the Relu reads a new node
-    edit.replace_all_uses(ce, edit.insert("Abs", [v]))
-    edit.eliminate_dead_code([ce])
-    part = edit.finish()
-    holders = {k: edit.find(k) for k in back}
+    part, holders = _rewritten_part(1, "Abs", 0)  # the Exp becomes an Abs: the Sigmoid reads it (rewired)
     assert holders == {0: 0, 1: 4, 2: 2, 3: 3} and part.node(2).inputs == (4,)
     rw = GraphRewriter(g)
     first = rw.next_id
@@ -1343,12 +1344,7 @@ def test_splice_replaces_a_cut_out_part_by_its_rewritten_form():
         ("Neg", (first + 2,))]  # each new node where the node it replaces was
     assert out.outputs == (t, a)
 
-    cut, _, ce, cs, _ = _cut_exp_sigmoid_relu()
-    edit = GraphRewriter(cut)  # the Exp kept: Sigmoid(Exp) becomes Abs(Exp), and the Relu reads it (rewired)
-    edit.replace_all_uses(cs, edit.insert("Abs", [ce]))
-    edit.eliminate_dead_code([cs])
-    part = edit.finish()
-    holders = {k: edit.find(k) for k in back}
+    part, holders = _rewritten_part(2, "Abs", 1)  # the Exp kept: the Sigmoid becomes an Abs, the Relu reads it
     assert holders == {0: 0, 1: 1, 2: 4, 3: 3} and part.node(3).inputs == (4,)
     kept = GraphRewriter(g)
     made, new, replaced = kept.splice(part, back, holders)
@@ -1365,9 +1361,8 @@ def test_splice_refuses_a_holder_of_another_type():
     e = g.exp(x)
     r = g.relu(g.sigmoid(e))
     g.set_outputs([g.neg(r)])
-    cut, v, *_ = _cut_exp_sigmoid_relu()
-    edit = GraphRewriter(cut)
-    wrong = edit.insert("Transpose", [v], perm=(1, 0))  # f32[8, 4], given as the Exp's holder
+    edit = GraphRewriter(_cut_exp_sigmoid_relu())
+    wrong = edit.insert("Transpose", [0], perm=(1, 0))  # f32[8, 4], given as the Exp's holder
     rw = GraphRewriter(g)
     with pytest.raises(GraphError, match=rf"cannot splice: node {e} \(Exp, f32\[4, 8\]\) would be held by the "
                                          rf"part's node {wrong} \(Transpose, f32\[8, 4\]\): their types differ"):
