@@ -641,8 +641,8 @@ def test_bench_overhead_splits_the_work_around_saturation(capsys: pytest.Capture
     assert around_ratio == pytest.approx(around / saturation, abs=slack)
     assert egglog_ratio == pytest.approx((load + read) / saturation, abs=slack)
     assert ours_ratio == pytest.approx(ours / saturation, abs=slack)
-    # the columns add up: around = egglog's part + ours (ours can be at or below 0 at 1k, egglog's part timed apart)
-    assert around_ratio == pytest.approx(egglog_ratio + ours_ratio, abs=0.15) and egglog_ratio > 0
+    # the columns add up (three roundings to 0.1): around = egglog's part + ours, though ours can be at or below 0
+    assert around_ratio == pytest.approx(egglog_ratio + ours_ratio, abs=0.151) and egglog_ratio > 0
     # one run: its own ratio, from the unrounded seconds (those printed are rounded to 0.001)
     assert paired == pytest.approx(ours / saturation, abs=0.005 + 0.002 / saturation)
     # the process's first run, with egglog's part as timed after both runs
