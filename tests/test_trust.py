@@ -149,14 +149,22 @@ def _loosest_float(graph: Graph) -> str:
     return next((dt for dt in ("bf16", "f16") if dt in used), "f32")
 
 
+def run_both(original: Graph, optimized: Graph, seed: int) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+    """Every value of ``original`` on ``seed``, and the outputs of ``optimized`` fed the same inputs and params."""
+    before = evaluate(original, seed=seed, return_all=True)
+    feeds = {n.name: before[n.id] for n in original.inputs}
+    params = {n.name: before[n.id] for n in original.params}
+    return before, evaluate(optimized, feeds, params, seed=seed)
+
+
 def rounding_artifacts(original: Graph, before: dict[int, np.ndarray], output: int) -> np.ndarray:
     """Elements of ``output`` that ``original`` computes as NaN or an infinity only through its own rounding: the
     same graph computed in f32 (from the same leaves) gives a finite value there.  A bf16 sum that cancels to
     exactly 0 before a division is one: the original's 0/0 is no value an optimized graph, rounding differently
     within tolerance, must reproduce."""
     value = before[output].astype(np.float64)
-    wide = widened_graph(original)
-    if wide is None or np.isfinite(value).all():
+    wide = None if np.isfinite(value).all() else widened_graph(original)
+    if wide is None:
         return np.zeros(value.shape, dtype=bool)
     leaves = {n.name: before[n.id] for n in original.nodes if n.op in ("Input", "Param")}
     with np.errstate(all="ignore"):
@@ -172,10 +180,7 @@ def assert_same_outputs(original: Graph, optimized: Graph, exact: tuple[int, ...
     no value to match."""
     rtol, atol = PARITY_TOLERANCE[_loosest_float(original)]
     for seed in SEEDS:
-        before = evaluate(original, seed=seed, return_all=True)
-        feeds = {n.name: before[n.id] for n in original.inputs}
-        params = {n.name: before[n.id] for n in original.params}
-        after = evaluate(optimized, feeds, params, seed=seed)
+        before, after = run_both(original, optimized, seed)
         for k, (old_id, new) in enumerate(zip(original.outputs, after, strict=True)):
             old = before[old_id]
             assert new.shape == old.shape and new.dtype == old.dtype, f"output {k}"
@@ -246,10 +251,7 @@ def test_a_bf16_cancellation_to_zero_before_a_division_is_the_originals_artifact
     assert report.parity.ok
     assert [n.op for n in opt.nodes if n.kind is not Kind.LEAF] == ["Silu", "FusedMatMulBiasAct", "Div"]
     out = g.outputs[0]
-    before = evaluate(g, seed=0, return_all=True)
-    feeds = {n.name: before[n.id] for n in g.inputs}
-    params = {n.name: before[n.id] for n in g.params}
-    after = evaluate(opt, feeds, params, seed=0)[0]
+    before, (after, *_) = run_both(g, opt, 0)
     artifact = rounding_artifacts(g, before, out)
     assert np.argwhere(artifact).tolist() == [[1, 1]]
     assert np.isnan(before[out][1, 1]) and after[1, 1] == 1.0
@@ -278,10 +280,7 @@ def test_a_decision_cast_to_a_float_may_flip_where_its_operands_tie():
     out = g.outputs[0]
     greater = g.node(g.node(out).inputs[0])
     assert (g.node(out).op, g.node(out).dtype, greater.op) == ("Cast", "f32", "Greater")
-    before = evaluate(g, seed=0, return_all=True)
-    feeds = {n.name: before[n.id] for n in g.inputs}
-    params = {n.name: before[n.id] for n in g.params}
-    after = evaluate(opt, feeds, params, seed=0)[0]
+    before, (after, *_) = run_both(g, opt, 0)
     flipped = np.argwhere(after != before[out]).tolist()
     assert flipped == [[1, 5]]
     left, right = (before[i][1, 5] for i in greater.inputs)
