@@ -8,6 +8,8 @@ if any(importlib.util.find_spec(f"{__name__}.{m}") is None for m in ("_rows", "_
                       "the e-graph) are not built: install the package first (`make .venv/.installed`, or "
                       "`pip install -e .`)")
 
+# The rule model first: its package also names the soundness checker, which imports this package's modules.
+from .. import rules as _rules  # noqa: F401  (isort: skip)
 from .encode import dump_egglog_program, encode_graph
 from .rules import STAGES, Rule, RuleError, RuleSet, load_rules
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields
 from egglog import bindings as eb
 
 from .budget import Deadline
-from .rules import STAGES, RuleSet, egglog_rule_bases
+from .rules import STAGES, RuleSet, egglog_rule_bases, runtime_error
 
 STOP_SATURATED = "saturated"
 STOP_ITERATIONS = "iteration limit"
@@ -118,9 +118,9 @@ def saturate(egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits = Satur
 
 class _Saturation:
     def __init__(self, egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits, deadline: Deadline) -> None:
-        self.egraph, self.limits, self.deadline = egraph, limits, deadline
+        self.egraph, self.rules, self.limits, self.deadline = egraph, rules, limits, deadline
         self.bases = egglog_rule_bases(rules)  # egglog's rule names (operand orders, directions) -> base rule
-        self.new_enodes = {command.rule.name: r.new_enodes for r in rules.rules for command in r.program}
+        self.new_enodes = {name: r.new_enodes for r in rules.rules for name in r.egglog_names}
         self.most_enodes = max(self.new_enodes.values(), default=0)
         self.stages = [s for s in STAGES if any(r.stage == s for r in rules.rules)]
         self.stage_enodes = {s: sum(r.new_enodes for r in rules.rules if r.stage == s) for s in self.stages}
@@ -210,16 +210,21 @@ class _Saturation:
         return self.new_enodes.get(reported, self.most_enodes)
 
     def _plain(self, stage: str) -> _Iteration:
-        report = self._run(f"(run-schedule (run {stage}))")
+        report = self._run(stage, f"(run-schedule (run {stage}))")
         return _Iteration(report.updated, _matches(report, per_iteration=1), {})
 
     def _bounded(self, stage: str, limit: int) -> _Iteration:
-        report = self._run(f"(run-schedule (let-scheduler bo (back-off :match-limit {limit})) (run-with bo {stage}))")
+        report = self._run(stage, f"(run-schedule (let-scheduler bo (back-off :match-limit {limit})) "
+                                  f"(run-with bo {stage}))")
         matches = _matches(report, per_iteration=2)
         return _Iteration(report.updated, matches, {r: m for r, m in matches.items() if m > limit}, limit)
 
-    def _run(self, text: str) -> eb.RunReport:
-        return self.egraph.run_program(*self.egraph.parse_program(text))[0].report
+    def _run(self, stage: str, text: str) -> eb.RunReport:
+        """Run one schedule of ``stage``; a rule that fails while it is applied is a RuleError naming it."""
+        try:
+            return self.egraph.run_program(*self.egraph.parse_program(text))[0].report
+        except eb.EggSmolError as exc:
+            raise runtime_error(self.rules, stage, str(exc)) from None
 
     def _full(self, binding: str, stage: str) -> str:
         if binding == STOP_TIME:
