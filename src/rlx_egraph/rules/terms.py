@@ -124,8 +124,10 @@ def quoted(text: str) -> str:
 
 def float_text(value: float) -> str:
     """An f64 literal as egglog writes it: positional digits, never an exponent, always a decimal point."""
-    if math.isnan(value) or math.isinf(value):
-        return repr(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
     text = repr(value)
     if "e" in text or "E" in text:
         text = format(Decimal(text), "f")
