@@ -2,6 +2,7 @@
 primitives and fact tables defined once with egglog's meaning."""
 
 import math
+from pathlib import Path
 
 import pytest
 from egglog import bindings as eb
@@ -13,6 +14,7 @@ from rlx_egraph.frontends.onnx.rules import onnx_rules
 from rlx_egraph.rules import (
     FACT_TABLES,
     PRIMITIVES,
+    STAGES,
     Absent,
     Call,
     Fact,
@@ -87,7 +89,7 @@ def test_a_rewrite_is_a_rule_over_its_root_with_sides_and_conditions():
         ("mm=>", "(= ?rewrite-root (Max ?x ?y))", "(union ?rewrite-root (Min ?y ?x))"),
         ("mm<=", "(= ?rewrite-root (Min ?y ?x))", "(union ?rewrite-root (Max ?x ?y))")]
     with pytest.raises(AttributeError, match="is a rule, not a rewrite"):
-        RuleSet.shipped().by_name("reshape-noop").lhs
+        _ = RuleSet.shipped().by_name("reshape-noop").lhs
 
 
 def test_operand_orders_are_rules_of_their_own_with_the_written_one_first():
@@ -181,7 +183,7 @@ def test_every_primitive_means_what_egglog_computes():
         try:
             expected = PRIMITIVES[name](*args)
         except NoValue:
-            with pytest.raises(eb.EggSmolError, match="call of primitive .* failed"):
+            with pytest.raises(eb.EggSmolError, match=r"call of primitive .* failed"):
                 egraph.parse_and_run_program(f"(let $v {call})")
             continue
         egraph.parse_and_run_program(f"(check (= {call} {egglog_text(expected)}))")  # egglog's own equality
@@ -220,7 +222,7 @@ def test_fact_tables_have_one_meaning_on_a_graph():
 
 
 def test_the_schema_declares_each_fact_table_once_from_its_definition():
-    assert SCHEMA_TABLES == {name: t.declaration for name, t in FACT_TABLES.items()}
+    assert {name: t.declaration for name, t in FACT_TABLES.items()} == SCHEMA_TABLES
     assert SCHEMA_TABLES["shape"] == "(function shape (Op) IntVec :merge old)"
     assert SCHEMA_TABLES["inverse-perms"] == "(relation inverse-perms (IntVec IntVec))"
     assert all(schema_text().count(d) == 1 for d in SCHEMA_TABLES.values())
@@ -244,3 +246,23 @@ def test_forms_outside_the_model_are_refused_at_their_line(text, message):
     with pytest.raises(RuleError) as err:
         RuleSet.from_strings(text, names=["mine.egg"])
     assert str(err.value) == message
+
+
+def test_the_rules_reference_documents_every_stage_table_primitive_and_shipped_helper():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    tables = page.split("## Fact tables")[1].split("## Primitives")[0]
+    assert [line.split("`")[1] for line in tables.splitlines() if line.startswith("| `")] == list(FACT_TABLES)
+    primitives = page.split("## Primitives")[1].split("## Helper relations")[0]
+    documented = {name.replace("\\|", "|") for line in primitives.splitlines() if line.startswith("| `")
+                  for name in line.split("`")[1].split()}
+    documented |= {"bool-=", "bool-<", "bool->", "bool-<=", "bool->="}  # named in the checks' row
+    assert documented == set(PRIMITIVES)
+    helpers = page.split("Shipped helper relations")[1].split("## Operand orders")[0]
+    shipped = {name for line in helpers.splitlines() if line.startswith("| `")
+               for name in line.split("|")[1].replace("`", "").replace(",", " ").split()}
+    assert shipped == {d.name for d in onnx_rules().helpers}
+    stages = page.split("### Stages")[1].split("### Terms")[0]
+    assert [line.split("`")[1] for line in stages.splitlines() if line.startswith("| `")] == list(STAGES)
+    for problem in ("it panicked: relu is not allowed here", "'rms-normed' is already declared at",
+                    "egglog's primitive 'sqrt' is not one the optimizer defines"):
+        assert problem in page
