@@ -32,6 +32,8 @@ from rlx_egraph.rules import (
     TensorList,
     Union,
     Var,
+    atom_variables,
+    rename_atom,
 )
 from rlx_egraph.rules.emit import rule_text
 from rlx_egraph.rules.parse import parse_file
@@ -74,6 +76,15 @@ def test_a_rule_is_parsed_into_patterns_facts_guards_and_actions():
                                   Var("?o"), value_first=True)
     rms = rules.by_name("rms-norm")
     assert rms.actions[0].right.args[2] == Absent()
+
+
+def test_atoms_rename_their_variables():
+    rule = RuleSet.shipped().by_name("attn-keys-heads-last")
+    first, *_ = rule.query
+    renamed = rename_atom(first, {"?m": Var("?root"), "?k": OpTerm("Relu", (Var("?y"),))})
+    assert str(renamed) == "(= ?root (MatMul ?q4 (Transpose (Relu ?y) (vec-of 0 2 3 1))))"
+    assert atom_variables(renamed) == ["?root", "?q4", "?y"]
+    assert str(rename_atom(rule.query[1], {"?sk": Var("?s")})) == "(= ?s (shape ?k))"
 
 
 def test_a_rewrite_is_a_rule_over_its_root_with_sides_and_conditions():

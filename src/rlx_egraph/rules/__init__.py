@@ -37,14 +37,19 @@ from .model import (
     RuleError,
     SetValue,
     Union,
+    action_terms,
+    atom_terms,
+    atom_variables,
+    rename_atom,
 )
 from .primitives import PRIMITIVES, NoValue, Primitive
 from .ruleset import RuleSet, default_rule_dir, load_rules
 from .tables import FACT_TABLES, FactSource, FactTable, GraphFacts
-from .terms import Absent, Call, Lit, Lookup, OpTerm, TensorList, Term, Var
+from .terms import Absent, Call, Lit, Lookup, OpTerm, TensorList, Term, Var, rename, subterms, variables
 
 __all__ = ["BIREWRITE", "FACT_TABLES", "PRIMITIVES", "REWRITE", "RULE", "STAGES", "STAGE_DOCS", "Absent", "Action",
            "Atom", "Build", "Call", "Declaration", "Direction", "Fact", "FactSource", "FactTable", "GraphFacts",
            "Guard", "Insert", "Let", "Lit", "Lookup", "NoValue", "OpTerm", "Panic", "Pattern", "Primitive", "Rule",
            "RuleError", "RuleSet", "RuleVerdict", "SetValue", "SoundnessReport", "TensorList", "Term", "Union", "Var",
-           "check", "default_rule_dir", "load_rules"]
+           "action_terms", "atom_terms", "atom_variables", "check", "default_rule_dir", "load_rules", "rename",
+           "rename_atom", "subterms", "variables"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RlxError
-from .terms import Absent, Lookup, OpTerm, TensorList, Term, Var, call_text, quoted, subterms, variables
+from .terms import Absent, Lookup, OpTerm, TensorList, Term, Var, call_text, quoted, rename, subterms, variables
 
 # Saturation stages, run in this order; every rule belongs to one.
 STAGES: tuple[str, ...] = ("simplify", "recognize", "fuse", "blocks")
@@ -184,6 +184,22 @@ def action_terms(action: Action) -> tuple[Term, ...]:
     if isinstance(action, Build):
         return (action.term,)
     return ()
+
+
+def rename_atom(atom: Atom, names: dict[str, Term]) -> Atom:
+    """``atom`` with each variable named in ``names`` replaced by its term."""
+    if isinstance(atom, Pattern):
+        term = rename(atom.term, names)
+        return Pattern(term, None if atom.var is None else rename(atom.var, names), atom.var_first)  # type: ignore
+    if isinstance(atom, Fact):
+        return Fact(atom.table, tuple(rename(a, names) for a in atom.args),
+                    None if atom.value is None else rename(atom.value, names), atom.value_first)
+    return Guard(atom.name, tuple(rename(a, names) for a in atom.args))
+
+
+def atom_variables(atom: Atom) -> list[str]:
+    """The variables an atom uses, once per use, as written left to right."""
+    return [v for term in atom_terms(atom) for v in variables(term)]
 
 
 def tables_of(terms: tuple[Term, ...]) -> list[str]:
