@@ -64,6 +64,7 @@ from .terms import (
 )
 
 ALLOWED_COMMANDS = "rewrite, birewrite, rule and relation"
+MAX_NESTING = 200  # parentheses a rule file may nest (egglog's parser and the model's walks recurse)
 REMOVALS_REFUSED = ("rules may only add terms and facts (union, let, set, relation facts); the extractor already "
                     "picks the cheapest term of each e-class")
 
@@ -95,6 +96,10 @@ class Reader:
 @lru_cache(maxsize=64)
 def parse_file(file: str, text: str) -> ParsedFile:
     """The model of rule file ``file`` (the name messages show) holding ``text``; cached by content."""
+    depth, offset = _deepest(text)
+    if depth > MAX_NESTING:
+        raise RuleError(f"{file}:{line_of(text, offset)}: parentheses nest {depth} deep; a rule file may nest at most "
+                        f"{MAX_NESTING}")
     commands = Reader().read(text, file)
     declarations: list[tuple[Declaration, Any]] = []
     rules: list[Rule] = []
@@ -276,7 +281,18 @@ def _command_starts(commands: list[Any], text: str) -> list[int]:
 
 def _form_starts(text: str) -> list[int]:
     """Offsets of the top-level parenthesised forms of egglog source (comments and strings skipped)."""
+    return _scan(text)[0]
+
+
+def _deepest(text: str) -> tuple[int, int]:
+    """How deep the parentheses of egglog source nest, and the offset where they first do."""
+    return _scan(text)[1:]
+
+
+def _scan(text: str) -> tuple[list[int], int, int]:
+    """The top-level forms' offsets, the deepest nesting and where it is (comments and strings skipped)."""
     starts: list[int] = []
+    deepest, where = 0, 0
     depth, i = 0, 0
     while i < len(text):
         ch = text[i]
@@ -292,10 +308,12 @@ def _form_starts(text: str) -> list[int]:
             if depth == 0:
                 starts.append(i)
             depth += 1
+            if depth > deepest:
+                deepest, where = depth, i
         elif ch == ")":
             depth -= 1
         i += 1
-    return starts
+    return starts, deepest, where
 
 
 def _span_of(node: Any) -> Any:
