@@ -260,6 +260,8 @@ def test_a_rule_that_fails_in_a_run_is_a_rule_error_naming_it(tmp_path: Path, ca
                                                              problem: str) -> None:
     path = tmp_path / "mine.egg"
     path.write_text(";; fails when it fires\n" + text + "\n")
+    rule = RuleSet.from_files(path).rules[0]
+    assert (rule.panics, rule.facts_only) == (("panic" in text), False)
     with pytest.raises(RuleError) as err:
         optimize_with_report(relu_narrow_graph(), rules=RuleSet.shipped().extend(path))
     assert str(err.value) == f"{path}:2: {problem}"

@@ -293,9 +293,15 @@ class Rule:
         return tuple(a for a in self.actions if isinstance(a, Union))
 
     @property
+    def panics(self) -> bool:
+        """Whether an action is a ``panic``: the rule stops the run wherever it matches."""
+        return any(isinstance(a, Panic) for a in self.actions)
+
+    @property
     def facts_only(self) -> bool:
-        """A rule whose actions add facts (relation rows, function values) but union nothing."""
-        return self.kind == RULE and not self.unions
+        """A rule whose actions add facts (relation rows, function values, terms) but union nothing (and do not
+        panic)."""
+        return self.kind == RULE and not self.unions and not self.panics
 
     @property
     def tables_read(self) -> frozenset[str]:
