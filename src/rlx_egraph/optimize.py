@@ -291,9 +291,17 @@ def _summarize(report: OptimizeReport, before: Graph, after: Graph, tgt: Target,
     report.data = OptimizationData.build((report.profile_before, report.profile_after), report.iterations, decoded,
                                          view, choice, costs)
     report.fusion.before, report.fusion.after = fused_op_counts(before), fused_op_counts(after)
+    report.graphs, report.rules = (snapshot(before), snapshot(after)), ruleset.list()
     if choice is not None and egraph is not None:
         report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
             view, ran, choice, costs, ruleset, tgt, egraph)
+
+
+def snapshot(graph: Graph) -> Graph:
+    """A graph of the same nodes and outputs, which later changes to ``graph`` do not reach (nodes are immutable)."""
+    copy = Graph.from_checked(graph.name, list(graph.nodes))
+    copy.set_outputs(graph.outputs)
+    return copy
 
 
 def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:

@@ -19,10 +19,12 @@ from ..cost import IoProfile
 from ..egraph.decode import Fusion
 from ..egraph.saturate import IterationStats
 from ..egraph.view import IllTyped
+from ..ir.graph import Graph
 from ..ir.registry import REGISTRY, Kind
 from ..kernels.parity import ParityReport
 from .data import OptimizationData
 from .fusion import FusionReport
+from .html import notebook_html, report_html
 
 if TYPE_CHECKING:
     from ..fallback import FallbackStats
@@ -81,6 +83,9 @@ class OptimizeReport:
     data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
     fallback: FallbackStats | None = None  # the fallback engine's per-rule counts, passes and lookahead
     fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
+    # the input graph and the optimized graph as they were at the end of the run (for pictures; None from optimize())
+    graphs: tuple[Graph, Graph] | None = field(default=None, repr=False)
+    rules: list[dict[str, Any]] = field(default_factory=list, repr=False)  # RuleSet.list() of the rules that ran
 
     @cached_property
     def egglog_program(self) -> str:
@@ -144,6 +149,16 @@ class OptimizeReport:
 
     def to_json(self, indent: int | None = 1, include_program: bool = False, include_data: bool = False) -> str:
         return json.dumps(self.to_dict(include_program, include_data), indent=indent, default=str)
+
+    def to_html(self, title: str | None = None) -> str:
+        """The report as one self-contained HTML page: both graphs drawn side by side, the fused nodes with what
+        they replaced and the rules that built them, missed fusions, cost charts, e-graph statistics (see
+        :mod:`rlx_egraph.report.html`).  Nothing in it is fetched from the network."""
+        return report_html(self, title)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the report as the HTML page's body."""
+        return notebook_html(self)
 
     def verification_lines(self) -> list[str]:
         """Whether and why values were checked, then the parity check's headline (docs/verifier.md)."""
