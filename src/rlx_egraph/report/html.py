@@ -451,7 +451,8 @@ def _kind_classes(node: int, kind: Kind, fusion_of: Mapping[int, Any], outputs: 
 
 
 def _card(value: str, label: str, tone: str = "") -> str:
-    return f'<div class="card"><b class="{tone}">{_e(value)}</b><span>{_e(label)}</span></div>'
+    tone = f' class="{tone}"' if tone else ""
+    return f'<div class="card"><b{tone}>{_e(value)}</b><span>{_e(label)}</span></div>'
 
 
 def _table(header: Sequence[str], rows: Sequence[str]) -> str:
