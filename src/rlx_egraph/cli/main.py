@@ -204,7 +204,7 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
         new.save(args.output)
         print(f"wrote {args.output}: {len(new)} nodes", file=log)
     elif not args.json:
-        print()
+        print(file=log)
         print(new)
 
 
