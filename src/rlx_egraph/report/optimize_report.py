@@ -23,6 +23,7 @@ from ..ir.graph import Graph
 from ..ir.registry import REGISTRY, Kind
 from ..kernels.parity import ParityReport
 from .data import OptimizationData
+from .explorer import MAX_EXPLORED_ENODES, EGraphExplorer
 from .fusion import FusionReport
 from .html import notebook_html, report_html
 
@@ -155,6 +156,11 @@ class OptimizeReport:
         they replaced and the rules that built them, missed fusions, cost charts, e-graph statistics (see
         :mod:`rlx_egraph.report.html`).  Nothing in it is fetched from the network."""
         return report_html(self, title)
+
+    def explore(self, max_enodes: int = MAX_EXPLORED_ENODES) -> EGraphExplorer:
+        """An interactive explorer of the run's e-graph (egglog's visualizer; see :mod:`rlx_egraph.report.explorer`):
+        in Jupyter, show it; elsewhere, ``save("egraph.html")``."""
+        return EGraphExplorer.from_report(self, max_enodes)
 
     def _repr_html_(self) -> str:
         """Jupyter shows the report as the HTML page's body."""
