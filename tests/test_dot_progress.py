@@ -12,7 +12,15 @@ import pytest
 from rlx_egraph import Graph, optimize_with_report
 from rlx_egraph.egraph.decode import Fusion
 from rlx_egraph.report import progress
-from rlx_egraph.report.dot import FUSED_COLOR, Picture, RenderError, can_render, egraph_to_dot, to_svg
+from rlx_egraph.report.dot import (
+    FUSED_COLOR,
+    Picture,
+    RenderError,
+    can_render,
+    egraph_to_dot,
+    report_egraph_to_dot,
+    to_svg,
+)
 
 
 def mlp() -> Graph:
@@ -224,3 +232,27 @@ def test_a_long_run_draws_an_html_block_in_jupyter(monkeypatch: pytest.MonkeyPat
     final = re.sub(r"\d+\.\d+ s", "T", shown[-1])
     assert "rlx-egraph optimize: done in T" in final
     assert "<tr><td>✓</td><td>encode</td><td>T</td><td></td></tr><tr><td>✓</td><td>saturate</td><td>T</td>" in final
+
+
+def test_the_egraph_picture_of_a_run_marks_the_chosen_enodes() -> None:
+    """Drawn from report.data (no second saturation): ★ and a thick border on the e-nodes extraction chose."""
+    _, report = optimize_with_report(mlp())
+    dot = report_egraph_to_dot(report)
+    chosen = re.findall(r'\[label="★ (\w+)[^"]*", (?:fillcolor="[^"]+", )?penwidth="2.5"', dot)
+    assert sorted(chosen) == ["FusedMatMulBiasAct", "Input", "Param", "Param"] and len(report.data.choices) == 4
+    assert 'label="FusedMatMulBiasAct-5 f32[4, 64]\\ninput nodes %5"' in dot
+    assert f'e2 [label="★ FusedMatMulBiasAct(act=gelu)\\n4,262 ns", fillcolor="{FUSED_COLOR}", penwidth="2.5", ' \
+           'tooltip="built by: matmul-bias-gelu"];' in dot
+    assert dot.count("subgraph cluster_") == report.eclasses == 6
+    _, fallback = optimize_with_report(mlp(), engine="fallback")
+    with pytest.raises(ValueError, match=r"^the report has no e-graph tables \(the fallback engine ran"):
+        report_egraph_to_dot(fallback)
+
+
+def test_a_picture_without_graphviz_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "")
+    shown = Picture("digraph { a }")._repr_html_()
+    assert shown.startswith("<div class=\"rlx-picture\"><p><b>this picture needs Graphviz&#x27;s &#x27;dot&#x27; "
+                            "program, which is not on the PATH (apt-get install graphviz, brew install graphviz or "
+                            "conda install graphviz); report.to_html() draws graphs without it</b></p>")
+    assert "<pre>digraph { a }</pre>" in shown
