@@ -86,7 +86,7 @@ def _curve(points: Sequence[tuple[float, float]]) -> str:
 
 
 def bar_chart(title: str, rows: Sequence[tuple[str, Sequence[float]]], series: Sequence[str], unit: str = "",
-              css_id: str = "", label_width: float | None = None) -> str:
+              label_width: float | None = None) -> str:
     """Horizontal bars: one group per row (label, one value per series), a legend when there are several series,
     each bar's value written after it.  Infinite values are drawn as a full bar marked ``inf``."""
     finite = [v for _, values in rows for v in values if math.isfinite(v)]
@@ -98,15 +98,7 @@ def bar_chart(title: str, rows: Sequence[tuple[str, Sequence[float]]], series: S
     legend_h = 18.0 if len(series) > 1 else 0.0
     height = 24 + legend_h + group_h * len(rows) + 6
     width = label_w + inner + value_w
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart"{f" id={chr(34)}{css_id}{chr(34)}" if css_id else ""}'
-           f' width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
-           f'aria-label="{html.escape(title)}">', f'<text class="title" x="0" y="14">{html.escape(title)}</text>']
-    if legend_h:
-        x = label_w
-        for k, name in enumerate(series):
-            out.append(f'<rect x="{x:.0f}" y="22" width="10" height="10" fill="{SERIES_COLORS[k % 5]}"/>'
-                       f'<text x="{x + 14:.0f}" y="31">{html.escape(name)}</text>')
-            x += 24 + len(name) * CHAR_WIDTH
+    out = _chart_start(title, width, height, series if legend_h else (), label_w)
     y = 24 + legend_h
     for label, values in rows:
         out.append(f'<text class="label" x="{label_w - 6:.0f}" y="{y + group_h / 2 + 3:.1f}" text-anchor="end">'
@@ -133,14 +125,7 @@ def column_chart(title: str, values: Sequence[float], groups: Sequence[str], yla
     col, gap, plot_h, left = 14.0, 3.0, 140.0, 56.0
     width = max(left + len(values) * (col + gap) + 10, 320.0)
     height = 24 + 18 + plot_h + 22
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width:.0f}" height="{height:.0f}" '
-           f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{html.escape(title)}">',
-           f'<text class="title" x="0" y="14">{html.escape(title)}</text>']
-    x = left
-    for k, name in enumerate(names):
-        out.append(f'<rect x="{x:.0f}" y="22" width="10" height="10" fill="{SERIES_COLORS[k % 5]}"/>'
-                   f'<text x="{x + 14:.0f}" y="31">{html.escape(name)}</text>')
-        x += 24 + len(name) * CHAR_WIDTH
+    out = _chart_start(title, width, height, names, left)
     base = 42 + plot_h
     out.append(f'<text class="label" x="{left - 6:.0f}" y="{42 + 8:.0f}" text-anchor="end">{_number(top)}</text>'
                f'<text class="label" x="{left - 6:.0f}" y="{base:.0f}" text-anchor="end">0</text>'
@@ -153,6 +138,19 @@ def column_chart(title: str, values: Sequence[float], groups: Sequence[str], yla
     out.append(f'<text class="label" x="{left:.0f}" y="{base + 16:.0f}">{html.escape(ylabel)} after each iteration, '
                'in order</text></svg>')
     return "".join(out)
+
+
+def _chart_start(title: str, width: float, height: float, legend: Sequence[str], legend_x: float) -> list[str]:
+    """A chart's ``<svg>`` opening, its title, and a legend of ``legend`` (coloured as the series) from ``legend_x``."""
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width:.0f}" height="{height:.0f}" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{html.escape(title)}">',
+           f'<text class="title" x="0" y="14">{html.escape(title)}</text>']
+    x = legend_x
+    for k, name in enumerate(legend):
+        out.append(f'<rect x="{x:.0f}" y="22" width="10" height="10" fill="{SERIES_COLORS[k % 5]}"/>'
+                   f'<text x="{x + 14:.0f}" y="31">{html.escape(name)}</text>')
+        x += 24 + len(name) * CHAR_WIDTH
+    return out
 
 
 def _number(value: float) -> str:
