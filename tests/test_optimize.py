@@ -408,7 +408,7 @@ def test_report_contents_and_json():
     d = rep.to_dict()
     assert d["engine"] == "egglog"
     assert d["stop_reason"] == "saturated"
-    assert set(d["phases"]) == {"encode", "saturate", "extract", "decode", "regions", "verify"}
+    assert set(d["phases"]) == {"encode", "saturate", "extract", "decode", "regions", "report", "verify"}
     assert d["nodes_before"] == 62 and d["nodes_after"] == len(og)
     assert d["eclasses"] > 0 and d["enodes"] >= d["eclasses"]
     assert d["matches_per_rule"]["rms-norm"] >= 3

@@ -69,7 +69,8 @@ def test_replacing_the_shipped_rules() -> None:
     g = Graph()
     x = g.input("x", (4, 8))
     g.set_outputs([g.mul(x, g.sigmoid(g.exp(g.log(x))))])  # x * sigmoid(x) once exp-log fired: no Silu rule here
-    optimized, report = optimize_with_report(g, rules=only, regions=False)
+    # exp-log holds only for x > 0, where the parity check's normal data does not stay: not checked here
+    optimized, report = optimize_with_report(g, rules=only, regions=False, verify=False)
     assert [n.op for n in optimized.nodes] == ["Input", "Sigmoid", "Mul"]
     assert set(report.matches_per_rule) <= {"exp-log"}
 

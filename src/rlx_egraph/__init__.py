@@ -3,7 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from . import examples
+from . import examples, log  # noqa: F401  (log: egglog's loggers set to WARNING before anything runs egglog)
 from .compile import compile, specialize
 from .cost.targets import UnsupportedOp
 from .egraph import RuleError, RuleSet, dump_egglog_program

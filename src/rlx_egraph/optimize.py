@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
@@ -42,19 +41,24 @@ from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import Encoding, encode_graph
 from .egraph.regions import apply_regions
 from .egraph.rules import RuleSet, load_rules
-from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
+from .egraph.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
 from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity
-from .options import check_options
+from .options import check_options, verification_choice
 from .report import OptimizeReport
 from .report.data import OptimizationData
 from .report.fusion import fused_op_counts, missed_fusions
-from .report.progress import phase, tracked
+from .report.optimize_report import Verification
+from .report.progress import step, timed, tracked
 
 log = logging.getLogger("rlx_egraph")
+
+# What the report's e-graph tables and missed fusions are made from: the view, the choice, the e-node costs and
+# the e-graph (all None for the fallback engine, or where the egglog run stopped before them).
+EgglogTables = tuple[EGraphView | None, dict[int, int] | None, list[float] | None, eb.EGraph | None]
 
 # Above this many nodes ``engine="auto"`` runs the fallback engine (see the README's "Two engines" figures).
 FALLBACK_THRESHOLD = 100_000
@@ -71,7 +75,7 @@ def engine_by_size(engine: str, nodes: int) -> str:
 _SUMMARIES: ContextVar[bool] = ContextVar("rlx_egraph_report_summaries", default=True)
 
 
-def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
+def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool | None = None,
              **options: Any) -> Graph:
     """The cheapest equivalent graph under ``target``'s cost model: :func:`optimize_with_report`'s graph, same
     options.  The report's summaries, which only the report shows, are not computed (at 100k nodes its two IO
@@ -85,7 +89,7 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
 
 @tracked("optimize")
 @gc_paused()
-def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
+def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool | None = None,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
                          attention_block_max_tokens: int = 64, regions: bool = True, seed: int = 0,
                          strict: bool = False, dim_hints: Mapping[str, int] | None = None,
@@ -97,7 +101,8 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``exact_gap``: also solve the exact problem and report its optimum.
     ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
     (a pass after extraction; only on targets with region kernels, only where it pays).
-    ``verify``: check every node against the input graph with numpy (raises ParityError).
+    ``verify``: check every node against the input graph with numpy (raises ParityError); None (the default)
+    checks when rules from outside the shipped set are loaded (``report.verification`` says whether and why).
     ``strict``: raise UnsoundRewrite when a rule built an ill-typed e-node or merged input-graph
     nodes of different types.  Otherwise ill-typed e-nodes are left out of extraction and listed
     in ``report.ill_typed``, and after a bad merge the input graph is returned unchanged (the
@@ -120,6 +125,10 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     if sentinels is not None:
         static = specialize_graph(graph, sentinels.binding)
         run_tgt = tgt.priced_as(sentinels.price({s: tgt.hint(s) for s in graph.symbols}))
+    checked, why_checked, user_rules = verification_choice(verify, ruleset)
+    log.info("optimize %s: %s nodes, target %s, %d rules from %d files; values %s", graph.name, f"{len(graph):,}",
+             tgt.name, len({r.base for r in ruleset.rules}), len(ruleset.sources),
+             f"checked: {why_checked}" if checked else f"not checked: {why_checked}")
     if engine_by_size(engine, len(graph)) == "fallback":
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
@@ -127,7 +136,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
                                                  regions, why)
     else:
         new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
-                                               attention_block_max_tokens, regions, strict, summaries)
+                                               attention_block_max_tokens, regions, strict)
         if engine == "auto" and report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound"):
             why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
             log.warning(why)
@@ -141,111 +150,127 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         hints = {s: tgt.hint(s) for s in graph.symbols}
         original, optimized = specialize_graph(graph, hints), specialize_graph(result, hints)
     if summaries:  # of the graphs as given and returned: a symbolic graph is priced at the hints
-        _summarize(report, graph, result, tgt, new, *tables)
-    if verify:
-        t0 = time.perf_counter()
-        phase("verify")
-        report.parity = check_parity(original, optimized, new.originals, blame(new), seed)
-        report.phases["verify"] = time.perf_counter() - t0
+        with timed("report", report.phases) as outcome:
+            _summarize(report, graph, result, tgt, new, *tables, static, ruleset)
+            outcome.summary = report.fusion.summary_line() if report.engine == "egglog" else ""
+    report.verification = Verification(checked, why_checked, user_rules)
+    if checked:
+        with timed("verify", report.phases) as outcome:
+            report.parity = check_parity(original, optimized, new.originals, blame(new), seed)
+            outcome.summary = report.verification_lines()[-1]
+    log.info("optimize %s: %s -> %s nodes in %.3f s (%s engine; %s)", graph.name, f"{len(graph):,}",
+             f"{len(result):,}", sum(report.phases.values()), report.engine, report.stop_reason)
     return result, report
 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,
-                     exact_gap: bool, attention_block_max_tokens: int, regions: bool, strict: bool,
-                     missed: bool) -> tuple[Decoded, OptimizeReport, tuple[EGraphView | None, Any, Any]]:
-    """The egglog engine: encode, saturate, extract, decode, then the regions pass (each timed in the report);
-    ``missed``: and the missed fusions.  Also returns what the report's e-graph tables are made from (the view, the
-    choice and the e-node costs; None where the run stopped before them)."""
+                     exact_gap: bool, attention_block_max_tokens: int, regions: bool,
+                     strict: bool) -> tuple[Decoded, OptimizeReport, EgglogTables]:
+    """The egglog engine: encode, saturate, extract, decode, then the regions pass (each timed in the report).
+    Also returns what the report's e-graph tables and missed fusions are made from (the view, the choice, the
+    e-node costs and the e-graph; None where the run stopped before them)."""
     deadline = Deadline(sat_limits.max_seconds)
     phases: dict[str, float] = {}
     report = OptimizeReport("egglog", f"auto: {len(graph):,} nodes is within the egglog engine's threshold of "
                             f"{FALLBACK_THRESHOLD:,}", tgt.name)
 
-    t0 = time.perf_counter()
-    phase("encode")
-    egraph, encoding = build_egraph(graph, ruleset, attention_block_max_tokens)
-    phases["encode"] = time.perf_counter() - t0
+    with timed("encode", phases) as outcome:
+        egraph, encoding = build_egraph(graph, ruleset, attention_block_max_tokens)
+        outcome.summary = f"{len(graph):,} nodes"
 
-    t0 = time.perf_counter()
-    phase("saturate")
-    result = saturate(egraph, ruleset, sat_limits, deadline)
-    phases["saturate"] = time.perf_counter() - t0
+    with timed("saturate", phases) as outcome:
+        result = saturate(egraph, ruleset, sat_limits, deadline, on_iteration=_saturation_step)
+        outcome.summary = (f"{len(result.history)} iterations over {len(result.stages)} stages, "
+                           f"{result.history[-1].enodes if result.history else 0:,} e-nodes; {result.stop_reason}")
 
-    t0 = time.perf_counter()
-    phase("extract")
     notes: list[str] = []
     decoded = view = chosen = costs = None
-    try:
-        view = build_view(egraph, graph, encoding.constants, ruleset, strict, deadline)
-    except DeadlineExceeded as exc:
-        notes.append(f"{exc}, so the input graph is returned unchanged")
-        report.enodes = egraph_size(egraph)
-    else:
-        report.eclasses, report.enodes = len(view.classes), view.num_enodes
-        report.ill_typed = view.ill_typed
-        if view.ill_typed:
-            log.warning("%d ill-typed e-node(s) left out of extraction (report.ill_typed lists them); first: %s",
-                        len(view.ill_typed), view.ill_typed[0].message)
-        if view.merged:
-            notes.append(f"{view.merged[0].message}; the input graph is returned unchanged")
-            log.warning(notes[-1])
+    with timed("extract", phases) as outcome:
+        try:
+            view = build_view(egraph, graph, encoding.constants, ruleset, strict, deadline)
+        except DeadlineExceeded as exc:
+            notes.append(f"{exc}, so the input graph is returned unchanged")
+            report.enodes = egraph_size(egraph)
+            outcome.summary = notes[-1]
         else:
-            costs = ex.node_costs(view, tgt)
-            chosen = _extract(view, graph, tgt, extraction, exact_gap, deadline, report, costs)
-            notes.extend(chosen.notes)
-            report.extraction, report.extraction_moves = chosen.method, chosen.moves
-            phases["extract"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            phase("decode")
+            report.eclasses, report.enodes = len(view.classes), view.num_enodes
+            report.ill_typed = view.ill_typed
+            if view.ill_typed:
+                log.warning("%d ill-typed e-node(s) left out of extraction (report.ill_typed lists them); first: "
+                            "%s", len(view.ill_typed), view.ill_typed[0].message)
+            if view.merged:
+                notes.append(f"{view.merged[0].message}; the input graph is returned unchanged")
+                log.warning(notes[-1])
+            else:
+                costs = ex.node_costs(view, tgt)
+                chosen = _extract(view, graph, tgt, extraction, exact_gap, deadline, report, costs)
+                notes.extend(chosen.notes)
+                report.extraction, report.extraction_moves = chosen.method, chosen.moves
+                outcome.summary = (f"{report.eclasses:,} e-classes, {report.enodes:,} e-nodes; {chosen.method}: "
+                                   f"{chosen.cost_ns:,.0f} ns of node costs, {chosen.moves} local-search moves")
+    if chosen is not None:
+        with timed("decode", phases) as outcome:
             decoded = decode(view, chosen.choice, graph)
-            phases["decode"] = time.perf_counter() - t0
-            if regions:  # the pass after either engine's decision, timed apart as in the fallback's report
-                t0 = time.perf_counter()
-                phase("regions")
+            outcome.summary = f"{len(decoded.graph):,} nodes, {len(decoded.fusions)} built by rules"
+        if regions:  # the pass after either engine's decision, timed apart as in the fallback's report
+            with timed("regions", phases) as outcome:
+                before = len(decoded.graph)
                 decoded = _with_regions(decoded, tgt)
-                phases["regions"] = time.perf_counter() - t0
+                outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
     if decoded is None:
         decoded = Decoded(graph.copy(), {}, {n.id: [n.id] for n in graph.nodes},
                           {n.id: () for n in graph.nodes}, {n.id: () for n in graph.nodes})
     decoded.graph.adopt_store(graph)
 
     report.program_text = partial(_program_text, ruleset, encoding)
-    choice = chosen.choice if chosen is not None else None
-    if missed and choice is not None:
-        report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
-            view, graph, choice, costs, ruleset, tgt, egraph)
     report.stop_reason = _stop_reason(result.stop_reason, result.detail, notes)
     report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
     report.phases = phases
-    return decoded, report, (view, choice, costs)
+    return decoded, report, (view, chosen.choice if chosen is not None else None, costs, egraph)
+
+
+def _saturation_step(it: IterationStats) -> None:
+    """Show and log (DEBUG) one saturation iteration."""
+    matches = sum(it.matches.values())
+    step(f"{it.stage}: {matches:,} matches, {it.enodes:,} e-nodes")
+    top = ", ".join(f"{rule} x{n}" for rule, n in sorted(it.matches.items(), key=lambda kv: (-kv[1], kv[0]))[:5])
+    how = "plain" if it.match_limit is None else f"bounded, match limit {it.match_limit:,}"
+    log.debug("optimize: saturate: %s iteration (%s) %.3f s: %s matches%s, %s e-nodes after", it.stage, how,
+              it.seconds, f"{matches:,}", f" ({top})" if top else "", f"{it.enodes:,}")
 
 
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
                        attention_block_max_tokens: int, regions: bool,
-                       why: str) -> tuple[Decoded, OptimizeReport, tuple[None, None, None]]:
+                       why: str) -> tuple[Decoded, OptimizeReport, EgglogTables]:
     """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`).  It has
     no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`)."""
-    phase("fallback")
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
-    result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
-    stats = result.stats
+    outer: dict[str, float] = {}
+    with timed("fallback", outer) as outcome:
+        result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
+        stats = result.stats
+        outcome.summary = (f"{sum(stats.commits.values()):,} rewrites committed in {sum(stats.passes.values())} "
+                           f"passes; {stats.stop_reason}")
+    for name, seconds in stats.phases.items():
+        log.debug("optimize: fallback: %s %.3f s", name, seconds)
     if math.isinf(stats.cost_after_ns):
         held = {o for n in result.graph.nodes if not tgt.supports(n.op) for o in result.originals[n.id]}
         error = unsupported_op(tgt, ((n.id, n.op) for n in graph.nodes if n.id in held))
         if error is not None:
             raise error
     phases = dict(stats.phases)
-    t0 = time.perf_counter()
-    ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
-    decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
-                      dict.fromkeys(ids, ()), result.fusions)
-    if regions:
-        decoded = _with_regions(decoded, tgt)
-    decoded.graph.adopt_store(graph)
-    phases["regions"] = time.perf_counter() - t0
+    with timed("regions", phases) as outcome:
+        ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
+        decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
+                          dict.fromkeys(ids, ()), result.fusions)
+        before = len(decoded.graph)
+        if regions:
+            decoded = _with_regions(decoded, tgt)
+        decoded.graph.adopt_store(graph)
+        outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
     report = OptimizeReport("fallback", why, tgt.name)
     report.fallback = stats
     report.stop_reason = stats.stop_reason
@@ -253,18 +278,30 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
     report.phases = phases
-    return decoded, report, (None, None, None)
+    return decoded, report, (None, None, None, None)
 
 
 def _summarize(report: OptimizeReport, before: Graph, after: Graph, tgt: Target, decoded: Decoded,
-               view: EGraphView | None, choice: Any, costs: list[float] | None) -> None:
+               view: EGraphView | None, choice: Any, costs: list[float] | None, egraph: eb.EGraph | None,
+               ran: Graph, ruleset: RuleSet) -> None:
     """Fill the report's summaries of a run (either engine's): the IO profiles of the graph given (``before``) and
-    the graph returned (``after``), the run as data tables, and the fused-op counts (beside the egglog engine's
-    missed fusions)."""
+    the graph returned (``after``), the run as data tables, the fused-op counts, and the egglog engine's missed
+    fusions (found on the graph the run optimized, ``ran``)."""
     report.profile_before, report.profile_after = profile(before, tgt), profile(after, tgt)
     report.data = OptimizationData.build((report.profile_before, report.profile_after), report.iterations, decoded,
                                          view, choice, costs)
     report.fusion.before, report.fusion.after = fused_op_counts(before), fused_op_counts(after)
+    report.graphs, report.rules = (snapshot(before), snapshot(after)), ruleset.list()
+    if choice is not None and egraph is not None:
+        report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
+            view, ran, choice, costs, ruleset, tgt, egraph)
+
+
+def snapshot(graph: Graph) -> Graph:
+    """A graph of the same nodes and outputs, which later changes to ``graph`` do not reach (nodes are immutable)."""
+    copy = Graph.from_checked(graph.name, list(graph.nodes))
+    copy.set_outputs(graph.outputs)
+    return copy
 
 
 def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:

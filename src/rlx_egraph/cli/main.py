@@ -2,6 +2,8 @@
 
 Rules: ``--rules F.egg`` adds files or folders to the shipped rules,
 ``--only-rules F.egg`` uses them instead, ``--disable NAME`` switches a rule off.
+Output: warnings go to stderr as ``warning: ...`` lines; ``-v`` adds the run's phases (INFO), ``-vv`` its
+steps (DEBUG); ``-q`` shows errors only, with no progress display (docs/logging.md).
 
 Every failure is one ``error: ...`` line on stderr (never a traceback) naming
 the file, node, op or rule, and one of these exit codes:
@@ -18,13 +20,16 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
+import io
 import json
+import logging
 import os
 import signal
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -35,9 +40,11 @@ from ..egraph.rules import RuleError, RuleSet
 from ..egraph.view import UnsoundRewrite
 from ..ir import Graph, GraphError
 from ..kernels.parity import ParityError
+from ..log import LOGGER
 from ..optimize import FALLBACK_THRESHOLD, engine_by_size, optimize_with_report
 from ..options import ENGINES, EXTRACTIONS
 from ..report import OptimizeReport
+from ..report.progress import progress_set
 
 EXIT_PARITY = 1
 EXIT_INPUT = 2
@@ -50,6 +57,40 @@ STDOUT = "-"  # as -o: write the graph JSON to stdout
 
 class UsageError(ValueError):
     """A subcommand was given options that do not fit together."""
+
+
+class _Discard(io.TextIOBase):
+    """Where ``-q`` sends the lines it leaves out."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+class _LevelFormatter(logging.Formatter):
+    """``warning: ...``, ``info: ...``: a log record as one line in the CLI's style."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+@contextlib.contextmanager
+def _output(args: argparse.Namespace) -> Iterator[None]:
+    """Log the ``rlx_egraph`` logger to stderr at the level ``-v``/``-q`` pick, and with ``-q`` draw no progress;
+    as before afterwards (main() may be called again in the same process)."""
+    verbose, quiet = getattr(args, "verbose", 0), getattr(args, "quiet", False)
+    level = logging.ERROR if quiet else logging.WARNING if not verbose else logging.INFO if verbose == 1 \
+        else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LevelFormatter())
+    previous = LOGGER.level
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(level)
+    try:
+        with progress_set("off") if quiet else contextlib.nullcontext():
+            yield
+    finally:
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(previous)
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
@@ -138,6 +179,8 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
 
         check_weights(graph)  # before the run, not after it
     log = sys.stderr if args.output == STDOUT or args.json else sys.stdout  # stdout then carries only JSON
+    if args.quiet:
+        log = _Discard()
     print("input " + summarize(graph), file=log)
     new, report = _optimize(graph, rules, args, sys.stdout if args.json else log)
     if args.report:
@@ -145,6 +188,9 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
     if args.report_json:
         Path(args.report_json).write_text(report.to_json())
         print(f"wrote report {args.report_json}", file=log)
+    if args.html:
+        Path(args.html).write_text(report.to_html(), encoding="utf-8")
+        print(f"wrote HTML report {args.html}", file=log)
     if args.output == STDOUT:
         print(new.to_json(indent=1))
     elif args.output and Path(args.output).suffix == ".onnx":
@@ -158,7 +204,7 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
         new.save(args.output)
         print(f"wrote {args.output}: {len(new)} nodes", file=log)
     elif not args.json:
-        print()
+        print(file=log)
         print(new)
 
 
@@ -218,17 +264,30 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def _verbosity(parser: argparse.ArgumentParser, default: Any) -> None:
+    """``-v`` (repeatable) and ``-q``: what the run shows on stderr besides its results."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="count", default=default,
+                       help="also log each phase with its time (-vv: each step, such as a saturation iteration)")
+    group.add_argument("-q", "--quiet", action="store_true", default=default,
+                       help="errors only: no progress display, no warnings, no lines about what was read or written")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="rlx-egraph", description="Optimize ML computation graphs by equality "
                                      "saturation with egglog.", epilog=EXIT_CODES_HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"rlx-egraph {__version__}")
+    _verbosity(parser, argparse.SUPPRESS)  # before the command or (below) after it
+    parser.set_defaults(verbose=0, quiet=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    verbosity = argparse.ArgumentParser(add_help=False)
+    _verbosity(verbosity, argparse.SUPPRESS)
 
     def command(name: str, parents: Sequence[argparse.ArgumentParser] = (), under: Any = sub,
                 **kwargs: str) -> argparse.ArgumentParser:
-        return under.add_parser(name, parents=list(parents), epilog=EXIT_CODES_HELP,
+        return under.add_parser(name, parents=[*parents, verbosity], epilog=EXIT_CODES_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
     rules = argparse.ArgumentParser(add_help=False)
@@ -260,8 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="OUTPUT.json",
                    help=f"write the optimized graph here, as ONNX when it ends in .onnx ('{STDOUT}': its JSON to "
                         "stdout and the report to stderr; default: print the report and the graph table)")
-    p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                   help="check the result against the input with numpy (default: when rules from outside the "
+                        "shipped set are loaded)")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
+    p.add_argument("--html", metavar="REPORT.html",
+                   help="write the report as one self-contained HTML page: both graphs drawn, fusions, missed "
+                        "fusions, cost charts, e-graph statistics")
     p.add_argument("--report", action="store_true",
                    help="also print the fusion report: fused ops before/after and every missed fusion with why")
     p.add_argument("--json", action="store_true",
@@ -309,7 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return int(exc.code or 0)
     try:
-        code = args.run(args) or 0
+        with _output(args):
+            code = args.run(args) or 0
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away: stop quietly, and keep the exit-time flush from failing too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

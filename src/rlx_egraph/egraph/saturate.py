@@ -26,6 +26,7 @@ changes nothing (saturated), or at a limit.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from egglog import bindings as eb
@@ -108,17 +109,21 @@ def egraph_size(egraph: eb.EGraph) -> int:
 
 
 def saturate(egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits = SaturationLimits(),
-             deadline: Deadline | None = None) -> SaturationResult:
+             deadline: Deadline | None = None,
+             on_iteration: Callable[[IterationStats], None] | None = None) -> SaturationResult:
     """Run every stage in order on ``egraph`` (which holds the rules and the graph).
 
     ``deadline``: the end of the whole run (default: ``limits.max_seconds`` from now).
+    ``on_iteration``: called with each iteration's statistics as it ends (progress, logging).
     """
-    return _Saturation(egraph, rules, limits, deadline or Deadline(limits.max_seconds)).run()
+    return _Saturation(egraph, rules, limits, deadline or Deadline(limits.max_seconds), on_iteration).run()
 
 
 class _Saturation:
-    def __init__(self, egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits, deadline: Deadline) -> None:
+    def __init__(self, egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits, deadline: Deadline,
+                 on_iteration: Callable[[IterationStats], None] | None = None) -> None:
         self.egraph, self.rules, self.limits, self.deadline = egraph, rules, limits, deadline
+        self.on_iteration = on_iteration
         self.bases = egglog_rule_bases(rules)  # egglog's rule names (operand orders, directions) -> base rule
         self.new_enodes = {name: r.new_enodes for r in rules.rules for name in r.egglog_names}
         self.most_enodes = max(self.new_enodes.values(), default=0)
@@ -170,6 +175,8 @@ class _Saturation:
                 if m:
                     by_base[self.bases.get(r, r)] = by_base.get(self.bases.get(r, r), 0) + m
             self.result.history.append(IterationStats(stage, 1, by_base, self.size, self.last_seconds, it.limit))
+            if self.on_iteration is not None:
+                self.on_iteration(self.result.history[-1])
             before_last = sum(last.matches.values()) if last else 0
             last, exact_limit = it, None
             if not it.updated:

@@ -19,16 +19,39 @@ from ..cost import IoProfile
 from ..egraph.decode import Fusion
 from ..egraph.saturate import IterationStats
 from ..egraph.view import IllTyped
+from ..ir.graph import Graph
 from ..ir.registry import REGISTRY, Kind
 from ..kernels.parity import ParityReport
 from .data import OptimizationData
+from .explorer import MAX_EXPLORED_ENODES, EGraphExplorer
 from .fusion import FusionReport
+from .html import notebook_html, report_html
 
 if TYPE_CHECKING:
     from ..fallback import FallbackStats
 
 # Version of the JSON layout of ``to_dict``; raised when a key changes meaning or goes away.
 FORMAT_VERSION = 2
+HOW_CHECKED = ("the input graph and the optimized graph run with the numpy reference kernels on the same seeded "
+               "random data; every optimized node compared with the input-graph value it replaces, every output "
+               "with the input graph's, within the tolerance of its dtype")
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Whether a run's values were checked (the parity check, docs/verifier.md), and why.
+
+    ``user_rules``: the rule files of the run from outside the shipped set; with ``verify=None`` (the default)
+    they are what turns the check on.
+    """
+
+    checked: bool
+    why: str
+    user_rules: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checked": self.checked, "why": self.why, "user_rules": list(self.user_rules),
+                "how": HOW_CHECKED if self.checked else None}
 
 
 @dataclass
@@ -57,9 +80,13 @@ class OptimizeReport:
     exact_optimal: bool = False
     phases: dict[str, float] = field(default_factory=dict)
     parity: ParityReport | None = None
+    verification: Verification = field(default_factory=lambda: Verification(False, "not requested"))
     data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
     fallback: FallbackStats | None = None  # the fallback engine's per-rule counts, passes and lookahead
     fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
+    # the input graph and the optimized graph as they were at the end of the run (for pictures; None from optimize())
+    graphs: tuple[Graph, Graph] | None = field(default=None, repr=False)
+    rules: list[dict[str, Any]] = field(default_factory=list, repr=False)  # RuleSet.list() of the rules that ran
 
     @cached_property
     def egglog_program(self) -> str:
@@ -110,6 +137,7 @@ class OptimizeReport:
             "exact_ns": self.exact_ns,
             "exact_optimal": self.exact_optimal,
             "phases": self.phases,
+            "verification": self.verification.to_dict(),
             "parity": self.parity.to_dict() if self.parity else None,
             "fusion": self.fusion.to_dict(),
             "fallback": self.fallback.to_dict() if self.fallback else None,
@@ -122,6 +150,36 @@ class OptimizeReport:
 
     def to_json(self, indent: int | None = 1, include_program: bool = False, include_data: bool = False) -> str:
         return json.dumps(self.to_dict(include_program, include_data), indent=indent, default=str)
+
+    def to_html(self, title: str | None = None) -> str:
+        """The report as one self-contained HTML page: both graphs drawn side by side, the fused nodes with what
+        they replaced and the rules that built them, missed fusions, cost charts, e-graph statistics (see
+        :mod:`rlx_egraph.report.html`).  Nothing in it is fetched from the network."""
+        return report_html(self, title)
+
+    def explore(self, max_enodes: int = MAX_EXPLORED_ENODES) -> EGraphExplorer:
+        """An interactive explorer of the run's e-graph (egglog's visualizer; see :mod:`rlx_egraph.report.explorer`):
+        in Jupyter, show it; elsewhere, ``save("egraph.html")``."""
+        return EGraphExplorer.from_report(self, max_enodes)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the report as the HTML page's body."""
+        return notebook_html(self)
+
+    def verification_lines(self) -> list[str]:
+        """Whether and why values were checked, then the parity check's headline (docs/verifier.md)."""
+        check = self.verification
+        if self.parity is None:
+            return [f"values not checked: {check.why} (verify=True checks them)"]
+        worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
+        if worst is None or worst.tolerance_ratio == 0:
+            detail = ", all values equal" if worst else ""
+        else:
+            detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
+        why = [f"values checked: {check.why}; every optimized node against the value it replaces, with the numpy "
+               "reference kernels on seeded random data"] if check.checked else []
+        return [*why, f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
+                      f"(seeds {seeds}){detail}"]
 
     def __str__(self) -> str:
         lines = [f"=== rlx-egraph optimize report ({self.engine} engine, target {self.target}) ===",
@@ -166,13 +224,6 @@ class OptimizeReport:
             what = "exact optimum" if self.exact_optimal else "best exact solution (time limit, not proven)"
             lines.append(f"extraction: {self.extraction} {self.extracted_ns:,.0f} ns of node costs; {what} "
                          f"{self.exact_ns:,.0f} ns (gap {gap:,.0f} ns)")
-        if self.parity is not None:
-            worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
-            if worst is None or worst.tolerance_ratio == 0:
-                detail = ", all values equal" if worst else ""
-            else:
-                detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
-            lines.append(f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
-                         f"(seeds {seeds}){detail}")
+        lines.extend(self.verification_lines())
         lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.phases.items()))
         return "\n".join(lines)
