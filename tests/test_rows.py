@@ -124,7 +124,7 @@ def test_the_reader_asks_a_cell_only_for_its_hash_and_equality() -> None:
     cells followed, absent inputs left out, equal attribute cells sharing one dict, classes numbered children
     first, built-by names by the row's whole key, subsumed rows skipped."""
     lists = ListCells([_Row(["x", "nil"], "l1"), _Row(["y", "l1"], "l2"), _Row(["z", "nil"], "l2")])  # l2: first wins
-    classes = ClassNumbers()
+    classes = ClassNumbers(["none"])
     built = RuleRelation([_Row(["a", "3", "l2", "r1", "fuse-b"], None), _Row(["a", "3", "l2", "r1", "fuse-a"], None)],
                          lambda rules: tuple(sorted(rules)), {})
     nodes: list = []
@@ -137,12 +137,13 @@ def test_the_reader_asks_a_cell_only_for_its_hash_and_equality() -> None:
 
     rows = [_Row(["a", "3", "l2", "r1"], "out1"), _Row(["b", "3", "l1", "r1"], "out2"),
             _Row(["gone", "3", "l1", "r1"], "out3", subsumed=True), _Row(["none", "4", "nil", "r1"], "out1")]
-    read_enodes("Op", rows, [(0, False), (2, True)], [(1, "axis", "int", {})], classes, lists, {"none"}, convert,
-                built, nodes, eclasses, _Deadline())
+    read_enodes("Op", rows, [(0, False), (2, True)], [(1, "axis", "int", {})], classes, lists, convert, built, nodes,
+                eclasses, _Deadline())
     assert [(n.index, n.op, n.children, n.attrs, n.eclass, n.built_by) for n in nodes] == [
         (0, "Op", (0, 1, 2), {"axis": "int:3"}, 3, ("fuse-a", "fuse-b")),  # a, then l2's items y, x; output
         (1, "Op", (4, 2), {"axis": "int:3"}, 5, ()),
         (2, "Op", (), {"axis": "int:4"}, 3, ()),  # "none" is absent, "nil" a list of no items
     ]
     assert nodes[0].attrs is nodes[1].attrs and converted == ["3", "4"]
-    assert eclasses == [3, 5, 3] and classes.count == 6 and classes.of("out2") == 5 and classes.of("gone") == -1
+    assert eclasses == [3, 5, 3] and classes.count == 6 and classes.of("out2") == 5
+    assert classes.of("gone") == classes.of("none") == -1  # never seen; absent

@@ -213,10 +213,10 @@ def choice_array(g: FlatEGraph, choice: object) -> object:
         return out
     out = int_array(g.num_classes, -1)
     chosen: cython.int[::1] = out
-    for key, value in choice.items():
-        if not (0 <= key < g.num_classes and 0 <= value < g.num_nodes and g.eclass[value] == key):
-            raise ValueError(f"the choice gives class {key} e-node {value}, which is not one of its e-nodes")
-        chosen[key] = value
+    for c, n in choice.items():
+        if not (0 <= c < g.num_classes and 0 <= n < g.num_nodes and g.eclass[n] == c):
+            raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
+        chosen[c] = n
     return out
 
 
@@ -300,10 +300,10 @@ def dag_cost(g: FlatEGraph, choice: dict[int, int], roots: Iterable[int], costs:
     c: cython.int
     n: cython.int
     k: cython.int
-    for key, value in choice.items():
-        if not (0 <= key < g.num_classes and 0 <= value < g.num_nodes and g.eclass[value] == key):
-            raise ValueError(f"the choice gives class {key} e-node {value}, which is not one of its e-nodes")
-        chosen[key] = value
+    for c, n in choice.items():
+        if not (0 <= c < g.num_classes and 0 <= n < g.num_nodes and g.eclass[n] == c):
+            raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
+        chosen[c] = n
     for c in root_array:
         stack[top] = c
         top += 1

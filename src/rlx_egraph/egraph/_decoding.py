@@ -39,10 +39,9 @@ def decode_order(g: FlatEGraph, wanted: dict[int, int], first: Iterable[float]) 
     k: cython.int
     p: cython.int
     pc: cython.int
-    for c_key, n_value in wanted.items():
-        if not (0 <= c_key < g.num_classes and 0 <= n_value < g.num_nodes and g.eclass[n_value] == c_key):
-            raise ValueError(f"the choice gives class {c_key} e-node {n_value}, which is not one of its e-nodes")
-        c, n = c_key, n_value
+    for c, n in wanted.items():
+        if not (0 <= c < g.num_classes and 0 <= n < g.num_nodes and g.eclass[n] == c):
+            raise ValueError(f"the choice gives class {c} e-node {n}, which is not one of its e-nodes")
         chosen[c] = n
         for k in range(g.child_start[n], g.child_start[n + 1]):
             if seen[g.child[k]] != c:
@@ -99,6 +98,8 @@ def decoded_nodes(order: list[int], wanted: dict[int, int], enodes: list[ENode],
     class's merging rules, and the rule-made nodes (of e-nodes that are no input-graph node), in order."""
     nid: cython.Py_ssize_t
     k: cython.Py_ssize_t
+    c: cython.Py_ssize_t
+    child: cython.Py_ssize_t
     width: cython.Py_ssize_t
     new_id: list = [-1] * len(classes)
     nodes: list = []
@@ -123,9 +124,10 @@ def decoded_nodes(order: list[int], wanted: dict[int, int], enodes: list[ENode],
         width = len(children)
         inputs = [None] * width
         for k in range(width):
-            item = new_id[children[k]]
+            child = children[k]
+            item = new_id[child]
             if item < 0:
-                raise RuntimeError(f"decode: class {c} reads class {children[k]} before it is built")
+                raise RuntimeError(f"decode: class {c} reads class {child} before it is built")
             inputs[k] = item
         op, original = enode.op, enode.original
         if original is not None and op not in rechecked:
@@ -136,7 +138,8 @@ def decoded_nodes(order: list[int], wanted: dict[int, int], enodes: list[ENode],
         else:
             key = [op, id(enode.attrs), 0]  # then the children's types, and a rechecked op's inputs' ops
             for k in range(width):
-                key.append(numbers[children[k]])
+                child = children[k]
+                key.append(numbers[child])
             if op in rechecked:
                 for k in range(width):
                     key.append(nodes[inputs[k]].op)

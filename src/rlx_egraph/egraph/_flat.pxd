@@ -5,6 +5,9 @@ cimport cython
 from rlx_egraph.egraph._rows cimport ENode
 
 
+cdef Py_ssize_t address(object thing)
+
+
 cdef class FlatEGraph:
     cdef int[::1] child_start, child, parent_start, parent, member_start, member, eclass
     cdef readonly int num_nodes, num_classes
@@ -17,8 +20,8 @@ cdef class Heap:
     cdef double[::1] keys
     cdef int[::1] ids
     cdef Py_ssize_t size
-    cdef void push(self, double key, int id) except *
+    cdef int push(self, double key, int id) except -1
     cdef void pop(self) noexcept
-    cdef void _grow(self) except *
+    cdef int _grow(self) except -1
 
 

@@ -20,6 +20,13 @@ from ._rows import ENode
 COMPILED: bool = cython.compiled
 
 
+def address(thing: object) -> cython.Py_ssize_t:
+    """``thing``'s identity (``id``), for memo keys."""
+    if cython.compiled:
+        return cython.cast(cython.Py_ssize_t, cython.cast(cython.p_void, thing))
+    return id(thing)
+
+
 def int_array(size: cython.Py_ssize_t, fill: cython.int) -> object:
     return array("i", [fill]) * size
 
@@ -134,9 +141,22 @@ class FlatEGraph:
         one, see :func:`._rows.read_enodes`; 0 without ``with_attrs``), ``extra``, then its children's
         ``numbers``.  Keys are compared within one pass, while the e-nodes live."""
         k: cython.int
-        key: list = [node.op, id(node.attrs) if with_attrs else 0, extra]
-        for k in range(self.child_start[n], self.child_start[n + 1]):
-            key.append(numbers[self.child[k]])
+        first: cython.int = self.child_start[n]
+        width: cython.int = self.child_start[n + 1] - first
+        attrs: cython.Py_ssize_t = address(node.attrs) if with_attrs else 0
+        child: cython.int[::1] = self.child
+        if width == 0:  # the usual widths as tuple displays (built in one step when compiled)
+            return (node.op, attrs, extra)
+        if width == 1:
+            return (node.op, attrs, extra, numbers[child[first]])
+        if width == 2:
+            return (node.op, attrs, extra, numbers[child[first]], numbers[child[first + 1]])
+        if width == 3:
+            return (node.op, attrs, extra, numbers[child[first]], numbers[child[first + 1]],
+                    numbers[child[first + 2]])
+        key: list = [node.op, attrs, extra]
+        for k in range(first, first + width):
+            key.append(numbers[child[k]])
         return tuple(key)
 
 
@@ -148,23 +168,22 @@ class Heap:
         self.ids = int_array(max(capacity, 1), 0)
         self.size = 0
 
-    def push(self, key: cython.double, id: cython.int) -> cython.void:
+    def push(self, key: cython.double, id: cython.int) -> cython.int:
         i: cython.Py_ssize_t = self.size
         parent: cython.Py_ssize_t
         if i == len(self.keys):
             self._grow()
-        keys: cython.double[::1] = self.keys
-        ids: cython.int[::1] = self.ids
         while i > 0:
             parent = (i - 1) // 2
-            if keys[parent] < key or (keys[parent] == key and ids[parent] <= id):
+            if self.keys[parent] < key or (self.keys[parent] == key and self.ids[parent] <= id):
                 break
-            keys[i], ids[i] = keys[parent], ids[parent]
+            self.keys[i], self.ids[i] = self.keys[parent], self.ids[parent]
             i = parent
-        keys[i], ids[i] = key, id
+        self.keys[i], self.ids[i] = key, id
         self.size += 1
+        return 0
 
-    def _grow(self) -> cython.void:
+    def _grow(self) -> cython.int:
         keys = float_array(2 * len(self.keys), 0.0)
         ids = int_array(2 * len(self.ids), 0)
         new_keys: cython.double[::1] = keys
@@ -172,14 +191,13 @@ class Heap:
         new_keys[: self.size] = self.keys[: self.size]
         new_ids[: self.size] = self.ids[: self.size]
         self.keys, self.ids = keys, ids
+        return 0
 
     def pop(self) -> cython.void:
         """Remove the least pair."""
-        keys: cython.double[::1] = self.keys
-        ids: cython.int[::1] = self.ids
         size: cython.Py_ssize_t = self.size - 1
-        key: cython.double = keys[size]
-        id: cython.int = ids[size]
+        key: cython.double = self.keys[size]
+        id: cython.int = self.ids[size]
         i: cython.Py_ssize_t = 0
         child: cython.Py_ssize_t
         self.size = size
@@ -187,13 +205,13 @@ class Heap:
             child = 2 * i + 1
             if child >= size:
                 break
-            if child + 1 < size and (keys[child + 1] < keys[child]
-                                     or (keys[child + 1] == keys[child] and ids[child + 1] < ids[child])):
+            if child + 1 < size and (self.keys[child + 1] < self.keys[child]
+                                     or (self.keys[child + 1] == self.keys[child]
+                                         and self.ids[child + 1] < self.ids[child])):
                 child += 1
-            if key < keys[child] or (key == keys[child] and id <= ids[child]):
+            if key < self.keys[child] or (key == self.keys[child] and id <= self.ids[child]):
                 break
-            keys[i], ids[i] = keys[child], ids[child]
+            self.keys[i], self.ids[i] = self.keys[child], self.ids[child]
             i = child
         if size > 0:
-            keys[i], ids[i] = key, id
-
+            self.keys[i], self.ids[i] = key, id

@@ -12,7 +12,8 @@ strings, tuples, an attributes dict and a type, never an e-node or an e-class, s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable
 from typing import Any
 
 try:
@@ -86,12 +87,16 @@ def make_classes(eclasses: list[int], originals: list[list[int]]) -> list[EClass
     """One :class:`EClass` per class id: its e-nodes (those ``k`` with ``eclasses[k]`` its id, in order) and
     input-graph nodes ``originals[id]``."""
     k: cython.Py_ssize_t
+    c: cython.Py_ssize_t
     count: cython.Py_ssize_t = len(originals)
     members: list = [[] for _ in range(count)]
+    its_members: list
     out: list = []
     cls: EClass
     for k in range(len(eclasses)):
-        members[eclasses[k]].append(k)
+        c = eclasses[k]
+        its_members = members[c]
+        its_members.append(k)
     for k in range(count):
         cls = EClass.__new__(EClass)
         cls.id, cls.nodes, cls.type, cls.originals, cls.merged_by = k, members[k], None, originals[k], ()
@@ -100,24 +105,26 @@ def make_classes(eclasses: list[int], originals: list[list[int]]) -> list[EClass
 
 
 class ClassNumbers:
-    """Numbers e-classes (their ``Value`` objects) in order of first sight: 0, 1, 2, ..."""
+    """Numbers e-classes (their ``Value`` objects) in order of first sight: 0, 1, 2, ...  The ``absent`` values
+    (the term of an absent optional input) are no class: they get no number."""
 
-    def __init__(self) -> None:
-        self.number_of = {}  # e-class Value -> its number
+    def __init__(self, absent: Iterable[Any] = ()) -> None:
+        self.number_of = dict.fromkeys(absent)  # e-class Value -> its number (None: absent)
         self.count = 0
 
     def number(self, value: object) -> object:
         """The number of e-class ``value``, numbering it if it is new (one int object per class, shared by every
-        e-node that reads it)."""
-        k = self.number_of.get(value)
-        if k is None:
+        e-node that reads it); None for an absent value."""
+        k = self.number_of.get(value, _MISSING)
+        if k is _MISSING:
             k = self.number_of[value] = self.count
             self.count += 1
         return k
 
     def of(self, value: Any) -> int:
-        """The number of the e-class ``value``, or -1 when not seen."""
-        return self.number_of.get(value, -1)
+        """The number of the e-class ``value``, or -1 when not seen (or absent)."""
+        k = self.number_of.get(value)
+        return -1 if k is None else k
 
     def of_keys(self, rows: list[Any], key_of: Callable[[Any], Any]) -> dict[Any, int]:
         """Rows of a table that names e-classes: ``key_of(first input)`` -> the number of the row's output (-1
@@ -125,7 +132,8 @@ class ClassNumbers:
         out: dict = {}
         number_of: dict = self.number_of
         for row in rows:
-            out[key_of(row.inputs[0])] = number_of.get(row.output, -1)
+            k = number_of.get(row.output)
+            out[key_of(row.inputs[0])] = -1 if k is None else k
         return out
 
 
@@ -137,6 +145,7 @@ def link_graph_nodes(graph_nodes: tuple[Any, ...], class_of_id: dict[int, int], 
     class_of_node: dict = {}
     originals: list = [[] for _ in range(num_classes)]
     scalars: list = []
+    its_nodes: list
     c: cython.Py_ssize_t
     for gnode in graph_nodes:
         nid = gnode.id
@@ -144,7 +153,8 @@ def link_graph_nodes(graph_nodes: tuple[Any, ...], class_of_id: dict[int, int], 
         if c < 0:
             raise RuntimeError(f"node {nid} ({gnode.op}): its term is in no e-class the view read")
         class_of_node[nid] = c
-        originals[c].append(nid)
+        its_nodes = originals[c]
+        its_nodes.append(nid)
         if gnode.op == "Scalar":
             scalars.append(gnode)
     return class_of_node, originals, scalars
@@ -160,12 +170,10 @@ class RuleRelation:
         rules_at: dict = {}  # key -> its rule Values
         inputs: list
         rules: list
-        width: cython.Py_ssize_t
         for row in rows:
-            inputs = row.inputs
-            width = len(inputs) - 1
-            key = tuple(inputs[:width])
-            rule = inputs[width]
+            inputs = row.inputs  # a new list at every read: taken apart here
+            rule = inputs.pop()
+            key = tuple(inputs)
             found = rules_at.get(key)
             if found is None:
                 rules_at[key] = [rule]
@@ -210,29 +218,31 @@ class ListCells:
 
 def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]],
                 attr_columns: list[tuple[int, str, Any, dict[Any, Any]]], classes: ClassNumbers, lists: ListCells,
-                absent: set[Any], convert: Callable[[Any, Any], Any], built_by: RuleRelation, nodes: list[ENode],
-                eclasses: list[int], deadline: Any) -> None:
+                convert: Callable[[Any, Any], Any], built_by: RuleRelation, nodes: list[ENode], eclasses: list[int],
+                deadline: Any) -> None:
     """Append to ``nodes`` one :class:`ENode` per live row of op ``op``'s table, and its class to ``eclasses``.
 
-    ``input_columns``: (column, variadic) per input, in order; an input reading a class in ``absent`` (Values)
-    is left out and a variadic one gives its list's items.  ``attr_columns``: (column, attribute name, kind,
-    cache) per attribute, ``cache`` a dict of Value -> ``convert(value, kind)``, the Python value.  E-nodes
-    whose attribute columns hold the same Values share one attributes dict.  ``built_by``: the rules that built
-    each row, keyed by the row's whole key.  Classes are numbered by ``classes``, children before the output.
-    ``deadline.check`` runs every 4096 rows.
+    ``input_columns``: (column, variadic) per input, in order; an input reading an absent value (see
+    :class:`ClassNumbers`) is left out and a variadic one gives its list's items.  ``attr_columns``: (column,
+    attribute name, kind, cache) per attribute, ``cache`` a dict of Value -> ``convert(value, kind)``, the Python
+    value.  E-nodes whose attribute columns hold the same Values share one attributes dict.  ``built_by``: the
+    rules that built each row, keyed by the row's whole key.  Classes are numbered by ``classes``, children before
+    the output.  ``deadline.check`` runs every 4096 rows.
     """
     r: cython.Py_ssize_t = 0
     j: cython.Py_ssize_t
     width: cython.Py_ssize_t = len(attr_columns)
     inputs: list
+    kids: list
     column: tuple
     cache: dict
-    kids: list
     items: list = []
     interned: dict = {}  # attribute columns' Values -> their shared attributes dict
-    input_at: list = [k for k, _ in input_columns]
-    variadic: list = [bool(v) for _, v in input_columns]
-    plain: cython.bint = not attr_columns and not any(variadic)
+    input_at: cython.int[::1] = array("i", [k for k, _ in input_columns] or [0])
+    variadic: cython.char[::1] = array("b", [bool(v) for _, v in input_columns] or [0])
+    attr_at: cython.int[::1] = array("i", [column[0] for column in attr_columns] or [0])
+    num_inputs: cython.Py_ssize_t = len(input_columns)
+    plain: cython.bint = not attr_columns and not any(v for _, v in input_columns)
     no_attrs: dict = {}
     attrs: dict
     names: dict = built_by.names
@@ -248,10 +258,11 @@ def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]],
         if plain:
             attrs = no_attrs
             for value in inputs:
-                if value not in absent:
-                    kids.append(classes.number(value))
+                k = classes.number(value)
+                if k is not None:
+                    kids.append(k)
         else:
-            attrs_key = tuple([inputs[attr_columns[j][0]] for j in range(width)])
+            attrs_key = inputs[attr_at[0]] if width == 1 else tuple([inputs[attr_at[j]] for j in range(width)])
             found = interned.get(attrs_key)
             if found is not None:
                 attrs = found
@@ -261,20 +272,24 @@ def read_enodes(op: str, rows: list[Any], input_columns: list[tuple[int, bool]],
                 for j in range(width):
                     column = attr_columns[j]
                     cache = column[3]
-                    value = attrs_key[j]
+                    value = inputs[attr_at[j]]
                     python_value = cache.get(value, _MISSING)
                     if python_value is _MISSING:
                         python_value = cache[value] = convert(value, column[2])
                     attrs[column[1]] = python_value
-            for j in range(len(input_at)):
+            for j in range(num_inputs):
                 value = inputs[input_at[j]]
                 if variadic[j]:
                     items.clear()
                     lists.extend(value, items)
                     for item in items:
-                        kids.append(classes.number(item))
-                elif value not in absent:
-                    kids.append(classes.number(value))
+                        k = classes.number(item)
+                        if k is not None:
+                            kids.append(k)
+                else:
+                    k = classes.number(value)
+                    if k is not None:
+                        kids.append(k)
         enode = ENode.__new__(ENode)
         enode.index, enode.op, enode.children, enode.attrs = len(nodes), op, tuple(kids), attrs
         enode.eclass, enode.original = classes.number(row.output), None

@@ -14,7 +14,7 @@ cdef class IntVec:
     cdef int[::1] data
     cdef Py_ssize_t size
     cdef int push(self, int x) except -1 nogil
-    cdef int _grow(self) except -1
+    cdef int _grow(self) except -1 nogil
     cdef int extend(self, IntVec other) except -1 nogil
 
 

@@ -53,17 +53,18 @@ class IntVec:
 
     def push(self, x: cython.int) -> cython.int:
         if self.size == len(self.data):
-            with cython.gil:
-                self._grow()
+            self._grow()
         self.data[self.size] = x
         self.size += 1
         return 0
 
     def _grow(self) -> cython.int:
-        bigger = int_array(2 * len(self.data), 0)
-        data: cython.int[::1] = bigger
-        data[: self.size] = self.data[: self.size]
-        self.data = bigger
+        """Double the capacity (kept apart from :meth:`push`, which the C compiler then inlines)."""
+        with cython.gil:
+            bigger = int_array(2 * len(self.data), 0)
+            data: cython.int[::1] = bigger
+            data[: self.size] = self.data[: self.size]
+            self.data = bigger
         return 0
 
     def extend(self, other: IntVec) -> cython.int:
@@ -309,6 +310,7 @@ class Solver:
         needs it again finds it there); returns how many changed.  The next :meth:`improve` attempts first the
         classes whose last attempt read a changed class (the others would fail again the same way)."""
         c: cython.int
+        n: cython.int
         changed: cython.int = 0
         size: cython.int = len(self.choice)
         if type(start) is ClassChoice:  # read as its array, in class order
@@ -320,8 +322,8 @@ class Solver:
                 if given.node[c] >= 0:
                     self._check_class(c)
             return changed
-        for key, value in start.items():
-            changed += self._restart_class(key, value)
+        for c, n in start.items():
+            changed += self._restart_class(c, n)
         return changed
 
     def _restart_class(self, c: cython.int, n: cython.int) -> cython.int:

@@ -17,6 +17,11 @@ from numpy import ndarray
 from ._flat import FlatEGraph, flag_array, int_array
 from ._rows import ENode
 
+if cython.compiled:  # a C function, cimported (_flat.pxd)
+    from cython.cimports.rlx_egraph.egraph._flat import address
+else:
+    from ._flat import address
+
 COMPILED: bool = cython.compiled
 
 # E-nodes type-checked between two looks at the deadline (as the view's row decoding).
@@ -41,7 +46,7 @@ def input_types(graph_nodes: tuple[Any, ...], class_of: dict[int, int], num_clas
     for gnode in graph_nodes:
         c = class_of[gnode.id]
         shape, dtype, parts = gnode.shape, gnode.dtype, gnode.parts
-        key = (id(shape), id(dtype), id(parts))  # nodes share their shape objects: most need no hash of a shape
+        key = (address(shape), address(dtype), address(parts))  # nodes share shape objects: most need no hash
         found = seen.get(key)
         if found is not None:
             k = found

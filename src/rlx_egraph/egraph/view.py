@@ -197,9 +197,9 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     def rows(name: str) -> list[Any]:
         return functions[name].rows if name in functions else []
 
-    classes_seen = ClassNumbers()  # e-class Value -> class id, numbered in order of first sight
+    # e-class Value -> class id, numbered in order of first sight; the absent input's term is no class
+    classes_seen = ClassNumbers(row.output for row in rows(NO_INPUT))
     lists = ListCells(rows(LIST_CONS))
-    absent = {row.output for row in rows(NO_INPUT)}
     values = _Values(egraph, constants)
     provenance = _Provenance(values, rules)
     nodes: list[ENode] = []
@@ -215,7 +215,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                         if not a.is_input]
         first = len(nodes)
         read_enodes(name, functions[name].rows, [(k, a.variadic) for k, a in enumerate(args) if a.is_input],
-                    attr_columns, classes_seen, lists, absent, values.convert,
+                    attr_columns, classes_seen, lists, values.convert,
                     provenance.table(rows(built_by_table(name))), nodes, eclasses, deadline)
         op_spans.append((name, first, len(nodes), bool(attr_columns)))
 
