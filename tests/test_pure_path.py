@@ -41,16 +41,21 @@ def fingerprints() -> dict[str, dict]:
     return out
 
 
+def _fingerprints_in_a_new_process(pure: bool) -> dict[str, dict]:
+    """:func:`fingerprints` computed in a new process (no state left by other tests), on the pure-Python path or
+    the compiled one."""
+    env = _pure_env() if pure else {k: v for k, v in os.environ.items() if k != _accelerators.PURE_VARIABLE}
+    script = ("import json, rlx_egraph, test_pure_path as t; "
+              f"assert rlx_egraph.accelerated() is {not pure}; print(json.dumps(t.fingerprints()))")
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT / "tests", capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
 def test_the_pure_path_optimizes_the_example_models_as_the_compiled_path_does() -> None:
     if not accelerated():
         pytest.fail("this suite runs on an install whose accelerators compiled (make test builds them)")
-    script = ("import json, rlx_egraph, test_pure_path as t; assert not rlx_egraph.accelerated(); "
-              "print(json.dumps(t.fingerprints()))")
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT / "tests", capture_output=True, text=True,
-                         env=_pure_env())
-    assert run.returncode == 0, run.stderr[-3000:]
-    pure = json.loads(run.stdout)
-    compiled = json.loads(json.dumps(fingerprints()))  # the same JSON round trip
+    pure, compiled = _fingerprints_in_a_new_process(pure=True), _fingerprints_in_a_new_process(pure=False)
     assert sorted(pure) == sorted(compiled) == sorted(f"{m}/{e}" for m in MODELS for e in ENGINES)
     for key in compiled:
         assert pure[key] == compiled[key], key
