@@ -57,18 +57,21 @@ def test_the_pure_variable_selects_the_sources_where_the_extensions_are_built() 
         assert run.stdout.strip() == expected, (value, run.stderr)
 
 
-def _build_wheel(source: Path, dist: Path, **env: str) -> Path:
+def _build_wheel(source: Path, dist: Path, **env: str) -> tuple[Path, str]:
+    """``pip wheel`` of ``source`` into ``dist``: the wheel, and what the build printed (``-v``)."""
     run = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
                           "--wheel-dir", str(dist), "-v"], capture_output=True, text=True, env=_env(**env))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (wheel,) = dist.glob("rlx_egraph-*.whl")
-    return wheel
+    return wheel, run.stdout + run.stderr
 
 
 def test_a_build_without_a_working_compiler_makes_a_pure_python_wheel_and_says_so(tmp_path: Path) -> None:
     source = tmp_path / "src-copy"
     _copy_tracked(source)
-    wheel = _build_wheel(source, tmp_path / "dist", **NO_COMPILER)
+    wheel, printed = _build_wheel(source, tmp_path / "dist", **NO_COMPILER)
+    assert "rlx-egraph: no working C compiler (" in printed
+    assert "building the pure-Python package, which gives the same results more slowly" in printed
     assert wheel.name.endswith("-py3-none-any.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.endswith((".so", ".pyd", ".c"))]
@@ -108,7 +111,7 @@ def test_the_wheel_and_the_sdist_install_without_a_compiler_outside_the_checkout
 
     source = tmp_path / "src-copy"  # a clean copy: nothing built in place
     _copy_tracked(source)
-    wheel = _build_wheel(source, tmp_path / "dist")
+    wheel, _ = _build_wheel(source, tmp_path / "dist")
     names = zipfile.ZipFile(wheel).namelist()
     compiled = sorted(n.split("/")[-1].split(".")[0] for n in names if n.endswith((".so", ".pyd")))
     assert compiled == COMPILED_NAMES, names
