@@ -4,6 +4,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from . import examples, log  # noqa: F401  (log: egglog's loggers set to WARNING before anything runs egglog)
+from ._accelerators import accelerated  # before the engine: RLX_EGRAPH_PURE=1 selects the pure-Python path
 from .compile import compile, specialize
 from .cost.targets import UnsupportedOp
 from .egraph import RuleError, RuleSet, dump_egglog_program
@@ -31,5 +32,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet", "ShapeError", "TensorType",
-           "UnsoundRewrite", "UnsupportedOp", "__version__", "compile", "dump_egglog_program", "evaluate", "examples",
-           "optimize", "optimize_with_report", "specialize"]
+           "UnsoundRewrite", "UnsupportedOp", "__version__", "accelerated", "compile", "dump_egglog_program",
+           "evaluate", "examples", "optimize", "optimize_with_report", "specialize"]
