@@ -1,0 +1,24 @@
+"""Calibration fixtures: ``onnxruntime`` targets priced by made-up lines, so that tests assert the cost model's
+decisions without timing this machine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rlx_egraph.cost.calibration import Calibration, OpRate
+from rlx_egraph.cost.targets import Target, onnxruntime_target
+
+# Lines every fixture shares: one launch of a kernel costs 1 us, bytes move at 10 B/ns, matmuls run 100 FLOP/ns.
+BASE = {kind: OpRate(1_000.0, 0.1, 0.0) for kind in ("elementwise", "reduction", "norm", "layout", "attention")} | {
+    "matmul": OpRate(1_000.0, 0.1, 0.01), "fused": OpRate(1_000.0, 0.1, 0.01)}
+
+
+def calibration(rates: Mapping[str, OpRate] | None = None, run_ns: float = 5_000.0) -> Calibration:
+    """A calibration with :data:`BASE` lines and ``rates`` over them."""
+    return Calibration("onnxruntime", {"cpu": "fixture"}, "tests/calibrations.py", 1, run_ns, 1_000.0, 10.0,
+                       100.0, {**BASE, **(rates or {})}, (), "fixture")
+
+
+def target(rates: Mapping[str, OpRate] | None = None, run_ns: float = 5_000.0) -> Target:
+    """The onnxruntime target priced by :func:`calibration`."""
+    return onnxruntime_target(calibration(rates, run_ns))
