@@ -58,7 +58,7 @@ def test_fit_keeps_terms_non_negative_and_leaves_absent_ones_at_zero() -> None:
         OpRate(-1.0, 0.0, 0.0)
 
 
-def test_a_calibration_fits_one_line_per_op_and_per_kind() -> None:
+def test_a_calibration_fits_one_line_per_op_and_one_per_kind() -> None:
     samples = [Sample("Add", "a", 1, 1_000, 0, 1_100.0), Sample("Add", "b", 1, 11_000, 0, 2_100.0),
                Sample("Sigmoid", "c", 1, 1_000, 0, 1_300.0), Sample("Sigmoid", "d", 1, 11_000, 0, 3_300.0)]
     c = Calibration.fitted("onnxruntime", samples, machine={}, command="c", threads=1, run_ns=0.0,
@@ -66,6 +66,8 @@ def test_a_calibration_fits_one_line_per_op_and_per_kind() -> None:
     assert sorted(c.rates) == ["Add", "Sigmoid", "elementwise"]
     assert (c.rates["Add"].launch_ns, c.rates["Add"].ns_per_byte) == pytest.approx((1_000.0, 0.1))
     assert (c.rates["Sigmoid"].launch_ns, c.rates["Sigmoid"].ns_per_byte) == pytest.approx((1_100.0, 0.2))
+    kind = c.rates["elementwise"]  # the median of its ops' lines, term by term
+    assert (kind.launch_ns, kind.ns_per_byte, kind.ns_per_flop) == pytest.approx((1_050.0, 0.15, 0.0))
     assert [round(c.predicted_ns(s)) for s in samples] == [1_100, 2_100, 1_300, 3_300]
 
 

@@ -2,7 +2,7 @@
 
 A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes and
 FLOPs as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost line fitted
-to the samples of each op or op kind (:class:`OpRate`)::
+to the samples of each op, and per op kind the median of its ops' lines (:class:`OpRate`)::
 
     ns = launches * launch_ns + traffic_bytes * ns_per_byte + flops * ns_per_flop
 
@@ -129,15 +129,20 @@ class Calibration:
     def fitted(cls, target: str, samples: Iterable[Sample], *, machine: Mapping[str, str], command: str,
                threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
                flops_per_ns: float) -> Calibration:
-        """A calibration whose rates are fitted to ``samples``: one line per key, and one per op kind from the
-        samples of its ops pooled (for the ops of that kind no sample measured)."""
+        """A calibration whose rates are fitted to ``samples``: one line per key, and one per op kind, each term
+        the median of its measured ops' (for the ops of that kind no sample measured)."""
         samples = tuple(samples)
         by_key: dict[str, list[Sample]] = {}
         for s in samples:
             by_key.setdefault(s.key, []).append(s)
-            if s.key in REGISTRY:
-                by_key.setdefault(REGISTRY[s.key].kind.value, []).append(s)
         rates = {key: fit_rate(group) for key, group in by_key.items()}
+        by_kind: dict[str, list[OpRate]] = {}
+        for key, rate in rates.items():
+            if key in REGISTRY:
+                by_kind.setdefault(REGISTRY[key].kind.value, []).append(rate)
+        for kind, lines in by_kind.items():
+            rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines]))
+                                            for term in ("launch_ns", "ns_per_byte", "ns_per_flop"))))
         return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
                    samples)
 

@@ -244,7 +244,9 @@ class FusionBenefit:
     flops_saved: int
 
     def score_ns(self, target: Target | str) -> float:
-        """The saved time on ``target``: the difference of the two profiles' predicted ns."""
+        """The saved time on ``target``: the difference of the two profiles' predicted ns, priced by the target-wide
+        figures (the counts do not say which ops they came from; on a target with measured lines compare the
+        profiles themselves: ``before.ns - after.ns``)."""
         saved = _target(target).terms(self.launches_saved, self.sync_points_saved, self.traffic_bytes_saved,
                                       self.readback_bytes_saved, self.flops_saved)
         return sum(saved.values())

@@ -64,8 +64,8 @@ class _Maker:
     def __init__(self, g: Graph, copy: int, seed: int) -> None:
         self.g, self.copy, self.rng = g, copy, np.random.default_rng(seed + copy)
 
-    def input(self, shape: Sequence[int], name: str = "x") -> int:
-        return self.g.input(f"{name}{self.copy}", shape)
+    def input(self, shape: Sequence[int], name: str = "x", dtype: str = "f32") -> int:
+        return self.g.input(f"{name}{self.copy}", shape, dtype)
 
     def param(self, shape: Sequence[int], name: str = "w", value: np.ndarray | None = None) -> int:
         pid = self.g.param(f"{name}{self.copy}", shape)
@@ -113,6 +113,14 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Mul", lambda m, p: m.g.mul(chain(m, p, x3), m.g.scalar(0.5))),
         case("Sigmoid", lambda m, p: m.g.sigmoid(chain(m, p, x3))),
         case("Erf", lambda m, p: m.g.erf(chain(m, p, x3))),
+        case("Sub", lambda m, p: m.g.sub(chain(m, p, x3), m.input((b, s, 1), "y"))),
+        case("Div", lambda m, p: m.g.div(chain(m, p, x3), m.g.scalar(1.5))),
+        case("Pow", lambda m, p: m.g.pow(chain(m, p, x3), m.g.scalar(2.0))),
+        case("Sqrt", lambda m, p: m.g.sqrt(m.g.abs(chain(m, p, x3)) if p is None else p)),
+        case("Tanh", lambda m, p: m.g.tanh(chain(m, p, x3))),
+        case("Where", lambda m, p: m.g.where(m.input(x3, "c", "bool"), chain(m, p, x3), m.g.scalar(-1e4))),
+        case("Silu", lambda m, p: m.g.silu(chain(m, p, x3))),
+        case("Gelu", lambda m, p: m.g.gelu(chain(m, p, x3))),
         case("Identity", lambda m, p: m.g.identity(m.input(x3))),
         case("Softmax", lambda m, p: m.g.softmax(chain(m, p, (b, h, s, s)))),
         case("ReduceMean", lambda m, p: m.g.reduce_mean(m.input(x3), axes=(-1,), keepdims=True)),
@@ -186,6 +194,8 @@ def _session(graph: Graph, threads: int) -> tuple[ort.InferenceSession, dict[str
     for node in graph.inputs:
         if node.dtype.startswith("i"):
             feeds[node.name] = rng.integers(0, 8, node.shape).astype(np.int64)
+        elif node.dtype == "bool":
+            feeds[node.name] = rng.random(node.shape) < 0.5
         elif "mask" in node.name:
             feeds[node.name] = np.ones(node.shape, np.float32)
         else:
