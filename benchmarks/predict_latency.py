@@ -55,10 +55,11 @@ HELPER = {  # (builder keyword arguments, input shapes) per size
              "llama": ({"hidden": 2048, "heads": 16, "kv_heads": 4, "ffn": 5632}, {"hidden_states": (1, 128, 2048)}),
              "sdpa": ({"hidden": 768, "heads": 12}, {"hidden_states": (1, 128, 768), "attention_mask": (1, 128)})},
 }
-DIMS = {"batch": 2, "sequence": 16}  # the corpus exports' symbolic dims
+DIMS = {"batch": 2, "sequence": 16}  # the corpus exports' symbolic dims, unless --dim binds them otherwise
 
 
-def models(sizes: list[str], corpus: Path | None) -> Iterator[tuple[str, str, Callable[[], tuple[Graph, object]]]]:
+def models(sizes: list[str], corpus: Path | None,
+           dims: dict[str, int]) -> Iterator[tuple[str, str, Callable[[], tuple[Graph, object]]]]:
     """(name, size, build) with build() -> (graph, rules)."""
     for size in sizes:
         for name, build in EXAMPLES[size].items():
@@ -68,17 +69,27 @@ def models(sizes: list[str], corpus: Path | None) -> Iterator[tuple[str, str, Ca
                 import_model(onnx_models.MODELS[name](**kwargs), shapes), onnx_rules())
     if corpus is not None:
         for path in sorted(corpus.glob("*.onnx")):
-            yield f"corpus {path.stem}", "export", lambda path=path: (import_model(path, _bindings(path)),
-                                                                      onnx_rules())
+            yield f"corpus {path.stem}", corpus.name, lambda path=path: (import_model(path, _bindings(path, dims)),
+                                                                         onnx_rules())
 
 
-def _bindings(path: Path) -> dict[str, tuple[int, ...]]:
+def _bindings(path: Path, dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """The static shape of each graph input of the model at ``path``, its symbolic dims bound by ``dims``."""
     import onnx
 
     model = onnx.load(path, load_external_data=False)
     inits = {t.name for t in model.graph.initializer}
-    return {i.name: tuple(d.dim_value if d.HasField("dim_value") else DIMS[d.dim_param]
-                          for d in i.type.tensor_type.shape.dim) for i in model.graph.input if i.name not in inits}
+    shapes = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        unbound = [d.dim_param for d in i.type.tensor_type.shape.dim
+                   if not d.HasField("dim_value") and d.dim_param not in dims]
+        if unbound:
+            raise ValueError(f"input {i.name}: dims {unbound} are not bound; pass --dim NAME=VALUE")
+        shapes[i.name] = tuple(d.dim_value if d.HasField("dim_value") else dims[d.dim_param]
+                               for d in i.type.tensor_type.shape.dim)
+    return shapes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", choices=["tiny", "real"], default=["tiny", "real"])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="models whose name contains one of these")
     parser.add_argument("--corpus", type=Path, help="a folder of *.onnx exports to run as well")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                        help=f"bind a symbolic dim of the corpus exports (default: {DIMS})")
     parser.add_argument("--cache", help="read the calibration from this cache directory")
     parser.add_argument("--runs", type=int, default=30, help="runs per graph at tiny size (real size: a fifth)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
@@ -93,14 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     target = onnxruntime_target(cal.load("onnxruntime", args.cache)) if args.cache else get_target("onnxruntime")
     print(f"priced by: {target.calibration}", flush=True)
     rows, ratios = [], []
-    for name, size, build in models(args.sizes, args.corpus):
+    dims = {**DIMS, **{k: int(v) for k, _, v in (d.partition("=") for d in args.dim)}}
+    for name, size, build in models(args.sizes, args.corpus, dims):
         if args.only and not any(key in name for key in args.only):
             continue
         start = time.perf_counter()
         try:
             graph, rules = build()
             optimized, report = optimize_with_report(graph, target, rules=rules)
-            runs = args.runs if size == "tiny" else max(3, args.runs // 5)
+            runs = max(3, args.runs // 5) if size == "real" else args.runs
             measured = measure_latencies([graph, optimized], runs=runs, budget_s=0.0)
         except Exception as exc:  # a model that cannot be run is a row saying why, not the end of the table
             rows.append((name, size, "-", "-", "-", "-", f"{type(exc).__name__}: {exc}"[:60]))

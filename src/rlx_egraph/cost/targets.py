@@ -6,8 +6,11 @@ A :class:`Target` prices the counts of :mod:`rlx_egraph.cost.model`::
        + traffic_bytes / memory_bw + readback_bytes / readback_bw + flops / flops_per_ns
 
 Bandwidths are in bytes per ns (1 B/ns = 1 GB/s) and compute in FLOP per ns
-(1 FLOP/ns = 1 GFLOP/s).  An op in ``unsupported`` costs infinity on that
-target, so extraction never picks it (legalisation by extraction).
+(1 FLOP/ns = 1 GFLOP/s).  A target with measured lines (``rates``) prices the
+launches, bytes and FLOPs of an op's nodes by its op's or kind's line instead,
+and adds ``run_ns`` per run (:meth:`Target.rate`).  An op in ``unsupported``
+costs infinity on that target, so extraction never picks it (legalisation by
+extraction).
 
 Where the preset figures come from:
 
@@ -50,8 +53,8 @@ Where the preset figures come from:
     :func:`get_target` takes this machine's (``rlx-egraph calibrate --target onnxruntime``, cached per
     machine), else the one shipped with the package.  It runs the fused ops of :data:`ONNXRUNTIME_FUSED`
     (each exported as the onnxruntime kernel named there; every other fused op would be exported unfused,
-    so extraction must not pick it) and no region kernels.  Whether a fused kernel pays is its measured
-    line against its parts' at the node's shape: nothing is left out by a fixed list.  The layout ops
+    so extraction must not pick it) and no region kernels.  Whether a fused kernel pays is decided by its
+    measured line against its parts' at the node's shape (``docs/cost_model.md``).  The layout ops
     (:data:`ORT_LAYOUTS`) are kernels there when they read an intermediate (a Reshape dispatched without a
     copy, the others copying; over weights onnxruntime folds them when the session loads), so each is
     priced by its measured line.

@@ -7,25 +7,25 @@ FusedResidualLN as com.microsoft SkipLayerNormalization, a layout op as its Slic
 
 * run and dispatch: chains of 10 and 410 Sigmoid nodes on one float; the slope is the target-wide
   ``dispatch_ns``, the rest of the short chain's time the fixed cost of one run (``run_ns``).
-* one node of an op at several sizes, from a tiny model's (2 x 16 tokens, width 64) to BERT-base's
-  (128 tokens, width 768): a node that takes at least :data:`ALONE` times a run's fixed cost is timed alone,
-  less that cost; a smaller one as the time of ``n`` copies of the node less the time of one copy, over
-  ``n - 1``.  A copy reads the previous copy's result where the types allow (a chain, as in a model), else its
-  own inputs; every copy has its own weights.  Each op's samples give it a cost line (launch, per byte, per FLOP;
-  :func:`rlx_egraph.cost.calibration.fit_rate`), and each kind's samples pooled give the kind's line.
+* one node of an op at several sizes (:data:`SIZES`), from a toy layer's (2 x 8 tokens, width 16) and a tiny
+  model's (2 x 16 tokens, width 64) to BERT-base's (128 tokens, width 768): a node that takes at least
+  :data:`ALONE` times a run's fixed cost is timed alone, less that cost; a smaller one as the time of ``n``
+  copies of the node less the time of one copy, over ``n - 1``.  A copy reads the previous copy's result
+  where the types allow (a chain, as in a model), else its own inputs; every copy has its own weights.  Each
+  op's samples give it a cost line (launch, per byte, per FLOP; :func:`rlx_egraph.cost.calibration.fit_rate`).
 
 The fused ops measured are the ones the ``onnxruntime`` target runs (:data:`~rlx_egraph.cost.targets.
 ONNXRUNTIME_FUSED`), each at every size; the primitives are the common ones of each kind, layouts included
-(Reshape, Transpose, Narrow, Expand, Concat and Identity are dispatched by onnxruntime).  Each timing is the median of
-its runs, by :func:`run_clock` (one thread: the calling thread's CPU time, so the machine's load does not
-count); the two models of a difference run in turn.
+(Reshape, Transpose, Narrow, Expand, Concat and Identity are dispatched by onnxruntime).  Each timing is the
+median of its runs, by :func:`run_clock` (one thread: the calling thread's CPU time, so the machine's load
+does not count); the two models of a difference run in turn; every sample is measured in ``passes`` passes
+and the lowest kept.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -36,14 +36,13 @@ import onnxruntime as ort
 
 from ...cost import calibration as cal
 from ...cost.model import node_cost
-from ...cost.targets import ONNXRUNTIME_FUSED
 from ...ir.graph import Graph
 from ...ir.registry import Kind
 from .exporter import export_model
 
 TARGET = "onnxruntime"
-# (tokens as batch x sequence, heads, head width) per size: a tiny model's, two between, BERT-base's
-SIZES = ((2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64))
+# (batch, sequence, heads, head width) per size: a toy layer's, a tiny model's, two between, BERT-base's
+SIZES = ((2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64))
 ALONE = 40  # a node this many times a run's fixed cost is timed alone (the run's cost subtracted)
 Build = Callable[[Graph, int | None, int], tuple[int, int]]  # (graph, previous copy's result, copy) -> (node, result)
 
@@ -317,20 +316,5 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     return result
 
 
-def check_declared(declared: Iterable[str] = ONNXRUNTIME_FUSED) -> list[str]:
-    """The fused ops the target declares that no case measures (none: every one is priced by its own line)."""
-    measured = {c.key for c in _cases(SIZES[0])}
-    return sorted(set(declared) - measured)
-
-
-def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - the CLI calls calibrate()
-    calibration = calibrate(progress=print, command=" ".join(["python -m", __name__, *(argv or sys.argv[1:])]))
-    print(calibration.describe())
-    print(f"wrote {calibration.source}" if calibration.source else "")
-    print(f"rates fitted for {len(calibration.rates)} ops and kinds; worst sample "
-          f"{max(abs(math.log(max(calibration.predicted_ns(s), 1) / max(s.ns, 1))) for s in calibration.samples):.2f}"
-          " (|log ratio|)")
-
-
-__all__ = ["SIZES", "TARGET", "Case", "calibrate", "check_declared", "measure_case", "run_and_dispatch", "run_clock",
+__all__ = ["SIZES", "TARGET", "Case", "calibrate", "measure_case", "run_and_dispatch", "run_clock",
            "run_times", "typical"]
