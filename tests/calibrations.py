@@ -22,3 +22,16 @@ def calibration(rates: Mapping[str, OpRate] | None = None, run_ns: float = 5_000
 def target(rates: Mapping[str, OpRate] | None = None, run_ns: float = 5_000.0) -> Target:
     """The onnxruntime target priced by :func:`calibration`."""
     return onnxruntime_target(calibration(rates, run_ns))
+
+
+def uniform() -> Target:
+    """An onnxruntime target with one set of figures for every op (500 ns a launch, 5 B/ns, 17 FLOP/ns, no run
+    cost), a Reshape free (a view) and no SkipLayerNormalization kernel (FusedResidualLN and FusedAddLayerNorm
+    unsupported): the target the tests of the rules and the engines assert their decisions and search counts
+    on, fixed whatever a calibration measures."""
+    target = onnxruntime_target(Calibration("onnxruntime", {"cpu": "fixture"}, "tests/calibrations.py", 1, 0.0,
+                                            500.0, 5.0, 17.0, {"Reshape": OpRate(0.0, 0.0, 0.0)}, (), "fixture"))
+    return target.replace(unsupported=target.unsupported | {"FusedResidualLN", "FusedAddLayerNorm"})
+
+
+UNIFORM = uniform()

@@ -19,6 +19,7 @@ measuring itself needs the target's runtime and lives with its front end
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -201,13 +202,18 @@ def read(path: str | Path) -> Calibration:
 def machine(target: str) -> dict[str, str]:
     """This machine's fingerprint for ``target``: host, system, processor, cores and the runtime's version.  A
     cached calibration is found by it, so it is used only on the machine and runtime that made it."""
+    return dict(_fingerprint(target))
+
+
+@functools.cache
+def _fingerprint(target: str) -> tuple[tuple[str, str], ...]:
     runtime = RUNTIMES.get(target, target)
     try:
         version = metadata.version(runtime)
     except metadata.PackageNotFoundError:
         version = "not installed"
-    return {"host": platform.node(), "system": f"{platform.system()} {platform.machine()}", "cpu": _cpu_name(),
-            "cores": str(os.cpu_count()), "runtime": f"{runtime} {version}"}
+    return (("host", platform.node()), ("system", f"{platform.system()} {platform.machine()}"),
+            ("cpu", _cpu_name()), ("cores", str(os.cpu_count())), ("runtime", f"{runtime} {version}"))
 
 
 def _cpu_name() -> str:
@@ -226,13 +232,22 @@ def cache_dir(cache: str | Path | None = None) -> Path:
     directory for rlx-egraph (``~/.cache/rlx-egraph`` on Linux)."""
     if cache is not None:
         return Path(cache)
-    return Path(os.environ.get(CACHE_ENV) or platformdirs.user_cache_dir("rlx-egraph"))
+    return Path(os.environ.get(CACHE_ENV) or _user_cache_dir())
+
+
+@functools.cache
+def _user_cache_dir() -> str:
+    return platformdirs.user_cache_dir("rlx-egraph")
 
 
 def cache_path(target: str, cache: str | Path | None = None) -> Path:
     """The cache file of ``target``'s calibration on this machine (under :func:`cache_dir`)."""
-    key = hashlib.sha256(json.dumps(machine(target), sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir(cache) / "calibration" / f"{target}-{key}.json"
+    return cache_dir(cache) / "calibration" / f"{target}-{_machine_key(target)}.json"
+
+
+@functools.cache
+def _machine_key(target: str) -> str:
+    return hashlib.sha256(json.dumps(machine(target), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def shipped(target: str) -> Calibration:
