@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -33,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import platformdirs
-from scipy.optimize import nnls
 
 from ..errors import RlxError
 from ..ir.registry import REGISTRY
@@ -99,8 +99,25 @@ def fit_rate(samples: Iterable[Sample]) -> OpRate:
     design, target = data[:, :3] * weights[:, None], data[:, 3] * weights
     used = [k for k in range(3) if data[:, k].any()]
     coef = np.zeros(3)
-    coef[used] = nnls(design[:, used], target)[0]
+    coef[used] = _nnls(design[:, used], target)
     return OpRate(*(float(c) for c in coef))
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| over x >= 0 for a few columns: the least-squares solution on each set of columns
+    (the optimum's positive terms solve the least squares on their own), the best whose terms are all >= 0.
+    Where columns are collinear (an elementwise op's bytes and FLOPs grow together) fewer columns, then earlier
+    ones, win a tie: such an op is priced by its bytes."""
+    best, best_residual = np.zeros(a.shape[1]), float(b @ b)
+    for size in range(1, a.shape[1] + 1):
+        for columns in itertools.combinations(range(a.shape[1]), size):
+            x = np.linalg.lstsq(a[:, columns], b, rcond=None)[0]
+            residual = float(np.sum((a[:, columns] @ x - b) ** 2))
+            if (x >= 0).all() and residual < best_residual * (1 - 1e-9):
+                best = np.zeros(a.shape[1])
+                best[list(columns)] = x
+                best_residual = residual
+    return best
 
 
 @dataclass(frozen=True)
