@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -265,3 +266,16 @@ def test_the_cost_package_imports_no_front_end() -> None:
                 imported.update(alias.name for alias in node.names)
     assert not {name for name in imported if "frontends" in name or name.startswith(("onnx", "rlx_egraph.onnx"))}
     assert "..ir.registry" in imported  # the check sees the package's own imports
+
+
+def test_cli_calibrate_and_measure_without_onnxruntime_say_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    g = _residual_norm((2, 4, 8))
+    g.save(tmp_path / "g.json")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert main(["calibrate"]) == 2
+    assert capsys.readouterr().err == ("error: calibrate runs onnxruntime: install the onnx extra (pip install "
+                                       "'rlx-egraph[onnx]')\n")
+    assert main(["optimize", str(tmp_path / "g.json"), "--measure"]) == 2
+    assert capsys.readouterr().err.endswith("error: --measure runs onnxruntime: install the onnx extra (pip "
+                                            "install 'rlx-egraph[onnx]')\n")

@@ -18,6 +18,7 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import json
 import os
@@ -111,6 +112,7 @@ def _optimize(graph: Graph, rules: RuleSet, args: argparse.Namespace, log: TextI
     new, report = optimize_with_report(graph, _target(args), rules=rules, verify=args.verify,
                                        extraction=args.extraction, engine=args.engine)
     if getattr(args, "measure", False):
+        _needs_onnxruntime("--measure")
         from ..onnx import measure_report  # the onnx extra, needed by this flag only
 
         measure_report(report, graph, new, threads=args.threads)
@@ -210,8 +212,15 @@ def _rules_check(args: argparse.Namespace) -> int:
     return 0 if result.ok else EXIT_PARITY
 
 
+def _needs_onnxruntime(what: str) -> None:
+    """UsageError unless onnx and onnxruntime (the ``onnx`` extra) are installed."""
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        raise UsageError(f"{what} runs onnxruntime: install the onnx extra (pip install 'rlx-egraph[onnx]')")
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     """Measure the target's figures on this machine and cache them (``frontends/onnx/calibrate.py``)."""
+    _needs_onnxruntime("calibrate")
     from ..frontends.onnx.calibrate import calibrate  # the onnx extra, needed by this subcommand only
 
     command = f"rlx-egraph calibrate --target {args.target} --threads {args.threads}"

@@ -302,10 +302,8 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
                 best[k] = sample
             say(f"pass {done + 1}/{passes}  {sample.label:48s} {best[k].ns / 1e3:10.2f} us")
     samples = [best[k] for k in range(len(cases))]
-    rates_of = cal.Calibration.fitted(target, samples, machine={}, command="", threads=threads, run_ns=0,
-                                      dispatch_ns=1, memory_bw=1, flops_per_ns=1).rates
-    memory_bw = 1 / max(rates_of["Add"].ns_per_byte, 1e-6)
-    flops_per_ns = 1 / max(rates_of["MatMul"].ns_per_flop, 1e-6)
+    memory_bw = 1 / max(cal.fit_rate(s for s in samples if s.key == "Add").ns_per_byte, 1e-6)
+    flops_per_ns = 1 / max(cal.fit_rate(s for s in samples if s.key == "MatMul").ns_per_flop, 1e-6)
     result = cal.Calibration.fitted(target, samples, machine=cal.machine(target),
                                     command=command or f"rlx-egraph calibrate --target {target} --threads {threads}",
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
