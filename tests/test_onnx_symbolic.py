@@ -79,7 +79,7 @@ def test_symbolic_optimize_fuses_like_the_specialised_graph() -> None:
     opt = optimize(g, target="onnxruntime", rules=onnx_rules(), dim_hints=hints)
     at_hints = optimize(specialize(g, hints), target="onnxruntime", rules=onnx_rules())
     assert set(opt.symbols) == {"batch", "sequence"}
-    # the residual LayerNorms stay unfused on onnxruntime (cost/targets.ORT_SLOWER_THAN_UNFUSED)
+    # the residual LayerNorms stay unfused on onnxruntime (the shipped calibration prices the fused kernel higher)
     assert fused(opt) == fused(at_hints) == Counter({"FusedMatMulBiasAct": 3, "QkvAttention": 1})
     assert specialize(opt, hints).op_counts() == at_hints.op_counts()
 

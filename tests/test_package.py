@@ -35,7 +35,8 @@ def test_license_file_is_the_gpl3_text_the_metadata_declares() -> None:
 def test_dependencies_have_true_bounds_that_the_installed_versions_meet() -> None:
     requirements = {r.name: r for r in map(Requirement, PYPROJECT["dependencies"])}
     assert {name: str(r.specifier) for name, r in requirements.items()} == {
-        "egglog": "<15,>=14", "numpy": ">=1.26", "scipy": ">=1.15", "highspy": "<2,>=1.7", "rich": "<16,>=13.6"}
+        "egglog": "<15,>=14", "numpy": ">=1.26", "scipy": ">=1.15", "highspy": "<2,>=1.7", "rich": "<16,>=13.6",
+        "platformdirs": ">=2"}
     for name, requirement in requirements.items():
         assert Version(importlib.metadata.version(name)) in requirement.specifier, name
 

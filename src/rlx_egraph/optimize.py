@@ -62,6 +62,8 @@ EgglogTables = tuple[EGraphView | None, dict[int, int] | None, list[float] | Non
 
 # Above this many nodes ``engine="auto"`` runs the fallback engine (see the README's "Two engines" figures).
 FALLBACK_THRESHOLD = 100_000
+# The token bound of FusedAttentionBlock on a target that sets none (an i64 egglog compares with any product).
+NO_TOKEN_BOUND = 2**62
 
 
 def engine_by_size(engine: str, nodes: int) -> str:
@@ -91,7 +93,7 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
 @gc_paused()
 def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool | None = None,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
-                         attention_block_max_tokens: int = 64, regions: bool = True, seed: int = 0,
+                         attention_block_max_tokens: int | None = None, regions: bool = True, seed: int = 0,
                          strict: bool = False, dim_hints: Mapping[str, int] | None = None,
                          **limits: Any) -> tuple[Graph, OptimizeReport]:
     """Optimize ``graph``; returns the new graph and an :class:`OptimizeReport`.
@@ -111,6 +113,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``max_seconds`` is the budget of the whole run (the parity check excluded).
     ``report.stop_reason`` says which limit, if any, stopped the run.
     ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over the target's ``dim_hints``.
+    ``attention_block_max_tokens``: the largest batch*seq a FusedAttentionBlock is built for; None: the target's
+    (:attr:`Target.attention_block_max_tokens`: 64 on the presets with no measurement of the block, no bound on
+    ``onnxruntime``, where its measured cost decides).
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
@@ -120,6 +125,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     if dim_hints:
         tgt = tgt.replace(dim_hints={**tgt.dim_hints, **dim_hints})
     ruleset = load_rules(rules)
+    if attention_block_max_tokens is None:
+        attention_block_max_tokens = NO_TOKEN_BOUND if tgt.attention_block_max_tokens is None \
+            else tgt.attention_block_max_tokens
     sentinels = Sentinels.choose(graph) if graph.symbols else None
     static, run_tgt = graph, tgt
     if sentinels is not None:
@@ -288,6 +296,7 @@ def _summarize(report: OptimizeReport, before: Graph, after: Graph, tgt: Target,
     the graph returned (``after``), the run as data tables, the fused-op counts, and the egglog engine's missed
     fusions (found on the graph the run optimized, ``ran``)."""
     report.profile_before, report.profile_after = profile(before, tgt), profile(after, tgt)
+    report.calibration = tgt.calibration
     report.data = OptimizationData.build((report.profile_before, report.profile_after), report.iterations, decoded,
                                          view, choice, costs)
     report.fusion.before, report.fusion.after = fused_op_counts(before), fused_op_counts(after)

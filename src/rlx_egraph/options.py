@@ -66,6 +66,9 @@ def check_option(name: str, value: Any, default: Any) -> None:
     elif name == "dim_hints":
         if value is not None:
             check_dim_hints(value, name)
+    elif name == "attention_block_max_tokens":
+        if value is not None:
+            _check_number(name, value, int)
     elif name == "target" and isinstance(value, Target):
         pass
     elif name in CHOICES:

@@ -1,4 +1,4 @@
-"""``rlx-egraph``: demo, optimize, example, rules (list, check) and program subcommands.
+"""``rlx-egraph``: demo, optimize, example, rules (list, check), program and calibrate subcommands.
 
 Rules: ``--rules F.egg`` adds files or folders to the shipped rules,
 ``--only-rules F.egg`` uses them instead, ``--disable NAME`` switches a rule off.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import inspect
 import io
 import json
@@ -34,7 +35,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .. import __version__, examples
-from ..cost.targets import TARGETS, UnsupportedOp
+from ..cost import calibration as cal
+from ..cost.targets import TARGETS, UnsupportedOp, get_target, onnxruntime_target
 from ..egraph import STAGES, dump_egglog_program
 from ..egraph.rules import RuleError, RuleSet
 from ..egraph.view import UnsoundRewrite
@@ -137,10 +139,24 @@ def _ruleset(args: argparse.Namespace) -> RuleSet:
     return rules.extend(*args.rules or ()).without(args.disable or ())
 
 
+def _target(args: argparse.Namespace) -> Any:
+    """The target ``--target`` names; ``onnxruntime`` priced by the calibration cached under ``--cache``."""
+    cache = getattr(args, "cache", None)
+    if args.target == "onnxruntime" and cache is not None:
+        return onnxruntime_target(cal.load("onnxruntime", cache))
+    return get_target(args.target)
+
+
 def _optimize(graph: Graph, rules: RuleSet, args: argparse.Namespace, log: TextIO) -> tuple[Graph, OptimizeReport]:
-    """Optimize with the common options and print the report to ``log`` (as JSON with ``--json``)."""
-    new, report = optimize_with_report(graph, args.target, rules=rules, verify=args.verify,
+    """Optimize with the common options and print the report to ``log`` (as JSON with ``--json``); with
+    ``--measure``, the input and the result are measured in onnxruntime first."""
+    new, report = optimize_with_report(graph, _target(args), rules=rules, verify=args.verify,
                                        extraction=args.extraction, engine=args.engine)
+    if getattr(args, "measure", False):
+        _needs_onnxruntime("--measure")
+        from ..onnx import measure_report  # the onnx extra, needed by this flag only
+
+        measure_report(report, graph, new, threads=args.threads)
     print(report.to_json() if args.json else report, file=log)
     return new, report
 
@@ -242,6 +258,27 @@ def _rules_check(args: argparse.Namespace) -> int:
     return 0 if result.ok else EXIT_PARITY
 
 
+def _needs_onnxruntime(what: str) -> None:
+    """UsageError unless onnx and onnxruntime (the ``onnx`` extra) are installed."""
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        raise UsageError(f"{what} runs onnxruntime: install the onnx extra (pip install 'rlx-egraph[onnx]')")
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    """Measure the target's figures on this machine and cache them (``frontends/onnx/calibrate.py``)."""
+    _needs_onnxruntime("calibrate")
+    from ..frontends.onnx.calibrate import calibrate  # the onnx extra, needed by this subcommand only
+
+    command = f"rlx-egraph calibrate --target {args.target} --threads {args.threads}"
+    result = calibrate(args.target, threads=args.threads, cache=args.cache, progress=print, command=command)
+    rows = [(key, f"{r.launch_ns:,.0f}", f"{1 / r.ns_per_byte:,.1f}" if r.ns_per_byte else "-",
+             f"{1 / r.ns_per_flop:,.1f}" if r.ns_per_flop else "-") for key, r in sorted(result.rates.items())]
+    print(format_table(("op or kind", "launch ns", "B/ns", "FLOP/ns"), rows, "<>>>"))
+    print(f"run {result.run_ns:,.0f} ns, dispatch {result.dispatch_ns:,.0f} ns, memory {result.memory_bw:,.1f} B/ns, "
+          f"matmul {result.flops_per_ns:,.1f} FLOP/ns")
+    print(f"wrote {result.source}")
+
+
 def _program(args: argparse.Namespace) -> None:
     print(dump_egglog_program(_load_graph(args.input, dict(args.input_shape or [])), _ruleset(args)))
 
@@ -250,6 +287,13 @@ def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
     return value
 
 
@@ -330,6 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also print the fusion report: fused ops before/after and every missed fusion with why")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON on stdout, and nothing else there (other messages go to stderr)")
+    p.add_argument("--measure", action="store_true",
+                   help="also run the input and the result in onnxruntime and print the measured latency beside the "
+                        "predicted one (needs the onnx extra)")
+    p.add_argument("--threads", type=_positive, default=1, help="onnxruntime threads for --measure (default: 1)")
+    p.add_argument("--cache", metavar="DIR", help="read the onnxruntime target's calibration from DIR (default: "
+                   f"${cal.CACHE_ENV}, else the user cache directory)")
     p.set_defaults(run=_optimize_cmd)
 
     p = command("example", help="save an example model graph as JSON")
@@ -351,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("program", [graph_input, rules], help="print the whole egglog program for a graph")
     p.set_defaults(run=_program)
+
+    p = command("calibrate", help="measure a target's cost figures on this machine and cache them")
+    p.add_argument("--target", default="onnxruntime", choices=["onnxruntime"], help="the target (onnxruntime)")
+    p.add_argument("--threads", type=_positive, default=1, help="onnxruntime intra-op threads (default: 1)")
+    p.add_argument("--cache", metavar="DIR", help=f"cache directory (default: ${cal.CACHE_ENV}, else the user "
+                   "cache directory)")
+    p.set_defaults(run=_calibrate)
     return parser
 
 
@@ -381,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except (ParityError, UnsoundRewrite) as exc:
         return _fail(str(exc), EXIT_PARITY)
-    except (GraphError, RuleError, UnsupportedOp, UsageError, OSError) as exc:
+    except (GraphError, RuleError, UnsupportedOp, UsageError, OSError, cal.CalibrationError) as exc:
         return _fail(_describe(exc), EXIT_INPUT)
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)

@@ -20,21 +20,20 @@ The fusion policy decides what a layer becomes:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ..cost.targets import SEED_ATTENTION_BLOCK_MAX_TOKENS
 from ..ir.decompose import decompose
 from ..ir.graph import Graph, GraphError
 from ..ir.ops.fused import EPILOGUE_OPS, EPILOGUES
 from ..ir.registry import TensorType
-from ..optimize import optimize_with_report
 
-# The optimizer's default token bound for FusedAttentionBlock (FUSIONS.md section 3); ``direct`` keeps to it.
-ATTENTION_BLOCK_MAX_TOKENS: int = inspect.signature(optimize_with_report).parameters[
-    "attention_block_max_tokens"].default
+# The token bound for FusedAttentionBlock of the targets that keep the seed's (FUSIONS.md section 3); ``direct``
+# keeps to it.
+ATTENTION_BLOCK_MAX_TOKENS: int = SEED_ATTENTION_BLOCK_MAX_TOKENS
 
 
 class Policy(StrEnum):

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..cost import IoProfile
+from ..cost.model import format_ns as _time
 from ..egraph.decode import Fusion
 from ..egraph.saturate import IterationStats
 from ..egraph.view import IllTyped
@@ -54,6 +55,19 @@ class Verification:
                 "how": HOW_CHECKED if self.checked else None}
 
 
+@dataclass(frozen=True)
+class Measured:
+    """The measured latency (ns) of the graph given to optimize and of the graph it returned, and how it was
+    measured (``rlx_egraph.onnx.measure_report`` records one)."""
+
+    before_ns: float
+    after_ns: float
+    how: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"before_ns": self.before_ns, "after_ns": self.after_ns, "how": self.how}
+
+
 @dataclass
 class OptimizeReport:
     """Everything one optimization run measured and decided."""
@@ -87,6 +101,8 @@ class OptimizeReport:
     # the input graph and the optimized graph as they were at the end of the run (for pictures; None from optimize())
     graphs: tuple[Graph, Graph] | None = field(default=None, repr=False)
     rules: list[dict[str, Any]] = field(default_factory=list, repr=False)  # RuleSet.list() of the rules that ran
+    measured: Measured | None = None  # measured latencies, when measured (rlx_egraph.onnx.measure_report)
+    calibration: str = ""  # where the target's figures come from, when measured (Target.calibration)
 
     @cached_property
     def egglog_program(self) -> str:
@@ -141,6 +157,8 @@ class OptimizeReport:
             "parity": self.parity.to_dict() if self.parity else None,
             "fusion": self.fusion.to_dict(),
             "fallback": self.fallback.to_dict() if self.fallback else None,
+            "measured": self.measured.to_dict() if self.measured else None,
+            "calibration": self.calibration,
         }
         if include_program:
             out["egglog_program"] = self.egglog_program
@@ -219,6 +237,13 @@ class OptimizeReport:
             before = self.profile_before.ns
             pct = 100.0 * self.gain_ns / before if before else 0.0
             lines.append(f"predicted gain: {self.gain_ns:,.0f} ns ({pct:.1f}%)")
+            if self.calibration:
+                lines.append(f"priced by: {self.calibration}")
+            if self.measured is not None:
+                m = self.measured
+                lines.append(f"measured: before {_time(m.before_ns)} (predicted {_time(before)}, "
+                             f"{before / m.before_ns:.2f}x), after {_time(m.after_ns)} (predicted "
+                             f"{_time(self.profile_after.ns)}, {self.profile_after.ns / m.after_ns:.2f}x); {m.how}")
         if self.exact_ns is not None:
             gap = self.extracted_ns - self.exact_ns
             what = "exact optimum" if self.exact_optimal else "best exact solution (time limit, not proven)"

@@ -6,8 +6,8 @@ ONNX name of its value (a multi-result node: one name per result); ``None`` mean
 writes the node's unfused form.  The unfused form is the op spec's
 ``decompose`` or, for a primitive with no single ONNX op, its entry in
 :data:`MIR_FORMS` (the same computation as its kernel in other MIR ops).
-This module imports no onnx, so the ``onnxruntime`` cost target reads
-:data:`EXPORTS` to know which fused ops export as one kernel.
+The fused ops it writes as onnxruntime kernels are exactly those the
+``onnxruntime`` cost target declares it runs (``cost/targets.ONNXRUNTIME_FUSED``; a test checks it).
 """
 
 from __future__ import annotations
