@@ -172,9 +172,9 @@ def test_regions_beyond_the_target_limits_are_clipped():
     legal = legalize(g, small)
     pieces = [(n.id, n.op, n.inputs, [s[0] for s in json.loads(n.attrs["chain"])["steps"]] if n.attrs else None)
               for n in legal.nodes if n.op != "Input"]
-    # Add's value is read twice (Greater and Where), so it stays a node of its own
+    # Add's value is read twice (Greater and Where), so it stays a node of its own; the region's value keeps its id
     assert pieces == [(5, "Add", (0, 1), None), (6, "ElementwiseRegion", (5, 2), ["Greater", "Where", "Tanh"]),
-                      (7, "ElementwiseRegion", (6, 0), ["Mul", "Cast", "Neg"]), (4, "Relu", (7,), None)]
+                      (3, "ElementwiseRegion", (6, 0), ["Mul", "Cast", "Neg"]), (4, "Relu", (3,), None)]
     assert bit_equal(evaluate(legal), evaluate(g))
     assert legalize(g, "cuda") is g  # within cuda's limits: nothing to do
 

@@ -40,7 +40,7 @@ from .egraph import extract as ex
 from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import Encoding, encode_graph
-from .egraph.regions import apply_regions
+from .egraph.regions import ClippedRegion, apply_regions, clip_regions
 from .egraph.rules import RuleSet, load_rules
 from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
@@ -96,7 +96,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``engine``: "auto" | "egglog" | "fallback".  ``extraction``: "greedy" or "exact".
     ``exact_gap``: also solve the exact problem and report its optimum.
     ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
-    (a pass after extraction; only on targets with region kernels, only where it pays).
+    (a pass after extraction; only on targets with region kernels, only where it pays).  Whatever ``regions``
+    says, a region longer or wider than the target's region kernels take is clipped to the target's limits
+    (listed in ``report.regions_clipped``).
     ``verify``: check every node against the input graph with numpy (raises ParityError).
     ``strict``: raise UnsoundRewrite when a rule built an ill-typed e-node or merged input-graph
     nodes of different types.  Otherwise ill-typed e-nodes are left out of extraction and listed
@@ -199,11 +201,10 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
             phase("decode")
             decoded = decode(view, chosen.choice, graph)
             phases["decode"] = time.perf_counter() - t0
-            if regions:  # the pass after either engine's decision, timed apart as in the fallback's report
-                t0 = time.perf_counter()
-                phase("regions")
-                decoded = _with_regions(decoded, tgt)
-                phases["regions"] = time.perf_counter() - t0
+            t0 = time.perf_counter()  # the passes after either engine's decision, timed apart as in the fallback's
+            phase("regions")
+            decoded, report.regions_clipped = _with_regions(decoded, tgt, regions)
+            phases["regions"] = time.perf_counter() - t0
     if decoded is None:
         decoded = Decoded(graph.copy(), {}, {n.id: [n.id] for n in graph.nodes},
                           {n.id: () for n in graph.nodes}, {n.id: () for n in graph.nodes})
@@ -242,11 +243,11 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
     decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
                       dict.fromkeys(ids, ()), result.fusions)
-    if regions:
-        decoded = _with_regions(decoded, tgt)
+    decoded, clipped = _with_regions(decoded, tgt, regions)
     decoded.graph.adopt_store(graph)
     phases["regions"] = time.perf_counter() - t0
     report = OptimizeReport("fallback", why, tgt.name)
+    report.regions_clipped = clipped
     report.fallback = stats
     report.stop_reason = stats.stop_reason
     report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}
@@ -330,16 +331,26 @@ def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
     return "; ".join(parts + notes) or STOP_SATURATED
 
 
-def _with_regions(decoded: Decoded, target: Target) -> Decoded:
-    """Apply the ElementwiseRegion pass and carry provenance over.
+def _with_regions(decoded: Decoded, target: Target, form: bool) -> tuple[Decoded, list[ClippedRegion]]:
+    """Clip the regions over ``target``'s limits, then (``form``) apply the ElementwiseRegion pass, and carry
+    provenance over; returns the regions clipped.
 
-    The pass keeps every node's id (a region takes its tail's), so each table keeps its entries but those of the
-    nodes a region absorbed.  A region is built by the pass from its steps: it carries their builders and mergers,
-    and its fusion replaces theirs (its tail's too: that node is the region now, whatever a rule made it).
+    Both passes keep every node's id (a region takes its tail's, a clipped region's last piece the region's), so
+    each table keeps its entries but those of the nodes a region absorbed.  A region is built by the pass from its
+    steps: it carries their builders and mergers, and its fusion replaces theirs (its tail's too: that node is the
+    region now, whatever a rule made it).  A clipped region's pieces are built by ``pass:clip-region``.
     """
+    if target.region_kernels:
+        graph, clipped = clip_regions(decoded.graph, target.region_max_steps, target.region_max_inputs)
+        if clipped:
+            decoded = _clipped(decoded, graph, clipped)
+    else:
+        clipped = []
+    if not form:
+        return decoded, clipped
     graph, _, applied = apply_regions(decoded.graph, target)
     if not applied:
-        return decoded
+        return decoded, clipped
     absorbed = [m for r in applied for m in r.members if m != r.tail]
 
     def kept(table: dict[int, Any]) -> dict[int, Any]:
@@ -357,7 +368,23 @@ def _with_regions(decoded: Decoded, target: Target) -> Decoded:
         merged_by[r.tail] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
         fusions.append(Fusion(r.tail, "ElementwiseRegion", built_by[r.tail], tuple(decoded.originals[r.tail])))
     return Decoded(graph, kept(decoded.class_of), kept(decoded.originals), built_by, merged_by,
-                   sorted(fusions, key=lambda f: f.node))
+                   sorted(fusions, key=lambda f: f.node)), clipped
+
+
+def _clipped(decoded: Decoded, graph: Graph, clipped: list[ClippedRegion]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where ``clipped`` regions were regrouped: each piece is built by
+    ``pass:clip-region`` (and by the rules that built the region), the last holds the region's value."""
+    originals, built_by, merged_by = dict(decoded.originals), dict(decoded.built_by), dict(decoded.merged_by)
+    pieces = {p for c in clipped for p in c.pieces}
+    fusions = [f for f in decoded.fusions if f.node not in pieces]
+    for c in clipped:
+        builders = tuple(dict.fromkeys(("pass:clip-region", *decoded.built_by[c.node])))
+        for p in c.pieces:
+            built_by[p] = builders
+            if p != c.node:
+                originals[p], merged_by[p] = [], ()
+            fusions.append(Fusion(p, graph.node(p).op, builders, tuple(originals[p])))
+    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node))
 
 
 def _program_text(ruleset: RuleSet, encoding: Encoding) -> str:

@@ -9,6 +9,10 @@ the trailing axes; it stops at the target's ``region_max_steps`` steps or
 A target without region kernels keeps the ops unfused, and a region is kept
 only when the cost model says it pays.  ``ir.decompose.decompose(graph, {"ElementwiseRegion"})`` is the inverse.
 
+A region already in a graph that is longer or reads more inputs than a target's region kernels take
+(one made for another target, or by hand) is clipped by :func:`clip_regions`: its steps regrouped
+into regions within the limits.  ``optimize`` and ``compile`` both apply it.
+
 A region computes exactly what its steps compute: its kernel runs every step
 through :func:`~rlx_egraph.kernels.reference.run_node`, as the interpreter runs
 the node it replaced, so each value is stored in its step's dtype (f16/bf16
@@ -19,10 +23,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import count
 
 from ..cost import Target
 from ..cost.targets import REGION_MAX_INPUTS, REGION_MAX_STEPS
+from ..ir.decompose import decompose
 from ..ir.graph import Graph, Node, check_node
+from ..ir.ops.fused import region_program
 from ..ir.registry import Kind, op_spec
 
 # Elementwise-kind ops a region kernel cannot compute lane by lane: Embedding gathers whole rows
@@ -143,3 +150,67 @@ def _pays(graph: Graph, region: Region, target: Target) -> bool:
         node = graph.node(m)
         unfused += target.node_ns(node.spec, node.attrs, [graph.node(i).type for i in node.inputs], node.type)
     return fused < unfused
+
+
+REGION = "ElementwiseRegion"
+
+
+@dataclass(frozen=True)
+class ClippedRegion:
+    """A region over a target's limits, regrouped: ``pieces`` are the nodes that replace it, the last keeping its
+    id (each a region within the limits, or a step left alone)."""
+
+    node: int
+    steps: int
+    inputs: int
+    pieces: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"node {self.node} ({self.steps} steps, {self.inputs} inputs) -> {len(self.pieces)} nodes"
+
+
+def oversized(graph: Graph, node: Node, max_steps: int, max_inputs: int) -> bool:
+    """Whether ``node`` is a region with more than ``max_steps`` steps or ``max_inputs`` inputs."""
+    if node.op != REGION:
+        return False
+    steps = region_program(node.attrs, [graph.node(i).type for i in node.inputs])
+    return len(steps) > max_steps or len(node.inputs) > max_inputs
+
+
+def clip_regions(graph: Graph, max_steps: int = REGION_MAX_STEPS,
+                 max_inputs: int = REGION_MAX_INPUTS) -> tuple[Graph, list[ClippedRegion]]:
+    """``graph`` with each oversized region (:func:`oversized`) replaced by its steps regrouped into regions
+    within the limits, and what was clipped (``graph`` itself when nothing is).  Every other node keeps its id,
+    a clipped region's value keeps the region's, and the other new nodes get ids after the largest one."""
+    if not any(oversized(graph, n, max_steps, max_inputs) for n in graph.nodes):
+        return graph, []
+    out = Graph(graph.name)
+    new_of: dict[int, int] = {}
+    fresh = count(max(n.id for n in graph.nodes) + 1)
+    clipped = []
+    for node in graph.nodes:
+        inputs = [new_of[i] for i in node.inputs]
+        if not oversized(graph, node, max_steps, max_inputs):
+            new_of[node.id] = out.add_node(node.op, inputs, node_id=node.id, **node.attrs)
+            continue
+        pieces = _regrouped(graph, node, max_steps, max_inputs)
+        placed = dict(zip((n.id for n in pieces.inputs), inputs, strict=True))
+        last = pieces.outputs[0]
+        made = [n for n in pieces.nodes if n.op != "Input"]
+        for n in made:
+            placed[n.id] = out.add_node(n.op, [placed[i] for i in n.inputs],
+                                        node_id=node.id if n.id == last else next(fresh), **n.attrs)
+        new_of[node.id] = placed[last]
+        clipped.append(ClippedRegion(node.id, len(json.loads(node.attrs["chain"])["steps"]), len(node.inputs),
+                                     tuple(placed[n.id] for n in made)))
+    out.set_outputs(new_of[o] for o in graph.outputs)
+    return out, clipped
+
+
+def _regrouped(graph: Graph, node: Node, max_steps: int, max_inputs: int) -> Graph:
+    """Region ``node`` alone over Inputs, as its steps grouped into regions within the limits."""
+    alone = Graph(f"region {node.id}")
+    slots = [alone.input(f"in{k}", graph.node(i).shape, graph.node(i).dtype) for k, i in enumerate(node.inputs)]
+    alone.set_outputs([alone.add_node(REGION, slots, **node.attrs)])
+    steps = decompose(alone, {REGION})
+    return fuse_regions(steps, find_regions(steps, max_steps, max_inputs))[0]

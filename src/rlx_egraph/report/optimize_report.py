@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..cost import IoProfile
 from ..egraph.decode import Fusion
+from ..egraph.regions import ClippedRegion
 from ..egraph.saturate import IterationStats
 from ..egraph.view import IllTyped
 from ..ir.registry import REGISTRY, Kind
@@ -60,6 +61,7 @@ class OptimizeReport:
     data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
     fallback: FallbackStats | None = None  # the fallback engine's per-rule counts, passes and lookahead
     fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
+    regions_clipped: list[ClippedRegion] = field(default_factory=list)  # regions over the target's limits, regrouped
 
     @cached_property
     def egglog_program(self) -> str:
@@ -112,6 +114,8 @@ class OptimizeReport:
             "phases": self.phases,
             "parity": self.parity.to_dict() if self.parity else None,
             "fusion": self.fusion.to_dict(),
+            "regions_clipped": [{"node": c.node, "steps": c.steps, "inputs": c.inputs, "pieces": list(c.pieces)}
+                                for c in self.regions_clipped],
             "fallback": self.fallback.to_dict() if self.fallback else None,
         }
         if include_program:
@@ -153,6 +157,9 @@ class OptimizeReport:
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
         if self.engine == "egglog":
             lines.append(self.fusion.summary_line())
+        if self.regions_clipped:
+            lines.append("regions over the target's limits, regrouped within them: "
+                         + "; ".join(map(str, self.regions_clipped)))
         if self.ill_typed:
             lines.append(f"ill-typed e-nodes left out: {len(self.ill_typed)}; first: {self.ill_typed[0].message}")
         if self.profile_before and self.profile_after:
