@@ -39,7 +39,7 @@ from .cost.targets import unsupported_op
 from .egraph import extract as ex
 from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
-from .egraph.encode import Encoding, encode_graph
+from .egraph.encode import Encoding, dump_egglog_program, encode_graph
 from .egraph.regions import ClippedRegion, apply_regions, clip_regions
 from .egraph.rules import RuleSet, load_rules
 from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
@@ -211,6 +211,7 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
     decoded.graph.adopt_store(graph)
 
     report.program_text = partial(_program_text, ruleset, encoding)
+    report.terms_text = partial(dump_egglog_program, graph, ruleset, attention_block_max_tokens, form="terms")
     choice = chosen.choice if chosen is not None else None
     if missed and choice is not None:
         report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(

@@ -40,6 +40,7 @@ class OptimizeReport:
     engine_reason: str
     target: str
     program_text: Callable[[], str] = field(default=str, repr=False)  # builds egglog_program when first read
+    terms_text: Callable[[], str] = field(default=str, repr=False)  # builds egglog_terms when first read
     eclasses: int = 0
     enodes: int = 0
     stop_reason: str = ""
@@ -67,6 +68,13 @@ class OptimizeReport:
     def egglog_program(self) -> str:
         """The egglog program the run saturated (egglog engine; empty otherwise), as text that runs as-is."""
         return self.program_text()
+
+    @cached_property
+    def egglog_terms(self) -> str:
+        """:attr:`egglog_program` with the graph as one readable term per node (``$n<id>``), ending with
+        egglog's extraction of each output: the program to read and re-run by hand (egglog engine; empty
+        otherwise)."""
+        return self.terms_text()
 
     @property
     def fused_op_counts(self) -> dict[str, int]:
