@@ -23,6 +23,8 @@ class GraphBuilders:
         """Append a Concat node (layout)."""
     def concat_params(self, ws: Sequence[int], *, axis: int = -1) -> int:
         """Append a ConcatParams node (weight-prep). A derived weight: parameters concatenated once at load time (recipe: sources, axis, order)."""
+    def cond(self, pred: int, then: int, otherwise: int) -> int:
+        """Append a Cond node (host-sync). then if the one-element bool pred is true, else otherwise; the host reads pred to decide."""
     def conv2d(self, x: int, w: int, *, stride: int = 1, padding: int = 0, groups: int = 1) -> int:
         """Append a Conv2d node (vision)."""
     def cross_entropy_loss(self, logits: int, targets: int) -> int:
@@ -81,6 +83,8 @@ class GraphBuilders:
         """Append a GroupNormSilu node (fused). Silu(GroupNorm(x, w, b))."""
     def identity(self, x: int) -> int:
         """Append a Identity node (elementwise). Elementwise Identity."""
+    def item(self, x: int) -> int:
+        """Append a Item node (host-sync). x.item(): the one element of x, read back to the host, as a scalar."""
     def layer_norm(self, x: int, gamma: int, beta: int, *, axis: int = -1, eps: float = 1e-05) -> int:
         """Append a LayerNorm node (norm). Normalise over axes [axis, rank), then scale and shift."""
     def layer_norm_grad_x(self, x: int, gamma: int, dy: int, *, axis: int = -1, eps: float = 1e-05) -> int:
@@ -111,6 +115,8 @@ class GraphBuilders:
         """Append a Narrow node (layout). Slice [start, start+length) of one axis."""
     def neg(self, x: int) -> int:
         """Append a Neg node (elementwise). Elementwise Neg."""
+    def non_zero(self, x: int, *, count: int) -> int:
+        """Append a NonZero node (host-sync). Indices [rank, count] of x's non-zero elements (the first count, -1 past the last); the host reads back how many there are."""
     def onnx_op(self, xs: Sequence[int], *, op_type: str, domain: str = '', opset: int, output: int = 0, proto: str) -> int:
         """Append a OnnxOp node (opaque). A standard ONNX node MIR has no op for (one output of it), kept as a one-node ONNX graph."""
     def pow(self, a: int, b: int) -> int:
