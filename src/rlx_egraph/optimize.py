@@ -51,7 +51,7 @@ from .kernels.parity import check_parity
 from .options import check_options
 from .report import OptimizeReport
 from .report.data import OptimizationData
-from .report.fusion import fused_op_counts, missed_fusions
+from .report.fusion import MissedFusion, fused_op_counts, merge_misses, missed_fusions, scan_optimized
 from .report.progress import phase, tracked
 
 log = logging.getLogger("rlx_egraph")
@@ -126,7 +126,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
         new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
-                                                 regions, why)
+                                                 regions, why, summaries)
     else:
         new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
                                                attention_block_max_tokens, regions, strict, summaries)
@@ -134,7 +134,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
             why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
             log.warning(why)
             new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits,
-                                                     attention_block_max_tokens, regions, why)
+                                                     attention_block_max_tokens, regions, why, summaries)
         elif engine == "egglog":
             report.engine_reason = "requested"
     result, original, optimized = new.graph, graph, new.graph
@@ -177,6 +177,7 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
     phase("extract")
     notes: list[str] = []
     decoded = view = chosen = costs = None
+    in_graph: list[MissedFusion] = []
     try:
         view = build_view(egraph, graph, encoding.constants, ruleset, strict, deadline)
     except DeadlineExceeded as exc:
@@ -201,6 +202,8 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
             phase("decode")
             decoded = decode(view, chosen.choice, graph)
             phases["decode"] = time.perf_counter() - t0
+            if missed:  # the patterns left in the graph, before regions hide their steps
+                in_graph = scan_optimized(decoded.graph, decoded.originals, graph, ruleset)
             t0 = time.perf_counter()  # the passes after either engine's decision, timed apart as in the fallback's
             phase("regions")
             decoded, report.regions_clipped = _with_regions(decoded, tgt, regions)
@@ -214,8 +217,9 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
     report.terms_text = partial(dump_egglog_program, graph, ruleset, attention_block_max_tokens, form="terms")
     choice = chosen.choice if chosen is not None else None
     if missed and choice is not None:
-        report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
-            view, graph, choice, costs, ruleset, tgt, egraph)
+        egraph_missed, report.fusion.near_misses_checked = missed_fusions(view, graph, choice, costs, ruleset, tgt,
+                                                                          egraph)
+        report.fusion.missed = merge_misses(egraph_missed, in_graph)
     report.stop_reason = _stop_reason(result.stop_reason, result.detail, notes)
     report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
@@ -226,10 +230,11 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
 
 
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
-                       attention_block_max_tokens: int, regions: bool,
-                       why: str) -> tuple[Decoded, OptimizeReport, tuple[None, None, None]]:
+                       attention_block_max_tokens: int, regions: bool, why: str,
+                       missed: bool) -> tuple[Decoded, OptimizeReport, tuple[None, None, None]]:
     """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`).  It has
-    no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`)."""
+    no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`); ``missed``: the
+    patterns left unfused in its graph."""
     phase("fallback")
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
     result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
@@ -244,11 +249,13 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
     decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
                       dict.fromkeys(ids, ()), result.fusions)
+    in_graph = scan_optimized(decoded.graph, decoded.originals, graph, ruleset) if missed else []
     decoded, clipped = _with_regions(decoded, tgt, regions)
     decoded.graph.adopt_store(graph)
     phases["regions"] = time.perf_counter() - t0
     report = OptimizeReport("fallback", why, tgt.name)
     report.regions_clipped = clipped
+    report.fusion.missed = in_graph
     report.fallback = stats
     report.stop_reason = stats.stop_reason
     report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}

@@ -22,8 +22,10 @@ rounded, integers truncated) before the next step reads it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 from ..cost import Target
 from ..cost.targets import REGION_MAX_INPUTS, REGION_MAX_STEPS
@@ -153,6 +155,7 @@ def _pays(graph: Graph, region: Region, target: Target) -> bool:
 
 
 REGION = "ElementwiseRegion"
+REGION_OPS = frozenset({REGION})  # the region kinds: expand_regions decomposes them
 
 
 @dataclass(frozen=True)
@@ -184,33 +187,73 @@ def clip_regions(graph: Graph, max_steps: int = REGION_MAX_STEPS,
     a clipped region's value keeps the region's, and the other new nodes get ids after the largest one."""
     if not any(oversized(graph, n, max_steps, max_inputs) for n in graph.nodes):
         return graph, []
+    out, _, pieces = substituted(graph, lambda n: _regrouped(graph, n, max_steps, max_inputs)
+                                 if oversized(graph, n, max_steps, max_inputs) else None)
+    return out, [ClippedRegion(nid, len(json.loads(graph.node(nid).attrs["chain"])["steps"]),
+                               len(graph.node(nid).inputs), made) for nid, made in pieces.items()]
+
+
+def expand_regions(graph: Graph) -> tuple[Graph, dict[int, int]]:
+    """``graph`` with every region node replaced by the nodes of its steps, and the map node id -> id of the node
+    of ``graph`` it stands for (a step: its region; a batched region's result: the Get that read it)."""
+    if not any(n.op in REGION_OPS for n in graph.nodes):
+        return graph, {n.id: n.id for n in graph.nodes}
+    out, origin, _ = substituted(graph, lambda n: _steps(graph, n) if n.op in REGION_OPS else None)
+    return out, origin
+
+
+def substituted(graph: Graph, pieces_of: Callable[[Node], Graph | None]) -> tuple[Graph, dict[int, int],
+                                                                                  dict[int, tuple[int, ...]]]:
+    """``graph`` with each node for which ``pieces_of`` gives a graph (over one Input per input of the node, its
+    outputs the node's results) replaced by that graph's nodes.  Other nodes keep their ids, a single result keeps
+    the node's id, and the other new nodes get ids after the largest one; a Get of a replaced multi-result node
+    is the result it read.  Returns the new graph, the map new id -> id of the node of ``graph`` it stands for, and
+    per replaced node the ids of its new nodes."""
     out = Graph(graph.name)
-    new_of: dict[int, int] = {}
+    new_of: dict[int, Any] = {}
+    origin: dict[int, int] = {}
+    made: dict[int, tuple[int, ...]] = {}
     fresh = count(max(n.id for n in graph.nodes) + 1)
-    clipped = []
     for node in graph.nodes:
-        inputs = [new_of[i] for i in node.inputs]
-        if not oversized(graph, node, max_steps, max_inputs):
-            new_of[node.id] = out.add_node(node.op, inputs, node_id=node.id, **node.attrs)
+        if node.kind is Kind.PROJECTION and isinstance(new_of[node.inputs[0]], tuple):
+            new_of[node.id] = new_of[node.inputs[0]][node.attrs["index"]]
+            origin[new_of[node.id]] = node.id
             continue
-        pieces = _regrouped(graph, node, max_steps, max_inputs)
+        inputs = [new_of[i] for i in node.inputs]
+        pieces = pieces_of(node)
+        if pieces is None:
+            new_of[node.id] = out.add_node(node.op, inputs, node_id=node.id, **node.attrs)
+            origin[node.id] = node.id
+            continue
         placed = dict(zip((n.id for n in pieces.inputs), inputs, strict=True))
-        last = pieces.outputs[0]
-        made = [n for n in pieces.nodes if n.op != "Input"]
-        for n in made:
-            placed[n.id] = out.add_node(n.op, [placed[i] for i in n.inputs],
-                                        node_id=node.id if n.id == last else next(fresh), **n.attrs)
-        new_of[node.id] = placed[last]
-        clipped.append(ClippedRegion(node.id, len(json.loads(node.attrs["chain"])["steps"]), len(node.inputs),
-                                     tuple(placed[n.id] for n in made)))
+        single = pieces.outputs[0] if not node.parts else None
+        for n in pieces.nodes:
+            if n.op != "Input":
+                placed[n.id] = out.add_node(n.op, [placed[i] for i in n.inputs],
+                                            node_id=node.id if n.id == single else next(fresh), **n.attrs)
+                origin[placed[n.id]] = node.id
+        made[node.id] = tuple(placed[n.id] for n in pieces.nodes if n.op != "Input")
+        results = tuple(placed[o] for o in pieces.outputs)
+        new_of[node.id] = results if node.parts else results[0]
     out.set_outputs(new_of[o] for o in graph.outputs)
-    return out, clipped
+    return out, origin, made
+
+
+def _alone(graph: Graph, node: Node) -> Graph:
+    """``node`` alone over one Input per input, its outputs the node's results."""
+    alone = Graph(f"{node.op} {node.id}")
+    slots = [alone.input(f"in{k}", graph.node(i).shape, graph.node(i).dtype) for k, i in enumerate(node.inputs)]
+    made = alone.add_node(node.op, slots, **node.attrs)
+    alone.set_outputs([alone.get(made, index=k) for k in range(len(node.parts))] if node.parts else [made])
+    return alone
+
+
+def _steps(graph: Graph, node: Node) -> Graph:
+    """Region ``node`` alone as its steps."""
+    return decompose(_alone(graph, node), REGION_OPS)
 
 
 def _regrouped(graph: Graph, node: Node, max_steps: int, max_inputs: int) -> Graph:
     """Region ``node`` alone over Inputs, as its steps grouped into regions within the limits."""
-    alone = Graph(f"region {node.id}")
-    slots = [alone.input(f"in{k}", graph.node(i).shape, graph.node(i).dtype) for k, i in enumerate(node.inputs)]
-    alone.set_outputs([alone.add_node(REGION, slots, **node.attrs)])
-    steps = decompose(alone, {REGION})
+    steps = decompose(_alone(graph, node), {REGION})
     return fuse_regions(steps, find_regions(steps, max_steps, max_inputs))[0]

@@ -163,8 +163,7 @@ class OptimizeReport:
                          f"{fb.stop_reason}; lookahead: {fb.chains_asked} chain starts and {fb.ties_asked} ties asked "
                          f"about, {fb.regions_run} region runs, {starts} chains taken")
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
-        if self.engine == "egglog":
-            lines.append(self.fusion.summary_line())
+        lines.append(self.fusion.summary_line())
         if self.regions_clipped:
             lines.append("regions over the target's limits, regrouped within them: "
                          + "; ".join(map(str, self.regions_clipped)))
