@@ -63,7 +63,7 @@ def test_direct_swiglu_ffn_lowers_to_fused_swiglu_over_one_wide_matmul():
     assert g.op_counts() == {"Input": 1, "Param": 3, "ConcatParams": 1, "MatMul": 2, "FusedSwiGLU": 1}
     (cat,) = [n for n in g.nodes if n.op == "ConcatParams"]
     assert [g.node(i).name for i in cat.inputs] == ["mlp.gate_proj.weight", "mlp.up_proj.weight"]
-    assert [n.attrs for n in g.nodes if n.op == "FusedSwiGLU"] == [{"gate_first": True}]
+    assert [n.attrs for n in g.nodes if n.op == "FusedSwiGLU"] == [{"gate_first": True, "cast_to": "none"}]
     assert rlx_egraph.compile(swiglu_module("direct")).graph.op_counts() == g.op_counts()
 
 

@@ -218,9 +218,9 @@ def test_onnxruntime_target_supports_exactly_the_fused_ops_the_export_maps() -> 
     target = TARGETS["onnxruntime"]
     fused = {name for name, spec in REGISTRY.items() if spec.kind is Kind.FUSED}
     assert target.unsupported == fused - set(EXPORTS) | ORT_SLOWER_THAN_UNFUSED
-    assert sorted(target.unsupported) == ["CausalAttentionRoPE", "ElementwiseRegion", "FusedAddLayerNorm",
-                                          "FusedResidualLN", "FusedRmsNormMatMul", "FusedSwiGLU",
-                                          "FusedTransformerLayer", "GroupNormSilu", "SwiGLU"]
+    assert sorted(target.unsupported) == ["BatchElementwiseRegion", "CausalAttentionRoPE", "ElementwiseRegion",
+                                          "FusedAddLayerNorm", "FusedResidualLN", "FusedRmsNormMatMul", "FusedSwiGLU",
+                                          "FusedTransformerLayer", "GroupNormSilu", "SwiGLU", "TransformRegion"]
     assert not target.region_kernels
     assert (target.dispatch_ns, target.memory_bw, target.flops_per_ns) == (500.0, 5.0, 17.0)
 

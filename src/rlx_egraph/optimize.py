@@ -40,18 +40,26 @@ from .egraph import extract as ex
 from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import Encoding, dump_egglog_program, encode_graph
-from .egraph.regions import ClippedRegion, apply_regions, clip_regions
+from .egraph.regions import Batch, ClippedRegion, Region, apply_batches, apply_regions, clip_regions
 from .egraph.rules import RuleSet, load_rules
 from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
+from .ir.registry import snake_case
 from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity
 from .options import check_options
 from .report import OptimizeReport
 from .report.data import OptimizationData
-from .report.fusion import MissedFusion, fused_op_counts, merge_misses, missed_fusions, scan_optimized
+from .report.fusion import (
+    MissedFusion,
+    fused_op_counts,
+    merge_misses,
+    missed_fusions,
+    region_prologues,
+    scan_optimized,
+)
 from .report.progress import phase, tracked
 
 log = logging.getLogger("rlx_egraph")
@@ -274,6 +282,7 @@ def _summarize(report: OptimizeReport, before: Graph, after: Graph, tgt: Target,
     report.data = OptimizationData.build((report.profile_before, report.profile_after), report.iterations, decoded,
                                          view, choice, costs)
     report.fusion.before, report.fusion.after = fused_op_counts(before), fused_op_counts(after)
+    report.fusion.region_prologues = region_prologues(after)
 
 
 def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
@@ -340,13 +349,13 @@ def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
 
 
 def _with_regions(decoded: Decoded, target: Target, form: bool) -> tuple[Decoded, list[ClippedRegion]]:
-    """Clip the regions over ``target``'s limits, then (``form``) apply the ElementwiseRegion pass, and carry
-    provenance over; returns the regions clipped.
+    """Clip the regions over ``target``'s limits, then (``form``) apply the region passes (transform and
+    elementwise regions, then batches), and carry provenance over; returns the regions clipped.
 
-    Both passes keep every node's id (a region takes its tail's, a clipped region's last piece the region's), so
-    each table keeps its entries but those of the nodes a region absorbed.  A region is built by the pass from its
-    steps: it carries their builders and mergers, and its fusion replaces theirs (its tail's too: that node is the
-    region now, whatever a rule made it).  A clipped region's pieces are built by ``pass:clip-region``.
+    Every pass keeps every node's id (a region takes its tail's, a clipped region's last piece the region's, a
+    batch's lane the lane's), so each table keeps its entries but those of the nodes a region absorbed.  A region
+    is built by its pass from its steps: it carries their builders and mergers, and its fusion replaces theirs (its
+    tail's too: that node is the region now, whatever a rule made it).
     """
     if target.region_kernels:
         graph, clipped = clip_regions(decoded.graph, target.region_max_steps, target.region_max_inputs)
@@ -357,8 +366,21 @@ def _with_regions(decoded: Decoded, target: Target, form: bool) -> tuple[Decoded
     if not form:
         return decoded, clipped
     graph, _, applied = apply_regions(decoded.graph, target)
-    if not applied:
-        return decoded, clipped
+    if applied:
+        decoded = _regioned(decoded, graph, applied)
+    graph, batches = apply_batches(decoded.graph, target)
+    if batches:
+        decoded = _batched(decoded, graph, batches)
+    return decoded, clipped
+
+
+def _pass_name(op: str) -> str:
+    """The builder a region pass records: ``pass:elementwise-region``, ``pass:transform-region``, ..."""
+    return "pass:" + snake_case(op).replace("_", "-")
+
+
+def _regioned(decoded: Decoded, graph: Graph, applied: list[Region]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where ``applied`` regions replaced their members."""
     absorbed = [m for r in applied for m in r.members if m != r.tail]
 
     def kept(table: dict[int, Any]) -> dict[int, Any]:
@@ -371,12 +393,31 @@ def _with_regions(decoded: Decoded, target: Target, form: bool) -> tuple[Decoded
     members = {m for r in applied for m in r.members}
     fusions = [f for f in decoded.fusions if f.node not in members]
     for r in applied:
-        built_by[r.tail] = tuple(dict.fromkeys(("pass:elementwise-region", *(n for m in r.members
-                                                                            for n in decoded.built_by[m]))))
+        built_by[r.tail] = tuple(dict.fromkeys((_pass_name(r.kind), *(n for m in r.members
+                                                                     for n in decoded.built_by[m]))))
         merged_by[r.tail] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
-        fusions.append(Fusion(r.tail, "ElementwiseRegion", built_by[r.tail], tuple(decoded.originals[r.tail])))
+        fusions.append(Fusion(r.tail, r.kind, built_by[r.tail], tuple(decoded.originals[r.tail])))
     return Decoded(graph, kept(decoded.class_of), kept(decoded.originals), built_by, merged_by,
-                   sorted(fusions, key=lambda f: f.node)), clipped
+                   sorted(fusions, key=lambda f: f.node))
+
+
+def _batched(decoded: Decoded, graph: Graph, batches: list[Batch]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where each batch runs its lanes: the batch and its Narrows are new, and
+    each lane (a Reshape view of the batch now) keeps its value's originals; all are built by the batch pass."""
+    originals, built_by, merged_by = dict(decoded.originals), dict(decoded.built_by), dict(decoded.merged_by)
+    lanes = {m for b in batches for m in b.lanes}
+    fusions = [f for f in decoded.fusions if f.node not in lanes]
+    for b in batches:
+        builders = tuple(dict.fromkeys((_pass_name(graph.node(b.node).op),
+                                        *(n for m in b.lanes for n in decoded.built_by[m]))))
+        for new in (b.node, *b.narrows):
+            originals[new], built_by[new], merged_by[new] = [], builders, ()
+        for m in b.lanes:
+            built_by[m] = builders
+            fusions.append(Fusion(m, graph.node(m).op, builders, tuple(originals[m])))
+        fusions.append(Fusion(b.node, graph.node(b.node).op, builders,
+                              tuple(o for m in b.lanes for o in originals[m])))
+    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node))
 
 
 def _clipped(decoded: Decoded, graph: Graph, clipped: list[ClippedRegion]) -> Decoded:

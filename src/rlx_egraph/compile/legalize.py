@@ -2,7 +2,7 @@
 
 * A fused op the target does not support is replaced by its decomposition
   (``OpSpec.decompose``, recursively while the pieces are unsupported too).
-* On a target without region kernels, every ElementwiseRegion is decomposed
+* On a target without region kernels, every region (of each kind) is decomposed
   back into its steps (``Where`` and ``Cast`` steps included).
 * An ElementwiseRegion longer than the target's ``region_max_steps`` or
   reading more than ``region_max_inputs`` inputs is clipped: decomposed, and
@@ -17,9 +17,10 @@ The input graph is never changed; a graph that is already legal comes back as is
 from __future__ import annotations
 
 from ..cost import Target, get_target
-from ..egraph.regions import REGION, clip_regions
+from ..egraph.regions import clip_regions
 from ..ir.decompose import decompose
 from ..ir.graph import Graph, GraphError, Node
+from ..ir.ops.fused import REGION_KINDS
 from ..ir.registry import REGISTRY
 
 
@@ -31,7 +32,7 @@ def illegal_ops(target: Target) -> frozenset[str]:
     """The ops legalization removes for ``target``: unsupported ones, and regions without region kernels."""
     ops = {name for name in REGISTRY if not target.supports(name)}
     if not target.region_kernels:
-        ops.add(REGION)
+        ops.update(REGION_KINDS)
     return frozenset(ops)
 
 

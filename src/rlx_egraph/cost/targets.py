@@ -83,6 +83,7 @@ from typing import Any
 
 from ..errors import RlxError
 from ..frontends.onnx.export_table import EXPORTS
+from ..ir.ops.fused import REGION_KINDS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from .model import IoProfile, NodeCost, node_cost, node_launches
 
@@ -286,7 +287,7 @@ TARGETS: dict[str, Target] = {
                flops_per_ns=math.inf),
         Target(name="wgpu", dispatch_ns=3_000.0, roundtrip_ns=30_000.0, memory_bw=100.0, host_readback_bw=40.0,
                unified=False, host_thunk_penalty_ns=25_000_000.0, flops_per_ns=math.inf,
-               unsupported=frozenset({"FusedTransformerLayer", "ElementwiseRegion"}), region_kernels=False),
+               unsupported=frozenset({"FusedTransformerLayer", *REGION_KINDS}), region_kernels=False),
         Target(name="onnxruntime", dispatch_ns=500.0, roundtrip_ns=0.0, memory_bw=5.0, host_readback_bw=5.0,
                unified=True, unified_readback_bw=5.0, host_thunk_penalty_ns=0.0,
                flops_per_ns=17.0, region_kernels=False, copied_layouts=ORT_COPIED_LAYOUTS,

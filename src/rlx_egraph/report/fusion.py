@@ -49,6 +49,7 @@ from ..egraph.rules import Rule, RuleSet, load_rules
 from ..egraph.schema import constructor_args
 from ..errors import RlxError
 from ..ir.graph import Graph, Node
+from ..ir.ops.fused import ELEMENTWISE_REGION
 from ..ir.registry import REGISTRY, Kind, snake_case
 
 NEAR_MISS_MAX_NODES = 5000
@@ -167,6 +168,7 @@ class FusionReport:
     after: dict[str, int] = field(default_factory=dict)
     missed: list[MissedFusion] = field(default_factory=list)
     near_misses_checked: bool = False  # False: the graph was over NEAR_MISS_MAX_NODES (or not built)
+    region_prologues: int = 0  # regions (after) that read their input 0 through a prologue
 
     @classmethod
     def scan(cls, graph: Graph, rules: RuleSet | None = None) -> FusionReport:
@@ -175,7 +177,7 @@ class FusionReport:
         a region named by the region).  ``rules`` (default: the shipped rules) decide whether a gate-first
         SwiGLU can fuse."""
         counts = fused_op_counts(graph)
-        return cls(dict(counts), dict(counts), scan_graph(graph, rules))
+        return cls(dict(counts), dict(counts), scan_graph(graph, rules), region_prologues=region_prologues(graph))
 
     @property
     def missed_per_pattern(self) -> dict[str, int]:
@@ -204,12 +206,18 @@ class FusionReport:
             raise MissedFusions(f"{len(self.missed)} missed fusion(s):\n" + "\n".join(map(str, self.missed)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after, "near_misses_checked": self.near_misses_checked,
+        return {"before": self.before, "after": self.after, "region_prologues": self.region_prologues,
+                "near_misses_checked": self.near_misses_checked,
                 "missed": [m.to_dict() for m in self.missed], "missed_per_pattern": self.missed_per_pattern,
                 "summary": self.summary_line()}
 
     def __str__(self) -> str:
         return "\n".join([self.summary_line(), *(f"  {m}" for m in self.missed)])
+
+
+def region_prologues(graph: Graph) -> int:
+    """The ElementwiseRegions of ``graph`` that read their input 0 through a prologue."""
+    return sum(1 for n in graph.nodes if n.op == ELEMENTWISE_REGION and n.attrs["prologue"] != "none")
 
 
 def fused_op_counts(graph: Graph) -> dict[str, int]:
