@@ -12,10 +12,10 @@ pays (the region's :meth:`~rlx_egraph.cost.Target.node_ns` below the sum of its 
 * ``TransformRegion`` (:func:`find_transform_regions`, before the above): a chain that goes on through
   ``Transpose`` and ``Reshape`` steps between elementwise steps (each step computed in its own shape), where
   the elementwise pass stops at the layout op and would make two kernels and write the value between them.
-* ``BatchElementwiseRegion`` (:func:`find_batches`, after both): independent nodes running the same program (the
-  same region chain, or the same single elementwise op) on inputs of the same types become one kernel, one lane
-  each, within the input limit; its result stacks the lanes on a new leading axis, and each lane's value is a
-  ``Reshape`` of a ``Narrow`` of it (views, no copy), which keeps the lane's node id.
+* ``BatchElementwiseRegion`` (:func:`find_batches`, after both): independent ElementwiseRegions running the same
+  chain on inputs of the same types become one kernel, one lane each, within the input limit; its result stacks
+  the lanes on a new leading axis, and each lane's value is a ``Reshape`` of a ``Narrow`` of it (views, no copy),
+  which keeps the lane's node id.
 
 ``ir.decompose.decompose(graph, REGION_KINDS)`` is the inverse.  A region already in a graph that is longer or reads
 more inputs than a target's region kernels take (one made for another target, or by hand) is clipped by
@@ -247,23 +247,19 @@ class Batch:
     narrows: tuple[int, ...]
 
 
-def _program(graph: Graph, node: Node) -> str | None:
-    """The chain a node runs when it may be a lane: a region without a prologue, or one eligible op."""
-    if node.op == ELEMENTWISE_REGION and node.attrs["prologue"] == "none":
-        return node.attrs["chain"]
-    if eligible(graph, node):
-        return chain_json(graph, Region(node.id, (node.id,), tuple(_external_inputs(graph, [node.id]))))
-    return None
+def _program(node: Node) -> str | None:
+    """The chain a node runs when it may be a lane: an ElementwiseRegion without a prologue."""
+    return node.attrs["chain"] if node.op == ELEMENTWISE_REGION and node.attrs["prologue"] == "none" else None
 
 
 def find_batches(graph: Graph, target: Target) -> list[list[int]]:
-    """Groups of two or more nodes running one program on inputs of the same types, none reading another's value
+    """Groups of two or more regions running one program on inputs of the same types, none reading another's value
     (directly or not), whose inputs together fit ``target.region_max_inputs``, and that pay as one kernel."""
     position = graph.positions()
     last = len(graph.nodes)
     by_program: dict[tuple, list[int]] = {}
     for node in graph.nodes:
-        program = _program(graph, node)
+        program = _program(node)
         if program is not None:
             key = (program, tuple(graph.node(i).type for i in node.inputs), node.type)
             by_program.setdefault(key, []).append(node.id)
@@ -299,7 +295,7 @@ def find_batches(graph: Graph, target: Target) -> list[list[int]]:
 
 
 def _batch_attrs(graph: Graph, lanes: Sequence[int]) -> dict[str, object]:
-    return {"chain": _program(graph, graph.node(lanes[0])), "lanes": len(lanes)}
+    return {"chain": _program(graph.node(lanes[0])), "lanes": len(lanes)}
 
 
 def _batch_pays(graph: Graph, lanes: Sequence[int], target: Target) -> bool:
