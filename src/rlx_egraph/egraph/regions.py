@@ -396,30 +396,36 @@ def expand_regions(graph: Graph) -> tuple[Graph, dict[int, int]]:
 def substituted(graph: Graph, pieces_of: Callable[[Node], Graph | None]) -> tuple[Graph, dict[int, int],
                                                                                   dict[int, tuple[int, ...]]]:
     """``graph`` with each node for which ``pieces_of`` gives a graph (over one Input per input of the node, its
-    output the node's value) replaced by that graph's nodes.  Other nodes keep their ids, the value keeps the
-    node's id, and the other new nodes get ids after the largest one.  Returns the new graph, the map new id ->
-    id of the node of ``graph`` it stands for, and per replaced node the ids of its new nodes."""
-    out = Graph(graph.name)
-    new_of: dict[int, int] = {}
+    output the node's value) replaced by that graph's nodes.  Other nodes keep their ids (the same Node objects),
+    the value keeps the node's id, and the other new nodes get ids after the largest one.  Returns the new graph,
+    the map new id -> id of the node of ``graph`` it stands for, and per replaced node the ids of its new nodes."""
+    nodes: list[Node] = []
+    placed: dict[int, Node] = {}
     origin: dict[int, int] = {}
     made: dict[int, tuple[int, ...]] = {}
     fresh = count(max(n.id for n in graph.nodes) + 1)
     for node in graph.nodes:
-        inputs = [new_of[i] for i in node.inputs]
         pieces = pieces_of(node)
-        if pieces is None:
-            new_of[node.id] = out.add_node(node.op, inputs, node_id=node.id, **node.attrs)
+        if pieces is None:  # its inputs keep their ids and types: the node is valid as it is
+            nodes.append(node)
+            placed[node.id] = node
             origin[node.id] = node.id
             continue
-        placed = dict(zip((n.id for n in pieces.inputs), inputs, strict=True))
+        local = dict(zip((n.id for n in pieces.inputs), node.inputs, strict=True))  # piece id -> id here
+        new: list[int] = []
         for n in pieces.nodes:
-            if n.op != "Input":
-                placed[n.id] = out.add_node(n.op, [placed[i] for i in n.inputs],
-                                            node_id=node.id if n.id == pieces.outputs[0] else next(fresh), **n.attrs)
-                origin[placed[n.id]] = node.id
-        made[node.id] = tuple(placed[n.id] for n in pieces.nodes if n.op != "Input")
-        new_of[node.id] = placed[pieces.outputs[0]]
-    out.set_outputs(new_of[o] for o in graph.outputs)
+            if n.op == "Input":
+                continue
+            nid = node.id if n.id == pieces.outputs[0] else next(fresh)
+            placed[nid] = check_node(nid, n.op, [local[i] for i in n.inputs], n.attrs, placed.get, {})
+            nodes.append(placed[nid])
+            local[n.id], origin[nid] = nid, node.id
+            new.append(nid)
+        if placed[node.id].type != node.type:
+            raise AssertionError(f"the nodes replacing node {node.id} compute {placed[node.id].type}, not {node.type}")
+        made[node.id] = tuple(new)
+    out = Graph.from_checked(graph.name, nodes)
+    out.set_outputs(graph.outputs)
     return out, origin, made
 
 

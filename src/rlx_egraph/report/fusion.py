@@ -571,22 +571,21 @@ def _gate_first_fuses(rules: RuleSet | None) -> bool:
 def _activation(graph: Graph, i: int) -> Node | None:
     """The one reader of node ``i`` when it is an activation (a one-input elementwise op but Cast and Identity)
     and ``i`` is no graph output."""
-    if graph.use_count(i) != 1 or i in graph.outputs:
-        return None
-    (r,) = graph.users(i)
-    node = graph.node(r)
-    return node if node.kind is Kind.ELEMENTWISE and len(node.inputs) == 1 and node.op not in ("Cast", "Identity") \
-        else None
+    reader = _one_reader(graph, i)
+    return reader if reader is not None and reader.kind is Kind.ELEMENTWISE and len(reader.inputs) == 1 \
+        and reader.op not in ("Cast", "Identity") else None
+
+
+def _one_reader(graph: Graph, i: int) -> Node | None:
+    """The one node reading node ``i`` when it has one use (it is no graph output)."""
+    readers = graph.users(i)
+    return graph.node(readers[0]) if len(readers) == 1 and i not in graph.outputs else None
 
 
 def _swiglu_gate(graph: Graph, act: Node) -> bool:
     """Whether ``act`` is the Silu of a SwiGLU's gate (its one reader a Mul): the swiglu scan's, not a linear's."""
-    return act.op == "Silu" and _reader_op(graph, act.id) == "Mul"
-
-
-def _reader_op(graph: Graph, i: int) -> str | None:
-    """The op of node ``i``'s one reader (None when it has another number of uses)."""
-    return graph.node(graph.users(i)[0]).op if graph.use_count(i) == 1 and i not in graph.outputs else None
+    reader = _one_reader(graph, act.id)
+    return act.op == "Silu" and reader is not None and reader.op == "Mul"
 
 
 def _projection(node: Node) -> bool:
@@ -616,11 +615,13 @@ def _scan_matmul_bias_act(g: Graph, name: Names) -> list[tuple[str, str, MissRea
         out.append((MATMUL_BIAS_ACT, "FusedMatMulBiasAct", cause, nodes, detail))
 
     for n in g.nodes:
+        if n.op not in ("MatMul", "FusedMatMulBiasAct", "FusedMatMulAdd"):
+            continue
         act = _activation(g, n.id)
         if n.op == "MatMul":
             readers = g.users(n.id)
             adds = [r for r in readers if g.node(r).op == "Add"]
-            if g.use_count(n.id) > 1:
+            if len(readers) + (n.id in g.outputs) > 1:
                 if adds:
                     also = ", ".join(name(r) for r in readers if r not in adds)
                     extra = f", {also}" if also else ""
