@@ -60,7 +60,7 @@ def test_demo_runs_as_a_process() -> None:
     assert "graph: 110 nodes -> 62 nodes" in out
     assert "parity: ok on " in out
     assert "fused ops: CausalAttentionRoPE 0->2, FusedMatMulAdd 0->4, FusedRmsNormMatMul 0->5, FusedSwiGLU 0->2; " \
-           "missed 0 (0 not extracted, 0 near)" in out
+           "missed 0 (0 not extracted, 0 near, 0 in graph)" in out
     assert "graph llama_L2_H64: 62 nodes, outputs ['%61']" in out  # the optimized graph table
     table_ops = [line.split()[1:3] for line in out.splitlines() if line.startswith("  %")]
     assert sum("FusedRmsNormMatMul" in ops for ops in table_ops) == 5

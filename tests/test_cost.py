@@ -124,9 +124,11 @@ def test_preset_flags() -> None:
                                                                    "wgpu": False, "onnxruntime": False}
     assert {n: t.unsupported for n, t in TARGETS.items()} == {
         "cpu": frozenset(), "cuda": frozenset(), "metal": frozenset(),
-        "wgpu": frozenset({"FusedTransformerLayer", "ElementwiseRegion"}),
+        "wgpu": frozenset({"FusedTransformerLayer", "ElementwiseRegion", "TransformRegion",
+                           "BatchElementwiseRegion"}),
         "onnxruntime": frozenset({"CausalAttentionRoPE", "ElementwiseRegion", "FusedRmsNormMatMul", "FusedSwiGLU",
-                                  "FusedTransformerLayer", "GroupNormSilu", "SwiGLU"})}
+                                  "FusedTransformerLayer", "GroupNormSilu", "SwiGLU", "TransformRegion",
+                                  "BatchElementwiseRegion"})}
     assert not TARGETS["wgpu"].supports("ElementwiseRegion") and TARGETS["wgpu"].supports("MatMul")
     assert TARGETS["cpu"].readback_bw == 20.0 and TARGETS["cuda"].readback_bw == 25.0
 

@@ -148,6 +148,12 @@ def halves(gate_first: bool) -> Callable[[], Graph]:
     return build
 
 
+def swiglu_cast() -> Graph:
+    g = Graph()
+    g.set_outputs([g.cast(g.fused_swiglu(g.exp(g.input("cat", (4, 16)))), dtype="f16")])
+    return g
+
+
 def block_inputs(g: Graph) -> dict[str, int]:
     names = {"hidden": (2, 4, 16), "mask": (2, 4)}
     out = {n: g.input(n, s) for n, s in names.items()}
@@ -417,6 +423,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "shared-input-linear": (shared_input(3, bias=True), {"ConcatParams": 2, "FusedMatMulBiasAct": 1, "Narrow": 3}),
     "fused-swiglu-up-first": (halves(gate_first=False), {"FusedSwiGLU": 1, "SwiGLU": 0}),
     "fused-swiglu-gate-first": (halves(gate_first=True), {"FusedSwiGLU": 1, "SwiGLU": 0}),
+    "fused-swiglu-cast": (swiglu_cast, {"FusedSwiGLU": 1, "Cast": 0}),
 }
 
 

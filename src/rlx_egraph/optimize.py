@@ -38,19 +38,26 @@ from .cost.targets import unsupported_op
 from .egraph import extract as ex
 from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
-from .egraph.encode import Encoding, encode_graph
-from .egraph.regions import apply_regions
+from .egraph.encode import Encoding, dump_egglog_program, encode_graph
+from .egraph.regions import Batch, ClippedRegion, Region, apply_batches, apply_regions, clip_regions
 from .egraph.rules import RuleSet, load_rules
 from .egraph.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
+from .ir.registry import snake_case
 from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity
 from .options import check_options, verification_choice
 from .report import OptimizeReport
 from .report.data import OptimizationData
-from .report.fusion import fused_op_counts, missed_fusions
+from .report.fusion import (
+    fused_op_counts,
+    merge_misses,
+    missed_fusions,
+    region_prologues,
+    scan_optimized,
+)
 from .report.optimize_report import Verification
 from .report.progress import step, timed, tracked
 
@@ -102,7 +109,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``engine``: "auto" | "egglog" | "fallback".  ``extraction``: "greedy" or "exact".
     ``exact_gap``: also solve the exact problem and report its optimum.
     ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
-    (a pass after extraction; only on targets with region kernels, only where it pays).
+    (a pass after extraction; only on targets with region kernels, only where it pays).  Whatever ``regions``
+    says, a region longer or wider than the target's region kernels take is clipped to the target's limits
+    (listed in ``report.regions_clipped``).
     ``verify``: check every node against the input graph with numpy (raises ParityError); None (the default)
     checks when rules from outside the shipped set are loaded (``report.verification`` says whether and why).
     ``strict``: raise UnsoundRewrite when a rule built an ill-typed e-node or merged input-graph
@@ -141,15 +150,15 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
         new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
-                                                 regions, why)
+                                                 regions, why, summaries)
     else:
         new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
-                                               attention_block_max_tokens, regions, strict)
+                                               attention_block_max_tokens, regions, strict, summaries)
         if engine == "auto" and report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound"):
             why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
             log.warning(why)
             new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits,
-                                                     attention_block_max_tokens, regions, why)
+                                                     attention_block_max_tokens, regions, why, summaries)
         elif engine == "egglog":
             report.engine_reason = "requested"
     result, original, optimized = new.graph, graph, new.graph
@@ -172,11 +181,12 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,
-                     exact_gap: bool, attention_block_max_tokens: int, regions: bool,
-                     strict: bool) -> tuple[Decoded, OptimizeReport, EgglogTables]:
-    """The egglog engine: encode, saturate, extract, decode, then the regions pass (each timed in the report).
-    Also returns what the report's e-graph tables and missed fusions are made from (the view, the choice, the
-    e-node costs and the e-graph; None where the run stopped before them)."""
+                     exact_gap: bool, attention_block_max_tokens: int, regions: bool, strict: bool,
+                     missed: bool) -> tuple[Decoded, OptimizeReport, EgglogTables]:
+    """The egglog engine: encode, saturate, extract, decode, then the region passes (each timed in the report);
+    ``missed``: and the fusion patterns left in its graph (``report.fusion.missed``, merged with the e-graph's
+    misses by :func:`_summarize`).  Also returns what the report's e-graph tables and missed fusions are made from
+    (the view, the choice, the e-node costs and the e-graph; None where the run stopped before them)."""
     deadline = Deadline(sat_limits.max_seconds)
     phases: dict[str, float] = {}
     report = OptimizeReport("egglog", f"auto: {len(graph):,} nodes is within the egglog engine's threshold of "
@@ -220,17 +230,19 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
         with timed("decode", phases) as outcome:
             decoded = decode(view, chosen.choice, graph)
             outcome.summary = f"{len(decoded.graph):,} nodes, {len(decoded.fusions)} built by rules"
-        if regions:  # the pass after either engine's decision, timed apart as in the fallback's report
-            with timed("regions", phases) as outcome:
-                before = len(decoded.graph)
-                decoded = _with_regions(decoded, tgt)
-                outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
+        if missed:  # the patterns left in the graph, before regions hide their steps
+            report.fusion.missed = scan_optimized(decoded.graph, decoded.originals, graph, ruleset)
+        with timed("regions", phases) as outcome:  # the passes after either engine's decision
+            before = len(decoded.graph)
+            decoded, report.regions_clipped = _with_regions(decoded, tgt, regions)
+            outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
     if decoded is None:
         decoded = Decoded(graph.copy(), {}, {n.id: [n.id] for n in graph.nodes},
                           {n.id: () for n in graph.nodes}, {n.id: () for n in graph.nodes})
     decoded.graph.adopt_store(graph)
 
     report.program_text = partial(_program_text, ruleset, encoding)
+    report.terms_text = partial(dump_egglog_program, graph, ruleset, attention_block_max_tokens, form="terms")
     report.stop_reason = _stop_reason(result.stop_reason, result.detail, notes)
     report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
@@ -251,10 +263,11 @@ def _saturation_step(it: IterationStats) -> None:
 
 
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
-                       attention_block_max_tokens: int, regions: bool,
-                       why: str) -> tuple[Decoded, OptimizeReport, EgglogTables]:
+                       attention_block_max_tokens: int, regions: bool, why: str,
+                       missed: bool) -> tuple[Decoded, OptimizeReport, EgglogTables]:
     """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`).  It has
-    no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`)."""
+    no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`); ``missed``: the
+    patterns left unfused in its graph."""
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
     outer: dict[str, float] = {}
     with timed("fallback", outer) as outcome:
@@ -270,16 +283,17 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
         if error is not None:
             raise error
     phases = dict(stats.phases)
+    ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
+    decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
+                      dict.fromkeys(ids, ()), result.fusions)
+    report = OptimizeReport("fallback", why, tgt.name)
+    if missed:  # the patterns left in the graph, before regions hide their steps
+        report.fusion.missed = scan_optimized(decoded.graph, decoded.originals, graph, ruleset)
     with timed("regions", phases) as outcome:
-        ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
-        decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
-                          dict.fromkeys(ids, ()), result.fusions)
         before = len(decoded.graph)
-        if regions:
-            decoded = _with_regions(decoded, tgt)
+        decoded, report.regions_clipped = _with_regions(decoded, tgt, regions)
         decoded.graph.adopt_store(graph)
         outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
-    report = OptimizeReport("fallback", why, tgt.name)
     report.fallback = stats
     report.stop_reason = stats.stop_reason
     report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}
@@ -301,9 +315,11 @@ def _summarize(report: OptimizeReport, before: Graph, after: Graph, tgt: Target,
                                          view, choice, costs)
     report.fusion.before, report.fusion.after = fused_op_counts(before), fused_op_counts(after)
     report.graphs, report.rules = (snapshot(before), snapshot(after)), ruleset.list()
+    report.fusion.region_prologues = region_prologues(after)
     if choice is not None and egraph is not None:
-        report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
-            view, ran, choice, costs, ruleset, tgt, egraph)
+        egraph_missed, report.fusion.near_misses_checked = missed_fusions(view, ran, choice, costs, ruleset, tgt,
+                                                                          egraph)
+        report.fusion.missed = merge_misses(egraph_missed, report.fusion.missed)
 
 
 def snapshot(graph: Graph) -> Graph:
@@ -376,16 +392,39 @@ def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
     return "; ".join(parts + notes) or STOP_SATURATED
 
 
-def _with_regions(decoded: Decoded, target: Target) -> Decoded:
-    """Apply the ElementwiseRegion pass and carry provenance over.
+def _with_regions(decoded: Decoded, target: Target, form: bool) -> tuple[Decoded, list[ClippedRegion]]:
+    """Clip the regions over ``target``'s limits, then (``form``) apply the region passes (transform and
+    elementwise regions, then batches), and carry provenance over; returns the regions clipped.
 
-    The pass keeps every node's id (a region takes its tail's), so each table keeps its entries but those of the
-    nodes a region absorbed.  A region is built by the pass from its steps: it carries their builders and mergers,
-    and its fusion replaces theirs (its tail's too: that node is the region now, whatever a rule made it).
+    Every pass keeps every node's id (a region takes its tail's, a clipped region's last piece the region's, a
+    batch's lane the lane's), so each table keeps its entries but those of the nodes a region absorbed.  A region
+    is built by its pass from its steps: it carries their builders and mergers, and its fusion replaces theirs (its
+    tail's too: that node is the region now, whatever a rule made it).
     """
+    if target.region_kernels:
+        graph, clipped = clip_regions(decoded.graph, target.region_max_steps, target.region_max_inputs)
+        if clipped:
+            decoded = _clipped(decoded, graph, clipped)
+    else:
+        clipped = []
+    if not form:
+        return decoded, clipped
     graph, _, applied = apply_regions(decoded.graph, target)
-    if not applied:
-        return decoded
+    if applied:
+        decoded = _regioned(decoded, graph, applied)
+    graph, batches = apply_batches(decoded.graph, target)
+    if batches:
+        decoded = _batched(decoded, graph, batches)
+    return decoded, clipped
+
+
+def _pass_name(op: str) -> str:
+    """The builder a region pass records: ``pass:elementwise-region``, ``pass:transform-region``, ..."""
+    return "pass:" + snake_case(op).replace("_", "-")
+
+
+def _regioned(decoded: Decoded, graph: Graph, applied: list[Region]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where ``applied`` regions replaced their members."""
     absorbed = [m for r in applied for m in r.members if m != r.tail]
 
     def kept(table: dict[int, Any]) -> dict[int, Any]:
@@ -398,12 +437,47 @@ def _with_regions(decoded: Decoded, target: Target) -> Decoded:
     members = {m for r in applied for m in r.members}
     fusions = [f for f in decoded.fusions if f.node not in members]
     for r in applied:
-        built_by[r.tail] = tuple(dict.fromkeys(("pass:elementwise-region", *(n for m in r.members
-                                                                            for n in decoded.built_by[m]))))
+        built_by[r.tail] = tuple(dict.fromkeys((_pass_name(r.kind), *(n for m in r.members
+                                                                     for n in decoded.built_by[m]))))
         merged_by[r.tail] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
-        fusions.append(Fusion(r.tail, "ElementwiseRegion", built_by[r.tail], tuple(decoded.originals[r.tail])))
+        fusions.append(Fusion(r.tail, r.kind, built_by[r.tail], tuple(decoded.originals[r.tail])))
     return Decoded(graph, kept(decoded.class_of), kept(decoded.originals), built_by, merged_by,
                    sorted(fusions, key=lambda f: f.node))
+
+
+def _batched(decoded: Decoded, graph: Graph, batches: list[Batch]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where each batch runs its lanes: the batch and its Narrows are new, and
+    each lane (a Reshape view of the batch now) keeps its value's originals; all are built by the batch pass."""
+    originals, built_by, merged_by = dict(decoded.originals), dict(decoded.built_by), dict(decoded.merged_by)
+    lanes = {m for b in batches for m in b.lanes}
+    fusions = [f for f in decoded.fusions if f.node not in lanes]
+    for b in batches:
+        builders = tuple(dict.fromkeys((_pass_name(graph.node(b.node).op),
+                                        *(n for m in b.lanes for n in decoded.built_by[m]))))
+        for new in (b.node, *b.narrows):
+            originals[new], built_by[new], merged_by[new] = [], builders, ()
+        for m in b.lanes:
+            built_by[m] = builders
+            fusions.append(Fusion(m, graph.node(m).op, builders, tuple(originals[m])))
+        fusions.append(Fusion(b.node, graph.node(b.node).op, builders,
+                              tuple(o for m in b.lanes for o in originals[m])))
+    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node))
+
+
+def _clipped(decoded: Decoded, graph: Graph, clipped: list[ClippedRegion]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where ``clipped`` regions were regrouped: each piece is built by
+    ``pass:clip-region`` (and by the rules that built the region), the last holds the region's value."""
+    originals, built_by, merged_by = dict(decoded.originals), dict(decoded.built_by), dict(decoded.merged_by)
+    pieces = {p for c in clipped for p in c.pieces}
+    fusions = [f for f in decoded.fusions if f.node not in pieces]
+    for c in clipped:
+        builders = tuple(dict.fromkeys(("pass:clip-region", *decoded.built_by[c.node])))
+        for p in c.pieces:
+            built_by[p] = builders
+            if p != c.node:
+                originals[p], merged_by[p] = [], ()
+            fusions.append(Fusion(p, graph.node(p).op, builders, tuple(originals[p])))
+    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node))
 
 
 def _program_text(ruleset: RuleSet, encoding: Encoding) -> str:

@@ -280,7 +280,8 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 
 def _program(args: argparse.Namespace) -> None:
-    print(dump_egglog_program(_load_graph(args.input, dict(args.input_shape or [])), _ruleset(args)))
+    print(dump_egglog_program(_load_graph(args.input, dict(args.input_shape or [])), _ruleset(args),
+                              form="terms" if args.terms else "rows"))
 
 
 def _non_negative(text: str) -> int:
@@ -400,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_rules_check)
 
     p = command("program", [graph_input, rules], help="print the whole egglog program for a graph")
+    p.add_argument("--terms", action="store_true",
+                   help="write the graph as one readable term per node ($n<id>; for small graphs), not as rows")
     p.set_defaults(run=_program)
 
     p = command("calibrate", help="measure a target's cost figures on this machine and cache them")

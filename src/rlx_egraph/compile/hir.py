@@ -36,6 +36,15 @@ from ..ir.registry import TensorType
 ATTENTION_BLOCK_MAX_TOKENS: int = SEED_ATTENTION_BLOCK_MAX_TOKENS
 
 
+class Stage(StrEnum):
+    """Where a model stands in the pipeline: layers (HIR, a :class:`Module`), ops (MIR, a ``Graph``), or a launch
+    order and memory plan (LIR, a ``Plan`` or ``CompileResult``)."""
+
+    HIR = "hir"
+    MIR = "mir"
+    LIR = "lir"
+
+
 class Policy(StrEnum):
     """What a layer lowers to: its fused op, or primitive ops for the optimizer to fuse."""
 
@@ -313,6 +322,11 @@ class Module:
 
     # --- queries and lowering -------------------------------------------------------------------
 
+    @property
+    def stage(self) -> Stage:
+        """A module is the HIR stage: :meth:`lower` gives its MIR graph."""
+        return Stage.HIR
+
     def type(self, value: int) -> TensorType:
         """The shape and dtype of ``value``."""
         self._check_values((value,), f"module {self.name!r}:")
@@ -346,4 +360,4 @@ class Module:
             raise GraphError(f"{what} {bad[0]!r} is not a value of the module")
 
 
-__all__ = ["ATTENTION_BLOCK_MAX_TOKENS", "Layer", "Module", "Policy", "policy_of"]
+__all__ = ["ATTENTION_BLOCK_MAX_TOKENS", "Layer", "Module", "Policy", "Stage", "policy_of"]

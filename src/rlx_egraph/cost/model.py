@@ -7,14 +7,19 @@ any other node is one kernel launch that moves the bytes of each input slot
 plus its output, adds a host sync point if its kind is HOST_SYNC, and does
 ``spec.flops`` FLOPs.  A graph's :func:`profile` is the sum of its node costs
 plus the bytes of each distinct output node read back to the host (views and
-leaves included, unlike the seed, which skipped outputs that are views).
+leaves included, unlike the seed, which skipped outputs that are views); it can
+be asked for another list of outputs (``outputs=``: what the host reads, the
+graph computed as it is).
+
+Host-sync ops (``Item``, ``NonZero``, ``Cond``: :mod:`rlx_egraph.ir.ops.host`) are
+the ops whose value the host reads before the run goes on: each is a sync point.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -175,12 +180,14 @@ def format_ns(ns: float) -> str:
     return f"{ns:.0f} ns" if math.isfinite(ns) else "inf ns"
 
 
-def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
+def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] | None = None) -> IoProfile:
     """The IO profile of ``graph`` on ``target``: the sum of :func:`node_cost` over every node
     (unused ones too; a layout op the target copies is a kernel when it reads an intermediate, as
-    :meth:`Target.node_ns` prices it) plus the bytes of each distinct output node read back.  Symbolic dims count at
-    the target's hints (:meth:`Target.hint`)."""
+    :meth:`Target.node_ns` prices it) plus the bytes of each distinct output node read back: the graph's outputs,
+    or the node ids ``outputs`` (GraphError naming one the graph lacks).  Symbolic dims count at the target's hints
+    (:meth:`Target.hint`)."""
     tgt = _target(target)
+    read = graph.outputs if outputs is None else [graph.node(i).id for i in outputs]
     if graph.symbols:
         graph = specialize_graph(graph, {s: tgt.hint(s) for s in graph.symbols})
     by_id, copied = graph.nodes_by_id, tgt.copied_layouts
@@ -225,7 +232,7 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
             total[3] += cost.flops * count
     costs = {k: NodeCost(*v) for k, v in sums.items()}
     total = sum(costs.values(), FREE)
-    readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(graph.outputs))
+    readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(read))
     by_kind = {k: KindCost(nodes[k], costs[k], frozenset(ops[k])) for k in sorted(nodes)}
     return IoProfile(launches=total.launches, sync_points=total.syncs, readback_bytes=readback,
                      traffic_bytes=total.traffic_bytes, flops=total.flops, target=tgt,

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RlxError
+from ..ir.ops.fused import REGION_KINDS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from . import calibration as cal
 from .calibration import Calibration, OpRate
@@ -342,7 +343,7 @@ TARGETS: dict[str, Target] = {
                flops_per_ns=math.inf),
         Target(name="wgpu", dispatch_ns=3_000.0, roundtrip_ns=30_000.0, memory_bw=100.0, host_readback_bw=40.0,
                unified=False, host_thunk_penalty_ns=25_000_000.0, flops_per_ns=math.inf,
-               unsupported=frozenset({"FusedTransformerLayer", "ElementwiseRegion"}), region_kernels=False),
+               unsupported=frozenset({"FusedTransformerLayer", *REGION_KINDS}), region_kernels=False),
         onnxruntime_target(cal.shipped("onnxruntime")),
     )
 }

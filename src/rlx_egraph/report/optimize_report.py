@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..cost import IoProfile
 from ..cost.model import format_ns as _time
 from ..egraph.decode import Fusion
+from ..egraph.regions import ClippedRegion
 from ..egraph.saturate import IterationStats
 from ..egraph.view import IllTyped
 from ..ir.graph import Graph
@@ -76,6 +77,7 @@ class OptimizeReport:
     engine_reason: str
     target: str
     program_text: Callable[[], str] = field(default=str, repr=False)  # builds egglog_program when first read
+    terms_text: Callable[[], str] = field(default=str, repr=False)  # builds egglog_terms when first read
     eclasses: int = 0
     enodes: int = 0
     stop_reason: str = ""
@@ -103,11 +105,19 @@ class OptimizeReport:
     rules: list[dict[str, Any]] = field(default_factory=list, repr=False)  # RuleSet.list() of the rules that ran
     measured: Measured | None = None  # measured latencies, when measured (rlx_egraph.onnx.measure_report)
     calibration: str = ""  # where the target's figures come from, when measured (Target.calibration)
+    regions_clipped: list[ClippedRegion] = field(default_factory=list)  # regions over the target's limits, regrouped
 
     @cached_property
     def egglog_program(self) -> str:
         """The egglog program the run saturated (egglog engine; empty otherwise), as text that runs as-is."""
         return self.program_text()
+
+    @cached_property
+    def egglog_terms(self) -> str:
+        """:attr:`egglog_program` with the graph as one readable term per node (``$n<id>``), ending with
+        egglog's extraction of each output: the program to read and re-run by hand (egglog engine; empty
+        otherwise)."""
+        return self.terms_text()
 
     @property
     def fused_op_counts(self) -> dict[str, int]:
@@ -156,6 +166,8 @@ class OptimizeReport:
             "verification": self.verification.to_dict(),
             "parity": self.parity.to_dict() if self.parity else None,
             "fusion": self.fusion.to_dict(),
+            "regions_clipped": [{"node": c.node, "steps": c.steps, "inputs": c.inputs, "pieces": list(c.pieces)}
+                                for c in self.regions_clipped],
             "fallback": self.fallback.to_dict() if self.fallback else None,
             "measured": self.measured.to_dict() if self.measured else None,
             "calibration": self.calibration,
@@ -227,8 +239,10 @@ class OptimizeReport:
                          f"{fb.stop_reason}; lookahead: {fb.chains_asked} chain starts and {fb.ties_asked} ties asked "
                          f"about, {fb.regions_run} region runs, {starts} chains taken")
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
-        if self.engine == "egglog":
-            lines.append(self.fusion.summary_line())
+        lines.append(self.fusion.summary_line())
+        if self.regions_clipped:
+            lines.append("regions over the target's limits, regrouped within them: "
+                         + "; ".join(map(str, self.regions_clipped)))
         if self.ill_typed:
             lines.append(f"ill-typed e-nodes left out: {len(self.ill_typed)}; first: {self.ill_typed[0].message}")
         if self.profile_before and self.profile_after:

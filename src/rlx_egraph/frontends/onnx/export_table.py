@@ -115,6 +115,13 @@ def _upsample(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -
                 coordinate_transformation_mode="asymmetric", nearest_mode="floor")
 
 
+def _non_zero(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """ONNX NonZero, with -1 columns appended and the first ``count`` kept."""
+    rank, count = node.shape
+    padded = b.op("Concat", [b.op("NonZero", ins), b.const(np.full((rank, count), -1, np.int64))], axis=1)
+    return b.op("Slice", [padded, b.ints([0]), b.ints([count]), b.ints([1])])
+
+
 def _gemm_fits(types: list[TensorType], out: tuple[int, ...]) -> bool:
     """Gemm takes 2-D a and b and a c that broadcasts one way to the [M, N] result."""
     a, w, c = types
@@ -315,6 +322,10 @@ EXPORTS: dict[str, ExportFn] = {
     "GlobalAvgPool": _global_avg_pool,
     "Upsample2x": _upsample,
     "CrossEntropyLoss": lambda b, node, ins, types: b.op("SoftmaxCrossEntropyLoss", ins, reduction="mean"),
+    # host-sync ops: their values (onnxruntime decides on the device)
+    "Item": lambda b, node, ins, types: b.op("Reshape", [ins[0], b.ints([])]),
+    "NonZero": _non_zero,
+    "Cond": lambda b, node, ins, types: b.op("Where", [b.op("Reshape", [ins[0], b.ints([])]), *ins[1:]]),
     # fused ops onnxruntime runs as one kernel (Gemm, SkipLayerNormalization, Attention, ...)
     "FusedMatMulAdd": _matmul_add(0, 0),
     "FusedMatMulATAdd": _matmul_add(1, 0),
