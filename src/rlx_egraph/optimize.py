@@ -41,11 +41,12 @@ from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import Encoding, encode_graph
 from .egraph.regions import apply_regions
-from .egraph.rules import RuleSet, load_rules
+from .egraph.rules import RuleSet, default_rule_dir, load_rules
 from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
+from .ir.registry import Kind
 from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity
 from .options import check_options
@@ -105,16 +106,21 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, match_limit);
     ``max_seconds`` is the budget of the whole run (the parity check excluded).
     ``report.stop_reason`` says which limit, if any, stopped the run.
-    ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over the target's ``dim_hints``.
+    ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over those the graph carries
+    (``graph.meta["dim_hints"]``, e.g. from ``--input-shape sequence=128``) over the target's ``dim_hints``.
+    A graph made by a front end (``graph.meta["source"]``, e.g. ``"onnx"``) gets that front end's rules with the
+    shipped ones when ``rules`` is None (:func:`default_rules`).
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
     summaries = _SUMMARIES.get()
     sat_limits = SaturationLimits(**limits)
     tgt = get_target(target)
-    if dim_hints:
-        tgt = tgt.replace(dim_hints={**tgt.dim_hints, **dim_hints})
-    ruleset = load_rules(rules)
+    carried = graph.meta.get("dim_hints")
+    hints = {**(carried if isinstance(carried, dict) else {}), **(dim_hints or {})}
+    if hints:
+        tgt = tgt.replace(dim_hints={**tgt.dim_hints, **hints})
+    ruleset = load_rules(rules if rules is not None else default_rules(graph))
     sentinels = Sentinels.choose(graph) if graph.symbols else None
     static, run_tgt = graph, tgt
     if sentinels is not None:
@@ -135,6 +141,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
                                                      attention_block_max_tokens, regions, why)
         elif engine == "egglog":
             report.engine_reason = "requested"
+    carry_node_names(graph, new)
     result, original, optimized = new.graph, graph, new.graph
     if sentinels is not None:  # back to symbols; priced and checked at the hints
         result = sentinels.restore(new.graph)
@@ -148,6 +155,41 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         report.parity = check_parity(original, optimized, new.originals, blame(new), seed)
         report.phases["verify"] = time.perf_counter() - t0
     return result, report
+
+
+def carry_node_names(source: Graph, decoded: Decoded) -> None:
+    """Name each optimized node by the source names of the input nodes it computes (``meta["node_names"]``: one
+    name, or the list of them for a node that replaces several): the nodes between the input nodes of its value
+    and those of its inputs' values, so a fused node names every node it absorbed."""
+    names = source.meta.get("node_names")
+    if not isinstance(names, dict):
+        decoded.graph.meta.pop("node_names", None)
+        return
+    carried: dict[str, str | list[str]] = {}
+    for node in decoded.graph.nodes:
+        if node.kind is Kind.LEAF:
+            continue
+        stops = {o for i in node.inputs for o in decoded.originals.get(i, ())}
+        cone, stack = set(), [o for o in decoded.originals.get(node.id, ()) if o not in stops]
+        while stack:
+            o = stack.pop()
+            if o in cone or source.node(o).kind is Kind.LEAF:
+                continue
+            cone.add(o)
+            stack.extend(i for i in source.node(o).inputs if i not in stops)
+        found = list(dict.fromkeys(n for o in sorted(cone) for n in source.source_names(o)))
+        if found:
+            carried[str(node.id)] = found[0] if len(found) == 1 else found
+    decoded.graph.meta["node_names"] = carried
+
+
+def default_rules(graph: Graph) -> RuleSet:
+    """The rules a graph gets when the caller names none: the shipped ones, and for a graph a front end made
+    (``graph.meta["source"]``) the rules of that front end too (``rules/<source>/``, e.g. ``rules/onnx/``: they rely
+    on what its importer guarantees, such as the causal keep mask's form)."""
+    source = graph.meta.get("source")
+    folder = default_rule_dir() / source if isinstance(source, str) and source.isidentifier() else None
+    return load_rules([default_rule_dir(), folder] if folder is not None and folder.is_dir() else None)
 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,

@@ -284,6 +284,36 @@ def _embed_layer_norm(b: Builder, node: Node, ins: list[str], types: list[Tensor
                    epsilon=node.attrs["eps"])[0]
 
 
+def _int_dtype(b: Builder, name: str, dtype: str) -> str:
+    """An int64 tensor cast to ``dtype`` (i64 or i32)."""
+    return name if dtype == "i64" else b.op("Cast", [name], to=ONNX_DTYPES[dtype])
+
+
+def _arange(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    a = node.attrs
+    ends = b.scalar_dim(a["start"]), b.scalar_dim(a["start"] + a["length"])
+    return _int_dtype(b, b.op("Range", [*ends, b.const(np.array(1, np.int64))]), node.dtype)
+
+
+def _causal_mask(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """keys j <= i + C - R: Range(0, C) against Range(C - R, C) on a new axis, then the leading dims."""
+    *lead, rows, cols = node.attrs["shape"]
+    keys = b.op("Range", [b.scalar_dim(0), b.scalar_dim(cols), b.const(np.array(1, np.int64))])
+    last = b.op("Range", [b.scalar_dim(cols - rows), b.scalar_dim(cols), b.const(np.array(1, np.int64))])
+    keep = b.op("LessOrEqual", [keys, b.op("Unsqueeze", [last, b.ints([1])])])
+    if not lead:
+        return keep
+    shaped = b.op("Reshape", [keep, b.ints([*(1 for _ in lead), rows, cols])])
+    return shaped if all(d == 1 for d in lead) else b.op("Expand", [shaped, b.ints(node.attrs["shape"])])
+
+
+def _dim_values(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    flat = b.ints(node.attrs["values"])
+    shape = node.attrs["shape"]
+    shaped = flat if len(shape) == 1 else b.op("Reshape", [flat, b.const(np.array(shape, np.int64))])
+    return _int_dtype(b, shaped, node.dtype)
+
+
 EXPORTS: dict[str, ExportFn] = {
     **{op: same(op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Greater", "Less", "Equal", "Where",
                                "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Erf", "Identity",
@@ -330,6 +360,10 @@ EXPORTS: dict[str, ExportFn] = {
     "QkvAttention": _qkv_attention,
     "RotaryEmbedding": _rotary,
     "EmbedLayerNorm": _embed_layer_norm,
+    # leaves made of dims, computed at run time from the inputs' shapes (static ones are initializers)
+    "Arange": _arange,
+    "CausalMask": _causal_mask,
+    "DimValues": _dim_values,
 }
 
 

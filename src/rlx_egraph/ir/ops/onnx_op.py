@@ -46,6 +46,65 @@ def decode_graph(text: str) -> Any:
     return graph
 
 
+def _defined(graph: Any) -> set[str]:
+    """Names a (sub)graph defines itself: its inputs, initializers and node outputs."""
+    return ({i.name for i in graph.input} | {t.name for t in graph.initializer}
+            | {o for n in graph.node for o in n.output if o})
+
+
+def outer_reads(node: Any) -> list[str]:
+    """The values of the enclosing graph that ``node``'s subgraphs (If branches, Loop and Scan bodies) read, in
+    order of first use."""
+    out: dict[str, None] = {}
+
+    def visit(graph: Any, inner: set[str]) -> None:
+        here = inner | _defined(graph)
+        for n in graph.node:
+            for name in n.input:
+                if name and name not in here:
+                    out.setdefault(name)
+            for sub in _subgraphs(n):
+                visit(sub, here)
+        for o in graph.output:
+            if o.name not in here:
+                out.setdefault(o.name)
+
+    for sub in _subgraphs(node):
+        visit(sub, set())
+    return list(out)
+
+
+def _subgraphs(node: Any) -> list[Any]:
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def rename_node(node: Any, names: dict[str, str]) -> Any:
+    """A copy of ``node`` whose inputs, and the enclosing-graph values its subgraphs read, are renamed by
+    ``names`` (names it does not hold are kept)."""
+    import onnx
+
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for slot, name in enumerate(copy.input):
+        copy.input[slot] = names.get(name, name)
+
+    def visit(graph: Any, inner: set[str]) -> None:
+        here = inner | _defined(graph)
+        for n in graph.node:
+            for slot, name in enumerate(n.input):
+                if name and name not in here and name in names:
+                    n.input[slot] = names[name]
+            for sub in _subgraphs(n):
+                visit(sub, here)
+        for o in graph.output:
+            if o.name not in here and o.name in names:
+                o.name = names[o.name]
+
+    for sub in _subgraphs(copy):
+        visit(sub, set())
+    return copy
+
+
 def node_model(graph: Any, domain: str, opset: int) -> Any:
     """A model around a one-node graph, importing ``domain`` at ``opset`` (and the default domain)."""
     import onnx
@@ -73,7 +132,7 @@ def _canonical(a: Attrs, ins: list[TensorType]) -> dict[str, Any]:
         raise ShapeError(f"output {a['output']} is not an output of {node.op_type}")
     names = [f"in{k}" for k in range(len(ins))]
     known = set(names) | {t.name for t in graph.initializer} | {""}
-    missing = sorted(set(node.input) - known)
+    missing = sorted((set(node.input) | set(outer_reads(node))) - known)
     if missing:
         raise ShapeError(f"{node.op_type} reads {missing}, which are neither inputs in0..in{len(ins) - 1} "
                          "nor constants")
@@ -101,7 +160,7 @@ def _output_type(proto: str, domain: str, opset: int, output: int) -> TensorType
     symbols = symbols_of(_read_dim(d.dim_param, None) for v in graph.input for d in v.type.tensor_type.shape.dim)
     dims = tuple(d.dim_value if d.HasField("dim_value") else _read_dim(d.dim_param, symbols)
                  for d in tensor.shape.dim) if tensor is not None and tensor.HasField("shape") else None
-    if dims is None or any(isinstance(d, int) and d < 1 for d in dims):
+    if dims is None or any(isinstance(d, int) and d < 0 for d in dims):  # -1: a dim onnx leaves unknown
         raise ShapeError(f"onnx shape inference gives no static shape for output {output} of {node.op_type} "
                          f"(got {list(dims) if dims is not None else 'none'})")
     if tensor.elem_type not in MIR_DTYPES:
@@ -172,4 +231,4 @@ ONNX_OP = OpSpec(
 register(ONNX_OP)
 
 __all__ = ["MIR_DTYPES", "ONNX_DTYPES", "ONNX_OP", "STANDARD_DOMAINS", "decode_graph", "encode_proto", "node_model",
-           "reference_evaluator"]
+           "outer_reads", "reference_evaluator", "rename_node"]
