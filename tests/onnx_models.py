@@ -466,7 +466,8 @@ def llama_model(exporter: str = "dynamo", hidden: int = 16, heads: int = 4, kv_h
                                    (cos, sin))])
     z = rms(h, "post_attention_layernorm")
     gate = m.linear(z, "mlp.gate_proj", hidden, ffn, bias=False)
-    act = m.op("Mul", [m.op("Mul", [gate, m.op("Sigmoid", [gate])]), m.linear(z, "mlp.up_proj", hidden, ffn, bias=False)])
+    up = m.linear(z, "mlp.up_proj", hidden, ffn, bias=False)
+    act = m.op("Mul", [m.op("Mul", [gate, m.op("Sigmoid", [gate])]), up])
     return m.model({"last_hidden_state": m.op("Add", [h, m.linear(act, "mlp.down_proj", ffn, hidden, bias=False)])})
 
 
@@ -476,7 +477,8 @@ def bound_shapes(model: onnx.ModelProto, binding: dict[str, int]) -> dict[str, t
             for i in model.graph.input}
 
 
-def dynamic_feeds(model: onnx.ModelProto, binding: dict[str, int], seed: int = 0, vocab: int = 40) -> dict[str, np.ndarray]:
+def dynamic_feeds(model: onnx.ModelProto, binding: dict[str, int], seed: int = 0,
+                  vocab: int = 40) -> dict[str, np.ndarray]:
     """Seeded inputs at ``binding``: token ids in [0, vocab), masks that drop batch row 1's last key, floats normal."""
     rng = np.random.default_rng(seed)
     out = feeds(model, bound_shapes(model, binding), seed)
@@ -498,5 +500,6 @@ DYNAMIC_MODELS = {
 }
 
 
-__all__ = ["DYNAMIC_MODELS", "MODELS", "OnnxBuilder", "bert_layer", "bert_model", "bound_shapes", "dynamic_feeds", "feeds", "gpt2_layer", "gpt2_model",
+__all__ = ["DYNAMIC_MODELS", "MODELS", "OnnxBuilder", "bert_layer", "bert_model", "bound_shapes", "dynamic_feeds",
+           "feeds", "gpt2_layer", "gpt2_model",
            "llama_layer", "llama_model", "sdpa_attention"]

@@ -46,7 +46,7 @@ from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
-from .ir.registry import Kind
+from .ir.registry import REGISTRY, Kind
 from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity
 from .options import check_options
@@ -149,12 +149,38 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         original, optimized = specialize_graph(graph, hints), specialize_graph(result, hints)
     if summaries:  # of the graphs as given and returned: a symbolic graph is priced at the hints
         _summarize(report, graph, result, tgt, new, *tables)
+        report.assumptions = [str(a) for a in graph.meta.get("assumptions", ())]
+        if sentinels is not None and tables[1] is not None:
+            report.hint_choices = hint_choices(tables[0], static, tgt, sentinels, tables[1])
     if verify:
         t0 = time.perf_counter()
         phase("verify")
         report.parity = check_parity(original, optimized, new.originals, blame(new), seed)
         report.phases["verify"] = time.perf_counter() - t0
     return result, report
+
+
+def hint_choices(view: EGraphView, static: Graph, tgt: Target, sentinels: Sentinels,
+                 choice: dict[int, int]) -> list[str]:
+    """The extraction's choices that depended on the hints a symbolic graph was priced at: each value the optimized
+    graph computes with another op when every symbol is priced at 1 or at 16 times its hint (greedy extraction
+    again at those prices), named by its input nodes."""
+    symbols = tuple(sentinels.binding)
+    hints = {s: tgt.hint(s) for s in symbols}
+    roots = [view.class_of_node[o] for o in static.outputs]
+    found: dict[int, list[str]] = {}
+    for alt in ({s: 1 for s in symbols}, {s: 16 * hints[s] for s in symbols}):
+        priced = tgt.priced_as(sentinels.price(alt))
+        other = ex.greedy(view, roots, priced, static.positions(), ex.node_costs(view, priced)).choice
+        at = ", ".join(f"{s}={v}" for s, v in alt.items())
+        for c, idx in choice.items():
+            was, now = view.nodes[idx].op, view.nodes[other[c]].op if c in other else None
+            if now is not None and was != now and Kind.FUSED in (REGISTRY[was].kind, REGISTRY[now].kind) \
+                    and view.classes[c].originals:
+                found.setdefault(c, []).append(f"{now} at {at}")
+    return [f"{' = '.join(static.describe(o) for o in view.classes[c].originals)}: {view.nodes[choice[c]].op} at "
+            f"the hints ({', '.join(f'{s}={v}' for s, v in hints.items())}), " + "; ".join(alts)
+            for c, alts in sorted(found.items())]
 
 
 def carry_node_names(source: Graph, decoded: Decoded) -> None:

@@ -85,7 +85,8 @@ def _load_graph(path: str, args: argparse.Namespace) -> Graph:
         except OnnxImportError as exc:
             raise GraphError(exc.command_line_message()) from None  # its hint in this command line's terms
     except GraphError as exc:
-        raise GraphError(f"{path}: {exc}") from None
+        message = str(exc)
+        raise GraphError(message if message.startswith(f"{path}: ") else f"{path}: {message}") from None
 
 
 def _ruleset(args: argparse.Namespace) -> RuleSet:

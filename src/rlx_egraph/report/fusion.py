@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from egglog import bindings as eb
@@ -64,15 +64,16 @@ class MissedFusion:
     detail: str  # the sentence a user acts on
     fused_ns: float | None = None  # predicted graph cost with the fusion (not extracted only)
     chosen_ns: float | None = None  # predicted graph cost of the extracted graph
+    labels: tuple[str, ...] = ()  # how messages name ``nodes`` (an imported model's node names: Graph.describe)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "op": self.op, "rule": self.rule, "location": self.location,
-                "nodes": list(self.nodes), "reason": self.reason, "detail": self.detail,
+                "nodes": list(self.nodes), "labels": list(self.labels), "reason": self.reason, "detail": self.detail,
                 "fused_ns": self.fused_ns, "chosen_ns": self.chosen_ns}
 
     def __str__(self) -> str:
-        where = ", ".join(map(str, self.nodes)) or "-"
-        return f"{self.kind}: {self.op} at node(s) {where} ({self.reason}): {self.detail} [rule {self.rule} " \
+        where = ", ".join(self.labels) if self.labels else "node(s) " + (", ".join(map(str, self.nodes)) or "-")
+        return f"{self.kind}: {self.op} at {where} ({self.reason}): {self.detail} [rule {self.rule} " \
                f"at {self.location}]"
 
 
@@ -140,7 +141,7 @@ class _Context:
     def describe(self, c: int) -> str:
         originals = self.view.classes[c].originals
         if originals:
-            return " = ".join(f"node {o} ({self.graph.node(o).op})" for o in originals)
+            return " = ".join(self.graph.describe(o) for o in originals)
         return f"e-class {c} ({self.view.nodes[self.choice[c]].op})" if c in self.choice else f"e-class {c}"
 
 
@@ -153,6 +154,8 @@ def missed_fusions(view: Any, graph: Graph, choice: dict[int, int], costs: list[
     if checked:  # a class whose fused alternative the cost model rejected would reject a near miss too
         explained = {n for m in missed if m.reason != "unsupported" for n in m.nodes}
         missed += _near_misses(ctx, egraph, explained)
+    if graph.meta.get("node_names"):  # an imported model's nodes: named as its author knows them
+        missed = [replace(m, labels=tuple(graph.describe(n) for n in m.nodes)) for m in missed]
     return missed, checked
 
 

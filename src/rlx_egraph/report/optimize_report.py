@@ -60,6 +60,8 @@ class OptimizeReport:
     data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
     fallback: FallbackStats | None = None  # the fallback engine's per-rule counts, passes and lookahead
     fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
+    assumptions: list[str] = field(default_factory=list)  # what the input graph holds only under (ONNX import)
+    hint_choices: list[str] = field(default_factory=list)  # choices that depended on the symbolic dims' hints
 
     @cached_property
     def egglog_program(self) -> str:
@@ -113,6 +115,8 @@ class OptimizeReport:
             "parity": self.parity.to_dict() if self.parity else None,
             "fusion": self.fusion.to_dict(),
             "fallback": self.fallback.to_dict() if self.fallback else None,
+            "assumptions": self.assumptions,
+            "hint_choices": self.hint_choices,
         }
         if include_program:
             out["egglog_program"] = self.egglog_program
@@ -174,5 +178,10 @@ class OptimizeReport:
                 detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
             lines.append(f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
                          f"(seeds {seeds}){detail}")
+        if self.assumptions:
+            lines.append("assumes: " + "; ".join(self.assumptions))
+        if self.hint_choices:
+            lines.append(f"choices that depend on the size hints ({len(self.hint_choices)}): "
+                         + "; ".join(self.hint_choices))
         lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.phases.items()))
         return "\n".join(lines)

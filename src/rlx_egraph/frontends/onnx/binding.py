@@ -16,6 +16,9 @@ from ...ir.dims import NAME, Dim, parse, symbol
 from ...ir.registry import ShapeError
 from .errors import OnnxImportError
 
+MAX_DIM_PARAM = 200  # characters of a dim_param read as a symbolic dim ("batch*sequence", "2*s0+1")
+MAX_RANK = 64  # dims of a model input (numpy's limit)
+
 
 @dataclass(frozen=True)
 class DimBinding:
@@ -78,8 +81,9 @@ class ModelInput:
 
     def written(self) -> tuple[str, ...]:
         """The dims as the model writes them: a number, a symbol's name, ``?`` where it has neither (or the name
-        holds a space, which would split a command line)."""
-        return tuple("?" if d is None or (isinstance(d, str) and " " in d) else str(d) for d in self.dims or ())
+        holds a space, which would split a command line, or is too long to be a dim)."""
+        return tuple("?" if d is None or (isinstance(d, str) and (" " in d or len(d) > MAX_DIM_PARAM)) else str(d)
+                     for d in self.dims or ())
 
 
 def bind_inputs(inputs: Sequence[ModelInput], input_shapes: Mapping[str, Sequence[Any]]) -> Bound:
@@ -102,6 +106,10 @@ def bind_inputs(inputs: Sequence[ModelInput], input_shapes: Mapping[str, Sequenc
         if model.dims is not None and len(given[name]) != len(model.dims):
             raise OnnxImportError(f"input {name!r}: input_shapes gives rank {len(given[name])} "
                                   f"[{', '.join(map(str, given[name]))}], the model's input has rank {len(model.dims)}")
+    for model in inputs:
+        if model.dims is not None and len(model.dims) > MAX_RANK:
+            raise OnnxImportError(f"input {model.name!r} has rank {len(model.dims):,}, more than the {MAX_RANK} dims "
+                                  "a tensor may have")
     out = Bound()
     params: dict[str, tuple[DimBinding, str]] = {}  # model dim_param -> its binding, and where it was given
     for name, dims in given.items():
@@ -149,7 +157,12 @@ def bind_inputs(inputs: Sequence[ModelInput], input_shapes: Mapping[str, Sequenc
 
 
 def _symbolic_dim(model: ModelInput, axis: int, dim_param: str) -> Dim:
-    """The symbolic dim an unbound ``dim_param`` stands for; OnnxImportError when it is not one."""
+    """The symbolic dim an unbound ``dim_param`` stands for; OnnxImportError when it is not one (or is longer than
+    :data:`MAX_DIM_PARAM` characters: no export names a dim so)."""
+    if len(dim_param) > MAX_DIM_PARAM:
+        raise OnnxImportError(f"input {model.name!r}: dimension {axis} has a dim_param of {len(dim_param):,} "
+                              f"characters, more than the {MAX_DIM_PARAM} a symbolic dim may have",
+                              f"pass input_shapes={{{model.name!r}: (...)}}", {model.name: model.written()})
     try:
         dim = parse(dim_param)
     except ShapeError as exc:
@@ -162,4 +175,4 @@ def _symbolic_dim(model: ModelInput, axis: int, dim_param: str) -> Dim:
     return dim
 
 
-__all__ = ["Bound", "DimBinding", "ModelInput", "bind_inputs", "parse_dim"]
+__all__ = ["MAX_DIM_PARAM", "MAX_RANK", "Bound", "DimBinding", "ModelInput", "bind_inputs", "parse_dim"]

@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 
 from ...ir.dims import Dim, Sym, symbol, symbols_of, to_json
 from ...ir.graph import Graph, GraphError, Node
-from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, rename_node
+from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, outer_reads, rename_node
 from ...ir.registry import Kind, ShapeError
 from ...kernels.reference import run_node
 from .export_table import EXPORTS, MIR_FORMS
@@ -274,7 +274,7 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     b.label = None
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
-    read = {name for n in b.nodes for name in n.input}
+    read = {name for n in b.nodes for name in (*n.input, *outer_reads(n))}
     onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n) for n in graph.inputs],
                                    [_value_info(name, graph.node(nid)) for name, nid in
                                     zip(outs, graph.outputs, strict=True)],
