@@ -348,8 +348,8 @@ def _attention(m: OnnxBuilder, x: str, prefix: str, hidden: int, heads: int, kv_
 
 
 def bert_model(exporter: str = "torchscript", hidden: int = 16, heads: int = 2, vocab: int = 40,
-               max_positions: int = 32) -> onnx.ModelProto:
-    """BERT's embeddings and one encoder layer from token ids: the position and token-type buffers sliced to
+               max_positions: int = 32, layers: int = 1) -> onnx.ModelProto:
+    """BERT's embeddings and ``layers`` encoder layers from token ids: the position and token-type buffers sliced to
     [:sequence] (Slice with an end from Shape), the token types expanded to [batch, sequence], the padding mask
     made additive; TorchScript writes the LayerNorms decomposed at opset 14, dynamo LayerNormalization at 18."""
     m = OnnxBuilder(14 if exporter == "torchscript" else 18)
@@ -378,20 +378,23 @@ def bert_model(exporter: str = "torchscript", hidden: int = 16, heads: int = 2, 
     ext = m.op("Cast", [_unsqueeze(m, mask, 1, 2)], to=F)
     additive = m.op("Mul", [m.op("Sub", [m.const(1.0), ext]), m.const(float(np.finfo(np.float32).min))])
     hd = hidden // heads
-    q, k, v = (m.split_heads(m.linear(x, f"attention.self.{n}", hidden, hidden), heads, hd)
-               for n in ("query", "key", "value"))
-    scores = m.op("Div", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), m.const(math.sqrt(hd))])
-    ctx = m.merge_heads(m.op("MatMul", [m.op("Softmax", [m.op("Add", [scores, additive])], axis=-1), v]), hidden)
-    h = ln(m.op("Add", [m.linear(ctx, "attention.output.dense", hidden, hidden), x]), "attention.output.LayerNorm")
-    inner = m.linear(h, "intermediate.dense", hidden, 2 * hidden)
-    gelu = m.op("Mul", [m.op("Mul", [inner, m.op("Add", [m.op("Erf", [m.op("Div", [inner, m.const(math.sqrt(2.0))])]),
-                                                           m.const(1.0)])]), m.const(0.5)])
-    out = ln(m.op("Add", [m.linear(gelu, "output.dense", 2 * hidden, hidden), h]), "output.LayerNorm")
-    return m.model({"last_hidden_state": out})
+    for layer in range(layers):
+        p = f"encoder.layer.{layer}."
+        q, k, v = (m.split_heads(m.linear(x, f"{p}attention.self.{n}", hidden, hidden), heads, hd)
+                   for n in ("query", "key", "value"))
+        scores = m.op("Div", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), m.const(math.sqrt(hd))])
+        ctx = m.merge_heads(m.op("MatMul", [m.op("Softmax", [m.op("Add", [scores, additive])], axis=-1), v]), hidden)
+        h = ln(m.op("Add", [m.linear(ctx, f"{p}attention.output.dense", hidden, hidden), x]),
+               f"{p}attention.output.LayerNorm")
+        inner = m.linear(h, f"{p}intermediate.dense", hidden, 2 * hidden)
+        erf = m.op("Erf", [m.op("Div", [inner, m.const(math.sqrt(2.0))])])
+        gelu = m.op("Mul", [m.op("Mul", [inner, m.op("Add", [erf, m.const(1.0)])]), m.const(0.5)])
+        x = ln(m.op("Add", [m.linear(gelu, f"{p}output.dense", 2 * hidden, hidden), h]), f"{p}output.LayerNorm")
+    return m.model({"last_hidden_state": x})
 
 
 def gpt2_model(exporter: str = "torchscript", hidden: int = 16, heads: int = 2, vocab: int = 40,
-               max_positions: int = 32) -> onnx.ModelProto:
+               max_positions: int = 32, layers: int = 1) -> onnx.ModelProto:
     """GPT-2 from token ids: positions from the attention mask (CumSum(mask) * mask - 1, as generation writes them)
     gathered from wpe; TorchScript: the causal buffer [1, 1, N, N] sliced to [:sequence, :sequence] and Where'd
     into the scores, the padding mask added; dynamo: transformers 5's mask (Range comparisons and the padding mask
@@ -413,20 +416,24 @@ def gpt2_model(exporter: str = "torchscript", hidden: int = 16, heads: int = 2, 
     else:
         keep = m.op("And", [_causal_keep(m, _range(m, 0, seq), seq), _padding_keep(m, mask, batch, seq, exporter)])
     bias = m.op("Where", [keep, m.const(0.0), lowest])
-    y = m.op("LayerNormalization", [x, m.init("ln_1.weight", np.ones(hidden, np.float32)),
-                                    m.weight("ln_1.bias", hidden, scale=0.1)], axis=-1, epsilon=1e-5)
-    h = m.op("Add", [_attention(m, y, "attn", hidden, heads, heads, bias), x])
-    z = m.op("LayerNormalization", [h, m.init("ln_2.weight", np.ones(hidden, np.float32)),
-                                    m.weight("ln_2.bias", hidden, scale=0.1)], axis=-1, epsilon=1e-5)
-    fc = m.linear(z, "mlp.c_fc", hidden, 4 * hidden)
-    inner = m.op("Add", [fc, m.op("Mul", [m.op("Pow", [fc, m.const(3.0)]), m.const(0.044715)])])
-    t = m.op("Tanh", [m.op("Mul", [inner, m.const(math.sqrt(2.0 / math.pi))])])
-    gelu = m.op("Mul", [m.op("Mul", [fc, m.const(0.5)]), m.op("Add", [t, m.const(1.0)])])
-    return m.model({"last_hidden_state": m.op("Add", [m.linear(gelu, "mlp.c_proj", 4 * hidden, hidden), h])})
+
+    def ln(t: str, prefix: str) -> str:
+        return m.op("LayerNormalization", [t, m.init(f"{prefix}.weight", np.ones(hidden, np.float32)),
+                                           m.weight(f"{prefix}.bias", hidden, scale=0.1)], axis=-1, epsilon=1e-5)
+
+    for layer in range(layers):
+        p = f"h.{layer}."
+        h = m.op("Add", [_attention(m, ln(x, f"{p}ln_1"), f"{p}attn", hidden, heads, heads, bias), x])
+        fc = m.linear(ln(h, f"{p}ln_2"), f"{p}mlp.c_fc", hidden, 4 * hidden)
+        inner = m.op("Add", [fc, m.op("Mul", [m.op("Pow", [fc, m.const(3.0)]), m.const(0.044715)])])
+        t = m.op("Tanh", [m.op("Mul", [inner, m.const(math.sqrt(2.0 / math.pi))])])
+        gelu = m.op("Mul", [m.op("Mul", [fc, m.const(0.5)]), m.op("Add", [t, m.const(1.0)])])
+        x = m.op("Add", [m.linear(gelu, f"{p}mlp.c_proj", 4 * hidden, hidden), h])
+    return m.model({"last_hidden_state": x})
 
 
 def llama_model(exporter: str = "dynamo", hidden: int = 16, heads: int = 4, kv_heads: int = 2, ffn: int = 24,
-                padding: bool = False, theta: float = 10000.0) -> onnx.ModelProto:
+                padding: bool = False, theta: float = 10000.0, layers: int = 1) -> onnx.ModelProto:
     """A Llama decoder layer from hidden states: cache positions Range(0, sequence), rotary tables from inv_freq
     expanded to [batch, D/2, 1] @ positions, GQA repeat_kv on symbolic dims; the causal mask either
     ConstantOfShape([S, S], -inf) -> Trilu(k=1) (TorchScript's older form) or transformers 5's Range comparison
@@ -462,13 +469,16 @@ def llama_model(exporter: str = "dynamo", hidden: int = 16, heads: int = 4, kv_h
         gamma = m.init(f"{prefix}.weight", 1.0 + 0.1 * m.rng.standard_normal(hidden).astype(np.float32))
         return m.op("Mul", [gamma, m.op("Mul", [t, inv])])
 
-    h = m.op("Add", [x, _attention(m, rms(x, "input_layernorm"), "self_attn", hidden, heads, kv_heads, bias,
-                                   (cos, sin))])
-    z = rms(h, "post_attention_layernorm")
-    gate = m.linear(z, "mlp.gate_proj", hidden, ffn, bias=False)
-    up = m.linear(z, "mlp.up_proj", hidden, ffn, bias=False)
-    act = m.op("Mul", [m.op("Mul", [gate, m.op("Sigmoid", [gate])]), up])
-    return m.model({"last_hidden_state": m.op("Add", [h, m.linear(act, "mlp.down_proj", ffn, hidden, bias=False)])})
+    for layer in range(layers):
+        p = f"layers.{layer}."
+        h = m.op("Add", [x, _attention(m, rms(x, f"{p}input_layernorm"), f"{p}self_attn", hidden, heads, kv_heads,
+                                       bias, (cos, sin))])
+        z = rms(h, f"{p}post_attention_layernorm")
+        gate = m.linear(z, f"{p}mlp.gate_proj", hidden, ffn, bias=False)
+        up = m.linear(z, f"{p}mlp.up_proj", hidden, ffn, bias=False)
+        act = m.op("Mul", [m.op("Mul", [gate, m.op("Sigmoid", [gate])]), up])
+        x = m.op("Add", [h, m.linear(act, f"{p}mlp.down_proj", ffn, hidden, bias=False)])
+    return m.model({"last_hidden_state": x})
 
 
 def bound_shapes(model: onnx.ModelProto, binding: dict[str, int]) -> dict[str, tuple[int, ...]]:

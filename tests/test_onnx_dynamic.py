@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from onnx_models import DYNAMIC_MODELS, OnnxBuilder, bound_shapes, dynamic_feeds
-from rlx_egraph import Graph, optimize
+from rlx_egraph import Graph, optimize, optimize_with_report, specialize
 from rlx_egraph.onnx import export_model, import_model
 from test_onnx_import import assert_close, run_ort
 
@@ -52,6 +52,12 @@ def test_dynamic_export_form_runs_at_every_shape_with_the_static_fusions(key: tu
     static = optimize(import_model(model, bound_shapes(model, HINTS)), target="onnxruntime")
     assert fused(opt) == fused(static) == FUSED[key]
     exported = export_model(opt)
+    # every ONNX op of the static export is in the dynamic one (its contrib kernels included); the dynamic one
+    # adds only what the static import folds: shape tensors, positions, rotary tables, causal masks
+    dynamic_ops, static_ops = (Counter(n.op_type for n in m.graph.node) for m in (exported, export_model(static)))
+    assert static_ops - dynamic_ops == Counter()
+    assert set(dynamic_ops - static_ops) <= {"Shape", "Concat", "Reshape", "Expand", "Range", "Unsqueeze",
+                                             "LessOrEqual", "Cast", "MatMul", "Transpose", "Cos", "Sin", "Slice"}
     assert [dims(i) for i in exported.graph.input] == [dims(i) for i in model.graph.input]
     assert dims(exported.graph.output[0]) == ["batch", "sequence", 16]
     for binding in BINDINGS:
@@ -65,14 +71,21 @@ def ops(graph: Graph) -> Counter[str]:
     return Counter(n.attrs["op_type"] if n.op == "OnnxOp" else n.op for n in graph.nodes)
 
 
-def test_position_and_token_type_buffers_cut_to_the_sequence_are_an_arange_and_a_scalar() -> None:
+def test_position_and_token_type_buffers_cut_to_the_sequence_are_an_arange_and_a_row() -> None:
     """BERT's position_ids buffer [1, 32] = arange sliced to [:sequence] is Arange(0, sequence) (gathered from the
-    position table by an Embedding); the token-type buffer of zeros, sliced and expanded, the Scalar 0."""
-    g = import_model(DYNAMIC_MODELS["bert", "torchscript"]())
+    position table by an Embedding); the token-type buffer of zeros, sliced and expanded, gathers one row of the
+    token-type table everywhere: that row, broadcast.  Exported, the three terms are one EmbedLayerNormalization."""
+    model = DYNAMIC_MODELS["bert", "torchscript"]()
+    g = import_model(model)
     (arange,) = [n for n in g.nodes if n.op == "Arange"]
     assert (arange.attrs["start"], str(arange.attrs["length"])) == (0, "sequence")
-    assert ops(g)["Embedding"] == 3 and "Slice" not in ops(g) and "Narrow" not in ops(g)
-    assert [n.attrs["value"] for n in g.nodes if n.op == "Scalar" and n.dtype == "i64"] == [0.0]
+    assert ops(g)["Embedding"] == 2 and "Slice" not in ops(g) and "Narrow" not in ops(g)
+    (row,) = [n for n in g.params if n.name.endswith(".row")]
+    table = next(t for t in model.graph.initializer if t.name == "embeddings.token_type_embeddings.weight")
+    np.testing.assert_array_equal(g.weights[row.name], onnx.numpy_helper.to_array(table)[:1])
+    exported = export_model(optimize(g, target="onnxruntime"))
+    assert Counter(n.op_type for n in exported.graph.node)["EmbedLayerNormalization"] == 1
+    assert not {"Gather", "Range"} & {n.op_type for n in exported.graph.node}
 
 
 @pytest.mark.parametrize("key", [("gpt2", "torchscript"), ("gpt2", "dynamo"), ("llama", "torchscript"),
@@ -142,3 +155,21 @@ def test_masks_over_more_keys_than_queries_keep_their_alignment() -> None:
         for b, s in ((1, 3), (2, 6)):
             xv = np.random.default_rng(s).standard_normal((b, s, 4)).astype(np.float32)
             np.testing.assert_array_equal(run_ort(exported, {"x": xv})[0], run_ort(model, {"x": xv})[0])
+
+
+def test_the_report_says_which_choices_depended_on_the_size_hints() -> None:
+    """Two activations of one linear layer: fused twice (the matmul computed twice, one launch less) pays at 64 rows
+    on cuda and not at 1024; priced at the hint batch=64, the report names both values and what they would be."""
+    g = Graph("two-heads")
+    x = g.input("x", ("batch", 512))
+    w, b = g.param("w", (512, 512)), g.param("b", (512,))
+    h = g.add(g.matmul(x, w), b)
+    g.set_outputs([g.gelu(h), g.silu(h)])
+    out, report = optimize_with_report(g, target="cuda", dim_hints={"batch": 64})
+    assert out.op_counts()["FusedMatMulBiasAct"] == 2
+    assert report.hint_choices == [
+        "node 5 (Gelu): FusedMatMulBiasAct at the hints (batch=64), Gelu at batch=1024",
+        "node 6 (Silu): FusedMatMulBiasAct at the hints (batch=64), Silu at batch=1024"]
+    assert f"choices that depend on the size hints (2): {report.hint_choices[0]}" in str(report)
+    assert optimize(specialize(g, {"batch": 1024}), target="cuda").op_counts()["FusedMatMulBiasAct"] == 1
+    assert optimize_with_report(specialize(g, {"batch": 64}), target="cuda")[1].hint_choices == []  # static: none

@@ -38,7 +38,8 @@ class Builder:
     A symbolic dim is read at run time from the first graph input (of ``inputs``) that has it.
     """
 
-    def __init__(self, taken: set[str], inputs: Iterable[Node] = ()) -> None:
+    def __init__(self, taken: set[str], inputs: Iterable[Node] = (), graph: Graph | None = None) -> None:
+        self.graph = graph  # the graph being written (export forms that look at a node's producers read it)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.taken = set(taken)
@@ -98,8 +99,11 @@ class Builder:
         values = list(values)
         if not symbols_of(values):
             return self.const(np.array(values, np.int64))
-        parts = [self.dim(d) for d in values]
-        return parts[0] if len(parts) == 1 else self.op("Concat", parts, axis=0)
+        key = ("ints", tuple(values))
+        if key not in self.dim_tensors:  # one run-time shape tensor per symbolic target
+            parts = [self.dim(d) for d in values]
+            self.dim_tensors[key] = parts[0] if len(parts) == 1 else self.op("Concat", parts, axis=0)
+        return self.dim_tensors[key]
 
     def dim(self, d: Dim) -> str:
         """A 1-D int64 tensor ``[d]``; a symbolic one computed at run time from the inputs' shapes
@@ -214,6 +218,16 @@ def output_names(graph: Graph) -> list[str]:
     return [f"output_{k}" for k in range(len(graph.outputs))]
 
 
+def _live(nodes: list[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
+    """``nodes`` (in order) that compute ``outputs``, directly or through others."""
+    needed, live = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(node.input, outer_reads(node))
+    return live[::-1]
+
+
 def _value_info(name: str, node: Node) -> onnx.ValueInfoProto:
     """A typed value; a symbolic dim is its dim_param (``"batch"``, ``"batch*sequence"``)."""
     return helper.make_tensor_value_info(name, ONNX_DTYPES[node.dtype], [to_json(d) for d in node.shape])
@@ -262,7 +276,7 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     """
     check_weights(graph)
     outs = output_names(graph)
-    b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs)
+    b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs, graph)
     names: dict[int, Any] = {}
     weights: dict[int, np.ndarray] = {}
     for node in graph.nodes:
@@ -274,6 +288,7 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     b.label = None
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
+    b.nodes = _live(b.nodes, outs)  # a value an export form left unread (EmbedLayerNorm's own terms) is not written
     read = {name for n in b.nodes for name in (*n.input, *outer_reads(n))}
     onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n) for n in graph.inputs],
                                    [_value_info(name, graph.node(nid)) for name, nid in

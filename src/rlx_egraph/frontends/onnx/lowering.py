@@ -289,7 +289,15 @@ def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
             return _out(imp.fit(piece.node, shape))
         if np.any(flat < 0) or np.any(flat >= size):
             return None
-    if idx is not None or imp.form(node.input[1]) is not None:
+    form, table = imp.form(node.input[1]), imp.known(node.input[0])
+    if isinstance(form, Filled) and table is not None:  # one known row everywhere (BERT's token types)
+        row = np.take(table, [int(form.value)], axis=axis)
+        name = f"{node.output[0]}.row"
+        imp.values[name] = Value(array=row, weight=imp.value(node.input[0]).weight)
+        shape = data.shape[:axis] + form.shape + data.shape[axis + 1:]
+        return _out(imp.fit(imp.fit(imp.tensor(name), row.shape[:axis] + (1,) * len(form.shape) +
+                                    row.shape[axis + 1:]), shape))
+    if idx is not None or form is not None:
         view = _view(imp, node, at)
         if view is not None:
             return view
