@@ -51,6 +51,7 @@ def test_dynamic_export_form_runs_at_every_shape_with_the_static_fusions(key: tu
     opt = optimize(g, target="onnxruntime", dim_hints=HINTS)
     static = optimize(import_model(model, bound_shapes(model, HINTS)), target="onnxruntime")
     assert fused(opt) == fused(static) == FUSED[key]
+    assert fused(optimize(g, target="onnxruntime", dim_hints=HINTS, engine="fallback")) == FUSED[key]
     exported = export_model(opt)
     # every ONNX op of the static export is in the dynamic one (its contrib kernels included); the dynamic one
     # adds only what the static import folds: shape tensors, positions, rotary tables, causal masks

@@ -348,3 +348,20 @@ def test_importing_reads_nothing_but_the_model_and_writes_nothing(tmp_path: Path
     before = sorted(os.listdir(tmp_path))
     import_model(path)
     assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("op", ["Pad", "Tile"])
+def test_shapes_from_constant_initializers_are_computed_from_them(op: str) -> None:
+    """A Pad whose pads, a Tile whose repeats, are initializers: onnx's shape inference reads them as constants of
+    the opaque node, so the output's (symbolic) shape is known; the model runs at any batch."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, ["batch", 3])
+    amounts = m.init("amounts", np.array([0, 1, 0, 2] if op == "Pad" else [2, 1], np.int64))
+    model = m.model({"y": m.op(op, [x, amounts])})
+    g = import_model(model)
+    (node,) = [n for n in g.nodes if n.op == "OnnxOp"]
+    assert [str(d) for d in node.shape] == (["batch", "6"] if op == "Pad" else ["2*batch", "3"])
+    exported = export_model(optimize(g, target="onnxruntime"))
+    for batch in (1, 4):
+        xv = np.arange(batch * 3, dtype=np.float32).reshape(batch, 3)
+        np.testing.assert_array_equal(run_ort(exported, {"x": xv})[0], run_ort(model, {"x": xv})[0])

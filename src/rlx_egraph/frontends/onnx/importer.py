@@ -515,8 +515,9 @@ class Importer:
 
     def opaque(self, node: onnx.NodeProto, output: int) -> int:
         """An OnnxOp node for output ``output`` of ``node``: runtime inputs, weights, symbolic values and forms
-        become its inputs ``in0, ...``, other known inputs initializers of its one-node graph; values its subgraphs
-        (If, Loop, Scan) read from the enclosing graph become inputs too."""
+        become its inputs ``in0, ...``, other known inputs initializers of its one-node graph (small int
+        initializers too: pads, repeats, sizes, from which onnx's shape inference computes the output's shape);
+        values its subgraphs (If, Loop, Scan) read from the enclosing graph become inputs too."""
         inputs: list[int] = []
         renamed: dict[str, str] = {"": ""}
         constants = []
@@ -524,7 +525,8 @@ class Importer:
             if name in renamed:
                 continue
             v = self.value(name)
-            if v.known and not is_symbolic(v.array) and not (v.weight and v.array.size > 1):
+            if v.known and not is_symbolic(v.array) and (not v.weight or v.array.size <= 1 or (
+                    v.array.dtype.kind in "iub" and v.array.size <= SHAPE_CONSTANT_MAX)):
                 renamed[name] = f"c{len(constants)}"
                 constants.append(numpy_helper.from_array(v.array, renamed[name]))
             else:
@@ -550,6 +552,7 @@ class Importer:
 
 
 _NEGATED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+SHAPE_CONSTANT_MAX = 1024  # elements of an int initializer an opaque node holds as a constant (pads, sizes)
 
 
 def _refuse_opaque(imp: Importer, why: str) -> OnnxImportError:

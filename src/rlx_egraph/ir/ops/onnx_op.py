@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dims import Dim, parse, symbols_of, to_json
+from ..dims import Dim, Sym, parse, symbol, symbols_of, to_json
 from ..registry import Attrs, AttrSpec, AttrType, Kind, OpSpec, ShapeError, TensorType, register
 
 # MIR dtype -> ONNX TensorProto element type (the values of onnx.TensorProto.DataType).
@@ -144,22 +144,19 @@ def _canonical(a: Attrs, ins: list[TensorType]) -> dict[str, Any]:
 
 @lru_cache(maxsize=4096)
 def _output_type(proto: str, domain: str, opset: int, output: int) -> TensorType:
+    """The type onnx's shape inference gives output ``output``; where it leaves a dim unknown because the inputs'
+    dims are symbolic (it does no arithmetic on dim_params: Tile by 2 of ``batch``), the dims inferred with the
+    symbols at two sets of distinct primes, each read back as a monomial of the symbols, when both agree."""
     import onnx
 
     graph = decode_graph(proto)
     node = graph.node[0]
-    name = node.output[output]
-    model = node_model(graph, domain, opset)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True).graph
-    except Exception as exc:  # onnx raises InferenceError, ValidationError, ...
-        raise ShapeError(f"onnx shape inference fails on {node.op_type}: {str(exc).strip()}") from None
-    info = next((v for v in (*inferred.value_info, *inferred.output)
-                 if v.name == name and v.type.HasField("tensor_type")), None)
-    tensor = info.type.tensor_type if info is not None else None
     symbols = symbols_of(_read_dim(d.dim_param, None) for v in graph.input for d in v.type.tensor_type.shape.dim)
+    tensor = _inferred(graph, domain, opset, output)
     dims = tuple(d.dim_value if d.HasField("dim_value") else _read_dim(d.dim_param, symbols)
                  for d in tensor.shape.dim) if tensor is not None and tensor.HasField("shape") else None
+    if dims is not None and symbols and any(isinstance(d, int) and d < 0 for d in dims):
+        dims = _dims_at_primes(graph, domain, opset, output, sorted(symbols)) or dims
     if dims is None or any(isinstance(d, int) and d < 0 for d in dims):  # -1: a dim onnx leaves unknown
         raise ShapeError(f"onnx shape inference gives no static shape for output {output} of {node.op_type} "
                          f"(got {list(dims) if dims is not None else 'none'})")
@@ -167,6 +164,58 @@ def _output_type(proto: str, domain: str, opset: int, output: int) -> TensorType
         raise ShapeError(f"output {output} of {node.op_type} has ONNX element type "
                          f"{onnx.TensorProto.DataType.Name(tensor.elem_type)}, which MIR has no dtype for")
     return TensorType(dims, MIR_DTYPES[tensor.elem_type])
+
+
+def _inferred(graph: Any, domain: str, opset: int, output: int) -> Any:
+    """The TensorTypeProto onnx's shape inference gives output ``output`` of a one-node graph (None: none)."""
+    import onnx
+
+    node = graph.node[0]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(node_model(graph, domain, opset), strict_mode=True,
+                                                     data_prop=True).graph
+    except Exception as exc:  # onnx raises InferenceError, ValidationError, ...
+        raise ShapeError(f"onnx shape inference fails on {node.op_type}: {str(exc).strip()}") from None
+    info = next((v for v in (*inferred.value_info, *inferred.output)
+                 if v.name == node.output[output] and v.type.HasField("tensor_type")), None)
+    return info.type.tensor_type if info is not None else None
+
+
+_PRIME_SETS = ((10007, 10009, 10037, 10039), (10061, 10067, 10069, 10079))  # two windows of primes, 4 symbols each
+
+
+def _dims_at_primes(graph: Any, domain: str, opset: int, output: int, symbols: list[str]) -> tuple[Dim, ...] | None:
+    """Output ``output``'s dims with the inputs' symbols bound to each set of :data:`_PRIME_SETS`, each dim read
+    back as an int times a product of symbols; None unless both bindings give every dim and read back alike."""
+    import onnx
+
+    if len(symbols) > len(_PRIME_SETS[0]):
+        return None
+    found = []
+    for primes in _PRIME_SETS:
+        binding = dict(zip(symbols, primes, strict=False))
+        static = onnx.GraphProto()
+        static.CopyFrom(graph)
+        for info in static.input:
+            for d in info.type.tensor_type.shape.dim:
+                if d.dim_param:
+                    value = _read_dim(d.dim_param, None)
+                    d.dim_value = value.evaluate(binding) if isinstance(value, Sym) else value
+        tensor = _inferred(static, domain, opset, output)
+        if tensor is None or not tensor.HasField("shape") or any(not d.HasField("dim_value") for d in tensor.shape.dim):
+            return None
+        found.append(tuple(_monomial(d.dim_value, binding) for d in tensor.shape.dim))
+    return found[0] if found[0] == found[1] else None
+
+
+def _monomial(value: int, binding: dict[str, int]) -> Dim:
+    """``value`` as an int times the product of the symbols whose primes divide it."""
+    dim: Dim = 1
+    for name, prime in binding.items():
+        while value and value % prime == 0:
+            value //= prime
+            dim = dim * symbol(name)
+    return value * dim
 
 
 def _read_dim(dim_param: str, symbols: set[str] | None) -> Dim:
