@@ -21,7 +21,7 @@ from rlx_egraph import evaluate, optimize, optimize_with_report, specialize
 from rlx_egraph.cli.main import main
 from rlx_egraph.frontends.onnx import exporter
 from rlx_egraph.ir.dims import parse
-from rlx_egraph.onnx import OnnxImportError, export_model, import_model, onnx_rules
+from rlx_egraph.onnx import FoldLimits, OnnxImportError, export_model, import_model, onnx_rules
 from test_onnx_import import assert_close, run_ort
 
 F = TensorProto.FLOAT
@@ -365,3 +365,18 @@ def test_shapes_from_constant_initializers_are_computed_from_them(op: str) -> No
     for batch in (1, 4):
         xv = np.arange(batch * 3, dtype=np.float32).reshape(batch, 3)
         np.testing.assert_array_equal(run_ort(exported, {"x": xv})[0], run_ort(model, {"x": xv})[0])
+
+
+def test_folding_is_bounded_by_elements_and_by_time() -> None:
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [4, 4])
+    model = m.model({"y": m.op("Add", [x, m.op("ConstantOfShape", [m.ints(4, 4)], value=numpy_helper.from_array(
+        np.array([1.5], np.float32)))])})
+    assert import_model(model).op_counts()["Scalar"] == 1
+    with pytest.raises(OnnxImportError) as err:
+        import_model(model, fold_limits=FoldLimits(max_elements=10))
+    assert str(err.value) == ("ConstantOfShape node '/ConstantOfShape_1': folding it would make 16 elements, more than "
+                              "the import's limit of 10 (import_model(..., fold_limits=FoldLimits(max_elements=...)))")
+    with pytest.raises(OnnxImportError, match=r"^ConstantOfShape node '/ConstantOfShape_1': folding the model's "
+                                              r"constants has taken 0 s, more than the import's limit of 0 s"):
+        import_model(model, fold_limits=FoldLimits(max_seconds=0.0))

@@ -17,8 +17,8 @@ except ModuleNotFoundError as exc:
     raise MissingExtra("ONNX support needs the onnx extra: pip install 'rlx-egraph[onnx]'") from exc
 
 from .frontends.onnx.exporter import check_weights, export_model, save_model  # noqa: E402
-from .frontends.onnx.importer import OnnxImportError, import_model  # noqa: E402
+from .frontends.onnx.importer import FoldLimits, OnnxImportError, import_model  # noqa: E402
 from .frontends.onnx.rules import onnx_rules  # noqa: E402
 
-__all__ = ["MissingExtra", "OnnxImportError", "check_weights", "export_model", "import_model", "onnx_rules",
-           "save_model"]
+__all__ = ["FoldLimits", "MissingExtra", "OnnxImportError", "check_weights", "export_model", "import_model",
+           "onnx_rules", "save_model"]

@@ -600,10 +600,10 @@ def check_max_dims(max_dims: Mapping[str, int], symbols: Sequence[str]) -> dict[
     return dict(max_dims)
 
 
-# Ops whose output sizes come from their inputs' values (not only their shapes): a fold of one is checked first.
+# Ops whose outputs can outgrow the product of their inputs' sizes (sizes from input values or attributes): a fold
+# of one is checked first.  Others (Reshape, Slice, Gather, elementwise ops, ...) make at most that product.
 _SIZE_FROM_VALUES = frozenset({"ConstantOfShape", "Expand", "Range", "Tile", "Resize", "Upsample", "Pad", "OneHot",
-                               "Reshape", "Slice", "NonZero", "Compress", "Unique", "TopK", "CenterCropPad",
-                               "RandomNormal", "RandomUniform", "EyeLike", "ScatterND", "Col2Im"})
+                               "CenterCropPad", "Col2Im", "ConvTranspose", "MaxUnpool"})
 
 
 def _inferred_sizes(node: onnx.NodeProto, arrays: Mapping[str, np.ndarray],
