@@ -380,3 +380,28 @@ def test_folding_is_bounded_by_elements_and_by_time() -> None:
     with pytest.raises(OnnxImportError, match=r"^ConstantOfShape node '/ConstantOfShape_1': folding the model's "
                                               r"constants has taken 0 s, more than the import's limit of 0 s"):
         import_model(model, fold_limits=FoldLimits(max_seconds=0.0))
+
+
+def test_an_if_on_a_known_condition_is_its_taken_branch() -> None:
+    """An If whose condition folds (a shape test, as TorchScript writes `if x.size(1) > 2:`) is replaced by the branch
+    it takes: no opaque If, and the values are the original's at every batch."""
+    then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"], name="double")], "then", [],
+                             [helper.make_tensor_value_info("t", F, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="negate")], "else", [],
+                              [helper.make_tensor_value_info("e", F, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], start=1, end=2, name="width"),
+             helper.make_node("Greater", ["shape", "limit"], ["wide"], name="test"),
+             helper.make_node("Squeeze", ["wide"], ["cond"], name="scalar"),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="branch")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", F, ["batch", 3])],
+                              [numpy_helper.from_array(np.array([2], np.int64), "limit"),
+                               numpy_helper.from_array(np.float32(2), "two")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    g = import_model(model)
+    assert "OnnxOp" not in g.op_counts() and g.op_counts()["Mul"] == 1
+    assert g.source_names(next(n.id for n in g.nodes if n.op == "Mul")) == ("double",)
+    exported = export_model(optimize(g, target="onnxruntime"))
+    for batch in (1, 4):
+        xv = np.arange(batch * 3, dtype=np.float32).reshape(batch, 3)
+        np.testing.assert_array_equal(run_ort(exported, {"x": xv})[0], run_ort(model, {"x": xv})[0])

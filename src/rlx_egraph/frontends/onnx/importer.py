@@ -414,12 +414,7 @@ class Importer:
         used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
         for index, node in enumerate(graph.node):
             self.label = node_label(node, index)
-            first = len(self.graph)
-            outputs = self.step(node, used)
-            if node.name:  # every MIR node the ONNX node became keeps its name (leaves have their own)
-                for nid in range(first, len(self.graph)):
-                    if self.graph.nodes_by_id[nid].kind is not Kind.LEAF:
-                        self.names[nid] = node.name
+            outputs = self.named_step(node, used)
             for name, value in zip(node.output, outputs, strict=True):
                 if name and value is not None:
                     self.values[name] = value
@@ -431,6 +426,17 @@ class Importer:
             self.graph.meta["assumptions"] = list(self.assumptions)
         return self.graph
 
+    def named_step(self, node: onnx.NodeProto, used: set[str]) -> list[Value | None]:
+        """:meth:`step`, and every MIR node it made (but leaves, which have names of their own, and nodes a branch it
+        inlined named already) keeps the ONNX node's name."""
+        first = len(self.graph)
+        outputs = self.step(node, used)
+        if node.name:
+            for nid in range(first, len(self.graph)):
+                if self.graph.nodes_by_id[nid].kind is not Kind.LEAF:
+                    self.names.setdefault(nid, node.name)
+        return outputs
+
     def step(self, node: onnx.NodeProto, used: set[str]) -> list[Value | None]:
         """The values of ``node``'s outputs: folded (every input known), kept as forms, or lowered to MIR."""
         from .form_folds import fold_forms
@@ -439,6 +445,8 @@ class Importer:
 
         ins = [self.value(n) if n else None for n in node.input]
         at = attributes(node)
+        if node.op_type == "If" and (cond := self.known(node.input[0])) is not None and cond.size == 1:
+            return self.inline(node, at["then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"])
         try:
             if all(v is None or not v.runtime for v in ins) and node.op_type not in _NOT_FOLDED:
                 arrays = [v.array if v is not None else None for v in ins]
@@ -464,6 +472,21 @@ class Importer:
             if name and name in used and outputs[k] is None:
                 outputs[k] = Value(node=self.opaque(node, k))
         return outputs
+
+    def inline(self, node: onnx.NodeProto, branch: onnx.GraphProto) -> list[Value | None]:
+        """The outputs of an If whose condition is known: its branch's nodes imported in its place (they read the
+        enclosing graph's values by name, and their names are their own)."""
+        label = self.label
+        for t in branch.initializer:
+            self.values[t.name] = Value(array=initializer_array(t), weight=True)
+        used = {n for inner in branch.node for n in inner.input} | {o.name for o in branch.output}
+        for k, inner in enumerate(branch.node):
+            self.label = f"{node_label(inner, k)} (in the taken branch of {label})"
+            for name, value in zip(inner.output, self.named_step(inner, used), strict=True):
+                if name and value is not None:
+                    self.values[name] = value
+        self.label = label
+        return [self.value(o.name) for o in branch.output]
 
     def fold(self, node: onnx.NodeProto, ins: list[str]) -> list[Value | None] | None:
         """Run a node whose inputs are all known with onnx's reference evaluator (a tensor Constant is read), within
