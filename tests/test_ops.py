@@ -230,6 +230,13 @@ CASES: list[Case] = [
     case("Constant", lambda g: g.constant(np.array([3, -1], np.int64)), lambda: np.array([3, -1]), shape=(2,),
          dtype="i64", label="Constant-i64"),
     case("Scalar", lambda g: g.scalar(2.5), lambda: 2.5, shape=()),
+    # leaves made of dims (the ONNX importer's positions, causal masks and shape values)
+    case("Arange", lambda g: g.add_node("Arange", start=3, length=4), lambda: np.arange(3, 7), shape=(4,),
+         dtype="i64"),
+    case("CausalMask", lambda g: g.add_node("CausalMask", shape=(1, 2, 4)), lambda: np.tri(2, 4, 2, bool)[None],
+         shape=(1, 2, 4), dtype="bool"),
+    case("DimValues", lambda g: g.add_node("DimValues", values=(2, 5, 7, 1), shape=(2, 2)),
+         lambda: np.array([[2, 5], [7, 1]]), shape=(2, 2), dtype="i64"),
     # a standard ONNX op MIR has no op for, kept opaque
     case("OnnxOp", onnx_cumsum, lambda x: np.cumsum(x, axis=1), X234, shape=(2, 3, 4)),
     # matmul

@@ -22,10 +22,10 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 
 
 def __getattr__(name: str) -> Any:
-    """``OnnxImportError`` (a GraphError) is imported on first use, as it needs the ``onnx`` extra (so it is not
-    in ``__all__``)."""
+    """``OnnxImportError`` (a GraphError) is imported on first use from the ONNX front end (so it is not in
+    ``__all__``); it needs no ``onnx`` installed."""
     if name == "OnnxImportError":
-        from .frontends.onnx.importer import OnnxImportError
+        from .frontends.onnx.errors import OnnxImportError
 
         return OnnxImportError
     raise AttributeError(f"module 'rlx_egraph' has no attribute {name!r}")

@@ -40,12 +40,12 @@ from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
 from .egraph.encode import Encoding, dump_egglog_program, encode_graph
 from .egraph.regions import Batch, ClippedRegion, Region, apply_batches, apply_regions, clip_regions
-from .egraph.rules import RuleSet, load_rules
+from .egraph.rules import RuleSet, default_rule_dir, load_rules
 from .egraph.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
-from .ir.registry import snake_case
+from .ir.registry import REGISTRY, Kind, snake_case
 from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity
 from .options import check_options, verification_choice
@@ -121,7 +121,10 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, match_limit);
     ``max_seconds`` is the budget of the whole run (the parity check excluded).
     ``report.stop_reason`` says which limit, if any, stopped the run.
-    ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over the target's ``dim_hints``.
+    ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over those the graph carries
+    (``graph.meta["dim_hints"]``, e.g. from ``--input-shape sequence=128``) over the target's ``dim_hints``.
+    A graph made by a front end (``graph.meta["source"]``, e.g. ``"onnx"``) gets that front end's rules with the
+    shipped ones when ``rules`` is None (:func:`default_rules`).
     ``attention_block_max_tokens``: the largest batch*seq a FusedAttentionBlock is built for; None: the target's
     (:attr:`Target.attention_block_max_tokens`: 64 on the presets with no measurement of the block, no bound on
     ``onnxruntime``, where its measured cost decides).
@@ -131,9 +134,11 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     summaries = _SUMMARIES.get()
     sat_limits = SaturationLimits(**limits)
     tgt = get_target(target)
-    if dim_hints:
-        tgt = tgt.replace(dim_hints={**tgt.dim_hints, **dim_hints})
-    ruleset = load_rules(rules)
+    carried = graph.meta.get("dim_hints")
+    hints = {**(carried if isinstance(carried, dict) else {}), **(dim_hints or {})}
+    if hints:
+        tgt = tgt.replace(dim_hints={**tgt.dim_hints, **hints})
+    ruleset = load_rules(rules if rules is not None else default_rules(graph))
     if attention_block_max_tokens is None:
         attention_block_max_tokens = NO_TOKEN_BOUND if tgt.attention_block_max_tokens is None \
             else tgt.attention_block_max_tokens
@@ -161,6 +166,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
                                                      attention_block_max_tokens, regions, why, summaries)
         elif engine == "egglog":
             report.engine_reason = "requested"
+    carry_node_names(graph, new)
     result, original, optimized = new.graph, graph, new.graph
     if sentinels is not None:  # back to symbols; priced and checked at the hints
         result = sentinels.restore(new.graph)
@@ -170,6 +176,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         with timed("report", report.phases) as outcome:
             _summarize(report, graph, result, tgt, new, *tables, static, ruleset)
             outcome.summary = report.fusion.summary_line() if report.engine == "egglog" else ""
+        report.assumptions = [str(a) for a in graph.meta.get("assumptions", ())]
+        if sentinels is not None and tables[1] is not None:
+            report.hint_choices = hint_choices(tables[0], static, tgt, sentinels, tables[1])
     report.verification = Verification(checked, why_checked, user_rules)
     if checked:
         with timed("verify", report.phases) as outcome:
@@ -178,6 +187,64 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     log.info("optimize %s: %s -> %s nodes in %.3f s (%s engine; %s)", graph.name, f"{len(graph):,}",
              f"{len(result):,}", sum(report.phases.values()), report.engine, report.stop_reason)
     return result, report
+
+
+def hint_choices(view: EGraphView, static: Graph, tgt: Target, sentinels: Sentinels,
+                 choice: dict[int, int]) -> list[str]:
+    """The extraction's choices that depended on the hints a symbolic graph was priced at: each value the optimized
+    graph computes with another op when every symbol is priced at 1 or at 16 times its hint (greedy extraction
+    again at those prices), named by its input nodes."""
+    symbols = tuple(sentinels.binding)
+    hints = {s: tgt.hint(s) for s in symbols}
+    roots = [view.class_of_node[o] for o in static.outputs]
+    found: dict[int, list[str]] = {}
+    for alt in ({s: 1 for s in symbols}, {s: 16 * hints[s] for s in symbols}):
+        priced = tgt.priced_as(sentinels.price(alt))
+        other = ex.greedy(view, roots, priced, static.positions(), ex.node_costs(view, priced)).choice
+        at = ", ".join(f"{s}={v}" for s, v in alt.items())
+        for c, idx in choice.items():
+            was, now = view.nodes[idx].op, view.nodes[other[c]].op if c in other else None
+            if now is not None and was != now and Kind.FUSED in (REGISTRY[was].kind, REGISTRY[now].kind) \
+                    and view.classes[c].originals:
+                found.setdefault(c, []).append(f"{now} at {at}")
+    return [f"{' = '.join(static.describe(o) for o in view.classes[c].originals)}: {view.nodes[choice[c]].op} at "
+            f"the hints ({', '.join(f'{s}={v}' for s, v in hints.items())}), " + "; ".join(alts)
+            for c, alts in sorted(found.items())]
+
+
+def carry_node_names(source: Graph, decoded: Decoded) -> None:
+    """Name each optimized node by the source names of the input nodes it computes (``meta["node_names"]``: one
+    name, or the list of them for a node that replaces several): the nodes between the input nodes of its value
+    and those of its inputs' values, so a fused node names every node it absorbed."""
+    names = source.meta.get("node_names")
+    if not isinstance(names, dict):
+        decoded.graph.meta.pop("node_names", None)
+        return
+    carried: dict[str, str | list[str]] = {}
+    for node in decoded.graph.nodes:
+        if node.kind is Kind.LEAF:
+            continue
+        stops = {o for i in node.inputs for o in decoded.originals.get(i, ())}
+        cone, stack = set(), [o for o in decoded.originals.get(node.id, ()) if o not in stops]
+        while stack:
+            o = stack.pop()
+            if o in cone or source.node(o).kind is Kind.LEAF:
+                continue
+            cone.add(o)
+            stack.extend(i for i in source.node(o).inputs if i not in stops)
+        found = list(dict.fromkeys(n for o in sorted(cone) for n in source.source_names(o)))
+        if found:
+            carried[str(node.id)] = found[0] if len(found) == 1 else found
+    decoded.graph.meta["node_names"] = carried
+
+
+def default_rules(graph: Graph) -> RuleSet:
+    """The rules a graph gets when the caller names none: the shipped ones, and for a graph a front end made
+    (``graph.meta["source"]``) the rules of that front end too (``rules/<source>/``, e.g. ``rules/onnx/``: they rely
+    on what its importer guarantees, such as the causal keep mask's form)."""
+    source = graph.meta.get("source")
+    folder = default_rule_dir() / source if isinstance(source, str) and source.isidentifier() else None
+    return load_rules([default_rule_dir(), folder] if folder is not None and folder.is_dir() else None)
 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,

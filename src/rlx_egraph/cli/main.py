@@ -40,6 +40,7 @@ from ..cost.targets import TARGETS, UnsupportedOp, get_target, onnxruntime_targe
 from ..egraph import STAGES, dump_egglog_program
 from ..egraph.rules import RuleError, RuleSet
 from ..egraph.view import UnsoundRewrite
+from ..errors import RlxError
 from ..ir import Graph, GraphError
 from ..kernels.parity import ParityError
 from ..log import LOGGER
@@ -110,19 +111,25 @@ def summarize(graph: Graph) -> str:
             f"ops: {', '.join(f'{op} {n}' for op, n in ops)}")
 
 
-def _load_graph(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
-    """A graph from JSON, or imported from an ``.onnx`` model with ``input_shapes``."""
+def _load_graph(path: str, args: argparse.Namespace) -> Graph:
+    """A graph from JSON, or imported from an ``.onnx`` model with the ``--input-shape`` and ``--max-dim``
+    bindings (which only an ONNX model takes)."""
+    shapes, bounds = dict(args.input_shape or []), dict(args.max_dim or [])
     try:
         if Path(path).suffix != ".onnx":
+            if shapes or bounds:
+                raise UsageError(f"{'--input-shape' if shapes else '--max-dim'} applies to ONNX models only, and "
+                                 f"{path} is a graph JSON (its dims are as the file gives them)")
             return Graph.load(path)
         from ..onnx import OnnxImportError, import_model
 
         try:
-            return import_model(path, input_shapes)
+            return import_model(path, shapes, max_dims=bounds)
         except OnnxImportError as exc:
             raise GraphError(exc.command_line_message()) from None  # its hint in this command line's terms
     except GraphError as exc:
-        raise GraphError(f"{path}: {exc}") from None
+        message = str(exc)
+        raise GraphError(message if message.startswith(f"{path}: ") else f"{path}: {message}") from None
 
 
 def _ruleset(args: argparse.Namespace) -> RuleSet:
@@ -189,7 +196,7 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
     if args.json and args.output == STDOUT:
         raise UsageError("--json and -o - both write to stdout; write the report with --report-json FILE instead")
     rules = _ruleset(args)
-    graph = _load_graph(args.input, dict(args.input_shape or []))
+    graph = _load_graph(args.input, args)
     if args.output and Path(args.output).suffix == ".onnx":
         from ..onnx import check_weights
 
@@ -210,11 +217,9 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
     if args.output == STDOUT:
         print(new.to_json(indent=1))
     elif args.output and Path(args.output).suffix == ".onnx":
-        import onnx
-
         from ..onnx import export_model
 
-        onnx.save(export_model(new), args.output)
+        export_model(new, args.output)  # weights beside the model (OUTPUT.data) when they pass 1 GB
         print(f"wrote {args.output}", file=log)
     elif args.output:
         new.save(args.output)
@@ -280,7 +285,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 
 def _program(args: argparse.Namespace) -> None:
-    print(dump_egglog_program(_load_graph(args.input, dict(args.input_shape or [])), _ruleset(args),
+    print(dump_egglog_program(_load_graph(args.input, args), _ruleset(args),
                               form="terms" if args.terms else "rows"))
 
 
@@ -298,15 +303,23 @@ def _positive(text: str) -> int:
     return value
 
 
-def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(d) for d in dims.split(","))
-    except ValueError:
-        shape = ()
-    if not sep or not name or not shape:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=D1,D2,...")
-    return name, shape
+def _input_shape(text: str) -> tuple[str, tuple[str, ...]]:
+    """``NAME=D1,D2,...``: each D a number, a symbol name, or ``symbol=hint`` (read by the importer, which names a
+    bad one)."""
+    name, sep, dims = text.partition("=")
+    shape = tuple(d.strip() for d in dims.split(","))
+    if not sep or not name.strip() or not all(shape):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=D1,D2,... (each D a number, a symbol name, or "
+                                         "symbol=hint)")
+    return name.strip(), shape
+
+
+def _max_dim(text: str) -> tuple[str, int]:
+    """``SYMBOL=N``: the largest value symbol SYMBOL takes."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier() or not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not SYMBOL=N (a symbol name and an int >= 1)")
+    return name.strip(), int(value)
 
 
 def _verbosity(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -344,7 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     graph_input = argparse.ArgumentParser(add_help=False)
     graph_input.add_argument("input", metavar="INPUT.json", help="a graph (.json) or an ONNX model (.onnx)")
     graph_input.add_argument("--input-shape", action="append", type=_input_shape, metavar="NAME=D1,D2,...",
-                             help="static shape of an ONNX input (binds its symbolic dims); repeatable")
+                             help="the dims of an ONNX input: each a number (fixes it), a symbol name (keeps it "
+                                  "symbolic), or symbol=hint (symbolic, priced at hint); repeatable")
+    graph_input.add_argument("--max-dim", action="append", type=_max_dim, metavar="SYMBOL=N",
+                             help="the largest value of a symbolic dim of an ONNX model (decides the shape steps "
+                                  "that hold only up to N; stated in the report); repeatable")
     target = argparse.ArgumentParser(add_help=False)
     target.add_argument("--target", default="cpu", choices=list(TARGETS), help="cost model (default: cpu)")
     target.add_argument("--extraction", default="greedy", choices=EXTRACTIONS,
@@ -443,6 +460,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), EXIT_PARITY)
     except (GraphError, RuleError, UnsupportedOp, UsageError, OSError, cal.CalibrationError) as exc:
         return _fail(_describe(exc), EXIT_INPUT)
+    except ImportError as exc:  # an optional dependency missing: its message names the extra to install
+        if not isinstance(exc, RlxError):
+            return _fail(f"internal error: {type(exc).__name__}: {exc} (please report)", EXIT_INTERNAL)
+        return _fail(str(exc), EXIT_INPUT)
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
     except Exception as exc:  # a bug: one line, no traceback

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from egglog import bindings as eb
@@ -136,6 +136,7 @@ class MissedFusion:
     pattern: str = ""  # matmul_bias_act, shared_input_matmul, swiglu, or the fused op's (pattern_of)
     cause: MissReason = NOT_FUSED
     places: int = 1  # the places it stands for (a near miss lists every value one relaxation matched)
+    labels: tuple[str, ...] = ()  # how messages name ``nodes`` (an imported model's node names: Graph.describe)
 
     @property
     def hint(self) -> str:
@@ -143,14 +144,14 @@ class MissedFusion:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "op": self.op, "rule": self.rule, "location": self.location,
-                "nodes": list(self.nodes), "reason": self.reason, "detail": self.detail,
+                "nodes": list(self.nodes), "labels": list(self.labels), "reason": self.reason, "detail": self.detail,
                 "fused_ns": self.fused_ns, "chosen_ns": self.chosen_ns, "pattern": self.pattern,
                 "cause": self.cause.to_dict(), "hint": self.hint, "places": self.places}
 
     def __str__(self) -> str:
-        where = ", ".join(map(str, self.nodes)) or "-"
+        where = ", ".join(self.labels) if self.labels else "node(s) " + (", ".join(map(str, self.nodes)) or "-")
         rule = f" [rule {self.rule} at {self.location}]" if self.rule != "-" else ""
-        return f"{self.kind}: {self.op} at node(s) {where} ({self.reason}): {self.detail}{rule}; {self.pattern} " \
+        return f"{self.kind}: {self.op} at {where} ({self.reason}): {self.detail}{rule}; {self.pattern} " \
                f"{self.cause}: {self.hint}"
 
 
@@ -255,7 +256,7 @@ class _Context:
     def describe(self, c: int) -> str:
         originals = self.view.classes[c].originals
         if originals:
-            return " = ".join(f"node {o} ({self.graph.node(o).op})" for o in originals)
+            return " = ".join(self.graph.describe(o) for o in originals)
         return f"e-class {c} ({self.view.nodes[self.choice[c]].op})" if c in self.choice else f"e-class {c}"
 
 
@@ -268,6 +269,8 @@ def missed_fusions(view: Any, graph: Graph, choice: dict[int, int], costs: list[
     if checked:  # a class whose fused alternative the cost model rejected would reject a near miss too
         explained = {n for m in missed if m.reason != "unsupported" for n in m.nodes}
         missed += _near_misses(ctx, egraph, explained)
+    if graph.meta.get("node_names"):  # an imported model's nodes: named as its author knows them
+        missed = [replace(m, labels=tuple(graph.describe(n) for n in m.nodes)) for m in missed]
     return missed, checked
 
 

@@ -106,6 +106,8 @@ class OptimizeReport:
     measured: Measured | None = None  # measured latencies, when measured (rlx_egraph.onnx.measure_report)
     calibration: str = ""  # where the target's figures come from, when measured (Target.calibration)
     regions_clipped: list[ClippedRegion] = field(default_factory=list)  # regions over the target's limits, regrouped
+    assumptions: list[str] = field(default_factory=list)  # what the input graph holds only under (ONNX import)
+    hint_choices: list[str] = field(default_factory=list)  # choices that depended on the symbolic dims' hints
 
     @cached_property
     def egglog_program(self) -> str:
@@ -171,6 +173,8 @@ class OptimizeReport:
             "fallback": self.fallback.to_dict() if self.fallback else None,
             "measured": self.measured.to_dict() if self.measured else None,
             "calibration": self.calibration,
+            "assumptions": self.assumptions,
+            "hint_choices": self.hint_choices,
         }
         if include_program:
             out["egglog_program"] = self.egglog_program
@@ -264,5 +268,10 @@ class OptimizeReport:
             lines.append(f"extraction: {self.extraction} {self.extracted_ns:,.0f} ns of node costs; {what} "
                          f"{self.exact_ns:,.0f} ns (gap {gap:,.0f} ns)")
         lines.extend(self.verification_lines())
+        if self.assumptions:
+            lines.append("assumes: " + "; ".join(self.assumptions))
+        if self.hint_choices:
+            lines.append(f"choices that depend on the size hints ({len(self.hint_choices)}): "
+                         + "; ".join(self.hint_choices))
         lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.phases.items()))
         return "\n".join(lines)
