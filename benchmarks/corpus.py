@@ -394,6 +394,31 @@ def export_failures(meta: list[dict[str, Any]]) -> list[str]:
     return out if len(out) > 2 else ["none"]
 
 
+def architectures(meta: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
+    """Per architecture: family, held out or not, exports made and failed per size, and how many ours ran."""
+    archs: dict[str, dict[str, Any]] = {}
+    for corpus in meta:
+        for e in corpus["exports"]:
+            a = archs.setdefault(e["arch"], {"family": e["family"], "held_out": e["held_out"], "made": {},
+                                             "failed": {}})
+            a["made"][corpus["size"]] = a["made"].get(corpus["size"], 0) + 1
+        for f in corpus["failures"]:
+            a = archs.setdefault(f["arch"], {"family": f.get("family", "?"), "held_out": f.get("held_out"),
+                                             "made": {}, "failed": {}})
+            a["failed"][corpus["size"]] = a["failed"].get(corpus["size"], 0) + 1
+    ran: dict[str, int] = {}
+    for r in rows:
+        ran[r["arch"]] = ran.get(r["arch"], 0) + (r["ratio"] is not None)
+    out = ["| architecture | family | held out | exports (tiny / real) | failed exports (tiny / real) | ours ran |",
+           "|---|---|---|---|---|---|"]
+    for name, a in sorted(archs.items(), key=lambda kv: (kv[1]["family"], kv[0])):
+        made = " / ".join(str(a["made"].get(s, 0)) for s in ("tiny", "real"))
+        failed = " / ".join(str(a["failed"].get(s, 0)) for s in ("tiny", "real"))
+        held = {True: "yes", False: "", None: "?"}[a["held_out"]]
+        out.append(f"| {name} | {a['family']} | {held} | {made} | {failed} | {ran.get(name, 0)} |")
+    return out
+
+
 def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[str, Any]) -> str:
     """The markdown report (generated tables)."""
     halves = (("Development half", [r for r in rows if not r["held_out"]]),
@@ -406,6 +431,7 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
            f"{run['load_after']} after; {run['minutes']:.0f} minutes.", "",
            "Architectures (held out: " + ", ".join(a for a, _, h in archs if h) + "; development: "
            + ", ".join(a for a, _, h in archs if not h) + ").", ""]
+    out += ["## Corpus", "", *architectures(meta, rows), ""]
     for title, members in halves:
         if not members:
             continue

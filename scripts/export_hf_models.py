@@ -465,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
                     entries.append(export(variant, folder))
                     print(f"wrote {variant.file} ({entries[-1]['export_seconds']} s)", flush=True)
                 except Exception as exc:  # report every failure, keep exporting the others
-                    failures.append({"file": variant.file, "arch": arch.name, "error": innermost(exc)})
+                    failures.append({"file": variant.file, "arch": arch.name, "family": arch.family,
+                                     "held_out": arch.held_out, "error": innermost(exc)})
                     print(f"FAILED {variant.file}: {failures[-1]['error']}", file=sys.stderr, flush=True)
             seconds[arch.name] = round(time.perf_counter() - started, 1)
         # what an earlier run (or another running now) wrote of other architectures is kept

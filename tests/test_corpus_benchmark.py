@@ -44,7 +44,8 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
     exports = [_entry("bert.onnx", "bert", False, shapes, {"batch": 2, "sequence": 5}),
                _entry("gpt2.onnx", "gpt2", True, [{"hidden_states": [2, 5, 16]}], {"batch": 2, "sequence": 5},
                       kind="decode")]
-    failed = [{"file": "opt_dynamo18_sdpa_dynamic_decode.onnx", "arch": "opt", "error": "<class 'X'>: no | way"}]
+    failed = [{"file": "opt_dynamo18_sdpa_dynamic_decode.onnx", "arch": "opt", "family": "decoder", "held_out": True,
+               "error": "<class 'X'>: no | way"}]
     (folder / "corpus.json").write_text(json.dumps({"size": "tiny", "torch": "2.13.0", "transformers": "5.25.0",
                                                     "exports": exports, "failures": failed}))
     out = tmp_path_factory.mktemp("out")
@@ -97,4 +98,6 @@ def test_report_has_both_halves_their_geometric_means_and_the_failed_exports(res
     assert row.startswith("| tiny prefill | 1 | 1 | 1 |") and f"| {bert['ratio']:.3f} (1) |" in row
     assert any(line.startswith("| decoding (all sizes) | 1 |") for line in lines)
     assert "| tiny | opt_dynamo18_sdpa_dynamic_decode | <class 'X'>: no \\| way |" in lines
-    assert sum(line.startswith("| bert |") for line in lines) == 1
+    assert "| bert | encoder |  | 1 / 0 | 0 / 0 | 1 |" in lines  # architecture, family, held out, made, failed, ran
+    assert "| opt | decoder | yes | 0 / 0 | 1 / 0 | 0 |" in lines
+    assert sum(line.startswith("| bert | 66 / ") for line in lines) == 1
