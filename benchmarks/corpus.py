@@ -38,6 +38,7 @@ import json
 import math
 import os
 import platform
+import select
 import statistics
 import subprocess
 import sys
@@ -61,6 +62,7 @@ SLOWER = 1.02  # ours may be at most 2% slower than the reference on any export
 GEOMEAN = {"tiny": 0.85, "decode": 0.85, "real": 1.0}
 PREDICTION = 1.5
 WARMUP = {"tiny": 10, "real": 3}
+TF_TIMEOUT = {"tiny": 300.0, "real": 1800.0}  # seconds for the transformer optimizer's three levels
 
 
 # --- onnxruntime -------------------------------------------------------------------------------------------------
@@ -132,19 +134,24 @@ def corpus_feeds(entry: Mapping[str, Any], model: onnx.ModelProto, shapes: Mappi
 # --- the transformer optimizer -----------------------------------------------------------------------------------
 
 class TransformerOptimizer:
-    """``ort_transformers_worker.py`` under ``python``: one long-lived process for the whole run."""
+    """``ort_transformers_worker.py`` under ``python``: one long-lived process, started again after a job that
+    overran its time."""
 
     def __init__(self, python: str, log: Path) -> None:
-        worker = Path(__file__).with_name("ort_transformers_worker.py")
-        self.log = log.open("w")
-        try:
-            self.proc: subprocess.Popen[str] | None = subprocess.Popen(
-                [python, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-            self.error = ""
-        except OSError as exc:
-            self.proc, self.error = None, f"cannot run {python}: {exc.strerror}"
+        self.python, self.log = python, log.open("w")
+        self.proc: subprocess.Popen[str] | None = None
+        self.error = ""
+        self.start()
 
-    def run(self, entry: Mapping[str, Any], path: Path, work: Path) -> dict[str, Path | str]:
+    def start(self) -> None:
+        worker = Path(__file__).with_name("ort_transformers_worker.py")
+        try:
+            self.proc = subprocess.Popen([self.python, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.log, text=True)
+        except OSError as exc:
+            self.proc, self.error = None, f"cannot run {self.python}: {exc.strerror}"
+
+    def run(self, entry: Mapping[str, Any], path: Path, work: Path, timeout: float) -> dict[str, Path | str]:
         """Level -> output path, or why there is none."""
         outs = {level: work / f"{path.stem}.tf{level}.onnx" for level in LEVELS}
         if self.proc is None or self.proc.poll() is not None:
@@ -154,6 +161,11 @@ class TransformerOptimizer:
                "outputs": {level: str(out) for level, out in outs.items()}}
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            self.proc.kill()
+            self.proc.wait()
+            self.start()
+            return dict.fromkeys(LEVELS, f"the transformer optimizer took over {timeout:.0f} s")
         line = self.proc.stdout.readline()
         if not line:
             return dict.fromkeys(LEVELS, "the transformer optimizer's worker stopped")
@@ -211,7 +223,7 @@ def measure(entry: Mapping[str, Any], folder: Path, work: Path, optimizer: Trans
                                                   "axes", "kind")}
     meta = onnx.load(str(path), load_external_data=False)
     row["original"] = counts(meta)
-    tf_out = optimizer.run(entry, path, work)
+    tf_out = optimizer.run(entry, path, work, TF_TIMEOUT[entry["size"]])
     row["transformers"] = {}
     candidates: dict[str, Path | bytes] = {"original": path}
     seen: dict[str, str] = {}
