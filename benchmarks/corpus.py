@@ -436,11 +436,13 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
     halves = (("Development half", [r for r in rows if not r["held_out"]]),
               ("Held-out third", [r for r in rows if r["held_out"]]))
     archs = sorted({(r["arch"], r["family"], r["held_out"]) for r in rows}, key=lambda a: (a[2], a[1], a[0]))
+    loads = run["loads"]
     out = [f"Exports: {len(rows)} ({', '.join(f'{c['size']} {len(c['exports'])}' for c in meta)}); "
            f"latency: median of {run['runs']} runs ({run['real_runs']} at real size), one thread, ORT_ENABLE_ALL; "
            f"onnxruntime {ort.__version__}, onnx {onnx.__version__}; exports by torch {meta[0]['torch']}, "
-           f"transformers {meta[0]['transformers']}; load average {run['load_before']} before and "
-           f"{run['load_after']} after; {run['minutes']:.0f} minutes.", "",
+           f"transformers {meta[0]['transformers']}; the machine's 1-minute load average during the run: "
+           f"{min(loads):.1f} to {max(loads):.1f} (median {statistics.median(loads):.1f}) on {run['machine']}; "
+           f"{' + '.join(f'{m:.0f}' for m in run['minutes'])} minutes.", "",
            "Architectures (held out: " + ", ".join(a for a, _, h in archs if h) + "; development: "
            + ", ".join(a for a, _, h in archs if not h) + ").", ""]
     out += ["## Corpus", "", *architectures(meta, rows), ""]
@@ -456,9 +458,20 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
     return "\n".join(out)
 
 
-def load_rows(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    data = json.loads(path.read_text())
-    return data["rows"], data["corpora"], data["run"]
+def load_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """The rows of earlier runs, merged: each export once (the last run's), the corpora by size, the runs'
+    loads and minutes together."""
+    rows: dict[str, dict[str, Any]] = {}
+    corpora: dict[str, dict[str, Any]] = {}
+    runs = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        rows |= {f"{r['size']}/{r['file']}": r for r in data["rows"]}
+        corpora |= {c["size"]: c for c in data["corpora"]}
+        runs.append(data["run"])
+    run = runs[0] | {"loads": [x for r in runs for x in r["loads"]], "minutes": [x for r in runs for x in r["minutes"]]}
+    order = {"tiny": 0, "real": 1}
+    return list(rows.values()), sorted(corpora.values(), key=lambda c: order.get(c["size"], 2)), run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -470,9 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=100, help="timed runs per variant and shape (default 100)")
     parser.add_argument("--real-runs", type=int, default=20, help="timed runs at real size (default 20)")
     parser.add_argument("--only", default="", help="comma-separated substrings: only exports whose file has one")
+    parser.add_argument("--archs", default="", help="comma-separated architectures: only their exports")
     parser.add_argument("--markdown", type=Path, help="write the report here (default: stdout)")
     parser.add_argument("--json", type=Path, help="write the rows here")
-    parser.add_argument("--from-json", type=Path, help="only write the report of rows an earlier run wrote")
+    parser.add_argument("--from-json", type=Path, action="append",
+                        help="only write the report of the rows earlier runs wrote (repeat to merge runs)")
     args = parser.parse_args(argv)
     if args.from_json:
         rows, meta, run = load_rows(args.from_json)
@@ -486,28 +501,32 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"{folder}: no corpus.json (made by scripts/export_hf_models.py)")
             meta.append(json.loads(manifest.read_text()) | {"folder": folder})
         only = [s for s in args.only.split(",") if s]
+        archs = {s for s in args.archs.split(",") if s}
         rules = onnx_rules()
         rows = []
-        started, load_before = time.perf_counter(), round(os.getloadavg()[0], 1)
+        started, loads = time.perf_counter(), [os.getloadavg()[0]]
         with tempfile.TemporaryDirectory() as tmp:
             optimizer = TransformerOptimizer(args.ort_python, Path(tmp) / "transformers.log")
             try:
                 for corpus in meta:
                     runs = args.runs if corpus["size"] == "tiny" else args.real_runs
                     for entry in corpus["exports"]:
-                        if only and not any(s in entry["file"] for s in only):
+                        picked = (not only or any(s in entry["file"] for s in only)) and (
+                            not archs or entry["arch"] in archs)
+                        if not picked:
                             continue
                         try:
                             rows.append(measure(entry, corpus["folder"], Path(tmp), optimizer, rules, runs))
                         except Exception as exc:  # the measurement itself failed: a row that says so
                             rows.append(failed_row(entry, one_line("measure", exc)))
                         r = rows[-1]
+                        loads.append(os.getloadavg()[0])
                         print(f"{r['file']}: ratio {_f(r['ratio'], '.3f')} parity {_f(r['parity'], '.1e')} "
                               f"{_misses(r)}", file=sys.stderr, flush=True)
             finally:
                 optimizer.close()
-        run = {"runs": args.runs, "real_runs": args.real_runs, "load_before": load_before,
-               "load_after": round(os.getloadavg()[0], 1), "minutes": (time.perf_counter() - started) / 60,
+        run = {"runs": args.runs, "real_runs": args.real_runs, "loads": loads,
+               "minutes": [round((time.perf_counter() - started) / 60, 1)],
                "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
         for corpus in meta:
             corpus["folder"] = corpus["folder"].name

@@ -101,3 +101,14 @@ def test_report_has_both_halves_their_geometric_means_and_the_failed_exports(res
     assert "| bert | encoder |  | 1 / 0 | 0 / 0 | 1 |" in lines  # architecture, family, held out, made, failed, ran
     assert "| opt | decoder | yes | 0 / 0 | 1 / 0 | 0 |" in lines
     assert sum(line.startswith("| bert | 66 / ") for line in lines) == 1
+
+
+def test_reports_of_earlier_runs_merge_each_export_once(result: tuple[dict, str, Path]) -> None:
+    _, text, out = result
+    rows = str(out / "rows.json")
+    assert corpus.main(["--from-json", rows, "--from-json", rows, "--markdown", str(out / "merged.md")]) == 0
+    merged = (out / "merged.md").read_text().splitlines()
+    first = text.splitlines()
+    assert merged[1:] == first[1:]  # the same rows; the first line adds the second run's minutes
+    minutes = first[0].rsplit("; ", 1)[1]
+    assert merged[0].endswith(f"; {minutes.removesuffix(' minutes.')} + {minutes}")
