@@ -330,10 +330,31 @@ def _shape_runs(variant: Variant, model: torch.nn.Module, shapes: Shapes) -> lis
             for b, s in sizes]
 
 
-def export(variant: Variant, out: Path) -> dict[str, object]:
-    """Write ``variant`` to ``out``; its corpus.json entry."""
+def export(variant: Variant, out: Path, write: bool = True) -> dict[str, object]:
+    """Write ``variant`` to ``out`` (``write=False``: it is there already); its corpus.json entry."""
     shapes = SIZES[variant.size]
     model = build(variant.arch, variant.size, variant.attn)
+    path = out / variant.file
+    seconds = write_onnx(variant, model, path) if write else None
+    runs = _shape_runs(variant, model, shapes)
+    proto = onnx.load(str(path), load_external_data=False)
+    hints: dict[str, int] = {}
+    for info in proto.graph.input:
+        for d, value in zip(info.type.tensor_type.shape.dim, runs[0].get(info.name, []), strict=False):
+            if d.dim_param.isidentifier():  # not a derived dim ("past_sequence + 1")
+                hints[d.dim_param] = value
+    heads, hidden = (variant.arch.heads, variant.arch.hidden) if variant.size == "tiny" else REAL[variant.arch.name][1:]
+    return {"file": variant.file, "arch": variant.arch.name, "family": variant.arch.family,
+            "held_out": variant.arch.held_out, "size": variant.size, "exporter": variant.exporter,
+            "opset": variant.opset, "attn": variant.attn, "axes": "dynamic" if variant.dynamic else "static",
+            "kind": variant.kind, "shapes": runs, "hints": hints, "vocab": _vocab(model),
+            "ort_model_type": variant.arch.ort_type, "num_heads": heads, "hidden_size": hidden,
+            "export_seconds": None if seconds is None else round(seconds, 2)}
+
+
+def write_onnx(variant: Variant, model: torch.nn.Module, path: Path) -> float:
+    """Export ``model`` as ``variant`` says to ``path``; the seconds it took."""
+    shapes = SIZES[variant.size]
     if variant.kind == "decode":
         inputs, layers = decode_inputs(model, shapes.batch, shapes.past)
         wrapped: torch.nn.Module = DecodeStep(model, list(inputs), layers)
@@ -344,7 +365,6 @@ def export(variant: Variant, out: Path) -> dict[str, object]:
         n = shapes.samples if variant.arch.inputs == "audio" else shapes.sequence
         inputs, axes = prefill_inputs(variant.arch, model, shapes.batch, n, shapes)
         wrapped, outputs = Prefill(model, list(inputs)), ["last_hidden_state"]
-    path = out / variant.file
     kwargs: dict[str, object] = {"dynamo": variant.exporter == "dynamo", "input_names": list(inputs),
                                  "output_names": outputs, "opset_version": variant.opset}
     if variant.dynamic and variant.exporter == "dynamo":
@@ -363,21 +383,7 @@ def export(variant: Variant, out: Path) -> dict[str, object]:
     if variant.size == "real" and variant.exporter == "torchscript":  # weights beside the model, as dynamo's are
         proto = onnx.load(str(path))
         onnx.save(proto, str(path), save_as_external_data=True, location=f"{path.name}.data")
-    seconds = time.perf_counter() - started
-    runs = _shape_runs(variant, model, shapes)
-    proto = onnx.load(str(path), load_external_data=False)
-    hints: dict[str, int] = {}
-    for info in proto.graph.input:
-        for d, value in zip(info.type.tensor_type.shape.dim, runs[0].get(info.name, []), strict=False):
-            if d.dim_param.isidentifier():  # not a derived dim ("past_sequence + 1")
-                hints[d.dim_param] = value
-    heads, hidden = (variant.arch.heads, variant.arch.hidden) if variant.size == "tiny" else REAL[variant.arch.name][1:]
-    return {"file": variant.file, "arch": variant.arch.name, "family": variant.arch.family,
-            "held_out": variant.arch.held_out, "size": variant.size, "exporter": variant.exporter,
-            "opset": variant.opset, "attn": variant.attn, "axes": "dynamic" if variant.dynamic else "static",
-            "kind": variant.kind, "shapes": runs, "hints": hints, "vocab": _vocab(model),
-            "ort_model_type": variant.arch.ort_type, "num_heads": heads, "hidden_size": hidden,
-            "export_seconds": round(seconds, 2)}
+    return time.perf_counter() - started
 
 
 def variants(archs: list[Arch], size: str) -> list[Variant]:
@@ -442,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--sizes", default="tiny,real", help="comma-separated: tiny, real (default both)")
     parser.add_argument("--archs", default="", help="comma-separated architecture names (default: all)")
+    parser.add_argument("--index-only", action="store_true",
+                        help="export nothing: list the files already in OUT in corpus.json and INDEX.md")
     args = parser.parse_args(argv)
     wanted = set(args.archs.split(",")) - {""}
     unknown = wanted - {a.name for a in ARCHITECTURES}
@@ -461,18 +469,22 @@ def main(argv: list[str] | None = None) -> int:
         for arch in archs:
             started = time.perf_counter()
             for variant in variants([arch], size):
+                if args.index_only and not (folder / variant.file).exists():
+                    continue
                 try:
-                    entries.append(export(variant, folder))
+                    entries.append(export(variant, folder, write=not args.index_only))
                     print(f"wrote {variant.file} ({entries[-1]['export_seconds']} s)", flush=True)
                 except Exception as exc:  # report every failure, keep exporting the others
                     failures.append({"file": variant.file, "arch": arch.name, "family": arch.family,
                                      "held_out": arch.held_out, "error": innermost(exc)})
                     print(f"FAILED {variant.file}: {failures[-1]['error']}", file=sys.stderr, flush=True)
-            seconds[arch.name] = round(time.perf_counter() - started, 1)
+            if not args.index_only:
+                seconds[arch.name] = round(time.perf_counter() - started, 1)
         # what an earlier run (or another running now) wrote of other architectures is kept
+        done = {a.name for a in archs}
         old = json.loads(manifest.read_text()) if manifest.exists() else {}
-        entries += [e for e in old.get("exports", []) if e["arch"] not in seconds]
-        failures += [f for f in old.get("failures", []) if f["arch"] not in seconds]
+        entries += [e for e in old.get("exports", []) if e["arch"] not in done]
+        failures += [f for f in old.get("failures", []) if f["arch"] not in done or args.index_only]
         seconds |= {k: v for k, v in old.get("arch_seconds", {}).items() if k not in seconds}
         order = {a.name: i for i, a in enumerate(ARCHITECTURES)}
         entries.sort(key=lambda e: (order[e["arch"]], e["file"]))
