@@ -38,6 +38,7 @@ import json
 import math
 import os
 import platform
+import re
 import select
 import statistics
 import subprocess
@@ -367,10 +368,35 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _misses(row: dict[str, Any]) -> str:
+    """The targets the row misses, or the failure of ours that stopped its measurement."""
+    if "error" in row["ours"]:
+        return f"ours failed: {row['ours']['error']}".replace("|", "\\|")[:220]
     missed = [t for t, ok in row["targets"].items() if ok is False]
-    errors = [row["ours"].get("error")] + [r.get("error") for r in row["runs"]]
-    text = ", ".join(missed) + "".join(f"; {e}" for e in errors if e)
-    return text.replace("|", "\\|")[:220]
+    errors = [r["error"] for r in row["runs"] if r.get("error")]
+    return (", ".join(missed) + "".join(f"; {e}" for e in errors)).replace("|", "\\|")[:220]
+
+
+def failure_kind(error: str) -> str:
+    """An error with its names and numbers left out, so that one cause on many exports is one line."""
+    text = re.sub(r"'[^']*'", "'…'", error)
+    return re.sub(r"\b\d+\b", "N", text)[:160]
+
+
+def failures(rows: list[dict[str, Any]]) -> list[str]:
+    """Why ours failed, grouped by cause: exports, architectures, one example."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        error = r["ours"].get("error") or next((x["error"] for x in r["runs"] if x.get("error")), None)
+        if error:
+            kinds.setdefault(failure_kind(error), []).append(r)
+    if not kinds:
+        return ["none"]
+    out = ["| cause | exports | architectures | e.g. |", "|---|---|---|---|"]
+    for kind, members in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+        archs = ", ".join(sorted({r["arch"] for r in members}))
+        out.append(f"| {kind.replace('|', '\\|')} | {len(members)} | {archs} | "
+                   f"{members[0]['file'].removesuffix('.onnx')} |")
+    return out
 
 
 def _tf_launches(row: dict[str, Any]) -> str:
@@ -438,7 +464,7 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
     """The markdown report (generated tables)."""
     halves = (("Development half", [r for r in rows if not r["held_out"]]),
               ("Held-out third", [r for r in rows if r["held_out"]]))
-    archs = sorted({(r["arch"], r["family"], r["held_out"]) for r in rows}, key=lambda a: (a[2], a[1], a[0]))
+    archs = sorted({(r["arch"], r["family"], r["held_out"]) for r in rows}, key=lambda a: (a[2], a[0]))
     loads = run["loads"]
     out = [f"Exports: {len(rows)} ({', '.join(f'{c['size']} {len(c['exports'])}' for c in meta)}); "
            f"latency: median of {run['runs']} runs ({run['real_runs']} at real size), one thread, ORT_ENABLE_ALL; "
@@ -457,6 +483,8 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
         if not members:
             continue
         out += [f"## {title}: every export", "", *table(members), ""]
+    out += ["## Where ours fails", "", "Grouped by cause (names in quotes and numbers left out).", "",
+            *failures(rows), ""]
     out += ["## Failed exports", "", *export_failures(meta), ""]
     return "\n".join(out)
 
