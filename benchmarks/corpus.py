@@ -192,18 +192,20 @@ def one_line(stage: str, exc: BaseException) -> str:
     return f"{stage}: {type(exc).__name__}: {lines[0] if lines else ''}"[:400]
 
 
-def ours(path: Path, entry: Mapping[str, Any], rules: Any) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """Import (symbolic dims kept), optimize for onnxruntime at the hint sizes, export."""
+def ours(path: Path, entry: Mapping[str, Any], rules: Any,
+         bound: bool = False) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """Import (symbolic dims kept; ``bound``: every input bound at the export's first shape), optimize for
+    onnxruntime at the hint sizes, export."""
     info: dict[str, Any] = {}
     t0 = time.perf_counter()
     stage = "load"
     try:
         proto = onnx.load(str(path))
         stage = "import"
-        graph = import_model(proto)
+        graph = import_model(proto, entry["shapes"][0] if bound else None)
         stage = "optimize"
         optimized, report = optimize_with_report(graph, target="onnxruntime", rules=rules,
-                                                 dim_hints=entry["hints"] or None)
+                                                 dim_hints=None if bound else entry["hints"] or None)
         stage = "export"
         model = export_model(optimized)
     except Exception as exc:  # a failure of ours is a result of the run, reported per export
@@ -217,17 +219,23 @@ def ours(path: Path, entry: Mapping[str, Any], rules: Any) -> tuple[onnx.ModelPr
 
 
 def measure(entry: Mapping[str, Any], folder: Path, work: Path, optimizer: TransformerOptimizer, rules: Any,
-            runs: int) -> dict[str, Any]:
-    """The row of one export."""
+            runs: int, bind: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The row of one export.  A dynamic export of a size in ``bind`` that ours cannot import with its symbols
+    is measured bound at its first shape (``row["bound"]``, ``row["ours"]`` keeps the failure)."""
     path = folder / entry["file"]
     row: dict[str, Any] = {k: entry[k] for k in ("file", "arch", "family", "held_out", "size", "exporter", "attn",
                                                   "axes", "kind")}
     meta = onnx.load(str(path), load_external_data=False)
     row["original"] = counts(meta)
     model, row["ours"] = ours(path, entry, rules)
+    sizes = entry["shapes"]
+    if model is None and entry["axes"] == "dynamic" and entry["size"] in bind:
+        model, row["bound"] = ours(path, entry, rules, bound=True)
+        sizes = sizes[:1]  # a bound import runs at that shape only
     if model is None:  # nothing to compare: the row is the failure (no reference is measured)
         row |= {"transformers": {}, "after_ort_all": {}, "runs": [{"shapes": s} for s in entry["shapes"]]}
         return judge(row)
+    mine = "bound" if "bound" in row else "ours"
     tf_out = optimizer.run(entry, path, work, TF_TIMEOUT[entry["size"]])
     row["transformers"] = {}
     candidates: dict[str, Path | bytes] = {"original": path}
@@ -258,7 +266,7 @@ def measure(entry: Mapping[str, Any], folder: Path, work: Path, optimizer: Trans
         except Exception as exc:  # an output onnxruntime cannot load is a result too
             error = one_line("onnxruntime session", exc)
             if label == "ours":
-                row["ours"]["error"] = error
+                row[mine]["error"] = error
             else:
                 row["transformers"][label.removeprefix("tf")]["error"] = error
     del candidates
@@ -266,7 +274,7 @@ def measure(entry: Mapping[str, Any], folder: Path, work: Path, optimizer: Trans
     names = [o.name for o in meta.graph.output]
     row["runs"] = []
     warmup = WARMUP[entry["size"]]
-    for i, shapes in enumerate(entry["shapes"]):
+    for i, shapes in enumerate(sizes):
         run: dict[str, Any] = {"shapes": shapes}
         inputs = corpus_feeds(entry, meta, shapes)
         want = reference.run(names, inputs)
@@ -304,25 +312,29 @@ def _reference(ms: Mapping[str, float]) -> tuple[str, float]:
 
 
 def judge(row: dict[str, Any]) -> dict[str, Any]:
-    """The row's ratios and its targets (True met, False missed, None not measurable)."""
-    first = row["runs"][0]
-    ms = first.get("ms", {})
+    """The row's ratios and its targets (True met, False missed, None not measurable).  A bound measurement
+    (``row["bound"]``) gets its ratio, parity and prediction there; the row itself, whose symbolic import
+    failed, meets no target."""
+    ms = row["runs"][0].get("ms", {})
     row["reference"], row["reference_ms"] = _reference(ms) if ms else (None, None)
-    row["ratio"] = ms["ours"] / row["reference_ms"] if "ours" in ms else None
-    row["other_ratios"] = [r["ms"]["ours"] / _reference(r["ms"])[1] for r in row["runs"][1:]
-                           if "ours" in r.get("ms", {})]
-    ok = "error" not in row["ours"] and all(r.get("parity") is not None for r in row["runs"])
-    worst = max((r["parity"] for r in row["runs"] if r.get("parity") is not None), default=None)
-    row["parity"] = worst if ok else None
-    levels = [v["launches"] for v in row["transformers"].values() if "launches" in v]
+    mine = row.get("bound", row["ours"])
     measured = ms.get("ours")
-    row["prediction"] = row["ours"]["predicted_ms"] / measured if ok and measured else None
-    row["targets"] = {
-        "parity": (worst <= PARITY) if ok else False,
-        "launches": (row["ours"]["launches"] < min(levels)) if ok and levels else (None if ok else False),
-        "latency": (max([row["ratio"], *row["other_ratios"]]) <= SLOWER) if row["ratio"] is not None else False,
-        "prediction": (1 / PREDICTION <= row["prediction"] <= PREDICTION) if row["prediction"] else False,
+    ratio = measured / row["reference_ms"] if measured else None
+    others = [r["ms"]["ours"] / _reference(r["ms"])[1] for r in row["runs"][1:] if "ours" in r.get("ms", {})]
+    ok = "error" not in mine and all(r.get("parity") is not None for r in row["runs"])
+    worst = max((r["parity"] for r in row["runs"] if r.get("parity") is not None), default=None) if ok else None
+    prediction = mine["predicted_ms"] / measured if ok and measured else None
+    levels = [v["launches"] for v in row["transformers"].values() if "launches" in v]
+    targets = {
+        "parity": ok and worst <= PARITY,
+        "launches": (mine["launches"] < min(levels)) if ok and levels else (None if ok else False),
+        "latency": ratio is not None and max([ratio, *others]) <= SLOWER,
+        "prediction": prediction is not None and 1 / PREDICTION <= prediction <= PREDICTION,
     }
+    if "bound" in row:
+        row["bound"] |= {"ratio": ratio, "parity": worst, "prediction": prediction, "targets": targets}
+        ratio, others, worst, prediction, targets = None, [], None, None, dict.fromkeys(targets, False)
+    row |= {"ratio": ratio, "other_ratios": others, "parity": worst, "prediction": prediction, "targets": targets}
     return row
 
 
@@ -354,21 +366,28 @@ def groups(rows: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
     out = ["| class | exports | ours ran | parity <= 1e-4 | fewer launches | <= 1.02x reference | "
-           "prediction within 1.5x | geomean ours / reference (exports) | geomean target |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "prediction within 1.5x | geomean ours / reference (exports) | geomean target | "
+           "bound at the first shape: geomean (exports) |", "|---" * 10 + "|"]
     for name, members, target in groups(rows):
         ran = [r for r in members if r["ratio"] is not None]
         mean = geomean([r["ratio"] for r in ran])
         met = "-" if mean is None else ("met" if mean <= target else "missed")
         counts_ = [sum(r["targets"][t] is True for r in members) for t in ("parity", "launches", "latency",
                                                                              "prediction")]
+        bound = [r["bound"]["ratio"] for r in members if r.get("bound", {}).get("ratio") is not None]
         out.append(f"| {name} | {len(members)} | {len(ran)} | " + " | ".join(map(str, counts_))
-                   + f" | {_f(mean, '.3f')} ({len(ran)}) | <= {target} {met} |")
+                   + f" | {_f(mean, '.3f')} ({len(ran)}) | <= {target} {met} | "
+                   + (f"{_f(geomean(bound), '.3f')} ({len(bound)}) |" if bound else "- |"))
     return out
 
 
 def _misses(row: dict[str, Any]) -> str:
     """The targets the row misses, or the failure of ours that stopped its measurement."""
+    bound = row.get("bound")
+    if bound is not None and "error" not in bound:
+        missed = [t for t, ok in bound["targets"].items() if ok is False]
+        text = f"symbolic: {row['ours']['error']}; bound at the first shape misses: {', '.join(missed) or 'none'}"
+        return text.replace("|", "\\|")[:300]
     if "error" in row["ours"]:
         return f"ours failed: {row['ours']['error']}".replace("|", "\\|")[:220]
     missed = [t for t, ok in row["targets"].items() if ok is False]
@@ -414,7 +433,11 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         after = r["after_ort_all"]
         tf_after = [after[k] for k in after if k.startswith("tf") and after[k] is not None]
-        ours_l = r["ours"].get("launches")
+        mine = r.get("bound", r["ours"])
+        ours_l = mine.get("launches")
+        ratio, parity_, prediction = (mine.get("ratio"), mine.get("parity"), mine.get("prediction")) if "bound" in r \
+            else (r["ratio"], r["parity"], r["prediction"])
+        mark = " (bound)" if "bound" in r and ratio is not None else ""
         ref = f"{r['reference_ms']:.3f} ({r['reference']})" if r["reference_ms"] else "-"
         ours_ms = r["runs"][0].get("ms", {}).get("ours")
         others = ", ".join(f"{x:.2f}" for x in r["other_ratios"]) or "-"
@@ -422,7 +445,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                    f"{ours_l if ours_l is not None else '-'} | {after.get('original') or '-'} / "
                    f"{min(tf_after) if tf_after else '-'} / {after.get('ours') or '-'} | {ref} | "
                    f"{_f(ours_ms, '.3f')} | "
-                   f"{_f(r['ratio'], '.3f')} | {others} | {_f(r['parity'], '.1e')} | {_f(r['prediction'], '.2f')} | "
+                   f"{_f(ratio, '.3f')}{mark} | {others} | {_f(parity_, '.1e')} | {_f(prediction, '.2f')} | "
                    f"{_misses(r)} |")
     return out
 
@@ -515,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-runs", type=int, default=20, help="timed runs at real size (default 20)")
     parser.add_argument("--only", default="", help="comma-separated substrings: only exports whose file has one")
     parser.add_argument("--archs", default="", help="comma-separated architectures: only their exports")
+    parser.add_argument("--bind-on-failure", default="real",
+                        help="sizes (comma-separated, or 'none') whose dynamic exports, where ours cannot import "
+                             "them with their symbols, are also measured bound at their first shape (default real)")
     parser.add_argument("--markdown", type=Path, help="write the report here (default: stdout)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--from-json", type=Path, action="append",
@@ -533,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             meta.append(json.loads(manifest.read_text()) | {"folder": folder})
         only = [s for s in args.only.split(",") if s]
         archs = {s for s in args.archs.split(",") if s}
+        bind = frozenset(args.bind_on_failure.split(",")) - {"none", ""}
         rules = onnx_rules()
         rows = []
         started, loads = time.perf_counter(), [os.getloadavg()[0]]
@@ -547,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
                         if not picked:
                             continue
                         try:
-                            rows.append(measure(entry, corpus["folder"], Path(tmp), optimizer, rules, runs))
+                            rows.append(measure(entry, corpus["folder"], Path(tmp), optimizer, rules, runs, bind))
                         except Exception as exc:  # the measurement itself failed: a row that says so
                             rows.append(failed_row(entry, one_line("measure", exc)))
                         r = rows[-1]

@@ -12,6 +12,7 @@ import pytest
 
 from onnx_models import MODELS
 from rlx_egraph.frontends.onnx.compare import op_counts
+from rlx_egraph.onnx import OnnxImportError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,3 +113,33 @@ def test_reports_of_earlier_runs_merge_each_export_once(result: tuple[dict, str,
     assert merged[1:] == first[1:]  # the same rows; the first line adds the second run's minutes
     minutes = first[0].rsplit("; ", 1)[1]
     assert merged[0].endswith(f"; {minutes.removesuffix(' minutes.')} + {minutes}")
+
+
+def test_a_dynamic_export_ours_cannot_import_with_symbols_is_measured_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    onnx.save(MODELS["bert"](), tmp_path / "bert.onnx")
+    entry = _entry("bert.onnx", "bert", False, [{"hidden_states": [2, 5, 16], "attention_mask": [2, 5]},
+                                                {"hidden_states": [3, 9, 16], "attention_mask": [3, 9]}],
+                   {"batch": 2, "sequence": 5})
+    real_import = corpus.import_model
+
+    def symbols_fail(model: object, input_shapes: object = None) -> object:
+        if input_shapes is None:
+            raise OnnxImportError("Slice node 's': cannot decide sequence > 8")
+        return real_import(model, input_shapes)
+
+    monkeypatch.setattr(corpus, "import_model", symbols_fail)
+    optimizer = corpus.TransformerOptimizer(str(tmp_path / "no-python"), tmp_path / "log")
+    args = (entry, tmp_path, tmp_path, optimizer, corpus.onnx_rules(), 3)
+    unbound = corpus.measure(*args)
+    assert unbound["ours"]["error"] == "import: OnnxImportError: Slice node 's': cannot decide sequence > 8"
+    assert "bound" not in unbound and unbound["ratio"] is None and "ms" not in unbound["runs"][0]
+    row = corpus.measure(*args, bind=frozenset({"tiny"}))
+    optimizer.close()
+    assert row["ours"] == unbound["ours"] and row["ratio"] is None and set(row["targets"].values()) == {False}
+    bound = row["bound"]
+    assert [r["shapes"]["attention_mask"] for r in row["runs"]] == [[2, 5]]  # bound: the first shape only
+    assert bound["parity"] <= 1e-4 and bound["ratio"] == pytest.approx(row["runs"][0]["ms"]["ours"]
+                                                                      / row["reference_ms"])
+    line = corpus.table([row])[-1]
+    assert f"| {bound['ratio']:.3f} (bound) |" in line and "symbolic: import: OnnxImportError" in line
