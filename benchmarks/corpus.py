@@ -62,7 +62,7 @@ PARITY = 1e-4
 SLOWER = 1.02  # ours may be at most 2% slower than the reference on any export
 GEOMEAN = {"tiny": 0.85, "decode": 0.85, "real": 1.0}
 PREDICTION = 1.5
-WARMUP = {"tiny": 10, "real": 3}
+WARMUP = {"tiny": 10, "real": 2}
 TF_TIMEOUT = {"tiny": 300.0, "real": 1800.0}  # seconds for the transformer optimizer's three levels
 
 
@@ -528,6 +528,17 @@ def load_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, A
     return list(rows.values()), sorted(corpora.values(), key=lambda c: order.get(c["size"], 2)), run
 
 
+def run_info(args: argparse.Namespace, loads: list[float], started: float) -> dict[str, Any]:
+    return {"runs": args.runs, "real_runs": args.real_runs, "loads": loads,
+            "minutes": [round((time.perf_counter() - started) / 60, 1)],
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+
+
+def save(path: Path, rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[str, Any]) -> None:
+    corpora = [c | {"folder": Path(c["folder"]).name} for c in meta]
+    path.write_text(json.dumps({"run": run, "corpora": corpora, "rows": rows}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/corpus.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -579,17 +590,17 @@ def main(argv: list[str] | None = None) -> int:
                             rows.append(failed_row(entry, one_line("measure", exc)))
                         r = rows[-1]
                         loads.append(os.getloadavg()[0])
+                        if args.json:  # after every export, so that a stopped run keeps what it measured
+                            save(args.json, rows, meta, run_info(args, loads, started))
                         print(f"{r['file']}: ratio {_f(r['ratio'], '.3f')} parity {_f(r['parity'], '.1e')} "
                               f"{_misses(r)}", file=sys.stderr, flush=True)
             finally:
                 optimizer.close()
-        run = {"runs": args.runs, "real_runs": args.real_runs, "loads": loads,
-               "minutes": [round((time.perf_counter() - started) / 60, 1)],
-               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+        run = run_info(args, loads, started)
         for corpus in meta:
             corpus["folder"] = corpus["folder"].name
     if args.json and not args.from_json:
-        args.json.write_text(json.dumps({"run": run, "corpora": meta, "rows": rows}, indent=1, default=str))
+        save(args.json, rows, meta, run)
     text = report(rows, meta, run)
     if args.markdown:
         args.markdown.write_text(text + "\n")
