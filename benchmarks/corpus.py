@@ -506,6 +506,12 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
         if not members:
             continue
         out += [f"## {title}: every export", "", *table(members), ""]
+    measured = {(r["size"], r["file"]) for r in rows}
+    missing = [f"{c['size']}/{e['file'].removesuffix('.onnx')}" for c in meta for e in c["exports"]
+               if (c["size"], e["file"]) not in measured]
+    if missing:
+        out += ["## Not measured", "", f"{len(missing)} exports of the corpus are not in this run: "
+                + ", ".join(missing) + ".", ""]
     out += ["## Where ours fails", "", "Grouped by cause (names in quotes and numbers left out).", "",
             *failures(rows), ""]
     out += ["## Failed exports", "", *export_failures(meta), ""]
