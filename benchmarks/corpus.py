@@ -489,7 +489,9 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
               ("Held-out third", [r for r in rows if r["held_out"]]))
     archs = sorted({(r["arch"], r["family"], r["held_out"]) for r in rows}, key=lambda a: (a[2], a[0]))
     loads = run["loads"]
-    out = [f"Exports: {len(rows)} ({', '.join(f'{c['size']} {len(c['exports'])}' for c in meta)}); "
+    total = sum(len(c["exports"]) for c in meta)
+    out = [f"Measured: {len(rows)} of the corpus's {total} exports "
+           f"({', '.join(f'{c['size']} {len(c['exports'])}' for c in meta)}); "
            f"latency: median of {run['runs']} runs ({run['real_runs']} at real size), one thread, ORT_ENABLE_ALL; "
            f"onnxruntime {ort.__version__}, onnx {onnx.__version__}; exports by torch {meta[0]['torch']}, "
            f"transformers {meta[0]['transformers']}; the machine's 1-minute load average during the run: "
