@@ -155,8 +155,10 @@ class TransformerOptimizer:
     def run(self, entry: Mapping[str, Any], path: Path, work: Path, timeout: float) -> dict[str, Path | str]:
         """Level -> output path, or why there is none."""
         outs = {level: work / f"{path.stem}.tf{level}.onnx" for level in LEVELS}
-        if self.proc is None or self.proc.poll() is not None:
-            return dict.fromkeys(LEVELS, self.error or "the transformer optimizer's worker stopped")
+        if self.proc is not None and self.proc.poll() is not None:  # a job before this one stopped it
+            self.start()
+        if self.proc is None:
+            return dict.fromkeys(LEVELS, self.error)
         job = {"input": str(path), "model_type": entry["ort_model_type"], "num_heads": entry["num_heads"],
                "hidden_size": entry["hidden_size"], "external": entry["size"] == "real",
                "outputs": {level: str(out) for level, out in outs.items()}}
@@ -169,7 +171,9 @@ class TransformerOptimizer:
             return dict.fromkeys(LEVELS, f"the transformer optimizer took over {timeout:.0f} s")
         line = self.proc.stdout.readline()
         if not line:
-            return dict.fromkeys(LEVELS, "the transformer optimizer's worker stopped")
+            status = self.proc.wait()
+            why = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+            return dict.fromkeys(LEVELS, f"the transformer optimizer stopped ({why})")
         errors = json.loads(line)
         return {level: outs[level] if errors[level] is None else errors[level] for level in LEVELS}
 

@@ -143,3 +143,17 @@ def test_a_dynamic_export_ours_cannot_import_with_symbols_is_measured_bound(
                                                                       / row["reference_ms"])
     line = corpus.table([row])[-1]
     assert f"| {bound['ratio']:.3f} (bound) |" in line and "symbolic: import: OnnxImportError" in line
+
+
+def test_a_transformer_optimizer_that_dies_is_reported_and_started_again(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nread job\nkill -9 $$\n")  # dies on its first job, as under the OOM killer
+    fake.chmod(0o755)
+    optimizer = corpus.TransformerOptimizer(str(fake), tmp_path / "log")
+    entry = _entry("m.onnx", "m", False, [], {})
+    first_pid = optimizer.proc.pid
+    first = optimizer.run(entry, tmp_path / "m.onnx", tmp_path, timeout=60)
+    second = optimizer.run(entry, tmp_path / "m.onnx", tmp_path, timeout=60)
+    optimizer.close()
+    assert first == second == dict.fromkeys(("0", "1", "99"), "the transformer optimizer stopped (killed by signal 9)")
+    assert optimizer.proc.pid != first_pid
