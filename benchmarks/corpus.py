@@ -516,7 +516,7 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
     missing = [f"{c['size']}/{e['file'].removesuffix('.onnx')}" for c in meta for e in c["exports"]
                if (c["size"], e["file"]) not in measured]
     if missing:
-        out += ["## Not measured", "", f"{len(missing)} exports of the corpus are not in this run: "
+        out += ["## Not measured", "", f"Exports of the corpus not in this run ({len(missing)}): "
                 + ", ".join(missing) + ".", ""]
     out += ["## Where ours fails", "", "Grouped by cause (names in quotes and numbers left out).", "",
             *failures(rows), ""]
