@@ -7,11 +7,11 @@ exporter at opset 18, with both attention implementations (``eager`` and ``sdpa`
 ``OUT/<model>_<exporter><opset>_<attn>.onnx``.
 
 torch and transformers are not project dependencies; run in a separate environment with torch (CPU),
-transformers, onnx, onnxscript (the dynamo exporter), onnxruntime and sympy (the transformer optimizer), e.g.
-/work/venv311 (torch 2.14, transformers 5.23, no network needed: models are built from configs):
+transformers, onnx, onnxscript (the dynamo exporter), onnxruntime and sympy (the transformer optimizer), e.g. a
+Python 3.11 virtual environment PY311 (no network needed: models are built from configs):
 
-    /work/venv311/bin/python scripts/export_hf_models.py OUT     # about 3 minutes on 2 cores
-    PYTHONPATH=src python -m rlx_egraph.frontends.onnx.compare OUT --ort-python /work/venv311/bin/python \
+    $PY311/bin/python scripts/export_hf_models.py OUT            # about 3 minutes on 2 cores
+    PYTHONPATH=src python -m rlx_egraph.frontends.onnx.compare OUT --ort-python $PY311/bin/python \
         --num-heads 4 --hidden-size 64                           # then compare, in the project's environment
 
 Also writes ``OUT/INDEX.md``: every file with its opset, inputs, node count and op histogram, and every
@@ -30,7 +30,7 @@ import torch
 import transformers as tf
 
 EXPORTS = (("torchscript", 14), ("torchscript", 17), ("dynamo", 18))
-"""(exporter, opset) pairs, as issue 7 asks."""
+"""(exporter, opset) pairs: both PyTorch exporters, each at the opsets it is used with."""
 
 SMALL = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128}
 

@@ -32,7 +32,7 @@ from ..ir.ops.fused import EPILOGUE_OPS, EPILOGUES
 from ..ir.registry import TensorType
 from ..optimize import optimize_with_report
 
-# The optimizer's default token bound for FusedAttentionBlock (FUSIONS.md section 3); ``direct`` keeps to it.
+# The optimizer's default token bound for FusedAttentionBlock (docs/fusions.md); ``direct`` keeps to it.
 ATTENTION_BLOCK_MAX_TOKENS: int = inspect.signature(optimize_with_report).parameters[
     "attention_block_max_tokens"].default
 

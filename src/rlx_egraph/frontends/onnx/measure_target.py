@@ -1,4 +1,4 @@
-"""Measure the ``onnxruntime`` cost target's figures on this machine.
+"""Measure the ``onnxruntime`` cost target's figures on the machine it runs on.
 
     python -m rlx_egraph.frontends.onnx.measure_target
 
