@@ -23,7 +23,7 @@ Where the preset figures come from:
     regions are unfused back into single ops), so those ops must never be
     extracted for it.
 
-``cpu`` (ours; a 2-core x86 host such as this project's machine)
+``cpu`` (ours; a 2-core x86-64 host)
     dispatch 3 µs: a numpy ufunc call costs ~0.7 µs and this project's
     Python interpreter ~6 µs per node; a native runtime's function call plus
     thread-pool hand-off sits between.  memory_bw 20 B/ns: a 2-channel DRAM
@@ -43,7 +43,7 @@ Where the preset figures come from:
     non-tensor-core float32 (A100 19.5).  host_thunk_penalty 100 µs: a host
     callback drains the stream and breaks CUDA-graph capture.
 
-``onnxruntime`` (ours; onnxruntime's CPU provider on this project's 2-core machine)
+``onnxruntime`` (ours; onnxruntime's CPU provider on a 2-core x86-64 host)
     Measured with ``python -m rlx_egraph.frontends.onnx.measure_target``
     (onnxruntime 1.31.1; the machine is shared, so two runs differ: dispatch
     335 and 708 ns, memory bandwidth 3.2 and 6.2 B/ns, matmul 17.2 and
