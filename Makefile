@@ -1,6 +1,6 @@
 # Every target sets itself up in .venv: `make demo` installs the package alone, `make test` adds the dev tools.
 # The newest supported interpreter that runs here (the fallback engine is about 15% faster on 3.13 than on 3.12,
-# with the same results); PYTHON=... picks another.
+# with the same results; see docs/benchmarks.md); PYTHON=... picks another.
 ifndef PYTHON
 PYTHON := $(firstword $(foreach p,python3.13 python3.12,$(shell $(p) -c "" >/dev/null 2>&1 && echo $(p))))
 endif

@@ -257,7 +257,7 @@ def _relu(**fields: object) -> dict[str, object]:
     return {"id": 1, "op": "Relu", "inputs": [0], "attrs": {}, **fields}
 
 
-# Item 12 of issue 6: each of these ended in a traceback with exit 1.
+# Malformed graph files: each is one error line with exit code 2, never a traceback.
 BAD_GRAPH_FILES: list[tuple[str, bytes, str]] = [
     ("op-list", json.dumps(_file([X, _relu(op=["Relu"])])).encode(),
      "node 1: 'op' must be the name of an op, got ['Relu']"),
@@ -700,7 +700,7 @@ def test_bench_fingerprint_digests_each_result_the_same_way_twice(capsys: pytest
 
 def test_bench_agreement_lists_the_random_graphs_the_engines_price_apart(capsys: pytest.CaptureFixture[str]) -> None:
     """Each listed graph is priced again here; every one of them has the shared pair ``Add(x@w1, x@w2)`` that the
-    fallback fuses at once (the README's known limit), and the count in the first line adds up."""
+    fallback fuses at once (a known limit: docs/engines.md), and the count in the first line adds up."""
     import random
 
     from rlx_egraph.optimize import optimize_with_report

@@ -86,7 +86,7 @@ def test_svg_rendering_says_what_to_install_without_graphviz(monkeypatch: pytest
 
 
 def test_svg_is_rendered_where_graphviz_is_installed_else_the_documented_error() -> None:
-    """Real SVG with Graphviz's dot on the PATH (README: apt-get install graphviz); else the error saying so."""
+    """Real SVG with Graphviz's dot on the PATH (docs/report.md: apt-get install graphviz); else the error saying so."""
     opt, report = optimize_with_report(mlp())
     dot = opt.to_dot(report)
     if not can_render():  # a machine without Graphviz: the message names what to install

@@ -199,7 +199,7 @@ def test_a_free_constant_read_by_many_classes_costs_one_switch_per_class():
     assert (chosen.moves, chosen.cost_ns, chosen.switches) == (0, 10.0 * (readers + 1), readers)
 
 
-# --- exact extraction (issue 8): the ILP proves optimality on deep models --------------------------------------
+# --- exact extraction: the ILP proves optimality on deep models ----------------------------------------------
 
 
 def brute_force_optimum(view: EGraphView, roots: list[int], costs: list[float]) -> float:

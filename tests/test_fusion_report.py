@@ -1,4 +1,4 @@
-"""FusionReport (missed fusions and why), the run as data tables, honest counts (issue 10, items 1-3)."""
+"""FusionReport (missed fusions and why), the run as data tables, honest counts."""
 
 from __future__ import annotations
 

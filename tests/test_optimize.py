@@ -37,7 +37,7 @@ def opt(g: Graph, **kw):
     return optimize_with_report(g, verify=True, **kw)
 
 
-# --- the optimizer's basic cases (seed 003) ------------------------------------------------
+# --- the optimizer's basic cases ------------------------------------------------------
 
 
 def test_matmul_then_relu_stays_unfused_and_graph_comes_back_equal():
@@ -116,7 +116,7 @@ def test_pool_and_conv_ops_survive():
     assert ops(og) == {"Conv2d": 1, "GlobalAvgPool": 1, "MaxPool2d": 1}
 
 
-# --- the fusion passes' cases (seed 001) ------------------------------------------------
+# --- the fusion passes' cases ------------------------------------------------------
 
 
 @pytest.mark.parametrize("act, expected", [("gelu", "gelu"), ("silu", "silu")])

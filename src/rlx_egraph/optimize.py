@@ -67,7 +67,7 @@ log = logging.getLogger("rlx_egraph")
 # the e-graph (all None for the fallback engine, or where the egglog run stopped before them).
 EgglogTables = tuple[EGraphView | None, dict[int, int] | None, list[float] | None, eb.EGraph | None]
 
-# Above this many nodes ``engine="auto"`` runs the fallback engine (see the README's "Two engines" figures).
+# Above this many nodes ``engine="auto"`` runs the fallback engine (why: docs/engines.md).
 FALLBACK_THRESHOLD = 100_000
 # The token bound of FusedAttentionBlock on a target that sets none (an i64 egglog compares with any product).
 NO_TOKEN_BOUND = 2**62

@@ -31,7 +31,7 @@ from ..ir.graph import Graph, GraphError
 from ..ir.ops.fused import EPILOGUE_OPS, EPILOGUES
 from ..ir.registry import TensorType
 
-# The token bound for FusedAttentionBlock of the targets that keep the seed's (FUSIONS.md section 3); ``direct``
+# The token bound for FusedAttentionBlock of the targets that keep the seed's (docs/fusions.md); ``direct``
 # keeps to it.
 ATTENTION_BLOCK_MAX_TOKENS: int = SEED_ATTENTION_BLOCK_MAX_TOKENS
 

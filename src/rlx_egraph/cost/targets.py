@@ -15,7 +15,7 @@ extraction).
 Where the preset figures come from:
 
 ``metal`` and ``wgpu``
-    The seed's compile-time gate figures (FUSIONS.md section 4), unchanged, so
+    The seed design's compile-time gate figures, unchanged, so
     its gate decisions reproduce.  The seed does not model compute, so both
     have ``flops_per_ns = inf``.  On unified memory the seed divides readback
     by its readback bandwidth forced to 0 and then clamped to 1, i.e. it

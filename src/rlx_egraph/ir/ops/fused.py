@@ -1,4 +1,4 @@
-"""Fused ops (FUSIONS.md section 3).
+"""Fused ops (the catalogue: docs/fusions.md).
 
 Each op's ``decompose`` builds the subgraph its rule recognises (the rule's
 left side, which may name other fused ops), and its kernel computes exactly
