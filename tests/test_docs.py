@@ -15,8 +15,8 @@ from pathlib import Path
 
 import onnx
 import pytest
-from onnx_models import DYNAMIC_MODELS
 
+from onnx_models import DYNAMIC_MODELS
 from rlx_egraph.ir import REGISTRY, Kind
 from rlx_egraph.onnx import onnx_rules
 
