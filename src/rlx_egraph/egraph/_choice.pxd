@@ -2,6 +2,8 @@
 
 from rlx_egraph.egraph._flat cimport FlatEGraph, Heap
 
+cdef double _INF
+
 
 cdef class ClassChoice:
     cdef int[::1] node

@@ -9,7 +9,6 @@ always gives the same result.
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Iterable, Mapping, Sequence
 
 try:
@@ -17,9 +16,11 @@ try:
 except ModuleNotFoundError:  # Cython compiles this module; the module runs without it
     from .. import _cython_shim as cython
 
-from ._flat import FlatEGraph, Heap, copy_ints, flag_array, float_array, int_array
+from ._flat import FlatEGraph, Heap, copy_ints, doubles, flag_array, flags, float_array, int_array, ints
 
 COMPILED: bool = cython.compiled
+
+_INF = math.inf  # compiled: a C constant (_choice.pxd)
 
 
 def settle_positions(g: FlatEGraph, start: Iterable[float], final: Iterable[bool],
@@ -27,12 +28,12 @@ def settle_positions(g: FlatEGraph, start: Iterable[float], final: Iterable[bool
     """The positions of :func:`rlx_egraph.egraph.extract.class_positions` from the ``start`` positions of the
     classes that are ``final`` already (leaves, input-graph classes): every other class gets the least over
     its e-nodes (those of finite ``costs``; all when None) of its highest child's position plus 1/2."""
-    out = array("d", start)
+    out = doubles(start)
     pos: cython.double[::1] = out
-    done: cython.char[::1] = array("b", final)
+    done: cython.char[::1] = flags(final)
     pending: cython.int[::1] = g.distinct_children()
     priced: cython.bint = costs is not None
-    cost: cython.double[::1] = array("d", costs) if priced else float_array(0, 0.0)
+    cost: cython.double[::1] = doubles(costs) if priced else float_array(0, 0.0)
     heap: Heap = Heap(g.num_nodes)
     n: cython.int
     c: cython.int
@@ -59,7 +60,7 @@ def _offer_position(g: FlatEGraph, n: cython.int, pos: cython.double[::1], done:
     c: cython.int = g.eclass[n]
     k: cython.int
     highest: cython.double = -1.0
-    if done[c] or (priced and not cost[n] < math.inf):
+    if done[c] or (priced and not cost[n] < _INF):
         return
     for k in range(g.child_start[n], g.child_start[n + 1]):
         if pos[g.child[k]] > highest:
@@ -85,7 +86,7 @@ def tree_choice(g: FlatEGraph, costs: Iterable[float]) -> tuple[dict[int, int], 
     for the classes that have one; ties go to the lower e-node index."""
     costs_out = float_array(g.num_classes, 0.0)
     best_cost: cython.double[::1] = costs_out
-    best_node: cython.int[::1] = _tree_choice(g, array("d", costs), best_cost)
+    best_node: cython.int[::1] = _tree_choice(g, doubles(costs), best_cost)
     return ({c: best_node[c] for c in range(g.num_classes) if best_node[c] >= 0},
             {c: best_cost[c] for c in range(g.num_classes) if best_node[c] >= 0})
 
@@ -110,7 +111,7 @@ def _tree_choice(g: FlatEGraph, cost: cython.double[::1], best_cost: cython.doub
     for c in range(g.num_classes):
         best_cost[c] = 0.0
     for n in range(g.num_nodes):
-        if pending[n] == 0 and cost[n] < math.inf:
+        if pending[n] == 0 and cost[n] < _INF:
             heap.push(cost[n], n)
     while heap.size > 0:
         n = heap.ids[0]
@@ -123,7 +124,7 @@ def _tree_choice(g: FlatEGraph, cost: cython.double[::1], best_cost: cython.doub
         for k in range(g.parent_start[c], g.parent_start[c + 1]):
             p = g.parent[k]
             pending[p] -= 1
-            if pending[p] == 0 and cost[p] < math.inf and best_node[g.eclass[p]] < 0:
+            if pending[p] == 0 and cost[p] < _INF and best_node[g.eclass[p]] < 0:
                 width = g.child_start[p + 1] - g.child_start[p]
                 if width > len(reads):
                     reads = int_array(width, 0)
@@ -227,9 +228,9 @@ def start_choice(g: FlatEGraph, costs: Iterable[float], pos: Iterable[float],
     tree-cost one.  Returns (class -> e-node, class -> its least tree-cost e-node), for the classes that have
     one, as :class:`ClassChoice`.  When rules merged several input-graph nodes into one class, only the lowest
     one is computed from classes below it, and it is the one taken."""
-    monotone: cython.double[::1] = array("d", costs)
-    position: cython.double[::1] = array("d", pos)
-    is_original: cython.char[::1] = array("b", original)
+    monotone: cython.double[::1] = doubles(costs)
+    position: cython.double[::1] = doubles(pos)
+    is_original: cython.char[::1] = flags(original)
     unused: cython.double[::1] = float_array(g.num_classes, 0.0)
     n: cython.int
     c: cython.int
@@ -237,7 +238,7 @@ def start_choice(g: FlatEGraph, costs: Iterable[float], pos: Iterable[float],
     for n in range(g.num_nodes):
         for k in range(g.child_start[n], g.child_start[n + 1]):
             if not position[g.child[k]] < position[g.eclass[n]]:
-                monotone[n] = math.inf
+                monotone[n] = _INF
     tree_array = _tree_choice(g, monotone, unused)
     tree: cython.int[::1] = tree_array
     choice_array = int_array(g.num_classes, -1)
@@ -245,7 +246,7 @@ def start_choice(g: FlatEGraph, costs: Iterable[float], pos: Iterable[float],
     for c in range(g.num_classes):
         for k in range(g.member_start[c], g.member_start[c + 1]):
             n = g.member[k]
-            if is_original[n] and monotone[n] < math.inf:
+            if is_original[n] and monotone[n] < _INF:
                 choice[c] = n
                 break
         if choice[c] < 0:
@@ -292,8 +293,8 @@ def dag_cost(g: FlatEGraph, choice: dict[int, int], roots: Iterable[int], costs:
     float sum is fixed).  Raises KeyError for a reached class without a choice."""
     chosen: cython.int[::1] = int_array(g.num_classes, -1)
     seen: cython.char[::1] = flag_array(g.num_classes, 0)
-    cost: cython.double[::1] = array("d", costs)
-    root_array = array("i", roots)
+    cost: cython.double[::1] = doubles(costs)
+    root_array = ints(roots)
     stack: cython.int[::1] = int_array(len(root_array) + len(g.child), 0)  # the roots, then each class's children
     top: cython.Py_ssize_t = 0
     total: cython.double = 0.0
@@ -326,7 +327,7 @@ def dag_cost(g: FlatEGraph, choice: dict[int, int], roots: Iterable[int], costs:
 def least_per_class(class_of: dict[int, int], value_of: Mapping[int, float], num_classes: int) -> list[float]:
     """Per class the least ``value_of[key]`` over the keys of ``class_of`` (key -> class) in it, infinity for
     none."""
-    out = float_array(num_classes, math.inf)
+    out = float_array(num_classes, _INF)
     least: cython.double[::1] = out
     c: cython.int
     value: cython.double

@@ -4,7 +4,6 @@ and the loop that makes the optimized graph's nodes."""
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -15,10 +14,17 @@ except ModuleNotFoundError:  # Cython compiles this module; the module runs with
 
 from ..ir.graph import Node
 from ..ir.registry import Kind, ops_of_kind
-from ._flat import FlatEGraph, Heap, float_array, int_array
+from ._flat import FlatEGraph, Heap, Memo, doubles, float_array, int_array, ints
 from ._rows import EClass, ENode
 
+if cython.compiled:  # a C function, cimported (_flat.pxd)
+    from cython.cimports.rlx_egraph.egraph._flat import address
+else:
+    from ._flat import address
+
 COMPILED: bool = cython.compiled
+
+_INF = math.inf  # compiled: a C constant (_decoding.pxd)
 
 
 def decode_order(g: FlatEGraph, wanted: dict[int, int], first: Iterable[float]) -> list[int]:
@@ -30,7 +36,7 @@ def decode_order(g: FlatEGraph, wanted: dict[int, int], first: Iterable[float]) 
     chosen: cython.int[::1] = int_array(g.num_classes, -1)
     pending: cython.int[::1] = int_array(g.num_classes, 0)
     seen: cython.int[::1] = int_array(g.num_classes, -1)
-    position: cython.double[::1] = array("d", first)
+    position: cython.double[::1] = doubles(first)
     key: cython.double[::1] = float_array(g.num_classes, 0.0)
     heap: Heap = Heap(len(wanted))
     order: list = []
@@ -70,7 +76,7 @@ def _ready(g: FlatEGraph, c: cython.int, n: cython.int, position: cython.double[
     """Class ``c``, whose e-node ``n``'s children all have their keys, gets its own, and goes on the heap."""
     k: cython.int
     highest: cython.double = -1.0
-    if position[c] < math.inf:
+    if position[c] < _INF:
         key[c] = position[c]
     else:
         for k in range(g.child_start[n], g.child_start[n + 1]):
@@ -108,11 +114,13 @@ def decoded_nodes(order: list[int], wanted: dict[int, int], enodes: list[ENode],
     built_by: dict = {}
     merged_by: dict = {}
     made: list = []
-    checked: dict = {}  # signature -> the first node checked for it
-    numbers: cython.int[::1] = array("i", type_numbers)
+    memo: Memo = Memo()  # signatures
+    checked: list = []  # per signature the first node checked for it
+    op_numbers: dict = {}  # the ops of rechecked ops' inputs, numbered
+    numbers: cython.int[::1] = ints(type_numbers)
+    signature: cython.int
     children: tuple
     inputs: list
-    key: list
     enode: ENode
     cls: EClass
     leaves = ops_of_kind(Kind.LEAF)
@@ -136,19 +144,20 @@ def decoded_nodes(order: list[int], wanted: dict[int, int], enodes: list[ENode],
         elif op in leaves:
             node = check(nid, op, tuple(inputs), enode.attrs, nodes)
         else:
-            key = [op, id(enode.attrs), 0]  # then the children's types, and a rechecked op's inputs' ops
+            memo.start()  # op, attributes, children's types, and a rechecked op's inputs' ops
+            memo.add(address(op))
+            memo.add(address(enode.attrs))
             for k in range(width):
-                child = children[k]
-                key.append(numbers[child])
+                memo.add(numbers[children[k]])
             if op in rechecked:
                 for k in range(width):
-                    key.append(nodes[inputs[k]].op)
-            signature = tuple(key)
-            seen = checked.get(signature)
-            if seen is None:
+                    memo.add(op_numbers.setdefault(nodes[inputs[k]].op, len(op_numbers)))
+            signature = memo.number()
+            if signature == len(checked):
                 node = check(nid, op, tuple(inputs), enode.attrs, nodes)
-                checked[signature] = node
+                checked.append(node)
             else:
+                seen = checked[signature]
                 node = Node(nid, seen.op, tuple(inputs), dict(seen.attrs), seen.shape, seen.dtype, seen.parts)
         nodes.append(node)
         key_of = nid  # one int object for the five tables

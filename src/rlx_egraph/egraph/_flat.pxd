@@ -5,14 +5,15 @@ cimport cython
 from rlx_egraph.egraph._rows cimport ENode
 
 
-cdef Py_ssize_t address(object thing)
+cdef Py_ssize_t address(object thing) noexcept
+cdef object _grown(long long[::1] words, Py_ssize_t size)
+cdef unsigned long long _MIX, _SCRAMBLE
 
 
 cdef class FlatEGraph:
     cdef int[::1] child_start, child, parent_start, parent, member_start, member, eclass
     cdef readonly int num_nodes, num_classes
     cpdef object distinct_children(self)
-    cdef tuple signature(self, ENode node, int n, int[::1] numbers, long long extra, bint with_attrs)
 
 
 @cython.final
@@ -25,3 +26,17 @@ cdef class Heap:
     cdef int _grow(self) except -1
 
 
+@cython.final
+cdef class Memo:
+    cdef long long[::1] key, words, hashes
+    cdef int[::1] first, slots
+    cdef Py_ssize_t width, used
+    cdef readonly int count
+    cdef dict numbers
+    cdef inline void start(self) noexcept
+    cdef inline int add(self, long long word) except -1
+    cdef int number(self) except -1
+    cdef bint _holds(self, int number) noexcept
+    cdef int _insert(self, long long code, Py_ssize_t at) except -1
+    cdef int _rehash(self) except -1
+    cdef int enode(self, FlatEGraph g, ENode node, int n, int[::1] numbers, long long extra, bint with_attrs) except -1

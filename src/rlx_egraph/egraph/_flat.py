@@ -1,5 +1,6 @@
 """The e-graph as flat integer arrays (built once per view, see :meth:`rlx_egraph.egraph.view.EGraphView.flat`),
-and what the passes over it share: a heap of (key, id) pairs and the memo key of an e-node.
+and what the passes over it share: arrays made from Python sequences, a heap of (key, id) pairs and the memo that
+numbers the passes' keys (e-node signatures).
 
 Arrays are ``array.array`` objects; compiled (``_flat.pxd`` declares the fields), the passes read them through
 typed memoryviews, as C arrays.
@@ -8,6 +9,7 @@ typed memoryviews, as C arrays.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from typing import Any
 
 try:
@@ -39,6 +41,10 @@ def flag_array(size: cython.Py_ssize_t, fill: cython.char) -> object:
     return array("b", [fill]) * size
 
 
+def long_array(size: cython.Py_ssize_t, fill: cython.longlong) -> object:
+    return array("q", [fill]) * size
+
+
 def copy_ints(source: cython.int[::1]) -> object:
     """A new array holding ``source``'s ints."""
     k: cython.Py_ssize_t
@@ -46,6 +52,48 @@ def copy_ints(source: cython.int[::1]) -> object:
     copy: cython.int[::1] = out
     for k in range(len(source)):
         copy[k] = source[k]
+    return out
+
+
+# Arrays made from Python values.  As Python, array's constructor is the quickest way; compiled, a typed loop is
+# (the constructor parses every item as its format says, some 200 instructions each).
+
+def ints(values: Iterable[int]) -> object:
+    """A new int array holding ``values``."""
+    if not cython.compiled:
+        return array("i", values)
+    items: list = values if type(values) is list else list(values)
+    out = int_array(len(items), 0)
+    view: cython.int[::1] = out
+    k: cython.Py_ssize_t
+    for k in range(len(items)):
+        view[k] = items[k]
+    return out
+
+
+def doubles(values: Iterable[float]) -> object:
+    """A new float array holding ``values``."""
+    if not cython.compiled:
+        return array("d", values)
+    items: list = values if type(values) is list else list(values)
+    out = float_array(len(items), 0.0)
+    view: cython.double[::1] = out
+    k: cython.Py_ssize_t
+    for k in range(len(items)):
+        view[k] = items[k]
+    return out
+
+
+def flags(values: Iterable[bool]) -> object:
+    """A new array of flags holding ``values`` (bools)."""
+    if not cython.compiled:
+        return array("b", values)
+    items: list = values if type(values) is list else list(values)
+    out = flag_array(len(items), 0)
+    view: cython.char[::1] = out
+    k: cython.Py_ssize_t
+    for k in range(len(items)):
+        view[k] = items[k]
     return out
 
 
@@ -135,30 +183,6 @@ class FlatEGraph:
                     count[n] += 1
         return out
 
-    def signature(self, node: ENode, n: cython.int, numbers: cython.int[::1], extra: cython.longlong,
-                  with_attrs: cython.bint) -> tuple:
-        """E-node ``n``'s memo key: its op, the identity of its attributes dict (e-nodes of equal attributes share
-        one, see :func:`._rows.read_enodes`; 0 without ``with_attrs``), ``extra``, then its children's
-        ``numbers``.  Keys are compared within one pass, while the e-nodes live."""
-        k: cython.int
-        first: cython.int = self.child_start[n]
-        width: cython.int = self.child_start[n + 1] - first
-        attrs: cython.Py_ssize_t = address(node.attrs) if with_attrs else 0
-        child: cython.int[::1] = self.child
-        if width == 0:  # the usual widths as tuple displays (built in one step when compiled)
-            return (node.op, attrs, extra)
-        if width == 1:
-            return (node.op, attrs, extra, numbers[child[first]])
-        if width == 2:
-            return (node.op, attrs, extra, numbers[child[first]], numbers[child[first + 1]])
-        if width == 3:
-            return (node.op, attrs, extra, numbers[child[first]], numbers[child[first + 1]],
-                    numbers[child[first + 2]])
-        key: list = [node.op, attrs, extra]
-        for k in range(first, first + width):
-            key.append(numbers[child[k]])
-        return tuple(key)
-
 
 class Heap:
     """A binary min-heap of (key, id) pairs, ordered by key, then id: its least pair is ``keys[0], ids[0]``."""
@@ -215,3 +239,136 @@ class Heap:
             i = child
         if size > 0:
             self.keys[i], self.ids[i] = key, id
+
+
+# The multipliers of Memo's hash (odd, below 2**63: C constants).
+_MIX = 0x100000001B3
+_SCRAMBLE = 0x5851F42D4C957F2D
+
+
+@cython.final
+@cython.cclass
+class Memo:
+    """Keys made of ints, each numbered in order of first sight (0, 1, 2, ...): a pass keeps what it computed
+    for a key at the key's number.  A key is written word by word (:meth:`start`, then :meth:`add`), then
+    :meth:`number` finds it, or numbers it (:attr:`count` grows); :meth:`enode` does all three for an e-node's
+    signature.  Compiled, the keys live in C arrays, an open-addressing hash table that allocates nothing per
+    key; as Python, in a dict of tuples.  Both number the same keys alike."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.width = 0
+        self.key = long_array(8, 0)  # the key being written: key[:width]
+        if cython.compiled:
+            self.words = long_array(64, 0)  # the keys' words, one key after the other: words[:used]
+            self.used = 0
+            self.first = int_array(17, 0)  # per number, where its key starts in words; first[count] = used
+            self.hashes = long_array(16, 0)  # per number, its key's hash
+            self.slots = int_array(32, -1)  # the table: a number, or -1 (free); a power of two, at most half full
+        else:
+            self.numbers = {}  # key (a tuple) -> its number
+
+    def start(self) -> cython.void:
+        """Begin a key."""
+        self.width = 0
+
+    def add(self, word: cython.longlong) -> cython.int:
+        """Append ``word`` to the key being written."""
+        if self.width == len(self.key):
+            self.key = _grown(self.key, self.width)
+        self.key[self.width] = word
+        self.width += 1
+        return 0
+
+    def number(self) -> cython.int:
+        """The number of the key written."""
+        k: cython.Py_ssize_t
+        at: cython.Py_ssize_t
+        found: cython.int
+        h: cython.ulonglong = self.width
+        if not cython.compiled:
+            found = self.numbers.setdefault(tuple(self.key[: self.width]), self.count)
+            if found == self.count:
+                self.count += 1
+            return found
+        for k in range(self.width):
+            h = (h ^ cython.cast(cython.ulonglong, self.key[k])) * _MIX
+        h = (h ^ (h >> 29)) * _SCRAMBLE
+        h ^= h >> 32
+        code: cython.longlong = cython.cast(cython.longlong, h)
+        at = code & (len(self.slots) - 1)
+        while self.slots[at] >= 0:
+            found = self.slots[at]
+            if self.hashes[found] == code and self._holds(found):
+                return found
+            at = (at + 1) & (len(self.slots) - 1)
+        return self._insert(code, at)
+
+    def _holds(self, number: cython.int) -> cython.bint:
+        """Whether key ``number`` is the key written (compiled only)."""
+        k: cython.Py_ssize_t
+        first: cython.Py_ssize_t = self.first[number]
+        if self.first[number + 1] - first != self.width:
+            return False
+        for k in range(self.width):
+            if self.words[first + k] != self.key[k]:
+                return False
+        return True
+
+    def _insert(self, code: cython.longlong, at: cython.Py_ssize_t) -> cython.int:
+        """Number the key written, its hash ``code``, at free slot ``at`` (compiled only)."""
+        k: cython.Py_ssize_t
+        number: cython.int = self.count
+        while self.used + self.width > len(self.words):
+            self.words = _grown(self.words, self.used)
+        for k in range(self.width):
+            self.words[self.used + k] = self.key[k]
+        self.used += self.width
+        if number + 1 == len(self.hashes):
+            self.hashes = _grown(self.hashes, number + 1)
+            bigger = int_array(2 * len(self.first), 0)
+            first: cython.int[::1] = bigger
+            first[: number + 1] = self.first[: number + 1]
+            self.first = bigger
+        self.hashes[number] = code
+        self.first[number + 1] = self.used
+        self.slots[at] = number
+        self.count += 1
+        if 2 * self.count > len(self.slots):
+            self._rehash()
+        return number
+
+    def _rehash(self) -> cython.int:
+        """Double the table (compiled only)."""
+        number: cython.int
+        at: cython.Py_ssize_t
+        self.slots = int_array(2 * len(self.slots), -1)
+        for number in range(self.count):
+            at = self.hashes[number] & (len(self.slots) - 1)
+            while self.slots[at] >= 0:
+                at = (at + 1) & (len(self.slots) - 1)
+            self.slots[at] = number
+        return 0
+
+    def enode(self, g: FlatEGraph, node: ENode, n: cython.int, numbers: cython.int[::1], extra: cython.longlong,
+              with_attrs: cython.bint) -> cython.int:
+        """The number of e-node ``n``'s signature: the identities of its op and of its attributes dict (e-nodes of
+        equal attributes share one, see :func:`._rows.read_enodes`; 0 without ``with_attrs``), ``extra``, then its
+        children's ``numbers``.  Identities are compared within one pass, while the e-nodes live."""
+        k: cython.int
+        self.start()
+        self.add(address(node.op))
+        self.add(address(node.attrs) if with_attrs else 0)
+        self.add(extra)
+        for k in range(g.child_start[n], g.child_start[n + 1]):
+            self.add(numbers[g.child[k]])
+        return self.number()
+
+
+@cython.cfunc
+def _grown(words: cython.longlong[::1], size: cython.Py_ssize_t) -> object:
+    """A long array of twice the length of ``words``, its first ``size`` words copied."""
+    bigger = long_array(2 * len(words), 0)
+    view: cython.longlong[::1] = bigger
+    view[:size] = words[:size]
+    return bigger

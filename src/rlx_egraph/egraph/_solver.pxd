@@ -5,7 +5,7 @@ cimport cython
 from rlx_egraph.egraph._choice cimport ClassChoice
 from rlx_egraph.egraph._flat cimport FlatEGraph
 
-cdef double _EPS
+cdef double _EPS, _INF
 cdef int _MAX_RELEASED_READERS, _ATTEMPTS_PER_CLOCK
 
 
@@ -13,7 +13,7 @@ cdef int _MAX_RELEASED_READERS, _ATTEMPTS_PER_CLOCK
 cdef class IntVec:
     cdef int[::1] data
     cdef Py_ssize_t size
-    cdef int push(self, int x) except -1 nogil
+    cdef inline int push(self, int x) except -1 nogil
     cdef int _grow(self) except -1 nogil
     cdef int extend(self, IntVec other) except -1 nogil
 

@@ -23,13 +23,13 @@ except ModuleNotFoundError:  # Cython compiles this module; the module runs with
     from .. import _cython_shim as cython
 
 from ._choice import ClassChoice, choice_array
-from ._flat import FlatEGraph, copy_ints, flag_array, float_array, int_array
+from ._flat import FlatEGraph, copy_ints, doubles, flag_array, float_array, int_array
 
 COMPILED: bool = cython.compiled
 
 EPS = 1e-9  # a move pays when it lowers the cost by more than this (float sums differ in the last digits)
 MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
-_EPS, _MAX_RELEASED_READERS = EPS, MAX_RELEASED_READERS  # compiled: C constants (see _solver.pxd)
+_EPS, _MAX_RELEASED_READERS, _INF = EPS, MAX_RELEASED_READERS, math.inf  # compiled: C constants (_solver.pxd)
 _ATTEMPTS_PER_CLOCK = 16  # the local search reads the clock before every 16th attempt (the first included)
 
 
@@ -227,12 +227,9 @@ class Solver:
         if len(costs) != g.num_nodes or len(pos) != g.num_classes:
             raise ValueError(f"{len(costs)} costs and {len(pos)} positions for {g.num_nodes} e-nodes and "
                              f"{g.num_classes} classes")
-        self.costs = float_array(g.num_nodes, 0.0)
-        self.pos = float_array(g.num_classes, 0.0)
-        for n in range(g.num_nodes):
-            self.costs[n] = costs[n]
+        self.costs = doubles(costs)
+        self.pos = doubles(pos)
         for c in range(g.num_classes):
-            self.pos[c] = pos[c]
             widest = max(widest, g.member_start[c + 1] - g.member_start[c])
         # Per class its e-nodes, cheapest first (ties by index): the order moves are tried in, sorted on a
         # class's first attempt (the FusionReport's solver never attempts a move).
@@ -259,7 +256,7 @@ class Solver:
         self.free_leaf = flag_array(g.num_nodes, 0)
         for n in range(g.num_nodes):
             c = self.eclass[n]
-            self.usable[n] = self.costs[n] < math.inf
+            self.usable[n] = self.costs[n] < _INF
             for k in range(self.child_start[n], self.child_start[n + 1]):
                 if not (self.pos[self.child[k]] < self.pos[c] and self.choice[self.child[k]] >= 0):
                     self.usable[n] = False

@@ -1,4 +1,4 @@
-from rlx_egraph.egraph._flat cimport FlatEGraph
+from rlx_egraph.egraph._flat cimport FlatEGraph, Memo
 from rlx_egraph.egraph._rows cimport ENode
 
 

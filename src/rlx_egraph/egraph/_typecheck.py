@@ -14,7 +14,7 @@ except ModuleNotFoundError:  # Cython compiles this module; the module runs with
 
 from numpy import ndarray
 
-from ._flat import FlatEGraph, flag_array, int_array
+from ._flat import FlatEGraph, Memo, flag_array, flags, int_array, ints
 from ._rows import ENode
 
 if cython.compiled:  # a C function, cimported (_flat.pxd)
@@ -40,20 +40,22 @@ def input_types(graph_nodes: tuple[Any, ...], class_of: dict[int, int], num_clas
     out = int_array(num_classes, -1)
     fixed: cython.int[::1] = out
     split: set = set()
-    seen: dict = {}  # the identities of a (shape, dtype, parts) -> its type number
+    memo: Memo = Memo()  # the identities of a (shape, dtype, parts): nodes share shape objects, most need no hash
+    numbered: list = []  # per key of memo its type number
     c: cython.int
     k: cython.int
     for gnode in graph_nodes:
         c = class_of[gnode.id]
         shape, dtype, parts = gnode.shape, gnode.dtype, gnode.parts
-        key = (address(shape), address(dtype), address(parts))  # nodes share shape objects: most need no hash
-        found = seen.get(key)
-        if found is not None:
-            k = found
-        else:
+        memo.start()
+        memo.add(address(shape))
+        memo.add(address(dtype))
+        memo.add(address(parts))
+        k = memo.number()
+        if k == len(numbered):
             number = numbers.get((shape, dtype, parts))
-            k = number_of_node(gnode) if number is None else number
-            seen[key] = k
+            numbered.append(number_of_node(gnode) if number is None else number)
+        k = numbered[k]
         if fixed[c] < 0:
             fixed[c] = k
         elif fixed[c] != k:
@@ -77,10 +79,10 @@ def propagate_types(g: FlatEGraph, nodes: list[ENode], fixed: Iterable[int], ori
     class its type's number (-1: none), per e-node whether it passes, the ill-typed e-nodes (e-node -> error),
     the e-nodes whose type is not their class's (e-node -> (its type, the class's)) and the classes without an
     input-graph type whose e-nodes disagree (class -> type numbers)."""
-    type_array = array("i", fixed)
+    type_array = ints(fixed)
     types: cython.int[::1] = type_array
-    is_fixed: cython.int[::1] = array("i", fixed)
-    is_original: cython.char[::1] = array("b", original)
+    is_fixed: cython.int[::1] = ints(fixed)
+    is_original: cython.char[::1] = flags(original)
     waiting: cython.int[::1] = int_array(g.num_nodes, 0)
     queue: cython.int[::1] = int_array(g.num_nodes, 0)  # each rule-made e-node comes at most once
     seen: cython.int[::1] = int_array(g.num_classes, -1)
@@ -92,13 +94,15 @@ def propagate_types(g: FlatEGraph, nodes: list[ENode], fixed: Iterable[int], ori
     out: cython.int
     have: cython.int
     p: cython.int
+    signature: cython.int
     head: cython.Py_ssize_t = 0
     tail: cython.Py_ssize_t = 0
     ok: cython.bint
     errors: dict = {}
     mismatches: dict = {}
     conflicts: dict = {}
-    memo: dict = {}  # signature -> its outcome
+    memo: Memo = Memo()  # e-node signatures
+    outcomes: list = []  # per signature its outcome: a type number, or the error
     for c in excluded:
         skip[c] = True
     for n in range(g.num_nodes):
@@ -124,14 +128,14 @@ def propagate_types(g: FlatEGraph, nodes: list[ENode], fixed: Iterable[int], ori
         c = g.eclass[n]
         if skip[c]:
             continue
-        key = g.signature(nodes[n], n, types, 0, True)
-        hit = memo.get(key, _MISSING)
-        if hit is _MISSING:
+        signature = memo.enode(g, nodes[n], n, types, 0, True)
+        if signature == len(outcomes):
             try:
                 hit = infer(n, tuple([types[g.child[k]] for k in range(g.child_start[n], g.child_start[n + 1])]))
             except _ILL_TYPED as exc:
                 hit = exc
-            memo[key] = hit
+            outcomes.append(hit)
+        hit = outcomes[signature]
         if isinstance(hit, BaseException):
             errors[n] = hit
             continue
