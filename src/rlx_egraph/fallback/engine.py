@@ -66,7 +66,7 @@ from ..ir.registry import REGISTRY, Kind, ops_of_kind
 from ..ir.rewrite import GraphRewriter
 from .blocks import blocks, straddles
 from .facts import PRIMITIVES, SETTABLE_TABLES, Facts, NoMatch, compile_term
-from .lookahead import Chain, Lookahead, RegionRun, cut_out, matched_names
+from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, plan_matcher
 from .pattern import (
     ABSENT,
@@ -240,7 +240,7 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
 
     def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
-                  follow: bool) -> RegionRun:
+                  follow: int) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
@@ -320,6 +320,8 @@ class _Engine:
         self.rules_of: dict[int, list[str]] = {}
         self.rows_read: dict[tuple[str, str], int] = {}  # (row-driven rule, table) -> how far it has read its log
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
+        self.follow = NO_FOLLOW  # and how far (see chain_start)
+        self.readers_left = False  # a step that matches a reader of the chain was left (see chain_start)
         self.stage = STAGES[0]
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
@@ -350,7 +352,7 @@ class _Engine:
             self.stats.rules.setdefault(s.name, RuleStats())
         for cache in (self.costs, self.signatures, self.rules_of, self.rows_read):
             cache.clear()
-        self.chain, self.stage = None, STAGES[0]
+        self.chain, self.follow, self.readers_left, self.stage = None, NO_FOLLOW, False, STAGES[0]
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
@@ -361,9 +363,10 @@ class _Engine:
         self.stats.cost_before_ns = self.dag_ns()
 
     def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
-                   follow: bool = True) -> RegionRun:
+                   follow: int = NO_FOLLOW) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and, with ``follow``, the chain after it followed (see :meth:`chain_start`).
+        ids), the step applied first and the chain after it followed as far as ``follow`` says (see
+        :meth:`chain_start`).
         Stage None: a block, optimized as a whole run would."""
         self.reopen(region, levels)
         if stage is None:
@@ -375,12 +378,14 @@ class _Engine:
             if step is not None:
                 self.rw.touched = set()
                 self.apply(step)
-                self.chain = {n for n in self.rw.touched if n in self.nodes} if follow else None
+                self.chain = {n for n in self.rw.touched if n in self.nodes} if follow != NO_FOLLOW else None
+                self.follow = follow
             self.optimize(time.perf_counter(), STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
         return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
                          {n: tuple(r) for n, r in self.rules_of.items()}, holders,
-                         {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason)
+                         {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason,
+                         self.readers_left)
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -592,14 +597,21 @@ class _Engine:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
         for plans that replace nodes outright (each replaced node dies, and so does every matched node the
         new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
-        the chain followed there is taken without asking (if it reads or replaces a node of the chain)."""
+        the chain followed there is taken without asking if it matches or replaces a node of the chain, or, when
+        the chain is followed through readers (:data:`.lookahead.FOLLOW_READING`), matches a node that reads
+        one."""
         if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
                 or any(old not in plan.dead for old, _ in plan.unions)):
             return None
         inspected = {v for s in plan.matcher.node_slots if isinstance(v := plan.found[s], int)}
         if self.chain is not None:
-            if self.chain.isdisjoint(inspected | plan.dead):
-                return None
+            chain, nodes = self.chain, self.nodes
+            if chain.isdisjoint(inspected | plan.dead):
+                if not any(not chain.isdisjoint(nodes[n].inputs) for n in inspected if n in nodes):
+                    return None
+                if self.follow != FOLLOW_READING:
+                    self.readers_left = True
+                    return None
             plan.chained = True
             return plan
         read = {i for n in plan.new.values() for i in n.inputs}

@@ -521,13 +521,13 @@ Names = Callable[[int], str]
 
 
 def scan_graph(graph: Graph, rules: RuleSet | None = None) -> list[MissedFusion]:
-    """The recognisable patterns ``graph`` holds unfused, as IN_GRAPH misses on ``graph``'s node ids (a step
-    inside a region is named by its region).  ``rules`` (default: the shipped rules) decide whether a gate-first
-    SwiGLU can fuse."""
+    """The recognisable patterns ``graph`` holds unfused, as IN_GRAPH misses on ``graph``'s node ids, each node named
+    as :meth:`Graph.describe` names it (a step inside a region by its region).  ``rules`` (default: the shipped
+    rules) decide whether a gate-first SwiGLU can fuse."""
     expanded, origin = expand_regions(graph)
 
     def name(i: int) -> str:
-        return f"node {origin[i]} ({graph.node(origin[i]).op})"
+        return graph.describe(origin[i])
 
     return _scan(expanded, _gate_first_fuses(rules), lambda i: (origin[i],), name)
 
@@ -535,7 +535,8 @@ def scan_graph(graph: Graph, rules: RuleSet | None = None) -> list[MissedFusion]
 def scan_optimized(graph: Graph, originals: Mapping[int, Sequence[int]], input_graph: Graph,
                    rules: RuleSet) -> list[MissedFusion]:
     """:func:`scan_graph` of a run's optimized ``graph``, on input-graph node ids (``originals``: optimized id ->
-    the input-graph nodes of its value), each node named by the input-graph node it computes."""
+    the input-graph nodes of its value), each node named by the input-graph node it computes (as
+    :meth:`Graph.describe` names it: by its ONNX name where it has one)."""
     expanded, origin = expand_regions(graph)
 
     def nodes_of(i: int) -> tuple[int, ...]:
@@ -545,8 +546,8 @@ def scan_optimized(graph: Graph, originals: Mapping[int, Sequence[int]], input_g
         op, was = expanded.node(i).op, nodes_of(i)
         if not was:
             return f"a new {op}"
-        first = input_graph.node(was[0])
-        return f"node {first.id} ({first.op})" if first.op == op else f"{op} computing node {first.id} ({first.op})"
+        first = input_graph.describe(was[0])
+        return first if input_graph.node(was[0]).op == op else f"{op} computing {first}"
 
     return _scan(expanded, _gate_first_fuses(rules), nodes_of, name)
 
