@@ -40,7 +40,7 @@ test: $(VENV)/.dev
 	$(VENV)/bin/python -m pytest -n auto
 
 bench: $(VENV)/.package
-	$(VENV)/bin/python -m rlx_egraph.bench
+	$(VENV)/bin/python -m benchmarks.bench
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache

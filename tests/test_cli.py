@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import rlx_egraph
-from rlx_egraph import Graph, RuleSet, bench, dump_egglog_program, evaluate, examples
+from benchmarks import bench
+from rlx_egraph import Graph, RuleSet, dump_egglog_program, evaluate, examples
 from rlx_egraph.cli import main as cli
 from rlx_egraph.cli.main import (
     EXIT_BROKEN_PIPE,

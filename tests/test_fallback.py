@@ -13,11 +13,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import calibrations
+from benchmarks.fallback_scaling import main as bench_main
 from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
 from rlx_egraph.cost import TARGETS, get_target, profile
 from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
 from rlx_egraph.fallback import CompiledRules, FallbackLimits, load, run
-from rlx_egraph.fallback.bench import main as bench_main
 from rlx_egraph.fallback.blocks import MIN_BLOCK, blocks
 from rlx_egraph.fallback.engine import NO_GAIN, _Engine, _row_driven, compile_rules
 from rlx_egraph.fallback.facts import Facts

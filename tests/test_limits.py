@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from egglog import bindings as eb
 
+from benchmarks.limits import assoc_comm_rules, limit_row, shared_input, shared_row, sum_of_products
 from rlx_egraph import Graph, examples, optimize_with_report
-from rlx_egraph.bench_limits import assoc_comm_rules, limit_row, shared_input, shared_row, sum_of_products
 from rlx_egraph.cost import get_target, profile
 from rlx_egraph.egraph import extract
 from rlx_egraph.egraph.budget import Deadline, DeadlineExceeded

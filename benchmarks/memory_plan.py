@@ -1,4 +1,4 @@
-"""``python -m rlx_egraph.compile.bench``: arena size and planning time of the memory plan.
+"""``python -m benchmarks.memory_plan``: arena size and planning time of the memory plan.
 
 Each example model is compiled at several sizes, with and without the
 optimizer (the graph as built has more and more varied buffers); the table
@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .. import examples
-from ..cli.main import format_table
-from ..cost.targets import TARGETS
-from ..ir.graph import Graph
-from . import compile as compile_graph
-from .plan import Plan, Section, plan_memory
+from rlx_egraph import examples
+from rlx_egraph.cli.main import format_table
+from rlx_egraph.compile import compile as compile_graph
+from rlx_egraph.compile.plan import Plan, Section, plan_memory
+from rlx_egraph.cost.targets import TARGETS
+from rlx_egraph.ir.graph import Graph
 
 # model -> (the size argument of its builder, the sizes benchmarked)
 SIZES: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -96,7 +96,7 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.compile.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory_plan", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(SIZES), help=f"default: {','.join(SIZES)}")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
     parser.add_argument("--quick", action="store_true", help="the two smallest sizes of each model")

@@ -1,4 +1,4 @@
-"""``python -m rlx_egraph.fallback.bench``: nodes vs seconds of the fallback engine.
+"""``python -m benchmarks.fallback_scaling``: nodes vs seconds of the fallback engine.
 
 For each size it builds ``examples.synthetic(n)`` (not timed), runs the
 fallback engine and prints the nodes before and after, the seconds per phase
@@ -20,11 +20,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
-from .. import examples
-from ..cli.main import format_table
-from ..cost.targets import TARGETS
-from ..egraph.rules import STAGES
-from .engine import FallbackLimits, load, run
+from rlx_egraph import examples
+from rlx_egraph.cli.main import format_table
+from rlx_egraph.cost.targets import TARGETS
+from rlx_egraph.egraph.rules import STAGES
+from rlx_egraph.fallback.engine import FallbackLimits, load, run
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 PHASES = ("load", "replay", *STAGES, "finish")
@@ -55,7 +55,7 @@ def table(rows: Sequence[dict[str, float]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.fallback.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fallback_scaling", description=__doc__.splitlines()[0])
     parser.add_argument("sizes", nargs="*", type=int, default=list(SIZES),
                         help=f"node counts (default: {' '.join(map(str, SIZES))})")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))

@@ -1,4 +1,4 @@
-"""``python -m rlx_egraph.bench_limits``: how far the e-graph grows, and what stops it.
+"""``python -m benchmarks.limits``: how far the e-graph grows, and what stops it.
 
 Two tables, each case in its own spawned process (so peak MB is its own):
 
@@ -25,10 +25,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .cli.main import format_table
-from .egraph.rules import default_rule_dir
-from .ir import Graph
-from .optimize import optimize_with_report
+from rlx_egraph.cli.main import format_table
+from rlx_egraph.egraph.rules import default_rule_dir
+from rlx_egraph.ir import Graph
+from rlx_egraph.optimize import optimize_with_report
 
 # these measure the egglog engine itself (engine="auto" would fall back when a limit stops it)
 egglog_engine = partial(optimize_with_report, engine="egglog")
@@ -105,7 +105,7 @@ def _run(jobs: Sequence[tuple[Any, ...]]) -> list[list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench_limits", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.limits", description=__doc__.splitlines()[0])
     parser.add_argument("--ks", default=",".join(map(str, SHARED_KS)), help="matmuls per input (default: 8,16,32,64)")
     parser.add_argument("--width", type=int, default=32, help="inputs of the sum of products (default: 32)")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""``python -m rlx_egraph.bench``: how the optimizer scales on the example models.
+"""``python -m benchmarks.bench``: how the optimizer scales on the example models.
 
 For each case (a model at a layer count, or the 20,000-node synthetic DAG) it
 prints the graph and e-graph sizes, seconds per phase, the peak memory, the
@@ -29,20 +29,20 @@ from dataclasses import asdict, astuple, dataclass
 from functools import partial
 from pathlib import Path
 
-from . import examples
-from .cli.main import format_table
-from .cost.targets import TARGETS
-from .egraph import extract
-from .egraph.budget import gc_paused
-from .egraph.decode import Fusion
-from .egraph.encode import encode_graph
-from .egraph.rules import RuleSet, load_rules
-from .egraph.saturate import STOP_SATURATED, saturate
-from .egraph.view import view_tables
-from .fallback.engine import STOP_DONE
-from .ir import Graph
-from .ir.rewrite import node_key
-from .optimize import egraph_from_program, optimize_with_report, rules_program
+from rlx_egraph import examples
+from rlx_egraph.cli.main import format_table
+from rlx_egraph.cost.targets import TARGETS
+from rlx_egraph.egraph import extract
+from rlx_egraph.egraph.budget import gc_paused
+from rlx_egraph.egraph.decode import Fusion
+from rlx_egraph.egraph.encode import encode_graph
+from rlx_egraph.egraph.rules import RuleSet, load_rules
+from rlx_egraph.egraph.saturate import STOP_SATURATED, saturate
+from rlx_egraph.egraph.view import build_view, view_tables
+from rlx_egraph.fallback.engine import STOP_DONE
+from rlx_egraph.ir import Graph
+from rlx_egraph.ir.rewrite import node_key
+from rlx_egraph.optimize import build_egraph, egraph_from_program, engine_by_size, optimize_with_report, rules_program
 
 # these measure the egglog engine itself (engine="auto" would fall back when a limit stops it)
 egglog_engine = partial(optimize_with_report, engine="egglog")
@@ -94,14 +94,14 @@ class OnnxCase:
     def build(self) -> Graph:
         import onnx
 
-        from .frontends.onnx.compare import DIMS, input_shapes
-        from .onnx import import_model
+        from rlx_egraph.frontends.onnx.compare import DIMS, input_shapes
+        from rlx_egraph.onnx import import_model
 
         model = onnx.load(str(self.path))
         return import_model(model, input_shapes(model, DIMS))
 
     def rules(self) -> RuleSet:
-        from .onnx import onnx_rules
+        from rlx_egraph.onnx import onnx_rules
 
         return onnx_rules()
 
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _agreement(argv[1:])
     if argv[:1] == ["fingerprint"]:
         return _fingerprint(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=_names, default=list(MODELS), help=f"default: {','.join(MODELS)}")
     parser.add_argument("--layers", type=_counts, default=list(LAYERS), help=f"default: {','.join(map(str, LAYERS))}")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _sizes(command: str, description: str, argv: Sequence[str], repeat: bool = False) -> argparse.Namespace:
     """The options of a subcommand that runs the synthetic DAG at several sizes on one target (``repeat``: and
     how many runs per size)."""
-    parser = argparse.ArgumentParser(prog=f"python -m rlx_egraph.bench {command}", description=description)
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.bench {command}", description=description)
     parser.add_argument("--nodes", type=_counts, default=list(SCALING_NODES),
                         help=f"default: {','.join(map(str, SCALING_NODES))}")
     parser.add_argument("--target", default="cpu", choices=list(TARGETS))
@@ -369,8 +369,6 @@ def engines_table(todo: Sequence[Case | OnnxCase], target: str, repeat: int = 1)
     parity, and the engine that ``engine="auto"`` picks by size.  With ``repeat`` > 1 each engine runs that many
     times per case, the engines alternating: the table gives the quickest run's figures, and each engine's median
     seconds beside its least."""
-    from .optimize import engine_by_size
-
     kinds = ["least s", "median s"] if repeat > 1 else ["s"]  # the seconds columns of each engine
     rows = []
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
@@ -402,7 +400,7 @@ def engines_table(todo: Sequence[Case | OnnxCase], target: str, repeat: int = 1)
 
 
 def _engines(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench engines",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench engines",
                                      description="both engines side by side: the example models, then the "
                                                  "synthetic DAG by size")
     parser.add_argument("--nodes", type=_counts,
@@ -433,10 +431,6 @@ def _engines(argv: Sequence[str]) -> int:
 def exact_row(model: str, layers: int, target: str) -> tuple[str, ...]:
     """Saturate ``model`` at ``layers``, extract greedily, then solve the ILP from greedy's choice: its size,
     seconds, whether it proved optimality, its cost and greedy's (the FusionReport is not built)."""
-    from .egraph.saturate import saturate
-    from .egraph.view import build_view
-    from .optimize import build_egraph
-
     graph, rules, tgt = examples.ALL[model](layers=layers), load_rules(), TARGETS[target]
     egraph, encoding = build_egraph(graph, rules)
     saturate(egraph, rules)
@@ -568,7 +562,7 @@ def _overhead(argv: Sequence[str]) -> int:
 
 
 def _exact(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench exact",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench exact",
                                      description="the ILP of exact extraction, warm-started from greedy, per case")
     parser.add_argument("--models", type=lambda t: t.split(","), default=["llama", "bert", "gpt2", "mlp"])
     parser.add_argument("--layers", type=int, default=64)
@@ -601,7 +595,7 @@ def agreement_rows(graphs: int, seed: int, targets: Sequence[str]) -> list[tuple
 
 
 def _agreement(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench agreement",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench agreement",
                                      description="both engines' predicted costs on seeded random small graphs")
     parser.add_argument("--graphs", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
@@ -659,7 +653,7 @@ def _among(what: str, known: Iterable[str]) -> Callable[[str], list[str]]:
 
 
 def _fingerprint(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_egraph.bench fingerprint",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench fingerprint",
                                      description="a digest of each result, to check that a change leaves the "
                                                  "results as they were (run before and after, and diff)")
     parser.add_argument("--models", type=_among("models", examples.ALL), default=list(examples.ALL))
