@@ -32,14 +32,14 @@ from pathlib import Path
 from rlx_egraph import examples
 from rlx_egraph.cli.main import format_table
 from rlx_egraph.cost.targets import TARGETS
-from rlx_egraph.egraph import extract
-from rlx_egraph.egraph.budget import gc_paused
-from rlx_egraph.egraph.decode import Fusion
-from rlx_egraph.egraph.encode import encode_graph
-from rlx_egraph.egraph.rules import RuleSet, load_rules
-from rlx_egraph.egraph.saturate import STOP_SATURATED, saturate
-from rlx_egraph.egraph.view import build_view, view_tables
-from rlx_egraph.fallback.engine import STOP_DONE
+from rlx_egraph.engines.budget import gc_paused
+from rlx_egraph.engines.egglog import extract
+from rlx_egraph.engines.egglog.decode import Fusion
+from rlx_egraph.engines.egglog.encode import encode_graph
+from rlx_egraph.engines.egglog.rules import RuleSet, load_rules
+from rlx_egraph.engines.egglog.saturate import STOP_SATURATED, saturate
+from rlx_egraph.engines.egglog.view import build_view, view_tables
+from rlx_egraph.engines.fallback.engine import STOP_DONE
 from rlx_egraph.ir import Graph
 from rlx_egraph.ir.rewrite import node_key
 from rlx_egraph.optimize import build_egraph, egraph_from_program, engine_by_size, optimize_with_report, rules_program

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_egraph.cli.main import format_table
-from rlx_egraph.egraph.rules import default_rule_dir
+from rlx_egraph.engines.egglog.rules import default_rule_dir
 from rlx_egraph.ir import Graph
 from rlx_egraph.optimize import optimize_with_report
 

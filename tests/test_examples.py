@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlx_egraph import Graph, evaluate, examples
-from rlx_egraph.kernels import reference as K
+from rlx_egraph.ir.ops import reference as K
 
 # --- op counts that follow from the spec of each model ---------------------------------------------------------------
 

@@ -11,12 +11,12 @@ from egglog import bindings as eb
 
 from benchmarks.bench import PHASES, Row, scaling_table
 from rlx_egraph import Graph, examples, optimize_with_report
-from rlx_egraph.egraph import encode
-from rlx_egraph.egraph.encode import LOAD_RULESET, ROW_PREFIX, VEC_TABLE, encode_graph
-from rlx_egraph.egraph.rules import STAGES, load_rules
-from rlx_egraph.egraph.saturate import saturate
-from rlx_egraph.egraph.schema import schema_text
-from rlx_egraph.egraph.view import build_view, view_tables
+from rlx_egraph.engines.egglog import encode
+from rlx_egraph.engines.egglog.encode import LOAD_RULESET, ROW_PREFIX, VEC_TABLE, encode_graph
+from rlx_egraph.engines.egglog.rules import STAGES, load_rules
+from rlx_egraph.engines.egglog.saturate import saturate
+from rlx_egraph.engines.egglog.schema import schema_text
+from rlx_egraph.engines.egglog.view import build_view, view_tables
 from rlx_egraph.ir.graph import attrs_equal
 from rlx_egraph.optimize import build_egraph
 

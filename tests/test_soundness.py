@@ -8,8 +8,8 @@ import pytest
 
 import rlx_egraph.rules
 from rlx_egraph.cli.main import main
-from rlx_egraph.egraph.rules import SHIPPED_RULES_DIR, default_rule_dir
-from rlx_egraph.egraph.soundness import SOUND, UNSOUND, check
+from rlx_egraph.engines.egglog.rules import SHIPPED_RULES_DIR, default_rule_dir
+from rlx_egraph.engines.egglog.soundness import SOUND, UNSOUND, check
 from rlx_egraph.rules import RuleSet
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,8 +7,8 @@ from . import examples, log  # noqa: F401  (log: egglog's loggers set to WARNING
 from ._accelerators import accelerated  # before the engine: RLX_EGRAPH_PURE=1 selects the pure-Python path
 from .compile import compile, specialize
 from .cost.targets import UnsupportedOp
-from .egraph import RuleError, RuleSet, dump_egglog_program
-from .egraph.view import UnsoundRewrite
+from .engines.egglog import RuleError, RuleSet, dump_egglog_program
+from .engines.egglog.view import UnsoundRewrite
 from .errors import RlxError
 from .ir import Graph, GraphError, Node, ShapeError, TensorType
 from .kernels.interpreter import evaluate

@@ -32,18 +32,18 @@ from typing import Any
 
 from egglog import bindings as eb
 
-from . import fallback
 from .cost import Target, get_target, profile
 from .cost.targets import unsupported_op
-from .egraph import extract as ex
-from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
-from .egraph.decode import Decoded, Fusion, decode
-from .egraph.encode import Encoding, dump_egglog_program, encode_graph
-from .egraph.regions import Batch, ClippedRegion, Region, apply_batches, apply_regions, clip_regions
-from .egraph.rules import RuleSet, default_rule_dir, load_rules
-from .egraph.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
-from .egraph.schema import schema_text
-from .egraph.view import EGraphView, build_view
+from .engines import fallback
+from .engines.budget import Deadline, DeadlineExceeded, gc_paused
+from .engines.egglog import extract as ex
+from .engines.egglog.decode import Decoded, Fusion, decode
+from .engines.egglog.encode import Encoding, dump_egglog_program, encode_graph
+from .engines.egglog.rules import RuleSet, default_rule_dir, load_rules
+from .engines.egglog.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
+from .engines.egglog.schema import schema_text
+from .engines.egglog.view import EGraphView, build_view
+from .engines.regions import Batch, ClippedRegion, Region, apply_batches, apply_regions, clip_regions
 from .ir.graph import Graph
 from .ir.registry import REGISTRY, Kind, snake_case
 from .ir.specialize import Sentinels, specialize_graph
@@ -332,7 +332,7 @@ def _saturation_step(it: IterationStats) -> None:
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
                        attention_block_max_tokens: int, regions: bool, why: str,
                        missed: bool) -> tuple[Decoded, OptimizeReport, EgglogTables]:
-    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`).  It has
+    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.engines.fallback`).  It has
     no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`); ``missed``: the
     patterns left unfused in its graph."""
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)

@@ -22,8 +22,8 @@ from typing import Any
 
 from .cost import Target
 from .cost.targets import TARGETS, check_dim_hints
-from .egraph.rules import RuleSet, default_rule_dir
-from .egraph.saturate import SaturationLimits
+from .engines.egglog.rules import RuleSet, default_rule_dir
+from .engines.egglog.saturate import SaturationLimits
 from .ir.graph import Graph
 
 ENGINES = ("auto", "egglog", "fallback")

@@ -10,7 +10,7 @@ outputs; a view whose planned bytes differ from the layout op's value raises
 :class:`PlanError` naming the view.
 
 The result equals :func:`~rlx_egraph.evaluate` bit for bit: nodes run through
-the same :func:`~rlx_egraph.kernels.reference.run_node`, leaves get the same
+the same :func:`~rlx_egraph.ir.ops.reference.run_node`, leaves get the same
 data, and a kernel sees its inputs in the memory layout ``evaluate`` gives
 them (numpy reductions sum in an order that depends on the layout), so a
 value stored row-major in the arena is handed over in the strides its kernel
@@ -26,9 +26,9 @@ import numpy as np
 
 from ..ir.dtypes import DTYPES, to_storage
 from ..ir.graph import GraphError, Node
+from ..ir.ops.reference import run_node
 from ..ir.registry import Kind
 from ..kernels.interpreter import random_value
-from ..kernels.reference import run_node
 from .plan import Phase, Plan, PlanError, Section, dense_strides
 
 POISON = 0xFF

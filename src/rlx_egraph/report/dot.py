@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..egraph.decode import Fusion
-from ..egraph.encode import NODE_TABLE
-from ..egraph.schema import LIST_CONS, LIST_NIL, NO_INPUT
+from ..engines.egglog.decode import Fusion
+from ..engines.egglog.encode import NODE_TABLE
+from ..engines.egglog.schema import LIST_CONS, LIST_NIL, NO_INPUT
 from ..errors import RlxError
 from ..ir.graph import Graph, format_attrs
 from ..ir.registry import REGISTRY, Kind
@@ -166,9 +166,9 @@ def serialized_egraph(graph: Graph, rules: Any = None, attention_block_max_token
                       **limits: Any) -> dict[str, Any]:
     """egglog's serialization (``SerializedEGraph.to_json``, parsed) of ``graph``'s saturated e-graph:
     ``nodes`` (id -> op, children, eclass), ``class_data`` and ``root_eclasses`` (the outputs')."""
-    from ..egraph.budget import Deadline
-    from ..egraph.rules import load_rules
-    from ..egraph.saturate import SaturationLimits, saturate
+    from ..engines.budget import Deadline
+    from ..engines.egglog.rules import load_rules
+    from ..engines.egglog.saturate import SaturationLimits, saturate
     from ..optimize import build_egraph
 
     ruleset, sat_limits = load_rules(rules), SaturationLimits(**limits)

@@ -42,11 +42,11 @@ from typing import Any
 from egglog import bindings as eb
 
 from ..cost import Target
-from ..egraph import extract as ex
-from ..egraph._solver import Log, Solver
-from ..egraph.regions import expand_regions
-from ..egraph.rules import Rule, RuleSet, load_rules
-from ..egraph.schema import constructor_args
+from ..engines.egglog import extract as ex
+from ..engines.egglog._solver import Log, Solver
+from ..engines.egglog.rules import Rule, RuleSet, load_rules
+from ..engines.egglog.schema import constructor_args
+from ..engines.regions import expand_regions
 from ..errors import RlxError
 from ..ir.graph import Graph, Node
 from ..ir.ops.fused import ELEMENTWISE_REGION

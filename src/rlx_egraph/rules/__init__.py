@@ -14,8 +14,8 @@ folder ``rlx_egraph/shipped_rules`` (see :func:`default_rule_dir`).
 """
 
 # The soundness checker runs rules in the egglog engine, whose modules import this package's modules (not this
-# package): rlx_egraph.egraph imports this package first.
-from ..egraph.soundness import RuleVerdict, SoundnessReport, check
+# package): rlx_egraph.engines.egglog imports this package first.
+from ..engines.egglog.soundness import RuleVerdict, SoundnessReport, check
 from .model import (
     BIREWRITE,
     REWRITE,

@@ -1,2 +1,0 @@
-from rlx_egraph.egraph._flat cimport FlatEGraph
-from rlx_egraph.egraph._rows cimport ENode

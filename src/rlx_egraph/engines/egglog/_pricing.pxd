@@ -1,0 +1,2 @@
+from rlx_egraph.engines.egglog._flat cimport FlatEGraph
+from rlx_egraph.engines.egglog._rows cimport ENode
