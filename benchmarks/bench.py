@@ -36,13 +36,14 @@ from rlx_egraph.engines.budget import gc_paused
 from rlx_egraph.engines.egglog import extract
 from rlx_egraph.engines.egglog.decode import Fusion
 from rlx_egraph.engines.egglog.encode import encode_graph
+from rlx_egraph.engines.egglog.program import build_egraph, egraph_from_program, rules_program
 from rlx_egraph.engines.egglog.rules import RuleSet, load_rules
 from rlx_egraph.engines.egglog.saturate import STOP_SATURATED, saturate
 from rlx_egraph.engines.egglog.view import build_view, view_tables
 from rlx_egraph.engines.fallback.engine import STOP_DONE
 from rlx_egraph.ir import Graph
 from rlx_egraph.ir.rewrite import node_key
-from rlx_egraph.optimize import build_egraph, egraph_from_program, engine_by_size, optimize_with_report, rules_program
+from rlx_egraph.optimize import engine_by_size, optimize_with_report
 
 # these measure the egglog engine itself (engine="auto" would fall back when a limit stops it)
 egglog_engine = partial(optimize_with_report, engine="egglog")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from functools import partial
 from typing import Any
@@ -38,7 +37,8 @@ from .engines import fallback
 from .engines.budget import Deadline, DeadlineExceeded, gc_paused
 from .engines.egglog import extract as ex
 from .engines.egglog.decode import Decoded, Fusion, decode
-from .engines.egglog.encode import Encoding, dump_egglog_program, encode_graph
+from .engines.egglog.encode import Encoding, dump_egglog_program
+from .engines.egglog.program import build_egraph
 from .engines.egglog.rules import RuleSet, default_rule_dir, load_rules
 from .engines.egglog.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
 from .engines.egglog.schema import schema_text
@@ -394,35 +394,6 @@ def snapshot(graph: Graph) -> Graph:
     copy = Graph.from_checked(graph.name, list(graph.nodes))
     copy.set_outputs(graph.outputs)
     return copy
-
-
-def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
-    """A new egglog e-graph holding the schema, ``ruleset`` and ``graph``'s terms, not yet saturated.  egglog
-    parses and runs the schema and the rules in a second thread while ``graph`` is encoded."""
-    with ThreadPoolExecutor(1, thread_name_prefix="rlx-egglog-rules") as egglog:
-        fresh = egglog.submit(egraph_from_program, rules_program(ruleset))
-        encoding = encode_graph(graph, attention_block_max_tokens)
-        egraph = fresh.result()
-    encoding.load(egraph)
-    return egraph, encoding
-
-
-def rules_program(ruleset: RuleSet) -> str:
-    """The schema and ``ruleset`` as one egglog program."""
-    return schema_text() + "\n" + ruleset.text
-
-
-def new_egraph(ruleset: RuleSet) -> eb.EGraph:
-    """A new egglog e-graph holding the schema and ``ruleset``, no terms yet."""
-    return egraph_from_program(rules_program(ruleset))
-
-
-def egraph_from_program(program: str) -> eb.EGraph:
-    """A new egglog e-graph that has run ``program`` (egglog lets go of the GIL while it parses and runs a
-    program's text, not while it runs parsed commands)."""
-    egraph = eb.EGraph()
-    egraph.parse_and_run_program(program)
-    return egraph
 
 
 def blame(decoded: Decoded) -> Callable[[int], list[str]]:

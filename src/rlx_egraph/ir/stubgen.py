@@ -8,14 +8,14 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-STUB_PATH = Path(__file__).with_name("_builders.pyi")
+from .graph import Graph
+from .registry import REGISTRY, AttrType, Kind
+
+STUB_PATH = Path(__file__).parents[1] / "_builders.pyi"
 
 
 def stub_text() -> str:
     """The text of ``_builders.pyi``: one typed method per builder, with its docstring."""
-    from .graph import Graph
-    from .registry import REGISTRY, AttrType, Kind
-
     attr_types = {AttrType.INT: "int", AttrType.FLOAT: "float", AttrType.BOOL: "bool", AttrType.STR: "str",
                   AttrType.DTYPE: "str", AttrType.JSON: "str", AttrType.INTS: "Sequence[int]",
                   AttrType.ARRAY: "ArrayLike"}

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from ..cost.model import IoProfile
+from ..cost.profile import IoProfile
 from ..engines.egglog.decode import Decoded
 from ..engines.egglog.saturate import IterationStats
 from ..engines.egglog.view import EGraphView

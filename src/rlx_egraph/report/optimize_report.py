@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..cost import IoProfile
-from ..cost.model import format_ns as _time
+from ..cost.profile import format_ns as _time
 from ..engines.egglog.decode import Fusion
 from ..engines.egglog.saturate import IterationStats
 from ..engines.egglog.view import IllTyped

@@ -22,12 +22,12 @@ try:
 except ModuleNotFoundError:  # Cython compiles this module; the module runs without it
     from ... import _cython_shim as cython
 
+from ...cost.enode import EPS  # a move pays when it lowers the cost by more than this
 from ._choice import ClassChoice, choice_array
 from ._flat import FlatEGraph, copy_ints, flag_array, float_array, int_array
 
 COMPILED: bool = cython.compiled
 
-EPS = 1e-9  # a move pays when it lowers the cost by more than this (float sums differ in the last digits)
 MAX_RELEASED_READERS = 8  # a shared child is released from at most this many other readers
 _EPS, _MAX_RELEASED_READERS = EPS, MAX_RELEASED_READERS  # compiled: C constants (see _solver.pxd)
 _ATTEMPTS_PER_CLOCK = 16  # the local search reads the clock before every 16th attempt (the first included)

@@ -44,6 +44,7 @@ import numpy as np
 
 from ...ir.graph import Graph, Node
 from ...ir.registry import REGISTRY, AttrType, OpSpec
+from .rules import load_rules
 from .schema import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
 
 # Node i's e-class: an unextractable constructor, unioned with the node's term by the loading rules.
@@ -400,8 +401,6 @@ def dump_egglog_program(graph: Graph, rules: Any = None, attention_block_max_tok
     relation rows, node ``i`` being ``(rlx-node i)``; ``form="terms"`` as one readable term per node
     (:func:`graph_terms`, node ``i`` being ``$n<i>``; for small graphs), ending with egglog's own ``extract`` of
     each output (egglog's smallest term, not the IO cost model's choice)."""
-    from .rules import load_rules
-
     if form not in PROGRAM_FORMS:
         raise ValueError(f"form must be one of {list(PROGRAM_FORMS)}, got {form!r}")
     ruleset = load_rules(rules)

@@ -38,18 +38,15 @@ from typing import Any
 import numpy as np
 
 from ...cost import Target
+from ...cost.enode import EPS, NodePrices, enode_ns
 from ...cost.targets import unsupported_op
-from ...ir.registry import REGISTRY, Kind, OpSpec, TensorType
+from ...ir.registry import REGISTRY
 from ..budget import Deadline, DeadlineExceeded
 from ._choice import ClassChoice, drop_unreachable, least_per_class, settle_positions, start_choice, tree_choice
 from ._choice import dag_cost as flat_dag_cost
 from ._pricing import price_nodes
-from ._solver import EPS, Solver
+from ._solver import Solver
 from .view import EGraphView
-
-# A view of an intermediate (not a leaf) costs this much: never a real cost,
-# only a tie-breaker that prefers reshaping inputs to reshaping results.
-VIEW_TIE_NS = 1e-3
 
 
 @dataclass
@@ -65,37 +62,6 @@ class Extraction:
     optimal: bool = False  # proven optimal (exact mode finished)
     notes: list[str] = field(default_factory=list)
     ilp: dict[str, int] = field(default_factory=dict)  # exact mode: variables, constraints, cuts, LP rounds
-
-
-class NodePrices:
-    """``Target.node_ns`` remembered per (op, attributes, input types, output type): a pure function of them.
-    Pass it where a target is expected (:func:`enode_ns`)."""
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-        self.known: dict[tuple, float] = {}
-
-    def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
-                out_type: TensorType, reads_intermediate: bool = False) -> float:
-        try:
-            key = (spec.name, tuple(attrs.items()), tuple(in_types), out_type, reads_intermediate)
-            hit = self.known.get(key)
-        except TypeError:  # unhashable attribute values (arrays): not remembered
-            return self.target.node_ns(spec, attrs, in_types, out_type, reads_intermediate)
-        if hit is None:
-            hit = self.known[key] = self.target.node_ns(spec, attrs, in_types, out_type, reads_intermediate)
-        return hit
-
-
-def enode_ns(target: Target | NodePrices, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
-             out_type: TensorType, reads_intermediate: bool) -> float:
-    """The per-node cost both engines minimise: ``Target.node_ns`` (a copy kernel for a layout op the target
-    copies, when it reads an intermediate), plus the view tie-breaker when a layout op reads an intermediate
-    (not a leaf)."""
-    cost = target.node_ns(spec, attrs, in_types, out_type, reads_intermediate)
-    if spec.kind is Kind.LAYOUT and reads_intermediate:
-        cost += VIEW_TIE_NS
-    return cost
 
 
 def node_costs(view: EGraphView, target: Target) -> list[float]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 
 from egglog import bindings as eb
 
+from ...checks import check_number
 from ..budget import Deadline
 from .rules import STAGES, RuleSet, egglog_rule_bases, runtime_error
 
@@ -57,10 +58,8 @@ class SaturationLimits:
     match_limit: int = 20_000  # matches per rule and iteration before the rule waits for the others
 
     def __post_init__(self) -> None:
-        from ...options import check_option  # the one place options are checked (it imports this module)
-
         for f in fields(self):
-            check_option(f.name, getattr(self, f.name), f.default)
+            check_number(f.name, getattr(self, f.name), type(f.default))
 
 
 @dataclass

@@ -42,7 +42,7 @@ step, and when the chain wins, the region's result replaces the region
 showed.  The graph itself is never edited tentatively.
 
 Passes repeat until none commits (or a limit).  The per-node cost is the one
-extraction minimises (:func:`rlx_egraph.engines.egglog.extract.enode_ns`), so both
+extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`), so both
 engines decide with the same cost function.
 """
 
@@ -57,13 +57,13 @@ from itertools import compress
 from typing import Any
 
 from ...cost import Target, get_target
+from ...cost.enode import EPS, enode_ns
 from ...ir.graph import Graph, GraphError, Node, check_node
+from ...ir.provenance import Fusion, fold_projections
 from ...ir.registry import REGISTRY, Kind, ops_of_kind
 from ...ir.rewrite import GraphRewriter
+from ...rules import STAGES, RuleSet, load_rules
 from ..budget import gc_paused
-from ..egglog.decode import Fusion, fold_projections
-from ..egglog.extract import EPS, enode_ns
-from ..egglog.rules import STAGES, RuleSet, load_rules
 from .blocks import blocks, straddles
 from .facts import PRIMITIVES, SETTABLE_TABLES, Facts, NoMatch, compile_term
 from .lookahead import Chain, Lookahead, RegionRun, cut_out, matched_names
