@@ -77,6 +77,8 @@ def test_a_build_without_a_working_compiler_makes_a_pure_python_wheel_and_says_s
     assert not [n for n in names if n.endswith((".so", ".pyd", ".c"))]
     assert {f"rlx_egraph/engines/egglog/{m}.py" for m in COMPILED_NAMES if m != "_cython_utility"} <= set(names)
     assert "rlx_egraph/_cython_shim.py" in names and "rlx_egraph/shipped_rules/norms.egg" in names
+    # the benchmark scripts stay in the repository (benchmarks/), out of the wheel
+    assert not [n for n in names if n.startswith("benchmarks/") or "bench" in n.rpartition("/")[2]], names
 
 
 def test_a_build_that_requires_the_accelerators_fails_without_a_compiler(tmp_path: Path) -> None:
