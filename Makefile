@@ -8,7 +8,7 @@ VENV := .venv
 PIP := $(VENV)/bin/python -m pip --quiet --disable-pip-version-check
 # What the install compiles (hatch_build.py): a change to any of them reinstalls.
 BUILD_INPUTS := pyproject.toml hatch_build.py src/rlx_egraph/_accelerators.py \
-	$(wildcard src/rlx_egraph/egraph/_*.py src/rlx_egraph/egraph/_*.pxd)
+	$(wildcard src/rlx_egraph/engines/egglog/_*.py src/rlx_egraph/engines/egglog/_*.pxd)
 
 .PHONY: demo test lint bench clean
 
@@ -40,7 +40,7 @@ test: $(VENV)/.dev
 	$(VENV)/bin/python -m pytest -n auto
 
 bench: $(VENV)/.package
-	$(VENV)/bin/python -m rlx_egraph.bench
+	$(VENV)/bin/python -m benchmarks.bench
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache

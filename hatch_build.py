@@ -33,7 +33,7 @@ DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": False, "i
 
 
 # Cython's utility code (typed memoryviews), compiled once for all the modules rather than into each.
-SHARED = "rlx_egraph.egraph._cython_utility"
+SHARED = "rlx_egraph.engines.egglog._cython_utility"
 
 
 def _flag(name: str) -> bool:

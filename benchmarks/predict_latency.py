@@ -22,7 +22,7 @@ from pathlib import Path
 from rlx_egraph import Graph, examples, optimize_with_report
 from rlx_egraph.cli.main import format_table
 from rlx_egraph.cost import calibration as cal
-from rlx_egraph.cost.model import format_ns
+from rlx_egraph.cost.profile import format_ns
 from rlx_egraph.cost.targets import get_target, onnxruntime_target
 from rlx_egraph.onnx import import_model, measure_latencies, onnx_rules
 

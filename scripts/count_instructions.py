@@ -28,7 +28,7 @@ from pathlib import Path
 _CALL = """
 import functools, math, sys
 from rlx_egraph import examples
-from rlx_egraph.egraph.rules import load_rules
+from rlx_egraph.engines.egglog.rules import load_rules
 from rlx_egraph.optimize import optimize_with_report
 rules, graph = load_rules(), examples.synthetic(int(sys.argv[1]))
 functools.reduce(lambda _, __: optimize_with_report(graph, sys.argv[3], rules=rules, engine=sys.argv[2],

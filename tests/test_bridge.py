@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from rlx_egraph import Graph, dump_egglog_program, evaluate, optimize_with_report
-from rlx_egraph.egraph.encode import ESCAPED_MARK, encode_graph, string_literal, string_value
-from rlx_egraph.egraph.rules import default_rule_dir
-from rlx_egraph.egraph.schema import schema_text
-from rlx_egraph.egraph.view import UnsoundRewrite
+from rlx_egraph.engines.egglog.encode import ESCAPED_MARK, encode_graph, string_literal, string_value
+from rlx_egraph.engines.egglog.rules import default_rule_dir
+from rlx_egraph.engines.egglog.schema import schema_text
+from rlx_egraph.engines.egglog.view import UnsoundRewrite
 
 H, B, S, HEADS = 16, 2, 4, 2
 

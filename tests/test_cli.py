@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import rlx_egraph
-from rlx_egraph import Graph, RuleSet, bench, dump_egglog_program, evaluate, examples
+from benchmarks import bench
+from rlx_egraph import Graph, RuleSet, dump_egglog_program, evaluate, examples
 from rlx_egraph.cli import main as cli
 from rlx_egraph.cli.main import (
     EXIT_BROKEN_PIPE,
@@ -26,7 +27,7 @@ from rlx_egraph.cli.main import (
     EXIT_PARITY,
     main,
 )
-from rlx_egraph.egraph import STAGES, load_rules
+from rlx_egraph.engines.egglog import STAGES, load_rules
 
 # llama(layers=1) optimizes 62 -> 34 nodes on cpu: these fused ops replace its norms, projections and attention.
 LLAMA1_FUSED = Counter(FusedRmsNormMatMul=3, FusedMatMulAdd=2, FusedSwiGLU=1, CausalAttentionRoPE=1, ConcatParams=2)

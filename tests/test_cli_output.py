@@ -10,8 +10,8 @@ import pytest
 
 from rlx_egraph import Graph, examples
 from rlx_egraph.cli.main import EXIT_INPUT, main
-from rlx_egraph.egraph.rules import load_rules
 from rlx_egraph.report import progress
+from rlx_egraph.rules import load_rules
 
 PHASES = ["encode", "saturate", "extract", "decode", "regions", "report"]
 # merges a Narrow with its input: values of different types (the run returns its input and warns)

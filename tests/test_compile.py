@@ -13,7 +13,7 @@ from rlx_egraph import Graph, GraphError, evaluate, examples, optimize
 from rlx_egraph.compile import CompileResult, LegalizeError, Module, Phase, Policy, legalize, specialize
 from rlx_egraph.compile.hir import ATTENTION_BLOCK_MAX_TOKENS
 from rlx_egraph.cost import TARGETS, Target, get_target
-from rlx_egraph.egraph.regions import find_regions
+from rlx_egraph.engines.regions import find_regions
 from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.report import OptimizeReport
 

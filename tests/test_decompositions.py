@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from rlx_egraph import Graph, GraphError, evaluate, examples, optimize
-from rlx_egraph.egraph.rules import load_rules
+from rlx_egraph.engines.egglog.rules import load_rules
 from rlx_egraph.ir import PARITY_TOLERANCE, REGISTRY, Kind, OpSpec, ShapeError, TensorType, op_spec
 from rlx_egraph.ir.decompose import MAX_DEPTH, decompose, fused_ops
 

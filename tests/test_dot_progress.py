@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from rlx_egraph import Graph, optimize_with_report
-from rlx_egraph.egraph.decode import Fusion
-from rlx_egraph.egraph.rules import load_rules
+from rlx_egraph.engines.egglog.decode import Fusion
+from rlx_egraph.engines.egglog.rules import load_rules
 from rlx_egraph.report import progress
 from rlx_egraph.report.dot import (
     FUSED_COLOR,

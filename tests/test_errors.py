@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
 from rlx_egraph.cost import TARGETS
-from rlx_egraph.egraph.saturate import SaturationLimits
+from rlx_egraph.engines.egglog.saturate import SaturationLimits
 from rlx_egraph.ir.graph import MAX_DIM
 
 # optimize_with_report's options after graph, target, rules, verify, engine, extraction; then the limits

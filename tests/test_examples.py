@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlx_egraph import Graph, evaluate, examples
-from rlx_egraph.kernels import reference as K
+from rlx_egraph.ir.ops import reference as K
 
 # --- op counts that follow from the spec of each model ---------------------------------------------------------------
 
@@ -334,7 +334,7 @@ def test_matches_native_reference(name: str, kwargs: dict[str, Any], reference: 
 
 
 def test_llama_64_has_48_nodes_per_layer() -> None:
-    # Build speed is measured by the benchmark (python -m rlx_egraph.bench), not by a timed test.
+    # Build speed is measured by the benchmark (python -m benchmarks.bench), not by a timed test.
     assert len(examples.llama(layers=64)) == len(examples.llama(layers=2)) + 62 * 48
 
 

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from rlx_egraph.cost import TARGETS, get_target
-from rlx_egraph.egraph import extract
-from rlx_egraph.egraph._solver import Log, Solver
-from rlx_egraph.egraph.budget import Deadline
-from rlx_egraph.egraph.view import EClass, EGraphView, ENode
+from rlx_egraph.engines.budget import Deadline
+from rlx_egraph.engines.egglog import extract
+from rlx_egraph.engines.egglog._solver import Log, Solver
+from rlx_egraph.engines.egglog.view import EClass, EGraphView, ENode
 from rlx_egraph.ir.graph import attrs_equal
 from rlx_egraph.ir.registry import Kind
 
@@ -294,10 +294,10 @@ def test_exact_proves_the_optimum_on_deep_models_and_greedy_has_no_gap(model: st
     import importlib
 
     from rlx_egraph import examples
-    from rlx_egraph.egraph.decode import decode
-    from rlx_egraph.egraph.rules import load_rules
-    from rlx_egraph.egraph.saturate import saturate
-    from rlx_egraph.egraph.view import build_view
+    from rlx_egraph.engines.egglog.decode import decode
+    from rlx_egraph.engines.egglog.rules import load_rules
+    from rlx_egraph.engines.egglog.saturate import saturate
+    from rlx_egraph.engines.egglog.view import build_view
     from rlx_egraph.kernels.parity import check_parity
 
     pipeline = importlib.import_module("rlx_egraph.optimize")
@@ -322,9 +322,9 @@ def test_greedy_has_no_gap_to_the_proven_optimum_on_every_target(model: str, tar
     """On onnxruntime greedy missed llama's shared-input matmuls (3% over the optimum): the unsupported
     FusedRmsNormMatMul placed the concatenated matmul's class below the matmul that alone computes it there."""
     from rlx_egraph import examples
-    from rlx_egraph.egraph.rules import load_rules
-    from rlx_egraph.egraph.saturate import saturate
-    from rlx_egraph.egraph.view import build_view
+    from rlx_egraph.engines.egglog.rules import load_rules
+    from rlx_egraph.engines.egglog.saturate import saturate
+    from rlx_egraph.engines.egglog.view import build_view
     from rlx_egraph.optimize import build_egraph
 
     graph, rules, tgt = examples.ALL[model](layers=2), load_rules(), get_target(target)
@@ -341,9 +341,9 @@ def test_greedy_has_no_gap_to_the_proven_optimum_on_every_target(model: str, tar
 @pytest.fixture(scope="module")
 def synthetic_view() -> EGraphView:
     from rlx_egraph import examples
-    from rlx_egraph.egraph.rules import load_rules
-    from rlx_egraph.egraph.saturate import saturate
-    from rlx_egraph.egraph.view import build_view
+    from rlx_egraph.engines.egglog.rules import load_rules
+    from rlx_egraph.engines.egglog.saturate import saturate
+    from rlx_egraph.engines.egglog.view import build_view
     from rlx_egraph.optimize import build_egraph
 
     graph, rules = examples.synthetic(1500, seed=3), load_rules()
@@ -386,7 +386,7 @@ def test_types_inferred_once_per_key_equal_each_enode_typed_alone(synthetic_view
 
 def test_class_choice_reads_like_the_dict_of_its_classes_and_drop_unreachable_takes_either(
         synthetic_view: EGraphView) -> None:
-    from rlx_egraph.egraph._choice import ClassChoice, drop_unreachable, start_choice
+    from rlx_egraph.engines.egglog._choice import ClassChoice, drop_unreachable, start_choice
 
     view = synthetic_view
     costs = extract.node_costs(view, get_target("cpu"))
@@ -409,7 +409,7 @@ def test_class_choice_reads_like_the_dict_of_its_classes_and_drop_unreachable_ta
 
 
 def test_a_restart_from_a_class_choice_does_what_one_from_its_dict_does(synthetic_view: EGraphView) -> None:
-    from rlx_egraph.egraph._choice import start_choice
+    from rlx_egraph.engines.egglog._choice import start_choice
 
     view = synthetic_view
     costs = extract.node_costs(view, get_target("cpu"))
@@ -430,7 +430,7 @@ def test_a_restart_from_a_class_choice_does_what_one_from_its_dict_does(syntheti
 
 def test_greedy_s_two_searches_at_once_give_what_one_after_the_other_gives(synthetic_view: EGraphView):
     """greedy runs its two searches in two threads; run here one after the other, from the same starts."""
-    from rlx_egraph.egraph._choice import drop_unreachable, start_choice
+    from rlx_egraph.engines.egglog._choice import drop_unreachable, start_choice
 
     view, cpu = synthetic_view, get_target("cpu")
     roots = sorted({view.class_of_node[n] for c in view.classes for n in c.originals} - {
@@ -594,7 +594,7 @@ def test_decoded_nodes_checked_once_per_key_equal_each_node_checked_alone(synthe
     """Decoding checks a rule-made node once per (op, attributes, input types): every node it builds is what
     Graph.add_node makes of it from scratch."""
     from rlx_egraph import examples
-    from rlx_egraph.egraph.decode import decode
+    from rlx_egraph.engines.egglog.decode import decode
     from rlx_egraph.ir.graph import Graph
 
     graph, view, tgt = examples.synthetic(1500, seed=3), synthetic_view, get_target("cpu")
@@ -640,7 +640,7 @@ def reference_decode_order(view: EGraphView, wanted: dict[int, int], first: list
 
 
 def test_decode_order_is_kahns_order_least_key_first_on_random_egraphs():
-    from rlx_egraph.egraph._decoding import decode_order
+    from rlx_egraph.engines.egglog._decoding import decode_order
 
     rng = random.Random(7)
     for _ in range(200):
@@ -654,7 +654,7 @@ def test_decode_order_is_kahns_order_least_key_first_on_random_egraphs():
 
 
 def test_decode_order_leaves_out_a_cycle_and_what_reads_it():
-    from rlx_egraph.egraph._decoding import decode_order
+    from rlx_egraph.engines.egglog._decoding import decode_order
 
     view = view_of([[("Input", ())], [("Add", (0, 2))], [("Relu", (1,))], [("Relu", (2,))]])
     wanted = {c: view.classes[c].nodes[0] for c in range(4)}

@@ -13,16 +13,16 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import calibrations
+from benchmarks.fallback_scaling import main as bench_main
 from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
 from rlx_egraph.cost import TARGETS, get_target, profile
-from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
-from rlx_egraph.fallback import CompiledRules, FallbackLimits, load, run
-from rlx_egraph.fallback.bench import main as bench_main
-from rlx_egraph.fallback.blocks import MIN_BLOCK, blocks
-from rlx_egraph.fallback.engine import NO_GAIN, _Engine, _row_driven, compile_rules
-from rlx_egraph.fallback.facts import Facts
-from rlx_egraph.fallback.matcher import plan_matcher, schedule
-from rlx_egraph.fallback.pattern import FACTS, TableDecl
+from rlx_egraph.engines.egglog.rules import STAGES, default_rule_dir, load_rules
+from rlx_egraph.engines.fallback import CompiledRules, FallbackLimits, load, run
+from rlx_egraph.engines.fallback.blocks import MIN_BLOCK, blocks
+from rlx_egraph.engines.fallback.engine import NO_GAIN, _Engine, _row_driven, compile_rules
+from rlx_egraph.engines.fallback.facts import Facts
+from rlx_egraph.engines.fallback.matcher import plan_matcher, schedule
+from rlx_egraph.engines.fallback.pattern import FACTS, TableDecl
 from rlx_egraph.ir.graph import Node, check_node
 from rlx_egraph.ir.rewrite import GraphRewriter, node_key
 from rlx_egraph.kernels.parity import check_parity
@@ -680,7 +680,7 @@ def test_a_tie_the_lookahead_cannot_tell_goes_to_the_rival_rooted_lower(lower_fi
     """As inside a lookahead's region, where no region is cut out: with the lookahead unable to tell, the T5 tie
     goes to ``matmul-add``, rooted at the Add below the norm; with the tie-break off, rule-file order takes
     ``residual-rms-norm`` and costs a launch more."""
-    from rlx_egraph.fallback import engine, lookahead
+    from rlx_egraph.engines.fallback import engine, lookahead
 
     monkeypatch.setattr(lookahead.Lookahead, "first", lambda *args: None)
     if not lower_first:
@@ -797,7 +797,7 @@ def test_a_cut_regions_content_is_that_of_its_nodes():
     """cut_out computes a region's content from the rewriter's remembered keys as it cuts, and makes its nodes only
     when they are asked for: the two agree (``_fields`` defines the content), ids are canonical, Params are renamed
     by position, and each region node maps back to the graph node it copies or stands for."""
-    from rlx_egraph.fallback.lookahead import _fields, cut_out, matched_names
+    from rlx_egraph.engines.fallback.lookahead import _fields, cut_out, matched_names
 
     names = matched_names(load().patterns)
     renamed = fresh = 0
@@ -838,7 +838,7 @@ def test_blocks_give_what_the_whole_graph_gives(model, target, monkeypatch):
     by_blocks = run(g, target=target)
     assert by_blocks.stats.blocks > by_blocks.stats.block_kinds > 1
     assert check_parity(g, by_blocks.graph, by_blocks.originals).ok
-    monkeypatch.setattr("rlx_egraph.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)])
+    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)])
     whole = run(g, target=target)
     assert whole.stats.blocks == 0
     assert by_blocks.stats.cost_after_ns == pytest.approx(whole.stats.cost_after_ns, rel=1e-12)
@@ -872,7 +872,7 @@ def test_blocks_give_the_whole_graph_result_on_stacked_random_layers(seed, layer
     by_blocks = run(g, target=target)
     assume(by_blocks.stats.blocks > 0)  # (a layer whose cut values a rule matches through is one block)
     assert check_parity(g, by_blocks.graph, by_blocks.originals).ok
-    with mock.patch("rlx_egraph.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)]):
+    with mock.patch("rlx_egraph.engines.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)]):
         whole = run(g, target=target)
     assert whole.stats.blocks == 0
     assert by_blocks.stats.cost_after_ns == pytest.approx(whole.stats.cost_after_ns, rel=1e-12)
@@ -887,7 +887,7 @@ def test_a_region_keeps_a_value_computed_outside_it_only_when_something_else_rea
     ``add-rms-norm`` instead of ``matmul-add``, 0.15% over egglog)."""
     from types import SimpleNamespace
 
-    from rlx_egraph.fallback.lookahead import HEIGHT, _region
+    from rlx_egraph.engines.fallback.lookahead import HEIGHT, _region
 
     g = Graph()
     values = [g.input("x", X)]
@@ -1091,10 +1091,11 @@ def test_semi_naive_matching_gives_what_matching_near_every_change_gives(model, 
     """Running the row-driven rules only at new rows is an optimization: the same graph, cost and commits as
     running them near every change (the shared-input chains and the lookahead's regions included)."""
     g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
-    monkeypatch.setattr("rlx_egraph.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)])  # one block
+    # one block
+    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)])
     semi = run(g, target=target)
     assert semi.stats.commits["shared-input-last"] > 0
-    monkeypatch.setattr("rlx_egraph.fallback.engine._row_driven", lambda pattern, set_by_rules: False)
+    monkeypatch.setattr("rlx_egraph.engines.fallback.engine._row_driven", lambda pattern, set_by_rules: False)
     naive = run(g, target=target)
     assert semi.stats.rules["shared-input-order"].matches < naive.stats.rules["shared-input-order"].matches
     assert semi.stats.commits == naive.stats.commits
@@ -1108,7 +1109,7 @@ def test_rule_forms_the_fallback_cannot_apply_are_reported_by_name(tmp_path, cap
                  '(rule ((= ?e (Exp ?x))) ((let ?y (Relu ?x))) :ruleset simplify :name "orphan")\n'
                  '(rule ((= ?e (Exp ?x)) (= ?f (Neg ?x))) ((union (Relu ?x) (Abs ?x))) :ruleset simplify '
                  ':name "two-new")\n')
-    with caplog.at_level(logging.WARNING, logger="rlx_egraph.fallback.engine"):
+    with caplog.at_level(logging.WARNING, logger="rlx_egraph.engines.fallback.engine"):
         compiled = load([default_rule_dir(), path])
     found = {u.rule: u.reason for u in compiled.unsupported}
     assert found == {  # panic-add once, though the loader gives it two operand orders
@@ -1128,12 +1129,12 @@ def test_rule_forms_the_fallback_cannot_apply_are_reported_by_name(tmp_path, cap
 def test_run_compiles_a_rule_set_once_and_still_names_the_rules_it_cannot_apply_every_time(tmp_path, caplog,
                                                                                            monkeypatch):
     compiles = []
-    monkeypatch.setattr("rlx_egraph.fallback.engine.compile_rules",
+    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.compile_rules",
                         lambda *a: compiles.append(a[0]) or compile_rules(*a))
     rules = load_rules([default_rule_dir(), write(tmp_path, '(rule ((= ?e (Exp ?x))) ((let ?y (Relu ?x))) '
                                                             ':ruleset simplify :name "orphan")\n')])
     g = examples.mlp()
-    with caplog.at_level(logging.WARNING, logger="rlx_egraph.fallback.engine"):
+    with caplog.at_level(logging.WARNING, logger="rlx_egraph.engines.fallback.engine"):
         first, second = run(g, rules), run(g, rules)
         assert caplog.text.count("cannot apply rule orphan (") == 2  # each run names it
     assert compiles == [rules]  # compiled for the first run only
@@ -1149,8 +1150,8 @@ def test_each_pattern_is_planned_once_when_the_rules_load_and_every_engine_binds
         planned.append(pattern.name)
         return plan_matcher(pattern, *args)
 
-    monkeypatch.setattr("rlx_egraph.fallback.engine.plan_matcher", counted)
-    monkeypatch.setattr("rlx_egraph.fallback.matcher.plan_matcher", counted)
+    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.plan_matcher", counted)
+    monkeypatch.setattr("rlx_egraph.engines.fallback.matcher.plan_matcher", counted)
     compiled = load()
     names = [p.name for p in compiled.patterns]
     assert planned == names and list(compiled.plans) == names

@@ -266,10 +266,10 @@ def test_a_cheaper_fusion_the_choice_left_out_is_not_taken() -> None:
     # plain Gelu although its FusedMatMulBiasAct alternative is cheaper.
     import importlib
 
-    from rlx_egraph.egraph import extract
-    from rlx_egraph.egraph.rules import load_rules
-    from rlx_egraph.egraph.saturate import saturate
-    from rlx_egraph.egraph.view import build_view
+    from rlx_egraph.engines.egglog import extract
+    from rlx_egraph.engines.egglog.rules import load_rules
+    from rlx_egraph.engines.egglog.saturate import saturate
+    from rlx_egraph.engines.egglog.view import build_view
     from rlx_egraph.report.fusion import missed_fusions
 
     pipeline = importlib.import_module("rlx_egraph.optimize")

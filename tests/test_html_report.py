@@ -19,8 +19,8 @@ import pytest
 
 from rlx_egraph import Graph, examples, optimize_with_report
 from rlx_egraph.cli.main import main
+from rlx_egraph.ir.dot import FUSED_COLOR
 from rlx_egraph.report import OptimizeReport, html
-from rlx_egraph.report.dot import FUSED_COLOR
 from rlx_egraph.report.html import computed_originals
 from rlx_egraph.report.layout import layered_layout
 

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 from egglog import bindings as eb
 
+from benchmarks.limits import assoc_comm_rules, limit_row, shared_input, shared_row, sum_of_products
 from rlx_egraph import Graph, examples, optimize_with_report
-from rlx_egraph.bench_limits import assoc_comm_rules, limit_row, shared_input, shared_row, sum_of_products
 from rlx_egraph.cost import get_target, profile
-from rlx_egraph.egraph import extract
-from rlx_egraph.egraph.budget import Deadline, DeadlineExceeded
-from rlx_egraph.egraph.decode import decode
-from rlx_egraph.egraph.encode import encode_graph
-from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
-from rlx_egraph.egraph.saturate import SaturationLimits, saturate
-from rlx_egraph.egraph.schema import schema_text
-from rlx_egraph.egraph.view import EGraphView, build_view
+from rlx_egraph.engines.budget import Deadline, DeadlineExceeded
+from rlx_egraph.engines.egglog import extract
+from rlx_egraph.engines.egglog.decode import decode
+from rlx_egraph.engines.egglog.encode import encode_graph
+from rlx_egraph.engines.egglog.rules import STAGES, default_rule_dir, load_rules
+from rlx_egraph.engines.egglog.saturate import SaturationLimits, saturate
+from rlx_egraph.engines.egglog.schema import schema_text
+from rlx_egraph.engines.egglog.view import EGraphView, build_view
 
 # these measure the egglog engine itself (engine="auto" would fall back when a limit stops it)
 egglog_engine = partial(optimize_with_report, engine="egglog")

@@ -11,10 +11,10 @@ import pytest
 from rlx_egraph import Graph, GraphError, RuleSet, evaluate, examples, optimize, optimize_with_report
 from rlx_egraph.compile.plan import plan_memory
 from rlx_egraph.cost import profile
+from rlx_egraph.engines.egglog.soundness import check
 from rlx_egraph.ir import Kind, TensorType
 from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.ir.registry import TupleType
-from rlx_egraph.rules import check
 
 X = (2, 3, 8)
 ADD_NORM_RULES = ["add-layer-norm", "add-rms-norm"]

@@ -19,7 +19,7 @@ from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
-from rlx_egraph.egraph import dump_egglog_program
+from rlx_egraph.engines.egglog import dump_egglog_program
 from rlx_egraph.frontends.onnx.calibrate import SIZES, _cases, _model_graph
 from rlx_egraph.frontends.onnx.export_table import EXPORTS, MIR_FORMS
 from rlx_egraph.ir import REGISTRY, Kind, op_spec

@@ -19,9 +19,9 @@ from rlx_egraph import (
     optimize_with_report,
 )
 from rlx_egraph.cost import profile
-from rlx_egraph.egraph.rules import default_rule_dir
-from rlx_egraph.fallback import run as run_fallback
-from rlx_egraph.fallback.engine import NO_GAIN
+from rlx_egraph.engines.egglog.rules import default_rule_dir
+from rlx_egraph.engines.fallback import run as run_fallback
+from rlx_egraph.engines.fallback.engine import NO_GAIN
 
 
 def ops(g: Graph) -> dict[str, int]:
@@ -534,7 +534,7 @@ def test_single_elementwise_op_is_not_a_region_and_wgpu_keeps_chains_unfused():
 
 
 def test_region_length_is_bounded():
-    from rlx_egraph.egraph.regions import find_regions
+    from rlx_egraph.engines.regions import find_regions
 
     g = _chain(steps=12)  # add, mul, then 10 x (tanh, relu): 22 steps
     assert [len(r.members) for r in find_regions(g, max_steps=16)] == [16, 6]
@@ -556,7 +556,7 @@ def test_rules_that_merge_two_input_nodes_keep_the_lower_one():
 def test_the_garbage_collector_is_paused_during_a_run_and_restored_after(monkeypatch: pytest.MonkeyPatch):
     import gc
 
-    from rlx_egraph.egraph import extract
+    from rlx_egraph.engines.egglog import extract
 
     seen = []
     greedy = extract.greedy

@@ -14,7 +14,7 @@ import rlx_egraph
 from rlx_egraph import GraphError, ParityError, RlxError, RuleError, RuleSet, ShapeError, UnsoundRewrite
 from rlx_egraph._builders import GraphBuilders
 from rlx_egraph.ir import REGISTRY, Graph, Kind
-from rlx_egraph.stubgen import STUB_PATH, stub_text
+from rlx_egraph.ir.stubgen import STUB_PATH, stub_text
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -46,7 +46,7 @@ def test_py_typed_marks_the_package_typed() -> None:
 
 
 def test_builder_stub_is_in_sync_with_the_registry() -> None:
-    """Regenerate with ``python -m rlx_egraph.stubgen`` when this fails."""
+    """Regenerate with ``python -m rlx_egraph.ir.stubgen`` when this fails."""
     assert STUB_PATH.read_text() == stub_text()
     stub = ast.parse(STUB_PATH.read_text())
     (cls,) = [node for node in stub.body if isinstance(node, ast.ClassDef)]

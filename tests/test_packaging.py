@@ -49,7 +49,7 @@ def test_a_checkout_that_was_never_built_runs_the_pure_python_path(tmp_path: Pat
 def test_the_pure_variable_selects_the_sources_where_the_extensions_are_built() -> None:
     if not accelerated():
         pytest.fail("this suite runs on an install whose accelerators compiled (make test builds them)")
-    script = ("import rlx_egraph, rlx_egraph.egraph._solver as s; "
+    script = ("import rlx_egraph, rlx_egraph.engines.egglog._solver as s; "
               "print(rlx_egraph.accelerated(), s.__file__.endswith('.py'))")
     for value, expected in (("1", "False True"), ("0", "True False"), ("", "True False")):
         run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -75,8 +75,10 @@ def test_a_build_without_a_working_compiler_makes_a_pure_python_wheel_and_says_s
     assert wheel.name.endswith("-py3-none-any.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.endswith((".so", ".pyd", ".c"))]
-    assert {f"rlx_egraph/egraph/{m}.py" for m in COMPILED_NAMES if m != "_cython_utility"} <= set(names)
+    assert {f"rlx_egraph/engines/egglog/{m}.py" for m in COMPILED_NAMES if m != "_cython_utility"} <= set(names)
     assert "rlx_egraph/_cython_shim.py" in names and "rlx_egraph/shipped_rules/norms.egg" in names
+    # the benchmark scripts stay in the repository (benchmarks/), out of the wheel
+    assert not [n for n in names if n.startswith("benchmarks/") or "bench" in n.rpartition("/")[2]], names
 
 
 def test_a_build_that_requires_the_accelerators_fails_without_a_compiler(tmp_path: Path) -> None:
@@ -115,7 +117,7 @@ def test_the_wheel_and_the_sdist_install_without_a_compiler_outside_the_checkout
     names = zipfile.ZipFile(wheel).namelist()
     compiled = sorted(n.split("/")[-1].split(".")[0] for n in names if n.endswith((".so", ".pyd")))
     assert compiled == COMPILED_NAMES, names
-    assert all(n.startswith("rlx_egraph/egraph/") for n in names if n.endswith((".so", ".pyd")))
+    assert all(n.startswith("rlx_egraph/engines/egglog/") for n in names if n.endswith((".so", ".pyd")))
     assert "rlx_egraph/shipped_rules/norms.egg" in names and not [n for n in names if n.endswith((".c", ".cpp"))]
     assert "-py3-none-any" not in wheel.name  # a platform wheel, since it holds compiled code
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.memory_plan import main as bench_main
 from rlx_egraph import Graph, evaluate, examples
 from rlx_egraph.compile import plan as plan_module
-from rlx_egraph.compile.bench import main as bench_main
 from rlx_egraph.compile.plan import Phase, PlanError, Section, plan_memory, reshape_strides
 
 SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, database=None,

@@ -9,13 +9,13 @@ from egglog import bindings as eb
 
 from rlx_egraph import Graph, examples, optimize_with_report
 from rlx_egraph.cost import get_target
-from rlx_egraph.egraph import extract as ex
-from rlx_egraph.egraph.decode import decode
-from rlx_egraph.egraph.encode import encode_graph
-from rlx_egraph.egraph.rules import STAGES, default_rule_dir, load_rules
-from rlx_egraph.egraph.saturate import saturate
-from rlx_egraph.egraph.schema import LIST_CONS, LIST_NIL, NO_INPUT, schema_text
-from rlx_egraph.egraph.view import UnsoundRewrite, build_view
+from rlx_egraph.engines.egglog import extract as ex
+from rlx_egraph.engines.egglog.decode import decode
+from rlx_egraph.engines.egglog.encode import encode_graph
+from rlx_egraph.engines.egglog.rules import STAGES, default_rule_dir, load_rules
+from rlx_egraph.engines.egglog.saturate import saturate
+from rlx_egraph.engines.egglog.schema import LIST_CONS, LIST_NIL, NO_INPUT, schema_text
+from rlx_egraph.engines.egglog.view import UnsoundRewrite, build_view
 from rlx_egraph.kernels.parity import ParityError
 from rlx_egraph.optimize import blame
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rlx_egraph import Graph, GraphError, evaluate
 from rlx_egraph.cost import get_target
-from rlx_egraph.egraph.regions import apply_regions
+from rlx_egraph.engines.regions import apply_regions
 from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.ir.dtypes import to_storage
 

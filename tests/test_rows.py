@@ -1,4 +1,4 @@
-"""egglog's frozen rows read into the view (``egraph/_rows.py``): through the binding's public ``Value`` objects
+"""egglog's frozen rows read into the view (``engines/egglog/_rows.py``): through the binding's public ``Value`` objects
 (hashed and compared, never looked inside), the view holds what those objects spell out."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 from egglog import bindings as eb
 
 from rlx_egraph import accelerated, examples
-from rlx_egraph.egraph._rows import ClassNumbers, ListCells, RuleRelation, read_enodes
-from rlx_egraph.egraph.encode import is_negative_zero_scalar
-from rlx_egraph.egraph.rules import load_rules
-from rlx_egraph.egraph.saturate import saturate
-from rlx_egraph.egraph.schema import LIST_CONS, NO_INPUT, constructor_args
-from rlx_egraph.egraph.view import build_view
+from rlx_egraph.engines.egglog._rows import ClassNumbers, ListCells, RuleRelation, read_enodes
+from rlx_egraph.engines.egglog.encode import is_negative_zero_scalar
+from rlx_egraph.engines.egglog.rules import load_rules
+from rlx_egraph.engines.egglog.saturate import saturate
+from rlx_egraph.engines.egglog.schema import LIST_CONS, NO_INPUT, constructor_args
+from rlx_egraph.engines.egglog.view import build_view
 from rlx_egraph.ir.registry import REGISTRY
 from rlx_egraph.optimize import build_egraph
 

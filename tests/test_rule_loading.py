@@ -7,7 +7,7 @@ import pytest
 from egglog import bindings as eb
 
 from rlx_egraph import Graph, dump_egglog_program, optimize_with_report
-from rlx_egraph.egraph.rules import RuleError, default_rule_dir, load_rules
+from rlx_egraph.engines.egglog.rules import RuleError, default_rule_dir, load_rules
 
 
 def write(tmp_path: Path, text: str, name: str = "user.egg") -> Path:

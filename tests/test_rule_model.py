@@ -8,8 +8,8 @@ import pytest
 from egglog import bindings as eb
 
 from rlx_egraph import Graph
-from rlx_egraph.egraph.schema import FACT_TABLES as SCHEMA_TABLES
-from rlx_egraph.egraph.schema import schema_text
+from rlx_egraph.engines.egglog.schema import FACT_TABLES as SCHEMA_TABLES
+from rlx_egraph.engines.egglog.schema import schema_text
 from rlx_egraph.frontends.onnx.rules import onnx_rules
 from rlx_egraph.rules import (
     FACT_TABLES,

@@ -6,10 +6,10 @@ import pytest
 from egglog import bindings as eb
 
 from rlx_egraph import Graph, dump_egglog_program, examples, optimize_with_report
-from rlx_egraph.egraph.encode import encode_graph
-from rlx_egraph.egraph.rules import STAGES, RuleError, default_rule_dir, load_rules
-from rlx_egraph.egraph.schema import schema_text
-from rlx_egraph.egraph.view import UnsoundRewrite
+from rlx_egraph.engines.egglog.encode import encode_graph
+from rlx_egraph.engines.egglog.rules import STAGES, RuleError, default_rule_dir, load_rules
+from rlx_egraph.engines.egglog.schema import schema_text
+from rlx_egraph.engines.egglog.view import UnsoundRewrite
 from rlx_egraph.ir import REGISTRY
 from rlx_egraph.kernels.parity import ParityError
 

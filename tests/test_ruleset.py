@@ -8,7 +8,7 @@ import pytest
 
 from rlx_egraph import Graph, optimize_with_report
 from rlx_egraph.cli.main import main
-from rlx_egraph.egraph.rules import RuleError, RuleSet, default_rule_dir, load_rules
+from rlx_egraph.engines.egglog.rules import RuleError, RuleSet, default_rule_dir, load_rules
 
 EXP_LOG = ';; exp(log(x)) = x for x > 0\n(rewrite (Exp (Log ?x)) ?x :ruleset simplify :name "exp-log")\n'
 

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from egglog import bindings as eb
 
+from benchmarks.bench import PHASES, Row, scaling_table
 from rlx_egraph import Graph, examples, optimize_with_report
-from rlx_egraph.egraph import encode
-from rlx_egraph.egraph.encode import LOAD_RULESET, ROW_PREFIX, VEC_TABLE, encode_graph
-from rlx_egraph.egraph.rules import STAGES, load_rules
-from rlx_egraph.egraph.saturate import saturate
-from rlx_egraph.egraph.schema import schema_text
-from rlx_egraph.egraph.view import build_view, view_tables
+from rlx_egraph.engines.egglog import encode
+from rlx_egraph.engines.egglog.encode import LOAD_RULESET, ROW_PREFIX, VEC_TABLE, encode_graph
+from rlx_egraph.engines.egglog.rules import STAGES, load_rules
+from rlx_egraph.engines.egglog.saturate import saturate
+from rlx_egraph.engines.egglog.schema import schema_text
+from rlx_egraph.engines.egglog.view import build_view, view_tables
 from rlx_egraph.ir.graph import attrs_equal
 from rlx_egraph.optimize import build_egraph
 
@@ -67,8 +68,6 @@ def test_a_deep_chain_loads_in_one_iteration_and_keeps_every_node_and_its_value(
 
 
 def test_the_scaling_table_prints_time_per_node_and_peak_memory():
-    from rlx_egraph.bench import PHASES, Row, scaling_table
-
     row = Row("synthetic-1000", "synthetic", 1000, 1000, 570, 1101, 1768, "saturated", dict.fromkeys(PHASES, 0.25),
               2.5, 109.4, 1.0, 1.0, 0.0, {}, 1.0, None, None, cpu_seconds=2.25)
     header, line = scaling_table([row]).splitlines()[:2]

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from rlx_egraph import Graph, evaluate, optimize_with_report
 from rlx_egraph.cli.main import main
-from rlx_egraph.egraph.rules import default_rule_dir
-from rlx_egraph.egraph.view import UnsoundRewrite
+from rlx_egraph.engines.egglog.rules import default_rule_dir
+from rlx_egraph.engines.egglog.view import UnsoundRewrite
 from rlx_egraph.ir.dtypes import PARITY_TOLERANCE
 from rlx_egraph.ir.registry import Kind
 from rlx_egraph.kernels.parity import ParityError, widened_graph

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlx_egraph import Graph, examples, optimize_with_report
-from rlx_egraph.egraph.rules import MAX_VARIANTS, RuleError, default_rule_dir, load_rules
+from rlx_egraph.engines.egglog.rules import MAX_VARIANTS, RuleError, default_rule_dir, load_rules
 from rlx_egraph.examples import GELU_TANH_COEF, SQRT_2, SQRT_2_OVER_PI
 from rlx_egraph.ir import REGISTRY
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlx_egraph import Graph, evaluate, examples, optimize_with_report
-from rlx_egraph.egraph.rules import default_rule_dir
+from rlx_egraph.engines.egglog.rules import default_rule_dir
 from rlx_egraph.ir.dtypes import PARITY_TOLERANCE, loosest
 from rlx_egraph.kernels.parity import (
     SECOND_SEED_MAX_ELEMENTS,

@@ -10,7 +10,7 @@ import pytest
 
 from rlx_egraph import Graph, ParityError, RuleSet, examples, optimize, optimize_with_report
 from rlx_egraph.cli.main import EXIT_PARITY, main
-from rlx_egraph.egraph.rules import default_rule_dir
+from rlx_egraph.engines.egglog.rules import default_rule_dir
 from rlx_egraph.options import rules_outside_shipped
 
 DROP_RELU = '(rewrite (Relu ?x) ?x :ruleset simplify :name "drop-relu")\n'

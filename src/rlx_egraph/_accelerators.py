@@ -26,13 +26,13 @@ PURE_VARIABLE = "RLX_EGRAPH_PURE"
 
 # The accelerated modules, compiled in this order (a module after those it cimports).
 MODULES = (
-    "rlx_egraph.egraph._rows",  # egglog's rows read into the view's e-nodes and e-classes
-    "rlx_egraph.egraph._flat",  # the e-graph as integer arrays; the heap and memo keys the passes share
-    "rlx_egraph.egraph._typecheck",  # the view's type propagation and input-node tagging
-    "rlx_egraph.egraph._pricing",  # per e-node cost
-    "rlx_egraph.egraph._choice",  # extraction's bottom-up passes and choice arrays
-    "rlx_egraph.egraph._decoding",  # decode's order and node loop
-    "rlx_egraph.egraph._solver",  # greedy extraction's local search
+    "rlx_egraph.engines.egglog._rows",  # egglog's rows read into the view's e-nodes and e-classes
+    "rlx_egraph.engines.egglog._flat",  # the e-graph as integer arrays; the heap and memo keys the passes share
+    "rlx_egraph.engines.egglog._typecheck",  # the view's type propagation and input-node tagging
+    "rlx_egraph.engines.egglog._pricing",  # per e-node cost
+    "rlx_egraph.engines.egglog._choice",  # extraction's bottom-up passes and choice arrays
+    "rlx_egraph.engines.egglog._decoding",  # decode's order and node loop
+    "rlx_egraph.engines.egglog._solver",  # greedy extraction's local search
 )
 
 

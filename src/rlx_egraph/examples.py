@@ -301,7 +301,7 @@ def random_graph(plan: Sequence[tuple[str, int, int]]) -> Graph:
     """A small graph of the rules' patterns, values all ``[4, 8]`` f32, from inputs ``x`` and ``y``: each
     ``(step, i, j)`` of ``plan`` (a step of :data:`RANDOM_STEPS`) appends one pattern over the earlier values
     ``i`` and ``j`` (modulo their count); the last two values are the outputs.  The property tests draw plans;
-    ``python -m rlx_egraph.bench agreement`` compares the engines on seeded ones."""
+    ``python -m benchmarks.bench agreement`` compares the engines on seeded ones."""
     g = Graph("random")
     values = [g.input("x", (4, _RANDOM_WIDTH)), g.input("y", (4, _RANDOM_WIDTH))]
     square, row, numbers = (_RANDOM_WIDTH, _RANDOM_WIDTH), (_RANDOM_WIDTH,), itertools.count(1)

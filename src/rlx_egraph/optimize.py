@@ -25,25 +25,25 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
 from egglog import bindings as eb
 
-from . import fallback
 from .cost import Target, get_target, profile
 from .cost.targets import unsupported_op
-from .egraph import extract as ex
-from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
-from .egraph.decode import Decoded, Fusion, decode
-from .egraph.encode import Encoding, dump_egglog_program, encode_graph
-from .egraph.regions import Batch, ClippedRegion, Region, apply_batches, apply_regions, clip_regions
-from .egraph.rules import RuleSet, default_rule_dir, load_rules
-from .egraph.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
-from .egraph.schema import schema_text
-from .egraph.view import EGraphView, build_view
+from .engines import fallback
+from .engines.budget import Deadline, DeadlineExceeded, gc_paused
+from .engines.egglog import extract as ex
+from .engines.egglog.decode import Decoded, Fusion, decode
+from .engines.egglog.encode import Encoding, dump_egglog_program
+from .engines.egglog.program import build_egraph
+from .engines.egglog.rules import RuleSet, default_rule_dir, load_rules
+from .engines.egglog.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
+from .engines.egglog.schema import schema_text
+from .engines.egglog.view import EGraphView, build_view
+from .engines.regions import Batch, ClippedRegion, Region, apply_batches, apply_regions, clip_regions
 from .ir.graph import Graph
 from .ir.registry import REGISTRY, Kind, snake_case
 from .ir.specialize import Sentinels, specialize_graph
@@ -332,7 +332,7 @@ def _saturation_step(it: IterationStats) -> None:
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
                        attention_block_max_tokens: int, regions: bool, why: str,
                        missed: bool) -> tuple[Decoded, OptimizeReport, EgglogTables]:
-    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`).  It has
+    """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.engines.fallback`).  It has
     no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`); ``missed``: the
     patterns left unfused in its graph."""
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
@@ -394,35 +394,6 @@ def snapshot(graph: Graph) -> Graph:
     copy = Graph.from_checked(graph.name, list(graph.nodes))
     copy.set_outputs(graph.outputs)
     return copy
-
-
-def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
-    """A new egglog e-graph holding the schema, ``ruleset`` and ``graph``'s terms, not yet saturated.  egglog
-    parses and runs the schema and the rules in a second thread while ``graph`` is encoded."""
-    with ThreadPoolExecutor(1, thread_name_prefix="rlx-egglog-rules") as egglog:
-        fresh = egglog.submit(egraph_from_program, rules_program(ruleset))
-        encoding = encode_graph(graph, attention_block_max_tokens)
-        egraph = fresh.result()
-    encoding.load(egraph)
-    return egraph, encoding
-
-
-def rules_program(ruleset: RuleSet) -> str:
-    """The schema and ``ruleset`` as one egglog program."""
-    return schema_text() + "\n" + ruleset.text
-
-
-def new_egraph(ruleset: RuleSet) -> eb.EGraph:
-    """A new egglog e-graph holding the schema and ``ruleset``, no terms yet."""
-    return egraph_from_program(rules_program(ruleset))
-
-
-def egraph_from_program(program: str) -> eb.EGraph:
-    """A new egglog e-graph that has run ``program`` (egglog lets go of the GIL while it parses and runs a
-    program's text, not while it runs parsed commands)."""
-    egraph = eb.EGraph()
-    egraph.parse_and_run_program(program)
-    return egraph
 
 
 def blame(decoded: Decoded) -> Callable[[int], list[str]]:

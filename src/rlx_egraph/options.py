@@ -14,22 +14,21 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import math
 import os
-import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .checks import check_number as _check_number
+from .checks import show as _show
 from .cost import Target
 from .cost.targets import TARGETS, check_dim_hints
-from .egraph.rules import RuleSet, default_rule_dir
-from .egraph.saturate import SaturationLimits
+from .engines.egglog.rules import RuleSet, default_rule_dir
+from .engines.egglog.saturate import SaturationLimits
 from .ir.graph import Graph
 
 ENGINES = ("auto", "egglog", "fallback")
 EXTRACTIONS = ("greedy", "exact")
 CHOICES: dict[str, tuple[str, ...]] = {"engine": ENGINES, "extraction": EXTRACTIONS, "target": tuple(TARGETS)}
-INT_LIMIT = 2**63
 LIMIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SaturationLimits)}
 
 
@@ -86,15 +85,6 @@ def check_option(name: str, value: Any, default: Any) -> None:
         _check_number(name, value, type(default))
 
 
-def _check_number(name: str, value: Any, kind: type) -> None:
-    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):
-        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'}, got {_show(value)}")
-    low = 0
-    if (isinstance(value, float) and math.isnan(value)) or value < low or (kind is int and value >= INT_LIMIT):
-        bound = f"an int in [{low}, 2**63)" if kind is int else f"a number >= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-
-
 def rules_outside_shipped(ruleset: RuleSet) -> tuple[str, ...]:
     """The rule files of ``ruleset`` (as messages name them) whose text is not that of a shipped rule file."""
     shipped = {path.read_bytes() for path in default_rule_dir().rglob("*.egg")}
@@ -121,10 +111,6 @@ def _check_rules(value: Any) -> None:
     if value is None or isinstance(value, RuleSet) or all(isinstance(p, str | os.PathLike) for p in paths):
         return
     raise TypeError(f"rules must be None, a rule file or folder (a str or Path) or a list of them, got {_show(value)}")
-
-
-def _show(value: Any) -> str:
-    return f"{reprlib.repr(value)} ({type(value).__name__})"
 
 
 __all__ = ["CHOICES", "ENGINES", "EXTRACTIONS", "check_option", "check_options", "rules_outside_shipped",

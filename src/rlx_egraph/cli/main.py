@@ -37,9 +37,10 @@ from typing import Any, TextIO
 from .. import __version__, examples
 from ..cost import calibration as cal
 from ..cost.targets import TARGETS, UnsupportedOp, get_target, onnxruntime_target
-from ..egraph import STAGES, dump_egglog_program
-from ..egraph.rules import RuleError, RuleSet
-from ..egraph.view import UnsoundRewrite
+from ..engines.egglog import STAGES, dump_egglog_program
+from ..engines.egglog.rules import RuleError, RuleSet
+from ..engines.egglog.soundness import check
+from ..engines.egglog.view import UnsoundRewrite
 from ..errors import RlxError
 from ..ir import Graph, GraphError
 from ..kernels.parity import ParityError
@@ -255,9 +256,8 @@ def _rules_list(args: argparse.Namespace) -> None:
 
 
 def _rules_check(args: argparse.Namespace) -> int:
-    """Check the rules of FILES with the soundness checker (:mod:`..egraph.soundness`); exit 1 when one is unsound."""
-    from ..egraph.soundness import check  # imported on use: only this subcommand needs it
-
+    """Check the rules of FILES with the soundness checker (:mod:`..engines.egglog.soundness`); exit 1 when one is
+    unsound."""
     result = check(RuleSet.from_files(*args.files))
     print(json.dumps(result.to_dict(), indent=1) if args.json else result)
     return 0 if result.ok else EXIT_PARITY

@@ -7,7 +7,7 @@
 * An ElementwiseRegion longer than the target's ``region_max_steps`` or
   reading more than ``region_max_inputs`` inputs is clipped: decomposed, and
   its steps regrouped into regions within the limits
-  (:func:`~rlx_egraph.egraph.regions.clip_regions`; its value keeps the region's id).
+  (:func:`~rlx_egraph.engines.regions.clip_regions`; its value keeps the region's id).
 * A node whose op the target lacks and that has no decomposition is an error
   naming every such node.
 
@@ -17,7 +17,7 @@ The input graph is never changed; a graph that is already legal comes back as is
 from __future__ import annotations
 
 from ..cost import Target, get_target
-from ..egraph.regions import clip_regions
+from ..engines.regions import clip_regions
 from ..ir.decompose import decompose
 from ..ir.graph import Graph, GraphError, Node
 from ..ir.ops.fused import REGION_KINDS

@@ -8,7 +8,8 @@ extractor minimises.  ``fusion_benefit`` (what a rewrite saves, term by term) an
 second decision rule.
 """
 
-from .model import FusionBenefit, IoProfile, NodeCost, fusion_benefit, node_cost, profile
+from .model import NodeCost, node_cost
+from .profile import FusionBenefit, IoProfile, fusion_benefit, profile
 from .targets import TARGETS, Target, get_target
 
 __all__ = ["TARGETS", "FusionBenefit", "IoProfile", "NodeCost", "Target", "fusion_benefit", "get_target",

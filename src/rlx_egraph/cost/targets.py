@@ -72,14 +72,17 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import RlxError
 from ..ir.ops.fused import REGION_KINDS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from . import calibration as cal
 from .calibration import Calibration, OpRate
-from .model import IoProfile, NodeCost, node_cost, node_launches
+from .model import NodeCost, node_cost, node_launches
+
+if TYPE_CHECKING:
+    from .profile import IoProfile
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
@@ -263,7 +266,7 @@ class Target:
         is a copy kernel here.
 
         The e-graph extractor minimises exactly this per e-node, and
-        :func:`~rlx_egraph.cost.model.profile` sums the same node costs.
+        :func:`~rlx_egraph.cost.profile.profile` sums the same node costs.
         """
         if not self.supports(spec.name):
             return math.inf

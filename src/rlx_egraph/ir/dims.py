@@ -20,7 +20,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .registry import ShapeError
+from ..errors import RlxError
+
+
+class ShapeError(RlxError, ValueError):
+    """Raised by shape rules and attribute checks; the graph adds node and op."""
+
 
 Monomial = tuple[str, ...]  # symbol names, sorted, repeated for powers; () is the constant term
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -34,6 +34,8 @@ from .._builders import GraphBuilders
 from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .dims import Sym, as_dim, symbols_of, to_json
+from .dot import format_attrs, graph_to_dot
+from .dtypes import dtype as lookup_dtype
 from .registry import REGISTRY, REQUIRED, TUPLE, AttrType, Kind, OpSpec, ShapeError, TensorType, TupleType, ValueType
 
 FORMAT = "rlx-egraph-mir"
@@ -141,21 +143,6 @@ def attrs_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
         elif va != vb:
             return False
     return True
-
-
-def format_attrs(attrs: dict[str, Any]) -> str:
-    if not attrs:
-        return ""
-    parts = []
-    for key, value in attrs.items():
-        if isinstance(value, np.ndarray):
-            value = f"<{value.dtype}{list(value.shape)}>"
-        elif isinstance(value, tuple):
-            value = list(value)
-        elif isinstance(value, str) and len(value) > 40:
-            value = value[:37] + "..."
-        parts.append(f"{key}={value}")
-    return "(" + ", ".join(parts) + ")"
 
 
 def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any],
@@ -311,9 +298,7 @@ class Graph(GraphBuilders):
         arr = np.asarray(value)
         if dtype is None:
             dtype = {"f": "f32", "i": "i64", "u": "i64", "b": "bool"}.get(arr.dtype.kind, "f32")
-        from .dtypes import dtype as lookup
-
-        return self.add_node("Constant", value=arr.astype(lookup(dtype).storage), dtype=dtype)
+        return self.add_node("Constant", value=arr.astype(lookup_dtype(dtype).storage), dtype=dtype)
 
     def scalar(self, value: float, dtype: str = "f32") -> int:
         """A rank-0 constant that rules can match by value."""
@@ -463,9 +448,7 @@ class Graph(GraphBuilders):
 
     def to_dot(self, provenance: Any = None) -> str:
         """Graphviz DOT text of the graph, fused nodes highlighted; ``provenance`` (an OptimizeReport, or its
-        ``fusions``) puts the rules that built each node in its tooltip.  See :mod:`rlx_egraph.report.dot`."""
-        from ..report.dot import graph_to_dot
-
+        ``fusions``) puts the rules that built each node in its tooltip.  See :mod:`rlx_egraph.ir.dot`."""
         return graph_to_dot(self, provenance)
 
     def copy(self) -> Graph:

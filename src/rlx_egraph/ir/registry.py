@@ -21,15 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import RlxError
+from .dims import ShapeError, as_dim
 from .dtypes import DTYPES
 
 if TYPE_CHECKING:
     from .graph import Graph
-
-
-class ShapeError(RlxError, ValueError):
-    """Raised by shape rules and attribute checks; the graph adds node and op."""
 
 
 class Kind(StrEnum):
@@ -123,8 +119,6 @@ class AttrSpec:
         t = self.type
         try:
             if self.dims and t in (AttrType.INT, AttrType.INTS):
-                from .dims import as_dim  # dims imports ShapeError from here
-
                 try:
                     value = as_dim(value) if t is AttrType.INT else tuple(as_dim(v) for v in value)
                 except ShapeError as exc:

@@ -10,7 +10,7 @@ import numpy as np
 from ..ir.dtypes import dtype as lookup_dtype
 from ..ir.dtypes import to_storage
 from ..ir.graph import Graph, GraphError, Node
-from .reference import run_node
+from ..ir.ops.reference import run_node
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from ..cost.model import IoProfile
-from ..egraph.decode import Decoded
-from ..egraph.saturate import IterationStats
-from ..egraph.view import EGraphView
+from ..cost.profile import IoProfile
+from ..engines.egglog.decode import Decoded
+from ..engines.egglog.saturate import IterationStats
+from ..engines.egglog.view import EGraphView
 
 TABLES = ("eclasses", "enodes", "choices", "provenance", "iterations", "io_by_kind", "rule_applications")
 

@@ -1,9 +1,7 @@
 """Pictures of graphs and e-graphs as Graphviz DOT text, and SVG where Graphviz is installed.
 
-``graph_to_dot(graph, provenance)`` draws a MIR graph: leaves as grey ellipses, outputs with a double
-border, fused ops (kind ``fused``) filled orange, other nodes that rules built filled yellow; a node's
-tooltip holds its attributes, its type and, with provenance, the rules that built it and the input
-nodes it replaces.  ``egraph_to_dot(graph)`` saturates a (small) graph and draws its e-graph from
+``graph_to_dot(graph, provenance)`` (defined in :mod:`rlx_egraph.ir.dot`, behind ``Graph.to_dot``) draws a
+MIR graph with its provenance.  ``egraph_to_dot(graph)`` saturates a (small) graph and draws its e-graph from
 egglog's own serializer: one dashed box per e-class, one box per e-node, fact tables left out.
 ``Picture(dot)`` shows as SVG in Jupyter.  ``to_svg(dot)`` renders DOT with the ``graphviz`` Python
 package, which needs Graphviz's ``dot`` program (``apt-get install graphviz``, ``brew install graphviz``
@@ -15,20 +13,21 @@ from __future__ import annotations
 import html
 import json
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..egraph.decode import Fusion
-from ..egraph.encode import NODE_TABLE
-from ..egraph.schema import LIST_CONS, LIST_NIL, NO_INPUT
+from ..engines.budget import Deadline
+from ..engines.egglog.encode import NODE_TABLE
+from ..engines.egglog.program import build_egraph
+from ..engines.egglog.rules import load_rules
+from ..engines.egglog.saturate import SaturationLimits, saturate
+from ..engines.egglog.schema import LIST_CONS, LIST_NIL, NO_INPUT
 from ..errors import RlxError
-from ..ir.graph import Graph, format_attrs
+from ..ir.dot import BUILT_COLOR, FUSED_COLOR, attr_list, format_attrs, quote
+from ..ir.graph import Graph
 from ..ir.registry import REGISTRY, Kind
 
-FUSED_COLOR = "#f4a259"  # a node of a fused op
-BUILT_COLOR = "#f9e07f"  # another node a rule built (e.g. a Silu recognised from its export form)
-LEAF_COLOR = "#e0e0e0"
 TERM_OPS = frozenset(REGISTRY) | {NO_INPUT, LIST_CONS, LIST_NIL}  # e-nodes drawn as boxes; other data is inlined
 
 MISSING_GRAPHVIZ = ("this picture needs Graphviz's 'dot' program, which is not on the PATH (apt-get install graphviz, "
@@ -37,8 +36,6 @@ CHOSEN_MARK = "★ "  # before the op of an e-node extraction chose
 
 if TYPE_CHECKING:
     from .optimize_report import OptimizeReport
-
-Provenance = Any  # an OptimizeReport (its ``fusions``), a mapping node id -> Fusion, or an iterable of Fusions
 
 
 class RenderError(RlxError, RuntimeError):
@@ -63,52 +60,6 @@ class Picture:
 
     def __repr__(self) -> str:
         return self.dot
-
-
-def graph_to_dot(graph: Graph, provenance: Provenance = None) -> str:
-    """DOT text of ``graph``; ``provenance`` (e.g. the report of the run that made it) adds rules to tooltips."""
-    fusions = fusions_by_node(provenance)
-    outputs = set(graph.outputs)
-    lines = [f"digraph {_quote(graph.name)} {{", "  rankdir=TB;",
-             '  node [shape=box, style="rounded,filled", fillcolor=white, fontname=helvetica, fontsize=10];',
-             "  edge [arrowsize=0.6];"]
-    for n in graph.nodes:
-        label = f"%{n.id} {n.op}" + (f"\n{n.name}" if n.name else "") + f"\n{n.type}"
-        tip = [f"%{n.id} {n.op}{format_attrs(n.attrs)}", str(n.type)]
-        style = {"fillcolor": LEAF_COLOR, "shape": "ellipse"} if n.kind is Kind.LEAF else {}
-        if n.kind is Kind.FUSED:
-            style["fillcolor"] = FUSED_COLOR
-        fusion = fusions.get(n.id)
-        if fusion is not None:
-            style.setdefault("fillcolor", BUILT_COLOR)
-            tip.append(f"built by: {', '.join(fusion.rules) or '?'}")
-            tip.append("replaces input node(s): " + (", ".join(f"%{i}" for i in fusion.replaces) or "none"))
-        if n.id in outputs:
-            style["peripheries"] = "2"
-        attrs = {"label": label, "tooltip": "\n".join(tip), **style}
-        lines.append(f"  n{n.id} [{_attr_list(attrs)}];")
-        lines.extend(f"  n{i} -> n{n.id};" for i in dict.fromkeys(n.inputs))
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def fusions_by_node(provenance: Provenance) -> dict[int, Fusion]:
-    """``provenance`` as a mapping node id -> Fusion (see :data:`Provenance`)."""
-    if provenance is None:
-        return {}
-    if hasattr(provenance, "fusions"):
-        provenance = provenance.fusions
-    if isinstance(provenance, Mapping):
-        items = list(provenance.values())
-    elif isinstance(provenance, Iterable):
-        items = list(provenance)
-    else:
-        raise TypeError(f"provenance must be an OptimizeReport, a mapping node id -> Fusion or Fusions, "
-                        f"not {type(provenance).__name__}")
-    bad = next((f for f in items if not isinstance(f, Fusion)), None)
-    if bad is not None:
-        raise TypeError(f"provenance holds {type(bad).__name__} {bad!r}, not a Fusion")
-    return {f.node: f for f in items}
 
 
 def egraph_to_dot(graph: Graph, rules: Any = None, attention_block_max_tokens: int = 64, **limits: Any) -> str:
@@ -144,7 +95,7 @@ def report_egraph_to_dot(report: OptimizeReport, max_enodes: int = 2000) -> str:
         chosen = next((r for r in rows if r["chosen"]), rows[0])
         inputs = f"\ninput nodes {', '.join(f'%{o}' for o in c['originals'])}" if c["originals"] else ""
         label = f"{chosen['op']}-{c['eclass']} {c['type']}{inputs}"
-        lines.append(f"  subgraph cluster_{c['eclass']} {{ style=dashed; color=grey50; label={_quote(label)};")
+        lines.append(f"  subgraph cluster_{c['eclass']} {{ style=dashed; color=grey50; label={quote(label)};")
         for r in rows:
             attrs = format_attrs({k: tuple(v) if isinstance(v, list) else v for k, v in r["attrs"].items()})
             node = {"label": (CHOSEN_MARK if r["chosen"] else "") + r["op"] + attrs + f"\n{r['cost_ns']:,.0f} ns"}
@@ -155,7 +106,7 @@ def report_egraph_to_dot(report: OptimizeReport, max_enodes: int = 2000) -> str:
             if r["chosen"]:
                 node["penwidth"] = "2.5"
             node["tooltip"] = f"built by: {', '.join(r['built_by'])}" if r["built_by"] else "from the input graph"
-            lines.append(f"    e{r['enode']} [{_attr_list(node)}];")
+            lines.append(f"    e{r['enode']} [{attr_list(node)}];")
             edges.extend(f"  e{r['enode']} -> e{members[child][0]['enode']} [lhead=cluster_{child}];"
                          for child in dict.fromkeys(r["children"]) if child in members)
         lines.append("  }")
@@ -166,11 +117,6 @@ def serialized_egraph(graph: Graph, rules: Any = None, attention_block_max_token
                       **limits: Any) -> dict[str, Any]:
     """egglog's serialization (``SerializedEGraph.to_json``, parsed) of ``graph``'s saturated e-graph:
     ``nodes`` (id -> op, children, eclass), ``class_data`` and ``root_eclasses`` (the outputs')."""
-    from ..egraph.budget import Deadline
-    from ..egraph.rules import load_rules
-    from ..egraph.saturate import SaturationLimits, saturate
-    from ..optimize import build_egraph
-
     ruleset, sat_limits = load_rules(rules), SaturationLimits(**limits)
     egraph, _ = build_egraph(graph, ruleset, attention_block_max_tokens)
     saturate(egraph, ruleset, sat_limits, Deadline(sat_limits.max_seconds))
@@ -186,12 +132,12 @@ def serialized_to_dot(data: dict[str, Any], name: str = "egraph") -> str:
     classes = term_classes(data)
     anchor = {cls: members[0] for cls, members in classes.items()}
     cluster = {cls: k for k, cls in enumerate(classes)}
-    lines = [f"digraph {_quote(name)} {{", "  compound=true; rankdir=TB;",
+    lines = [f"digraph {quote(name)} {{", "  compound=true; rankdir=TB;",
              '  node [shape=box, style="rounded,filled", fillcolor=white, fontname=helvetica, fontsize=10];',
              "  edge [arrowsize=0.6];"]
     edges = []
     for cls, members in classes.items():
-        lines.append(f"  subgraph cluster_{cluster[cls]} {{ style=dashed; color=grey50; label={_quote(cls)};")
+        lines.append(f"  subgraph cluster_{cluster[cls]} {{ style=dashed; color=grey50; label={quote(cls)};")
         for nid in members:
             node = nodes[nid]
             args = [_value_text(nodes, c) for c in node["children"] if nodes[c]["eclass"] not in classes]
@@ -202,8 +148,8 @@ def serialized_to_dot(data: dict[str, Any], name: str = "egraph") -> str:
             elif rules:
                 attrs["fillcolor"] = BUILT_COLOR
             attrs["tooltip"] = f"built by: {', '.join(rules)}" if rules else "from the input graph"
-            lines.append(f"    {_quote(nid)} [{_attr_list(attrs)}];")
-            edges.extend(f"  {_quote(nid)} -> {_quote(anchor[c_cls])} [lhead=cluster_{cluster[c_cls]}];"
+            lines.append(f"    {quote(nid)} [{attr_list(attrs)}];")
+            edges.extend(f"  {quote(nid)} -> {quote(anchor[c_cls])} [lhead=cluster_{cluster[c_cls]}];"
                          for c_cls in dict.fromkeys(nodes[c]["eclass"] for c in node["children"])
                          if c_cls in classes)
         lines.append("  }")
@@ -269,10 +215,3 @@ def _value_text(nodes: Mapping[str, dict[str, Any]], nid: str) -> str:
     return f"[{inner}]" if node["op"] == "vec-of" else f"({node['op']} {inner})"
 
 
-def _quote(text: str) -> str:
-    """A DOT double-quoted string (backslashes and quotes escaped, newlines as centred line breaks)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def _attr_list(attrs: Mapping[str, str]) -> str:
-    return ", ".join(f"{key}={_quote(value)}" for key, value in attrs.items())

@@ -8,7 +8,7 @@ A miss is one of two kinds.
   for another consumer or a graph output (``another consumer``), or it is simply
   predicted slower (``more expensive``); both predicted DAG costs are given.
 * ``near miss``: a fusion rule that matched except for one thing.  Each fusion rule
-  (one that builds a fused op) is relaxed from its parsed command (``Rule.command``)
+  (one that builds a fused op) is relaxed from its query (``Rule.query``, the rule model)
   in three ways: drop one guard or pattern fact; give a variable its pattern uses
   twice a fresh name for its last use (``inputs not shared``); replace the pattern's
   root op of one tensor input by another op of the same kind and signature (an
@@ -42,15 +42,34 @@ from typing import Any
 from egglog import bindings as eb
 
 from ..cost import Target
-from ..egraph import extract as ex
-from ..egraph._solver import Log, Solver
-from ..egraph.regions import expand_regions
-from ..egraph.rules import Rule, RuleSet, load_rules
-from ..egraph.schema import constructor_args
+from ..engines.egglog import extract as ex
+from ..engines.egglog._solver import Log, Solver
+from ..engines.regions import expand_regions
 from ..errors import RlxError
 from ..ir.graph import Graph, Node
 from ..ir.ops.fused import ELEMENTWISE_REGION
 from ..ir.registry import REGISTRY, Kind, snake_case
+from ..rules import (
+    Atom,
+    Call,
+    Fact,
+    Guard,
+    Lookup,
+    OpTerm,
+    Pattern,
+    Rule,
+    RuleSet,
+    TensorList,
+    Term,
+    Var,
+    atom_terms,
+    atom_variables,
+    load_rules,
+    rename,
+    rename_atom,
+    variables,
+)
+from ..rules.signatures import constructor_args
 
 NEAR_MISS_MAX_NODES = 5000
 NOT_EXTRACTED, NEAR_MISS, IN_GRAPH = "not extracted", "near miss", "in graph"
@@ -362,7 +381,7 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
         if parsed is None:
             continue
         real[rule.name] = len(variants)
-        variants.append(_Variant(rule, parsed[0], "", "", parsed[1].name))
+        variants.append(_Variant(rule, parsed[0], "", "", parsed[1].op))
         variants.extend(_relaxations(rule, *parsed))
     egraph.run_program(*egraph.parse_program(f"(relation {_RELATION} (i64 Op))\n(ruleset {_RULESET})"))
     for k, v in enumerate(variants):
@@ -400,119 +419,114 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
     return out
 
 
-def _pattern(rule: Rule) -> tuple[tuple[str, ...], Any, list[Any]] | None:
-    """The rule's query as facts binding its matched root to ``?rlx-root``, its root pattern, its other facts."""
-    command = rule.command
-    if type(command).__name__ in ("RewriteCommand", "BiRewriteCommand"):
-        pattern, others = command.rewrite.lhs, list(command.rewrite.conditions)
-    else:
-        first, *others = command.rule.body
-        if type(first).__name__ != "Eq" or type(first.left).__name__ != "Var" or \
-                type(first.right).__name__ != "Call" or first.right.name not in REGISTRY:
-            return None
-        pattern = _rename(first.right, {first.left.name: _ROOT})
-        others = [_rename(f, {first.left.name: _ROOT}) for f in others]
+def _pattern(rule: Rule) -> tuple[tuple[str, ...], OpTerm, list[Atom]] | None:
+    """The rule's query as facts binding its matched root to ``?rlx-root``, its root pattern, its other atoms; None
+    when its query does not start with an op pattern bound to a variable (``(= ?e (Op ...))``)."""
+    first, *others = rule.query
+    if not (isinstance(first, Pattern) and isinstance(first.term, OpTerm) and isinstance(first.var, Var)
+            and first.var_first):
+        return None
+    root = {first.var.name: Var(_ROOT)}
+    pattern = rename(first.term, root)
+    assert isinstance(pattern, OpTerm)
+    others = [rename_atom(a, root) for a in others]
     return (f"(= {_ROOT} {pattern})", *map(str, others)), pattern, others
 
 
-def _binds_op(fact: Any) -> bool:
-    """Whether ``fact`` is an equation with an op pattern on one side."""
-    return type(fact).__name__ == "Eq" and any(type(s).__name__ == "Call" and s.name in REGISTRY
-                                               for s in (fact.left, fact.right))
+def _binds_op(atom: Atom) -> bool:
+    """Whether ``atom`` binds a variable to an op pattern (``(= ?e (Op ...))``)."""
+    return isinstance(atom, Pattern) and atom.var is not None and isinstance(atom.term, OpTerm)
 
 
-def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: Any, others: list[Any]) -> list[_Variant]:
+def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: OpTerm, others: list[Atom]) -> list[_Variant]:
     root, rest = facts[0], facts[1:]
     out = []
-    root_alone = not any(type(a).__name__ == "Call" and a.name in REGISTRY for a in pattern.args)
-    for k, fact in enumerate(others):
-        binds = _binds_op(fact)
+    root_alone = not any(isinstance(a, OpTerm) for a in pattern.args)
+    for k, atom in enumerate(others):
+        binds = _binds_op(atom)
         kept = _joined(pattern, [f for j, f in enumerate(others) if j != k])
         if binds and root_alone and not any(_binds_op(f) for f in kept):
             continue  # without that part the rule would match its root op anywhere: not a near miss
         out.append(_Variant(rule, (root, *(str(f) for f in kept)), "pattern part" if binds else "guard",
-                            f"{'its part' if binds else 'the guard'} {fact} does not hold", pattern.name))
-    uses = Counter(_vars(pattern))
+                            f"{'its part' if binds else 'the guard'} {atom} does not hold", pattern.op))
+    uses = Counter(variables(pattern))
     for name in sorted(v for v, n in uses.items() if n > 1 and v != _ROOT):
-        relaxed = _rename(pattern, {name: f"{name}-unshared"}, last_of=uses[name])
+        relaxed = _rename_last_use(pattern, name, f"{name}-unshared")
         out.append(_Variant(rule, (f"(= {_ROOT} {relaxed})", *rest), "inputs not shared",
                             f"the uses of {name} in {pattern} are different tensors, not one shared input",
-                            pattern.name))
-    spec = REGISTRY[pattern.name]
+                            pattern.op))
+    spec = REGISTRY[pattern.op]
     if len(spec.inputs) == 1 and not spec.variadic:
         sorts = [a.sort for a in constructor_args(spec)]
         for other in sorted(REGISTRY):
             o = REGISTRY[other]
             if other != spec.name and o.kind is spec.kind and [a.sort for a in constructor_args(o)] == sorts:
-                swapped = eb.Call(pattern.span, other, pattern.args)
+                swapped = OpTerm(other, pattern.args)
                 out.append(_Variant(rule, (f"(= {_ROOT} {swapped})", *rest), "other op",
                                     f"it is {other} where the rule needs {spec.name} (no {other} epilogue)",
-                                    pattern.name, other))
+                                    pattern.op, other))
     return out
 
 
 _COMPARISONS = frozenset({"<", ">", "<=", ">=", "!=", "="})
 
 
-def _joined(pattern: Any, facts: list[Any]) -> list[Any]:
-    """The ``facts`` still joined to the root ``pattern``: an op or relation fact sharing a variable with what
-    is bound, a guard whose variables are bound (but for one it defines).  A fact left over would be matched on its
-    own, against every e-node, a cross product (dropping the QKV projection of attention-block leaves
-    guards on its input alone): it is about the dropped part, so it goes with it."""
-    bound, left, changed = {_ROOT, *_vars(pattern)}, list(facts), True
+def _joined(pattern: OpTerm, atoms: list[Atom]) -> list[Atom]:
+    """The ``atoms`` still joined to the root ``pattern``: an op pattern or relation sharing a variable with what
+    is bound, an equation or check whose variables are bound (but for one an equation defines).  An atom left over
+    would be matched on its own, against every e-node, a cross product (dropping the QKV projection of
+    attention-block leaves guards on its input alone): it is about the dropped part, so it goes with it."""
+    bound, left, changed = {_ROOT, *variables(pattern)}, list(atoms), True
     while changed:
         changed = False
-        for fact in list(left):
-            names = set(_fact_vars(fact))
-            defined = {s.name for s in (fact.left, fact.right) if type(s).__name__ == "Var"} \
-                if type(fact).__name__ == "Eq" else set()
-            if (names & bound if _binds_op(fact) or _is_relation(fact) else
+        for atom in list(left):
+            names = set(atom_variables(atom))
+            defined = {t.name for t in atom_terms(atom) if isinstance(t, Var)} if _is_equation(atom) else set()
+            if (names & bound if _binds_op(atom) or _is_relation(atom) else
                     len(names - bound) <= 1 and names - bound <= defined):
                 bound |= names
-                left.remove(fact)
+                left.remove(atom)
                 changed = True
-    return [f for f in facts if f not in left]
+    return [f for f in atoms if f not in left]
 
 
-def _is_relation(fact: Any) -> bool:
-    """Whether ``fact`` is a relation lookup (``(split-qk ?q ?k)``), which binds its variables."""
-    return type(fact).__name__ == "Fact" and type(fact.expr).__name__ == "Call" and fact.expr.name not in _COMPARISONS
+def _is_equation(atom: Atom) -> bool:
+    """Whether ``atom`` is written as an equation ``(= a b)``: a bound pattern, a table's value, an ``=`` check."""
+    return (isinstance(atom, Pattern) and atom.var is not None) or (isinstance(atom, Fact) and atom.value is not None) \
+        or (isinstance(atom, Guard) and atom.name == "=")
 
 
-def _fact_vars(fact: Any) -> list[str]:
-    if type(fact).__name__ == "Eq":
-        return _vars(fact.left) + _vars(fact.right)
-    return _vars(fact.expr) if type(fact).__name__ == "Fact" else _vars(fact)
+def _is_relation(atom: Atom) -> bool:
+    """Whether ``atom`` is a lookup on its own (``(split-qk ?q ?k)``, a bare op pattern), which binds its
+    variables."""
+    return (isinstance(atom, Pattern) and atom.var is None) or (isinstance(atom, Fact) and atom.value is None) \
+        or (isinstance(atom, Guard) and atom.name not in _COMPARISONS)
 
 
-def _vars(expr: Any) -> list[str]:
-    kind = type(expr).__name__
-    if kind == "Var":
-        return [expr.name]
-    return [v for a in getattr(expr, "args", ()) for v in _vars(a)] if kind == "Call" else []
+def _rename_last_use(term: Term, name: str, new: str) -> Term:
+    """``term`` with the last use of variable ``name`` renamed ``new``."""
+    uses = variables(term).count(name)
+    return _renamed(term, name, new, uses, [0])
 
 
-def _rename(expr: Any, names: dict[str, str], last_of: int = 0) -> Any:
-    """``expr`` with variables renamed; with ``last_of`` = n, only the n-th (last) use is renamed."""
-    return _renamed(expr, names, last_of, Counter())
-
-
-def _renamed(e: Any, names: dict[str, str], last_of: int, count: Counter[str]) -> Any:
-    """:func:`_rename`, ``count`` holding the uses seen so far.  (A function, not a recursive closure: such a closure
-    is a reference cycle, left to the garbage collector.)"""
-    kind = type(e).__name__
-    if kind == "Var":
-        count[e.name] += 1
-        if e.name in names and (not last_of or count[e.name] == last_of):
-            return eb.Var(e.span, names[e.name])
-        return e
-    if kind == "Call":
-        return eb.Call(e.span, e.name, [_renamed(a, names, last_of, count) for a in e.args])
-    if kind == "Eq":
-        return eb.Eq(e.span, _renamed(e.left, names, last_of, count), _renamed(e.right, names, last_of, count))
-    if kind == "Fact":
-        return eb.Fact(_renamed(e.expr, names, last_of, count))
-    return e
+def _renamed(term: Term, name: str, new: str, last: int, seen: list[int]) -> Term:
+    """:func:`_rename_last_use`, ``seen[0]`` counting the uses passed so far, left to right.  (A function, not a
+    recursive closure: such a closure is a reference cycle, left to the garbage collector.)"""
+    if isinstance(term, Var):
+        if term.name != name:
+            return term
+        seen[0] += 1
+        return Var(new) if seen[0] == last else term
+    if isinstance(term, OpTerm):
+        return OpTerm(term.op, tuple(_renamed(a, name, new, last, seen) for a in term.args))
+    if isinstance(term, TensorList):
+        items = tuple(_renamed(a, name, new, last, seen) for a in term.items)
+        return TensorList(items, None if term.rest is None else _renamed(term.rest, name, new, last, seen))
+    if isinstance(term, Call):
+        return Call(term.name, tuple(_renamed(a, name, new, last, seen) for a in term.args))
+    if isinstance(term, Lookup):
+        return Lookup(term.table, tuple(_renamed(a, name, new, last, seen) for a in term.args))
+    return term
 
 
 # --- patterns left in a graph (the design's scan) ----------------------------------------------------------------

@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..ir.dot import BUILT_COLOR, FUSED_COLOR, LEAF_COLOR
 from ..ir.graph import Graph
 from ..ir.registry import Kind
-from .dot import BUILT_COLOR, FUSED_COLOR, LEAF_COLOR
 from .svg import NodeStyle, bar_chart, column_chart, graph_svg
 
 if TYPE_CHECKING:

@@ -16,11 +16,11 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..cost import IoProfile
-from ..cost.model import format_ns as _time
-from ..egraph.decode import Fusion
-from ..egraph.regions import ClippedRegion
-from ..egraph.saturate import IterationStats
-from ..egraph.view import IllTyped
+from ..cost.profile import format_ns as _time
+from ..engines.egglog.decode import Fusion
+from ..engines.egglog.saturate import IterationStats
+from ..engines.egglog.view import IllTyped
+from ..engines.regions import ClippedRegion
 from ..ir.graph import Graph
 from ..ir.registry import REGISTRY, Kind
 from ..kernels.parity import ParityReport
@@ -30,7 +30,7 @@ from .fusion import FusionReport
 from .html import notebook_html, report_html
 
 if TYPE_CHECKING:
-    from ..fallback import FallbackStats
+    from ..engines.fallback import FallbackStats
 
 # Version of the JSON layout of ``to_dict``; raised when a key changes meaning or goes away.
 FORMAT_VERSION = 2

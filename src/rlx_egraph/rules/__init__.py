@@ -7,15 +7,13 @@
   ``file:line``.
 * The fact tables (:data:`FACT_TABLES`) and primitives (:data:`PRIMITIVES`) rules use are defined once, with
   their meaning in Python; :mod:`.emit` writes the model as egglog.
-* :func:`check` is the soundness checker.
+* The soundness checker, which runs rules in the egglog engine, is
+  :func:`rlx_egraph.engines.egglog.soundness.check` (``rlx-egraph rules check``).
 
 The shipped ``.egg`` files are in the repository's ``rules/`` folder; the wheel ships them as the package data
 folder ``rlx_egraph/shipped_rules`` (see :func:`default_rule_dir`).
 """
 
-# The soundness checker runs rules in the egglog engine, whose modules import this package's modules (not this
-# package): rlx_egraph.egraph imports this package first.
-from ..egraph.soundness import RuleVerdict, SoundnessReport, check
 from .model import (
     BIREWRITE,
     REWRITE,
@@ -50,6 +48,6 @@ from .terms import Absent, Call, Lit, Lookup, OpTerm, TensorList, Term, Var, ren
 __all__ = ["BIREWRITE", "FACT_TABLES", "PRIMITIVES", "REWRITE", "RULE", "STAGES", "STAGE_DOCS", "Absent", "Action",
            "Atom", "Build", "Call", "Declaration", "Direction", "Fact", "FactSource", "FactTable", "GraphFacts",
            "Guard", "Insert", "Let", "Lit", "Lookup", "NoValue", "OpTerm", "Panic", "Pattern", "Primitive", "Rule",
-           "RuleError", "RuleSet", "RuleVerdict", "SetValue", "SoundnessReport", "TensorList", "Term", "Union", "Var",
-           "action_terms", "atom_terms", "atom_variables", "check", "default_rule_dir", "load_rules", "rename",
+           "RuleError", "RuleSet", "SetValue", "TensorList", "Term", "Union", "Var",
+           "action_terms", "atom_terms", "atom_variables", "default_rule_dir", "load_rules", "rename",
            "rename_atom", "subterms", "variables"]

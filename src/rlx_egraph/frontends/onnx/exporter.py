@@ -23,8 +23,8 @@ from onnx import helper, numpy_helper
 from ...ir.dims import Dim, Sym, symbol, symbols_of, to_json
 from ...ir.graph import Graph, GraphError, Node
 from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, outer_reads, rename_node
+from ...ir.ops.reference import run_node
 from ...ir.registry import Kind, ShapeError
-from ...kernels.reference import run_node
 from .export_table import EXPORTS, MIR_FORMS
 
 OPSET = 23  # the default domain's opset of exported models (Attention and RotaryEmbedding need 23)

@@ -9,7 +9,7 @@ for such a graph without being asked (``rlx_egraph.optimize.default_rules``).
 
 from __future__ import annotations
 
-from ...egraph.rules import RuleSet, default_rule_dir, load_rules
+from ...engines.egglog.rules import RuleSet, default_rule_dir, load_rules
 
 SOURCE = "onnx"  # graph.meta["source"] of an imported model; also the name of its rules folder
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...kernels import reference as K
 from ..registry import (
     REGISTRY,
     Attrs,
@@ -36,6 +35,7 @@ from ..registry import (
     register,
 )
 from ..shapes import broadcast, matmul_shape, norm_param_check, require_rank, same_dtype
+from . import reference as K
 from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops, norm_infer, norm_sampler
 
 if TYPE_CHECKING:

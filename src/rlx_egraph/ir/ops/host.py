@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...kernels import reference as K
 from ..registry import (
     Attrs,
     AttrSpec,
@@ -32,6 +31,7 @@ from ..registry import (
     random_shape,
     register,
 )
+from . import reference as K
 
 T = TensorType
 

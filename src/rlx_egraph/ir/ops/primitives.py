@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...kernels import reference as K
 from ..registry import (
     Attrs,
     AttrSpec,
@@ -44,6 +43,7 @@ from ..shapes import (
     reshape_target,
     same_dtype,
 )
+from . import reference as K
 
 if TYPE_CHECKING:
     from ..graph import Graph

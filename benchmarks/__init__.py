@@ -1,0 +1,1 @@
+"""Benchmark scripts: run from the repository root, e.g. ``python -m benchmarks.bench``; not part of the package."""

@@ -1,5 +1,0 @@
-from rlx_egraph.egraph._flat cimport FlatEGraph, Memo
-from rlx_egraph.egraph._rows cimport ENode
-
-
-cdef int _DEADLINE_STRIDE

@@ -1,0 +1,5 @@
+from rlx_egraph.engines.egglog._flat cimport FlatEGraph, Memo
+from rlx_egraph.engines.egglog._rows cimport ENode
+
+
+cdef int _DEADLINE_STRIDE

@@ -1,0 +1,841 @@
+"""Matching a pattern's query on the graph.
+
+The query's atoms are put in an order where each one can run with what the
+atoms before it bound: a node pattern whose node is known is checked top-down;
+one reached from a known input is found among that input's readers (the
+multi-pattern joins of the shared-input rules); equalities bind a variable
+from a computable side; helper-table facts look rows up by their known
+columns.  A node pattern checked top-down also matches the node's forms
+(:attr:`Facts.forms`).  The root is the first node pattern, so only nodes of its op are
+ever visited; a query without one is rooted at a row of a helper relation,
+one row per run.  Each step is a closure that extends the variable slots and
+calls the next one, so a failed candidate costs a few attribute reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...ir.graph import Node
+from ...ir.registry import REGISTRY, AttrType
+from ..egglog.schema import constructor_args
+from .facts import BUILTIN_TABLES, CHECKS, PRIMITIVES, Facts, NoMatch, compile_term
+from .pattern import (
+    ABSENT,
+    FACTS,
+    Atom,
+    Build,
+    CompileError,
+    Compute,
+    Equal,
+    F,
+    Holds,
+    L,
+    ListPat,
+    NodePat,
+    Pattern,
+    Symmetry,
+    TableDecl,
+    Term,
+    Union,
+    V,
+    slot_vars,
+    term_vars,
+)
+
+VIA = 0  # slot 0 holds the names of the symmetries a match went through
+Step = Callable[[list], None]
+
+
+class ArrayValue:
+    """An array attribute as a pattern value: equal by content."""
+
+    __slots__ = ("array", "key")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.key = (array.dtype.str, array.shape, array.tobytes())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArrayValue) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+@dataclass
+class Matcher:
+    """A compiled query: ``run(root)`` gives the matches at ``root`` (each a tuple of the slots)
+    (a node of ``root_op``, or a row, the arguments tuple, of the root helper relation)."""
+
+    pattern: Pattern
+    root_op: str | None  # None: the root is a row of a helper relation
+    slots: dict[str, int]
+    node_slots: tuple[int, ...]  # slots that hold node ids
+    shape_slots: tuple[int, ...]  # slots of the nodes whose op and inputs the match inspects
+    run: Callable[[Any], list[tuple]]
+    roots: Callable[[], list[Any]]  # every root
+    alive: Callable[[Any], bool]  # whether a root still exists
+    roots_near: Callable[[Near], list[Any]] | None  # sorted; None: every pass scans all roots
+    child_ops: tuple[tuple[str | None, ...], ...]  # per operand order: ops the root's inputs must have
+    _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
+
+    def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
+        """Whether a root whose inputs have these ops (a set: a node with forms) can match in some
+        operand order (a cheap filter before matching)."""
+        fit = self._fits.get(input_ops)
+        if fit is None:
+            fit = self._fits[input_ops] = not self.child_ops or any(
+                len(input_ops) >= len(want) and all(w is None or w == o or (isinstance(o, frozenset) and w in o)
+                                                    for w, o in zip(want, input_ops, strict=False))
+                for want in self.child_ops)
+        return fit
+
+    def candidates(self, near: Near | None) -> list[Any]:
+        """Roots to match: every root, or (``near`` given) those whose match could involve one
+        of the ``near`` nodes."""
+        if near is None or self.roots_near is None:
+            return self.roots()
+        return self.roots_near(near)
+
+
+@dataclass
+class Near:
+    """Changed nodes, by op: the seeds of a pass that only revisits roots near changes."""
+
+    by_op: dict[str, list[int]]
+    walks: dict[tuple[str | None, tuple[_Edge, ...]], set[int]] = field(default_factory=dict)
+    """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
+    readers: dict[tuple[str | None, tuple[_Edge, ...]], dict[str, set[int]]] = field(default_factory=dict)
+    """The readers, by op, of the nodes a walk reaches (keyed like ``walks``)."""
+    roots: dict[tuple, list[int]] = field(default_factory=dict)
+    """Sorted node roots, by root op and paths (the operand orders of a rule share them)."""
+
+    @classmethod
+    def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
+        by_op: dict[str, list[int]] = {}
+        for n in sorted(ids):
+            node = nodes.get(n)
+            if node is not None:
+                by_op.setdefault(node.op, []).append(n)
+        return cls(by_op)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.by_op.values()))
+
+
+@dataclass(frozen=True)
+class MatcherPlan:
+    """What compiling a pattern's query decides before any graph is seen (see :func:`plan_matcher`); an engine
+    binds it to its graph with :func:`compile_matcher`, so engines of one rule set share it."""
+
+    slots: dict[str, int]
+    order: list[tuple[str, Atom]]  # the atoms in the order they run, each with its step kind
+    known: list[set[str]]  # per atom of ``order``: the variables bound before it
+    alternatives: list[list]  # per atom of ``order``: its operand orders (see _alternatives)
+    node_slots: tuple[int, ...]
+    shape_slots: tuple[int, ...]
+    paths: list[tuple[str | None, tuple[_Edge, ...], int | None]] | None  # see _paths
+    child_ops: tuple[tuple[str | None, ...], ...]
+
+
+def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[str, TableDecl]) -> MatcherPlan:
+    """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
+    run)."""
+    slots: dict[str, int] = {}
+
+    def slot(name: str) -> int:
+        return slots.setdefault(name, len(slots) + 1)
+
+    for name in _all_vars(pattern):
+        slot(name)
+    for action in pattern.actions:  # slots for what the actions compute, after the query's
+        if isinstance(action, Build | Compute):
+            slot(action.out)
+    order = schedule(pattern, tables)
+    perms: dict[str, list[tuple[tuple[int, ...], str]]] = {}
+    for sym in symmetries:
+        perms.setdefault(sym.op, []).append((sym.perm, sym.name))
+    known: list[set[str]] = []
+    bound: set[str] = set()
+    for _, atom in order:
+        known.append(set(bound))
+        bound |= _atom_vars(atom)
+    first = order[0][1]
+    node_vars = _node_vars(pattern, tables)
+    alternatives = [_alternatives(perms, atom) for _, atom in order]
+    return MatcherPlan(
+        slots, order, known, alternatives, tuple(slots[v] for v in node_vars),
+        tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat))),
+        _paths(order, set(node_vars), _watched(pattern, order, tables), tables),
+        _child_ops(first, pattern, alternatives[0]) if isinstance(first, NodePat) else ())
+
+
+def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
+                    plan: MatcherPlan | None = None) -> Matcher:
+    """Compile ``pattern``'s query on the graph of ``facts`` (CompileError when some atom can never run);
+    ``plan``: its :func:`plan_matcher`, made once for all engines (default: made here)."""
+    if plan is None:
+        plan = plan_matcher(pattern, symmetries, facts.decls)
+    slots, order = plan.slots, plan.order
+    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
+    sink: list[list[tuple]] = []  # the current run's matches
+
+    def emit(env: list) -> None:
+        sink[-1].append(tuple(env))
+
+    pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
+    chain: Step = emit
+    for (kind, atom), before, alternatives in zip(reversed(order[1:]), reversed(plan.known[1:]),
+                                                  reversed(plan.alternatives[1:]), strict=True):
+        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, alternatives)
+    first = order[0][1]
+    width = len(slots) + 1
+    root_op: str | None
+    if isinstance(first, NodePat):
+        chain = _step("top", first, set(), slots, chain, nodes, readers, facts, plan.alternatives[0])
+        root_op, root_slot = first.op, slots[first.out]
+
+        def roots() -> list[Any]:
+            return facts.rw.nodes_of(first.op)
+
+        alive: Callable[[Any], bool] = nodes.__contains__
+
+        def run(root: Any) -> list[tuple]:
+            env: list[Any] = [None] * width
+            env[VIA] = ()
+            env[root_slot] = root
+            sink.append([])
+            try:
+                chain(env)
+            finally:
+                found = sink.pop()
+            return found
+    else:
+        chain = _lookup_step(first, set(), slots, chain, facts, pinned)
+        root_op, rows = None, facts.rows[_root_table(first)]
+
+        def roots() -> list[Any]:
+            return list(rows)
+
+        alive = rows.__contains__
+
+        def run(root: Any) -> list[tuple]:
+            env: list[Any] = [None] * width
+            env[VIA] = ()
+            sink.append([])
+            pinned.append(root)
+            try:
+                chain(env)
+            finally:
+                found = sink.pop()
+                pinned.pop()
+            return found
+
+    roots_near = _reverse(plan.paths, root_op, _root_table(first), facts) if plan.paths is not None else None
+    return Matcher(pattern, root_op, slots, plan.node_slots, plan.shape_slots, run, roots, alive, roots_near,
+                   plan.child_ops)
+
+
+def _root_table(root: Atom) -> str:
+    """The helper relation a query without node patterns is rooted at ('' for a node root)."""
+    return root.call.name if isinstance(root, Holds) else ""
+
+
+def _child_ops(root: NodePat, pattern: Pattern, alternatives: list[tuple[tuple[int, ...], tuple[str, ...]]]
+               ) -> tuple[tuple[str | None, ...], ...]:
+    """Per operand order of the root (``alternatives``): the op each required input of the root
+    must have, where the query says."""
+    op_of: dict[str, str] = {}
+    for atom in pattern.query:
+        if isinstance(atom, NodePat):
+            op_of.setdefault(atom.out, atom.op)
+    required = 0
+    for arg in constructor_args(REGISTRY[root.op]):
+        if not arg.is_input or arg.optional or arg.variadic:
+            break
+        required += 1
+    out: dict[tuple[str | None, ...], None] = {}
+    for perm, _ in alternatives:  # pattern input p reads node field perm[p]
+        want: list[str | None] = [None] * required
+        for p, s in enumerate(root.inputs):
+            if perm[p] < required and isinstance(s, V):
+                want[perm[p]] = op_of.get(s.name)
+        out[tuple(want)] = None
+    return tuple(out)
+
+
+# --- which roots a changed node can affect --------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Edge:
+    """How a node variable was reached from an earlier one (its parent): as an ``input`` of the
+    parent's node, as a ``reader`` of it, or through a helper-table ``row``."""
+
+    kind: str
+    parent_op: str | None
+    table: str = ""
+    column: int = 0
+    parent_column: int = 0
+
+
+def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[str, TableDecl]) -> set[str]:
+    """Node variables a change to whose node can change the match or its outcome: nodes the query
+    inspects, join anchors, variables of helper-table facts (rows get added), and, for a rewrite,
+    inputs the right side does not keep (they may die with it, which changes its gain)."""
+    watched = {a.out for a in pattern.query if isinstance(a, NodePat)}
+    bound: set[str] = set()
+    for kind, atom in order:
+        if kind == "join" and isinstance(atom, NodePat):
+            watched.update(v for v in slot_vars(atom.inputs) if v in bound)
+        elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in _calls(atom)):
+            watched |= _atom_vars(atom)
+        bound |= _atom_vars(atom)
+    if pattern.kind == FACTS:
+        return watched
+    kept: set[str] = set()
+    for action in pattern.actions:
+        if isinstance(action, Build):
+            kept.update(slot_vars(action.inputs))
+        elif isinstance(action, Union):
+            kept.update((action.a, action.b))
+    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in slot_vars(a.inputs) if v not in kept}
+
+
+def _calls(atom: Atom) -> list[Term]:
+    out, terms = [], _atom_terms(atom)
+    while terms:
+        t = terms.pop()
+        if isinstance(t, F):
+            out.append(t)
+            terms.extend(t.args)
+    return out
+
+
+_EDGES: dict[tuple, _Edge] = {}
+
+
+def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Mapping[str, TableDecl]
+           ) -> list[tuple[str | None, tuple[_Edge, ...], int | None]] | None:
+    """For each watched node variable: its op (None: any), the edges from it back to the root,
+    and the root row's column the walk ends in (None: the root is a node).
+    None when some variable is reached in a way that cannot be walked backwards."""
+    parent: dict[str, tuple[str, _Edge] | None] = {}
+    root_column: dict[str, int] = {}  # a root row's node variables: their column
+    op_of: dict[str, str] = {}
+    for index, (kind, atom) in enumerate(order):
+        if isinstance(atom, NodePat):
+            op_of.setdefault(atom.out, atom.op)
+            if atom.out not in parent:
+                if kind == "top":  # the root
+                    parent[atom.out] = None
+                else:
+                    anchor = next(v for v in slot_vars(atom.inputs) if v in parent)
+                    parent[atom.out] = (anchor, _Edge("reader", None))
+            for v in slot_vars(atom.inputs):
+                parent.setdefault(v, (atom.out, _Edge("input", atom.op)))
+            continue
+        bound_here = [v for v in _atom_vars(atom) & node_vars if v not in parent]
+        if not bound_here:
+            continue
+        if kind != "lookup":
+            return None
+        call = atom.call if isinstance(atom, Holds) else next(
+            t for t in (atom.left, atom.right) if isinstance(t, F) and t.name in tables)  # type: ignore[union-attr]
+        columns = {a.name: c for c, a in enumerate(call.args) if isinstance(a, V)}
+        if index == 0:  # the root row
+            if any(v not in columns for v in bound_here):
+                return None
+            for v in bound_here:
+                parent[v], root_column[v] = None, columns[v]
+            continue
+        anchor = next((v for v in columns if v in parent and v in node_vars), None)
+        if anchor is None or any(v not in columns for v in bound_here):
+            return None
+        for v in bound_here:
+            parent[v] = (anchor, _Edge("row", None, call.name, columns[v], columns[anchor]))
+    paths = []
+    for var in sorted(v for v in parent if v in node_vars and v in watched):
+        edges: list[_Edge] = []
+        current = var
+        while (link := parent[current]) is not None:
+            up, edge = link
+            key = (edge.kind, op_of.get(up), edge.table, edge.column, edge.parent_column)
+            edges.append(_EDGES.setdefault(key, _Edge(*key)))
+            current = up
+        paths.append((op_of.get(var), tuple(edges), root_column.get(current)))
+    return paths
+
+
+def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root_op: str | None,
+             root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
+    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
+
+    def step(near: Near, op: str | None, edges: tuple[_Edge, ...], below: set[int] | None) -> set[int]:
+        """The nodes reached from the seeds of ``op`` along ``edges``: the seeds themselves, else one step to the
+        parents from ``below`` (the nodes reached along all edges but the last)."""
+        frontier: set[int] = set()
+        if not edges:
+            frontier.update(near.by_op.get(op, ()) if op is not None else
+                            (n for ns in near.by_op.values() for n in ns))
+            return frontier
+        assert below is not None
+        edge = edges[-1]
+        parent_op = edge.parent_op
+        if edge.kind == "input":  # the parent reads the node
+            by_op = near.readers.get((op, edges[:-1]))
+            if by_op is None:  # group once the readers of ``below``: many matchers ask for other ops
+                by_op = near.readers[(op, edges[:-1])] = {}
+                for r in set().union(*[readers.get(n, ()) for n in below]):
+                    by_op.setdefault(nodes[r].op, set()).add(r)
+            return by_op.get(parent_op, frontier)
+        if edge.kind == "reader":  # the node reads the parent
+            for n in below:
+                node = nodes.get(n)
+                if node is not None:
+                    frontier.update(node.inputs if parent_op is None else
+                                    (i for i in node.inputs if nodes[i].op == parent_op))
+            return frontier
+        # rows holding the node in ``column`` name the parent in ``parent_column``
+        index, parent_column = facts.column(edge.table, edge.column), edge.parent_column
+        for n in index.keys() & below:
+            frontier.update([args[parent_column] for args in index[n]])
+        return frontier
+
+    def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
+        """:func:`step` along every prefix of ``edges``, each remembered in ``near``.  (A loop, not a recursive
+        closure: such a closure is a reference cycle, which kept the rewriter alive for the garbage collector.)"""
+        below: set[int] | None = None
+        for k in range(len(edges) + 1):
+            frontier = near.walks.get((op, edges[:k]))
+            if frontier is None:
+                frontier = near.walks[(op, edges[:k])] = step(near, op, edges[:k], below)
+            below = frontier
+        assert below is not None
+        return below
+
+    shared = (root_op, frozenset(paths))  # the key of node roots in ``Near.roots``
+
+    def roots_near(near: Near) -> list[Any]:
+        """Sorted roots near the seeds.  Node roots are shared through ``near`` (the graph does not change
+        while it is in use); row roots are not (rows are added meanwhile)."""
+        if root_op is not None and shared in near.roots:
+            return near.roots[shared]
+        roots: set[Any] = set()
+        for op, edges, column in paths:
+            frontier = walk(near, op, edges)
+            if column is None:
+                roots |= frontier
+            else:
+                index = facts.column(root_table, column)
+                for n in index.keys() & frontier:
+                    roots.update(index[n])
+        if root_op is None:
+            return sorted(roots)
+        found = near.roots[shared] = sorted(r for r in roots if r in nodes and nodes[r].op == root_op)
+        return found
+    return roots_near
+
+
+# --- ordering ------------------------------------------------------------------------------
+
+
+def _all_vars(pattern: Pattern) -> list[str]:
+    names: dict[str, None] = {}
+    for atom in pattern.query:
+        names.update(dict.fromkeys(sorted(_atom_vars(atom))))
+    return list(names)
+
+
+def _atom_vars(atom: Atom) -> set[str]:
+    if isinstance(atom, NodePat):
+        out = {atom.out}
+        for s in atom.inputs:
+            if isinstance(s, V):
+                out.add(s.name)
+            elif isinstance(s, ListPat):
+                out.update(s.items)
+                if s.rest:
+                    out.add(s.rest)
+        out.update(a.name for a in atom.attrs if isinstance(a, V))
+        return out
+    return set().union(*(term_vars(t) for t in _atom_terms(atom)))
+
+
+def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
+    """Variables that hold node ids: op patterns' nodes and inputs, and Op columns of tables."""
+    out: dict[str, None] = {}
+    for atom in pattern.query:
+        if isinstance(atom, NodePat):
+            out[atom.out] = None
+            out.update(dict.fromkeys(slot_vars(atom.inputs)))
+            continue
+        terms = _atom_terms(atom)
+        while terms:
+            t = terms.pop()
+            if isinstance(t, F):
+                decl = tables.get(t.name)
+                if decl is not None:
+                    out.update(dict.fromkeys(a.name for a, sort in zip(t.args, decl.inputs, strict=False)
+                                             if isinstance(a, V) and sort == "Op"))
+                terms.extend(t.args)
+    return list(out)
+
+
+def _atom_terms(atom: Atom) -> list[Term]:
+    if isinstance(atom, Equal):
+        return [atom.left, atom.right]
+    if isinstance(atom, Holds):
+        return [atom.call]
+    return []
+
+
+def _check_providers(term: Term, tables: Mapping[str, TableDecl]) -> None:
+    if isinstance(term, F):
+        decl = tables.get(term.name)
+        if decl is not None and decl.builtin and term.name not in BUILTIN_TABLES:
+            raise CompileError(f"table {term.name!r} has no meaning on a graph in the fallback")
+        for a in term.args:
+            _check_providers(a, tables)
+
+
+def _helper_call(term: Term, tables: Mapping[str, TableDecl]) -> bool:
+    return isinstance(term, F) and term.name in tables and not tables[term.name].builtin
+
+
+def schedule(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[tuple[str, Atom]]:
+    """Order the query's atoms: the first node pattern (or helper fact) is the root; then,
+    at each step, the cheapest atom that can run with the variables bound so far.
+    Raises CompileError when the query cannot run on a graph."""
+    for atom in pattern.query:
+        for t in _atom_terms(atom):
+            _check_providers(t, tables)
+    pending = list(pattern.query)
+    root = next((a for a in pending if isinstance(a, NodePat)), None)
+    if root is None:
+        root = next((a for a in pending if isinstance(a, Holds) and _helper_call(a.call, tables)), None)
+        if root is None:
+            raise CompileError("the query has no node pattern and no helper-table fact to start from")
+        pending.remove(root)
+        order = [("lookup", root)]
+    else:
+        pending.remove(root)
+        order = [("top", root)]
+    bound = _atom_vars(root)
+    while pending:
+        best: tuple[int, int, str] | None = None
+        for k, atom in enumerate(pending):
+            choice = _readiness(atom, bound, tables)
+            if choice is not None and (best is None or choice[0] < best[0]):
+                best = (choice[0], k, choice[1])
+        if best is None:
+            missing = sorted(set().union(*(_atom_vars(a) for a in pending)) - bound)
+            raise CompileError(f"no fact binds variable(s) {', '.join(missing)} before they are needed")
+        atom = pending.pop(best[1])
+        order.append((best[2], atom))
+        bound |= _atom_vars(atom)
+    return order
+
+
+def _readiness(atom: Atom, bound: set[str], tables: Mapping[str, TableDecl]) -> tuple[int, str] | None:
+    """(priority, step kind) when ``atom`` can run now; lower priority runs first."""
+    if isinstance(atom, NodePat):
+        if atom.out in bound:
+            return 1, "top"
+        if any(i in bound for i in slot_vars(atom.inputs)):
+            return 4, "join"
+        return None
+    if isinstance(atom, Equal):
+        left, right = term_vars(atom.left) - bound, term_vars(atom.right) - bound
+        if not left and not right:
+            return 0, "check"
+        if isinstance(atom.left, V) and left and not right:
+            return 2, "bind"
+        if isinstance(atom.right, V) and right and not left:
+            return 2, "bind"
+        for side, other, other_unbound in ((atom.left, atom.right, right), (atom.right, atom.left, left)):
+            if _lookup_ready(side, bound, tables) and (not other_unbound or isinstance(other, V)):
+                return 3, "lookup"
+        return None
+    call = atom.call
+    if not term_vars(call) - bound:
+        return 0, "check"
+    if _lookup_ready(call, bound, tables):
+        bound_args = any(not term_vars(a) - bound for a in call.args)
+        return (3, "lookup") if bound_args else (5, "lookup")
+    return None
+
+
+def _lookup_ready(call: Term, bound: set[str], tables: Mapping[str, TableDecl]) -> bool:
+    """A helper-table call whose every argument is known or a lone variable (which its rows bind)."""
+    return _helper_call(call, tables) and all(isinstance(a, V) or not term_vars(a) - bound
+                                              for a in call.args)  # type: ignore[union-attr]
+
+
+# --- steps ---------------------------------------------------------------------------------
+
+BIND, EQ, LIT, ABSENT_CHECK, LIST = range(5)
+
+
+def _alternatives(perms: Mapping[str, list[tuple[tuple[int, ...], str]]], atom: Atom) -> list:
+    if not isinstance(atom, NodePat):
+        return []
+    group: dict[tuple[int, ...], tuple[str, ...]] = {tuple(range(len(atom.inputs) + len(atom.attrs))): ()}
+    frontier = list(group)
+    while frontier:  # every composition of the op's symmetries
+        current = frontier.pop()
+        for perm, name in perms.get(atom.op, ()):
+            composed = tuple(current[p] for p in perm)
+            if composed not in group:
+                group[composed] = (*group[current], name)
+                frontier.append(composed)
+    return list(group.items())
+
+
+def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
+          readers: Mapping[int, Mapping[int, None]], facts: Facts, alternatives: list) -> Step:
+    if isinstance(atom, NodePat):
+        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms, alternatives)
+    if kind == "check":
+        return _check_step(atom, slots, nxt, facts)
+    if kind == "bind":
+        assert isinstance(atom, Equal)
+        target, source = (atom.left, atom.right) if isinstance(atom.left, V) and atom.left.name not in known \
+            else (atom.right, atom.left)
+        assert isinstance(target, V)
+        out, ev = slots[target.name], compile_term(source, slots, facts)
+
+        def bind(env: list) -> None:
+            try:
+                env[out] = ev(env)
+            except NoMatch:
+                return
+            nxt(env)
+        return bind
+    return _lookup_step(atom, known, slots, nxt, facts)
+
+
+def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
+    if isinstance(atom, Equal):
+        left, right = compile_term(atom.left, slots, facts), compile_term(atom.right, slots, facts)
+
+        def equal(env: list) -> None:
+            try:
+                if left(env) != right(env):
+                    return
+            except NoMatch:
+                return
+            nxt(env)
+        return equal
+    assert isinstance(atom, Holds)
+    ev = compile_term(atom.call, slots, facts)
+    truth = atom.call.name in CHECKS or atom.call.name in PRIMITIVES
+
+    def holds(env: list) -> None:
+        try:
+            value = ev(env)
+        except NoMatch:
+            return
+        if truth and value is not True:
+            return
+        nxt(env)
+    return holds
+
+
+def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
+                 pinned: list[tuple] | None = None) -> Step:
+    """Rows of a helper table: known columns select rows, the others bind variables.  With
+    ``pinned`` (the query's root) only the row ``pinned[-1]`` is considered."""
+    if isinstance(atom, Holds):
+        call, other = atom.call, None
+    else:
+        assert isinstance(atom, Equal)
+        unbound_right = term_vars(atom.right) - known
+        use_left = _lookup_ready(atom.left, known, facts.decls) and (not unbound_right or isinstance(atom.right, V))
+        call, other = (atom.left, atom.right) if use_left else (atom.right, atom.left)
+    assert isinstance(call, F)
+    name = call.name
+    selectors: list[tuple[int, Callable[[list], Any]]] = []
+    binders: list[tuple[int, int, bool]] = []  # column (-1: value), slot, first occurrence
+    seen = set(known)
+    for column, arg in enumerate(call.args):
+        if not term_vars(arg) - known:
+            selectors.append((column, compile_term(arg, slots, facts)))
+        else:
+            assert isinstance(arg, V)
+            binders.append((column, slots[arg.name], arg.name not in seen))
+            seen.add(arg.name)
+    value_check = None
+    if other is not None:
+        if isinstance(other, V) and other.name not in seen:
+            binders.append((-1, slots[other.name], True))
+        else:
+            value_check = compile_term(other, slots, facts)
+
+    def lookup(env: list) -> None:
+        try:
+            bound = tuple((c, ev(env)) for c, ev in selectors)
+            expected = value_check(env) if value_check is not None else None
+        except NoMatch:
+            return
+        for args, value in facts.lookup(name, bound) if pinned is None else facts.row(name, pinned[-1], bound):
+            if value_check is not None and value != expected:
+                continue
+            ok = True
+            for column, s, first in binders:
+                v = value if column < 0 else args[column]
+                if first:
+                    env[s] = v
+                elif env[s] != v:
+                    ok = False
+                    break
+            if ok:
+                nxt(env)
+    return lookup
+
+
+INPUT, OPTIONAL_INPUT, REST_INPUTS, ATTR, ARRAY_ATTR = range(5)  # how a constructor argument is read from a node
+
+
+def _readers(op: str) -> list[tuple[int, Any]]:
+    """Per constructor argument of ``op``: how to read it from a node (one of the kinds above) and where
+    (the input position, or the attribute's name)."""
+    spec = REGISTRY[op]
+    out: list[tuple[int, Any]] = []
+    for k, arg in enumerate(constructor_args(spec)):
+        if arg.is_input:
+            out.append((REST_INPUTS if arg.variadic else OPTIONAL_INPUT if arg.optional else INPUT, k))
+        else:
+            attr = next(a for a in spec.attrs if a.name == arg.name)
+            out.append((ARRAY_ATTR if attr.type is AttrType.ARRAY else ATTR, arg.name))
+    return out
+
+
+def _read(node: Node, how: int, where: Any) -> Any:
+    """A constructor argument of ``node`` (see :func:`_readers`)."""
+    if how == INPUT:
+        return node.inputs[where]
+    if how == ATTR:
+        return node.attrs[where]
+    if how == OPTIONAL_INPUT:
+        return node.inputs[where] if where < len(node.inputs) else ABSENT
+    if how == REST_INPUTS:
+        return node.inputs[where:]
+    return ArrayValue(node.attrs[where])
+
+
+def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[int, ...]
+             ) -> Callable[[Node, list], bool]:
+    """A check that node fields, read in ``perm`` order, fit the pattern's arguments (binding new variables)."""
+    readers = _readers(atom.op)
+    seen = set(known) | {atom.out}
+    checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
+    for position, pat in enumerate((*atom.inputs, *atom.attrs)):
+        how, where = readers[perm[position]]
+        if isinstance(pat, V):
+            checks.append((how, where, EQ if pat.name in seen else BIND, slots[pat.name]))
+            seen.add(pat.name)
+        elif isinstance(pat, L):
+            checks.append((how, where, ABSENT_CHECK if pat.value is ABSENT else LIT, pat.value))
+        else:
+            items = []
+            for name in pat.items:
+                items.append((EQ if name in seen else BIND, slots[name]))
+                seen.add(name)
+            rest = None
+            if pat.rest is not None:
+                rest = (EQ if pat.rest in seen else BIND, slots[pat.rest])
+                seen.add(pat.rest)
+            checks.append((how, where, LIST, (tuple(items), rest)))
+
+    def unify(node: Node, env: list) -> bool:
+        inputs = node.inputs
+        for how, where, kind, arg in checks:
+            value = inputs[where] if how == INPUT else _read(node, how, where)
+            if kind == BIND:
+                env[arg] = value
+            elif kind == EQ:
+                if env[arg] != value:
+                    return False
+            elif kind == LIT:
+                if value != arg:
+                    return False
+            elif kind == ABSENT_CHECK:
+                if value is not ABSENT:
+                    return False
+            elif not _unify_list(value, arg, env):
+                return False
+        return True
+    return unify
+
+
+def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
+    items, rest = pattern
+    if len(values) < len(items) or (rest is None and len(values) != len(items)):
+        return False
+    for (kind, s), value in zip(items, values, strict=False):
+        if kind == BIND:
+            env[s] = value
+        elif env[s] != value:
+            return False
+    if rest is not None:
+        kind, s = rest
+        tail = tuple(values[len(items):])
+        if kind == BIND:
+            env[s] = tail
+        elif env[s] != tail:
+            return False
+    return True
+
+
+def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
+               nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]],
+               forms: Mapping[int, Mapping[Any, Node]], alternatives: list) -> Step:
+    op, out = atom.op, slots[atom.out]
+    unifiers = [(_unifier(atom, known, slots, perm), via) for perm, via in alternatives]
+
+    def visit(node: Node, env: list) -> None:
+        for unify, via in unifiers:
+            if unify(node, env):
+                if via:
+                    saved = env[VIA]
+                    env[VIA] = saved + via
+                    nxt(env)
+                    env[VIA] = saved
+                else:
+                    nxt(env)
+
+    if kind == "top":
+        def top(env: list) -> None:
+            node = nodes.get(env[out])
+            if node is None:
+                return
+            if node.op == op:
+                visit(node, env)
+            known = forms.get(env[out])
+            if known:
+                for form in known.values():
+                    if form.op == op:
+                        visit(form, env)
+        return top
+
+    anchor = next(slots[v] for v in slot_vars(atom.inputs) if v in known)
+
+    def join(env: list) -> None:
+        users = readers.get(env[anchor])
+        if not users:
+            return
+        for u in list(users):
+            node = nodes[u]
+            if node.op == op:
+                env[out] = u
+                visit(node, env)
+    return join
+
+
+__all__ = ["VIA", "ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
