@@ -7,6 +7,7 @@ from ._accelerators import accelerated  # before the engine: RLX_EGRAPH_PURE=1 s
 from .compile import compile, specialize
 from .cost.targets import UnsupportedOp
 from .engines.egglog import RuleError, RuleSet, dump_egglog_program
+from .engines.egglog.soundness import check as check_rules
 from .engines.egglog.view import UnsoundRewrite
 from .errors import RlxError
 from .frontends.onnx.errors import OnnxImportError  # noqa: F401  (a GraphError; needs no onnx installed)
@@ -21,5 +22,5 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet", "ShapeError", "TensorType",
-           "UnsoundRewrite", "UnsupportedOp", "__version__", "accelerated", "compile", "dump_egglog_program",
+           "UnsoundRewrite", "UnsupportedOp", "__version__", "accelerated", "check_rules", "compile", "dump_egglog_program",
            "evaluate", "examples", "optimize", "optimize_with_report", "specialize"]
