@@ -390,8 +390,9 @@ def _narrows(imp: Importer, name: str, ranges: list[tuple[int, int, int]]) -> Ou
 
 
 def _slice(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
-    """Narrows (step 1); bounds may be symbolic (:meth:`Importer.slice_bounds`).  A known table sliced to a
-    symbolic length is a gather of its rows by an Arange (a position table cut to the sequence)."""
+    """Narrows (step 1); bounds may be symbolic (:meth:`Importer.slice_bounds`).  A static axis cut by symbolic
+    bounds is a gather of its rows by an Arange (a position table cut to the sequence, a causal-mask buffer cut to
+    the queries' rows and then the keys' columns)."""
     shape = imp.type(node.input[0]).shape
     if imp.opset < 10:
         starts, ends, axes, steps = at["starts"], at["ends"], at.get("axes"), None
@@ -409,21 +410,20 @@ def _slice(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         return None
     ranges = [(axis, *imp.slice_bounds(shape[axis], start, end)) for axis, start, end in zip(axes, starts, ends,
                                                                                             strict=True)]
-    if not imp.value(node.input[0]).runtime and any(symbols_of([end - start]) and isinstance(shape[axis], int)
-                                                    for axis, start, end in ranges):
+    if any(symbols_of([start, end]) and isinstance(shape[axis], int) for axis, start, end in ranges):
         return _table_rows(imp, node.input[0], ranges)
     return _narrows(imp, node.input[0], ranges)
 
 
 def _table_rows(imp: Importer, name: str, ranges: list[tuple[int, Dim, Dim]]) -> Outputs:
-    """A known table cut to symbolic lengths: rows gathered by an Arange per cut axis (an Embedding on axis 0 of a
-    matrix, else an ONNX Gather), the static cuts Narrows; valid while the lengths stay within the table (the
-    assumption :meth:`Importer.slice_bounds` recorded)."""
+    """A tensor (a known table or a value computed from one) cut by symbolic bounds on static axes: rows gathered by
+    an Arange per such axis (an Embedding on axis 0 of a matrix, else an ONNX Gather), the static cuts Narrows;
+    valid while the bounds stay within the table (the assumption :meth:`Importer.slice_bounds` recorded)."""
     g = imp.graph
     x = imp.tensor(name)
     for axis, start, end in ranges:
         size = g.node(x).shape[axis]
-        if not symbols_of([end - start]):
+        if not symbols_of([start, end]):
             if (start, end) != (0, size):
                 x = g.narrow(x, axis=axis, start=start, length=end - start)
             continue

@@ -1,0 +1,94 @@
+"""Forms of real dynamic exports that the hand-built models of test_onnx_dynamic.py do not write, each in a model
+built with onnx.helper as the exporter writes it: imported without bindings, optimized, exported with its
+dim_params and run in onnxruntime at several shapes with the original's values."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+from onnx_models import F, OnnxBuilder, dynamic_feeds
+from rlx_egraph import Graph, optimize
+from rlx_egraph.onnx import export_model, import_model
+from test_onnx_import import assert_close, run_ort
+
+
+def dims(info: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_param or d.dim_value for d in info.type.tensor_type.shape.dim]
+
+
+def ops(graph: Graph) -> Counter[str]:
+    return Counter(n.attrs["op_type"] if n.op == "OnnxOp" else n.op for n in graph.nodes)
+
+
+def runs_at_every_shape(model: onnx.ModelProto, bindings: list[dict[str, int]],
+                        hints: dict[str, int]) -> onnx.ModelProto:
+    """Import without bindings, optimize at ``hints``, export: the inputs keep their dim_params and every output
+    equals the original's at each binding.  Returns the exported model."""
+    exported = export_model(optimize(import_model(model), target="onnxruntime", dim_hints=hints))
+    assert [dims(i) for i in exported.graph.input] == [dims(i) for i in model.graph.input]
+    for binding in bindings:
+        inputs = dynamic_feeds(model, binding)
+        for got, want in zip(run_ort(exported, inputs), run_ort(model, inputs), strict=True):
+            assert_close(got, want)
+    return exported
+
+
+def kv_flatten_model() -> onnx.ModelProto:
+    """The dynamo exporter's decoding step: the key cache [batch, 4, past_sequence, 16] concatenated with the new
+    key and reshaped to [-1, past_sequence + 1, 16] (the -1 is the numel over 16 * (past_sequence + 1))."""
+    m = OnnxBuilder(18)
+    past = m.input("past_key", F, ["batch", 4, "past_sequence", 16])
+    new = m.input("key", F, ["batch", 4, 1, 16])
+    keys = m.op("Concat", [past, new], axis=2)
+    (total,) = m.dims(keys, 2)
+    flat = m.op("Reshape", [keys, m.op("Concat", [m.ints(-1), total, m.ints(16)], axis=0)])
+    scaled = m.op("Mul", [flat, m.weight("scale", 16)])
+    return m.model({"present": m.op("Reshape", [scaled, m.op("Shape", [keys])])})
+
+
+def test_a_cache_reshaped_to_minus_one_divides_its_numel_by_a_polynomial() -> None:
+    model = kv_flatten_model()
+    g = import_model(model)
+    (flat,) = [n for n in g.nodes if n.op == "Reshape" and len(n.shape) == 3]
+    assert [str(d) for d in flat.shape] == ["4*batch", "past_sequence+1", "16"]
+    exported = runs_at_every_shape(model, [{"batch": 1, "past_sequence": 3}, {"batch": 3, "past_sequence": 17}],
+                                   {"batch": 2, "past_sequence": 16})
+    assert dims(exported.graph.output[0]) == ["batch", 4, "past_sequence+1", 16]
+
+
+def local_mask_model(decode: bool) -> onnx.ModelProto:
+    """GPT-Neo's local attention as TorchScript writes it: a [1, 1, 8, 8] bool buffer (causal within a window of
+    3 keys) cut to the queries' rows [keys - queries, keys) and then to the keys' columns [:keys], the scores
+    masked by it.  ``decode``: one query over a past of past_sequence keys (both row bounds symbolic)."""
+    m = OnnxBuilder(17)
+    x = m.input("hidden_states", F, ["batch", 1 if decode else "sequence", 4])
+    keys = x
+    if decode:
+        keys = m.op("Concat", [m.input("past", F, ["batch", "past_sequence", 4]), x], axis=1)
+    scores = m.op("Unsqueeze", [m.op("MatMul", [x, m.op("Transpose", [keys], perm=[0, 2, 1])]), m.ints(1)])
+    window = np.tril(np.ones((8, 8), bool)) & ~np.tril(np.ones((8, 8), bool), -3)
+    bias = m.op("Constant", [], value=onnx.numpy_helper.from_array(window[None, None]))
+    (queries,) = m.dims(x, 1)
+    (total,) = m.dims(keys, 1)
+    rows = m.op("Slice", [bias, m.op("Sub", [total, queries]), total, m.ints(2), m.ints(1)])
+    mask = m.op("Slice", [rows, m.ints(0), total, m.ints(3), m.ints(1)])
+    masked = m.op("Where", [mask, scores, m.const(-1e4)])
+    return m.model({"probs": m.op("Softmax", [masked], axis=-1)})
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
+def test_a_mask_buffer_cut_by_symbolic_rows_then_columns_gathers_them(decode: bool) -> None:
+    """Each cut of the static buffer by a symbolic bound gathers its rows by an Arange (no Narrow of a symbolic
+    bound on a static axis, which no shape rule can decide); the import assumes the keys fit the buffer."""
+    model = local_mask_model(decode)
+    g = import_model(model)
+    assert ops(g)["Arange"] == 2 and ops(g)["Gather"] == 2 and "Narrow" not in ops(g)
+    assert any("<= 8" in fact for fact in g.meta["assumptions"])
+    bindings = ([{"batch": 1, "past_sequence": 1}, {"batch": 2, "past_sequence": 4}, {"batch": 3, "past_sequence": 7}]
+                if decode else [{"batch": 1, "sequence": 3}, {"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 8}])
+    runs_at_every_shape(model, bindings, {"batch": 2, "past_sequence": 4} if decode else {"batch": 2, "sequence": 5})
+
