@@ -12,7 +12,7 @@ import pytest
 
 from onnx_models import F, OnnxBuilder, dynamic_feeds
 from rlx_egraph import Graph, optimize
-from rlx_egraph.onnx import export_model, import_model
+from rlx_egraph.onnx import OnnxImportError, export_model, import_model
 from test_onnx_import import assert_close, run_ort
 
 
@@ -92,3 +92,41 @@ def test_a_mask_buffer_cut_by_symbolic_rows_then_columns_gathers_them(decode: bo
                 if decode else [{"batch": 1, "sequence": 3}, {"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 8}])
     runs_at_every_shape(model, bindings, {"batch": 2, "past_sequence": 4} if decode else {"batch": 2, "sequence": 5})
 
+
+
+def alibi_model(exporter: str) -> onnx.ModelProto:
+    """MPT's ALiBi bias as each exporter writes it: a [2, 1, 8] table (the slopes times the positions -7 ... 0)
+    cut to its last ``sequence`` positions, added to the scores.  dynamo: the start is ``max(8 - sequence, 0)``
+    (a Max of shape values); TorchScript: the start is ``-sequence`` (counted from the end)."""
+    m = OnnxBuilder(18 if exporter == "dynamo" else 17)
+    x = m.input("hidden_states", F, ["batch", "sequence", 2])
+    scores = m.op("MatMul", [m.op("Unsqueeze", [m.op("Transpose", [x], perm=[0, 2, 1]), m.ints(3)]),
+                             m.op("Unsqueeze", [m.op("Transpose", [x], perm=[0, 2, 1]), m.ints(2)])])
+    slopes = np.array([0.5, 0.25], np.float32)[:, None, None]
+    table = m.init("alibi", slopes * np.arange(-7, 1, dtype=np.float32)[None, None, :])
+    (seq,) = m.dims(x, 1)
+    start = (m.op("Max", [m.op("Sub", [m.ints(8), seq]), m.ints(0)]) if exporter == "dynamo" else
+             m.op("Neg", [seq]))
+    bias = m.op("Slice", [table, start, m.ints(2**63 - 1), m.ints(2), m.ints(1)])
+    return m.model({"scores": m.op("Softmax", [m.op("Add", [scores, bias])], axis=-1)})
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_table_cut_to_its_last_positions_assumes_the_model_limit(exporter: str) -> None:
+    """The cut is an Arange from 8 - sequence (negative at the optimizer's large stand-in values of the symbols,
+    which an attribute may be); dynamo's max(8 - sequence, 0) is 8 - sequence up to the table's length, the
+    model's own limit, recorded as an assumption."""
+    model = alibi_model(exporter)
+    g = import_model(model)
+    (arange,) = [n for n in g.nodes if n.op == "Arange"]
+    assert str(arange.attrs["start"]) == "-sequence+8"
+    assert g.meta["assumptions"][0].startswith("sequence <= 8 (")
+    runs_at_every_shape(model, [{"batch": 1, "sequence": 1}, {"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 8}],
+                        {"batch": 2, "sequence": 5})
+
+
+def test_a_model_limit_below_the_hint_is_not_assumed() -> None:
+    with pytest.raises(OnnxImportError, match=r"cannot decide max\(-sequence\+8, 0\) for every value of sequence"):
+        import_model(alibi_model("dynamo"), {"hidden_states": ("batch", "sequence=16", 2)})
+    g = import_model(alibi_model("dynamo"), {"hidden_states": ("batch", "sequence=6", 2)})
+    assert g.meta["assumptions"][0].startswith("sequence <= 8")
