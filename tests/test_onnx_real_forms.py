@@ -130,3 +130,29 @@ def test_a_model_limit_below_the_hint_is_not_assumed() -> None:
         import_model(alibi_model("dynamo"), {"hidden_states": ("batch", "sequence=16", 2)})
     g = import_model(alibi_model("dynamo"), {"hidden_states": ("batch", "sequence=6", 2)})
     assert g.meta["assumptions"][0].startswith("sequence <= 8")
+
+
+def tile_model() -> onnx.ModelProto:
+    """Tiles by repeats built from the shapes (onnx's shape inference leaves their outputs unknown): DeBERTa's
+    relative-position projection repeated over the batch ([1, batch, 2] on [batch, sequence, 4]), and Whisper's
+    positions Range(0, sequence) unsqueezed to [1, sequence] and tiled to [batch, sequence]."""
+    m = OnnxBuilder(18)
+    x = m.input("hidden_states", F, ["batch", "sequence", 4])
+    batch, seq = (m.op("Gather", [m.op("Shape", [x]), m.ints(k)], axis=0) for k in (0, 1))
+    tiled = m.op("Tile", [x, m.op("Concat", [m.ints(1), batch, m.ints(2)], axis=0)])
+    positions = m.op("Unsqueeze", [m.op("Range", [m.const(0, np.int64), m.op("Squeeze", [seq]),
+                                                  m.const(1, np.int64)]), m.ints(0)])
+    rows = m.op("Tile", [positions, m.op("Concat", [batch, m.ints(1)], axis=0)])
+    table = m.weight("positions", 32, 4)
+    return m.model({"tiled": m.op("Relu", [tiled]), "embedded": m.op("Gather", [table, rows], axis=0)})
+
+
+def test_a_tile_by_symbolic_repeats_is_an_expand_between_reshapes() -> None:
+    model = tile_model()
+    g = import_model(model)
+    assert "Tile" not in ops(g) and "OnnxOp" not in Counter(n.op for n in g.nodes)
+    tiled = g.node(g.node(g.outputs[0]).inputs[0])
+    assert [str(d) for d in tiled.shape] == ["batch", "batch*sequence", "8"]
+    exported = runs_at_every_shape(model, [{"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 7}],
+                                   {"batch": 2, "sequence": 5})
+    assert [dims(o) for o in exported.graph.output] == [["batch", "batch*sequence", 8], ["batch", "sequence", 4]]

@@ -484,6 +484,29 @@ def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return _out(imp.fit(x, shape))
 
 
+def _tile(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Tile by known (possibly symbolic) repeats: a size-1 axis before each repeated axis of size > 1, an Expand
+    over the repeats, a Reshape merging each repeat into its axis (the repeats of a mask or of positions over the
+    batch, which onnx's shape inference leaves unknown)."""
+    repeats = imp.known_dims(node.input[1])
+    x = imp.tensor(node.input[0])
+    shape = imp.graph.node(x).shape
+    if repeats is None or not shape:
+        return None
+    reps = [as_dim(r) for r in repeats.reshape(-1)]
+    split: list[Dim] = []
+    expanded: list[Dim] = []
+    for d, r in zip(shape, reps, strict=True):
+        split += [d] if r == 1 or d == 1 else [1, d]
+        expanded += [d] if r == 1 else [r] if d == 1 else [r, d]
+    tiled = tuple(d * r for d, r in zip(shape, reps, strict=True))
+    if tiled == shape:
+        return _out(x)
+    y = x if tuple(split) == shape else imp.graph.reshape(x, shape=tuple(split))
+    y = imp.graph.expand(y, shape=tuple(expanded))
+    return _out(y if tuple(expanded) == tiled else imp.graph.reshape(y, shape=tiled))
+
+
 def _cast(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     if node.op_type == "CastLike":
         dt = imp.type(node.input[1]).dtype
@@ -530,6 +553,7 @@ def _size(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
 
 LOWERINGS: dict[str, Lowering] = {
     "Add": _add,
+    "Tile": _tile,
     **{op: elementwise(op) for op in ("Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Greater",
                                       "Less")},
     "Sum": elementwise("Add"),
