@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto
 
 from onnx_models import F, OnnxBuilder, dynamic_feeds
 from rlx_egraph import Graph, optimize
@@ -156,3 +157,34 @@ def test_a_tile_by_symbolic_repeats_is_an_expand_between_reshapes() -> None:
     exported = runs_at_every_shape(model, [{"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 7}],
                                    {"batch": 2, "sequence": 5})
     assert [dims(o) for o in exported.graph.output] == [["batch", "batch*sequence", 8], ["batch", "sequence", 4]]
+
+
+def token_type_buffer_model() -> onnx.ModelProto:
+    """BERT's embeddings as recent transformers write them: the token-type buffer of zeros [1, 32] gathered at the
+    positions (GatherElements by Range(0, sequence) on axis 1) and expanded over the batch; word, token-type and
+    position embeddings summed and normalized."""
+    m = OnnxBuilder(17)
+    ids = m.input("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    batch, seq = (m.op("Gather", [m.op("Shape", [ids]), m.ints(k)], axis=0) for k in (0, 1))
+    positions = m.op("Unsqueeze", [m.op("Range", [m.const(0, np.int64), m.op("Squeeze", [seq]),
+                                                  m.const(1, np.int64)]), m.ints(0)])
+    buffer = m.init("token_type_ids", np.zeros((1, 32), np.int64))
+    token_types = m.op("Expand", [m.op("GatherElements", [buffer, positions], axis=1),
+                                  m.op("Concat", [batch, seq], axis=0)])
+    total = m.op("Add", [m.op("Add", [m.op("Gather", [m.weight("word", 40, 16), ids], axis=0),
+                                      m.op("Gather", [m.weight("token_type", 2, 16), token_types], axis=0)]),
+                         m.op("Gather", [m.weight("position", 32, 16), positions], axis=0)])
+    norm = m.op("LayerNormalization", [total, m.init("gamma", np.full(16, 1.1, np.float32)),
+                                       m.weight("beta", 16, scale=0.1)], axis=-1, epsilon=1e-12)
+    return m.model({"embedded": norm})
+
+
+def test_a_buffer_of_one_value_gathered_at_symbolic_positions_is_that_value() -> None:
+    """The gather of zeros is zeros at the positions' shape, whatever the positions: the token-type term is one
+    row of its table, and the three terms export as one EmbedLayerNormalization, as the static import does."""
+    model = token_type_buffer_model()
+    g = import_model(model)
+    assert "GatherElements" not in ops(g)
+    exported = runs_at_every_shape(model, [{"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 32}],
+                                   {"batch": 2, "sequence": 5})
+    assert Counter(n.op_type for n in exported.graph.node)["EmbedLayerNormalization"] == 1
