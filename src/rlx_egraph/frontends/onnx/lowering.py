@@ -21,7 +21,7 @@ from ...ir.dims import Dim, as_dim, symbols_of
 from ...ir.dtypes import dtype
 from ...ir.ops.onnx_op import MIR_DTYPES, encode_proto
 from ...ir.shapes import broadcast
-from .forms import Affine, Filled, Form, Mask, Select, Stacked, from_array
+from .forms import Affine, Filled, Form, Mask, Select, Stacked, from_array, is_symbolic
 from .importer import Importer, Value
 from .symbolic import dims_array
 
@@ -485,14 +485,14 @@ def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
 
 
 def _tile(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
-    """Tile by known (possibly symbolic) repeats: a size-1 axis before each repeated axis of size > 1, an Expand
-    over the repeats, a Reshape merging each repeat into its axis (the repeats of a mask or of positions over the
-    batch, which onnx's shape inference leaves unknown)."""
+    """Tile by symbolic repeats (a mask or positions repeated over the batch, whose output onnx's shape inference
+    leaves unknown): a size-1 axis before each repeated axis of size > 1, an Expand over the repeats, a Reshape
+    merging each repeat into its axis.  Tile by static repeats stays an ONNX node."""
     repeats = imp.known_dims(node.input[1])
+    if not is_symbolic(repeats) or not imp.type(node.input[0]).shape:
+        return None
     x = imp.tensor(node.input[0])
     shape = imp.graph.node(x).shape
-    if repeats is None or not shape:
-        return None
     reps = [as_dim(r) for r in repeats.reshape(-1)]
     split: list[Dim] = []
     expanded: list[Dim] = []
