@@ -188,3 +188,18 @@ def test_a_buffer_of_one_value_gathered_at_symbolic_positions_is_that_value() ->
     exported = runs_at_every_shape(model, [{"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 32}],
                                    {"batch": 2, "sequence": 5})
     assert Counter(n.op_type for n in exported.graph.node)["EmbedLayerNormalization"] == 1
+
+
+def test_exported_dim_params_keep_the_models_spelling() -> None:
+    """The dynamo exporter names a decoding step's mask dim "past_sequence + 1": the export writes that name, on
+    the output too, not the canonical "past_sequence+1"."""
+    m = OnnxBuilder(18)
+    past = m.input("past_key", F, ["batch", "past_sequence", 4])
+    mask = m.input("attention_mask", F, ["batch", "past_sequence + 1"])
+    keys = m.op("Concat", [past, m.input("key", F, ["batch", 1, 4])], axis=1)
+    scores = m.op("Add", [m.op("ReduceSum", [keys, m.ints(2)], keepdims=0), mask])
+    model = m.model({"scores": scores})
+    exported = runs_at_every_shape(model, [{"batch": 2, "past_sequence": 3, "past_sequence + 1": 4}],
+                                   {"batch": 2, "past_sequence": 8})
+    assert dims(exported.graph.input[1]) == ["batch", "past_sequence + 1"]
+    assert dims(exported.graph.output[0]) == ["batch", "past_sequence + 1"]
