@@ -37,6 +37,19 @@ def test_arithmetic_is_exact_and_constants_are_ints() -> None:
     assert {BATCH, 1, SEQ * 1} == {BATCH, 1, SEQ} and BATCH != 4 and SEQ != BATCH
 
 
+def test_exact_division_by_a_polynomial_factors_it_out() -> None:
+    """A flattened KV cache [batch, 4, past + 1, 16] reshaped to [-1, past + 1, 16] divides its numel by
+    16 * past + 16: the quotient is 4 * batch; a division with a remainder is undecided."""
+    past = symbol("past")
+    assert (64 * BATCH * past + 64 * BATCH) // (16 * past + 16) == 4 * BATCH
+    assert ((BATCH + 1) * (SEQ + 2) * (past + SEQ)) // (SEQ * BATCH + 2 * BATCH + SEQ + 2) == past + SEQ
+    assert (BATCH * SEQ + SEQ) // (BATCH + 1) == SEQ and (6 * past + 6) % (past + 1) == 0
+    for undecided in (lambda: (BATCH * past + 1) // (past + 1), lambda: (2 * past + 1) // (2 * past + 2),
+                      lambda: (3 * past + 3) // (2 * past + 2)):
+        with pytest.raises(ShapeError, match="cannot decide"):
+            undecided()
+
+
 def test_decisions_hold_for_every_positive_value_or_raise() -> None:
     assert SEQ > 0 and SEQ >= 1 and 2 * SEQ > SEQ and not SEQ < 1 and SEQ + 3 > 3 and not 1 - SEQ > 0 and bool(SEQ)
     cases = [(lambda: SEQ < 4, "cannot decide seq < 4 for every value of seq"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import operator
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -304,27 +305,29 @@ def _divide(a: Dim, b: Dim, op: str) -> tuple[Dim, Dim]:
 
 
 def _exact_quotient(a: dict[Monomial, int], b: dict[Monomial, int]) -> Dim | None:
-    """``a / b`` when it is a polynomial: ``b`` a single term dividing every term of ``a``, or ``a`` an int
-    multiple of ``b``; None otherwise."""
-    if len(b) == 1:
-        (mb, cb), = b.items()
-        out: dict[Monomial, int] = {}
-        for ma, ca in a.items():
-            rest = list(ma)
-            for s in mb:
-                if s not in rest:
-                    return None
-                rest.remove(s)
-            if ca % cb:
-                return None
-            out[tuple(rest)] = ca // cb
-        return _make(out)
-    mono = next(iter(b))
-    if a.get(mono, 0) % b[mono] == 0:
-        k = a.get(mono, 0) // b[mono]
-        if k and a == {m: c * k for m, c in b.items()}:
-            return k
-    return None
+    """``a / b`` when it is a polynomial with int coefficients (``(64*batch*past + 64*batch) / (16*past + 16)``
+    is ``4*batch``), by long division in graded lexicographic order; None when there is a remainder."""
+    names = sorted({s for mono in (*a, *b) for s in mono})
+
+    def order(mono: Monomial) -> tuple[int, tuple[int, ...]]:
+        return len(mono), tuple(mono.count(s) for s in names)
+
+    lead_b = max(b, key=order)
+    need = Counter(lead_b)
+    rest, out = dict(a), {}
+    while rest:
+        lead = max(rest, key=order)
+        have = Counter(lead)
+        if need - have or rest[lead] % b[lead_b]:
+            return None
+        mono, coef = tuple(sorted((have - need).elements())), rest[lead] // b[lead_b]
+        out[mono] = coef
+        for mb, cb in b.items():
+            term = tuple(sorted(mono + mb))
+            rest[term] = rest.get(term, 0) - coef * cb
+            if not rest[term]:
+                del rest[term]
+    return _make(out)
 
 
 def _range(d: Sym) -> tuple[float, float]:

@@ -80,9 +80,12 @@ class Sentinels:
     @classmethod
     def choose(cls, graph: Graph) -> Sentinels:
         """The first window of primes >= SENTINEL_FLOOR (not dividing an int of ``graph``) under which every
-        dim of ``graph`` keeps a value of its own below MAX_DIM; GraphError when none of the tries does."""
+        dim of ``graph`` keeps a value of its own below MAX_DIM in magnitude, and >= 0 for a dim of a shape (an
+        attribute such as an Arange's start ``128 - sequence`` may be negative there); GraphError when none of the
+        tries does."""
         symbols = graph.symbols
         dims = {d for n in graph.nodes for d in n.dims()}
+        shape_dims = {d for n in graph.nodes for d in n.shape}
         ints = {abs(d) for d in dims if isinstance(d, int) and d}
         primes = _primes_from(SENTINEL_FLOOR, lambda p: all(k % p for k in ints))
         window = [next(primes) for _ in symbols]
@@ -91,7 +94,8 @@ class Sentinels:
             known: dict[int, Dim] = {d: d for d in dims if isinstance(d, int)}
             for d in (d for d in dims if isinstance(d, Sym)):
                 value = d.evaluate(binding)
-                if not 0 <= value < MAX_DIM or known.setdefault(value, d) != d:
+                low = 0 if d in shape_dims else 1 - MAX_DIM
+                if not low <= value < MAX_DIM or known.setdefault(value, d) != d:
                     break
             else:
                 return cls(binding, known)

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ...ir.dims import Dim, Sym, symbol, symbols_of, to_json
+from ...ir.dims import Dim, Sym, parse, symbol, symbols_of, to_json
 from ...ir.graph import Graph, GraphError, Node
 from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, outer_reads, rename_node
 from ...ir.ops.reference import run_node
@@ -228,9 +228,27 @@ def _live(nodes: list[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.Node
     return live[::-1]
 
 
-def _value_info(name: str, node: Node) -> onnx.ValueInfoProto:
-    """A typed value; a symbolic dim is its dim_param (``"batch"``, ``"batch*sequence"``)."""
-    return helper.make_tensor_value_info(name, ONNX_DTYPES[node.dtype], [to_json(d) for d in node.shape])
+def _value_info(name: str, node: Node, spelled: dict[Dim, str]) -> onnx.ValueInfoProto:
+    """A typed value; a symbolic dim is its dim_param as the imported model spelled it (``spelled``), else as
+    written by ``to_json`` (``"batch"``, ``"batch*sequence"``)."""
+    dims = [spelled.get(d, to_json(d)) if isinstance(d, Sym) else d for d in node.shape]
+    return helper.make_tensor_value_info(name, ONNX_DTYPES[node.dtype], dims)
+
+
+def _spellings(graph: Graph) -> dict[Dim, str]:
+    """Symbolic dim -> the dim_param an imported model wrote for it (``"past_sequence + 1"``), from
+    ``graph.meta["dim_names"]``."""
+    out: dict[Dim, str] = {}
+    names = graph.meta.get("dim_names")
+    for dims in (names.values() if isinstance(names, dict) else ()):
+        for text in dims or ():
+            if not isinstance(text, str):
+                continue
+            try:
+                out.setdefault(parse(text), text)
+            except ShapeError:
+                continue
+    return out
 
 
 def check_weights(graph: Graph) -> None:
@@ -290,8 +308,9 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
     b.nodes = _live(b.nodes, outs)  # a value an export form left unread (EmbedLayerNorm's own terms) is not written
     read = {name for n in b.nodes for name in (*n.input, *outer_reads(n))}
-    onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n) for n in graph.inputs],
-                                   [_value_info(name, graph.node(nid)) for name, nid in
+    spelled = _spellings(graph)
+    onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n, spelled) for n in graph.inputs],
+                                   [_value_info(name, graph.node(nid), spelled) for name, nid in
                                     zip(outs, graph.outputs, strict=True)],
                                    [t for t in b.initializers if t.name in read])  # not the parts of derived weights
     model = helper.make_model(onnx_graph, ir_version=IR_VERSION, producer_name="rlx-egraph",

@@ -173,9 +173,25 @@ def _slice(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[Oper
     return [x]
 
 
+def _gather_same(node: onnx.NodeProto, at: dict[str, Any], a: list[Operand]) -> Result:
+    """A gather (Gather, GatherElements) from a known array holding one repeated value, by indices of symbolic
+    shape: that value at the result's shape, whatever the (in-range) indices (BERT's token-type buffer of zeros
+    gathered at the positions)."""
+    x, index = a
+    value = _scalar_value(x) if isinstance(x, np.ndarray) else None
+    if value is None or not isinstance(index, Form):
+        return None
+    if node.op_type == "GatherElements":
+        return [Filled(index.shape, value.copy())]
+    axis = _axis(at.get("axis", 0), x.ndim)
+    return [Filled((*x.shape[:axis], *index.shape, *x.shape[axis + 1:]), value.copy())]
+
+
 def _gather(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[Operand]) -> Result:
     x, index = a
-    if not isinstance(x, Form) or isinstance(x, Stacked) or not isinstance(index, np.ndarray) or is_symbolic(index):
+    if not isinstance(x, Form):
+        return _gather_same(node, at, a)
+    if node.op_type != "Gather" or isinstance(x, Stacked) or not isinstance(index, np.ndarray) or is_symbolic(index):
         return None
     axis = _axis(at.get("axis", 0), len(x.shape))
     if index.ndim != 0:
@@ -345,6 +361,7 @@ FORM_FOLDS: dict[str, FormFold] = {
     "Transpose": _transpose,
     "Slice": _slice,
     "Gather": _gather,
+    "GatherElements": _gather,
     "Concat": _concat,
     "Shape": _shape,
     "Size": _size,

@@ -236,6 +236,9 @@ class Importer:
             dt = mir_dtype(info.type.tensor_type.elem_type, f"input {info.name!r}")
             self.values[info.name] = Value(node=self.graph.input(info.name, bound.shapes[info.name], dt))
         self.max_dims = check_max_dims(max_dims or {}, self.graph.symbols)
+        self.limits_found: dict[str, int] = {}  # symbol -> the model's own limit on it (:meth:`model_limit`)
+        self.hints = dict(bound.hints)
+        self.table_lengths = _table_lengths(model.graph)
         self.graph.meta = {"source": SOURCE, "dim_names": bound.dim_names,
                            "output_names": [o.name for o in model.graph.output], "opset": self.opsets[""]}
         if bound.hints:
@@ -359,21 +362,50 @@ class Importer:
 
     # --- decisions on dims ------------------------------------------------------------
 
-    def decide(self, a: Dim, op: str, b: Dim) -> bool:
+    def decide(self, a: Dim, op: str, b: Dim, model_limit: bool = True) -> bool:
         """``a op b`` (op one of ``<``, ``<=``, ``>``, ``>=``) for every value of the symbols; where only the user's
-        ``max_dims`` decide it, under them (recorded as an assumption).  ShapeError when neither does."""
+        ``max_dims`` decide it, under them; else, for one symbol without a user bound that the model limits (a
+        comparison with the size of one of its tables: ``max(128 - sequence, 0)``), as it holds from 1 up to that
+        limit (:meth:`model_limit`).  Both are recorded as assumptions.  ShapeError when none decides it."""
         diff = a - b if op in ("<", "<=") else b - a  # a < b is diff < 0, a <= b is diff <= 0
         strict = op in ("<", ">")
         try:
             return bool(diff < 0) if strict else bool(diff <= 0)
         except ShapeError:
-            low, high = dim_range(diff, self.max_dims)
-            if (high < 0 if strict else high <= 0) or (low >= 0 if strict else low > 0):
-                held = high < 0 if strict else high <= 0
-                self.assume(f"{a} {op if held else _NEGATED[op]} {b}", "the given max_dims")
+            for bounds, why in ((self.max_dims, "the given max_dims"), (self.limits_found, "the model's own limit")):
+                low, high = dim_range(diff, {**self.max_dims, **bounds})
+                if (high < 0 if strict else high <= 0) or (low >= 0 if strict else low > 0):
+                    held = high < 0 if strict else high <= 0
+                    self.assume(f"{a} {op if held else _NEGATED[op]} {b}", why)
+                    return held
+            held = self.model_limit(diff, strict) if model_limit else None
+            if held is not None:
                 return held
             raise ShapeError(f"cannot decide {a} {op} {b} for every value of "
                              f"{', '.join(sorted(symbols_of([a, b])))}") from None
+
+    def model_limit(self, diff: Dim, strict: bool) -> bool | None:
+        """``diff < 0`` (``strict``) or ``diff <= 0`` where ``diff = c * s + k`` is linear in one symbol ``s`` with no
+        user bound: its value at ``s = 1``, which holds up to a limit ``L`` of the model: the length ``L`` or ``L + 1``
+        of an axis of a table the model slices or gathers (``128 - sequence >= 0`` up to 128 for a 128-position
+        table); ``s <= L`` is recorded as an assumption and decides later steps alike.  None otherwise (more
+        symbols, a user bound, no such table, a limit below 2 or below the symbol's hint)."""
+        terms = dict(diff.terms)
+        if len(diff.symbols) != 1 or diff.symbols[0] in self.max_dims or set(terms) - {diff.symbols, ()}:
+            return None
+        s = diff.symbols[0]
+        c, k = terms[(s,)], terms.get((), 0)
+        held = (c + k < 0) if strict else (c + k <= 0)
+        # the largest s at which c * s + k keeps the sign it has at s = 1 (c * s + k is monotone in s)
+        limit = ((-k - 1 if strict else -k) if held else (-k if strict else 1 - k)) // c
+        if c > 0 if held else c < 0:  # the fact weakens as s grows: a limit from above
+            if limit < max(2, self.hints.get(s, 0)) or not {limit, limit + 1} & self.table_lengths:
+                return None
+            self.limits_found[s] = min(limit, self.limits_found.get(s, limit))
+            self.assume(f"{s} <= {limit}", f"the model's own limit: beyond it {diff} {'<' if strict else '<='} 0 "
+                        f"{'fails' if held else 'holds'}")
+            return held
+        return None
 
     def assume(self, fact: str, why: str) -> None:
         """Record that the import holds only where ``fact`` does (the report and the exported model say so)."""
@@ -383,16 +415,29 @@ class Importer:
         """ONNX Slice's ``[start, end)`` of an axis of ``size`` as ``(begin, stop)`` with ``0 <= begin <= stop <=
         size``; a symbolic end past a static size is assumed not to pass it (the model's own limit: a position
         table's length), unless the user's ``max_dims`` let it, which is an error."""
+        def negative(d: Dim) -> bool:
+            if isinstance(d, int):
+                return d < 0
+            try:
+                return self.decide(d, "<", 0)
+            except ShapeError:
+                return False
+
         def clamp(d: Dim) -> Dim:
-            if isinstance(d, int) and d < 0:
+            if negative(d):  # counted from the end: -sequence is size - sequence
                 d = d + size
-                return max(d, 0) if isinstance(d, int) else d
+                if isinstance(d, int):
+                    return max(d, 0)
+                try:
+                    return d if self.decide(d, ">=", 0) else 0
+                except ShapeError:
+                    return d
             if isinstance(d, int) and isinstance(size, int):
                 return min(d, size)
             if isinstance(d, int) and d >= 2**62:  # "to the end"
                 return size
             try:
-                return d if self.decide(d, "<=", size) else size
+                return d if self.decide(d, "<=", size, model_limit=False) else size
             except ShapeError:
                 if isinstance(size, int) and symbols_of([d]) and not symbols_of([d]) & set(self.max_dims):
                     self.assume(f"{d} <= {size}", f"the axis it slices has {size} entries")
@@ -587,6 +632,17 @@ def _refuse_opaque(imp: Importer, why: str) -> OnnxImportError:
     from .symbolic import refuse
 
     return refuse(imp, reason)
+
+
+def _table_lengths(graph: onnx.GraphProto) -> set[int]:
+    """The axis lengths (>= 2) of the known tensors (initializers, Constant nodes) the graph slices or gathers from:
+    position tables, mask and bias buffers, whose lengths are the model's limits on its symbolic dims."""
+    known = {t.name: tuple(t.dims) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]:
+            known[node.output[0]] = tuple(node.attribute[0].t.dims)
+    return {d for node in graph.node if node.op_type in ("Slice", "Gather") and node.input and node.input[0] in known
+            for d in known[node.input[0]] if d >= 2}
 
 
 def _squeezed(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:

@@ -21,7 +21,7 @@ from ...ir.dims import Dim, as_dim, symbols_of
 from ...ir.dtypes import dtype
 from ...ir.ops.onnx_op import MIR_DTYPES, encode_proto
 from ...ir.shapes import broadcast
-from .forms import Affine, Filled, Form, Mask, Select, Stacked, from_array
+from .forms import Affine, Filled, Form, Mask, Select, Stacked, from_array, is_symbolic
 from .importer import Importer, Value
 from .symbolic import dims_array
 
@@ -390,8 +390,9 @@ def _narrows(imp: Importer, name: str, ranges: list[tuple[int, int, int]]) -> Ou
 
 
 def _slice(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
-    """Narrows (step 1); bounds may be symbolic (:meth:`Importer.slice_bounds`).  A known table sliced to a
-    symbolic length is a gather of its rows by an Arange (a position table cut to the sequence)."""
+    """Narrows (step 1); bounds may be symbolic (:meth:`Importer.slice_bounds`).  A static axis cut by symbolic
+    bounds is a gather of its rows by an Arange (a position table cut to the sequence, a causal-mask buffer cut to
+    the queries' rows and then the keys' columns)."""
     shape = imp.type(node.input[0]).shape
     if imp.opset < 10:
         starts, ends, axes, steps = at["starts"], at["ends"], at.get("axes"), None
@@ -409,21 +410,20 @@ def _slice(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         return None
     ranges = [(axis, *imp.slice_bounds(shape[axis], start, end)) for axis, start, end in zip(axes, starts, ends,
                                                                                             strict=True)]
-    if not imp.value(node.input[0]).runtime and any(symbols_of([end - start]) and isinstance(shape[axis], int)
-                                                    for axis, start, end in ranges):
+    if any(symbols_of([start, end]) and isinstance(shape[axis], int) for axis, start, end in ranges):
         return _table_rows(imp, node.input[0], ranges)
     return _narrows(imp, node.input[0], ranges)
 
 
 def _table_rows(imp: Importer, name: str, ranges: list[tuple[int, Dim, Dim]]) -> Outputs:
-    """A known table cut to symbolic lengths: rows gathered by an Arange per cut axis (an Embedding on axis 0 of a
-    matrix, else an ONNX Gather), the static cuts Narrows; valid while the lengths stay within the table (the
-    assumption :meth:`Importer.slice_bounds` recorded)."""
+    """A tensor (a known table or a value computed from one) cut by symbolic bounds on static axes: rows gathered by
+    an Arange per such axis (an Embedding on axis 0 of a matrix, else an ONNX Gather), the static cuts Narrows;
+    valid while the bounds stay within the table (the assumption :meth:`Importer.slice_bounds` recorded)."""
     g = imp.graph
     x = imp.tensor(name)
     for axis, start, end in ranges:
         size = g.node(x).shape[axis]
-        if not symbols_of([end - start]):
+        if not symbols_of([start, end]):
             if (start, end) != (0, size):
                 x = g.narrow(x, axis=axis, start=start, length=end - start)
             continue
@@ -484,6 +484,29 @@ def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return _out(imp.fit(x, shape))
 
 
+def _tile(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Tile by symbolic repeats (a mask or positions repeated over the batch, whose output onnx's shape inference
+    leaves unknown): a size-1 axis before each repeated axis of size > 1, an Expand over the repeats, a Reshape
+    merging each repeat into its axis.  Tile by static repeats stays an ONNX node."""
+    repeats = imp.known_dims(node.input[1])
+    if not is_symbolic(repeats) or not imp.type(node.input[0]).shape:
+        return None
+    x = imp.tensor(node.input[0])
+    shape = imp.graph.node(x).shape
+    reps = [as_dim(r) for r in repeats.reshape(-1)]
+    split: list[Dim] = []
+    expanded: list[Dim] = []
+    for d, r in zip(shape, reps, strict=True):
+        split += [d] if r == 1 or d == 1 else [1, d]
+        expanded += [d] if r == 1 else [r] if d == 1 else [r, d]
+    tiled = tuple(d * r for d, r in zip(shape, reps, strict=True))
+    if tiled == shape:
+        return _out(x)
+    y = x if tuple(split) == shape else imp.graph.reshape(x, shape=tuple(split))
+    y = imp.graph.expand(y, shape=tuple(expanded))
+    return _out(y if tuple(expanded) == tiled else imp.graph.reshape(y, shape=tiled))
+
+
 def _cast(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     if node.op_type == "CastLike":
         dt = imp.type(node.input[1]).dtype
@@ -530,6 +553,7 @@ def _size(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
 
 LOWERINGS: dict[str, Lowering] = {
     "Add": _add,
+    "Tile": _tile,
     **{op: elementwise(op) for op in ("Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Greater",
                                       "Less")},
     "Sum": elementwise("Add"),
