@@ -22,5 +22,5 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet", "ShapeError", "TensorType",
-           "UnsoundRewrite", "UnsupportedOp", "__version__", "accelerated", "check_rules", "compile", "dump_egglog_program",
-           "evaluate", "examples", "optimize", "optimize_with_report", "specialize"]
+           "UnsoundRewrite", "UnsupportedOp", "__version__", "accelerated", "check_rules", "compile",
+           "dump_egglog_program", "evaluate", "examples", "optimize", "optimize_with_report", "specialize"]
