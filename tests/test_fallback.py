@@ -330,20 +330,23 @@ SHARED_MATMUL = {"ConcatParams": 1, "MatMul": 1, "Narrow": 2}
 SHARED_LINEAR = {"ConcatParams": 2, "FusedMatMulBiasAct": 1, "Narrow": 2}
 
 def conv_block(spatial: int = 2, bias: str = "none", bn: bool = False, residual: bool = False,
-               act: str | None = None, conv2d: bool = False) -> Callable[[], Graph]:
+               act: str | None = None, conv2d: bool = False, pad: bool = False) -> Callable[[], Graph]:
     """A convolution of x [2, 4, 5, ...] (``spatial`` axes) by w [6, 4, 3, ...] (pads 1, so the output keeps
     the spatial size), then Exp: ``bias`` "none", "input" (the Conv's own), "leading"/"batched" (an Add of the
     [6] bias reshaped to [6, 1, ...] / [1, 6, 1, ...]), or "batched-first" (that Add's operands swapped); a
-    BatchNorm of parameters, a residual input (``"first"``: the Add's first operand), an activation."""
+    BatchNorm of parameters, a residual input (``"first"``: the Add's first operand), an activation; with ``pad``,
+    the input is zero-padded by 1 before and the convolution pads nothing itself."""
     def build() -> Graph:
         g = Graph()
         x = g.input("x", (2, 4, *([5] * spatial)))
+        if pad:
+            x = g.pad(x, pads=[0, 0, *[1] * spatial, 0, 0, *[1] * spatial])
         w = g.param("w", (6, 4, *([3] * spatial)))
         b = g.param("b", (6,))
         if conv2d:
             y = g.conv2d(x, w, padding=1)
         else:
-            y = g.conv(x, w, *([b] if bias == "input" else []), pads=[1] * (2 * spatial))
+            y = g.conv(x, w, *([b] if bias == "input" else []), pads=[0 if pad else 1] * (2 * spatial))
         if bias in ("leading", "batched", "batched-first"):
             v = g.reshape(b, shape=(6, *[1] * spatial) if bias == "leading" else (1, 6, *[1] * spatial))
             y = g.add(v, y) if bias == "batched-first" else g.add(y, v)
@@ -474,6 +477,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "channel-bias-2d-batched": (conv_block(2, bias="batched"), CONV_BIAS),
     "channel-bias-3d-batched": (conv_block(3, bias="batched"), CONV_BIAS),
     "conv-bias-in": (conv_block(2, bias="leading", conv2d=True), CONV_BIAS | {"Conv2d": 0}),
+    "conv-pad-1d": (conv_block(1, bias="input", pad=True), {"Conv": 1, "Pad": 0}),
+    "conv-pad-2d": (conv_block(2, bias="input", pad=True), {"Conv": 1, "Pad": 0}),
     "clip-min-max": (unary(lambda g, x: g.min(g.max(x, g.scalar(0.0)), g.scalar(6.0))), CLIP),
     "clip-max-min": (unary(lambda g, x: g.max(g.min(x, g.scalar(1.0)), g.scalar(-1.0))), CLIP),
     "clip-relu-min": (unary(lambda g, x: g.min(g.relu(x), g.scalar(6.0))), CLIP),

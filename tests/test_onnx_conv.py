@@ -119,3 +119,25 @@ def test_a_resnet_block_is_folded_and_fused_with_parity(name: str, tmp_path: Pat
     session(model, "ORT_ENABLE_ALL", tmp_path / "ort.onnx")
     ours = op_counts(export_model(optimize_with_report(g, target=calibrations.UNIFORM)[0]))[1]
     assert ours < op_counts(onnx.load(tmp_path / "ort.onnx"))[1]
+
+
+def test_a_zero_pad_before_a_conv_becomes_the_convs_own_padding() -> None:
+    """TF-style "same" padding (MobileNet's TorchScript export): Pad(x) -> Conv -> Clip(0, 6) is one FusedConv with
+    the pads inside, exported without the Pad, with onnxruntime parity; a reflect Pad stays."""
+    def model(mode: str) -> onnx.ModelProto:
+        m = OnnxBuilder(17)
+        x = m.input("x", F, [1, 4, 7, 7])
+        padded = m.op("Pad", [x, m.ints(0, 0, 0, 1, 0, 0, 1, 1)], mode=mode)
+        y = m.op("Conv", [padded, m.weight("w", 4, 1, 3, 3), m.weight("b", 4, scale=0.1)], group=4, strides=[2, 2])
+        return m.model({"y": m.op("Clip", [y, m.const(0.0), m.const(6.0)])})
+
+    for mode, exported_counts in (("constant", {"FusedConv": 1}), ("reflect", {"Pad": 1, "FusedConv": 1})):
+        original = model(mode)
+        out, _ = optimize_with_report(import_model(original), target=calibrations.UNIFORM, verify=True)
+        exported = export_model(out)
+        assert exported_ops(exported) == exported_counts
+        (conv,) = [n for n in exported.graph.node if n.op_type == "FusedConv"]
+        pads = next(list(a.ints) for a in conv.attribute if a.name == "pads")
+        assert pads == ([0, 1, 1, 1] if mode == "constant" else [0, 0, 0, 0])
+        x = pixels((1, 4, 7, 7))
+        np.testing.assert_allclose(run(exported, x), run(original, x), rtol=0, atol=1e-5)

@@ -385,6 +385,9 @@ CASES: list[Case] = [
     case("Conv", lambda g, x, w, b: g.conv(x, w, b, pads=[1, 1, 1, 1], groups=4),
          lambda x, w, b: conv_ref(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), 4), CONV_X, randn(4, 1, 3, 3), randn(4),
          shape=(2, 4, 5, 5), label="Conv-depthwise"),
+    case("Pad", lambda g, x: g.pad(x, pads=[0, 1, 2, 0, 0, 1], value=-1.5),
+         lambda x: np.array([[[-1.5] * 7] + [[-1.5, -1.5, *row, -1.5] for row in x[0].tolist()]]),
+         randn(1, 2, 4), shape=(1, 3, 7)),
     case("BatchNorm", lambda g, x, s, b, m, v: g.batch_norm(x, s, b, m, v, eps=1e-3),
          lambda x, s, b, m, v: np.array([[[[(x[n, c, i, j] - m[c]) / math.sqrt(v[c] + 1e-3) * s[c] + b[c]
                                             for j in range(5)] for i in range(5)] for c in range(4)]

@@ -344,6 +344,13 @@ def clip(a: Attrs, x: np.ndarray) -> np.ndarray:
     return np.minimum(np.maximum(x, np.asarray(a["min"], x.dtype)), np.asarray(a["max"], x.dtype))
 
 
+def pad(a: Attrs, x: np.ndarray) -> np.ndarray:
+    """Constant padding: ``pads`` the begins of every axis, then the ends (ONNX's layout)."""
+    rank = x.ndim
+    widths = [(a["pads"][i], a["pads"][i + rank]) for i in range(rank)]
+    return np.pad(x, widths, constant_values=np.asarray(a["value"], x.dtype))
+
+
 def _channel(v: np.ndarray, rank: int) -> np.ndarray:
     """A per-channel vector [C] shaped to broadcast along axis 1 of a rank-``rank`` tensor."""
     return v.reshape(-1, *([1] * (rank - 2)))

@@ -533,6 +533,20 @@ def _conv(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
                                pads=pads, dilations=dilations, groups=at.get("group", 1)))
 
 
+def _pad(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Constant-mode Pad with known pads >= 0 and value over every axis (as TF-style "same" padding before a
+    Conv is exported); other modes, negative pads (crops) and an axes input stay opaque."""
+    x = imp.type(node.input[0])
+    if (at.get("mode", "constant") or "constant") != "constant" or (len(node.input) > 3 and node.input[3]):
+        return None
+    pads = imp.known(node.input[1]) if len(node.input) > 1 and node.input[1] else \
+        np.asarray(at.get("pads", []), np.int64)
+    value = imp.known(node.input[2]) if len(node.input) > 2 and node.input[2] else np.asarray(at.get("value", 0.0))
+    if pads is None or value is None or value.size != 1 or pads.shape != (2 * x.rank,) or np.any(pads < 0):
+        return None
+    return _out(imp.graph.pad(imp.tensor(node.input[0]), pads=[int(p) for p in pads], value=float(value.reshape(()))))
+
+
 def _batch_norm(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     """Inference BatchNormalization (training mode, whose running statistics are outputs, stays opaque)."""
     if at.get("training_mode", 0):
@@ -621,6 +635,7 @@ LOWERINGS: dict[str, Lowering] = {
     "CastLike": _cast,
     "Conv": _conv,
     "BatchNormalization": _batch_norm,
+    "Pad": _pad,
     "Clip": _clip,
     "Shape": _shape,
     "Size": _size,

@@ -1,4 +1,4 @@
-"""Convolution ops: ONNX's general Conv, the BatchNormalization exporters write after it, FusedConv
+"""Convolution ops: ONNX's general Conv, the Pad and BatchNormalization exporters write around it, FusedConv
 (onnxruntime's com.microsoft FusedConv: a bias, a residual sum and an activation in the convolution's kernel) and
 the derived weights that fold a BatchNormalization or give a convolution a zero bias (rules/conv.egg).
 
@@ -146,6 +146,21 @@ _CONV_ATTRS = (AttrSpec("strides", INTS, ()), AttrSpec("pads", INTS, ()), AttrSp
                AttrSpec("groups", INT, 1, check=at_least_one))
 
 
+def _pad_infer(a: Attrs, ins: list[T]) -> T:
+    x = ins[0]
+    pads = a["pads"]
+    if len(pads) != 2 * x.rank or min(pads, default=0) < 0:
+        raise ShapeError(f"Pad of a rank-{x.rank} tensor takes {2 * x.rank} pads >= 0 (the begins of every axis, "
+                         f"then the ends), got {list(pads)}")
+    return T(tuple(d + pads[i] + pads[x.rank + i] for i, d in enumerate(x.shape)), x.dtype)
+
+
+def _pad_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    shape = tuple(int(d) for d in rng.integers(1, 4, size=int(rng.integers(1, 5))))
+    return {"x": shape}, {"pads": [int(p) for p in rng.integers(0, 3, size=2 * len(shape))],
+                          "value": pick(rng, [0.0, float(rng.uniform(-2.0, 2.0))])}
+
+
 def _batch_norm_infer(a: Attrs, ins: list[T]) -> T:
     x = ins[0]
     require_float(x, "BatchNorm input")
@@ -234,6 +249,9 @@ CONV_OPS = [
            canonical=_conv_canonical, sampler=lambda rng: _conv_sample(rng, False),
            doc="ONNX's Conv over any number of spatial axes: strides, dilations, pads (the spatial begins, then "
                "the ends), groups (every channel: depthwise) and an optional bias [O]."),
+    OpSpec("Pad", Kind.VISION, ("x",), _pad_infer, K.pad, (AttrSpec("pads", INTS), AttrSpec("value", F, 0.0)),
+           sampler=_pad_sample,
+           doc="Constant padding; pads: the begins of every axis, then the ends (ONNX's layout), each >= 0."),
     OpSpec("BatchNorm", Kind.NORM, ("x", "scale", "bias", "mean", "var"), _batch_norm_infer, K.batch_norm,
            (_bn_eps(),), sampler=_batch_norm_sample,
            doc="Inference BatchNormalization over axis 1: (x - mean) / sqrt(var + eps) * scale + bias."),
