@@ -156,9 +156,17 @@ def _pad_infer(a: Attrs, ins: list[T]) -> T:
 
 
 def _pad_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
-    shape = tuple(int(d) for d in rng.integers(1, 4, size=int(rng.integers(1, 5))))
-    return {"x": shape}, {"pads": [int(p) for p in rng.integers(0, 3, size=2 * len(shape))],
-                          "value": pick(rng, [0.0, float(rng.uniform(-2.0, 2.0))])}
+    """Any rank 1 to 4 and pads 0 to 2; half the time an image [N, C, *spatial] (1 or 2 spatial axes) padded on its
+    spatial axes only, as exporters write a convolution's padding."""
+    if rng.random() < 0.5:
+        spatial = int(rng.integers(1, 3))
+        shape = tuple(int(d) for d in rng.integers(1, 4, size=2 + spatial))
+        side = [int(p) for p in rng.integers(0, 3, size=2 * spatial)]
+        pads = [0, 0, *side[:spatial], 0, 0, *side[spatial:]]
+    else:
+        shape = tuple(int(d) for d in rng.integers(1, 4, size=int(rng.integers(1, 5))))
+        pads = [int(p) for p in rng.integers(0, 3, size=2 * len(shape))]
+    return {"x": shape}, {"pads": pads, "value": pick(rng, [0.0, float(rng.uniform(-2.0, 2.0))])}
 
 
 def _batch_norm_infer(a: Attrs, ins: list[T]) -> T:
