@@ -488,6 +488,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "activation-sigmoid": (conv_block(bias="input", act="sigmoid"), FUSED_CONV | {"Sigmoid": 0}),
     "activation-tanh": (conv_block(bias="input", act="tanh"), FUSED_CONV | {"Tanh": 0}),
     "activation-clip": (conv_block(bias="input", act="clip"), FUSED_CONV | {"Clip": 0}),
+    "convolution-conv": (conv_block(act="relu"), FUSED_CONV | {"Relu": 0}),
+    "convolution-fused": (conv_block(bias="input", residual=True, act="relu"), FUSED_CONV | {"Relu": 0}),
     "conv-activation": (conv_block(act="relu"), FUSED_CONV | {"Relu": 0}),
     "conv-sum": (conv_block(bias="input", residual=True), FUSED_CONV),
     "conv-sum-zero-bias": (conv_block(residual=True), FUSED_CONV | {"ConvZeroBias": 1}),
