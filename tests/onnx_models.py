@@ -232,6 +232,40 @@ def sdpa_attention(hidden: int = 16, heads: int = 2) -> onnx.ModelProto:
     return m.model({"attn_output": m.linear(ctx, "o_proj", hidden, hidden)})
 
 
+def conv_bn(m: OnnxBuilder, x: str, prefix: str, c_in: int, c_out: int, kernel: int = 3, stride: int = 1,
+            bias: bool = False, bn: bool = True) -> str:
+    """Conv (pads kernel // 2) then, with ``bn``, an inference BatchNormalization of initializers, as exports
+    of torchvision/transformers ResNets write them."""
+    ins = [x, m.weight(f"{prefix}.weight", c_out, c_in, kernel, kernel, scale=1.0 / math.sqrt(c_in * kernel**2))]
+    if bias:
+        ins.append(m.weight(f"{prefix}.bias", c_out, scale=0.1))
+    pad = kernel // 2
+    y = m.op("Conv", ins, kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4)
+    if not bn:
+        return y
+    stats = [m.init(f"{prefix}.bn.scale", 1.0 + 0.1 * m.rng.standard_normal(c_out).astype(np.float32)),
+             m.weight(f"{prefix}.bn.bias", c_out, scale=0.1), m.weight(f"{prefix}.bn.mean", c_out, scale=0.1),
+             m.init(f"{prefix}.bn.var", m.rng.uniform(0.5, 1.5, c_out).astype(np.float32))]
+    return m.op("BatchNormalization", [y, *stats], epsilon=1e-5)
+
+
+def resnet_block(channels: int = 8, out_channels: int = 8, stride: int = 1, act: str = "Relu", size: int = 8,
+                 opset: int = 17) -> onnx.ModelProto:
+    """A ResNet basic block: conv-bn-act, conv-bn, + the shortcut (a 1x1 conv-bn when the shape changes), act.
+    ``act`` "Relu" or "Clip" (ReLU6: Clip with bounds 0 and 6)."""
+    m = OnnxBuilder(opset)
+    x = m.input("pixel_values", F, [1, channels, size, size])
+
+    def activation(t: str) -> str:
+        return m.op("Relu", [t]) if act == "Relu" else m.op("Clip", [t, m.const(0.0), m.const(6.0)])
+
+    h = activation(conv_bn(m, x, "conv1", channels, out_channels, stride=stride))
+    h = conv_bn(m, h, "conv2", out_channels, out_channels)
+    shortcut = x if stride == 1 and channels == out_channels else \
+        conv_bn(m, x, "downsample", channels, out_channels, kernel=1, stride=stride)
+    return m.model({"last_hidden_state": activation(m.op("Add", [h, shortcut]))})
+
+
 MODELS = {"bert": bert_layer, "gpt2": gpt2_layer, "llama": llama_layer, "sdpa": sdpa_attention}
 
 

@@ -67,7 +67,8 @@ def test_every_fused_op_and_derived_weight_has_a_decomposition() -> None:
 def test_a_primitive_decomposes_exactly_when_the_rules_recognise_an_export_form_of_it() -> None:
     recognised = {op for r in load_rules().rules if r.stage == "recognize" for op in r.builds}
     primitives = {s.name for s in DECOMPOSABLE if s.kind not in (Kind.FUSED, Kind.WEIGHT_PREP)}
-    assert primitives == {op for op in recognised if op in REGISTRY} == {"Gelu", "LayerNorm", "RmsNorm", "Silu"}
+    assert primitives == {op for op in recognised if op in REGISTRY} == {"Clip", "Gelu", "LayerNorm", "RmsNorm",
+                                                                                   "Silu"}
 
 
 # --- the kernel computes its decomposition ------------------------------------------------
@@ -113,7 +114,9 @@ RULE_GUARDS = {
     "FusedTransformerLayer": lambda ts, a: a["act"] != "none",
 }
 NOT_BY_RULES = {"ElementwiseRegion": "a pass after extraction", "TransformRegion": "a pass after extraction",
-                "BatchElementwiseRegion": "a pass after extraction", "ConcatParams": "made from shared-input matmuls"}
+                "BatchElementwiseRegion": "a pass after extraction", "ConcatParams": "made from shared-input matmuls",
+                "BnFoldWeight": "made from Conv + BatchNorm", "BnFoldBias": "made from Conv + BatchNorm",
+                "ConvZeroBias": "made from Conv + a sum"}
 RECOGNISED = [s for s in DECOMPOSABLE if s.name not in NOT_BY_RULES]
 
 

@@ -329,6 +329,51 @@ MATMUL_ADD = {"FusedMatMulAdd": 1, "Add": 0}
 SHARED_MATMUL = {"ConcatParams": 1, "MatMul": 1, "Narrow": 2}
 SHARED_LINEAR = {"ConcatParams": 2, "FusedMatMulBiasAct": 1, "Narrow": 2}
 
+def conv_block(spatial: int = 2, bias: str = "none", bn: bool = False, residual: bool = False,
+               act: str | None = None, conv2d: bool = False, pad: bool = False) -> Callable[[], Graph]:
+    """A convolution of x [2, 4, 5, ...] (``spatial`` axes) by w [6, 4, 3, ...] (pads 1, so the output keeps
+    the spatial size), then Exp: ``bias`` "none", "input" (the Conv's own), "leading"/"batched" (an Add of the
+    [6] bias reshaped to [6, 1, ...] / [1, 6, 1, ...]), or "batched-first" (that Add's operands swapped); a
+    BatchNorm of parameters, a residual input (``"first"``: the Add's first operand), an activation; with ``pad``,
+    the input is zero-padded by 1 before and the convolution pads nothing itself."""
+    def build() -> Graph:
+        g = Graph()
+        x = g.input("x", (2, 4, *([5] * spatial)))
+        if pad:
+            x = g.pad(x, pads=[0, 0, *[1] * spatial, 0, 0, *[1] * spatial])
+        w = g.param("w", (6, 4, *([3] * spatial)))
+        b = g.param("b", (6,))
+        if conv2d:
+            y = g.conv2d(x, w, padding=1)
+        else:
+            y = g.conv(x, w, *([b] if bias == "input" else []), pads=[0 if pad else 1] * (2 * spatial))
+        if bias in ("leading", "batched", "batched-first"):
+            v = g.reshape(b, shape=(6, *[1] * spatial) if bias == "leading" else (1, 6, *[1] * spatial))
+            y = g.add(v, y) if bias == "batched-first" else g.add(y, v)
+        if bn:
+            y = g.batch_norm(y, *(g.param(n, (6,)) for n in ("scale", "shift", "mean", "var")), eps=1e-3)
+        if residual:
+            z = g.input("z", (2, 6, *([5] * spatial)))
+            y = g.add(z, y) if residual == "first" else g.add(y, z)
+        if act == "relu":
+            y = g.relu(y)
+        elif act == "sigmoid":
+            y = g.sigmoid(y)
+        elif act == "tanh":
+            y = g.tanh(y)
+        elif act == "clip":
+            y = g.clip(y, min=0.0, max=6.0)
+        g.set_outputs([g.exp(y)])
+        return g
+    return build
+
+
+FUSED_CONV = {"FusedConv": 1, "Conv": 0, "Add": 0}
+CONV_BIAS = {"Conv": 1, "Add": 0, "Reshape": 0}
+CLIP = {"Clip": 1, "Min": 0, "Max": 0, "Relu": 0}
+BN_FOLD = {"Conv": 1, "BatchNorm": 0, "BnFoldWeight": 1, "BnFoldBias": 1}
+
+
 # rule -> (graph built for it, exact counts of ops in the result)
 CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "neg-neg": (unary(lambda g, x: g.neg(g.neg(x))), {"Neg": 0, "Exp": 1}),
@@ -424,6 +469,32 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "fused-swiglu-up-first": (halves(gate_first=False), {"FusedSwiGLU": 1, "SwiGLU": 0}),
     "fused-swiglu-gate-first": (halves(gate_first=True), {"FusedSwiGLU": 1, "SwiGLU": 0}),
     "fused-swiglu-cast": (swiglu_cast, {"FusedSwiGLU": 1, "Cast": 0}),
+    "conv2d-general": (conv_block(conv2d=True, act="relu"), {"FusedConv": 1, "Conv2d": 0, "Relu": 0}),
+    "channel-bias-1d-leading": (conv_block(1, bias="leading"), CONV_BIAS),
+    "channel-bias-2d-leading": (conv_block(2, bias="leading"), CONV_BIAS),
+    "channel-bias-3d-leading": (conv_block(3, bias="leading"), CONV_BIAS),
+    "channel-bias-1d-batched": (conv_block(1, bias="batched"), CONV_BIAS),
+    "channel-bias-2d-batched": (conv_block(2, bias="batched"), CONV_BIAS),
+    "channel-bias-3d-batched": (conv_block(3, bias="batched"), CONV_BIAS),
+    "conv-bias-in": (conv_block(2, bias="leading", conv2d=True), CONV_BIAS | {"Conv2d": 0}),
+    "conv-pad-1d": (conv_block(1, bias="input", pad=True), {"Conv": 1, "Pad": 0}),
+    "conv-pad-2d": (conv_block(2, bias="input", pad=True), {"Conv": 1, "Pad": 0}),
+    "clip-min-max": (unary(lambda g, x: g.min(g.max(x, g.scalar(0.0)), g.scalar(6.0))), CLIP),
+    "clip-max-min": (unary(lambda g, x: g.max(g.min(x, g.scalar(1.0)), g.scalar(-1.0))), CLIP),
+    "clip-relu-min": (unary(lambda g, x: g.min(g.relu(x), g.scalar(6.0))), CLIP),
+    "conv-batch-norm": (conv_block(bn=True), BN_FOLD),
+    "conv-batch-norm-bias": (conv_block(bias="input", bn=True), BN_FOLD),
+    "activation-relu": (conv_block(bias="input", act="relu"), FUSED_CONV | {"Relu": 0}),
+    "activation-sigmoid": (conv_block(bias="input", act="sigmoid"), FUSED_CONV | {"Sigmoid": 0}),
+    "activation-tanh": (conv_block(bias="input", act="tanh"), FUSED_CONV | {"Tanh": 0}),
+    "activation-clip": (conv_block(bias="input", act="clip"), FUSED_CONV | {"Clip": 0}),
+    "convolution-conv": (conv_block(act="relu"), FUSED_CONV | {"Relu": 0}),
+    "convolution-fused": (conv_block(bias="input", residual=True, act="relu"), FUSED_CONV | {"Relu": 0}),
+    "conv-activation": (conv_block(act="relu"), FUSED_CONV | {"Relu": 0}),
+    "conv-sum": (conv_block(bias="input", residual=True), FUSED_CONV),
+    "conv-sum-zero-bias": (conv_block(residual=True), FUSED_CONV | {"ConvZeroBias": 1}),
+    "fused-conv-activation": (conv_block(bias="input", bn=True, residual=True, act="relu"),
+                              FUSED_CONV | {"Relu": 0, "BatchNorm": 0, "BnFoldWeight": 1, "BnFoldBias": 1}),
 }
 
 
@@ -444,6 +515,11 @@ ORDERS: dict[str, tuple[str, Callable[[], Graph], dict[str, int]]] = {
     "bias-matmul": ("matmul-bias", binary_mm("matmul", True, (2, 8), (8, 4), (4,)),
                     {"FusedMatMulBiasAct": 1, "Add": 0}),
     "up-silu": ("swiglu", two_inputs(lambda g, a, b: g.mul(b, g.silu(a))), {"SwiGLU": 1, "Mul": 0}),
+    "conv-bias-first": ("conv-bias-in", conv_block(2, bias="batched-first"), CONV_BIAS),
+    "clip-scalar-first": ("clip-min-max", unary(lambda g, x: g.min(g.scalar(6.0), g.max(g.scalar(0.0), x))), CLIP),
+    "clip-min-first": ("clip-relu-min", unary(lambda g, x: g.min(g.scalar(6.0), g.relu(x))), CLIP),
+    "residual-conv": ("conv-sum", conv_block(bias="input", residual="first"), FUSED_CONV),
+    "residual-conv-no-bias": ("conv-sum-zero-bias", conv_block(residual="first"), FUSED_CONV | {"ConvZeroBias": 1}),
 }
 
 

@@ -290,3 +290,33 @@ def test_a_cheaper_fusion_the_choice_left_out_is_not_taken() -> None:
     assert miss.chosen_ns == pytest.approx(extract.dag_cost(view, worse, [out], costs))
     assert miss.chosen_ns > miss.fused_ns
     assert miss.detail.endswith("yet greedy extraction did not take it; try extraction='exact'")
+
+
+def test_a_recognize_stage_miss_is_a_near_miss_naming_the_clause() -> None:
+    """x * sigmoid(y) is SiLU's export form but for its two inputs: a near miss of the recognize-stage rule."""
+    g = Graph()
+    x, y = g.input("x", (4, 8)), g.input("y", (4, 8))
+    g.set_outputs([g.exp(g.mul(x, g.sigmoid(y)))])
+    _, report = optimize_with_report(g)
+    (miss,) = report.fusion.missed
+    assert (miss.kind, miss.op, miss.rule, miss.reason, miss.nodes) == (
+        NEAR_MISS, "Silu", "silu-mul-sigmoid", "inputs not shared", (3,))
+    assert miss.location == "rules/export_forms.egg:6"
+
+
+def test_a_clip_with_bounds_the_wrong_way_round_is_a_near_miss_of_the_failed_guard() -> None:
+    """min(max(x, 6), 0) is no Clip (its lower bound is above its upper): the guard that failed is named; a Relu
+    before a Min is a Clip, so that graph has no miss."""
+    g = Graph()
+    x = g.input("x", (4, 8))
+    g.set_outputs([g.exp(g.min(g.max(x, g.scalar(6.0)), g.scalar(0.0)))])
+    _, report = optimize_with_report(g)
+    (miss,) = report.fusion.missed
+    assert (miss.kind, miss.op, miss.rule, miss.reason) == (NEAR_MISS, "Clip", "clip-min-max", "guard")
+    assert "except that the guard (<= ?lo ?hi) does not hold" in miss.detail
+    relu6 = Graph()
+    x = relu6.input("x", (4, 8))
+    relu6.set_outputs([relu6.exp(relu6.min(relu6.relu(x), relu6.scalar(6.0)))])
+    out, report = optimize_with_report(relu6, regions=False)
+    assert report.fusion.missed == []
+    assert {op: out.op_counts().get(op, 0) for op in ("Clip", "Min", "Relu")} == {"Clip": 1, "Min": 0, "Relu": 0}

@@ -96,7 +96,7 @@ OP_CASES: list[tuple[str, int, Build, str]] = [
                                                                            m.const(1.0)])], to=F)]), "Constant"),
     ("Trilu", 17, lambda m, x: m.op("Trilu", [x], upper=0), "OnnxOp"),
     ("Conv", 17, lambda m, x: m.op("Conv", [m.op("Reshape", [x, m.ints(1, 2, 3, 4)]), m.weight("w", 3, 2, 2, 2),
-                                            m.weight("b", 3)], pads=[1, 1, 1, 1]), "Conv2d"),
+                                            m.weight("b", 3)], pads=[1, 1, 1, 1]), "Conv"),
     ("Identity", 17, lambda m, x: m.op("Identity", [m.op("Neg", [x])]), "Neg"),
     ("Constant", 17, lambda m, x: m.op("Mul", [x, m.const([1.0, 2.0, 3.0, 4.0])]), "Constant"),
     ("Shape", 17, lambda m, x: m.op("Reshape", [x, m.op("Concat", [m.op("Shape", [x], end=1), m.ints(-1)], axis=0)]),
@@ -110,7 +110,13 @@ OP_CASES: list[tuple[str, int, Build, str]] = [
     ("ArgMax", 17, lambda m, x: f(m, m.op("ArgMax", [x], axis=2)), "OnnxOp"),
     ("BatchNormalization", 15, lambda m, x: m.op("BatchNormalization", [x, *(m.weight(n, 3) for n in "sbm"),
                                                                         m.init("v", np.ones(3, np.float32))]),
-     "OnnxOp"),
+     "BatchNorm"),
+    ("Clip", 17, lambda m, x: m.op("Clip", [x, m.const(0.75), m.const(1.5)]), "Clip"),
+    ("Clip-min", 17, lambda m, x: m.op("Clip", [x, m.const(0.0)]), "Relu"),
+    ("Clip-max", 17, lambda m, x: m.op("Clip", [x, "", m.const(1.5)]), "Min"),
+    ("Clip-attributes", 6, lambda m, x: m.op("Clip", [x], min=0.75, max=1.5), "Clip"),
+    ("Pad", 17, lambda m, x: m.op("Pad", [x, m.ints(0, 1, 0, 0, 2, 1), m.const(-0.5)]), "Pad"),
+    ("Pad-reflect", 17, lambda m, x: m.op("Pad", [x, m.ints(0, 1, 0, 0, 1, 1)], mode="reflect"), "OnnxOp"),
 ]
 
 
@@ -137,7 +143,8 @@ def test_every_listed_op_type_has_a_case() -> None:
               "Sigmoid", "Relu", "Softmax", "ReduceMean", "LayerNormalization", "Gather", "GatherND", "Reshape",
               "Transpose", "Flatten", "Unsqueeze", "Squeeze", "Concat", "Slice", "Split", "Where", "Equal", "Greater",
               "GreaterOrEqual", "Less", "LessOrEqual", "And", "Not", "IsNaN", "Expand", "Cast", "Cos", "Sin", "Range",
-              "Trilu", "Conv", "Identity", "Constant", "Shape", "ConstantOfShape", "Min", "Max", "Abs", "Log"}
+              "Trilu", "Conv", "Identity", "Constant", "Shape", "ConstantOfShape", "Min", "Max", "Abs", "Log",
+              "BatchNormalization", "Clip", "Pad"}
     assert listed - {c[0].split("-")[0] for c in OP_CASES} == set()
 
 

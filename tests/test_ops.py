@@ -148,6 +148,25 @@ def conv2d_ref(x: Array, w: Array, stride: int, padding: int, groups: int) -> Ar
     return out
 
 
+def conv_ref(x: Array, w: Array, b: Array | None, strides: tuple[int, ...], pads: tuple[int, ...],
+             dilations: tuple[int, ...], groups: int) -> Array:
+    """ONNX Conv over any number of spatial axes, one output element at a time (pads: begins, then ends)."""
+    rank = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0), *((pads[i], pads[rank + i]) for i in range(rank))])
+    kernel = w.shape[2:]
+    out_sizes = [(xp.shape[2 + i] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1 for i in range(rank)]
+    out = np.zeros((x.shape[0], w.shape[0], *out_sizes))
+    cg, per_group = w.shape[1], w.shape[0] // groups
+    for n, oc, *pos in np.ndindex(out.shape):
+        g = oc // per_group
+        total = 0.0 if b is None else float(b[oc])
+        for c, *tap in np.ndindex(cg, *kernel):
+            at = tuple(pos[i] * strides[i] + tap[i] * dilations[i] for i in range(rank))
+            total += float(xp[(n, g * cg + c, *at)]) * float(w[(oc, c, *tap)])
+        out[(n, oc, *pos)] = total
+    return out
+
+
 def max_pool_ref(x: Array, kernel: int, stride: int, padding: int) -> Array:
     n, c, h, w = x.shape
     oh, ow = (h + 2 * padding - kernel) // stride + 1, (w + 2 * padding - kernel) // stride + 1
@@ -264,6 +283,8 @@ CASES: list[Case] = [
          COND, randn(1, 4), randn(3, 4), shape=(3, 4)),
     # elementwise unary
     case("Relu", lambda g, x: g.relu(x), elementwise(lambda v: max(v, 0.0)), X234, shape=(2, 3, 4)),
+    case("Clip", lambda g, x: g.clip(x, min=-0.5, max=0.75), elementwise(lambda v: min(max(v, -0.5), 0.75)), X234,
+         shape=(2, 3, 4)),
     case("Silu", lambda g, x: g.silu(x), elementwise(lambda v: v / (1 + math.exp(-v))), X234, shape=(2, 3, 4)),
     case("Sigmoid", lambda g, x: g.sigmoid(x), elementwise(lambda v: 1 / (1 + math.exp(-v))), X234, shape=(2, 3, 4)),
     case("Tanh", lambda g, x: g.tanh(x), elementwise(math.tanh), X234, shape=(2, 3, 4)),
@@ -356,6 +377,22 @@ CASES: list[Case] = [
          shape=(2, 3, 3, 3)),
     case("Conv2d", lambda g, x, w: g.conv2d(x, w, stride=2, padding=1, groups=2),
          lambda x, w: conv2d_ref(x, w, 2, 1, 2), CONV_X, randn(6, 2, 3, 3), shape=(2, 6, 3, 3), label="Conv2d-grouped"),
+    case("Conv", lambda g, x, w, b: g.conv(x, w, b, strides=[2, 1], pads=[1, 0, 0, 2], dilations=[1, 2], groups=2),
+         lambda x, w, b: conv_ref(x, w, b, (2, 1), (1, 0, 0, 2), (1, 2), 2), CONV_X, randn(6, 2, 3, 2), randn(6),
+         shape=(2, 6, 2, 5)),
+    case("Conv", lambda g, x, w: g.conv(x, w), lambda x, w: conv_ref(x, w, None, (1,), (0, 0), (1,), 1),
+         randn(2, 3, 7), randn(4, 3, 3), shape=(2, 4, 5), label="Conv-1d"),
+    case("Conv", lambda g, x, w, b: g.conv(x, w, b, pads=[1, 1, 1, 1], groups=4),
+         lambda x, w, b: conv_ref(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), 4), CONV_X, randn(4, 1, 3, 3), randn(4),
+         shape=(2, 4, 5, 5), label="Conv-depthwise"),
+    case("Pad", lambda g, x: g.pad(x, pads=[0, 1, 2, 0, 0, 1], value=-1.5),
+         lambda x: np.array([[[-1.5] * 7] + [[-1.5, -1.5, *row, -1.5] for row in x[0].tolist()]]),
+         randn(1, 2, 4), shape=(1, 3, 7)),
+    case("BatchNorm", lambda g, x, s, b, m, v: g.batch_norm(x, s, b, m, v, eps=1e-3),
+         lambda x, s, b, m, v: np.array([[[[(x[n, c, i, j] - m[c]) / math.sqrt(v[c] + 1e-3) * s[c] + b[c]
+                                            for j in range(5)] for i in range(5)] for c in range(4)]
+                                          for n in range(2)]),
+         CONV_X, randn(4), randn(4), randn(4), uniform(0.1, 2.0, 4), shape=(2, 4, 5, 5)),
     case("MaxPool2d", lambda g, x: g.max_pool2d(x, kernel=2, stride=2), lambda x: max_pool_ref(x, 2, 2, 0),
          CONV_X, shape=(2, 4, 2, 2)),
     case("MaxPool2d", lambda g, x: g.max_pool2d(x, kernel=3, stride=2, padding=1), lambda x: max_pool_ref(x, 3, 2, 1),

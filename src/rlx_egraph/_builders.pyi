@@ -11,24 +11,36 @@ class GraphBuilders:
         """Append a Attention node (attention). Attention on packed [B, S, heads*head_dim]; custom mask [B, Sk] (1 keeps, 0 drops)."""
     def batch_elementwise_region(self, xs: Sequence[int], *, chain: str, lanes: int) -> int:
         """Append a BatchElementwiseRegion node (fused). One elementwise chain run on several independent lanes of inputs in one kernel: the lanes' results stacked along a new leading axis."""
+    def batch_norm(self, x: int, scale: int, bias: int, mean: int, var: int, *, eps: float = 1e-05) -> int:
+        """Append a BatchNorm node (norm). Inference BatchNormalization over axis 1: (x - mean) / sqrt(var + eps) * scale + bias."""
     def bce_loss(self, p: int, t: int) -> int:
         """Append a BceLoss node (loss)."""
     def biased_attention(self, q: int, k: int, v: int, bias: int, *, scale: float, nan_to_zero: bool = False) -> int:
         """Append a BiasedAttention node (fused). Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN."""
+    def bn_fold_bias(self, scale: int, bias: int, mean: int, var: int, b: int | None = None, *, eps: float = 1e-05) -> int:
+        """Append a BnFoldBias node (weight-prep). A derived weight: a convolution's bias b (absent: 0) with the following BatchNormalization folded in, (b - mean) * scale / sqrt(var + eps) + bias."""
+    def bn_fold_weight(self, w: int, scale: int, var: int, *, eps: float = 1e-05) -> int:
+        """Append a BnFoldWeight node (weight-prep). A derived weight: a convolution's weight with the following BatchNormalization's scale folded in, w * scale / sqrt(var + eps) per output channel."""
     def cast(self, x: int, *, dtype: str) -> int:
         """Append a Cast node (elementwise). Convert to another dtype."""
     def causal_attention(self, q: int, k: int, v: int, *, scale: float = 0.0) -> int:
         """Append a CausalAttention node (attention). Causal attention on split heads [B, H, S, D] (GQA)."""
     def causal_attention_rope(self, q: int, k: int, v: int, *, theta: float = 10000.0, scale: float = 0.0) -> int:
         """Append a CausalAttentionRoPE node (fused). CausalAttention(RoPE(q), RoPE(k), v)."""
+    def clip(self, x: int, *, min: float, max: float) -> int:
+        """Append a Clip node (elementwise). min(max(x, min), max): ONNX's Clip with constant bounds (ReLU6, hardtanh)."""
     def concat(self, xs: Sequence[int], *, axis: int = -1) -> int:
         """Append a Concat node (layout)."""
     def concat_params(self, ws: Sequence[int], *, axis: int = -1) -> int:
         """Append a ConcatParams node (weight-prep). A derived weight: parameters concatenated once at load time (recipe: sources, axis, order)."""
     def cond(self, pred: int, then: int, otherwise: int) -> int:
         """Append a Cond node (host-sync). then if the one-element bool pred is true, else otherwise; the host reads pred to decide."""
+    def conv(self, x: int, w: int, b: int | None = None, *, strides: Sequence[int] = (), pads: Sequence[int] = (), dilations: Sequence[int] = (), groups: int = 1) -> int:
+        """Append a Conv node (vision). ONNX's Conv over any number of spatial axes: strides, dilations, pads (the spatial begins, then the ends), groups (every channel: depthwise) and an optional bias [O]."""
     def conv2d(self, x: int, w: int, *, stride: int = 1, padding: int = 0, groups: int = 1) -> int:
         """Append a Conv2d node (vision)."""
+    def conv_zero_bias(self, w: int) -> int:
+        """Append a ConvZeroBias node (weight-prep). A derived weight: the zero bias [O] of a convolution without one, so a FusedConv sum can follow it."""
     def cross_entropy_loss(self, logits: int, targets: int) -> int:
         """Append a CrossEntropyLoss node (loss)."""
     def div(self, a: int, b: int) -> int:
@@ -53,6 +65,8 @@ class GraphBuilders:
         """Append a FusedAddRmsNorm node (fused). (RmsNorm(x + residual), x + residual): the sum is the next residual."""
     def fused_attention_block(self, hidden: int, qkv_w: int, out_w: int, mask: int, qkv_b: int, out_b: int, *, heads: int, scale: float) -> int:
         """Append a FusedAttentionBlock node (fused). QKV matmul+bias, split, masked attention, output matmul+bias."""
+    def fused_conv(self, x: int, w: int, b: int | None = None, z: int | None = None, *, strides: Sequence[int] = (), pads: Sequence[int] = (), dilations: Sequence[int] = (), groups: int = 1, act: str = 'none', clip_min: float = 0.0, clip_max: float = 0.0) -> int:
+        """Append a FusedConv node (fused). act(Conv(x, w, b) + z) in one kernel (onnxruntime's com.microsoft FusedConv): z, a residual of the output's shape, needs a bias before it; act relu, clip (to [clip_min, clip_max]), sigmoid or tanh."""
     def fused_matmul_add(self, a: int, b: int, d: int) -> int:
         """Append a FusedMatMulAdd node (fused). MatMul(a, b) + d in one kernel."""
     def fused_matmul_at_add(self, a: int, b: int, d: int) -> int:
@@ -121,6 +135,8 @@ class GraphBuilders:
         """Append a NonZero node (host-sync). Indices [rank, count] of x's non-zero elements (the first count, -1 past the last); the host reads back how many there are."""
     def onnx_op(self, xs: Sequence[int], *, op_type: str, domain: str = '', opset: int, output: int = 0, proto: str) -> int:
         """Append a OnnxOp node (opaque). A standard ONNX node MIR has no op for (one output of it), kept as a one-node ONNX graph."""
+    def pad(self, x: int, *, pads: Sequence[int], value: float = 0.0) -> int:
+        """Append a Pad node (vision). Constant padding; pads: the begins of every axis, then the ends (ONNX's layout), each >= 0."""
     def pow(self, a: int, b: int) -> int:
         """Append a Pow node (elementwise). Elementwise Pow with numpy broadcasting."""
     def qkv_attention(self, x: int, w: int, b: int, bias: int | None = None, *, heads: int, scale: float, causal: bool = False) -> int:

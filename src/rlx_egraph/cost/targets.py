@@ -111,6 +111,7 @@ ONNXRUNTIME_FUSED: dict[str, str] = {
     "BiasedAttention": "Attention (opset 23) with an additive mask",
     "RotaryEmbedding": "RotaryEmbedding (opset 23)",
     "EmbedLayerNorm": "com.microsoft EmbedLayerNormalization",
+    "FusedConv": "com.microsoft FusedConv (activation, sum input)",
 }
 
 

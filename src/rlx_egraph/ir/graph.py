@@ -167,7 +167,7 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
     if name is not None and name in leaf_names:
         raise GraphError(f"node {nid} ({spec.name}): name {name!r} is already used by node {leaf_names[name]}")
     if spec.kind is Kind.WEIGHT_PREP:
-        bad = [n for n in in_nodes if n.op not in ("Param", "ConcatParams")]
+        bad = [n for n in in_nodes if n.op != "Param" and n.kind is not Kind.WEIGHT_PREP]
         if bad:
             raise GraphError(f"node {nid} ({spec.name}): inputs must be parameters, node {bad[0].id} is {bad[0].op}")
     if isinstance(out, TupleType):

@@ -34,7 +34,7 @@ def random_value(graph: Graph, node: Node, seed: int = 0) -> np.ndarray:
 
     Key masks drop some keys in every batch row and keep at least one;
     embedding ids and loss targets cover their range (every value once the
-    leaf has that many elements); BCE probabilities stay in (0, 1); matrices
+    leaf has that many elements); BCE probabilities stay in (0, 1); variances are positive; matrices
     are fan-in scaled.  Only consumers that no rewrite removes shape the data,
     so a leaf gets the same values in a graph and in its optimized version.
     """
@@ -52,6 +52,8 @@ def random_value(graph: Graph, node: Node, seed: int = 0) -> np.ndarray:
                 high = graph.node(u.inputs[u.spec.input_names.index(source)]).shape[axis]
             elif u.op == "BceLoss":
                 return to_storage(rng.uniform(0.05, 0.95, shape), dt)
+            elif name == "var":  # a BatchNorm's variance (and the derived weights that fold it)
+                return to_storage(rng.uniform(0.25, 2.0, shape), dt)
     if dt in ("i64", "i32"):
         return _covering_ints(rng, shape, high or 8).astype(lookup_dtype(dt).storage)
     if dt == "bool":

@@ -8,9 +8,9 @@ A miss is one of two kinds.
   for another consumer or a graph output (``another consumer``), or it is simply
   predicted slower (``more expensive``); both predicted DAG costs are given.
 * ``near miss``: a fusion rule that matched except for one thing.  Each fusion rule
-  (one that builds a fused op) is relaxed from its query (``Rule.query``, the rule model)
-  in three ways: drop one guard or pattern fact; give a variable its pattern uses
-  twice a fresh name for its last use (``inputs not shared``); replace the pattern's
+  (one that builds a fused op, or a recognize-stage rule that writes an export form back as its op) is
+  relaxed from its query (``Rule.query``, the rule model) in three ways: drop one guard or pattern fact;
+  give a variable its pattern uses twice a fresh name for its last use (``inputs not shared``); replace the pattern's
   root op of one tensor input by another op of the same kind and signature (an
   activation without an epilogue kernel).  The relaxed rules run once, alone, on the
   saturated e-graph, recording only their matched root (nothing is built), and a
@@ -372,8 +372,7 @@ class _Variant:
 def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[MissedFusion]:
     """One record per relaxed rule that matched where the rule did not: every such value, left out those
     in ``explained`` (input-graph nodes whose miss is already priced)."""
-    fusion_rules = [r for r in ctx.rules.rules if any(REGISTRY[op].kind is Kind.FUSED for op in r.builds
-                                                      if op in REGISTRY)]
+    fusion_rules = [r for r in ctx.rules.rules if _made_op(r) is not None]
     variants: list[_Variant] = []
     real: dict[str, int] = {}
     for rule in fusion_rules:
@@ -403,13 +402,14 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
         classes = []
         for c in sorted(hits.get(k, set()) - hits.get(real[v.rule.name], set())):
             if c not in ctx.reach or (v.rule.base, c) in seen or explained & set(ctx.view.classes[c].originals) \
-                    or not (ctx.unfused(c) or ctx.view.nodes[ctx.choice[c]].op == v.root_op):
+                    or not (ctx.unfused(c) or ctx.view.nodes[ctx.choice[c]].op == v.root_op) \
+                    or ctx.view.nodes[ctx.choice[c]].op in v.rule.builds:  # made by another rule
                 continue
             seen.add((v.rule.base, c))
             classes.append(c)
         if not classes:
             continue
-        op = sorted(op for op in v.rule.builds if op in REGISTRY and REGISTRY[op].kind is Kind.FUSED)[0]
+        op = _made_op(v.rule)
         where = [ctx.describe(c) for c in classes]
         who = where[0] + " matches" if len(where) == 1 else f"{', '.join(where[:-1])} and {where[-1]} match"
         out.append(MissedFusion(NEAR_MISS, op, v.rule.name, v.rule.location,
@@ -417,6 +417,16 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
                                 f"{who} rule {v.rule.name} except that {v.detail}", pattern=pattern_of(op),
                                 cause=v.cause(op), places=len(classes)))
     return out
+
+
+def _made_op(rule: Rule) -> str | None:
+    """The op whose miss a near miss of ``rule`` reports: the fused op it builds, else the op a recognize-stage
+    rule recognises (an export form written back as Gelu, LayerNorm, Clip, ...); None for other rules."""
+    built = sorted(op for op in rule.builds if op in REGISTRY)
+    fused = [op for op in built if REGISTRY[op].kind is Kind.FUSED]
+    if fused:
+        return fused[0]
+    return built[0] if built and rule.stage == "recognize" else None
 
 
 def _pattern(rule: Rule) -> tuple[tuple[str, ...], OpTerm, list[Atom]] | None:
@@ -445,8 +455,11 @@ def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: OpTerm, others: li
     for k, atom in enumerate(others):
         binds = _binds_op(atom)
         kept = _joined(pattern, [f for j, f in enumerate(others) if j != k])
-        if binds and root_alone and not any(_binds_op(f) for f in kept):
-            continue  # without that part the rule would match its root op anywhere: not a near miss
+        if (binds or _is_relation(atom)) and root_alone and not any(_binds_op(f) or _is_relation(f) for f in kept):
+            continue  # without that part (or helper relation) the rule would match its root op anywhere
+        if _is_relation(atom) and set(atom_variables(atom)) - set(variables(pattern)) - {
+                v for f in kept for v in atom_variables(f)}:
+            continue  # the relation is what finds the form's input (ln-normed ?n ?x ?eps): not one clause of it
         out.append(_Variant(rule, (root, *(str(f) for f in kept)), "pattern part" if binds else "guard",
                             f"{'its part' if binds else 'the guard'} {atom} does not hold", pattern.op))
     uses = Counter(variables(pattern))

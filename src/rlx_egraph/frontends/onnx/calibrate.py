@@ -94,6 +94,15 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
 
     x3, w3 = (b, s, e), (e,)
     mask = (b, 1, 1, s)
+    c, side = e // 4, max(s // 4, 4)  # a 3x3 convolution's channels and image side at this size
+    image, kernel = (1, c, side, side), (c, c, 3, 3)
+
+    def conv(m: _Maker, prev: int | None, **fused: object) -> int:
+        x, w, bias = chain(m, prev, image), m.param(kernel), m.param((c,), "bias")
+        if not fused:
+            return m.g.conv(x, w, bias, pads=[1, 1, 1, 1])
+        z = [m.input(image, "z")] if fused.pop("residual", False) else []
+        return m.g.fused_conv(x, w, bias, *z, pads=[1, 1, 1, 1], **fused)
 
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
@@ -166,6 +175,10 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("BiasedAttention", lambda m, p: m.g.biased_attention(
             chain(m, p, (b, h, s, d)), m.input((b, h, s, d), "k"), m.input((b, h, s, d), "v"), m.input(mask, "mask"),
             scale=d**-0.5)),
+        case("Relu", lambda m, p: m.g.relu(chain(m, p, x3))),
+        case("Conv", conv),
+        case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
+        case("FusedConv", lambda m, p: conv(m, p, act="relu", residual=True), " sum relu"),
         case("RotaryEmbedding", rotary),
         case("EmbedLayerNorm", embed),
     ]

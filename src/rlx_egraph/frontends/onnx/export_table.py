@@ -101,6 +101,34 @@ def _conv(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> st
     return b.op("Conv", ins, strides=[a["stride"]] * 2, pads=[a["padding"]] * 4, group=a["groups"])
 
 
+def _conv_nd(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    a = node.attrs
+    return b.op("Conv", ins, strides=list(a["strides"]), pads=list(a["pads"]), dilations=list(a["dilations"]),
+                group=a["groups"])
+
+
+# FusedConv's activations by onnxruntime's names (its activation attribute); "none" writes no attribute.
+_FUSED_CONV_ACTIVATIONS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "clip": "Clip"}
+
+
+def _fused_conv(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """com.microsoft FusedConv: Conv's attributes, then the activation (Clip's bounds as activation_params)."""
+    a = node.attrs
+    act = {}
+    if a["act"] != "none":
+        act["activation"] = _FUSED_CONV_ACTIVATIONS[a["act"]]
+    if a["act"] == "clip":
+        act["activation_params"] = [a["clip_min"], a["clip_max"]]
+    return b.op("FusedConv", ins, domain=MS, strides=list(a["strides"]), pads=list(a["pads"]),
+                dilations=list(a["dilations"]), group=a["groups"], **act)
+
+
+def _clip(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    storage = dtype(node.dtype).storage
+    bounds = [b.const(np.array(node.attrs[k], storage), node.dtype) for k in ("min", "max")]
+    return b.op("Clip", [ins[0], *bounds])
+
+
 def _max_pool(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     a = node.attrs
     return b.op("MaxPool", ins, kernel_shape=[a["kernel"]] * 2, strides=[a["stride"]] * 2, pads=[a["padding"]] * 4)
@@ -431,6 +459,12 @@ EXPORTS: dict[str, ExportFn] = {
     "Expand": lambda b, node, ins, types: b.op("Expand", [ins[0], b.ints(node.attrs["shape"])]),
     "Embedding": lambda b, node, ins, types: b.op("Gather", ins, axis=0),
     "Conv2d": _conv,
+    "Conv": _conv_nd,
+    "BatchNorm": lambda b, node, ins, types: b.op("BatchNormalization", ins, epsilon=node.attrs["eps"]),
+    "Clip": _clip,
+    "Pad": lambda b, node, ins, types: b.op("Pad", [ins[0], b.ints(node.attrs["pads"]),
+                                                    b.const(np.array(node.attrs["value"], dtype(node.dtype).storage),
+                                                            node.dtype)]),
     "MaxPool2d": _max_pool,
     "GlobalAvgPool": _global_avg_pool,
     "Upsample2x": _upsample,
@@ -454,6 +488,7 @@ EXPORTS: dict[str, ExportFn] = {
     "QkvAttention": _qkv_attention,
     "RotaryEmbedding": _rotary,
     "EmbedLayerNorm": _embed_layer_norm,
+    "FusedConv": _fused_conv,
     # leaves made of dims, computed at run time from the inputs' shapes (static ones are initializers)
     "Arange": _arange,
     "CausalMask": _causal_mask,

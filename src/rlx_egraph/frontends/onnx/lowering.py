@@ -20,6 +20,7 @@ from onnx import helper
 from ...ir.dims import Dim, as_dim, symbols_of
 from ...ir.dtypes import dtype
 from ...ir.ops.onnx_op import MIR_DTYPES, encode_proto
+from ...ir.registry import TensorType
 from ...ir.shapes import broadcast
 from .forms import Affine, Filled, Form, Mask, Select, Stacked, from_array, is_symbolic
 from .importer import Importer, Value
@@ -518,21 +519,93 @@ def _cast(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return _out(x if imp.graph.node(x).dtype == dt else imp.graph.cast(x, dtype=dt))
 
 
+def _auto_pads(at: dict, x: TensorType, w: TensorType, strides: list[int], dilations: list[int]) -> list[int] | None:
+    """Conv's pads (the spatial begins, then the ends) under its auto_pad; None where they depend on a symbolic
+    spatial size."""
+    rank = x.rank - 2
+    mode = at.get("auto_pad", "NOTSET") or "NOTSET"
+    if mode == "NOTSET":
+        return list(at.get("pads", [0] * (2 * rank)))
+    if mode == "VALID":
+        return [0] * (2 * rank)
+    begins, ends = [], []
+    for i in range(rank):
+        size = x.shape[2 + i]
+        if not isinstance(size, int):
+            return None
+        reach = (w.shape[2 + i] - 1) * dilations[i] + 1
+        total = max((-(-size // strides[i]) - 1) * strides[i] + reach - size, 0)
+        begin = total // 2 if mode == "SAME_UPPER" else total - total // 2
+        begins.append(begin)
+        ends.append(total - begin)
+    return begins + ends
+
+
 def _conv(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """ONNX's Conv, its bias inside (one op, as in the model)."""
     x, w = imp.type(node.input[0]), imp.type(node.input[1])
-    if x.rank != 4 or at.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+    rank = x.rank - 2
+    if rank < 1 or list(at.get("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
         return None
-    strides = list(at.get("strides", [1, 1]))
-    pads = list(at.get("pads", [0, 0, 0, 0]))
-    if len(set(strides)) != 1 or len(set(pads)) != 1 or any(d != 1 for d in at.get("dilations", [1, 1])) \
-            or list(at.get("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
+    strides, dilations = list(at.get("strides", [1] * rank)), list(at.get("dilations", [1] * rank))
+    pads = _auto_pads(at, x, w, strides, dilations)
+    if pads is None:
         return None
-    g = imp.graph
-    out = g.conv2d(imp.tensor(node.input[0]), imp.tensor(node.input[1]), stride=strides[0], padding=pads[0],
-                   groups=at.get("group", 1))
-    if len(node.input) > 2 and node.input[2]:
-        out = g.add(out, g.reshape(imp.tensor(node.input[2]), shape=(w.shape[0], 1, 1)))
-    return _out(out)
+    bias = [imp.tensor(node.input[2])] if len(node.input) > 2 and node.input[2] else []
+    return _out(imp.graph.conv(imp.tensor(node.input[0]), imp.tensor(node.input[1]), *bias, strides=strides,
+                               pads=pads, dilations=dilations, groups=at.get("group", 1)))
+
+
+def _pad(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Constant-mode Pad with known pads >= 0 and value over every axis (as TF-style "same" padding before a
+    Conv is exported); other modes, negative pads (crops) and an axes input stay opaque."""
+    x = imp.type(node.input[0])
+    if (at.get("mode", "constant") or "constant") != "constant" or (len(node.input) > 3 and node.input[3]):
+        return None
+    pads = imp.known(node.input[1]) if len(node.input) > 1 and node.input[1] else \
+        np.asarray(at.get("pads", []), np.int64)
+    value = imp.known(node.input[2]) if len(node.input) > 2 and node.input[2] else np.asarray(at.get("value", 0.0))
+    if pads is None or value is None or value.size != 1 or pads.shape != (2 * x.rank,) or np.any(pads < 0):
+        return None
+    return _out(imp.graph.pad(imp.tensor(node.input[0]), pads=[int(p) for p in pads], value=float(value.reshape(()))))
+
+
+def _batch_norm(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Inference BatchNormalization (training mode, whose running statistics are outputs, stays opaque)."""
+    if at.get("training_mode", 0):
+        return None
+    ins = [imp.tensor(name) for name in node.input[:5]]
+    out = imp.graph.batch_norm(*ins, eps=at.get("epsilon", 1e-5))
+    return [Value(node=out)] + [None] * (len(node.output) - 1)
+
+
+def _clip(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Clip with known bounds (inputs since opset 11, attributes before): Clip with both, Relu for a lone 0 minimum,
+    Max or Min for another lone bound, the input itself for none."""
+    x = imp.type(node.input[0])
+    if x.dtype not in ("f32", "f16", "bf16"):
+        return None
+    bounds: list[float | None] = []
+    for slot, attr in ((1, "min"), (2, "max")):
+        name = node.input[slot] if len(node.input) > slot else ""
+        if name:
+            value = imp.known(name)
+            if value is None or value.size != 1:
+                return None
+            bounds.append(float(value.reshape(())))
+        else:
+            bounds.append(at.get(attr))
+    lo, hi = bounds
+    g, src = imp.graph, imp.tensor(node.input[0])
+    if lo is not None and hi is not None:
+        if lo > hi:
+            return None  # onnx's Clip then gives max everywhere: no MIR Clip
+        return _out(g.clip(src, min=lo, max=hi))
+    if lo is not None:
+        return _out(g.relu(src) if lo == 0.0 else g.max(src, g.scalar(lo, x.dtype)))
+    if hi is not None:
+        return _out(g.min(src, g.scalar(hi, x.dtype)))
+    return [imp.value(node.input[0])]
 
 
 def _dropout(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
@@ -585,6 +658,9 @@ LOWERINGS: dict[str, Lowering] = {
     "Cast": _cast,
     "CastLike": _cast,
     "Conv": _conv,
+    "BatchNormalization": _batch_norm,
+    "Pad": _pad,
+    "Clip": _clip,
     "Shape": _shape,
     "Size": _size,
 }

@@ -175,6 +175,24 @@ def _silu_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
     return g.mul(ins[0], g.sigmoid(ins[0]))
 
 
+def _clip_infer(a: Attrs, ins: list[T]) -> T:
+    require_float(ins[0], "Clip input")
+    if a["min"] > a["max"]:
+        raise ShapeError(f"Clip bounds min={a['min']} > max={a['max']}")
+    return ins[0]
+
+
+def _clip_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """Min(Max(x, min), max), as hardtanh and ReLU6 are written out."""
+    dt = g.node(ins[0]).dtype
+    return g.min(g.max(ins[0], g.scalar(a["min"], dt)), g.scalar(a["max"], dt))
+
+
+def _clip_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    low = float(rng.uniform(-2.0, 1.0))
+    return {"x": random_shape(rng, 1, 3)}, {"min": low, "max": low + float(rng.uniform(0.0, 3.0))}
+
+
 SQRT_2 = math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_TANH_COEF = 0.044715
@@ -203,6 +221,9 @@ ELEMENTWISE = [
     OpSpec("Gelu", Kind.ELEMENTWISE, ("x",), _gelu_infer, lambda a, x: K.gelu(x, a["approximate"]),
            (AttrSpec("approximate", S, "none", choices=("none", "tanh")),),
            doc="GELU, erf form or the tanh approximation.", decompose=_gelu_decompose),
+    OpSpec("Clip", Kind.ELEMENTWISE, ("x",), _clip_infer, K.clip, (AttrSpec("min", F), AttrSpec("max", F)),
+           doc="min(max(x, min), max): ONNX's Clip with constant bounds (ReLU6, hardtanh).", decompose=_clip_decompose,
+           sampler=_clip_sample),
     OpSpec("Cast", Kind.ELEMENTWISE, ("x",), lambda a, ins: T(ins[0].shape, a["dtype"]), K.cast,
            (AttrSpec("dtype", D),), doc="Convert to another dtype."),
 ]
@@ -526,6 +547,15 @@ def _conv_flops(a: Attrs, ins: list[T], out: T) -> int:
     return 2 * out.numel * w.shape[1] * w.shape[2] * w.shape[3]
 
 
+def _conv2d_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """x [N, C, H, W] and w [O, C/groups, k, k] with groups 1 or 2, stride 1 or 2, padding 0 or 1."""
+    groups, k = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    c, o = groups * int(rng.integers(1, 3)), groups * int(rng.integers(1, 3))
+    h, w = (k + int(d) for d in rng.integers(0, 3, size=2))
+    return ({"x": (int(rng.integers(1, 3)), c, h, w), "w": (o, c // groups, k, k)},
+            {"stride": int(rng.integers(1, 3)), "padding": int(rng.integers(0, 2)), "groups": groups})
+
+
 def _pool_infer(a: Attrs, ins: list[T]) -> T:
     x = ins[0]
     require_rank(x, 4, "MaxPool2d input ([N, C, H, W])")
@@ -551,7 +581,8 @@ _PAD = AttrSpec("padding", INT, 0, check=non_negative)
 
 VISION = [
     OpSpec("Conv2d", Kind.VISION, ("x", "w"), _conv_infer, K.conv2d,
-           (_STRIDE, _PAD, AttrSpec("groups", INT, 1, check=at_least_one)), flops=_conv_flops),
+           (_STRIDE, _PAD, AttrSpec("groups", INT, 1, check=at_least_one)), flops=_conv_flops,
+           sampler=_conv2d_sample),
     OpSpec("MaxPool2d", Kind.VISION, ("x",), _pool_infer, K.max_pool2d,
            (AttrSpec("kernel", INT, check=at_least_one), _STRIDE, _PAD)),
     OpSpec("GlobalAvgPool", Kind.REDUCTION, ("x",), _gap_infer, lambda a, x: x.mean(axis=(2, 3))),

@@ -304,6 +304,82 @@ def upsample2x(a: Attrs, x: np.ndarray) -> np.ndarray:
     return x.repeat(2, axis=2).repeat(2, axis=3)
 
 
+def conv(a: Attrs, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """ONNX's Conv: ``x`` [N, C, *spatial], ``w`` [O, C/groups, *kernel], ``pads`` the begins of the spatial axes
+    then their ends, ``strides`` and ``dilations`` per spatial axis; ``b`` [O] added per output channel."""
+    rank = x.ndim - 2
+    pads, strides, dilations, groups = a["pads"], a["strides"], a["dilations"], a["groups"]
+    x = np.pad(x, [(0, 0), (0, 0), *((pads[i], pads[i + rank]) for i in range(rank))])
+    reach = [(k - 1) * d + 1 for k, d in zip(w.shape[2:], dilations, strict=True)]
+    win = np.lib.stride_tricks.sliding_window_view(x, reach, axis=tuple(range(2, 2 + rank)))
+    win = win[(slice(None), slice(None), *(slice(None, None, s) for s in strides),
+               *(slice(None, None, d) for d in dilations))]  # [N, C, *out, *kernel]
+    n, c, out = x.shape[0], x.shape[1], win.shape[2:2 + rank]
+    grouped = win.reshape(n, groups, c // groups, *win.shape[2:])
+    kernel = w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
+    spatial, taps = "hwd"[:rank], "ijk"[:rank]
+    y = np.einsum(f"ngc{spatial}{taps},goc{taps}->ngo{spatial}", grouped, kernel, optimize=True)
+    y = y.reshape(n, w.shape[0], *out)
+    return y if b is None else y + b.reshape(-1, *([1] * rank))
+
+
+CONV_ACTIVATIONS = {
+    "none": lambda a, x: x,
+    "relu": lambda a, x: relu(x),
+    "clip": lambda a, x: clip({"min": a["clip_min"], "max": a["clip_max"]}, x),
+    "sigmoid": lambda a, x: sigmoid(x),
+    "tanh": lambda a, x: np.tanh(x),
+}
+
+
+def fused_conv(a: Attrs, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
+               z: np.ndarray | None = None) -> np.ndarray:
+    """act(Conv(x, w, b) + z): onnxruntime's FusedConv (``z`` its sum input)."""
+    y = conv(a, x, w, b)
+    return CONV_ACTIVATIONS[a["act"]](a, y if z is None else y + z)
+
+
+def clip(a: Attrs, x: np.ndarray) -> np.ndarray:
+    """min(max(x, min), max): NaN stays NaN."""
+    return np.minimum(np.maximum(x, np.asarray(a["min"], x.dtype)), np.asarray(a["max"], x.dtype))
+
+
+def pad(a: Attrs, x: np.ndarray) -> np.ndarray:
+    """Constant padding: ``pads`` the begins of every axis, then the ends (ONNX's layout)."""
+    rank = x.ndim
+    widths = [(a["pads"][i], a["pads"][i + rank]) for i in range(rank)]
+    return np.pad(x, widths, constant_values=np.asarray(a["value"], x.dtype))
+
+
+def _channel(v: np.ndarray, rank: int) -> np.ndarray:
+    """A per-channel vector [C] shaped to broadcast along axis 1 of a rank-``rank`` tensor."""
+    return v.reshape(-1, *([1] * (rank - 2)))
+
+
+def batch_norm(a: Attrs, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+               var: np.ndarray) -> np.ndarray:
+    """Inference BatchNormalization over axis 1: (x - mean) / sqrt(var + eps) * scale + bias."""
+    eps = np.asarray(a["eps"], x.dtype)
+    return (x - _channel(mean, x.ndim)) / np.sqrt(_channel(var, x.ndim) + eps) * _channel(scale, x.ndim) \
+        + _channel(bias, x.ndim)
+
+
+def _bn_factor(a: Attrs, scale: np.ndarray, var: np.ndarray) -> np.ndarray:
+    return scale / np.sqrt(var + np.asarray(a["eps"], var.dtype))
+
+
+def bn_fold_weight(a: Attrs, w: np.ndarray, scale: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """A convolution's weight [O, ...] with a following BatchNormalization folded in: w * scale / sqrt(var + eps)."""
+    return w * _bn_factor(a, scale, var).reshape(-1, *([1] * (w.ndim - 1)))
+
+
+def bn_fold_bias(a: Attrs, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray,
+                 b: np.ndarray | None = None) -> np.ndarray:
+    """A convolution's bias [O] (absent: 0) with a following BatchNormalization folded in:
+    (b - mean) * scale / sqrt(var + eps) + bias."""
+    return ((0.0 if b is None else b) - mean) * _bn_factor(a, scale, var) + bias
+
+
 # --- losses -----------------------------------------------------------------
 
 

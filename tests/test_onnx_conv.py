@@ -1,0 +1,143 @@
+"""Convolutional forms from ONNX (tests/onnx_models.py): a Conv keeps its bias, BatchNormalization folds into the
+convolution before it, and act(Conv + residual) is onnxruntime's FusedConv. Exact fused and exported op counts,
+parity in onnxruntime, both engines, and fewer launches than onnxruntime's own ORT_ENABLE_ALL graph."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import calibrations
+from onnx_models import F, OnnxBuilder, resnet_block
+from rlx_egraph import Graph
+from rlx_egraph.frontends.onnx.compare import op_counts, session
+from rlx_egraph.ir import Kind
+from rlx_egraph.onnx import export_model, import_model
+from rlx_egraph.optimize import optimize_with_report
+
+IMAGE = (1, 8, 8, 8)
+
+
+def computed(g: Graph) -> Counter[str]:
+    """Ops of the nodes that compute (leaves and derived weights left out)."""
+    return Counter(n.op for n in g.nodes if n.kind not in (Kind.LEAF, Kind.WEIGHT_PREP))
+
+
+def run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def exported_ops(model: onnx.ModelProto) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.node if n.op_type != "Identity")
+
+
+def pixels(shape: tuple[int, ...] = IMAGE) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def test_an_onnx_conv_keeps_its_bias_inside() -> None:
+    """Conv(x, W, b) with pads, strides and dilations imports as one Conv and exports as one Conv."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [1, 3, 9, 7])
+    y = m.op("Conv", [x, m.weight("w", 4, 3, 3, 2), m.weight("b", 4, scale=0.1)], strides=[2, 1], dilations=[1, 2],
+             pads=[1, 0, 1, 2])
+    model = m.model({"y": y})
+    g = import_model(model)
+    assert computed(g) == {"Conv": 1}
+    out, _ = optimize_with_report(g, target=calibrations.UNIFORM, verify=True)
+    exported = export_model(out)
+    assert exported_ops(exported) == {"Conv": 1}
+    x_value = pixels((1, 3, 9, 7))
+    np.testing.assert_allclose(run(exported, x_value), run(model, x_value), rtol=0, atol=1e-5)
+
+
+def test_auto_pad_same_imports_as_explicit_pads() -> None:
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [1, 2, 7, 7])
+    model = m.model({"y": m.op("Conv", [x, m.weight("w", 2, 2, 4, 4)], strides=[2, 2], auto_pad="SAME_UPPER")})
+    (conv,) = [n for n in import_model(model).nodes if n.op == "Conv"]
+    assert conv.attrs["pads"] == (1, 1, 2, 2) and conv.shape == (1, 2, 4, 4)
+    exported = export_model(import_model(model))
+    np.testing.assert_allclose(run(exported, pixels((1, 2, 7, 7))), run(model, pixels((1, 2, 7, 7))), rtol=0,
+                               atol=1e-5)
+
+
+def test_a_bias_added_after_a_conv_is_put_back() -> None:
+    """Conv2d + Add(Reshape(b, [O, 1, 1])): one Conv with bias, exported as one ONNX Conv (two launches -> one)."""
+    g = Graph("conv-bias")
+    x = g.input("x", IMAGE)
+    y = g.add(g.conv2d(x, g.param("w", (6, 8, 3, 3)), padding=1), g.reshape(g.param("b", (6,)), shape=(6, 1, 1)))
+    g.set_outputs([y])
+    g.weights.update({"w": pixels((6, 8, 3, 3)), "b": pixels((6,))})
+    for engine in ("egglog", "fallback"):
+        out, report = optimize_with_report(g, target=calibrations.UNIFORM, engine=engine, verify=True)
+        assert report.parity.ok and computed(out) == {"Conv": 1}
+        (conv,) = [n for n in out.nodes if n.op == "Conv"]
+        assert [out.node(i).name for i in conv.inputs] == ["x", "w", "b"]
+        assert exported_ops(export_model(out)) == {"Conv": 1}
+
+
+BLOCKS = {
+    # name: (resnet_block arguments, imported ops, optimized ops, exported ops)
+    "identity-relu": ({}, {"Conv": 2, "BatchNorm": 2, "Relu": 2, "Add": 1}, {"FusedConv": 2},
+                      {"FusedConv": 2}),
+    "downsample-relu": ({"out_channels": 16, "stride": 2}, {"Conv": 3, "BatchNorm": 3, "Relu": 2, "Add": 1},
+                        {"FusedConv": 2, "Conv": 1}, {"FusedConv": 2, "Conv": 1}),
+    "identity-relu6": ({"act": "Clip"}, {"Conv": 2, "BatchNorm": 2, "Clip": 2, "Add": 1}, {"FusedConv": 2},
+                       {"FusedConv": 2}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_a_resnet_block_is_folded_and_fused_with_parity(name: str, tmp_path: Path) -> None:
+    """Every BatchNormalization folds into its Conv, act(conv) and act(conv + shortcut) are FusedConv; both engines
+    give the same graph; the export matches the original in onnxruntime and has fewer launches than onnxruntime's
+    own ORT_ENABLE_ALL graph of the original."""
+    kwargs, imported, optimized, exported_counts = BLOCKS[name]
+    model = resnet_block(**kwargs)
+    g = import_model(model)
+    assert computed(g) == imported
+    outputs = {}
+    for engine in ("egglog", "fallback"):
+        out, report = optimize_with_report(g, target=calibrations.UNIFORM, engine=engine, verify=True)
+        assert report.parity.ok
+        assert computed(out) == optimized, engine
+        folded = Counter(n.op for n in out.nodes if n.kind is Kind.WEIGHT_PREP)
+        assert folded == {"BnFoldWeight": imported["BatchNorm"], "BnFoldBias": imported["BatchNorm"]}
+        exported = export_model(out)
+        assert exported_ops(exported) == exported_counts
+        assert all(n.domain == "com.microsoft" for n in exported.graph.node if n.op_type == "FusedConv")
+        outputs[engine] = run(exported, pixels())
+        np.testing.assert_allclose(outputs[engine], run(model, pixels()), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(outputs["fallback"], outputs["egglog"], rtol=0, atol=1e-6)
+    session(model, "ORT_ENABLE_ALL", tmp_path / "ort.onnx")
+    ours = op_counts(export_model(optimize_with_report(g, target=calibrations.UNIFORM)[0]))[1]
+    assert ours < op_counts(onnx.load(tmp_path / "ort.onnx"))[1]
+
+
+def test_a_zero_pad_before_a_conv_becomes_the_convs_own_padding() -> None:
+    """TF-style "same" padding (MobileNet's TorchScript export): Pad(x) -> Conv -> Clip(0, 6) is one FusedConv with
+    the pads inside, exported without the Pad, with onnxruntime parity; a reflect Pad stays."""
+    def model(mode: str) -> onnx.ModelProto:
+        m = OnnxBuilder(17)
+        x = m.input("x", F, [1, 4, 7, 7])
+        padded = m.op("Pad", [x, m.ints(0, 0, 0, 1, 0, 0, 1, 1)], mode=mode)
+        y = m.op("Conv", [padded, m.weight("w", 4, 1, 3, 3), m.weight("b", 4, scale=0.1)], group=4, strides=[2, 2])
+        return m.model({"y": m.op("Clip", [y, m.const(0.0), m.const(6.0)])})
+
+    for mode, exported_counts in (("constant", {"FusedConv": 1}), ("reflect", {"Pad": 1, "FusedConv": 1})):
+        original = model(mode)
+        out, _ = optimize_with_report(import_model(original), target=calibrations.UNIFORM, verify=True)
+        exported = export_model(out)
+        assert exported_ops(exported) == exported_counts
+        (conv,) = [n for n in exported.graph.node if n.op_type == "FusedConv"]
+        pads = next(list(a.ints) for a in conv.attribute if a.name == "pads")
+        assert pads == ([0, 1, 1, 1] if mode == "constant" else [0, 0, 0, 0])
+        x = pixels((1, 4, 7, 7))
+        np.testing.assert_allclose(run(exported, x), run(original, x), rtol=0, atol=1e-5)
