@@ -91,6 +91,7 @@ def _clip(graph: Graph, target: Target) -> Graph:
                 placed[n.id] = out.add_node(n.op, [placed[i] for i in n.inputs], node_id=next(fresh), **n.attrs)
         new_of[node.id] = placed[pieces.outputs[0]]
     out.set_outputs(new_of[o] for o in graph.outputs)
+    out.adopt_store(graph)
     return out
 
 

@@ -76,6 +76,19 @@ def _covering_ints(rng: np.random.Generator, shape: tuple[int, ...], high: int) 
     return rng.permutation(np.resize(rng.permutation(high), size)).reshape(shape)
 
 
+def leaf_value(graph: Graph, node: Node, feeds: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray],
+               seed: int) -> np.ndarray:
+    """An Input's or Param's stored value: fed (``feeds`` for an Input; ``params``, else the graph's weight
+    store, for a Param), else seeded random data (:func:`random_value`).  GraphError naming the leaf when a
+    given value has another shape.  Every runner of a graph takes its leaves from here."""
+    given = feeds.get(node.name) if node.op == "Input" else params.get(node.name, graph.weights.get(node.name))
+    value = random_value(graph, node, seed) if given is None else np.asarray(given)
+    if value.shape != node.shape:
+        raise GraphError(f"node {node.id} ({node.op} {node.name!r}): fed shape {list(value.shape)}, "
+                         f"expected {list(node.shape)}")
+    return to_storage(value, node.dtype)
+
+
 def run_graph_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
     """``node``'s stored value from its inputs' stored values (see :func:`.reference.run_node`)."""
     return run_node(node.spec, node.attrs, args, [graph.node(i).dtype for i in node.inputs], node.type)
@@ -100,12 +113,7 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray] | None = None,
     values: dict[int, np.ndarray] = {}
     for node in graph.nodes:
         if node.op in ("Input", "Param"):
-            given = feeds.get(node.name) if node.op == "Input" else params.get(node.name, graph.weights.get(node.name))
-            value = random_value(graph, node, seed) if given is None else np.asarray(given)
-            if value.shape != node.shape:
-                raise GraphError(f"node {node.id} ({node.op} {node.name!r}): fed shape {list(value.shape)}, "
-                                 f"expected {list(node.shape)}")
-            value = to_storage(value, node.dtype)
+            value = leaf_value(graph, node, feeds, params, seed)
         else:
             value = run_graph_node(graph, node, [values[i] for i in node.inputs])
         values[node.id] = visit(node, value) if visit else value
