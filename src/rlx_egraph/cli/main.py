@@ -34,6 +34,7 @@ from ..egraph import STAGES, dump_egglog_program
 from ..egraph.rules import RuleError, RuleSet
 from ..egraph.view import UnsoundRewrite
 from ..ir import Graph, GraphError
+from ..ir.graph import graph_file_path
 from ..kernels.parity import ParityError
 from ..optimize import FALLBACK_THRESHOLD, engine_by_size, optimize_with_report
 from ..options import ENGINES, EXTRACTIONS
@@ -131,6 +132,8 @@ def _demo(args: argparse.Namespace) -> None:
 def _optimize_cmd(args: argparse.Namespace) -> None:
     if args.json and args.output == STDOUT:
         raise UsageError("--json and -o - both write to stdout; write the report with --report-json FILE instead")
+    if args.output and args.output != STDOUT and Path(args.output).suffix != ".onnx":
+        graph_file_path(args.output)  # a bad output name fails before the run, not after it
     rules = _ruleset(args)
     graph = _load_graph(args.input, dict(args.input_shape or []))
     if args.output and Path(args.output).suffix == ".onnx":

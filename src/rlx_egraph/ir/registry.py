@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -107,6 +108,14 @@ def non_negative(value: float) -> str | None:
     return None
 
 
+_SHORT = reprlib.Repr(maxlevel=3, maxstring=60, maxother=60, maxlist=8, maxtuple=8, maxdict=4)
+
+
+def short_repr(value: Any) -> str:
+    """``value``'s repr for an error message, cut to a readable length (a file may hold a megabyte of dim)."""
+    return _SHORT.repr(value)
+
+
 @dataclass(frozen=True)
 class AttrSpec:
     """One typed attribute of an op."""
@@ -121,6 +130,10 @@ class AttrSpec:
     def coerce(self, value: Any) -> Any:
         """Return ``value`` in canonical form or raise ShapeError saying why it is bad."""
         t = self.type
+        if t is AttrType.INTS and isinstance(value, str | bytes | Mapping):  # "batch" is not a list of five dims
+            raise ShapeError(f"attribute {self.name}={short_repr(value)} must be a list, not a "
+                             f"{type(value).__name__}" + (f" (a shape of one dim is [{value!r}])"
+                                                          if isinstance(value, str) else ""))
         try:
             if self.dims and t in (AttrType.INT, AttrType.INTS):
                 from .dims import as_dim  # dims imports ShapeError from here
@@ -128,7 +141,7 @@ class AttrSpec:
                 try:
                     value = as_dim(value) if t is AttrType.INT else tuple(as_dim(v) for v in value)
                 except ShapeError as exc:
-                    raise ShapeError(f"attribute {self.name}={value!r}: {exc}") from None
+                    raise ShapeError(f"attribute {self.name}={short_repr(value)}: {exc}") from None
             elif t is AttrType.INT:
                 if isinstance(value, bool) or int(value) != value:
                     raise TypeError
@@ -148,7 +161,7 @@ class AttrSpec:
                     raise TypeError
             elif t is AttrType.DTYPE:
                 if value not in DTYPES:
-                    raise ShapeError(f"attribute {self.name}={value!r} is not a dtype ({', '.join(DTYPES)})")
+                    raise ShapeError(f"attribute {self.name}={short_repr(value)} is not a dtype ({', '.join(DTYPES)})")
             elif t is AttrType.INTS:
                 items = tuple(value)
                 if any(isinstance(v, bool) or int(v) != v for v in items):
@@ -159,11 +172,11 @@ class AttrSpec:
         except (TypeError, ValueError) as exc:
             if isinstance(exc, ShapeError):
                 raise
-            raise ShapeError(f"attribute {self.name}={value!r} is not of type {t.value}") from None
+            raise ShapeError(f"attribute {self.name}={short_repr(value)} is not of type {t.value}") from None
         if self.choices and value not in self.choices:
-            raise ShapeError(f"attribute {self.name}={value!r} must be one of {list(self.choices)}")
+            raise ShapeError(f"attribute {self.name}={short_repr(value)} must be one of {list(self.choices)}")
         if self.check is not None and (problem := self.check(value)) is not None:
-            raise ShapeError(f"attribute {self.name}={value!r} {problem}")
+            raise ShapeError(f"attribute {self.name}={short_repr(value)} {problem}")
         return value
 
     def sample(self, rng: np.random.Generator) -> Any:

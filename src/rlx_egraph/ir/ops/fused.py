@@ -34,6 +34,7 @@ from ..registry import (
     positive,
     random_shape,
     register,
+    short_repr,
 )
 from ..shapes import broadcast, matmul_shape, norm_param_check, require_rank, same_dtype
 from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops, norm_infer, norm_sampler
@@ -461,6 +462,8 @@ def _parse_chain(a: Attrs) -> tuple[list[str] | None, list]:
         chain = json.loads(a["chain"])
     except ValueError as exc:
         raise ShapeError(f"chain is not JSON: {exc}") from None
+    except RecursionError:
+        raise ShapeError("chain is nested too deeply to read") from None
     if isinstance(chain, list):
         return None, chain
     if isinstance(chain, dict) and chain.keys() == {"inputs", "steps"} and isinstance(chain["inputs"], list) \
@@ -486,13 +489,13 @@ def region_program(a: Attrs, ins: list[T]) -> list[RegionStep]:
     for k, step in enumerate(steps):
         if not (isinstance(step, list) and len(step) == 3 and isinstance(step[1], dict)
                 and isinstance(step[2], list)):
-            raise ShapeError(f"chain step {k} is not [op, attrs, operands]: {step!r}")
+            raise ShapeError(f"chain step {k} is not [op, attrs, operands]: {short_repr(step)}")
         op, attrs, operands = step
         spec = REGISTRY.get(op) if isinstance(op, str) else None
         if spec is None or spec.kind is not Kind.ELEMENTWISE:
-            raise ShapeError(f"chain step {k} op {op!r} is not an elementwise op")
+            raise ShapeError(f"chain step {k} op {short_repr(op)} is not an elementwise op")
         if not all(type(i) is int and -k <= i < len(ins) for i in operands):
-            raise ShapeError(f"chain step {k} refers to a missing operand in {operands}")
+            raise ShapeError(f"chain step {k} refers to a missing operand in {short_repr(operands)}")
         try:
             resolved, out = spec.resolve(attrs, [ins[i] if i >= 0 else program[-i - 1].type for i in operands])
         except ShapeError as exc:
