@@ -1552,3 +1552,49 @@ def test_a_run_with_transplanted_chains_is_deterministic():
     assert first.stats.rules["shared-input-linear"].chain_starts == 2
     assert first.graph == second.graph and first.built_by == second.built_by and first.originals == second.originals
     assert first.stats.to_dict() | {"phases": {}} == second.stats.to_dict() | {"phases": {}}
+
+
+# --- associativity and commutativity written by users -----------------------------------------------------------
+
+USER_AC = {
+    "assoc-r": "(rewrite (Add (Add ?a ?b) ?c) (Add ?a (Add ?b ?c)) :ruleset simplify :name \"assoc-r\")",
+    "assoc-l": "(rewrite (Add ?a (Add ?b ?c)) (Add (Add ?a ?b) ?c) :ruleset simplify :name \"assoc-l\")",
+    "mul-assoc": "(rewrite (Mul (Mul ?a ?b) ?c) (Mul ?a (Mul ?b ?c)) :ruleset simplify :name \"mul-assoc\")",
+    "distrib": "(rewrite (Mul (Add ?a ?b) ?c) (Add (Mul ?a ?c) (Mul ?b ?c)) :ruleset simplify :name \"distrib\")",
+}
+
+
+def user_rules(*names: str):
+    from rlx_egraph import RuleSet
+
+    return RuleSet.shipped() + RuleSet.from_strings("\n".join(USER_AC[n] for n in names), names=["user.egg"])
+
+
+def test_a_sound_associativity_rule_over_a_sum_chain_runs_in_both_engines():
+    """A rival matched before an earlier commit of the same pass killed its nodes was handed to the lookahead
+    (KeyError in the region's ids); with a limit that stops egglog, engine="auto" hands it to the fallback."""
+    g = Graph()
+    total = g.input("x0", (4,))
+    for k in range(1, 5):
+        total = g.add(total, g.input(f"x{k}", (4,)))
+    g.set_outputs([total])
+    rules = user_rules("assoc-r")
+    out, report = optimize_with_report(g, rules=rules, engine="fallback", verify=True)
+    assert out.op_counts() == {"Input": 5, "ElementwiseRegion": 1} and report.matches_per_rule["assoc-r"] >= 1
+    out, report = optimize_with_report(g, rules=rules, engine="auto", verify=True, max_iterations=1)
+    assert report.engine == "fallback" and out.op_counts() == {"Input": 5, "ElementwiseRegion": 1}
+
+
+def test_random_sums_and_products_under_user_ac_rules_never_crash_the_fallback():
+    rng = np.random.default_rng(5)  # one of these twelve graphs crashed the same way
+    for trial in range(12):
+        names = [n for n in USER_AC if rng.random() < 0.5] or ["assoc-r"]
+        g = Graph()
+        values = [g.input(f"x{k}", (4,)) for k in range(int(rng.integers(3, 9)))]
+        for _ in range(int(rng.integers(3, 12))):
+            a, b = (values[int(rng.integers(len(values)))] for _ in range(2))
+            values.append(g.add(a, b) if rng.random() < 0.6 else g.mul(a, b))
+        g.set_outputs([values[-1]])
+        out, report = optimize_with_report(g, rules=user_rules(*names), engine="fallback", verify=True,
+                                           max_iterations=4)
+        assert report.parity.ok and len(out.outputs) == 1, (trial, names)

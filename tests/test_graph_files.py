@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from rlx_egraph import Graph, GraphError, evaluate
-from rlx_egraph.ir.dims import parse
-MAX_NESTING, MAX_TERMS = 32, 64
+from rlx_egraph.ir.dims import MAX_NESTING, MAX_TERMS, parse
 
 
 def linear(tmp_path: Path) -> tuple[Path, dict]:

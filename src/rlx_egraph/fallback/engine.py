@@ -640,6 +640,8 @@ class _Engine:
             for j in sorted(rivals - valued):  # a cost-neutral rival is worth the chain it starts, if one pays
                 valued.add(j)
                 rival = plans[j]
+                if rival.stale(touched, died):  # matched before an earlier commit changed its nodes: no region
+                    continue
                 if self.lookahead is not None and -EPS <= rival.delta <= EPS and not rival.forms \
                         and self.chain_start(rival) is not None:
                     rival.settle(self.nodes)
