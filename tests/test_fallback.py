@@ -1,7 +1,6 @@
 """The fallback engine (the .egg rules applied on the graph itself) and the GraphRewriter it edits with."""
 
 import logging
-import math
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -1519,12 +1518,12 @@ def test_an_engine_reopened_on_another_graph_optimizes_it_as_a_fresh_engine_does
     compiled, target = load(), get_target("onnxruntime")
     first, second = examples.llama(1), examples.bert(1)
     reused = _Engine(first, compiled, target, FallbackLimits(), 64)
-    reused.optimize(math.inf, STAGES)
+    reused.optimize(STAGES)
     reused.reopen(second)
     fresh = _Engine(second, compiled, target, FallbackLimits(), 64)
     assert reused.stats.cost_before_ns == fresh.stats.cost_before_ns
     for engine in (reused, fresh):
-        engine.optimize(math.inf, STAGES)
+        engine.optimize(STAGES)
     assert reused.dag_ns() == fresh.dag_ns() < fresh.stats.cost_before_ns
     assert reused.rw.finish() == fresh.rw.finish()
     assert reused.facts.rows == fresh.facts.rows and reused.facts.forms == fresh.facts.forms

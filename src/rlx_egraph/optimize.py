@@ -111,6 +111,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     check_options(optimize_with_report, locals())
     summaries = _SUMMARIES.get()
     sat_limits = SaturationLimits(**limits)
+    deadline = Deadline(sat_limits.max_seconds)  # the whole run's, up to the parity check: both engines share it
     tgt = get_target(target)
     if dim_hints:
         tgt = tgt.replace(dim_hints={**tgt.dim_hints, **dim_hints})
@@ -124,15 +125,20 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
         new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
-                                                 regions, why)
+                                                 regions, why, deadline)
     else:
         new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
-                                               attention_block_max_tokens, regions, strict, summaries)
-        if engine == "auto" and report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound"):
-            why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
+                                               attention_block_max_tokens, regions, strict, summaries, deadline)
+        stopped = report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound")
+        if engine == "auto" and stopped and deadline.expired():
+            report.engine_reason = (f"auto: the egglog engine stopped at a limit ({report.stop_reason}) with no time "
+                                    "left for the fallback, so its result stands")
+        elif engine == "auto" and stopped:
+            why = (f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran in the "
+                   "time left")
             log.warning(why)
             new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits,
-                                                     attention_block_max_tokens, regions, why)
+                                                     attention_block_max_tokens, regions, why, deadline)
         elif engine == "egglog":
             report.engine_reason = "requested"
     result, original, optimized = new.graph, graph, new.graph
@@ -152,11 +158,11 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,
                      exact_gap: bool, attention_block_max_tokens: int, regions: bool, strict: bool,
-                     missed: bool) -> tuple[Decoded, OptimizeReport, tuple[EGraphView | None, Any, Any]]:
+                     missed: bool, deadline: Deadline) -> tuple[Decoded, OptimizeReport,
+                                                                tuple[EGraphView | None, Any, Any]]:
     """The egglog engine: encode, saturate, extract, decode, then the regions pass (each timed in the report);
     ``missed``: and the missed fusions.  Also returns what the report's e-graph tables are made from (the view, the
     choice and the e-node costs; None where the run stopped before them)."""
-    deadline = Deadline(sat_limits.max_seconds)
     phases: dict[str, float] = {}
     report = OptimizeReport("egglog", f"auto: {len(graph):,} nodes is within the egglog engine's threshold of "
                             f"{FALLBACK_THRESHOLD:,}", tgt.name)
@@ -202,7 +208,7 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
             if regions:  # the pass after either engine's decision, timed apart as in the fallback's report
                 t0 = time.perf_counter()
                 phase("regions")
-                decoded = _with_regions(decoded, tgt)
+                decoded = _with_regions(decoded, tgt, deadline)
                 phases["regions"] = time.perf_counter() - t0
     if decoded is None:
         decoded = Decoded(graph.copy(), {}, {n.id: [n.id] for n in graph.nodes},
@@ -225,12 +231,12 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
 
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
                        attention_block_max_tokens: int, regions: bool,
-                       why: str) -> tuple[Decoded, OptimizeReport, tuple[None, None, None]]:
+                       why: str, deadline: Deadline) -> tuple[Decoded, OptimizeReport, tuple[None, None, None]]:
     """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`).  It has
     no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`)."""
     phase("fallback")
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
-    result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
+    result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens, deadline)
     stats = result.stats
     if math.isinf(stats.cost_after_ns):
         held = {o for n in result.graph.nodes if not tgt.supports(n.op) for o in result.originals[n.id]}
@@ -243,7 +249,7 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
                       dict.fromkeys(ids, ()), result.fusions)
     if regions:
-        decoded = _with_regions(decoded, tgt)
+        decoded = _with_regions(decoded, tgt, deadline)
     decoded.graph.adopt_store(graph)
     phases["regions"] = time.perf_counter() - t0
     report = OptimizeReport("fallback", why, tgt.name)
@@ -330,14 +336,14 @@ def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
     return "; ".join(parts + notes) or STOP_SATURATED
 
 
-def _with_regions(decoded: Decoded, target: Target) -> Decoded:
+def _with_regions(decoded: Decoded, target: Target, deadline: Deadline) -> Decoded:
     """Apply the ElementwiseRegion pass and carry provenance over.
 
     The pass keeps every node's id (a region takes its tail's), so each table keeps its entries but those of the
     nodes a region absorbed.  A region is built by the pass from its steps: it carries their builders and mergers,
     and its fusion replaces theirs (its tail's too: that node is the region now, whatever a rule made it).
     """
-    graph, _, applied = apply_regions(decoded.graph, target)
+    graph, _, applied = apply_regions(decoded.graph, target, deadline)
     if not applied:
         return decoded
     absorbed = [m for r in applied for m in r.members if m != r.tail]

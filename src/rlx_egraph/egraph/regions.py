@@ -24,11 +24,13 @@ from ..cost import Target
 from ..cost.targets import REGION_MAX_INPUTS, REGION_MAX_STEPS
 from ..ir.graph import Graph, Node, check_node
 from ..ir.registry import Kind, op_spec
+from .budget import Deadline
 
 # Elementwise-kind ops a region kernel cannot compute lane by lane: Embedding gathers whole rows
 # of its table and RoPE reads its position (axis -2) and the partner lane rotate-half pairs it
 # with.  Every other elementwise op is reproduced bit for bit inside a region (module docstring).
 _NOT_IN_REGIONS = frozenset({"Embedding", "RoPE"})
+DEADLINE_STRIDE = 4096  # nodes find_regions looks at between two looks at the clock
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,16 @@ def eligible(graph: Graph, node: Node) -> bool:
     return True
 
 
-def find_regions(graph: Graph, max_steps: int = REGION_MAX_STEPS, max_inputs: int = REGION_MAX_INPUTS) -> list[Region]:
-    """Chains of two or more eligible nodes, each inner value used once."""
+def find_regions(graph: Graph, max_steps: int = REGION_MAX_STEPS, max_inputs: int = REGION_MAX_INPUTS,
+                 deadline: Deadline | None = None) -> list[Region]:
+    """Chains of two or more eligible nodes, each inner value used once; past ``deadline`` (checked every
+    DEADLINE_STRIDE nodes), those among the nodes seen so far."""
     outputs = set(graph.outputs)
     members: dict[int, list[int]] = {}  # tail -> members so far
     region_of: dict[int, int] = {}
-    for node in graph.nodes:
+    for k, node in enumerate(graph.nodes):
+        if deadline is not None and k % DEADLINE_STRIDE == 0 and deadline.expired():
+            break
         if not eligible(graph, node):
             continue
         joinable = {region_of[i] for i in node.inputs
@@ -95,14 +101,23 @@ def chain_json(graph: Graph, region: Region) -> str:
     return json.dumps({"inputs": [graph.node(i).dtype for i in region.inputs], "steps": steps})
 
 
-def apply_regions(graph: Graph, target: Target) -> tuple[Graph, dict[int, int], list[Region]]:
+def apply_regions(graph: Graph, target: Target,
+                  deadline: Deadline | None = None) -> tuple[Graph, dict[int, int], list[Region]]:
     """``graph`` with its regions fused when ``target`` has region kernels and they pay.
 
     Returns the new graph (``graph`` itself when no region applies), a map new node id -> ``graph`` node
-    id of the same value, and the regions applied.
+    id of the same value, and the regions applied.  Past ``deadline`` the pass stops looking: the regions
+    found and priced by then are applied.
     """
-    regions = find_regions(graph, target.region_max_steps, target.region_max_inputs) if target.region_kernels else []
-    regions = [r for r in regions if _pays(graph, r, target)]
+    regions = find_regions(graph, target.region_max_steps, target.region_max_inputs, deadline) \
+        if target.region_kernels else []
+    paying = []
+    for r in regions:
+        if deadline is not None and deadline.expired():
+            break
+        if _pays(graph, r, target):
+            paying.append(r)
+    regions = paying
     if not regions:
         return graph, {n.id: n.id for n in graph.nodes}, []
     out, same_value = fuse_regions(graph, regions)
