@@ -255,6 +255,7 @@ DecomposeFn = Callable[["Graph", list[int], Attrs], int | tuple[int, ...]]
 Shapes = dict[str, tuple[int, ...] | list[tuple[int, ...]]]
 INDEX_DTYPE = "i64"  # the dtype of sampled index inputs (OpSpec.index_inputs)
 SampleFn = Callable[[np.random.Generator], tuple[Shapes, dict[str, Any]]]
+DegenerateFn = Callable[[Attrs, list[ValueType]], str | None]
 
 
 def _elementwise_flops(attrs: Attrs, ins: list[ValueType], out: ValueType) -> int:
@@ -285,7 +286,11 @@ class OpSpec:
     binary op whose inputs swap with a bit-identical result; the rule loader
     matches its patterns in both operand orders.  ``index_inputs`` names the
     inputs that hold integer indices (Embedding's ids): sampled as
-    :data:`INDEX_DTYPE`, not the float dtype.
+    :data:`INDEX_DTYPE`, not the float dtype.  ``degenerate(attrs, input_types)``
+    says why a node of these dims leaves an attribute or input without effect (a
+    RoPE of head dim 2 turns by the same angle whatever its theta; a Softmax over
+    one element is 1), or None: the soundness checker draws such an instance again,
+    so that a rule that gets a parameter wrong is seen doing so.
     """
 
     name: str
@@ -303,6 +308,7 @@ class OpSpec:
     commutative: bool = False
     results: tuple[str, ...] = ()
     index_inputs: tuple[str, ...] = ()
+    degenerate: DegenerateFn | None = None
 
     def __post_init__(self) -> None:
         if not self.builder:
