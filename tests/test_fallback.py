@@ -318,7 +318,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "relu-relu": (unary(lambda g, x: g.relu(g.relu(x))), {"Relu": 1}),
     "identity": (unary(lambda g, x: g.identity(x)), {"Identity": 0}),
     "mul-one": (unary(lambda g, x: g.mul(x, g.scalar(1.0))), {"Mul": 0}),
-    "add-zero": (unary(lambda g, x: g.add(x, g.scalar(0.0))), {"Add": 0}),
+    "add-zero": (unary(lambda g, x: g.add(x, g.scalar(-0.0))), {"Add": 0}),
+    "sub-zero": (unary(lambda g, x: g.sub(x, g.scalar(0.0))), {"Sub": 0}),
     "div-one": (unary(lambda g, x: g.div(x, g.scalar(1.0))), {"Div": 0}),
     "transpose-transpose": (unary(lambda g, x: g.transpose(g.transpose(x, perm=(0, 2, 1)), perm=(0, 2, 1)),
                                   (2, 3, 4)), {"Transpose": 0}),
@@ -412,7 +413,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
 # The other operand orders of commutative ops (the loader's variants): (base rule, graph, counts).
 ORDERS: dict[str, tuple[str, Callable[[], Graph], dict[str, int]]] = {
     "one-mul": ("mul-one", unary(lambda g, x: g.mul(g.scalar(1.0), x)), {"Mul": 0}),
-    "zero-add": ("add-zero", unary(lambda g, x: g.add(g.scalar(0.0), x)), {"Add": 0}),
+    "zero-add": ("add-zero", unary(lambda g, x: g.add(g.scalar(-0.0), x)), {"Add": 0}),
     "sigmoid-mul": ("silu-mul-sigmoid", unary(lambda g, x: g.mul(g.sigmoid(x), x)), {"Silu": 1, "Sigmoid": 0}),
     "gelu-erf-one-plus": ("gelu-erf-plus-one", gelu_erf(one="first"), GELU),
     "gelu-erf-half-x-o": ("gelu-erf-x-o-half", gelu_erf(product="half_x_o"), GELU),

@@ -47,7 +47,7 @@ from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
 from .ir.specialize import Sentinels, specialize_graph
-from .kernels.parity import check_parity
+from .kernels.parity import check_parity, check_reference_inputs
 from .options import check_options
 from .report import OptimizeReport
 from .report.data import OptimizationData
@@ -71,8 +71,8 @@ def engine_by_size(engine: str, nodes: int) -> str:
 _SUMMARIES: ContextVar[bool] = ContextVar("rlx_egraph_report_summaries", default=True)
 
 
-def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
-             **options: Any) -> Graph:
+def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None,
+             verify: bool | Mapping[str, Any] = False, **options: Any) -> Graph:
     """The cheapest equivalent graph under ``target``'s cost model: :func:`optimize_with_report`'s graph, same
     options.  The report's summaries, which only the report shows, are not computed (at 100k nodes its two IO
     profiles alone take some 0.3 s)."""
@@ -85,7 +85,8 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
 
 @tracked("optimize")
 @gc_paused()
-def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool = False,
+def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None,
+                         verify: bool | Mapping[str, Any] = False,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
                          attention_block_max_tokens: int = 64, regions: bool = True, seed: int = 0,
                          strict: bool = False, dim_hints: Mapping[str, int] | None = None,
@@ -97,7 +98,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``exact_gap``: also solve the exact problem and report its optimum.
     ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
     (a pass after extraction; only on targets with region kernels, only where it pays).
-    ``verify``: check every node against the input graph with numpy (raises ParityError).
+    ``verify``: check every node against the input graph with numpy (raises ParityError); True draws the inputs,
+    a mapping gives reference values for some or all of them by name (a symbolic graph is then checked at the
+    sizes their shapes give its symbols).
     ``strict``: raise UnsoundRewrite when a rule built an ill-typed e-node or merged input-graph
     nodes of different types.  Otherwise ill-typed e-nodes are left out of extraction and listed
     in ``report.ill_typed``, and after a bad merge the input graph is returned unchanged (the
@@ -109,6 +112,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
+    feeds = dict(verify) if isinstance(verify, Mapping) else {}
+    verifying = verify is True or isinstance(verify, Mapping)
+    feed_sizes = check_reference_inputs(graph, feeds)  # before the run, not after it
     summaries = _SUMMARIES.get()
     sat_limits = SaturationLimits(**limits)
     deadline = Deadline(sat_limits.max_seconds)  # the whole run's, up to the parity check: both engines share it
@@ -142,16 +148,16 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         elif engine == "egglog":
             report.engine_reason = "requested"
     result, original, optimized = new.graph, graph, new.graph
-    if sentinels is not None:  # back to symbols; priced and checked at the hints
+    if sentinels is not None:  # back to symbols; priced and checked at the hints (or at the reference inputs')
         result = sentinels.restore(new.graph)
-        hints = {s: tgt.hint(s) for s in graph.symbols}
-        original, optimized = specialize_graph(graph, hints), specialize_graph(result, hints)
+        sizes = {s: tgt.hint(s) for s in graph.symbols} | feed_sizes
+        original, optimized = specialize_graph(graph, sizes), specialize_graph(result, sizes)
     if summaries:  # of the graphs as given and returned: a symbolic graph is priced at the hints
         _summarize(report, graph, result, tgt, new, *tables)
-    if verify:
+    if verifying:
         t0 = time.perf_counter()
         phase("verify")
-        report.parity = check_parity(original, optimized, new.originals, blame(new), seed)
+        report.parity = check_parity(original, optimized, new.originals, blame(new), seed, feeds)
         report.phases["verify"] = time.perf_counter() - t0
     return result, report
 

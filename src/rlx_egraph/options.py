@@ -59,6 +59,9 @@ def check_option(name: str, value: Any, default: Any) -> None:
             raise TypeError(f"graph must be an rlx_egraph.Graph, got {_show(value)}")
     elif name == "rules":
         _check_rules(value)
+    elif name == "verify" and isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError(f"verify's reference inputs must be keyed by input name, got {_show(value)}")
     elif name == "dim_hints":
         if value is not None:
             check_dim_hints(value, name)
@@ -74,7 +77,8 @@ def check_option(name: str, value: Any, default: Any) -> None:
             raise ValueError(f"{name} must be {allowed}, got {value!r}{hint}")
     elif isinstance(default, bool):
         if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {_show(value)}")
+            either = " or a mapping of reference inputs (name -> array)" if name == "verify" else ""
+            raise TypeError(f"{name} must be True or False{either}, got {_show(value)}")
     elif isinstance(default, int | float):
         _check_number(name, value, type(default))
 

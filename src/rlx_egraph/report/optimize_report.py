@@ -168,6 +168,9 @@ class OptimizeReport:
                          f"{self.exact_ns:,.0f} ns (gap {gap:,.0f} ns)")
         if self.parity is not None:
             worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
+            if self.parity.special:
+                rounds = f" in {self.parity.special} rounds" if self.parity.special > 1 else ""
+                seeds += f"; IEEE special values on seed {self.parity.seeds[0]}{rounds}"
             if worst is None or worst.tolerance_ratio == 0:
                 detail = ", all values equal" if worst else ""
             else:
