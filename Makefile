@@ -1,29 +1,45 @@
-# Every target sets itself up: a .venv with the project installed (editable) and its dev tools.
+# Every target sets itself up in .venv: `make demo` installs the package alone, `make test` adds the dev tools.
 # The newest supported interpreter that runs here (the fallback engine is about 15% faster on 3.13 than on 3.12,
-# with the same results; see the README's "Two engines"); PYTHON=... picks another.
+# with the same results; see docs/benchmarks.md); PYTHON=... picks another.
 ifndef PYTHON
 PYTHON := $(firstword $(foreach p,python3.13 python3.12,$(shell $(p) -c "" >/dev/null 2>&1 && echo $(p))))
 endif
 VENV := .venv
-STAMP := $(VENV)/.installed
+PIP := $(VENV)/bin/python -m pip --quiet --disable-pip-version-check
+# What the install compiles (hatch_build.py): a change to any of them reinstalls.
+BUILD_INPUTS := pyproject.toml hatch_build.py src/rlx_egraph/_accelerators.py \
+	$(wildcard src/rlx_egraph/egraph/_*.py src/rlx_egraph/egraph/_*.pxd)
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml hatch_build.py $(wildcard src/rlx_egraph/*/*.pyx src/rlx_egraph/*/*.pxd)
+$(VENV)/bin/python:
 	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null 2>&1 || { echo "need python3.13 or python3.12 on PATH"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+	@echo "[set-up] creating $(VENV) with $(PYTHON)"
+	@$(PYTHON) -m venv $(VENV)
 
-demo: $(STAMP)
-	$(VENV)/bin/python -m rlx_egraph.cli.main demo
+# The package and its run-time dependencies, editable; its accelerators compiled when a C compiler works.
+$(VENV)/.package: $(VENV)/bin/python $(BUILD_INPUTS)
+	@echo "[set-up] installing rlx-egraph and its dependencies into $(VENV) (the accelerators compile if a C compiler works)"
+	@$(PIP) install -e .
+	@$(VENV)/bin/python -c "import rlx_egraph as r; print('[set-up] accelerators:', 'compiled' if r.accelerated() \
+		else 'none (no working C compiler: the pure-Python path runs, with the same results, more slowly)')"
+	@touch $@
 
-test: $(STAMP)
+# The dev tools (tests, linters, notebooks, the build requirements for tests/test_packaging.py).
+$(VENV)/.dev: $(VENV)/.package
+	@echo "[set-up] installing the dev tools (the dev extra) into $(VENV)"
+	@$(PIP) install -e '.[dev]'
+	@touch $@
+
+demo: $(VENV)/.package
+	@echo "[demo] rlx-egraph demo"
+	@$(VENV)/bin/python -m rlx_egraph.cli.main demo
+
+test: $(VENV)/.dev
 	$(VENV)/bin/python -m ruff check .
 	$(VENV)/bin/python -m pytest -n auto
 
-bench: $(STAMP)
+bench: $(VENV)/.package
 	$(VENV)/bin/python -m rlx_egraph.bench
 
 clean:

@@ -1,7 +1,7 @@
 """Count the instructions of one ``optimize_with_report`` call under each of several source trees, outside the suite.
 
-This machine's timings swing by 30% between identical runs, so a change of a few percent shows only in instruction
-counts. Each tree's call runs under valgrind's callgrind, which counts only inside ``functools.reduce``
+On a shared machine timings swing by 30% between identical runs, so a change of a few percent shows only in
+instruction counts. Each tree's call runs under valgrind's callgrind, which counts only inside ``functools.reduce``
 (``--toggle-collect=functools_reduce``): the call is made inside it, after the imports, the rules and the graph.
 Two runs of the same code then agree to about a thousand instructions in 150 million, because hash randomisation is
 off (``PYTHONHASHSEED=0``) and no compiled module is read (``PYTHONPYCACHEPREFIX`` is an empty folder; otherwise a

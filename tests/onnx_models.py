@@ -252,4 +252,264 @@ def feeds(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], seed: int 
     return out
 
 
-__all__ = ["MODELS", "OnnxBuilder", "bert_layer", "feeds", "gpt2_layer", "llama_layer", "sdpa_attention"]
+# --- whole models in each exporter's dynamic form: what the exporters build from Shape of a symbolic input -----
+
+
+def _batch_seq(m: OnnxBuilder, x: str) -> tuple[str, str]:
+    """``Shape(x)[0]`` and ``Shape(x)[1]`` as 0-d values (TorchScript's ``x.size(0)``, ``x.size(1)``)."""
+    shape = m.op("Shape", [x])
+    return tuple(m.op("Gather", [shape, m.const(k, np.int64)], axis=0) for k in (0, 1))  # type: ignore[return-value]
+
+
+def _unsqueeze(m: OnnxBuilder, x: str, *axes: int) -> str:
+    return m.op("Unsqueeze", [x], axes=list(axes)) if m.opset < 13 else m.op("Unsqueeze", [x, m.ints(*axes)])
+
+
+def _vector(m: OnnxBuilder, *scalars: str) -> str:
+    """0-d values as a 1-D shape tensor (Unsqueeze each, Concat)."""
+    return m.op("Concat", [_unsqueeze(m, s, 0) for s in scalars], axis=0)
+
+
+def _expand_size(m: OnnxBuilder, exporter: str, *dims: str | int) -> str:
+    """The target of ``x.expand(*dims)``, where -1 keeps a dim: TorchScript turns each -1 into 1 by Where(size ==
+    -1, 1, size); dynamo (onnxscript's aten_expand) by Abs."""
+    size = _vector(m, *(m.const(d, np.int64) if isinstance(d, int) else d for d in dims))
+    if exporter == "dynamo":
+        return m.op("Abs", [size])
+    ones = m.op("ConstantOfShape", [m.op("Shape", [size])], value=numpy_helper.from_array(np.array([1], np.int64)))
+    minus = m.op("Mul", [ones, m.const(-1, np.int64)])
+    return m.op("Where", [m.op("Equal", [size, minus]), ones, size])
+
+
+def _range(m: OnnxBuilder, start: str | int, limit: str) -> str:
+    start = m.const(start, np.int64) if isinstance(start, int) else start
+    return m.op("Range", [start, limit, m.const(1, np.int64)])
+
+
+def _padding_keep(m: OnnxBuilder, mask: str, batch: str, kv: str, exporter: str) -> str:
+    """transformers' ``padding_mask[batch_idx, kv_idx]`` with batch_idx = arange(B)[:, None, None, None] and
+    kv_idx = arange(KV)[None, None, None, :]: [B, 1, 1, KV] bool.  dynamo: GatherND on the broadcast index pairs;
+    TorchScript: a Gather on the flattened mask at b * KV + k."""
+    keep = m.op("Cast", [mask], to=TensorProto.BOOL)
+    b_idx = _unsqueeze(m, _range(m, 0, batch), 1, 2, 3)
+    k_idx = _unsqueeze(m, _range(m, 0, kv), 0, 1, 2)
+    if exporter == "dynamo":
+        target = m.op("Shape", [m.op("Add", [b_idx, k_idx])])
+        pairs = [_unsqueeze(m, m.op("Expand", [i, target]), -1) for i in (b_idx, k_idx)]
+        return m.op("GatherND", [keep, m.op("Concat", pairs, axis=-1)])
+    flat = m.op("Flatten", [keep], axis=2)
+    index = m.op("Add", [k_idx, m.op("Mul", [b_idx, kv])])
+    gathered = m.op("Gather", [flat, index], axis=0)  # [B, 1, 1, KV, 1]
+    return m.op("Reshape", [gathered, m.op("Shape", [index])])
+
+
+def _causal_keep(m: OnnxBuilder, q_positions: str, kv: str) -> str:
+    """transformers 5's causal mask function, not vmapped: kv_idx[None, None, None, :] <= q_idx[None, None, :, None]
+    ([1, 1, Q, KV] bool)."""
+    k_idx = _unsqueeze(m, _range(m, 0, kv), 0, 1, 2)
+    q_idx = _unsqueeze(m, q_positions, 0, 1, 3)
+    return m.op("LessOrEqual", [k_idx, q_idx])
+
+
+def _attention(m: OnnxBuilder, x: str, prefix: str, hidden: int, heads: int, kv_heads: int, bias: str,
+               rope: tuple[str, str] | None = None) -> str:
+    """Eager attention with an additive float mask ``bias`` [B or 1, 1, Q, KV] sliced to the keys' length, GQA
+    repeat_kv on symbolic dims."""
+    hd = hidden // heads
+    q = m.split_heads(m.linear(x, f"{prefix}.q_proj", hidden, hidden, bias=rope is None), heads, hd)
+    k = m.split_heads(m.linear(x, f"{prefix}.k_proj", hidden, kv_heads * hd, bias=rope is None), kv_heads, hd)
+    v = m.split_heads(m.linear(x, f"{prefix}.v_proj", hidden, kv_heads * hd, bias=rope is None), kv_heads, hd)
+    if rope is not None:
+        cos, sin = (_unsqueeze(m, t, 1) for t in rope)
+
+        def rotate(t: str) -> str:
+            first = m.op("Slice", [t, m.ints(0), m.ints(hd // 2), m.ints(3)])
+            second = m.op("Slice", [t, m.ints(hd // 2), m.ints(2**62), m.ints(3)])
+            return m.op("Add", [m.op("Mul", [t, cos]), m.op("Mul", [m.op("Concat", [m.op("Neg", [second]), first],
+                                                                           axis=-1), sin])])
+
+        q, k = rotate(q), rotate(k)
+    if kv_heads != heads:
+        rep = heads // kv_heads
+
+        def repeat_kv(t: str) -> str:
+            b, _, s, _ = m.dims(t, 0, 1, 2, 3)
+            wide = m.op("Concat", [b, m.ints(kv_heads), m.ints(rep), s, m.ints(hd)], axis=0)
+            grown = m.op("Expand", [_unsqueeze(m, t, 2), wide])
+            return m.op("Reshape", [grown, m.op("Concat", [b, m.ints(heads), s, m.ints(hd)], axis=0)])
+
+        k, v = repeat_kv(k), repeat_kv(v)
+    scores = m.op("Mul", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), m.const(hd**-0.5)])
+    keys = m.dims(k, 2)[0]
+    sliced = m.op("Slice", [bias, m.ints(0), keys, m.ints(3)])  # causal_mask[:, :, :, : key_states.shape[-2]]
+    probs = m.op("Softmax", [m.op("Add", [scores, sliced])], axis=-1)
+    ctx = m.merge_heads(m.op("MatMul", [probs, v]), hidden)
+    return m.linear(ctx, f"{prefix}.o_proj", hidden, hidden, bias=rope is None)
+
+
+def bert_model(exporter: str = "torchscript", hidden: int = 16, heads: int = 2, vocab: int = 40,
+               max_positions: int = 32, layers: int = 1) -> onnx.ModelProto:
+    """BERT's embeddings and ``layers`` encoder layers from token ids: the position and token-type buffers sliced to
+    [:sequence] (Slice with an end from Shape), the token types expanded to [batch, sequence], the padding mask
+    made additive; TorchScript writes the LayerNorms decomposed at opset 14, dynamo LayerNormalization at 18."""
+    m = OnnxBuilder(14 if exporter == "torchscript" else 18)
+    ids = m.input("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    mask = m.input("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    batch, seq = _batch_seq(m, ids)
+    end = _unsqueeze(m, seq, 0)
+    positions = m.op("Slice", [m.init("embeddings.position_ids", np.arange(max_positions, dtype=np.int64)[None]),
+                               m.ints(0), end, m.ints(1)])
+    types = m.op("Slice", [m.init("embeddings.token_type_ids", np.zeros((1, max_positions), np.int64)), m.ints(0),
+                           end, m.ints(1)])
+    types = m.op("Expand", [types, _vector(m, batch, seq)])
+
+    def ln(x: str, prefix: str) -> str:
+        if exporter == "torchscript":
+            return m.layer_norm_decomposed(x, prefix, hidden)
+        gamma = m.init(f"{prefix}.weight", 1.0 + 0.1 * m.rng.standard_normal(hidden).astype(np.float32))
+        return m.op("LayerNormalization", [x, gamma, m.weight(f"{prefix}.bias", hidden, scale=0.1)], axis=-1,
+                    epsilon=1e-12)
+
+    emb = m.op("Add", [m.op("Gather", [m.weight("embeddings.word_embeddings.weight", vocab, hidden), ids]),
+                       m.op("Gather", [m.weight("embeddings.token_type_embeddings.weight", 2, hidden), types])])
+    emb = m.op("Add", [emb, m.op("Gather", [m.weight("embeddings.position_embeddings.weight", max_positions, hidden),
+                                            positions])])
+    x = ln(emb, "embeddings.LayerNorm")
+    ext = m.op("Cast", [_unsqueeze(m, mask, 1, 2)], to=F)
+    additive = m.op("Mul", [m.op("Sub", [m.const(1.0), ext]), m.const(float(np.finfo(np.float32).min))])
+    hd = hidden // heads
+    for layer in range(layers):
+        p = f"encoder.layer.{layer}."
+        q, k, v = (m.split_heads(m.linear(x, f"{p}attention.self.{n}", hidden, hidden), heads, hd)
+                   for n in ("query", "key", "value"))
+        scores = m.op("Div", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), m.const(math.sqrt(hd))])
+        ctx = m.merge_heads(m.op("MatMul", [m.op("Softmax", [m.op("Add", [scores, additive])], axis=-1), v]), hidden)
+        h = ln(m.op("Add", [m.linear(ctx, f"{p}attention.output.dense", hidden, hidden), x]),
+               f"{p}attention.output.LayerNorm")
+        inner = m.linear(h, f"{p}intermediate.dense", hidden, 2 * hidden)
+        erf = m.op("Erf", [m.op("Div", [inner, m.const(math.sqrt(2.0))])])
+        gelu = m.op("Mul", [m.op("Mul", [inner, m.op("Add", [erf, m.const(1.0)])]), m.const(0.5)])
+        x = ln(m.op("Add", [m.linear(gelu, f"{p}output.dense", 2 * hidden, hidden), h]), f"{p}output.LayerNorm")
+    return m.model({"last_hidden_state": x})
+
+
+def gpt2_model(exporter: str = "torchscript", hidden: int = 16, heads: int = 2, vocab: int = 40,
+               max_positions: int = 32, layers: int = 1) -> onnx.ModelProto:
+    """GPT-2 from token ids: positions from the attention mask (CumSum(mask) * mask - 1, as generation writes them)
+    gathered from wpe; TorchScript: the causal buffer [1, 1, N, N] sliced to [:sequence, :sequence] and Where'd
+    into the scores, the padding mask added; dynamo: transformers 5's mask (Range comparisons and the padding mask
+    by GatherND, ANDed, made additive)."""
+    m = OnnxBuilder(17 if exporter == "torchscript" else 18)
+    ids = m.input("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    mask = m.input("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    batch, seq = _batch_seq(m, ids)
+    positions = m.op("Sub", [m.op("Mul", [m.op("CumSum", [mask, m.const(1, np.int64)]), mask]), m.const(1, np.int64)])
+    positions = m.op("Max", [positions, m.const(0, np.int64)])
+    x = m.op("Add", [m.op("Gather", [m.weight("wte.weight", vocab, hidden), ids]),
+                     m.op("Gather", [m.weight("wpe.weight", max_positions, hidden), positions])])
+    lowest = m.const(float(np.finfo(np.float32).min))
+    if exporter == "torchscript":
+        bias = m.init("attn.bias", np.tril(np.ones((max_positions, max_positions), bool))[None, None])
+        end = _unsqueeze(m, seq, 0)
+        causal = m.op("Slice", [m.op("Slice", [bias, m.ints(0), end, m.ints(2)]), m.ints(0), end, m.ints(3)])
+        keep = m.op("And", [causal, _padding_keep(m, mask, batch, seq, exporter)])
+    else:
+        keep = m.op("And", [_causal_keep(m, _range(m, 0, seq), seq), _padding_keep(m, mask, batch, seq, exporter)])
+    bias = m.op("Where", [keep, m.const(0.0), lowest])
+
+    def ln(t: str, prefix: str) -> str:
+        return m.op("LayerNormalization", [t, m.init(f"{prefix}.weight", np.ones(hidden, np.float32)),
+                                           m.weight(f"{prefix}.bias", hidden, scale=0.1)], axis=-1, epsilon=1e-5)
+
+    for layer in range(layers):
+        p = f"h.{layer}."
+        h = m.op("Add", [_attention(m, ln(x, f"{p}ln_1"), f"{p}attn", hidden, heads, heads, bias), x])
+        fc = m.linear(ln(h, f"{p}ln_2"), f"{p}mlp.c_fc", hidden, 4 * hidden)
+        inner = m.op("Add", [fc, m.op("Mul", [m.op("Pow", [fc, m.const(3.0)]), m.const(0.044715)])])
+        t = m.op("Tanh", [m.op("Mul", [inner, m.const(math.sqrt(2.0 / math.pi))])])
+        gelu = m.op("Mul", [m.op("Mul", [fc, m.const(0.5)]), m.op("Add", [t, m.const(1.0)])])
+        x = m.op("Add", [m.linear(gelu, f"{p}mlp.c_proj", 4 * hidden, hidden), h])
+    return m.model({"last_hidden_state": x})
+
+
+def llama_model(exporter: str = "dynamo", hidden: int = 16, heads: int = 4, kv_heads: int = 2, ffn: int = 24,
+                padding: bool = False, theta: float = 10000.0, layers: int = 1) -> onnx.ModelProto:
+    """A Llama decoder layer from hidden states: cache positions Range(0, sequence), rotary tables from inv_freq
+    expanded to [batch, D/2, 1] @ positions, GQA repeat_kv on symbolic dims; the causal mask either
+    ConstantOfShape([S, S], -inf) -> Trilu(k=1) (TorchScript's older form) or transformers 5's Range comparison
+    (dynamo), with the padding mask ANDed in when ``padding``."""
+    m = OnnxBuilder(17 if exporter == "torchscript" else 18)
+    x = m.input("hidden_states", F, ["batch", "sequence", hidden])
+    inputs_mask = m.input("attention_mask", TensorProto.INT64, ["batch", "sequence"]) if padding else None
+    batch, seq = _batch_seq(m, x)
+    hd = hidden // heads
+    cache_positions = _range(m, 0, seq)
+    positions = _unsqueeze(m, cache_positions, 0)  # [1, S]
+    inv_freq = m.init("rotary_emb.inv_freq", (1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd)))
+    expanded = m.op("Expand", [_unsqueeze(m, inv_freq, 0, 2), _expand_size(m, exporter, batch, -1, 1)])
+    freqs = m.op("Transpose", [m.op("MatMul", [expanded, m.op("Cast", [_unsqueeze(m, positions, 1)], to=F)])],
+                 perm=[0, 2, 1])
+    emb = m.op("Concat", [freqs, freqs], axis=-1)
+    cos, sin = m.op("Cos", [emb]), m.op("Sin", [emb])
+    lowest = float(np.finfo(np.float32).min)
+    if exporter == "torchscript" and not padding:
+        full = m.op("ConstantOfShape", [_vector(m, seq, seq)], value=numpy_helper.from_array(np.array([lowest],
+                                                                                                     np.float32)))
+        bias = _unsqueeze(m, m.op("Trilu", [full, m.const(1, np.int64)], upper=1), 0, 1)
+    else:
+        keep = _causal_keep(m, cache_positions, seq)
+        if inputs_mask is not None:
+            keep = m.op("And", [keep, _padding_keep(m, inputs_mask, batch, seq, exporter)])
+        bias = m.op("Where", [keep, m.const(0.0), m.const(lowest)])
+
+    def rms(t: str, prefix: str) -> str:
+        var = m.op("ReduceMean", [m.op("Pow", [t, m.const(2.0)]), m.ints(-1)], keepdims=1) if m.opset >= 18 else \
+            m.op("ReduceMean", [m.op("Pow", [t, m.const(2.0)])], axes=[-1], keepdims=1)
+        inv = m.op("Reciprocal", [m.op("Sqrt", [m.op("Add", [var, m.const(1e-6)])])])
+        gamma = m.init(f"{prefix}.weight", 1.0 + 0.1 * m.rng.standard_normal(hidden).astype(np.float32))
+        return m.op("Mul", [gamma, m.op("Mul", [t, inv])])
+
+    for layer in range(layers):
+        p = f"layers.{layer}."
+        h = m.op("Add", [x, _attention(m, rms(x, f"{p}input_layernorm"), f"{p}self_attn", hidden, heads, kv_heads,
+                                       bias, (cos, sin))])
+        z = rms(h, f"{p}post_attention_layernorm")
+        gate = m.linear(z, f"{p}mlp.gate_proj", hidden, ffn, bias=False)
+        up = m.linear(z, f"{p}mlp.up_proj", hidden, ffn, bias=False)
+        act = m.op("Mul", [m.op("Mul", [gate, m.op("Sigmoid", [gate])]), up])
+        x = m.op("Add", [h, m.linear(act, f"{p}mlp.down_proj", ffn, hidden, bias=False)])
+    return m.model({"last_hidden_state": x})
+
+
+def bound_shapes(model: onnx.ModelProto, binding: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """Each input's shape with its dim_params replaced by their values in ``binding``."""
+    return {i.name: tuple(binding[d.dim_param] if d.dim_param else d.dim_value for d in i.type.tensor_type.shape.dim)
+            for i in model.graph.input}
+
+
+def dynamic_feeds(model: onnx.ModelProto, binding: dict[str, int], seed: int = 0,
+                  vocab: int = 40) -> dict[str, np.ndarray]:
+    """Seeded inputs at ``binding``: token ids in [0, vocab), masks that drop batch row 1's last key, floats normal."""
+    rng = np.random.default_rng(seed)
+    out = feeds(model, bound_shapes(model, binding), seed)
+    if "input_ids" in out:
+        out["input_ids"] = rng.integers(0, vocab, out["input_ids"].shape).astype(np.int64)
+    return out
+
+
+# (model, exporter) -> the builder: every form is imported without bindings in tests/test_onnx_dynamic.py
+DYNAMIC_MODELS = {
+    ("bert", "torchscript"): lambda: bert_model("torchscript"),
+    ("bert", "dynamo"): lambda: bert_model("dynamo"),
+    ("gpt2", "torchscript"): lambda: gpt2_model("torchscript"),
+    ("gpt2", "dynamo"): lambda: gpt2_model("dynamo"),
+    ("llama", "torchscript"): lambda: llama_model("torchscript"),
+    ("llama", "dynamo"): lambda: llama_model("dynamo"),
+    ("llama-padded", "torchscript"): lambda: llama_model("torchscript", padding=True),
+    ("llama-padded", "dynamo"): lambda: llama_model("dynamo", padding=True),
+}
+
+
+__all__ = ["DYNAMIC_MODELS", "MODELS", "OnnxBuilder", "bert_layer", "bert_model", "bound_shapes", "dynamic_feeds",
+           "feeds", "gpt2_layer", "gpt2_model",
+           "llama_layer", "llama_model", "sdpa_attention"]

@@ -1,4 +1,4 @@
-"""The e-graph bridge never lets an ill-typed or wrongly merged value through (issue 6, items 4, 5, 8, 9)."""
+"""The e-graph bridge never lets an ill-typed or wrongly merged value through."""
 
 import logging
 import math

@@ -60,7 +60,7 @@ def test_demo_runs_as_a_process() -> None:
     assert "graph: 110 nodes -> 62 nodes" in out
     assert "parity: ok on " in out
     assert "fused ops: CausalAttentionRoPE 0->2, FusedMatMulAdd 0->4, FusedRmsNormMatMul 0->5, FusedSwiGLU 0->2; " \
-           "missed 0 (0 not extracted, 0 near)" in out
+           "missed 0 (0 not extracted, 0 near, 0 in graph)" in out
     assert "graph llama_L2_H64: 62 nodes, outputs ['%61']" in out  # the optimized graph table
     table_ops = [line.split()[1:3] for line in out.splitlines() if line.startswith("  %")]
     assert sum("FusedRmsNormMatMul" in ops for ops in table_ops) == 5
@@ -257,7 +257,7 @@ def _relu(**fields: object) -> dict[str, object]:
     return {"id": 1, "op": "Relu", "inputs": [0], "attrs": {}, **fields}
 
 
-# Item 12 of issue 6: each of these ended in a traceback with exit 1.
+# Malformed graph files: each is one error line with exit code 2, never a traceback.
 BAD_GRAPH_FILES: list[tuple[str, bytes, str]] = [
     ("op-list", json.dumps(_file([X, _relu(op=["Relu"])])).encode(),
      "node 1: 'op' must be the name of an op, got ['Relu']"),
@@ -700,7 +700,7 @@ def test_bench_fingerprint_digests_each_result_the_same_way_twice(capsys: pytest
 
 def test_bench_agreement_lists_the_random_graphs_the_engines_price_apart(capsys: pytest.CaptureFixture[str]) -> None:
     """Each listed graph is priced again here; every one of them has the shared pair ``Add(x@w1, x@w2)`` that the
-    fallback fuses at once (the README's known limit), and the count in the first line adds up."""
+    fallback fuses at once (a known limit: docs/engines.md), and the count in the first line adds up."""
     import random
 
     from rlx_egraph.optimize import optimize_with_report

@@ -64,7 +64,7 @@ def test_direct_swiglu_ffn_lowers_to_fused_swiglu_over_one_wide_matmul():
     assert g.op_counts() == {"Input": 1, "Param": 3, "ConcatParams": 1, "MatMul": 2, "FusedSwiGLU": 1}
     (cat,) = [n for n in g.nodes if n.op == "ConcatParams"]
     assert [g.node(i).name for i in cat.inputs] == ["mlp.gate_proj.weight", "mlp.up_proj.weight"]
-    assert [n.attrs for n in g.nodes if n.op == "FusedSwiGLU"] == [{"gate_first": True}]
+    assert [n.attrs for n in g.nodes if n.op == "FusedSwiGLU"] == [{"gate_first": True, "cast_to": "none"}]
     assert rlx_egraph.compile(swiglu_module("direct")).graph.op_counts() == g.op_counts()
 
 
@@ -173,9 +173,9 @@ def test_regions_beyond_the_target_limits_are_clipped():
     legal = legalize(g, small)
     pieces = [(n.id, n.op, n.inputs, [s[0] for s in json.loads(n.attrs["chain"])["steps"]] if n.attrs else None)
               for n in legal.nodes if n.op != "Input"]
-    # Add's value is read twice (Greater and Where), so it stays a node of its own
+    # Add's value is read twice (Greater and Where), so it stays a node of its own; the region's value keeps its id
     assert pieces == [(5, "Add", (0, 1), None), (6, "ElementwiseRegion", (5, 2), ["Greater", "Where", "Tanh"]),
-                      (7, "ElementwiseRegion", (6, 0), ["Mul", "Cast", "Neg"]), (4, "Relu", (7,), None)]
+                      (3, "ElementwiseRegion", (6, 0), ["Mul", "Cast", "Neg"]), (4, "Relu", (3,), None)]
     assert bit_equal(evaluate(legal), evaluate(g))
     assert legalize(g, "cuda") is g  # within cuda's limits: nothing to do
 

@@ -112,7 +112,8 @@ RULE_GUARDS = {
     "FusedMatMulBTAdd": lambda ts, a: ts[2].rank >= 2,
     "FusedTransformerLayer": lambda ts, a: a["act"] != "none",
 }
-NOT_BY_RULES = {"ElementwiseRegion": "a pass after extraction", "ConcatParams": "made from shared-input matmuls"}
+NOT_BY_RULES = {"ElementwiseRegion": "a pass after extraction", "TransformRegion": "a pass after extraction",
+                "BatchElementwiseRegion": "a pass after extraction", "ConcatParams": "made from shared-input matmuls"}
 RECOGNISED = [s for s in DECOMPOSABLE if s.name not in NOT_BY_RULES]
 
 

@@ -199,7 +199,7 @@ def test_a_free_constant_read_by_many_classes_costs_one_switch_per_class():
     assert (chosen.moves, chosen.cost_ns, chosen.switches) == (0, 10.0 * (readers + 1), readers)
 
 
-# --- exact extraction (issue 8): the ILP proves optimality on deep models --------------------------------------
+# --- exact extraction: the ILP proves optimality on deep models ----------------------------------------------
 
 
 def brute_force_optimum(view: EGraphView, roots: list[int], costs: list[float]) -> float:
@@ -386,7 +386,7 @@ def test_types_inferred_once_per_key_equal_each_enode_typed_alone(synthetic_view
 
 def test_class_choice_reads_like_the_dict_of_its_classes_and_drop_unreachable_takes_either(
         synthetic_view: EGraphView) -> None:
-    from rlx_egraph.egraph._solver import ClassChoice, drop_unreachable, start_choice
+    from rlx_egraph.egraph._choice import ClassChoice, drop_unreachable, start_choice
 
     view = synthetic_view
     costs = extract.node_costs(view, get_target("cpu"))
@@ -409,7 +409,7 @@ def test_class_choice_reads_like_the_dict_of_its_classes_and_drop_unreachable_ta
 
 
 def test_a_restart_from_a_class_choice_does_what_one_from_its_dict_does(synthetic_view: EGraphView) -> None:
-    from rlx_egraph.egraph._solver import start_choice
+    from rlx_egraph.egraph._choice import start_choice
 
     view = synthetic_view
     costs = extract.node_costs(view, get_target("cpu"))
@@ -430,7 +430,7 @@ def test_a_restart_from_a_class_choice_does_what_one_from_its_dict_does(syntheti
 
 def test_greedy_s_two_searches_at_once_give_what_one_after_the_other_gives(synthetic_view: EGraphView):
     """greedy runs its two searches in two threads; run here one after the other, from the same starts."""
-    from rlx_egraph.egraph._solver import drop_unreachable, start_choice
+    from rlx_egraph.egraph._choice import drop_unreachable, start_choice
 
     view, cpu = synthetic_view, get_target("cpu")
     roots = sorted({view.class_of_node[n] for c in view.classes for n in c.originals} - {
@@ -640,7 +640,7 @@ def reference_decode_order(view: EGraphView, wanted: dict[int, int], first: list
 
 
 def test_decode_order_is_kahns_order_least_key_first_on_random_egraphs():
-    from rlx_egraph.egraph._solver import decode_order
+    from rlx_egraph.egraph._decoding import decode_order
 
     rng = random.Random(7)
     for _ in range(200):
@@ -654,7 +654,7 @@ def test_decode_order_is_kahns_order_least_key_first_on_random_egraphs():
 
 
 def test_decode_order_leaves_out_a_cycle_and_what_reads_it():
-    from rlx_egraph.egraph._solver import decode_order
+    from rlx_egraph.egraph._decoding import decode_order
 
     view = view_of([[("Input", ())], [("Add", (0, 2))], [("Relu", (1,))], [("Relu", (2,))]])
     wanted = {c: view.classes[c].nodes[0] for c in range(4)}

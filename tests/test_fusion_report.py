@@ -1,4 +1,4 @@
-"""FusionReport (missed fusions and why), the run as data tables, honest counts (issue 10, items 1-3)."""
+"""FusionReport (missed fusions and why), the run as data tables, honest counts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from rlx_egraph import Graph, examples, optimize_with_report
 from rlx_egraph.cli.main import main
 from rlx_egraph.cost import get_target
-from rlx_egraph.report.fusion import NEAR_MISS, NOT_EXTRACTED, MissedFusions
+from rlx_egraph.report.fusion import NEAR_MISS, NOT_EXTRACTED, MissedFusions, MissReason
 from rlx_egraph.report.optimize_report import FORMAT_VERSION
 from rlx_egraph.rules import RuleSet
 
@@ -83,7 +83,10 @@ def test_a_fusion_predicted_slower_is_more_expensive_with_both_costs() -> None:
     assert (miss.fused_ns, miss.chosen_ns) == (33_792 + 2_336, 33_024 + 2_592) == (36_128, report.extracted_ns)
     assert str(miss) == ("not extracted: FusedRmsNormMatMul at node(s) 4 (more expensive): node 4 (MatMul): "
                          "predicted slower on compute-bound: 36,128 ns with FusedRmsNormMatMul vs 35,616 ns without "
-                         "[rule rms-norm-matmul at rules/matmul.egg:30]")
+                         "[rule rms-norm-matmul at rules/matmul.egg:30]; rms_norm_matmul NotFused: the fusion was "
+                         "possible and not made: the detail says why (a target without its kernel, a cost predicted "
+                         "higher, a graph not optimized yet)")
+    assert (miss.pattern, miss.cause) == ("rms_norm_matmul", MissReason("NotFused"))
 
 
 def test_activation_without_epilogue_kernel_is_a_near_miss() -> None:
@@ -92,7 +95,11 @@ def test_activation_without_epilogue_kernel_is_a_near_miss() -> None:
     assert (miss.kind, miss.reason, miss.rule, miss.nodes) == (NEAR_MISS, "other op", "matmul-bias-silu", (5,))
     assert str(miss) == ("near miss: FusedMatMulBiasAct at node(s) 5 (other op): node 5 (Relu) matches rule "
                          "matmul-bias-silu except that it is Relu where the rule needs Silu (no Relu epilogue) "
-                         "[rule matmul-bias-silu at rules/matmul.egg:25]")
+                         "[rule matmul-bias-silu at rules/matmul.egg:25]; matmul_bias_act "
+                         "UnsupportedEpilogueActivation(Relu): FusedMatMulBiasAct's epilogue runs Gelu and Silu only: "
+                         "Relu stays a kernel of its own (an elementwise region where the target has region kernels)")
+    assert (miss.pattern, miss.cause) == ("matmul_bias_act", MissReason("UnsupportedEpilogueActivation",
+                                                                        activation="Relu"))
 
 
 def test_a_relu_mlp_lists_its_missing_relu_epilogue_once() -> None:
@@ -103,8 +110,13 @@ def test_a_relu_mlp_lists_its_missing_relu_epilogue_once() -> None:
     assert (miss.kind, miss.reason, miss.rule, miss.nodes) == (NEAR_MISS, "other op", "matmul-bias-silu", (5, 10, 15))
     assert str(miss) == ("near miss: FusedMatMulBiasAct at node(s) 5, 10, 15 (other op): node 5 (Relu), node 10 (Relu) "
                          "and node 15 (Relu) match rule matmul-bias-silu except that it is Relu where the rule needs "
-                         "Silu (no Relu epilogue) [rule matmul-bias-silu at rules/matmul.egg:25]")
-    assert report.fusion.summary_line() == "fused ops: FusedMatMulBiasAct 0->4; missed 1 (0 not extracted, 1 near)"
+                         "Silu (no Relu epilogue) [rule matmul-bias-silu at rules/matmul.egg:25]; matmul_bias_act "
+                         "UnsupportedEpilogueActivation(Relu): FusedMatMulBiasAct's epilogue runs Gelu and Silu only: "
+                         "Relu stays a kernel of its own (an elementwise region where the target has region kernels)")
+    assert report.fusion.summary_line() == ("fused ops: FusedMatMulBiasAct 0->4; missed 1 (0 not extracted, 1 near, "
+                                            "0 in graph; matmul_bias_act 3)")
+    assert (miss.places, report.fusion.missed_per_pattern, report.fusion.missed_count("matmul_bias_act")) == (
+        3, {"matmul_bias_act": 3}, 3)
 
 
 def test_bias_rank_too_high_is_a_failed_guard() -> None:
@@ -131,7 +143,8 @@ def test_inputs_not_shared_is_a_near_miss() -> None:
 def test_counts_summary_and_strict() -> None:
     _, report = optimize_with_report(_residual_ln_with_output_add())
     assert report.fusion.before == {} and report.fusion.after == {"FusedMatMulAdd": 1}
-    assert report.fusion.summary_line() == "fused ops: FusedMatMulAdd 0->1; missed 1 (1 not extracted, 0 near)"
+    assert report.fusion.summary_line() == ("fused ops: FusedMatMulAdd 0->1; missed 1 (1 not extracted, 0 near, "
+                                            "0 in graph; residual_ln 1)")
     with pytest.raises(MissedFusions, match=r"^1 missed fusion\(s\):\nnot extracted: FusedResidualLN at node\(s\) 7"):
         report.fusion.raise_if_missed()
     _, clean = optimize_with_report(examples.llama(layers=1))
@@ -218,7 +231,8 @@ def test_cli_report_prints_the_fusion_report(tmp_path: Path, capsys: pytest.Capt
     _linear("relu").save(path)
     assert main(["optimize", str(path), "--report"]) == 0
     out = capsys.readouterr().out
-    assert "fusion report: fused ops: FusedMatMulBiasAct 0->1; missed 1 (0 not extracted, 1 near)\n" \
+    assert "fusion report: fused ops: FusedMatMulBiasAct 0->1; missed 1 (0 not extracted, 1 near, 0 in graph; " \
+           "matmul_bias_act 1)\n" \
            "  near miss: FusedMatMulBiasAct at node(s) 5 (other op)" in out
 
 

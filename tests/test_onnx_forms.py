@@ -11,7 +11,6 @@ from onnx import TensorProto
 
 from onnx_models import MODELS, OnnxBuilder, feeds
 from rlx_egraph import evaluate
-from rlx_egraph.frontends.onnx.importer import CAUSAL_MASK
 from rlx_egraph.onnx import import_model, onnx_rules
 from rlx_egraph.optimize import optimize_with_report
 
@@ -54,13 +53,14 @@ def test_padding_mask_attention_is_one_biased_attention_not_the_keep_mask_attent
     np.testing.assert_allclose(evaluate(out, inputs)[0], ort_output("bert", inputs), rtol=0, atol=1e-4)
 
 
-def test_causal_masks_import_as_one_named_keep_mask() -> None:
+def test_causal_masks_import_as_one_keep_mask_op() -> None:
     gpt2 = import_model(MODELS["gpt2"](), SHAPES["gpt2"])  # Where(tril bool buffer slice, scores, finfo.min)
     llama = import_model(MODELS["llama"](), SHAPES["llama"])  # scores + Trilu(-inf, 1): Where(keep, scores, min)
     for g, shape in ((gpt2, (1, 1, 5, 5)), (llama, (5, 5))):
-        (param,) = [n for n in g.params if n.name == CAUSAL_MASK]
-        assert (param.shape, param.dtype) == (shape, "bool")
-        np.testing.assert_array_equal(g.weights[CAUSAL_MASK].reshape(5, 5), np.tri(5, dtype=bool))
+        (mask,) = [n for n in g.nodes if n.op == "CausalMask"]
+        assert (mask.shape, mask.dtype) == (shape, "bool")
+        np.testing.assert_array_equal(evaluate(g, return_all=True)[mask.id].reshape(5, 5), np.tri(5, dtype=bool))
+        assert "CausalMask" not in str(sorted(g.weights))
     (where,) = [n for n in llama.nodes if n.op == "Where"]
     assert llama.node(where.inputs[2]).attrs["value"] == float(np.finfo(np.float32).min)
 

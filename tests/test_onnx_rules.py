@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
+import calibrations
 from onnx_models import MODELS, OnnxBuilder, feeds
+from rlx_egraph.cost import TARGETS
 from rlx_egraph.frontends.onnx.compare import op_counts, session
 from rlx_egraph.onnx import export_model, import_model, onnx_rules
 from rlx_egraph.optimize import optimize_with_report
@@ -25,6 +28,15 @@ F = TensorProto.FLOAT
 RULES = onnx_rules()
 ENGINES = ("egglog", "fallback")
 B, H, S, D = 2, 4, 5, 8
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _onnxruntime_priced_uniformly() -> Iterator[None]:
+    """The onnxruntime target these tests assert decisions on is priced by fixed figures
+    (tests/calibrations.py), not by the shipped calibration, which measuring again changes."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(TARGETS, "onnxruntime", calibrations.UNIFORM)
+        yield
 
 
 def optimized(model: onnx.ModelProto, engine: str) -> tuple[onnx.ModelProto, Counter[str], set[str]]:

@@ -230,6 +230,13 @@ CASES: list[Case] = [
     case("Constant", lambda g: g.constant(np.array([3, -1], np.int64)), lambda: np.array([3, -1]), shape=(2,),
          dtype="i64", label="Constant-i64"),
     case("Scalar", lambda g: g.scalar(2.5), lambda: 2.5, shape=()),
+    # leaves made of dims (the ONNX importer's positions, causal masks and shape values)
+    case("Arange", lambda g: g.add_node("Arange", start=3, length=4), lambda: np.arange(3, 7), shape=(4,),
+         dtype="i64"),
+    case("CausalMask", lambda g: g.add_node("CausalMask", shape=(1, 2, 4)), lambda: np.tri(2, 4, 2, bool)[None],
+         shape=(1, 2, 4), dtype="bool"),
+    case("DimValues", lambda g: g.add_node("DimValues", values=(2, 5, 7, 1), shape=(2, 2)),
+         lambda: np.array([[2, 5], [7, 1]]), shape=(2, 2), dtype="i64"),
     # a standard ONNX op MIR has no op for, kept opaque
     case("OnnxOp", onnx_cumsum, lambda x: np.cumsum(x, axis=1), X234, shape=(2, 3, 4)),
     # matmul
@@ -292,6 +299,16 @@ CASES: list[Case] = [
     case("SumAll", lambda g, x: g.sum_all(x), lambda x: sum(x.ravel().tolist()), X234, shape=()),
     case("MeanAll", lambda g, x: g.mean_all(x), lambda x: sum(x.ravel().tolist()) / 24, X234, shape=()),
     case("SumRows", lambda g, x: g.sum_rows(x), lambda x: x.sum(axis=(0, 1)), X234, shape=(4,)),
+    # host-sync ops
+    case("Item", lambda g, x: g.item(x), lambda x: x.reshape(()), randn(1, 1), shape=()),
+    case("NonZero", lambda g, x: g.non_zero(x, count=5), lambda x: np.array([[0, 0, 1, 1, -1], [0, 2, 1, 3, -1]]),
+         np.array([[1.0, 0.0, -2.0, 0.0], [0.0, 3.0, 0.0, 0.5]], np.float32), shape=(2, 5), dtype="i64"),
+    case("NonZero", lambda g, x: g.non_zero(x, count=2), lambda x: np.array([[1, 3]]), np.array([0, 7, 0, 1, 4]),
+         shape=(1, 2), dtype="i64", label="NonZero-first-count"),
+    case("Cond", lambda g, p, a, b: g.cond(p, a, b), lambda p, a, b: b, np.array([False]), X234, randn(2, 3, 4),
+         shape=(2, 3, 4)),
+    case("Cond", lambda g, p, a, b: g.cond(p, a, b), lambda p, a, b: a, np.array(True), X234, randn(2, 3, 4),
+         shape=(2, 3, 4), label="Cond-then"),
     # norms
     case("LayerNorm", lambda g, x, w, b: g.layer_norm(x, w, b, eps=1e-2),
          lambda x, w, b: layer_norm_ref(x, w, b, (-1,), 1e-2), NORM_X, GAMMA, BETA, shape=(2, 3, 6)),

@@ -1,5 +1,5 @@
-"""egglog's frozen rows read as integers (``egraph/_rows.pyx``): the ids are the ones egglog prints, and the view
-they build is the one the binding's ``Value`` objects spell out."""
+"""egglog's frozen rows read into the view (``egraph/_rows.py``): through the binding's public ``Value`` objects
+(hashed and compared, never looked inside), the view holds what those objects spell out."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 from egglog import bindings as eb
 
-from rlx_egraph import examples
-from rlx_egraph.egraph._rows import ClassNumbers, RuleRelation, value_id
+from rlx_egraph import accelerated, examples
+from rlx_egraph.egraph._rows import ClassNumbers, ListCells, RuleRelation, read_enodes
 from rlx_egraph.egraph.encode import is_negative_zero_scalar
 from rlx_egraph.egraph.rules import load_rules
 from rlx_egraph.egraph.saturate import saturate
@@ -26,18 +26,6 @@ def saturated(request: pytest.FixtureRequest):
     egraph, encoding = build_egraph(graph, rules)
     saturate(egraph, rules)
     return egraph, graph, build_view(egraph, graph, encoding.constants, rules)
-
-
-def test_value_id_is_the_id_egglog_prints_for_every_cell(saturated) -> None:
-    egraph, _, _ = saturated
-    cells = [v for f in egraph.freeze().functions.values() for row in f.rows for v in (*row.inputs, row.output)]
-    assert len(cells) > 3_000
-    assert [str(v) for v in cells] == [f"Value({value_id(v)})" for v in cells]
-
-
-def test_value_id_names_what_is_not_an_egglog_value() -> None:
-    with pytest.raises(TypeError, match=r"^value_id takes an egglog Value, not int$"):
-        value_id(3)
 
 
 def test_the_view_holds_the_enodes_the_binding_values_spell_out(saturated) -> None:
@@ -75,16 +63,18 @@ def test_the_view_holds_the_enodes_the_binding_values_spell_out(saturated) -> No
 
 
 def test_the_views_enodes_and_classes_are_left_out_of_the_cycle_collector(saturated) -> None:
-    """ENode and EClass are not tracked by the cycle collector (their fields never hold another e-node or e-class,
-    so no cycle runs through them): a view's hundreds of thousands of them are not scanned at every collection."""
+    """Compiled, ENode and EClass are not tracked by the cycle collector (their fields never hold another e-node or
+    e-class, so no cycle runs through them): a view's hundreds of thousands of them are not scanned at every
+    collection."""
     import gc
 
     _, _, view = saturated
     assert view.nodes and view.classes
-    assert not any(map(gc.is_tracked, view.nodes)) and not any(map(gc.is_tracked, view.classes))
+    tracked = {gc.is_tracked(x) for x in (*view.nodes, *view.classes)}
+    assert tracked == {not accelerated()}  # the pure-Python path's plain objects are tracked
 
 
-def test_rule_relation_keys_by_ids_and_names_each_distinct_rule_list_once() -> None:
+def test_rule_relation_keys_by_values_and_names_each_distinct_rule_list_once() -> None:
     egraph = eb.EGraph()
     egraph.parse_and_run_program('(relation Built (i64 i64 String))\n(Built 1 2 "b")\n(Built 1 2 "a")\n'
                                  '(Built 1 2 "b")\n(Built 3 2 "a")\n(Built 4 2 "b")\n(Built 4 2 "a")')
@@ -96,7 +86,7 @@ def test_rule_relation_keys_by_ids_and_names_each_distinct_rule_list_once() -> N
         return names
 
     found = RuleRelation(rows, names_of, {})
-    ints = {tuple(value_id(v) for v in row.inputs[:2]): egraph.value_to_i64(row.inputs[0]) for row in rows}
+    ints = {tuple(row.inputs[:2]): egraph.value_to_i64(row.inputs[0]) for row in rows}
     assert len(found) == 3 and [key for key, _ in found.items()] == list(dict.fromkeys(ints))  # first-seen order
     in_rows = {k: tuple(dict.fromkeys(egraph.value_to_string(row.inputs[2]) for row in rows
                                       if egraph.value_to_i64(row.inputs[0]) == k)) for k in (1, 3, 4)}
@@ -115,3 +105,45 @@ def test_class_numbers_read_every_i64_key_as_egglog_converts_it() -> None:
     read = ClassNumbers().of_keys(egraph.freeze().functions["key"].rows, egraph.value_to_i64)
     assert sorted(read) == sorted(keys)
     assert set(read.values()) == {-1}
+
+
+class _Row:
+    """A frozen row as the binding shapes it (inputs, output, subsumed), its cells any hashable objects."""
+
+    def __init__(self, inputs: list, output: object, subsumed: bool = False) -> None:
+        self.inputs, self.output, self.subsumed = inputs, output, subsumed
+
+
+class _Deadline:
+    def check(self, what: str) -> None:
+        pass
+
+
+def test_the_reader_asks_a_cell_only_for_its_hash_and_equality() -> None:
+    """Cells that are plain strings (no egglog object layout to read) decode as the binding's Values would: list
+    cells followed, absent inputs left out, equal attribute cells sharing one dict, classes numbered children
+    first, built-by names by the row's whole key, subsumed rows skipped."""
+    lists = ListCells([_Row(["x", "nil"], "l1"), _Row(["y", "l1"], "l2"), _Row(["z", "nil"], "l2")])  # l2: first wins
+    classes = ClassNumbers(["none"])
+    built = RuleRelation([_Row(["a", "3", "l2", "r1", "fuse-b"], None), _Row(["a", "3", "l2", "r1", "fuse-a"], None)],
+                         lambda rules: tuple(sorted(rules)), {})
+    nodes: list = []
+    eclasses: list = []
+    converted: list = []
+
+    def convert(value: object, kind: str) -> object:
+        converted.append(value)
+        return f"{kind}:{value}"
+
+    rows = [_Row(["a", "3", "l2", "r1"], "out1"), _Row(["b", "3", "l1", "r1"], "out2"),
+            _Row(["gone", "3", "l1", "r1"], "out3", subsumed=True), _Row(["none", "4", "nil", "r1"], "out1")]
+    read_enodes("Op", rows, [(0, False), (2, True)], [(1, "axis", "int", {})], classes, lists, convert, built, nodes,
+                eclasses, _Deadline())
+    assert [(n.index, n.op, n.children, n.attrs, n.eclass, n.built_by) for n in nodes] == [
+        (0, "Op", (0, 1, 2), {"axis": "int:3"}, 3, ("fuse-a", "fuse-b")),  # a, then l2's items y, x; output
+        (1, "Op", (4, 2), {"axis": "int:3"}, 5, ()),
+        (2, "Op", (), {"axis": "int:4"}, 3, ()),  # "none" is absent, "nil" a list of no items
+    ]
+    assert nodes[0].attrs is nodes[1].attrs and converted == ["3", "4"]
+    assert eclasses == [3, 5, 3] and classes.count == 6 and classes.of("out2") == 5
+    assert classes.of("gone") == classes.of("none") == -1  # never seen; absent

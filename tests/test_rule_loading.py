@@ -113,3 +113,16 @@ def test_the_dumped_program_records_provenance_when_run_as_is(tmp_path):
                                  '(check (merged-by (rlx-node 4) "max-commute"))')
     with pytest.raises(eb.EggSmolError):
         egraph.parse_and_run_program('(check (built-Silu (rlx-node 0) "silu-sigmoid-mul"))')
+
+
+def test_a_rule_nested_past_the_limit_is_refused_before_egglog_parses_it(tmp_path):
+    deep = 150  # well within the limit: loads, and its one order runs
+    term = "(Neg " * deep + "?x" + ")" * deep
+    path = write(tmp_path, f';; deep\n(rewrite {term} ?x :ruleset simplify :name "deep")\n')
+    assert [r.name for r in load_rules(path).rules] == ["deep"]
+    for deep in (400, 20_000):  # 20,000 would overflow egglog's own parser
+        term = "(Neg " * deep + "?x" + ")" * deep
+        path = write(tmp_path, f';; deep\n(rewrite {term} ?x :ruleset simplify :name "deep")\n')
+        with pytest.raises(RuleError) as err:
+            load_rules(path)
+        assert str(err.value) == f"{path}:2: parentheses nest {deep + 1} deep; a rule file may nest at most 200"

@@ -1,4 +1,4 @@
-"""Encoding as rows loaded in bulk (issue 8): same e-graph and same result as one global ``let`` per node."""
+"""Encoding as rows loaded in bulk: same e-graph and same result as one global ``let`` per node."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ WRONG = {
     "swiglu-halves-swapped": """
 (rule ((= ?e (SwiGLU (Narrow ?cat -1 0 ?n) (Narrow ?cat -1 ?n ?n)))
        (= ?s (shape ?cat)) (= (vec-get ?s (- (vec-length ?s) 1)) (* 2 ?n)))
-      ((union ?e (FusedSwiGLU ?cat false))) :ruleset fuse :name "swiglu-halves-swapped")""",
+      ((union ?e (FusedSwiGLU ?cat false "none"))) :ruleset fuse :name "swiglu-halves-swapped")""",
     "layer-norm-eps-dropped": """
 (rewrite (LayerNorm ?x ?g ?b ?axis ?eps) (LayerNorm ?x ?g ?b ?axis 1e-12)
          :ruleset fuse :name "layer-norm-eps-dropped")""",
@@ -144,15 +144,15 @@ def test_rules_module_is_public_and_the_wheel_ships_the_files_beside_it() -> Non
     assert rlx_egraph.rules.check is check and rlx_egraph.rules.RuleSet is RuleSet
     force = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
     assert force["force-include"] == {"rules": f"rlx_egraph/{SHIPPED_RULES_DIR}"}
-    assert SHIPPED_RULES_DIR != "rules"  # would clash with the module rlx_egraph/rules.py
+    assert SHIPPED_RULES_DIR != "rules"  # would clash with the package rlx_egraph/rules
     assert default_rule_dir() == ROOT / "rules"
 
 
 def test_default_rule_dir_prefers_the_packaged_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rlx_egraph.egraph.rules as rules_module
+    import rlx_egraph.rules.ruleset as rules_module
 
     package = tmp_path / "rlx_egraph"
-    (package / "egraph").mkdir(parents=True)
+    (package / "rules").mkdir(parents=True)
     (package / SHIPPED_RULES_DIR).mkdir()
-    monkeypatch.setattr(rules_module, "__file__", str(package / "egraph" / "rules.py"))
+    monkeypatch.setattr(rules_module, "__file__", str(package / "rules" / "ruleset.py"))
     assert rules_module.default_rule_dir() == package / SHIPPED_RULES_DIR

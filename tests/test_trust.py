@@ -362,8 +362,8 @@ WRONG_RULES = {
                   ' :ruleset fuse :name "drop-mask")'),
     "drop-bias": (_linear, False, '(rewrite (Add (MatMul ?x ?w) ?b) (MatMul ?x ?w) :ruleset fuse :name "drop-bias")'),
     "swap-halves": (_gate_up_halves, False,
-                    '(rewrite (Mul (Silu (Narrow ?cat -1 0 ?n)) (Narrow ?cat -1 ?n ?n)) (FusedSwiGLU ?cat false)'
-                    ' :ruleset fuse :name "swap-halves")'),
+                    '(rewrite (Mul (Silu (Narrow ?cat -1 0 ?n)) (Narrow ?cat -1 ?n ?n)) (FusedSwiGLU ?cat false'
+                    ' "none") :ruleset fuse :name "swap-halves")'),
     "drop-eps": (lambda: _residual_norm("ln"), False,
                  '(rewrite (LayerNorm (Add ?x ?r) ?g ?b ?axis ?eps) (FusedResidualLN ?x ?r ?g ?b ?axis 1e-12)'
                  ' :ruleset fuse :name "drop-eps")'),

@@ -3,7 +3,8 @@
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from . import examples
+from . import examples, log  # noqa: F401  (log: egglog's loggers set to WARNING before anything runs egglog)
+from ._accelerators import accelerated  # before the engine: RLX_EGRAPH_PURE=1 selects the pure-Python path
 from .compile import compile, specialize
 from .cost.targets import UnsupportedOp
 from .egraph import RuleError, RuleSet, dump_egglog_program
@@ -21,15 +22,15 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 
 
 def __getattr__(name: str) -> Any:
-    """``OnnxImportError`` (a GraphError) is imported on first use, as it needs the ``onnx`` extra (so it is not
-    in ``__all__``)."""
+    """``OnnxImportError`` (a GraphError) is imported on first use from the ONNX front end (so it is not in
+    ``__all__``); it needs no ``onnx`` installed."""
     if name == "OnnxImportError":
-        from .frontends.onnx.importer import OnnxImportError
+        from .frontends.onnx.errors import OnnxImportError
 
         return OnnxImportError
     raise AttributeError(f"module 'rlx_egraph' has no attribute {name!r}")
 
 
 __all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet", "ShapeError", "TensorType",
-           "UnsoundRewrite", "UnsupportedOp", "__version__", "compile", "dump_egglog_program", "evaluate", "examples",
-           "optimize", "optimize_with_report", "specialize"]
+           "UnsoundRewrite", "UnsupportedOp", "__version__", "accelerated", "compile", "dump_egglog_program",
+           "evaluate", "examples", "optimize", "optimize_with_report", "specialize"]

@@ -9,6 +9,8 @@ class GraphBuilders:
         """Append a Add node (elementwise). Elementwise Add with numpy broadcasting."""
     def attention(self, q: int, k: int, v: int, key_mask: int | None = None, *, heads: int, kv_heads: int = 0, mask: str = 'none', scale: float = 0.0) -> int:
         """Append a Attention node (attention). Attention on packed [B, S, heads*head_dim]; custom mask [B, Sk] (1 keeps, 0 drops)."""
+    def batch_elementwise_region(self, xs: Sequence[int], *, chain: str, lanes: int) -> int:
+        """Append a BatchElementwiseRegion node (fused). One elementwise chain run on several independent lanes of inputs in one kernel: the lanes' results stacked along a new leading axis."""
     def bce_loss(self, p: int, t: int) -> int:
         """Append a BceLoss node (loss)."""
     def biased_attention(self, q: int, k: int, v: int, bias: int, *, scale: float, nan_to_zero: bool = False) -> int:
@@ -23,14 +25,16 @@ class GraphBuilders:
         """Append a Concat node (layout)."""
     def concat_params(self, ws: Sequence[int], *, axis: int = -1) -> int:
         """Append a ConcatParams node (weight-prep). A derived weight: parameters concatenated once at load time (recipe: sources, axis, order)."""
+    def cond(self, pred: int, then: int, otherwise: int) -> int:
+        """Append a Cond node (host-sync). then if the one-element bool pred is true, else otherwise; the host reads pred to decide."""
     def conv2d(self, x: int, w: int, *, stride: int = 1, padding: int = 0, groups: int = 1) -> int:
         """Append a Conv2d node (vision)."""
     def cross_entropy_loss(self, logits: int, targets: int) -> int:
         """Append a CrossEntropyLoss node (loss)."""
     def div(self, a: int, b: int) -> int:
         """Append a Div node (elementwise). Elementwise Div with numpy broadcasting."""
-    def elementwise_region(self, xs: Sequence[int], *, chain: str) -> int:
-        """Append a ElementwiseRegion node (fused). A chain of elementwise ops run as one kernel, each step stored in its own dtype."""
+    def elementwise_region(self, xs: Sequence[int], *, chain: str, prologue: str = 'none') -> int:
+        """Append a ElementwiseRegion node (fused). A chain of elementwise ops run as one kernel, each step stored in its own dtype; with the upsample2x prologue the kernel reads input 0 through a nearest-neighbour 2x upsample."""
     def embed_layer_norm(self, table: int, ids: int, first: int, second: int, gamma: int, beta: int, *, eps: float = 1e-05) -> int:
         """Append a EmbedLayerNorm node (fused). LayerNorm over the last axis of (table[ids] + first) + second: BERT's word embeddings plus its token-type and position terms, then the embeddings' norm."""
     def embedding(self, table: int, ids: int) -> int:
@@ -63,8 +67,8 @@ class GraphBuilders:
         """Append a FusedResidualRmsNorm node (fused). RmsNorm(x + residual)."""
     def fused_rms_norm_matmul(self, x: int, w_norm: int, w_proj: int, *, axis: int = -1, eps: float = 1e-06) -> int:
         """Append a FusedRmsNormMatMul node (fused). RmsNorm(x, w_norm) @ w_proj."""
-    def fused_swiglu(self, cat: int, *, gate_first: bool = False) -> int:
-        """Append a FusedSwiGLU node (fused). up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first)."""
+    def fused_swiglu(self, cat: int, *, gate_first: bool = False, cast_to: str = 'none') -> int:
+        """Append a FusedSwiGLU node (fused). up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first), written as cast_to (a float dtype; none: cat's)."""
     def fused_transformer_layer(self, hidden: int, qkv_w: int, qkv_b: int, out_w: int, out_b: int, ln1_g: int, ln1_b: int, fc1_w: int, fc1_b: int, fc2_w: int, fc2_b: int, ln2_g: int, ln2_b: int, mask: int, *, heads: int, scale: float, eps1: float, eps2: float, act: str = 'gelu') -> int:
         """Append a FusedTransformerLayer node (fused). A whole post-norm BERT layer; inputs in the seed's 14-input order."""
     def gelu(self, x: int, *, approximate: str = 'none') -> int:
@@ -81,6 +85,8 @@ class GraphBuilders:
         """Append a GroupNormSilu node (fused). Silu(GroupNorm(x, w, b))."""
     def identity(self, x: int) -> int:
         """Append a Identity node (elementwise). Elementwise Identity."""
+    def item(self, x: int) -> int:
+        """Append a Item node (host-sync). x.item(): the one element of x, read back to the host, as a scalar."""
     def layer_norm(self, x: int, gamma: int, beta: int, *, axis: int = -1, eps: float = 1e-05) -> int:
         """Append a LayerNorm node (norm). Normalise over axes [axis, rank), then scale and shift."""
     def layer_norm_grad_x(self, x: int, gamma: int, dy: int, *, axis: int = -1, eps: float = 1e-05) -> int:
@@ -111,6 +117,8 @@ class GraphBuilders:
         """Append a Narrow node (layout). Slice [start, start+length) of one axis."""
     def neg(self, x: int) -> int:
         """Append a Neg node (elementwise). Elementwise Neg."""
+    def non_zero(self, x: int, *, count: int) -> int:
+        """Append a NonZero node (host-sync). Indices [rank, count] of x's non-zero elements (the first count, -1 past the last); the host reads back how many there are."""
     def onnx_op(self, xs: Sequence[int], *, op_type: str, domain: str = '', opset: int, output: int = 0, proto: str) -> int:
         """Append a OnnxOp node (opaque). A standard ONNX node MIR has no op for (one output of it), kept as a one-node ONNX graph."""
     def pow(self, a: int, b: int) -> int:
@@ -159,6 +167,8 @@ class GraphBuilders:
         """Append a SwiGLU node (fused). Silu(gate) * up."""
     def tanh(self, x: int) -> int:
         """Append a Tanh node (elementwise). Elementwise Tanh."""
+    def transform_region(self, xs: Sequence[int], *, chain: str) -> int:
+        """Append a TransformRegion node (fused). A chain of elementwise ops with Transposes and Reshapes between them run as one kernel (each step computed in its own shape, stored in its own dtype)."""
     def transpose(self, x: int, *, perm: Sequence[int]) -> int:
         """Append a Transpose node (layout)."""
     def upsample2x(self, x: int) -> int:

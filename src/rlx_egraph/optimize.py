@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
@@ -39,25 +38,39 @@ from .cost.targets import unsupported_op
 from .egraph import extract as ex
 from .egraph.budget import Deadline, DeadlineExceeded, gc_paused
 from .egraph.decode import Decoded, Fusion, decode
-from .egraph.encode import Encoding, encode_graph
-from .egraph.regions import apply_regions
-from .egraph.rules import RuleSet, load_rules
-from .egraph.saturate import STOP_SATURATED, STOP_TIME, SaturationLimits, egraph_size, saturate
+from .egraph.encode import Encoding, dump_egglog_program, encode_graph
+from .egraph.regions import Batch, ClippedRegion, Region, apply_batches, apply_regions, clip_regions
+from .egraph.rules import RuleSet, default_rule_dir, load_rules
+from .egraph.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
 from .egraph.schema import schema_text
 from .egraph.view import EGraphView, build_view
 from .ir.graph import Graph
+from .ir.registry import REGISTRY, Kind, snake_case
 from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity, check_reference_inputs
-from .options import check_options
+from .options import check_options, verification_choice
 from .report import OptimizeReport
 from .report.data import OptimizationData
-from .report.fusion import fused_op_counts, missed_fusions
-from .report.progress import phase, tracked
+from .report.fusion import (
+    fused_op_counts,
+    merge_misses,
+    missed_fusions,
+    region_prologues,
+    scan_optimized,
+)
+from .report.optimize_report import Verification
+from .report.progress import step, timed, tracked
 
 log = logging.getLogger("rlx_egraph")
 
-# Above this many nodes ``engine="auto"`` runs the fallback engine (see the README's "Two engines" figures).
+# What the report's e-graph tables and missed fusions are made from: the view, the choice, the e-node costs and
+# the e-graph (all None for the fallback engine, or where the egglog run stopped before them).
+EgglogTables = tuple[EGraphView | None, dict[int, int] | None, list[float] | None, eb.EGraph | None]
+
+# Above this many nodes ``engine="auto"`` runs the fallback engine (why: docs/engines.md).
 FALLBACK_THRESHOLD = 100_000
+# The token bound of FusedAttentionBlock on a target that sets none (an i64 egglog compares with any product).
+NO_TOKEN_BOUND = 2**62
 
 
 def engine_by_size(engine: str, nodes: int) -> str:
@@ -72,7 +85,7 @@ _SUMMARIES: ContextVar[bool] = ContextVar("rlx_egraph_report_summaries", default
 
 
 def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None,
-             verify: bool | Mapping[str, Any] = False, **options: Any) -> Graph:
+             verify: bool | Mapping[str, Any] | None = None, **options: Any) -> Graph:
     """The cheapest equivalent graph under ``target``'s cost model: :func:`optimize_with_report`'s graph, same
     options.  The report's summaries, which only the report shows, are not computed (at 100k nodes its two IO
     profiles alone take some 0.3 s)."""
@@ -86,9 +99,9 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None,
 @tracked("optimize")
 @gc_paused()
 def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None,
-                         verify: bool | Mapping[str, Any] = False,
+                         verify: bool | Mapping[str, Any] | None = None,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
-                         attention_block_max_tokens: int = 64, regions: bool = True, seed: int = 0,
+                         attention_block_max_tokens: int | None = None, regions: bool = True, seed: int = 0,
                          strict: bool = False, dim_hints: Mapping[str, int] | None = None,
                          **limits: Any) -> tuple[Graph, OptimizeReport]:
     """Optimize ``graph``; returns the new graph and an :class:`OptimizeReport`.
@@ -97,10 +110,13 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``engine``: "auto" | "egglog" | "fallback".  ``extraction``: "greedy" or "exact".
     ``exact_gap``: also solve the exact problem and report its optimum.
     ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
-    (a pass after extraction; only on targets with region kernels, only where it pays).
-    ``verify``: check every node against the input graph with numpy (raises ParityError); True draws the inputs,
-    a mapping gives reference values for some or all of them by name (a symbolic graph is then checked at the
-    sizes their shapes give its symbols).
+    (a pass after extraction; only on targets with region kernels, only where it pays).  Whatever ``regions``
+    says, a region longer or wider than the target's region kernels take is clipped to the target's limits
+    (listed in ``report.regions_clipped``).
+    ``verify``: check every node against the input graph with numpy (raises ParityError); None (the default)
+    checks when rules from outside the shipped set are loaded (``report.verification`` says whether and why); a
+    mapping gives reference values for some or all inputs by name and checks on them (a symbolic graph is then
+    checked at the sizes their shapes give its symbols; the other leaves are drawn).
     ``strict``: raise UnsoundRewrite when a rule built an ill-typed e-node or merged input-graph
     nodes of different types.  Otherwise ill-typed e-nodes are left out of extraction and listed
     in ``report.ill_typed``, and after a bad merge the input graph is returned unchanged (the
@@ -108,30 +124,44 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, match_limit);
     ``max_seconds`` is the budget of the whole run (the parity check excluded).
     ``report.stop_reason`` says which limit, if any, stopped the run.
-    ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over the target's ``dim_hints``.
+    ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over those the graph carries
+    (``graph.meta["dim_hints"]``, e.g. from ``--input-shape sequence=128``) over the target's ``dim_hints``.
+    A graph made by a front end (``graph.meta["source"]``, e.g. ``"onnx"``) gets that front end's rules with the
+    shipped ones when ``rules`` is None (:func:`default_rules`).
+    ``attention_block_max_tokens``: the largest batch*seq a FusedAttentionBlock is built for; None: the target's
+    (:attr:`Target.attention_block_max_tokens`: 64 on the presets with no measurement of the block, no bound on
+    ``onnxruntime``, where its measured cost decides).
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
     feeds = dict(verify) if isinstance(verify, Mapping) else {}
-    verifying = verify is True or isinstance(verify, Mapping)
     feed_sizes = check_reference_inputs(graph, feeds)  # before the run, not after it
     summaries = _SUMMARIES.get()
     sat_limits = SaturationLimits(**limits)
     deadline = Deadline(sat_limits.max_seconds)  # the whole run's, up to the parity check: both engines share it
     tgt = get_target(target)
-    if dim_hints:
-        tgt = tgt.replace(dim_hints={**tgt.dim_hints, **dim_hints})
-    ruleset = load_rules(rules)
+    carried = graph.meta.get("dim_hints")
+    hints = {**(carried if isinstance(carried, dict) else {}), **(dim_hints or {})}
+    if hints:
+        tgt = tgt.replace(dim_hints={**tgt.dim_hints, **hints})
+    ruleset = load_rules(rules if rules is not None else default_rules(graph))
+    if attention_block_max_tokens is None:
+        attention_block_max_tokens = NO_TOKEN_BOUND if tgt.attention_block_max_tokens is None \
+            else tgt.attention_block_max_tokens
     sentinels = Sentinels.choose(graph) if graph.symbols else None
     static, run_tgt = graph, tgt
     if sentinels is not None:
         static = specialize_graph(graph, sentinels.binding)
         run_tgt = tgt.priced_as(sentinels.price({s: tgt.hint(s) for s in graph.symbols}))
+    checked, why_checked, user_rules = verification_choice(verify, ruleset)
+    log.info("optimize %s: %s nodes, target %s, %d rules from %d files; values %s", graph.name, f"{len(graph):,}",
+             tgt.name, len({r.base for r in ruleset.rules}), len(ruleset.sources),
+             f"checked: {why_checked}" if checked else f"not checked: {why_checked}")
     if engine_by_size(engine, len(graph)) == "fallback":
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
         new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
-                                                 regions, why, deadline)
+                                                 regions, why, summaries, deadline)
     else:
         new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
                                                attention_block_max_tokens, regions, strict, summaries, deadline)
@@ -144,139 +174,237 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
                    "time left")
             log.warning(why)
             new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits,
-                                                     attention_block_max_tokens, regions, why, deadline)
+                                                     attention_block_max_tokens, regions, why, summaries, deadline)
         elif engine == "egglog":
             report.engine_reason = "requested"
+    carry_node_names(graph, new)
     result, original, optimized = new.graph, graph, new.graph
     if sentinels is not None:  # back to symbols; priced and checked at the hints (or at the reference inputs')
         result = sentinels.restore(new.graph)
         sizes = {s: tgt.hint(s) for s in graph.symbols} | feed_sizes
         original, optimized = specialize_graph(graph, sizes), specialize_graph(result, sizes)
     if summaries:  # of the graphs as given and returned: a symbolic graph is priced at the hints
-        _summarize(report, graph, result, tgt, new, *tables)
-    if verifying:
-        t0 = time.perf_counter()
-        phase("verify")
-        report.parity = check_parity(original, optimized, new.originals, blame(new), seed, feeds)
-        report.phases["verify"] = time.perf_counter() - t0
+        with timed("report", report.phases) as outcome:
+            _summarize(report, graph, result, tgt, new, *tables, static, ruleset)
+            outcome.summary = report.fusion.summary_line() if report.engine == "egglog" else ""
+        report.assumptions = [str(a) for a in graph.meta.get("assumptions", ())]
+        if sentinels is not None and tables[1] is not None:
+            report.hint_choices = hint_choices(tables[0], static, tgt, sentinels, tables[1])
+    report.verification = Verification(checked, why_checked, user_rules)
+    if checked:
+        with timed("verify", report.phases) as outcome:
+            report.parity = check_parity(original, optimized, new.originals, blame(new), seed, feeds)
+            outcome.summary = report.verification_lines()[-1]
+    log.info("optimize %s: %s -> %s nodes in %.3f s (%s engine; %s)", graph.name, f"{len(graph):,}",
+             f"{len(result):,}", sum(report.phases.values()), report.engine, report.stop_reason)
     return result, report
+
+
+def hint_choices(view: EGraphView, static: Graph, tgt: Target, sentinels: Sentinels,
+                 choice: dict[int, int]) -> list[str]:
+    """The extraction's choices that depended on the hints a symbolic graph was priced at: each value the optimized
+    graph computes with another op when every symbol is priced at 1 or at 16 times its hint (greedy extraction
+    again at those prices), named by its input nodes."""
+    symbols = tuple(sentinels.binding)
+    hints = {s: tgt.hint(s) for s in symbols}
+    roots = [view.class_of_node[o] for o in static.outputs]
+    found: dict[int, list[str]] = {}
+    for alt in ({s: 1 for s in symbols}, {s: 16 * hints[s] for s in symbols}):
+        priced = tgt.priced_as(sentinels.price(alt))
+        other = ex.greedy(view, roots, priced, static.positions(), ex.node_costs(view, priced)).choice
+        at = ", ".join(f"{s}={v}" for s, v in alt.items())
+        for c, idx in choice.items():
+            was, now = view.nodes[idx].op, view.nodes[other[c]].op if c in other else None
+            if now is not None and was != now and Kind.FUSED in (REGISTRY[was].kind, REGISTRY[now].kind) \
+                    and view.classes[c].originals:
+                found.setdefault(c, []).append(f"{now} at {at}")
+    return [f"{' = '.join(static.describe(o) for o in view.classes[c].originals)}: {view.nodes[choice[c]].op} at "
+            f"the hints ({', '.join(f'{s}={v}' for s, v in hints.items())}), " + "; ".join(alts)
+            for c, alts in sorted(found.items())]
+
+
+def carry_node_names(source: Graph, decoded: Decoded) -> None:
+    """Name each optimized node by the source names of the input nodes it computes (``meta["node_names"]``: one
+    name, or the list of them for a node that replaces several): the nodes between the input nodes of its value
+    and those of its inputs' values, so a fused node names every node it absorbed."""
+    names = source.meta.get("node_names")
+    if not isinstance(names, dict):
+        decoded.graph.meta.pop("node_names", None)
+        return
+    carried: dict[str, str | list[str]] = {}
+    for node in decoded.graph.nodes:
+        if node.kind is Kind.LEAF:
+            continue
+        stops = {o for i in node.inputs for o in decoded.originals.get(i, ())}
+        cone, stack = set(), [o for o in decoded.originals.get(node.id, ()) if o not in stops]
+        while stack:
+            o = stack.pop()
+            if o in cone or source.node(o).kind is Kind.LEAF:
+                continue
+            cone.add(o)
+            stack.extend(i for i in source.node(o).inputs if i not in stops)
+        found = list(dict.fromkeys(n for o in sorted(cone) for n in source.source_names(o)))
+        if found:
+            carried[str(node.id)] = found[0] if len(found) == 1 else found
+    decoded.graph.meta["node_names"] = carried
+
+
+def default_rules(graph: Graph) -> RuleSet:
+    """The rules a graph gets when the caller names none: the shipped ones, and for a graph a front end made
+    (``graph.meta["source"]``) the rules of that front end too (``rules/<source>/``, e.g. ``rules/onnx/``: they rely
+    on what its importer guarantees, such as the causal keep mask's form)."""
+    source = graph.meta.get("source")
+    folder = default_rule_dir() / source if isinstance(source, str) and source.isidentifier() else None
+    return load_rules([default_rule_dir(), folder] if folder is not None and folder.is_dir() else None)
 
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,
                      exact_gap: bool, attention_block_max_tokens: int, regions: bool, strict: bool,
-                     missed: bool, deadline: Deadline) -> tuple[Decoded, OptimizeReport,
-                                                                tuple[EGraphView | None, Any, Any]]:
-    """The egglog engine: encode, saturate, extract, decode, then the regions pass (each timed in the report);
-    ``missed``: and the missed fusions.  Also returns what the report's e-graph tables are made from (the view, the
-    choice and the e-node costs; None where the run stopped before them)."""
+                     missed: bool, deadline: Deadline) -> tuple[Decoded, OptimizeReport, EgglogTables]:
+    """The egglog engine: encode, saturate, extract, decode, then the region passes (each timed in the report),
+    all before ``deadline``;
+    ``missed``: and the fusion patterns left in its graph (``report.fusion.missed``, merged with the e-graph's
+    misses by :func:`_summarize`).  Also returns what the report's e-graph tables and missed fusions are made from
+    (the view, the choice, the e-node costs and the e-graph; None where the run stopped before them)."""
     phases: dict[str, float] = {}
     report = OptimizeReport("egglog", f"auto: {len(graph):,} nodes is within the egglog engine's threshold of "
                             f"{FALLBACK_THRESHOLD:,}", tgt.name)
 
-    t0 = time.perf_counter()
-    phase("encode")
-    egraph, encoding = build_egraph(graph, ruleset, attention_block_max_tokens)
-    phases["encode"] = time.perf_counter() - t0
+    with timed("encode", phases) as outcome:
+        egraph, encoding = build_egraph(graph, ruleset, attention_block_max_tokens)
+        outcome.summary = f"{len(graph):,} nodes"
 
-    t0 = time.perf_counter()
-    phase("saturate")
-    result = saturate(egraph, ruleset, sat_limits, deadline)
-    phases["saturate"] = time.perf_counter() - t0
+    with timed("saturate", phases) as outcome:
+        result = saturate(egraph, ruleset, sat_limits, deadline, on_iteration=_saturation_step)
+        outcome.summary = (f"{len(result.history)} iterations over {len(result.stages)} stages, "
+                           f"{result.history[-1].enodes if result.history else 0:,} e-nodes; {result.stop_reason}")
 
-    t0 = time.perf_counter()
-    phase("extract")
     notes: list[str] = []
     decoded = view = chosen = costs = None
-    try:
-        view = build_view(egraph, graph, encoding.constants, ruleset, strict, deadline)
-    except DeadlineExceeded as exc:
-        notes.append(f"{exc}, so the input graph is returned unchanged")
-        report.enodes = egraph_size(egraph)
-    else:
-        report.eclasses, report.enodes = len(view.classes), view.num_enodes
-        report.ill_typed = view.ill_typed
-        if view.ill_typed:
-            log.warning("%d ill-typed e-node(s) left out of extraction (report.ill_typed lists them); first: %s",
-                        len(view.ill_typed), view.ill_typed[0].message)
-        if view.merged:
-            notes.append(f"{view.merged[0].message}; the input graph is returned unchanged")
-            log.warning(notes[-1])
+    with timed("extract", phases) as outcome:
+        try:
+            view = build_view(egraph, graph, encoding.constants, ruleset, strict, deadline)
+        except DeadlineExceeded as exc:
+            notes.append(f"{exc}, so the input graph is returned unchanged")
+            report.enodes = egraph_size(egraph)
+            outcome.summary = notes[-1]
         else:
-            costs = ex.node_costs(view, tgt)
-            chosen = _extract(view, graph, tgt, extraction, exact_gap, deadline, report, costs)
-            notes.extend(chosen.notes)
-            report.extraction, report.extraction_moves = chosen.method, chosen.moves
-            phases["extract"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            phase("decode")
+            report.eclasses, report.enodes = len(view.classes), view.num_enodes
+            report.ill_typed = view.ill_typed
+            if view.ill_typed:
+                log.warning("%d ill-typed e-node(s) left out of extraction (report.ill_typed lists them); first: "
+                            "%s", len(view.ill_typed), view.ill_typed[0].message)
+            if view.merged:
+                notes.append(f"{view.merged[0].message}; the input graph is returned unchanged")
+                log.warning(notes[-1])
+            else:
+                costs = ex.node_costs(view, tgt)
+                chosen = _extract(view, graph, tgt, extraction, exact_gap, deadline, report, costs)
+                notes.extend(chosen.notes)
+                report.extraction, report.extraction_moves = chosen.method, chosen.moves
+                outcome.summary = (f"{report.eclasses:,} e-classes, {report.enodes:,} e-nodes; {chosen.method}: "
+                                   f"{chosen.cost_ns:,.0f} ns of node costs, {chosen.moves} local-search moves")
+    if chosen is not None:
+        with timed("decode", phases) as outcome:
             decoded = decode(view, chosen.choice, graph)
-            phases["decode"] = time.perf_counter() - t0
-            if regions:  # the pass after either engine's decision, timed apart as in the fallback's report
-                t0 = time.perf_counter()
-                phase("regions")
-                decoded = _with_regions(decoded, tgt, deadline)
-                phases["regions"] = time.perf_counter() - t0
+            outcome.summary = f"{len(decoded.graph):,} nodes, {len(decoded.fusions)} built by rules"
+        if missed:  # the patterns left in the graph, before regions hide their steps
+            report.fusion.missed = scan_optimized(decoded.graph, decoded.originals, graph, ruleset)
+        with timed("regions", phases) as outcome:  # the passes after either engine's decision
+            before = len(decoded.graph)
+            decoded, report.regions_clipped = _with_regions(decoded, tgt, regions, deadline)
+            outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
     if decoded is None:
         decoded = Decoded(graph.copy(), {}, {n.id: [n.id] for n in graph.nodes},
                           {n.id: () for n in graph.nodes}, {n.id: () for n in graph.nodes})
     decoded.graph.adopt_store(graph)
 
     report.program_text = partial(_program_text, ruleset, encoding)
-    choice = chosen.choice if chosen is not None else None
-    if missed and choice is not None:
-        report.fusion.missed, report.fusion.near_misses_checked = missed_fusions(
-            view, graph, choice, costs, ruleset, tgt, egraph)
+    report.terms_text = partial(dump_egglog_program, graph, ruleset, attention_block_max_tokens, form="terms")
     report.stop_reason = _stop_reason(result.stop_reason, result.detail, notes)
     report.iterations = result.history
     report.matches_per_rule = result.matches_per_rule
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
     report.phases = phases
-    return decoded, report, (view, choice, costs)
+    return decoded, report, (view, chosen.choice if chosen is not None else None, costs, egraph)
+
+
+def _saturation_step(it: IterationStats) -> None:
+    """Show and log (DEBUG) one saturation iteration."""
+    matches = sum(it.matches.values())
+    step(f"{it.stage}: {matches:,} matches, {it.enodes:,} e-nodes")
+    top = ", ".join(f"{rule} x{n}" for rule, n in sorted(it.matches.items(), key=lambda kv: (-kv[1], kv[0]))[:5])
+    how = "plain" if it.match_limit is None else f"bounded, match limit {it.match_limit:,}"
+    log.debug("optimize: saturate: %s iteration (%s) %.3f s: %s matches%s, %s e-nodes after", it.stage, how,
+              it.seconds, f"{matches:,}", f" ({top})" if top else "", f"{it.enodes:,}")
 
 
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
-                       attention_block_max_tokens: int, regions: bool,
-                       why: str, deadline: Deadline) -> tuple[Decoded, OptimizeReport, tuple[None, None, None]]:
+                       attention_block_max_tokens: int, regions: bool, why: str, missed: bool,
+                       deadline: Deadline) -> tuple[Decoded, OptimizeReport, EgglogTables]:
     """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.fallback`).  It has
-    no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`)."""
-    phase("fallback")
+    no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`); ``missed``: the
+    patterns left unfused in its graph."""
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
-    result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens, deadline)
-    stats = result.stats
+    outer: dict[str, float] = {}
+    with timed("fallback", outer) as outcome:
+        result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens, deadline)
+        stats = result.stats
+        outcome.summary = (f"{sum(stats.commits.values()):,} rewrites committed in {sum(stats.passes.values())} "
+                           f"passes; {stats.stop_reason}")
+    for name, seconds in stats.phases.items():
+        log.debug("optimize: fallback: %s %.3f s", name, seconds)
     if math.isinf(stats.cost_after_ns):
         held = {o for n in result.graph.nodes if not tgt.supports(n.op) for o in result.originals[n.id]}
         error = unsupported_op(tgt, ((n.id, n.op) for n in graph.nodes if n.id in held))
         if error is not None:
             raise error
     phases = dict(stats.phases)
-    t0 = time.perf_counter()
     ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
     decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
                       dict.fromkeys(ids, ()), result.fusions)
-    if regions:
-        decoded = _with_regions(decoded, tgt, deadline)
-    decoded.graph.adopt_store(graph)
-    phases["regions"] = time.perf_counter() - t0
     report = OptimizeReport("fallback", why, tgt.name)
+    if missed:  # the patterns left in the graph, before regions hide their steps
+        report.fusion.missed = scan_optimized(decoded.graph, decoded.originals, graph, ruleset)
+    with timed("regions", phases) as outcome:
+        before = len(decoded.graph)
+        decoded, report.regions_clipped = _with_regions(decoded, tgt, regions, deadline)
+        decoded.graph.adopt_store(graph)
+        outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
     report.fallback = stats
     report.stop_reason = stats.stop_reason
     report.matches_per_rule = {name: s.matches for name, s in sorted(stats.rules.items())}
     report.nodes_before, report.nodes_after = len(graph), len(decoded.graph)
     report.fusions = decoded.fusions
     report.phases = phases
-    return decoded, report, (None, None, None)
+    return decoded, report, (None, None, None, None)
 
 
 def _summarize(report: OptimizeReport, before: Graph, after: Graph, tgt: Target, decoded: Decoded,
-               view: EGraphView | None, choice: Any, costs: list[float] | None) -> None:
+               view: EGraphView | None, choice: Any, costs: list[float] | None, egraph: eb.EGraph | None,
+               ran: Graph, ruleset: RuleSet) -> None:
     """Fill the report's summaries of a run (either engine's): the IO profiles of the graph given (``before``) and
-    the graph returned (``after``), the run as data tables, and the fused-op counts (beside the egglog engine's
-    missed fusions)."""
+    the graph returned (``after``), the run as data tables, the fused-op counts, and the egglog engine's missed
+    fusions (found on the graph the run optimized, ``ran``)."""
     report.profile_before, report.profile_after = profile(before, tgt), profile(after, tgt)
+    report.calibration = tgt.calibration
     report.data = OptimizationData.build((report.profile_before, report.profile_after), report.iterations, decoded,
                                          view, choice, costs)
     report.fusion.before, report.fusion.after = fused_op_counts(before), fused_op_counts(after)
+    report.graphs, report.rules = (snapshot(before), snapshot(after)), ruleset.list()
+    report.fusion.region_prologues = region_prologues(after)
+    if choice is not None and egraph is not None:
+        egraph_missed, report.fusion.near_misses_checked = missed_fusions(view, ran, choice, costs, ruleset, tgt,
+                                                                          egraph)
+        report.fusion.missed = merge_misses(egraph_missed, report.fusion.missed)
+
+
+def snapshot(graph: Graph) -> Graph:
+    """A graph of the same nodes and outputs, which later changes to ``graph`` do not reach (nodes are immutable)."""
+    copy = Graph.from_checked(graph.name, list(graph.nodes))
+    copy.set_outputs(graph.outputs)
+    return copy
 
 
 def build_egraph(graph: Graph, ruleset: RuleSet, attention_block_max_tokens: int = 64) -> tuple[eb.EGraph, Encoding]:
@@ -342,16 +470,41 @@ def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
     return "; ".join(parts + notes) or STOP_SATURATED
 
 
-def _with_regions(decoded: Decoded, target: Target, deadline: Deadline) -> Decoded:
-    """Apply the ElementwiseRegion pass and carry provenance over.
+def _with_regions(decoded: Decoded, target: Target, form: bool,
+                  deadline: Deadline | None = None) -> tuple[Decoded, list[ClippedRegion]]:
+    """Clip the regions over ``target``'s limits, then (``form``) apply the region passes (transform and
+    elementwise regions, then batches; past ``deadline`` the region passes apply what they found by then), and
+    carry provenance over; returns the regions clipped.
 
-    The pass keeps every node's id (a region takes its tail's), so each table keeps its entries but those of the
-    nodes a region absorbed.  A region is built by the pass from its steps: it carries their builders and mergers,
-    and its fusion replaces theirs (its tail's too: that node is the region now, whatever a rule made it).
+    Every pass keeps every node's id (a region takes its tail's, a clipped region's last piece the region's, a
+    batch's lane the lane's), so each table keeps its entries but those of the nodes a region absorbed.  A region
+    is built by its pass from its steps: it carries their builders and mergers, and its fusion replaces theirs (its
+    tail's too: that node is the region now, whatever a rule made it).
     """
+    if target.region_kernels:
+        graph, clipped = clip_regions(decoded.graph, target.region_max_steps, target.region_max_inputs)
+        if clipped:
+            decoded = _clipped(decoded, graph, clipped)
+    else:
+        clipped = []
+    if not form:
+        return decoded, clipped
     graph, _, applied = apply_regions(decoded.graph, target, deadline)
-    if not applied:
-        return decoded
+    if applied:
+        decoded = _regioned(decoded, graph, applied)
+    graph, batches = apply_batches(decoded.graph, target)
+    if batches:
+        decoded = _batched(decoded, graph, batches)
+    return decoded, clipped
+
+
+def _pass_name(op: str) -> str:
+    """The builder a region pass records: ``pass:elementwise-region``, ``pass:transform-region``, ..."""
+    return "pass:" + snake_case(op).replace("_", "-")
+
+
+def _regioned(decoded: Decoded, graph: Graph, applied: list[Region]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where ``applied`` regions replaced their members."""
     absorbed = [m for r in applied for m in r.members if m != r.tail]
 
     def kept(table: dict[int, Any]) -> dict[int, Any]:
@@ -364,12 +517,47 @@ def _with_regions(decoded: Decoded, target: Target, deadline: Deadline) -> Decod
     members = {m for r in applied for m in r.members}
     fusions = [f for f in decoded.fusions if f.node not in members]
     for r in applied:
-        built_by[r.tail] = tuple(dict.fromkeys(("pass:elementwise-region", *(n for m in r.members
-                                                                            for n in decoded.built_by[m]))))
+        built_by[r.tail] = tuple(dict.fromkeys((_pass_name(r.kind), *(n for m in r.members
+                                                                     for n in decoded.built_by[m]))))
         merged_by[r.tail] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
-        fusions.append(Fusion(r.tail, "ElementwiseRegion", built_by[r.tail], tuple(decoded.originals[r.tail])))
+        fusions.append(Fusion(r.tail, r.kind, built_by[r.tail], tuple(decoded.originals[r.tail])))
     return Decoded(graph, kept(decoded.class_of), kept(decoded.originals), built_by, merged_by,
                    sorted(fusions, key=lambda f: f.node))
+
+
+def _batched(decoded: Decoded, graph: Graph, batches: list[Batch]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where each batch runs its lanes: the batch and its Narrows are new, and
+    each lane (a Reshape view of the batch now) keeps its value's originals; all are built by the batch pass."""
+    originals, built_by, merged_by = dict(decoded.originals), dict(decoded.built_by), dict(decoded.merged_by)
+    lanes = {m for b in batches for m in b.lanes}
+    fusions = [f for f in decoded.fusions if f.node not in lanes]
+    for b in batches:
+        builders = tuple(dict.fromkeys((_pass_name(graph.node(b.node).op),
+                                        *(n for m in b.lanes for n in decoded.built_by[m]))))
+        for new in (b.node, *b.narrows):
+            originals[new], built_by[new], merged_by[new] = [], builders, ()
+        for m in b.lanes:
+            built_by[m] = builders
+            fusions.append(Fusion(m, graph.node(m).op, builders, tuple(originals[m])))
+        fusions.append(Fusion(b.node, graph.node(b.node).op, builders,
+                              tuple(o for m in b.lanes for o in originals[m])))
+    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node))
+
+
+def _clipped(decoded: Decoded, graph: Graph, clipped: list[ClippedRegion]) -> Decoded:
+    """``decoded``'s tables for ``graph``, where ``clipped`` regions were regrouped: each piece is built by
+    ``pass:clip-region`` (and by the rules that built the region), the last holds the region's value."""
+    originals, built_by, merged_by = dict(decoded.originals), dict(decoded.built_by), dict(decoded.merged_by)
+    pieces = {p for c in clipped for p in c.pieces}
+    fusions = [f for f in decoded.fusions if f.node not in pieces]
+    for c in clipped:
+        builders = tuple(dict.fromkeys(("pass:clip-region", *decoded.built_by[c.node])))
+        for p in c.pieces:
+            built_by[p] = builders
+            if p != c.node:
+                originals[p], merged_by[p] = [], ()
+            fusions.append(Fusion(p, graph.node(p).op, builders, tuple(originals[p])))
+    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node))
 
 
 def _program_text(ruleset: RuleSet, encoding: Encoding) -> str:

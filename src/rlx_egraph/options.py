@@ -22,7 +22,7 @@ from typing import Any
 
 from .cost import Target
 from .cost.targets import TARGETS, check_dim_hints
-from .egraph.rules import RuleSet
+from .egraph.rules import RuleSet, default_rule_dir
 from .egraph.saturate import SaturationLimits
 from .ir.graph import Graph
 
@@ -59,12 +59,19 @@ def check_option(name: str, value: Any, default: Any) -> None:
             raise TypeError(f"graph must be an rlx_egraph.Graph, got {_show(value)}")
     elif name == "rules":
         _check_rules(value)
-    elif name == "verify" and isinstance(value, Mapping):
-        if not all(isinstance(k, str) for k in value):
-            raise TypeError(f"verify's reference inputs must be keyed by input name, got {_show(value)}")
+    elif name == "verify":
+        if isinstance(value, Mapping):
+            if not all(isinstance(k, str) for k in value):
+                raise TypeError(f"verify's reference inputs must be keyed by input name, got {_show(value)}")
+        elif value is not None and not isinstance(value, bool):
+            raise TypeError(f"verify must be True, False, None (check when rules from outside the shipped set "
+                            f"are loaded) or a mapping of reference inputs (name -> array), got {_show(value)}")
     elif name == "dim_hints":
         if value is not None:
             check_dim_hints(value, name)
+    elif name == "attention_block_max_tokens":
+        if value is not None:
+            _check_number(name, value, int)
     elif name == "target" and isinstance(value, Target):
         pass
     elif name in CHOICES:
@@ -92,6 +99,30 @@ def _check_number(name: str, value: Any, kind: type) -> None:
         raise ValueError(f"{name} must be {bound}, got {value!r}")
 
 
+def rules_outside_shipped(ruleset: RuleSet) -> tuple[str, ...]:
+    """The rule files of ``ruleset`` (as messages name them) whose text is not that of a shipped rule file."""
+    shipped = {path.read_bytes() for path in default_rule_dir().rglob("*.egg")}
+    return tuple(dict.fromkeys(display for _, display, data in ruleset.sources if data not in shipped))
+
+
+def verification_choice(verify: bool | Mapping[str, Any] | None,
+                        ruleset: RuleSet) -> tuple[bool, str, tuple[str, ...]]:
+    """Whether a run checks its values (``verify``: True, False, reference inputs by name, or None for the
+    default: when rules from outside the shipped set are loaded), why, in words, and those rules' files."""
+    outside = rules_outside_shipped(ruleset)
+    if isinstance(verify, Mapping):
+        given = ", ".join(map(repr, sorted(verify))) or "none"
+        return True, f"requested with reference inputs ({given})", outside
+    if verify:
+        return True, "requested (verify=True)", outside
+    if verify is False:
+        loaded = f", although rules from outside the shipped set were loaded: {', '.join(outside)}" if outside else ""
+        return False, f"switched off (verify=False){loaded}", outside
+    if outside:
+        return True, f"rules from outside the shipped set: {', '.join(outside)}", outside
+    return False, "only shipped rules, which the test suite checks", outside
+
+
 def _check_rules(value: Any) -> None:
     """``rules``: None, a RuleSet, a rule file or folder, or a list or tuple of files and folders."""
     paths = value if isinstance(value, list | tuple) else [value]
@@ -104,4 +135,5 @@ def _show(value: Any) -> str:
     return f"{reprlib.repr(value)} ({type(value).__name__})"
 
 
-__all__ = ["CHOICES", "ENGINES", "EXTRACTIONS", "check_option", "check_options"]
+__all__ = ["CHOICES", "ENGINES", "EXTRACTIONS", "check_option", "check_options", "rules_outside_shipped",
+           "verification_choice"]

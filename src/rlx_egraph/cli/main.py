@@ -1,7 +1,9 @@
-"""``rlx-egraph``: demo, optimize, example, rules (list, check) and program subcommands.
+"""``rlx-egraph``: demo, optimize, example, rules (list, check), program and calibrate subcommands.
 
 Rules: ``--rules F.egg`` adds files or folders to the shipped rules,
 ``--only-rules F.egg`` uses them instead, ``--disable NAME`` switches a rule off.
+Output: warnings go to stderr as ``warning: ...`` lines; ``-v`` adds the run's phases (INFO), ``-vv`` its
+steps (DEBUG); ``-q`` shows errors only, with no progress display (docs/logging.md).
 
 Every failure is one ``error: ...`` line on stderr (never a traceback) naming
 the file, node, op or rule, and one of these exit codes:
@@ -18,27 +20,35 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import inspect
+import io
 import json
+import logging
 import os
 import signal
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from .. import __version__, examples
-from ..cost.targets import TARGETS, UnsupportedOp
+from ..cost import calibration as cal
+from ..cost.targets import TARGETS, UnsupportedOp, get_target, onnxruntime_target
 from ..egraph import STAGES, dump_egglog_program
 from ..egraph.rules import RuleError, RuleSet
 from ..egraph.view import UnsoundRewrite
+from ..errors import RlxError
 from ..ir import Graph, GraphError
 from ..ir.graph import graph_file_path
 from ..kernels.parity import ParityError
+from ..log import LOGGER
 from ..optimize import FALLBACK_THRESHOLD, engine_by_size, optimize_with_report
 from ..options import ENGINES, EXTRACTIONS
 from ..report import OptimizeReport
+from ..report.progress import progress_set
 
 EXIT_PARITY = 1
 EXIT_INPUT = 2
@@ -51,6 +61,40 @@ STDOUT = "-"  # as -o: write the graph JSON to stdout
 
 class UsageError(ValueError):
     """A subcommand was given options that do not fit together."""
+
+
+class _Discard(io.TextIOBase):
+    """Where ``-q`` sends the lines it leaves out."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+class _LevelFormatter(logging.Formatter):
+    """``warning: ...``, ``info: ...``: a log record as one line in the CLI's style."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+@contextlib.contextmanager
+def _output(args: argparse.Namespace) -> Iterator[None]:
+    """Log the ``rlx_egraph`` logger to stderr at the level ``-v``/``-q`` pick, and with ``-q`` draw no progress;
+    as before afterwards (main() may be called again in the same process)."""
+    verbose, quiet = getattr(args, "verbose", 0), getattr(args, "quiet", False)
+    level = logging.ERROR if quiet else logging.WARNING if not verbose else logging.INFO if verbose == 1 \
+        else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LevelFormatter())
+    previous = LOGGER.level
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(level)
+    try:
+        with progress_set("off") if quiet else contextlib.nullcontext():
+            yield
+    finally:
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(previous)
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
@@ -68,19 +112,25 @@ def summarize(graph: Graph) -> str:
             f"ops: {', '.join(f'{op} {n}' for op, n in ops)}")
 
 
-def _load_graph(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
-    """A graph from JSON, or imported from an ``.onnx`` model with ``input_shapes``."""
+def _load_graph(path: str, args: argparse.Namespace) -> Graph:
+    """A graph from JSON, or imported from an ``.onnx`` model with the ``--input-shape`` and ``--max-dim``
+    bindings (which only an ONNX model takes)."""
+    shapes, bounds = dict(args.input_shape or []), dict(args.max_dim or [])
     try:
         if Path(path).suffix != ".onnx":
+            if shapes or bounds:
+                raise UsageError(f"{'--input-shape' if shapes else '--max-dim'} applies to ONNX models only, and "
+                                 f"{path} is a graph JSON (its dims are as the file gives them)")
             return Graph.load(path)
         from ..onnx import OnnxImportError, import_model
 
         try:
-            return import_model(path, input_shapes)
+            return import_model(path, shapes, max_dims=bounds)
         except OnnxImportError as exc:
             raise GraphError(exc.command_line_message()) from None  # its hint in this command line's terms
     except GraphError as exc:
-        raise GraphError(f"{path}: {exc}") from None
+        message = str(exc)
+        raise GraphError(message if message.startswith(f"{path}: ") else f"{path}: {message}") from None
 
 
 def _ruleset(args: argparse.Namespace) -> RuleSet:
@@ -97,10 +147,24 @@ def _ruleset(args: argparse.Namespace) -> RuleSet:
     return rules.extend(*args.rules or ()).without(args.disable or ())
 
 
+def _target(args: argparse.Namespace) -> Any:
+    """The target ``--target`` names; ``onnxruntime`` priced by the calibration cached under ``--cache``."""
+    cache = getattr(args, "cache", None)
+    if args.target == "onnxruntime" and cache is not None:
+        return onnxruntime_target(cal.load("onnxruntime", cache))
+    return get_target(args.target)
+
+
 def _optimize(graph: Graph, rules: RuleSet, args: argparse.Namespace, log: TextIO) -> tuple[Graph, OptimizeReport]:
-    """Optimize with the common options and print the report to ``log`` (as JSON with ``--json``)."""
-    new, report = optimize_with_report(graph, args.target, rules=rules, verify=args.verify,
+    """Optimize with the common options and print the report to ``log`` (as JSON with ``--json``); with
+    ``--measure``, the input and the result are measured in onnxruntime first."""
+    new, report = optimize_with_report(graph, _target(args), rules=rules, verify=args.verify,
                                        extraction=args.extraction, engine=args.engine)
+    if getattr(args, "measure", False):
+        _needs_onnxruntime("--measure")
+        from ..onnx import measure_report  # the onnx extra, needed by this flag only
+
+        measure_report(report, graph, new, threads=args.threads)
     print(report.to_json() if args.json else report, file=log)
     return new, report
 
@@ -135,12 +199,14 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
     if args.output and args.output != STDOUT and Path(args.output).suffix != ".onnx":
         graph_file_path(args.output)  # a bad output name fails before the run, not after it
     rules = _ruleset(args)
-    graph = _load_graph(args.input, dict(args.input_shape or []))
+    graph = _load_graph(args.input, args)
     if args.output and Path(args.output).suffix == ".onnx":
         from ..onnx import check_weights
 
         check_weights(graph)  # before the run, not after it
     log = sys.stderr if args.output == STDOUT or args.json else sys.stdout  # stdout then carries only JSON
+    if args.quiet:
+        log = _Discard()
     print("input " + summarize(graph), file=log)
     new, report = _optimize(graph, rules, args, sys.stdout if args.json else log)
     if args.report:
@@ -148,20 +214,21 @@ def _optimize_cmd(args: argparse.Namespace) -> None:
     if args.report_json:
         Path(args.report_json).write_text(report.to_json())
         print(f"wrote report {args.report_json}", file=log)
+    if args.html:
+        Path(args.html).write_text(report.to_html(), encoding="utf-8")
+        print(f"wrote HTML report {args.html}", file=log)
     if args.output == STDOUT:
         print(new.to_json(indent=1))
     elif args.output and Path(args.output).suffix == ".onnx":
-        import onnx
-
         from ..onnx import export_model
 
-        onnx.save(export_model(new), args.output)
+        export_model(new, args.output)  # weights beside the model (OUTPUT.data) when they pass 1 GB
         print(f"wrote {args.output}", file=log)
     elif args.output:
         new.save(args.output)
         print(f"wrote {args.output}: {len(new)} nodes", file=log)
     elif not args.json:
-        print()
+        print(file=log)
         print(new)
 
 
@@ -199,8 +266,30 @@ def _rules_check(args: argparse.Namespace) -> int:
     return 0 if result.ok else EXIT_PARITY
 
 
+def _needs_onnxruntime(what: str) -> None:
+    """UsageError unless onnx and onnxruntime (the ``onnx`` extra) are installed."""
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        raise UsageError(f"{what} runs onnxruntime: install the onnx extra (pip install 'rlx-egraph[onnx]')")
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    """Measure the target's figures on this machine and cache them (``frontends/onnx/calibrate.py``)."""
+    _needs_onnxruntime("calibrate")
+    from ..frontends.onnx.calibrate import calibrate  # the onnx extra, needed by this subcommand only
+
+    command = f"rlx-egraph calibrate --target {args.target} --threads {args.threads}"
+    result = calibrate(args.target, threads=args.threads, cache=args.cache, progress=print, command=command)
+    rows = [(key, f"{r.launch_ns:,.0f}", f"{1 / r.ns_per_byte:,.1f}" if r.ns_per_byte else "-",
+             f"{1 / r.ns_per_flop:,.1f}" if r.ns_per_flop else "-") for key, r in sorted(result.rates.items())]
+    print(format_table(("op or kind", "launch ns", "B/ns", "FLOP/ns"), rows, "<>>>"))
+    print(f"run {result.run_ns:,.0f} ns, dispatch {result.dispatch_ns:,.0f} ns, memory {result.memory_bw:,.1f} B/ns, "
+          f"matmul {result.flops_per_ns:,.1f} FLOP/ns")
+    print(f"wrote {result.source}")
+
+
 def _program(args: argparse.Namespace) -> None:
-    print(dump_egglog_program(_load_graph(args.input, dict(args.input_shape or [])), _ruleset(args)))
+    print(dump_egglog_program(_load_graph(args.input, args), _ruleset(args),
+                              form="terms" if args.terms else "rows"))
 
 
 def _non_negative(text: str) -> int:
@@ -210,15 +299,39 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(d) for d in dims.split(","))
-    except ValueError:
-        shape = ()
-    if not sep or not name or not shape:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=D1,D2,...")
-    return name, shape
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
+def _input_shape(text: str) -> tuple[str, tuple[str, ...]]:
+    """``NAME=D1,D2,...``: each D a number, a symbol name, or ``symbol=hint`` (read by the importer, which names a
+    bad one)."""
+    name, sep, dims = text.partition("=")
+    shape = tuple(d.strip() for d in dims.split(","))
+    if not sep or not name.strip() or not all(shape):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=D1,D2,... (each D a number, a symbol name, or "
+                                         "symbol=hint)")
+    return name.strip(), shape
+
+
+def _max_dim(text: str) -> tuple[str, int]:
+    """``SYMBOL=N``: the largest value symbol SYMBOL takes."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier() or not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not SYMBOL=N (a symbol name and an int >= 1)")
+    return name.strip(), int(value)
+
+
+def _verbosity(parser: argparse.ArgumentParser, default: Any) -> None:
+    """``-v`` (repeatable) and ``-q``: what the run shows on stderr besides its results."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="count", default=default,
+                       help="also log each phase with its time (-vv: each step, such as a saturation iteration)")
+    group.add_argument("-q", "--quiet", action="store_true", default=default,
+                       help="errors only: no progress display, no warnings, no lines about what was read or written")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,11 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
                                      "saturation with egglog.", epilog=EXIT_CODES_HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"rlx-egraph {__version__}")
+    _verbosity(parser, argparse.SUPPRESS)  # before the command or (below) after it
+    parser.set_defaults(verbose=0, quiet=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    verbosity = argparse.ArgumentParser(add_help=False)
+    _verbosity(verbosity, argparse.SUPPRESS)
 
     def command(name: str, parents: Sequence[argparse.ArgumentParser] = (), under: Any = sub,
                 **kwargs: str) -> argparse.ArgumentParser:
-        return under.add_parser(name, parents=list(parents), epilog=EXIT_CODES_HELP,
+        return under.add_parser(name, parents=[*parents, verbosity], epilog=EXIT_CODES_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
     rules = argparse.ArgumentParser(add_help=False)
@@ -243,7 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
     graph_input = argparse.ArgumentParser(add_help=False)
     graph_input.add_argument("input", metavar="INPUT.json", help="a graph (.json) or an ONNX model (.onnx)")
     graph_input.add_argument("--input-shape", action="append", type=_input_shape, metavar="NAME=D1,D2,...",
-                             help="static shape of an ONNX input (binds its symbolic dims); repeatable")
+                             help="the dims of an ONNX input: each a number (fixes it), a symbol name (keeps it "
+                                  "symbolic), or symbol=hint (symbolic, priced at hint); repeatable")
+    graph_input.add_argument("--max-dim", action="append", type=_max_dim, metavar="SYMBOL=N",
+                             help="the largest value of a symbolic dim of an ONNX model (decides the shape steps "
+                                  "that hold only up to N; stated in the report); repeatable")
     target = argparse.ArgumentParser(add_help=False)
     target.add_argument("--target", default="cpu", choices=list(TARGETS), help="cost model (default: cpu)")
     target.add_argument("--extraction", default="greedy", choices=EXTRACTIONS,
@@ -263,12 +384,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="OUTPUT.json",
                    help=f"write the optimized graph here, as ONNX when it ends in .onnx ('{STDOUT}': its JSON to "
                         "stdout and the report to stderr; default: print the report and the graph table)")
-    p.add_argument("--verify", action="store_true", help="check the result against the input with numpy")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                   help="check the result against the input with numpy (default: when rules from outside the "
+                        "shipped set are loaded)")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
+    p.add_argument("--html", metavar="REPORT.html",
+                   help="write the report as one self-contained HTML page: both graphs drawn, fusions, missed "
+                        "fusions, cost charts, e-graph statistics")
     p.add_argument("--report", action="store_true",
                    help="also print the fusion report: fused ops before/after and every missed fusion with why")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON on stdout, and nothing else there (other messages go to stderr)")
+    p.add_argument("--measure", action="store_true",
+                   help="also run the input and the result in onnxruntime and print the measured latency beside the "
+                        "predicted one (needs the onnx extra)")
+    p.add_argument("--threads", type=_positive, default=1, help="onnxruntime threads for --measure (default: 1)")
+    p.add_argument("--cache", metavar="DIR", help="read the onnxruntime target's calibration from DIR (default: "
+                   f"${cal.CACHE_ENV}, else the user cache directory)")
     p.set_defaults(run=_optimize_cmd)
 
     p = command("example", help="save an example model graph as JSON")
@@ -289,7 +421,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_rules_check)
 
     p = command("program", [graph_input, rules], help="print the whole egglog program for a graph")
+    p.add_argument("--terms", action="store_true",
+                   help="write the graph as one readable term per node ($n<id>; for small graphs), not as rows")
     p.set_defaults(run=_program)
+
+    p = command("calibrate", help="measure a target's cost figures on this machine and cache them")
+    p.add_argument("--target", default="onnxruntime", choices=["onnxruntime"], help="the target (onnxruntime)")
+    p.add_argument("--threads", type=_positive, default=1, help="onnxruntime intra-op threads (default: 1)")
+    p.add_argument("--cache", metavar="DIR", help=f"cache directory (default: ${cal.CACHE_ENV}, else the user "
+                   "cache directory)")
+    p.set_defaults(run=_calibrate)
     return parser
 
 
@@ -312,15 +453,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return int(exc.code or 0)
     try:
-        code = args.run(args) or 0
+        with _output(args):
+            code = args.run(args) or 0
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away: stop quietly, and keep the exit-time flush from failing too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except (ParityError, UnsoundRewrite) as exc:
         return _fail(str(exc), EXIT_PARITY)
-    except (GraphError, RuleError, UnsupportedOp, UsageError, OSError) as exc:
+    except (GraphError, RuleError, UnsupportedOp, UsageError, OSError, cal.CalibrationError) as exc:
         return _fail(_describe(exc), EXIT_INPUT)
+    except ImportError as exc:  # an optional dependency missing: its message names the extra to install
+        if not isinstance(exc, RlxError):
+            return _fail(f"internal error: {type(exc).__name__}: {exc} (please report)", EXIT_INTERNAL)
+        return _fail(str(exc), EXIT_INPUT)
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
     except Exception as exc:  # a bug: one line, no traceback

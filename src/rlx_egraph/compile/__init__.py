@@ -22,7 +22,7 @@ from ..ir.graph import Graph, GraphError
 from ..ir.specialize import specialize_graph
 from ..optimize import optimize_with_report
 from ..report import OptimizeReport
-from .hir import Module, Policy
+from .hir import Module, Policy, Stage
 from .legalize import LegalizeError, legalize
 from .plan import ALIGNMENT, Phase, Plan, PlanError, Section, plan_memory
 
@@ -38,6 +38,11 @@ class CompileResult:
     plan: Plan | None
     alignment: int = ALIGNMENT
 
+    @property
+    def stage(self) -> Stage:
+        """A compile result is the LIR stage: a launch order and memory plan."""
+        return Stage.LIR
+
     def run(self, feeds: Mapping[str, np.ndarray] | None = None, params: Mapping[str, np.ndarray] | None = None,
             seed: int = 0) -> list[np.ndarray]:
         """The outputs, computed by running the plan (equal to ``evaluate(self.graph, ...)``)."""
@@ -47,18 +52,40 @@ class CompileResult:
         return self.plan.run(feeds, params, seed)
 
 
+def stage_of(value: Any) -> Stage:
+    """The pipeline stage ``value`` stands at: a Module is HIR, a Graph MIR, a Plan or CompileResult LIR.
+    TypeError for anything else."""
+    for kind, stage in ((Module, Stage.HIR), (Graph, Stage.MIR), (Plan, Stage.LIR), (CompileResult, Stage.LIR)):
+        if isinstance(value, kind):
+            return stage
+    raise TypeError(f"expected a Module (HIR), a Graph (MIR), or a Plan or CompileResult (LIR), got "
+                    f"{type(value).__name__}")
+
+
 def compile(graph_or_module: Graph | Module, target: Target | str = "cpu", optimize: bool = True,
-            alignment: int = ALIGNMENT, **options: Any) -> CompileResult:
+            alignment: int = ALIGNMENT, assert_fusion_clean: bool = False, **options: Any) -> CompileResult:
     """Compile a graph or module for ``target``; ``options`` go to ``optimize_with_report``.
 
-    Raises LegalizeError naming the nodes when the target cannot run some op.
+    ``assert_fusion_clean``: raise :class:`~rlx_egraph.report.fusion.MissedFusions` listing every missed fusion
+    of the optimize report (the design's fusion contract) instead of returning a result that misses some.
+    Raises LegalizeError naming the nodes when the target cannot run some op, and TypeError for anything but a
+    Module (HIR) or Graph (MIR): a Plan or CompileResult (LIR) is compiled already.
     """
+    stage = stage_of(graph_or_module)
+    if stage is Stage.LIR:
+        raise TypeError(f"compile takes a Module (HIR) or a Graph (MIR), got a {type(graph_or_module).__name__}, "
+                        "which is LIR (compiled already): run it with .run(), or compile its graph again with "
+                        "compile(x.graph, target)")
+    if assert_fusion_clean and not optimize:
+        raise ValueError("assert_fusion_clean=True needs optimize=True (the fusion report comes from the optimizer)")
     tgt = get_target(target)
     graph = graph_or_module.lower() if isinstance(graph_or_module, Module) else graph_or_module
     graph = legalize(graph, tgt)
     report = None
     if optimize:
         graph, report = optimize_with_report(graph, tgt, **options)
+        if assert_fusion_clean:
+            report.fusion.raise_if_missed()
         graph = legalize(graph, tgt)
     plan = None if graph.symbols else plan_memory(graph, tgt.name, alignment)
     return CompileResult(graph, tgt, report, plan, alignment)
@@ -102,4 +129,4 @@ def _specialize_module(module: Module, binding: Mapping[str, int]) -> Module:
 
 
 __all__ = ["ALIGNMENT", "CompileResult", "LegalizeError", "Module", "Phase", "Plan", "PlanError", "Policy",
-           "Section", "compile", "legalize", "plan_memory", "specialize"]
+           "Section", "Stage", "compile", "legalize", "plan_memory", "specialize", "stage_of"]

@@ -20,21 +20,29 @@ The fusion policy decides what a layer becomes:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ..cost.targets import SEED_ATTENTION_BLOCK_MAX_TOKENS
 from ..ir.decompose import decompose
 from ..ir.graph import Graph, GraphError
 from ..ir.ops.fused import EPILOGUE_OPS, EPILOGUES
 from ..ir.registry import TensorType
-from ..optimize import optimize_with_report
 
-# The optimizer's default token bound for FusedAttentionBlock (FUSIONS.md section 3); ``direct`` keeps to it.
-ATTENTION_BLOCK_MAX_TOKENS: int = inspect.signature(optimize_with_report).parameters[
-    "attention_block_max_tokens"].default
+# The token bound for FusedAttentionBlock of the targets that keep the seed's (docs/fusions.md); ``direct``
+# keeps to it.
+ATTENTION_BLOCK_MAX_TOKENS: int = SEED_ATTENTION_BLOCK_MAX_TOKENS
+
+
+class Stage(StrEnum):
+    """Where a model stands in the pipeline: layers (HIR, a :class:`Module`), ops (MIR, a ``Graph``), or a launch
+    order and memory plan (LIR, a ``Plan`` or ``CompileResult``)."""
+
+    HIR = "hir"
+    MIR = "mir"
+    LIR = "lir"
 
 
 class Policy(StrEnum):
@@ -314,6 +322,11 @@ class Module:
 
     # --- queries and lowering -------------------------------------------------------------------
 
+    @property
+    def stage(self) -> Stage:
+        """A module is the HIR stage: :meth:`lower` gives its MIR graph."""
+        return Stage.HIR
+
     def type(self, value: int) -> TensorType:
         """The shape and dtype of ``value``."""
         self._check_values((value,), f"module {self.name!r}:")
@@ -347,4 +360,4 @@ class Module:
             raise GraphError(f"{what} {bad[0]!r} is not a value of the module")
 
 
-__all__ = ["ATTENTION_BLOCK_MAX_TOKENS", "Layer", "Module", "Policy", "policy_of"]
+__all__ = ["ATTENTION_BLOCK_MAX_TOKENS", "Layer", "Module", "Policy", "Stage", "policy_of"]

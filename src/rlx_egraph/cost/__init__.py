@@ -1,4 +1,4 @@
-"""The IO cost model (FUSIONS.md section 4): graph profiles, per-node costs and targets.
+"""The IO cost model: graph profiles, per-node costs and targets.
 
 ``profile(graph, target)`` counts a graph's kernel launches, host sync points,
 host readback bytes, device traffic bytes and FLOPs; a :class:`Target` turns

@@ -7,14 +7,19 @@ any other node is one kernel launch that moves the bytes of each input slot
 plus its output, adds a host sync point if its kind is HOST_SYNC, and does
 ``spec.flops`` FLOPs.  A graph's :func:`profile` is the sum of its node costs
 plus the bytes of each distinct output node read back to the host (views and
-leaves included, unlike the seed, which skipped outputs that are views).
+leaves included, unlike the seed, which skipped outputs that are views); it can
+be asked for another list of outputs (``outputs=``: what the host reads, the
+graph computed as it is).
+
+Host-sync ops (``Item``, ``NonZero``, ``Cond``: :mod:`rlx_egraph.ir.ops.host`) are
+the ops whose value the host reads before the run goes on: each is a sync point.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +99,7 @@ class IoProfile:
     target: Target
     ops: frozenset[str] = field(default_factory=frozenset)
     by_kind: Mapping[str, KindCost] = field(default_factory=dict, compare=False)  # op kind -> its nodes' sum
+    by_op: Mapping[str, NodeCost] = field(default_factory=dict, compare=False)  # op -> its nodes' sum
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", _target(self.target))
@@ -105,9 +111,19 @@ class IoProfile:
         return tuple(sorted(op for op in self.ops if not self.target.supports(op)))
 
     def breakdown(self) -> dict[str, float]:
-        """Predicted ns per term; ``unsupported`` is inf when the target lacks an op, else 0."""
-        terms = self.target.terms(self.launches, self.sync_points, self.traffic_bytes, self.readback_bytes,
-                                  self.flops)
+        """Predicted ns per term; ``run`` is the target's fixed cost of one run of the graph; ``unsupported`` is
+        inf when the target lacks an op, else 0.  On a target with measured lines (:meth:`Target.rate`) each op's
+        nodes are priced by their line (from ``by_op``; a profile without it by the target-wide figures)."""
+        tgt = self.target
+        if not (tgt.rates and self.by_op):
+            terms = tgt.terms(self.launches, self.sync_points, self.traffic_bytes, self.readback_bytes, self.flops)
+        else:
+            terms = tgt.terms(0, self.sync_points, 0, self.readback_bytes, 0)
+            for op, cost in self.by_op.items():
+                part = tgt.terms(cost.launches, 0, cost.traffic_bytes, 0, cost.flops, tgt.rate(REGISTRY[op]))
+                for term in ("dispatch", "traffic", "compute"):
+                    terms[term] += part[term]
+        terms["run"] = tgt.run_ns
         terms["unsupported"] = math.inf if self.unsupported_ops else 0.0
         return terms
 
@@ -122,6 +138,8 @@ class IoProfile:
         part = self.by_kind[kind]
         if any(not self.target.supports(op) for op in part.ops):
             return math.inf
+        if self.target.rates and self.by_op:
+            return sum(self.target.cost_ns(self.by_op[op], REGISTRY[op]) for op in part.ops if op in self.by_op)
         return self.target.cost_ns(part.cost)
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,7 +159,7 @@ class IoProfile:
     def __str__(self) -> str:
         text = (f"{self.target.name}: {self.launches} launches, {self.sync_points} syncs, "
                 f"traffic {_bytes(self.traffic_bytes)}, readback {_bytes(self.readback_bytes)}, "
-                f"{self.flops:,} FLOPs -> {_time(self.ns)}")
+                f"{self.flops:,} FLOPs -> {format_ns(self.ns)}")
         if self.unsupported_ops:
             text += f" (unsupported: {', '.join(self.unsupported_ops)})"
         return text
@@ -154,19 +172,22 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _time(ns: float) -> str:
+def format_ns(ns: float) -> str:
+    """``ns`` in the largest unit that keeps it >= 1 (``"1.52 s"``, ``"230.00 ms"``)."""
     for unit, size in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
         if math.isfinite(ns) and abs(ns) >= size:
             return f"{ns / size:.2f} {unit}"
     return f"{ns:.0f} ns" if math.isfinite(ns) else "inf ns"
 
 
-def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
+def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] | None = None) -> IoProfile:
     """The IO profile of ``graph`` on ``target``: the sum of :func:`node_cost` over every node
     (unused ones too; a layout op the target copies is a kernel when it reads an intermediate, as
-    :meth:`Target.node_ns` prices it) plus the bytes of each distinct output node read back.  Symbolic dims count at
-    the target's hints (:meth:`Target.hint`)."""
+    :meth:`Target.node_ns` prices it) plus the bytes of each distinct output node read back: the graph's outputs,
+    or the node ids ``outputs`` (GraphError naming one the graph lacks).  Symbolic dims count at the target's hints
+    (:meth:`Target.hint`)."""
     tgt = _target(target)
+    read = graph.outputs if outputs is None else [graph.node(i).id for i in outputs]
     if graph.symbols:
         graph = specialize_graph(graph, {s: tgt.hint(s) for s in graph.symbols})
     by_id, copied = graph.nodes_by_id, tgt.copied_layouts
@@ -201,20 +222,22 @@ def profile(graph: Graph, target: Target | str = "cpu") -> IoProfile:
         else:
             same[3] += 1
     sums = {kind: [0, 0, 0, 0] for kind in nodes}  # kind -> launches, syncs, traffic bytes, FLOPs
+    op_sums = {op: [0, 0, 0, 0] for op in kind_of}  # the same per op
     for node, ins, copies, count in [*signatures.values(), *unhashable]:
         cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
-        total = sums[kind_of[node.op]]
-        total[0] += cost.launches * count
-        total[1] += cost.syncs * count
-        total[2] += cost.traffic_bytes * count
-        total[3] += cost.flops * count
+        for total in (sums[kind_of[node.op]], op_sums[node.op]):
+            total[0] += cost.launches * count
+            total[1] += cost.syncs * count
+            total[2] += cost.traffic_bytes * count
+            total[3] += cost.flops * count
     costs = {k: NodeCost(*v) for k, v in sums.items()}
     total = sum(costs.values(), FREE)
-    readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(graph.outputs))
+    readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(read))
     by_kind = {k: KindCost(nodes[k], costs[k], frozenset(ops[k])) for k in sorted(nodes)}
     return IoProfile(launches=total.launches, sync_points=total.syncs, readback_bytes=readback,
                      traffic_bytes=total.traffic_bytes, flops=total.flops, target=tgt,
-                     ops=frozenset(op for k in ops.values() for op in k), by_kind=by_kind)
+                     ops=frozenset(op for k in ops.values() for op in k), by_kind=by_kind,
+                     by_op={op: NodeCost(*v) for op, v in sorted(op_sums.items())})
 
 
 @dataclass(frozen=True)
@@ -228,7 +251,9 @@ class FusionBenefit:
     flops_saved: int
 
     def score_ns(self, target: Target | str) -> float:
-        """The saved time on ``target``: the difference of the two profiles' predicted ns."""
+        """The saved time on ``target``: the difference of the two profiles' predicted ns, priced by the target-wide
+        figures (the counts do not say which ops they came from; on a target with measured lines compare the
+        profiles themselves: ``before.ns - after.ns``)."""
         saved = _target(target).terms(self.launches_saved, self.sync_points_saved, self.traffic_bytes_saved,
                                       self.readback_bytes_saved, self.flops_saved)
         return sum(saved.values())

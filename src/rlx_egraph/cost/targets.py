@@ -6,13 +6,16 @@ A :class:`Target` prices the counts of :mod:`rlx_egraph.cost.model`::
        + traffic_bytes / memory_bw + readback_bytes / readback_bw + flops / flops_per_ns
 
 Bandwidths are in bytes per ns (1 B/ns = 1 GB/s) and compute in FLOP per ns
-(1 FLOP/ns = 1 GFLOP/s).  An op in ``unsupported`` costs infinity on that
-target, so extraction never picks it (legalisation by extraction).
+(1 FLOP/ns = 1 GFLOP/s).  A target with measured lines (``rates``) prices the
+launches, bytes and FLOPs of an op's nodes by its op's or kind's line instead,
+and adds ``run_ns`` per run (:meth:`Target.rate`).  An op in ``unsupported``
+costs infinity on that target, so extraction never picks it (legalisation by
+extraction).
 
 Where the preset figures come from:
 
 ``metal`` and ``wgpu``
-    The seed's compile-time gate figures (FUSIONS.md section 4), unchanged, so
+    The seed design's compile-time gate figures, unchanged, so
     its gate decisions reproduce.  The seed does not model compute, so both
     have ``flops_per_ns = inf``.  On unified memory the seed divides readback
     by its readback bandwidth forced to 0 and then clamped to 1, i.e. it
@@ -43,29 +46,18 @@ Where the preset figures come from:
     non-tensor-core float32 (A100 19.5).  host_thunk_penalty 100 µs: a host
     callback drains the stream and breaks CUDA-graph capture.
 
-``onnxruntime`` (ours; onnxruntime's CPU provider on this project's 2-core machine)
-    Measured with ``python -m rlx_egraph.frontends.onnx.measure_target``
-    (onnxruntime 1.31.1; the machine is shared, so two runs differ: dispatch
-    335 and 708 ns, memory bandwidth 3.2 and 6.2 B/ns, matmul 17.2 and
-    17.8 FLOP/ns).  dispatch 500 ns: the slope of a chain of tiny Sigmoid
-    kernels.  memory_bw 5 B/ns: an Add of two 16 MiB tensors.  flops_per_ns
-    17: a 512^3 float32 MatMul.  No device: roundtrip and host-thunk penalty
-    0, outputs read at memory speed.  The
-    target supports the fused ops the ONNX export writes as onnxruntime
-    kernels (``frontends/onnx/export_table.EXPORTS``: Gemm, BiasGelu,
-    FastGelu, com.microsoft Attention, ...); every other fused op would be
-    exported unfused, so extraction must not pick it.  Nor the residual
-    LayerNorms (:data:`ORT_SLOWER_THAN_UNFUSED`): their kernel,
-    com.microsoft SkipLayerNormalization, measured slower than Add then
-    LayerNormalization at every size (``measure_target``, unloaded: 15.2 vs
-    11.8 us per layer at [2, 16, 64], 877 vs 158 us at [2, 128, 768]; with one
-    thread 20 vs 7 us).  SkipSimplifiedLayerNormalization (the residual
-    RMSNorms) stays: faster at the tiny size (8.1 vs 11.2 us), slower at the
-    large one (160 vs 111 us), which one figure per op cannot price.  No
-    region kernels.  The layout ops the export writes as Slice, Transpose,
-    Expand and Concat (:data:`ORT_COPIED_LAYOUTS`) copy their input there: each
-    is a kernel when it reads an intermediate (over weights onnxruntime folds
-    it when the session loads); only Reshape is a free view.
+``onnxruntime`` (ours; onnxruntime's CPU provider)
+    Priced by a :class:`~rlx_egraph.cost.calibration.Calibration`: per op (or op kind) a cost line fitted
+    to measurements in onnxruntime of what the ONNX export writes for it, at sizes from a tiny model's to
+    BERT-base's, plus the fixed cost of one run.  :func:`onnxruntime_target` builds it from a calibration;
+    :func:`get_target` takes this machine's (``rlx-egraph calibrate --target onnxruntime``, cached per
+    machine), else the one shipped with the package.  It runs the fused ops of :data:`ONNXRUNTIME_FUSED`
+    (each exported as the onnxruntime kernel named there; every other fused op would be exported unfused,
+    so extraction must not pick it) and no region kernels.  Whether a fused kernel pays is decided by its
+    measured line against its parts' at the node's shape (``docs/cost_model.md``).  The layout ops
+    (:data:`ORT_LAYOUTS`) are kernels there when they read an intermediate (a Reshape dispatched without a
+    copy, the others copying; over weights onnxruntime folds them when the session loads), so each is
+    priced by its measured line.
 
 Symbolic dims (``"batch"``, ``"seq"``) are priced at a size hint: the call's
 ``dim_hints`` (``optimize(g, dim_hints={"seq": 512})``), else the target's
@@ -79,24 +71,44 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import RlxError
-from ..frontends.onnx.export_table import EXPORTS
+from ..ir.ops.fused import REGION_KINDS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
+from . import calibration as cal
+from .calibration import Calibration, OpRate
 from .model import IoProfile, NodeCost, node_cost, node_launches
 
-_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns")
+_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
 _COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 
 # The longest ElementwiseRegion chain a region kernel runs, and the most inputs it reads.
 REGION_MAX_STEPS = 16
 REGION_MAX_INPUTS = 8
-# Layout ops the ONNX export writes as copying kernels (Slice, Transpose, Expand, Concat); Reshape aliases.
-ORT_COPIED_LAYOUTS = frozenset({"Narrow", "Transpose", "Expand", "Concat"})
-# Fused ops onnxruntime exports as one kernel that measured slower there than their unfused ops (module docs).
-ORT_SLOWER_THAN_UNFUSED = frozenset({"FusedResidualLN", "FusedAddLayerNorm"})
+# The seed's bound on FusedAttentionBlock (batch*seq tokens), kept on targets with no measurement of it.
+SEED_ATTENTION_BLOCK_MAX_TOKENS = 64
+# Layout ops onnxruntime dispatches when they read an intermediate: Reshape (no copy), Slice, Transpose, Expand, Concat.
+ORT_LAYOUTS = frozenset({"Reshape", "Narrow", "Transpose", "Expand", "Concat"})
+# The fused ops the onnxruntime target runs, each with the onnxruntime kernel it runs as (the ONNX exporter
+# writes exactly these; its tests check it).
+ONNXRUNTIME_FUSED: dict[str, str] = {
+    "FusedMatMulAdd": "Gemm (MatMul + Add when batched)",
+    "FusedMatMulATAdd": "Gemm transA (Transpose, MatMul + Add when batched)",
+    "FusedMatMulBTAdd": "Gemm transB (MatMul + Add when batched)",
+    "FusedMatMulBiasAct": "Gemm, or MatMul + com.microsoft BiasGelu / FastGelu / QuickGelu",
+    "FusedResidualLN": "com.microsoft SkipLayerNormalization",
+    "FusedAddLayerNorm": "com.microsoft SkipLayerNormalization (its sum output too)",
+    "FusedResidualRmsNorm": "com.microsoft SkipSimplifiedLayerNormalization",
+    "FusedAddRmsNorm": "com.microsoft SkipSimplifiedLayerNormalization (its sum output too)",
+    "FusedAttentionBlock": "com.microsoft Attention (mask index), then MatMul + Add",
+    "QkvAttention": "com.microsoft Attention (packed projection, additive bias or causal)",
+    "BiasedAttention": "Attention (opset 23) with an additive mask",
+    "RotaryEmbedding": "RotaryEmbedding (opset 23)",
+    "EmbedLayerNorm": "com.microsoft EmbedLayerNormalization",
+}
 
 
 class UnsupportedOp(RlxError, ValueError):
@@ -127,6 +139,11 @@ class Target:
     ``region_max_steps`` / ``region_max_inputs`` bound the regions it runs.
     ``dim_hints`` (symbol -> size) and ``default_dim_hint`` (any other symbol) are the sizes symbolic dims are
     priced at (:meth:`hint`).
+    ``rates`` (op name or kind -> :class:`~rlx_egraph.cost.calibration.OpRate`) price the nodes of an op by a
+    measured line instead of the target-wide figures (:meth:`rate`); ``run_ns`` is the fixed cost of one run of
+    a whole graph; ``calibration`` says where the figures come from.  ``attention_block_max_tokens`` bounds the
+    batch*seq of a FusedAttentionBlock (the seed's guard, for targets with no measurement of the block); None:
+    no bound, the cost decides at the model's shape.
     """
 
     name: str
@@ -145,6 +162,10 @@ class Target:
     region_max_inputs: int = REGION_MAX_INPUTS
     dim_hints: Mapping[str, int] = field(default_factory=dict, hash=False)
     default_dim_hint: int = 16
+    rates: Mapping[str, OpRate] = field(default_factory=dict, hash=False)
+    run_ns: float = 0.0
+    attention_block_max_tokens: int | None = SEED_ATTENTION_BLOCK_MAX_TOKENS
+    calibration: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -173,6 +194,16 @@ class Target:
         if not_layout:
             raise ValueError(f"target {self.name!r}: copied_layouts names op(s) that are not layout ops {not_layout}")
         object.__setattr__(self, "copied_layouts", copied)
+        bound = self.attention_block_max_tokens
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+            raise ValueError(f"target {self.name!r}: attention_block_max_tokens={bound!r} must be None or an int >= 0")
+        kinds = {kind.value for kind in Kind}
+        unknown = sorted(key for key in self.rates if key not in REGISTRY and key not in kinds)
+        if unknown:
+            raise ValueError(f"target {self.name!r}: rates name unknown op(s) or kind(s) {unknown}")
+        if not all(isinstance(r, OpRate) for r in self.rates.values()):
+            raise TypeError(f"target {self.name!r}: rates must map names to OpRate")
+        object.__setattr__(self, "rates", dict(self.rates))
 
     def hint(self, symbol: str) -> int:
         """The size symbolic dim ``symbol`` is priced at."""
@@ -196,20 +227,34 @@ class Target:
         """A copy with some knobs changed (validated like a new target)."""
         return dataclasses.replace(self, **changes)
 
+    def rate(self, spec: OpSpec) -> OpRate | None:
+        """The measured line that prices ``spec``'s nodes: its op's, else its kind's; None: the target-wide
+        figures price them."""
+        return self.rates.get(spec.name) or self.rates.get(spec.kind.value) if self.rates else None
+
     def terms(self, launches: float, syncs: float, traffic_bytes: float, readback_bytes: float,
-              flops: float) -> dict[str, float]:
-        """The predicted-time formula, term by term, in ns (inputs may be negative savings)."""
+              flops: float, rate: OpRate | None = None) -> dict[str, float]:
+        """The predicted-time formula, term by term, in ns (inputs may be negative savings); ``rate``: the
+        measured line that prices launches, traffic and FLOPs instead of the target-wide figures."""
+        if rate is None:
+            dispatch, traffic, compute = (launches * self.dispatch_ns, traffic_bytes / self.memory_bw,
+                                          flops / self.flops_per_ns)
+        else:
+            dispatch, traffic, compute = (launches * rate.launch_ns, traffic_bytes * rate.ns_per_byte,
+                                          flops * rate.ns_per_flop)
         return {
-            "dispatch": launches * self.dispatch_ns,
+            "dispatch": dispatch,
             "sync": syncs * (self.roundtrip_ns + self.host_thunk_penalty_ns),
-            "traffic": traffic_bytes / self.memory_bw,
+            "traffic": traffic,
             "readback": readback_bytes / self.readback_bw,
-            "compute": flops / self.flops_per_ns,
+            "compute": compute,
         }
 
-    def cost_ns(self, cost: NodeCost) -> float:
-        """Predicted ns of one node's counts (a node reads nothing back to the host)."""
-        return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops).values())
+    def cost_ns(self, cost: NodeCost, spec: OpSpec | None = None) -> float:
+        """Predicted ns of one node's counts (a node reads nothing back to the host); ``spec``: the node's op,
+        whose measured line (:meth:`rate`) prices it where the target has one."""
+        rate = self.rate(spec) if spec is not None else None
+        return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops, rate).values())
 
     def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
                 out_type: TensorType, reads_intermediate: bool = False) -> float:
@@ -222,7 +267,7 @@ class Target:
         """
         if not self.supports(spec.name):
             return math.inf
-        return self.cost_ns(node_cost(spec, attrs, in_types, out_type, self.copies(spec, reads_intermediate)))
+        return self.cost_ns(node_cost(spec, attrs, in_types, out_type, self.copies(spec, reads_intermediate)), spec)
 
     def copies(self, spec: OpSpec, reads_intermediate: bool) -> bool:
         """Whether a node of ``spec`` runs as a copy kernel here: a layout op in ``copied_layouts`` that reads an
@@ -273,6 +318,18 @@ def check_dim_hints(hints: Any, what: str) -> Mapping[str, int]:
     return hints
 
 
+def onnxruntime_target(calibration: Calibration) -> Target:
+    """The ``onnxruntime`` target priced by ``calibration``: its lines, run cost and target-wide figures."""
+    bw = calibration.memory_bw
+    return Target(name="onnxruntime", dispatch_ns=calibration.dispatch_ns, roundtrip_ns=0.0, memory_bw=bw,
+                  host_readback_bw=bw, unified=True, unified_readback_bw=bw, host_thunk_penalty_ns=0.0,
+                  flops_per_ns=calibration.flops_per_ns, region_kernels=False, copied_layouts=ORT_LAYOUTS,
+                  unsupported=frozenset(name for name, spec in REGISTRY.items()
+                                        if spec.kind is Kind.FUSED and name not in ONNXRUNTIME_FUSED),
+                  rates=calibration.rates, run_ns=calibration.run_ns, calibration=calibration.describe(),
+                  attention_block_max_tokens=None)
+
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -286,21 +343,36 @@ TARGETS: dict[str, Target] = {
                flops_per_ns=math.inf),
         Target(name="wgpu", dispatch_ns=3_000.0, roundtrip_ns=30_000.0, memory_bw=100.0, host_readback_bw=40.0,
                unified=False, host_thunk_penalty_ns=25_000_000.0, flops_per_ns=math.inf,
-               unsupported=frozenset({"FusedTransformerLayer", "ElementwiseRegion"}), region_kernels=False),
-        Target(name="onnxruntime", dispatch_ns=500.0, roundtrip_ns=0.0, memory_bw=5.0, host_readback_bw=5.0,
-               unified=True, unified_readback_bw=5.0, host_thunk_penalty_ns=0.0,
-               flops_per_ns=17.0, region_kernels=False, copied_layouts=ORT_COPIED_LAYOUTS,
-               unsupported=frozenset(name for name, spec in REGISTRY.items()
-                                     if spec.kind is Kind.FUSED and name not in EXPORTS) | ORT_SLOWER_THAN_UNFUSED),
+               unsupported=frozenset({"FusedTransformerLayer", *REGION_KINDS}), region_kernels=False),
+        onnxruntime_target(cal.shipped("onnxruntime")),
     )
 }
 
 
 def get_target(target: Target | str) -> Target:
-    """A preset by name, or ``target`` itself when it is already a Target."""
+    """A preset by name, or ``target`` itself when it is already a Target.  ``"onnxruntime"`` is priced by this
+    machine's cached calibration when there is one (:func:`rlx_egraph.cost.calibration.load`), else by the
+    shipped one (``TARGETS["onnxruntime"]``)."""
     if isinstance(target, Target):
         return target
+    if target == "onnxruntime":
+        return _machine_onnxruntime(cal.cache_path("onnxruntime"))
     try:
         return TARGETS[target]
     except (KeyError, TypeError):
         raise ValueError(f"unknown target {target!r} (known: {', '.join(TARGETS)})") from None
+
+
+_MACHINE: dict[tuple[Path, float], Target] = {}  # cache file and its mtime -> its target
+
+
+def _machine_onnxruntime(path: Path) -> Target:
+    """The onnxruntime target of the calibration cached at ``path`` (remembered per file and mtime), else the
+    shipped one."""
+    try:
+        key = (path, path.stat().st_mtime)
+    except OSError:
+        return TARGETS["onnxruntime"]
+    if key not in _MACHINE:
+        _MACHINE[key] = onnxruntime_target(cal.read(path))
+    return _MACHINE[key]

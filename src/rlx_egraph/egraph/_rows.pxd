@@ -1,5 +1,6 @@
-"""The fields of the view's compiled classes (defined in ``_rows.pyx``), for the compiled passes to read
-directly (``cimport``)."""
+# The C fields of _rows.py's classes, for the compiled passes that read them (cimport).
+
+cdef Py_ssize_t _DEADLINE_STRIDE
 
 
 cdef class ENode:
@@ -18,3 +19,18 @@ cdef class EClass:
     cdef public object type  # a TensorType (TupleType for a multi-result op), None when it has none
     cdef public list originals  # graph node ids in this class
     cdef public tuple merged_by  # rules that unioned something into this class
+
+
+cdef class ClassNumbers:
+    cdef dict number_of
+    cdef public int count
+    cdef object number(self, object value)
+
+
+cdef class ListCells:
+    cdef dict cells
+    cdef void extend(self, object value, list out) except *
+
+
+cdef class RuleRelation:
+    cdef dict names

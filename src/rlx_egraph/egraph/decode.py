@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node, check_node
 from ..ir.registry import Kind, ops_of_kind
-from ._solver import decode_order, decoded_nodes, least_per_class
+from ._choice import least_per_class
+from ._decoding import decode_order, decoded_nodes
 from .view import EGraphView
 
 
@@ -70,7 +71,7 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     """Build the optimized graph from ``choice`` (class -> e-node).
 
     Each class goes in when its chosen e-node's inputs are in, the least sort key first: an input-graph class
-    at its node's position, a rule-made one just after its inputs (compiled: :func:`._solver.decode_order`)."""
+    at its node's position, a rule-made one just after its inputs (see :func:`._decoding.decode_order`)."""
     wanted = dict(choice)
     for node in graph.inputs:  # graph inputs are the interface: always kept
         c = view.class_of_node[node.id]

@@ -18,6 +18,12 @@ Every value reads back exactly: any Python str (:func:`stored_string`), a consta
 its bit-exact content key (:func:`array_key`), and a Scalar -0.0, which egglog's f64 would
 equate with 0.0, as ``(Neg (Scalar 0.0 dtype))`` (rows ``rlx-row-neg-zero``).
 :attr:`Encoding.text` is the same program with the rows written as facts: it runs as-is.
+
+:func:`graph_terms` writes the same graph for a person to read: one global per node,
+``(let $n3 (MatMul $n0 $n1))``, with its shape facts on the same line.  It builds the same
+e-graph (less the ``rlx-node`` tables) and re-runs in egglog as-is, but egglog compiles each of
+its commands (~150 us per node), so it is the form for small graphs;
+``dump_egglog_program(graph, form="terms")`` gives the whole program in it.
 """
 
 from __future__ import annotations
@@ -320,22 +326,89 @@ def encode_graph(graph: Graph, attention_block_max_tokens: int = 64) -> Encoding
             actions = " ".join(f"(set ({table} ({NODE_TABLE} k)) {value})" for table, value in sets)
             rules.append(f"(rule (({relation} {head}){query}) ({actions}) :ruleset {LOAD_RULESET})")
     declarations += [f"(relation {relation} ({' '.join(sorts)}))" for relation, sorts in columns.items()]
-    graph_facts = [f"(run {LOAD_RULESET} 1)", f"(set (attention-block-max-tokens) {int(attention_block_max_tokens)})"]
-    for p in sorted(perms):
-        inverse = tuple(sorted(range(len(p)), key=p.__getitem__))
-        if inverse in perms:
-            graph_facts.append(f"(inverse-perms {literal(p, AttrType.INTS)} {literal(inverse, AttrType.INTS)})")
+    graph_facts = [f"(run {LOAD_RULESET} 1)", *_graph_facts(perms, attention_block_max_tokens)]
     return Encoding("\n".join(declarations), {r: rows[r] for r in columns}, "\n".join(rules + graph_facts),
                     constants)
 
 
-def dump_egglog_program(graph: Graph, rules: Any = None, attention_block_max_tokens: int = 64) -> str:
-    """The whole program for ``graph`` as text that runs as-is in egglog:
-    schema, rules, the graph (node ``i`` is ``(rlx-node i)``) with shape facts, and
-    the staged saturation schedule."""
+def _graph_facts(perms: set[tuple[int, ...]], attention_block_max_tokens: int) -> list[str]:
+    """The facts about the graph as a whole: the attention-block token bound, and which of its Transposes' perms
+    undo each other."""
+    facts = [f"(set (attention-block-max-tokens) {int(attention_block_max_tokens)})"]
+    for p in sorted(perms):
+        inverse = tuple(sorted(range(len(p)), key=p.__getitem__))
+        if inverse in perms:
+            facts.append(f"(inverse-perms {literal(p, AttrType.INTS)} {literal(inverse, AttrType.INTS)})")
+    return facts
+
+
+def term_name(node_id: int) -> str:
+    """The egglog global holding node ``node_id``'s term in :func:`graph_terms`."""
+    return f"$n{node_id}"
+
+
+def _term(node: Node) -> str:
+    """``node`` as an egglog term over its inputs' globals."""
+    if is_negative_zero_scalar(node):
+        return f"(Neg (Scalar 0.0 {string_literal(node.dtype)}))"
+    kinds = {a.name: a.type for a in node.spec.attrs}
+    args: list[str] = []
+    k = 0
+    for arg in constructor_args(node.spec):
+        if arg.variadic:
+            tail = f"({LIST_NIL})"
+            for i in reversed(node.inputs[k:]):
+                tail = f"({LIST_CONS} {term_name(i)} {tail})"
+            args.append(tail)
+        elif arg.is_input:
+            args.append(term_name(node.inputs[k]) if k < len(node.inputs) else f"({NO_INPUT})")
+            k += 1
+        else:
+            value, kind = node.attrs[arg.name], kinds[arg.name]
+            args.append(string_literal(array_key(value)) if kind is AttrType.ARRAY else literal(value, kind))
+    return f"({node.op}{''.join(' ' + a for a in args)})"
+
+
+def graph_terms(graph: Graph, attention_block_max_tokens: int = 64) -> str:
+    """``graph`` as egglog terms, a line per node in graph order: the node's global ``$n<id>``, then its shape and
+    dtype facts (its Param order too); then the graph-wide facts.  Runs after the schema and the rules."""
+    lines = [";; the graph: node i is the global $n<i>, with its shape and dtype facts"]
+    perms: set[tuple[int, ...]] = set()
+    params = 0
+    for node in graph.nodes:
+        name = term_name(node.id)
+        line = [f"(let {name} {_term(node)})"]
+        if not node.parts:  # a multi-result node has no one shape: its Gets have theirs
+            line += [f"(set (shape {name}) {literal(node.shape, AttrType.INTS)})",
+                     f"(set (dtype {name}) {string_literal(node.dtype)})"]
+        if node.op == "Param":
+            line.append(f"(set (param-order {name}) {params})")
+            params += 1
+        elif node.op == "Transpose":
+            perms.add(node.attrs["perm"])
+        lines.append(" ".join(line))
+    return "\n".join([*lines, *_graph_facts(perms, attention_block_max_tokens)]) + "\n"
+
+
+PROGRAM_FORMS = ("rows", "terms")
+
+
+def dump_egglog_program(graph: Graph, rules: Any = None, attention_block_max_tokens: int = 64,
+                        form: str = "rows") -> str:
+    """The whole program for ``graph`` as text that runs as-is in egglog: schema, rules, the graph, and the
+    staged saturation schedule.  ``form="rows"`` (what a run loads; fast at any size) writes the graph as
+    relation rows, node ``i`` being ``(rlx-node i)``; ``form="terms"`` as one readable term per node
+    (:func:`graph_terms`, node ``i`` being ``$n<i>``; for small graphs), ending with egglog's own ``extract`` of
+    each output (egglog's smallest term, not the IO cost model's choice)."""
     from .rules import load_rules
 
+    if form not in PROGRAM_FORMS:
+        raise ValueError(f"form must be one of {list(PROGRAM_FORMS)}, got {form!r}")
     ruleset = load_rules(rules)
-    parts = [schema_text(), ruleset.text, encode_graph(graph, attention_block_max_tokens).text,
-             ruleset.schedule_text()]
-    return "\n".join(parts)
+    if form == "rows":
+        graph_part = encode_graph(graph, attention_block_max_tokens).text
+        tail: list[str] = []
+    else:
+        graph_part = graph_terms(graph, attention_block_max_tokens)
+        tail = [f"(extract {term_name(o)})" for o in dict.fromkeys(graph.outputs)]
+    return "\n".join([schema_text(), ruleset.text, graph_part, ruleset.schedule_text(), *tail])

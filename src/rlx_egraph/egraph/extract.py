@@ -15,8 +15,9 @@ that could share what the switch brought in, and keeps the group if it pays.
 It also searches from each class's least tree-cost e-node and keeps the
 cheaper of the two results (so still never worse than the input): sharing can
 hide a cheaper unshared form from every single move.
-Its passes run compiled, on the e-graph as integer arrays (:mod:`._solver`, Cython);
-the two searches run at once, each in its own thread (the compiled search holds
+Its passes run on the e-graph as integer arrays (:mod:`._choice`, :mod:`._pricing`,
+:mod:`._solver`: compiled where the install had a C compiler, see ``docs/install.md``);
+the two searches run at once, each in its own thread (compiled, the search holds
 no Python object, so it lets go of the GIL).
 ``exact`` solves the same problem as an integer program (HiGHS via ``highspy``).
 Both respect the run's deadline: greedy stops improving (its choice is valid
@@ -39,18 +40,10 @@ import numpy as np
 from ..cost import Target
 from ..cost.targets import unsupported_op
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType
-from ._solver import (
-    EPS,
-    ClassChoice,
-    Solver,
-    drop_unreachable,
-    least_per_class,
-    price_nodes,
-    settle_positions,
-    start_choice,
-    tree_choice,
-)
-from ._solver import dag_cost as flat_dag_cost
+from ._choice import ClassChoice, drop_unreachable, least_per_class, settle_positions, start_choice, tree_choice
+from ._choice import dag_cost as flat_dag_cost
+from ._pricing import price_nodes
+from ._solver import EPS, Solver
 from .budget import Deadline, DeadlineExceeded
 from .view import EGraphView
 
@@ -107,8 +100,8 @@ def enode_ns(target: Target | NodePrices, spec: OpSpec, attrs: Mapping[str, Any]
 
 def node_costs(view: EGraphView, target: Target) -> list[float]:
     """:func:`enode_ns` of every e-node, each distinct (op, attributes where :meth:`Target.prices_attributes`,
-    input and output types, whether it reads an intermediate) priced once (compiled:
-    :func:`._solver.price_nodes`; the classes' types go by :meth:`EGraphView.type_numbers`)."""
+    input and output types, whether it reads an intermediate) priced once (see
+    :func:`._pricing.price_nodes`; the classes' types go by :meth:`EGraphView.type_numbers`)."""
     classes, nodes = view.classes, view.nodes
     prices = NodePrices(target)
     leaves = view.leaf_classes()
@@ -125,13 +118,13 @@ def node_costs(view: EGraphView, target: Target) -> list[float]:
 
 
 def dag_cost(view: EGraphView, choice: dict[int, int], roots: list[int], costs: list[float]) -> float:
-    """Sum of node costs over the classes reachable from ``roots`` under ``choice`` (compiled:
-    :func:`._solver.dag_cost`)."""
+    """Sum of node costs over the classes reachable from ``roots`` under ``choice`` (see
+    :func:`._choice.dag_cost`)."""
     return flat_dag_cost(view.flat(), choice, roots, costs)
 
 
 def _best_tree_choice(view: EGraphView, costs: list[float]) -> tuple[dict[int, int], dict[int, float]]:
-    """Knuth-style bottom-up pass: per class the e-node of least tree cost (compiled: :func:`._solver.tree_choice`)."""
+    """Knuth-style bottom-up pass: per class the e-node of least tree cost (see :func:`._choice.tree_choice`)."""
     return tree_choice(view.flat(), costs)
 
 
@@ -146,7 +139,7 @@ def class_positions(view: EGraphView, graph_position: Mapping[int, int],
     so every choice is acyclic without searching for cycles.  Computed like
     Dijkstra's shortest paths (Knuth's generalisation: a class's position is the
     least over its e-nodes of the highest child's plus 1/2), so in O(E log E)
-    (compiled: :func:`._solver.settle_positions`).
+    (see :func:`._choice.settle_positions`).
     """
     pos = least_per_class(view.class_of_node, graph_position, len(view.classes))
     final = [p < math.inf for p in pos]
@@ -189,7 +182,7 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: M
     if tree_start == first:  # the same start would search the same way
         best = _search(view, costs, first, roots, pos, tree_node, deadline)
         switches = best.switches
-    else:  # the two searches at once: the compiled search lets go of the GIL
+    else:  # the two searches at once (compiled, the search lets go of the GIL)
         with ThreadPoolExecutor(1, thread_name_prefix="rlx-greedy") as pool:
             from_tree = pool.submit(_search, view, costs, tree_start, roots, pos, tree_node, deadline)
             best = _search(view, costs, first, roots, pos, tree_node, deadline)

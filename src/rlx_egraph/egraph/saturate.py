@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from egglog import bindings as eb
 
 from .budget import MB, Deadline, default_max_memory_mb, memory_in_use_mb
-from .rules import STAGES, RuleSet, egglog_rule_bases
+from .rules import STAGES, RuleSet, egglog_rule_bases, runtime_error
 
 STOP_SATURATED = "saturated"
 STOP_ITERATIONS = "iteration limit"
@@ -129,19 +130,23 @@ def egraph_size(egraph: eb.EGraph) -> int:
 
 
 def saturate(egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits = SaturationLimits(),
-             deadline: Deadline | None = None) -> SaturationResult:
+             deadline: Deadline | None = None,
+             on_iteration: Callable[[IterationStats], None] | None = None) -> SaturationResult:
     """Run every stage in order on ``egraph`` (which holds the rules and the graph).
 
     ``deadline``: the end of the whole run (default: ``limits.max_seconds`` from now).
+    ``on_iteration``: called with each iteration's statistics as it ends (progress, logging).
     """
-    return _Saturation(egraph, rules, limits, deadline or Deadline(limits.max_seconds)).run()
+    return _Saturation(egraph, rules, limits, deadline or Deadline(limits.max_seconds), on_iteration).run()
 
 
 class _Saturation:
-    def __init__(self, egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits, deadline: Deadline) -> None:
-        self.egraph, self.limits, self.deadline = egraph, limits, deadline
+    def __init__(self, egraph: eb.EGraph, rules: RuleSet, limits: SaturationLimits, deadline: Deadline,
+                 on_iteration: Callable[[IterationStats], None] | None = None) -> None:
+        self.egraph, self.rules, self.limits, self.deadline = egraph, rules, limits, deadline
+        self.on_iteration = on_iteration
         self.bases = egglog_rule_bases(rules)  # egglog's rule names (operand orders, directions) -> base rule
-        self.new_enodes = {command.rule.name: r.new_enodes for r in rules.rules for command in r.program}
+        self.new_enodes = {name: r.new_enodes for r in rules.rules for name in r.egglog_names}
         self.most_enodes = max(self.new_enodes.values(), default=0)
         self.stages = [s for s in STAGES if any(r.stage == s for r in rules.rules)]
         self.stage_enodes = {s: sum(r.new_enodes for r in rules.rules if r.stage == s) for s in self.stages}
@@ -225,6 +230,8 @@ class _Saturation:
                 if m:
                     by_base[self.bases.get(r, r)] = by_base.get(self.bases.get(r, r), 0) + m
             self.result.history.append(IterationStats(stage, 1, by_base, self.size, self.last_seconds, it.limit))
+            if self.on_iteration is not None:
+                self.on_iteration(self.result.history[-1])
             before_last = sum(last.matches.values()) if last else 0
             last, exact_limit = it, None
             if not it.updated:
@@ -265,16 +272,21 @@ class _Saturation:
         return self.new_enodes.get(reported, self.most_enodes)
 
     def _plain(self, stage: str) -> _Iteration:
-        report = self._run(f"(run-schedule (run {stage}))")
+        report = self._run(stage, f"(run-schedule (run {stage}))")
         return _Iteration(report.updated, _matches(report, per_iteration=1), {})
 
     def _bounded(self, stage: str, limit: int) -> _Iteration:
-        report = self._run(f"(run-schedule (let-scheduler bo (back-off :match-limit {limit})) (run-with bo {stage}))")
+        report = self._run(stage, f"(run-schedule (let-scheduler bo (back-off :match-limit {limit})) "
+                                  f"(run-with bo {stage}))")
         matches = _matches(report, per_iteration=2)
         return _Iteration(report.updated, matches, {r: m for r, m in matches.items() if m > limit}, limit)
 
-    def _run(self, text: str) -> eb.RunReport:
-        return self.egraph.run_program(*self.egraph.parse_program(text))[0].report
+    def _run(self, stage: str, text: str) -> eb.RunReport:
+        """Run one schedule of ``stage``; a rule that fails while it is applied is a RuleError naming it."""
+        try:
+            return self.egraph.run_program(*self.egraph.parse_program(text))[0].report
+        except eb.EggSmolError as exc:
+            raise runtime_error(self.rules, stage, str(exc)) from None
 
     def _full(self, binding: str, stage: str) -> str:
         if binding == STOP_TIME:

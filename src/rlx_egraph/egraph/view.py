@@ -29,18 +29,9 @@ from egglog import bindings as eb
 from ..errors import RlxError
 from ..ir.graph import Graph, Node, attrs_equal
 from ..ir.registry import REGISTRY, TUPLE, AttrType, Kind, TensorType, TupleType, ValueType, ops_of_kind
-from ._rows import (
-    ClassNumbers,
-    EClass,
-    ENode,
-    ListCells,
-    RuleRelation,
-    link_graph_nodes,
-    make_classes,
-    read_enodes,
-    value_id,
-)
-from ._solver import FlatEGraph, classes_of_ops, input_types, match_originals, original_flags, propagate_types
+from ._flat import FlatEGraph
+from ._rows import ClassNumbers, EClass, ENode, ListCells, RuleRelation, link_graph_nodes, make_classes, read_enodes
+from ._typecheck import classes_of_ops, input_types, match_originals, original_flags, propagate_types
 from .budget import Deadline
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
 from .rules import MERGED_BY, RuleSet, built_by_table
@@ -83,7 +74,7 @@ class EGraphView:
     ill_typed: list[IllTyped] = field(default_factory=list)
     merged: list[MergedInputs] = field(default_factory=list)
     dropped: int = 0  # e-nodes left out: ill-typed, or reading a class that has no type
-    class_numbers: ClassNumbers | None = field(default=None, repr=False)  # egglog e-class value id -> class id
+    class_numbers: ClassNumbers | None = field(default=None, repr=False)  # egglog e-class Value -> class id
     _type_numbers: list[int] | None = field(default=None, init=False, repr=False, compare=False)
     _memo: dict[str, tuple[list[ENode], int, Any]] = field(default_factory=dict, init=False, repr=False,
                                                           compare=False)
@@ -131,23 +122,23 @@ class EGraphView:
         return self._per_nodes("leaf_classes", lambda: classes_of_ops(self.nodes, ops_of_kind(Kind.LEAF)))
 
     def flat(self) -> FlatEGraph:
-        """The e-graph as integer arrays, for the compiled passes (computed once per list of e-nodes)."""
+        """The e-graph as integer arrays, for the passes over it (computed once per list of e-nodes)."""
         return self._per_nodes("flat", lambda: FlatEGraph(self))
 
 
 class _Values:
-    """Converts egglog primitive Values to Python, caching per value id."""
+    """Converts egglog primitive Values to Python, caching per Value."""
 
     def __init__(self, egraph: eb.EGraph, constants: dict[str, Any]) -> None:
         self.egraph = egraph
         self.constants = constants
-        self.cache: dict[AttrType, dict[int, Any]] = {kind: {} for kind in AttrType}  # per kind: value id -> Python
+        self.cache: dict[AttrType, dict[Any, Any]] = {kind: {} for kind in AttrType}  # per kind: Value -> Python
 
     def get(self, value: Any, kind: AttrType) -> Any:
-        cache, key = self.cache[kind], value_id(value)
-        hit = cache.get(key, self)
+        cache = self.cache[kind]
+        hit = cache.get(value, self)
         if hit is self:
-            hit = cache[key] = self.convert(value, kind)
+            hit = cache[value] = self.convert(value, kind)
         return hit
 
     def convert(self, value: Any, kind: AttrType) -> Any:
@@ -173,10 +164,10 @@ class _Provenance:
         self.rank: dict[str, int] = {}  # base rule name -> its place in file order (provenance names base rules)
         for k, r in enumerate(rules.rules):
             self.rank.setdefault(r.base, k)
-        self.named: dict[tuple[int, ...], tuple[str, ...]] = {}  # rule-name value ids -> names
+        self.named: dict[tuple[Any, ...], tuple[str, ...]] = {}  # rule-name Values -> names
 
     def table(self, rows: list[Any]) -> RuleRelation:
-        """Rows of a provenance relation: key (its leading columns' value ids) -> rule names, in rule-file
+        """Rows of a provenance relation: key (its leading columns' Values) -> rule names, in rule-file
         order."""
         return RuleRelation(rows, self._names, self.named)
 
@@ -206,9 +197,9 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     def rows(name: str) -> list[Any]:
         return functions[name].rows if name in functions else []
 
-    classes_seen = ClassNumbers()  # e-class value id -> class id, numbered in order of first sight
+    # e-class Value -> class id, numbered in order of first sight; the absent input's term is no class
+    classes_seen = ClassNumbers(row.output for row in rows(NO_INPUT))
     lists = ListCells(rows(LIST_CONS))
-    absent = {value_id(row.output) for row in rows(NO_INPUT)}
     values = _Values(egraph, constants)
     provenance = _Provenance(values, rules)
     nodes: list[ENode] = []
@@ -224,7 +215,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
                         if not a.is_input]
         first = len(nodes)
         read_enodes(name, functions[name].rows, [(k, a.variadic) for k, a in enumerate(args) if a.is_input],
-                    attr_columns, classes_seen, lists, absent, values.convert,
+                    attr_columns, classes_seen, lists, values.convert,
                     provenance.table(rows(built_by_table(name))), nodes, eclasses, deadline)
         op_spans.append((name, first, len(nodes), bool(attr_columns)))
 
@@ -239,7 +230,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
             negative_zeros.add(gnode.id)
     classes = make_classes(eclasses, originals)
     for (value,), names in provenance.table(rows(MERGED_BY)).items():
-        classes[classes_seen.of_id(value)].merged_by = names
+        classes[classes_seen.of(value)].merged_by = names
     view = EGraphView(classes, nodes, class_of_node, class_numbers=classes_seen)
     _mark_originals(view, graph, negative_zeros, op_spans)
     kept = _check_types(view, graph, rules, strict, deadline)
@@ -250,7 +241,7 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
 def _mark_originals(view: EGraphView, graph: Graph, marked: set[int], op_spans: list[tuple[str, int, int, bool]]
                     ) -> None:
     """Tag each e-node that is exactly a node of the input graph (but those of ``marked``, tagged already;
-    ``op_spans``: see :func:`._solver.match_originals`, compiled)."""
+    ``op_spans``: see :func:`._typecheck.match_originals`)."""
     nodes = view.nodes
 
     def same_attrs(n: int, gnode: Node) -> bool:
@@ -277,8 +268,8 @@ def _check_types(view: EGraphView, graph: Graph, rules: RuleSet, strict: bool, d
     """Type every class and check every e-node against its class; returns per e-node whether it passes.
 
     A class holding input-graph nodes has their type; the rule-made e-nodes are inferred bottom-up from the
-    leaves, with the shape rule called once per (op, attributes, input types) (compiled:
-    :func:`._solver.propagate_types`).  A rule-made class whose e-nodes disagree has no type to trust: all its
+    leaves, with the shape rule called once per (op, attributes, input types) (see
+    :func:`._typecheck.propagate_types`).  A rule-made class whose e-nodes disagree has no type to trust: all its
     e-nodes are left out and the check runs again without them, until no new
     disagreement appears.
     """

@@ -200,7 +200,7 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
     """The nodes ``inner`` (leaves aside, with the producers and projections of the tuples they touch) as a
     region, the map of live ids to its ids, and the map back (its fresh inputs included); see
     :func:`_region`.  Leaves among ``seeds`` are taken in too.  Inputs and Params are renamed by position
-    (layers alike are one region), but for ``names``, which rules match (``rlx.causal_mask``)."""
+    (layers alike are one region), but for ``names``, which rules match (a Param name a pattern spells out)."""
     nodes, readers = rw.nodes_by_id, rw.readers
     inner = {n for n in inner if nodes[n].kind is not Kind.LEAF}
     while True:  # a tuple value is only read by its projections: keep producers and projections together

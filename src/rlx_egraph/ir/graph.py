@@ -414,6 +414,24 @@ class Graph(GraphBuilders):
             self._symbols = tuple(sorted(symbols_of(d for dims in tuples for d in dims)))
         return self._symbols
 
+    def source_names(self, node_id: int) -> tuple[str, ...]:
+        """The names, in the model it came from, of the nodes ``node_id`` computes (``meta["node_names"]``: an
+        imported ONNX node's name; after optimize, those of the input nodes it replaces); empty when unknown."""
+        names = self.meta.get("node_names")
+        given = names.get(str(node_id)) if isinstance(names, dict) else None
+        return (given,) if isinstance(given, str) else tuple(n for n in given if isinstance(n, str)) \
+            if isinstance(given, list) else ()
+
+    def describe(self, node_id: int) -> str:
+        """How messages name a node: ``'/m/layers.0/MatMul' (MatMul)`` when it has a source name (with how many more
+        it replaces), else ``node 12 (MatMul)``."""
+        op = self.node(node_id).op
+        names = self.source_names(node_id)
+        if not names:
+            return f"node {node_id} ({op})"
+        more = f" + {len(names) - 1} more" if len(names) > 1 else ""
+        return f"{names[0]!r}{more} ({op})"
+
     def op_counts(self) -> Counter[str]:
         """How many nodes of each op the graph holds."""
         return Counter(n.op for n in self._nodes)

@@ -533,8 +533,9 @@ def _check_seed(ref: Reference, optimized: Graph, same_value: Mapping[int, Seque
                    "precision, plus its rounding error)")
         else:
             how = f"exact {old.dtype} values differ beyond the decisions allowed to flip"
-        raise ParityError(f"parity failure: node {node.id} ({node.op}){at} differs from original node {old_id} "
-                          f"({old.op}) on {_run_name(ref)}: {how}; built by rule(s): {rules([node.id])}")
+        raise ParityError(f"parity failure: {optimized.describe(node.id)}{at} differs from original "
+                          f"{original.describe(old_id)} on {_run_name(ref)}: {how}; built by rule(s): "
+                          f"{rules([node.id])}")
 
     def shared_excuse(refs: Sequence[int]) -> np.ndarray | None:
         masks = [ref.excused[r] for r in refs if r in ref.excused]
@@ -591,8 +592,8 @@ def _check_seed(ref: Reference, optimized: Graph, same_value: Mapping[int, Seque
         if not entry.ok:
             on_the_way = [n for n in moved if n in _ancestors(optimized, new)]
             raise ParityError(
-                f"parity failure: node {new} ({node.op}), output {k}, end to end, differs from original node {old} "
-                f"({original.node(old).op}) on {_run_name(ref)}: max abs error {max_abs:.3g}, {ratio:.3g} x its "
+                f"parity failure: {optimized.describe(new)}, output {k}, end to end, differs from original "
+                f"{original.describe(old)} on {_run_name(ref)}: max abs error {max_abs:.3g}, {ratio:.3g} x its "
                 f"end-to-end tolerance ({END_TO_END_FACTOR:g} x (atol={atol} + rtol={rtol} x the output's largest "
                 f"magnitude, plus its rounding error): {ref.precision[old]} precision); differing on the way: "
                 f"node(s) {', '.join(map(str, on_the_way))}, built by rule(s): {rules(on_the_way)}")

@@ -401,3 +401,25 @@ def transformer_layer(a: Attrs, hidden: np.ndarray, qkv_w: np.ndarray, qkv_b: np
     h1 = layer_norm(attn + hidden, ln1_g, ln1_b, -1, a["eps1"])
     inner = ACTIVATIONS[a["act"]](np.matmul(h1, fc1_w) + fc1_b)
     return layer_norm(np.matmul(inner, fc2_w) + fc2_b + h1, ln2_g, ln2_b, -1, a["eps2"])
+
+
+# --- host-sync ops ----------------------------------------------------------
+
+
+def item(a: Attrs, x: np.ndarray) -> np.ndarray:
+    """``x.item()``: its one element, as a scalar."""
+    return x.reshape(())
+
+
+def non_zero(a: Attrs, x: np.ndarray) -> np.ndarray:
+    """The indices [rank, count] of the first ``count`` non-zero elements of ``x`` in row-major order, one column
+    per element; columns past the last non-zero element are -1."""
+    found = np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)[:, :a["count"]]
+    out = np.full((x.ndim, a["count"]), -1, dtype=np.int64)
+    out[:, :found.shape[1]] = found
+    return out
+
+
+def cond(a: Attrs, pred: np.ndarray, then: np.ndarray, otherwise: np.ndarray) -> np.ndarray:
+    """``then`` if the one element of ``pred`` is true, else ``otherwise``."""
+    return then if bool(pred.reshape(())) else otherwise

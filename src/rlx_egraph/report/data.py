@@ -86,7 +86,8 @@ class OptimizationData:
             return Records()
         return Records(
             {"node": n.id, "op": n.op, "eclass": decoded.class_of.get(n.id), "replaces": decoded.originals[n.id],
-             "built_by": list(decoded.built_by.get(n.id, ())), "merged_by": list(decoded.merged_by.get(n.id, ()))}
+             "built_by": list(decoded.built_by.get(n.id, ())), "merged_by": list(decoded.merged_by.get(n.id, ())),
+             "names": list(decoded.graph.source_names(n.id))}
             for n in self._nodes)
 
     @cached_property

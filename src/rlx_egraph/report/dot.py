@@ -12,11 +12,12 @@ or ``conda install graphviz``).
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..egraph.decode import Fusion
 from ..egraph.encode import NODE_TABLE
@@ -29,6 +30,13 @@ FUSED_COLOR = "#f4a259"  # a node of a fused op
 BUILT_COLOR = "#f9e07f"  # another node a rule built (e.g. a Silu recognised from its export form)
 LEAF_COLOR = "#e0e0e0"
 TERM_OPS = frozenset(REGISTRY) | {NO_INPUT, LIST_CONS, LIST_NIL}  # e-nodes drawn as boxes; other data is inlined
+
+MISSING_GRAPHVIZ = ("this picture needs Graphviz's 'dot' program, which is not on the PATH (apt-get install graphviz, "
+                    "brew install graphviz or conda install graphviz); report.to_html() draws graphs without it")
+CHOSEN_MARK = "★ "  # before the op of an e-node extraction chose
+
+if TYPE_CHECKING:
+    from .optimize_report import OptimizeReport
 
 Provenance = Any  # an OptimizeReport (its ``fusions``), a mapping node id -> Fusion, or an iterable of Fusions
 
@@ -45,6 +53,13 @@ class Picture:
 
     def _repr_svg_(self) -> str | None:
         return to_svg(self.dot) if can_render() else None
+
+    def _repr_html_(self) -> str | None:
+        """Without Graphviz: what to install, and the DOT text (with it, Jupyter shows the SVG)."""
+        if can_render():
+            return None
+        return (f'<div class="rlx-picture"><p><b>{html.escape(MISSING_GRAPHVIZ)}</b></p><details><summary>DOT text'
+                f"</summary><pre>{html.escape(self.dot)}</pre></details></div>")
 
     def __repr__(self) -> str:
         return self.dot
@@ -103,6 +118,48 @@ def egraph_to_dot(graph: Graph, rules: Any = None, attention_block_max_tokens: i
     orange; an e-node's tooltip names the rules that built it.  ``limits``: SaturationLimits fields.
     """
     return serialized_to_dot(serialized_egraph(graph, rules, attention_block_max_tokens, **limits), graph.name)
+
+
+def report_egraph_to_dot(report: OptimizeReport, max_enodes: int = 2000) -> str:
+    """DOT text of the e-graph of a run, from ``report.data`` (nothing is saturated again): one dashed box per
+    e-class, named after its chosen op and its index (``MatMul-12``) with its type and the input nodes in it; one
+    box per e-node with its op and attributes; ``★`` and a thick border mark the e-nodes extraction chose, fused
+    ops are orange and other e-nodes rules built yellow (the tooltip names the rules)."""
+    enodes, eclasses = report.data.enodes, report.data.eclasses
+    if not enodes:
+        raise ValueError("the report has no e-graph tables (the fallback engine ran, or optimize() made the run)")
+    if len(enodes) > max_enodes:
+        raise ValueError(f"the e-graph has {len(enodes):,} e-nodes, over max_enodes={max_enodes:,}")
+    members: dict[int, list[dict[str, Any]]] = {}
+    for row in enodes:
+        members.setdefault(row["eclass"], []).append(row)
+    lines = ['digraph "egraph" {', "  compound=true; rankdir=TB;",
+             '  node [shape=box, style="rounded,filled", fillcolor=white, fontname=helvetica, fontsize=10];',
+             "  edge [arrowsize=0.6];"]
+    edges = []
+    for c in eclasses:
+        rows = members.get(c["eclass"], [])
+        if not rows:
+            continue
+        chosen = next((r for r in rows if r["chosen"]), rows[0])
+        inputs = f"\ninput nodes {', '.join(f'%{o}' for o in c['originals'])}" if c["originals"] else ""
+        label = f"{chosen['op']}-{c['eclass']} {c['type']}{inputs}"
+        lines.append(f"  subgraph cluster_{c['eclass']} {{ style=dashed; color=grey50; label={_quote(label)};")
+        for r in rows:
+            attrs = format_attrs({k: tuple(v) if isinstance(v, list) else v for k, v in r["attrs"].items()})
+            node = {"label": (CHOSEN_MARK if r["chosen"] else "") + r["op"] + attrs + f"\n{r['cost_ns']:,.0f} ns"}
+            if r["kind"] == Kind.FUSED.value:
+                node["fillcolor"] = FUSED_COLOR
+            elif r["built_by"]:
+                node["fillcolor"] = BUILT_COLOR
+            if r["chosen"]:
+                node["penwidth"] = "2.5"
+            node["tooltip"] = f"built by: {', '.join(r['built_by'])}" if r["built_by"] else "from the input graph"
+            lines.append(f"    e{r['enode']} [{_attr_list(node)}];")
+            edges.extend(f"  e{r['enode']} -> e{members[child][0]['enode']} [lhead=cluster_{child}];"
+                         for child in dict.fromkeys(r["children"]) if child in members)
+        lines.append("  }")
+    return "\n".join([*lines, *edges, "}"]) + "\n"
 
 
 def serialized_egraph(graph: Graph, rules: Any = None, attention_block_max_tokens: int = 64,
@@ -176,7 +233,7 @@ def to_svg(dot: str) -> str:
     """SVG text of ``dot`` rendered by Graphviz; RenderError saying what to install when it cannot."""
     try:
         import graphviz
-    except ImportError as exc:
+    except ImportError as exc:  # egglog depends on it: only a broken install lacks it
         raise RenderError("rendering SVG needs the graphviz Python package (pip install graphviz) and the "
                           "Graphviz 'dot' program (apt-get install graphviz)") from exc
     try:

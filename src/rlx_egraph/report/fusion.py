@@ -19,13 +19,24 @@ A miss is one of two kinds.
   relaxation is one record listing every value it matched (a ReLU MLP's layers share
   one "no Relu epilogue" near miss, not one per layer).  This runs
   for graphs of at most :data:`NEAR_MISS_MAX_NODES` nodes.
+
+Both need the e-graph.  A third kind needs only a graph, so it works for either engine and for
+:meth:`FusionReport.scan` of any graph (an already-optimized or a foreign one):
+
+* ``in graph``: a recognisable pattern still in the graph unfused (:func:`scan_graph`): a matmul, its
+  bias Add and activation; matmuls of one input with 2-D weights of one row count; a SwiGLU over two
+  projections.  A run's report merges these with the e-graph's misses at the same nodes.
+
+Every miss names its pattern (``matmul_bias_act``, ``shared_input_matmul``, ``swiglu``, or the fused op's
+name for the others) and its cause in the design's vocabulary (:class:`MissReason`), with a fix hint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from egglog import bindings as eb
@@ -33,14 +44,18 @@ from egglog import bindings as eb
 from ..cost import Target
 from ..egraph import extract as ex
 from ..egraph._solver import Log, Solver
-from ..egraph.rules import Rule, RuleSet
+from ..egraph.regions import expand_regions
+from ..egraph.rules import Rule, RuleSet, load_rules
 from ..egraph.schema import constructor_args
 from ..errors import RlxError
-from ..ir.graph import Graph
-from ..ir.registry import REGISTRY, Kind
+from ..ir.graph import Graph, Node
+from ..ir.ops.fused import ELEMENTWISE_REGION
+from ..ir.registry import REGISTRY, Kind, snake_case
 
 NEAR_MISS_MAX_NODES = 5000
-NOT_EXTRACTED, NEAR_MISS = "not extracted", "near miss"
+NOT_EXTRACTED, NEAR_MISS, IN_GRAPH = "not extracted", "near miss", "in graph"
+MATMUL_BIAS_ACT, SHARED_INPUT_MATMUL, SWIGLU = "matmul_bias_act", "shared_input_matmul", "swiglu"
+EPILOGUE_ACTIVATIONS = frozenset({"Gelu", "Silu"})  # the activations FusedMatMulBiasAct's epilogue runs
 _RELATION = "rlx-near-miss"  # (rlx-near-miss variant root): a relaxed rule's matched root
 _RULESET = "rlx-near-miss-rules"
 _ROOT = "?rlx-root"
@@ -50,30 +65,100 @@ class MissedFusions(RlxError, RuntimeError):
     """``FusionReport.raise_if_missed``: a fusion was missed (the message lists each one)."""
 
 
+# Why a recognisable pattern was not collapsed (the design's names), each with the hint a user acts on.
+_HINTS = {
+    "MultiConsumer": "another reader (or a graph output) needs the unfused value, so the fusion would compute it "
+                     "twice: read the fused value there too, or drop the extra output",
+    "NonAddBiasConsumer": "FusedMatMulBiasAct needs a bias Add between the matmul and its activation: give the layer "
+                          "a bias (zeros if it has none; Module.linear(bias=True))",
+    "BiasRankTooHigh": "FusedMatMulBiasAct adds a bias of rank <= 1: reshape the rank-{rank} addend to [N] when it "
+                       "is one row repeated (a [1, N] bias holds the same values)",
+    "UnsupportedEpilogueActivation": "FusedMatMulBiasAct's epilogue runs Gelu and Silu only: {activation} stays a "
+                                     "kernel of its own (an elementwise region where the target has region kernels)",
+    "SharedMatmulCount": "{count} matmuls read this input with 2-D weights of one row count and stay separate: one "
+                         "matmul over their concatenated weights computes them all (weights must be parameters; "
+                         "optimize() merges them where the target prices it faster)",
+    "SwigluGateBeforeUp": "the gate projection comes first and the rules in use fuse only [up | gate] halves: load "
+                          "the shipped rule fused-swiglu-gate-first, or declare the up weight first",
+    "SwigluNotSharedInput": "SwiGLU's gate and up projections read different tensors, so no one matmul computes "
+                            "both: project one shared input",
+    "NotFused": "the fusion was possible and not made: the detail says why (a target without its kernel, a cost "
+                "predicted higher, a graph not optimized yet)",
+}
+MISS_REASONS = tuple(_HINTS)
+
+
+@dataclass(frozen=True)
+class MissReason:
+    """Why a fusion was missed, in the design's vocabulary (:data:`MISS_REASONS`); ``rank``, ``count`` and
+    ``activation`` carry the payload of BiasRankTooHigh, SharedMatmulCount and UnsupportedEpilogueActivation."""
+
+    name: str
+    rank: int | None = None
+    count: int | None = None
+    activation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in _HINTS:
+            raise ValueError(f"unknown miss reason {self.name!r} (known: {', '.join(MISS_REASONS)})")
+
+    @property
+    def hint(self) -> str:
+        """The fix a user acts on."""
+        return _HINTS[self.name].format(rank=self.rank, count=self.count, activation=self.activation)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "rank": self.rank, "count": self.count, "activation": self.activation}
+
+    def __str__(self) -> str:
+        payload = [f"{k}={v}" for k, v in (("rank", self.rank), ("count", self.count)) if v is not None]
+        payload += [self.activation] if self.activation is not None else []
+        return f"{self.name}({', '.join(payload)})" if payload else self.name
+
+
+NOT_FUSED = MissReason("NotFused")
+
+
 @dataclass(frozen=True)
 class MissedFusion:
     """One missed fusion: what, where (input-graph node ids), which rule, and why."""
 
-    kind: str  # NOT_EXTRACTED or NEAR_MISS
+    kind: str  # NOT_EXTRACTED, NEAR_MISS or IN_GRAPH
     op: str  # the fused op not taken / the one the rule builds
-    rule: str
+    rule: str  # "-" for a pattern found in the graph
     location: str  # the rule's file:line
     nodes: tuple[int, ...]  # input-graph nodes of the value(s) that stayed unfused (a near miss: all alike)
     reason: str  # unsupported | another consumer | more expensive | not taken | guard | pattern part |
-    #              inputs not shared | other op
+    #              inputs not shared | other op | in graph
     detail: str  # the sentence a user acts on
     fused_ns: float | None = None  # predicted graph cost with the fusion (not extracted only)
     chosen_ns: float | None = None  # predicted graph cost of the extracted graph
+    pattern: str = ""  # matmul_bias_act, shared_input_matmul, swiglu, or the fused op's (pattern_of)
+    cause: MissReason = NOT_FUSED
+    places: int = 1  # the places it stands for (a near miss lists every value one relaxation matched)
+    labels: tuple[str, ...] = ()  # how messages name ``nodes`` (an imported model's node names: Graph.describe)
+
+    @property
+    def hint(self) -> str:
+        return self.cause.hint
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "op": self.op, "rule": self.rule, "location": self.location,
-                "nodes": list(self.nodes), "reason": self.reason, "detail": self.detail,
-                "fused_ns": self.fused_ns, "chosen_ns": self.chosen_ns}
+                "nodes": list(self.nodes), "labels": list(self.labels), "reason": self.reason, "detail": self.detail,
+                "fused_ns": self.fused_ns, "chosen_ns": self.chosen_ns, "pattern": self.pattern,
+                "cause": self.cause.to_dict(), "hint": self.hint, "places": self.places}
 
     def __str__(self) -> str:
-        where = ", ".join(map(str, self.nodes)) or "-"
-        return f"{self.kind}: {self.op} at node(s) {where} ({self.reason}): {self.detail} [rule {self.rule} " \
-               f"at {self.location}]"
+        where = ", ".join(self.labels) if self.labels else "node(s) " + (", ".join(map(str, self.nodes)) or "-")
+        rule = f" [rule {self.rule} at {self.location}]" if self.rule != "-" else ""
+        return f"{self.kind}: {self.op} at {where} ({self.reason}): {self.detail}{rule}; {self.pattern} " \
+               f"{self.cause}: {self.hint}"
+
+
+def pattern_of(op: str) -> str:
+    """The pattern name of the fusion that builds ``op``: its snake-case name without ``fused_``, SwiGLU and
+    FusedSwiGLU both ``swiglu`` (``FusedMatMulBiasAct`` -> ``matmul_bias_act``)."""
+    return snake_case(op).removeprefix("fused_")
 
 
 @dataclass
@@ -84,13 +169,37 @@ class FusionReport:
     after: dict[str, int] = field(default_factory=dict)
     missed: list[MissedFusion] = field(default_factory=list)
     near_misses_checked: bool = False  # False: the graph was over NEAR_MISS_MAX_NODES (or not built)
+    region_prologues: int = 0  # regions (after) that read their input 0 through a prologue
+
+    @classmethod
+    def scan(cls, graph: Graph, rules: RuleSet | None = None) -> FusionReport:
+        """The report of ``graph`` as it is (an already-optimized or a foreign graph): its fused ops, and the
+        recognisable patterns it still holds unfused (:func:`scan_graph`; node ids of ``graph``, a step inside
+        a region named by the region).  ``rules`` (default: the shipped rules) decide whether a gate-first
+        SwiGLU can fuse."""
+        counts = fused_op_counts(graph)
+        return cls(dict(counts), dict(counts), scan_graph(graph, rules), region_prologues=region_prologues(graph))
+
+    @property
+    def missed_per_pattern(self) -> dict[str, int]:
+        """Places missed per pattern (a near miss counts every value it lists)."""
+        counts: Counter[str] = Counter()
+        for m in self.missed:
+            counts[m.pattern] += m.places
+        return dict(sorted(counts.items()))
+
+    def missed_count(self, pattern: str) -> int:
+        """Places where ``pattern`` (``matmul_bias_act``, ``shared_input_matmul``, ``swiglu``, ...) was missed."""
+        return self.missed_per_pattern.get(pattern, 0)
 
     def summary_line(self) -> str:
         ops = sorted(self.before.keys() | self.after.keys())
         counts = ", ".join(f"{op} {self.before.get(op, 0)}->{self.after.get(op, 0)}" for op in ops) or "none"
         kinds = Counter(m.kind for m in self.missed)
         near = f"{kinds[NEAR_MISS]} near" if self.near_misses_checked else "near misses not checked"
-        return f"fused ops: {counts}; missed {len(self.missed)} ({kinds[NOT_EXTRACTED]} not extracted, {near})"
+        per = "; " + ", ".join(f"{p} {n}" for p, n in self.missed_per_pattern.items()) if self.missed else ""
+        return f"fused ops: {counts}; missed {len(self.missed)} ({kinds[NOT_EXTRACTED]} not extracted, {near}, " \
+               f"{kinds[IN_GRAPH]} in graph{per})"
 
     def raise_if_missed(self) -> None:
         """The strict check: raise :class:`MissedFusions` listing every miss."""
@@ -98,11 +207,18 @@ class FusionReport:
             raise MissedFusions(f"{len(self.missed)} missed fusion(s):\n" + "\n".join(map(str, self.missed)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after, "near_misses_checked": self.near_misses_checked,
-                "missed": [m.to_dict() for m in self.missed], "summary": self.summary_line()}
+        return {"before": self.before, "after": self.after, "region_prologues": self.region_prologues,
+                "near_misses_checked": self.near_misses_checked,
+                "missed": [m.to_dict() for m in self.missed], "missed_per_pattern": self.missed_per_pattern,
+                "summary": self.summary_line()}
 
     def __str__(self) -> str:
         return "\n".join([self.summary_line(), *(f"  {m}" for m in self.missed)])
+
+
+def region_prologues(graph: Graph) -> int:
+    """The ElementwiseRegions of ``graph`` that read their input 0 through a prologue."""
+    return sum(1 for n in graph.nodes if n.op == ELEMENTWISE_REGION and n.attrs["prologue"] != "none")
 
 
 def fused_op_counts(graph: Graph) -> dict[str, int]:
@@ -140,7 +256,7 @@ class _Context:
     def describe(self, c: int) -> str:
         originals = self.view.classes[c].originals
         if originals:
-            return " = ".join(f"node {o} ({self.graph.node(o).op})" for o in originals)
+            return " = ".join(self.graph.describe(o) for o in originals)
         return f"e-class {c} ({self.view.nodes[self.choice[c]].op})" if c in self.choice else f"e-class {c}"
 
 
@@ -153,6 +269,8 @@ def missed_fusions(view: Any, graph: Graph, choice: dict[int, int], costs: list[
     if checked:  # a class whose fused alternative the cost model rejected would reject a near miss too
         explained = {n for m in missed if m.reason != "unsupported" for n in m.nodes}
         missed += _near_misses(ctx, egraph, explained)
+    if graph.meta.get("node_names"):  # an imported model's nodes: named as its author knows them
+        missed = [replace(m, labels=tuple(graph.describe(n) for n in m.nodes)) for m in missed]
     return missed, checked
 
 
@@ -197,8 +315,10 @@ def _not_extracted(ctx: _Context, target: Target) -> list[MissedFusion]:
                 reason, detail = "not taken", f"predicted {fused_ns:,.0f} ns with {f.op} vs {chosen_ns:,.0f} ns " \
                     "without, yet greedy extraction did not take it; try extraction='exact'"
             solver.undo(log)
+            cause = MissReason("MultiConsumer") if reason == "another consumer" else NOT_FUSED
             out.append(MissedFusion(NOT_EXTRACTED, f.op, rule, ctx.location(rule), tuple(view.classes[c].originals),
-                                    reason, f"{ctx.describe(c)}: {detail}", fused_ns, chosen_ns))
+                                    reason, f"{ctx.describe(c)}: {detail}", fused_ns, chosen_ns, pattern_of(f.op),
+                                    cause))
     return out
 
 
@@ -219,6 +339,15 @@ class _Variant:
     reason: str
     detail: str
     root_op: str  # the op at the root of the rule's pattern (a class chosen as it stayed unrewritten)
+    other: str = ""  # the op an "other op" relaxation put at the root
+
+    def cause(self, op: str) -> MissReason:
+        """The cause of a near miss of this relaxation of a rule building ``op``."""
+        if self.reason == "other op" and op == "FusedMatMulBiasAct":
+            return MissReason("UnsupportedEpilogueActivation", activation=self.other)
+        if self.reason == "inputs not shared" and pattern_of(op) == SWIGLU:
+            return MissReason("SwigluNotSharedInput")
+        return NOT_FUSED
 
 
 def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[MissedFusion]:
@@ -266,7 +395,8 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
         who = where[0] + " matches" if len(where) == 1 else f"{', '.join(where[:-1])} and {where[-1]} match"
         out.append(MissedFusion(NEAR_MISS, op, v.rule.name, v.rule.location,
                                 tuple(o for c in classes for o in ctx.view.classes[c].originals), v.reason,
-                                f"{who} rule {v.rule.name} except that {v.detail}"))
+                                f"{who} rule {v.rule.name} except that {v.detail}", pattern=pattern_of(op),
+                                cause=v.cause(op), places=len(classes)))
     return out
 
 
@@ -317,7 +447,7 @@ def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: Any, others: list[
                 swapped = eb.Call(pattern.span, other, pattern.args)
                 out.append(_Variant(rule, (f"(= {_ROOT} {swapped})", *rest), "other op",
                                     f"it is {other} where the rule needs {spec.name} (no {other} epilogue)",
-                                    pattern.name))
+                                    pattern.name, other))
     return out
 
 
@@ -383,3 +513,227 @@ def _renamed(e: Any, names: dict[str, str], last_of: int, count: Counter[str]) -
     if kind == "Fact":
         return eb.Fact(_renamed(e.expr, names, last_of, count))
     return e
+
+
+# --- patterns left in a graph (the design's scan) ----------------------------------------------------------------
+
+Names = Callable[[int], str]
+
+
+def scan_graph(graph: Graph, rules: RuleSet | None = None) -> list[MissedFusion]:
+    """The recognisable patterns ``graph`` holds unfused, as IN_GRAPH misses on ``graph``'s node ids (a step
+    inside a region is named by its region).  ``rules`` (default: the shipped rules) decide whether a gate-first
+    SwiGLU can fuse."""
+    expanded, origin = expand_regions(graph)
+
+    def name(i: int) -> str:
+        return f"node {origin[i]} ({graph.node(origin[i]).op})"
+
+    return _scan(expanded, _gate_first_fuses(rules), lambda i: (origin[i],), name)
+
+
+def scan_optimized(graph: Graph, originals: Mapping[int, Sequence[int]], input_graph: Graph,
+                   rules: RuleSet) -> list[MissedFusion]:
+    """:func:`scan_graph` of a run's optimized ``graph``, on input-graph node ids (``originals``: optimized id ->
+    the input-graph nodes of its value), each node named by the input-graph node it computes."""
+    expanded, origin = expand_regions(graph)
+
+    def nodes_of(i: int) -> tuple[int, ...]:
+        return tuple(originals.get(origin[i], ()))
+
+    def name(i: int) -> str:
+        op, was = expanded.node(i).op, nodes_of(i)
+        if not was:
+            return f"a new {op}"
+        first = input_graph.node(was[0])
+        return f"node {first.id} ({first.op})" if first.op == op else f"{op} computing node {first.id} ({first.op})"
+
+    return _scan(expanded, _gate_first_fuses(rules), nodes_of, name)
+
+
+def merge_misses(egraph: list[MissedFusion], scanned: list[MissedFusion]) -> list[MissedFusion]:
+    """The e-graph's misses, then the scan's that none of them covers (same pattern, a node in common).  A near miss
+    the scan explains more precisely (a failed guard that is BiasRankTooHigh) takes the scan's cause."""
+    out, covered = [], set()
+    for m in egraph:
+        hits = [k for k, f in enumerate(scanned) if f.pattern == m.pattern and set(f.nodes) & set(m.nodes)]
+        covered.update(hits)
+        precise = [scanned[k].cause for k in hits if scanned[k].cause != NOT_FUSED]
+        if m.kind == NEAR_MISS and m.cause == NOT_FUSED and precise:
+            m = dataclasses.replace(m, cause=precise[0])
+        out.append(m)
+    return out + [f for k, f in enumerate(scanned) if k not in covered]
+
+
+def _gate_first_fuses(rules: RuleSet | None) -> bool:
+    """Whether ``rules`` fuse a SwiGLU whose concatenated halves are [gate | up] (the shipped rules do)."""
+    rules = load_rules(rules)
+    return any(r.base == "fused-swiglu-gate-first" for r in rules.rules)
+
+
+def _activation(graph: Graph, i: int) -> Node | None:
+    """The one reader of node ``i`` when it is an activation (a one-input elementwise op but Cast and Identity)
+    and ``i`` is no graph output."""
+    reader = _one_reader(graph, i)
+    return reader if reader is not None and reader.kind is Kind.ELEMENTWISE and len(reader.inputs) == 1 \
+        and reader.op not in ("Cast", "Identity") else None
+
+
+def _one_reader(graph: Graph, i: int) -> Node | None:
+    """The one node reading node ``i`` when it has one use (it is no graph output)."""
+    readers = graph.users(i)
+    return graph.node(readers[0]) if len(readers) == 1 and i not in graph.outputs else None
+
+
+def _swiglu_gate(graph: Graph, act: Node) -> bool:
+    """Whether ``act`` is the Silu of a SwiGLU's gate (its one reader a Mul): the swiglu scan's, not a linear's."""
+    reader = _one_reader(graph, act.id)
+    return act.op == "Silu" and reader is not None and reader.op == "Mul"
+
+
+def _projection(node: Node) -> bool:
+    """A matmul of an input by a 2-D weight: MatMul, or FusedMatMulBiasAct without an activation."""
+    return node.op == "MatMul" or (node.op == "FusedMatMulBiasAct" and node.attrs["act"] == "none")
+
+
+def _scan(graph: Graph, gate_first_fuses: bool, nodes_of: Callable[[int], tuple[int, ...]],
+          name: Names) -> list[MissedFusion]:
+    """The design's three scans over ``graph`` (regions expanded), as IN_GRAPH misses."""
+    found: list[tuple[str, str, MissReason, tuple[int, ...], str]] = []
+    found += _scan_matmul_bias_act(graph, name)
+    found += _scan_shared_matmul(graph, name)
+    found += _scan_swiglu(graph, gate_first_fuses, name)
+    out = []
+    for pattern, op, cause, nodes, detail in found:
+        originals = tuple(dict.fromkeys(o for n in nodes for o in nodes_of(n)))
+        out.append(MissedFusion(IN_GRAPH, op, "-", "-", originals, IN_GRAPH, detail, pattern=pattern, cause=cause))
+    return out
+
+
+def _scan_matmul_bias_act(g: Graph, name: Names) -> list[tuple[str, str, MissReason, tuple[int, ...], str]]:
+    """MatMul -> bias Add -> Gelu/Silu that is not one FusedMatMulBiasAct."""
+    out = []
+
+    def miss(cause: MissReason, nodes: tuple[int, ...], detail: str) -> None:
+        out.append((MATMUL_BIAS_ACT, "FusedMatMulBiasAct", cause, nodes, detail))
+
+    for n in g.nodes:
+        if n.op not in ("MatMul", "FusedMatMulBiasAct", "FusedMatMulAdd"):
+            continue
+        act = _activation(g, n.id)
+        if n.op == "MatMul":
+            readers = g.users(n.id)
+            adds = [r for r in readers if g.node(r).op == "Add"]
+            if len(readers) + (n.id in g.outputs) > 1:
+                if adds:
+                    also = ", ".join(name(r) for r in readers if r not in adds)
+                    extra = f", {also}" if also else ""
+                    output = " and is a graph output" if n.id in g.outputs else ""
+                    miss(MissReason("MultiConsumer"), (n.id, *adds), f"{name(n.id)} is read by "
+                         f"{', '.join(name(a) for a in adds)}{extra}{output}: it fuses into its bias Add only as "
+                         "that Add's one input")
+                continue
+            if not readers:
+                continue
+            reader = g.node(readers[0])
+            if reader.op == "Add" and reader.inputs[0] != reader.inputs[1]:
+                addend = g.node(reader.inputs[1] if reader.inputs[0] == n.id else reader.inputs[0])
+                after = _activation(g, reader.id)
+                chain = (n.id, reader.id, *([after.id] if after else []))
+                if addend.type.rank > 1:
+                    if after is not None and after.op in EPILOGUE_ACTIVATIONS:
+                        miss(MissReason("BiasRankTooHigh", rank=addend.type.rank), chain,
+                             f"{name(reader.id)} adds {name(addend.id)}, of rank {addend.type.rank}, to "
+                             f"{name(n.id)} before {name(after.id)}")
+                    continue
+                fusable = chain if after is None or after.op in EPILOGUE_ACTIVATIONS else chain[:2]
+                miss(NOT_FUSED, fusable, f"{', '.join(map(name, fusable))} stay separate kernels")
+                if after is not None and after.op not in EPILOGUE_ACTIVATIONS:
+                    miss(MissReason("UnsupportedEpilogueActivation", activation=after.op), chain,
+                         f"{name(after.id)} reads the biased {name(n.id)}")
+            elif act is not None and act.op in EPILOGUE_ACTIVATIONS and not _swiglu_gate(g, act):
+                miss(MissReason("NonAddBiasConsumer"), (n.id, act.id), f"{name(act.id)} reads {name(n.id)} "
+                     "with no bias Add between them")
+        elif n.op == "FusedMatMulBiasAct" and n.attrs["act"] == "none" and act is not None:
+            if act.op in EPILOGUE_ACTIVATIONS:
+                miss(NOT_FUSED, (n.id, act.id), f"{name(act.id)} reads {name(n.id)} without being its epilogue")
+            else:
+                miss(MissReason("UnsupportedEpilogueActivation", activation=act.op), (n.id, act.id),
+                     f"{name(act.id)} reads {name(n.id)}")
+        elif n.op == "FusedMatMulAdd" and act is not None and act.op in EPILOGUE_ACTIVATIONS:
+            addend = g.node(n.inputs[2])
+            if addend.type.rank > 1:
+                miss(MissReason("BiasRankTooHigh", rank=addend.type.rank), (n.id, act.id),
+                     f"{name(n.id)} adds {name(addend.id)}, of rank {addend.type.rank}, before {name(act.id)}, "
+                     "which stays a kernel of its own")
+    return out
+
+
+def _scan_shared_matmul(g: Graph, name: Names) -> list[tuple[str, str, MissReason, tuple[int, ...], str]]:
+    """Two or more projections of one input with 2-D weights of one row count, left separate."""
+    groups: dict[tuple[int, str, Any], list[int]] = {}
+    for n in g.nodes:
+        weight = g.node(n.inputs[1]) if _projection(n) else None
+        if weight is not None and weight.type.rank == 2:
+            groups.setdefault((n.inputs[0], n.op, weight.shape[0]), []).append(n.id)
+    out = []
+    for (x, _, rows), members in groups.items():
+        if len(members) >= 2:
+            cause = NOT_FUSED if len(members) == 2 else MissReason("SharedMatmulCount", count=len(members))
+            computed = [g.node(m).inputs[1] for m in members
+                        if g.node(g.node(m).inputs[1]).op not in ("Param", "ConcatParams")]
+            why = f" (the weight {', '.join(map(name, computed))} is no parameter: only parameters are concatenated " \
+                  "at load time)" if computed else ""
+            out.append((SHARED_INPUT_MATMUL, "MatMul", cause, tuple(members),
+                        f"{', '.join(map(name, members))} read {name(x)} with 2-D weights of {rows} rows and stay "
+                        f"{len(members)} matmuls{why}"))
+    return out
+
+
+def _scan_swiglu(g: Graph, gate_first_fuses: bool,
+                 name: Names) -> list[tuple[str, str, MissReason, tuple[int, ...], str]]:
+    """Silu(gate) * up (or SwiGLU(gate, up)) over two projections, not one FusedSwiGLU."""
+    out = []
+    for n in g.nodes:
+        if n.op == "SwiGLU":
+            gate, up = (g.node(i) for i in n.inputs)
+        elif n.op == "Mul":
+            a, b = (g.node(i) for i in n.inputs)
+            if b.op == "Silu":
+                gate, up = g.node(b.inputs[0]), a
+            elif a.op == "Silu":
+                gate, up = g.node(a.inputs[0]), b
+            else:
+                continue
+            if gate.shape != up.shape:
+                continue
+        else:
+            continue
+        if _projection(gate) and _projection(up):
+            what, gate_first = "two matmuls of", g.positions()[gate.id] < g.positions()[up.id]
+        elif _halves(g, gate, up):
+            what, gate_first = "the halves of", gate.attrs["start"] == 0
+        else:
+            continue
+        nodes = (n.id, gate.id, up.id)
+        if gate.inputs[0] != up.inputs[0]:
+            cause, detail = MissReason("SwigluNotSharedInput"), \
+                f"gate {name(gate.id)} reads {name(gate.inputs[0])}, up {name(up.id)} reads {name(up.inputs[0])}"
+        elif gate_first and not gate_first_fuses:
+            cause, detail = MissReason("SwigluGateBeforeUp"), \
+                f"gate {name(gate.id)} comes before up {name(up.id)} ({what} {name(gate.inputs[0])})"
+        else:
+            cause, detail = NOT_FUSED, f"gate {name(gate.id)} and up {name(up.id)} stay {what} " \
+                                       f"{name(gate.inputs[0])} under {name(n.id)}"
+        out.append((SWIGLU, "FusedSwiGLU", cause, nodes, detail))
+    return out
+
+
+def _halves(g: Graph, gate: Node, up: Node) -> bool:
+    """Whether ``gate`` and ``up`` are Narrows of the last axis into halves of equal width (of one tensor or two),
+    as a concatenated projection is split: [up | gate] or [gate | up]."""
+    if gate.op != "Narrow" or up.op != "Narrow" or gate.attrs["axis"] != -1 or up.attrs["axis"] != -1:
+        return False
+    width = gate.attrs["length"]
+    return up.attrs["length"] == width and {gate.attrs["start"], up.attrs["start"]} == {0, width} \
+        and g.node(gate.inputs[0]).shape[-1] == g.node(up.inputs[0]).shape[-1] == 2 * width

@@ -16,19 +16,57 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..cost import IoProfile
+from ..cost.model import format_ns as _time
 from ..egraph.decode import Fusion
+from ..egraph.regions import ClippedRegion
 from ..egraph.saturate import IterationStats
 from ..egraph.view import IllTyped
+from ..ir.graph import Graph
 from ..ir.registry import REGISTRY, Kind
 from ..kernels.parity import ParityReport
 from .data import OptimizationData
+from .explorer import MAX_EXPLORED_ENODES, EGraphExplorer
 from .fusion import FusionReport
+from .html import notebook_html, report_html
 
 if TYPE_CHECKING:
     from ..fallback import FallbackStats
 
 # Version of the JSON layout of ``to_dict``; raised when a key changes meaning or goes away.
 FORMAT_VERSION = 2
+HOW_CHECKED = ("the input graph and the optimized graph run with the numpy reference kernels on the same seeded "
+               "random data; every optimized node compared with the input-graph value it replaces, every output "
+               "with the input graph's, within the tolerance of its dtype")
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Whether a run's values were checked (the parity check, docs/verifier.md), and why.
+
+    ``user_rules``: the rule files of the run from outside the shipped set; with ``verify=None`` (the default)
+    they are what turns the check on.
+    """
+
+    checked: bool
+    why: str
+    user_rules: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checked": self.checked, "why": self.why, "user_rules": list(self.user_rules),
+                "how": HOW_CHECKED if self.checked else None}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The measured latency (ns) of the graph given to optimize and of the graph it returned, and how it was
+    measured (``rlx_egraph.onnx.measure_report`` records one)."""
+
+    before_ns: float
+    after_ns: float
+    how: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"before_ns": self.before_ns, "after_ns": self.after_ns, "how": self.how}
 
 
 @dataclass
@@ -39,6 +77,7 @@ class OptimizeReport:
     engine_reason: str
     target: str
     program_text: Callable[[], str] = field(default=str, repr=False)  # builds egglog_program when first read
+    terms_text: Callable[[], str] = field(default=str, repr=False)  # builds egglog_terms when first read
     eclasses: int = 0
     enodes: int = 0
     stop_reason: str = ""
@@ -57,14 +96,30 @@ class OptimizeReport:
     exact_optimal: bool = False
     phases: dict[str, float] = field(default_factory=dict)
     parity: ParityReport | None = None
+    verification: Verification = field(default_factory=lambda: Verification(False, "not requested"))
     data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
     fallback: FallbackStats | None = None  # the fallback engine's per-rule counts, passes and lookahead
     fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
+    # the input graph and the optimized graph as they were at the end of the run (for pictures; None from optimize())
+    graphs: tuple[Graph, Graph] | None = field(default=None, repr=False)
+    rules: list[dict[str, Any]] = field(default_factory=list, repr=False)  # RuleSet.list() of the rules that ran
+    measured: Measured | None = None  # measured latencies, when measured (rlx_egraph.onnx.measure_report)
+    calibration: str = ""  # where the target's figures come from, when measured (Target.calibration)
+    regions_clipped: list[ClippedRegion] = field(default_factory=list)  # regions over the target's limits, regrouped
+    assumptions: list[str] = field(default_factory=list)  # what the input graph holds only under (ONNX import)
+    hint_choices: list[str] = field(default_factory=list)  # choices that depended on the symbolic dims' hints
 
     @cached_property
     def egglog_program(self) -> str:
         """The egglog program the run saturated (egglog engine; empty otherwise), as text that runs as-is."""
         return self.program_text()
+
+    @cached_property
+    def egglog_terms(self) -> str:
+        """:attr:`egglog_program` with the graph as one readable term per node (``$n<id>``), ending with
+        egglog's extraction of each output: the program to read and re-run by hand (egglog engine; empty
+        otherwise)."""
+        return self.terms_text()
 
     @property
     def fused_op_counts(self) -> dict[str, int]:
@@ -110,9 +165,16 @@ class OptimizeReport:
             "exact_ns": self.exact_ns,
             "exact_optimal": self.exact_optimal,
             "phases": self.phases,
+            "verification": self.verification.to_dict(),
             "parity": self.parity.to_dict() if self.parity else None,
             "fusion": self.fusion.to_dict(),
+            "regions_clipped": [{"node": c.node, "steps": c.steps, "inputs": c.inputs, "pieces": list(c.pieces)}
+                                for c in self.regions_clipped],
             "fallback": self.fallback.to_dict() if self.fallback else None,
+            "measured": self.measured.to_dict() if self.measured else None,
+            "calibration": self.calibration,
+            "assumptions": self.assumptions,
+            "hint_choices": self.hint_choices,
         }
         if include_program:
             out["egglog_program"] = self.egglog_program
@@ -122,6 +184,39 @@ class OptimizeReport:
 
     def to_json(self, indent: int | None = 1, include_program: bool = False, include_data: bool = False) -> str:
         return json.dumps(self.to_dict(include_program, include_data), indent=indent, default=str)
+
+    def to_html(self, title: str | None = None) -> str:
+        """The report as one self-contained HTML page: both graphs drawn side by side, the fused nodes with what
+        they replaced and the rules that built them, missed fusions, cost charts, e-graph statistics (see
+        :mod:`rlx_egraph.report.html`).  Nothing in it is fetched from the network."""
+        return report_html(self, title)
+
+    def explore(self, max_enodes: int = MAX_EXPLORED_ENODES) -> EGraphExplorer:
+        """An interactive explorer of the run's e-graph (egglog's visualizer; see :mod:`rlx_egraph.report.explorer`):
+        in Jupyter, show it; elsewhere, ``save("egraph.html")``."""
+        return EGraphExplorer.from_report(self, max_enodes)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the report as the HTML page's body."""
+        return notebook_html(self)
+
+    def verification_lines(self) -> list[str]:
+        """Whether and why values were checked, then the parity check's headline (docs/verifier.md)."""
+        check = self.verification
+        if self.parity is None:
+            return [f"values not checked: {check.why} (verify=True checks them)"]
+        worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
+        if self.parity.special:
+            rounds = f" in {self.parity.special} rounds" if self.parity.special > 1 else ""
+            seeds += f"; IEEE special values on seed {self.parity.seeds[0]}{rounds}"
+        if worst is None or worst.tolerance_ratio == 0:
+            detail = ", all values equal" if worst else ""
+        else:
+            detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
+        why = [f"values checked: {check.why}; every optimized node against the value it replaces, with the numpy "
+               "reference kernels on seeded random data"] if check.checked else []
+        return [*why, f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
+                      f"(seeds {seeds}){detail}"]
 
     def __str__(self) -> str:
         lines = [f"=== rlx-egraph optimize report ({self.engine} engine, target {self.target}) ===",
@@ -151,8 +246,10 @@ class OptimizeReport:
                          f"{fb.stop_reason}; lookahead: {fb.chains_asked} chain starts and {fb.ties_asked} ties asked "
                          f"about, {fb.regions_run} region runs, {starts} chains taken")
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
-        if self.engine == "egglog":
-            lines.append(self.fusion.summary_line())
+        lines.append(self.fusion.summary_line())
+        if self.regions_clipped:
+            lines.append("regions over the target's limits, regrouped within them: "
+                         + "; ".join(map(str, self.regions_clipped)))
         if self.ill_typed:
             lines.append(f"ill-typed e-nodes left out: {len(self.ill_typed)}; first: {self.ill_typed[0].message}")
         if self.profile_before and self.profile_after:
@@ -161,21 +258,23 @@ class OptimizeReport:
             before = self.profile_before.ns
             pct = 100.0 * self.gain_ns / before if before else 0.0
             lines.append(f"predicted gain: {self.gain_ns:,.0f} ns ({pct:.1f}%)")
+            if self.calibration:
+                lines.append(f"priced by: {self.calibration}")
+            if self.measured is not None:
+                m = self.measured
+                lines.append(f"measured: before {_time(m.before_ns)} (predicted {_time(before)}, "
+                             f"{before / m.before_ns:.2f}x), after {_time(m.after_ns)} (predicted "
+                             f"{_time(self.profile_after.ns)}, {self.profile_after.ns / m.after_ns:.2f}x); {m.how}")
         if self.exact_ns is not None:
             gap = self.extracted_ns - self.exact_ns
             what = "exact optimum" if self.exact_optimal else "best exact solution (time limit, not proven)"
             lines.append(f"extraction: {self.extraction} {self.extracted_ns:,.0f} ns of node costs; {what} "
                          f"{self.exact_ns:,.0f} ns (gap {gap:,.0f} ns)")
-        if self.parity is not None:
-            worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
-            if self.parity.special:
-                rounds = f" in {self.parity.special} rounds" if self.parity.special > 1 else ""
-                seeds += f"; IEEE special values on seed {self.parity.seeds[0]}{rounds}"
-            if worst is None or worst.tolerance_ratio == 0:
-                detail = ", all values equal" if worst else ""
-            else:
-                detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
-            lines.append(f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
-                         f"(seeds {seeds}){detail}")
+        lines.extend(self.verification_lines())
+        if self.assumptions:
+            lines.append("assumes: " + "; ".join(self.assumptions))
+        if self.hint_choices:
+            lines.append(f"choices that depend on the size hints ({len(self.hint_choices)}): "
+                         + "; ".join(self.hint_choices))
         lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.phases.items()))
         return "\n".join(lines)

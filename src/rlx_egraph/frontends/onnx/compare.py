@@ -12,7 +12,8 @@ import + optimize + export seconds.
 The transformer optimizer (``onnxruntime.transformers.optimizer``) needs sympy, which onnxruntime does not
 install, so it runs as a subprocess under ``--ort-python`` (default: this interpreter): any Python with
 onnxruntime and sympy.  Symbolic dims are bound by ``--dim NAME=VALUE`` (batch=2, sequence=16 by default).
-Needs onnx and onnxruntime (never torch).
+Needs onnx and onnxruntime (never torch).  The corpus of ``scripts/export_hf_models.py`` is compared by
+``benchmarks/corpus.py`` (docs/corpus.md), which uses this module's counts and inputs.
 """
 
 from __future__ import annotations

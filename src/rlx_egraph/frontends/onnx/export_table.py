@@ -6,8 +6,8 @@ ONNX name of its value (a multi-result node: one name per result); ``None`` mean
 writes the node's unfused form.  The unfused form is the op spec's
 ``decompose`` or, for a primitive with no single ONNX op, its entry in
 :data:`MIR_FORMS` (the same computation as its kernel in other MIR ops).
-This module imports no onnx, so the ``onnxruntime`` cost target reads
-:data:`EXPORTS` to know which fused ops export as one kernel.
+The fused ops it writes as onnxruntime kernels are exactly those the
+``onnxruntime`` cost target declares it runs (``cost/targets.ONNXRUNTIME_FUSED``; a test checks it).
 """
 
 from __future__ import annotations
@@ -113,6 +113,13 @@ def _global_avg_pool(b: Builder, node: Node, ins: list[str], types: list[TensorT
 def _upsample(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     return b.op("Resize", [ins[0], "", b.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest",
                 coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
+
+def _non_zero(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """ONNX NonZero, with -1 columns appended and the first ``count`` kept."""
+    rank, count = node.shape
+    padded = b.op("Concat", [b.op("NonZero", ins), b.const(np.full((rank, count), -1, np.int64))], axis=1)
+    return b.op("Slice", [padded, b.ints([0]), b.ints([count]), b.ints([1])])
 
 
 def _gemm_fits(types: list[TensorType], out: tuple[int, ...]) -> bool:
@@ -246,18 +253,30 @@ def _known(b: Builder, name: str) -> np.ndarray | None:
 
 
 def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """RotaryEmbedding (opset 23) on split heads [B, H, S, D] when cos and sin are known tables of the form it
-    takes: the same for every head, with equal halves ([c, c]); its caches are the first halves [B, S, D/2]."""
+    """RotaryEmbedding (opset 23) on split heads [B, H, S, D] when cos and sin have the form it takes: the same for
+    every head, with equal halves ([c, c]); its caches are the first halves [B, S, D/2].  Known tables are checked
+    by value; tables computed at run time (symbolic dims) by form: [B or 1, 1, S, D] of a Cos or Sin of a Concat of
+    one value with itself, and the caches are their first halves, sliced at run time."""
     shape = types[0].shape
     if len(shape) != 4:
         return None
     caches = []
-    for name, t in zip(ins[1:], types[1:], strict=True):
+    half = shape[-1] // 2
+    for name, nid, t in zip(ins[1:], node.inputs[1:], types[1:], strict=True):
         table = _known(b, name)
         if table is None:
+            if not _halves_alike(b, nid) or t.rank != 4 or t.shape[1] != 1 or t.shape[2:] != shape[2:]:
+                return None
+            key = ("rotary cache", name, shape[0])
+            if key not in b.dim_tensors:  # q and k read the same tables: one cache each
+                cache = b.op("Slice", [name, b.ints([0]), b.ints([half]), b.ints([-1])])
+                cache = b.op("Reshape", [cache, b.ints([t.shape[0], shape[2], half])])
+                b.dim_tensors[key] = cache if t.shape[0] == shape[0] else b.expand(cache, [shape[0], shape[2], half])
+            caches.append(b.dim_tensors[key])
+            continue
+        if not all(isinstance(d, int) for d in shape):
             return None
         full = np.broadcast_to(table, shape)
-        half = shape[-1] // 2
         if not (np.array_equal(full[..., :half], full[..., half:]) and np.array_equal(full, full[:, :1].repeat(
                 shape[1], axis=1))):
             return None
@@ -265,23 +284,124 @@ def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> 
     return b.op("RotaryEmbedding", [ins[0], *caches])
 
 
+def _halves_alike(b: Builder, nid: int) -> bool:
+    """Node ``nid`` of the graph being written has equal halves on its last axis by its form: a Cos or Sin (kept as
+    ONNX ops) of a Concat of one value with itself, through views that keep the last axis, a Cast or a scale."""
+    graph = b.graph
+    if graph is None:
+        return False
+    n = graph.node(nid)
+    while _keeps_halves(graph, n):
+        n = graph.node(n.inputs[0])
+    return n.op == "Concat" and n.attrs["axis"] in (-1, len(n.shape) - 1) and len(n.inputs) == 2 \
+        and n.inputs[0] == n.inputs[1]
+
+
+def _keeps_halves(graph: Graph, n: Node) -> bool:
+    """``n`` has equal halves on its last axis when its first input has: a view keeping that axis, a Cast, a scale,
+    a Cos or Sin (kept as ONNX ops)."""
+    if n.op in ("Reshape", "Expand"):
+        return n.shape[-1:] == graph.node(n.inputs[0]).shape[-1:]
+    if n.op == "Mul":
+        return graph.node(n.inputs[1]).op == "Scalar"
+    return n.op == "Cast" or (n.op == "OnnxOp" and n.attrs["op_type"] in ("Cos", "Sin"))
+
+
 def _embed_layer_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """com.microsoft EmbedLayerNormalization (f32, ids [B, S]) when first + second are known and alike in every
-    batch row: their sum is its position table [S, H] (row s for token s).  Ids not int32 are cast (one launch);
-    its mask_index output is written and unread.  Out-of-range ids fail in it (Gather takes negative ones)."""
+    """com.microsoft EmbedLayerNormalization (f32, ids [B, S]) when first + second are the same in every batch row,
+    given per position: known terms of static shape (their sum is its position table [S, H], row s for token s), or
+    at any sequence length a gather of a table's rows by Arange(0, S) plus constant rows (BERT's position and
+    token-type terms with symbolic dims: the table's rows plus the constant row).  Ids not int32 are cast (one
+    launch); its mask_index output is written and unread.  Out-of-range ids fail in it (Gather takes negative
+    ones)."""
     table, ids, first, second, gamma, beta = ins
+    if types[0].dtype != "f32" or types[1].rank != 2:
+        return None
     terms = [_known(b, name) for name in (first, second)]
-    if types[0].dtype != "f32" or types[1].rank != 2 or any(t is None for t in terms) \
-            or not all(isinstance(d, int) for d in node.shape):
-        return None
-    total = np.broadcast_to(terms[0] + terms[1], node.shape)
-    if not (total == total[:1]).all():
-        return None
-    positions = b.const(np.ascontiguousarray(total[0]), types[2].dtype)
+    if all(t is not None for t in terms) and all(isinstance(d, int) for d in node.shape):
+        total = np.broadcast_to(terms[0] + terms[1], node.shape)
+        if not (total == total[:1]).all():
+            return None
+        rows = total[0]
+    else:
+        rows = _position_rows(b, node, [node.inputs[2], node.inputs[3]])
+        if rows is None:
+            return None
+    positions = b.const(np.ascontiguousarray(rows), types[2].dtype)
     if types[1].dtype != "i32":
         ids = b.op("Cast", [ids], to=ONNX_DTYPES["i32"])
     return b.multi("EmbedLayerNormalization", [ids, "", table, positions, "", gamma, beta], (0, 1), domain=MS,
                    epsilon=node.attrs["eps"])[0]
+
+
+def _int_dtype(b: Builder, name: str, dtype: str) -> str:
+    """An int64 tensor cast to ``dtype`` (i64 or i32)."""
+    return name if dtype == "i64" else b.op("Cast", [name], to=ONNX_DTYPES[dtype])
+
+
+def _arange(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    a = node.attrs
+    ends = b.scalar_dim(a["start"]), b.scalar_dim(a["start"] + a["length"])
+    return _int_dtype(b, b.op("Range", [*ends, b.const(np.array(1, np.int64))]), node.dtype)
+
+
+def _causal_mask(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """keys j <= i + C - R: Range(0, C) against Range(C - R, C) on a new axis, then the leading dims."""
+    *lead, rows, cols = node.attrs["shape"]
+    keys = b.op("Range", [b.scalar_dim(0), b.scalar_dim(cols), b.const(np.array(1, np.int64))])
+    last = b.op("Range", [b.scalar_dim(cols - rows), b.scalar_dim(cols), b.const(np.array(1, np.int64))])
+    keep = b.op("LessOrEqual", [keys, b.op("Unsqueeze", [last, b.ints([1])])])
+    if not lead:
+        return keep
+    shaped = b.op("Reshape", [keep, b.ints([*(1 for _ in lead), rows, cols])])
+    return shaped if all(d == 1 for d in lead) else b.op("Expand", [shaped, b.ints(node.attrs["shape"])])
+
+
+def _dim_values(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    flat = b.ints(node.attrs["values"])
+    shape = node.attrs["shape"]
+    shaped = flat if len(shape) == 1 else b.op("Reshape", [flat, b.const(np.array(shape, np.int64))])
+    return _int_dtype(b, shaped, node.dtype)
+
+
+def _position_rows(b: Builder, node: Node, terms: list[int]) -> np.ndarray | None:
+    """The position table [P, H] of embedding terms of any sequence length: one term a gather of a weight's rows by
+    positions 0, 1, ... (Embedding of Arange(0, S), reshaped or broadcast), the other the same row everywhere (an
+    Embedding by one constant id, or a known value of one row); None for other terms."""
+    graph = b.graph
+    if graph is None:
+        return None
+
+    def through_views(nid: int) -> Node:
+        n = graph.node(nid)
+        while n.op in ("Reshape", "Expand"):
+            n = graph.node(n.inputs[0])
+        return n
+
+    def weight(nid: int) -> np.ndarray | None:
+        n = graph.node(nid)
+        return graph.weights.get(n.name) if n.op == "Param" else n.attrs["value"] if n.op == "Constant" else None
+
+    positional, constant = None, None
+    for nid in terms:
+        n = through_views(nid)
+        if n.op == "Embedding" and (rows := weight(n.inputs[0])) is not None and rows.ndim == 2:
+            index = through_views(n.inputs[1])
+            if index.op == "Arange" and index.attrs["start"] == 0:
+                positional = rows
+            elif index.op == "Scalar":
+                constant = rows[int(index.attrs["value"])]
+            continue
+        value = weight(n.id)
+        if value is None or value.shape[-1] != node.shape[-1]:
+            return None
+        flat = value.reshape(-1, value.shape[-1])
+        if not (flat == flat[:1]).all():
+            return None
+        constant = flat[0]
+    if positional is None or constant is None or positional.shape[-1] != constant.shape[-1]:
+        return None
+    return positional + constant
 
 
 EXPORTS: dict[str, ExportFn] = {
@@ -315,6 +435,10 @@ EXPORTS: dict[str, ExportFn] = {
     "GlobalAvgPool": _global_avg_pool,
     "Upsample2x": _upsample,
     "CrossEntropyLoss": lambda b, node, ins, types: b.op("SoftmaxCrossEntropyLoss", ins, reduction="mean"),
+    # host-sync ops: their values (onnxruntime decides on the device)
+    "Item": lambda b, node, ins, types: b.op("Reshape", [ins[0], b.ints([])]),
+    "NonZero": _non_zero,
+    "Cond": lambda b, node, ins, types: b.op("Where", [b.op("Reshape", [ins[0], b.ints([])]), *ins[1:]]),
     # fused ops onnxruntime runs as one kernel (Gemm, SkipLayerNormalization, Attention, ...)
     "FusedMatMulAdd": _matmul_add(0, 0),
     "FusedMatMulATAdd": _matmul_add(1, 0),
@@ -330,6 +454,10 @@ EXPORTS: dict[str, ExportFn] = {
     "QkvAttention": _qkv_attention,
     "RotaryEmbedding": _rotary,
     "EmbedLayerNorm": _embed_layer_norm,
+    # leaves made of dims, computed at run time from the inputs' shapes (static ones are initializers)
+    "Arange": _arange,
+    "CausalMask": _causal_mask,
+    "DimValues": _dim_values,
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from functools import reduce
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from onnx import helper, numpy_helper
 
 from ...ir.dims import Dim, Sym, symbol, symbols_of, to_json
 from ...ir.graph import Graph, GraphError, Node
-from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model
+from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, outer_reads, rename_node
 from ...ir.registry import Kind, ShapeError
 from ...kernels.reference import run_node
 from .export_table import EXPORTS, MIR_FORMS
@@ -37,7 +38,8 @@ class Builder:
     A symbolic dim is read at run time from the first graph input (of ``inputs``) that has it.
     """
 
-    def __init__(self, taken: set[str], inputs: Iterable[Node] = ()) -> None:
+    def __init__(self, taken: set[str], inputs: Iterable[Node] = (), graph: Graph | None = None) -> None:
+        self.graph = graph  # the graph being written (export forms that look at a node's producers read it)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.taken = set(taken)
@@ -47,8 +49,9 @@ class Builder:
             for axis, d in enumerate(node.shape):
                 if isinstance(d, Sym):
                     self.dim_sources.setdefault(d, (node.name, axis))
-        self.dim_tensors: dict[Dim, str] = {}
+        self.dim_tensors: dict[Any, str] = {}
         self.expanded: dict[tuple[str, tuple[Dim, ...]], str] = {}
+        self.label: str | None = None  # the name the nodes written for the current MIR node take (made unique)
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0
@@ -70,7 +73,8 @@ class Builder:
         outputs = [""] * (used[-1] + 1)
         for k, name in zip(used, names, strict=True):
             outputs[k] = name
-        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=first, domain=domain, **attrs))
+        label = self.fresh(self.label) if self.label is not None else first
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=label, domain=domain, **attrs))
         if domain:
             self.domains.setdefault(domain, CONTRIB_OPSET)
         return names
@@ -95,8 +99,11 @@ class Builder:
         values = list(values)
         if not symbols_of(values):
             return self.const(np.array(values, np.int64))
-        parts = [self.dim(d) for d in values]
-        return parts[0] if len(parts) == 1 else self.op("Concat", parts, axis=0)
+        key = ("ints", tuple(values))
+        if key not in self.dim_tensors:  # one run-time shape tensor per symbolic target
+            parts = [self.dim(d) for d in values]
+            self.dim_tensors[key] = parts[0] if len(parts) == 1 else self.op("Concat", parts, axis=0)
+        return self.dim_tensors[key]
 
     def dim(self, d: Dim) -> str:
         """A 1-D int64 tensor ``[d]``; a symbolic one computed at run time from the inputs' shapes
@@ -117,6 +124,14 @@ class Builder:
             out = reduce(lambda x, y: self.op("Add", [x, y]), terms)
         self.dim_tensors[d] = out
         return out
+
+    def scalar_dim(self, d: Dim) -> str:
+        """A rank-0 int64 tensor of ``d`` (computed at run time for a symbolic dim), once per dim."""
+        key = ("scalar", d)
+        if key not in self.dim_tensors:
+            self.dim_tensors[key] = self.const(np.array(d, np.int64)) if not isinstance(d, Sym) else \
+                self.op("Reshape", [self.dim(d), self.const(np.zeros(0, np.int64))])
+        return self.dim_tensors[key]
 
     def reduce(self, op_type: str, x: str, axes: list[int] | None, keepdims: bool) -> str:
         """A reduction over ``axes`` (None: all) given as an input (opset 18)."""
@@ -142,15 +157,12 @@ class Builder:
         result = self.fresh(f"{graph.node[0].op_type}_{len(self.nodes)}")
         names[f"out{node.attrs['output']}"] = result
         for inner in graph.node:
-            copy = onnx.NodeProto()
-            copy.CopyFrom(inner)
-            for slot, name in enumerate(inner.input):
-                copy.input[slot] = names[name]
+            copy = rename_node(inner, names)  # its inputs and what its subgraphs read of the enclosing graph
             for slot, name in enumerate(inner.output):
                 if name not in names:
                     names[name] = self.fresh(f"{inner.op_type}_{len(self.nodes)}_unused")
                 copy.output[slot] = names[name]
-            copy.name = self.fresh(copy.output[0])
+            copy.name = self.fresh(self.label if self.label is not None else copy.output[0])
             self.nodes.append(copy)
         return result
 
@@ -171,7 +183,9 @@ def _emit(b: Builder, graph: Graph, node: Node, ins: list[Any],
     if node.op == "Param":
         weights[node.id] = graph.weights[node.name]
         return b.const(weights[node.id], node.dtype, name=node.name)
-    if node.kind is Kind.LEAF or node.kind is Kind.WEIGHT_PREP:  # Constant, Scalar, derived weights
+    if node.op in EXPORTS and node.kind is Kind.LEAF and symbols_of(node.dims()):  # dims data: computed at run time
+        return EXPORTS[node.op](b, node, ins, [])
+    if node.kind is Kind.LEAF or node.kind is Kind.WEIGHT_PREP:  # Constant, Scalar, dims data, derived weights
         value = run_node(node.spec, node.attrs, [weights[i] for i in node.inputs],
                          [graph.node(i).dtype for i in node.inputs], node.type)
         weights[node.id] = value
@@ -185,7 +199,7 @@ def _emit(b: Builder, graph: Graph, node: Node, ins: list[Any],
         return out
     unfold = node.spec.decompose or MIR_FORMS.get(node.op)
     if unfold is None:
-        raise GraphError(f"node {node.id} ({node.op}): has no ONNX export and no unfused form")
+        raise GraphError(f"{graph.describe(node.id)}: has no ONNX export and no unfused form")
     scratch = Graph(node.op)
     slots = [scratch.input(f"in{k}", t.shape, t.dtype) for k, t in enumerate(types)]
     result = unfold(scratch, slots, node.attrs)
@@ -204,6 +218,16 @@ def output_names(graph: Graph) -> list[str]:
     return [f"output_{k}" for k in range(len(graph.outputs))]
 
 
+def _live(nodes: list[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
+    """``nodes`` (in order) that compute ``outputs``, directly or through others."""
+    needed, live = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(node.input, outer_reads(node))
+    return live[::-1]
+
+
 def _value_info(name: str, node: Node) -> onnx.ValueInfoProto:
     """A typed value; a symbolic dim is its dim_param (``"batch"``, ``"batch*sequence"``)."""
     return helper.make_tensor_value_info(name, ONNX_DTYPES[node.dtype], [to_json(d) for d in node.shape])
@@ -217,31 +241,84 @@ def check_weights(graph: Graph) -> None:
         raise GraphError(f"export needs every parameter's value in graph.weights; missing: {missing}")
 
 
-def export_model(graph: Graph) -> onnx.ModelProto:
+def export_name(graph: Graph, node: Node) -> str | None:
+    """The name the ONNX nodes written for ``node`` take: its source name, or for a node replacing several, what it
+    replaced (``/m/layers.0/mlp/FusedMatMulBiasAct[up_proj/MatMul, act/Mul]``: their common path, the op, the rest of
+    each name); None without source names."""
+    names = graph.source_names(node.id)
+    if len(names) <= 1:
+        return names[0] if names else None
+    parts = [n.split("/") for n in names]
+    common = 0
+    while all(len(p) > common + 1 and p[common] == parts[0][common] for p in parts):
+        common += 1
+    prefix = "/".join(parts[0][:common]) + "/" if common else ""
+    tails = [n[len(prefix):] for n in names]
+    listed = ", ".join(tails[:NAMES_LISTED]) + (f", +{len(tails) - NAMES_LISTED} more" if len(tails) > NAMES_LISTED
+                                                 else "")
+    return f"{prefix}{node.op}[{listed}]"
+
+
+NAMES_LISTED = 4  # source names an exported fused node's name lists (then how many more)
+
+
+# Above this many bytes of weights, save_model writes them beside the model (protobuf cannot hold 2 GB).
+EXTERNAL_DATA_BYTES = 1 << 30
+
+
+def export_model(graph: Graph, path: str | Path | None = None, external_data: bool | None = None) -> onnx.ModelProto:
     """``graph`` as an ONNX model (default domain opset 23, com.microsoft contrib ops) for onnxruntime.
 
-    Every parameter needs its value in ``graph.weights`` (see :func:`check_weights`); raises GraphError
-    naming the missing parameters, or the node that cannot be written.  ``graph`` is not changed.
+    Symbolic dims are written as ``dim_param``s and computed at run time from the inputs' shapes.  Every parameter
+    needs its value in ``graph.weights`` (see :func:`check_weights`); raises GraphError naming the missing
+    parameters, or the node that cannot be written.  ``graph`` is not changed.  With ``path``, the model is also
+    saved there (:func:`save_model`; ``external_data``: weights in a file beside it, by default when they pass 1 GB).
     """
     check_weights(graph)
     outs = output_names(graph)
-    b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs)
+    b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs, graph)
     names: dict[int, Any] = {}
     weights: dict[int, np.ndarray] = {}
     for node in graph.nodes:
+        b.label = export_name(graph, node)
         try:
             names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
         except ShapeError as exc:  # an unfused form that needs a static value of a symbolic dim
-            raise GraphError(f"node {node.id} ({node.op}): cannot be exported with symbolic dims: {exc}") from None
+            raise GraphError(f"{graph.describe(node.id)}: cannot be exported with symbolic dims: {exc}") from None
+    b.label = None
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
-    read = {name for n in b.nodes for name in n.input}
+    b.nodes = _live(b.nodes, outs)  # a value an export form left unread (EmbedLayerNorm's own terms) is not written
+    read = {name for n in b.nodes for name in (*n.input, *outer_reads(n))}
     onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n) for n in graph.inputs],
                                    [_value_info(name, graph.node(nid)) for name, nid in
                                     zip(outs, graph.outputs, strict=True)],
                                    [t for t in b.initializers if t.name in read])  # not the parts of derived weights
-    return helper.make_model(onnx_graph, ir_version=IR_VERSION, producer_name="rlx-egraph",
-                             opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(b.domains.items())])
+    model = helper.make_model(onnx_graph, ir_version=IR_VERSION, producer_name="rlx-egraph",
+                              opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(b.domains.items())])
+    assumptions = graph.meta.get("assumptions")
+    if isinstance(assumptions, list) and assumptions:  # what the graph holds only under (see docs/onnx.md)
+        helper.set_model_props(model, {"rlx_egraph.assumptions": "; ".join(map(str, assumptions))})
+    if path is not None:
+        save_model(model, path, external_data)
+    elif external_data:
+        raise GraphError("export_model(external_data=True) needs the path to save the model at (the weights go in a "
+                         "file beside it)")
+    return model
 
 
-__all__ = ["OPSET", "Builder", "check_weights", "export_model", "output_names"]
+def save_model(model: onnx.ModelProto, path: str | Path, external_data: bool | None = None) -> None:
+    """Save ``model`` at ``path``; with ``external_data`` (None: when its weights pass 1 GB) its weights go in one
+    file beside it, ``<file name>.data``, written by onnx (``save_as_external_data``; ``model`` then refers to it).
+    """
+    path = Path(path)
+    size = sum(t.ByteSize() for t in model.graph.initializer)
+    if external_data if external_data is not None else size > EXTERNAL_DATA_BYTES:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=f"{path.name}.data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+__all__ = ["EXTERNAL_DATA_BYTES", "OPSET", "Builder", "check_weights", "export_model", "export_name", "output_names",
+           "save_model"]

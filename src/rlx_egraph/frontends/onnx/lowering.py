@@ -15,12 +15,14 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import helper
 
-from ...ir.dims import as_dim
+from ...ir.dims import Dim, as_dim, symbols_of
 from ...ir.dtypes import dtype
-from ...ir.ops.onnx_op import MIR_DTYPES
+from ...ir.ops.onnx_op import MIR_DTYPES, encode_proto
 from ...ir.shapes import broadcast
-from .importer import CAUSAL_MASK, Importer, Value, causal_fill
+from .forms import Affine, Filled, Form, Mask, Select, Stacked, from_array
+from .importer import Importer, Value
 from .symbolic import dims_array
 
 Lowering = Callable[[Importer, onnx.NodeProto, dict[str, Any]], list[Value | None] | None]
@@ -65,19 +67,39 @@ def elementwise(op: str) -> Lowering:
 
 
 def _add(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
-    """Add, except that x + an additive causal mask is Where(causal keep mask, x, fill), the one form
-    recognition rules know: x + fill is fill, a -inf fill becomes the dtype's lowest finite value (which
-    a Softmax turns into the same 0: a causal row always keeps its diagonal)."""
-    known = [imp.known(n) for n in node.input]
-    fill = causal_fill(known[1]) if len(known) == 2 and known[0] is None and known[1] is not None else None
-    x = imp.type(node.input[0])
-    if fill is None or broadcast(x.shape, known[1].shape) != x.shape:
-        return elementwise("Add")(imp, node, at)
-    keep = known[1] == 0
-    fill_value = imp.graph.scalar(max(fill, float(np.finfo(dtype(x.dtype).storage).min)), x.dtype)
-    imp.values[CAUSAL_MASK] = Value(array=keep)
-    mask = imp.tensor(CAUSAL_MASK)
-    return _out(imp.graph.add_node("Where", [mask, imp.tensor(node.input[0]), fill_value]))
+    """Add, except that x + an additive causal mask (0 where query i sees key j, one fill <= -1e4 elsewhere; a
+    known array or a form of any size) is Where(causal keep mask, x, fill), the one form recognition rules know:
+    x + fill is fill, a -inf fill becomes the dtype's lowest finite value (which a Softmax turns into the same 0:
+    a causal row always keeps its diagonal)."""
+    for mask_name, x_name in ((node.input[1], node.input[0]), (node.input[0], node.input[1])):
+        found = additive_causal(imp, mask_name)
+        x = imp.type(x_name)
+        if found is None or not imp.value(x_name).runtime or broadcast(x.shape, found[0].shape) != x.shape:
+            continue
+        keep, fill = found
+        fill_value = imp.graph.scalar(max(fill, float(np.finfo(dtype(x.dtype).storage).min)), x.dtype)
+        mask = imp.form_operand(keep, [x.shape], f"{mask_name}\0keep")
+        return _out(imp.graph.add_node("Where", [mask, imp.tensor(x_name), fill_value]))
+    return elementwise("Add")(imp, node, at)
+
+
+def additive_causal(imp: Importer, name: str) -> tuple[Mask, float] | None:
+    """The causal keep mask and fill of an additive causal mask (a known float array or a Select form), else None."""
+    form, array = imp.form(name), imp.known(name)
+    if isinstance(form, Select) and form.dtype.kind == "f":
+        for mask, keep, fill in ((form.mask, form.a, form.b), (form.mask.negate(), form.b, form.a)):
+            if float(keep) == 0.0 and float(fill) <= -1e4 and mask.is_causal():
+                return mask, float(fill)
+        return None
+    if array is None or array.dtype.kind != "f" or array.ndim < 2:
+        return None
+    keep = from_array(array == 0)
+    if not isinstance(keep, Mask) or not keep.is_causal():
+        return None
+    above = array[array != 0]
+    if not above.size or not np.all(above == above[0]) or not above[0] <= -1e4:
+        return None
+    return keep, float(above[0])
 
 
 def unary(op: str) -> Lowering:
@@ -181,10 +203,14 @@ def _gemm(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
 def _view(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     """A gather (Gather, GatherND, GatherElements) with known indices that reads the data in order, each element
     possibly repeated along some axes, is a Reshape then an Expand (transformers' padding-mask index gathers).
-    None when the indices are not known or read otherwise."""
+    With indices that are forms (built from Range over symbolic dims), :func:`_form_view`.  None when the indices
+    are not known or read otherwise."""
+    forms = [imp.form(n) for n in node.input[1:]]
+    if any(f is not None for f in forms):
+        return _form_view(imp, node, at, forms[0])
     data = imp.type(node.input[0])
     arrays = {n: imp.known(n) for n in node.input[1:]}
-    if not data.shape or any(a is None for a in arrays.values()):
+    if not data.shape or any(a is None for a in arrays.values()) or symbols_of(data.shape):
         return None
     order = np.arange(math.prod(data.shape), dtype=np.int64).reshape(data.shape)
     positions = np.asarray(imp.evaluate(node, {node.input[0]: order, **arrays})[0])
@@ -199,21 +225,79 @@ def _view(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return _out(imp.fit(imp.fit(imp.tensor(node.input[0]), source.shape), positions.shape))
 
 
+def _form_view(imp: Importer, node: onnx.NodeProto, at: dict, index: Form | None) -> Outputs:
+    """Gather on one axis by affine indices, or GatherND by stacked ones, that read the data in order (each element
+    possibly repeated along the indices' other axes): a Reshape then an Expand; else None (a runtime gather)."""
+    data = imp.type(node.input[0])
+    if node.op_type == "Gather" and isinstance(index, Affine):
+        axis = _axis(at.get("axis", 0), data.rank)
+        sizes = _strided_sizes(index, data.shape[axis])
+        if sizes is None:
+            return None
+        shape = data.shape[:axis] + sizes + data.shape[axis + 1:]
+        out = data.shape[:axis] + index.shape + data.shape[axis + 1:]
+    elif node.op_type == "GatherND" and isinstance(index, Stacked) and not at.get("batch_dims", 0):
+        depth = len(index.parts)
+        seen = []
+        for c, part in enumerate(index.parts):
+            varying = [a for a, k in enumerate(part.coefs) if not (isinstance(k, int) and k == 0)]
+            if part.offset != 0 or len(varying) != 1 or part.coefs[varying[0]] != 1 \
+                    or (part.shape[varying[0]] - data.shape[c]) != 0:
+                return None
+            seen.append(varying[0])
+        if seen != sorted(set(seen)):
+            return None
+        lead = index.shape[:-1]
+        shape = tuple(data.shape[seen.index(t)] if t in seen else 1 for t in range(len(lead))) + data.shape[depth:]
+        out = lead + data.shape[depth:]
+    else:
+        return None
+    return _out(imp.fit(imp.fit(imp.tensor(node.input[0]), shape), out))
+
+
+def _strided_sizes(index: Affine, size: Dim) -> tuple[Dim, ...] | None:
+    """For affine indices into an axis of ``size`` that enumerate it in order (offset 0, the varying axes'
+    coefficients the row-major strides of their sizes, which multiply to ``size``): the indices' shape with size 1
+    on the other axes; else None."""
+    varying = [a for a, k in enumerate(index.coefs) if not (isinstance(k, int) and k == 0)]
+    if index.offset != 0 or not varying:
+        return None
+    stride: Dim = 1
+    for a in reversed(varying):
+        if (index.coefs[a] - stride) != 0:
+            return None
+        stride = stride * index.shape[a]
+    if (stride - size) != 0:
+        return None
+    return tuple(index.shape[a] if a in varying else 1 for a in range(len(index.shape)))
+
+
 def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """A known contiguous run of indices is a Narrow; indices that read the data in order a view (:func:`_view`);
+    rows of a matrix by integer ids an Embedding."""
     data, indices = imp.type(node.input[0]), imp.type(node.input[1])
     axis = _axis(at.get("axis", 0), data.rank)
-    """A known contiguous run of indices is a Narrow; rows of a matrix by integer ids an Embedding."""
     idx = imp.known(node.input[1])
     g = imp.graph
-    if idx is not None:
-        flat = np.where(idx < 0, idx + data.shape[axis], idx).reshape(-1)
+    size = data.shape[axis]
+    if idx is not None and isinstance(size, int):
+        flat = np.where(idx < 0, idx + size, idx).reshape(-1)
         shape = data.shape[:axis] + idx.shape + data.shape[axis + 1:]
         if shape and flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)) \
-                and flat[0] >= 0 and flat[-1] < data.shape[axis]:  # the whole axis: no Narrow at all
+                and flat[0] >= 0 and flat[-1] < size:  # the whole axis: no Narrow at all
             (piece,) = _narrows(imp, node.input[0], [(axis, int(flat[0]), int(flat[0] + flat.size))])
             return _out(imp.fit(piece.node, shape))
-        if np.any(flat < 0) or np.any(flat >= data.shape[axis]):
+        if np.any(flat < 0) or np.any(flat >= size):
             return None
+    form, table = imp.form(node.input[1]), imp.known(node.input[0])
+    if isinstance(form, Filled) and table is not None:  # one known row everywhere (BERT's token types)
+        row = np.take(table, [int(form.value)], axis=axis)
+        name = f"{node.output[0]}.row"
+        imp.values[name] = Value(array=row, weight=imp.value(node.input[0]).weight)
+        shape = data.shape[:axis] + form.shape + data.shape[axis + 1:]
+        return _out(imp.fit(imp.fit(imp.tensor(name), row.shape[:axis] + (1,) * len(form.shape) +
+                                    row.shape[axis + 1:]), shape))
+    if idx is not None or form is not None:
         view = _view(imp, node, at)
         if view is not None:
             return view
@@ -230,7 +314,7 @@ def _reshape_to(imp: Importer, name: str, shape: tuple[int, ...]) -> Outputs:
 
 
 def _reshape(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
-    target = imp.known(node.input[1])
+    target = imp.known_dims(node.input[1])
     if target is None:
         return None
     src = imp.type(node.input[0]).shape
@@ -306,11 +390,13 @@ def _narrows(imp: Importer, name: str, ranges: list[tuple[int, int, int]]) -> Ou
 
 
 def _slice(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Narrows (step 1); bounds may be symbolic (:meth:`Importer.slice_bounds`).  A known table sliced to a
+    symbolic length is a gather of its rows by an Arange (a position table cut to the sequence)."""
     shape = imp.type(node.input[0]).shape
     if imp.opset < 10:
         starts, ends, axes, steps = at["starts"], at["ends"], at.get("axes"), None
     else:
-        given = [imp.known(n) if k < len(node.input) and n else None for k, n in enumerate(node.input)]
+        given = [imp.known_dims(n) if k < len(node.input) and n else None for k, n in enumerate(node.input)]
         given += [None] * (5 - len(given))
         if given[1] is None or given[2] is None or any(
                 given[k] is None for k in (3, 4) if k < len(node.input) and node.input[k]):
@@ -321,13 +407,36 @@ def _slice(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     axes = list(range(len(starts))) if axes is None else [_axis(a, len(shape)) for a in axes]
     if steps is not None and any(s != 1 for s in steps):
         return None
-    ranges = []
-    for axis, start, end in zip(axes, starts, ends, strict=True):
-        dim = shape[axis]
-        start = min(max(start + dim if start < 0 else start, 0), dim)
-        end = min(max(end + dim if end < 0 else end, 0), dim)
-        ranges.append((axis, start, end))
+    ranges = [(axis, *imp.slice_bounds(shape[axis], start, end)) for axis, start, end in zip(axes, starts, ends,
+                                                                                            strict=True)]
+    if not imp.value(node.input[0]).runtime and any(symbols_of([end - start]) and isinstance(shape[axis], int)
+                                                    for axis, start, end in ranges):
+        return _table_rows(imp, node.input[0], ranges)
     return _narrows(imp, node.input[0], ranges)
+
+
+def _table_rows(imp: Importer, name: str, ranges: list[tuple[int, Dim, Dim]]) -> Outputs:
+    """A known table cut to symbolic lengths: rows gathered by an Arange per cut axis (an Embedding on axis 0 of a
+    matrix, else an ONNX Gather), the static cuts Narrows; valid while the lengths stay within the table (the
+    assumption :meth:`Importer.slice_bounds` recorded)."""
+    g = imp.graph
+    x = imp.tensor(name)
+    for axis, start, end in ranges:
+        size = g.node(x).shape[axis]
+        if not symbols_of([end - start]):
+            if (start, end) != (0, size):
+                x = g.narrow(x, axis=axis, start=start, length=end - start)
+            continue
+        rows = g.add_node("Arange", start=start, length=end - start, dtype="i64")
+        x = g.embedding(x, rows) if axis == 0 and len(g.node(x).shape) == 2 else gather_node(imp, x, rows, axis)
+    return _out(x)
+
+
+def gather_node(imp: Importer, data: int, indices: int, axis: int) -> int:
+    """An ONNX Gather of MIR nodes ``data`` by ``indices`` on ``axis`` (an OnnxOp: MIR gathers only rows)."""
+    graph = helper.make_graph([helper.make_node("Gather", ["in0", "in1"], ["out0"], axis=axis)], "Gather", [], [])
+    return imp.graph.add_node("OnnxOp", [data, indices], op_type="Gather", domain="", opset=imp.opset, output=0,
+                              proto=encode_proto(graph))
 
 
 def _split(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
@@ -354,19 +463,20 @@ def _split(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
 
 
 def _and(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
-    """And with a known all-true operand is the other one broadcast (transformers ANDs an all-true mask into
-    the padding mask); any other And stays opaque."""
+    """And with a constant all-true operand (a known array or a filled form) is the other one broadcast
+    (transformers ANDs an all-true mask into the padding mask); any other And stays opaque."""
     a, b = node.input
     shape = broadcast(imp.type(a).shape, imp.type(b).shape)
-    for known, other in ((a, b), (b, a)):
-        array = imp.known(known)
-        if array is not None and array.all() and not imp.value(other).known:
+    for constant, other in ((a, b), (b, a)):
+        array, form = imp.known(constant), imp.form(constant)
+        true = (array is not None and array.all()) or (isinstance(form, Filled) and bool(form.value))
+        if true and imp.value(other).runtime:
             return _out(imp.fit(imp.tensor(other), shape))
     return None
 
 
 def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
-    target = imp.known(node.input[1])
+    target = imp.known_dims(node.input[1])
     if target is None:
         return None
     x = imp.tensor(node.input[0])

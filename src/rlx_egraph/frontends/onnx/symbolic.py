@@ -5,10 +5,11 @@ When an input's ``dim_param`` is left unbound, its dim is a :class:`~rlx_egraph.
 (:func:`dims_array`).  The shape computations exporters write on such values (Gather, Slice,
 Unsqueeze, Concat, integer arithmetic, comparisons, Where, ...) fold here exactly
 (:func:`fold_symbolic`); a result without symbols is a plain int64 (bool, or Cast's type) array again.
-A symbolic value may only end as a Reshape/Expand target or Slice bound (:data:`DIM_INPUTS`), which
-become symbolic dim attributes.  Anything else (a tensor of symbolic shape made from known values, a
-symbolic value read as data, a comparison that is not the same for every value of the symbols) is an
-:class:`OnnxImportError` naming the node and the symbols and saying to pass ``input_shapes``.
+Read as a Reshape/Expand target or a Slice bound (:data:`DIM_INPUTS`) a symbolic value becomes symbolic
+dim attributes; read as data it becomes a ``DimValues`` node; an op that makes a tensor of symbolic shape
+of it (``Range``, ``ConstantOfShape``) makes a form (:mod:`.forms`).  A comparison that is not the same
+for every value of the symbols (nor under the given ``max_dims``) is an :class:`OnnxImportError` naming
+the node and the symbols and saying to pass ``input_shapes``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from onnx import helper
 
 from ...ir.dims import Dim, symbols_of
 from ...ir.registry import ShapeError
-from .importer import OnnxImportError, Value
+from .errors import OnnxImportError
+from .forms import is_symbolic
+from .importer import Value
 
 if TYPE_CHECKING:
     from .importer import Importer
@@ -32,11 +35,6 @@ if TYPE_CHECKING:
 # Lowered op -> the input slots it reads as dims (a symbolic value there becomes a symbolic dim attribute).
 DIM_INPUTS: dict[str, frozenset[int]] = {"Reshape": frozenset({1}), "Expand": frozenset({1}),
                                          "Slice": frozenset({1, 2, 3, 4})}
-
-
-def is_symbolic(array: np.ndarray | None) -> bool:
-    """``array`` is a symbolic value (dtype object: ints and Syms)."""
-    return array is not None and array.dtype == object
 
 
 def dims_array(dims: Sequence[Dim]) -> np.ndarray:
@@ -56,7 +54,7 @@ def _refuse(imp: Importer, reason: str, symbols: Sequence[str]) -> OnnxImportErr
     """The error for a step that needs ``symbols`` bound; it also names the inputs whose static shapes bind every
     symbol (:func:`_binding`)."""
     named = ", ".join(repr(s) for s in symbols)
-    return OnnxImportError(f"{imp.label}: {reason}", f"pass input_shapes to bind {named}", _binding(imp))
+    return OnnxImportError(reason, f"pass input_shapes to bind {named}", _binding(imp))
 
 
 def _binding(imp: Importer) -> dict[str, tuple[str, ...]]:
@@ -72,20 +70,6 @@ def _binding(imp: Importer) -> dict[str, tuple[str, ...]]:
     return chosen
 
 
-def _refuse_value(imp: Importer, what: str, name: str, result: str) -> OnnxImportError:
-    """The error for symbolic value ``name`` used where MIR would need a tensor of symbolic shape or content."""
-    array = imp.values[name].array
-    shown = "[" + ", ".join(str(d) for d in array.reshape(-1)[:8]) + (", ...]" if array.size > 8 else "]")
-    return _refuse(imp, f"{what} {name!r} = {shown} is computed from symbolic dims, and {result}, which MIR cannot "
-                        "hold (it keeps symbolic dims only in shapes)", _symbols([array]))
-
-
-def check_output(imp: Importer, name: str) -> None:
-    """A known graph output ``name`` is not symbolic (MIR has no tensor holding symbolic dims as data)."""
-    if is_symbolic(imp.values[name].array):
-        raise _refuse_value(imp, "value", name, "the graph outputs it")
-
-
 def lowers(imp: Importer, node: onnx.NodeProto) -> bool:
     """Whether a node with known inputs is lowered rather than folded: known data (not symbolic itself) under a
     symbolic target or bound (Expand of a class token to [batch, 1, 64]) is a MIR node of symbolic shape."""
@@ -96,25 +80,14 @@ def lowers(imp: Importer, node: onnx.NodeProto) -> bool:
                                               if k < len(values))
 
 
-def check_lowering(imp: Importer, node: onnx.NodeProto) -> None:
-    """A node lowered to MIR reads symbolic values only where its lowering takes dims (:data:`DIM_INPUTS`)."""
-    allowed = DIM_INPUTS.get(node.op_type, frozenset())
-    for slot, name in enumerate(node.input):
-        if name and slot not in allowed and is_symbolic(imp.value(name).array):
-            raise _refuse_value(imp, f"input {slot}", name, f"{node.op_type} reads it as data")
-
-
-def check_opaque(imp: Importer, node: onnx.NodeProto) -> None:
-    """A node kept as an OnnxOp (its lowering declined) holds no symbolic value among its constants."""
-    for slot, name in enumerate(node.input):
-        if name and is_symbolic(imp.value(name).array):
-            raise _refuse_value(imp, f"input {slot}", name, f"{node.op_type} has no MIR form here, so it would be "
-                                                            "kept as an ONNX node holding it as a constant")
-
-
 def refuse_shape_error(imp: Importer, exc: ShapeError) -> OnnxImportError:
     """A ShapeError of a symbolic import (an undecidable comparison or division) as an import error."""
-    return _refuse(imp, str(exc), imp.graph.symbols)
+    return _refuse(imp, f"{imp.label}: {exc}", imp.graph.symbols)
+
+
+def refuse(imp: Importer, reason: str) -> OnnxImportError:
+    """An import error whose way out is to bind the symbolic dims (``input_shapes``)."""
+    return _refuse(imp, reason, imp.graph.symbols)
 
 
 # --- folding --------------------------------------------------------------------------------------------------
@@ -138,14 +111,16 @@ def _trunc_div(a: Dim, b: Dim) -> Dim:
     return a // b
 
 
-def _extreme(pick_first: Callable[[Dim, Dim], bool], what: str) -> Callable[[Dim, Dim], Dim]:
-    """Max (``pick_first`` is ``>=``) or Min (``<=``) of two dims, asking in both orders: ``max(1, batch)`` is
+def _extreme(first_wins: str, what: str) -> Callable[[Importer, Dim, Dim], Dim]:
+    """Max (``first_wins`` is ``>=``) or Min (``<=``) of two dims, asking in both orders: ``max(1, batch)`` is
     ``batch`` because ``batch >= 1`` holds for every value (``1 >= batch`` does not decide)."""
 
-    def pick(a: Dim, b: Dim) -> Dim:
+    def pick(imp: Importer, a: Dim, b: Dim) -> Dim:
+        if isinstance(a, int) and isinstance(b, int):
+            return max(a, b) if first_wins == ">=" else min(a, b)
         for first, second in ((a, b), (b, a)):
             try:
-                if pick_first(first, second):
+                if imp.decide(first, first_wins, second):
                     return first
             except ShapeError:
                 pass
@@ -154,10 +129,34 @@ def _extreme(pick_first: Callable[[Dim, Dim], bool], what: str) -> Callable[[Dim
     return pick
 
 
-def _equal(a: Dim, b: Dim) -> bool:
-    """Equal for every value of the symbols: decided when ``a - b`` is 0 or never 0 (ShapeError otherwise)."""
+def _compare(op: str) -> Callable[[Importer, Dim, Dim], bool]:
+    """A comparison of two dims for every value of the symbols (else under the given max_dims)."""
+    plain = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}[op]
+    return lambda imp, a, b: plain(a, b) if isinstance(a, int) and isinstance(b, int) else imp.decide(a, op, b)
+
+
+def _absolute(imp: Importer, d: Dim) -> Dim:
+    """|d|: a symbolic dim of one sign for every value (``abs(-batch)`` is ``batch``)."""
+    if isinstance(d, int):
+        return abs(d)
+    return d if imp.decide(d, ">=", 0) else -d
+
+
+def _equal(imp: Importer, a: Dim, b: Dim) -> bool:
+    """Equal for every value of the symbols: decided when ``a - b`` is 0 or never 0 (else under max_dims)."""
     diff = a - b
-    return not diff if isinstance(diff, int) else not bool(diff)
+    if isinstance(diff, int):
+        return not diff
+    try:
+        return not bool(diff)
+    except ShapeError:
+        from .importer import dim_range
+
+        low, high = dim_range(diff, imp.max_dims)
+        if low > 0 or high < 0:
+            imp.assume(f"{a} != {b}", "the given max_dims")
+            return False
+        raise
 
 
 def _ints(imp: Importer, name: str) -> list[int]:
@@ -218,11 +217,9 @@ def _reduce(fn: Callable[..., np.ndarray], since: int) -> Callable[..., np.ndarr
     return fold
 
 
-def _cast(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
-    if helper.tensor_dtype_to_np_dtype(at["to"]).kind not in "iu":
-        raise _refuse_value(imp, "input 0", node.input[0],
-                            f"Cast makes {onnx.TensorProto.DataType.Name(at['to'])} data of it")
-    return a[0]
+def _cast(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray | None:
+    """Cast to an int type keeps the dims; to another type they are data (None: not folded here)."""
+    return a[0] if helper.tensor_dtype_to_np_dtype(at["to"]).kind in "iu" else None
 
 
 def _shape_of(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[np.ndarray]) -> np.ndarray:
@@ -230,12 +227,17 @@ def _shape_of(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[n
     return np.array(shape[slice(at.get("start", 0), at.get("end"))], dtype=np.int64)
 
 
-Fold = Callable[["Importer", onnx.NodeProto, dict[str, Any], list[np.ndarray]], np.ndarray]
+Fold = Callable[["Importer", onnx.NodeProto, dict[str, Any], list[np.ndarray]], np.ndarray | None]
 
 
 def _binary(fn: Callable[[Any, Any], Any]) -> Fold:
     cells = _cells(fn)
     return lambda imp, node, at, a: reduce(cells, a)
+
+
+def _decided(fn: Callable[[Importer, Any, Any], Any]) -> Fold:
+    """A binary fold whose cells decide on dims (comparisons, Max, Min): they may use the import's max_dims."""
+    return lambda imp, node, at, a: reduce(_cells(lambda x, y: fn(imp, x, y)), a)
 
 
 # op type -> (fold, the input slots that may be symbolic; the others must be static)
@@ -259,35 +261,40 @@ FOLDS: dict[str, tuple[Fold, frozenset[int] | None]] = {
     "Mul": (_binary(operator.mul), None),
     "Div": (_binary(_trunc_div), None),
     "Mod": (_binary(operator.mod), None),
-    "Max": (_binary(_extreme(operator.ge, "max")), None),
-    "Min": (_binary(_extreme(operator.le, "min")), None),
+    "Max": (_decided(_extreme(">=", "max")), None),
+    "Min": (_decided(_extreme("<=", "min")), None),
     "Neg": (lambda imp, node, at, a: -a[0], None),
-    "Equal": (_binary(_equal), None),
-    "Less": (_binary(operator.lt), None),
-    "LessOrEqual": (_binary(operator.le), None),
-    "Greater": (_binary(operator.gt), None),
-    "GreaterOrEqual": (_binary(operator.ge), None),
+    "Abs": (lambda imp, node, at, a: np.frompyfunc(lambda d: _absolute(imp, d), 1, 1)(a[0]), None),
+    "Equal": (_decided(_equal), None),
+    "Less": (_decided(_compare("<")), None),
+    "LessOrEqual": (_decided(_compare("<=")), None),
+    "Greater": (_decided(_compare(">")), None),
+    "GreaterOrEqual": (_decided(_compare(">=")), None),
     "Where": (lambda imp, node, at, a: np.where(a[0].astype(bool), a[1], a[2]), frozenset({1, 2})),
 }
 _BOOL_RESULT = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
 
 
-def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str], at: dict[str, Any]) -> list[Value | None]:
-    """Fold ``node``, whose inputs are known and some symbolic, exactly; OnnxImportError where it cannot."""
+def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str],
+                  at: dict[str, Any]) -> list[Value | None] | None:
+    """Fold ``node``, whose inputs are known and some symbolic, exactly; None where it has no exact fold here (a
+    symbolic value in a slot read as data: the importer makes a form or a runtime node of it); OnnxImportError
+    for a decision that depends on the symbols' values."""
     arrays = [imp.values[n].array if n else None for n in ins]
     symbols = _symbols(arrays)
     fold, symbolic_slots = FOLDS.get(node.op_type, (None, frozenset()))
-    for slot, array in enumerate(arrays):
-        if is_symbolic(array) and symbolic_slots is not None and slot not in symbolic_slots:
-            raise _refuse_value(imp, f"input {slot}", ins[slot],
-                                f"{node.op_type} would make a tensor of symbolic shape or content of it")
-    assert fold is not None  # an op with no fold has no symbolic slot: refused above
+    if fold is None or any(is_symbolic(array) and symbolic_slots is not None and slot not in symbolic_slots
+                           for slot, array in enumerate(arrays)):
+        return None
     operands = [_objects(a) if a is not None and (symbolic_slots is None or k in symbolic_slots) else a
                 for k, a in enumerate(arrays)]
     try:
-        result = np.asarray(fold(imp, node, at, [a for a in operands if a is not None]), dtype=object)
+        result = fold(imp, node, at, [a for a in operands if a is not None])
     except (ShapeError, ZeroDivisionError) as exc:
-        raise _refuse(imp, str(exc), symbols) from None
+        raise _refuse(imp, f"{imp.label}: {exc}", symbols) from None
+    if result is None:
+        return None
+    result = np.asarray(result, dtype=object)
     if is_symbolic(result) and not symbols_of(result.reshape(-1)):
         kind = np.bool_ if node.op_type in _BOOL_RESULT else (
             helper.tensor_dtype_to_np_dtype(at["to"]) if node.op_type == "Cast" else np.int64)
@@ -295,5 +302,5 @@ def fold_symbolic(imp: Importer, node: onnx.NodeProto, ins: list[str], at: dict[
     return [Value(array=result), *[None] * (len(node.output) - 1)]
 
 
-__all__ = ["DIM_INPUTS", "FOLDS", "check_lowering", "check_opaque", "check_output", "dims_array", "fold_symbolic",
-           "is_symbolic", "lowers", "refuse_shape_error"]
+__all__ = ["DIM_INPUTS", "FOLDS", "dims_array", "fold_symbolic", "is_symbolic", "lowers", "refuse",
+           "refuse_shape_error"]

@@ -1,5 +1,5 @@
 """Op declarations; importing this package registers every op."""
 
-from . import fused, onnx_op, primitives
+from . import dims_data, fused, host, onnx_op, primitives
 
-__all__ = ["fused", "onnx_op", "primitives"]
+__all__ = ["dims_data", "fused", "host", "onnx_op", "primitives"]

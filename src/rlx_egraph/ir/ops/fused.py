@@ -1,4 +1,4 @@
-"""Fused ops (FUSIONS.md section 3).
+"""Fused ops (the catalogue: docs/fusions.md).
 
 Each op's ``decompose`` builds the subgraph its rule recognises (the rule's
 left side, which may name other fused ops), and its kernel computes exactly
@@ -193,19 +193,24 @@ def _swiglu_infer(a: Attrs, ins: list[T]) -> T:
     return T(ins[0].shape, same_dtype(ins, "SwiGLU operands"))
 
 
+# FusedSwiGLU's output cast (the design's cast_to): "none", or the float dtype its epilogue writes.
+SWIGLU_CASTS = ("none", "f32", "f16", "bf16")
+
+
 def _fused_swiglu_infer(a: Attrs, ins: list[T]) -> T:
     cat = ins[0]
     if cat.rank < 1 or cat.shape[-1] % 2:
         raise ShapeError(f"FusedSwiGLU input must have an even last dim, got {list(cat.shape)}")
-    return T((*cat.shape[:-1], cat.shape[-1] // 2), cat.dtype)
+    return T((*cat.shape[:-1], cat.shape[-1] // 2), cat.dtype if a["cast_to"] == "none" else a["cast_to"])
 
 
 def _fused_swiglu_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
-    """SwiGLU(gate, up) of the two Narrow halves of cat."""
+    """SwiGLU(gate, up) of the two Narrow halves of cat, then Cast to ``cast_to``."""
     n = g.node(ins[0]).shape[-1] // 2
     first = g.narrow(ins[0], axis=-1, start=0, length=n)
     second = g.narrow(ins[0], axis=-1, start=n, length=n)
-    return g.swiglu(first, second) if a["gate_first"] else g.swiglu(second, first)
+    out = g.swiglu(first, second) if a["gate_first"] else g.swiglu(second, first)
+    return out if a["cast_to"] == "none" else g.cast(out, dtype=a["cast_to"])
 
 
 def _attention_block_infer(a: Attrs, ins: list[T]) -> T:
@@ -464,9 +469,18 @@ def _embed_layer_norm_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
             "gamma": (width,), "beta": (width,)}, {}
 
 
+# The region kinds: ops whose ``chain`` attribute is a program of steps run as one kernel.
+ELEMENTWISE_REGION, TRANSFORM_REGION, BATCH_REGION = "ElementwiseRegion", "TransformRegion", "BatchElementwiseRegion"
+REGION_KINDS = (ELEMENTWISE_REGION, TRANSFORM_REGION, BATCH_REGION)
+# What an ElementwiseRegion may do to its input 0 before its steps: nothing, or a nearest-neighbour 2x upsample.
+PROLOGUES = ("none", "upsample2x")
+# The layout steps a TransformRegion runs between its elementwise steps: each moves every element once.
+TRANSFORM_STEPS = frozenset({"Transpose", "Reshape"})
+
+
 @dataclass(frozen=True)
 class RegionStep:
-    """One step of an ElementwiseRegion chain, resolved by its op's shape rule."""
+    """One step of a region's chain, resolved by its op's shape rule."""
 
     spec: OpSpec
     attrs: dict[str, Any]
@@ -491,18 +505,31 @@ def _parse_chain(a: Attrs) -> tuple[list[str] | None, list]:
                      "or the list of steps alone")
 
 
-def region_program(a: Attrs, ins: list[T]) -> list[RegionStep]:
-    """Check an ElementwiseRegion chain over inputs of types ``ins`` step by step and type every step.
+def _step_ops(transform: bool) -> str:
+    return "an elementwise or transform (Transpose, Reshape) op" if transform else "an elementwise op"
+
+
+def region_program(a: Attrs, ins: list[T], transform: bool = False) -> list[RegionStep]:
+    """Check a region's chain over inputs of types ``ins`` step by step and type every step.
 
     The chain is ``{"inputs": [dtype, ...], "steps": [[op, attrs, operands], ...]}``; operand
     i >= 0 is region input i, -k the value of step k-1.  ``"inputs"`` (the inputs' dtypes, which
     the kernel cannot see in its compute-typed arrays) may be left out and must match ``ins``.
+    A ``prologue`` of ``upsample2x`` gives the steps input 0 upsampled (Upsample2x); ``transform``
+    (TransformRegion) also admits the layout steps :data:`TRANSFORM_STEPS`.
     """
     declared, steps = _parse_chain(a)
     if declared is not None and declared != [t.dtype for t in ins]:
         raise ShapeError(f"chain inputs are {declared}, the region's inputs are {[t.dtype for t in ins]}")
     if not steps:
         raise ShapeError("chain must have at least one step")
+    if a.get("prologue", "none") != "none":
+        if not ins:
+            raise ShapeError("a prologue needs an input 0")
+        try:
+            ins = [op_spec("Upsample2x").infer({}, [ins[0]]), *ins[1:]]
+        except ShapeError as exc:
+            raise ShapeError(f"prologue {a['prologue']}: {exc}") from None
     program: list[RegionStep] = []
     for k, step in enumerate(steps):
         if not (isinstance(step, list) and len(step) == 3 and isinstance(step[1], dict)
@@ -510,8 +537,8 @@ def region_program(a: Attrs, ins: list[T]) -> list[RegionStep]:
             raise ShapeError(f"chain step {k} is not [op, attrs, operands]: {short_repr(step)}")
         op, attrs, operands = step
         spec = REGISTRY.get(op) if isinstance(op, str) else None
-        if spec is None or spec.kind is not Kind.ELEMENTWISE:
-            raise ShapeError(f"chain step {k} op {short_repr(op)} is not an elementwise op")
+        if spec is None or not (spec.kind is Kind.ELEMENTWISE or (transform and op in TRANSFORM_STEPS)):
+            raise ShapeError(f"chain step {k} op {short_repr(op)} is not {_step_ops(transform)}")
         if not all(type(i) is int and -k <= i < len(ins) for i in operands):
             raise ShapeError(f"chain step {k} refers to a missing operand in {short_repr(operands)}")
         try:
@@ -522,23 +549,21 @@ def region_program(a: Attrs, ins: list[T]) -> list[RegionStep]:
     return program
 
 
-def _region_canonical(a: Attrs, ins: list[T]) -> dict:
+def _canonical_chain(a: Attrs, ins: list[T], transform: bool) -> str:
     """The chain with the inputs' dtypes and every step's attributes filled in."""
     steps = [[s.spec.name, {key: list(v) if isinstance(v, tuple) else v for key, v in s.attrs.items()},
-              list(s.operands)] for s in region_program(a, ins)]
-    return {**a, "chain": json.dumps({"inputs": [t.dtype for t in ins], "steps": steps})}
+              list(s.operands)] for s in region_program(a, ins, transform)]
+    return json.dumps({"inputs": [t.dtype for t in ins], "steps": steps})
 
 
-def _region_infer(a: Attrs, ins: list[T]) -> T:
-    return region_program(a, ins)[-1].type
-
-
-def _region_kernel(a: Attrs, *xs: np.ndarray) -> np.ndarray:
+def _run_program(a: Attrs, xs: tuple[np.ndarray, ...], transform: bool) -> np.ndarray:
     """Run every step as the interpreter runs the node it replaces: in and out of that step's dtype."""
     declared, _ = _parse_chain(a)
     if declared is None:
         raise ShapeError("the kernel needs a resolved chain (with its inputs' dtypes)")
-    program = region_program(a, [T(x.shape, d) for x, d in zip(xs, declared, strict=True)])
+    program = region_program(a, [T(x.shape, d) for x, d in zip(xs, declared, strict=True)], transform)
+    if a.get("prologue", "none") == "upsample2x":
+        xs = (K.upsample2x({}, xs[0]), *xs[1:])
     values: list[np.ndarray] = []
     for step in program:
         args = [xs[i] if i >= 0 else values[-i - 1] for i in step.operands]
@@ -547,17 +572,61 @@ def _region_kernel(a: Attrs, *xs: np.ndarray) -> np.ndarray:
     return values[-1]
 
 
-def _region_flops(a: Attrs, ins: list[T], out: T) -> int:
-    return out.numel * len(_parse_chain(a)[1])
-
-
-def _region_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
-    """One node per step."""
+def _build_program(g: Graph, ins: list[int], a: Attrs, transform: bool) -> int:
+    """One node per step (after an Upsample2x of input 0 for the prologue)."""
+    if a.get("prologue", "none") == "upsample2x":
+        ins = [g.upsample2x(ins[0]), *ins[1:]]
+        a = {**a, "prologue": "none"}
     results: list[int] = []
-    for step in region_program(a, [g.node(i).type for i in ins]):
+    for step in region_program(a, [g.node(i).type for i in ins], transform):
         inputs = [ins[i] if i >= 0 else results[-i - 1] for i in step.operands]
         results.append(g.add_node(step.spec.name, inputs, **step.attrs))
     return results[-1]
+
+
+def _program_flops(a: Attrs, ins: list[T], out: T) -> int:
+    return out.numel * len(_parse_chain(a)[1])
+
+
+def _chain_region(name: str, transform: bool, attrs: tuple[AttrSpec, ...], doc: str,
+                  sampler: Any) -> OpSpec:
+    """A region op running its chain (ElementwiseRegion, TransformRegion): one kernel, each step stored in its
+    own dtype, decomposed into one node per step."""
+    return OpSpec(name, Kind.FUSED, ("xs*",), lambda a, ins: region_program(a, ins, transform)[-1].type,
+                  lambda a, *xs: _run_program(a, xs, transform), (AttrSpec("chain", AttrType.JSON), *attrs),
+                  flops=_program_flops,
+                  canonical=lambda a, ins: {**a, "chain": _canonical_chain(a, ins, transform)}, doc=doc,
+                  decompose=lambda g, ins, a: _build_program(g, ins, a, transform), sampler=sampler)
+
+
+def _lanes(a: Attrs, ins: list[T]) -> list[list[T]]:
+    """A batched region's inputs, lane by lane (``lanes`` lanes of equal input types)."""
+    k = a["lanes"]
+    if len(ins) % k:
+        raise ShapeError(f"{len(ins)} inputs do not split into {k} lanes")
+    m = len(ins) // k
+    lanes = [ins[j * m:(j + 1) * m] for j in range(k)]
+    if any(lane != lanes[0] for lane in lanes):
+        raise ShapeError(f"every lane must read inputs of the types {[str(t) for t in lanes[0]]}, got "
+                         f"{[[str(t) for t in lane] for lane in lanes]}")
+    return lanes
+
+
+def _batch_infer(a: Attrs, ins: list[T]) -> T:
+    out = region_program(a, _lanes(a, ins)[0])[-1].type
+    return T((a["lanes"], *out.shape), out.dtype)
+
+
+def _batch_kernel(a: Attrs, *xs: np.ndarray) -> np.ndarray:
+    m = len(xs) // a["lanes"]
+    return np.stack([_run_program(a, xs[j * m:(j + 1) * m], False) for j in range(a["lanes"])])
+
+
+def _batch_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """Each lane's steps, its result given a leading axis, the lanes concatenated along it."""
+    m = len(ins) // a["lanes"]
+    outs = [_build_program(g, ins[j * m:(j + 1) * m], a, False) for j in range(a["lanes"])]
+    return g.concat([g.reshape(o, shape=(1, *g.node(o).shape)) for o in outs], axis=0)
 
 
 # Steps a sampled region draws from: finite on every finite input (Exp, Log, Div, Pow, ... overflow or
@@ -569,14 +638,10 @@ _REGION_UNARY: tuple[tuple[str, dict[str, str]], ...] = (
 _REGION_BINARY = ("Add", "Sub", "Mul", "Max", "Min")
 
 
-def _region_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
-    """1 to 6 random unary, binary or select (Where(Greater(p, q), p, r)) steps over 1 to 3 inputs: the
-    region's shape and trailing parts of it."""
-    shape = random_shape(rng, 2, 3)
-    xs = [shape, *(shape[int(rng.integers(0, len(shape))):] for _ in range(int(rng.integers(0, 3))))]
-    chain: list[list[Any]] = []
-    values = list(range(len(xs)))  # float operands so far: inputs, then step results as -(step + 1)
-    for _ in range(int(rng.integers(1, 7))):
+def _random_steps(rng: np.random.Generator, chain: list[list[Any]], values: list[int], steps: int) -> None:
+    """Append ``steps`` random unary, binary or select (Where(Greater(p, q), p, r)) steps over ``values`` (the float
+    operands of one shape so far: inputs i >= 0, step results -(step + 1)) to ``chain``."""
+    for _ in range(steps):
         kind = pick(rng, ["unary", "binary", "select"])
         if kind == "unary":
             op, attrs = pick(rng, _REGION_UNARY)
@@ -588,7 +653,52 @@ def _region_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
             chain.append(["Greater", {}, [p, q]])
             chain.append(["Where", {}, [-len(chain), p, r]])
         values.append(-len(chain))
+
+
+def _region_inputs(rng: np.random.Generator, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """``shape`` and 0 to 2 trailing parts of it: a region's inputs."""
+    return [shape, *(shape[int(rng.integers(0, len(shape))):] for _ in range(int(rng.integers(0, 3))))]
+
+
+def _region_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """1 to 6 random steps over 1 to 3 inputs (the region's shape and trailing parts of it); one time in three
+    input 0 is read through the upsample prologue (then 4-D, at half the region's height and width)."""
+    prologue = pick(rng, ["none", "none", "upsample2x"])
+    shape = (*random_shape(rng, 2, 2), *(2 * d for d in random_shape(rng, 2, 2))) if prologue != "none" \
+        else random_shape(rng, 2, 3)
+    xs = _region_inputs(rng, shape)
+    chain: list[list[Any]] = []
+    _random_steps(rng, chain, list(range(len(xs))), int(rng.integers(1, 7)))
+    if prologue != "none":
+        xs[0] = (*shape[:2], shape[2] // 2, shape[3] // 2)
+    return {"xs": xs}, {"chain": json.dumps(chain), "prologue": prologue}
+
+
+def _transform_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """Random steps on x, a Transpose or Reshape of their value, random steps on that and on inputs of its shape."""
+    shape = random_shape(rng, 2, 3)
+    chain: list[list[Any]] = []
+    _random_steps(rng, chain, [0], int(rng.integers(1, 4)))
+    if rng.random() < 0.5:
+        perm = tuple(int(p) for p in rng.permutation(len(shape)))
+        chain.append(["Transpose", {"perm": list(perm)}, [-len(chain)]])
+        moved = tuple(shape[p] for p in perm)
+    else:
+        moved = (int(np.prod(shape)),)
+        chain.append(["Reshape", {"shape": list(moved)}, [-len(chain)]])
+    xs = [shape, *_region_inputs(rng, moved)]
+    _random_steps(rng, chain, [-len(chain), *range(1, len(xs))], int(rng.integers(1, 4)))
     return {"xs": xs}, {"chain": json.dumps(chain)}
+
+
+def _batch_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """2 or 3 lanes of one sampled region program (no prologue)."""
+    shape = random_shape(rng, 2, 3)
+    lane = _region_inputs(rng, shape)
+    chain: list[list[Any]] = []
+    _random_steps(rng, chain, list(range(len(lane))), int(rng.integers(1, 5)))
+    lanes = int(rng.integers(2, 4))
+    return {"xs": lane * lanes}, {"chain": json.dumps(chain), "lanes": lanes}
 
 
 def _concat_params_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
@@ -631,10 +741,12 @@ FUSED = [
     OpSpec("SwiGLU", Kind.FUSED, ("gate", "up"), _swiglu_infer, lambda a, g, u: K.swiglu(g, u),
            doc="Silu(gate) * up.", decompose=lambda g, ins, a: g.mul(g.silu(ins[0]), ins[1])),
     OpSpec("FusedSwiGLU", Kind.FUSED, ("cat",), _fused_swiglu_infer, K.fused_swiglu,
-           (AttrSpec("gate_first", B, False),),
-           doc="up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first).",
-           decompose=_fused_swiglu_decompose,
-           sampler=lambda rng: ({"cat": (*random_shape(rng, 0, 2), 2 * int(rng.integers(1, 6)))}, {})),
+           (AttrSpec("gate_first", B, False), AttrSpec("cast_to", S, "none", choices=SWIGLU_CASTS)),
+           doc="up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first), written as cast_to "
+               "(a float dtype; none: cat's).",
+           decompose=_fused_swiglu_decompose,  # (cast_to: its own parity test, the dtype changes)
+           sampler=lambda rng: ({"cat": (*random_shape(rng, 0, 2), 2 * int(rng.integers(1, 6)))},
+                                {"cast_to": "none"})),
     OpSpec("GroupNormSilu", Kind.FUSED, ("x", "w", "b"), lambda a, ins: op_spec("GroupNorm").infer(a, ins),
            lambda a, x, w, b: K.silu(K.group_norm(x, w, b, a["groups"], a["eps"])),
            (AttrSpec("groups", INT, check=at_least_one), _EPS), doc="Silu(GroupNorm(x, w, b)).",
@@ -686,10 +798,18 @@ FUSED = [
            doc="A whole post-norm BERT layer; inputs in the seed's 14-input order.",
            decompose=_transformer_layer_decompose, sampler=_transformer_layer_sample,
            degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
-    OpSpec("ElementwiseRegion", Kind.FUSED, ("xs*",), _region_infer, _region_kernel,
-           (AttrSpec("chain", AttrType.JSON),), flops=_region_flops, canonical=_region_canonical,
-           doc="A chain of elementwise ops run as one kernel, each step stored in its own dtype.",
-           decompose=_region_decompose, sampler=_region_sample),
+    _chain_region(ELEMENTWISE_REGION, False, (AttrSpec("prologue", S, "none", choices=PROLOGUES),),
+                  "A chain of elementwise ops run as one kernel, each step stored in its own dtype; with the "
+                  "upsample2x prologue the kernel reads input 0 through a nearest-neighbour 2x upsample.",
+                  _region_sample),
+    _chain_region(TRANSFORM_REGION, True, (),
+                  "A chain of elementwise ops with Transposes and Reshapes between them run as one kernel (each "
+                  "step computed in its own shape, stored in its own dtype).", _transform_sample),
+    OpSpec(BATCH_REGION, Kind.FUSED, ("xs*",), _batch_infer, _batch_kernel,
+           (AttrSpec("chain", AttrType.JSON), AttrSpec("lanes", INT, check=at_least_one)), flops=_program_flops,
+           canonical=lambda a, ins: {**a, "chain": _canonical_chain(a, _lanes(a, ins)[0], False)},
+           doc="One elementwise chain run on several independent lanes of inputs in one kernel: the lanes' results "
+               "stacked along a new leading axis.", decompose=_batch_decompose, sampler=_batch_sample),
     OpSpec("ConcatParams", Kind.WEIGHT_PREP, ("ws*",), concat_infer,
            lambda a, *ws: np.concatenate(ws, axis=a["axis"]), (_AXIS,),
            doc="A derived weight: parameters concatenated once at load time (recipe: sources, axis, order).",

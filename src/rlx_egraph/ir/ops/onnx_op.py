@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dims import Dim, parse, symbols_of, to_json
+from ..dims import Dim, Sym, parse, symbol, symbols_of, to_json
 from ..registry import Attrs, AttrSpec, AttrType, Kind, OpSpec, ShapeError, TensorType, register
 
 # MIR dtype -> ONNX TensorProto element type (the values of onnx.TensorProto.DataType).
@@ -44,6 +44,65 @@ def decode_graph(text: str) -> Any:
     except Exception as exc:  # binascii.Error or protobuf DecodeError
         raise ShapeError(f"proto is not a base64 GraphProto: {exc}") from None
     return graph
+
+
+def _defined(graph: Any) -> set[str]:
+    """Names a (sub)graph defines itself: its inputs, initializers and node outputs."""
+    return ({i.name for i in graph.input} | {t.name for t in graph.initializer}
+            | {o for n in graph.node for o in n.output if o})
+
+
+def outer_reads(node: Any) -> list[str]:
+    """The values of the enclosing graph that ``node``'s subgraphs (If branches, Loop and Scan bodies) read, in
+    order of first use."""
+    out: dict[str, None] = {}
+
+    def visit(graph: Any, inner: set[str]) -> None:
+        here = inner | _defined(graph)
+        for n in graph.node:
+            for name in n.input:
+                if name and name not in here:
+                    out.setdefault(name)
+            for sub in _subgraphs(n):
+                visit(sub, here)
+        for o in graph.output:
+            if o.name not in here:
+                out.setdefault(o.name)
+
+    for sub in _subgraphs(node):
+        visit(sub, set())
+    return list(out)
+
+
+def _subgraphs(node: Any) -> list[Any]:
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def rename_node(node: Any, names: dict[str, str]) -> Any:
+    """A copy of ``node`` whose inputs, and the enclosing-graph values its subgraphs read, are renamed by
+    ``names`` (names it does not hold are kept)."""
+    import onnx
+
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for slot, name in enumerate(copy.input):
+        copy.input[slot] = names.get(name, name)
+
+    def visit(graph: Any, inner: set[str]) -> None:
+        here = inner | _defined(graph)
+        for n in graph.node:
+            for slot, name in enumerate(n.input):
+                if name and name not in here and name in names:
+                    n.input[slot] = names[name]
+            for sub in _subgraphs(n):
+                visit(sub, here)
+        for o in graph.output:
+            if o.name not in here and o.name in names:
+                o.name = names[o.name]
+
+    for sub in _subgraphs(copy):
+        visit(sub, set())
+    return copy
 
 
 def node_model(graph: Any, domain: str, opset: int) -> Any:
@@ -73,7 +132,7 @@ def _canonical(a: Attrs, ins: list[TensorType]) -> dict[str, Any]:
         raise ShapeError(f"output {a['output']} is not an output of {node.op_type}")
     names = [f"in{k}" for k in range(len(ins))]
     known = set(names) | {t.name for t in graph.initializer} | {""}
-    missing = sorted(set(node.input) - known)
+    missing = sorted((set(node.input) | set(outer_reads(node))) - known)
     if missing:
         raise ShapeError(f"{node.op_type} reads {missing}, which are neither inputs in0..in{len(ins) - 1} "
                          "nor constants")
@@ -85,29 +144,78 @@ def _canonical(a: Attrs, ins: list[TensorType]) -> dict[str, Any]:
 
 @lru_cache(maxsize=4096)
 def _output_type(proto: str, domain: str, opset: int, output: int) -> TensorType:
+    """The type onnx's shape inference gives output ``output``; where it leaves a dim unknown because the inputs'
+    dims are symbolic (it does no arithmetic on dim_params: Tile by 2 of ``batch``), the dims inferred with the
+    symbols at two sets of distinct primes, each read back as a monomial of the symbols, when both agree."""
     import onnx
 
     graph = decode_graph(proto)
     node = graph.node[0]
-    name = node.output[output]
-    model = node_model(graph, domain, opset)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True).graph
-    except Exception as exc:  # onnx raises InferenceError, ValidationError, ...
-        raise ShapeError(f"onnx shape inference fails on {node.op_type}: {str(exc).strip()}") from None
-    info = next((v for v in (*inferred.value_info, *inferred.output)
-                 if v.name == name and v.type.HasField("tensor_type")), None)
-    tensor = info.type.tensor_type if info is not None else None
     symbols = symbols_of(_read_dim(d.dim_param, None) for v in graph.input for d in v.type.tensor_type.shape.dim)
+    tensor = _inferred(graph, domain, opset, output)
     dims = tuple(d.dim_value if d.HasField("dim_value") else _read_dim(d.dim_param, symbols)
                  for d in tensor.shape.dim) if tensor is not None and tensor.HasField("shape") else None
-    if dims is None or any(isinstance(d, int) and d < 1 for d in dims):
+    if dims is not None and symbols and any(isinstance(d, int) and d < 0 for d in dims):
+        dims = _dims_at_primes(graph, domain, opset, output, sorted(symbols)) or dims
+    if dims is None or any(isinstance(d, int) and d < 0 for d in dims):  # -1: a dim onnx leaves unknown
         raise ShapeError(f"onnx shape inference gives no static shape for output {output} of {node.op_type} "
                          f"(got {list(dims) if dims is not None else 'none'})")
     if tensor.elem_type not in MIR_DTYPES:
         raise ShapeError(f"output {output} of {node.op_type} has ONNX element type "
                          f"{onnx.TensorProto.DataType.Name(tensor.elem_type)}, which MIR has no dtype for")
     return TensorType(dims, MIR_DTYPES[tensor.elem_type])
+
+
+def _inferred(graph: Any, domain: str, opset: int, output: int) -> Any:
+    """The TensorTypeProto onnx's shape inference gives output ``output`` of a one-node graph (None: none)."""
+    import onnx
+
+    node = graph.node[0]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(node_model(graph, domain, opset), strict_mode=True,
+                                                     data_prop=True).graph
+    except Exception as exc:  # onnx raises InferenceError, ValidationError, ...
+        raise ShapeError(f"onnx shape inference fails on {node.op_type}: {str(exc).strip()}") from None
+    info = next((v for v in (*inferred.value_info, *inferred.output)
+                 if v.name == node.output[output] and v.type.HasField("tensor_type")), None)
+    return info.type.tensor_type if info is not None else None
+
+
+_PRIME_SETS = ((10007, 10009, 10037, 10039), (10061, 10067, 10069, 10079))  # two windows of primes, 4 symbols each
+
+
+def _dims_at_primes(graph: Any, domain: str, opset: int, output: int, symbols: list[str]) -> tuple[Dim, ...] | None:
+    """Output ``output``'s dims with the inputs' symbols bound to each set of :data:`_PRIME_SETS`, each dim read
+    back as an int times a product of symbols; None unless both bindings give every dim and read back alike."""
+    import onnx
+
+    if len(symbols) > len(_PRIME_SETS[0]):
+        return None
+    found = []
+    for primes in _PRIME_SETS:
+        binding = dict(zip(symbols, primes, strict=False))
+        static = onnx.GraphProto()
+        static.CopyFrom(graph)
+        for info in static.input:
+            for d in info.type.tensor_type.shape.dim:
+                if d.dim_param:
+                    value = _read_dim(d.dim_param, None)
+                    d.dim_value = value.evaluate(binding) if isinstance(value, Sym) else value
+        tensor = _inferred(static, domain, opset, output)
+        if tensor is None or not tensor.HasField("shape") or any(not d.HasField("dim_value") for d in tensor.shape.dim):
+            return None
+        found.append(tuple(_monomial(d.dim_value, binding) for d in tensor.shape.dim))
+    return found[0] if found[0] == found[1] else None
+
+
+def _monomial(value: int, binding: dict[str, int]) -> Dim:
+    """``value`` as an int times the product of the symbols whose primes divide it."""
+    dim: Dim = 1
+    for name, prime in binding.items():
+        while value and value % prime == 0:
+            value //= prime
+            dim = dim * symbol(name)
+    return value * dim
 
 
 def _read_dim(dim_param: str, symbols: set[str] | None) -> Dim:
@@ -190,4 +298,4 @@ ONNX_OP = OpSpec(
 register(ONNX_OP)
 
 __all__ = ["INDEXING_OPS", "MIR_DTYPES", "ONNX_DTYPES", "ONNX_OP", "STANDARD_DOMAINS", "decode_graph", "encode_proto",
-           "index_inputs", "node_model", "reference_evaluator"]
+           "index_inputs", "node_model", "outer_reads", "reference_evaluator", "rename_node"]

@@ -1,4 +1,4 @@
-"""Primitive MIR ops (FUSIONS.md section 2): leaves, matmuls, elementwise,
+"""Primitive MIR ops: leaves, matmuls, elementwise,
 reductions, norms, layout, transformer, vision, losses and backward ops.
 
 A primitive has a decomposition exactly when the rules recognise an export form

@@ -1,0 +1,145 @@
+"""Predicted against measured latency on the ``onnxruntime`` target: ``python benchmarks/predict_latency.py``.
+
+For every model, the graph as given (``input``) and as optimized for ``onnxruntime`` (``optimized``): the cost
+model's prediction (``IoProfile.ns``, priced by this machine's calibration if ``rlx-egraph calibrate`` made
+one, else the shipped one) and the latency measured in onnxruntime (``rlx_egraph.onnx.measure_latencies``:
+the exported graph at ORT_ENABLE_BASIC, one thread, median of the runs by the thread's CPU time; the two graphs
+run in turn), and their ratio.  Models: the example models (``rlx_egraph.examples``) and the ``onnx.helper``
+export-form layers of the test suite (``tests/onnx_models.py``), each at a tiny size (hidden 64, or the tests'
+16) and a real one (BERT-base: 12 layers, hidden 768, sequence 128), and the ``*.onnx`` files of ``--corpus``.
+Needs the onnx extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rlx_egraph import Graph, examples, optimize_with_report
+from rlx_egraph.cli.main import format_table
+from rlx_egraph.cost import calibration as cal
+from rlx_egraph.cost.model import format_ns
+from rlx_egraph.cost.targets import get_target, onnxruntime_target
+from rlx_egraph.onnx import import_model, measure_latencies, onnx_rules
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import onnx_models  # the test suite's onnx.helper models
+
+REAL = {"layers": 12, "hidden": 768, "heads": 12, "seq": 128, "batch": 1}
+EXAMPLES: dict[str, dict[str, Callable[[], Graph]]] = {
+    "tiny": {
+        "mlp": lambda: examples.mlp(),
+        "bert": lambda: examples.bert(layers=2, hidden=64, heads=4, ffn=256, seq=16, batch=2),
+        "gpt2": lambda: examples.gpt2(layers=2, hidden=64, heads=4, seq=16, batch=2),
+        "llama": lambda: examples.llama(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, seq=16, batch=2),
+    },
+    "real": {
+        "bert": lambda: examples.bert(**REAL, ffn=3072, vocab=30522),
+        "gpt2": lambda: examples.gpt2(**REAL, vocab=50257),
+        "llama": lambda: examples.llama(layers=4, hidden=2048, heads=16, kv_heads=4, ffn=5632, seq=128, batch=1,
+                                        vocab=32000),
+    },
+}
+HELPER = {  # (builder keyword arguments, input shapes) per size
+    "tiny": {"bert": ({}, {"hidden_states": (2, 5, 16), "attention_mask": (2, 5)}),
+             "gpt2": ({}, {"hidden_states": (2, 5, 16)}),
+             "llama": ({}, {"hidden_states": (2, 5, 16)}),
+             "sdpa": ({}, {"hidden_states": (2, 5, 16), "attention_mask": (2, 5)})},
+    "real": {"bert": ({"hidden": 768, "heads": 12, "ffn": 3072}, {"hidden_states": (1, 128, 768),
+                                                                  "attention_mask": (1, 128)}),
+             "gpt2": ({"hidden": 768, "heads": 12, "max_positions": 128}, {"hidden_states": (1, 128, 768)}),
+             "llama": ({"hidden": 2048, "heads": 16, "kv_heads": 4, "ffn": 5632}, {"hidden_states": (1, 128, 2048)}),
+             "sdpa": ({"hidden": 768, "heads": 12}, {"hidden_states": (1, 128, 768), "attention_mask": (1, 128)})},
+}
+DIMS = {"batch": 2, "sequence": 16}  # the corpus exports' symbolic dims, unless --dim binds them otherwise
+
+
+def models(sizes: list[str], corpus: Path | None,
+           dims: dict[str, int]) -> Iterator[tuple[str, str, Callable[[], tuple[Graph, object]]]]:
+    """(name, size, build) with build() -> (graph, rules)."""
+    for size in sizes:
+        for name, build in EXAMPLES[size].items():
+            yield f"example {name}", size, lambda build=build: (build(), None)
+        for name, (kwargs, shapes) in HELPER[size].items():
+            yield f"helper {name}", size, lambda name=name, kwargs=kwargs, shapes=shapes: (
+                import_model(onnx_models.MODELS[name](**kwargs), shapes), onnx_rules())
+    if corpus is not None:
+        for path in sorted(corpus.glob("*.onnx")):
+            yield f"corpus {path.stem}", corpus.name, lambda path=path: (import_model(path, _bindings(path, dims)),
+                                                                         onnx_rules())
+
+
+def _bindings(path: Path, dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """The static shape of each graph input of the model at ``path``, its symbolic dims bound by ``dims``."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    inits = {t.name for t in model.graph.initializer}
+    shapes = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        unbound = [d.dim_param for d in i.type.tensor_type.shape.dim
+                   if not d.HasField("dim_value") and d.dim_param not in dims]
+        if unbound:
+            raise ValueError(f"input {i.name}: dims {unbound} are not bound; pass --dim NAME=VALUE")
+        shapes[i.name] = tuple(d.dim_value if d.HasField("dim_value") else dims[d.dim_param]
+                               for d in i.type.tensor_type.shape.dim)
+    return shapes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", choices=["tiny", "real"], default=["tiny", "real"])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="models whose name contains one of these")
+    parser.add_argument("--corpus", type=Path, help="a folder of *.onnx exports to run as well")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                        help=f"bind a symbolic dim of the corpus exports (default: {DIMS})")
+    parser.add_argument("--cache", help="read the calibration from this cache directory")
+    parser.add_argument("--runs", type=int, default=30, help="runs per graph at tiny size (real size: a fifth)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    args = parser.parse_args(argv)
+    target = onnxruntime_target(cal.load("onnxruntime", args.cache)) if args.cache else get_target("onnxruntime")
+    print(f"priced by: {target.calibration}", flush=True)
+    rows, ratios = [], []
+    dims = {**DIMS, **{k: int(v) for k, _, v in (d.partition("=") for d in args.dim)}}
+    for name, size, build in models(args.sizes, args.corpus, dims):
+        if args.only and not any(key in name for key in args.only):
+            continue
+        start = time.perf_counter()
+        try:
+            graph, rules = build()
+            optimized, report = optimize_with_report(graph, target, rules=rules)
+            runs = max(3, args.runs // 5) if size == "real" else args.runs
+            measured = measure_latencies([graph, optimized], runs=runs, budget_s=0.0)
+        except Exception as exc:  # a model that cannot be run is a row saying why, not the end of the table
+            rows.append((name, size, "-", "-", "-", "-", f"{type(exc).__name__}: {exc}"[:60]))
+            print(f"{name} {size}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            continue
+        for which, profile, latency in (("input", report.profile_before, measured[0]),
+                                        ("optimized", report.profile_after, measured[1])):
+            ratio = profile.ns / latency.ns
+            ratios.append(ratio)
+            rows.append((name, size, which, str(profile.launches), format_ns(profile.ns), format_ns(latency.ns),
+                         f"{ratio:.2f}"))
+        print(f"{name} {size}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    header = ("model", "size", "graph", "launches", "predicted", "measured", "predicted/measured")
+    if args.markdown:
+        print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
+        print("\n".join("| " + " | ".join(row) + " |" for row in rows))
+    else:
+        print(format_table(header, rows, "<<<>>>>"))
+    if ratios:
+        worst = max(ratios, key=lambda r: abs(math.log(r)))
+        print(f"{len(ratios)} graphs; predicted/measured from {min(ratios):.2f} to {max(ratios):.2f}, geometric mean "
+              f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}; within 1.5x: "
+              f"{sum(1 / 1.5 <= r <= 1.5 for r in ratios)} of {len(ratios)} (worst {worst:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Calibrations: a target's cost figures measured on one machine, fitted per op, cached per machine.
+
+A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes and
+FLOPs as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost line fitted
+to the samples of each op, and per op kind the median of its ops' lines (:class:`OpRate`)::
+
+    ns = launches * launch_ns + traffic_bytes * ns_per_byte + flops * ns_per_flop
+
+A target prices a node by its op's line, else its kind's, else its own figures
+(:meth:`~rlx_egraph.cost.targets.Target.rate`).  A line is fitted by non-negative least squares on the relative
+error, so it follows the small and the large samples alike.
+
+Calibrations are JSON files.  :func:`load` returns the one cached for this machine (under :func:`cache_dir`:
+the user's cache directory, ``RLX_EGRAPH_CACHE``, or a path given), else the one shipped with the package
+(``cost/calibrations/<target>.json``, which names the command and machine class that made it).  The
+measuring itself needs the target's runtime and lives with its front end
+(``rlx_egraph.frontends.onnx.calibrate`` for ``onnxruntime``); this module only reads, fits and writes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import math
+import os
+import platform
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import platformdirs
+
+from ..errors import RlxError
+from ..ir.registry import REGISTRY
+
+FORMAT_VERSION = 1
+CACHE_ENV = "RLX_EGRAPH_CACHE"  # overrides the user cache directory (calibrations are read and written there)
+SHIPPED_DIR = Path(__file__).with_name("calibrations")
+MIN_WEIGHTED_NS = 100.0
+# The runtime each calibrated target measures; its version is part of the machine fingerprint.
+RUNTIMES = {"onnxruntime": "onnxruntime"}
+
+
+class CalibrationError(RlxError, ValueError):
+    """A calibration file that cannot be read: missing, not JSON, another format version, or a bad field."""
+
+
+@dataclass(frozen=True)
+class OpRate:
+    """The cost line of one op (or op kind): ns per launch, per byte moved and per FLOP, all >= 0."""
+
+    launch_ns: float
+    ns_per_byte: float
+    ns_per_flop: float
+
+    def __post_init__(self) -> None:
+        for name in ("launch_ns", "ns_per_byte", "ns_per_flop"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"OpRate.{name}={value!r} must be a finite number >= 0")
+
+    def ns(self, launches: float, traffic_bytes: float, flops: float) -> float:
+        return launches * self.launch_ns + traffic_bytes * self.ns_per_byte + flops * self.ns_per_flop
+
+    def to_dict(self) -> dict[str, float]:
+        return {"launch_ns": self.launch_ns, "ns_per_byte": self.ns_per_byte, "ns_per_flop": self.ns_per_flop}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measurement: a node of op (or kind) ``key``, described by ``label``, its counts and its measured ns."""
+
+    key: str
+    label: str
+    launches: int
+    traffic_bytes: int
+    flops: int
+    ns: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "label": self.label, "launches": self.launches,
+                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns}
+
+
+def fit_rate(samples: Iterable[Sample]) -> OpRate:
+    """The cost line through ``samples`` (at least one): non-negative least squares on the relative error
+    (of samples of at least :data:`MIN_WEIGHTED_NS`: a smaller one, below a clock's noise, weighs no more).
+    A term none of the samples has (no FLOPs, say) gets 0."""
+    rows = [(s.launches, s.traffic_bytes, s.flops, s.ns) for s in samples]
+    if not rows:
+        raise ValueError("fit_rate needs at least one sample")
+    data = np.array(rows, dtype=np.float64)
+    weights = 1.0 / np.maximum(data[:, 3], MIN_WEIGHTED_NS)
+    design, target = data[:, :3] * weights[:, None], data[:, 3] * weights
+    used = [k for k in range(3) if data[:, k].any()]
+    coef = np.zeros(3)
+    coef[used] = _nnls(design[:, used], target)
+    return OpRate(*(float(c) for c in coef))
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| over x >= 0 for a few columns: the least-squares solution on each set of columns
+    (the optimum's positive terms solve the least squares on their own), the best whose terms are all >= 0.
+    Where columns are collinear (an elementwise op's bytes and FLOPs grow together) fewer columns, then earlier
+    ones, win a tie: such an op is priced by its bytes."""
+    best, best_residual = np.zeros(a.shape[1]), float(b @ b)
+    for size in range(1, a.shape[1] + 1):
+        for columns in itertools.combinations(range(a.shape[1]), size):
+            x = np.linalg.lstsq(a[:, columns], b, rcond=None)[0]
+            residual = float(np.sum((a[:, columns] @ x - b) ** 2))
+            if (x >= 0).all() and residual < best_residual * (1 - 1e-9):
+                best = np.zeros(a.shape[1])
+                best[list(columns)] = x
+                best_residual = residual
+    return best
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A target's figures measured on one machine.
+
+    ``run_ns`` is the fixed cost of one model run (the runtime's call, its inputs and outputs); ``dispatch_ns``,
+    ``memory_bw`` (B/ns) and ``flops_per_ns`` price the ops no line covers; ``rates`` maps an op name or a kind
+    (:class:`~rlx_egraph.ir.registry.Kind` value) to its fitted line; ``samples`` are the measurements they
+    were fitted to.  ``machine`` is the fingerprint of the machine and runtime (:func:`machine`), ``threads``
+    the runtime's thread count, ``command`` the command that made it.
+    """
+
+    target: str
+    machine: Mapping[str, str]
+    command: str
+    threads: int
+    run_ns: float
+    dispatch_ns: float
+    memory_bw: float
+    flops_per_ns: float
+    rates: Mapping[str, OpRate] = field(default_factory=dict)
+    samples: tuple[Sample, ...] = ()
+    source: str = field(default="", compare=False)  # where it was read from (set by load/read)
+
+    @classmethod
+    def fitted(cls, target: str, samples: Iterable[Sample], *, machine: Mapping[str, str], command: str,
+               threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
+               flops_per_ns: float) -> Calibration:
+        """A calibration whose rates are fitted to ``samples``: one line per key, and one per op kind, each term
+        the median of its measured ops' (for the ops of that kind no sample measured)."""
+        samples = tuple(samples)
+        by_key: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_key.setdefault(s.key, []).append(s)
+        rates = {key: fit_rate(group) for key, group in by_key.items()}
+        by_kind: dict[str, list[OpRate]] = {}
+        for key, rate in rates.items():
+            if key in REGISTRY:
+                by_kind.setdefault(REGISTRY[key].kind.value, []).append(rate)
+        for kind, lines in by_kind.items():
+            rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines]))
+                                            for term in ("launch_ns", "ns_per_byte", "ns_per_flop"))))
+        return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
+                   samples)
+
+    def predicted_ns(self, sample: Sample) -> float:
+        """``sample`` priced by its key's line."""
+        return self.rates[sample.key].ns(sample.launches, sample.traffic_bytes, sample.flops)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, "target": self.target, "machine": dict(self.machine),
+                "command": self.command, "threads": self.threads, "run_ns": self.run_ns,
+                "dispatch_ns": self.dispatch_ns, "memory_bw": self.memory_bw, "flops_per_ns": self.flops_per_ns,
+                "rates": {k: r.to_dict() for k, r in sorted(self.rates.items())},
+                "samples": [s.to_dict() for s in self.samples]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> Calibration:
+        where = source or "calibration"
+        if not isinstance(data, Mapping) or data.get("format_version") != FORMAT_VERSION:
+            version = data.get("format_version") if isinstance(data, Mapping) else None
+            raise CalibrationError(f"{where}: format_version {version!r} is not {FORMAT_VERSION}; run "
+                                   "rlx-egraph calibrate again")
+        try:
+            return cls(str(data["target"]), {str(k): str(v) for k, v in data["machine"].items()},
+                       str(data["command"]), int(data["threads"]), float(data["run_ns"]),
+                       float(data["dispatch_ns"]), float(data["memory_bw"]), float(data["flops_per_ns"]),
+                       {str(k): OpRate(**v) for k, v in data["rates"].items()},
+                       tuple(Sample(**s) for s in data["samples"]), source)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CalibrationError(f"{where}: not a calibration ({type(exc).__name__}: {exc})") from None
+
+    def save(self, path: str | Path) -> Path:
+        """Write this calibration as JSON to ``path`` (its folder is created); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    def describe(self) -> str:
+        """One line: whose figures these are."""
+        where = self.source or "in memory"
+        return f"{self.target} calibration of {self.machine.get('cpu', '?')} ({where}; made by: {self.command})"
+
+
+def read(path: str | Path) -> Calibration:
+    """The calibration in JSON file ``path``."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise CalibrationError(f"{path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"{path}: not JSON ({exc})") from None
+    return Calibration.from_dict(data, str(path))
+
+
+def machine(target: str) -> dict[str, str]:
+    """This machine's fingerprint for ``target``: host, system, processor, cores and the runtime's version.  A
+    cached calibration is found by it, so it is used only on the machine and runtime that made it."""
+    return dict(_fingerprint(target))
+
+
+@functools.cache
+def _fingerprint(target: str) -> tuple[tuple[str, str], ...]:
+    runtime = RUNTIMES.get(target, target)
+    try:
+        version = metadata.version(runtime)
+    except metadata.PackageNotFoundError:
+        version = "not installed"
+    return (("host", platform.node()), ("system", f"{platform.system()} {platform.machine()}"),
+            ("cpu", _cpu_name()), ("cores", str(os.cpu_count())), ("runtime", f"{runtime} {version}"))
+
+
+def _cpu_name() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), else what platform reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cache_dir(cache: str | Path | None = None) -> Path:
+    """Where calibrations are cached: ``cache`` if given, else ``$RLX_EGRAPH_CACHE``, else the user's cache
+    directory for rlx-egraph (``~/.cache/rlx-egraph`` on Linux)."""
+    if cache is not None:
+        return Path(cache)
+    return Path(os.environ.get(CACHE_ENV) or _user_cache_dir())
+
+
+@functools.cache
+def _user_cache_dir() -> str:
+    return platformdirs.user_cache_dir("rlx-egraph")
+
+
+def cache_path(target: str, cache: str | Path | None = None) -> Path:
+    """The cache file of ``target``'s calibration on this machine (under :func:`cache_dir`)."""
+    return cache_dir(cache) / "calibration" / f"{target}-{_machine_key(target)}.json"
+
+
+@functools.cache
+def _machine_key(target: str) -> str:
+    return hashlib.sha256(json.dumps(machine(target), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shipped(target: str) -> Calibration:
+    """The calibration shipped with the package for ``target``."""
+    path = SHIPPED_DIR / f"{target}.json"
+    if not path.is_file():
+        raise CalibrationError(f"no shipped calibration for target {target!r}")
+    calibration = read(path)
+    return Calibration(**{**calibration.__dict__, "source": "shipped with rlx-egraph"})
+
+
+def load(target: str, cache: str | Path | None = None) -> Calibration:
+    """This machine's cached calibration of ``target`` (the latest ``rlx-egraph calibrate`` made), else the
+    shipped one."""
+    path = cache_path(target, cache)
+    return read(path) if path.is_file() else shipped(target)
+
+
+__all__ = ["CACHE_ENV", "Calibration", "CalibrationError", "OpRate", "Sample", "cache_dir", "cache_path",
+           "fit_rate", "load", "machine", "read", "shipped"]

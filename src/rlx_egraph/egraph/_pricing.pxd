@@ -1,0 +1,2 @@
+from rlx_egraph.egraph._flat cimport FlatEGraph
+from rlx_egraph.egraph._rows cimport ENode

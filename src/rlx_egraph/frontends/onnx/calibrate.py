@@ -1,0 +1,318 @@
+"""Calibrate the ``onnxruntime`` cost target on this machine: ``rlx-egraph calibrate --target onnxruntime``.
+
+Every figure is a MIR graph exported by :func:`~.exporter.export_model` and timed in onnxruntime's CPU
+provider (``ORT_ENABLE_BASIC``: the graph as written, weights folded; ``threads`` intra-op threads), so a
+sample prices exactly what the exporter writes for a node (a FusedMatMulBiasAct as MatMul + BiasGelu, a
+FusedResidualLN as com.microsoft SkipLayerNormalization, a layout op as its Slice, Transpose or Reshape).
+
+* run and dispatch: chains of 10 and 410 Sigmoid nodes on one float; the slope is the target-wide
+  ``dispatch_ns``, the rest of the short chain's time the fixed cost of one run (``run_ns``).
+* one node of an op at several sizes (:data:`SIZES`), from a toy layer's (2 x 8 tokens, width 16) and a tiny
+  model's (2 x 16 tokens, width 64) to BERT-base's (128 tokens, width 768): a node that takes at least
+  :data:`ALONE` times a run's fixed cost is timed alone, less that cost; a smaller one as the time of ``n``
+  copies of the node less the time of one copy, over ``n - 1``.  A copy reads the previous copy's result
+  where the types allow (a chain, as in a model), else its own inputs; every copy has its own weights.  Each
+  op's samples give it a cost line (launch, per byte, per FLOP; :func:`rlx_egraph.cost.calibration.fit_rate`).
+
+The fused ops measured are the ones the ``onnxruntime`` target runs (:data:`~rlx_egraph.cost.targets.
+ONNXRUNTIME_FUSED`), each at every size; the primitives are the common ones of each kind, layouts included
+(Reshape, Transpose, Narrow, Expand, Concat and Identity are dispatched by onnxruntime).  Each timing is the
+median of its runs, by :func:`run_clock` (one thread: the calling thread's CPU time, so the machine's load
+does not count); the two models of a difference run in turn; every sample is measured in ``passes`` passes
+and the lowest kept.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ...cost import calibration as cal
+from ...cost.model import node_cost
+from ...ir.graph import Graph
+from ...ir.registry import Kind
+from .exporter import export_model
+
+TARGET = "onnxruntime"
+# (batch, sequence, heads, head width) per size: a toy layer's, a tiny model's, two between, BERT-base's
+SIZES = ((2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64))
+ALONE = 40  # a node this many times a run's fixed cost is timed alone (the run's cost subtracted)
+Build = Callable[[Graph, int | None, int], tuple[int, int]]  # (graph, previous copy's result, copy) -> (node, result)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One op at one size: ``build`` adds a copy of the node to a graph and returns (the node, the value the
+    next copy may read)."""
+
+    key: str
+    label: str
+    build: Build
+
+
+class _Maker:
+    """Names and values for a copy's inputs and weights."""
+
+    def __init__(self, g: Graph, copy: int, seed: int) -> None:
+        self.g, self.copy, self.rng = g, copy, np.random.default_rng(seed + copy)
+
+    def input(self, shape: Sequence[int], name: str = "x", dtype: str = "f32") -> int:
+        return self.g.input(f"{name}{self.copy}", shape, dtype)
+
+    def param(self, shape: Sequence[int], name: str = "w", value: np.ndarray | None = None) -> int:
+        pid = self.g.param(f"{name}{self.copy}", shape)
+        data = value if value is not None else self.rng.standard_normal(shape) * 0.1
+        self.g.weights[f"{name}{self.copy}"] = np.asarray(data, np.float32)
+        return pid
+
+
+def _cases(size: tuple[int, int, int, int]) -> list[Case]:
+    """Every measured op at one size."""
+    b, s, h, d = size
+    e = h * d
+    tag = f"[{b}x{s}, {e}]"
+
+    def case(key: str, build: Callable[[_Maker, int | None], int | tuple[int, int]], label: str = "") -> Case:
+        def run(g: Graph, prev: int | None, copy: int) -> tuple[int, int]:
+            out = build(_Maker(g, copy, 0), prev)
+            return out if isinstance(out, tuple) else (out, out)
+
+        return Case(key, f"{key}{label} {tag}", run)
+
+    def chain(m: _Maker, prev: int | None, shape: Sequence[int]) -> int:
+        return prev if prev is not None else m.input(shape)
+
+    def multi(node: int, g: Graph) -> tuple[int, int]:
+        return node, g.get(node, index=0)
+
+    x3, w3 = (b, s, e), (e,)
+    mask = (b, 1, 1, s)
+
+    def rotary(m: _Maker, prev: int | None) -> int:
+        angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
+        tables = [np.concatenate([f(angles)] * 2, axis=-1) for f in (np.cos, np.sin)]
+        return m.g.rotary_embedding(chain(m, prev, (b, h, s, d)), m.param((s, d), "cos", tables[0]),
+                                    m.param((s, d), "sin", tables[1]))
+
+    def embed(m: _Maker, prev: int | None) -> int:
+        ids = m.g.input(f"ids{m.copy}", (b, s), "i64")
+        return m.g.embed_layer_norm(m.param((512, e), "table"), ids, m.param((s, e), "pos"),
+                                    m.param((1, e), "seg", np.tile(m.rng.standard_normal(e) * 0.1, (1, 1))),
+                                    m.param(w3, "g"), m.param(w3, "b"))
+
+    return [
+        case("Add", lambda m, p: m.g.add(chain(m, p, x3), m.input(x3, "y"))),
+        case("Mul", lambda m, p: m.g.mul(chain(m, p, x3), m.g.scalar(0.5))),
+        case("Sigmoid", lambda m, p: m.g.sigmoid(chain(m, p, x3))),
+        case("Erf", lambda m, p: m.g.erf(chain(m, p, x3))),
+        case("Sub", lambda m, p: m.g.sub(chain(m, p, x3), m.input((b, s, 1), "y"))),
+        case("Div", lambda m, p: m.g.div(chain(m, p, x3), m.g.scalar(1.5))),
+        case("Pow", lambda m, p: m.g.pow(chain(m, p, x3), m.g.scalar(2.0))),
+        case("Sqrt", lambda m, p: m.g.sqrt(m.g.abs(chain(m, p, x3)) if p is None else p)),
+        case("Tanh", lambda m, p: m.g.tanh(chain(m, p, x3))),
+        case("Where", lambda m, p: m.g.where(m.input(x3, "c", "bool"), chain(m, p, x3), m.g.scalar(-1e4))),
+        case("Silu", lambda m, p: m.g.silu(chain(m, p, x3))),
+        case("Gelu", lambda m, p: m.g.gelu(chain(m, p, x3))),
+        case("Identity", lambda m, p: m.g.identity(m.input(x3))),
+        case("Softmax", lambda m, p: m.g.softmax(chain(m, p, (b, h, s, s)))),
+        case("ReduceMean", lambda m, p: m.g.reduce_mean(m.input(x3), axes=(-1,), keepdims=True)),
+        case("LayerNorm", lambda m, p: m.g.layer_norm(chain(m, p, x3), m.param(w3, "g"), m.param(w3, "b"))),
+        case("RmsNorm", lambda m, p: m.g.rms_norm(chain(m, p, x3), m.param(w3, "g"))),
+        case("MatMul", lambda m, p: m.g.matmul(chain(m, p, x3), m.param((e, e))), " square"),
+        case("MatMul", lambda m, p: m.g.matmul(m.input(x3), m.param((e, 4 * e))), " wide"),
+        case("MatMul", lambda m, p: m.g.matmul(m.input((b, h, s, d), "q"), m.input((b, h, d, s), "k")), " heads"),
+        case("MatMulBT", lambda m, p: m.g.matmul_bt(chain(m, p, x3), m.param((e, e)))),
+        case("Reshape", lambda m, p: m.g.reshape(m.input(x3), shape=(b * s, e))),
+        case("Transpose", lambda m, p: m.g.transpose(m.input((b, s, h, d)), perm=(0, 2, 1, 3))),
+        case("Narrow", lambda m, p: m.g.narrow(m.input((b, s, 3 * e)), axis=-1, start=e, length=e)),
+        case("Expand", lambda m, p: m.g.expand(m.input(mask), shape=(b, h, s, s))),
+        case("Concat", lambda m, p: m.g.concat([m.input(x3, n) for n in "qkv"], axis=-1)),
+        case("FusedMatMulAdd", lambda m, p: m.g.fused_matmul_add(chain(m, p, x3), m.param((e, e)), m.input(x3, "d"))),
+        case("FusedMatMulATAdd", lambda m, p: m.g.fused_matmul_at_add(m.input((e, b * s)), m.param((e, e)),
+                                                                      m.param((e,), "bias"))),
+        case("FusedMatMulBTAdd", lambda m, p: m.g.fused_matmul_bt_add(chain(m, p, x3), m.param((e, e)),
+                                                                      m.param((e,), "bias"))),
+        case("FusedMatMulBiasAct", lambda m, p: m.g.fused_matmul_bias_act(chain(m, p, x3), m.param((e, e)),
+                                                                          m.param((e,), "bias")), " none"),
+        case("FusedMatMulBiasAct", lambda m, p: m.g.fused_matmul_bias_act(m.input(x3), m.param((e, 4 * e)),
+                                                                          m.param((4 * e,), "bias"), act="gelu"),
+             " gelu"),
+        case("FusedResidualLN", lambda m, p: m.g.fused_residual_ln(chain(m, p, x3), m.input(x3, "r"),
+                                                                   m.param(w3, "g"), m.param(w3, "b"))),
+        case("FusedAddLayerNorm", lambda m, p: multi(m.g.fused_add_layer_norm(
+            chain(m, p, x3), m.input(x3, "r"), m.param(w3, "g"), m.param(w3, "b")), m.g)),
+        case("FusedResidualRmsNorm", lambda m, p: m.g.fused_residual_rms_norm(chain(m, p, x3), m.input(x3, "r"),
+                                                                              m.param(w3, "g"))),
+        case("FusedAddRmsNorm", lambda m, p: multi(m.g.fused_add_rms_norm(
+            chain(m, p, x3), m.input(x3, "r"), m.param(w3, "g")), m.g)),
+        case("QkvAttention", lambda m, p: m.g.qkv_attention(
+            m.input(x3), m.param((e, 3 * e)), m.param((3 * e,), "bias"), m.input(mask, "mask"), heads=h,
+            scale=d**-0.5), " masked"),
+        case("QkvAttention", lambda m, p: m.g.qkv_attention(
+            m.input(x3), m.param((e, 3 * e)), m.param((3 * e,), "bias"), heads=h, scale=d**-0.5, causal=True),
+             " causal"),
+        case("FusedAttentionBlock", lambda m, p: m.g.fused_attention_block(
+            chain(m, p, x3), m.param((e, 3 * e)), m.param((e, e), "o"), m.input((b, s), "mask"),
+            m.param((3 * e,), "bias"), m.param((e,), "ob"), heads=h, scale=d**-0.5)),
+        case("CausalAttention", lambda m, p: m.g.causal_attention(
+            chain(m, p, (b, h, s, d)), m.input((b, h, s, d), "k"), m.input((b, h, s, d), "v"), scale=d**-0.5)),
+        case("BiasedAttention", lambda m, p: m.g.biased_attention(
+            chain(m, p, (b, h, s, d)), m.input((b, h, s, d), "k"), m.input((b, h, s, d), "v"), m.input(mask, "mask"),
+            scale=d**-0.5)),
+        case("RotaryEmbedding", rotary),
+        case("EmbedLayerNorm", embed),
+    ]
+
+
+def _model_graph(case: Case, copies: int) -> tuple[Graph, int]:
+    """A graph of ``copies`` copies of ``case``'s node; returns it and the last copy's node."""
+    g = Graph(case.key)
+    prev, node = None, -1
+    for copy in range(copies):
+        node, prev = case.build(g, prev, copy)
+    g.set_outputs([prev])
+    return g, node
+
+
+def _session(graph: Graph, threads: int) -> tuple[ort.InferenceSession, dict[str, np.ndarray]]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    session = ort.InferenceSession(export_model(graph).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for node in graph.inputs:
+        if node.dtype.startswith("i"):
+            feeds[node.name] = rng.integers(0, 8, node.shape).astype(np.int64)
+        elif node.dtype == "bool":
+            feeds[node.name] = rng.random(node.shape) < 0.5
+        elif "mask" in node.name:
+            feeds[node.name] = np.ones(node.shape, np.float32)
+        else:
+            feeds[node.name] = rng.standard_normal(node.shape).astype(np.float32)
+    return session, feeds
+
+
+def timed(session: tuple[ort.InferenceSession, dict], budget_s: float, min_runs: int = 25) -> float:
+    """The typical ns of a run of ``session`` (:func:`run_times`)."""
+    return typical(run_times([session], budget_s, min_runs)[0])
+
+
+def timed_pair(first: tuple[ort.InferenceSession, dict], second: tuple[ort.InferenceSession, dict],
+               budget_s: float, min_runs: int = 25) -> tuple[float, float]:
+    """The typical ns of a run of each of two sessions, runs in turn (so a change of load hits both)."""
+    a, b = run_times([first, second], budget_s, min_runs)
+    return typical(a), typical(b)
+
+
+def run_times(sessions: list[tuple[ort.InferenceSession, dict]], budget_s: float, min_runs: int,
+              max_runs: int = 2000, warmup: int = 1) -> list[list[int]]:
+    """The ns of each run of each session, by :func:`run_clock`, runs in turn until ``budget_s`` seconds (at
+    least ``min_runs`` runs each) after ``warmup`` runs of each."""
+    times: list[list[int]] = [[] for _ in sessions]
+    clock = run_clock(sessions[0][0].get_session_options().intra_op_num_threads)
+    for session, feeds in sessions:
+        for _ in range(warmup):
+            session.run(None, feeds)
+    deadline = time.perf_counter() + budget_s
+    while len(times[0]) < max_runs and (len(times[0]) < min_runs or time.perf_counter() < deadline):
+        for k, (session, feeds) in enumerate(sessions):
+            start = clock()
+            session.run(None, feeds)
+            times[k].append(clock() - start)
+    return times
+
+
+def run_clock(threads: int) -> Callable[[], int]:
+    """The clock a run is timed by: with one thread onnxruntime runs the graph on the calling thread, so that
+    thread's CPU time (which leaves out the time other processes held the core: the figures do not depend on the
+    machine's load); with more, wall-clock time."""
+    return time.thread_time_ns if threads == 1 else time.perf_counter_ns
+
+
+def typical(times: list[int]) -> float:
+    """The figure a sample or a model takes from its runs: their median."""
+    return float(statistics.median(times))
+
+
+def measure_case(case: Case, threads: int, budget_s: float, run_ns: float) -> cal.Sample:
+    """One sample of ``case``'s node: a model of one copy less the fixed cost of a run (``run_ns``) when that is
+    at least :data:`ALONE` times ``run_ns``; else (n copies - 1 copy) / (n - 1), so that the run's cost and its
+    noise cancel, with n (3 to 32) such that the copies take some 20 times ``run_ns``."""
+    one, node = _model_graph(case, 1)
+    first = _session(one, threads)
+    alone = timed(first, budget_s) - run_ns
+    if alone >= ALONE * run_ns:
+        ns = alone
+    else:  # enough copies that they take some 20 runs' fixed cost together
+        copies = min(max(math.ceil(20 * run_ns / max(alone, 100.0)), 3), 32)
+        many, _ = _model_graph(case, copies)
+        t_one, t_many = timed_pair(first, _session(many, threads), budget_s)
+        ns = max((t_many - t_one) / (copies - 1), 0.0)
+    n = one.node(node)
+    spec = n.spec
+    cost = node_cost(spec, n.attrs, [one.node(i).type for i in n.inputs], n.type, spec.kind is Kind.LAYOUT)
+    return cal.Sample(case.key, case.label, cost.launches, cost.traffic_bytes, cost.flops, ns)
+
+
+def run_and_dispatch(threads: int, budget_s: float, short: int = 10, long: int = 410) -> tuple[float, float]:
+    """(run_ns, dispatch_ns): from chains of ``short`` and ``long`` Sigmoid nodes on one float."""
+    sessions = []
+    for n in (short, long):
+        g = Graph("chain")
+        x = g.input("x", (1,))
+        for _ in range(n):
+            x = g.sigmoid(x)
+        g.set_outputs([x])
+        sessions.append(_session(g, threads))
+    t_short, t_long = timed_pair(*sessions, budget_s)
+    dispatch = (t_long - t_short) / (long - short)
+    return max(t_short - short * dispatch, 0.0), dispatch
+
+
+def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
+              budget_s: float = 0.3, passes: int = 2, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
+              progress: Callable[[str], None] | None = None, command: str = "") -> cal.Calibration:
+    """Measure ``target`` (only ``onnxruntime``) on this machine with ``threads`` intra-op threads and, when
+    ``save``, cache the result (:func:`rlx_egraph.cost.calibration.cache_path`; ``cache`` is the cache
+    directory); returns the calibration.  ``budget_s``: seconds of timed runs per sample and pass; ``passes``:
+    how many times every sample is measured (the fastest kept: a burst of load on a shared machine passes)."""
+    if target != TARGET:
+        raise ValueError(f"calibrate measures the {TARGET!r} target only, not {target!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    say = progress or (lambda line: None)
+    run_ns, dispatch_ns = run_and_dispatch(threads, budget_s)
+    say(f"run {run_ns:,.0f} ns, dispatch {dispatch_ns:,.0f} ns per node")
+    cases = [case for size in sizes for case in _cases(size)]
+    best: dict[int, cal.Sample] = {}
+    for done in range(passes):
+        for k, case in enumerate(cases):
+            sample = measure_case(case, threads, budget_s, run_ns)
+            if k not in best or sample.ns < best[k].ns:
+                best[k] = sample
+            say(f"pass {done + 1}/{passes}  {sample.label:48s} {best[k].ns / 1e3:10.2f} us")
+    samples = [best[k] for k in range(len(cases))]
+    memory_bw = 1 / max(cal.fit_rate(s for s in samples if s.key == "Add").ns_per_byte, 1e-6)
+    flops_per_ns = 1 / max(cal.fit_rate(s for s in samples if s.key == "MatMul").ns_per_flop, 1e-6)
+    result = cal.Calibration.fitted(target, samples, machine=cal.machine(target),
+                                    command=command or f"rlx-egraph calibrate --target {target} --threads {threads}",
+                                    threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
+                                    flops_per_ns=flops_per_ns)
+    if save:
+        path = result.save(cal.cache_path(target, cache))
+        result = cal.read(path)
+    return result
+
+
+__all__ = ["SIZES", "TARGET", "Case", "calibrate", "measure_case", "run_and_dispatch", "run_clock",
+           "run_times", "typical"]

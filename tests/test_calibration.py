@@ -1,0 +1,281 @@
+"""Calibrations: fitting lines to samples, the JSON file, the per-machine cache, the onnxruntime target they
+price, the fusion decisions that follow from them (calibration fixtures, never this machine's timing), the
+measured latency in the report, and the cost package's layering."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import calibrations
+from rlx_egraph import Graph, optimize_with_report
+from rlx_egraph.cli.main import main
+from rlx_egraph.cost import TARGETS, get_target
+from rlx_egraph.cost import calibration as cal
+from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
+from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
+from rlx_egraph.frontends.onnx.calibrate import SIZES, calibrate
+from rlx_egraph.onnx import export_model, measure_latency, measure_report
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "rlx_egraph"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test reads and writes calibrations under its own cache directory only."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(cal.CACHE_ENV, str(cache))
+    return cache
+
+
+# --- fitting -------------------------------------------------------------------------------------
+
+
+def test_fit_recovers_the_line_the_samples_lie_on() -> None:
+    line = OpRate(1_500.0, 0.25, 0.01)
+    samples = [Sample("MatMul", f"s{k}", 1, b, f, line.ns(1, b, f))
+               for k, (b, f) in enumerate([(4_096, 65_536), (65_536, 2_097_152), (1 << 20, 1 << 28), (8_192, 0)])]
+    fitted = fit_rate(samples)
+    assert fitted.launch_ns == pytest.approx(1_500.0, rel=1e-9)
+    assert fitted.ns_per_byte == pytest.approx(0.25, rel=1e-9)
+    assert fitted.ns_per_flop == pytest.approx(0.01, rel=1e-9)
+
+
+def test_fit_keeps_terms_non_negative_and_leaves_absent_ones_at_zero() -> None:
+    """A term no sample has gets 0; a line that would need a negative slope gets 0 there instead."""
+    fitted = fit_rate([Sample("Add", "a", 1, 1_000, 0, 2_000.0), Sample("Add", "b", 1, 100_000, 0, 1_900.0)])
+    assert fitted.ns_per_flop == 0.0 and fitted.ns_per_byte == 0.0
+    assert 1_900.0 <= fitted.launch_ns <= 2_000.0
+    with pytest.raises(ValueError, match="fit_rate needs at least one sample"):
+        fit_rate([])
+    with pytest.raises(ValueError, match=r"OpRate.launch_ns=-1.0 must be a finite number >= 0"):
+        OpRate(-1.0, 0.0, 0.0)
+
+
+def test_a_calibration_fits_one_line_per_op_and_one_per_kind() -> None:
+    samples = [Sample("Add", "a", 1, 1_000, 0, 1_100.0), Sample("Add", "b", 1, 11_000, 0, 2_100.0),
+               Sample("Sigmoid", "c", 1, 1_000, 0, 1_300.0), Sample("Sigmoid", "d", 1, 11_000, 0, 3_300.0)]
+    c = Calibration.fitted("onnxruntime", samples, machine={}, command="c", threads=1, run_ns=0.0,
+                           dispatch_ns=1.0, memory_bw=1.0, flops_per_ns=1.0)
+    assert sorted(c.rates) == ["Add", "Sigmoid", "elementwise"]
+    assert (c.rates["Add"].launch_ns, c.rates["Add"].ns_per_byte) == pytest.approx((1_000.0, 0.1))
+    assert (c.rates["Sigmoid"].launch_ns, c.rates["Sigmoid"].ns_per_byte) == pytest.approx((1_100.0, 0.2))
+    kind = c.rates["elementwise"]  # the median of its ops' lines, term by term
+    assert (kind.launch_ns, kind.ns_per_byte, kind.ns_per_flop) == pytest.approx((1_050.0, 0.15, 0.0))
+    assert [round(c.predicted_ns(s)) for s in samples] == [1_100, 2_100, 1_300, 3_300]
+
+
+# --- the file and the cache -------------------------------------------------------------------------
+
+
+def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
+    c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
+                                                                       1_180.0),))
+    path = c.save(tmp_path / "sub" / "c.json")
+    back = cal.read(path)
+    assert back == c and back.source == str(path)
+    assert json.loads(path.read_text())["format_version"] == cal.FORMAT_VERSION
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{", "not JSON"),
+    ('{"format_version": 0}', "format_version 0 is not 1; run rlx-egraph calibrate again"),
+    ('{"format_version": 1, "target": "onnxruntime"}', "not a calibration (KeyError: 'machine')"),
+])
+def test_a_bad_calibration_file_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(CalibrationError, match=re.escape(f"{path}: {message}")):
+        cal.read(path)
+    with pytest.raises(CalibrationError, match=re.escape(f"{tmp_path / 'none.json'}: No such file")):
+        cal.read(tmp_path / "none.json")
+
+
+def test_the_cache_is_per_machine_under_the_cache_directory(_own_cache: Path, tmp_path: Path) -> None:
+    path = cal.cache_path("onnxruntime")
+    assert path.parent == _own_cache / "calibration" and path.name.startswith("onnxruntime-")
+    assert cal.cache_path("onnxruntime", tmp_path / "other").parent == tmp_path / "other" / "calibration"
+    assert cal.machine("onnxruntime")["runtime"].startswith("onnxruntime ")
+    assert cal.load("onnxruntime").source == "shipped with rlx-egraph"  # nothing cached yet
+    assert get_target("onnxruntime") is TARGETS["onnxruntime"]
+    mine = dataclasses.replace(calibrations.calibration(run_ns=1_234.0), machine=cal.machine("onnxruntime"))
+    mine.save(path)
+    assert cal.load("onnxruntime") == mine
+    assert get_target("onnxruntime").run_ns == 1_234.0 and get_target("onnxruntime").calibration.endswith(
+        f"({path}; made by: tests/calibrations.py)")
+    assert TARGETS["onnxruntime"].run_ns == cal.shipped("onnxruntime").run_ns  # the preset stays the shipped one
+
+
+def test_the_shipped_calibration_prices_every_declared_fused_op_by_its_own_line() -> None:
+    shipped = cal.shipped("onnxruntime")
+    assert shipped.target == "onnxruntime" and shipped.command.startswith("rlx-egraph calibrate --target onnxruntime")
+    assert set(ONNXRUNTIME_FUSED) <= set(shipped.rates)
+    assert {"Reshape", "Transpose", "Narrow", "Expand", "Concat", "Identity", "MatMul", "LayerNorm"} <= set(
+        shipped.rates)
+    target = TARGETS["onnxruntime"]
+    assert target.rates == shipped.rates and target.attention_block_max_tokens is None
+
+
+def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
+    """A short calibration (the tiny model's size, one pass): every declared fused op and every layout op gets its own
+    line; the one file written is this machine's cache entry.  No timing is asserted."""
+    cache = tmp_path / "mine"
+    result = calibrate(cache=cache, sizes=[SIZES[1]], passes=1, budget_s=0.0)
+    assert [p.relative_to(cache) for p in cache.rglob("*") if p.is_file()] == [
+        cal.cache_path("onnxruntime", cache).relative_to(cache)]
+    assert result.source == str(cal.cache_path("onnxruntime", cache))
+    assert set(ONNXRUNTIME_FUSED) | {"Reshape", "Transpose", "Narrow", "Expand", "Concat"} <= set(result.rates)
+    assert all(s.ns >= 0 for s in result.samples) and result.threads == 1
+    with pytest.raises(ValueError, match="calibrate measures the 'onnxruntime' target only, not 'cpu'"):
+        calibrate("cpu")
+
+
+# --- decisions follow the calibration at the model's shape ------------------------------------------------
+
+
+def _residual_norm(shape: tuple[int, ...]) -> Graph:
+    g = Graph("residual-norm")
+    x, r = g.input("x", shape), g.input("r", shape)
+    width = shape[-1]
+    g.set_outputs([g.layer_norm(g.add(x, r), g.param("g", (width,)), g.param("b", (width,)))])
+    rng = np.random.default_rng(0)
+    g.weights = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in g.params}
+    return g
+
+
+# SkipLayerNormalization (FusedResidualLN, and FusedAddLayerNorm which also returns the sum): a cheaper launch
+# than Add then LayerNormalization, but three times their cost per byte.
+SKIP_CHEAP_LAUNCH = {"FusedResidualLN": OpRate(800.0, 0.3, 0.0), "FusedAddLayerNorm": OpRate(800.0, 0.3, 0.0),
+                     "Add": OpRate(1_000.0, 0.1, 0.0), "LayerNorm": OpRate(1_000.0, 0.1, 0.0)}
+SKIP_OPS = ("FusedResidualLN", "FusedAddLayerNorm")
+
+
+@pytest.mark.parametrize(("shape", "fused"), [((1, 4, 16), True), ((1, 128, 768), False)])
+def test_skip_layer_normalization_is_taken_where_the_calibration_says_it_is_faster(shape: tuple[int, ...],
+                                                                                 fused: bool) -> None:
+    """Fused at a tiny shape, where its cheaper launch wins; Add + LayerNormalization at BERT-base's, where the
+    fused kernel's bytes cost more.  The export writes what was chosen."""
+    target = calibrations.target(SKIP_CHEAP_LAUNCH)
+    opt, report = optimize_with_report(_residual_norm(shape), target, verify=True)
+    counts = opt.op_counts()
+    assert (counts["FusedResidualLN"], counts["FusedAddLayerNorm"], counts["LayerNorm"]) == (
+        (1, 0, 0) if fused else (0, 0, 1))
+    written = {n.op_type for n in export_model(opt).graph.node}
+    assert ("SkipLayerNormalization" in written) == fused and ("LayerNormalization" in written) != fused
+    assert report.profile_after.ns <= report.profile_before.ns
+
+
+def test_skip_layer_normalization_is_left_out_where_it_is_slower_at_every_size() -> None:
+    target = calibrations.target({op: OpRate(5_000.0, 0.3, 0.0) for op in SKIP_OPS})
+    for shape in ((1, 4, 16), (1, 128, 768)):
+        counts = optimize_with_report(_residual_norm(shape), target)[0].op_counts()
+        assert (counts["FusedResidualLN"], counts["FusedAddLayerNorm"], counts["LayerNorm"]) == (0, 0, 1)
+
+
+def _attention_block(batch: int, seq: int) -> Graph:
+    heads, hd = 4, 8
+    h = heads * hd
+    g = Graph()
+    hidden, mask = g.input("hidden", (batch, seq, h)), g.input("attention_mask", (batch, seq))
+    qkv = g.add(g.matmul(hidden, g.param("qkv_w", (h, 3 * h))), g.param("qkv_b", (3 * h,)))
+    q, k, v = (g.narrow(qkv, axis=2, start=s, length=h) for s in (0, h, 2 * h))
+    attn = g.attention(q, k, v, mask, heads=heads, mask="custom")
+    g.set_outputs([g.add(g.matmul(attn, g.param("out_w", (h, h))), g.param("out_b", (h,)))])
+    return g
+
+
+@pytest.mark.parametrize(("block", "fused"), [(OpRate(1_000.0, 0.0, 0.001), True), (OpRate(1e7, 0.1, 0.01), False)])
+def test_the_attention_block_follows_its_measured_cost_at_any_token_count(block: OpRate, fused: bool) -> None:
+    """On onnxruntime no token bound guards FusedAttentionBlock: at 16 x 128 tokens (past the seed's 64) it is
+    taken when its line is cheaper than its parts', and left out when dearer."""
+    target = calibrations.target({"FusedAttentionBlock": block})
+    opt, _ = optimize_with_report(_attention_block(16, 128), target)
+    assert opt.op_counts().get("FusedAttentionBlock", 0) == int(fused)
+
+
+def test_the_token_bound_stays_a_user_override_and_the_unmeasured_presets_keep_the_seeds() -> None:
+    cheap = calibrations.target({"FusedAttentionBlock": OpRate(1_000.0, 0.0, 0.001)})
+    assert "FusedAttentionBlock" not in optimize_with_report(_attention_block(1, 4), cheap,
+                                                             attention_block_max_tokens=3)[0].op_counts()
+    assert {name: t.attention_block_max_tokens for name, t in TARGETS.items()} == {
+        "cpu": 64, "cuda": 64, "metal": 64, "wgpu": 64, "onnxruntime": None}
+    assert optimize_with_report(_attention_block(16, 128), "cpu")[0].op_counts().get("FusedAttentionBlock", 0) == 0
+    with pytest.raises(TypeError, match=r"attention_block_max_tokens must be an int, got '8' \(str\)"):
+        optimize_with_report(_attention_block(1, 4), cheap, attention_block_max_tokens="8")
+
+
+# --- measured latency in the report ------------------------------------------------------------------------
+
+
+def test_the_report_prints_the_measured_latency_beside_the_prediction() -> None:
+    """Timing values are not asserted: only that both graphs were run and reported with the ratio."""
+    g = _residual_norm((2, 16, 64))
+    opt, report = optimize_with_report(g, calibrations.target())
+    measured = measure_report(report, g, opt, runs=3, budget_s=0.0)
+    assert report.measured is measured and measured.before_ns > 0 and measured.after_ns > 0
+    line = next(line for line in str(report).splitlines() if line.startswith("measured: "))
+    assert re.fullmatch(r"measured: before [\d.]+ (ns|us|ms) \(predicted [\d.]+ (ns|us|ms), [\d.]+x\), after "
+                        r"[\d.]+ (ns|us|ms) \(predicted [\d.]+ (ns|us|ms), [\d.]+x\); onnxruntime [\d.]+ CPU, 1 "
+                        r"thread\(s\), ORT_ENABLE_BASIC, median of \d+ runs by thread CPU time", line), line
+    assert "priced by: onnxruntime calibration of fixture (fixture; made by: tests/calibrations.py)" in str(report)
+    assert report.to_dict()["measured"] == {"before_ns": measured.before_ns, "after_ns": measured.after_ns,
+                                            "how": measured.how}
+    latency = measure_latency(g, runs=2, budget_s=0.0)
+    assert latency.runs == 2 and 0 < latency.fastest_ns <= latency.ns
+
+
+def test_cli_measure_prints_predicted_and_measured(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    g = _residual_norm((2, 16, 64))
+    g.save(tmp_path / "g.json")
+    mine = dataclasses.replace(calibrations.calibration(), machine=cal.machine("onnxruntime"))
+    mine.save(cal.cache_path("onnxruntime", tmp_path / "c"))
+    assert main(["optimize", str(tmp_path / "g.json"), "--target", "onnxruntime", "--measure", "--cache",
+                 str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    path = cal.cache_path("onnxruntime", tmp_path / "c")
+    assert (f"priced by: onnxruntime calibration of {cal.machine('onnxruntime')['cpu']} ({path}; made by: "
+            "tests/calibrations.py)") in out
+    assert re.search(r"^measured: before .* by thread CPU time$", out, re.MULTILINE)
+    (tmp_path / "bad").mkdir()
+    cal.cache_path("onnxruntime", tmp_path / "bad").parent.mkdir(parents=True)
+    cal.cache_path("onnxruntime", tmp_path / "bad").write_text("{")
+    assert main(["optimize", str(tmp_path / "g.json"), "--target", "onnxruntime", "--cache",
+                 str(tmp_path / "bad")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {cal.cache_path('onnxruntime', tmp_path / 'bad')}: not JSON")
+
+
+# --- layering -------------------------------------------------------------------------------------------------
+
+
+def test_the_cost_package_imports_no_front_end() -> None:
+    """cost/ prices what targets declare; the ONNX front end maps MIR ops to ONNX and measures: never the other
+    way round."""
+    imported = set()
+    for path in (SRC / "cost").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                imported.add("." * node.level + (node.module or ""))
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+    assert not {name for name in imported if "frontends" in name or name.startswith(("onnx", "rlx_egraph.onnx"))}
+    assert "..ir.registry" in imported  # the check sees the package's own imports
+
+
+def test_cli_calibrate_and_measure_without_onnxruntime_say_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    g = _residual_norm((2, 4, 8))
+    g.save(tmp_path / "g.json")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert main(["calibrate"]) == 2
+    assert capsys.readouterr().err == ("error: calibrate runs onnxruntime: install the onnx extra (pip install "
+                                       "'rlx-egraph[onnx]')\n")
+    assert main(["optimize", str(tmp_path / "g.json"), "--measure"]) == 2
+    assert capsys.readouterr().err.endswith("error: --measure runs onnxruntime: install the onnx extra (pip "
+                                            "install 'rlx-egraph[onnx]')\n")
