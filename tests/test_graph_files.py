@@ -59,7 +59,7 @@ def test_a_store_linked_from_outside_the_folder_is_refused(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("array", "problem"), [
-    (np.array([["a"] * 3] * 4), r"array 'w' holds <U1 values; its Param is f32 \(a weight is a real array of bool, "
+    (np.array([["a"] * 3] * 4), r"array 'w' holds <U1 values; its Param is f32 \(a value is a real array of bool, "
                                 r"int or float\)"),
     (np.full((4, 3), 1 + 2j, np.complex64), r"array 'w' holds complex64 values; its Param is f32"),
     (np.array([None] * 12, object).reshape(4, 3), r"array 'w' holds object values"),

@@ -7,6 +7,8 @@ from onnx import TensorProto
 
 from onnx_models import F, OnnxBuilder
 from rlx_egraph import Graph
+from rlx_egraph.cli.main import main
+from rlx_egraph.kernels import parity
 from rlx_egraph.kernels.parity import ParityError, ParityInputError
 from rlx_egraph.onnx import import_model
 from rlx_egraph.optimize import optimize_with_report
@@ -52,3 +54,33 @@ def test_indices_the_verifier_cannot_draw_are_a_parity_input_error_naming_the_in
     assert isinstance(err.value, ParityError)
     _, report = optimize_with_report(g, verify={"x": np.array([0.0, 0.01, 0.02, 0.04], np.float32)})
     assert report.parity.ok
+
+
+def test_reference_inputs_from_an_npz_at_the_command_line(tmp_path, capsys) -> None:
+    g = import_model(positions_from_mask())
+    g.save(tmp_path / "g.json")
+    mask = np.array([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], np.int64)
+    np.savez(tmp_path / "feeds.npz", m=mask)
+    assert main(["optimize", str(tmp_path / "g.json"), "--verify-inputs", str(tmp_path / "feeds.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "values checked: requested with reference inputs ('m')" in out and "parity: ok on " in out
+    np.savez(tmp_path / "feeds.npz", m=mask[:, :5])
+    assert main(["optimize", str(tmp_path / "g.json"), "--verify-inputs", str(tmp_path / "feeds.npz")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: reference inputs '{tmp_path / 'feeds.npz'}': array 'm' has shape [2, 5]; its Input has shape [2, 6]")
+    assert main(["optimize", str(tmp_path / "g.json"), "--no-verify", "--verify-inputs",
+                 str(tmp_path / "feeds.npz")]) == 2
+    assert "--verify-inputs gives the data of the parity check, which --no-verify switches off" in \
+        capsys.readouterr().err
+
+
+def test_a_graph_too_large_to_check_is_a_clear_error_before_it_runs(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setattr(parity, "VERIFY_MAX_ELEMENTS", 100)
+    g = Graph()
+    g.set_outputs([g.relu(g.input("x", (8, 16)))])
+    with pytest.raises(ParityInputError, match=r"parity check: the input graph's values hold 256 elements, more than "
+                                               r"the 100 the check holds \(VERIFY_MAX_ELEMENTS\)"):
+        optimize_with_report(g, verify=True)
+    g.save(tmp_path / "g.json")
+    assert main(["optimize", str(tmp_path / "g.json"), "--verify"]) == 2  # no wrong rule: bad input
+    assert capsys.readouterr().err.startswith("error: parity check: the input graph's values hold 256 elements")

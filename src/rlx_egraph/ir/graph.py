@@ -630,6 +630,27 @@ def read_weight_store(graph_path: Path, store: Any, params: Mapping[str, Node]) 
     file = graph_path.parent / store
     if file.resolve().parent != graph_path.parent.resolve():
         raise GraphError(f"{where}: it links to a file outside the graph's folder")
+    return read_npz(file, where, params)
+
+
+def read_reference_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` file ``path`` as values of ``graph``'s inputs (reference inputs for the parity
+    check), each checked against its Input as a stored weight is against its Param; GraphError naming the file
+    and the array otherwise, or the names that are no input."""
+    inputs = {n.name: n for n in graph.inputs}
+    unknown: list[str] = []
+    out = read_npz(Path(path), f"reference inputs {str(path)!r}", inputs, unknown)
+    if unknown:
+        raise GraphError(f"reference inputs {str(path)!r}: reference input(s) {', '.join(map(repr, unknown))} name "
+                         f"no input of the graph (its inputs: {', '.join(map(repr, inputs)) or 'none'})")
+    return out
+
+
+def read_npz(file: Path, where: str, nodes: Mapping[str, Node],
+             unknown: list[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` archive ``file`` that name one of ``nodes`` (leaves), each checked against its
+    node before its data is read (:func:`_stored_array`); the names of the others go to ``unknown`` (else they
+    are skipped).  GraphError starting with ``where`` for anything else."""
     try:
         if not zipfile.is_zipfile(file):
             raise GraphError(f"{where}: not an .npz archive (write one with numpy.savez)")
@@ -637,10 +658,12 @@ def read_weight_store(graph_path: Path, store: Any, params: Mapping[str, Node]) 
         with zipfile.ZipFile(file) as archive:
             for info in archive.infolist():
                 name = info.filename.removesuffix(".npy")
-                if name not in params:
+                if name not in nodes:
+                    if unknown is not None:
+                        unknown.append(name)
                     continue
                 with archive.open(info) as member:
-                    out[name] = _stored_array(member, params[name], where)
+                    out[name] = _stored_array(member, nodes[name], where)
         return out
     except GraphError:
         raise
@@ -654,8 +677,8 @@ _STORED_KINDS = {"f": "fiub", "i": "iub", "b": "b"}
 
 
 def _stored_array(member: Any, param: Node, where: str) -> np.ndarray:
-    """One ``.npy`` member for ``param``: its header checked (a real numeric dtype, ``param``'s shape) before its
-    data is read, so a member cannot inflate beyond that size."""
+    """One ``.npy`` member for leaf ``param``: its header checked (a real numeric dtype, ``param``'s shape) before
+    its data is read, so a member cannot inflate beyond that size."""
     label = f"{where}: array {param.name!r}"
     version = np.lib.format.read_magic(member)
     if version not in _NPY_HEADERS:
@@ -663,12 +686,12 @@ def _stored_array(member: Any, param: Node, where: str) -> np.ndarray:
     shape, fortran, stored = _NPY_HEADERS[version](member)
     kind = np.dtype(DTYPES[param.dtype].storage).kind
     if stored.hasobject or stored.kind not in _STORED_KINDS[kind]:
-        raise GraphError(f"{label} holds {stored} values; its Param is {param.dtype} (a weight is a real array of "
-                         "bool, int or float)")
+        raise GraphError(f"{label} holds {stored} values; its {param.op} is {param.dtype} (a value is a real "
+                         "array of bool, int or float)")
     fits = len(shape) == len(param.shape) and all(
         isinstance(d, Sym) or d == n for d, n in zip(param.shape, shape, strict=True))
     if not fits:
-        raise GraphError(f"{label} has shape {list(shape)}; its Param has shape {list(param.shape)}")
+        raise GraphError(f"{label} has shape {list(shape)}; its {param.op} has shape {list(param.shape)}")
     count = math.prod(shape)
     data = member.read(count * stored.itemsize)
     if len(data) != count * stored.itemsize:

@@ -42,6 +42,9 @@ from .reference import run_node
 
 # A second seed is checked when the original graph's values hold at most this many elements in total.
 SECOND_SEED_MAX_ELEMENTS = 1 << 22
+# The largest graph the check runs: the input graph's values (all nodes' results, in elements) it holds at once,
+# with the optimized graph's and their float64 differences; above it, ParityInputError before anything runs.
+VERIFY_MAX_ELEMENTS = 1 << 26
 # Up to this many elements, the special runs are as many as put every special kind in every drawn float leaf
 # (interpreter.special_rounds); above it, one.
 ALL_KINDS_MAX_ELEMENTS = 1 << 16
@@ -206,6 +209,11 @@ def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Seq
                           f"the original {len(original.outputs)}")
     feeds = dict(feeds or {})
     check_reference_inputs(original, feeds)
+    if (size := _size(original)) > VERIFY_MAX_ELEMENTS:
+        raise ParityInputError(f"parity check: the input graph's values hold {size:,} elements, more than the "
+                               f"{VERIFY_MAX_ELEMENTS:,} the check holds (VERIFY_MAX_ELEMENTS); check it at smaller "
+                               "sizes (reference inputs of smaller shapes bind a symbolic graph's dims) or switch "
+                               "the check off")
     precision, wide = precisions(original), widened_graph(original)
     materialized = {r for refs in same_value.values() for r in refs}
     report = ParityReport(parity_seeds(original, seed))
