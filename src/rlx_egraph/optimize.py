@@ -193,7 +193,8 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     report.verification = Verification(checked, why_checked, user_rules)
     if checked:
         with timed("verify", report.phases) as outcome:
-            report.parity = check_parity(original, optimized, new.originals, blame(new), seed, feeds)
+            suspects = {r.name: r.location for r in ruleset.rules if r.location.rpartition(":")[0] in user_rules}
+            report.parity = check_parity(original, optimized, new.originals, blame(new, suspects), seed, feeds)
             outcome.summary = report.verification_lines()[-1]
     log.info("optimize %s: %s -> %s nodes in %.3f s (%s engine; %s)", graph.name, f"{len(graph):,}",
              f"{len(result):,}", sum(report.phases.values()), report.engine, report.stop_reason)
@@ -436,9 +437,17 @@ def egraph_from_program(program: str) -> eb.EGraph:
     return egraph
 
 
-def blame(decoded: Decoded) -> Callable[[int], list[str]]:
-    """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class."""
-    return lambda node_id: list(dict.fromkeys(decoded.built_by.get(node_id, ()) + decoded.merged_by.get(node_id, ())))
+def blame(decoded: Decoded, suspects: Mapping[str, str] | None = None) -> Callable[[int], list[str]]:
+    """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class;
+    the ``suspects`` among them (rules from outside the shipped set: name -> ``file:line``) first, with their
+    location: a parity failure of a node a shipped rule built over a user rule's value names the user rule first."""
+    suspects = suspects or {}
+
+    def rules(node_id: int) -> list[str]:
+        named = dict.fromkeys(decoded.built_by.get(node_id, ()) + decoded.merged_by.get(node_id, ()))
+        return [f"{r} ({suspects[r]})" for r in named if r in suspects] + [r for r in named if r not in suspects]
+
+    return rules
 
 
 def _extract(view: EGraphView, graph: Graph, target: Target, extraction: str, exact_gap: bool, deadline: Deadline,

@@ -11,8 +11,7 @@ the file, node, op or rule, and one of these exit codes:
 Exit codes:
   0    success
   1    an unsound rule: the optimized graph failed the parity check, a rewrite was ill-typed, or rules check found one
-  2    bad input: a missing or malformed graph or rule file, an unknown rule, bad arguments, an op the target
-       cannot run, data the parity check cannot run on (or too much of it), a run out of memory
+  2    bad input: a missing or malformed graph, rule or data file, an unknown rule, bad arguments, an unrunnable op
   3    internal error: a bug in rlx-egraph (the line says "please report")
   130  interrupted (Ctrl-C)
   141  stdout closed early, as in ``| head`` (128 + SIGPIPE, as a shell reports it)

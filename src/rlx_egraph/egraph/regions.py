@@ -239,6 +239,7 @@ def fuse_regions(graph: Graph, regions: list[Region]) -> tuple[Graph, dict[int, 
             kept.append(node)
     out = Graph.from_checked(graph.name, kept)
     out.set_outputs(graph.outputs)
+    out.adopt_store(graph)  # the same Params: the same weights
     return out, {n.id: n.id for n in out.nodes}
 
 
@@ -447,6 +448,7 @@ def substituted(graph: Graph, pieces_of: Callable[[Node], Graph | None]) -> tupl
         made[node.id] = tuple(new)
     out = Graph.from_checked(graph.name, nodes)
     out.set_outputs(graph.outputs)
+    out.adopt_store(graph)  # the same Params: the same weights
     return out, origin, made
 
 
