@@ -75,15 +75,18 @@ def signs(graph: Graph) -> list[float]:
 def test_negative_zero_keeps_its_own_eclass_and_its_sign():
     g = Graph()
     x = g.input("x", (4,))
-    plus = g.add(x, g.scalar(0.0))  # add-zero removes it
+    plus = g.add(x, g.scalar(-0.0))  # add-zero removes it: x + (-0.0) is x, -0.0 included
     minus = g.div(g.scalar(1.0), g.mul(g.abs(x), g.scalar(-0.0)))  # 1 / (|x| * -0.0) = -inf
-    g.set_outputs([plus, minus])
-    og, rep = optimize_with_report(g, verify=True)
-    assert rep.matches_per_rule["add-zero"] > 0
-    assert og.outputs[0] == og.inputs[0].id
-    out = evaluate(og, {"x": np.array([1.0, 2.0, 0.5, 3.0], np.float32)})[1]
-    assert out.tolist() == [-math.inf] * 4
-    assert signs(og) == [1.0, -1.0]  # the 1.0 and the -0.0; the +0.0 went with add-zero
+    kept = g.add(x, g.scalar(0.0))  # x + 0.0 is not x: -0.0 + 0.0 is 0.0
+    g.set_outputs([plus, minus, kept])
+    for engine in ("egglog", "fallback"):
+        og, rep = optimize_with_report(g, verify=True, engine=engine, regions=False)
+        assert rep.matches_per_rule["add-zero"] > 0
+        assert og.outputs[0] == og.inputs[0].id and og.node(og.outputs[2]).op == "Add"
+        out = evaluate(og, {"x": np.array([1.0, 2.0, 0.5, -0.0], np.float32)})
+        assert out[1].tolist() == [-math.inf] * 4
+        assert math.copysign(1.0, out[0][3]) == -1.0 and math.copysign(1.0, out[2][3]) == 1.0
+        assert signs(og) == [-1.0, 1.0, 1.0]  # the -0.0 add-zero matched, the 1.0, the +0.0 kept
 
 
 def test_an_unchanged_graph_with_both_zeros_decodes_bit_exact():

@@ -123,7 +123,7 @@ def test_optimize_with_an_unsound_rule_fails_parity(capsys: pytest.CaptureFixtur
     code, _, err = run_cli(capsys, "optimize", graph, "--only-rules", rule, "--verify", "-o", tmp_path / "never.json")
     assert code == EXIT_PARITY
     assert err.startswith("error: parity failure: node ")
-    assert err.rstrip().endswith("built by rule(s): drop-relu")
+    assert err.rstrip().endswith(f"built by rule(s): drop-relu ({rule}:1)")
     assert not (tmp_path / "never.json").exists()
 
 

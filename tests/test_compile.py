@@ -15,6 +15,7 @@ from rlx_egraph.compile.hir import ATTENTION_BLOCK_MAX_TOKENS
 from rlx_egraph.cost import TARGETS, Target, get_target
 from rlx_egraph.engines.regions import find_regions
 from rlx_egraph.ir.decompose import decompose
+from rlx_egraph.ir.rewrite import GraphRewriter
 from rlx_egraph.report import OptimizeReport
 
 
@@ -298,3 +299,59 @@ def test_package_exports():
     assert rlx_egraph.compile is compile_fn and rlx_egraph.specialize is specialize
     assert Policy("fusable") is Policy.FUSABLE
     assert isinstance(get_target("wgpu"), Target)
+
+
+# --- the weight store -------------------------------------------------------------------------------------
+
+
+def stored_linear() -> Graph:
+    """x[1, 4] @ w[4, 3] + b[3] with w = 2.25 and b = -0.5 in the graph's weight store: every output is 8.5 at x = 1."""
+    g = Graph("stored")
+    x, w, b = g.input("x", (1, 4)), g.param("w", (4, 3)), g.param("b", (3,))
+    g.set_outputs([g.relu(g.add(g.matmul(x, w), b))])
+    g.weights = {"w": np.full((4, 3), 2.25, np.float32), "b": np.full((3,), -0.5, np.float32)}
+    return g
+
+
+def test_compile_run_and_plan_run_read_the_weight_store(tmp_path):
+    g = stored_linear()
+    feeds = {"x": np.ones((1, 4), np.float32)}
+    want = [np.full((1, 3), 8.5, np.float32)]
+    assert bit_equal(evaluate(g, feeds), want)
+    result = rlx_egraph.compile(g)
+    assert result.graph.op_counts()["FusedMatMulBiasAct"] == 1
+    assert bit_equal(result.run(feeds), want)
+    assert bit_equal(result.plan.run(feeds), want)
+    assert bit_equal(rlx_egraph.compile(g, optimize=False).run(feeds), want)
+    g.save(tmp_path / "g.json")  # and a graph read back from JSON + .npz
+    assert bit_equal(rlx_egraph.compile(Graph.load(tmp_path / "g.json")).run(feeds), want)
+    # a parameter given to run() still wins over the store
+    assert bit_equal(result.run(feeds, {"b": np.zeros(3, np.float32)}), [np.full((1, 3), 9.0, np.float32)])
+
+
+def test_every_graph_derived_from_another_keeps_its_weight_store():
+    g = stored_linear()
+    fused = optimize(g)
+    assert fused.op_counts()["FusedMatMulBiasAct"] == 1 and fused.weights.keys() == {"w", "b"}
+    no_fused = get_target("cpu").replace(name="no-fused", unsupported=frozenset({"FusedMatMulBiasAct"}))
+    for derived in (decompose(fused), legalize(fused, no_fused), legalize(optimize(g, "cuda"), "wgpu"),
+                    GraphRewriter(g).finish()):
+        assert derived.weights.keys() == {"w", "b"}
+        assert bit_equal(evaluate(derived, {"x": np.ones((1, 4), np.float32)}), [np.full((1, 3), 8.5, np.float32)])
+    small = get_target("cuda").replace(name="small", region_max_steps=1, region_max_inputs=1)
+    regions = optimize(stored_region_graph(), "cuda")
+    assert regions.op_counts() == {"Input": 1, "Param": 1, "ElementwiseRegion": 1}
+    clipped = legalize(regions, small)  # the region cut into its steps
+    assert clipped.op_counts() == {"Input": 1, "Param": 1, "Mul": 1, "Tanh": 3, "Relu": 3}
+    assert clipped.weights.keys() == {"s"}
+    assert bit_equal(evaluate(clipped), evaluate(stored_region_graph()))
+
+
+def stored_region_graph() -> Graph:
+    g = Graph()
+    v = g.mul(g.input("a", (8, 16)), g.param("s", (16,)))
+    for _ in range(3):
+        v = g.relu(g.tanh(v))
+    g.set_outputs([v])
+    g.weights = {"s": np.full((16,), 0.5, np.float32)}
+    return g

@@ -258,8 +258,8 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"seed": -1}, ValueError, "seed must be an int in [0, 2**63), got -1"),
     ({"attention_block_max_tokens": -64}, ValueError, "attention_block_max_tokens must be an int in [0, 2**63), "
                                                       "got -64"),
-    ({"verify": "yes"}, TypeError, "verify must be True, False or None (check when rules from outside the shipped "
-                                   "set are loaded), got 'yes' (str)"),
+    ({"verify": "yes"}, TypeError, "verify must be True, False, None (check when rules from outside the shipped "
+                                   "set are loaded) or a mapping of reference inputs (name -> array), got 'yes' (str)"),
     ({"regions": 1}, TypeError, "regions must be True or False, got 1 (int)"),
     ({"exact_gap": None}, TypeError, "exact_gap must be True or False, got None (NoneType)"),
     ({"engine": "egg"}, ValueError, "engine must be one of ('auto', 'egglog', 'fallback'), got 'egg'; "

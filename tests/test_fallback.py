@@ -1,7 +1,6 @@
 """The fallback engine (the .egg rules applied on the graph itself) and the GraphRewriter it edits with."""
 
 import logging
-import math
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -380,7 +379,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "relu-relu": (unary(lambda g, x: g.relu(g.relu(x))), {"Relu": 1}),
     "identity": (unary(lambda g, x: g.identity(x)), {"Identity": 0}),
     "mul-one": (unary(lambda g, x: g.mul(x, g.scalar(1.0))), {"Mul": 0}),
-    "add-zero": (unary(lambda g, x: g.add(x, g.scalar(0.0))), {"Add": 0}),
+    "add-zero": (unary(lambda g, x: g.add(x, g.scalar(-0.0))), {"Add": 0}),
+    "sub-zero": (unary(lambda g, x: g.sub(x, g.scalar(0.0))), {"Sub": 0}),
     "div-one": (unary(lambda g, x: g.div(x, g.scalar(1.0))), {"Div": 0}),
     "transpose-transpose": (unary(lambda g, x: g.transpose(g.transpose(x, perm=(0, 2, 1)), perm=(0, 2, 1)),
                                   (2, 3, 4)), {"Transpose": 0}),
@@ -501,7 +501,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
 # The other operand orders of commutative ops (the loader's variants): (base rule, graph, counts).
 ORDERS: dict[str, tuple[str, Callable[[], Graph], dict[str, int]]] = {
     "one-mul": ("mul-one", unary(lambda g, x: g.mul(g.scalar(1.0), x)), {"Mul": 0}),
-    "zero-add": ("add-zero", unary(lambda g, x: g.add(g.scalar(0.0), x)), {"Add": 0}),
+    "zero-add": ("add-zero", unary(lambda g, x: g.add(g.scalar(-0.0), x)), {"Add": 0}),
     "sigmoid-mul": ("silu-mul-sigmoid", unary(lambda g, x: g.mul(g.sigmoid(x), x)), {"Silu": 1, "Sigmoid": 0}),
     "gelu-erf-one-plus": ("gelu-erf-plus-one", gelu_erf(one="first"), GELU),
     "gelu-erf-half-x-o": ("gelu-erf-x-o-half", gelu_erf(product="half_x_o"), GELU),
@@ -1613,12 +1613,12 @@ def test_an_engine_reopened_on_another_graph_optimizes_it_as_a_fresh_engine_does
     compiled, target = load(), get_target("onnxruntime")
     first, second = examples.llama(1), examples.bert(1)
     reused = _Engine(first, compiled, target, FallbackLimits(), 64)
-    reused.optimize(math.inf, STAGES)
+    reused.optimize(STAGES)
     reused.reopen(second)
     fresh = _Engine(second, compiled, target, FallbackLimits(), 64)
     assert reused.stats.cost_before_ns == fresh.stats.cost_before_ns
     for engine in (reused, fresh):
-        engine.optimize(math.inf, STAGES)
+        engine.optimize(STAGES)
     assert reused.dag_ns() == fresh.dag_ns() < fresh.stats.cost_before_ns
     assert reused.rw.finish() == fresh.rw.finish()
     assert reused.facts.rows == fresh.facts.rows and reused.facts.forms == fresh.facts.forms
@@ -1646,3 +1646,49 @@ def test_a_run_with_transplanted_chains_is_deterministic():
     assert first.stats.rules["shared-input-linear"].chain_starts == 2
     assert first.graph == second.graph and first.built_by == second.built_by and first.originals == second.originals
     assert first.stats.to_dict() | {"phases": {}} == second.stats.to_dict() | {"phases": {}}
+
+
+# --- associativity and commutativity written by users -----------------------------------------------------------
+
+USER_AC = {
+    "assoc-r": "(rewrite (Add (Add ?a ?b) ?c) (Add ?a (Add ?b ?c)) :ruleset simplify :name \"assoc-r\")",
+    "assoc-l": "(rewrite (Add ?a (Add ?b ?c)) (Add (Add ?a ?b) ?c) :ruleset simplify :name \"assoc-l\")",
+    "mul-assoc": "(rewrite (Mul (Mul ?a ?b) ?c) (Mul ?a (Mul ?b ?c)) :ruleset simplify :name \"mul-assoc\")",
+    "distrib": "(rewrite (Mul (Add ?a ?b) ?c) (Add (Mul ?a ?c) (Mul ?b ?c)) :ruleset simplify :name \"distrib\")",
+}
+
+
+def user_rules(*names: str):
+    from rlx_egraph import RuleSet
+
+    return RuleSet.shipped() + RuleSet.from_strings("\n".join(USER_AC[n] for n in names), names=["user.egg"])
+
+
+def test_a_sound_associativity_rule_over_a_sum_chain_runs_in_both_engines():
+    """A rival matched before an earlier commit of the same pass killed its nodes was handed to the lookahead
+    (KeyError in the region's ids); with a limit that stops egglog, engine="auto" hands it to the fallback."""
+    g = Graph()
+    total = g.input("x0", (4,))
+    for k in range(1, 5):
+        total = g.add(total, g.input(f"x{k}", (4,)))
+    g.set_outputs([total])
+    rules = user_rules("assoc-r")
+    out, report = optimize_with_report(g, rules=rules, engine="fallback", verify=True)
+    assert out.op_counts() == {"Input": 5, "ElementwiseRegion": 1} and report.matches_per_rule["assoc-r"] >= 1
+    out, report = optimize_with_report(g, rules=rules, engine="auto", verify=True, max_iterations=1)
+    assert report.engine == "fallback" and out.op_counts() == {"Input": 5, "ElementwiseRegion": 1}
+
+
+def test_random_sums_and_products_under_user_ac_rules_never_crash_the_fallback():
+    rng = np.random.default_rng(5)  # one of these twelve graphs crashed the same way
+    for trial in range(12):
+        names = [n for n in USER_AC if rng.random() < 0.5] or ["assoc-r"]
+        g = Graph()
+        values = [g.input(f"x{k}", (4,)) for k in range(int(rng.integers(3, 9)))]
+        for _ in range(int(rng.integers(3, 12))):
+            a, b = (values[int(rng.integers(len(values)))] for _ in range(2))
+            values.append(g.add(a, b) if rng.random() < 0.6 else g.mul(a, b))
+        g.set_outputs([values[-1]])
+        out, report = optimize_with_report(g, rules=user_rules(*names), engine="fallback", verify=True,
+                                           max_iterations=4)
+        assert report.parity.ok and len(out.outputs) == 1, (trial, names)

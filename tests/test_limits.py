@@ -1,6 +1,10 @@
 """Limits bound the whole run; shared-input matmuls of any k merge with quadratic growth."""
 
+import math
 import re
+import resource
+import subprocess
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -11,7 +15,13 @@ from egglog import bindings as eb
 from benchmarks.limits import assoc_comm_rules, limit_row, shared_input, shared_row, sum_of_products
 from rlx_egraph import Graph, examples, optimize_with_report
 from rlx_egraph.cost import get_target, profile
-from rlx_egraph.engines.budget import Deadline, DeadlineExceeded
+from rlx_egraph.engines.budget import (
+    Deadline,
+    DeadlineExceeded,
+    default_max_memory_mb,
+    machine_memory_mb,
+    memory_in_use_mb,
+)
 from rlx_egraph.engines.egglog import extract
 from rlx_egraph.engines.egglog.decode import decode
 from rlx_egraph.engines.egglog.encode import encode_graph
@@ -209,7 +219,113 @@ def test_birewrites_count_in_both_directions(tmp_path: Path):
     ("max_enodes", 2.5, TypeError, "max_enodes must be an int, got 2.5 (float)"),
     ("match_limit", -3, ValueError, "match_limit must be an int in [0, 2**63), got -3"),
     ("max_iterations", None, TypeError, "max_iterations must be an int, got None (NoneType)"),
+    ("max_memory_mb", -1, ValueError, "max_memory_mb must be a number >= 0, got -1"),
+    ("max_memory_mb", "2G", TypeError, "max_memory_mb must be a number, got '2G' (str)"),
 ])
 def test_bad_limits_are_named(option: str, value, error: type[Exception], message: str):
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         egglog_engine(examples.mlp(), **{option: value})
+
+
+# --- memory ---------------------------------------------------------------------------------------------------
+
+GROW = '(rule ((= ?x (Input ?n ?s ?dt))) ((Input (+ ?n ?n) ?s ?dt)) :ruleset simplify :name "grow")'
+GROWING_RUN = f"""
+import resource, sys
+from rlx_egraph import Graph, RuleSet, optimize_with_report
+rules = RuleSet.shipped() + RuleSet.from_strings({GROW!r}, names=["grow.egg"])
+g = Graph()
+g.set_outputs([g.relu(g.input("x", (4,)))])
+out, report = optimize_with_report(g, rules=rules, engine="egglog", max_iterations=60, max_seconds=100)
+print(report.stop_reason)
+print(report.iterations[-1].enodes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def capped(code: str, address_space_mb: int) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter whose address space is capped (``ulimit -v``)."""
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space_mb << 20, address_space_mb << 20))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, preexec_fn=cap)
+
+
+def test_a_rule_that_grows_a_value_stops_at_the_default_memory_limit():
+    """A string doubled each iteration: 33 e-nodes held 10 GB; under an address-space cap egglog aborted the
+    process (SIGABRT).  The default limit is half of what the process may hold (here the cap's 2,000 MB), and
+    saturation stops when the next iteration would not fit."""
+    run = capped(GROWING_RUN, 2000)
+    assert run.returncode == 0, run.stderr[-2000:]
+    reason, last = run.stdout.splitlines()[-2:]
+    assert re.fullmatch(r"memory limit: the process holds [\d,]+ MB and the next iteration is predicted to add "
+                        r"[\d,]+ MB, more than max_memory_mb=1,000 leaves with the view and extraction still to come "
+                        r"\(stage simplify, \d+ e-nodes\)", reason)
+    enodes, peak_mb = map(int, last.split())
+    assert 20 <= enodes <= 30 and peak_mb < 1500
+
+
+def test_the_default_memory_limit_is_half_of_what_the_process_may_hold():
+    assert SaturationLimits().max_memory_mb == default_max_memory_mb() == math.floor(machine_memory_mb() / 2)
+    run = capped("from rlx_egraph.egraph.saturate import SaturationLimits; print(SaturationLimits().max_memory_mb)",
+                 3000)
+    assert run.stdout.split() == ["1500.0"]
+
+
+def test_memory_bounds_saturation_by_the_room_it_leaves(tmp_path: Path):
+    """Associativity and commutativity: the e-nodes' memory, measured on the run, sets the room."""
+    budget = memory_in_use_mb() + 150
+    og, rep = egglog_engine(sum_of_products(32), rules=assoc_comm_rules(tmp_path), max_memory_mb=budget,
+                            verify=True)
+    assert rep.stop_reason.startswith("memory limit: ")
+    assert f"max_memory_mb={budget:,.0f}" in rep.stop_reason
+    # each e-node is counted at least 10 KB (egglog's bytes, at least 6 KB until measured, and the view's 4 KB)
+    assert max(it.enodes for it in rep.iterations) <= 150 * 2**20 / 10_240
+    assert rep.parity.ok and len(og.outputs) == 1
+    _, free = egglog_engine(sum_of_products(32), rules=assoc_comm_rules(tmp_path), max_enodes=20_000)
+    assert free.stop_reason.startswith("node limit: ")  # the same run with memory to spare
+
+
+# --- the fallback's deadline ------------------------------------------------------------------------------------
+
+
+def relu_chain(n: int) -> Graph:
+    g = Graph(f"relu_chain_{n}")
+    v = g.input("x", (4, 4))
+    for _ in range(n):
+        v = g.relu(v)
+    g.set_outputs([v])
+    return g
+
+
+def test_the_fallback_checks_its_deadline_inside_passes_and_the_region_pass():
+    """A 50,000-node Relu chain with max_seconds=1: the region pass alone took 4-5 s (10 s at 100,000 nodes), and
+    a pass was only checked between passes.  Loading the graph and writing the result are on top."""
+    _, rep = optimize_with_report(relu_chain(50_000), engine="fallback", max_seconds=1.0)
+    assert rep.stop_reason == "time limit"
+    searched = sum(t for phase, t in rep.phases.items() if phase not in ("load", "finish"))
+    assert searched <= 1.0 + 0.5, rep.phases
+
+
+def test_a_run_out_of_time_before_the_fallback_starts_keeps_the_graph():
+    g = relu_chain(300)
+    out, rep = optimize_with_report(g, engine="fallback", max_seconds=0, verify=True, regions=False)
+    assert rep.stop_reason == "time limit" and out == g and rep.parity.ok
+
+
+def test_auto_gives_the_fallback_only_the_time_left(tmp_path: Path):
+    """egglog stopped at a limit hands over to the fallback, which used to get a whole max_seconds of its own and
+    overshoot it inside its passes: 29 to 42 s for max_seconds=1, 2 or 4 here."""
+    rules = assoc_comm_rules(tmp_path)
+    for seconds in (1.0, 2.0):
+        start = time.perf_counter()
+        og, rep = optimize_with_report(sum_of_products(32), rules=rules, max_seconds=seconds)
+        assert time.perf_counter() - start < seconds + 1.5, rep.phases
+        assert rep.stop_reason.startswith("time limit") and len(og.outputs) == 1
+    _, rep = optimize_with_report(sum_of_products(32), rules=rules, max_enodes=2_000)
+    assert rep.engine == "fallback" and rep.engine_reason.startswith("auto: the egglog engine stopped at a limit "
+                                                                     "(node limit: ")
+    assert rep.engine_reason.endswith("so the fallback ran in the time left")
+    g = sum_of_products(4)
+    out, rep = optimize_with_report(g, rules=rules, max_seconds=0)
+    assert rep.engine == "egglog" and out == g
+    assert rep.engine_reason.startswith("auto: the egglog engine stopped at a limit (time limit: ") and \
+        rep.engine_reason.endswith(" with no time left for the fallback, so its result stands")

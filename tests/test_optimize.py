@@ -480,7 +480,7 @@ def test_saturation_limits_are_reported():
     _, auto = optimize_with_report(examples.llama(layers=1), max_iterations=1)
     assert auto.engine == "fallback" and auto.engine_reason == (
         "auto: the egglog engine stopped at a limit (iteration limit: stage recognize did not saturate within "
-        "max_iterations=1), so the fallback ran")
+        "max_iterations=1), so the fallback ran in the time left")
     _, rep = optimize_with_report(examples.llama(layers=1), engine="egglog", max_enodes=10)
     assert rep.stop_reason.startswith("node limit: the e-graph has ")
     assert rep.stop_reason.endswith(" e-nodes, max_enodes=10 (stage simplify)")

@@ -51,7 +51,7 @@ def lit(value):
 def test_a_rule_is_parsed_into_patterns_facts_guards_and_actions():
     rules = RuleSet.shipped()
     t = rules.by_name("transpose-transpose")
-    assert t.kind == "rule" and t.stage == "simplify" and t.location.endswith("rules/algebra.egg:22")
+    assert t.kind == "rule" and t.stage == "simplify" and t.location.endswith("rules/algebra.egg:26")
     assert t.query == (Pattern(OpTerm("Transpose", (OpTerm("Transpose", (Var("?x"), Var("?p"))), Var("?q"))),
                                Var("?e")),
                        Fact("inverse-perms", (Var("?p"), Var("?q"))))

@@ -52,7 +52,7 @@ def test_a_rule_that_returns_its_input_fails_parity(tmp_path: Path) -> None:
         optimize_with_report(relu_graph(), rules=[default_rule_dir(), rule], verify=True)
     message = str(err.value)
     assert message.startswith("parity failure: node 0 (Input) differs from original node 1 (Relu) on seed 0: ")
-    assert "wrong-relu" in message.split("built by rule(s): ")[1].split(", ")
+    assert message.split("built by rule(s): ")[1].split(", ")[0].startswith("wrong-relu (")  # the user's rule first
 
 
 def test_outputs_are_compared_by_position_even_without_provenance() -> None:
@@ -73,11 +73,15 @@ def test_a_missing_output_is_a_parity_failure() -> None:
 def test_each_value_is_compared_once_per_seed() -> None:
     g = relu_graph()
     report = check_parity(g, g.copy(), same_ids(g))
-    assert report.seeds == (0, 1)
-    assert [(n.node, n.original, n.seed, n.output) for n in report.nodes] == [
-        (0, 0, 0, None), (1, 1, 0, None), (0, 0, 1, None), (1, 1, 1, None)]  # the output was node 1 already
+    assert report.seeds == (0, 1) and report.special == 3  # 9 special kinds, 4 of the 32 elements per round
+    # the output was node 1 already; then seed 0 again in 3 rounds with IEEE special values in the drawn inputs
+    assert [(n.node, n.original, n.seed, n.output, n.special) for n in report.nodes] == [
+        (0, 0, 0, None, 0), (1, 1, 0, None, 0), (0, 0, 1, None, 0), (1, 1, 1, None, 0),
+        (0, 0, 0, None, 1), (1, 1, 0, None, 1), (0, 0, 0, None, 2), (1, 1, 0, None, 2),
+        (0, 0, 0, None, 3), (1, 1, 0, None, 3)]
     only_outputs = check_parity(g, g.copy(), {})
-    assert [(n.node, n.original, n.seed, n.output) for n in only_outputs.nodes] == [(1, 1, 0, 0), (1, 1, 1, 0)]
+    assert [(n.node, n.original, n.seed, n.output, n.special) for n in only_outputs.nodes] == [
+        (1, 1, 0, 0, 0), (1, 1, 1, 0, 0), (1, 1, 0, 0, 1), (1, 1, 0, 0, 2), (1, 1, 0, 0, 3)]
     assert all(n.tolerance_ratio == 0.0 and n.ok for n in report.nodes + only_outputs.nodes)
 
 
@@ -117,7 +121,7 @@ def test_a_rule_that_drops_the_attention_mask_is_caught_at_batch_1(tmp_path: Pat
     with pytest.raises(ParityError) as err:
         optimize_with_report(g, rules=[default_rule_dir(), rule_file(tmp_path, DROP_MASK)], verify=True)
     assert "(Attention) differs from original node 4 (Attention) on seed 0" in str(err.value)
-    assert str(err.value).endswith("built by rule(s): drop-mask")
+    assert str(err.value).endswith(f"built by rule(s): drop-mask ({tmp_path / 'wrong.egg'}:2)")
 
 
 @pytest.mark.parametrize(("batch", "keys"), [(1, 2), (1, 6), (5, 3), (3, 1)])
@@ -165,9 +169,10 @@ def test_a_second_seed_only_for_graphs_of_bounded_size() -> None:
 
 def test_verify_checks_two_seeds() -> None:
     _, rep = optimize_with_report(examples.mlp(), verify=True)
-    assert rep.parity.seeds == (0, 1)
-    per_seed = [sum(1 for n in rep.parity.nodes if n.seed == s) for s in (0, 1)]
-    assert per_seed[0] == per_seed[1] > 0
+    assert rep.parity.seeds == (0, 1) and rep.parity.special
+    per_run = [sum(1 for n in rep.parity.nodes if (n.seed, n.special) == run) for run in ((0, False), (1, False),
+                                                                                            (0, True))]
+    assert per_run[0] == per_run[1] == per_run[2] > 0
 
 
 # --- anchoring: each node judged on its own error --------------------------------------------------------------------
@@ -190,15 +195,16 @@ def test_an_in_tolerance_difference_is_judged_where_it_is_made_not_where_it_is_a
     assert np.max(np.abs(new[3] - old[3]) / (atol + rtol * np.abs(old[3]))) > 1.5  # un-anchored: a false alarm
     report = check_parity(original, optimized, {0: [0], 2: [2], 3: [3]})  # the scale is the optimization's own
     assert report.ok
-    seed0 = [(n.op, n.output, n.end_to_end) for n in report.nodes if n.seed == 0]
+    seed0 = [(n.op, n.output, n.end_to_end) for n in report.nodes if n.seed == 0 and not n.special]
     assert seed0 == [("Input", None, False), ("Mul", None, False), ("Exp", None, False), ("Exp", 0, True)]
-    product, exp_anchored, exp_end_to_end = [n for n in report.nodes if n.seed == 0][1:]
+    product, exp_anchored, exp_end_to_end = [n for n in report.nodes if n.seed == 0 and not n.special][1:]
     assert 0.5 < product.tolerance_ratio <= 0.9
     assert exp_anchored.max_abs == 0.0
     assert 0.1 < exp_end_to_end.tolerance_ratio < 1.0
     # an output without provenance is compared anchored too: computed from the original product
     report = check_parity(original, optimized, {0: [0], 2: [2]})
-    assert [(n.op, n.output, n.max_abs, n.end_to_end) for n in report.nodes if n.seed == 0][2] == ("Exp", 0, 0.0, False)
+    assert [(n.op, n.output, n.max_abs, n.end_to_end) for n in report.nodes
+            if n.seed == 0 and not n.special][2] == ("Exp", 0, 0.0, False)
 
 
 def _scaled_chain(scale: float, length: int) -> Graph:
@@ -241,7 +247,7 @@ def test_a_wrong_rule_deep_in_a_chain_is_caught_where_it_is_made(tmp_path: Path)
         assert optimize_with_report(g, target=target, verify=True)[1].parity.ok  # the shipped rules alone are fine
         with pytest.raises(ParityError, match=where + " on seed 0: max abs error ") as err:
             optimize_with_report(g, rules=[default_rule_dir(), rule], target=target, verify=True)
-        assert "drop-neg" in str(err.value).split("built by rule(s): ")[1].split(", ")
+        assert str(err.value).split("built by rule(s): ")[1].split(", ")[0].startswith("drop-neg (")
 
 
 # --- tolerances: the precision a value was computed in ---------------------------------------------------------------
@@ -272,7 +278,7 @@ def test_a_cast_of_a_bf16_value_is_judged_with_the_bf16_tolerance() -> None:
     g.set_outputs([out])
     og, rep = optimize_with_report(g, verify=True)
     assert [n.op for n in og.nodes] == ["Input", "Param", "Param", "FusedMatMulBiasAct", "Cast"]
-    anchored, end_to_end = [n for n in rep.parity.nodes if n.original == out and n.seed == 0]
+    anchored, end_to_end = [n for n in rep.parity.nodes if n.original == out and n.seed == 0 and not n.special]
     assert (anchored.end_to_end, end_to_end.end_to_end, end_to_end.output) == (False, True, 0)
     assert anchored.max_abs == 0.0  # cast from the original's sum: exactly the original's cast
     assert (anchored.rtol, anchored.atol) == (end_to_end.rtol, end_to_end.atol) == PARITY_TOLERANCE["bf16"]
@@ -323,7 +329,7 @@ def test_a_decision_inside_a_fused_kernel_excuses_what_depends_on_it() -> None:
     original, _ = _near_zero("original")
     region, mapping = _near_zero("region")
     report = check_parity(original, region, mapping)
-    assert [(n.op, n.end_to_end) for n in report.nodes if n.seed == 0] == [
+    assert [(n.op, n.end_to_end) for n in report.nodes if n.seed == 0 and not n.special] == [
         *((op, False) for op in ("Input", "Scalar", "Scalar", "Add", "Identity", "Scalar", "Add", "Scalar", "Sub",
                                  "ElementwiseRegion", "Param", "MatMul")),
         ("MatMul", True)]  # x itself is not x + 64 - 64: the output is also compared end to end
@@ -360,7 +366,8 @@ def test_an_ill_conditioned_value_is_judged_with_its_own_rounding_error() -> Non
 def test_the_summary_says_when_every_value_is_equal() -> None:
     g = relu_graph()
     report = OptimizeReport("egglog", "", "cpu", parity=check_parity(g, g.copy(), same_ids(g)))
-    assert "parity: ok on 4 comparisons (seeds 0, 1), all values equal" in str(report).splitlines()
+    assert "parity: ok on 10 comparisons (seeds 0, 1; IEEE special values on seed 0 in 3 rounds), all values equal" in \
+        str(report).splitlines()
 
 
 def test_the_summary_ranks_by_tolerance_not_by_relative_error() -> None:
@@ -380,8 +387,10 @@ def test_the_summary_ranks_by_tolerance_not_by_relative_error() -> None:
     line = next(ln for ln in str(OptimizeReport("egglog", "", "cpu", parity=report)).splitlines()
                 if ln.startswith("parity"))
     assert [(n.node, n.seed) for n in report.nodes if n.end_to_end] == [(5, 0), (5, 1)]  # the sum was rounded
-    assert line == f"parity: ok on 12 comparisons (seeds 0, 1), worst at {worst.tolerance_ratio:.2g} of tolerance " \
-                   "(node 5 Add)"
+    special = sum(n.special for n in report.nodes)
+    assert special == 5 and not any(n.end_to_end for n in report.nodes if n.special)  # judged anchored
+    assert line == f"parity: ok on {12 + special} comparisons (seeds 0, 1; IEEE special values on seed 0), worst at " \
+                   f"{worst.tolerance_ratio:.2g} of tolerance (node 5 Add)"
 
 
 # --- no false alarms on random low-precision graphs ------------------------------------------------------------------

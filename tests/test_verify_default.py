@@ -62,7 +62,8 @@ def test_a_sound_user_rule_is_checked_and_the_report_says_how(tmp_path: Path, mo
     assert report.verification.checked and report.verification.user_rules == ("silu_div.egg",)
     lines = str(report).splitlines()
     assert lines[-3] == f"values checked: rules from outside the shipped set: silu_div.egg; {HOW}"
-    assert lines[-2].startswith(f"parity: ok on {len(report.parity.nodes)} comparisons (seeds 0, 1)")
+    assert lines[-2].startswith(f"parity: ok on {len(report.parity.nodes)} comparisons (seeds 0, 1; IEEE special "
+                                "values on seed 0")
     record = json.loads(report.to_json())["verification"]
     assert record["checked"] is True and record["how"].startswith("the input graph and the optimized graph run with "
                                                                   "the numpy reference kernels")
@@ -87,8 +88,9 @@ def test_the_shipped_rules_are_not_checked_unless_asked(tmp_path: Path) -> None:
 
 
 def test_verify_takes_true_false_or_none() -> None:
-    with pytest.raises(TypeError, match=r"^verify must be True, False or None \(check when rules from outside the "
-                                        r"shipped set are loaded\), got 'yes' \(str\)$"):
+    with pytest.raises(TypeError, match=r"^verify must be True, False, None \(check when rules from outside the "
+                                        r"shipped set are loaded\) or a mapping of reference inputs \(name -> array\), "
+                                        r"got 'yes' \(str\)$"):
         optimize(examples.mlp(), verify="yes")
 
 
@@ -98,7 +100,9 @@ def test_cli_checks_user_rules_unless_told_not_to(capsys: pytest.CaptureFixture[
     examples.mlp().save(graph)
     assert main(["optimize", str(graph), "--rules", str(unsound), "-o", str(tmp_path / "never.json")]) == EXIT_PARITY
     err = capsys.readouterr().err
-    assert err.startswith("error: parity failure: node ") and err.rstrip().endswith("drop-relu")
+    assert err.startswith("error: parity failure: node ")
+    # the user's rule first, with its location; then the shipped rules that built on its value
+    assert err.rstrip().split("built by rule(s): ")[1] == f"drop-relu ({unsound.name}:1), matmul-bias, relu-relu"
     assert not (tmp_path / "never.json").exists()
     assert main(["optimize", str(graph), "--rules", str(unsound), "--no-verify", "-o", str(tmp_path / "o.json")]) == 0
     out = capsys.readouterr().out

@@ -47,7 +47,7 @@ from .engines.regions import Batch, ClippedRegion, Region, apply_batches, apply_
 from .ir.graph import Graph
 from .ir.registry import REGISTRY, Kind, snake_case
 from .ir.specialize import Sentinels, specialize_graph
-from .kernels.parity import check_parity
+from .kernels.parity import check_parity, check_reference_inputs
 from .options import check_options, verification_choice
 from .report import OptimizeReport
 from .report.data import OptimizationData
@@ -84,8 +84,8 @@ def engine_by_size(engine: str, nodes: int) -> str:
 _SUMMARIES: ContextVar[bool] = ContextVar("rlx_egraph_report_summaries", default=True)
 
 
-def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool | None = None,
-             **options: Any) -> Graph:
+def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None,
+             verify: bool | Mapping[str, Any] | None = None, **options: Any) -> Graph:
     """The cheapest equivalent graph under ``target``'s cost model: :func:`optimize_with_report`'s graph, same
     options.  The report's summaries, which only the report shows, are not computed (at 100k nodes its two IO
     profiles alone take some 0.3 s)."""
@@ -98,7 +98,8 @@ def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None, veri
 
 @tracked("optimize")
 @gc_paused()
-def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None, verify: bool | None = None,
+def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None,
+                         verify: bool | Mapping[str, Any] | None = None,
                          engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
                          attention_block_max_tokens: int | None = None, regions: bool = True, seed: int = 0,
                          strict: bool = False, dim_hints: Mapping[str, int] | None = None,
@@ -113,7 +114,9 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     says, a region longer or wider than the target's region kernels take is clipped to the target's limits
     (listed in ``report.regions_clipped``).
     ``verify``: check every node against the input graph with numpy (raises ParityError); None (the default)
-    checks when rules from outside the shipped set are loaded (``report.verification`` says whether and why).
+    checks when rules from outside the shipped set are loaded (``report.verification`` says whether and why); a
+    mapping gives reference values for some or all inputs by name and checks on them (a symbolic graph is then
+    checked at the sizes their shapes give its symbols; the other leaves are drawn).
     ``strict``: raise UnsoundRewrite when a rule built an ill-typed e-node or merged input-graph
     nodes of different types.  Otherwise ill-typed e-nodes are left out of extraction and listed
     in ``report.ill_typed``, and after a bad merge the input graph is returned unchanged (the
@@ -131,8 +134,11 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
     """
     check_options(optimize_with_report, locals())
+    feeds = dict(verify) if isinstance(verify, Mapping) else {}
+    feed_sizes = check_reference_inputs(graph, feeds)  # before the run, not after it
     summaries = _SUMMARIES.get()
     sat_limits = SaturationLimits(**limits)
+    deadline = Deadline(sat_limits.max_seconds)  # the whole run's, up to the parity check: both engines share it
     tgt = get_target(target)
     carried = graph.meta.get("dim_hints")
     hints = {**(carried if isinstance(carried, dict) else {}), **(dim_hints or {})}
@@ -155,23 +161,28 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
         new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
-                                                 regions, why, summaries)
+                                                 regions, why, summaries, deadline)
     else:
         new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
-                                               attention_block_max_tokens, regions, strict, summaries)
-        if engine == "auto" and report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound"):
-            why = f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran"
+                                               attention_block_max_tokens, regions, strict, summaries, deadline)
+        stopped = report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound")
+        if engine == "auto" and stopped and deadline.expired():
+            report.engine_reason = (f"auto: the egglog engine stopped at a limit ({report.stop_reason}) with no time "
+                                    "left for the fallback, so its result stands")
+        elif engine == "auto" and stopped:
+            why = (f"auto: the egglog engine stopped at a limit ({report.stop_reason}), so the fallback ran in the "
+                   "time left")
             log.warning(why)
             new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits,
-                                                     attention_block_max_tokens, regions, why, summaries)
+                                                     attention_block_max_tokens, regions, why, summaries, deadline)
         elif engine == "egglog":
             report.engine_reason = "requested"
     carry_node_names(graph, new)
     result, original, optimized = new.graph, graph, new.graph
-    if sentinels is not None:  # back to symbols; priced and checked at the hints
+    if sentinels is not None:  # back to symbols; priced and checked at the hints (or at the reference inputs')
         result = sentinels.restore(new.graph)
-        hints = {s: tgt.hint(s) for s in graph.symbols}
-        original, optimized = specialize_graph(graph, hints), specialize_graph(result, hints)
+        sizes = {s: tgt.hint(s) for s in graph.symbols} | feed_sizes
+        original, optimized = specialize_graph(graph, sizes), specialize_graph(result, sizes)
     if summaries:  # of the graphs as given and returned: a symbolic graph is priced at the hints
         with timed("report", report.phases) as outcome:
             _summarize(report, graph, result, tgt, new, *tables, static, ruleset)
@@ -182,7 +193,8 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     report.verification = Verification(checked, why_checked, user_rules)
     if checked:
         with timed("verify", report.phases) as outcome:
-            report.parity = check_parity(original, optimized, new.originals, blame(new), seed)
+            suspects = {r.name: r.location for r in ruleset.rules if r.location.rpartition(":")[0] in user_rules}
+            report.parity = check_parity(original, optimized, new.originals, blame(new, suspects), seed, feeds)
             outcome.summary = report.verification_lines()[-1]
     log.info("optimize %s: %s -> %s nodes in %.3f s (%s engine; %s)", graph.name, f"{len(graph):,}",
              f"{len(result):,}", sum(report.phases.values()), report.engine, report.stop_reason)
@@ -249,12 +261,12 @@ def default_rules(graph: Graph) -> RuleSet:
 
 def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits, extraction: str,
                      exact_gap: bool, attention_block_max_tokens: int, regions: bool, strict: bool,
-                     missed: bool) -> tuple[Decoded, OptimizeReport, EgglogTables]:
-    """The egglog engine: encode, saturate, extract, decode, then the region passes (each timed in the report);
+                     missed: bool, deadline: Deadline) -> tuple[Decoded, OptimizeReport, EgglogTables]:
+    """The egglog engine: encode, saturate, extract, decode, then the region passes (each timed in the report),
+    all before ``deadline``;
     ``missed``: and the fusion patterns left in its graph (``report.fusion.missed``, merged with the e-graph's
     misses by :func:`_summarize`).  Also returns what the report's e-graph tables and missed fusions are made from
     (the view, the choice, the e-node costs and the e-graph; None where the run stopped before them)."""
-    deadline = Deadline(sat_limits.max_seconds)
     phases: dict[str, float] = {}
     report = OptimizeReport("egglog", f"auto: {len(graph):,} nodes is within the egglog engine's threshold of "
                             f"{FALLBACK_THRESHOLD:,}", tgt.name)
@@ -301,7 +313,7 @@ def _optimize_egglog(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: Sa
             report.fusion.missed = scan_optimized(decoded.graph, decoded.originals, graph, ruleset)
         with timed("regions", phases) as outcome:  # the passes after either engine's decision
             before = len(decoded.graph)
-            decoded, report.regions_clipped = _with_regions(decoded, tgt, regions)
+            decoded, report.regions_clipped = _with_regions(decoded, tgt, regions, deadline)
             outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
     if decoded is None:
         decoded = Decoded(graph.copy(), {}, {n.id: [n.id] for n in graph.nodes},
@@ -330,15 +342,15 @@ def _saturation_step(it: IterationStats) -> None:
 
 
 def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: SaturationLimits,
-                       attention_block_max_tokens: int, regions: bool, why: str,
-                       missed: bool) -> tuple[Decoded, OptimizeReport, EgglogTables]:
+                       attention_block_max_tokens: int, regions: bool, why: str, missed: bool,
+                       deadline: Deadline) -> tuple[Decoded, OptimizeReport, EgglogTables]:
     """The fallback engine: the same rules matched on the graph itself (see :mod:`rlx_egraph.engines.fallback`).  It has
     no e-graph, so nothing for the report's e-graph tables (see :func:`_optimize_egglog`); ``missed``: the
     patterns left unfused in its graph."""
     limits = fallback.FallbackLimits(sat_limits.max_iterations, sat_limits.max_seconds)
     outer: dict[str, float] = {}
     with timed("fallback", outer) as outcome:
-        result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens)
+        result = fallback.run(graph, ruleset, tgt, limits, attention_block_max_tokens, deadline)
         stats = result.stats
         outcome.summary = (f"{sum(stats.commits.values()):,} rewrites committed in {sum(stats.passes.values())} "
                            f"passes; {stats.stop_reason}")
@@ -358,7 +370,7 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
         report.fusion.missed = scan_optimized(decoded.graph, decoded.originals, graph, ruleset)
     with timed("regions", phases) as outcome:
         before = len(decoded.graph)
-        decoded, report.regions_clipped = _with_regions(decoded, tgt, regions)
+        decoded, report.regions_clipped = _with_regions(decoded, tgt, regions, deadline)
         decoded.graph.adopt_store(graph)
         outcome.summary = f"{before:,} -> {len(decoded.graph):,} nodes"
     report.fallback = stats
@@ -396,9 +408,18 @@ def snapshot(graph: Graph) -> Graph:
     return copy
 
 
-def blame(decoded: Decoded) -> Callable[[int], list[str]]:
-    """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class."""
-    return lambda node_id: list(dict.fromkeys(decoded.built_by.get(node_id, ()) + decoded.merged_by.get(node_id, ())))
+def blame(decoded: Decoded, suspects: Mapping[str, str] | None = None) -> Callable[[int], list[str]]:
+    """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class;
+    the ``suspects`` among them (rules from outside the shipped set: name -> ``file:line``) first, with their
+    location: a parity failure of a node a shipped rule built over a user rule's value names the user rule first."""
+    suspects = suspects or {}
+
+    def rules(node_id: int) -> list[str]:
+        named = dict.fromkeys(decoded.built_by.get(node_id, ()) + decoded.merged_by.get(node_id, ()))
+        return [f"{r} ({suspects[r]})" for r in named if r in suspects] + [r for r in named if r not in suspects]
+
+    return rules
+
 
 
 def _extract(view: EGraphView, graph: Graph, target: Target, extraction: str, exact_gap: bool, deadline: Deadline,
@@ -430,9 +451,11 @@ def _stop_reason(saturation: str, detail: str, notes: list[str]) -> str:
     return "; ".join(parts + notes) or STOP_SATURATED
 
 
-def _with_regions(decoded: Decoded, target: Target, form: bool) -> tuple[Decoded, list[ClippedRegion]]:
+def _with_regions(decoded: Decoded, target: Target, form: bool,
+                  deadline: Deadline | None = None) -> tuple[Decoded, list[ClippedRegion]]:
     """Clip the regions over ``target``'s limits, then (``form``) apply the region passes (transform and
-    elementwise regions, then batches), and carry provenance over; returns the regions clipped.
+    elementwise regions, then batches; past ``deadline`` the region passes apply what they found by then), and
+    carry provenance over; returns the regions clipped.
 
     Every pass keeps every node's id (a region takes its tail's, a clipped region's last piece the region's, a
     batch's lane the lane's), so each table keeps its entries but those of the nodes a region absorbed.  A region
@@ -447,7 +470,7 @@ def _with_regions(decoded: Decoded, target: Target, form: bool) -> tuple[Decoded
         clipped = []
     if not form:
         return decoded, clipped
-    graph, _, applied = apply_regions(decoded.graph, target)
+    graph, _, applied = apply_regions(decoded.graph, target, deadline)
     if applied:
         decoded = _regioned(decoded, graph, applied)
     graph, batches = apply_batches(decoded.graph, target)

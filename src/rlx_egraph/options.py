@@ -59,9 +59,12 @@ def check_option(name: str, value: Any, default: Any) -> None:
     elif name == "rules":
         _check_rules(value)
     elif name == "verify":
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"verify must be True, False or None (check when rules from outside the shipped set "
-                            f"are loaded), got {_show(value)}")
+        if isinstance(value, Mapping):
+            if not all(isinstance(k, str) for k in value):
+                raise TypeError(f"verify's reference inputs must be keyed by input name, got {_show(value)}")
+        elif value is not None and not isinstance(value, bool):
+            raise TypeError(f"verify must be True, False, None (check when rules from outside the shipped set "
+                            f"are loaded) or a mapping of reference inputs (name -> array), got {_show(value)}")
     elif name == "dim_hints":
         if value is not None:
             check_dim_hints(value, name)
@@ -80,7 +83,8 @@ def check_option(name: str, value: Any, default: Any) -> None:
             raise ValueError(f"{name} must be {allowed}, got {value!r}{hint}")
     elif isinstance(default, bool):
         if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {_show(value)}")
+            either = " or a mapping of reference inputs (name -> array)" if name == "verify" else ""
+            raise TypeError(f"{name} must be True or False{either}, got {_show(value)}")
     elif isinstance(default, int | float):
         _check_number(name, value, type(default))
 
@@ -91,10 +95,14 @@ def rules_outside_shipped(ruleset: RuleSet) -> tuple[str, ...]:
     return tuple(dict.fromkeys(display for _, display, data in ruleset.sources if data not in shipped))
 
 
-def verification_choice(verify: bool | None, ruleset: RuleSet) -> tuple[bool, str, tuple[str, ...]]:
-    """Whether a run checks its values (``verify``: True, False, or None for the default: when rules from outside
-    the shipped set are loaded), why, in words, and those rules' files."""
+def verification_choice(verify: bool | Mapping[str, Any] | None,
+                        ruleset: RuleSet) -> tuple[bool, str, tuple[str, ...]]:
+    """Whether a run checks its values (``verify``: True, False, reference inputs by name, or None for the
+    default: when rules from outside the shipped set are loaded), why, in words, and those rules' files."""
     outside = rules_outside_shipped(ruleset)
+    if isinstance(verify, Mapping):
+        given = ", ".join(map(repr, sorted(verify))) or "none"
+        return True, f"requested with reference inputs ({given})", outside
     if verify:
         return True, "requested (verify=True)", outside
     if verify is False:

@@ -11,7 +11,7 @@ the file, node, op or rule, and one of these exit codes:
 Exit codes:
   0    success
   1    an unsound rule: the optimized graph failed the parity check, a rewrite was ill-typed, or rules check found one
-  2    bad input: a missing or malformed graph or rule file, an unknown rule, bad arguments, an op the target cannot run
+  2    bad input: a missing or malformed graph, rule or data file, an unknown rule, bad arguments, an unrunnable op
   3    internal error: a bug in rlx-egraph (the line says "please report")
   130  interrupted (Ctrl-C)
   141  stdout closed early, as in ``| head`` (128 + SIGPIPE, as a shell reports it)
@@ -43,7 +43,8 @@ from ..engines.egglog.soundness import check
 from ..engines.egglog.view import UnsoundRewrite
 from ..errors import RlxError
 from ..ir import Graph, GraphError
-from ..kernels.parity import ParityError
+from ..ir.graph import graph_file_path, read_reference_inputs
+from ..kernels.parity import ParityError, ParityInputError
 from ..log import LOGGER
 from ..optimize import FALLBACK_THRESHOLD, engine_by_size, optimize_with_report
 from ..options import ENGINES, EXTRACTIONS
@@ -158,7 +159,12 @@ def _target(args: argparse.Namespace) -> Any:
 def _optimize(graph: Graph, rules: RuleSet, args: argparse.Namespace, log: TextIO) -> tuple[Graph, OptimizeReport]:
     """Optimize with the common options and print the report to ``log`` (as JSON with ``--json``); with
     ``--measure``, the input and the result are measured in onnxruntime first."""
-    new, report = optimize_with_report(graph, _target(args), rules=rules, verify=args.verify,
+    verify = args.verify
+    if getattr(args, "verify_inputs", None):
+        if verify is False:
+            raise UsageError("--verify-inputs gives the data of the parity check, which --no-verify switches off")
+        verify = read_reference_inputs(args.verify_inputs, graph)
+    new, report = optimize_with_report(graph, _target(args), rules=rules, verify=verify,
                                        extraction=args.extraction, engine=args.engine)
     if getattr(args, "measure", False):
         _needs_onnxruntime("--measure")
@@ -196,6 +202,8 @@ def _demo(args: argparse.Namespace) -> None:
 def _optimize_cmd(args: argparse.Namespace) -> None:
     if args.json and args.output == STDOUT:
         raise UsageError("--json and -o - both write to stdout; write the report with --report-json FILE instead")
+    if args.output and args.output != STDOUT and Path(args.output).suffix != ".onnx":
+        graph_file_path(args.output)  # a bad output name fails before the run, not after it
     rules = _ruleset(args)
     graph = _load_graph(args.input, args)
     if args.output and Path(args.output).suffix == ".onnx":
@@ -384,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                    help="check the result against the input with numpy (default: when rules from outside the "
                         "shipped set are loaded)")
+    p.add_argument("--verify-inputs", metavar="FEEDS.npz",
+                   help="check the result on these values of the graph's inputs (arrays by input name, as "
+                        "numpy.savez writes them; the other inputs are drawn at random); implies --verify")
     p.add_argument("--report-json", metavar="R.json", help="write the full report as JSON")
     p.add_argument("--html", metavar="REPORT.html",
                    help="write the report as one self-contained HTML page: both graphs drawn, fusions, missed "
@@ -456,6 +467,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away: stop quietly, and keep the exit-time flush from failing too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except ParityInputError as exc:  # the check could not run on its data: no wrong rule
+        return _fail(str(exc), EXIT_INPUT)
     except (ParityError, UnsoundRewrite) as exc:
         return _fail(str(exc), EXIT_PARITY)
     except (GraphError, RuleError, UnsupportedOp, UsageError, OSError, cal.CalibrationError) as exc:
@@ -466,6 +479,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), EXIT_INPUT)
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
+    except MemoryError:
+        return _fail("out of memory: the run needs more memory than this process may take (try smaller input "
+                     "sizes, or --no-verify)", EXIT_INPUT)
     except Exception as exc:  # a bug: one line, no traceback
         return _fail(f"internal error: {type(exc).__name__}: {exc} (please report)", EXIT_INTERNAL)
     return code

@@ -59,11 +59,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..ir.dtypes import DTYPES, to_storage
-from ..ir.graph import Graph, GraphError, Node
+from ..ir.dtypes import DTYPES
+from ..ir.graph import Graph, Node
 from ..ir.ops.reference import run_node
 from ..ir.registry import Kind, TensorType, ValueType
-from ..kernels.interpreter import random_value
+from ..kernels.interpreter import leaf_value
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -670,17 +670,12 @@ class _Run:
     # --- host data ---------------------------------------------------------------------------------
 
     def host_value(self, node_id: int) -> np.ndarray:
-        """A leaf or derived weight as ``evaluate`` computes it (fed, given or seeded random data)."""
+        """A leaf or derived weight as ``evaluate`` computes it (fed, given, stored or seeded random data)."""
         if node_id in self.host:
             return self.host[node_id]
         node = self.graph.node(node_id)
         if node.op in ("Input", "Param"):
-            given = (self.feeds if node.op == "Input" else self.params).get(node.name)
-            value = random_value(self.graph, node, self.seed) if given is None else np.asarray(given)
-            if value.shape != node.shape:
-                raise GraphError(f"node {node.id} ({node.op} {node.name!r}): fed shape {list(value.shape)}, "
-                                 f"expected {list(node.shape)}")
-            value = to_storage(value, node.dtype)
+            value = leaf_value(self.graph, node, self.feeds, self.params, self.seed)
         else:
             value = run_node(node.spec, node.attrs, [self.host_value(i) for i in node.inputs],
                              [self.graph.node(i).dtype for i in node.inputs], node.type)

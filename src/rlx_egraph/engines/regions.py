@@ -45,6 +45,7 @@ from ..ir.ops.fused import (
     TRANSFORM_STEPS,
 )
 from ..ir.registry import Kind, op_spec
+from .budget import Deadline
 
 # Elementwise-kind ops a region kernel cannot compute lane by lane: Embedding gathers whole rows
 # of its table and RoPE reads its position (axis -2) and the partner lane rotate-half pairs it
@@ -52,6 +53,7 @@ from ..ir.registry import Kind, op_spec
 _NOT_IN_REGIONS = frozenset({"Embedding", "RoPE"})
 REGION = ELEMENTWISE_REGION
 PROLOGUE_OP = "Upsample2x"
+DEADLINE_STRIDE = 4096  # nodes a region search looks at between two looks at the clock
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,16 @@ def eligible(graph: Graph, node: Node) -> bool:
 
 
 def _chains(graph: Graph, joins: Callable[[Node], bool], same_shape: Callable[[Node], bool], max_steps: int,
-            max_inputs: int) -> dict[int, list[int]]:
+            max_inputs: int, deadline: Deadline | None = None) -> dict[int, list[int]]:
     """Chains (tail -> members) of the nodes ``joins`` admits, each inner value used once and, where
-    ``same_shape`` says so, of the shape of the node reading it; within the limits."""
+    ``same_shape`` says so, of the shape of the node reading it; within the limits.  Past ``deadline`` (checked
+    every DEADLINE_STRIDE nodes), those among the nodes seen so far."""
     outputs = set(graph.outputs)
     members: dict[int, list[int]] = {}  # tail -> members so far
     region_of: dict[int, int] = {}
-    for node in graph.nodes:
+    for k, node in enumerate(graph.nodes):
+        if deadline is not None and k % DEADLINE_STRIDE == 0 and deadline.expired():
+            break
         if not joins(node):
             continue
         joinable = {region_of[i] for i in node.inputs
@@ -108,10 +113,11 @@ def _chains(graph: Graph, joins: Callable[[Node], bool], same_shape: Callable[[N
 
 
 def find_regions(graph: Graph, max_steps: int = REGION_MAX_STEPS, max_inputs: int = REGION_MAX_INPUTS,
-                 prologues: bool = True) -> list[Region]:
+                 prologues: bool = True, deadline: Deadline | None = None) -> list[Region]:
     """Chains of two or more eligible nodes, each inner value used once; with ``prologues``, a chain (of one
-    node too) that alone reads an ``Upsample2x`` takes it as its prologue."""
-    chains = _chains(graph, lambda n: eligible(graph, n), lambda n: True, max_steps, max_inputs)
+    node too) that alone reads an ``Upsample2x`` takes it as its prologue.  Past ``deadline``, the chains among
+    the nodes seen so far."""
+    chains = _chains(graph, lambda n: eligible(graph, n), lambda n: True, max_steps, max_inputs, deadline)
     out = []
     for tail, chain in sorted(chains.items()):
         inputs = _external_inputs(graph, chain)
@@ -133,15 +139,17 @@ def _prologue_input(graph: Graph, inputs: Sequence[int]) -> Node | None:
     return None
 
 
-def find_transform_regions(graph: Graph, max_steps: int = REGION_MAX_STEPS,
-                           max_inputs: int = REGION_MAX_INPUTS) -> list[Region]:
+def find_transform_regions(graph: Graph, max_steps: int = REGION_MAX_STEPS, max_inputs: int = REGION_MAX_INPUTS,
+                           deadline: Deadline | None = None) -> list[Region]:
     """Chains of eligible nodes and Transpose/Reshape steps with a layout step between two elementwise ones (the
-    layout steps at either end are left out: they stay views)."""
+    layout steps at either end are left out: they stay views).  Past ``deadline``, those among the nodes seen
+    so far."""
     def joins(node: Node) -> bool:
         return node.op in TRANSFORM_STEPS or eligible(graph, node)
 
     out = []
-    for chain in _chains(graph, joins, lambda n: n.op not in TRANSFORM_STEPS, max_steps, max_inputs).values():
+    for chain in _chains(graph, joins, lambda n: n.op not in TRANSFORM_STEPS, max_steps, max_inputs,
+                         deadline).values():
         while chain and graph.node(chain[0]).op in TRANSFORM_STEPS:
             chain = chain[1:]
         while chain and graph.node(chain[-1]).op in TRANSFORM_STEPS:
@@ -177,25 +185,38 @@ def _attrs(graph: Graph, region: Region) -> dict[str, str]:
     return {**attrs, "prologue": region.prologue} if region.kind == ELEMENTWISE_REGION else attrs
 
 
-def apply_regions(graph: Graph, target: Target) -> tuple[Graph, dict[int, int], list[Region]]:
+def apply_regions(graph: Graph, target: Target,
+                  deadline: Deadline | None = None) -> tuple[Graph, dict[int, int], list[Region]]:
     """``graph`` with its transform regions, then its elementwise regions fused, when ``target`` has region kernels
     (and the kind) and they pay.
 
     Returns the new graph (``graph`` itself when no region applies), a map new node id -> ``graph`` node
-    id of the same value, and the regions applied.
+    id of the same value, and the regions applied.  Past ``deadline`` the pass stops looking: the regions
+    found and priced by then are applied.
     """
     applied: list[Region] = []
     if target.region_kernels:
         limits = (target.region_max_steps, target.region_max_inputs)
         if target.supports(TRANSFORM_REGION):
-            transform = [r for r in find_transform_regions(graph, *limits) if _pays(graph, r, target)]
+            transform = _paying(graph, find_transform_regions(graph, *limits, deadline), target, deadline)
             graph = fuse_regions(graph, transform)[0] if transform else graph
             applied += transform
         if target.supports(ELEMENTWISE_REGION):
-            elementwise = [r for r in find_regions(graph, *limits) if _pays(graph, r, target)]
+            elementwise = _paying(graph, find_regions(graph, *limits, deadline=deadline), target, deadline)
             graph = fuse_regions(graph, elementwise)[0] if elementwise else graph
             applied += elementwise
     return graph, {n.id: n.id for n in graph.nodes}, applied
+
+
+def _paying(graph: Graph, regions: list[Region], target: Target, deadline: Deadline | None) -> list[Region]:
+    """The ``regions`` that pay, among those priced before ``deadline``."""
+    out = []
+    for r in regions:
+        if deadline is not None and deadline.expired():
+            break
+        if _pays(graph, r, target):
+            out.append(r)
+    return out
 
 
 def fuse_regions(graph: Graph, regions: list[Region]) -> tuple[Graph, dict[int, int]]:
@@ -218,6 +239,7 @@ def fuse_regions(graph: Graph, regions: list[Region]) -> tuple[Graph, dict[int, 
             kept.append(node)
     out = Graph.from_checked(graph.name, kept)
     out.set_outputs(graph.outputs)
+    out.adopt_store(graph)  # the same Params: the same weights
     return out, {n.id: n.id for n in out.nodes}
 
 
@@ -426,6 +448,7 @@ def substituted(graph: Graph, pieces_of: Callable[[Node], Graph | None]) -> tupl
         made[node.id] = tuple(new)
     out = Graph.from_checked(graph.name, nodes)
     out.set_outputs(graph.outputs)
+    out.adopt_store(graph)  # the same Params: the same weights
     return out, origin, made
 
 

@@ -45,7 +45,9 @@ def decompose(graph: Graph, ops: Iterable[str] | None = None) -> Graph:
     ids = {n.id: kept[n.id] if n.id in kept else next(fresh) for n in work.nodes}
     records = [{"id": ids[n.id], "op": n.op, "inputs": [ids[i] for i in n.inputs], "attrs": n.attrs}
                for n in work.nodes]
-    return Graph.from_nodes(records, [ids[o] for o in work.outputs], graph.name)
+    out = Graph.from_nodes(records, [ids[o] for o in work.outputs], graph.name)
+    out.adopt_store(graph)
+    return out
 
 
 def _rebuild(graph: Graph, targets: frozenset[str], trail: tuple[str, ...]) -> tuple[Graph, dict[int, Any]]:

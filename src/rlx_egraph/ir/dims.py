@@ -29,6 +29,13 @@ class ShapeError(RlxError, ValueError):
 
 
 Monomial = tuple[str, ...]  # symbol names, sorted, repeated for powers; () is the constant term
+# Bounds on a dim expression (a model's dims are a few terms: batch*seq, 2*seq+4): every Sym made, by parsing or
+# arithmetic, has at most MAX_TERMS terms of degree at most MAX_DEGREE; parse reads at most MAX_TEXT characters
+# nested at most MAX_NESTING parentheses deep.  Past a bound: a ShapeError saying which.
+MAX_TERMS = 64
+MAX_DEGREE = 16
+MAX_TEXT = 4096
+MAX_NESTING = 32
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(.))")
 
@@ -182,7 +189,11 @@ def as_dim(value: Any) -> Dim:
 
 
 def parse(text: str) -> Dim:
-    """Parse ``"batch"``, ``"batch*seq"``, ``"2*seq+4"``, ``"(a+1)*b"``; ShapeError naming the text."""
+    """Parse ``"batch"``, ``"batch*seq"``, ``"2*seq+4"``, ``"(a+1)*b"``; ShapeError naming the text.
+
+    A sum is collected term by term and made canonical once, so parsing is linear in the text's terms."""
+    if len(text) > MAX_TEXT:
+        raise ShapeError(f"dim {text[:40]!r}... is {len(text)} characters long (at most {MAX_TEXT})")
     tokens = [m.group(1) or m.group(2) or m.group(3) for m in _TOKEN.finditer(text) if m.group(0).strip()]
     if "".join(tokens) != re.sub(r"\s+", "", text):
         raise ShapeError(f"cannot parse dim {text!r}")
@@ -196,21 +207,25 @@ def parse(text: str) -> Dim:
         pos += 1
         return tokens[pos - 1]
 
-    def expr() -> Dim:
+    def expr(depth: int) -> Dim:
         sign = -1 if peek() == "-" and take() else 1
-        value = sign * term()
+        total = {mono: sign * coef for mono, coef in _terms(term(depth)).items()}
         while peek() in ("+", "-"):
-            value = value + term() if take() == "+" else value - term()
-        return value
+            sign = 1 if take() == "+" else -1
+            for mono, coef in _terms(term(depth)).items():
+                total[mono] = total.get(mono, 0) + sign * coef
+            if len(total) > 4 * MAX_TERMS:  # far past the bound even if some terms cancel later
+                raise ShapeError(f"cannot parse dim {text[:40]!r}...: more than {MAX_TERMS} terms")
+        return _make(total)
 
-    def term() -> Dim:
-        value = factor()
+    def term(depth: int) -> Dim:
+        value = factor(depth)
         while peek() == "*":
             take()
-            value = value * factor()
+            value = value * factor(depth)
         return value
 
-    def factor() -> Dim:
+    def factor(depth: int) -> Dim:
         token = peek()
         if token is None:
             raise ShapeError(f"cannot parse dim {text!r}: it ends early")
@@ -220,14 +235,16 @@ def parse(text: str) -> Dim:
         if NAME.fullmatch(token):
             return symbol(token)
         if token == "(":
-            value = expr()
+            if depth >= MAX_NESTING:
+                raise ShapeError(f"cannot parse dim {text[:40]!r}...: parentheses nest deeper than {MAX_NESTING}")
+            value = expr(depth + 1)
             if peek() != ")":
                 raise ShapeError(f"cannot parse dim {text!r}: missing ')'")
             take()
             return value
         raise ShapeError(f"cannot parse dim {text!r}: unexpected {token!r}")
 
-    value = expr()
+    value = expr(0)
     if pos != len(tokens):
         raise ShapeError(f"cannot parse dim {text!r}: unexpected {tokens[pos]!r}")
     return value
@@ -268,6 +285,10 @@ def _make(terms: Mapping[Monomial, int]) -> Dim:
     kept = {mono: coef for mono, coef in terms.items() if coef}
     if not any(kept):  # only the constant term (or nothing) is left
         return kept.get((), 0)
+    if len(kept) > MAX_TERMS:
+        raise ShapeError(f"a dim expression of {len(kept)} terms is too large (at most {MAX_TERMS})")
+    if (degree := max(map(len, kept))) > MAX_DEGREE:
+        raise ShapeError(f"a dim expression of degree {degree} is too large (at most {MAX_DEGREE})")
     return Sym(tuple(sorted(kept.items(), key=lambda t: (-len(t[0]), t[0]))))
 
 
@@ -352,4 +373,5 @@ def _positive(d: Dim, what: str) -> bool:
     raise ShapeError(f"cannot decide {what} for every value of {', '.join(d.symbols)}")
 
 
-__all__ = ["NAME", "Dim", "Sym", "as_dim", "evaluate", "parse", "symbol", "symbols_of", "to_json"]
+__all__ = ["MAX_DEGREE", "MAX_NESTING", "MAX_TERMS", "MAX_TEXT", "NAME", "Dim", "Sym", "as_dim", "evaluate", "parse",
+           "symbol", "symbols_of", "to_json"]

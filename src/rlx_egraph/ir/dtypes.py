@@ -74,7 +74,8 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 def to_storage(x: np.ndarray, name: str) -> np.ndarray:
     """Cast a computed array to how ``name`` is stored (bf16 is rounded)."""
     dt = dtype(name)
-    arr = np.asarray(x).astype(dt.storage, copy=False)
+    with np.errstate(over="ignore"):  # beyond the dtype's largest value is infinity, as IEEE rounding makes it
+        arr = np.asarray(x).astype(dt.storage, copy=False)
     return round_bf16(arr) if name == "bf16" else arr
 
 

@@ -21,6 +21,8 @@ import inspect
 import json
 import math
 import reprlib
+import zipfile
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .dims import Sym, as_dim, symbols_of, to_json
 from .dot import format_attrs, graph_to_dot
+from .dtypes import DTYPES
 from .dtypes import dtype as lookup_dtype
 from .registry import REGISTRY, REQUIRED, TUPLE, AttrType, Kind, OpSpec, ShapeError, TensorType, TupleType, ValueType
 
@@ -44,6 +47,9 @@ FORMAT = "rlx-egraph-mir"
 FORMAT_VERSION = 2
 READ_VERSIONS = (1, FORMAT_VERSION)
 MAX_DIM = 2**31
+# Node ids are ints in [-MAX_NODE_ID, MAX_NODE_ID): egglog holds them as i64, and the ids an engine adds after the
+# largest one stay in range.
+MAX_NODE_ID = 2**62
 FILE_FIELDS = ("format", "version", "name", "nodes", "outputs", "meta", "weights")
 RECORD_FIELDS = ("id", "op", "inputs", "attrs")  # a record for from_nodes; a file's records may add:
 FILE_RECORD_FIELDS = (*RECORD_FIELDS, "shape", "dtype")
@@ -287,11 +293,11 @@ class Graph(GraphBuilders):
 
     def input(self, name: str, shape: Sequence[int | str], dtype: str = "f32") -> int:
         """A graph input fed at run time; a dim is an int or a symbolic dim (``"batch"``, ``"batch*seq"``)."""
-        return self.add_node("Input", name=name, shape=tuple(shape), dtype=dtype)
+        return self.add_node("Input", name=name, shape=shape, dtype=dtype)
 
     def param(self, name: str, shape: Sequence[int | str], dtype: str = "f32") -> int:
         """A named weight (its dims may be symbolic too)."""
-        return self.add_node("Param", name=name, shape=tuple(shape), dtype=dtype)
+        return self.add_node("Param", name=name, shape=shape, dtype=dtype)
 
     def constant(self, value: Any, dtype: str | None = None) -> int:
         """A constant tensor (dtype defaults from the array: floats are f32)."""
@@ -554,8 +560,10 @@ class Graph(GraphBuilders):
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
-        """Write JSON to ``path``; a non-empty weight store goes to the ``.npz`` beside it, which the JSON names."""
-        path = Path(path)
+        """Write JSON to ``path``; a non-empty weight store goes to the ``.npz`` beside it (``path`` with the
+        suffix ``.npz``), which the JSON names.  GraphError for a ``path`` ending in ``.npz``, the store's own
+        name."""
+        path = graph_file_path(path)
         data = self.to_dict()
         if self.weights:
             store = path.with_suffix(".npz")
@@ -567,7 +575,10 @@ class Graph(GraphBuilders):
     def load(cls, path: str | Path) -> Graph:
         """Read a graph written by :meth:`save` (UTF-8 JSON), with the weight store (.npz) its JSON names.
 
-        OSError when it cannot be read, GraphError when it is malformed.
+        The store must be a file beside the graph (its name alone, no folder); of its arrays, those named as a
+        Param of the graph are read, after their headers are checked against the Param (shape, a real
+        numeric dtype), so no array is inflated beyond the size its Param declares.  OSError when the graph
+        cannot be read, GraphError when it or its store is malformed.
         """
         path = Path(path)
         try:
@@ -577,14 +588,99 @@ class Graph(GraphBuilders):
         g = cls.from_json(text)
         store = json.loads(text).get("weights")
         if store is not None:
-            if not isinstance(store, str):
-                raise GraphError(f"'weights' must name a .npz file beside the graph, got {_show(store)}")
-            try:
-                with np.load(path.parent / store) as arrays:
-                    g.weights = {name: arrays[name] for name in arrays.files}
-            except (OSError, ValueError) as exc:
-                raise GraphError(f"weight store {store!r} named by {path}: {exc}") from None
+            g.weights = read_weight_store(path, store, {n.name: n for n in g.params})
         return g
+
+
+def graph_file_path(path: str | Path) -> Path:
+    """``path`` as where :meth:`Graph.save` may write a graph; GraphError for a name ending in ``.npz``, which
+    is its weight store's (the JSON would be written over the weights)."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        raise GraphError(f"{path}: a graph is saved as JSON; '.npz' is the suffix of its weight store, written "
+                         "beside it (save the graph as NAME.json)")
+    return path
+
+
+def read_weight_store(graph_path: Path, store: Any, params: Mapping[str, Node]) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` file ``store`` beside ``graph_path`` that name one of ``params`` (see
+    :meth:`Graph.load`); GraphError naming the store and the array for anything else."""
+    if not (isinstance(store, str) and store.endswith(".npz") and store not in (".npz", "..npz")
+            and "/" not in store and "\\" not in store and Path(store).name == store):
+        raise GraphError(f"'weights' must name a .npz file beside the graph (a file name, no folder), "
+                         f"got {store!r}" if isinstance(store, str) else _show(store))
+    where = f"weight store {store!r} named by {graph_path}"
+    file = graph_path.parent / store
+    if file.resolve().parent != graph_path.parent.resolve():
+        raise GraphError(f"{where}: it links to a file outside the graph's folder")
+    return read_npz(file, where, params)
+
+
+def read_reference_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` file ``path`` as values of ``graph``'s inputs (reference inputs for the parity
+    check), each checked against its Input as a stored weight is against its Param; GraphError naming the file
+    and the array otherwise, or the names that are no input."""
+    inputs = {n.name: n for n in graph.inputs}
+    unknown: list[str] = []
+    out = read_npz(Path(path), f"reference inputs {str(path)!r}", inputs, unknown)
+    if unknown:
+        raise GraphError(f"reference inputs {str(path)!r}: reference input(s) {', '.join(map(repr, unknown))} name "
+                         f"no input of the graph (its inputs: {', '.join(map(repr, inputs)) or 'none'})")
+    return out
+
+
+def read_npz(file: Path, where: str, nodes: Mapping[str, Node],
+             unknown: list[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` archive ``file`` that name one of ``nodes`` (leaves), each checked against its
+    node before its data is read (:func:`_stored_array`); the names of the others go to ``unknown`` (else they
+    are skipped).  GraphError starting with ``where`` for anything else."""
+    try:
+        if not zipfile.is_zipfile(file):
+            raise GraphError(f"{where}: not an .npz archive (write one with numpy.savez)")
+        out: dict[str, np.ndarray] = {}
+        with zipfile.ZipFile(file) as archive:
+            for info in archive.infolist():
+                name = info.filename.removesuffix(".npy")
+                if name not in nodes:
+                    if unknown is not None:
+                        unknown.append(name)
+                    continue
+                with archive.open(info) as member:
+                    out[name] = _stored_array(member, nodes[name], where)
+        return out
+    except GraphError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise GraphError(f"{where}: {type(exc).__name__}: {exc}") from None
+
+
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+# A stored weight's numpy dtype kinds a Param may take, by the Param's dtype kind (float, int, bool).
+_STORED_KINDS = {"f": "fiub", "i": "iub", "b": "b"}
+
+
+def _stored_array(member: Any, param: Node, where: str) -> np.ndarray:
+    """One ``.npy`` member for leaf ``param``: its header checked (a real numeric dtype, ``param``'s shape) before
+    its data is read, so a member cannot inflate beyond that size."""
+    label = f"{where}: array {param.name!r}"
+    version = np.lib.format.read_magic(member)
+    if version not in _NPY_HEADERS:
+        raise GraphError(f"{label}: .npy format version {version} is not read (numpy.savez writes 1.0 and 2.0)")
+    shape, fortran, stored = _NPY_HEADERS[version](member)
+    kind = np.dtype(DTYPES[param.dtype].storage).kind
+    if stored.hasobject or stored.kind not in _STORED_KINDS[kind]:
+        raise GraphError(f"{label} holds {stored} values; its {param.op} is {param.dtype} (a value is a real "
+                         "array of bool, int or float)")
+    fits = len(shape) == len(param.shape) and all(
+        isinstance(d, Sym) or d == n for d, n in zip(param.shape, shape, strict=True))
+    if not fits:
+        raise GraphError(f"{label} has shape {list(shape)}; its {param.op} has shape {list(param.shape)}")
+    count = math.prod(shape)
+    data = member.read(count * stored.itemsize)
+    if len(data) != count * stored.itemsize:
+        raise GraphError(f"{label} is truncated: {len(data)} of {count * stored.itemsize} bytes")
+    array = np.frombuffer(data, stored).reshape(shape, order="F" if fortran else "C")
+    return np.array(array)  # its own writable copy
 
 
 class _Record(NamedTuple):
@@ -609,12 +705,15 @@ def _show(value: Any) -> str:
 
 
 def as_node_id(value: Any, what: str) -> int:
-    """``value`` as a node id; GraphError naming ``what`` unless it is an int (``"2"`` is refused)."""
-    if type(value) is int:
-        return value
-    if not isinstance(value, np.integer):  # bool is an int but not an id
-        raise GraphError(f"{what} must be a node id (an int), got {_show(value)}")
-    return int(value)
+    """``value`` as a node id; GraphError naming ``what`` unless it is an int in [-MAX_NODE_ID, MAX_NODE_ID)
+    (``"2"`` is refused)."""
+    if type(value) is not int:
+        if not isinstance(value, np.integer):  # bool is an int but not an id
+            raise GraphError(f"{what} must be a node id (an int), got {_show(value)}")
+        value = int(value)
+    if not -MAX_NODE_ID <= value < MAX_NODE_ID:
+        raise GraphError(f"{what} {_show(value)} is out of range (node ids are ints in [-2**62, 2**62))")
+    return value
 
 
 def _node_ids(value: Any, what: str, each: str) -> tuple[int, ...]:
@@ -794,5 +893,5 @@ def install_builders() -> None:
 
 install_builders()
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_DIM", "READ_VERSIONS", "Graph", "GraphError", "Node", "as_node_id",
-           "check_node", "install_builders"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_DIM", "MAX_NODE_ID", "READ_VERSIONS", "Graph", "GraphError", "Node",
+           "as_node_id", "check_node", "graph_file_path", "install_builders", "read_weight_store"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -103,6 +104,14 @@ def non_negative(value: float) -> str | None:
     return None
 
 
+_SHORT = reprlib.Repr(maxlevel=3, maxstring=60, maxother=60, maxlist=8, maxtuple=8, maxdict=4)
+
+
+def short_repr(value: Any) -> str:
+    """``value``'s repr for an error message, cut to a readable length (a file may hold a megabyte of dim)."""
+    return _SHORT.repr(value)
+
+
 @dataclass(frozen=True)
 class AttrSpec:
     """One typed attribute of an op."""
@@ -117,12 +126,16 @@ class AttrSpec:
     def coerce(self, value: Any) -> Any:
         """Return ``value`` in canonical form or raise ShapeError saying why it is bad."""
         t = self.type
+        if t is AttrType.INTS and isinstance(value, str | bytes | Mapping):  # "batch" is not a list of five dims
+            raise ShapeError(f"attribute {self.name}={short_repr(value)} must be a list, not a "
+                             f"{type(value).__name__}" + (f" (a shape of one dim is [{value!r}])"
+                                                          if isinstance(value, str) else ""))
         try:
             if self.dims and t in (AttrType.INT, AttrType.INTS):
                 try:
                     value = as_dim(value) if t is AttrType.INT else tuple(as_dim(v) for v in value)
                 except ShapeError as exc:
-                    raise ShapeError(f"attribute {self.name}={value!r}: {exc}") from None
+                    raise ShapeError(f"attribute {self.name}={short_repr(value)}: {exc}") from None
             elif t is AttrType.INT:
                 if isinstance(value, bool) or int(value) != value:
                     raise TypeError
@@ -142,7 +155,7 @@ class AttrSpec:
                     raise TypeError
             elif t is AttrType.DTYPE:
                 if value not in DTYPES:
-                    raise ShapeError(f"attribute {self.name}={value!r} is not a dtype ({', '.join(DTYPES)})")
+                    raise ShapeError(f"attribute {self.name}={short_repr(value)} is not a dtype ({', '.join(DTYPES)})")
             elif t is AttrType.INTS:
                 items = tuple(value)
                 if any(isinstance(v, bool) or int(v) != v for v in items):
@@ -153,11 +166,11 @@ class AttrSpec:
         except (TypeError, ValueError) as exc:
             if isinstance(exc, ShapeError):
                 raise
-            raise ShapeError(f"attribute {self.name}={value!r} is not of type {t.value}") from None
+            raise ShapeError(f"attribute {self.name}={short_repr(value)} is not of type {t.value}") from None
         if self.choices and value not in self.choices:
-            raise ShapeError(f"attribute {self.name}={value!r} must be one of {list(self.choices)}")
+            raise ShapeError(f"attribute {self.name}={short_repr(value)} must be one of {list(self.choices)}")
         if self.check is not None and (problem := self.check(value)) is not None:
-            raise ShapeError(f"attribute {self.name}={value!r} {problem}")
+            raise ShapeError(f"attribute {self.name}={short_repr(value)} {problem}")
         return value
 
     def sample(self, rng: np.random.Generator) -> Any:
@@ -236,6 +249,7 @@ DecomposeFn = Callable[["Graph", list[int], Attrs], int | tuple[int, ...]]
 Shapes = dict[str, tuple[int, ...] | list[tuple[int, ...]]]
 INDEX_DTYPE = "i64"  # the dtype of sampled index inputs (OpSpec.index_inputs)
 SampleFn = Callable[[np.random.Generator], tuple[Shapes, dict[str, Any]]]
+DegenerateFn = Callable[[Attrs, list[ValueType]], str | None]
 
 
 def _elementwise_flops(attrs: Attrs, ins: list[ValueType], out: ValueType) -> int:
@@ -266,7 +280,11 @@ class OpSpec:
     binary op whose inputs swap with a bit-identical result; the rule loader
     matches its patterns in both operand orders.  ``index_inputs`` names the
     inputs that hold integer indices (Embedding's ids): sampled as
-    :data:`INDEX_DTYPE`, not the float dtype.
+    :data:`INDEX_DTYPE`, not the float dtype.  ``degenerate(attrs, input_types)``
+    says why a node of these dims leaves an attribute or input without effect (a
+    RoPE of head dim 2 turns by the same angle whatever its theta; a Softmax over
+    one element is 1), or None: the soundness checker draws such an instance again,
+    so that a rule that gets a parameter wrong is seen doing so.
     """
 
     name: str
@@ -284,6 +302,7 @@ class OpSpec:
     commutative: bool = False
     results: tuple[str, ...] = ()
     index_inputs: tuple[str, ...] = ()
+    degenerate: DegenerateFn | None = None
 
     def __post_init__(self) -> None:
         if not self.builder:

@@ -67,6 +67,7 @@ class GraphRewriter:
 
     def __init__(self, graph: Graph) -> None:
         self.name = graph.name
+        self._source = graph  # its weight store and meta go to the graph finish() returns
         self._nodes: dict[int, Node] = {}
         self._users: dict[int, dict[int, None]] = {}
         self._by_op: dict[str, dict[int, None]] = {}
@@ -105,7 +106,7 @@ class GraphRewriter:
             table.clear()
         self._input_order = []
         self._seq = 0
-        self.name = graph.name
+        self.name, self._source = graph.name, graph
         self._open(graph, levels)
 
     def _open(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
@@ -420,6 +421,7 @@ class GraphRewriter:
                     ordered.append(live[top])
         out = Graph.from_checked(self.name, ordered)  # each node checked when it was opened or inserted
         out.set_outputs(self._outputs)
+        out.adopt_store(self._source)
         return out
 
     # --- internals -----------------------------------------------------------------------

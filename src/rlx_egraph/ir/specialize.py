@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .dims import Dim, Sym, evaluate, symbol, symbols_of
 from .graph import MAX_DIM, Graph, GraphError, Node
 from .registry import AttrType, Kind
@@ -51,6 +53,28 @@ def specialize_graph(graph: Graph, binding: Mapping[str, int]) -> Graph:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GraphError(f"specialize: symbol {name!r} must be bound to an int >= 1, got {value!r}")
     return map_dims(graph, lambda d: evaluate(d, binding), f"specialize {dict(sorted(binding.items()))}")
+
+
+def bind_shapes(graph: Graph, values: Mapping[str, Any]) -> dict[str, int]:
+    """The sizes the shapes of ``values`` (arrays by input name) give the symbols of ``graph``'s inputs: a dim
+    that is one symbol takes the array's extent there (the other dims are checked when the graph is
+    specialized).  GraphError naming the input when a value's rank differs or two inputs bind one symbol to
+    two sizes; a name that is no input is left to the caller."""
+    out: dict[str, int] = {}
+    for node in graph.inputs:
+        if node.name not in values:
+            continue
+        shape = np.shape(values[node.name])
+        if len(shape) != len(node.shape):
+            raise GraphError(f"node {node.id} (Input {node.name!r}): given an array of shape {list(shape)}, "
+                             f"expected rank {len(node.shape)} {list(node.shape)}")
+        for dim, size in zip(node.shape, shape, strict=True):
+            if isinstance(dim, Sym) and len(dim.terms) == 1 and dim.terms[0][1] == 1 and len(dim.terms[0][0]) == 1:
+                name = dim.terms[0][0][0]
+                if out.setdefault(name, int(size)) != size:
+                    raise GraphError(f"node {node.id} (Input {node.name!r}): symbol {name!r} is {size} here and "
+                                     f"{out[name]} in an input before")
+    return out
 
 
 def map_dims(graph: Graph, fn: Callable[[Any], Dim], what: str) -> Graph:

@@ -206,6 +206,9 @@ class OptimizeReport:
         if self.parity is None:
             return [f"values not checked: {check.why} (verify=True checks them)"]
         worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
+        if self.parity.special:
+            rounds = f" in {self.parity.special} rounds" if self.parity.special > 1 else ""
+            seeds += f"; IEEE special values on seed {self.parity.seeds[0]}{rounds}"
         if worst is None or worst.tolerance_ratio == 0:
             detail = ", all values equal" if worst else ""
         else:

@@ -5,7 +5,13 @@ limits are checked after every iteration.  The *room* is how many e-nodes the
 e-graph may still gain: up to ``max_enodes``, or fewer when the time left
 would not cover building the view and extracting (about
 :data:`DOWNSTREAM_SECONDS_PER_ENODE` each e-node), so the whole run fits
-``max_seconds``.
+``max_seconds``, or when the memory left under ``max_memory_mb`` would not hold
+them (each e-node's bytes in egglog, as measured on this run, plus
+:data:`DOWNSTREAM_BYTES_PER_ENODE` for the view and extraction of every
+e-node).  Memory can also grow without e-nodes (a rule that builds ever longer
+strings): after each iteration, when the memory the next one is predicted to
+take (the last one's growth, times how much that grew) would not fit under
+``max_memory_mb``, saturation stops at the memory limit.
 
 An iteration is either *bounded* or plain.  A bounded iteration runs under a
 back-off scheduler whose per-rule match limit is small enough that all the
@@ -25,6 +31,7 @@ changes nothing (saturated), or at a limit.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -32,13 +39,14 @@ from dataclasses import dataclass, field, fields
 from egglog import bindings as eb
 
 from ...checks import check_number
-from ..budget import Deadline
+from ..budget import MB, Deadline, default_max_memory_mb, memory_in_use_mb
 from .rules import STAGES, RuleSet, egglog_rule_bases, runtime_error
 
 STOP_SATURATED = "saturated"
 STOP_ITERATIONS = "iteration limit"
 STOP_NODES = "node limit"
 STOP_TIME = "time limit"
+STOP_MEMORY = "memory limit"
 
 # Building the view, extracting and decoding took 50-80 us per e-node on the
 # benchmark and AC e-graphs (idle 2-core machine), about twice that under load:
@@ -46,6 +54,18 @@ STOP_TIME = "time limit"
 DOWNSTREAM_SECONDS_PER_ENODE = 1.5e-4
 # A plain iteration runs only while SAFETY times its predicted growth fits the room.
 SAFETY = 2.0
+# Memory per e-node: building the view and extracting took up to 3.8 KB per e-node (the associativity and
+# commutativity e-graphs of bench_limits; 1.2 KB on the synthetic graphs), egglog itself up to 5.7 KB (0.9 KB).
+# Saturation counts the second as measured on the run once MEASURED_ENODES e-nodes were added, the first always.
+# The view also reads every value egglog holds: after a rule that builds long strings it took 1.2 times what
+# saturation had added, so the memory left for it is at least DOWNSTREAM_FACTOR times that.
+DOWNSTREAM_BYTES_PER_ENODE = 4096.0
+DOWNSTREAM_FACTOR = 1.5
+SATURATION_BYTES_PER_ENODE = 6144.0  # until measured
+MEASURED_ENODES = 1000
+# The next iteration's memory growth is predicted as the last one's times how much that grew, at most this much.
+MEMORY_GROWTH_RATIO = 4.0
+DEFAULT_MAX_MEMORY_MB = default_max_memory_mb()  # half of what this machine lets the process hold
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,7 @@ class SaturationLimits:
     max_enodes: int = 500_000
     max_seconds: float = 120.0  # the whole optimize run, up to the parity check
     match_limit: int = 20_000  # matches per rule and iteration before the rule waits for the others
+    max_memory_mb: float = DEFAULT_MAX_MEMORY_MB  # the process's memory while it saturates (budget.memory_in_use_mb)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -131,6 +152,9 @@ class _Saturation:
         self.size = egraph_size(egraph)
         self.last_seconds = 0.0
         self.result = SaturationResult(STOP_SATURATED)
+        self.first_size = self.size
+        self.first_mb = self.used_mb = memory_in_use_mb()
+        self.growth_mb = self.last_growth_mb = 0.0  # memory the last iteration added, and the one before it
 
     def run(self) -> SaturationResult:
         start = time.perf_counter()
@@ -139,7 +163,7 @@ class _Saturation:
             self.result.stages[stage] = reason
             if reason != STOP_SATURATED and self.result.stop_reason == STOP_SATURATED:
                 self.result.stop_reason, self.result.detail = reason, detail
-            if reason in (STOP_NODES, STOP_TIME):
+            if reason in (STOP_NODES, STOP_TIME, STOP_MEMORY):
                 self.result.stop_reason, self.result.detail = reason, detail
                 break
         self.result.seconds = time.perf_counter() - start
@@ -147,10 +171,33 @@ class _Saturation:
 
     def _room(self) -> tuple[int, str]:
         """E-nodes the e-graph may still gain, and the limit that sets that."""
+        rooms = [(self.limits.max_enodes - self.size, STOP_NODES)]
         affordable = (self.deadline.remaining() - self.last_seconds) / DOWNSTREAM_SECONDS_PER_ENODE
         if affordable < self.limits.max_enodes:
-            return int(affordable) - self.size, STOP_TIME
-        return self.limits.max_enodes - self.size, STOP_NODES
+            rooms.append((int(affordable) - self.size, STOP_TIME))
+        added, grown_mb = self.size - self.first_size, self.used_mb - self.first_mb
+        per_enode = max(1024.0, grown_mb * MB / added) if added >= MEASURED_ENODES else SATURATION_BYTES_PER_ENODE
+        left = (self.limits.max_memory_mb - self.used_mb - self._downstream_mb(self.size, grown_mb)) * MB
+        each = max(per_enode + DOWNSTREAM_BYTES_PER_ENODE, per_enode * (1.0 + DOWNSTREAM_FACTOR))
+        rooms.append((math.floor(left / each), STOP_MEMORY))
+        return min(rooms, key=lambda r: r[0])  # (the first of equals: nodes, then time, then memory)
+
+    @staticmethod
+    def _downstream_mb(enodes: int, grown_mb: float) -> float:
+        """The memory the view and extraction are predicted to take after saturation of ``enodes`` e-nodes that
+        added ``grown_mb`` MB to the process."""
+        return max(DOWNSTREAM_BYTES_PER_ENODE * enodes / MB, DOWNSTREAM_FACTOR * grown_mb)
+
+    def _measure_memory(self) -> None:
+        used = memory_in_use_mb()
+        self.last_growth_mb, self.growth_mb, self.used_mb = self.growth_mb, max(0.0, used - self.used_mb), used
+
+    def _memory_needed_mb(self) -> float:
+        """The memory the next iteration is predicted to add (besides its e-nodes' share, which the room counts):
+        the last iteration's growth, times how much that grew on the one before (1 to MEMORY_GROWTH_RATIO)."""
+        ratio = min(MEMORY_GROWTH_RATIO, max(1.0, self.growth_mb / self.last_growth_mb)) if self.last_growth_mb \
+            else 1.0
+        return self.growth_mb * ratio
 
     def _stage(self, stage: str) -> tuple[str, str]:
         exact_limit: int | None = None
@@ -160,6 +207,13 @@ class _Saturation:
             room, binding = self._room()
             if room <= 0:
                 return binding, self._full(binding, stage)
+            needed = self._memory_needed_mb()
+            after = self.used_mb + needed
+            if after + self._downstream_mb(self.size, after - self.first_mb) > self.limits.max_memory_mb:
+                return STOP_MEMORY, (f"{STOP_MEMORY}: the process holds {self.used_mb:,.0f} MB and the next iteration "
+                                     f"is predicted to add {needed:,.0f} MB, more than max_memory_mb="
+                                     f"{self.limits.max_memory_mb:,.0f} leaves with the view and extraction still "
+                                     f"to come (stage {stage}, {self.size:,} e-nodes)")
             t0 = time.perf_counter()
             if exact_limit is not None:
                 it = self._bounded(stage, exact_limit)
@@ -169,6 +223,7 @@ class _Saturation:
                 it = self._plain(stage)
             self.last_seconds = time.perf_counter() - t0
             self.size = egraph_size(self.egraph)
+            self._measure_memory()
             by_base: dict[str, int] = {}
             for r, m in it.matches.items():
                 if m:
@@ -236,6 +291,10 @@ class _Saturation:
         if binding == STOP_TIME:
             return (f"{STOP_TIME}: max_seconds={self.limits.max_seconds:g} leaves no time for more saturation "
                     f"after {self.deadline.elapsed():.1f} s (stage {stage}; {self.size:,} e-nodes to extract)")
+        if binding == STOP_MEMORY:
+            return (f"{STOP_MEMORY}: max_memory_mb={self.limits.max_memory_mb:,.0f} leaves no memory for more "
+                    f"saturation with the process at {self.used_mb:,.0f} MB (stage {stage}; {self.size:,} e-nodes "
+                    "to extract)")
         return f"{STOP_NODES}: the e-graph has {self.size:,} e-nodes, max_enodes={self.limits.max_enodes:,} " \
                f"(stage {stage})"
 
@@ -244,8 +303,9 @@ class _Saturation:
         reported = [r for r, m in skipped.items() if m == count]
         names = sorted({self.bases.get(r, r) for r in reported})  # the rules as written, not their orders
         enodes = sum(count * self._enodes_per_match(r) for r in reported)
-        limit = (f"max_seconds={self.limits.max_seconds:g}" if binding == STOP_TIME
-                 else f"max_enodes={self.limits.max_enodes:,}")
+        limit = {STOP_TIME: f"max_seconds={self.limits.max_seconds:g}",
+                 STOP_MEMORY: f"max_memory_mb={self.limits.max_memory_mb:,.0f}"}.get(
+                     binding, f"max_enodes={self.limits.max_enodes:,}")
         who = f"rule {names[0]} has" if len(names) == 1 else f"rules {', '.join(names)} have"
         return (f"{binding}: {who} {count:,} matches, which could add {enodes:,} e-nodes, more than the {room:,} "
                 f"that {limit} leaves (stage {stage}, {self.size:,} e-nodes)")

@@ -33,19 +33,21 @@ from __future__ import annotations
 
 import itertools
 import math
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 from egglog import bindings as eb
 
-from ...ir.dtypes import PARITY_TOLERANCE, loosest
+from ...ir.dtypes import PARITY_TOLERANCE, dtype, loosest
 from ...ir.graph import Graph, GraphError
 from ...ir.ops.reference import run_node
 from ...ir.registry import INDEX_DTYPE, REGISTRY, AttrType, Kind, ShapeError, TensorType
-from ...kernels.interpreter import evaluate
-from ...kernels.parity import ROUNDING_FACTOR, rounding_error, tolerance_ratio
+from ...kernels.interpreter import special_rounds
+from ...kernels.parity import ROUNDING_FACTOR, Reference, computed_from, precisions, tolerance_ratio, widened_graph
 from .encode import encode_graph
 from .rules import STAGES, VARIANT_MARK, Rule, RuleSet, load_rules
 from .saturate import SaturationLimits, saturate
@@ -58,6 +60,7 @@ _FLOATS = ("f32", "f32", "f16", "bf16")  # instance dtypes (f32 twice as likely)
 _LIMITS = SaturationLimits(max_iterations=12, max_enodes=20_000, max_seconds=20.0)
 _SPAN = eb.PanicSpan()
 TERM_RETRIES = 60  # draws of one term before it gives up
+DEGENERATE_RETRIES = 12  # draws of one term its op calls degenerate (OpSpec.degenerate) before one is kept
 MAX_TERM_DRAWS = 600  # draws of all terms of one instance (retries of nested terms multiply)
 
 
@@ -142,10 +145,16 @@ class _Reject(Exception):
     """This random instance does not satisfy the left side: draw another."""
 
 
+class _Degenerate(Exception):
+    """This term's dims leave a parameter of its op without effect (``OpSpec.degenerate``): draw it again."""
+
+
 def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, seed: int = 0) -> SoundnessReport:
     """Check every rule of ``rules`` (a RuleSet, rule files/folders, or None for the shipped rules).
 
-    Each rule gets up to ``attempts`` random draws to find ``instances`` on which it fires.
+    Each rule gets up to ``attempts`` random draws to find ``instances`` on which it fires, drawn by a
+    generator keyed by ``seed`` and the rule's name: a rule gets the same instances whatever other rules are
+    checked with it (those whose helper relations it reads take part in its instances).
     The same rules, ``instances``, ``attempts`` and ``seed`` give the same report.
     """
     ruleset = load_rules(rules)
@@ -153,21 +162,21 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
     verdicts = {r.name: RuleVerdict(r.name, r.location) for r in ruleset.rules}
     used_by: dict[str, set[str]] = {}  # facts-only rule -> readers whose instances ran it
     together: list[Rule] = []
-    for k, rule in enumerate(ruleset.rules):
+    for rule in ruleset.rules:
         if _facts_only(rule):
             continue
         if _set_tables(rule, producers):
             together.append(rule)
             continue
-        _check_rule(ruleset, rule, producers, verdicts, used_by, instances, attempts, np.random.default_rng([seed, k]))
+        _check_rule(ruleset, rule, producers, verdicts, used_by, instances, attempts, _rng(seed, rule.name))
     if together:
         _check_together(ruleset, together, producers, verdicts, instances, attempts, seed)
-    for k, rule in enumerate(ruleset.rules):  # producers the readers' own instances left out or used too little
-        for j, reader in enumerate(_readers(ruleset, producers, rule)):
+    for rule in ruleset.rules:  # producers the readers' own instances left out or used too little
+        for reader in _readers(ruleset, producers, rule):
             if verdicts[rule.name].instances >= instances:
                 break
             _check_rule(ruleset, reader, producers, verdicts, used_by, instances, attempts,
-                        np.random.default_rng([seed, k, j]), force=rule.name)
+                        _rng(seed, rule.name, reader.name), force=rule.name)
     for rule in ruleset.rules:
         v = verdicts[rule.name]
         if _facts_only(rule) and v.status == NOT_CHECKABLE:
@@ -178,6 +187,12 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
             elif not v.reason:
                 v.reason = "facts only, and no union rule that reads them fired on an instance"
     return SoundnessReport([verdicts[r.name] for r in ruleset.rules])
+
+
+def _rng(seed: int, *names: str) -> np.random.Generator:
+    """A generator keyed by ``seed`` and rule names (not their positions: a rule draws the same instances
+    alone or among others)."""
+    return np.random.default_rng([seed, *(zlib.crc32(n.encode()) for n in names)])
 
 
 # --- parsed rules ----------------------------------------------------------------------
@@ -587,19 +602,25 @@ class _Builder:
             return self.leaf(expr.name, None)
         spec = REGISTRY[expr.name]
         args = constructor_args(spec)
+        degenerate = 0  # draws rejected as degenerate: past DEGENERATE_RETRIES the rule may need one (a literal)
         for _ in range(TERM_RETRIES):
             self.draws += 1
             if self.draws > MAX_TERM_DRAWS:  # nested retries multiply: a deep pattern gives up, not hangs
                 raise _Reject(f"no instance within {MAX_TERM_DRAWS} term draws")
             saved = dict(self.env), dict(self.leaf_shape), dict(self.leaf_dtype)
             try:
-                return self._try_term(expr, spec, args)
+                return self._try_term(expr, spec, args, degenerate < DEGENERATE_RETRIES)
+            except _Degenerate as exc:
+                degenerate += 1
+                last = exc
+                self.env, self.leaf_shape, self.leaf_dtype = saved
             except (ShapeError, GraphError, _Unknown, _Reject) as exc:
                 last = exc
                 self.env, self.leaf_shape, self.leaf_dtype = saved
         raise _Reject(f"no valid {expr.name}: {last}")
 
-    def _try_term(self, expr: Any, spec: Any, args: list[Any]) -> int:
+    def _try_term(self, expr: Any, spec: Any, args: list[Any], informative: bool = False) -> int:
+        """One draw of ``expr``'s term; ``informative``: refuse dims its op calls degenerate (_Degenerate)."""
         free_leaves: list[str] = []
         drawn: dict[str, Any] = {}
         inputs: list[Any] = []  # node id, or (var, type) of a leaf to create
@@ -632,7 +653,9 @@ class _Builder:
         for arg, a in zip(args, expr.args, strict=True):
             if not arg.is_input:
                 attrs[arg.name] = self._attr(a, kinds[arg.name], drawn, in_types)
-        spec.resolve(attrs, in_types)
+        canonical, _ = spec.resolve(attrs, in_types)
+        if informative and spec.degenerate is not None and (why := spec.degenerate(canonical, in_types)):
+            raise _Degenerate(why)
         if spec.kind is Kind.WEIGHT_PREP and any(isinstance(i, int) and self.graph.node(i).op != "Param"
                                                  for i in inputs):
             raise ShapeError("weight preparation reads parameters only")
@@ -711,11 +734,20 @@ class _Builder:
         if t is AttrType.BOOL:
             return bool(rng.integers(2))
         if t is AttrType.INTS:
-            return tuple(int(a) for a in rng.permutation(rank)) if rng.random() < 0.5 else self._draw_shape()
+            return self._draw_perm(rank) if rng.random() < 0.5 else self._draw_shape()
         if t is AttrType.STR:
             pool = self.literals["String"] or [attr.default]
             return pool[int(rng.integers(len(pool)))]
         raise _Reject(f"no random value for attribute {attr.name} ({t.value})")
+
+    def _draw_perm(self, rank: int) -> tuple[int, ...]:
+        """A permutation of ``rank`` axes; half the time from rank 3 on one that is not its own inverse (a
+        rule that takes a perm for its inverse is right on the others)."""
+        perm = tuple(int(a) for a in self.rng.permutation(rank))
+        if rank >= 3 and self.rng.random() < 0.5:
+            while all(perm[p] == k for k, p in enumerate(perm)):
+                perm = tuple(int(a) for a in self.rng.permutation(rank))
+        return perm
 
     def _draw_shape(self) -> tuple[int, ...]:
         """A random shape: often one of (a suffix of) a shape already built, so joins and broadcasts meet."""
@@ -796,27 +828,46 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
 
 def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
                     seed: int) -> list[tuple[tuple[str, ...], CounterExample]]:
-    """Every e-node of every class a rule touched against its class's value, on SEEDS seeds.
+    """Every e-node of every class a rule touched against its class's value, on SEEDS seeds and then on the
+    first again in special rounds with IEEE special values (-0.0, +-inf, NaN, subnormals, +-max) at a share of
+    every float leaf, as many rounds as put every kind in every leaf of more than one element.
 
     The reach is the parity verifier's: the dtype tolerance plus ROUNDING_FACTOR
     times the input graph's own rounding error where the class holds an input-graph
-    node (a fused kernel need not repeat the rounding of every unfused step).
+    node (a fused kernel need not repeat the rounding of every unfused step); its
+    excuses (decisions within reach of their boundary, what an overflow made
+    inexact) and its judgement of zeros' signs.  On the special run magnitudes are
+    the largest among what a value is computed from, and an e-node that computes
+    its class's value with another op is not judged where it reads non-finite or
+    near-largest values (see ``kernels/parity.py``).
     """
     touched = [c for c in view.classes if c.merged_by or any(view.nodes[i].built_by for i in c.nodes)]
     rtol, atol = PARITY_TOLERANCE[loosest(n.dtype for n in graph.nodes) or "f32"]
+    precision, wide = precisions(graph), widened_graph(graph)
+    everything = {n.id for n in graph.nodes}
     out = []
-    for s in range(seed, seed + SEEDS):
-        node_values = evaluate(graph, seed=s, return_all=True)
-        values, rounding = _class_values(view, graph, node_values), rounding_error(graph, node_values)
+    rounds = special_rounds(n.type.numel for n in graph.nodes if n.op in ("Input", "Param")
+                            and dtype(n.dtype).is_float)
+    for s, special in [*((s, 0) for s in range(seed, seed + SEEDS)), *((seed, k) for k in range(1, rounds + 1))]:
+        ref = Reference.build(graph, wide, s, precision, everything, special=special)
+        node_values = ref.values
+        values = _class_values(view, graph, node_values)
+        largest = max(ref.magnitudes().values(), default=0.0) if special else 0.0
         for cls in touched:
             if cls.id not in values:
                 continue
-            ref = values[cls.id]
-            own = rounding.get(cls.originals[0]) if cls.originals else None
+            value = values[cls.id]
+            first = cls.originals[0] if cls.originals else None
 
-            def reach(r: np.ndarray = ref, own: np.ndarray | None = own) -> np.ndarray:
-                bound = atol + rtol * np.abs(r.astype(np.float64))
-                return bound if own is None else bound + ROUNDING_FACTOR * own
+            scale = (ref.magnitudes()[first] if first is not None else largest) if special else None
+            rounding = ref.rounding.get(first, 0.0) if first is not None else 0.0
+
+            def reach(r: np.ndarray = value, scale: float | None = scale, rounding: Any = rounding) -> np.ndarray:
+                bound = atol + rtol * (np.abs(r.astype(np.float64)) if scale is None else scale)
+                return bound + ROUNDING_FACTOR * rounding
+
+            excused = ref.excused.get(first) if first is not None else None
+            signless = partial(ref.sign_free, first) if first is not None else (lambda: True)
             for i in cls.nodes:  # input-graph e-nodes too: a rule may have merged two of them
                 n = view.nodes[i]
                 if n.original is not None:
@@ -825,13 +876,23 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
                     continue
                 else:
                     got = _run_enode(view, n, values)
-                max_abs, ratio = tolerance_ratio(got, ref, reach)
+                max_abs, ratio = tolerance_ratio(got, value, reach, excused, signless)
+                if ratio > 1.0 and special and n.original is None and n.spec.kind is not Kind.LEAF \
+                        and (first is None or graph.node(first).op != n.op):
+                    args, types = [values[c] for c in n.children], [view.classes[c].type for c in n.children]
+                    wide_reads = computed_from(n.spec, n.attrs, args, [t.dtype for t in types],
+                                               view.classes[n.eclass].type, got)
+                    if wide_reads is not None:
+                        max_abs, ratio = tolerance_ratio(got, value, reach, wide_reads if excused is None
+                                                         else excused | wide_reads, signless)
                 if ratio > 1.0:
                     rules = tuple(dict.fromkeys(n.built_by + cls.merged_by))
+                    how = ("a zero of the other sign" if max_abs == 0.0 else
+                           f"up to {max_abs:.3g} ({ratio:.3g} x the {rtol}/{atol} tolerance plus rounding)")
                     problem = (f"a {n.op} e-node differs from its e-class's value (computed by "
-                               f"{_describe_class(cls, graph)}) by up to {max_abs:.3g} ({ratio:.3g} x the "
-                               f"{rtol}/{atol} tolerance plus rounding) on seed {s}; "
-                               f"built or merged by {', '.join(rules)}")
+                               f"{_describe_class(cls, graph)}) by {how} on seed {s}"
+                               + (" with IEEE special values (-0.0, +-inf, NaN, subnormals, +-max) in its leaves "
+                                  f"(round {special})" if special else "") + f"; built or merged by {', '.join(rules)}")
                     out.append((rules, CounterExample(rules[0] if rules else "?", problem, leaves,
                                                       dict(n.attrs), max_abs)))
         if out:
@@ -941,7 +1002,7 @@ def _check_together(ruleset: RuleSet, together: list[Rule], producers: dict[str,
              and not any(type(f).__name__ == "Fact" and type(f.expr).__name__ == "Call" and f.expr.name in producers
                          for f in r.command.rule.body)
              and any(r.name in {p.name for p, _ in ps} for ps in producers.values())]
-    rng = np.random.default_rng([seed, len(ruleset.rules)])
+    rng = _rng(seed, *(r.name for r in together))
     reasons: dict[str, int] = {}
     for attempt in range(attempts):
         if not roots or all(verdicts[r.name].instances >= instances for r in together):

@@ -63,7 +63,7 @@ from ...ir.provenance import Fusion, fold_projections
 from ...ir.registry import REGISTRY, Kind, ops_of_kind
 from ...ir.rewrite import GraphRewriter
 from ...rules import STAGES, RuleSet, load_rules
-from ..budget import gc_paused
+from ..budget import Deadline, gc_paused
 from .blocks import blocks, straddles
 from .facts import PRIMITIVES, SETTABLE_TABLES, Facts, NoMatch, compile_term
 from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
@@ -228,9 +228,15 @@ def _compiled(ruleset: RuleSet) -> CompiledRules:
 
 
 def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu",
-        limits: FallbackLimits = FallbackLimits(), attention_block_max_tokens: int = 64) -> FallbackResult:
-    """Optimize ``graph`` with the fallback engine (``graph`` itself is never changed)."""
+        limits: FallbackLimits = FallbackLimits(), attention_block_max_tokens: int = 64,
+        deadline: Deadline | None = None) -> FallbackResult:
+    """Optimize ``graph`` with the fallback engine (``graph`` itself is never changed).
+
+    ``deadline``: the run's end (default: ``limits.max_seconds`` from now), checked inside every pass (before
+    each root matched and each plan committed, and by the lookahead's regions): past it the engine stops
+    where it is, with a valid graph, and says ``time limit``."""
     start = time.perf_counter()
+    deadline = Deadline(limits.max_seconds, start) if deadline is None else deadline
     compiled = ruleset if isinstance(ruleset, CompiledRules) else _compiled(load_rules(ruleset))
     tgt = get_target(target)
 
@@ -244,14 +250,14 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
-                                     shared[0] if block else None)
+                                     shared[0] if block else None, deadline)
         return regions[block].run_region(region, levels, stage, step, follow)
 
     with gc_paused():
         shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
-        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, shared[0])
+        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, shared[0], deadline)
         engine.stats.phases["load"] = time.perf_counter() - start
-        engine.whole(start, engine.replay(start))
+        engine.whole(engine.replay())
         result = engine.result(graph)
         # Freed (by reference counts) while the collector is still paused: its first pass after the pause
         # would otherwise scan the run's millions of objects just before they go.
@@ -308,8 +314,11 @@ class _Plan:
 
 class _Engine:
     def __init__(self, graph: Graph, compiled: CompiledRules, target: Target, limits: FallbackLimits,
-                 attention_block_max_tokens: int, lookahead: Lookahead | None = None) -> None:
+                 attention_block_max_tokens: int, lookahead: Lookahead | None = None,
+                 deadline: Deadline | None = None) -> None:
         self.target, self.limits, self.lookahead, self.compiled = target, limits, lookahead, compiled
+        # the whole run's end, shared by the lookahead's region engines
+        self.deadline = Deadline(limits.max_seconds) if deadline is None else deadline
         self.rw = GraphRewriter(graph)
         self.param_order: dict[int, int] = {}
         self.facts = Facts(self.rw, compiled.tables, self.param_order, attention_block_max_tokens)
@@ -370,7 +379,7 @@ class _Engine:
         Stage None: a block, optimized as a whole run would."""
         self.reopen(region, levels)
         if stage is None:
-            self.whole(time.perf_counter())
+            self.whole()
         else:
             later = STAGES.index(stage)
             for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
@@ -380,7 +389,7 @@ class _Engine:
                 self.apply(step)
                 self.chain = {n for n in self.rw.touched if n in self.nodes} if follow != NO_FOLLOW else None
                 self.follow = follow
-            self.optimize(time.perf_counter(), STAGES[later:])
+            self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
         return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
                          {n: tuple(r) for n, r in self.rules_of.items()}, holders,
@@ -389,7 +398,7 @@ class _Engine:
 
     # --- the loop ----------------------------------------------------------------------
 
-    def replay(self, start: float) -> set[int] | None:
+    def replay(self) -> set[int] | None:
         """Optimize the graph block by block (see :mod:`.blocks`): each block is cut out as a region, run
         once per kind (the lookahead remembers regions by content) and transplanted when cheaper.  The values
         that now hold the cut values, where a rewrite can span two blocks; None when no two blocks look alike
@@ -408,8 +417,7 @@ class _Engine:
         margin = CHAIN_EPS * self.stats.cost_before_ns
         tallies: dict[int, list] = {}  # id of a kind's run -> [run, blocks of that kind, blocks transplanted]
         for block in pieces:
-            if time.perf_counter() - start > self.limits.max_seconds:
-                self.stats.stop_reason = STOP_TIME
+            if self.out_of_time():
                 break
             alive = {n for n in block if n in nodes}  # (a block before may have taken a projection of its tuple)
             region, _, back = cut_out(self.rw, self.param_order, alive, self.lookahead.names)
@@ -431,14 +439,21 @@ class _Engine:
         self.stats.phases["replay"] = time.perf_counter() - t0
         return {h for block in pieces[:-1] if (h := self.rw.find(block[-1])) in self.nodes}  # (the last ends the graph)
 
-    def whole(self, start: float, seams: set[int] | None = None) -> None:
+    def whole(self, seams: set[int] | None = None) -> None:
         """A whole run: every stage but the first on the graph as written, then every stage (see
         :meth:`optimize`); with ``seams``, the first round only near those (the blocks are done)."""
-        self.optimize(start, STAGES[1:], seams=seams)
+        self.optimize(STAGES[1:], seams=seams)
         if self.stats.stop_reason != STOP_TIME:
-            self.optimize(start, STAGES, after=STAGES[0])
+            self.optimize(STAGES, after=STAGES[0])
 
-    def optimize(self, start: float, stages: Sequence[str], after: str | None = None,
+    def out_of_time(self) -> bool:
+        """Whether the run's deadline has passed (then the stop reason says so)."""
+        if self.deadline.expired():
+            self.stats.stop_reason = STOP_TIME
+            return True
+        return False
+
+    def optimize(self, stages: Sequence[str], after: str | None = None,
                  seams: set[int] | None = None) -> None:
         """Run ``stages`` in order, each to its fixpoint.  ``after``: the stages after that one have run to their
         fixpoint before, so they only match near what this round has changed (leaves included: a simplification
@@ -468,8 +483,7 @@ class _Engine:
                 if passes >= self.limits.max_iterations:
                     self.stats.stop_reason = STOP_ITERATIONS
                     break
-                if time.perf_counter() - start > self.limits.max_seconds:
-                    self.stats.stop_reason = STOP_TIME
+                if self.out_of_time():
                     break
                 passes += 1
                 self.facts.fresh = set()
@@ -505,6 +519,8 @@ class _Engine:
             for _ in range(self.limits.max_iterations):
                 self.facts.changed = False
                 before = set(self.facts.fresh) if recursive else set()
+                if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
+                    return
                 for m in group:
                     program = self.programs[m.pattern.name]
                     for root in self.roots(m, self.where(m, at), signed):
@@ -533,6 +549,8 @@ class _Engine:
         signed: dict[Any, tuple[list, list, set]] = {}  # see roots
         for k, m in enumerate(matchers):
             for root in self.roots(m, self.where(m, near), signed):
+                if self.out_of_time():  # what is collected so far is committed (each commit checks again)
+                    return sorted(best.values(), key=lambda e: e[:3])
                 plan = self.best_plan(m, root)
                 key = (m.pattern.base, root)
                 if plan is not None and (key not in best or plan.delta < best[key][0]):
@@ -646,12 +664,16 @@ class _Engine:
         self.rw.touched = set()
         done = 0
         for k, plan in enumerate(plans):
+            if self.out_of_time():
+                break
             decided[k] = True
             rivals = {j for n in plan.destroys for j in needed_by.get(n, ()) if not decided[j]}
             rivals |= {j for n in plan.needs for j in destroyed_by.get(n, ()) if not decided[j]}
             for j in sorted(rivals - valued):  # a cost-neutral rival is worth the chain it starts, if one pays
                 valued.add(j)
                 rival = plans[j]
+                if rival.stale(touched, died):  # matched before an earlier commit changed its nodes: no region
+                    continue
                 if self.lookahead is not None and -EPS <= rival.delta <= EPS and not rival.forms \
                         and self.chain_start(rival) is not None:
                     rival.settle(self.nodes)

@@ -14,6 +14,7 @@ calls the next one, so a failed candidate costs a few attribute reads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -579,7 +580,7 @@ def _lookup_ready(call: Term, bound: set[str], tables: Mapping[str, TableDecl]) 
 
 # --- steps ---------------------------------------------------------------------------------
 
-BIND, EQ, LIT, ABSENT_CHECK, LIST = range(5)
+BIND, EQ, LIT, ABSENT_CHECK, LIST, ZERO = range(6)  # ZERO: a float zero literal, its sign checked too
 
 
 def _alternatives(perms: Mapping[str, list[tuple[tuple[int, ...], str]]], atom: Atom) -> list:
@@ -741,7 +742,12 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[
             checks.append((how, where, EQ if pat.name in seen else BIND, slots[pat.name]))
             seen.add(pat.name)
         elif isinstance(pat, L):
-            checks.append((how, where, ABSENT_CHECK if pat.value is ABSENT else LIT, pat.value))
+            if pat.value is ABSENT:
+                checks.append((how, where, ABSENT_CHECK, pat.value))
+            elif pat.value.__class__ is float and pat.value == 0.0:  # 0.0 == -0.0, but 1 / 0.0 != 1 / -0.0
+                checks.append((how, where, ZERO, math.copysign(1.0, pat.value)))
+            else:
+                checks.append((how, where, LIT, pat.value))
         else:
             items = []
             for name in pat.items:
@@ -753,8 +759,14 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[
                 seen.add(pat.rest)
             checks.append((how, where, LIST, (tuple(items), rest)))
 
+    # egglog holds a Scalar -0.0 leaf as (Neg (Scalar 0.0 dt)) (its f64 equates the zeros): a Scalar pattern whose
+    # value is a variable does not match it there, so not here either
+    any_scalar = atom.op == "Scalar" and isinstance(atom.attrs[0], V)
+
     def unify(node: Node, env: list) -> bool:
         inputs = node.inputs
+        if any_scalar and node.attrs["value"] == 0 and math.copysign(1.0, node.attrs["value"]) < 0:
+            return False
         for how, where, kind, arg in checks:
             value = inputs[where] if how == INPUT else _read(node, how, where)
             if kind == BIND:
@@ -767,6 +779,9 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[
                     return False
             elif kind == ABSENT_CHECK:
                 if value is not ABSENT:
+                    return False
+            elif kind == ZERO:
+                if value != 0 or math.copysign(1.0, value) != arg:
                     return False
             elif not _unify_list(value, arg, env):
                 return False

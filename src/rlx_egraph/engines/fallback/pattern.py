@@ -13,6 +13,7 @@ would hold both orders.  A rule the fallback cannot apply is an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -334,6 +335,7 @@ class _Flattener:
     def node(self, call: Any, out: str, atoms: list[Atom]) -> None:
         if call.name in (NO_INPUT, LIST_NIL, LIST_CONS):
             raise CompileError(f"({call.name}) can only appear as an argument of an op")
+        call = negative_zero(call)
         below: list[Atom] = []  # what the arguments need, after this node: patterns read top-down
         inputs, attrs = self.arguments(call, lambda c: self.nested_node(c, below),
                                        lambda e: self.attr(e, below), lambda e: self.op_value(e, below))
@@ -426,6 +428,20 @@ def _term(expr: Any, tables: dict[str, TableDecl], atoms: list, flattener: _Flat
     raise CompileError(f"expression of kind {type(expr).__name__} is not supported")
 
 
+def negative_zero(call: Any) -> Any:
+    """``(Neg (Scalar 0.0 ?dt))`` as the Scalar -0.0 it stands for: egglog's f64 equates -0.0 with 0.0, so the
+    encoder writes a Scalar -0.0 leaf as that term (``egraph/encode.py``), and rules name it so; on the graph the
+    fallback matches, it is the leaf.  Any other call as it is."""
+    if call.name != "Neg" or len(call.args) != 1:
+        return call
+    inner = call.args[0]
+    if not (isinstance(inner, eb.Call) and inner.name == "Scalar" and isinstance(inner.args[0], eb.Lit)
+            and type(inner.args[0].value).__name__ == "Float" and inner.args[0].value.value == 0.0
+            and math.copysign(1.0, inner.args[0].value.value) > 0):
+        return call
+    return eb.Call(call.span, "Scalar", [eb.Lit(inner.args[0].span, eb.Float(-0.0)), *inner.args[1:]])
+
+
 def _literal(value: Any) -> Any:
     if isinstance(value, eb.Unit):
         return None
@@ -492,6 +508,7 @@ class _Actions:
 
     def build(self, call: Any, out: str | None = None) -> str:
         var = out or self.flat.fresh()
+        call = negative_zero(call)
         inputs, attrs = self.flat.arguments(call, self.build, self.value,
                                             lambda e: _fail("an Op-valued table lookup in a new term"))
         self.actions.append(Build(var, call.name, inputs, attrs))

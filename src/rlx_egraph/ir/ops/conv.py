@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import reference as K
 from ..registry import (
     Attrs,
     AttrSpec,
@@ -30,6 +29,7 @@ from ..registry import (
     register,
 )
 from ..shapes import require_float, same_dtype
+from . import reference as K
 
 if TYPE_CHECKING:
     from ..graph import Graph

@@ -33,10 +33,22 @@ from ..registry import (
     positive,
     random_shape,
     register,
+    short_repr,
 )
 from ..shapes import broadcast, matmul_shape, norm_param_check, require_rank, same_dtype
 from . import reference as K
-from .primitives import attention_flops, causal_canonical, concat_infer, matmul_flops, norm_infer, norm_sampler
+from .primitives import (
+    attention_flops,
+    causal_canonical,
+    concat_infer,
+    group_of_one,
+    matmul_flops,
+    norm_infer,
+    norm_sampler,
+    normalized_one,
+    rope_degenerate,
+    split_heads_degenerate,
+)
 
 if TYPE_CHECKING:
     from ..graph import Graph
@@ -125,13 +137,18 @@ def _add_norm(name: str, norm: str, params: tuple[str, ...], eps: float, doc: st
 
     return OpSpec(name, Kind.FUSED, ("x", "residual", *params), infer, kernel,
                   (_AXIS, AttrSpec("eps", F, eps, check=positive)), flops=flops, doc=doc, decompose=decompose,
-                  sampler=norm_sampler(params, residual=True), results=("norm", "sum"))
+                  sampler=norm_sampler(params, residual=True), results=("norm", "sum"),
+                  degenerate=norm_spec.degenerate)
 
 
 def _rms_matmul_infer(a: Attrs, ins: list[T]) -> T:
     x, w_norm, w_proj = ins
     norm_param_check(x, w_norm, a["axis"], "FusedRmsNormMatMul w_norm")
     return T(matmul_shape(x.shape, w_proj.shape, -1, -2, "FusedRmsNormMatMul"), same_dtype(ins, "operands"))
+
+
+def _causal_rope_degenerate(a: Attrs, ins: list[T]) -> str | None:
+    return rope_degenerate(ins[0]) or split_heads_degenerate(ins[0], ins[1])
 
 
 def _causal_rope_infer(a: Attrs, ins: list[T]) -> T:
@@ -142,9 +159,11 @@ def _causal_rope_infer(a: Attrs, ins: list[T]) -> T:
 
 
 def _causal_rope_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
-    """q [B, kv_heads * (1 to 3), S, D even], k [B, kv_heads, S, D], v [B, kv_heads, S, Dv]."""
+    """q [B, kv_heads * (1 to 3), S, D even], k [B, kv_heads, S, D], v [B, kv_heads, S, Dv]; S >= 2 and D >= 4,
+    where theta matters."""
     batch, kv_heads, rep = random_shape(rng, 3, 3, high=3)
     seq, dv, half = random_shape(rng, 3, 3)
+    seq, half = max(seq, 2), max(half, 2)
     return {"q": (batch, kv_heads * rep, seq, 2 * half), "k": (batch, kv_heads, seq, 2 * half),
             "v": (batch, kv_heads, seq, dv)}, {}
 
@@ -475,6 +494,8 @@ def _parse_chain(a: Attrs) -> tuple[list[str] | None, list]:
         chain = json.loads(a["chain"])
     except ValueError as exc:
         raise ShapeError(f"chain is not JSON: {exc}") from None
+    except RecursionError:
+        raise ShapeError("chain is nested too deeply to read") from None
     if isinstance(chain, list):
         return None, chain
     if isinstance(chain, dict) and chain.keys() == {"inputs", "steps"} and isinstance(chain["inputs"], list) \
@@ -513,13 +534,13 @@ def region_program(a: Attrs, ins: list[T], transform: bool = False) -> list[Regi
     for k, step in enumerate(steps):
         if not (isinstance(step, list) and len(step) == 3 and isinstance(step[1], dict)
                 and isinstance(step[2], list)):
-            raise ShapeError(f"chain step {k} is not [op, attrs, operands]: {step!r}")
+            raise ShapeError(f"chain step {k} is not [op, attrs, operands]: {short_repr(step)}")
         op, attrs, operands = step
         spec = REGISTRY.get(op) if isinstance(op, str) else None
         if spec is None or not (spec.kind is Kind.ELEMENTWISE or (transform and op in TRANSFORM_STEPS)):
-            raise ShapeError(f"chain step {k} op {op!r} is not {_step_ops(transform)}")
+            raise ShapeError(f"chain step {k} op {short_repr(op)} is not {_step_ops(transform)}")
         if not all(type(i) is int and -k <= i < len(ins) for i in operands):
-            raise ShapeError(f"chain step {k} refers to a missing operand in {operands}")
+            raise ShapeError(f"chain step {k} refers to a missing operand in {short_repr(operands)}")
         try:
             resolved, out = spec.resolve(attrs, [ins[i] if i >= 0 else program[-i - 1].type for i in operands])
         except ShapeError as exc:
@@ -700,7 +721,7 @@ FUSED = [
            lambda a, x, r, g, b: K.layer_norm(x + r, g, b, a["axis"], a["eps"]), (_AXIS, _EPS),
            doc="LayerNorm(x + residual).",
            decompose=lambda g, ins, a: g.layer_norm(g.add(ins[0], ins[1]), *ins[2:], axis=a["axis"], eps=a["eps"]),
-           sampler=norm_sampler(("gamma", "beta"), residual=True)),
+           sampler=norm_sampler(("gamma", "beta"), residual=True), degenerate=normalized_one),
     OpSpec("FusedResidualRmsNorm", Kind.FUSED, ("x", "residual", "gamma", "beta?"),
            norm_infer("FusedResidualRmsNorm", ("gamma", "beta"), residual=True),
            lambda a, x, r, g, b=None: K.rms_norm(x + r, g, b, a["axis"], a["eps"]),
@@ -730,11 +751,12 @@ FUSED = [
            lambda a, x, w, b: K.silu(K.group_norm(x, w, b, a["groups"], a["eps"])),
            (AttrSpec("groups", INT, check=at_least_one), _EPS), doc="Silu(GroupNorm(x, w, b)).",
            decompose=lambda g, ins, a: g.silu(g.group_norm(*ins, groups=a["groups"], eps=a["eps"])),
-           sampler=_group_norm_sample),
+           sampler=_group_norm_sample, degenerate=group_of_one),
     OpSpec("CausalAttentionRoPE", Kind.FUSED, ("q", "k", "v"), _causal_rope_infer,
            lambda a, q, k, v: K.sdpa(K.rope(q, a["theta"]), K.rope(k, a["theta"]), v, a["scale"], causal=True),
            (AttrSpec("theta", F, 10000.0, check=positive), AttrSpec("scale", F, 0.0, check=non_negative)),
            flops=attention_flops, canonical=causal_canonical, doc="CausalAttention(RoPE(q), RoPE(k), v).",
+           degenerate=_causal_rope_degenerate,
            decompose=lambda g, ins, a: g.causal_attention(g.rope(ins[0], theta=a["theta"]),
                                                           g.rope(ins[1], theta=a["theta"]), ins[2], scale=a["scale"]),
            sampler=_causal_rope_sample),
@@ -742,14 +764,16 @@ FUSED = [
            _biased_attention_kernel, (_SCALE, AttrSpec("nan_to_zero", B, False)), flops=attention_flops,
            doc="Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask "
                "broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN.",
-           decompose=_biased_attention_decompose, sampler=_biased_attention_sample),
+           decompose=_biased_attention_decompose, sampler=_biased_attention_sample,
+           degenerate=lambda a, ins: split_heads_degenerate(ins[0], ins[1])),
     OpSpec("QkvAttention", Kind.FUSED, ("x", "w", "b", "bias?"), _qkv_attention_infer, _qkv_attention_kernel,
            (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False)),
            flops=_qkv_attention_flops,
            doc="Attention over one packed projection: x @ w + b split into Q, K and V [B, S, E], each into heads, "
                "attended with an additive bias [B or 1, heads or 1, S or 1, S], causally or unmasked: the context "
                "[B, S, heads, D] (a Reshape merges the heads for free; onnxruntime's com.microsoft Attention).",
-           decompose=_qkv_attention_decompose, sampler=_qkv_attention_sample),
+           decompose=_qkv_attention_decompose, sampler=_qkv_attention_sample,
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
     OpSpec("RotaryEmbedding", Kind.FUSED, ("x", "cos", "sin"), _rotary_infer,
            lambda a, x, cos, sin: x * cos + rotate_half(x) * sin,
            doc="x * cos + rotate_half(x) * sin (RoPE with given tables, rotate-half convention).",
@@ -763,7 +787,8 @@ FUSED = [
            _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=at_least_one), _SCALE),
            flops=lambda a, ins, out: 2 * ins[0].numel * 4 * ins[0].shape[-1] + 4 * out.numel * ins[0].shape[1],
            doc="QKV matmul+bias, split, masked attention, output matmul+bias.",
-           decompose=_attention_block_decompose, sampler=_attention_block_sample),
+           decompose=_attention_block_decompose, sampler=_attention_block_sample,
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
     OpSpec("FusedTransformerLayer", Kind.FUSED,
            ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b",
             "ln2_g", "ln2_b", "mask"), _transformer_layer_infer, K.transformer_layer,
@@ -771,7 +796,8 @@ FUSED = [
             AttrSpec("eps2", F, check=positive),
             AttrSpec("act", S, "gelu", choices=EPILOGUES)), flops=_transformer_layer_flops,
            doc="A whole post-norm BERT layer; inputs in the seed's 14-input order.",
-           decompose=_transformer_layer_decompose, sampler=_transformer_layer_sample),
+           decompose=_transformer_layer_decompose, sampler=_transformer_layer_sample,
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
     _chain_region(ELEMENTWISE_REGION, False, (AttrSpec("prologue", S, "none", choices=PROLOGUES),),
                   "A chain of elementwise ops run as one kernel, each step stored in its own dtype; with the "
                   "upsample2x prologue the kernel reads input 0 through a nearest-neighbour 2x upsample.",

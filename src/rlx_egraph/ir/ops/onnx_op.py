@@ -247,6 +247,24 @@ def reference_fixes() -> list[type]:
     return [GatherElements]
 
 
+# ONNX ops that read indices into another input: op type -> (indices input, data input); the axis is the node's
+# "axis" attribute (default 0).  The verifier draws such indices within the data's extent on that axis.
+INDEXING_OPS = {"Gather": (1, 0), "GatherElements": (1, 0)}
+
+
+def index_inputs(a: Attrs) -> tuple[tuple[int, int, int], ...]:
+    """(indices input, data input, axis) of an OnnxOp whose node reads indices into another of its inputs, by
+    the OnnxOp's input positions (an input held as a constant of the one-node graph is not one)."""
+    if a["domain"] not in ("", "ai.onnx") or a["op_type"] not in INDEXING_OPS:
+        return ()
+    node = decode_graph(a["proto"]).node[0]
+    indices, data = (node.input[k] if k < len(node.input) else "" for k in INDEXING_OPS[a["op_type"]])
+    axis = next((att.i for att in node.attribute if att.name == "axis"), 0)
+    if not all(name.startswith("in") and name[2:].isdigit() for name in (indices, data)):
+        return ()
+    return ((int(indices[2:]), int(data[2:]), axis),)
+
+
 def reference_evaluator(model: Any) -> Any:
     """onnx's ``ReferenceEvaluator`` on ``model``, with :func:`reference_fixes`."""
     from onnx.reference import ReferenceEvaluator
@@ -279,5 +297,5 @@ ONNX_OP = OpSpec(
     doc="A standard ONNX node MIR has no op for (one output of it), kept as a one-node ONNX graph.")
 register(ONNX_OP)
 
-__all__ = ["MIR_DTYPES", "ONNX_DTYPES", "ONNX_OP", "STANDARD_DOMAINS", "decode_graph", "encode_proto", "node_model",
-           "outer_reads", "reference_evaluator", "rename_node"]
+__all__ = ["INDEXING_OPS", "MIR_DTYPES", "ONNX_DTYPES", "ONNX_OP", "STANDARD_DOMAINS", "decode_graph", "encode_proto",
+           "index_inputs", "node_model", "outer_reads", "reference_evaluator", "rename_node"]

@@ -231,6 +231,20 @@ ELEMENTWISE = [
 # --- reductions ---------------------------------------------------------------
 
 
+def one_element_along(a: Attrs, ins: list[T]) -> str | None:
+    """Degenerate (see ``OpSpec.degenerate``): one element along ``axis``, which a Softmax makes 1."""
+    if ins[0].shape[axis_index(a["axis"], ins[0].rank)] < 2:
+        return f"one element along axis {a['axis']}"
+    return None
+
+
+def normalized_one(a: Attrs, ins: list[T]) -> str | None:
+    """Degenerate: a norm over one element (LayerNorm gives beta whatever x and gamma are)."""
+    if math.prod(ins[0].shape[axis_index(a["axis"], ins[0].rank):]) < 2:
+        return f"one element normalized from axis {a['axis']}"
+    return None
+
+
 def _softmax_infer(a: Attrs, ins: list[T]) -> T:
     require_float(ins[0], "softmax input")
     axis_index(a["axis"], ins[0].rank)
@@ -255,9 +269,10 @@ def _sum_rows_infer(a: Attrs, ins: list[T]) -> T:
 _REDUCE_ATTRS = (AttrSpec("axes", INTS), AttrSpec("keepdims", B, False))
 
 REDUCTIONS = [
-    OpSpec("Softmax", Kind.REDUCTION, ("x",), _softmax_infer, lambda a, x: K.softmax(x, a["axis"]), (_axis(),)),
+    OpSpec("Softmax", Kind.REDUCTION, ("x",), _softmax_infer, lambda a, x: K.softmax(x, a["axis"]), (_axis(),),
+           degenerate=one_element_along),
     OpSpec("LogSoftmax", Kind.REDUCTION, ("x",), _softmax_infer, lambda a, x: K.log_softmax(x, a["axis"]),
-           (_axis(),)),
+           (_axis(),), degenerate=one_element_along),
     OpSpec("ReduceSum", Kind.REDUCTION, ("x",), _reduce_infer,
            lambda a, x: np.sum(x, axis=tuple(a["axes"]), keepdims=a["keepdims"]), _REDUCE_ATTRS),
     OpSpec("ReduceMean", Kind.REDUCTION, ("x",), _reduce_infer,
@@ -339,18 +354,26 @@ def _group_norm_infer(a: Attrs, ins: list[T]) -> T:
     return x
 
 
+def group_of_one(a: Attrs, ins: list[T]) -> str | None:
+    """Degenerate: a GroupNorm group of one element (it normalises to 0 whatever x is)."""
+    x = ins[0]
+    if x.shape[1] // a["groups"] * math.prod(x.shape[2:]) < 2:
+        return "one element per group"
+    return None
+
+
 NORMS = [
     OpSpec("LayerNorm", Kind.NORM, ("x", "gamma", "beta"), norm_infer("LayerNorm", ("gamma", "beta")),
            lambda a, x, g, b: K.layer_norm(x, g, b, a["axis"], a["eps"]), (_axis(), _eps(1e-5)),
            doc="Normalise over axes [axis, rank), then scale and shift.", decompose=_layer_norm_decompose,
-           sampler=norm_sampler(("gamma", "beta"))),
+           sampler=norm_sampler(("gamma", "beta")), degenerate=normalized_one),
     OpSpec("RmsNorm", Kind.NORM, ("x", "gamma", "beta?"), norm_infer("RmsNorm", ("gamma", "beta")),
            lambda a, x, g, b=None: K.rms_norm(x, g, b, a["axis"], a["eps"]), (_axis(), _eps(1e-6)),
            doc="x / sqrt(mean(x^2) + eps) * gamma (+ beta).", decompose=_rms_norm_decompose,
            sampler=norm_sampler(("gamma", "beta?"))),
     OpSpec("GroupNorm", Kind.NORM, ("x", "w", "b"), _group_norm_infer,
            lambda a, x, w, b: K.group_norm(x, w, b, a["groups"], a["eps"]),
-           (AttrSpec("groups", INT, check=at_least_one), _eps(1e-5))),
+           (AttrSpec("groups", INT, check=at_least_one), _eps(1e-5)), degenerate=group_of_one),
 ]
 
 # --- layout -------------------------------------------------------------------
@@ -362,6 +385,13 @@ def _reshape_canonical(a: Attrs, ins: list[T]) -> Attrs:
 
 def _reshape_infer(a: Attrs, ins: list[T]) -> T:
     return T(reshape_target(ins[0].shape, a["shape"]), ins[0].dtype)
+
+
+def _transpose_degenerate(a: Attrs, ins: list[T]) -> str | None:
+    """Degenerate: a perm that moves only axes of size 1 moves no element."""
+    if all(p == k or ins[0].shape[p] == 1 for k, p in enumerate(a["perm"])):
+        return f"perm {list(a['perm'])} moves no element of {list(ins[0].shape)}"
+    return None
 
 
 def _transpose_infer(a: Attrs, ins: list[T]) -> T:
@@ -403,7 +433,7 @@ LAYOUT = [
            (AttrSpec("shape", INTS, dims=True),), canonical=_reshape_canonical,
            doc="View with a new shape (one -1 is resolved at build time)."),
     OpSpec("Transpose", Kind.LAYOUT, ("x",), _transpose_infer, lambda a, x: np.transpose(x, a["perm"]),
-           (AttrSpec("perm", INTS),)),
+           (AttrSpec("perm", INTS),), degenerate=_transpose_degenerate),
     OpSpec("Narrow", Kind.LAYOUT, ("x",), _narrow_infer,
            lambda a, x: K.narrow(x, a["axis"], a["start"], a["length"]),
            (_axis(), AttrSpec("start", INT, dims=True), AttrSpec("length", INT, dims=True)),
@@ -458,6 +488,22 @@ def attention_canonical(a: Attrs, ins: list[T]) -> Attrs:
     return out
 
 
+def rope_degenerate(x: T) -> str | None:
+    """Degenerate for a RoPE of ``x`` [..., S, D]: theta matters from head dim 4 (at 2 the one frequency is 1)
+    and from sequence 2 (position 0 turns by angle 0)."""
+    if x.shape[-1] < 4 or x.shape[-2] < 2:
+        return f"RoPE of [..., S, D] = {list(x.shape)}: theta matters from D = 4 and S = 2"
+    return None
+
+
+def split_heads_degenerate(q: T, k: T) -> str | None:
+    """Degenerate for attention on split heads [B, H, S, D]: one head, or one key (the scale then does not
+    matter), or one query (so no causal mask does)."""
+    if q.shape[-3] < 2 or k.shape[-2] < 2 or q.shape[-2] < 2:
+        return f"attention of q {list(q.shape)} and k {list(k.shape)}: one head, key or query"
+    return None
+
+
 def _attention_infer(a: Attrs, ins: list[T]) -> T:
     q, k, v = ins[:3]
     same_dtype(ins[:3], "Attention q/k/v")
@@ -509,15 +555,19 @@ TRANSFORMER = [
            doc="Gather rows of table [V, D] by integer ids.", index_inputs=("ids",)),
     OpSpec("RoPE", Kind.ELEMENTWISE, ("x",), _rope_infer, lambda a, x: K.rope(x, a["theta"]),
            (AttrSpec("theta", F, 10000.0, check=positive),),
-           doc="Rotary position embedding (rotate-half) over [..., S, D]."),
+           doc="Rotary position embedding (rotate-half) over [..., S, D].",
+           degenerate=lambda a, ins: rope_degenerate(ins[0])),
     OpSpec("Attention", Kind.ATTENTION, ("q", "k", "v", "key_mask?"), _attention_infer, K.attention,
            (AttrSpec("heads", INT, check=at_least_one), AttrSpec("kv_heads", INT, 0),
             AttrSpec("mask", S, "none", choices=("none", "causal", "custom")), _SCALE),
            flops=attention_flops, canonical=attention_canonical,
-           doc="Attention on packed [B, S, heads*head_dim]; custom mask [B, Sk] (1 keeps, 0 drops)."),
+           doc="Attention on packed [B, S, heads*head_dim]; custom mask [B, Sk] (1 keeps, 0 drops).",
+           degenerate=lambda a, ins: "one head, key or query" if a["heads"] < 2 or ins[1].shape[1] < 2
+           or ins[0].shape[1] < 2 else None),
     OpSpec("CausalAttention", Kind.ATTENTION, ("q", "k", "v"), _causal_attention_infer, K.causal_attention,
            (_SCALE,), flops=attention_flops, canonical=causal_canonical,
-           doc="Causal attention on split heads [B, H, S, D] (GQA)."),
+           doc="Causal attention on split heads [B, H, S, D] (GQA).",
+           degenerate=lambda a, ins: split_heads_degenerate(ins[0], ins[1])),
 ]
 
 # --- vision -------------------------------------------------------------------

@@ -71,13 +71,29 @@ def matmul_bt(a: Attrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 # --- elementwise ------------------------------------------------------------
 
+def maximum(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """IEEE 754-2019 maximum: NaN when either is NaN, and +0.0 above -0.0, so ``maximum(x, y)`` equals
+    ``maximum(y, x)`` bit for bit (``np.maximum`` returns its second argument for zeros of both signs, and Max is
+    declared commutative).  For two zeros, ``x + y`` is -0.0 only when both are."""
+    if not np.issubdtype(np.result_type(x, y), np.floating):
+        return np.maximum(x, y)
+    return np.where((x == 0) & (y == 0), x + y, np.maximum(x, y))
+
+
+def minimum(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """IEEE 754-2019 minimum: NaN when either is NaN, and -0.0 below +0.0 (see :func:`maximum`)."""
+    if not np.issubdtype(np.result_type(x, y), np.floating):
+        return np.minimum(x, y)
+    return np.where((x == 0) & (y == 0), -((-x) + (-y)), np.minimum(x, y))
+
+
 BINARY = {
     "Add": np.add,
     "Sub": np.subtract,
     "Mul": np.multiply,
     "Div": np.divide,
-    "Max": np.maximum,
-    "Min": np.minimum,
+    "Max": maximum,
+    "Min": minimum,
     "Pow": np.power,
     "Greater": np.greater,
     "Less": np.less,
