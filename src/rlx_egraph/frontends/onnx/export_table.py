@@ -12,6 +12,7 @@ The fused ops it writes as onnxruntime kernels are exactly those the
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -78,8 +79,45 @@ def _gelu(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> st
 
 
 def _narrow(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """Slice; or, where two or more distinct Narrows of one tensor along one axis do not overlap (a Split as
+    imported, a packed projection cut unevenly), one Split whose outputs they are (a piece for each gap between
+    them, unread): one launch, not one per piece."""
     a = node.attrs
+    axis = a["axis"] % len(types[0].shape)
+    key = (ins[0], axis)
+    if key not in b.splits:
+        b.splits[key] = _split_pieces(b, node, ins[0], axis, types[0].shape[axis])
+    pieces = b.splits[key]
+    if pieces is not None:
+        return pieces[(a["start"], a["length"])]
     return b.op("Slice", [ins[0], b.ints([a["start"]]), b.ints([a["start"] + a["length"]]), b.ints([a["axis"]])])
+
+
+def _split_pieces(b: Builder, node: Node, x: str, axis: int, size: object) -> dict[tuple[int, int], str] | None:
+    """The Split (written now) of ``x`` whose outputs are the Narrows of ``node``'s input along ``axis``, each
+    (start, length) its output's name; None when there are fewer than two of them, they overlap, or the axis is
+    symbolic."""
+    graph = b.graph
+    if graph is None or not isinstance(size, int):
+        return None
+    rank = len(node.shape)
+    cuts = sorted({(n.attrs["start"], n.attrs["length"]) for n in map(graph.node, graph.users(node.inputs[0]))
+                   if n.op == "Narrow" and n.attrs["axis"] % rank == axis})
+    if len(cuts) < 2 or not all(isinstance(d, int) for cut in cuts for d in cut):
+        return None
+    if any(start + length > after for (start, length), (after, _) in itertools.pairwise(cuts)):
+        return None
+    sizes, slots, at = [], {}, 0
+    for start, length in cuts:
+        if start > at:
+            sizes.append(start - at)
+        slots[(start, length)] = len(sizes)
+        sizes.append(length)
+        at = start + length
+    if at < size:
+        sizes.append(size - at)
+    outs = b.multi("Split", [x, b.ints(sizes)], range(len(sizes)), axis=axis)
+    return {cut: outs[k] for cut, k in slots.items()}
 
 
 def _layer_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
@@ -222,9 +260,13 @@ def _causal_attention(b: Builder, node: Node, ins: list[str], types: list[Tensor
 
 
 def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    """Attention (opset 23) with the bias as its additive attn_mask, expanded to [..., Sq, Sk] (which it needs).
-    Its rows whose keys are all masked give 0; without nan_to_zero the MIR op gives NaN there."""
+    """Attention (opset 23) with the bias as its additive attn_mask, expanded to [..., Sq, Sk] (which it needs);
+    a zero Scalar bias (unmasked attention) is no mask.  Its rows whose keys are all masked give 0; without
+    nan_to_zero the MIR op gives NaN there."""
     q, k, v, bias = ins
+    source = b.graph.node(node.inputs[3]) if b.graph is not None else None
+    if source is not None and source.op == "Scalar" and source.attrs["value"] == 0.0:
+        return b.op("Attention", [q, k, v], scale=node.attrs["scale"])
     scores = (types[0].shape[2], types[1].shape[2])
     if types[3].shape[-2:] != scores:
         bias = b.op("Expand", [bias, b.ints(broadcast(types[3].shape, scores))])
