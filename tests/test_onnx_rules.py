@@ -260,13 +260,14 @@ def test_rotate_half_rope_is_one_rotary_embedding(tables: str, swapped: bool, on
 
 # --- BERT embeddings -----------------------------------------------------------------------------------------
 
-VOCAB, POSITIONS, WIDTH = 50, 32, 16
+VOCAB, POSITIONS, WIDTH, PAD = 50, 32, 16, 1
 
 
-def bert_embeddings_model(token_type: str = "buffer") -> onnx.ModelProto:
+def bert_embeddings_model(token_type: str = "buffer", positions: str = "buffer") -> onnx.ModelProto:
     """Word Gather of input_ids + token-type Gather + position Gather, then the decomposed LayerNorm (TorchScript,
-    opset 14); position ids and (token_type "buffer") zero token-type ids are windows of constant buffers, or
-    (token_type "input") the token-type term is a float input."""
+    opset 14); position ids and (token_type "buffer") zero token-type ids are windows of constant buffers,
+    (token_type "ids") the token-type ids an int64 input, or (token_type "input") the token-type term a float
+    input; (positions "cumsum") RoBERTa's position ids from the padding: CumSum(ids != pad) * (ids != pad) + pad."""
     m = OnnxBuilder(14)
     ids = m.input("input_ids", TensorProto.INT64, [B, S])
 
@@ -276,16 +277,26 @@ def bert_embeddings_model(token_type: str = "buffer") -> onnx.ModelProto:
     if token_type == "buffer":
         token_type_ids = m.op("Expand", [window(np.zeros((1, POSITIONS))), m.ints(B, S)])
         types = m.op("Gather", [m.weight("token_type_embeddings", 2, WIDTH), token_type_ids])
+    elif token_type == "ids":
+        types = m.op("Gather", [m.weight("token_type_embeddings", 2, WIDTH),
+                                m.input("token_type_ids", TensorProto.INT64, [B, S])])
     else:
         types = m.input("token_type", F, [B, S, WIDTH])
     x = m.op("Add", [m.op("Gather", [m.weight("word_embeddings", VOCAB, WIDTH), ids]), types])
-    x = m.op("Add", [x, m.op("Gather", [m.weight("position_embeddings", POSITIONS, WIDTH),
-                                        window(np.arange(POSITIONS)[None])])])
+    if positions == "cumsum":
+        keep = m.op("Cast", [m.op("Not", [m.op("Equal", [ids, m.const(PAD, np.int64)])])], to=TensorProto.INT32)
+        counted = m.op("Mul", [m.op("CumSum", [keep, m.const(1, np.int32)]), keep])
+        position_ids = m.op("Add", [m.op("Cast", [counted], to=TensorProto.INT64), m.const(PAD, np.int64)])
+    else:
+        position_ids = window(np.arange(POSITIONS)[None])
+    x = m.op("Add", [x, m.op("Gather", [m.weight("position_embeddings", POSITIONS, WIDTH), position_ids])])
     return m.model({"y": m.layer_norm_decomposed(x, "LayerNorm", WIDTH)})
 
 
 def embeddings_inputs(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return inputs_of(model) | {"input_ids": np.random.default_rng(2).integers(0, VOCAB, (B, S))}
+    rng = np.random.default_rng(2)
+    ids = {"input_ids": rng.integers(0, VOCAB, (B, S)), "token_type_ids": rng.integers(0, 2, (B, S))}
+    return inputs_of(model) | {name: ids[name] for name in ids if name in {i.name for i in model.graph.input}}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -300,6 +311,41 @@ def test_bert_embeddings_are_one_embed_layer_normalization(engine: str) -> None:
     assert onnx_ops(exported) == Counter({"Cast": 1, "EmbedLayerNormalization": 1, "Identity": 1})
     assert op_counts(exported)[1] == 2
     inputs = embeddings_inputs(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bert_embeddings_with_token_type_ids_at_run_time_are_one_embed_layer_normalization(engine: str) -> None:
+    """token_type_ids an input (BERT's usual export): its Gather is EmbedLayerNormalization's segment term
+    (segment_ids and segment_embedding): Cast, Cast (both ids to int32), EmbedLayerNormalization, not Gather x2,
+    Add x2 and LayerNormalization."""
+    model = bert_embeddings_model(token_type="ids")
+    exported, mir, fired = optimized(model, engine)
+    assert (mir["EmbedLayerNorm"], mir["Embedding"], mir["Add"], mir["LayerNorm"]) == (1, 1, 0, 0)
+    assert "embed-layer-norm" in fired
+    assert onnx_ops(exported) == Counter({"Cast": 2, "EmbedLayerNormalization": 1, "Identity": 1})
+    (node,) = [n for n in exported.graph.node if n.op_type == "EmbedLayerNormalization"]
+    # (the two gathers add alike: either may be the word term, the other the segment term)
+    assert {node.input[2], node.input[4]} == {"word_embeddings", "token_type_embeddings"} and node.input[1]
+    inputs = embeddings_inputs(model)
+    assert inputs["token_type_ids"].any() and not inputs["token_type_ids"].all()
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_roberta_embeddings_with_cumsum_positions_are_one_embed_layer_normalization(engine: str) -> None:
+    """Position ids computed at run time from the padding (CumSum) and token_type_ids an input: the two gathers
+    are EmbedLayerNormalization's position term (position_embedding by position_ids) and segment term; the
+    position ids' own computation stays (Equal, Not, Cast, CumSum, Mul, Cast, Add, and Casts to int32)."""
+    model = bert_embeddings_model(token_type="ids", positions="cumsum")
+    exported, mir, fired = optimized(model, engine)
+    assert (mir["EmbedLayerNorm"], mir["LayerNorm"]) == (1, 0) and "embed-layer-norm" in fired
+    ops = onnx_ops(exported)
+    assert (ops["EmbedLayerNormalization"], ops["Gather"], ops["LayerNormalization"], ops["CumSum"]) == (1, 0, 0, 1)
+    (node,) = [n for n in exported.graph.node if n.op_type == "EmbedLayerNormalization"]
+    assert len(node.input) == 9 and node.input[8] and node.input[3] == "position_embeddings"
+    inputs = embeddings_inputs(model)
+    inputs["input_ids"][1, -2:] = PAD  # padded keys: their positions stay at the pad index
     np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
 
 
