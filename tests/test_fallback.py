@@ -77,6 +77,8 @@ def gelu_tanh(cube: str = "pow", product: str = "x_o_half") -> Callable[[], Grap
         o = g.add(g.tanh(g.mul(inner, g.scalar(0.7978845608028654))), g.scalar(1.0))
         if product == "x_o_half":
             return g.mul(g.mul(x, o), g.scalar(0.5))
+        if product == "x_by_half_o":
+            return g.mul(x, g.mul(g.scalar(0.5), o))
         return g.mul(g.mul(x, g.scalar(0.5)), o)
     return unary(body)
 
@@ -244,10 +246,12 @@ def group_norm_silu() -> Graph:
 
 
 def scores_attention(scores: str = "div", keys: str = "t", kv_heads: int = 2, masks: int = 1,
-                     nan_to_zero: bool = False) -> Callable[[], Graph]:
+                     nan_to_zero: bool = False, broadcast_kv: bool = False) -> Callable[[], Graph]:
     """Softmax(scores + masks) @ v on split heads [2, 2, 4, 8] as exports write it (rules/attention.egg):
-    scores "div", "mul", "plain" or "sdpa"; keys^T "t" (Transpose 0 1 3 2), "flat" (through [B*H, S, D]) or
-    "heads_last" (Transpose 0 2 3 1 of [B, S, H, D] keys); kv_heads 1 repeats K/V as repeat_kv does."""
+    scores "div", "mul", "plain" or "sdpa"; keys^T "t" (Transpose 0 1 3 2), "flat" (through [B*H, S, D]),
+    "flat_merged" (the same with repeat_kv's expanded keys reshaped straight to [B*H, S, D]) or "heads_last"
+    (Transpose 0 2 3 1 of [B, S, H, D] keys); kv_heads 1 repeats K/V as repeat_kv does, or broadcasts them
+    (``broadcast_kv``: multi-query attention, keys "t")."""
     def build() -> Graph:
         g = Graph()
         b, h, s, d = 2, 2, 4, 8
@@ -255,13 +259,18 @@ def scores_attention(scores: str = "div", keys: str = "t", kv_heads: int = 2, ma
         k = g.input("k", (b, s, h, d) if keys == "heads_last" else (b, kv_heads, s, d))
         v = g.input("v", (b, kv_heads, s, d))
 
-        def repeat(t: int) -> int:
+        def repeat(t: int, shape: tuple[int, ...] = (b, h, s, d)) -> int:
             wide = g.expand(g.reshape(t, shape=(b, kv_heads, 1, s, d)), shape=(b, kv_heads, h // kv_heads, s, d))
-            return g.reshape(wide, shape=(b, h, s, d))
+            return g.reshape(wide, shape=shape)
 
-        if kv_heads != h:
+        if keys == "flat_merged":
+            flat = repeat(k, (b * h, s, d)) if kv_heads != h else g.reshape(k, shape=(b * h, s, d))
+            kt = g.reshape(g.transpose(flat, perm=(0, 2, 1)), shape=(b, h, d, s))
+        if kv_heads != h and not broadcast_kv:
             k, v = repeat(k), repeat(v)
-        if keys == "heads_last":
+        if keys == "flat_merged":
+            pass
+        elif keys == "heads_last":
             kt = g.transpose(k, perm=(0, 2, 3, 1))
         elif keys == "flat":
             kt = g.reshape(g.transpose(g.reshape(k, shape=(b * h, s, d)), perm=(0, 2, 1)), shape=(b, h, d, s))
@@ -408,6 +417,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "gelu-tanh-one": (gelu_tanh(), GELU),
     "gelu-tanh-x-o-half": (gelu_tanh(product="x_o_half"), GELU),
     "gelu-tanh-x-half-o": (gelu_tanh(product="x_half_o"), GELU),
+    "gelu-tanh-x-by-half-o": (gelu_tanh(product="x_by_half_o"), GELU),
     "ln-centered": (layer_norm(), LN),
     "ln-std": (layer_norm("div"), LN),
     "ln-normed-div": (layer_norm("div"), LN),
@@ -424,7 +434,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "rms-one-div-sqrt": (unary(lambda g, x: g.mul(g.mul(x, g.div(g.scalar(1.0), g.sqrt(g.add(
         g.reduce_mean(g.mul(x, x), axes=(-1,), keepdims=True), g.scalar(1e-6))))), g.param("gamma", (8,)))), RMS),
     "attn-keys-t": (scores_attention(), ATTN),
-    "attn-keys-t-flat": (scores_attention(keys="flat", kv_heads=2), ATTN),
+    "flat-swap-last": (scores_attention(keys="flat_merged", kv_heads=1), ATTN | {"Expand": 0, "Reshape": 0}),
+    "flat-swap-last-heads": (scores_attention(keys="flat", kv_heads=2), ATTN | {"Reshape": 0}),
     "attn-keys-heads-last": (scores_attention(keys="heads_last"), ATTN),
     "attn-scores": (scores_attention(scores="plain"), ATTN),
     "attn-scores-bt": (scores_attention(keys="heads_last"), ATTN),
@@ -432,6 +443,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "attn-scores-mul": (scores_attention(scores="mul"), ATTN),
     "attn-scores-sdpa": (scores_attention(scores="sdpa"), ATTN),
     "attn-split-qk": (scores_attention(), ATTN),
+    "attn-split-qk-mqa": (scores_attention(kv_heads=1, broadcast_kv=True), ATTN),
+    "unmasked-attention": (scores_attention(masks=0), ATTN),
     "attn-keys-heads-last-sdpa": (scores_attention(scores="sdpa", keys="heads_last"), ATTN),
     "attn-repeat-kv": (scores_attention(kv_heads=1), ATTN | {"Expand": 0}),
     "biased-attention": (scores_attention(), ATTN),
@@ -510,7 +523,7 @@ ORDERS: dict[str, tuple[str, Callable[[], Graph], dict[str, int]]] = {
     "add-matmul": ("matmul-add", binary_mm("matmul", True, X, (8, 4), (4, 4)), MATMUL_ADD),
     "add-matmul-at": ("matmul-at-add", binary_mm("matmul_at", True, (4, 8), (4, 8), (8, 8)),
                       {"FusedMatMulATAdd": 1, "Add": 0}),
-    "add-matmul-bt": ("matmul-bt-add", binary_mm("matmul_bt", True, (4, 8), (4, 8), (4, 4)),
+    "add-matmul-bt": ("matmul-bt-add", binary_mm("matmul_bt", True, (4, 8), (4, 8), (4,)),
                       {"FusedMatMulBTAdd": 1, "Add": 0}),
     "bias-matmul": ("matmul-bias", binary_mm("matmul", True, (2, 8), (8, 4), (4,)),
                     {"FusedMatMulBiasAct": 1, "Add": 0}),
@@ -1147,7 +1160,7 @@ def test_only_rules_whose_outcome_new_rows_alone_change_run_semi_naively(tmp_pat
     """A rule whose query reads only tables runs again only at new rows, when it fills tables or records a form;
     one that merges nodes runs near every change (its gain changes with the graph), as does one matching nodes."""
     driven = {p.base for p in load().patterns if _row_driven(p, set())}
-    assert driven == {"attn-split-qk", "shared-input-last", "shared-input-order"}
+    assert driven == {"attn-split-qk", "attn-split-qk-mqa", "shared-input-last", "shared-input-order"}
     path = write(tmp_path, "(relation twin (Op Op))\n"
                  '(rule ((twin ?a ?b)) ((union ?a ?b)) :ruleset simplify :name "merge-twins")\n')
     user = {p.base: _row_driven(p, set()) for p in load([default_rule_dir(), path]).patterns}
@@ -1158,7 +1171,7 @@ def test_only_rules_whose_outcome_new_rows_alone_change_run_semi_naively(tmp_pat
                  ':name "order-concat")\n')
     compiled = load([default_rule_dir(), path])
     engine = _Engine(examples.mlp(), compiled, get_target("cpu"), FallbackLimits(), 64)
-    assert engine.row_driven == {"attn-split-qk"}
+    assert engine.row_driven == {"attn-split-qk", "attn-split-qk-mqa"}
 
 
 @pytest.mark.parametrize("target", ["cpu", "onnxruntime"])

@@ -78,26 +78,33 @@ def inputs_of(model: onnx.ModelProto, mask_row: np.ndarray | None = None) -> dic
 
 
 def attention_model(scores: str, keys: str, mask: str, kv_heads: int = H, nan_to_zero: bool = False,
-                    mask_first: bool = False) -> onnx.ModelProto:
+                    mask_first: bool = False, repeat_kv: bool = True) -> onnx.ModelProto:
     """Softmax(scores + mask) @ v on split heads as the exporters write it.
 
     scores: "div" (/ sqrt D), "mul" (* D^-0.5), "sdpa" (q and k^T each * D^-0.25), "plain" (T5: no scale).
     keys: k^T as "t" (Transpose 0 1 3 2 of k [B, KV, S, D]), "heads_last" (Transpose 0 2 3 1 of k [B, S, KV, D])
-    or "flat" (Reshape, Transpose 0 2 1, Reshape through [B*H, S, D]).  mask: "bert" ((1 - m) * -10000 of an
+    "flat" (Reshape, Transpose 0 2 1, Reshape through [B*H, S, D]) or "flat_merged" (the dynamo exporter's under sdpa:
+    repeat_kv's Expand reshaped straight to [B*H, S, D], then the same).  mask: "bert" ((1 - m) * -10000 of an
     int64 attention_mask), "bool" (sdpa: Where(m, 0, -inf)), "float4d" (a [B, 1, S, S] additive input), "two"
-    (T5: a [1, H, S, S] position bias, then the BERT mask).  kv_heads < H repeats K/V as repeat_kv does.
+    (T5: a [1, H, S, S] position bias, then the BERT mask) or "none".  kv_heads < H repeats K/V as repeat_kv
+    does, or (not ``repeat_kv``, kv_heads 1: multi-query attention) broadcasts them.
     """
     m = OnnxBuilder(17)
     q = m.input("q", F, [B, H, S, D])
     k = m.input("k", F, [B, S, kv_heads, D] if keys == "heads_last" else [B, kv_heads, S, D])
     v = m.input("v", F, [B, kv_heads, S, D])
 
-    def repeat(t: str) -> str:
+    def repeat(t: str, shape: tuple[int, ...] = (B, H, S, D)) -> str:
+        if not repeat_kv:  # (keys "t" only)
+            return t
         grown = m.op("Expand", [m.op("Unsqueeze", [t, m.ints(2)]), m.ints(B, kv_heads, H // kv_heads, S, D)])
-        return m.op("Reshape", [grown, m.ints(B, H, S, D)])
+        return m.op("Reshape", [grown, m.ints(*shape)])
 
     if keys == "heads_last":  # (no repeat_kv: its k is not split yet)
         kt = m.op("Transpose", [k], perm=[0, 2, 3, 1])
+    elif keys == "flat_merged":
+        flat = repeat(k, (B * H, S, D)) if kv_heads != H else m.op("Reshape", [k, m.ints(B * H, S, D)])
+        kt = m.op("Reshape", [m.op("Transpose", [flat], perm=[0, 2, 1]), m.ints(B, H, D, S)])
     else:
         k = repeat(k) if kv_heads != H else k
         if keys == "t":
@@ -115,7 +122,9 @@ def attention_model(scores: str, keys: str, mask: str, kv_heads: int = H, nan_to
             s = m.op("Div", [s, m.const(math.sqrt(D))])
         elif scores == "mul":
             s = m.op("Mul", [s, m.const(D**-0.5)])
-    if mask == "float4d":
+    if mask == "none":
+        bias = None
+    elif mask == "float4d":
         bias = m.input("bias", F, [B, 1, S, S])
     elif mask == "bool":
         keep = m.op("Unsqueeze", [m.input("attention_mask", TensorProto.BOOL, [B, S]), m.ints(1, 2)])
@@ -126,7 +135,7 @@ def attention_model(scores: str, keys: str, mask: str, kv_heads: int = H, nan_to
         bias = m.op("Mul", [m.op("Sub", [m.const(1.0), ext]), m.const(-10000.0)])
     if mask == "two":
         s = m.op("Add", [s, m.weight("position_bias", 1, H, S, S)])
-    p = m.op("Softmax", [m.op("Add", [bias, s] if mask_first else [s, bias])], axis=-1)
+    p = m.op("Softmax", [s if bias is None else m.op("Add", [bias, s] if mask_first else [s, bias])], axis=-1)
     if nan_to_zero:
         p = m.op("Where", [m.op("IsNaN", [p]), m.const(0.0), p])
     return m.model({"y": m.op("MatMul", [p, v])})
@@ -138,15 +147,25 @@ ATTENTION_CASES = {  # case -> (model arguments, rules that must fire)
     "mask-first-mul-heads-last": (("mul", "heads_last", "float4d", H, False, True),
                                   {"attn-keys-heads-last", "attn-scores-bt", "attn-scores-mul",
                                    "biased-attention"}),
-    "sdpa-flat-isnan": (("sdpa", "flat", "bool", H, True), {"attn-keys-t-flat", "attn-scores-sdpa",
+    "sdpa-flat-isnan": (("sdpa", "flat", "bool", H, True), {"flat-swap-last-heads", "attn-scores-sdpa",
                                                             "onnx-attention-isnan"}),
     "sdpa-heads-last-isnan": (("sdpa", "heads_last", "bool", H, True),
                               {"attn-keys-heads-last-sdpa", "attn-scores-bt", "onnx-attention-isnan"}),
     "sdpa-isnan-gqa": (("sdpa", "t", "bool", 2, True), {"attn-scores-sdpa", "onnx-attention-isnan",
                                                         "biased-attention-gqa"}),
-    "sdpa-flat-isnan-gqa": (("sdpa", "flat", "bool", 2, True), {"attn-keys-t-flat", "onnx-attention-isnan",
+    "sdpa-flat-isnan-gqa": (("sdpa", "flat", "bool", 2, True), {"flat-swap-last-heads", "onnx-attention-isnan",
                                                                 "biased-attention-gqa"}),
+    "sdpa-flat-merged-gqa": (("sdpa", "flat_merged", "bool", 2, True),
+                             {"flat-swap-last", "attn-repeat-kv", "onnx-attention-isnan", "biased-attention-gqa"}),
+    "sdpa-flat-merged-mqa": (("sdpa", "flat_merged", "bool", 1, True), {"flat-swap-last", "attn-repeat-kv",
+                                                                        "biased-attention-gqa"}),
     "t5-plain-two-masks": (("plain", "t", "two"), {"attn-scores", "biased-attention-two-masks"}),
+    "mqa-broadcast-div": (("div", "t", "bert", 1, False, False, False), {"attn-split-qk-mqa", "biased-attention"}),
+    "mqa-broadcast-sdpa": (("sdpa", "t", "bool", 1, True, False, False), {"attn-split-qk-mqa",
+                                                                           "onnx-attention-isnan"}),
+    "unmasked-mul-heads-last": (("mul", "heads_last", "none"), {"attn-keys-heads-last", "unmasked-attention"}),
+    "unmasked-mqa-sdpa": (("sdpa", "t", "none", 1, False, False, False), {"attn-split-qk-mqa",
+                                                                          "unmasked-attention"}),
 }
 ATTENTION_RUNS = [(case, engine) for case in sorted(ATTENTION_CASES) for engine in ENGINES]
 
@@ -241,13 +260,14 @@ def test_rotate_half_rope_is_one_rotary_embedding(tables: str, swapped: bool, on
 
 # --- BERT embeddings -----------------------------------------------------------------------------------------
 
-VOCAB, POSITIONS, WIDTH = 50, 32, 16
+VOCAB, POSITIONS, WIDTH, PAD = 50, 32, 16, 1
 
 
-def bert_embeddings_model(token_type: str = "buffer") -> onnx.ModelProto:
+def bert_embeddings_model(token_type: str = "buffer", positions: str = "buffer") -> onnx.ModelProto:
     """Word Gather of input_ids + token-type Gather + position Gather, then the decomposed LayerNorm (TorchScript,
-    opset 14); position ids and (token_type "buffer") zero token-type ids are windows of constant buffers, or
-    (token_type "input") the token-type term is a float input."""
+    opset 14); position ids and (token_type "buffer") zero token-type ids are windows of constant buffers,
+    (token_type "ids") the token-type ids an int64 input, or (token_type "input") the token-type term a float
+    input; (positions "cumsum") RoBERTa's position ids from the padding: CumSum(ids != pad) * (ids != pad) + pad."""
     m = OnnxBuilder(14)
     ids = m.input("input_ids", TensorProto.INT64, [B, S])
 
@@ -257,16 +277,26 @@ def bert_embeddings_model(token_type: str = "buffer") -> onnx.ModelProto:
     if token_type == "buffer":
         token_type_ids = m.op("Expand", [window(np.zeros((1, POSITIONS))), m.ints(B, S)])
         types = m.op("Gather", [m.weight("token_type_embeddings", 2, WIDTH), token_type_ids])
+    elif token_type == "ids":
+        types = m.op("Gather", [m.weight("token_type_embeddings", 2, WIDTH),
+                                m.input("token_type_ids", TensorProto.INT64, [B, S])])
     else:
         types = m.input("token_type", F, [B, S, WIDTH])
     x = m.op("Add", [m.op("Gather", [m.weight("word_embeddings", VOCAB, WIDTH), ids]), types])
-    x = m.op("Add", [x, m.op("Gather", [m.weight("position_embeddings", POSITIONS, WIDTH),
-                                        window(np.arange(POSITIONS)[None])])])
+    if positions == "cumsum":
+        keep = m.op("Cast", [m.op("Not", [m.op("Equal", [ids, m.const(PAD, np.int64)])])], to=TensorProto.INT32)
+        counted = m.op("Mul", [m.op("CumSum", [keep, m.const(1, np.int32)]), keep])
+        position_ids = m.op("Add", [m.op("Cast", [counted], to=TensorProto.INT64), m.const(PAD, np.int64)])
+    else:
+        position_ids = window(np.arange(POSITIONS)[None])
+    x = m.op("Add", [x, m.op("Gather", [m.weight("position_embeddings", POSITIONS, WIDTH), position_ids])])
     return m.model({"y": m.layer_norm_decomposed(x, "LayerNorm", WIDTH)})
 
 
 def embeddings_inputs(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return inputs_of(model) | {"input_ids": np.random.default_rng(2).integers(0, VOCAB, (B, S))}
+    rng = np.random.default_rng(2)
+    ids = {"input_ids": rng.integers(0, VOCAB, (B, S)), "token_type_ids": rng.integers(0, 2, (B, S))}
+    return inputs_of(model) | {name: ids[name] for name in ids if name in {i.name for i in model.graph.input}}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -281,6 +311,41 @@ def test_bert_embeddings_are_one_embed_layer_normalization(engine: str) -> None:
     assert onnx_ops(exported) == Counter({"Cast": 1, "EmbedLayerNormalization": 1, "Identity": 1})
     assert op_counts(exported)[1] == 2
     inputs = embeddings_inputs(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bert_embeddings_with_token_type_ids_at_run_time_are_one_embed_layer_normalization(engine: str) -> None:
+    """token_type_ids an input (BERT's usual export): its Gather is EmbedLayerNormalization's segment term
+    (segment_ids and segment_embedding): Cast, Cast (both ids to int32), EmbedLayerNormalization, not Gather x2,
+    Add x2 and LayerNormalization."""
+    model = bert_embeddings_model(token_type="ids")
+    exported, mir, fired = optimized(model, engine)
+    assert (mir["EmbedLayerNorm"], mir["Embedding"], mir["Add"], mir["LayerNorm"]) == (1, 1, 0, 0)
+    assert "embed-layer-norm" in fired
+    assert onnx_ops(exported) == Counter({"Cast": 2, "EmbedLayerNormalization": 1, "Identity": 1})
+    (node,) = [n for n in exported.graph.node if n.op_type == "EmbedLayerNormalization"]
+    # (the two gathers add alike: either may be the word term, the other the segment term)
+    assert {node.input[2], node.input[4]} == {"word_embeddings", "token_type_embeddings"} and node.input[1]
+    inputs = embeddings_inputs(model)
+    assert inputs["token_type_ids"].any() and not inputs["token_type_ids"].all()
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_roberta_embeddings_with_cumsum_positions_are_one_embed_layer_normalization(engine: str) -> None:
+    """Position ids computed at run time from the padding (CumSum) and token_type_ids an input: the two gathers
+    are EmbedLayerNormalization's position term (position_embedding by position_ids) and segment term; the
+    position ids' own computation stays (Equal, Not, Cast, CumSum, Mul, Cast, Add, and Casts to int32)."""
+    model = bert_embeddings_model(token_type="ids", positions="cumsum")
+    exported, mir, fired = optimized(model, engine)
+    assert (mir["EmbedLayerNorm"], mir["LayerNorm"]) == (1, 0) and "embed-layer-norm" in fired
+    ops = onnx_ops(exported)
+    assert (ops["EmbedLayerNormalization"], ops["Gather"], ops["LayerNormalization"], ops["CumSum"]) == (1, 0, 0, 1)
+    (node,) = [n for n in exported.graph.node if n.op_type == "EmbedLayerNormalization"]
+    assert len(node.input) == 9 and node.input[8] and node.input[3] == "position_embeddings"
+    inputs = embeddings_inputs(model)
+    inputs["input_ids"][1, -2:] = PAD  # padded keys: their positions stay at the pad index
     np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
 
 
@@ -331,6 +396,30 @@ def test_the_dynamo_gelu_form_is_one_bias_gelu(engine: str) -> None:
     np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("association", ["x_o_half", "x_half_o", "x_by_half_o", "half_x_o"])
+def test_tanh_gelu_in_every_association_is_one_fast_gelu(association: str, engine: str) -> None:
+    """x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) on x = MatMul + bias, its product in each
+    association ((x * O) * 0.5, (x * 0.5) * O, x * (0.5 * O), (0.5 * x) * O): one FastGelu(bias)."""
+    m = OnnxBuilder(18)
+    x = m.linear(m.input("x", F, [B, S, 16]), "fc", 16, 32)
+    inner = m.op("Add", [x, m.op("Mul", [m.const(0.044715), m.op("Pow", [x, m.const(3.0)])])])
+    o = m.op("Add", [m.const(1.0), m.op("Tanh", [m.op("Mul", [m.const(math.sqrt(2 / math.pi)), inner])])])
+    half = m.const(0.5)
+    y = {"x_o_half": lambda: m.op("Mul", [m.op("Mul", [x, o]), half]),
+         "x_half_o": lambda: m.op("Mul", [m.op("Mul", [x, half]), o]),
+         "x_by_half_o": lambda: m.op("Mul", [x, m.op("Mul", [half, o])]),
+         "half_x_o": lambda: m.op("Mul", [m.op("Mul", [half, x]), o])}[association]()
+    model = m.model({"y": y})
+    exported, mir, fired = optimized(model, engine)
+    assert (mir["FusedMatMulBiasAct"], mir["Tanh"], mir["Mul"], mir["Pow"]) == (1, 0, 0, 0)
+    assert {"gelu-tanh-one", "matmul-bias-gelu-tanh"} <= fired
+    ops = onnx_ops(exported)
+    assert (ops["FastGelu"], ops["MatMul"], ops["Tanh"], op_counts(exported)[1]) == (1, 1, 0, 2)
+    inputs = inputs_of(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("addend", ["bias", "residual"])
 def test_a_batched_linear_layer_exports_as_one_gemm_on_rows(addend: str) -> None:
     """x [B, S, K] @ w + bias (or + a residual of the result's shape) is Reshape, Gemm, Reshape: one kernel."""
@@ -343,6 +432,85 @@ def test_a_batched_linear_layer_exports_as_one_gemm_on_rows(addend: str) -> None
     assert (ops["Gemm"], ops["MatMul"], ops["Add"]) == (1, 0, 0)
     inputs = inputs_of(model)
     np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+def gemm_bt_model(rows: bool) -> onnx.ModelProto:
+    """Linear layers as Gemm(transB=1) with a 1-D bias, weights [out, in]: a pooler (Gemm on [B, E], Tanh) or
+    (``rows``) an OPT-style FFN on the rows of [B, S, E] (Reshape, Gemm, Relu, Gemm, Reshape)."""
+    m = OnnxBuilder(17)
+    x = m.op("Reshape", [m.input("x", F, [B, S, 16]), m.ints(-1, 16)]) if rows else m.input("x", F, [B, 16])
+
+    def gemm(t: str, name: str, n_in: int, n_out: int) -> str:
+        return m.op("Gemm", [t, m.weight(f"{name}.weight", n_out, n_in), m.weight(f"{name}.bias", n_out, scale=0.1)],
+                    transB=1)
+
+    if rows:
+        y = gemm(m.op("Relu", [gemm(x, "fc1", 16, 32)]), "fc2", 32, 16)
+        return m.model({"y": m.op("Reshape", [y, m.ints(B, S, 16)])})
+    return m.model({"y": m.op("Tanh", [gemm(x, "pooler.dense", 16, 16)])})
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("rows", [False, True])
+def test_gemm_with_transposed_weights_and_a_bias_round_trips_as_one_gemm(rows: bool, engine: str) -> None:
+    """Gemm(transB=1) + bias imports as MatMulBT + Add, fuses to FusedMatMulBTAdd and exports as one Gemm again:
+    as many launches out as in."""
+    model = gemm_bt_model(rows)
+    exported, mir, fired = optimized(model, engine)
+    gemms = 2 if rows else 1
+    assert (mir["FusedMatMulBTAdd"], mir["MatMulBT"], mir["Add"]) == (gemms, 0, 0)
+    assert "matmul-bt-add" in fired
+    ops = onnx_ops(exported)
+    assert (ops["Gemm"], ops["MatMul"], ops["Add"], ops["Transpose"]) == (gemms, 0, 0, 0)
+    assert op_counts(exported)[1] == op_counts(model)[1] == gemms + 1
+    inputs = inputs_of(model)
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+def packed_pieces_model(cut: str) -> onnx.ModelProto:
+    """One packed projection x @ w [B, S, 24] cut in two along the last axis as the exporters write it:
+    "even" Split(num_outputs=2) (dynamo, opset 18, w [16, 32]), "uneven" Split with sizes [8, 16], "slices"
+    two Slices [0, 8) and [8, 24); Relu of the first piece, Tanh of the second."""
+    m = OnnxBuilder(18)
+    width = 32 if cut == "even" else 24
+    packed = m.op("MatMul", [m.input("x", F, [B, S, 16]), m.weight("w", 16, width)])
+    if cut == "even":
+        first, second = m.op("Split", [packed], outputs=2, axis=-1, num_outputs=2)
+    elif cut == "uneven":
+        first, second = m.op("Split", [packed, m.ints(8, 16)], outputs=2, axis=2)
+    else:
+        first = m.op("Slice", [packed, m.ints(0), m.ints(8), m.ints(-1)])
+        second = m.op("Slice", [packed, m.ints(8), m.ints(24), m.ints(-1)])
+    return m.model({"y": m.op("Relu", [first]), "z": m.op("Tanh", [second])})
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("cut", ["even", "uneven", "slices"])
+def test_the_pieces_of_one_tensor_export_as_one_split(cut: str, engine: str) -> None:
+    """A Split imports as Narrows (one per piece) and exports as one Split again, as do Slices that cut one
+    tensor along one axis without overlapping: MatMul, Split, Relu, Tanh (4 launches)."""
+    model = packed_pieces_model(cut)
+    exported, mir, _ = optimized(model, engine)
+    assert mir["Narrow"] == 2
+    ops = onnx_ops(exported)
+    assert (ops["Split"], ops["Slice"], ops["MatMul"]) == (1, 0, 1)
+    assert op_counts(exported)[1] == 4 == op_counts(model)[1] - (cut == "slices")
+    inputs = inputs_of(model)
+    session_in, session_out = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                               for m in (model, exported))
+    for want, got in zip(session_in.run(None, inputs), session_out.run(None, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+def test_narrows_that_overlap_export_as_slices() -> None:
+    """Pieces [0, 16) and [8, 24) share elements: no Split has them as outputs, so they stay two Slices."""
+    m = OnnxBuilder(18)
+    packed = m.op("MatMul", [m.input("x", F, [B, S, 16]), m.weight("w", 16, 24)])
+    first = m.op("Slice", [packed, m.ints(0), m.ints(16), m.ints(-1)])
+    second = m.op("Slice", [packed, m.ints(8), m.ints(24), m.ints(-1)])
+    model = m.model({"y": m.op("Relu", [first]), "z": m.op("Tanh", [second])})
+    exported, _, _ = optimized(model, "egglog")
+    assert (onnx_ops(exported)["Split"], onnx_ops(exported)["Slice"]) == (0, 2)
 
 
 # --- the export-form layers against onnxruntime's own optimizer ---------------------------------------------

@@ -12,6 +12,7 @@ The fused ops it writes as onnxruntime kernels are exactly those the
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -78,8 +79,45 @@ def _gelu(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> st
 
 
 def _narrow(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """Slice; or, where two or more distinct Narrows of one tensor along one axis do not overlap (a Split as
+    imported, a packed projection cut unevenly), one Split whose outputs they are (a piece for each gap between
+    them, unread): one launch, not one per piece."""
     a = node.attrs
+    axis = a["axis"] % len(types[0].shape)
+    key = (ins[0], axis)
+    if key not in b.splits:
+        b.splits[key] = _split_pieces(b, node, ins[0], axis, types[0].shape[axis])
+    pieces = b.splits[key]
+    if pieces is not None:
+        return pieces[(a["start"], a["length"])]
     return b.op("Slice", [ins[0], b.ints([a["start"]]), b.ints([a["start"] + a["length"]]), b.ints([a["axis"]])])
+
+
+def _split_pieces(b: Builder, node: Node, x: str, axis: int, size: object) -> dict[tuple[int, int], str] | None:
+    """The Split (written now) of ``x`` whose outputs are the Narrows of ``node``'s input along ``axis``, each
+    (start, length) its output's name; None when there are fewer than two of them, they overlap, or the axis is
+    symbolic."""
+    graph = b.graph
+    if graph is None or not isinstance(size, int):
+        return None
+    rank = len(node.shape)
+    cuts = sorted({(n.attrs["start"], n.attrs["length"]) for n in map(graph.node, graph.users(node.inputs[0]))
+                   if n.op == "Narrow" and n.attrs["axis"] % rank == axis})
+    if len(cuts) < 2 or not all(isinstance(d, int) for cut in cuts for d in cut):
+        return None
+    if any(start + length > after for (start, length), (after, _) in itertools.pairwise(cuts)):
+        return None
+    sizes, slots, at = [], {}, 0
+    for start, length in cuts:
+        if start > at:
+            sizes.append(start - at)
+        slots[(start, length)] = len(sizes)
+        sizes.append(length)
+        at = start + length
+    if at < size:
+        sizes.append(size - at)
+    outs = b.multi("Split", [x, b.ints(sizes)], range(len(sizes)), axis=axis)
+    return {cut: outs[k] for cut, k in slots.items()}
 
 
 def _layer_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
@@ -250,9 +288,13 @@ def _causal_attention(b: Builder, node: Node, ins: list[str], types: list[Tensor
 
 
 def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    """Attention (opset 23) with the bias as its additive attn_mask, expanded to [..., Sq, Sk] (which it needs).
-    Its rows whose keys are all masked give 0; without nan_to_zero the MIR op gives NaN there."""
+    """Attention (opset 23) with the bias as its additive attn_mask, expanded to [..., Sq, Sk] (which it needs);
+    a zero Scalar bias (unmasked attention) is no mask.  Its rows whose keys are all masked give 0; without
+    nan_to_zero the MIR op gives NaN there."""
     q, k, v, bias = ins
+    source = b.graph.node(node.inputs[3]) if b.graph is not None else None
+    if source is not None and source.op == "Scalar" and source.attrs["value"] == 0.0:
+        return b.op("Attention", [q, k, v], scale=node.attrs["scale"])
     scores = (types[0].shape[2], types[1].shape[2])
     if types[3].shape[-2:] != scores:
         bias = b.op("Expand", [bias, b.ints(broadcast(types[3].shape, scores))])
@@ -339,27 +381,53 @@ def _embed_layer_norm(b: Builder, node: Node, ins: list[str], types: list[Tensor
     """com.microsoft EmbedLayerNormalization (f32, ids [B, S]) when first + second are the same in every batch row,
     given per position: known terms of static shape (their sum is its position table [S, H], row s for token s), or
     at any sequence length a gather of a table's rows by Arange(0, S) plus constant rows (BERT's position and
-    token-type terms with symbolic dims: the table's rows plus the constant row).  Ids not int32 are cast (one
-    launch); its mask_index output is written and unread.  Out-of-range ids fail in it (Gather takes negative
-    ones)."""
-    table, ids, first, second, gamma, beta = ins
+    token-type terms with symbolic dims: the table's rows plus the constant row).  A term that gathers a table's
+    rows by ids known only at run time (BERT's token_type_ids input) is its segment term; a second such term
+    (RoBERTa's positions from a CumSum of the mask) its position table with position_ids.  Ids not int32 are cast
+    (one launch each); its mask_index output is written and unread.  Out-of-range ids fail in it (Gather takes
+    negative ones)."""
+    table, ids, *_, gamma, beta = ins
     if types[0].dtype != "f32" or types[1].rank != 2:
         return None
-    terms = [_known(b, name) for name in (first, second)]
-    if all(t is not None for t in terms) and all(isinstance(d, int) for d in node.shape):
-        total = np.broadcast_to(terms[0] + terms[1], node.shape)
+    gathers = {k: g for k in (2, 3) if (g := _run_time_gather(b, node, ins, k)) is not None}
+    position_ids, (segment_ids, segment_table) = "", next(iter(gathers.values()), ("", ""))
+    terms = [k for k in (2, 3) if k not in list(gathers)[:1]]
+    known = [_known(b, ins[k]) for k in terms]
+    if all(t is not None for t in known) and all(isinstance(d, int) for d in node.shape):
+        total = np.broadcast_to(sum(known), node.shape)
         if not (total == total[:1]).all():
             return None
-        rows = total[0]
+        positions = b.const(np.ascontiguousarray(total[0]), types[2].dtype)
+    elif len(gathers) == 2:
+        position_ids, positions = gathers[3]
     else:
-        rows = _position_rows(b, node, [node.inputs[2], node.inputs[3]])
+        rows = _position_rows(b, node, [node.inputs[k] for k in terms])
         if rows is None:
             return None
-    positions = b.const(np.ascontiguousarray(rows), types[2].dtype)
+        positions = b.const(np.ascontiguousarray(rows), types[2].dtype)
     if types[1].dtype != "i32":
         ids = b.op("Cast", [ids], to=ONNX_DTYPES["i32"])
-    return b.multi("EmbedLayerNormalization", [ids, "", table, positions, "", gamma, beta], (0, 1), domain=MS,
+    inputs = [ids, segment_ids, table, positions, segment_table, gamma, beta, "", position_ids]
+    return b.multi("EmbedLayerNormalization", inputs if position_ids else inputs[:7], (0, 1), domain=MS,
                    epsilon=node.attrs["eps"])[0]
+
+
+def _run_time_gather(b: Builder, node: Node, ins: list[str], k: int) -> tuple[str, str] | None:
+    """Input ``k`` of EmbedLayerNorm ``node`` when it gathers the rows of a 2-D parameter by ids [B, S] known only at
+    run time: the ids (cast to int32) and the table as written; else None."""
+    graph = b.graph
+    if graph is None:
+        return None
+    n = graph.node(node.inputs[k])
+    if n.op != "Embedding" or graph.node(n.inputs[0]).op != "Param":
+        return None
+    ids = graph.node(n.inputs[1])
+    written = next((w for w in b.nodes if w.output and w.output[0] == ins[k]), None)
+    if ids.op in ("Arange", "Scalar", "Constant") or ids.shape != node.shape[:-1] or written is None or \
+            written.op_type != "Gather":
+        return None
+    table, index = written.input
+    return (index if ids.dtype == "i32" else b.op("Cast", [index], to=ONNX_DTYPES["i32"])), table
 
 
 def _int_dtype(b: Builder, name: str, dtype: str) -> str:
@@ -394,8 +462,8 @@ def _dim_values(b: Builder, node: Node, ins: list[str], types: list[TensorType])
 
 def _position_rows(b: Builder, node: Node, terms: list[int]) -> np.ndarray | None:
     """The position table [P, H] of embedding terms of any sequence length: one term a gather of a weight's rows by
-    positions 0, 1, ... (Embedding of Arange(0, S), reshaped or broadcast), the other the same row everywhere (an
-    Embedding by one constant id, or a known value of one row); None for other terms."""
+    positions 0, 1, ... (Embedding of Arange(0, S), reshaped or broadcast), the other (if any) the same row
+    everywhere (an Embedding by one constant id, or a known value of one row); None for other terms."""
     graph = b.graph
     if graph is None:
         return None
@@ -427,9 +495,11 @@ def _position_rows(b: Builder, node: Node, terms: list[int]) -> np.ndarray | Non
         if not (flat == flat[:1]).all():
             return None
         constant = flat[0]
-    if positional is None or constant is None or positional.shape[-1] != constant.shape[-1]:
+    if positional is None or (constant is None and len(terms) > 1):
         return None
-    return positional + constant
+    if constant is None:  # (one term: the positions alone)
+        return positional
+    return positional + constant if positional.shape[-1] == constant.shape[-1] else None
 
 
 EXPORTS: dict[str, ExportFn] = {

@@ -51,6 +51,7 @@ class Builder:
                     self.dim_sources.setdefault(d, (node.name, axis))
         self.dim_tensors: dict[Any, str] = {}
         self.expanded: dict[tuple[str, tuple[Dim, ...]], str] = {}
+        self.splits: dict[tuple[str, int], dict[tuple[int, int], str] | None] = {}  # (tensor, axis) -> its Split
         self.label: str | None = None  # the name the nodes written for the current MIR node take (made unique)
 
     def fresh(self, hint: str) -> str:
