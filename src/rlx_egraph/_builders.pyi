@@ -87,6 +87,8 @@ class GraphBuilders:
         """Append a Identity node (elementwise). Elementwise Identity."""
     def item(self, x: int) -> int:
         """Append a Item node (host-sync). x.item(): the one element of x, read back to the host, as a scalar."""
+    def kv_cache_attention(self, q: int, k: int, v: int, past_k: int, past_v: int, bias: int, *, scale: float, nan_to_zero: bool = False) -> int:
+        """Append a KvCacheAttention node (fused). A decoding step's attention with a KV cache: the present keys and values Concat(past, new) on the sequence axis, and BiasedAttention of q over them; results (context, present key, present value)."""
     def layer_norm(self, x: int, gamma: int, beta: int, *, axis: int = -1, eps: float = 1e-05) -> int:
         """Append a LayerNorm node (norm). Normalise over axes [axis, rank), then scale and shift."""
     def layer_norm_grad_x(self, x: int, gamma: int, dy: int, *, axis: int = -1, eps: float = 1e-05) -> int:

@@ -166,6 +166,10 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("BiasedAttention", lambda m, p: m.g.biased_attention(
             chain(m, p, (b, h, s, d)), m.input((b, h, s, d), "k"), m.input((b, h, s, d), "v"), m.input(mask, "mask"),
             scale=d**-0.5)),
+        case("KvCacheAttention", lambda m, p: multi(m.g.kv_cache_attention(
+            chain(m, p, (b, h, 1, d)), m.input((b, h, 1, d), "k"), m.input((b, h, 1, d), "v"),
+            m.input((b, h, s, d), "past_k"), m.input((b, h, s, d), "past_v"), m.input((b, 1, 1, s + 1), "mask"),
+            scale=d**-0.5), m.g), " decoding step"),
         case("RotaryEmbedding", rotary),
         case("EmbedLayerNorm", embed),
     ]

@@ -231,6 +231,17 @@ def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[Tensor
     return b.op("Attention", [q, k, v, bias], scale=node.attrs["scale"])
 
 
+def _kv_cache_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> tuple[str, ...]:
+    """Attention (opset 23) with past_key and past_value: the context and the present key and value (the
+    Concats of past and new on the sequence axis) in one kernel, the bias its additive attn_mask expanded to
+    [..., S, P + S]."""
+    q, k, v, past_k, past_v, bias = ins
+    scores = (types[0].shape[2], types[3].shape[2] + types[1].shape[2])
+    if types[5].shape[-2:] != scores:
+        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, scores))])
+    return tuple(b.multi("Attention", [q, k, v, bias, past_k, past_v], (0, 1, 2), scale=node.attrs["scale"]))
+
+
 def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     """com.microsoft Attention: the packed projection, the heads and the additive bias (its attention_bias
     input, expanded to [B or 1, H or 1, S, S]: once per mask) or the causal mask (unidirectional) in one
@@ -452,6 +463,7 @@ EXPORTS: dict[str, ExportFn] = {
     "CausalAttention": _causal_attention,
     "BiasedAttention": _biased_attention,
     "QkvAttention": _qkv_attention,
+    "KvCacheAttention": _kv_cache_attention,
     "RotaryEmbedding": _rotary,
     "EmbedLayerNorm": _embed_layer_norm,
     # leaves made of dims, computed at run time from the inputs' shapes (static ones are initializers)

@@ -316,6 +316,49 @@ def _biased_attention_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
         {"scale": pick(rng, [d**-0.5, float(rng.uniform(0.1, 1.0))])}
 
 
+def _kv_cache_attention_infer(a: Attrs, ins: list[ValueType]) -> TupleType:
+    """(context [B, H, S, Dv], present key [B, KV, P + S, D], present value [B, KV, P + S, Dv])."""
+    q, k, v, past_k, past_v, bias = ins
+    for label, new, past in (("key", k, past_k), ("value", v, past_v)):
+        require_rank(past, 4, f"KvCacheAttention past {label} ([B, KV, P, D])")
+        if past.dtype != new.dtype or past.shape[:2] != new.shape[:2] or past.shape[3] != new.shape[3]:
+            raise ShapeError(f"KvCacheAttention past {label} {list(past.shape)} {past.dtype} and new {label} "
+                             f"{list(new.shape)} {new.dtype} must agree but for the sequence axis")
+    present_k = concat_infer({"axis": 2}, [past_k, k])
+    present_v = concat_infer({"axis": 2}, [past_v, v])
+    out = _biased_attention_infer(a, [q, present_k, present_v, bias])
+    return TupleType((out, present_k, present_v))
+
+
+def _kv_cache_attention_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, past_k: np.ndarray,
+                               past_v: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, ...]:
+    present_k, present_v = np.concatenate([past_k, k], axis=2), np.concatenate([past_v, v], axis=2)
+    return _biased_attention_kernel(a, q, present_k, present_v, bias), present_k, present_v
+
+
+def _kv_cache_attention_decompose(g: Graph, ins: list[int], a: Attrs) -> tuple[int, int, int]:
+    """Concat(past, new) on the sequence axis for K and V, then BiasedAttention over them."""
+    q, k, v, past_k, past_v, bias = ins
+    present_k, present_v = g.concat([past_k, k], axis=2), g.concat([past_v, v], axis=2)
+    return g.biased_attention(q, present_k, present_v, bias, **a), present_k, present_v
+
+
+def _kv_cache_attention_flops(a: Attrs, ins: list[ValueType], out: ValueType) -> int:
+    q, k, past_k = ins[0], ins[1], ins[3]
+    return 4 * q.numel * (k.shape[2] + past_k.shape[2])
+
+
+def _kv_cache_attention_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """q [B, KV * (1 to 3), S, D], new k and v [B, KV, S, D], past [B, KV, P, D]; bias [B, 1, 1, P + S],
+    [B, 1, S, P + S] or [B, H, S, P + S]."""
+    b, kv_heads, rep = random_shape(rng, 3, 3, high=3)
+    s, d, past = random_shape(rng, 3, 3)
+    h, total = kv_heads * rep, past + s
+    bias = pick(rng, [(b, 1, 1, total), (b, 1, s, total), (b, h, s, total)])
+    return {"q": (b, h, s, d), "k": (b, kv_heads, s, d), "v": (b, kv_heads, s, d), "past_k": (b, kv_heads, past, d),
+            "past_v": (b, kv_heads, past, d), "bias": bias}, {"scale": d**-0.5, "nan_to_zero": bool(rng.integers(2))}
+
+
 def _qkv_attention_infer(a: Attrs, ins: list[T]) -> T:
     x, w, b, *bias = ins
     require_rank(x, 3, "QkvAttention x ([B, S, E_in])")
@@ -743,6 +786,13 @@ FUSED = [
            doc="Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask "
                "broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN.",
            decompose=_biased_attention_decompose, sampler=_biased_attention_sample),
+    OpSpec("KvCacheAttention", Kind.FUSED, ("q", "k", "v", "past_k", "past_v", "bias"), _kv_cache_attention_infer,
+           _kv_cache_attention_kernel, (_SCALE, AttrSpec("nan_to_zero", B, False)),
+           flops=_kv_cache_attention_flops,
+           doc="A decoding step's attention with a KV cache: the present keys and values Concat(past, new) on the "
+               "sequence axis, and BiasedAttention of q over them; results (context, present key, present value).",
+           decompose=_kv_cache_attention_decompose, sampler=_kv_cache_attention_sample,
+           results=("context", "present_key", "present_value")),
     OpSpec("QkvAttention", Kind.FUSED, ("x", "w", "b", "bias?"), _qkv_attention_infer, _qkv_attention_kernel,
            (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False)),
            flops=_qkv_attention_flops,

@@ -1,0 +1,124 @@
+"""Decoding with a KV cache: a decoder-with-past step (past_key_values in, present out, sequence 1) imports,
+its attention over Concat(past, new) becomes one KvCacheAttention (rules/decode.egg) and exports as one
+Attention (opset 23) with past_key / past_value, in parity with the unfused export at several past lengths."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import calibrations
+from onnx_models import decode_step
+from rlx_egraph.cost import TARGETS
+from rlx_egraph.onnx import export_model, import_model, onnx_rules
+from rlx_egraph.optimize import optimize_with_report
+
+RULES = onnx_rules()
+PAST_LENGTHS = (1, 7, 30)
+ENGINES = ("egglog", "fallback")
+# (heads, kv_heads, rope, concat axis): GQA with RoPE (Llama, Qwen2), MQA, multi-head without RoPE (GPT-2)
+FORMS = {"gqa-rope": (4, 2, True, 2), "mqa-rope": (4, 1, True, -2), "mha": (2, 2, False, -2)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _onnxruntime_priced_uniformly() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(TARGETS, "onnxruntime", calibrations.UNIFORM)
+        yield
+
+
+def step_inputs(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Seeded normal floats; the mask keeps every key but the first of batch row 1 (left padding)."""
+    rng = np.random.default_rng(3)
+    out = {}
+    for info in model.graph.input:
+        shape = [d.dim_value for d in info.type.tensor_type.shape.dim]
+        if info.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            out[info.name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            keep = np.ones(shape, np.int64)
+            keep[1, 0] = 0
+            out[info.name] = keep
+    return out
+
+
+def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in model.graph.output], session.run(None, inputs), strict=True))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_a_decoding_step_is_one_attention_with_past_at_every_past_length(form: str, engine: str) -> None:
+    heads, kv_heads, rope, axis = FORMS[form]
+    for past in PAST_LENGTHS:
+        model = decode_step(past, heads=heads, kv_heads=kv_heads, rope=rope, concat_axis=axis)
+        optimized, report = optimize_with_report(import_model(model), target="onnxruntime", rules=RULES,
+                                                 engine=engine, verify=True)
+        assert report.parity.ok
+        mir = Counter(optimized.op_counts())
+        assert {op: mir[op] for op in ("KvCacheAttention", "BiasedAttention", "Concat", "Softmax", "RotaryEmbedding",
+                                       "Expand")} == {"KvCacheAttention": 1, "BiasedAttention": 0, "Concat": 0,
+                                                      "Softmax": 0, "RotaryEmbedding": 2 * rope, "Expand": 0}
+        exported = export_model(optimized)
+        ops = Counter(n.op_type for n in exported.graph.node)
+        assert (ops["Attention"], ops["Concat"], ops["Softmax"], ops["Expand"], ops["RotaryEmbedding"]) == \
+            (1, 0, 0, 0, 2 * rope), ops
+        attention = next(n for n in exported.graph.node if n.op_type == "Attention")
+        assert [bool(name) for name in attention.output] == [True, True, True]
+        inputs = step_inputs(model)
+        expected, got = run(model, inputs), run(exported, inputs)
+        assert got["present.0.key"].shape == (2, kv_heads, past + 1, 16 // heads)
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=f"{name} at past {past}")
+
+
+def test_both_engines_agree_on_a_decoding_step() -> None:
+    model = decode_step(7)
+    counts = [Counter(optimize_with_report(import_model(model), target="onnxruntime", rules=RULES,
+                                           engine=engine)[0].op_counts()) for engine in ENGINES]
+    assert counts[0] == counts[1]
+    assert counts[0]["KvCacheAttention"] == 1
+
+
+def test_attention_reading_a_concat_on_another_axis_is_not_a_kv_cache() -> None:
+    """Keys concatenated on the head-dim axis are no cache: BiasedAttention stays, with its Concats."""
+    from rlx_egraph import Graph
+
+    g = Graph("not-a-cache")
+    q = g.input("q", (1, 2, 1, 8))
+    k, v = g.input("k", (1, 2, 3, 4)), g.input("v", (1, 2, 3, 8))
+    pk = g.input("pk", (1, 2, 3, 4))
+    bias = g.input("bias", (1, 1, 1, 3))
+    keys = g.concat([pk, k], axis=3)
+    g.set_outputs([g.biased_attention(q, keys, v, bias, scale=0.5), keys])
+    optimized, _ = optimize_with_report(g, target="onnxruntime", rules=RULES)
+    counts = optimized.op_counts()
+    assert (counts.get("KvCacheAttention", 0), counts["BiasedAttention"], counts["Concat"]) == (0, 1, 1)
+
+
+def test_the_decomposition_of_a_step_is_recovered_where_a_concat_is_a_launch() -> None:
+    """On onnxruntime (a Concat of an intermediate is a kernel there) KvCacheAttention's decomposition, two Concats
+    and BiasedAttention over new keys and values computed in the graph, is one KvCacheAttention again, with its
+    attributes; its three results are the outputs."""
+    from rlx_egraph import Graph
+    from rlx_egraph.ir.decompose import decompose
+
+    g = Graph("step")
+    q, k, v = g.input("q", (2, 4, 1, 8)), g.input("k", (2, 2, 1, 8)), g.input("v", (2, 2, 1, 8))
+    past_k, past_v = g.input("past_k", (2, 2, 5, 8)), g.input("past_v", (2, 2, 5, 8))
+    bias = g.input("bias", (2, 1, 1, 6))
+    step = g.kv_cache_attention(q, g.tanh(k), g.tanh(v), past_k, past_v, bias, scale=0.25, nan_to_zero=True)
+    g.set_outputs([g.get(step, index=i) for i in range(3)])
+    unfused = decompose(g, {"KvCacheAttention"})
+    assert Counter(unfused.op_counts())["Concat"] == 2
+    out = optimize_with_report(unfused, target="onnxruntime", rules=RULES)[0]
+    counts = Counter(out.op_counts())
+    assert (counts["KvCacheAttention"], counts["Concat"], counts["BiasedAttention"], counts["Get"]) == (1, 0, 0, 3)
+    (node,) = [n for n in out.nodes if n.op == "KvCacheAttention"]
+    assert node.attrs == {"scale": 0.25, "nan_to_zero": True}
