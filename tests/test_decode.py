@@ -1,6 +1,7 @@
 """Decoding with a KV cache: a decoder-with-past step (past_key_values in, present out, sequence 1) imports,
-its attention over Concat(past, new) becomes one KvCacheAttention (rules/decode.egg) and exports as one
-Attention (opset 23) with past_key / past_value, in parity with the unfused export at several past lengths."""
+its attention over Concat(past, new) becomes one KvCacheAttention (Attention, opset 23, with past) or, with
+the head split, RoPE and head merge around it, one GroupQueryAttention (com.microsoft, RoPE inside)
+(rules/decode.egg), in parity with the unfused export at several past lengths."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ import pytest
 
 import calibrations
 from onnx_models import decode_step
+from rlx_egraph import Graph, evaluate
 from rlx_egraph.cost import TARGETS
+from rlx_egraph.cost.calibration import OpRate
+from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.onnx import export_model, import_model, onnx_rules
 from rlx_egraph.optimize import optimize_with_report
 
 RULES = onnx_rules()
 PAST_LENGTHS = (1, 7, 30)
 ENGINES = ("egglog", "fallback")
-# (heads, kv_heads, rope, concat axis): GQA with RoPE (Llama, Qwen2), MQA, multi-head without RoPE (GPT-2)
-FORMS = {"gqa-rope": (4, 2, True, 2), "mqa-rope": (4, 1, True, -2), "mha": (2, 2, False, -2)}
+# (heads, kv_heads, rope, concat axis, hidden): GQA with RoPE (Llama, Qwen2), MQA, multi-head without RoPE (GPT-2)
+FORMS = {"gqa-rope": (4, 2, True, 2, 64), "mqa-rope": (4, 1, True, -2, 64), "mha": (2, 2, False, -2, 16)}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -52,44 +56,108 @@ def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> dict[str, np.n
     return dict(zip([o.name for o in model.graph.output], session.run(None, inputs), strict=True))
 
 
+def optimized_step(model: onnx.ModelProto, engine: str = "egglog") -> tuple[Graph, Counter[str]]:
+    out, report = optimize_with_report(import_model(model), target="onnxruntime", rules=RULES, engine=engine,
+                                       verify=True)
+    assert report.parity.ok
+    return out, Counter(out.op_counts())
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_a_decoding_step_is_one_attention_with_past_at_every_past_length(form: str, engine: str) -> None:
-    heads, kv_heads, rope, axis = FORMS[form]
+def test_a_decoding_step_is_one_group_query_attention_at_every_past_length(form: str, engine: str) -> None:
+    """The heads split, RoPE, the cache Concats, the attention and the heads merged back: one GroupQueryAttention,
+    written as com.microsoft GroupQueryAttention (RoPE inside), no layout node left around it."""
+    heads, kv_heads, rope, axis, hidden = FORMS[form]
     for past in PAST_LENGTHS:
-        model = decode_step(past, heads=heads, kv_heads=kv_heads, rope=rope, concat_axis=axis)
-        optimized, report = optimize_with_report(import_model(model), target="onnxruntime", rules=RULES,
-                                                 engine=engine, verify=True)
-        assert report.parity.ok
-        mir = Counter(optimized.op_counts())
-        assert {op: mir[op] for op in ("KvCacheAttention", "BiasedAttention", "Concat", "Softmax", "RotaryEmbedding",
-                                       "Expand")} == {"KvCacheAttention": 1, "BiasedAttention": 0, "Concat": 0,
-                                                      "Softmax": 0, "RotaryEmbedding": 2 * rope, "Expand": 0}
+        model = decode_step(past, heads=heads, kv_heads=kv_heads, rope=rope, concat_axis=axis, hidden=hidden)
+        optimized, mir = optimized_step(model, engine)
+        assert {op: mir[op] for op in ("GroupQueryAttention", "KvCacheAttention", "BiasedAttention", "Concat",
+                                       "Softmax", "RotaryEmbedding", "Transpose", "Get")} == {
+            "GroupQueryAttention": 1, "KvCacheAttention": 0, "BiasedAttention": 0, "Concat": 0, "Softmax": 0,
+            "RotaryEmbedding": 0, "Transpose": 0, "Get": 3}
         exported = export_model(optimized)
         ops = Counter(n.op_type for n in exported.graph.node)
-        assert (ops["Attention"], ops["Concat"], ops["Softmax"], ops["Expand"], ops["RotaryEmbedding"]) == \
-            (1, 0, 0, 0, 2 * rope), ops
-        attention = next(n for n in exported.graph.node if n.op_type == "Attention")
-        assert [bool(name) for name in attention.output] == [True, True, True]
+        assert {op: ops[op] for op in ("GroupQueryAttention", "Attention", "Concat", "Softmax", "RotaryEmbedding",
+                                       "Transpose", "Expand")} == {
+            "GroupQueryAttention": 1, "Attention": 0, "Concat": 0, "Softmax": 0, "RotaryEmbedding": 0,
+            "Transpose": 0, "Expand": 0}
+        (gqa,) = [n for n in exported.graph.node if n.op_type == "GroupQueryAttention"]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+        assert (gqa.domain, attrs["num_heads"], attrs["kv_num_heads"], attrs["do_rotary"]) == \
+            ("com.microsoft", heads, kv_heads, int(rope))
         inputs = step_inputs(model)
         expected, got = run(model, inputs), run(exported, inputs)
-        assert got["present.0.key"].shape == (2, kv_heads, past + 1, 16 // heads)
+        assert got["present.0.key"].shape == (2, kv_heads, past + 1, hidden // heads)
         for name, value in expected.items():
             np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=f"{name} at past {past}")
 
 
+def kv_cache_step(past: int, heads: int = 4, kv_heads: int = 2, d: int = 8) -> Graph:
+    """KvCacheAttention on split heads read from the graph's inputs (no head split to fold into it)."""
+    g = Graph("kv-cache-step")
+    q = g.input("q", (2, heads, 1, d))
+    k, v = (g.tanh(g.input(name, (2, kv_heads, 1, d))) for name in ("k", "v"))
+    past_k, past_v = (g.input(name, (2, kv_heads, past, d)) for name in ("past_k", "past_v"))
+    step = g.kv_cache_attention(q, k, v, past_k, past_v, g.input("bias", (2, 1, 1, past + 1)), scale=d**-0.5)
+    g.set_outputs([g.get(step, index=i) for i in range(3)])
+    return g
+
+
+def test_kv_cache_attention_exports_as_one_attention_with_past_at_every_past_length() -> None:
+    for past in PAST_LENGTHS:
+        g = kv_cache_step(past)
+        exported = export_model(g)
+        ops = Counter(n.op_type for n in exported.graph.node)
+        assert (ops["Attention"], ops["Concat"], ops["Expand"]) == (1, 0, 0)
+        (attention,) = [n for n in exported.graph.node if n.op_type == "Attention"]
+        assert (attention.domain, len(attention.input), [bool(o) for o in attention.output]) == ("", 6, [True] * 3)
+        rng = np.random.default_rng(past)
+        inputs = {n.name: rng.standard_normal(n.shape).astype(np.float32) for n in g.inputs}
+        inputs["bias"][1, ..., 0] = -1e9
+        expected = evaluate(g, inputs)
+        got = run(exported, inputs)
+        for want, name in zip(expected, [o.name for o in exported.graph.output], strict=True):
+            np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-5, err_msg=f"{name} at past {past}")
+
+
+def test_the_cost_decides_between_group_query_attention_and_the_attention_with_past() -> None:
+    """Where GroupQueryAttention's measured line is dear, the step stays KvCacheAttention (Attention with past)
+    with its layout nodes; where it is cheap, GroupQueryAttention."""
+    model = decode_step(7, hidden=64)
+    for line, expected in ((OpRate(1e6, 0.1, 0.01), "KvCacheAttention"), (OpRate(500.0, 0.1, 0.01),
+                                                                        "GroupQueryAttention")):
+        target = calibrations.target({"GroupQueryAttention": line})
+        out = optimize_with_report(import_model(model), target=target, rules=RULES)[0]
+        counts = Counter(out.op_counts())
+        assert (counts["KvCacheAttention"] + counts["GroupQueryAttention"], counts[expected]) == (1, 1), counts
+
+
+def test_a_head_width_groupqueryattention_cannot_rotate_keeps_the_attention_with_past() -> None:
+    """Head width 8 with RoPE (onnxruntime's GroupQueryAttention rotates widths that are multiples of 16 only):
+    KvCacheAttention, RoPE and the layout nodes around it stay, and the export is one Attention with past."""
+    model = decode_step(7, hidden=32)
+    optimized, mir = optimized_step(model)
+    assert (mir["GroupQueryAttention"], mir["KvCacheAttention"], mir["RotaryEmbedding"], mir["Concat"]) == (0, 1, 2, 0)
+    exported = export_model(optimized)
+    ops = Counter(n.op_type for n in exported.graph.node)
+    assert (ops["GroupQueryAttention"], ops["Attention"], ops["RotaryEmbedding"]) == (0, 1, 2)
+    inputs = step_inputs(model)
+    expected, got = run(model, inputs), run(exported, inputs)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=name)
+
+
 def test_both_engines_agree_on_a_decoding_step() -> None:
-    model = decode_step(7)
+    model = decode_step(7, hidden=64)
     counts = [Counter(optimize_with_report(import_model(model), target="onnxruntime", rules=RULES,
                                            engine=engine)[0].op_counts()) for engine in ENGINES]
     assert counts[0] == counts[1]
-    assert counts[0]["KvCacheAttention"] == 1
+    assert counts[0]["GroupQueryAttention"] == 1
 
 
 def test_attention_reading_a_concat_on_another_axis_is_not_a_kv_cache() -> None:
     """Keys concatenated on the head-dim axis are no cache: BiasedAttention stays, with its Concats."""
-    from rlx_egraph import Graph
-
     g = Graph("not-a-cache")
     q = g.input("q", (1, 2, 1, 8))
     k, v = g.input("k", (1, 2, 3, 4)), g.input("v", (1, 2, 3, 8))
@@ -106,8 +174,6 @@ def test_the_decomposition_of_a_step_is_recovered_where_a_concat_is_a_launch() -
     """On onnxruntime (a Concat of an intermediate is a kernel there) KvCacheAttention's decomposition, two Concats
     and BiasedAttention over new keys and values computed in the graph, is one KvCacheAttention again, with its
     attributes; its three results are the outputs."""
-    from rlx_egraph import Graph
-    from rlx_egraph.ir.decompose import decompose
 
     g = Graph("step")
     q, k, v = g.input("q", (2, 4, 1, 8)), g.input("k", (2, 2, 1, 8)), g.input("v", (2, 2, 1, 8))
