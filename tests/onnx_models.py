@@ -519,12 +519,13 @@ __all__ = ["DYNAMIC_MODELS", "MODELS", "OnnxBuilder", "bert_layer", "bert_model"
 
 
 def decode_step(past: int, heads: int = 4, kv_heads: int = 2, hidden: int = 16, batch: int = 2, rope: bool = True,
-                concat_axis: int = 2, theta: float = 10000.0) -> onnx.ModelProto:
+                concat_axis: int = 2, theta: float = 10000.0, grouped_query: bool = False) -> onnx.ModelProto:
     """A decoder layer's attention for one new token after ``past`` cached ones: inputs ``hidden_states``
     [B, 1, E], ``attention_mask`` [B, P + 1] (int64) and ``past_key_values.0.key/value`` [B, KV, P, D];
     outputs the projected context and ``present.0.key/value`` = Concat(past, new) on ``concat_axis``
     (2 or -2).  Llama's eager form: RoPE by rotate-half with the tables at position P (static: initializers),
-    repeat_kv when ``kv_heads < heads``, (1 - mask) * min-float as the additive mask."""
+    repeat_kv when ``kv_heads < heads`` (``grouped_query``: the query reshaped to [B, KV, H / KV, D] instead, the
+    context back to [B, H, 1, D], as sdpa exports GQA), (1 - mask) * min-float as the additive mask."""
     m = OnnxBuilder(18)
     hd = hidden // heads
     total = past + 1
@@ -563,10 +564,14 @@ def decode_step(past: int, heads: int = 4, kv_heads: int = 2, hidden: int = 16, 
     v = heads_of(m.linear(x, "v_proj", hidden, kv_heads * hd), kv_heads)
     present_k = m.op("Concat", [past_k, k], axis=concat_axis)
     present_v = m.op("Concat", [past_v, v], axis=concat_axis)
-    scores = m.op("Mul", [m.op("MatMul", [q, m.op("Transpose", [repeat_kv(present_k)], perm=[0, 1, 3, 2])]),
-                          m.const(hd**-0.5)])
+    if grouped_query:
+        q = m.op("Reshape", [q, m.ints(batch, kv_heads, heads // kv_heads, hd)])
+    keys = present_k if grouped_query else repeat_kv(present_k)
+    scores = m.op("Mul", [m.op("MatMul", [q, m.op("Transpose", [keys], perm=[0, 1, 3, 2])]), m.const(hd**-0.5)])
     probs = m.op("Softmax", [m.op("Add", [scores, additive])], axis=-1)
-    ctx = m.op("MatMul", [probs, repeat_kv(present_v)])
+    ctx = m.op("MatMul", [probs, present_v if grouped_query else repeat_kv(present_v)])
+    if grouped_query:
+        ctx = m.op("Reshape", [ctx, m.ints(batch, heads, 1, hd)])
     merged = m.op("Reshape", [m.op("Transpose", [ctx], perm=[0, 2, 1, 3]), m.ints(batch, 1, hidden)])
     return m.model({"output": m.linear(merged, "o_proj", hidden, hidden), "present.0.key": present_k,
                     "present.0.value": present_v})

@@ -25,8 +25,10 @@ from rlx_egraph.optimize import optimize_with_report
 RULES = onnx_rules()
 PAST_LENGTHS = (1, 7, 30)
 ENGINES = ("egglog", "fallback")
-# (heads, kv_heads, rope, concat axis, hidden): GQA with RoPE (Llama, Qwen2), MQA, multi-head without RoPE (GPT-2)
-FORMS = {"gqa-rope": (4, 2, True, 2, 64), "mqa-rope": (4, 1, True, -2, 64), "mha": (2, 2, False, -2, 16)}
+# (heads, kv_heads, rope, concat axis, hidden, grouped query): GQA with RoPE (Llama, Qwen2) by repeat_kv or by the
+# query grouped per key head (sdpa), MQA, multi-head without RoPE (GPT-2)
+FORMS = {"gqa-rope": (4, 2, True, 2, 64, False), "gqa-rope-grouped-query": (4, 2, True, -2, 64, True),
+         "mqa-rope": (4, 1, True, -2, 64, False), "mha": (2, 2, False, -2, 16, False)}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -68,9 +70,10 @@ def optimized_step(model: onnx.ModelProto, engine: str = "egglog") -> tuple[Grap
 def test_a_decoding_step_is_one_group_query_attention_at_every_past_length(form: str, engine: str) -> None:
     """The heads split, RoPE, the cache Concats, the attention and the heads merged back: one GroupQueryAttention,
     written as com.microsoft GroupQueryAttention (RoPE inside), no layout node left around it."""
-    heads, kv_heads, rope, axis, hidden = FORMS[form]
+    heads, kv_heads, rope, axis, hidden, grouped = FORMS[form]
     for past in PAST_LENGTHS:
-        model = decode_step(past, heads=heads, kv_heads=kv_heads, rope=rope, concat_axis=axis, hidden=hidden)
+        model = decode_step(past, heads=heads, kv_heads=kv_heads, rope=rope, concat_axis=axis, hidden=hidden,
+                            grouped_query=grouped)
         optimized, mir = optimized_step(model, engine)
         assert {op: mir[op] for op in ("GroupQueryAttention", "KvCacheAttention", "BiasedAttention", "Concat",
                                        "Softmax", "RotaryEmbedding", "Transpose", "Get")} == {
