@@ -320,6 +320,7 @@ def _kv_cache_attention_infer(a: Attrs, ins: list[ValueType]) -> TupleType:
     """(context [B, H, S, Dv], present key [B, KV, P + S, D], present value [B, KV, P + S, Dv])."""
     q, k, v, past_k, past_v, bias = ins
     for label, new, past in (("key", k, past_k), ("value", v, past_v)):
+        require_rank(new, 4, f"KvCacheAttention new {label} ([B, KV, S, D])")
         require_rank(past, 4, f"KvCacheAttention past {label} ([B, KV, P, D])")
         if past.dtype != new.dtype or past.shape[:2] != new.shape[:2] or past.shape[3] != new.shape[3]:
             raise ShapeError(f"KvCacheAttention past {label} {list(past.shape)} {past.dtype} and new {label} "
