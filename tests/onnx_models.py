@@ -547,3 +547,65 @@ DYNAMIC_MODELS = {
 __all__ = ["DYNAMIC_MODELS", "MODELS", "OnnxBuilder", "bert_layer", "bert_model", "bound_shapes", "dynamic_feeds",
            "feeds", "gpt2_layer", "gpt2_model",
            "llama_layer", "llama_model", "sdpa_attention"]
+
+
+# --- one decoding step with a KV cache, as the exporters write a decoder with past (static shapes) -------------
+
+
+def decode_step(past: int, heads: int = 4, kv_heads: int = 2, hidden: int = 16, batch: int = 2, rope: bool = True,
+                concat_axis: int = 2, theta: float = 10000.0, grouped_query: bool = False) -> onnx.ModelProto:
+    """A decoder layer's attention for one new token after ``past`` cached ones: inputs ``hidden_states``
+    [B, 1, E], ``attention_mask`` [B, P + 1] (int64) and ``past_key_values.0.key/value`` [B, KV, P, D];
+    outputs the projected context and ``present.0.key/value`` = Concat(past, new) on ``concat_axis``
+    (2 or -2).  Llama's eager form: RoPE by rotate-half with the tables at position P (static: initializers),
+    repeat_kv when ``kv_heads < heads`` (``grouped_query``: the query reshaped to [B, KV, H / KV, D] instead, the
+    context back to [B, H, 1, D], as sdpa exports GQA), (1 - mask) * min-float as the additive mask."""
+    m = OnnxBuilder(18)
+    hd = hidden // heads
+    total = past + 1
+    x = m.input("hidden_states", F, [batch, 1, hidden])
+    mask = m.input("attention_mask", TensorProto.INT64, [batch, total])
+    past_k = m.input("past_key_values.0.key", F, [batch, kv_heads, past, hd])
+    past_v = m.input("past_key_values.0.value", F, [batch, kv_heads, past, hd])
+    angles = past / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    both = np.concatenate([angles, angles]).reshape(1, 1, 1, hd)
+    cos, sin = (m.init(name, f(both).astype(np.float32)) for name, f in (("rope.cos", np.cos), ("rope.sin", np.sin)))
+
+    def heads_of(t: str, n: int) -> str:
+        return m.op("Transpose", [m.op("Reshape", [t, m.ints(batch, 1, n, hd)])], perm=[0, 2, 1, 3])
+
+    def rotary(t: str) -> str:
+        if not rope:
+            return t
+        first = m.op("Slice", [t, m.ints(0), m.ints(hd // 2), m.ints(3)])
+        second = m.op("Slice", [t, m.ints(hd // 2), m.ints(2**62), m.ints(3)])
+        rotated = m.op("Concat", [m.op("Neg", [second]), first], axis=-1)
+        return m.op("Add", [m.op("Mul", [t, cos]), m.op("Mul", [rotated, sin])])
+
+    def repeat_kv(t: str) -> str:
+        if kv_heads == heads:
+            return t
+        grown = m.op("Expand", [m.op("Unsqueeze", [t, m.ints(2)]),
+                                m.ints(batch, kv_heads, heads // kv_heads, total, hd)])
+        return m.op("Reshape", [grown, m.ints(batch, heads, total, hd)])
+
+    # the mask first, as the exporters write it (the model's first nodes, before every layer)
+    dropped = m.op("Sub", [m.const(1.0), m.op("Cast", [mask], to=F)])
+    additive = m.op("Mul", [m.op("Reshape", [dropped, m.ints(batch, 1, 1, total)]),
+                            m.const(float(np.finfo(np.float32).min))])
+    q = rotary(heads_of(m.linear(x, "q_proj", hidden, heads * hd), heads))
+    k = rotary(heads_of(m.linear(x, "k_proj", hidden, kv_heads * hd), kv_heads))
+    v = heads_of(m.linear(x, "v_proj", hidden, kv_heads * hd), kv_heads)
+    present_k = m.op("Concat", [past_k, k], axis=concat_axis)
+    present_v = m.op("Concat", [past_v, v], axis=concat_axis)
+    if grouped_query:
+        q = m.op("Reshape", [q, m.ints(batch, kv_heads, heads // kv_heads, hd)])
+    keys = present_k if grouped_query else repeat_kv(present_k)
+    scores = m.op("Mul", [m.op("MatMul", [q, m.op("Transpose", [keys], perm=[0, 1, 3, 2])]), m.const(hd**-0.5)])
+    probs = m.op("Softmax", [m.op("Add", [scores, additive])], axis=-1)
+    ctx = m.op("MatMul", [probs, present_v if grouped_query else repeat_kv(present_v)])
+    if grouped_query:
+        ctx = m.op("Reshape", [ctx, m.ints(batch, heads, 1, hd)])
+    merged = m.op("Reshape", [m.op("Transpose", [ctx], perm=[0, 2, 1, 3]), m.ints(batch, 1, hidden)])
+    return m.model({"output": m.linear(merged, "o_proj", hidden, hidden), "present.0.key": present_k,
+                    "present.0.value": present_v})

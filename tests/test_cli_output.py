@@ -10,7 +10,6 @@ import pytest
 
 from rlx_egraph import Graph, examples
 from rlx_egraph.cli.main import EXIT_INPUT, main
-from rlx_egraph.egraph.rules import load_rules
 from rlx_egraph.report import progress
 from rlx_egraph.rules import load_rules
 

@@ -121,7 +121,13 @@ NOT_BY_RULES = {"ElementwiseRegion": "a pass after extraction", "TransformRegion
                 "BatchElementwiseRegion": "a pass after extraction", "ConcatParams": "made from shared-input matmuls",
                 "BnFoldWeight": "made from Conv + BatchNorm", "BnFoldBias": "made from Conv + BatchNorm",
                 "ConvZeroBias": "made from Conv + a sum"}
+# Recognised by rules, but not back from one node's decomposition on the cpu target: layouts are free there (no
+# copied layouts), so the Concats, Transposes and Reshapes they fold cost nothing and the fused kernel only moves
+# more bytes; GroupQueryAttention also needs the kernel's head widths, which the samples do not draw.
+RECOVERED_ELSEWHERE = {"KvCacheAttention": "on onnxruntime, where a Concat is a launch: tests/test_decode.py",
+                       "GroupQueryAttention": "on onnxruntime, from decoding steps: tests/test_decode.py"}
 RECOGNISED = [s for s in DECOMPOSABLE if s.name not in NOT_BY_RULES]
+RECOVERED = [s for s in RECOGNISED if s.name not in RECOVERED_ELSEWHERE]
 
 
 def test_recognised_ops_are_the_ones_rules_build() -> None:
@@ -130,7 +136,7 @@ def test_recognised_ops_are_the_ones_rules_build() -> None:
     assert set(RULE_GUARDS) <= {s.name for s in RECOGNISED}
 
 
-@pytest.mark.parametrize("spec", RECOGNISED, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", RECOVERED, ids=lambda s: s.name)
 def test_optimizer_recovers_the_op_from_its_decomposition(spec: OpSpec) -> None:
     """optimize(decompose(one node)) is that node again: same op, attributes and inputs."""
     rng, guard = rng_for(spec.name, "rules"), RULE_GUARDS.get(spec.name, lambda ts, a: True)

@@ -55,8 +55,8 @@ def test_builder_stub_is_in_sync_with_the_registry() -> None:
     # 74, then Get, FusedAddLayerNorm, FusedAddRmsNorm, BiasedAttention, RotaryEmbedding, QkvAttention,
     # EmbedLayerNorm, then the host-sync ops Item, NonZero and Cond, and the region kinds TransformRegion and
     # BatchElementwiseRegion, then Clip and the convolution ops Conv, Pad, BatchNorm, FusedConv, BnFoldWeight,
-    # BnFoldBias and ConvZeroBias
-    assert set(declared) == builders and len(builders) == 94
+    # BnFoldBias and ConvZeroBias, then KvCacheAttention and GroupQueryAttention
+    assert set(declared) == builders and len(builders) == 96
     assert GraphBuilders in Graph.__mro__ and not any(hasattr(GraphBuilders, b) for b in builders)
     narrow = declared["narrow"]
     assert ast.unparse(narrow.args) == "self, x: int, *, axis: int=-1, start: int | str, length: int | str"

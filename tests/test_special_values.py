@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rlx_egraph import Graph, evaluate
-from rlx_egraph.egraph.soundness import SOUND, UNSOUND, check
+from rlx_egraph.engines.egglog.soundness import SOUND, UNSOUND, check
 from rlx_egraph.ir.registry import REGISTRY, TensorType
 from rlx_egraph.kernels.interpreter import random_value, special_rounds, special_values
 from rlx_egraph.kernels.parity import ParityError

@@ -97,10 +97,14 @@ class GraphBuilders:
         """Append a GroupNorm node (norm)."""
     def group_norm_silu(self, x: int, w: int, b: int, *, groups: int, eps: float = 1e-05) -> int:
         """Append a GroupNormSilu node (fused). Silu(GroupNorm(x, w, b))."""
+    def group_query_attention(self, q: int, k: int, v: int, past_k: int, past_v: int, bias: int, cos: int | None = None, sin: int | None = None, *, heads: int, kv_heads: int, scale: float, nan_to_zero: bool = False) -> int:
+        """Append a GroupQueryAttention node (fused). A decoding step's attention on merged heads: q [B, 1, heads * D], k and v [B, 1, kv_heads * D] split into heads, q and k rotated by the tables (RotaryEmbedding) when given, KvCacheAttention over the cache, the context merged back to [B, 1, heads * D]; results (context, present key, present value) (onnxruntime's com.microsoft GroupQueryAttention)."""
     def identity(self, x: int) -> int:
         """Append a Identity node (elementwise). Elementwise Identity."""
     def item(self, x: int) -> int:
         """Append a Item node (host-sync). x.item(): the one element of x, read back to the host, as a scalar."""
+    def kv_cache_attention(self, q: int, k: int, v: int, past_k: int, past_v: int, bias: int, *, scale: float, nan_to_zero: bool = False) -> int:
+        """Append a KvCacheAttention node (fused). A decoding step's attention with a KV cache: the present keys and values Concat(past, new) on the sequence axis, and BiasedAttention of q over them; results (context, present key, present value)."""
     def layer_norm(self, x: int, gamma: int, beta: int, *, axis: int = -1, eps: float = 1e-05) -> int:
         """Append a LayerNorm node (norm). Normalise over axes [axis, rank), then scale and shift."""
     def layer_norm_grad_x(self, x: int, gamma: int, dy: int, *, axis: int = -1, eps: float = 1e-05) -> int:

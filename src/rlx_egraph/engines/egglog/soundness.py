@@ -842,7 +842,7 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
     near-largest values (see ``kernels/parity.py``).
     """
     touched = [c for c in view.classes if c.merged_by or any(view.nodes[i].built_by for i in c.nodes)]
-    rtol, atol = PARITY_TOLERANCE[loosest(n.dtype for n in graph.nodes) or "f32"]
+    rtol, atol = PARITY_TOLERANCE[loosest(n.dtype for n in graph.nodes if not n.parts) or "f32"]
     precision, wide = precisions(graph), widened_graph(graph)
     everything = {n.id for n in graph.nodes}
     out = []
@@ -854,7 +854,7 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
         values = _class_values(view, graph, node_values)
         largest = max(ref.magnitudes().values(), default=0.0) if special else 0.0
         for cls in touched:
-            if cls.id not in values:
+            if cls.id not in values or isinstance(values[cls.id], tuple):  # a multi-result node: its Gets' classes
                 continue
             value = values[cls.id]
             first = cls.originals[0] if cls.originals else None

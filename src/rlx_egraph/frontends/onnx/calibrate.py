@@ -110,6 +110,16 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         return m.g.rotary_embedding(chain(m, prev, (b, h, s, d)), m.param((s, d), "cos", tables[0]),
                                     m.param((s, d), "sin", tables[1]))
 
+    def gqa(m: _Maker, prev: int | None) -> tuple[int, int]:
+        """A decoding step after ``s`` cached tokens; RoPE inside where the kernel rotates the head width."""
+        angles = s * (1e4 ** (-np.arange(d // 2) * 2 / d))
+        tables = [m.param((1, 1, 1, d), name, np.concatenate([f(angles)] * 2).reshape(1, 1, 1, d))
+                  for name, f in (("cos", np.cos), ("sin", np.sin))] if d % 16 == 0 else []
+        return multi(m.g.group_query_attention(
+            chain(m, prev, (b, 1, e)), m.input((b, 1, e), "k"), m.input((b, 1, e), "v"),
+            m.input((b, h, s, d), "past_k"), m.input((b, h, s, d), "past_v"), m.input((b, 1, 1, s + 1), "mask"),
+            *tables, heads=h, kv_heads=h, scale=d**-0.5), m.g)
+
     def embed(m: _Maker, prev: int | None) -> int:
         ids = m.g.input(f"ids{m.copy}", (b, s), "i64")
         return m.g.embed_layer_norm(m.param((512, e), "table"), ids, m.param((s, e), "pos"),
@@ -179,6 +189,11 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Conv", conv),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu", residual=True), " sum relu"),
+        case("KvCacheAttention", lambda m, p: multi(m.g.kv_cache_attention(
+            chain(m, p, (b, h, 1, d)), m.input((b, h, 1, d), "k"), m.input((b, h, 1, d), "v"),
+            m.input((b, h, s, d), "past_k"), m.input((b, h, s, d), "past_v"), m.input((b, 1, 1, s + 1), "mask"),
+            scale=d**-0.5), m.g), " decoding step"),
+        case("GroupQueryAttention", gqa, " decoding step"),
         case("RotaryEmbedding", rotary),
         case("EmbedLayerNorm", embed),
     ]

@@ -301,6 +301,54 @@ def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[Tensor
     return b.op("Attention", [q, k, v, bias], scale=node.attrs["scale"])
 
 
+def _kv_cache_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> tuple[str, ...]:
+    """Attention (opset 23) with past_key and past_value: the context and the present key and value (the
+    Concats of past and new on the sequence axis) in one kernel, the bias its additive attn_mask expanded to
+    [..., S, P + S]."""
+    q, k, v, past_k, past_v, bias = ins
+    scores = (types[0].shape[2], types[3].shape[2] + types[1].shape[2])
+    if types[5].shape[-2:] != scores:
+        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, scores))])
+    return tuple(b.multi("Attention", [q, k, v, bias, past_k, past_v], (0, 1, 2), scale=node.attrs["scale"]))
+
+
+def _group_query_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> tuple[str, ...] | None:
+    """com.microsoft GroupQueryAttention on one new token: q, k and v [B, 1, heads * D] as they are, the cache
+    (past_key / past_value in, present out), the bias its attention_bias ([B or 1, 1, 1, P + 1]), every row's
+    keys 0 .. P (seqlens_k = P, total_sequence_length = P + 1).  With rotary tables (known, the same for every
+    batch row, equal halves) it rotates q and k itself (do_rotary) at position P: its cos/sin caches are
+    [P + 1, D / 2], their row P the tables' first halves (the rows before are never read).  Static shapes only;
+    None (the decomposition) for others."""
+    q, k, v, past_k, past_v, bias, *tables = ins
+    batch, _, width = types[0].shape
+    past = types[3].shape[2]
+    if not all(isinstance(d, int) for t in types for d in t.shape):
+        return None
+    half = width // node.attrs["heads"] // 2
+    if (2 * half) % (16 if tables else 8):  # the kernel's head widths (rules/decode.egg guards them)
+        return None
+    caches = []
+    for name in tables:
+        table = _known(b, name)
+        if table is None:
+            return None
+        full = np.broadcast_to(table, (batch, 1, 1, 2 * half))
+        if not (np.array_equal(full[..., :half], full[..., half:]) and (full == full[:1]).all()):
+            return None
+        cache = np.zeros((past + 1, half), table.dtype)
+        cache[past] = full[0, 0, 0, :half]
+        caches.append(b.const(cache, types[6].dtype))
+    scores = (1, past + 1)
+    if types[5].shape[-2:] != scores or types[5].rank != 4:
+        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, (1, 1, *scores)))])
+    seqlens = b.const(np.full((batch,), past, np.int32))
+    total = b.const(np.array(past + 1, np.int32))
+    inputs = [q, k, v, past_k, past_v, seqlens, total, *(caches or ["", ""]), "", bias]
+    return tuple(b.multi("GroupQueryAttention", inputs, (0, 1, 2), domain=MS, num_heads=node.attrs["heads"],
+                         kv_num_heads=node.attrs["kv_heads"], scale=node.attrs["scale"], do_rotary=int(bool(caches)),
+                         rotary_interleaved=0))
+
+
 def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     """com.microsoft Attention: the packed projection, the heads and the additive bias (its attention_bias
     input, expanded to [B or 1, H or 1, S, S]: once per mask) or the causal mask (unidirectional) in one
@@ -556,6 +604,8 @@ EXPORTS: dict[str, ExportFn] = {
     "CausalAttention": _causal_attention,
     "BiasedAttention": _biased_attention,
     "QkvAttention": _qkv_attention,
+    "KvCacheAttention": _kv_cache_attention,
+    "GroupQueryAttention": _group_query_attention,
     "RotaryEmbedding": _rotary,
     "EmbedLayerNorm": _embed_layer_norm,
     "FusedConv": _fused_conv,
