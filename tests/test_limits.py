@@ -265,8 +265,8 @@ def test_a_rule_that_grows_a_value_stops_at_the_default_memory_limit():
 
 def test_the_default_memory_limit_is_half_of_what_the_process_may_hold():
     assert SaturationLimits().max_memory_mb == default_max_memory_mb() == math.floor(machine_memory_mb() / 2)
-    run = capped("from rlx_egraph.engines.egglog.saturate import SaturationLimits; print(SaturationLimits().max_memory_mb)",
-                 3000)
+    run = capped("from rlx_egraph.engines.egglog.saturate import SaturationLimits\n"
+                 "print(SaturationLimits().max_memory_mb)", 3000)
     assert run.stdout.split() == ["1500.0"]
 
 
