@@ -48,6 +48,9 @@ QKV_RULES = {"qkv-projection", "qkv-projection-rows", "packed-heads", "qkv-atten
 # onnxruntime parity at three past lengths (test_decode).
 DECODE_RULES = {"decode-split-heads", "group-query-attention", "group-query-attention-rope", "kv-cache-attention"}
 NOT_CHECKABLE = {"qkv-projection-rows", "qkv-attention-causal", "qkv-attention-plain"} | DECODE_RULES
+# flat-swap-last (rules/layout.egg) draws fewer than 3 instances among the shipped rules' draws: checked on its own
+# below, where it draws its own.
+FEW_INSTANCES = QKV_RULES | DECODE_RULES | {"flat-swap-last"}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ def test_every_shipped_rule_is_sound_on_random_instances(shipped) -> None:
     statuses = {v.rule: v.status for v in shipped.verdicts}
     assert len(statuses) == len(RuleSet.shipped().rules) == 204  # every operand order the loader generates
     assert {r for r, s in statuses.items() if s != SOUND} == NOT_CHECKABLE
-    instances = {v.rule: v.instances for v in shipped.verdicts if v.rule not in QKV_RULES | DECODE_RULES}
+    instances = {v.rule: v.instances for v in shipped.verdicts if v.rule not in FEW_INSTANCES}
     assert min(instances.values()) == 3  # check()'s default: every rule, every operand order, 3 or more
     assert {r: instances[r] for r in ONCE_NOT_CHECKABLE} == dict.fromkeys(ONCE_NOT_CHECKABLE, 3)
     assert instances["mul-one"] == 3 and instances["gelu-erf-plus-one"] == 24  # checked through its three readers
