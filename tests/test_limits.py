@@ -320,7 +320,7 @@ def test_auto_gives_the_fallback_only_the_time_left(tmp_path: Path):
         og, rep = optimize_with_report(sum_of_products(32), rules=rules, max_seconds=seconds)
         assert time.perf_counter() - start < seconds + 1.5, rep.phases
         assert rep.stop_reason.startswith("time limit") and len(og.outputs) == 1
-    _, rep = optimize_with_report(sum_of_products(32), rules=rules, max_enodes=2_000)
+    _, rep = optimize_with_report(sum_of_products(32), rules=rules, max_enodes=2_000, max_seconds=3.0)
     assert rep.engine == "fallback" and rep.engine_reason.startswith("auto: the egglog engine stopped at a limit "
                                                                      "(node limit: ")
     assert rep.engine_reason.endswith("so the fallback ran in the time left")
