@@ -4,8 +4,13 @@ Calibrations are looked up in a cache directory that does not exist, so the onnx
 one whatever ``rlx-egraph calibrate`` cached on the machine (tests that need a cache set their own)."""
 
 import os
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 from rlx_egraph.cost.calibration import CACHE_ENV
@@ -15,3 +20,13 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ[CACHE_ENV] = os.path.join(tempfile.gettempdir(), f"rlx-egraph-tests-{os.getpid()}-no-cache")
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[subprocess.Popen]:
+    """A process that runs jobs under memory and time caps (tests/capped_runner.py), for the hostile-input tests."""
+    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "capped_runner.py")],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield process
+    process.stdin.close()
+    process.wait(timeout=60)

@@ -10,9 +10,8 @@ import io
 import json
 import os
 import subprocess
-import sys
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +19,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 MEMORY_MB, SECONDS = 1536, 30
-
-
-@pytest.fixture(scope="module")
-def runner() -> Iterator[subprocess.Popen]:
-    process = subprocess.Popen([sys.executable, str(HERE / "capped_runner.py")], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
-    yield process
-    process.stdin.close()
-    process.wait(timeout=60)
 
 
 def linear(weights: str | None = None, shape: object = (2, 4), node_id: int = 0, dim: object = None) -> str:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +22,6 @@ from onnx_models import MODELS, OnnxBuilder
 F = TensorProto.FLOAT
 HERE = Path(__file__).resolve().parent
 MEMORY_MB, SECONDS = 1536, 30
-
-
-@pytest.fixture(scope="module")
-def runner() -> Iterator[subprocess.Popen]:
-    process = subprocess.Popen([sys.executable, str(HERE / "capped_runner.py")], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
-    yield process
-    process.stdin.close()
-    process.wait(timeout=60)
 
 
 def constant_model(node: onnx.NodeProto, extra: list[onnx.TensorProto] = ()) -> bytes:
