@@ -158,6 +158,21 @@ class Panic:
 Action = Let | Union | SetValue | Insert | Build | Panic
 
 
+def equation(left: Term, right: Term) -> Atom:
+    """The query atom ``(= left right)``: a Pattern when a side is an op term (or another constructor term), a Fact
+    when a side is a table lookup, else a Guard."""
+    constructor = OpTerm | Absent | TensorList
+    if isinstance(right, constructor):
+        return Pattern(right, left, var_first=True)
+    if isinstance(left, constructor):
+        return Pattern(left, right, var_first=False)
+    if isinstance(left, Lookup):
+        return Fact(left.table, left.args, right)
+    if isinstance(right, Lookup):
+        return Fact(right.table, right.args, left, value_first=True)
+    return Guard("=", (left, right))
+
+
 def atom_terms(atom: Atom) -> tuple[Term, ...]:
     """The terms an atom is made of, as written left to right."""
     if isinstance(atom, Pattern):

@@ -43,6 +43,7 @@ from .model import (
     Union,
     action_terms,
     atom_terms,
+    equation,
 )
 from .primitives import PRIMITIVES
 from .signatures import LIST_CONS, LIST_NIL, NO_INPUT
@@ -219,20 +220,10 @@ def _literal(value: Any) -> Lit:
 
 def _atom(fact: Any, where: str) -> Atom:
     """A query fact: an op term (:class:`Pattern`), a table row (:class:`Fact`) or a check (:class:`Guard`)."""
-    constructor = OpTerm | Absent | TensorList
     if isinstance(fact, eb.Eq):
-        left, right = _term(fact.left), _term(fact.right)
-        if isinstance(right, constructor):
-            return Pattern(right, left, var_first=True)
-        if isinstance(left, constructor):
-            return Pattern(left, right, var_first=False)
-        if isinstance(left, Lookup):
-            return Fact(left.table, left.args, right)
-        if isinstance(right, Lookup):
-            return Fact(right.table, right.args, left, value_first=True)
-        return Guard("=", (left, right))
+        return equation(_term(fact.left), _term(fact.right))
     term = _term(fact.expr)
-    if isinstance(term, constructor):
+    if isinstance(term, OpTerm | Absent | TensorList):
         return Pattern(term)
     if isinstance(term, Lookup):
         return Fact(term.table, term.args)
