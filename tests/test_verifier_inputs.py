@@ -1,6 +1,8 @@
 """The verifier's leaf values: integer inputs drawn as the graph uses them (masks recognised by use, indices
 within the table they index), reference inputs from the user, and a clear error where it cannot draw safely."""
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from onnx import TensorProto
@@ -8,10 +10,10 @@ from onnx import TensorProto
 from onnx_models import F, OnnxBuilder
 from rlx_egraph import Graph
 from rlx_egraph.cli.main import main
-from rlx_egraph.kernels import parity
 from rlx_egraph.kernels.parity import ParityError, ParityInputError
 from rlx_egraph.onnx import import_model
 from rlx_egraph.optimize import optimize_with_report
+from rlx_egraph.rules import RuleSet
 
 
 def positions_from_mask(batch: int = 2, seq: int = 6, width: int = 8):
@@ -74,13 +76,39 @@ def test_reference_inputs_from_an_npz_at_the_command_line(tmp_path, capsys) -> N
         capsys.readouterr().err
 
 
-def test_a_graph_too_large_to_check_is_a_clear_error_before_it_runs(monkeypatch, tmp_path, capsys) -> None:
-    monkeypatch.setattr(parity, "VERIFY_MAX_ELEMENTS", 100)
+def _huge_and_small() -> Graph:
+    """A Relu of 2^27 f32 elements (512 MB, more than VERIFY_MAX_ELEMENTS with its input) beside a small linear
+    layer the rules fuse."""
     g = Graph()
-    g.set_outputs([g.relu(g.input("x", (8, 16)))])
-    with pytest.raises(ParityInputError, match=r"parity check: the input graph's values hold 256 elements, more than "
-                                               r"the 100 the check holds \(VERIFY_MAX_ELEMENTS\)"):
-        optimize_with_report(g, verify=True)
-    g.save(tmp_path / "g.json")
-    assert main(["optimize", str(tmp_path / "g.json"), "--verify"]) == 2  # no wrong rule: bad input
-    assert capsys.readouterr().err.startswith("error: parity check: the input graph's values hold 256 elements")
+    big = g.relu(g.input("big", (1 << 14, 1 << 13)))
+    x, w, b = g.input("x", (4, 8)), g.param("w", (8, 16)), g.param("b", (16,))
+    g.set_outputs([big, g.relu(g.add(g.matmul(x, w), b))])
+    return g
+
+
+def test_a_graph_above_the_bound_is_checked_on_a_sample_without_computing_its_values() -> None:
+    g = _huge_and_small()
+    tracemalloc.start()
+    try:
+        _, report = optimize_with_report(g, verify=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # the 512 MB values are never made
+    sample = report.parity.sample
+    assert (sample.elements, sample.rewritten, sample.checked, sample.too_large) == ((1 << 28) + 368, 1, 1, 0)
+    assert report.parity.ok and {n.op for n in report.parity.nodes} == {"FusedMatMulBiasAct", "Input", "Param"}
+    assert report.verification.how == (
+        "on a sample: the input graph's values hold 268,435,824 elements, more than the 67,108,864 a whole check "
+        "holds; 1 of the 1 rewritten nodes checked, each against the value it replaces, run with the numpy "
+        "reference kernels from seeded random values of what it reads; nodes the rules left as they were, and the end-to-end run, not checked")
+    assert report.to_dict()["verification"]["how"] == report.verification.how
+    assert report.to_dict()["parity"]["sample"]["checked"] == 1
+    assert f"values checked: requested (verify=True); {report.verification.how}\nparity: ok on " in str(report)
+
+
+def test_a_sampled_check_still_catches_a_wrong_rule_and_skips_a_window_above_its_bound() -> None:
+    dropped = RuleSet.shipped() + RuleSet.from_strings('(rewrite (Relu ?x) ?x :ruleset simplify :name "relu-dropped")')
+    with pytest.raises(ParityError, match=r"parity failure: node \d+ \(FusedMatMulBiasAct\) differs from original "
+                                          r"node \d+ \(Relu\) .*built by rule\(s\): .*relu-dropped"):
+        optimize_with_report(_huge_and_small(), rules=dropped, verify=True)

@@ -26,6 +26,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -195,6 +196,8 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         with timed("verify", report.phases) as outcome:
             suspects = {r.name: r.location for r in ruleset.rules if r.location.rpartition(":")[0] in user_rules}
             report.parity = check_parity(original, optimized, new.originals, blame(new, suspects), seed, feeds)
+            if report.parity.sample is not None:
+                report.verification = replace(report.verification, sample=str(report.parity.sample))
             outcome.summary = report.verification_lines()[-1]
     log.info("optimize %s: %s -> %s nodes in %.3f s (%s engine; %s)", graph.name, f"{len(graph):,}",
              f"{len(result):,}", sum(report.phases.values()), report.engine, report.stop_reason)

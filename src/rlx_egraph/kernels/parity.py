@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import RlxError
 from ..ir.dtypes import PARITY_TOLERANCE, dtype, loosest, widened
-from ..ir.graph import Graph, GraphError, Node
+from ..ir.graph import Graph, GraphError, Node, attrs_equal
 from ..ir.ops.reference import run_node
 from ..ir.registry import AttrType, Kind
 from ..ir.specialize import bind_shapes
@@ -45,6 +45,10 @@ SECOND_SEED_MAX_ELEMENTS = 1 << 22
 # The largest graph the check runs: the input graph's values (all nodes' results, in elements) it holds at once,
 # with the optimized graph's and their float64 differences; above it, ParityInputError before anything runs.
 VERIFY_MAX_ELEMENTS = 1 << 26
+# Above VERIFY_MAX_ELEMENTS the check is sampled: each rewritten node is checked in a window of its own (the
+# node and the fusion intermediates it reads, against the input graph's nodes that compute its value from the
+# same values) of at most this many elements, while the windows checked hold at most VERIFY_MAX_ELEMENTS in all.
+WINDOW_MAX_ELEMENTS = 1 << 22
 # Up to this many elements, the special runs are as many as put every special kind in every drawn float leaf
 # (interpreter.special_rounds); above it, one.
 ALL_KINDS_MAX_ELEMENTS = 1 << 16
@@ -94,6 +98,32 @@ class NodeParity:
                 "tolerance_ratio": self.tolerance_ratio, "rtol": self.rtol, "atol": self.atol, "ok": self.ok}
 
 
+@dataclass(frozen=True)
+class ParitySample:
+    """What a sampled check (an input graph above VERIFY_MAX_ELEMENTS) compared: each rewritten node in a window
+    of its own, against the input-graph value it replaces, from random values of the values it reads."""
+
+    elements: int  # the input graph's values, in elements
+    rewritten: int  # optimized nodes that compute their value otherwise than the input graph (one window each)
+    checked: int  # windows checked
+    too_large: int  # windows above WINDOW_MAX_ELEMENTS, or past the sample's budget
+    not_runnable: int  # windows the input graph's part could not run on random data (indices out of range)
+
+    def __str__(self) -> str:
+        left = self.rewritten - self.checked
+        return (f"a sample: the input graph's values hold {self.elements:,} elements, more than the "
+                f"{VERIFY_MAX_ELEMENTS:,} a whole check holds; {self.checked} of the {self.rewritten} rewritten "
+                f"nodes checked, each against the value it replaces, run with the numpy reference kernels from seeded "
+                f"random values of what it reads"
+                + (f" ({left} not: {self.too_large} above {WINDOW_MAX_ELEMENTS:,} elements or the sample's budget, "
+                   f"{self.not_runnable} not runnable on random data)" if left else "")
+                + "; nodes the rules left as they were, and the end-to-end run, not checked")
+
+    def to_dict(self) -> dict:
+        return {"elements": self.elements, "rewritten": self.rewritten, "checked": self.checked,
+                "too_large": self.too_large, "not_runnable": self.not_runnable}
+
+
 @dataclass
 class ParityReport:
     """Every comparison of one check, over its seeds."""
@@ -101,6 +131,7 @@ class ParityReport:
     seeds: tuple[int, ...]
     nodes: list[NodeParity] = field(default_factory=list)
     special: int = 0  # how many special rounds ran (on the first seed)
+    sample: ParitySample | None = None  # set when the input graph was too large to check whole
 
     @property
     def ok(self) -> bool:
@@ -113,6 +144,7 @@ class ParityReport:
 
     def to_dict(self) -> dict:
         return {"seeds": list(self.seeds), "special": self.special, "ok": self.ok,
+                "sample": self.sample.to_dict() if self.sample else None,
                 "nodes": [n.to_dict() for n in self.nodes]}
 
 
@@ -210,10 +242,7 @@ def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Seq
     feeds = dict(feeds or {})
     check_reference_inputs(original, feeds)
     if (size := _size(original)) > VERIFY_MAX_ELEMENTS:
-        raise ParityInputError(f"parity check: the input graph's values hold {size:,} elements, more than the "
-                               f"{VERIFY_MAX_ELEMENTS:,} the check holds (VERIFY_MAX_ELEMENTS); check it at smaller "
-                               "sizes (reference inputs of smaller shapes bind a symbolic graph's dims) or switch "
-                               "the check off")
+        return _check_sample(original, optimized, same_value, blame, seed, feeds, size)
     precision, wide = precisions(original), widened_graph(original)
     materialized = {r for refs in same_value.values() for r in refs}
     report = ParityReport(parity_seeds(original, seed))
@@ -226,6 +255,120 @@ def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Seq
         ref = Reference.build(original, wide, s, precision, materialized, feeds, special)
         _check_seed(ref, optimized, same_value, blame, report)
     return report
+
+
+def _check_sample(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]],
+                  blame: Callable[[int], Sequence[str]] | None, seed: int, feeds: Mapping[str, np.ndarray],
+                  size: int) -> ParityReport:
+    """The check of a graph above VERIFY_MAX_ELEMENTS: every rewritten node of ``optimized`` in a window of its
+    own (:func:`_window`), one of each op and set of rules first, then in graph order, while the windows fit
+    WINDOW_MAX_ELEMENTS each and VERIFY_MAX_ELEMENTS in all; nothing of the whole graph is computed."""
+    outputs = {new: old for new, old in zip(optimized.outputs, original.outputs, strict=True)
+               if old not in (same_value.get(new) or ())}
+    rewritten = [n for n in optimized.nodes if n.id in outputs or _rewritten(n, original, optimized, same_value)]
+    first: dict[tuple[str, tuple[str, ...]], int] = {}
+    for n in rewritten:
+        first.setdefault((n.op, tuple(blame(n.id) if blame else ())), n.id)
+    order = sorted(rewritten, key=lambda n: (n.id not in first.values(), optimized.positions()[n.id]))
+    report = ParityReport((seed, seed + 1))
+    checked = too_large = not_runnable = budget = 0
+    for node in order:
+        refs = [*(same_value.get(node.id) or ()), *([outputs[node.id]] if node.id in outputs else [])]
+        window = _window(original, optimized, same_value, node.id, refs)
+        if window is None or _size(window[0]) + _size(window[1]) > WINDOW_MAX_ELEMENTS \
+                or budget + _size(window[0]) > VERIFY_MAX_ELEMENTS:
+            too_large += 1
+            continue
+        old, new, same = window
+        try:
+            part = check_parity(old, new, same, blame, seed, {k: v for k, v in feeds.items()
+                                                             if k in {n.name for n in old.inputs}})
+        except ParityInputError:
+            not_runnable += 1
+            continue
+        budget += _size(old)
+        checked += 1
+        report.nodes += part.nodes
+        report.special = max(report.special, part.special)
+    report.sample = ParitySample(size, len(rewritten), checked, too_large, not_runnable)
+    return report
+
+
+def _rewritten(node: Node, original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]]) -> bool:
+    """Whether optimized ``node`` holds an input-graph value that it computes otherwise than the input graph: not
+    the same op and attributes over the same values (a leaf: not the same leaf alone)."""
+    refs = same_value.get(node.id) or ()
+    if not refs or node.parts:
+        return False
+    old = original.node(refs[0])
+    if len(refs) > 1 and any(original.node(r).op != old.op for r in refs[1:]):
+        return True
+    if node.kind is Kind.LEAF:
+        return not (old.kind is Kind.LEAF and node.same_as(old))
+    return not (node.op == old.op and len(node.inputs) == len(old.inputs) and attrs_equal(node.attrs, old.attrs)
+                and node.type == old.type and all(o in (same_value.get(i) or ()) or optimized.node(i).same_as(
+                    original.node(o)) for i, o in zip(node.inputs, old.inputs, strict=True)))
+
+
+def _window(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]], node_id: int,
+            refs: Sequence[int]) -> tuple[Graph, Graph, dict[int, list[int]]] | None:
+    """Optimized node ``node_id`` and the fusion intermediates it reads (nodes that hold no input-graph value),
+    and the input graph's nodes ``refs`` computed from the same values: each value the window reads that holds
+    an input-graph value becomes a leaf of both (an Input named after the value, or the leaf itself), so both
+    run from the same data.  None when a value it reads has several results (no leaf can stand for it)."""
+    new_ids: list[int] = []
+    bounds: dict[int, int] = {}  # optimized node read -> the input-graph node whose value it holds
+    stack, seen = [node_id], set()
+    while stack:
+        nid = stack.pop()
+        if nid in seen:
+            continue
+        seen.add(nid)
+        node = optimized.node(nid)
+        held = same_value.get(nid) or ()
+        if nid != node_id and held:
+            bounds[nid] = held[0]
+            continue
+        new_ids.append(nid)
+        if node.kind is not Kind.LEAF:
+            stack.extend(node.inputs)
+    if any(original.node(b).parts for b in bounds.values()):
+        return None
+    stops = set(bounds.values())
+    old_ids: set[int] = set()
+    stack = list(refs)
+    while stack:
+        oid = stack.pop()
+        if oid in old_ids:
+            continue
+        old_ids.add(oid)
+        if oid not in stops:
+            stack.extend(original.node(oid).inputs)
+    old, new = Graph(f"{original.name} window {node_id}"), Graph(f"{optimized.name} window {node_id}")
+    for src, graph, ids, leaf_of in ((original, old, old_ids, {b: b for b in stops}),
+                                     (optimized, new, set(new_ids) | set(bounds), bounds)):
+        for n in src.nodes:  # in graph order: inputs first
+            if n.id not in ids:
+                continue
+            if n.id in leaf_of and original.node(leaf_of[n.id]).kind is not Kind.LEAF:
+                stand_in = original.node(leaf_of[n.id])
+                graph.add_node("Input", node_id=n.id, name=f"value of node {stand_in.id}", shape=stand_in.shape,
+                               dtype=stand_in.dtype)
+            elif n.id in leaf_of:
+                leaf = original.node(leaf_of[n.id])
+                graph.add_checked(Node(n.id, leaf.op, (), leaf.attrs, leaf.shape, leaf.dtype))
+            else:
+                graph.add_checked(n)
+            if n.op == "Param" and n.id not in leaf_of and n.name in src.weights:
+                graph.weights[n.name] = src.weights[n.name]
+        for b in leaf_of.values():
+            stand_in = original.node(b)
+            if stand_in.op == "Param" and stand_in.name in original.weights:
+                graph.weights[stand_in.name] = original.weights[stand_in.name]
+    old.set_outputs([refs[0]])
+    new.set_outputs([node_id])
+    same = {b: [h] for b, h in bounds.items()} | {node_id: list(refs)}
+    return old, new, same
 
 
 def check_reference_inputs(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, int]:

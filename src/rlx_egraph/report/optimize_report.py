@@ -44,16 +44,24 @@ class Verification:
     """Whether a run's values were checked (the parity check, docs/verifier.md), and why.
 
     ``user_rules``: the rule files of the run from outside the shipped set; with ``verify=None`` (the default)
-    they are what turns the check on.
+    they are what turns the check on.  ``sample``: what was checked when the input graph was too large to check
+    whole (:class:`~rlx_egraph.kernels.parity.ParitySample`), else empty.
     """
 
     checked: bool
     why: str
     user_rules: tuple[str, ...] = ()
+    sample: str = ""
+
+    @property
+    def how(self) -> str | None:
+        """How the values were checked (None: they were not)."""
+        if not self.checked:
+            return None
+        return f"on {self.sample}" if self.sample else HOW_CHECKED
 
     def to_dict(self) -> dict[str, Any]:
-        return {"checked": self.checked, "why": self.why, "user_rules": list(self.user_rules),
-                "how": HOW_CHECKED if self.checked else None}
+        return {"checked": self.checked, "why": self.why, "user_rules": list(self.user_rules), "how": self.how}
 
 
 @dataclass(frozen=True)
@@ -213,8 +221,9 @@ class OptimizeReport:
             detail = ", all values equal" if worst else ""
         else:
             detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
-        why = [f"values checked: {check.why}; every optimized node against the value it replaces, with the numpy "
-               "reference kernels on seeded random data"] if check.checked else []
+        what = f"on {check.sample}" if check.sample else \
+            "every optimized node against the value it replaces, with the numpy reference kernels on seeded random data"
+        why = [f"values checked: {check.why}; {what}"] if check.checked else []
         return [*why, f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
                       f"(seeds {seeds}){detail}"]
 

@@ -158,9 +158,9 @@ def _unfoldable(atom: Atom, producers: Producers) -> bool:
 def literals(atoms: list[Atom]) -> dict[str, list[Any]]:
     """The query's literals by sort, to draw attribute values from (a guard ``?c ~ 1.414`` needs 1.414)."""
     out: dict[str, list[Any]] = {I64: [], F64: [], STRING: []}
-    for atom in atoms:
-        for term in atom_terms(atom):
-            for t in subterms(term):
+    for atom in reversed(atoms):  # last written first
+        for term in reversed(atom_terms(atom)):
+            for t in reversed(list(subterms(term))):
                 if isinstance(t, Lit) and t.sort in out:
                     out[t.sort].append(t.value)
     return out
