@@ -9,7 +9,8 @@ import pytest
 import rlx_egraph.rules
 from rlx_egraph.cli.main import main
 from rlx_egraph.engines.egglog.rules import SHIPPED_RULES_DIR, default_rule_dir
-from rlx_egraph.engines.egglog.soundness import SOUND, UNSOUND, check
+from rlx_egraph.engines.egglog.soundness import NOT_CHECKABLE as NOT_CHECKABLE_STATUS
+from rlx_egraph.engines.egglog.soundness import SOUND, UNSOUND, SoundnessReport, check
 from rlx_egraph.rules import RuleSet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,14 +54,59 @@ NOT_CHECKABLE = {"qkv-projection-rows", "qkv-attention-causal", "qkv-attention-p
 FEW_INSTANCES = QKV_RULES | DECODE_RULES | {"flat-swap-last"}
 
 
+# Wrong rules checked among the whole shipped set (every rules/*.egg and rules/onnx/): each must be found unsound
+# there as alone, and leave the shipped rules' verdicts as they are (a rule draws its instances by its name).
+WRONG_AMONG_SHIPPED = {
+    # a transpose taken for its own inverse: right on the perms drawn for the shipped transpose rules' instances
+    "perm-its-own-inverse": """
+(rewrite (Transpose (Transpose ?x ?p) ?p) ?x :ruleset simplify :name "perm-its-own-inverse")""",
+    # reads a helper relation that only the shipped RMS-norm rules fill: checkable only among them
+    "rms-norm-gamma-squared": """
+(rule ((= ?y (Mul ?n ?g)) (rms-normed ?n ?x ?eps)
+       (= (shape ?x) ?sx) (= ?h (vec-get ?sx (- (vec-length ?sx) 1))) (= (shape ?g) (vec-of ?h)))
+      ((union ?y (RmsNorm ?x (Mul ?g ?g) (NoInput) -1 ?eps))) :ruleset recognize :name "rms-norm-gamma-squared")""",
+    # the shipped matmul epilogue with the wrong activation
+    "matmul-relu-as-gelu": """
+(rewrite (Relu (Add (MatMul ?x ?w) ?b)) (FusedMatMulBiasAct ?x ?w ?b "gelu")
+         :ruleset fuse :name "matmul-relu-as-gelu")""",
+}
+SHIPPED_FILES = {str(p.relative_to(ROOT)) for p in (ROOT / "rules").rglob("*.egg")}
+
+
 @pytest.fixture(scope="module")
-def shipped():
-    return check(RuleSet.shipped())
+def checked():
+    """The whole shipped set and the wrong rules, checked together once (every test that reads it is in one xdist
+    group, so one worker computes it)."""
+    wrong = RuleSet.from_strings(*WRONG_AMONG_SHIPPED.values(), names=[f"{n}.egg" for n in WRONG_AMONG_SHIPPED])
+    return check(RuleSet.shipped() + wrong)
 
 
+@pytest.fixture(scope="module")
+def shipped(checked):
+    """The shipped rules' verdicts."""
+    return SoundnessReport([v for v in checked.verdicts if v.location.rpartition(":")[0] in SHIPPED_FILES])
+
+
+@pytest.mark.xdist_group("shipped-soundness")
+def test_wrong_rules_among_all_shipped_rules_are_found(checked) -> None:
+    assert sorted(checked.unsound()) == sorted(WRONG_AMONG_SHIPPED)
+    for name in WRONG_AMONG_SHIPPED:
+        verdict = checked.by_rule(name)
+        assert verdict.status == UNSOUND and name in verdict.counterexample.problem
+    text = WRONG_AMONG_SHIPPED["perm-its-own-inverse"]
+    alone = check(RuleSet.from_strings(text, names=["perm-its-own-inverse.egg"])).by_rule("perm-its-own-inverse")
+    among = checked.by_rule("perm-its-own-inverse")
+    assert alone.status == UNSOUND and among.counterexample.leaves == alone.counterexample.leaves  # drawn by name
+    # alone, nothing fills rms-normed: the rule cannot fire; among the shipped rules it is checked on their forms
+    rms = WRONG_AMONG_SHIPPED["rms-norm-gamma-squared"]
+    assert check(RuleSet.from_strings(rms), attempts=4).by_rule("rms-norm-gamma-squared").status == NOT_CHECKABLE_STATUS
+
+
+@pytest.mark.xdist_group("shipped-soundness")
 def test_every_shipped_rule_is_sound_on_random_instances(shipped) -> None:
     assert shipped.ok and shipped.unsound() == []
     statuses = {v.rule: v.status for v in shipped.verdicts}
+    assert {v.location.rpartition(":")[0] for v in shipped.verdicts} == SHIPPED_FILES
     assert len(statuses) == len(RuleSet.shipped().rules) == 204  # every operand order the loader generates
     assert {r for r, s in statuses.items() if s != SOUND} == NOT_CHECKABLE
     instances = {v.rule: v.instances for v in shipped.verdicts if v.rule not in FEW_INSTANCES}
@@ -69,6 +115,7 @@ def test_every_shipped_rule_is_sound_on_random_instances(shipped) -> None:
     assert instances["mul-one"] == 3 and instances["gelu-erf-plus-one"] == 24  # checked through its three readers
 
 
+@pytest.mark.xdist_group("shipped-soundness")
 def test_facts_only_rules_are_checked_through_their_readers(shipped) -> None:
     erf = shipped.by_rule("gelu-erf-div")
     assert erf.status == SOUND and erf.reason.startswith("facts only: checked through the rules that read them (")
@@ -81,6 +128,7 @@ def test_facts_only_rules_are_checked_through_their_readers(shipped) -> None:
     assert end.status == SOUND and end.instances == 3
 
 
+@pytest.mark.xdist_group("shipped-soundness")
 def test_a_fused_op_on_the_left_side_is_built_from_its_registry_sampler(shipped) -> None:
     layer = shipped.by_rule("transformer-layer")  # FusedAttentionBlock(hidden [B, S, h], ...) as the layer's root
     assert layer.status == SOUND and layer.instances == 3
@@ -95,6 +143,7 @@ def test_a_wrong_rule_over_param_definitions_is_caught() -> None:
     assert any(leaf.startswith("w") for leaf in verdict.counterexample.leaves)  # the weight is a Param leaf
 
 
+@pytest.mark.xdist_group("shipped-soundness")
 def test_the_closing_line_lists_instances_per_rule(shipped) -> None:
     last = str(shipped).splitlines()[-1]
     assert last.startswith("204 rules: 197 sound, 0 unsound, 7 not checkable; instances checked per rule: neg-neg 3,")

@@ -101,7 +101,8 @@ def test_a_graph_above_the_bound_is_checked_on_a_sample_without_computing_its_va
     assert report.verification.how == (
         "on a sample: the input graph's values hold 268,435,824 elements, more than the 67,108,864 a whole check "
         "holds; 1 of the 1 rewritten nodes checked, each against the value it replaces, run with the numpy "
-        "reference kernels from seeded random values of what it reads; nodes the rules left as they were, and the end-to-end run, not checked")
+        "reference kernels from seeded random values of what it reads; nodes the rules left as they were, and the "
+        "end-to-end run, not checked")
     assert report.to_dict()["verification"]["how"] == report.verification.how
     assert report.to_dict()["parity"]["sample"]["checked"] == 1
     assert f"values checked: requested (verify=True); {report.verification.how}\nparity: ok on " in str(report)
