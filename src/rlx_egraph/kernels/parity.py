@@ -265,7 +265,7 @@ def _check_sample(original: Graph, optimized: Graph, same_value: Mapping[int, Se
     WINDOW_MAX_ELEMENTS each and VERIFY_MAX_ELEMENTS in all; nothing of the whole graph is computed."""
     outputs = {new: old for new, old in zip(optimized.outputs, original.outputs, strict=True)
                if old not in (same_value.get(new) or ())}
-    rewritten = [n for n in optimized.nodes if n.id in outputs or _rewritten(n, original, optimized, same_value)]
+    rewritten = [n for n in optimized.nodes if n.id in outputs or _rewritten(n, original, same_value)]
     first: dict[tuple[str, tuple[str, ...]], int] = {}
     for n in rewritten:
         first.setdefault((n.op, tuple(blame(n.id) if blame else ())), n.id)
@@ -275,8 +275,7 @@ def _check_sample(original: Graph, optimized: Graph, same_value: Mapping[int, Se
     for node in order:
         refs = [*(same_value.get(node.id) or ()), *([outputs[node.id]] if node.id in outputs else [])]
         window = _window(original, optimized, same_value, node.id, refs)
-        if window is None or _size(window[0]) + _size(window[1]) > WINDOW_MAX_ELEMENTS \
-                or budget + _size(window[0]) > VERIFY_MAX_ELEMENTS:
+        if window is None or budget + _size(window[0]) > VERIFY_MAX_ELEMENTS:
             too_large += 1
             continue
         old, new, same = window
@@ -294,7 +293,7 @@ def _check_sample(original: Graph, optimized: Graph, same_value: Mapping[int, Se
     return report
 
 
-def _rewritten(node: Node, original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]]) -> bool:
+def _rewritten(node: Node, original: Graph, same_value: Mapping[int, Sequence[int]]) -> bool:
     """Whether optimized ``node`` holds an input-graph value that it computes otherwise than the input graph: not
     the same op and attributes over the same values (a leaf: not the same leaf alone)."""
     refs = same_value.get(node.id) or ()
@@ -306,8 +305,8 @@ def _rewritten(node: Node, original: Graph, optimized: Graph, same_value: Mappin
     if node.kind is Kind.LEAF:
         return not (old.kind is Kind.LEAF and node.same_as(old))
     return not (node.op == old.op and len(node.inputs) == len(old.inputs) and attrs_equal(node.attrs, old.attrs)
-                and node.type == old.type and all(o in (same_value.get(i) or ()) or optimized.node(i).same_as(
-                    original.node(o)) for i, o in zip(node.inputs, old.inputs, strict=True)))
+                and node.type == old.type and all(o in (same_value.get(i) or ())
+                                                  for i, o in zip(node.inputs, old.inputs, strict=True)))
 
 
 def _window(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]], node_id: int,
@@ -315,21 +314,24 @@ def _window(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence
     """Optimized node ``node_id`` and the fusion intermediates it reads (nodes that hold no input-graph value),
     and the input graph's nodes ``refs`` computed from the same values: each value the window reads that holds
     an input-graph value becomes a leaf of both (an Input named after the value, or the leaf itself), so both
-    run from the same data.  None when a value it reads has several results (no leaf can stand for it)."""
-    new_ids: list[int] = []
+    run from the same data.  None when the window holds more than WINDOW_MAX_ELEMENTS, or a value it reads has
+    several results (no leaf can stand for it)."""
+    new_ids: set[int] = set()
     bounds: dict[int, int] = {}  # optimized node read -> the input-graph node whose value it holds
-    stack, seen = [node_id], set()
+    elements = 0
+    stack = [node_id]
     while stack:
         nid = stack.pop()
-        if nid in seen:
+        if nid in new_ids or nid in bounds:
             continue
-        seen.add(nid)
         node = optimized.node(nid)
         held = same_value.get(nid) or ()
         if nid != node_id and held:
             bounds[nid] = held[0]
             continue
-        new_ids.append(nid)
+        new_ids.add(nid)
+        if (elements := elements + sum(t.numel for t in node.results)) > WINDOW_MAX_ELEMENTS:
+            return None
         if node.kind is not Kind.LEAF:
             stack.extend(node.inputs)
     if any(original.node(b).parts for b in bounds.values()):
@@ -342,14 +344,14 @@ def _window(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence
         if oid in old_ids:
             continue
         old_ids.add(oid)
+        if (elements := elements + sum(t.numel for t in original.node(oid).results)) > WINDOW_MAX_ELEMENTS:
+            return None
         if oid not in stops:
             stack.extend(original.node(oid).inputs)
     old, new = Graph(f"{original.name} window {node_id}"), Graph(f"{optimized.name} window {node_id}")
     for src, graph, ids, leaf_of in ((original, old, old_ids, {b: b for b in stops}),
-                                     (optimized, new, set(new_ids) | set(bounds), bounds)):
-        for n in src.nodes:  # in graph order: inputs first
-            if n.id not in ids:
-                continue
+                                     (optimized, new, new_ids | set(bounds), bounds)):
+        for n in sorted((src.node(i) for i in ids), key=lambda n: src.positions()[n.id]):  # inputs first
             if n.id in leaf_of and original.node(leaf_of[n.id]).kind is not Kind.LEAF:
                 stand_in = original.node(leaf_of[n.id])
                 graph.add_node("Input", node_id=n.id, name=f"value of node {stand_in.id}", shape=stand_in.shape,

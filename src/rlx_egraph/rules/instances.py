@@ -595,7 +595,7 @@ class InstanceBuilder:
     def _attr(self, term: Term, attr: Any, drawn: dict[str, Any], in_types: list[TensorType]) -> Any:
         if isinstance(term, Var) and term.name not in self.env:
             if term.name not in drawn:
-                drawn[term.name] = self._draw_attr(attr, in_types[0].rank if in_types else 0)
+                drawn[term.name] = self._draw_attr(attr, in_types)
             value = drawn[term.name]
         else:
             try:
@@ -604,9 +604,10 @@ class InstanceBuilder:
                 raise NoInstance(f"{term} has no value") from None
         return _attr_value(value, attr.type)
 
-    def _draw_attr(self, attr: Any, rank: int) -> Any:
-        """A random value for ``attr`` of a node whose first input has rank ``rank``."""
+    def _draw_attr(self, attr: Any, in_types: list[TensorType]) -> Any:
+        """A random value for ``attr`` of a node whose inputs have types ``in_types``."""
         rng, t = self.rng, attr.type
+        rank = in_types[0].rank if in_types else 0
         if attr.name == "name":
             return f"v{next(self.names)}"
         if t is AttrType.DTYPE:
@@ -624,12 +625,28 @@ class InstanceBuilder:
             return float(10.0 ** rng.uniform(-3.0, 0.0)) if rng.random() < 0.5 else float(rng.uniform(0.1, 2.0))
         if t is AttrType.BOOL:
             return bool(rng.integers(2))
+        if t is AttrType.INTS and attr.dims and in_types and rng.random() < 0.5:
+            return self._regroup(in_types[0].shape)  # a Reshape or Expand target that keeps the elements
         if t is AttrType.INTS:
             return self._draw_perm(rank) if rng.random() < 0.5 else self._draw_shape()
         if t is AttrType.STR:
             pool = self.literals[STRING] or [attr.default]
             return pool[int(rng.integers(len(pool)))]
         raise NoInstance(f"no random value for attribute {attr.name} ({t.value})")
+
+    def _regroup(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """``shape`` with one dim split in two (a factor first, 1 included) or two neighbours merged: the same
+        elements in another shape, such as a head split [B, S, H * D] -> [B, S, H, D]."""
+        rng, dims = self.rng, list(shape)
+        if len(dims) >= 2 and rng.random() < 0.3:
+            i = int(rng.integers(len(dims) - 1))
+            return (*dims[:i], dims[i] * dims[i + 1], *dims[i + 2:])
+        if not dims:
+            return (1,)
+        i = int(rng.integers(len(dims)))
+        factors = [f for f in range(1, dims[i] + 1) if dims[i] % f == 0]
+        f = factors[int(rng.integers(len(factors)))]
+        return (*dims[:i], f, dims[i] // f, *dims[i + 1:])
 
     def _draw_perm(self, rank: int) -> tuple[int, ...]:
         """A permutation of ``rank`` axes; half the time from rank 3 on one that is not its own inverse (a
