@@ -300,6 +300,7 @@ class InstanceBuilder:
         self.leaf_dtype: dict[str, str] = {}
         self.defs: dict[str, OpTerm] = {}
         self.guards: list[_Guard] = []
+        self.held: set[int] = set()  # guards found to hold (by index)
         self.sorts: dict[str, str] = {}
         for atom in merge_definitions(atoms):
             if (found := _definition(atom)) and found[0] not in self.defs:
@@ -415,15 +416,21 @@ class InstanceBuilder:
         return False
 
     def solve_guards(self) -> bool:
-        """Assign what the guards pin down; NoInstance when a guard is known not to hold."""
+        """Assign what the guards pin down; NoInstance when a guard is known not to hold.
+
+        A guard found to hold is not evaluated again: what it reads stays bound (bindings are only added, and
+        taken back only with :attr:`held`, when a term is drawn again)."""
         progress = False
-        for guard in self.guards:
+        for k, guard in enumerate(self.guards):
+            if k in self.held:
+                continue
             if len(guard) == 2:
                 left, right = guard  # type: ignore[misc]
                 (lk, lv), (rk, rv) = self._known(left), self._known(right)
                 if lk and rk:
                     if not same_value(_tuple(lv), _tuple(rv)):
                         raise NoInstance(f"guard (= {left} {right}) does not hold")
+                    self.held.add(k)
                 elif lk:
                     progress |= self._assign(right, lv)
                 elif rk:
@@ -434,9 +441,10 @@ class InstanceBuilder:
                 try:
                     self.value(term)
                 except _Unknown:
-                    pass
+                    continue
                 except NoValue:
                     raise NoInstance(f"guard {term} does not hold") from None
+                self.held.add(k)
         return progress
 
     def _solve_check(self, term: Term) -> bool:
@@ -497,16 +505,16 @@ class InstanceBuilder:
             self.draws += 1
             if self.draws > MAX_TERM_DRAWS:  # nested retries multiply: a deep pattern gives up, not hangs
                 raise NoInstance(f"no instance within {MAX_TERM_DRAWS} term draws")
-            saved = dict(self.env), dict(self.leaf_shape), dict(self.leaf_dtype)
+            saved = dict(self.env), dict(self.leaf_shape), dict(self.leaf_dtype), set(self.held)
             try:
                 return self._try_term(term, spec, args, degenerate < DEGENERATE_RETRIES)
             except _Degenerate as exc:
                 degenerate += 1
                 last: Exception = exc
-                self.env, self.leaf_shape, self.leaf_dtype = saved
+                self.env, self.leaf_shape, self.leaf_dtype, self.held = saved
             except (ShapeError, GraphError, _Unknown, NoInstance) as exc:
                 last = exc
-                self.env, self.leaf_shape, self.leaf_dtype = saved
+                self.env, self.leaf_shape, self.leaf_dtype, self.held = saved
         raise NoInstance(f"no valid {term.op}: {last}")
 
     def _try_term(self, term: OpTerm, spec: Any, args: Any, informative: bool = False) -> int:
