@@ -15,7 +15,9 @@ that read its relation: a reader's relation facts are unfolded into the query
 of a producer (the least used one first), so the instance holds the whole
 decomposed form and egglog runs the reader with its producers; a producer
 (e.g. an operand order) with fewer instances than asked is then forced into the
-instances of a reader that can unfold it, however deep.  Tables that rules
+instances of a reader that can unfold it, however deep (unless no other rule
+adds rows to its tables and the reader has used its attempts already: forcing
+would only draw the same instances again).  Tables that rules
 fill with ``set`` (the shared-input chain) cannot be unfolded: such rules are
 checked together with the rest of their file on instances made of k >= 2
 copies of the chain's first query sharing its first argument (k matmuls of one
@@ -151,19 +153,26 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
     verdicts = {r.name: RuleVerdict(r.name, r.location) for r in ruleset.rules}
     used_by: dict[str, set[str]] = {}  # facts-only rule -> readers whose instances ran it
     together: list[Rule] = []
+    checked: list[str] = []
     for rule in ruleset.rules:
         if unions_nothing(rule):
             continue
         if set_tables(rule, producers):
             together.append(rule)
             continue
+        checked.append(rule.name)
         _check_rule(ruleset, rule, producers, verdicts, used_by, instances, attempts, _rng(seed, rule.name))
+    # rules that used all their attempts: forcing into them a producer that no other rule competes with would only
+    # draw them again
+    exhausted = {name for name in checked if verdicts[name].status != UNSOUND and verdicts[name].instances < instances}
     if together:
         _check_together(ruleset, together, producers, verdicts, instances, attempts, seed)
     for rule in ruleset.rules:  # producers the readers' own instances left out or used too little
         for reader in readers_of(ruleset, producers, rule):
             if verdicts[rule.name].instances >= instances:
                 break
+            if reader.name in exhausted and not _competes(rule, producers):
+                continue
             _check_rule(ruleset, reader, producers, verdicts, used_by, instances, attempts,
                         _rng(seed, rule.name, reader.name), force=rule.name)
     for rule in ruleset.rules:
@@ -176,6 +185,13 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
             elif not v.reason:
                 v.reason = "facts only, and no union rule that reads them fired on an instance"
     return SoundnessReport([verdicts[r.name] for r in ruleset.rules])
+
+
+def _competes(rule: Rule, producers: Producers) -> bool:
+    """Whether another rule adds rows to a table ``rule`` adds rows to: only then does forcing ``rule`` into a
+    reader's instances (unfolding it first) change what they are made of."""
+    return any(rule.name in {p.name for p, _ in ps} and {p.name for p, _ in ps} != {rule.name}
+               for ps in producers.values())
 
 
 def _rng(seed: int, *names: str) -> np.random.Generator:
