@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable, Mapping
+from functools import lru_cache
 
 import numpy as np
 
@@ -15,8 +16,14 @@ from ..ir.ops.reference import run_node
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
-    """A generator keyed by (seed, name), so one name gets the same values in every graph."""
-    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+    """A generator keyed by (seed, name), so one name gets the same values in every graph (``default_rng([seed,
+    crc32(name)])``, its seed sequence made once per key)."""
+    return np.random.Generator(np.random.PCG64(_seed_sequence(seed, name)))
+
+
+@lru_cache(maxsize=4096)
+def _seed_sequence(seed: int, name: str) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, zlib.crc32(name.encode())])
 
 
 # Structured input slots, by input name in the registry: a slot whose name ends
