@@ -21,7 +21,16 @@ from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
-from rlx_egraph.frontends.onnx.calibrate import SIZES, calibrate
+from rlx_egraph.frontends.onnx.calibrate import (
+    SIZES,
+    CalibrationGraphError,
+    Case,
+    _cases,
+    _model_graph,
+    _session,
+    calibrate,
+    check_sample,
+)
 from rlx_egraph.onnx import export_model, measure_latency, measure_report
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rlx_egraph"
@@ -133,8 +142,39 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
     assert result.source == str(cal.cache_path("onnxruntime", cache))
     assert set(ONNXRUNTIME_FUSED) | {"Reshape", "Transpose", "Narrow", "Expand", "Concat"} <= set(result.rates)
     assert all(s.ns >= 0 for s in result.samples) and result.threads == 1
+    ran = {s.label: s.ran for s in result.samples}
+    assert ran["MatMul wide [2x16, 64]"] == "MatMul 1" and ran["FusedResidualLN [2x16, 64]"] == (
+        "SkipLayerNormalization 1") and ran["Identity [2x16, 64]"] == ""
     with pytest.raises(ValueError, match="calibrate measures the 'onnxruntime' target only, not 'cpu'"):
         calibrate("cpu")
+
+
+def test_every_copy_of_every_sample_is_in_the_graph_onnxruntime_runs() -> None:
+    """A sample of n copies is measured against one copy: each copy must be in the graph onnxruntime runs, also
+    the copies whose result no later copy reads (a graph with only the last copy's result as output lost them
+    to the export's dead-code removal, and the sample measured n - 1 missing nodes)."""
+    ran = {}
+    for case in _cases(SIZES[0]):
+        ran[case.label] = check_sample(case.label, _session(_model_graph(case, 1)[0], 1),
+                                       _session(_model_graph(case, 3)[0], 1), 3)
+    assert ran["MatMul wide [2x8, 16]"] == {"MatMul": 1} and ran["Transpose [2x8, 16]"] == {"Transpose": 1}
+    assert ran["Concat [2x8, 16]"] == {"Concat": 1} and ran["Narrow [2x8, 16]"] == {"Slice": 1}
+    assert ran["FusedMatMulBiasAct gelu [2x8, 16]"] == {"MatMul": 1, "BiasGelu": 1}
+    assert ran["EmbedLayerNorm [2x8, 16]"] == {"Cast": 1, "EmbedLayerNormalization": 1}
+    assert ran["Identity [2x8, 16]"] == {}  # onnxruntime removes an Identity of an intermediate when it loads
+
+
+def test_a_sample_whose_copies_are_dead_code_is_an_error() -> None:
+    """Every copy hands on the first copy's result: the later copies read their own inputs, nothing reads them and
+    they are no output, so the export drops them, and the check says so."""
+    def dead(g: Graph, prev: int | None, copy: int) -> tuple[int, int]:
+        node = g.transpose(g.input(f"x{copy}", (2, 3)), perm=(1, 0))
+        return node, node if prev is None else prev
+
+    case = Case("Transpose", "Transpose dead", dead)
+    one, many = _session(_model_graph(case, 1)[0], 1), _session(_model_graph(case, 3)[0], 1)
+    with pytest.raises(CalibrationGraphError, match=r"sample Transpose dead: the export writes no node for it"):
+        check_sample(case.label, one, many, 3)
 
 
 # --- decisions follow the calibration at the model's shape ------------------------------------------------

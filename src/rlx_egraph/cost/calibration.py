@@ -73,7 +73,8 @@ class OpRate:
 
 @dataclass(frozen=True)
 class Sample:
-    """One measurement: a node of op (or kind) ``key``, described by ``label``, its counts and its measured ns."""
+    """One measurement: a node of op (or kind) ``key``, described by ``label``, its counts, its measured ns and the
+    onnxruntime ops it ran as."""
 
     key: str
     label: str
@@ -81,10 +82,11 @@ class Sample:
     traffic_bytes: int
     flops: int
     ns: float
+    ran: str = ""  # the onnxruntime ops one copy of the node ran as ("MatMul 1, BiasGelu 1"), checked when measured
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "launches": self.launches,
-                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns}
+                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran}
 
 
 def fit_rate(samples: Iterable[Sample]) -> OpRate:

@@ -65,7 +65,9 @@ def measure_latencies(graphs: list[Graph], threads: int = 1, runs: int = 20, bud
     and more while within ``budget_s`` seconds."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-    times = run_times([_runnable(g, threads) for g in graphs], budget_s, runs, max_runs=10 * runs, warmup=warmup)
+    sessions = [_runnable(g, threads) for g in graphs]
+    times = run_times([lambda s=s, f=f: s.run(None, f) for s, f in sessions], budget_s, runs, threads,
+                      max_runs=10 * runs, warmup=warmup)
     return [Latency(typical(t), float(min(t)), len(t), threads) for t in times]
 
 
