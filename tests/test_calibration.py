@@ -263,7 +263,7 @@ def test_the_report_prints_the_measured_latency_beside_the_prediction() -> None:
     line = next(line for line in str(report).splitlines() if line.startswith("measured: "))
     assert re.fullmatch(r"measured: before [\d.]+ (ns|us|ms) \(predicted [\d.]+ (ns|us|ms), [\d.]+x\), after "
                         r"[\d.]+ (ns|us|ms) \(predicted [\d.]+ (ns|us|ms), [\d.]+x\); onnxruntime [\d.]+ CPU, 1 "
-                        r"thread\(s\), ORT_ENABLE_BASIC, median of \d+ runs by thread CPU time", line), line
+                        r"thread\(s\), ORT_ENABLE_ALL, median of \d+ runs by thread CPU time", line), line
     assert "priced by: onnxruntime calibration of fixture (fixture; made by: tests/calibrations.py)" in str(report)
     assert report.to_dict()["measured"] == {"before_ns": measured.before_ns, "after_ns": measured.after_ns,
                                             "how": measured.how}

@@ -1,9 +1,12 @@
 """Calibrate the ``onnxruntime`` cost target on this machine: ``rlx-egraph calibrate --target onnxruntime``.
 
 Every figure is a MIR graph exported by :func:`~.exporter.export_model` and timed in onnxruntime's CPU
-provider (``ORT_ENABLE_BASIC``: the graph as written, weights folded; ``threads`` intra-op threads), so a
-sample prices exactly what the exporter writes for a node (a FusedMatMulBiasAct as MatMul + BiasGelu, a
-FusedResidualLN as com.microsoft SkipLayerNormalization, a layout op as its Slice, Transpose or Reshape).
+provider (at :data:`LEVEL`, ``ORT_ENABLE_ALL``: onnxruntime's default, what a user's session runs a model at;
+``threads`` intra-op threads), so a sample prices what the exporter writes for a node as onnxruntime runs it (a
+FusedMatMulBiasAct as MatMul + BiasGelu, a FusedResidualLN as com.microsoft SkipLayerNormalization, a layout op
+as its Slice, Transpose or Reshape, a convolution in onnxruntime's blocked layout).  Every sample's graph is
+checked to hold every copy of its node, as onnxruntime runs it (:func:`check_sample`), and the sample records the
+onnxruntime ops one copy ran as.
 
 * run and dispatch: chains of 10 and 410 Sigmoid nodes on one float; the slope is the target-wide
   ``dispatch_ns``, the rest of the short chain's time the fixed cost of one run (``run_ns``).
@@ -11,12 +14,15 @@ FusedResidualLN as com.microsoft SkipLayerNormalization, a layout op as its Slic
   model's (2 x 16 tokens, width 64) to BERT-base's (128 tokens, width 768): a node that takes at least
   :data:`ALONE` times a run's fixed cost is timed alone, less that cost; a smaller one as the time of ``n``
   copies of the node less the time of one copy, over ``n - 1``.  A copy reads the previous copy's result
-  where the types allow (a chain, as in a model), else its own inputs; every copy has its own weights.  Each
+  where the types allow (a chain, as in a model), else its own inputs, and its result is then a graph output
+  (else it would be dead code); every copy has its own weights.  Inputs and outputs are bound once
+  (onnxruntime's IO binding), so an output costs what an intermediate does.  Each
   op's samples give it a cost line (launch, per byte, per FLOP; :func:`rlx_egraph.cost.calibration.fit_rate`).
 
 The fused ops measured are the ones the ``onnxruntime`` target runs (:data:`~rlx_egraph.cost.targets.
 ONNXRUNTIME_FUSED`), each at every size; the primitives are the common ones of each kind, layouts included
-(Reshape, Transpose, Narrow, Expand, Concat and Identity are dispatched by onnxruntime).  Each timing is the
+(Reshape, Transpose, Narrow, Expand and Concat are dispatched by onnxruntime; an Identity of an intermediate is
+removed when the session loads, and its samples measure that).  Each timing is the
 median of its runs, by :func:`run_clock` (one thread: the calling thread's CPU time, so the machine's load
 does not count); the two models of a difference run in turn; every sample is measured in ``passes`` passes
 and the lowest kept.
@@ -47,6 +53,8 @@ from .exporter import export_model
 TARGET = "onnxruntime"
 # (batch, sequence, heads, head width) per size: a toy layer's, a tiny model's, two between, BERT-base's
 SIZES = ((2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64))
+# The graph optimization level samples run at: onnxruntime's default, what a user's session runs a model at
+LEVEL = "ORT_ENABLE_ALL"
 ALONE = 40  # a node this many times a run's fixed cost is timed alone (the run's cost subtracted)
 Build = Callable[[Graph, int | None, int], tuple[int, int]]  # (graph, previous copy's result, copy) -> (node, result)
 
@@ -99,14 +107,20 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
     x3, w3 = (b, s, e), (e,)
     mask = (b, 1, 1, s)
     c, side = e // 4, max(s // 4, 4)  # a 3x3 convolution's channels and image side at this size
-    image, kernel = (1, c, side, side), (c, c, 3, 3)
 
-    def conv(m: _Maker, prev: int | None, **fused: object) -> int:
-        x, w, bias = chain(m, prev, image), m.param(kernel), m.param((c,), "bias")
+    def conv(m: _Maker, prev: int | None, form: str = "dense", **fused: object) -> int:
+        """A 3x3 convolution (``dense``), a 3x3 one per channel of a 6 times wider image (``depthwise``, as in
+        MobileNet), or a 1x1 one of 6 times the channels (``pointwise``).  Chained, so that onnxruntime's blocked
+        layout (ORT_ENABLE_ALL) is entered and left once, as in a model."""
+        out = c if form == "dense" else 6 * c
+        groups, size = (out, 3) if form == "depthwise" else (1, 3 if form == "dense" else 1)
+        x, w = chain(m, prev, (1, out, side, side)), m.param((out, out // groups, size, size))
+        pads = [size // 2] * 4
+        bias = m.param((out,), "bias")
         if not fused:
-            return m.g.conv(x, w, bias, pads=[1, 1, 1, 1])
-        z = [m.input(image, "z")] if fused.pop("residual", False) else []
-        return m.g.fused_conv(x, w, bias, *z, pads=[1, 1, 1, 1], **fused)
+            return m.g.conv(x, w, bias, pads=pads, groups=groups)
+        z = [m.input((1, out, side, side), "z")] if fused.pop("residual", False) else []
+        return m.g.fused_conv(x, w, bias, *z, pads=pads, groups=groups, **fused)
 
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
@@ -191,8 +205,14 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
             scale=d**-0.5)),
         case("Relu", lambda m, p: m.g.relu(chain(m, p, x3))),
         case("Conv", conv),
+        case("Conv", lambda m, p: conv(m, p, "depthwise"), " depthwise"),
+        case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu", residual=True), " sum relu"),
+        case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
+             " depthwise clip"),
+        case("FusedConv", lambda m, p: conv(m, p, "pointwise", act="clip", clip_min=0.0, clip_max=6.0),
+             " pointwise clip"),
         case("KvCacheAttention", lambda m, p: multi(m.g.kv_cache_attention(
             chain(m, p, (b, h, 1, d)), m.input((b, h, 1, d), "k"), m.input((b, h, 1, d), "v"),
             m.input((b, h, s, d), "past_k"), m.input((b, h, s, d), "past_v"), m.input((b, 1, 1, s + 1), "mask"),
@@ -244,11 +264,11 @@ def _ops(model: onnx.ModelProto) -> Counter[str]:
 
 
 def _session(graph: Graph, threads: int) -> Runnable:
-    """``graph`` exported, in an onnxruntime session at ``ORT_ENABLE_BASIC`` with ``threads`` threads, inputs bound to
+    """``graph`` exported, in an onnxruntime session at :data:`LEVEL` with ``threads`` threads, inputs bound to
     seeded values and every output bound."""
     model = export_model(graph)
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVEL)
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     with tempfile.TemporaryDirectory() as tmp:
