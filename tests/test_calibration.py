@@ -86,11 +86,21 @@ def test_a_calibration_fits_one_line_per_op_and_one_per_kind() -> None:
 
 def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
-                                                                       1_180.0),))
+                                                                       1_180.0, "Add 1"),),
+                            value_ns=570.0, value_ns_per_byte=0.004)
     path = c.save(tmp_path / "sub" / "c.json")
     back = cal.read(path)
-    assert back == c and back.source == str(path)
-    assert json.loads(path.read_text())["format_version"] == cal.FORMAT_VERSION
+    assert back == c and back.source == str(path) and back.samples[0].ran == "Add 1"
+    data = json.loads(path.read_text())
+    assert data["format_version"] == cal.FORMAT_VERSION and (data["value_ns"], data["value_ns_per_byte"]) == (
+        570.0, 0.004)
+    # a file made before graph values and what ran were measured reads with none
+    for key in ("value_ns", "value_ns_per_byte"):
+        del data[key]
+    del data["samples"][0]["ran"]
+    path.write_text(json.dumps(data))
+    older = cal.read(path)
+    assert (older.value_ns, older.value_ns_per_byte, older.samples[0].ran) == (0.0, 0.0, "")
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -141,7 +151,7 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
         cal.cache_path("onnxruntime", cache).relative_to(cache)]
     assert result.source == str(cal.cache_path("onnxruntime", cache))
     assert set(ONNXRUNTIME_FUSED) | {"Reshape", "Transpose", "Narrow", "Expand", "Concat"} <= set(result.rates)
-    assert all(s.ns >= 0 for s in result.samples) and result.threads == 1
+    assert all(s.ns >= 0 for s in result.samples) and result.threads == 1 and result.value_ns > 0
     ran = {s.label: s.ran for s in result.samples}
     assert ran["MatMul wide [2x16, 64]"] == "MatMul 1" and ran["FusedResidualLN [2x16, 64]"] == (
         "SkipLayerNormalization 1") and ran["Identity [2x16, 64]"] == ""

@@ -10,6 +10,8 @@ onnxruntime ops one copy ran as.
 
 * run and dispatch: chains of 10 and 410 Sigmoid nodes on one float; the slope is the target-wide
   ``dispatch_ns``, the rest of the short chain's time the fixed cost of one run (``run_ns``).
+* graph inputs and outputs: what one more value fed to and returned from a run costs, per value and per byte
+  (:func:`value_costs`).
 * one node of an op at several sizes (:data:`SIZES`), from a toy layer's (2 x 8 tokens, width 16) and a tiny
   model's (2 x 16 tokens, width 64) to BERT-base's (128 tokens, width 768): a node that takes at least
   :data:`ALONE` times a run's fixed cost is timed alone, less that cost; a smaller one as the time of ``n``
@@ -409,6 +411,29 @@ def run_and_dispatch(threads: int, budget_s: float, short: int = 10, long: int =
     return max(t_short - short * dispatch, 0.0), dispatch, max(t_bound - short * dispatch, 0.0)
 
 
+def value_costs(threads: int, budget_s: float, values: int = 16, floats: int = 16_384) -> tuple[float, float]:
+    """(value_ns, value_ns_per_byte): what one graph input or output adds to a model's run
+    (``InferenceSession.run``: the value crosses the call, an output is returned as a new array).  From ``values``
+    Sigmoid nodes on one input each, each an output, against a chain of as many on one input to one output, of 1 and
+    of ``floats`` floats: the difference is ``values - 1`` more inputs and as many more outputs."""
+    ns = []
+    for size in (1, floats):
+        sessions = []
+        for separate in (False, True):
+            g = Graph("values")
+            xs = [g.input(f"x{k}", (size,)) for k in range(values if separate else 1)]
+            ys = [g.sigmoid(x) for x in xs] if separate else [xs[0]]
+            for _ in range(0 if separate else values):
+                ys = [g.sigmoid(ys[0])]
+            g.set_outputs(ys)
+            sessions.append(_session(g, threads))
+        t_one, t_many = map(typical, run_times([lambda r=r: r.session.run(None, r.feeds) for r in sessions],
+                                               budget_s, 25, threads))
+        ns.append(max((t_many - t_one) / (2 * (values - 1)), 0.0))
+    per_byte = max(ns[1] - ns[0], 0.0) / (4 * (floats - 1))
+    return ns[0] - 4 * per_byte, per_byte
+
+
 def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
               budget_s: float = 0.3, passes: int = 2, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
               progress: Callable[[str], None] | None = None, command: str = "") -> cal.Calibration:
@@ -423,6 +448,8 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     say = progress or (lambda line: None)
     run_ns, dispatch_ns, bound_run_ns = run_and_dispatch(threads, budget_s)
     say(f"run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch {dispatch_ns:,.0f} ns per node")
+    value_ns, value_ns_per_byte = value_costs(threads, budget_s)
+    say(f"graph input or output {value_ns:,.0f} ns + {value_ns_per_byte:.4f} ns per byte")
     cases = [case for size in sizes for case in _cases(size)]
     best: dict[int, cal.Sample] = {}
     for done in range(passes):
@@ -437,7 +464,8 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     result = cal.Calibration.fitted(target, samples, machine=cal.machine(target),
                                     command=command or f"rlx-egraph calibrate --target {target} --threads {threads}",
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
-                                    flops_per_ns=flops_per_ns)
+                                    flops_per_ns=flops_per_ns, value_ns=value_ns,
+                                    value_ns_per_byte=value_ns_per_byte)
     if save:
         path = result.save(cal.cache_path(target, cache))
         result = cal.read(path)
@@ -445,5 +473,5 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
 
 
 __all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "calibrate", "check_sample",
-           "measure_case", "run_and_dispatch", "run_clock",
+           "measure_case", "run_and_dispatch", "run_clock", "value_costs",
            "run_times", "typical"]
