@@ -11,7 +11,7 @@ onnxruntime ops one copy ran as.
 * run and dispatch: chains of 10 and 410 Sigmoid nodes on one float; the slope is the target-wide
   ``dispatch_ns``, the rest of the short chain's time the fixed cost of one run (``run_ns``).
 * graph inputs and outputs: what one more value fed to and returned from a run costs, per value and per byte
-  (:func:`value_costs`).
+  (:func:`value_costs`); ``run_ns`` is then the run less its chain's one input and one output.
 * one node of an op at several sizes (:data:`SIZES`), from a toy layer's (2 x 8 tokens, width 16) and a tiny
   model's (2 x 16 tokens, width 64) to BERT-base's (128 tokens, width 768): a node that takes at least
   :data:`ALONE` times a run's fixed cost is timed alone, less that cost; a smaller one as the time of ``n``
@@ -450,6 +450,7 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     say(f"run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch {dispatch_ns:,.0f} ns per node")
     value_ns, value_ns_per_byte = value_costs(threads, budget_s)
     say(f"graph input or output {value_ns:,.0f} ns + {value_ns_per_byte:.4f} ns per byte")
+    run_ns = max(run_ns - 2 * value_ns, 0.0)  # the chains' one input and one output are priced as values
     cases = [case for size in sizes for case in _cases(size)]
     best: dict[int, cal.Sample] = {}
     for done in range(passes):
