@@ -21,7 +21,16 @@ from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
-from rlx_egraph.frontends.onnx.calibrate import SIZES, calibrate
+from rlx_egraph.frontends.onnx.calibrate import (
+    SIZES,
+    CalibrationGraphError,
+    Case,
+    _cases,
+    _model_graph,
+    _session,
+    calibrate,
+    check_sample,
+)
 from rlx_egraph.onnx import export_model, measure_latency, measure_report
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rlx_egraph"
@@ -77,11 +86,21 @@ def test_a_calibration_fits_one_line_per_op_and_one_per_kind() -> None:
 
 def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
-                                                                       1_180.0),))
+                                                                       1_180.0, "Add 1"),),
+                            value_ns=570.0, value_ns_per_byte=0.004)
     path = c.save(tmp_path / "sub" / "c.json")
     back = cal.read(path)
-    assert back == c and back.source == str(path)
-    assert json.loads(path.read_text())["format_version"] == cal.FORMAT_VERSION
+    assert back == c and back.source == str(path) and back.samples[0].ran == "Add 1"
+    data = json.loads(path.read_text())
+    assert data["format_version"] == cal.FORMAT_VERSION and (data["value_ns"], data["value_ns_per_byte"]) == (
+        570.0, 0.004)
+    # a file made before graph values and what ran were measured reads with none
+    for key in ("value_ns", "value_ns_per_byte"):
+        del data[key]
+    del data["samples"][0]["ran"]
+    path.write_text(json.dumps(data))
+    older = cal.read(path)
+    assert (older.value_ns, older.value_ns_per_byte, older.samples[0].ran) == (0.0, 0.0, "")
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -132,9 +151,40 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
         cal.cache_path("onnxruntime", cache).relative_to(cache)]
     assert result.source == str(cal.cache_path("onnxruntime", cache))
     assert set(ONNXRUNTIME_FUSED) | {"Reshape", "Transpose", "Narrow", "Expand", "Concat"} <= set(result.rates)
-    assert all(s.ns >= 0 for s in result.samples) and result.threads == 1
+    assert all(s.ns >= 0 for s in result.samples) and result.threads == 1 and result.value_ns > 0
+    ran = {s.label: s.ran for s in result.samples}
+    assert ran["MatMul wide [2x16, 64]"] == "MatMul 1" and ran["FusedResidualLN [2x16, 64]"] == (
+        "SkipLayerNormalization 1") and ran["Identity [2x16, 64]"] == ""
     with pytest.raises(ValueError, match="calibrate measures the 'onnxruntime' target only, not 'cpu'"):
         calibrate("cpu")
+
+
+def test_every_copy_of_every_sample_is_in_the_graph_onnxruntime_runs() -> None:
+    """A sample of n copies is measured against one copy: each copy must be in the graph onnxruntime runs, also
+    the copies whose result no later copy reads (a graph with only the last copy's result as output lost them
+    to the export's dead-code removal, and the sample measured n - 1 missing nodes)."""
+    ran = {}
+    for case in _cases(SIZES[0]):
+        ran[case.label] = check_sample(case.label, _session(_model_graph(case, 1)[0], 1),
+                                       _session(_model_graph(case, 3)[0], 1), 3)
+    assert ran["MatMul wide [2x8, 16]"] == {"MatMul": 1} and ran["Transpose [2x8, 16]"] == {"Transpose": 1}
+    assert ran["Concat [2x8, 16]"] == {"Concat": 1} and ran["Narrow [2x8, 16]"] == {"Slice": 1}
+    assert ran["FusedMatMulBiasAct gelu [2x8, 16]"] == {"MatMul": 1, "BiasGelu": 1}
+    assert ran["EmbedLayerNorm [2x8, 16]"] == {"Cast": 1, "EmbedLayerNormalization": 1}
+    assert ran["Identity [2x8, 16]"] == {}  # onnxruntime removes an Identity of an intermediate when it loads
+
+
+def test_a_sample_whose_copies_are_dead_code_is_an_error() -> None:
+    """Every copy hands on the first copy's result: the later copies read their own inputs, nothing reads them and
+    they are no output, so the export drops them, and the check says so."""
+    def dead(g: Graph, prev: int | None, copy: int) -> tuple[int, int]:
+        node = g.transpose(g.input(f"x{copy}", (2, 3)), perm=(1, 0))
+        return node, node if prev is None else prev
+
+    case = Case("Transpose", "Transpose dead", dead)
+    one, many = _session(_model_graph(case, 1)[0], 1), _session(_model_graph(case, 3)[0], 1)
+    with pytest.raises(CalibrationGraphError, match=r"sample Transpose dead: the export writes no node for it"):
+        check_sample(case.label, one, many, 3)
 
 
 # --- decisions follow the calibration at the model's shape ------------------------------------------------
@@ -223,7 +273,7 @@ def test_the_report_prints_the_measured_latency_beside_the_prediction() -> None:
     line = next(line for line in str(report).splitlines() if line.startswith("measured: "))
     assert re.fullmatch(r"measured: before [\d.]+ (ns|us|ms) \(predicted [\d.]+ (ns|us|ms), [\d.]+x\), after "
                         r"[\d.]+ (ns|us|ms) \(predicted [\d.]+ (ns|us|ms), [\d.]+x\); onnxruntime [\d.]+ CPU, 1 "
-                        r"thread\(s\), ORT_ENABLE_BASIC, median of \d+ runs by thread CPU time", line), line
+                        r"thread\(s\), ORT_ENABLE_ALL, median of \d+ runs by thread CPU time", line), line
     assert "priced by: onnxruntime calibration of fixture (fixture; made by: tests/calibrations.py)" in str(report)
     assert report.to_dict()["measured"] == {"before_ns": measured.before_ns, "after_ns": measured.after_ns,
                                             "how": measured.how}

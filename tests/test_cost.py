@@ -385,7 +385,7 @@ def test_ns_formula_per_preset(target: str) -> None:
     p = profile(mlp()[0], target)
     terms = p.breakdown()
     assert terms.pop("unsupported") == 0.0
-    assert terms.pop("run") == 0.0
+    assert terms.pop("run") == 0.0 and terms.pop("values") == 0.0  # the presets price no run and no graph values
     assert terms == pytest.approx(MLP_TERMS[target], rel=1e-12)
     assert p.ns == pytest.approx(MLP_NS[target], rel=1e-12)
 
@@ -393,20 +393,23 @@ def test_ns_formula_per_preset(target: str) -> None:
 def test_measured_lines_price_each_op_and_the_run() -> None:
     """On a calibrated target each op's nodes are priced by its line (MatMul's own; Add and Relu by the
     elementwise kind's), plus the run's fixed cost; readback at the calibration's memory bandwidth."""
-    tgt = calibrations.target({"MatMul": OpRate(1_000.0, 0.5, 0.25), "elementwise": OpRate(400.0, 1.0, 0.0)})
+    tgt = calibrations.target({"MatMul": OpRate(1_000.0, 0.5, 0.25), "elementwise": OpRate(400.0, 1.0, 0.0)}).replace(
+        value_ns=600.0, value_ns_per_byte=0.5)
     p = profile(mlp()[0], tgt)
     assert {op: (c.launches, c.traffic_bytes, c.flops) for op, c in p.by_op.items()} == {
         "MatMul": (1, 3584, 8192), "Add": (1, 2176, 256), "Relu": (1, 2048, 256)}
+    assert (p.values, p.value_bytes) == (2, 512 + 1024)  # the input x [8, 16] and the output [8, 32]
     terms = p.breakdown()
     assert terms == {"dispatch": 1_800.0, "sync": 0.0, "traffic": 1_792.0 + 2_176.0 + 2_048.0,
-                     "readback": 1024 / 10.0, "compute": 2_048.0, "run": 5_000.0, "unsupported": 0.0}
-    assert p.ns == 1_800.0 + 6_016.0 + 102.4 + 2_048.0 + 5_000.0
+                     "readback": 1024 / 10.0, "compute": 2_048.0, "run": 5_000.0, "values": 2 * 600.0 + 768.0,
+                     "unsupported": 0.0}
+    assert p.ns == 1_800.0 + 6_016.0 + 102.4 + 2_048.0 + 5_000.0 + 1_968.0
     relu = next(n for n in mlp()[0].nodes if n.op == "Relu")
     assert tgt.node_ns(relu.spec, {}, [relu.type], relu.type) == 400.0 + 2_048.0
     assert p.kind_ns("elementwise") == 400.0 + 2_176.0 + 400.0 + 2_048.0
     # a profile made without per-op counts is priced by the target-wide figures
     bare = IoProfile(p.launches, p.sync_points, p.readback_bytes, p.traffic_bytes, p.flops, tgt)
-    assert bare.ns == 3 * 1_000.0 + 7808 / 10.0 + 102.4 + 8704 / 100.0 + 5_000.0
+    assert bare.ns == 3 * 1_000.0 + 7808 / 10.0 + 102.4 + 8704 / 100.0 + 5_000.0  # and no graph values counted
 
 
 def test_sync_term_is_roundtrip_plus_penalty(host_sync_op: OpSpec) -> None:

@@ -18,6 +18,7 @@ from rlx_egraph import Graph, GraphError, evaluate, optimize_with_report
 from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS
 from rlx_egraph.cost import calibration as cal
+from rlx_egraph.cost.calibration import OpRate
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
 from rlx_egraph.engines.egglog import dump_egglog_program
 from rlx_egraph.frontends.onnx.calibrate import SIZES, _cases, _model_graph
@@ -238,6 +239,38 @@ def test_the_exporter_maps_exactly_the_fused_ops_the_onnxruntime_target_declares
         g, _ = _model_graph(cases[op], 1)
         written = {n.op_type for n in export_model(g).graph.node}
         assert any(t in kernel.replace("/", " ").replace(",", " ").split() for t in written), (op, written)
+
+
+def _ran_at_enable_all(model: onnx.ModelProto, tmp_path: Path) -> Counter[str]:
+    """The ops an ORT_ENABLE_ALL session (onnxruntime's default) runs of ``model``."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "ran.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+
+
+def test_a_residual_add_read_only_by_layer_norm_is_written_as_sum_so_onnxruntime_keeps_it(tmp_path: Path) -> None:
+    """Where the cost model keeps Add + LayerNorm (SkipLayerNormalization measured slower, as on onnxruntime's CPU
+    provider), the export writes the residual Add as a Sum, which onnxruntime's own SkipLayerNorm fusion does not
+    match: the session runs what was chosen.  An Add with another reader stays an Add.  Same values."""
+    skip_slow = calibrations.target({op: OpRate(50_000.0, 0.3, 0.0) for op in ("FusedResidualLN", "FusedAddLayerNorm")})
+    g = Graph("residual-norm")
+    x, r, r2 = g.input("x", (2, 4, 16)), g.input("r", (2, 4, 16)), g.input("r2", (2, 4, 16))
+    gamma, beta = g.param("g", (16,)), g.param("b", (16,))
+    once = g.layer_norm(g.add(x, r), gamma, beta)  # the sum read by the norm only
+    twice = g.add(once, r2)
+    g.set_outputs([g.add(g.layer_norm(twice, gamma, beta), twice)])  # the sum read by the norm and the output
+    g.weights = {"g": np.linspace(0.5, 1.5, 16, dtype=np.float32), "b": np.linspace(-1, 1, 16, dtype=np.float32)}
+    opt, _ = optimize_with_report(g, skip_slow, verify=True)
+    model = export_model(opt)
+    assert exported_ops(model)["Sum"] == 1 and exported_ops(model)["Add"] == 2
+    ran = _ran_at_enable_all(model, tmp_path)
+    assert (ran["SkipLayerNormalization"], ran["LayerNormalization"], ran["Sum"]) == (0, 2, 1)
+    inputs = {n.name: random_value(g, n) for n in g.inputs}
+    np.testing.assert_allclose(run_ort(model, inputs)[0], evaluate(g, inputs)[0], rtol=1e-5, atol=1e-5)
 
 
 LAYOUT_OF_AN_INTERMEDIATE = {

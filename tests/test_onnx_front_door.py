@@ -134,14 +134,21 @@ def test_the_readme_python_onnx_example_fuses_as_the_cli(tmp_path: Path, capsys:
     write(DYNAMIC_MODELS["gpt2", "dynamo"](), tmp_path / "model.onnx")
     monkeypatch.chdir(tmp_path)
     exec(readme_onnx_example(), {})
-    cli = re.search(r"```sh\n(rlx-egraph optimize model\.onnx .*?)\n```", (ROOT / "README.md").read_text()).group(1)
+    # the command line that prices the symbols as the Python example does (sequence at 128): the fusions the cost
+    # model takes depend on that size
+    cli = re.search(r"```sh\n(rlx-egraph optimize model\.onnx .*?--input-shape input_ids=batch,sequence=128)\n```",
+                    (ROOT / "README.md").read_text()).group(1)
     args = cli.split()[1:]
     args[args.index("-o") + 1] = "cli.onnx"
     assert main(args) == 0
     capsys.readouterr()
     python, command_line = (Counter(n.op_type for n in onnx.load(tmp_path / f).graph.node)
                             for f in ("model.opt.onnx", "cli.onnx"))
-    assert python == command_line and python["Attention"] == 1 and python["Gemm"] >= 2
+    # attention fused either way; whether a projection's MatMul + Add is one Gemm at sequence 128 is the
+    # calibration's call (measured within a few percent of each other there)
+    original = onnx.load(tmp_path / "model.onnx").graph.node
+    assert python == command_line and python["Attention"] == 1 and python["Softmax"] == 0
+    assert sum(python.values()) < len(original)
 
 
 # --- the missing extra ------------------------------------------------------------------------------------------------

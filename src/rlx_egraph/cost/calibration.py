@@ -73,7 +73,8 @@ class OpRate:
 
 @dataclass(frozen=True)
 class Sample:
-    """One measurement: a node of op (or kind) ``key``, described by ``label``, its counts and its measured ns."""
+    """One measurement: a node of op (or kind) ``key``, described by ``label``, its counts, its measured ns and the
+    onnxruntime ops it ran as."""
 
     key: str
     label: str
@@ -81,10 +82,11 @@ class Sample:
     traffic_bytes: int
     flops: int
     ns: float
+    ran: str = ""  # the onnxruntime ops one copy of the node ran as ("MatMul 1, BiasGelu 1"), checked when measured
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "launches": self.launches,
-                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns}
+                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran}
 
 
 def fit_rate(samples: Iterable[Sample]) -> OpRate:
@@ -127,8 +129,9 @@ class Calibration:
     ``run_ns`` is the fixed cost of one model run (the runtime's call, its inputs and outputs); ``dispatch_ns``,
     ``memory_bw`` (B/ns) and ``flops_per_ns`` price the ops no line covers; ``rates`` maps an op name or a kind
     (:class:`~rlx_egraph.ir.registry.Kind` value) to its fitted line; ``samples`` are the measurements they
-    were fitted to.  ``machine`` is the fingerprint of the machine and runtime (:func:`machine`), ``threads``
-    the runtime's thread count, ``command`` the command that made it.
+    were fitted to.  ``value_ns`` and ``value_ns_per_byte`` price each graph input and output of a run (the value
+    crosses the runtime's call).  ``machine`` is the fingerprint of the machine and runtime (:func:`machine`),
+    ``threads`` the runtime's thread count, ``command`` the command that made it.
     """
 
     target: str
@@ -142,11 +145,13 @@ class Calibration:
     rates: Mapping[str, OpRate] = field(default_factory=dict)
     samples: tuple[Sample, ...] = ()
     source: str = field(default="", compare=False)  # where it was read from (set by load/read)
+    value_ns: float = 0.0  # one graph input or output of a run (0 in files made before it was measured)
+    value_ns_per_byte: float = 0.0
 
     @classmethod
     def fitted(cls, target: str, samples: Iterable[Sample], *, machine: Mapping[str, str], command: str,
                threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
-               flops_per_ns: float) -> Calibration:
+               flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0) -> Calibration:
         """A calibration whose rates are fitted to ``samples``: one line per key, and one per op kind, each term
         the median of its measured ops' (for the ops of that kind no sample measured)."""
         samples = tuple(samples)
@@ -162,7 +167,7 @@ class Calibration:
             rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines]))
                                             for term in ("launch_ns", "ns_per_byte", "ns_per_flop"))))
         return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
-                   samples)
+                   samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte)
 
     def predicted_ns(self, sample: Sample) -> float:
         """``sample`` priced by its key's line."""
@@ -172,6 +177,7 @@ class Calibration:
         return {"format_version": FORMAT_VERSION, "target": self.target, "machine": dict(self.machine),
                 "command": self.command, "threads": self.threads, "run_ns": self.run_ns,
                 "dispatch_ns": self.dispatch_ns, "memory_bw": self.memory_bw, "flops_per_ns": self.flops_per_ns,
+                "value_ns": self.value_ns, "value_ns_per_byte": self.value_ns_per_byte,
                 "rates": {k: r.to_dict() for k, r in sorted(self.rates.items())},
                 "samples": [s.to_dict() for s in self.samples]}
 
@@ -187,7 +193,8 @@ class Calibration:
                        str(data["command"]), int(data["threads"]), float(data["run_ns"]),
                        float(data["dispatch_ns"]), float(data["memory_bw"]), float(data["flops_per_ns"]),
                        {str(k): OpRate(**v) for k, v in data["rates"].items()},
-                       tuple(Sample(**s) for s in data["samples"]), source)
+                       tuple(Sample(**s) for s in data["samples"]), source, float(data.get("value_ns", 0.0)),
+                       float(data.get("value_ns_per_byte", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CalibrationError(f"{where}: not a calibration ({type(exc).__name__}: {exc})") from None
 

@@ -50,6 +50,8 @@ class IoProfile:
     ops: frozenset[str] = field(default_factory=frozenset)
     by_kind: Mapping[str, KindCost] = field(default_factory=dict, compare=False)  # op kind -> its nodes' sum
     by_op: Mapping[str, NodeCost] = field(default_factory=dict, compare=False)  # op -> its nodes' sum
+    values: int = 0  # graph inputs and outputs a run is called with and returns
+    value_bytes: int = 0  # their bytes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", _target(self.target))
@@ -61,9 +63,11 @@ class IoProfile:
         return tuple(sorted(op for op in self.ops if not self.target.supports(op)))
 
     def breakdown(self) -> dict[str, float]:
-        """Predicted ns per term; ``run`` is the target's fixed cost of one run of the graph; ``unsupported`` is
-        inf when the target lacks an op, else 0.  On a target with measured lines (:meth:`Target.rate`) each op's
-        nodes are priced by their line (from ``by_op``; a profile without it by the target-wide figures)."""
+        """Predicted ns per term; ``run`` is the target's fixed cost of one run of the graph, ``values`` that of
+        its inputs and outputs (:attr:`values`, :attr:`value_bytes`; 0 on targets that do not price them);
+        ``unsupported`` is inf when the target lacks an op, else 0.  On a target with measured lines
+        (:meth:`Target.rate`) each op's nodes are priced by their line (from ``by_op``; a profile without it by the
+        target-wide figures)."""
         tgt = self.target
         if not (tgt.rates and self.by_op):
             terms = tgt.terms(self.launches, self.sync_points, self.traffic_bytes, self.readback_bytes, self.flops)
@@ -74,6 +78,7 @@ class IoProfile:
                 for term in ("dispatch", "traffic", "compute"):
                     terms[term] += part[term]
         terms["run"] = tgt.run_ns
+        terms["values"] = self.values * tgt.value_ns + self.value_bytes * tgt.value_ns_per_byte
         terms["unsupported"] = math.inf if self.unsupported_ops else 0.0
         return terms
 
@@ -183,11 +188,13 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
     costs = {k: NodeCost(*v) for k, v in sums.items()}
     total = sum(costs.values(), FREE)
     readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(read))
+    called = [*graph.inputs, *(graph.node(i) for i in dict.fromkeys(read))]
     by_kind = {k: KindCost(nodes[k], costs[k], frozenset(ops[k])) for k in sorted(nodes)}
     return IoProfile(launches=total.launches, sync_points=total.syncs, readback_bytes=readback,
                      traffic_bytes=total.traffic_bytes, flops=total.flops, target=tgt,
                      ops=frozenset(op for k in ops.values() for op in k), by_kind=by_kind,
-                     by_op={op: NodeCost(*v) for op, v in sorted(op_sums.items())})
+                     by_op={op: NodeCost(*v) for op, v in sorted(op_sums.items())}, values=len(called),
+                     value_bytes=sum(n.type.nbytes for n in called))
 
 
 @dataclass(frozen=True)

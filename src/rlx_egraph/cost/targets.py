@@ -84,7 +84,7 @@ from .model import NodeCost, node_cost, node_launches
 if TYPE_CHECKING:
     from .profile import IoProfile
 
-_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns")
+_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns", "value_ns", "value_ns_per_byte")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
 _COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 
@@ -147,7 +147,8 @@ class Target:
     priced at (:meth:`hint`).
     ``rates`` (op name or kind -> :class:`~rlx_egraph.cost.calibration.OpRate`) price the nodes of an op by a
     measured line instead of the target-wide figures (:meth:`rate`); ``run_ns`` is the fixed cost of one run of
-    a whole graph; ``calibration`` says where the figures come from.  ``attention_block_max_tokens`` bounds the
+    a whole graph, ``value_ns`` and ``value_ns_per_byte`` that of each graph input and output it is called with
+    and returns; ``calibration`` says where the figures come from.  ``attention_block_max_tokens`` bounds the
     batch*seq of a FusedAttentionBlock (the seed's guard, for targets with no measurement of the block); None:
     no bound, the cost decides at the model's shape.
     """
@@ -170,6 +171,8 @@ class Target:
     default_dim_hint: int = 16
     rates: Mapping[str, OpRate] = field(default_factory=dict, hash=False)
     run_ns: float = 0.0
+    value_ns: float = 0.0
+    value_ns_per_byte: float = 0.0
     attention_block_max_tokens: int | None = SEED_ATTENTION_BLOCK_MAX_TOKENS
     calibration: str = field(default="", compare=False)
 
@@ -332,7 +335,8 @@ def onnxruntime_target(calibration: Calibration) -> Target:
                   flops_per_ns=calibration.flops_per_ns, region_kernels=False, copied_layouts=ORT_LAYOUTS,
                   unsupported=frozenset(name for name, spec in REGISTRY.items()
                                         if spec.kind is Kind.FUSED and name not in ONNXRUNTIME_FUSED),
-                  rates=calibration.rates, run_ns=calibration.run_ns, calibration=calibration.describe(),
+                  rates=calibration.rates, run_ns=calibration.run_ns, value_ns=calibration.value_ns,
+                  value_ns_per_byte=calibration.value_ns_per_byte, calibration=calibration.describe(),
                   attention_block_max_tokens=None)
 
 

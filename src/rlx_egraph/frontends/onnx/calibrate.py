@@ -1,22 +1,30 @@
 """Calibrate the ``onnxruntime`` cost target on this machine: ``rlx-egraph calibrate --target onnxruntime``.
 
 Every figure is a MIR graph exported by :func:`~.exporter.export_model` and timed in onnxruntime's CPU
-provider (``ORT_ENABLE_BASIC``: the graph as written, weights folded; ``threads`` intra-op threads), so a
-sample prices exactly what the exporter writes for a node (a FusedMatMulBiasAct as MatMul + BiasGelu, a
-FusedResidualLN as com.microsoft SkipLayerNormalization, a layout op as its Slice, Transpose or Reshape).
+provider (at :data:`LEVEL`, ``ORT_ENABLE_ALL``: onnxruntime's default, what a user's session runs a model at;
+``threads`` intra-op threads), so a sample prices what the exporter writes for a node as onnxruntime runs it (a
+FusedMatMulBiasAct as MatMul + BiasGelu, a FusedResidualLN as com.microsoft SkipLayerNormalization, a layout op
+as its Slice, Transpose or Reshape, a convolution in onnxruntime's blocked layout).  Every sample's graph is
+checked to hold every copy of its node, as onnxruntime runs it (:func:`check_sample`), and the sample records the
+onnxruntime ops one copy ran as.
 
 * run and dispatch: chains of 10 and 410 Sigmoid nodes on one float; the slope is the target-wide
   ``dispatch_ns``, the rest of the short chain's time the fixed cost of one run (``run_ns``).
+* graph inputs and outputs: what one more value fed to and returned from a run costs, per value and per byte
+  (:func:`value_costs`); ``run_ns`` is then the run less its chain's one input and one output.
 * one node of an op at several sizes (:data:`SIZES`), from a toy layer's (2 x 8 tokens, width 16) and a tiny
   model's (2 x 16 tokens, width 64) to BERT-base's (128 tokens, width 768): a node that takes at least
   :data:`ALONE` times a run's fixed cost is timed alone, less that cost; a smaller one as the time of ``n``
   copies of the node less the time of one copy, over ``n - 1``.  A copy reads the previous copy's result
-  where the types allow (a chain, as in a model), else its own inputs; every copy has its own weights.  Each
+  where the types allow (a chain, as in a model), else its own inputs, and its result is then a graph output
+  (else it would be dead code); every copy has its own weights.  Inputs and outputs are bound once
+  (onnxruntime's IO binding), so an output costs what an intermediate does.  Each
   op's samples give it a cost line (launch, per byte, per FLOP; :func:`rlx_egraph.cost.calibration.fit_rate`).
 
 The fused ops measured are the ones the ``onnxruntime`` target runs (:data:`~rlx_egraph.cost.targets.
 ONNXRUNTIME_FUSED`), each at every size; the primitives are the common ones of each kind, layouts included
-(Reshape, Transpose, Narrow, Expand, Concat and Identity are dispatched by onnxruntime).  Each timing is the
+(Reshape, Transpose, Narrow, Expand and Concat are dispatched by onnxruntime; an Identity of an intermediate is
+removed when the session loads, and its samples measure that).  Each timing is the
 median of its runs, by :func:`run_clock` (one thread: the calling thread's CPU time, so the machine's load
 does not count); the two models of a difference run in turn; every sample is measured in ``passes`` passes
 and the lowest kept.
@@ -26,16 +34,20 @@ from __future__ import annotations
 
 import math
 import statistics
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from ...cost import calibration as cal
 from ...cost.model import node_cost
+from ...errors import RlxError
 from ...ir.graph import Graph
 from ...ir.registry import Kind
 from .exporter import export_model
@@ -43,6 +55,8 @@ from .exporter import export_model
 TARGET = "onnxruntime"
 # (batch, sequence, heads, head width) per size: a toy layer's, a tiny model's, two between, BERT-base's
 SIZES = ((2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64))
+# The graph optimization level samples run at: onnxruntime's default, what a user's session runs a model at
+LEVEL = "ORT_ENABLE_ALL"
 ALONE = 40  # a node this many times a run's fixed cost is timed alone (the run's cost subtracted)
 Build = Callable[[Graph, int | None, int], tuple[int, int]]  # (graph, previous copy's result, copy) -> (node, result)
 
@@ -95,14 +109,20 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
     x3, w3 = (b, s, e), (e,)
     mask = (b, 1, 1, s)
     c, side = e // 4, max(s // 4, 4)  # a 3x3 convolution's channels and image side at this size
-    image, kernel = (1, c, side, side), (c, c, 3, 3)
 
-    def conv(m: _Maker, prev: int | None, **fused: object) -> int:
-        x, w, bias = chain(m, prev, image), m.param(kernel), m.param((c,), "bias")
+    def conv(m: _Maker, prev: int | None, form: str = "dense", **fused: object) -> int:
+        """A 3x3 convolution (``dense``), a 3x3 one per channel of a 6 times wider image (``depthwise``, as in
+        MobileNet), or a 1x1 one of 6 times the channels (``pointwise``).  Chained, so that onnxruntime's blocked
+        layout (ORT_ENABLE_ALL) is entered and left once, as in a model."""
+        out = c if form == "dense" else 6 * c
+        groups, size = (out, 3) if form == "depthwise" else (1, 3 if form == "dense" else 1)
+        x, w = chain(m, prev, (1, out, side, side)), m.param((out, out // groups, size, size))
+        pads = [size // 2] * 4
+        bias = m.param((out,), "bias")
         if not fused:
-            return m.g.conv(x, w, bias, pads=[1, 1, 1, 1])
-        z = [m.input(image, "z")] if fused.pop("residual", False) else []
-        return m.g.fused_conv(x, w, bias, *z, pads=[1, 1, 1, 1], **fused)
+            return m.g.conv(x, w, bias, pads=pads, groups=groups)
+        z = [m.input((1, out, side, side), "z")] if fused.pop("residual", False) else []
+        return m.g.fused_conv(x, w, bias, *z, pads=pads, groups=groups, **fused)
 
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
@@ -139,7 +159,7 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Where", lambda m, p: m.g.where(m.input(x3, "c", "bool"), chain(m, p, x3), m.g.scalar(-1e4))),
         case("Silu", lambda m, p: m.g.silu(chain(m, p, x3))),
         case("Gelu", lambda m, p: m.g.gelu(chain(m, p, x3))),
-        case("Identity", lambda m, p: m.g.identity(m.input(x3))),
+        case("Identity", lambda m, p: m.g.identity(chain(m, p, x3))),
         case("Softmax", lambda m, p: m.g.softmax(chain(m, p, (b, h, s, s)))),
         case("ReduceMean", lambda m, p: m.g.reduce_mean(m.input(x3), axes=(-1,), keepdims=True)),
         case("LayerNorm", lambda m, p: m.g.layer_norm(chain(m, p, x3), m.param(w3, "g"), m.param(w3, "b"))),
@@ -187,8 +207,14 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
             scale=d**-0.5)),
         case("Relu", lambda m, p: m.g.relu(chain(m, p, x3))),
         case("Conv", conv),
+        case("Conv", lambda m, p: conv(m, p, "depthwise"), " depthwise"),
+        case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu", residual=True), " sum relu"),
+        case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
+             " depthwise clip"),
+        case("FusedConv", lambda m, p: conv(m, p, "pointwise", act="clip", clip_min=0.0, clip_max=6.0),
+             " pointwise clip"),
         case("KvCacheAttention", lambda m, p: multi(m.g.kv_cache_attention(
             chain(m, p, (b, h, 1, d)), m.input((b, h, 1, d), "k"), m.input((b, h, 1, d), "v"),
             m.input((b, h, s, d), "past_k"), m.input((b, h, s, d), "past_v"), m.input((b, 1, 1, s + 1), "mask"),
@@ -200,62 +226,134 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
 
 
 def _model_graph(case: Case, copies: int) -> tuple[Graph, int]:
-    """A graph of ``copies`` copies of ``case``'s node; returns it and the last copy's node."""
+    """A graph of ``copies`` copies of ``case``'s node; returns it and the last copy's node.  Every copy's result
+    that no later copy reads is an output, so that no copy is dead code the export or onnxruntime would drop."""
     g = Graph(case.key)
-    prev, node = None, -1
+    prev, node, results = None, -1, []
     for copy in range(copies):
         node, prev = case.build(g, prev, copy)
-    g.set_outputs([prev])
+        results.append(prev)
+    g.set_outputs([r for r in results if r == prev or not g.users(r)])
     return g, node
 
 
-def _session(graph: Graph, threads: int) -> tuple[ort.InferenceSession, dict[str, np.ndarray]]:
+class CalibrationGraphError(RlxError, RuntimeError):
+    """A sample whose graph, as onnxruntime runs it, is not the copies of the ops its export writes."""
+
+
+@dataclass(frozen=True)
+class Runnable:
+    """A session of an exported sample graph, its inputs and outputs bound once (onnxruntime's IO binding: a run
+    copies nothing in or out, so an output costs what an intermediate costs), and the ops of the graph exported
+    (``written``) and as onnxruntime runs it after its own graph optimizations (``ran``)."""
+
+    session: ort.InferenceSession
+    binding: ort.IOBinding
+    written: Counter[str]
+    ran: Counter[str]
+    feeds: dict[str, np.ndarray]
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.binding)
+
+
+def _ops(model: onnx.ModelProto) -> Counter[str]:
+    """The op types of ``model``'s nodes, less Constant nodes (initializers to onnxruntime) and the Identity nodes
+    that only name a graph output."""
+    outputs = {o.name for o in model.graph.output}
+    return Counter(n.op_type for n in model.graph.node
+                   if n.op_type != "Constant" and not (n.op_type == "Identity" and set(n.output) <= outputs))
+
+
+def _session(graph: Graph, threads: int) -> Runnable:
+    """``graph`` exported, in an onnxruntime session at :data:`LEVEL` with ``threads`` threads, inputs bound to
+    seeded values and every output bound."""
+    model = export_model(graph)
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVEL)
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    session = ort.InferenceSession(export_model(graph).SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory() as tmp:
+        options.optimized_model_filepath = str(Path(tmp) / "ran.onnx")
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        ran = _ops(onnx.load(options.optimized_model_filepath))
     rng = np.random.default_rng(0)
-    feeds = {}
+    binding, feeds = session.io_binding(), {}
     for node in graph.inputs:
         if node.dtype.startswith("i"):
-            feeds[node.name] = rng.integers(0, 8, node.shape).astype(np.int64)
+            value = rng.integers(0, 8, node.shape).astype(np.int64)
         elif node.dtype == "bool":
-            feeds[node.name] = rng.random(node.shape) < 0.5
+            value = rng.random(node.shape) < 0.5
         elif "mask" in node.name:
-            feeds[node.name] = np.ones(node.shape, np.float32)
+            value = np.ones(node.shape, np.float32)
         else:
-            feeds[node.name] = rng.standard_normal(node.shape).astype(np.float32)
-    return session, feeds
+            value = rng.standard_normal(node.shape).astype(np.float32)
+        feeds[node.name] = value
+        binding.bind_ortvalue_input(node.name, ort.OrtValue.ortvalue_from_numpy(value))
+    for output in session.get_outputs():
+        binding.bind_output(output.name)
+    return Runnable(session, binding, _ops(model), ran, feeds)
 
 
-def timed(session: tuple[ort.InferenceSession, dict], budget_s: float, min_runs: int = 25) -> float:
-    """The typical ns of a run of ``session`` (:func:`run_times`)."""
-    return typical(run_times([session], budget_s, min_runs)[0])
+def check_sample(label: str, one: Runnable, many: Runnable | None = None, copies: int = 1) -> Counter[str]:
+    """The onnxruntime ops one copy of sample ``label``'s node runs as: what ``many`` (``copies`` copies) runs beyond
+    ``one`` (one copy), over ``copies - 1``; without ``many``, what ``one`` runs.  CalibrationGraphError unless the
+    export writes every copy's ops (no copy is dead code), onnxruntime runs each copy as the same ops, and those are
+    at least one node (none only where the export writes nothing but Identity nodes, which onnxruntime removes).
+    The ops run may differ from the ops written where onnxruntime rewrites them when it loads the graph (MatMul +
+    Add into Gemm), as it does in a model."""
+    written, ran = (one.written, one.ran) if many is None else (
+        _per_copy(label, many.written, one.written, copies, "the export writes"),
+        _per_copy(label, many.ran, one.ran, copies, "onnxruntime runs"))
+    if not written:
+        raise CalibrationGraphError(f"sample {label}: the export writes no node for it")
+    if not ran and set(written) != {"Identity"}:
+        raise CalibrationGraphError(f"sample {label}: onnxruntime runs none of the {_histogram(written)} the export "
+                                    "writes; the sample would not measure what it claims")
+    return ran
 
 
-def timed_pair(first: tuple[ort.InferenceSession, dict], second: tuple[ort.InferenceSession, dict],
-               budget_s: float, min_runs: int = 25) -> tuple[float, float]:
-    """The typical ns of a run of each of two sessions, runs in turn (so a change of load hits both)."""
-    a, b = run_times([first, second], budget_s, min_runs)
+def _per_copy(label: str, many: Counter[str], one: Counter[str], copies: int, what: str) -> Counter[str]:
+    """The ops ``copies`` copies (``many``) add to one copy (``one``), over ``copies - 1``; CalibrationGraphError
+    unless they are ``copies - 1`` times the same ops."""
+    added = many - one
+    if one - many or any(n % (copies - 1) for n in added.values()):
+        raise CalibrationGraphError(f"sample {label}: for {copies} copies {what} {_histogram(many)} against one "
+                                    f"copy's {_histogram(one)}, not {copies - 1} more copies of the same ops")
+    return Counter({op: n // (copies - 1) for op, n in added.items()})
+
+
+def _histogram(ops: Counter[str]) -> str:
+    return "[" + ", ".join(f"{op} {n}" for op, n in sorted(ops.items())) + "]" if ops else "no node"
+
+
+def timed(runnable: Runnable, budget_s: float, threads: int, min_runs: int = 25) -> float:
+    """The typical ns of a run of ``runnable`` (:func:`run_times`)."""
+    return typical(run_times([runnable.run], budget_s, min_runs, threads)[0])
+
+
+def timed_pair(first: Runnable, second: Runnable, budget_s: float, threads: int,
+               min_runs: int = 25) -> tuple[float, float]:
+    """The typical ns of a run of each of two runnables, runs in turn (so a change of load hits both)."""
+    a, b = run_times([first.run, second.run], budget_s, min_runs, threads)
     return typical(a), typical(b)
 
 
-def run_times(sessions: list[tuple[ort.InferenceSession, dict]], budget_s: float, min_runs: int,
+def run_times(runs: list[Callable[[], object]], budget_s: float, min_runs: int, threads: int,
               max_runs: int = 2000, warmup: int = 1) -> list[list[int]]:
-    """The ns of each run of each session, by :func:`run_clock`, runs in turn until ``budget_s`` seconds (at
-    least ``min_runs`` runs each) after ``warmup`` runs of each."""
-    times: list[list[int]] = [[] for _ in sessions]
-    clock = run_clock(sessions[0][0].get_session_options().intra_op_num_threads)
-    for session, feeds in sessions:
+    """The ns of each call of each of ``runs`` (one run of a model each), by :func:`run_clock` for ``threads``
+    threads, called in turn until ``budget_s`` seconds (at least ``min_runs`` calls each) after ``warmup`` calls
+    of each."""
+    times: list[list[int]] = [[] for _ in runs]
+    clock = run_clock(threads)
+    for run in runs:
         for _ in range(warmup):
-            session.run(None, feeds)
+            run()
     deadline = time.perf_counter() + budget_s
     while len(times[0]) < max_runs and (len(times[0]) < min_runs or time.perf_counter() < deadline):
-        for k, (session, feeds) in enumerate(sessions):
+        for k, run in enumerate(runs):
             start = clock()
-            session.run(None, feeds)
+            run()
             times[k].append(clock() - start)
     return times
 
@@ -273,38 +371,67 @@ def typical(times: list[int]) -> float:
 
 
 def measure_case(case: Case, threads: int, budget_s: float, run_ns: float) -> cal.Sample:
-    """One sample of ``case``'s node: a model of one copy less the fixed cost of a run (``run_ns``) when that is
-    at least :data:`ALONE` times ``run_ns``; else (n copies - 1 copy) / (n - 1), so that the run's cost and its
-    noise cancel, with n (3 to 32) such that the copies take some 20 times ``run_ns``."""
+    """One sample of ``case``'s node: a model of one copy less the fixed cost of a bound run (``run_ns``) when that
+    is at least :data:`ALONE` times ``run_ns``; else (n copies - 1 copy) / (n - 1), so that the run's cost and its
+    noise cancel, with n (3 to 32) such that the copies take some 20 times ``run_ns``.  Either way the graph
+    onnxruntime runs is checked to hold the ops the sample claims (:func:`check_sample`); the sample records them."""
     one, node = _model_graph(case, 1)
     first = _session(one, threads)
-    alone = timed(first, budget_s) - run_ns
+    alone = timed(first, budget_s, threads) - run_ns
     if alone >= ALONE * run_ns:
-        ns = alone
+        ns, ran = alone, check_sample(case.label, first)
     else:  # enough copies that they take some 20 runs' fixed cost together
         copies = min(max(math.ceil(20 * run_ns / max(alone, 100.0)), 3), 32)
-        many, _ = _model_graph(case, copies)
-        t_one, t_many = timed_pair(first, _session(many, threads), budget_s)
+        many = _session(_model_graph(case, copies)[0], threads)
+        ran = check_sample(case.label, first, many, copies)
+        t_one, t_many = timed_pair(first, many, budget_s, threads)
         ns = max((t_many - t_one) / (copies - 1), 0.0)
     n = one.node(node)
     spec = n.spec
     cost = node_cost(spec, n.attrs, [one.node(i).type for i in n.inputs], n.type, spec.kind is Kind.LAYOUT)
-    return cal.Sample(case.key, case.label, cost.launches, cost.traffic_bytes, cost.flops, ns)
+    return cal.Sample(case.key, case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
+                      ", ".join(f"{op} {k}" for op, k in sorted(ran.items())))
 
 
-def run_and_dispatch(threads: int, budget_s: float, short: int = 10, long: int = 410) -> tuple[float, float]:
-    """(run_ns, dispatch_ns): from chains of ``short`` and ``long`` Sigmoid nodes on one float."""
-    sessions = []
+def run_and_dispatch(threads: int, budget_s: float, short: int = 10, long: int = 410) -> tuple[float, float, float]:
+    """(run_ns, dispatch_ns, bound_run_ns): from chains of ``short`` and ``long`` Sigmoid nodes on one float, run
+    as a model is (``InferenceSession.run``: ``run_ns``, the fixed cost of a model's run) and as the samples are
+    (inputs and outputs bound: ``bound_run_ns``)."""
+    chains = []
     for n in (short, long):
         g = Graph("chain")
         x = g.input("x", (1,))
         for _ in range(n):
             x = g.sigmoid(x)
         g.set_outputs([x])
-        sessions.append(_session(g, threads))
-    t_short, t_long = timed_pair(*sessions, budget_s)
+        chains.append(_session(g, threads))
+    runs = [*(lambda c=c: c.session.run(None, c.feeds) for c in chains), chains[0].run]
+    t_short, t_long, t_bound = map(typical, run_times(runs, budget_s, 25, threads))
     dispatch = (t_long - t_short) / (long - short)
-    return max(t_short - short * dispatch, 0.0), dispatch
+    return max(t_short - short * dispatch, 0.0), dispatch, max(t_bound - short * dispatch, 0.0)
+
+
+def value_costs(threads: int, budget_s: float, values: int = 16, floats: int = 16_384) -> tuple[float, float]:
+    """(value_ns, value_ns_per_byte): what one graph input or output adds to a model's run
+    (``InferenceSession.run``: the value crosses the call, an output is returned as a new array).  From ``values``
+    Sigmoid nodes on one input each, each an output, against a chain of as many on one input to one output, of 1 and
+    of ``floats`` floats: the difference is ``values - 1`` more inputs and as many more outputs."""
+    ns = []
+    for size in (1, floats):
+        sessions = []
+        for separate in (False, True):
+            g = Graph("values")
+            xs = [g.input(f"x{k}", (size,)) for k in range(values if separate else 1)]
+            ys = [g.sigmoid(x) for x in xs] if separate else [xs[0]]
+            for _ in range(0 if separate else values):
+                ys = [g.sigmoid(ys[0])]
+            g.set_outputs(ys)
+            sessions.append(_session(g, threads))
+        t_one, t_many = map(typical, run_times([lambda r=r: r.session.run(None, r.feeds) for r in sessions],
+                                               budget_s, 25, threads))
+        ns.append(max((t_many - t_one) / (2 * (values - 1)), 0.0))
+    per_byte = max(ns[1] - ns[0], 0.0) / (4 * (floats - 1))
+    return ns[0] - 4 * per_byte, per_byte
 
 
 def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
@@ -319,13 +446,16 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     say = progress or (lambda line: None)
-    run_ns, dispatch_ns = run_and_dispatch(threads, budget_s)
-    say(f"run {run_ns:,.0f} ns, dispatch {dispatch_ns:,.0f} ns per node")
+    run_ns, dispatch_ns, bound_run_ns = run_and_dispatch(threads, budget_s)
+    say(f"run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch {dispatch_ns:,.0f} ns per node")
+    value_ns, value_ns_per_byte = value_costs(threads, budget_s)
+    say(f"graph input or output {value_ns:,.0f} ns + {value_ns_per_byte:.4f} ns per byte")
+    run_ns = max(run_ns - 2 * value_ns, 0.0)  # the chains' one input and one output are priced as values
     cases = [case for size in sizes for case in _cases(size)]
     best: dict[int, cal.Sample] = {}
     for done in range(passes):
         for k, case in enumerate(cases):
-            sample = measure_case(case, threads, budget_s, run_ns)
+            sample = measure_case(case, threads, budget_s, bound_run_ns)
             if k not in best or sample.ns < best[k].ns:
                 best[k] = sample
             say(f"pass {done + 1}/{passes}  {sample.label:48s} {best[k].ns / 1e3:10.2f} us")
@@ -335,12 +465,14 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     result = cal.Calibration.fitted(target, samples, machine=cal.machine(target),
                                     command=command or f"rlx-egraph calibrate --target {target} --threads {threads}",
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
-                                    flops_per_ns=flops_per_ns)
+                                    flops_per_ns=flops_per_ns, value_ns=value_ns,
+                                    value_ns_per_byte=value_ns_per_byte)
     if save:
         path = result.save(cal.cache_path(target, cache))
         result = cal.read(path)
     return result
 
 
-__all__ = ["SIZES", "TARGET", "Case", "calibrate", "measure_case", "run_and_dispatch", "run_clock",
+__all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "calibrate", "check_sample",
+           "measure_case", "run_and_dispatch", "run_clock", "value_costs",
            "run_times", "typical"]

@@ -229,6 +229,25 @@ def _live(nodes: list[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.Node
     return live[::-1]
 
 
+def _sum_before_layer_norm(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """``nodes`` with each Add read only by a LayerNormalization (as its input) written as a two-input Sum (the
+    same values, broadcasting alike).  onnxruntime fuses Add + LayerNormalization into SkipLayerNormalization
+    when a session loads (ORT_ENABLE_ALL, its default), whose CPU kernel the calibration measures several times
+    slower than the two; where the cost model chose them unfused (else the graph holds a FusedResidualLN), a
+    Sum keeps them so.  A node is changed in place: the list is the export's own."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    for node in nodes:
+        if node.op_type == "Add" and not node.domain:
+            read = readers.get(node.output[0], [])
+            if len(read) == 1 and read[0].op_type == "LayerNormalization" and list(read[0].input).count(
+                    node.output[0]) == 1 and read[0].input[0] == node.output[0]:
+                node.op_type = "Sum"
+    return nodes
+
+
 def _value_info(name: str, node: Node, spelled: dict[Dim, str]) -> onnx.ValueInfoProto:
     """A typed value; a symbolic dim is its dim_param as the imported model spelled it (``spelled``), else as
     written by ``to_json`` (``"batch"``, ``"batch*sequence"``)."""
@@ -307,7 +326,7 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     b.label = None
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
-    b.nodes = _live(b.nodes, outs)  # a value an export form left unread (EmbedLayerNorm's own terms) is not written
+    b.nodes = _sum_before_layer_norm(_live(b.nodes, outs))  # a value an export form left unread is not written
     read = {name for n in b.nodes for name in (*n.input, *outer_reads(n))}
     spelled = _spellings(graph)
     onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n, spelled) for n in graph.inputs],

@@ -1,12 +1,13 @@
 """Measure a graph's latency in onnxruntime, the way the ``onnxruntime`` target's calibration times its samples.
 
 :func:`measure_latency` exports the graph (:func:`~.exporter.export_model`; parameters without a value get
-seeded random ones), runs it in onnxruntime's CPU provider at ``ORT_ENABLE_BASIC`` (the graph as written,
-weights folded) with ``threads`` intra-op threads on seeded inputs (:func:`~rlx_egraph.kernels.interpreter.
-random_value`), and reports the median of its runs (and the fastest), timed by
-:func:`~.calibrate.run_clock` (one thread: the calling thread's CPU time, which the machine's load does not
-change; more: wall-clock time).  :func:`measure_report` measures a report's input and optimized graphs side
-by side (runs in turn) and records both in the report, which then prints them beside the predictions.
+seeded random ones), runs it in onnxruntime's CPU provider at ``ORT_ENABLE_ALL`` (:data:`~.calibrate.LEVEL`:
+onnxruntime's default, at which the calibration measures its samples) with ``threads`` intra-op threads on
+seeded inputs (:func:`~rlx_egraph.kernels.interpreter.random_value`), and reports the median of its runs (and
+the fastest), timed by :func:`~.calibrate.run_clock` (one thread: the calling thread's CPU time, which the
+machine's load does not change; more: wall-clock time).  :func:`measure_report` measures a report's input and
+optimized graphs side by side (runs in turn) and records both in the report, which then prints them beside the
+predictions.
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ from ...ir.graph import Graph
 from ...kernels.interpreter import random_value
 from ...report import OptimizeReport
 from ...report.optimize_report import Measured
-from .calibrate import run_times, typical
+from .calibrate import LEVEL, run_times, typical
 from .exporter import export_model
-
-LEVEL = "ORT_ENABLE_BASIC"
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,9 @@ def measure_latencies(graphs: list[Graph], threads: int = 1, runs: int = 20, bud
     and more while within ``budget_s`` seconds."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-    times = run_times([_runnable(g, threads) for g in graphs], budget_s, runs, max_runs=10 * runs, warmup=warmup)
+    sessions = [_runnable(g, threads) for g in graphs]
+    times = run_times([lambda s=s, f=f: s.run(None, f) for s, f in sessions], budget_s, runs, threads,
+                      max_runs=10 * runs, warmup=warmup)
     return [Latency(typical(t), float(min(t)), len(t), threads) for t in times]
 
 
