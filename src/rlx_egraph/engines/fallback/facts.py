@@ -1,13 +1,12 @@
-"""What rule guards read, evaluated on the graph itself.
+"""The tables rule guards read, on the graph being rewritten.
 
-Primitives (``+``, ``<``, ``vec-get``, ...) are Python functions.  The schema's
-fact tables get their meaning from the graph, as the encoder gives it: ``shape``
-and ``dtype`` of a node, ``param-order`` (declaration order of the input graph's
-Params), ``attention-block-max-tokens`` (an option) and ``inverse-perms``
-(two perms that undo each other).  Helper tables declared in rule files
-(``relation``, ``function`` with its ``:merge``) are filled by the rules that
-``set`` or insert into them, and every row follows replacements (a row about a
-replaced node now speaks of its replacement), as egglog's tables follow unions.
+Primitives and the fact tables (``shape``, ``dtype``, ``param-order``, ...)
+mean what :mod:`rlx_egraph.rules` defines them to mean: the fact tables are
+evaluated on the rewriter's live nodes (a rule may ``set`` a value where the
+graph has none).  Helper tables declared in rule files (``relation``,
+``function`` with its ``:merge``) are filled by the rules that ``set`` or
+insert into them, and every row follows replacements (a row about a replaced
+node then speaks of its replacement), as egglog's tables follow unions.
 
 A node's *forms* are terms a rule unioned with it that read the node itself
 (``w = ConcatParams([w])``, the start of the shared-input chain): a graph
@@ -25,120 +24,42 @@ from typing import Any
 
 from ...ir.graph import Node
 from ...ir.rewrite import GraphRewriter, node_key
+from ...rules import FACT_TABLES, PRIMITIVES, NoValue
 from .pattern import F, L, TableDecl, Term, V
 
 
-class NoMatch(Exception):
-    """A primitive or a lookup has no value here, so the match fails."""
+class GraphSource:
+    """The fact tables' view of the rewriter's graph (a :class:`rlx_egraph.rules.FactSource`), with the values
+    rules set where the graph has none (``overlay``: table -> args -> value)."""
 
+    def __init__(self, rw: GraphRewriter, attention_block_max_tokens: int) -> None:
+        self.nodes = rw.nodes_by_id
+        self.attention_block_max_tokens = attention_block_max_tokens
+        self.order: dict[int, int] = {}
+        self.overlay: dict[str, dict[tuple, Any]] = {}
 
-def _div(a: Any, b: Any) -> Any:
-    if b == 0:
-        raise NoMatch
-    if isinstance(a, int) and isinstance(b, int):  # i64 division truncates toward zero
-        q = abs(a) // abs(b)
-        return q if (a >= 0) == (b >= 0) else -q
-    return a / b
+    def node(self, nid: int) -> Any:
+        node = self.nodes.get(nid)
+        if node is None:
+            raise NoValue
+        return node
 
-
-def _mod(a: Any, b: Any) -> Any:
-    if b == 0:
-        raise NoMatch
-    return a - b * _div(a, b) if isinstance(a, int) and isinstance(b, int) else a % b
-
-
-def _vec_get(v: tuple, i: int) -> Any:
-    if not 0 <= i < len(v):
-        raise NoMatch
-    return v[i]
-
-
-def _vec_set(v: tuple, i: int, x: Any) -> tuple:
-    if not 0 <= i < len(v):
-        raise NoMatch
-    return (*v[:i], x, *v[i + 1:])
-
-
-def _vec_remove(v: tuple, i: int) -> tuple:
-    if not 0 <= i < len(v):
-        raise NoMatch
-    return (*v[:i], *v[i + 1:])
-
-
-def _vec_pop(v: tuple) -> tuple:
-    if not v:
-        raise NoMatch
-    return v[:-1]
-
-
-def _caret(a: Any, b: Any) -> Any:
-    return a ** b if isinstance(a, float) else a ^ b  # f64 power, i64 xor
-
-
-PRIMITIVES: dict[str, Callable[..., Any]] = {
-    "+": operator.add, "*": operator.mul, "/": _div, "%": _mod,
-    "-": lambda a, b=None: -a if b is None else a - b,
-    "min": min, "max": max, "abs": abs, "neg": operator.neg,
-    "<<": operator.lshift, ">>": operator.rshift, "&": operator.and_, "|": operator.or_, "^": _caret,
-    "not-i64": operator.invert, "to-f64": float, "to-i64": int,
-    "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge, "!=": operator.ne,
-    "and": lambda a, b: a and b, "or": lambda a, b: a or b, "not": operator.not_, "xor": operator.xor,
-    "vec-of": lambda *xs: tuple(xs), "vec-empty": lambda: (), "vec-push": lambda v, x: (*v, x),
-    "vec-pop": _vec_pop, "vec-append": lambda *vs: tuple(x for v in vs for x in v), "vec-get": _vec_get,
-    "vec-set": _vec_set, "vec-length": len, "vec-contains": lambda v, x: x in v,
-    "vec-not-contains": lambda v, x: x not in v, "vec-remove": _vec_remove,
-}
-
-# Primitives that are checks: as a fact they pass when true.
-CHECKS = frozenset({"<", ">", "<=", ">=", "!=", "vec-contains", "vec-not-contains"})
-
-
-# The schema's fact tables the graph gives a meaning to (see the module docstring).
-BUILTIN_TABLES = frozenset({"shape", "dtype", "param-order", "attention-block-max-tokens", "inverse-perms"})
-# Those of them whose values a rule may add where the graph has none (see Facts.set).
-SETTABLE_TABLES = frozenset({"param-order"})
-
-
-def inverse_perm(perm: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(sorted(range(len(perm)), key=perm.__getitem__))
+    def param_order(self, nid: int) -> int:
+        value = self.order.get(nid)
+        if value is None:
+            value = self.overlay.get("param-order", {}).get((nid,))
+            if value is None:
+                raise NoValue
+        return value
 
 
 class Facts:
     """Every table rules read or write, for one rewriter."""
 
-    def __init__(self, rw: GraphRewriter, decls: Mapping[str, TableDecl], param_order: Mapping[int, int],
-                 attention_block_max_tokens: int) -> None:
+    def __init__(self, rw: GraphRewriter, decls: Mapping[str, TableDecl], attention_block_max_tokens: int) -> None:
         self.rw = rw
         self.decls = dict(decls)
-        nodes = rw.nodes_by_id
-        overlay: dict[str, dict[tuple, Any]] = {}
-        self.overlay = overlay  # values rules set in the graph's own tables (kept only where the graph has none)
-
-        def node_field(field: str) -> Callable[[int], Any]:
-            def get(n: int) -> Any:
-                node = nodes.get(n)
-                if node is None:
-                    raise NoMatch
-                return getattr(node, field)
-            return get
-
-        def order(n: int) -> int:
-            value = param_order.get(n)
-            if value is None:  # one of SETTABLE_TABLES
-                value = overlay.get("param-order", {}).get((n,))
-                if value is None:
-                    raise NoMatch
-            return value
-
-        def inverse(p: tuple[int, ...], q: tuple[int, ...]) -> bool:
-            if inverse_perm(p) != q:
-                raise NoMatch
-            return True
-
-        self.builtins: dict[str, Callable[..., Any]] = {  # keys: BUILTIN_TABLES
-            "shape": node_field("shape"), "dtype": node_field("dtype"), "param-order": order,
-            "attention-block-max-tokens": lambda: attention_block_max_tokens, "inverse-perms": inverse,
-        }
+        self.source = GraphSource(rw, attention_block_max_tokens)
         self.rows: dict[str, dict[tuple, Any]] = {n: {} for n, d in self.decls.items() if not d.builtin}
         self._index: dict[tuple[str, int], dict[Any, dict[tuple, None]]] = {}
         self._indexes: dict[str, list[tuple[int, dict[Any, dict[tuple, None]]]]] = {}  # table -> its indexes
@@ -146,44 +67,36 @@ class Facts:
                                      [c for c, s in enumerate(d.inputs) if s == "TensorList"], d.output == "Op")
                               for name, d in self.decls.items()}  # where a row names nodes
         self._mentions: dict[int, list[tuple[str, tuple]]] = {}
-        self._merge: dict[str, Callable[[Any, Any], Any]] = {}
-        for name, decl in self.decls.items():
-            if decl.merge is not None:
-                fn = compile_term(decl.merge, {"old": 0, "new": 1}, self)
-                self._merge[name] = lambda old, new, fn=fn: fn([old, new])
+        self._merge = {name: compile_term(d.merge, {"old": 0, "new": 1}, self)
+                       for name, d in self.decls.items() if d.merge is not None}
         self.changed = False
         """Set whenever a helper row is added or a value changes; the owner may clear it."""
         self.fresh: set[int] = set()
         """Nodes named by rows added or changed since the owner last cleared it."""
-        self.log: dict[str, list[int]] = {}
-        """Per helper table: the nodes named by its rows added or changed, in order, kept until :meth:`clear`
-        (a reader remembers how far it has read)."""
         self.forms: dict[int, dict[tuple | None, Node]] = {}
         """Node -> its other forms (see the module docstring), by op, inputs and attributes."""
 
-    def clear(self) -> None:
-        """Forget every row and form (the rewriter was reopened on another graph); the table objects stay,
-        as compiled matchers hold them."""
-        for table in (self.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values()):
+    def reset(self, params: list[int]) -> None:
+        """Forget every row and form; ``params``: the graph's Params in declaration order."""
+        for table in (self.source.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values()):
             table.clear()
+        self.source.order = {nid: k for k, nid in enumerate(params)}
         self.changed = False
         self.fresh = set()
-        self.log.clear()
 
     # --- reading -----------------------------------------------------------------------
 
     def getter(self, name: str) -> Callable[..., Any]:
-        """A function of the arguments giving the table's value (True for a relation row); NoMatch if none."""
-        if name in self.builtins:
-            return self.builtins[name]
-        if name not in self.rows:
-            raise KeyError(name)
+        """A function of the arguments giving the table's value (unit for a relation row); NoValue if none."""
+        table = FACT_TABLES.get(name)
+        if table is not None:
+            return lambda *args: table.evaluate(self.source, *args)
         rows = self.rows[name]
 
         def get(*args: Any) -> Any:
-            value = rows.get(args)
-            if value is None:
-                raise NoMatch
+            value = rows.get(args, NoValue)
+            if value is NoValue:
+                raise NoValue
             return value
         return get
 
@@ -205,32 +118,29 @@ class Facts:
 
     # --- writing -----------------------------------------------------------------------
 
-    def insert(self, name: str, args: tuple) -> None:
-        self.set(name, args, True)
-
     def set(self, name: str, args: tuple, value: Any) -> None:
         """Write a row; a function merges with the value it had (relations just add the row)."""
-        if name in self.builtins:
-            table = self.overlay.setdefault(name, {})
-            table.setdefault(args, value)  # the schema's tables all merge with old
+        if name in FACT_TABLES:  # where the graph gives no value (every fact table merges with old)
+            try:
+                FACT_TABLES[name].evaluate(self.source, *args)
+            except NoValue:
+                self.source.overlay.setdefault(name, {}).setdefault(args, value)
             return
         rows = self.rows[name]
-        old = rows.get(args)
-        if old is not None:
+        old = rows.get(args, NoValue)
+        if old is not NoValue:
             merge = self._merge.get(name)
-            value = merge(old, value) if merge is not None else old
+            value = merge([old, value]) if merge is not None else old
             if value == old:
                 return
         else:
-            for column, index in self._indexes_of(name):
+            for column, index in self._indexes.get(name, ()):
                 index.setdefault(args[column], {})[args] = None
             for n in self._nodes_in(name, args, value):
                 self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
         self.changed = True
-        named = self._nodes_in(name, args, value)
-        self.fresh.update(named)
-        self.log.setdefault(name, []).extend(named)
+        self.fresh.update(self._nodes_in(name, args, value))
 
     def has_form(self, nid: int, form: Node) -> bool:
         return node_key(form) in self.forms.get(nid, {})
@@ -241,28 +151,20 @@ class Facts:
 
     def replaced(self, old: int) -> None:
         """Re-key the rows that mention ``old``, and move its forms, to what now holds its value."""
-        new = self.rw.find(old)
+        find = self.rw.find
+        new = find(old)
         for form in self.forms.pop(old, {}).values():
-            self.add_form(new, dataclasses.replace(form, inputs=tuple(self.rw.find(i) for i in form.inputs)))
+            self.add_form(new, dataclasses.replace(form, inputs=tuple(map(find, form.inputs))))
         for name, args in self._mentions.pop(old, ()):
             rows = self.rows[name]
             if args not in rows:
                 continue
             value = rows.pop(args)
-            for column, index in self._indexes_of(name):
+            for column, index in self._indexes.get(name, ()):
                 index[args[column]].pop(args, None)
             decl = self.decls[name]
-            self.set(name, tuple(self._canonical(s, a) for s, a in zip(decl.inputs, args, strict=True)),
-                     self._canonical(decl.output, value) if decl.output else value)
-
-    # --- internals ------------------------------------------------------------------------
-
-    def _canonical(self, sort: str | None, value: Any) -> Any:
-        if sort == "Op":
-            return self.rw.find(value)
-        if sort == "TensorList":
-            return tuple(self.rw.find(v) for v in value)
-        return value
+            canonical = [_canonical(find, s, a) for s, a in zip(decl.inputs, args, strict=True)]
+            self.set(name, tuple(canonical), _canonical(find, decl.output, value))
 
     def _nodes_in(self, name: str, args: tuple, value: Any) -> list[int]:
         ops, lists, value_is_op = self._node_columns[name]
@@ -277,47 +179,34 @@ class Facts:
         """A helper table's index on one column: value -> its rows' arguments (kept up to date)."""
         index = self._index.get((name, column))
         if index is None:
-            index = {}
+            index = self._index[(name, column)] = {}
             for args in self.rows[name]:
                 index.setdefault(args[column], {})[args] = None
-            self._index[(name, column)] = index
             self._indexes.setdefault(name, []).append((column, index))
         return index
 
-    def _indexes_of(self, name: str) -> list[tuple[int, dict]]:
-        return self._indexes.get(name, [])
+
+def _canonical(find: Callable[[int], int], sort: str | None, value: Any) -> Any:
+    if sort == "Op":
+        return find(value)
+    return tuple(map(find, value)) if sort == "TensorList" else value
 
 
 def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable[[list], Any]:
-    """A function of the variable slots computing ``term`` (raises NoMatch where it has no value)."""
+    """A function of the variable slots computing ``term`` (raises NoValue where it has no value)."""
     if isinstance(term, V):
         return operator.itemgetter(slots[term.name])
     if isinstance(term, L):
         value = term.value
         return lambda env: value
     assert isinstance(term, F)
-    fn = PRIMITIVES.get(term.name) or facts.getter(term.name)
+    primitive = PRIMITIVES.get(term.name)
+    fn = primitive.evaluate if primitive is not None else facts.getter(term.name)
     args = [compile_term(a, slots, facts) for a in term.args]
-    if len(args) == 0:
-        return lambda env: fn()
     if len(args) == 1:
         (a,) = args
-        return lambda env: _guard(fn, a(env))
+        return lambda env: fn(a(env))
     if len(args) == 2:
         a, b = args
-        return lambda env: _guard(fn, a(env), b(env))
-    return lambda env: _guard(fn, *(a(env) for a in args))
-
-
-def _guard(fn: Callable[..., Any], *args: Any) -> Any:
-    """Apply a primitive; a Python error (wrong operand types, overflow) means no value."""
-    try:
-        return fn(*args)
-    except NoMatch:
-        raise
-    except (TypeError, ValueError, OverflowError, ZeroDivisionError, IndexError):
-        raise NoMatch from None
-
-
-__all__ = ["BUILTIN_TABLES", "CHECKS", "PRIMITIVES", "SETTABLE_TABLES", "Facts", "NoMatch", "compile_term",
-           "inverse_perm"]
+        return lambda env: fn(a(env), b(env))
+    return lambda env: fn(*[a(env) for a in args])

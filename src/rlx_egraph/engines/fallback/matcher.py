@@ -23,12 +23,13 @@ import numpy as np
 
 from ...ir.graph import Node
 from ...ir.registry import REGISTRY, AttrType
-from ..egglog.schema import constructor_args
-from .facts import BUILTIN_TABLES, CHECKS, PRIMITIVES, Facts, NoMatch, compile_term
+from ...rules import NoValue
+from ...rules.primitives import same_value
+from ...rules.signatures import constructor_args
+from .facts import Facts, compile_term
 from .pattern import (
     ABSENT,
     FACTS,
-    Atom,
     Build,
     CompileError,
     Compute,
@@ -39,16 +40,17 @@ from .pattern import (
     ListPat,
     NodePat,
     Pattern,
-    Symmetry,
     TableDecl,
     Term,
     Union,
     V,
+    atom_terms,
+    calls,
     slot_vars,
     term_vars,
 )
+from .pattern import QueryAtom as Atom
 
-VIA = 0  # slot 0 holds the names of the symmetries a match went through
 Step = Callable[[list], None]
 
 
@@ -137,20 +139,19 @@ class MatcherPlan:
     slots: dict[str, int]
     order: list[tuple[str, Atom]]  # the atoms in the order they run, each with its step kind
     known: list[set[str]]  # per atom of ``order``: the variables bound before it
-    alternatives: list[list]  # per atom of ``order``: its operand orders (see _alternatives)
     node_slots: tuple[int, ...]
     shape_slots: tuple[int, ...]
     paths: list[tuple[str | None, tuple[_Edge, ...], int | None]] | None  # see _paths
     child_ops: tuple[tuple[str | None, ...], ...]
 
 
-def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[str, TableDecl]) -> MatcherPlan:
+def plan_matcher(pattern: Pattern, tables: Mapping[str, TableDecl]) -> MatcherPlan:
     """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
     run)."""
     slots: dict[str, int] = {}
 
     def slot(name: str) -> int:
-        return slots.setdefault(name, len(slots) + 1)
+        return slots.setdefault(name, len(slots))
 
     for name in _all_vars(pattern):
         slot(name)
@@ -158,9 +159,6 @@ def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[s
         if isinstance(action, Build | Compute):
             slot(action.out)
     order = schedule(pattern, tables)
-    perms: dict[str, list[tuple[tuple[int, ...], str]]] = {}
-    for sym in symmetries:
-        perms.setdefault(sym.op, []).append((sym.perm, sym.name))
     known: list[set[str]] = []
     bound: set[str] = set()
     for _, atom in order:
@@ -168,20 +166,19 @@ def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[s
         bound |= _atom_vars(atom)
     first = order[0][1]
     node_vars = _node_vars(pattern, tables)
-    alternatives = [_alternatives(perms, atom) for _, atom in order]
     return MatcherPlan(
-        slots, order, known, alternatives, tuple(slots[v] for v in node_vars),
+        slots, order, known, tuple(slots[v] for v in node_vars),
         tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat))),
         _paths(order, set(node_vars), _watched(pattern, order, tables), tables),
-        _child_ops(first, pattern, alternatives[0]) if isinstance(first, NodePat) else ())
+        _child_ops(first, pattern) if isinstance(first, NodePat) else ())
 
 
-def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
+def compile_matcher(pattern: Pattern, facts: Facts,
                     plan: MatcherPlan | None = None) -> Matcher:
     """Compile ``pattern``'s query on the graph of ``facts`` (CompileError when some atom can never run);
     ``plan``: its :func:`plan_matcher`, made once for all engines (default: made here)."""
     if plan is None:
-        plan = plan_matcher(pattern, symmetries, facts.decls)
+        plan = plan_matcher(pattern, facts.decls)
     slots, order = plan.slots, plan.order
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
     sink: list[list[tuple]] = []  # the current run's matches
@@ -191,14 +188,13 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
 
     pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
-    for (kind, atom), before, alternatives in zip(reversed(order[1:]), reversed(plan.known[1:]),
-                                                  reversed(plan.alternatives[1:]), strict=True):
-        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, alternatives)
+    for (kind, atom), before in zip(reversed(order[1:]), reversed(plan.known[1:]), strict=True):
+        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts)
     first = order[0][1]
-    width = len(slots) + 1
+    width = len(slots)
     root_op: str | None
     if isinstance(first, NodePat):
-        chain = _step("top", first, set(), slots, chain, nodes, readers, facts, plan.alternatives[0])
+        chain = _step("top", first, set(), slots, chain, nodes, readers, facts)
         root_op, root_slot = first.op, slots[first.out]
 
         def roots() -> list[Any]:
@@ -208,7 +204,6 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
 
         def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
-            env[VIA] = ()
             env[root_slot] = root
             sink.append([])
             try:
@@ -227,7 +222,6 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
 
         def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
-            env[VIA] = ()
             sink.append([])
             pinned.append(root)
             try:
@@ -247,10 +241,8 @@ def _root_table(root: Atom) -> str:
     return root.call.name if isinstance(root, Holds) else ""
 
 
-def _child_ops(root: NodePat, pattern: Pattern, alternatives: list[tuple[tuple[int, ...], tuple[str, ...]]]
-               ) -> tuple[tuple[str | None, ...], ...]:
-    """Per operand order of the root (``alternatives``): the op each required input of the root
-    must have, where the query says."""
+def _child_ops(root: NodePat, pattern: Pattern) -> tuple[tuple[str | None, ...], ...]:
+    """The op each required input of the root must have, where the query says (one operand order)."""
     op_of: dict[str, str] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
@@ -260,14 +252,8 @@ def _child_ops(root: NodePat, pattern: Pattern, alternatives: list[tuple[tuple[i
         if not arg.is_input or arg.optional or arg.variadic:
             break
         required += 1
-    out: dict[tuple[str | None, ...], None] = {}
-    for perm, _ in alternatives:  # pattern input p reads node field perm[p]
-        want: list[str | None] = [None] * required
-        for p, s in enumerate(root.inputs):
-            if perm[p] < required and isinstance(s, V):
-                want[perm[p]] = op_of.get(s.name)
-        out[tuple(want)] = None
-    return tuple(out)
+    want = [op_of.get(s.name) if isinstance(s, V) else None for s in root.inputs[:required]]
+    return (tuple(want),)
 
 
 # --- which roots a changed node can affect --------------------------------------------------
@@ -294,7 +280,7 @@ def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[st
     for kind, atom in order:
         if kind == "join" and isinstance(atom, NodePat):
             watched.update(v for v in slot_vars(atom.inputs) if v in bound)
-        elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in _calls(atom)):
+        elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in calls(atom_terms(atom))):
             watched |= _atom_vars(atom)
         bound |= _atom_vars(atom)
     if pattern.kind == FACTS:
@@ -306,16 +292,6 @@ def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[st
         elif isinstance(action, Union):
             kept.update((action.a, action.b))
     return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in slot_vars(a.inputs) if v not in kept}
-
-
-def _calls(atom: Atom) -> list[Term]:
-    out, terms = [], _atom_terms(atom)
-    while terms:
-        t = terms.pop()
-        if isinstance(t, F):
-            out.append(t)
-            terms.extend(t.args)
-    return out
 
 
 _EDGES: dict[tuple, _Edge] = {}
@@ -465,7 +441,7 @@ def _atom_vars(atom: Atom) -> set[str]:
                     out.add(s.rest)
         out.update(a.name for a in atom.attrs if isinstance(a, V))
         return out
-    return set().union(*(term_vars(t) for t in _atom_terms(atom)))
+    return set().union(*(term_vars(t) for t in atom_terms(atom)))
 
 
 def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
@@ -476,7 +452,7 @@ def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
             out[atom.out] = None
             out.update(dict.fromkeys(slot_vars(atom.inputs)))
             continue
-        terms = _atom_terms(atom)
+        terms = atom_terms(atom)
         while terms:
             t = terms.pop()
             if isinstance(t, F):
@@ -488,23 +464,6 @@ def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
     return list(out)
 
 
-def _atom_terms(atom: Atom) -> list[Term]:
-    if isinstance(atom, Equal):
-        return [atom.left, atom.right]
-    if isinstance(atom, Holds):
-        return [atom.call]
-    return []
-
-
-def _check_providers(term: Term, tables: Mapping[str, TableDecl]) -> None:
-    if isinstance(term, F):
-        decl = tables.get(term.name)
-        if decl is not None and decl.builtin and term.name not in BUILTIN_TABLES:
-            raise CompileError(f"table {term.name!r} has no meaning on a graph in the fallback")
-        for a in term.args:
-            _check_providers(a, tables)
-
-
 def _helper_call(term: Term, tables: Mapping[str, TableDecl]) -> bool:
     return isinstance(term, F) and term.name in tables and not tables[term.name].builtin
 
@@ -513,9 +472,6 @@ def schedule(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[tuple[st
     """Order the query's atoms: the first node pattern (or helper fact) is the root; then,
     at each step, the cheapest atom that can run with the variables bound so far.
     Raises CompileError when the query cannot run on a graph."""
-    for atom in pattern.query:
-        for t in _atom_terms(atom):
-            _check_providers(t, tables)
     pending = list(pattern.query)
     root = next((a for a in pending if isinstance(a, NodePat)), None)
     if root is None:
@@ -583,25 +539,10 @@ def _lookup_ready(call: Term, bound: set[str], tables: Mapping[str, TableDecl]) 
 BIND, EQ, LIT, ABSENT_CHECK, LIST, ZERO = range(6)  # ZERO: a float zero literal, its sign checked too
 
 
-def _alternatives(perms: Mapping[str, list[tuple[tuple[int, ...], str]]], atom: Atom) -> list:
-    if not isinstance(atom, NodePat):
-        return []
-    group: dict[tuple[int, ...], tuple[str, ...]] = {tuple(range(len(atom.inputs) + len(atom.attrs))): ()}
-    frontier = list(group)
-    while frontier:  # every composition of the op's symmetries
-        current = frontier.pop()
-        for perm, name in perms.get(atom.op, ()):
-            composed = tuple(current[p] for p in perm)
-            if composed not in group:
-                group[composed] = (*group[current], name)
-                frontier.append(composed)
-    return list(group.items())
-
-
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
-          readers: Mapping[int, Mapping[int, None]], facts: Facts, alternatives: list) -> Step:
+          readers: Mapping[int, Mapping[int, None]], facts: Facts) -> Step:
     if isinstance(atom, NodePat):
-        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms, alternatives)
+        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
     if kind == "check":
         return _check_step(atom, slots, nxt, facts)
     if kind == "bind":
@@ -614,7 +555,7 @@ def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: St
         def bind(env: list) -> None:
             try:
                 env[out] = ev(env)
-            except NoMatch:
+            except NoValue:
                 return
             nxt(env)
         return bind
@@ -627,22 +568,19 @@ def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> S
 
         def equal(env: list) -> None:
             try:
-                if left(env) != right(env):
-                    return
-            except NoMatch:
+                a, b = left(env), right(env)
+            except NoValue:
                 return
-            nxt(env)
+            if a == b or same_value(a, b):
+                nxt(env)
         return equal
     assert isinstance(atom, Holds)
     ev = compile_term(atom.call, slots, facts)
-    truth = atom.call.name in CHECKS or atom.call.name in PRIMITIVES
 
-    def holds(env: list) -> None:
+    def holds(env: list) -> None:  # a call holds where it has a value
         try:
-            value = ev(env)
-        except NoMatch:
-            return
-        if truth and value is not True:
+            ev(env)
+        except NoValue:
             return
         nxt(env)
     return holds
@@ -682,7 +620,7 @@ def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, 
         try:
             bound = tuple((c, ev(env)) for c, ev in selectors)
             expected = value_check(env) if value_check is not None else None
-        except NoMatch:
+        except NoValue:
             return
         for args, value in facts.lookup(name, bound) if pinned is None else facts.row(name, pinned[-1], bound):
             if value_check is not None and value != expected:
@@ -730,14 +668,13 @@ def _read(node: Node, how: int, where: Any) -> Any:
     return ArrayValue(node.attrs[where])
 
 
-def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[int, ...]
-             ) -> Callable[[Node, list], bool]:
-    """A check that node fields, read in ``perm`` order, fit the pattern's arguments (binding new variables)."""
+def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[[Node, list], bool]:
+    """A check that a node's fields fit the pattern's arguments (binding new variables)."""
     readers = _readers(atom.op)
     seen = set(known) | {atom.out}
     checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
     for position, pat in enumerate((*atom.inputs, *atom.attrs)):
-        how, where = readers[perm[position]]
+        how, where = readers[position]
         if isinstance(pat, V):
             checks.append((how, where, EQ if pat.name in seen else BIND, slots[pat.name]))
             seen.add(pat.name)
@@ -810,20 +747,13 @@ def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
 
 def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
                nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]],
-               forms: Mapping[int, Mapping[Any, Node]], alternatives: list) -> Step:
+               forms: Mapping[int, Mapping[Any, Node]]) -> Step:
     op, out = atom.op, slots[atom.out]
-    unifiers = [(_unifier(atom, known, slots, perm), via) for perm, via in alternatives]
+    unify = _unifier(atom, known, slots)
 
     def visit(node: Node, env: list) -> None:
-        for unify, via in unifiers:
-            if unify(node, env):
-                if via:
-                    saved = env[VIA]
-                    env[VIA] = saved + via
-                    nxt(env)
-                    env[VIA] = saved
-                else:
-                    nxt(env)
+        if unify(node, env):
+            nxt(env)
 
     if kind == "top":
         def top(env: list) -> None:
@@ -853,4 +783,4 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     return join
 
 
-__all__ = ["VIA", "ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
+__all__ = ["ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
