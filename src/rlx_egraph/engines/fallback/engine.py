@@ -186,13 +186,17 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     start = time.perf_counter()
     deadline = Deadline(limits.max_seconds, start) if deadline is None else deadline
     compiled = ruleset if isinstance(ruleset, CompiledRules) else _compiled(load_rules(ruleset))
+    results = []
     with gc_paused():
-        engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens, deadline)
-        engine.stats.phases["load"] = time.perf_counter() - start
-        engine.optimize()
-        result = engine.result(graph)
-        del engine  # freed while the collector is still paused (it would scan the run's objects just before)
-    return result
+        for eager in (False, True):
+            engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens, deadline, eager)
+            engine.stats.phases["load"] = time.perf_counter() - start
+            engine.optimize()
+            results.append(engine.result(graph))
+            del engine  # freed while the collector is still paused (it would scan the run's objects just before)
+            if results[0].stats.stop_reason == STOP_TIME:
+                break
+    return min(results, key=lambda r: r.stats.cost_after_ns)
 
 
 # --- plans -----------------------------------------------------------------------------------
@@ -211,6 +215,7 @@ class _Plan:
     forms: list[tuple[int, Node]] = field(default_factory=list)  # (live node, a new form of it)
     watch: set[int] = field(default_factory=set)  # any change to these (inputs, readers) makes it stale
     uses: set[int] = field(default_factory=set)  # these must stay alive
+    enabling: bool = False  # does not pay by itself: taken by an eager run (see _Engine.enabling)
 
     def settle(self, nodes: Mapping[int, Node]) -> _Plan:
         """Fill the sets commit needs.  A node read by a new node cannot die with the plan, so only its life
@@ -234,8 +239,9 @@ class _Plan:
 
 class _Engine:
     def __init__(self, graph: Graph, compiled: CompiledRules, target: Target, limits: FallbackLimits,
-                 attention_block_max_tokens: int, deadline: Deadline) -> None:
+                 attention_block_max_tokens: int, deadline: Deadline, eager: bool = False) -> None:
         self.target, self.limits, self.compiled, self.deadline = target, limits, compiled, deadline
+        self.eager, self.eager_made = eager, set[int]()
         self.rw = GraphRewriter(graph)
         self.facts = Facts(self.rw, compiled.tables, attention_block_max_tokens)
         self.facts.reset([n.id for n in graph.nodes if n.op == "Param"])
@@ -334,9 +340,10 @@ class _Engine:
                 key = (m.pattern.base, root)
                 if plan is not None and (key not in best or plan.delta < best[key][0]):
                     best[key] = (plan.delta, k, root, plan)
-        level = self.rw.level  # of plans that gain the same (to 9 digits), the one rooted lower first
-        return [e[3] for e in sorted(best.values(), key=lambda e: (float(f"{e[0]:.9g}"),
-                                                                   level(e[2]) if type(e[2]) is int else 0, *e[1:3]))]
+        level, eager = self.rw.level, self.eager
+        return [e[3] for e in sorted(best.values(), key=lambda e: (
+            eager and e[0] < -EPS, float(f"{e[0]:.9g}"), (-1 if eager else 1) * level(e[2]) if type(e[2]) is int else 0,
+            *e[1:3]))]
 
     def roots(self, matcher: Matcher, near: Near | None, signed: dict[Any, tuple[list, list, set]]) -> list[Any]:
         """The matcher's candidate roots (see :meth:`Matcher.candidates`) whose inputs' ops fit it.  ``signed``:
@@ -378,11 +385,19 @@ class _Engine:
             plan = self.plan(matcher, root, env)
             if isinstance(plan, str):
                 stats.reject(plan)
-            elif plan.delta >= -EPS and not (plan.delta <= EPS and (plan.forms or self.shallower(plan))):
+            elif plan.delta >= -EPS and not (plan.delta <= EPS and (plan.forms or self.shallower(plan))) \
+                    and not self.enabling(plan):
                 stats.reject(NO_GAIN)
             elif best is None or plan.delta < best.delta:
                 best = plan
         return best.settle(self.nodes) if best is not None else None
+
+    def enabling(self, plan: _Plan) -> bool:
+        """In an eager run, whether a step that does not pay by itself is taken: it replaces its nodes outright
+        (each dies), none of them made by such a step, and does not grow the graph."""
+        plan.enabling = self.eager and bool(plan.unions) and not plan.forms and not plan.writes \
+            and math.isfinite(plan.delta) and all(old in plan.dead for old, _ in plan.unions)
+        return plan.enabling
 
     def commit(self, plans: list[_Plan]) -> tuple[int, set[int]]:
         """Commit plans, most gain first; a plan an earlier commit made stale is matched again at its root."""
@@ -401,6 +416,8 @@ class _Engine:
                     continue
                 plan = fresh
             self.apply(plan)
+            if plan.enabling:
+                self.eager_made.update(n for n in self.rw.touched if n in self.nodes and n not in plan.found)
             done += 1
             changed, self.rw.touched = self.rw.touched, set()
             touched |= changed
