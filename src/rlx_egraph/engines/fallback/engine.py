@@ -40,7 +40,7 @@ from ...cost.enode import EPS, enode_ns
 from ...ir.graph import Graph, GraphError, Node, check_node
 from ...ir.provenance import Fusion, fold_projections
 from ...ir.registry import REGISTRY, Kind, ops_of_kind
-from ...ir.rewrite import GraphRewriter
+from ...ir.rewrite import GraphRewriter, node_key
 from ...rules import STAGES, NoValue, RuleSet, load_rules
 from ..budget import Deadline, gc_paused
 from .facts import Facts, compile_term
@@ -187,15 +187,19 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     deadline = Deadline(limits.max_seconds, start) if deadline is None else deadline
     compiled = ruleset if isinstance(ruleset, CompiledRules) else _compiled(load_rules(ruleset))
     results = []
+    banned: frozenset[tuple] = frozenset()
     with gc_paused():
-        for eager in (False, True):
-            engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens, deadline, eager)
+        for eager in (False, True, True):
+            engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens, deadline, eager,
+                             banned)
             engine.stats.phases["load"] = time.perf_counter() - start
             engine.optimize()
             results.append(engine.result(graph))
+            dead_ends = frozenset(key for step, key in engine.costly.items() if step not in engine.paid)
             del engine  # freed while the collector is still paused (it would scan the run's objects just before)
-            if results[0].stats.stop_reason == STOP_TIME:
+            if results[0].stats.stop_reason == STOP_TIME or (eager and not dead_ends):
                 break
+            banned |= dead_ends
     return min(results, key=lambda r: r.stats.cost_after_ns)
 
 
@@ -239,9 +243,15 @@ class _Plan:
 
 class _Engine:
     def __init__(self, graph: Graph, compiled: CompiledRules, target: Target, limits: FallbackLimits,
-                 attention_block_max_tokens: int, deadline: Deadline, eager: bool = False) -> None:
+                 attention_block_max_tokens: int, deadline: Deadline, eager: bool = False,
+                 banned: frozenset[tuple] = frozenset()) -> None:
         self.target, self.limits, self.compiled, self.deadline = target, limits, compiled, deadline
-        self.eager, self.eager_made = eager, set[int]()
+        self.eager, self.banned = eager, banned
+        self.removed: set[tuple | None] = set()  # the terms eager steps removed
+        self.step_of: dict[int, int] = {}  # node -> the eager step (or the step continuing a chain) that made it
+        self.after: list[set[int]] = []  # per such step: the steps whose nodes it matched
+        self.paid: set[int] = set()  # steps a paying step continued
+        self.costly: dict[int, tuple] = {}  # eager steps that cost more by themselves -> their ban_key
         self.rw = GraphRewriter(graph)
         self.facts = Facts(self.rw, compiled.tables, attention_block_max_tokens)
         self.facts.reset([n.id for n in graph.nodes if n.op == "Param"])
@@ -309,21 +319,23 @@ class _Engine:
         return found
 
     def derive(self, matchers: list[Matcher], near: set[int] | None) -> None:
-        """Run the fact rules until they add no row; with ``near``, only at roots near those nodes, and then near
-        the rows added."""
+        """Run the fact rules, then again those that read a table the last round added rows to (only near those
+        rows), until none adds a row; with ``near``, the first round only at roots near those nodes."""
         at = None if near is None else Near.of(self.nodes, near)
         signed: dict[Any, tuple[list, list, set]] = {}  # see roots (rules only add rows: the graph stays)
+        todo = matchers
         for _ in range(self.limits.max_iterations):
-            self.facts.changed = False
+            self.facts.changed = set()
             before = set(self.facts.fresh)
-            for m in matchers:
+            for m in todo:
                 program = self.programs[m.pattern.name]
                 for root in self.roots(m, at, signed):
                     if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
                         return
                     for env in self.matches(m, root):
                         self.write_facts(program, list(env))
-            if not self.facts.changed:
+            todo = [m for m in matchers if m.pattern.tables_read & self.facts.changed]
+            if not todo:
                 break
             at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
 
@@ -394,10 +406,34 @@ class _Engine:
 
     def enabling(self, plan: _Plan) -> bool:
         """In an eager run, whether a step that does not pay by itself is taken: it replaces its nodes outright
-        (each dies), none of them made by such a step, and does not grow the graph."""
+        (each dies) and builds no term that such a step removed (so that two of them never undo each other)."""
         plan.enabling = self.eager and bool(plan.unions) and not plan.forms and not plan.writes \
-            and math.isfinite(plan.delta) and all(old in plan.dead for old, _ in plan.unions)
+            and math.isfinite(plan.delta) and all(old in plan.dead for old, _ in plan.unions) \
+            and self.removed.isdisjoint(map(node_key, plan.new.values())) and self.ban_key(plan) not in self.banned
         return plan.enabling
+
+    def ban_key(self, plan: _Plan) -> tuple:
+        """What names an eager step across runs: its rule and the terms it replaces."""
+        return plan.matcher.pattern.base, tuple(self.rw.key(old) for old, _ in plan.unions)
+
+    def follow(self, plan: _Plan, key: tuple | None) -> None:
+        """Chains of eager steps: a step that matched nodes an eager step made continues that step's chain; a step
+        that pays pays off every chain it continues."""
+        nodes = {v for k in plan.matcher.node_slots if isinstance(v := plan.found[k], int)} | {
+            old for old, _ in plan.unions}
+        before = {self.step_of[n] for n in nodes if n in self.step_of}
+        if plan.delta < -EPS:
+            while before:
+                step = before.pop()
+                if step not in self.paid:
+                    self.paid.add(step)
+                    before |= self.after[step]
+        elif plan.enabling or before:
+            step = len(self.after)
+            self.after.append(before)
+            if key is not None and plan.delta > EPS:
+                self.costly[step] = key
+            self.step_of.update((n, step) for n in self.rw.touched if n in self.nodes)
 
     def commit(self, plans: list[_Plan]) -> tuple[int, set[int]]:
         """Commit plans, most gain first; a plan an earlier commit made stale is matched again at its root."""
@@ -415,9 +451,13 @@ class _Engine:
                 if fresh is None:
                     continue
                 plan = fresh
-            self.apply(plan)
+            key = self.ban_key(plan) if plan.enabling else None
             if plan.enabling:
-                self.eager_made.update(n for n in self.rw.touched if n in self.nodes and n not in plan.found)
+                self.removed.update(self.rw.key(old) for old, _ in plan.unions)
+            self.rw.touched = set()
+            self.apply(plan)
+            if self.eager:
+                self.follow(plan, key)
             done += 1
             changed, self.rw.touched = self.rw.touched, set()
             touched |= changed

@@ -69,8 +69,8 @@ class Facts:
         self._mentions: dict[int, list[tuple[str, tuple]]] = {}
         self._merge = {name: compile_term(d.merge, {"old": 0, "new": 1}, self)
                        for name, d in self.decls.items() if d.merge is not None}
-        self.changed = False
-        """Set whenever a helper row is added or a value changes; the owner may clear it."""
+        self.changed: set[str] = set()
+        """The helper tables a row was added to or changed in; the owner may clear it."""
         self.fresh: set[int] = set()
         """Nodes named by rows added or changed since the owner last cleared it."""
         self.forms: dict[int, dict[tuple | None, Node]] = {}
@@ -81,7 +81,7 @@ class Facts:
         for table in (self.source.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values()):
             table.clear()
         self.source.order = {nid: k for k, nid in enumerate(params)}
-        self.changed = False
+        self.changed = set()
         self.fresh = set()
 
     # --- reading -----------------------------------------------------------------------
@@ -139,7 +139,7 @@ class Facts:
             for n in self._nodes_in(name, args, value):
                 self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
-        self.changed = True
+        self.changed.add(name)
         self.fresh.update(self._nodes_in(name, args, value))
 
     def has_form(self, nid: int, form: Node) -> bool:
