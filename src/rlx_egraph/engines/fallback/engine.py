@@ -304,7 +304,7 @@ class _Engine:
                 if near is not None:
                     near |= self.facts.fresh
                 done, touched = self.commit(self.collect(rewrites, None if near is None else
-                                                         Near.of(self.nodes, near)))
+                                                         Near.of(self.rw, near)))
                 if not done:
                     break
                 near = {t for t in touched if t in self.nodes and self.nodes[t].kind is not Kind.LEAF}
@@ -321,7 +321,7 @@ class _Engine:
     def derive(self, matchers: list[Matcher], near: set[int] | None) -> None:
         """Run the fact rules, then again those that read a table the last round added rows to (only near those
         rows), until none adds a row; with ``near``, the first round only at roots near those nodes."""
-        at = None if near is None else Near.of(self.nodes, near)
+        at = None if near is None else Near.of(self.rw, near)
         signed: dict[Any, tuple[list, list, set]] = {}  # see roots (rules only add rows: the graph stays)
         todo = matchers
         for _ in range(self.limits.max_iterations):
@@ -337,7 +337,7 @@ class _Engine:
             todo = [m for m in matchers if m.pattern.tables_read & self.facts.changed]
             if not todo:
                 break
-            at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
+            at = Near.of(self.rw, self.facts.fresh - before)  # the next round: near the new rows
 
     def collect(self, matchers: list[Matcher], near: Near | None) -> list[_Plan]:
         """The best plan of each rule (as written: its operand orders are one rule) at each root, most gain
@@ -365,7 +365,7 @@ class _Engine:
             return matcher.candidates(near)
         if not self.rw.has_op(matcher.root_op):
             return []
-        if near is None or matcher.roots_near is None:  # every root of the op
+        if near is None:  # every root of the op
             key: Any = matcher.root_op
             known = signed.get(key)
             roots = matcher.roots() if known is None else known[0]
