@@ -27,7 +27,7 @@ from rlx_egraph.engines.fallback.engine import FallbackLimits, load, run
 from rlx_egraph.rules import STAGES
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
-PHASES = ("load", *STAGES, "finish")
+PHASES = ("load", "replay", *STAGES, "finish")
 
 
 def measure(nodes: int, target: str) -> dict[str, float]:

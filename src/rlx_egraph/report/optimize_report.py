@@ -98,7 +98,7 @@ class OptimizeReport:
     parity: ParityReport | None = None
     verification: Verification = field(default_factory=lambda: Verification(False, "not requested"))
     data: OptimizationData = field(default_factory=OptimizationData, repr=False)  # the run as tables
-    fallback: FallbackStats | None = None  # the fallback engine's per-rule counts and passes
+    fallback: FallbackStats | None = None  # the fallback engine's per-rule counts, passes and lookahead
     fusion: FusionReport = field(default_factory=FusionReport)  # fused ops before/after, missed fusions
     # the input graph and the optimized graph as they were at the end of the run (for pictures; None from optimize())
     graphs: tuple[Graph, Graph] | None = field(default=None, repr=False)
@@ -227,6 +227,8 @@ class OptimizeReport:
         fired = {k: v for k, v in self.matches_per_rule.items() if v}
         if fired:
             counted = "egglog's, summed over iterations" if self.engine == "egglog" else "summed over passes"
+            if self.fallback is not None and self.fallback.blocks:
+                counted += " and blocks; a kind of block is matched once, counted for each"
             lines.append(f"rule matches ({counted}): "
                          + ", ".join(f"{k} x{v}" for k, v in fired.items()))
         applied = {k: v for k, v in self.applications_per_rule.items() if v}
@@ -235,8 +237,14 @@ class OptimizeReport:
                          + ", ".join(f"{k} x{v}" for k, v in applied.items()))
         if self.fallback is not None:
             fb = self.fallback
-            lines.append(f"fallback: {sum(fb.commits.values())} rewrites committed, {sum(fb.passes.values())} "
-                         f"passes; stopped: {fb.stop_reason}")
+            commits, starts = fb.commits, sum(s.chain_starts for s in fb.rules.values())
+            passes = f"{sum(fb.passes.values())} passes"
+            if fb.blocks:
+                passes = (f"{fb.blocks} blocks ({fb.block_kinds} distinct, each optimized once), then {passes} "
+                          "near their seams")
+            lines.append(f"fallback: {sum(commits.values())} rewrites committed, {passes}; stopped: "
+                         f"{fb.stop_reason}; lookahead: {fb.chains_asked} chain starts and {fb.ties_asked} ties asked "
+                         f"about, {fb.regions_run} region runs, {starts} chains taken")
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
         lines.append(self.fusion.summary_line())
         if self.regions_clipped:

@@ -1,10 +1,10 @@
-"""The fallback engine: the same rules applied greedily by a pattern matcher on the graph itself.
+"""The fallback engine: the same ``.egg`` rules applied by a pattern matcher on the graph itself.
 
 For graphs too large for equality saturation.  ``run(graph, rules, target)``
-compiles each rule of the rule model (:mod:`rlx_egraph.rules`) into a pattern
-(a rule form it cannot apply is reported by name), and rewrites the graph stage
-by stage, committing a rewrite only when the cost model extraction uses says
-the graph's predicted time drops.
+loads the rules egglog loads, compiles each into a pattern (a rule form it
+cannot apply is reported by name), and rewrites the graph stage by stage,
+committing a rewrite only when the cost model extraction uses says the graph's
+predicted time drops.
 """
 
 from .engine import FallbackLimits, FallbackResult, FallbackStats, RuleStats, load, run

@@ -1,28 +1,49 @@
-"""The fallback engine: the rules applied greedily on the graph, each rewrite decided by cost.
+"""The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
 
-The saturation stages run in order, each to its fixpoint.  A pass of a stage
+A graph whose layers repeat is first cut into blocks at its residual values (see :mod:`.blocks`): each kind of
+block is optimized once, as a region of its own (below), its result copied into every block of that kind, and
+the passes below then match only near the seams, where a rewrite can span two blocks.
 
-1. derives the helper facts: the rules that only fill tables run until they
-   add no row (after the stage's first pass, only near what changed);
-2. matches every rewrite rule at the nodes of its root op and, per root and
-   rule (its operand orders are one rule), plans the best match: the right
-   side's new nodes (built and checked by the op registry, reusing identical
-   live nodes), the uses they replace, and the change of the graph's predicted
-   cost, which is the new nodes' cost minus the cost of the nodes that die (a
-   node another reader still needs stays alive and paid for);
-3. commits the plans that lower the cost, most gain first; a plan whose nodes
-   an earlier commit touched is matched again at its root first.
+Stage by stage (the saturation stages, in order: first every stage but
+``simplify``, on the graph as written, then every stage, the later ones only
+near what changed; see :meth:`_Engine.optimize`), a pass
 
-Passes repeat until none commits (or a limit); after the first pass of a
-stage only the roots near what the last pass changed are matched.  Two kinds of
-cost-neutral steps are committed, because chains of rules start with them: a
-union of a node with a new term that reads it (``w = ConcatParams([w])``)
-records a *form* of the node (see :mod:`.facts`) that later steps match; and a
+1. derives the helper facts: rules that only fill tables run to a fixpoint,
+   in the order their tables depend on each other (after the first pass, near
+   what changed; a rule whose query reads only tables, semi-naively, at the
+   rows added since it last ran, and so does a rewrite of that kind that only
+   records forms: see :meth:`_Engine.where`);
+2. matches every rewrite rule at the nodes of its root op and, per root, plans
+   the best match: the right side's new nodes (built and checked by the op
+   registry, reusing identical live nodes), the uses they replace, and the
+   change of the graph's predicted cost, which is the new nodes' cost minus
+   the cost of the nodes that die (a producer another reader still needs
+   stays alive and paid for);
+3. commits the plans that lower the cost, most gain first (of two that gain
+   the same and exclude each other, the one the lookahead shows ending
+   cheaper, else the one rooted lower); a plan whose nodes an earlier commit
+   touched is matched again at its root first.
+
+A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule: per root only
+its best plan competes, and stats and provenance use the base name.  Two kinds
+of cost-neutral steps are committed, because chains of rules start with them:
+a union of a node with a new term that reads it (``shared-input-last``:
+``w = ConcatParams([w])``) records a *form* of the node (see
+:mod:`.facts`), which the next step of the shared-input chain matches; and a
 rewrite that keeps the cost, does not grow the graph and reads from further
-back than the node it replaces (``narrow-narrow``), a measure that only drops,
-so passes still end.  The per-node cost is the one extraction minimises
-(:func:`rlx_egraph.cost.enode.enode_ns`), so both engines decide with the same
-cost function.
+back than the node it replaces (``narrow-narrow``) is taken, a measure that
+only drops, so passes still end.  Each chain step then pays by itself (one
+launch fewer), so the chain runs to its end as under egglog.
+
+A step that costs more by itself (and replaces its nodes outright) may start a
+chain that pays; :mod:`.lookahead` answers that on a region cut out around the
+step, and when the chain wins, the region's result replaces the region
+(:meth:`_Engine.transplant`), so the graph's cost drops by what the region
+showed.  The graph itself is never edited tentatively.
+
+Passes repeat until none commits (or a limit).  The per-node cost is the one
+extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`), so both
+engines decide with the same cost function.
 """
 
 from __future__ import annotations
@@ -30,7 +51,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
@@ -40,11 +61,13 @@ from ...cost.enode import EPS, enode_ns
 from ...ir.graph import Graph, GraphError, Node, check_node
 from ...ir.provenance import Fusion, fold_projections
 from ...ir.registry import REGISTRY, Kind, ops_of_kind
-from ...ir.rewrite import GraphRewriter, node_key
+from ...ir.rewrite import GraphRewriter
 from ...rules import STAGES, NoValue, RuleSet, load_rules
 from ..budget import Deadline, gc_paused
-from .facts import Facts, compile_term
-from .matcher import ArrayValue, Matcher, Near, compile_matcher, plan_matcher
+from .blocks import blocks, straddles
+from .facts import SETTABLE_TABLES, Facts, compile_term
+from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
+from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, plan_matcher
 from .pattern import (
     ABSENT,
     FACTS,
@@ -52,17 +75,25 @@ from .pattern import (
     CompiledRules,
     CompileError,
     Compute,
+    Insert,
     L,
     ListPat,
+    NodePat,
+    Pattern,
     SetValue,
+    Symmetry,
     Union,
     Unsupported,
     V,
     compile_rules,
+    slot_vars,
 )
 
 log = logging.getLogger(__name__)
 
+# A chain pays when it lowers the cost by more than this share of the input graph's (float sums differ
+# in the last digits between the region as it is and with the step applied).
+CHAIN_EPS = 1e-9
 STOP_DONE = "no rewrite lowers the cost"
 STOP_ITERATIONS = "iteration limit"
 STOP_TIME = "time limit"
@@ -86,10 +117,17 @@ class RuleStats:
 
     matches: int = 0
     commits: int = 0
+    chain_starts: int = 0  # plans that cost more by themselves, taken because the chain they start pays
     rejected: dict[str, int] = field(default_factory=dict)
 
-    def reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+    def reject(self, reason: str, times: int = 1) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + times
+
+    def add_matches(self, other: RuleStats, runs: int = 1) -> None:
+        """Count ``other``'s matches and rejections too, ``runs`` times."""
+        self.matches += other.matches * runs
+        for reason, times in other.rejected.items():
+            self.reject(reason, times * runs)
 
 
 @dataclass
@@ -103,6 +141,11 @@ class FallbackStats:
     cost_after_ns: float = 0.0
     nodes_before: int = 0
     nodes_after: int = 0
+    chains_asked: int = 0  # chain starts asked about: costly steps, and neutral ones a paying step would destroy
+    ties_asked: int = 0  # ties between rival steps that gain the same, asked about (see _Engine.tie_goes_to_rival)
+    regions_run: int = 0  # fallback runs on regions it made for them (the rest were remembered)
+    blocks: int = 0  # blocks optimized one by one (see .blocks); 0: the graph is one block
+    block_kinds: int = 0  # distinct blocks among them (each optimized once)
 
     @property
     def commits(self) -> dict[str, int]:
@@ -110,21 +153,24 @@ class FallbackStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rules": {name: {"matches": s.matches, "commits": s.commits, "rejected": dict(s.rejected)}
+            "rules": {name: {"matches": s.matches, "commits": s.commits, "chain_starts": s.chain_starts,
+                             "rejected": dict(s.rejected)}
                       for name, s in self.rules.items()},
             "unsupported": [{"rule": u.rule, "location": u.location, "reason": u.reason} for u in self.unsupported],
             "passes": dict(self.passes), "stop_reason": self.stop_reason, "phases": dict(self.phases),
             "cost_before_ns": self.cost_before_ns, "cost_after_ns": self.cost_after_ns,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+            "chains_asked": self.chains_asked, "ties_asked": self.ties_asked, "regions_run": self.regions_run,
+            "blocks": self.blocks, "block_kinds": self.block_kinds,
         }
 
 
 @dataclass
 class FallbackResult:
     """The optimized graph; where each of its nodes comes from, as the tables of the same names in
-    :class:`~rlx_egraph.engines.egglog.decode.Decoded`: ``built_by``, the rules that built it or unioned a value
-    into it (empty: an untouched input node), and ``originals``, the input-graph node ids of the same value (what
-    parity compares); its fusions and the run's statistics."""
+    :class:`~rlx_egraph.engines.egglog.decode.Decoded`: ``built_by``, the rules that built it or unioned a value into it
+    (empty: an untouched input node), and ``originals``, the input-graph node ids of the same value (what parity
+    compares); its fusions and the run's statistics."""
 
     graph: Graph
     built_by: dict[int, tuple[str, ...]]  # every node of ``graph``
@@ -139,7 +185,7 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     kept = []
     for p in compiled.patterns:
         try:
-            compiled.plans[p.name] = plan_matcher(p, compiled.tables)
+            compiled.plans[p.name] = plan_matcher(p, _symmetries(p, compiled.symmetries), compiled.tables)
         except CompileError as exc:
             if all(u.rule != p.base for u in compiled.unsupported):
                 compiled.unsupported.append(Unsupported(p.base, p.location, str(exc)))
@@ -148,6 +194,12 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     compiled.patterns = kept
     _log_unsupported(compiled)
     return compiled
+
+
+def _symmetries(pattern: Pattern, symmetries: list[Symmetry]) -> list[Symmetry]:
+    """The symmetries ``pattern`` matches through: those of its stage and of the stages before it."""
+    stage = STAGES.index(pattern.stage)
+    return [s for s in symmetries if STAGES.index(s.stage) <= stage]
 
 
 def _log_unsupported(compiled: CompiledRules) -> None:
@@ -181,26 +233,38 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     """Optimize ``graph`` with the fallback engine (``graph`` itself is never changed).
 
     ``deadline``: the run's end (default: ``limits.max_seconds`` from now), checked inside every pass (before
-    each root matched and each plan committed): past it the engine stops where it is, with a valid graph, and
-    says ``time limit``."""
+    each root matched and each plan committed, and by the lookahead's regions): past it the engine stops
+    where it is, with a valid graph, and says ``time limit``."""
     start = time.perf_counter()
     deadline = Deadline(limits.max_seconds, start) if deadline is None else deadline
     compiled = ruleset if isinstance(ruleset, CompiledRules) else _compiled(load_rules(ruleset))
-    results = []
-    banned: frozenset[tuple] = frozenset()
+    tgt = get_target(target)
+
+    # Engines reopened on each region (compiling the rules takes longer): one for the blocks (stage None), which
+    # asks the lookahead too, as the whole graph does, and one for the lookahead's questions.
+    regions: dict[bool, _Engine] = {}
+    shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
+
+    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
+                  follow: int) -> RegionRun:
+        block = stage is None
+        if block not in regions:
+            regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
+                                     shared[0] if block else None, deadline)
+        return regions[block].run_region(region, levels, stage, step, follow)
+
     with gc_paused():
-        for eager in (False, True, True):
-            engine = _Engine(graph, compiled, get_target(target), limits, attention_block_max_tokens, deadline, eager,
-                             banned)
-            engine.stats.phases["load"] = time.perf_counter() - start
-            engine.optimize()
-            results.append(engine.result(graph))
-            dead_ends = frozenset(key for step, key in engine.costly.items() if step not in engine.paid)
-            del engine  # freed while the collector is still paused (it would scan the run's objects just before)
-            if results[0].stats.stop_reason == STOP_TIME or (eager and not dead_ends):
-                break
-            banned |= dead_ends
-    return min(results, key=lambda r: r.stats.cost_after_ns)
+        shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
+        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, shared[0], deadline)
+        engine.stats.phases["load"] = time.perf_counter() - start
+        engine.whole(engine.replay())
+        result = engine.result(graph)
+        # Freed (by reference counts) while the collector is still paused: its first pass after the pause
+        # would otherwise scan the run's millions of objects just before they go.
+        del engine
+        regions.clear()
+        shared.clear()
+    return result
 
 
 # --- plans -----------------------------------------------------------------------------------
@@ -210,6 +274,7 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
 class _Plan:
     matcher: Matcher
     root: Any
+    via: tuple[str, ...]
     new: dict[int, Node]  # provisional id -> checked node
     unions: list[tuple[int, int]]  # (replaced node, replacement: live or provisional id)
     writes: list[tuple[str, tuple, Any]]  # helper-table writes on commit
@@ -219,18 +284,24 @@ class _Plan:
     forms: list[tuple[int, Node]] = field(default_factory=list)  # (live node, a new form of it)
     watch: set[int] = field(default_factory=set)  # any change to these (inputs, readers) makes it stale
     uses: set[int] = field(default_factory=set)  # these must stay alive
-    enabling: bool = False  # does not pay by itself: taken by an eager run (see _Engine.enabling)
+    needs: set[int] = field(default_factory=set)  # nodes whose op and inputs the match inspected
+    destroys: set[int] = field(default_factory=set)  # nodes the plan replaces or leaves dead
+    chained: bool = False  # a step of the chain a lookahead follows
+    chain: Chain | None = None  # the region's result this plan stands for (see transplant)
 
     def settle(self, nodes: Mapping[int, Node]) -> _Plan:
-        """Fill the sets commit needs.  A node read by a new node cannot die with the plan, so only its life
-        matters; the inspected nodes, the replaced and dying ones and what they read can change the match or its
-        gain."""
-        found = self.found
-        destroys = self.dead | {old for old, _ in self.unions}
+        """Fill the sets commit needs (only for plans that pay).  A node read by a new node
+        cannot die with the plan, so only its life matters; the inspected nodes, the
+        replaced and dying ones and what they read can change the match or its gain."""
+        found, dead = self.found, self.dead
+        self.needs = {found[s] for s in self.matcher.shape_slots}
+        self.destroys = dead | {old for old, _ in self.unions}
         kept = {i for n in self.new.values() for i in n.inputs}
-        watch = {found[s] for s in self.matcher.shape_slots} | destroys
-        for d in destroys:
+        watch = self.needs | self.destroys
+        for d in self.destroys:
             watch.update(nodes[d].inputs)
+        if self.chain is not None:  # a transplant rewrites its whole region
+            watch.update(self.chain.back.values())
         watch -= kept
         self.uses = {v for s in self.matcher.node_slots if isinstance(v := found[s], int)} | kept
         self.watch = {n for n in watch if n in nodes and nodes[n].kind is not Kind.LEAF}
@@ -243,35 +314,137 @@ class _Plan:
 
 class _Engine:
     def __init__(self, graph: Graph, compiled: CompiledRules, target: Target, limits: FallbackLimits,
-                 attention_block_max_tokens: int, deadline: Deadline, eager: bool = False,
-                 banned: frozenset[tuple] = frozenset()) -> None:
-        self.target, self.limits, self.compiled, self.deadline = target, limits, compiled, deadline
-        self.eager, self.banned = eager, banned
-        self.removed: set[tuple | None] = set()  # the terms eager steps removed
-        self.step_of: dict[int, int] = {}  # node -> the eager step (or the step continuing a chain) that made it
-        self.after: list[set[int]] = []  # per such step: the steps whose nodes it matched
-        self.paid: set[int] = set()  # steps a paying step continued
-        self.costly: dict[int, tuple] = {}  # eager steps that cost more by themselves -> their ban_key
+                 attention_block_max_tokens: int, lookahead: Lookahead | None = None,
+                 deadline: Deadline | None = None) -> None:
+        self.target, self.limits, self.lookahead, self.compiled = target, limits, lookahead, compiled
+        # the whole run's end, shared by the lookahead's region engines
+        self.deadline = Deadline(limits.max_seconds) if deadline is None else deadline
         self.rw = GraphRewriter(graph)
-        self.facts = Facts(self.rw, compiled.tables, attention_block_max_tokens)
-        self.facts.reset([n.id for n in graph.nodes if n.op == "Param"])
+        self.param_order: dict[int, int] = {}
+        self.facts = Facts(self.rw, compiled.tables, self.param_order, attention_block_max_tokens)
         self.nodes = self.rw.nodes_by_id
-        self.stats = FallbackStats(unsupported=list(compiled.unsupported), nodes_before=len(graph))
-        for p in compiled.patterns:
-            self.stats.rules.setdefault(p.base, RuleStats())
+        self.stats = FallbackStats()
         self.costs: dict[int, tuple[Node, float]] = {}
-        self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops (with its forms')
+        self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
         self.rules_of: dict[int, list[str]] = {}
+        self.rows_read: dict[tuple[str, str], int] = {}  # (row-driven rule, table) -> how far it has read its log
+        self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
+        self.follow = NO_FOLLOW  # and how far (see chain_start)
+        self.readers_left = False  # a step that matches a reader of the chain was left (see chain_start)
+        self.stage = STAGES[0]
+        self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
         for p in compiled.patterns:
-            self.matchers[p.stage].append(compile_matcher(p, self.facts, compiled.plans.get(p.name)))
+            self.matchers[p.stage].append(compile_matcher(p, _symmetries(p, compiled.symmetries), self.facts,
+                                                          compiled.plans.get(p.name)))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
+        self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.kind == FACTS])
+                            for stage, ms in self.matchers.items()}
+        set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written() for p in compiled.patterns))
+        self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms
+                           if _row_driven(m.pattern, set_by_rules)}
+        self.straddles = straddles(compiled.patterns)
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
 
+    def start(self, graph: Graph) -> None:
+        """Per-graph state, fresh (the rewriter is open on ``graph``)."""
+        params = (n.id for n in graph.nodes if n.op == "Param")
+        self.param_order.clear()
+        self.param_order.update((nid, k) for k, nid in enumerate(params))
+        self.stats = FallbackStats(unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
+        for p in self.compiled.patterns:
+            self.stats.rules.setdefault(p.base, RuleStats())
+        for s in self.compiled.symmetries:
+            self.stats.rules.setdefault(s.name, RuleStats())
+        for cache in (self.costs, self.signatures, self.rules_of, self.rows_read):
+            cache.clear()
+        self.chain, self.follow, self.readers_left, self.stage = None, NO_FOLLOW, False, STAGES[0]
+
+    def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
+        """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
+        see :meth:`GraphRewriter.reopen`."""
+        self.rw.reopen(graph, levels)
+        self.facts.clear()
+        self.start(graph)
+        self.stats.cost_before_ns = self.dag_ns()
+
+    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
+                   follow: int = NO_FOLLOW) -> RegionRun:
+        """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
+        ids), the step applied first and the chain after it followed as far as ``follow`` says (see
+        :meth:`chain_start`).
+        Stage None: a block, optimized as a whole run would."""
+        self.reopen(region, levels)
+        if stage is None:
+            self.whole()
+        else:
+            later = STAGES.index(stage)
+            for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
+                self.derive(self.fact_groups[earlier], None)
+            if step is not None:
+                self.rw.touched = set()
+                self.apply(step)
+                self.chain = {n for n in self.rw.touched if n in self.nodes} if follow != NO_FOLLOW else None
+                self.follow = follow
+            self.optimize(STAGES[later:])
+        holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
+        return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
+                         {n: tuple(r) for n, r in self.rules_of.items()}, holders,
+                         {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason,
+                         self.readers_left)
+
     # --- the loop ----------------------------------------------------------------------
+
+    def replay(self) -> set[int] | None:
+        """Optimize the graph block by block (see :mod:`.blocks`): each block is cut out as a region, run
+        once per kind (the lookahead remembers regions by content) and transplanted when cheaper.  The values
+        that now hold the cut values, where a rewrite can span two blocks; None when no two blocks look alike
+        (the same ops and shapes in order), so that each block would be optimized once anyway."""
+        pieces = blocks(self.rw, self.straddles) if self.lookahead is not None else []
+        nodes = self.nodes
+        looks: set[tuple] = set()
+        for block in pieces:  # up to the first block that looks like one before
+            look = tuple([(nodes[n].op, nodes[n].shape) for n in block])
+            if look in looks:
+                break
+            looks.add(look)
+        else:  # no two blocks alike (nor one block alone): nothing to replay
+            return None
+        t0 = time.perf_counter()
+        margin = CHAIN_EPS * self.stats.cost_before_ns
+        tallies: dict[int, list] = {}  # id of a kind's run -> [run, blocks of that kind, blocks transplanted]
+        for block in pieces:
+            if self.out_of_time():
+                break
+            alive = {n for n in block if n in nodes}  # (a block before may have taken a projection of its tuple)
+            region, _, back = cut_out(self.rw, self.param_order, alive, self.lookahead.names)
+            run = self.lookahead.run(region, None, None)
+            if run.stop_reason != STOP_DONE and self.stats.stop_reason == STOP_DONE:
+                self.stats.stop_reason = run.stop_reason
+            tally = tallies.setdefault(id(run), [run, 0, 0])
+            tally[1] += 1
+            if run.cost_ns < run.before_ns - margin:
+                self.transplant(Chain(run.cost_ns - run.before_ns, run, back), count=False)
+                tally[2] += 1
+            self.stats.blocks += 1
+        for run, times, transplanted in tallies.values():  # each kind's stats once, times its blocks
+            for rule, stats in run.rules.items():
+                mine = self.stats.rules[rule]
+                mine.add_matches(stats, times)
+                mine.commits += stats.commits * transplanted
+                mine.chain_starts += stats.chain_starts * transplanted
+        self.stats.phases["replay"] = time.perf_counter() - t0
+        return {h for block in pieces[:-1] if (h := self.rw.find(block[-1])) in self.nodes}  # (the last ends the graph)
+
+    def whole(self, seams: set[int] | None = None) -> None:
+        """A whole run: every stage but the first on the graph as written, then every stage (see
+        :meth:`optimize`); with ``seams``, the first round only near those (the blocks are done)."""
+        self.optimize(STAGES[1:], seams=seams)
+        if self.stats.stop_reason != STOP_TIME:
+            self.optimize(STAGES, after=STAGES[0])
 
     def out_of_time(self) -> bool:
         """Whether the run's deadline has passed (then the stop reason says so)."""
@@ -280,18 +453,32 @@ class _Engine:
             return True
         return False
 
-    def optimize(self) -> None:
-        """Run the stages in order, each to its fixpoint: the first pass at every root, the next ones near what
-        the pass before changed."""
-        for stage in STAGES:
+    def optimize(self, stages: Sequence[str], after: str | None = None,
+                 seams: set[int] | None = None) -> None:
+        """Run ``stages`` in order, each to its fixpoint.  ``after``: the stages after that one have run to their
+        fixpoint before, so they only match near what this round has changed (leaves included: a simplification
+        can make two nodes read one input, as two linear layers of ``x`` and ``x * 1``).
+
+        A whole run does every stage but the first, then every stage: a simplification (``reshape-reshape``)
+        replaces the form it simplifies, which a rule of a later stage may need (the GQA key path of the dynamo
+        exports), while egglog keeps both; so the later stages see the graph as written first."""
+        changed: set[int] = set()
+        for stage in stages:
+            self.stage = stage
             matchers = self.matchers[stage]
             if not matchers:
                 continue
             t0 = time.perf_counter()
-            facts = [m for m in matchers if m.pattern.kind == FACTS]
+            derive = self.fact_groups[stage]
             rewrites = [m for m in matchers if m.pattern.kind != FACTS]
             passes = 0
             near: set[int] | None = None  # None: match at every root; else only near these nodes
+            if seams is not None:
+                near = {n for n in seams | changed if n in self.nodes}
+            if after is not None and STAGES.index(stage) > STAGES.index(after):
+                near = {n for n in changed if n in self.nodes}
+                if not near:  # nothing new to match near
+                    continue
             while True:
                 if passes >= self.limits.max_iterations:
                     self.stats.stop_reason = STOP_ITERATIONS
@@ -300,16 +487,17 @@ class _Engine:
                     break
                 passes += 1
                 self.facts.fresh = set()
-                self.derive(facts, near)
+                self.derive(derive, near)
                 if near is not None:
                     near |= self.facts.fresh
                 done, touched = self.commit(self.collect(rewrites, None if near is None else
-                                                         Near.of(self.rw, near)))
+                                                         Near.of(self.nodes, near)))
                 if not done:
                     break
+                changed |= touched
                 near = {t for t in touched if t in self.nodes and self.nodes[t].kind is not Kind.LEAF}
-            self.stats.passes[stage] = passes
-            self.stats.phases[stage] = time.perf_counter() - t0
+            self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
+            self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
             if self.stats.stop_reason == STOP_TIME:
                 break
 
@@ -318,44 +506,56 @@ class _Engine:
         self.stats.rules[matcher.pattern.base].matches += len(found)
         return found
 
-    def derive(self, matchers: list[Matcher], near: set[int] | None) -> None:
-        """Run the fact rules, then again those that read a table the last round added rows to (only near those
-        rows), until none adds a row; with ``near``, the first round only at roots near those nodes."""
-        at = None if near is None else Near.of(self.rw, near)
+    def derive(self, groups: list[list[Matcher]], near: set[int] | None) -> None:
+        """Run the fact rules, each group (tables that feed each other) to its fixpoint; with
+        ``near``, only at roots near those nodes and near the rows added meanwhile."""
+        seeds, fresh = (None if near is None else Near.of(self.nodes, near)), 0
         signed: dict[Any, tuple[list, list, set]] = {}  # see roots (rules only add rows: the graph stays)
-        todo = matchers
-        for _ in range(self.limits.max_iterations):
-            self.facts.changed = set()
-            before = set(self.facts.fresh)
-            for m in todo:
-                program = self.programs[m.pattern.name]
-                for root in self.roots(m, at, signed):
-                    if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
-                        return
-                    for env in self.matches(m, root):
-                        self.write_facts(program, list(env))
-            todo = [m for m in matchers if m.pattern.tables_read & self.facts.changed]
-            if not todo:
-                break
-            at = Near.of(self.rw, self.facts.fresh - before)  # the next round: near the new rows
+        for group in groups:
+            if near is not None and len(self.facts.fresh) != fresh:  # rows added since: their nodes too
+                seeds, fresh = Near.of(self.nodes, near | self.facts.fresh), len(self.facts.fresh)
+            recursive = len(group) > 1 or _reads_own(group[0].pattern)
+            at = seeds
+            for _ in range(self.limits.max_iterations):
+                self.facts.changed = False
+                before = set(self.facts.fresh) if recursive else set()
+                if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
+                    return
+                for m in group:
+                    program = self.programs[m.pattern.name]
+                    for root in self.roots(m, self.where(m, at), signed):
+                        for env in self.matches(m, root):
+                            self.write_facts(program, list(env))
+                if not (recursive and self.facts.changed):
+                    break
+                at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
 
-    def collect(self, matchers: list[Matcher], near: Near | None) -> list[_Plan]:
-        """The best plan of each rule (as written: its operand orders are one rule) at each root, most gain
-        first; of two that gain the same, the one rooted nearer the inputs."""
+    def where(self, matcher: Matcher, near: Near | None) -> Near | None:
+        """Where ``matcher`` matches in this pass: everywhere (``near`` None), near the changes, or, for a rule whose
+        query reads only tables and whose outcome only rows change (see :func:`_row_driven`), semi-naively: near the
+        rows of those tables added or changed since it last ran."""
+        if matcher.pattern.name not in self.row_driven:
+            return near
+        added: set[int] = set()
+        for table in sorted(matcher.pattern.tables_read() & self.facts.rows.keys()):
+            log, key = self.facts.log.get(table, []), (matcher.pattern.name, table)
+            added.update(log[self.rows_read.get(key, 0):])
+            self.rows_read[key] = len(log)
+        return None if near is None else Near.of(self.nodes, added)
+
+    def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
+        """The best plan of each rule (as written: its operand orders are one rule) at each root."""
         best: dict[tuple[str, Any], tuple[float, int, Any, _Plan]] = {}
         signed: dict[Any, tuple[list, list, set]] = {}  # see roots
         for k, m in enumerate(matchers):
-            for root in self.roots(m, near, signed):
+            for root in self.roots(m, self.where(m, near), signed):
                 if self.out_of_time():  # what is collected so far is committed (each commit checks again)
-                    break
+                    return sorted(best.values(), key=lambda e: e[:3])
                 plan = self.best_plan(m, root)
                 key = (m.pattern.base, root)
                 if plan is not None and (key not in best or plan.delta < best[key][0]):
                     best[key] = (plan.delta, k, root, plan)
-        level, eager = self.rw.level, self.eager
-        return [e[3] for e in sorted(best.values(), key=lambda e: (
-            eager and e[0] < -EPS, float(f"{e[0]:.9g}"), (-1 if eager else 1) * level(e[2]) if type(e[2]) is int else 0,
-            *e[1:3]))]
+        return sorted(best.values(), key=lambda e: e[:3])
 
     def roots(self, matcher: Matcher, near: Near | None, signed: dict[Any, tuple[list, list, set]]) -> list[Any]:
         """The matcher's candidate roots (see :meth:`Matcher.candidates`) whose inputs' ops fit it.  ``signed``:
@@ -363,9 +563,9 @@ class _Engine:
         change (every root of an op, or the roots near changes that the operand orders of a rule share)."""
         if matcher.root_op is None:
             return matcher.candidates(near)
-        if not self.rw.has_op(matcher.root_op):
+        if not self.rw.has_op(matcher.root_op):  # no root at all (a block has few ops): no walk near the changes
             return []
-        if near is None:  # every root of the op
+        if near is None or matcher.roots_near is None:  # every root of the op
             key: Any = matcher.root_op
             known = signed.get(key)
             roots = matcher.roots() if known is None else known[0]
@@ -374,7 +574,8 @@ class _Engine:
             key = id(roots)  # the list stays alive in ``signed``
             known = signed.get(key)
         if known is None:
-            ops = [self.input_ops(root) for root in roots]
+            signatures, input_ops = self.signatures, self.input_ops
+            ops = [signatures.get(root) or input_ops(root) for root in roots]
             known = signed[key] = (roots, ops, set(ops))
         _, ops, distinct = known
         fitting = {o for o in distinct if matcher.fits(o)}  # few distinct signatures: test each once
@@ -393,73 +594,111 @@ class _Engine:
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
         stats = self.stats.rules[matcher.pattern.base]
         best: _Plan | None = None
+        costly: list[_Plan] = []  # plans that cost more by themselves
         for env in self.matches(matcher, root):
             plan = self.plan(matcher, root, env)
             if isinstance(plan, str):
                 stats.reject(plan)
-            elif plan.delta >= -EPS and not (plan.delta <= EPS and (plan.forms or self.shallower(plan))) \
-                    and not self.enabling(plan):
-                stats.reject(NO_GAIN)
+            elif plan.delta >= -EPS and not (plan.delta <= EPS and (plan.forms or self.shallower(plan))):
+                costly.append(plan)
             elif best is None or plan.delta < best.delta:
                 best = plan
+        if best is None and costly:
+            best = self.chain_start(min(costly, key=lambda p: p.delta))
+            if best is not None:
+                costly.remove(best)
+        for _ in costly:
+            stats.reject(NO_GAIN)
         return best.settle(self.nodes) if best is not None else None
 
-    def enabling(self, plan: _Plan) -> bool:
-        """In an eager run, whether a step that does not pay by itself is taken: it replaces its nodes outright
-        (each dies) and builds no term that such a step removed (so that two of them never undo each other)."""
-        plan.enabling = self.eager and bool(plan.unions) and not plan.forms and not plan.writes \
-            and math.isfinite(plan.delta) and all(old in plan.dead for old, _ in plan.unions) \
-            and self.removed.isdisjoint(map(node_key, plan.new.values())) and self.ban_key(plan) not in self.banned
-        return plan.enabling
+    def chain_start(self, plan: _Plan) -> _Plan | None:
+        """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
+        for plans that replace nodes outright (each replaced node dies, and so does every matched node the
+        new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
+        the chain followed there is taken without asking if it matches or replaces a node of the chain, or, when
+        the chain is followed through readers (:data:`.lookahead.FOLLOW_READING`), matches a node that reads
+        one."""
+        if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
+                or any(old not in plan.dead for old, _ in plan.unions)):
+            return None
+        inspected = {v for s in plan.matcher.node_slots if isinstance(v := plan.found[s], int)}
+        if self.chain is not None:
+            chain, nodes = self.chain, self.nodes
+            if chain.isdisjoint(inspected | plan.dead):
+                if not any(not chain.isdisjoint(nodes[n].inputs) for n in inspected if n in nodes):
+                    return None
+                if self.follow != FOLLOW_READING:
+                    self.readers_left = True
+                    return None
+            plan.chained = True
+            return plan
+        read = {i for n in plan.new.values() for i in n.inputs}
+        if self.lookahead is None or any(n not in plan.dead and n not in read and self.nodes[n].kind is not Kind.LEAF
+                                         for n in inspected):
+            return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
+        chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
+                                     CHAIN_EPS * self.stats.cost_before_ns)
+        if chain is None:
+            return None
+        plan.delta, plan.chain = chain.gain_ns, chain
+        return plan
 
-    def ban_key(self, plan: _Plan) -> tuple:
-        """What names an eager step across runs: its rule and the terms it replaces."""
-        return plan.matcher.pattern.base, tuple(self.rw.key(old) for old, _ in plan.unions)
-
-    def follow(self, plan: _Plan, key: tuple | None) -> None:
-        """Chains of eager steps: a step that matched nodes an eager step made continues that step's chain; a step
-        that pays pays off every chain it continues."""
-        nodes = {v for k in plan.matcher.node_slots if isinstance(v := plan.found[k], int)} | {
-            old for old, _ in plan.unions}
-        before = {self.step_of[n] for n in nodes if n in self.step_of}
-        if plan.delta < -EPS:
-            while before:
-                step = before.pop()
-                if step not in self.paid:
-                    self.paid.add(step)
-                    before |= self.after[step]
-        elif plan.enabling or before:
-            step = len(self.after)
-            self.after.append(before)
-            if key is not None and plan.delta > EPS:
-                self.costly[step] = key
-            self.step_of.update((n, step) for n in self.rw.touched if n in self.nodes)
-
-    def commit(self, plans: list[_Plan]) -> tuple[int, set[int]]:
-        """Commit plans, most gain first; a plan an earlier commit made stale is matched again at its root."""
+    def commit(self, entries: list[tuple[float, int, Any, _Plan]]) -> tuple[int, set[int]]:
+        """Commit plans, most gain first.  A plan is skipped when the undecided plans it
+        would destroy gain more together (one level of lookahead; a cost-neutral one counts
+        the gain of the chain it starts, asked of the lookahead then), or when one of them
+        gains exactly as much and should go first (:meth:`tie_goes_to_rival`), and matched
+        again at its root when an earlier commit touched its nodes."""
+        plans = [e[3] for e in entries]
+        needed_by: dict[int, list[int]] = {}
+        destroyed_by: dict[int, list[int]] = {}
+        for k, plan in enumerate(plans):
+            for n in plan.needs:
+                needed_by.setdefault(n, []).append(k)
+            for n in plan.destroys:
+                destroyed_by.setdefault(n, []).append(k)
+        decided = [False] * len(plans)
+        valued: set[int] = set()  # plans whose chain the lookahead was asked about as a rival
         touched: set[int] = set()
         died: set[int] = set()
         self.rw.touched = set()
         done = 0
-        for plan in plans:
+        for k, plan in enumerate(plans):
             if self.out_of_time():
                 break
+            decided[k] = True
+            rivals = {j for n in plan.destroys for j in needed_by.get(n, ()) if not decided[j]}
+            rivals |= {j for n in plan.needs for j in destroyed_by.get(n, ()) if not decided[j]}
+            for j in sorted(rivals - valued):  # a cost-neutral rival is worth the chain it starts, if one pays
+                valued.add(j)
+                rival = plans[j]
+                if rival.stale(touched, died):  # matched before an earlier commit changed its nodes: no region
+                    continue
+                if self.lookahead is not None and -EPS <= rival.delta <= EPS and not rival.forms \
+                        and self.chain_start(rival) is not None:
+                    rival.settle(self.nodes)
+            if rivals and _independent_gain([plans[j] for j in sorted(rivals)]) > -plan.delta:
+                continue
             if self.known_forms(plan.unions, plan.forms):  # an earlier plan of this batch added them
                 continue
             if plan.stale(touched, died):
-                fresh = self.best_plan(plan.matcher, plan.root) if plan.matcher.alive(plan.root) else None
+                if not plan.matcher.alive(plan.root):
+                    continue
+                fresh = self.best_plan(plan.matcher, plan.root)
                 if fresh is None:
                     continue
                 plan = fresh
-            key = self.ban_key(plan) if plan.enabling else None
-            if plan.enabling:
-                self.removed.update(self.rw.key(old) for old, _ in plan.unions)
-            self.rw.touched = set()
-            self.apply(plan)
-            if self.eager:
-                self.follow(plan, key)
+            if rivals and self.tie_goes_to_rival(plan, [plans[j] for j in sorted(rivals)], touched, died):
+                continue
+            if plan.chain is not None:
+                self.transplant(plan.chain)
+                self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
+            else:
+                self.apply(plan)
             done += 1
             changed, self.rw.touched = self.rw.touched, set()
+            if plan.chained and self.chain is not None:
+                self.chain |= changed
             touched |= changed
             for nid in changed:
                 self.signatures.pop(nid, None)
@@ -468,6 +707,33 @@ class _Engine:
                     if self.rw.find(nid) != nid:
                         self.facts.replaced(nid)
         return done, touched
+
+    def tie_goes_to_rival(self, plan: _Plan, rivals: list[_Plan], touched: set[int], died: set[int]) -> bool:
+        """Whether a rival that gains exactly what ``plan`` gains, and that ``plan`` would destroy, goes first.
+        The lookahead runs the region around both with each taken first, and the cheaper end decides; where it
+        cannot tell (or inside a region), the one rooted lower goes first.  Both orders occur: ``matmul-add``
+        before ``residual-rms-norm`` on one residual Add keeps the norm for ``rms-norm-matmul`` once the
+        shared-input chain has made the wide matmul that reads it (T5 on cuda and metal), while ``matmul-bias``
+        before the lower ``rms-norm-matmul`` on one MatMul lets ``matmul-bias-silu`` follow.  ``plan`` is fresh;
+        a rival an earlier commit of the pass touched is matched again first."""
+        if not isinstance(plan.root, int):
+            return False
+        tolerance, level = EPS * max(1.0, abs(plan.delta)), self.rw.level
+        for rival in rivals:
+            if not isinstance(rival.root, int) or rival.root not in self.nodes:
+                continue
+            if rival.stale(touched, died):
+                fresh = self.best_plan(rival.matcher, rival.root) if rival.matcher.alive(rival.root) else None
+                if fresh is None:
+                    continue
+                rival = fresh
+            if abs(rival.delta - plan.delta) > tolerance:
+                continue
+            first = None if self.lookahead is None else self.lookahead.first(
+                self.rw, self.param_order, plan, rival, self.stage, CHAIN_EPS * self.stats.cost_before_ns)
+            if first is rival or (first is None and level(rival.root) < level(plan.root)):
+                return True
+        return False
 
     # --- planning and applying ---------------------------------------------------------------
 
@@ -527,14 +793,15 @@ class _Engine:
         delta, dead = self.delta(new, merges, checks)
         if math.isnan(delta):  # replaces an op the target does not run by another one: no gain to speak of
             return NO_GAIN
-        return _Plan(matcher, root, new, merges, writes, delta, found, dead, forms)
+        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms)
 
     def checked(self, nid: int, op: str, inputs: list[int], attrs: dict[str, Any],
                 lookup: Callable[[int], Node | None]) -> tuple[Node, list | None]:
-        """:func:`check_node` of a planned node, its outcome remembered per (op, attributes, input ops and types):
-        the checks are pure functions of these (leaves and failures are not remembered).  Returns the node and that
-        remembered outcome, ``[attrs, shape, dtype, parts, ns]`` (None when nothing is remembered); ``ns``, the
-        node's cost, is a function of the same key, filled in by :meth:`delta` when first needed."""
+        """:func:`check_node` of a planned node, its outcome remembered per (op, attributes, input
+        ops and types): the checks are pure functions of these (leaves and failures are not remembered).
+        Returns the node and that remembered outcome, ``[attrs, shape, dtype, parts, ns]`` (None when nothing is
+        remembered); ``ns``, the node's cost, is a function of the same key, filled in by :meth:`delta` when first
+        needed."""
         ins = [lookup(i) if type(i) is int else None for i in inputs]
         key: tuple | None = None
         if None not in ins and op not in LEAF_OPS:
@@ -556,8 +823,8 @@ class _Engine:
         return bool(forms) and not merges and all(self.facts.has_form(old, f) for old, f in forms)
 
     def shallower(self, plan: _Plan) -> bool:
-        """Whether a plan of unchanged cost leaves the graph no larger and each replacement reads from further back
-        than the node it replaces (narrow-narrow): a measure that only drops."""
+        """Whether a plan of unchanged cost leaves the graph no larger and each replacement reads
+        from further back than the node it replaces (narrow-narrow): a measure that only drops."""
         if not plan.unions or len(plan.new) > len(plan.dead):
             return False
         level, nodes = self.rw.level, self.nodes
@@ -565,7 +832,9 @@ class _Engine:
                    for old, rep in plan.unions)
 
     def reach(self, nid: int, new: Mapping[int, Node]) -> float:
-        """How far back node ``nid`` reads: a live node's level, a planned node's highest input's."""
+        """How far back node ``nid`` reads: a live node's level, a planned node's highest input's.  (A method, not
+        a recursive closure: such a closure is a reference cycle, which kept each plan and the rewriter alive for
+        the garbage collector.)"""
         node = new.get(nid)
         if node is None:
             return self.rw.level(nid)
@@ -573,8 +842,8 @@ class _Engine:
 
     def orient(self, unions: list[tuple[Any, Any]], new: Mapping[int, Node]
                ) -> tuple[list[tuple[int, int]], list[tuple[int, Node]]] | str:
-        """Which node each union replaces, and by what, and the new forms of live nodes (a new node over live
-        inputs that reads the node it is unioned with); a reason string when it cannot."""
+        """Which node each union replaces, and by what, and the new forms of live nodes (a new
+        node over live inputs that reads the node it is unioned with); a reason string when it cannot."""
         rw, nodes = self.rw, self.nodes
         merges: list[tuple[int, int]] = []
         forms: list[tuple[int, Node]] = []
@@ -663,20 +932,13 @@ class _Engine:
 
     def apply(self, plan: _Plan) -> None:
         rw = self.rw
-        rules = (plan.matcher.pattern.base,)
+        rules = tuple(dict.fromkeys((plan.matcher.pattern.base, *plan.via)))
         real: dict[int, int] = {}
         for nid, node in plan.new.items():  # the types the plan checked: no re-check
-            first_new = rw.next_id
-            made = real[nid] = rw.insert(node.op, tuple(real.get(i, i) for i in node.inputs), **node.attrs) \
-                if node.kind is Kind.LEAF else rw.insert_checked(node, tuple(real.get(i, i) for i in node.inputs))
-            if made >= first_new:
-                self.rules_of[made] = list(rules)
+            real[nid] = self.insert(node, tuple(real.get(i, i) for i in node.inputs), rules)
         olds = []
         for old, rep in plan.unions:
-            rep = real.get(rep, rep)
-            rw.replace_all_uses(old, rep)
-            known = self.rules_of.setdefault(rep, [])  # provenance: the rule, then how ``old`` was made
-            known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
+            self.replace(old, real.get(rep, rep), rules)
             olds.append(old)
         for old, form in plan.forms:
             self.facts.add_form(old, form)
@@ -686,7 +948,42 @@ class _Engine:
             self.facts.set(table, tuple(_renamed(a, sort, real) for a, sort in zip(args, decl.inputs, strict=True)),
                            _renamed(value, decl.output, real))
         rw.eliminate_dead_code(olds)
-        self.stats.rules[plan.matcher.pattern.base].commits += 1
+        for r in rules:
+            self.stats.rules[r].commits += 1
+
+    def insert(self, node: Node, inputs: tuple[int, ...], rules: Sequence[str]) -> int:
+        """Insert ``node`` (checked) reading ``inputs``; a node that is new gets ``rules`` as its provenance."""
+        first_new = self.rw.next_id
+        made = self.rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
+            self.rw.insert_checked(node, inputs)
+        if made >= first_new:
+            self.rules_of[made] = list(rules)
+        return made
+
+    def replace(self, old: int, rep: int, rules: Sequence[str]) -> None:
+        """Replace node ``old`` by ``rep``, with provenance (see :meth:`credit`)."""
+        self.rw.replace_all_uses(old, rep)
+        self.credit(old, rep, rules)
+
+    def credit(self, old: int, rep: int, rules: Sequence[str]) -> None:
+        """Provenance of a replacement: ``rep``'s gains ``rules``, then how ``old`` was made."""
+        known = self.rules_of.setdefault(rep, [])
+        known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
+
+    def transplant(self, chain: Chain, count: bool = True) -> None:
+        """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
+        block's; see :meth:`GraphRewriter.splice`), in the graph and in its provenance; ``count``: and its
+        commits in the stats (a block's are counted per kind, see :meth:`replay`)."""
+        run = chain.run
+        made, new, replaced = self.rw.splice(run.graph, chain.back, run.holders)
+        rules_of = self.rules_of
+        for nid in new:
+            rules_of[made[nid]] = list(run.rules_of.get(nid, ()))
+        for old, rep, now in replaced:
+            self.credit(old, rep, run.rules_of.get(now, ()))
+        if count:
+            for rule, stats in run.rules.items():
+                self.stats.rules[rule].commits += stats.commits
 
     def write_facts(self, program: list[tuple[Any, Any]], env: list) -> None:
         """Apply a facts rule's actions to one match."""
@@ -702,8 +999,8 @@ class _Engine:
     # --- costs -----------------------------------------------------------------------------
 
     def node_ns(self, node: Node, lookup: Callable[[int], Node]) -> float:
-        """:func:`enode_ns` of a node, remembered per (op, attributes, input and output types).  A leaf launches
-        nothing, so its type alone decides (its name is not part of the key)."""
+        """:func:`enode_ns` of a node, remembered per (op, attributes, input and output types).
+        A leaf launches nothing, so its type alone decides (its name is not part of the key)."""
         if not node.inputs:
             key: tuple | None = (node.op, node.shape, node.dtype)
             cost = self.signature_costs.get(key)
@@ -743,6 +1040,10 @@ class _Engine:
     def result(self, graph: Graph) -> FallbackResult:
         t0 = time.perf_counter()
         self.stats.cost_after_ns = self.dag_ns()
+        if self.lookahead is not None:
+            self.stats.chains_asked, self.stats.ties_asked = self.lookahead.asked, self.lookahead.ties
+            self.stats.regions_run = sum(stage is not None for stage, *_ in self.lookahead.runs)
+            self.stats.block_kinds = len(self.lookahead.runs) - self.stats.regions_run
         out = self.rw.finish()
         originals: dict[int, list[int]] = {n.id: [] for n in out.nodes}
         ids = list(graph.nodes_by_id)  # in graph order
@@ -775,16 +1076,17 @@ def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[Any, Any]]:
                         else None)
         elif isinstance(action, Compute):
             compiled = (slots[action.out], compile_term(action.expr, slots, facts))
-        elif isinstance(action, SetValue):
-            value = None if action.value is None else compile_term(action.value, slots, facts)
-            compiled = (action.table, [compile_term(a, slots, facts) for a in action.args], value)
+        elif isinstance(action, SetValue | Insert):
+            table = action.table if isinstance(action, SetValue) else action.relation
+            value = compile_term(action.value, slots, facts) if isinstance(action, SetValue) else None
+            compiled = (table, [compile_term(a, slots, facts) for a in action.args], value)
         out.append((action, compiled))
     return out
 
 
 def _write(compiled: tuple, env: list) -> tuple[str, tuple, Any]:
     table, args, value = compiled
-    return table, tuple(f(env) for f in args), None if value is None else value(env)
+    return table, tuple(f(env) for f in args), True if value is None else value(env)
 
 
 def _inputs(action: Build, env: list, slots: Mapping[str, int], rule: str) -> list[int]:
@@ -809,6 +1111,15 @@ def _inputs(action: Build, env: list, slots: Mapping[str, int], rule: str) -> li
     return inputs
 
 
+def _independent_gain(plans: list[_Plan]) -> float:
+    """Gain of a greedy set of the plans (most gain first) that do not destroy each other's nodes."""
+    chosen: list[_Plan] = []
+    for plan in sorted(plans, key=lambda p: p.delta):
+        if all(not (plan.destroys & c.needs or c.destroys & plan.needs) for c in chosen):
+            chosen.append(plan)
+    return -sum(p.delta for p in chosen)
+
+
 def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
     """A planned value with the plan's provisional node ids replaced by the inserted ones."""
     if sort == "Op":
@@ -820,6 +1131,70 @@ def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
 
 def _plain(value: Any) -> Any:
     return value.array if isinstance(value, ArrayValue) else value
+
+
+def _row_driven(pattern: Pattern, set_by_rules: set[str]) -> bool:
+    """Whether only new rows can change what ``pattern`` does at a root it has been tried at: its query reads only
+    helper tables and the graph's own ones (a node's type and op never change, nor does its Param order unless a
+    rule sets it: ``set_by_rules``), and it is a fact rule, or a rewrite whose every union records a form (a new term
+    over the node it is unioned with: ``w = ConcatParams([w])``), whose outcome (recorded, or already known) no
+    change to the graph reverts (forms follow replacements as rows do)."""
+    if any(isinstance(a, NodePat) for a in pattern.query) or pattern.tables_read() & set_by_rules:
+        return False
+    if pattern.kind == FACTS:
+        return True
+    built = {a.out: a for a in pattern.actions if isinstance(a, Build)}
+    unions = [a for a in pattern.actions if isinstance(a, Union)]
+    return bool(unions) and all(isinstance(a, Build | Union) for a in pattern.actions) and all(
+        (u.b in built and u.a not in built and u.a in slot_vars(built[u.b].inputs)) or
+        (u.a in built and u.b not in built and u.b in slot_vars(built[u.a].inputs)) for u in unions)
+
+
+def _reads_own(pattern: Pattern) -> bool:
+    return bool(pattern.tables_read() & pattern.tables_written())
+
+
+def _fact_order(matchers: list[Matcher]) -> list[list[Matcher]]:
+    """Fact rules grouped so that a group only reads tables earlier groups (or itself) write:
+    strongly connected components of 'writes a table the other reads', in dependency order."""
+    index = {id(m): k for k, m in enumerate(matchers)}
+    feeds = {k: [index[id(o)] for o in matchers if m.pattern.tables_written() & o.pattern.tables_read()]
+             for k, m in enumerate(matchers)}
+    order: list[list[int]] = []
+    num: dict[int, int] = {}
+    low: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+    for v in range(len(matchers)):
+        if v not in num:
+            _strong_components(v, feeds, num, low, stack, on_stack, order)
+    order.reverse()  # writers before readers
+    return [[matchers[k] for k in group] for group in order]
+
+
+def _strong_components(v: int, feeds: Mapping[int, list[int]], num: dict[int, int], low: dict[int, int],
+                       stack: list[int], on_stack: set[int], order: list[list[int]]) -> None:
+    """Tarjan's algorithm from ``v`` over the graph ``feeds`` (node -> the nodes it feeds): appends to ``order`` each
+    strongly connected component it closes, sinks first, sorted.  ``num``: each visited node's visit number.  (A
+    function, not a recursive closure: such a closure is a reference cycle, left to the garbage collector.)"""
+    num[v] = low[v] = len(num)
+    stack.append(v)
+    on_stack.add(v)
+    for w in feeds[v]:
+        if w not in num:
+            _strong_components(w, feeds, num, low, stack, on_stack, order)
+            low[v] = min(low[v], low[w])
+        elif w in on_stack:
+            low[v] = min(low[v], num[w])
+    if low[v] == num[v]:
+        group = []
+        while True:
+            w = stack.pop()
+            on_stack.discard(w)
+            group.append(w)
+            if w == v:
+                break
+        order.append(sorted(group))
 
 
 __all__ = ["FallbackLimits", "FallbackResult", "FallbackStats", "RuleStats", "load", "run"]

@@ -1,12 +1,13 @@
-"""The tables rule guards read, on the graph being rewritten.
+"""What rule guards read, evaluated on the graph itself.
 
-Primitives and the fact tables (``shape``, ``dtype``, ``param-order``, ...)
-mean what :mod:`rlx_egraph.rules` defines them to mean: the fact tables are
-evaluated on the rewriter's live nodes (a rule may ``set`` a value where the
-graph has none).  Helper tables declared in rule files (``relation``,
-``function`` with its ``:merge``) are filled by the rules that ``set`` or
-insert into them, and every row follows replacements (a row about a replaced
-node then speaks of its replacement), as egglog's tables follow unions.
+Primitives (``+``, ``<``, ``vec-get``, ...) and the fact tables (``shape``,
+``dtype``, ``param-order``, ``attention-block-max-tokens``, ``inverse-perms``)
+mean what :mod:`rlx_egraph.rules` defines (:data:`~rlx_egraph.rules.PRIMITIVES`,
+:data:`~rlx_egraph.rules.FACT_TABLES`), evaluated on the rewriter's live nodes;
+a rule may set a fact table's value where the graph has none.  Helper tables declared in rule files
+(``relation``, ``function`` with its ``:merge``) are filled by the rules that
+``set`` or insert into them, and every row follows replacements (a row about a
+replaced node now speaks of its replacement), as egglog's tables follow unions.
 
 A node's *forms* are terms a rule unioned with it that read the node itself
 (``w = ConcatParams([w])``, the start of the shared-input chain): a graph
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ...ir.graph import Node
@@ -27,39 +29,46 @@ from ...ir.rewrite import GraphRewriter, node_key
 from ...rules import FACT_TABLES, PRIMITIVES, NoValue
 from .pattern import F, L, TableDecl, Term, V
 
+BUILTIN_TABLES = frozenset(FACT_TABLES)
+# Those of them whose values a rule may add where the graph has none (see Facts.set).
+SETTABLE_TABLES = frozenset({"param-order"})
 
-class GraphSource:
-    """The fact tables' view of the rewriter's graph (a :class:`rlx_egraph.rules.FactSource`), with the values
-    rules set where the graph has none (``overlay``: table -> args -> value)."""
 
-    def __init__(self, rw: GraphRewriter, attention_block_max_tokens: int) -> None:
-        self.nodes = rw.nodes_by_id
-        self.attention_block_max_tokens = attention_block_max_tokens
-        self.order: dict[int, int] = {}
-        self.overlay: dict[str, dict[tuple, Any]] = {}
+class _Source:
+    """The fact tables' view of the graph (a :class:`rlx_egraph.rules.FactSource`)."""
 
-    def node(self, nid: int) -> Any:
-        node = self.nodes.get(nid)
+    def __init__(self, nodes: Mapping[int, Node], order: Callable[[int], int], max_tokens: int) -> None:
+        self.node_of, self.param_order, self.attention_block_max_tokens = nodes.get, order, max_tokens
+
+    def node(self, nid: int) -> Node:
+        node = self.node_of(nid)
         if node is None:
             raise NoValue
         return node
-
-    def param_order(self, nid: int) -> int:
-        value = self.order.get(nid)
-        if value is None:
-            value = self.overlay.get("param-order", {}).get((nid,))
-            if value is None:
-                raise NoValue
-        return value
 
 
 class Facts:
     """Every table rules read or write, for one rewriter."""
 
-    def __init__(self, rw: GraphRewriter, decls: Mapping[str, TableDecl], attention_block_max_tokens: int) -> None:
+    def __init__(self, rw: GraphRewriter, decls: Mapping[str, TableDecl], param_order: Mapping[int, int],
+                 attention_block_max_tokens: int) -> None:
         self.rw = rw
         self.decls = dict(decls)
-        self.source = GraphSource(rw, attention_block_max_tokens)
+        nodes = rw.nodes_by_id
+        overlay: dict[str, dict[tuple, Any]] = {}
+        self.overlay = overlay  # values rules set in the graph's own tables (kept only where the graph has none)
+
+        def order(n: int) -> int:
+            value = param_order.get(n)
+            if value is None:  # one of SETTABLE_TABLES
+                value = overlay.get("param-order", {}).get((n,))
+                if value is None:
+                    raise NoValue
+            return value
+
+        source = _Source(nodes, order, attention_block_max_tokens)
+        self.builtins: dict[str, Callable[..., Any]] = {  # keys: BUILTIN_TABLES
+            name: partial(table.evaluate, source) for name, table in FACT_TABLES.items()}
         self.rows: dict[str, dict[tuple, Any]] = {n: {} for n, d in self.decls.items() if not d.builtin}
         self._index: dict[tuple[str, int], dict[Any, dict[tuple, None]]] = {}
         self._indexes: dict[str, list[tuple[int, dict[Any, dict[tuple, None]]]]] = {}  # table -> its indexes
@@ -67,35 +76,43 @@ class Facts:
                                      [c for c, s in enumerate(d.inputs) if s == "TensorList"], d.output == "Op")
                               for name, d in self.decls.items()}  # where a row names nodes
         self._mentions: dict[int, list[tuple[str, tuple]]] = {}
-        self._merge = {name: compile_term(d.merge, {"old": 0, "new": 1}, self)
-                       for name, d in self.decls.items() if d.merge is not None}
-        self.changed: set[str] = set()
-        """The helper tables a row was added to or changed in; the owner may clear it."""
+        self._merge: dict[str, Callable[[Any, Any], Any]] = {}
+        for name, decl in self.decls.items():
+            if decl.merge is not None:
+                fn = compile_term(decl.merge, {"old": 0, "new": 1}, self)
+                self._merge[name] = lambda old, new, fn=fn: fn([old, new])
+        self.changed = False
+        """Set whenever a helper row is added or a value changes; the owner may clear it."""
         self.fresh: set[int] = set()
         """Nodes named by rows added or changed since the owner last cleared it."""
+        self.log: dict[str, list[int]] = {}
+        """Per helper table: the nodes named by its rows added or changed, in order, kept until :meth:`clear`
+        (a reader remembers how far it has read)."""
         self.forms: dict[int, dict[tuple | None, Node]] = {}
         """Node -> its other forms (see the module docstring), by op, inputs and attributes."""
 
-    def reset(self, params: list[int]) -> None:
-        """Forget every row and form; ``params``: the graph's Params in declaration order."""
-        for table in (self.source.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values()):
+    def clear(self) -> None:
+        """Forget every row and form (the rewriter was reopened on another graph); the table objects stay,
+        as compiled matchers hold them."""
+        for table in (self.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values()):
             table.clear()
-        self.source.order = {nid: k for k, nid in enumerate(params)}
-        self.changed = set()
+        self.changed = False
         self.fresh = set()
+        self.log.clear()
 
     # --- reading -----------------------------------------------------------------------
 
     def getter(self, name: str) -> Callable[..., Any]:
-        """A function of the arguments giving the table's value (unit for a relation row); NoValue if none."""
-        table = FACT_TABLES.get(name)
-        if table is not None:
-            return lambda *args: table.evaluate(self.source, *args)
+        """A function of the arguments giving the table's value (True for a relation row); NoValue if none."""
+        if name in self.builtins:
+            return self.builtins[name]
+        if name not in self.rows:
+            raise KeyError(name)
         rows = self.rows[name]
 
         def get(*args: Any) -> Any:
-            value = rows.get(args, NoValue)
-            if value is NoValue:
+            value = rows.get(args)
+            if value is None:
                 raise NoValue
             return value
         return get
@@ -118,29 +135,32 @@ class Facts:
 
     # --- writing -----------------------------------------------------------------------
 
+    def insert(self, name: str, args: tuple) -> None:
+        self.set(name, args, True)
+
     def set(self, name: str, args: tuple, value: Any) -> None:
         """Write a row; a function merges with the value it had (relations just add the row)."""
-        if name in FACT_TABLES:  # where the graph gives no value (every fact table merges with old)
-            try:
-                FACT_TABLES[name].evaluate(self.source, *args)
-            except NoValue:
-                self.source.overlay.setdefault(name, {}).setdefault(args, value)
+        if name in self.builtins:
+            table = self.overlay.setdefault(name, {})
+            table.setdefault(args, value)  # the schema's tables all merge with old
             return
         rows = self.rows[name]
-        old = rows.get(args, NoValue)
-        if old is not NoValue:
+        old = rows.get(args)
+        if old is not None:
             merge = self._merge.get(name)
-            value = merge([old, value]) if merge is not None else old
+            value = merge(old, value) if merge is not None else old
             if value == old:
                 return
         else:
-            for column, index in self._indexes.get(name, ()):
+            for column, index in self._indexes_of(name):
                 index.setdefault(args[column], {})[args] = None
             for n in self._nodes_in(name, args, value):
                 self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
-        self.changed.add(name)
-        self.fresh.update(self._nodes_in(name, args, value))
+        self.changed = True
+        named = self._nodes_in(name, args, value)
+        self.fresh.update(named)
+        self.log.setdefault(name, []).extend(named)
 
     def has_form(self, nid: int, form: Node) -> bool:
         return node_key(form) in self.forms.get(nid, {})
@@ -151,20 +171,28 @@ class Facts:
 
     def replaced(self, old: int) -> None:
         """Re-key the rows that mention ``old``, and move its forms, to what now holds its value."""
-        find = self.rw.find
-        new = find(old)
+        new = self.rw.find(old)
         for form in self.forms.pop(old, {}).values():
-            self.add_form(new, dataclasses.replace(form, inputs=tuple(map(find, form.inputs))))
+            self.add_form(new, dataclasses.replace(form, inputs=tuple(self.rw.find(i) for i in form.inputs)))
         for name, args in self._mentions.pop(old, ()):
             rows = self.rows[name]
             if args not in rows:
                 continue
             value = rows.pop(args)
-            for column, index in self._indexes.get(name, ()):
+            for column, index in self._indexes_of(name):
                 index[args[column]].pop(args, None)
             decl = self.decls[name]
-            canonical = [_canonical(find, s, a) for s, a in zip(decl.inputs, args, strict=True)]
-            self.set(name, tuple(canonical), _canonical(find, decl.output, value))
+            self.set(name, tuple(self._canonical(s, a) for s, a in zip(decl.inputs, args, strict=True)),
+                     self._canonical(decl.output, value) if decl.output else value)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _canonical(self, sort: str | None, value: Any) -> Any:
+        if sort == "Op":
+            return self.rw.find(value)
+        if sort == "TensorList":
+            return tuple(self.rw.find(v) for v in value)
+        return value
 
     def _nodes_in(self, name: str, args: tuple, value: Any) -> list[int]:
         ops, lists, value_is_op = self._node_columns[name]
@@ -179,17 +207,15 @@ class Facts:
         """A helper table's index on one column: value -> its rows' arguments (kept up to date)."""
         index = self._index.get((name, column))
         if index is None:
-            index = self._index[(name, column)] = {}
+            index = {}
             for args in self.rows[name]:
                 index.setdefault(args[column], {})[args] = None
+            self._index[(name, column)] = index
             self._indexes.setdefault(name, []).append((column, index))
         return index
 
-
-def _canonical(find: Callable[[int], int], sort: str | None, value: Any) -> Any:
-    if sort == "Op":
-        return find(value)
-    return tuple(map(find, value)) if sort == "TensorList" else value
+    def _indexes_of(self, name: str) -> list[tuple[int, dict]]:
+        return self._indexes.get(name, [])
 
 
 def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable[[list], Any]:
@@ -203,10 +229,25 @@ def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable
     primitive = PRIMITIVES.get(term.name)
     fn = primitive.evaluate if primitive is not None else facts.getter(term.name)
     args = [compile_term(a, slots, facts) for a in term.args]
+    if len(args) == 0:
+        return lambda env: fn()
     if len(args) == 1:
         (a,) = args
-        return lambda env: fn(a(env))
+        return lambda env: _guard(fn, a(env))
     if len(args) == 2:
         a, b = args
-        return lambda env: fn(a(env), b(env))
-    return lambda env: fn(*[a(env) for a in args])
+        return lambda env: _guard(fn, a(env), b(env))
+    return lambda env: _guard(fn, *(a(env) for a in args))
+
+
+def _guard(fn: Callable[..., Any], *args: Any) -> Any:
+    """Apply a primitive; a Python error (wrong operand types, overflow) means no value."""
+    try:
+        return fn(*args)
+    except NoValue:
+        raise
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError, IndexError):
+        raise NoValue from None
+
+
+__all__ = ["BUILTIN_TABLES", "SETTABLE_TABLES", "Facts", "compile_term"]

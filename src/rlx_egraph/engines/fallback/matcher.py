@@ -26,9 +26,11 @@ from ...ir.registry import REGISTRY, AttrType
 from ...rules import NoValue
 from ...rules.primitives import same_value
 from ...rules.signatures import constructor_args
-from .facts import Facts, compile_term
+from .facts import BUILTIN_TABLES, Facts, compile_term
 from .pattern import (
     ABSENT,
+    FACTS,
+    Atom,
     Build,
     CompileError,
     Compute,
@@ -39,15 +41,16 @@ from .pattern import (
     ListPat,
     NodePat,
     Pattern,
+    Symmetry,
     TableDecl,
     Term,
+    Union,
     V,
-    atom_terms,
     slot_vars,
     term_vars,
 )
-from .pattern import QueryAtom as Atom
 
+VIA = 0  # slot 0 holds the names of the symmetries a match went through
 Step = Callable[[list], None]
 
 
@@ -80,58 +83,52 @@ class Matcher:
     run: Callable[[Any], list[tuple]]
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
-    depth: int  # a match reaches at most this many readers below a node it reads
-    child_ops: tuple[str | None, ...]  # the ops the root's required inputs must have (None: any)
+    roots_near: Callable[[Near], list[Any]] | None  # sorted; None: every pass scans all roots
+    child_ops: tuple[tuple[str | None, ...], ...]  # per operand order: ops the root's inputs must have
     _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
 
     def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
-        """Whether a root whose inputs have these ops (a set: a node with forms) can match (a cheap filter)."""
+        """Whether a root whose inputs have these ops (a set: a node with forms) can match in some
+        operand order (a cheap filter before matching)."""
         fit = self._fits.get(input_ops)
         if fit is None:
-            want = self.child_ops
-            fit = self._fits[input_ops] = len(input_ops) >= len(want) and all(
-                w is None or w == o or (isinstance(o, frozenset) and w in o)
-                for w, o in zip(want, input_ops, strict=False))
+            fit = self._fits[input_ops] = not self.child_ops or any(
+                len(input_ops) >= len(want) and all(w is None or w == o or (isinstance(o, frozenset) and w in o)
+                                                    for w, o in zip(want, input_ops, strict=False))
+                for want in self.child_ops)
         return fit
 
     def candidates(self, near: Near | None) -> list[Any]:
-        """Roots to match: every root, or (``near`` given) the roots of a match that could involve a ``near``
-        node: the readers, ``depth`` levels down, of the near nodes and of their inputs (a join reaches a node
-        through a node they both read).  A row root: every row."""
-        if near is None or self.root_op is None:
+        """Roots to match: every root, or (``near`` given) those whose match could involve one
+        of the ``near`` nodes."""
+        if near is None or self.roots_near is None:
             return self.roots()
-        return near.roots(self.root_op, self.depth)
+        return self.roots_near(near)
 
 
 @dataclass
 class Near:
-    """Changed nodes: the seeds of a pass that only revisits roots near them (the walks are shared by the
-    matchers of one pass: the graph does not change while it is in use)."""
+    """Changed nodes, by op: the seeds of a pass that only revisits roots near changes."""
 
-    nodes: Mapping[int, Node]
-    readers: Mapping[int, Mapping[int, None]]
-    seeds: set[int]
-    walks: dict[int, list[set[int]]] = field(default_factory=dict)
-    found: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    by_op: dict[str, list[int]]
+    walks: dict[tuple[str | None, tuple[_Edge, ...]], set[int]] = field(default_factory=dict)
+    """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
+    readers: dict[tuple[str | None, tuple[_Edge, ...]], dict[str, set[int]]] = field(default_factory=dict)
+    """The readers, by op, of the nodes a walk reaches (keyed like ``walks``)."""
+    roots: dict[tuple, list[int]] = field(default_factory=dict)
+    """Sorted node roots, by root op and paths (the operand orders of a rule share them)."""
 
     @classmethod
-    def of(cls, rw: Any, ids: Iterable[int]) -> Near:
-        nodes = rw.nodes_by_id
-        seeds = {n for n in ids if n in nodes}
-        return cls(nodes, rw.readers, seeds | {i for n in seeds for i in nodes[n].inputs})
+    def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
+        by_op: dict[str, list[int]] = {}
+        for n in sorted(ids):
+            node = nodes.get(n)
+            if node is not None:
+                by_op.setdefault(node.op, []).append(n)
+        return cls(by_op)
 
-    def roots(self, op: str, depth: int) -> list[int]:
-        """The nodes of ``op`` at most ``depth`` readers below the seeds, sorted."""
-        key = (op, depth)
-        if key not in self.found:
-            levels = self.walks.setdefault(0, [set(self.seeds)])
-            seen = set().union(*levels)
-            while len(levels) <= depth:
-                levels.append({r for n in levels[-1] for r in self.readers.get(n, ())} - seen)
-                seen |= levels[-1]
-            nodes = self.nodes
-            self.found[key] = sorted(n for level in levels[:depth + 1] for n in level if nodes[n].op == op)
-        return self.found[key]
+    def __len__(self) -> int:
+        return sum(map(len, self.by_op.values()))
 
 
 @dataclass(frozen=True)
@@ -142,37 +139,51 @@ class MatcherPlan:
     slots: dict[str, int]
     order: list[tuple[str, Atom]]  # the atoms in the order they run, each with its step kind
     known: list[set[str]]  # per atom of ``order``: the variables bound before it
+    alternatives: list[list]  # per atom of ``order``: its operand orders (see _alternatives)
     node_slots: tuple[int, ...]
     shape_slots: tuple[int, ...]
-    child_ops: tuple[str | None, ...]
+    paths: list[tuple[str | None, tuple[_Edge, ...], int | None]] | None  # see _paths
+    child_ops: tuple[tuple[str | None, ...], ...]
 
 
-def plan_matcher(pattern: Pattern, tables: Mapping[str, TableDecl]) -> MatcherPlan:
+def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[str, TableDecl]) -> MatcherPlan:
     """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
     run)."""
     slots: dict[str, int] = {}
+
+    def slot(name: str) -> int:
+        return slots.setdefault(name, len(slots) + 1)
+
     for name in _all_vars(pattern):
-        slots.setdefault(name, len(slots))
+        slot(name)
     for action in pattern.actions:  # slots for what the actions compute, after the query's
         if isinstance(action, Build | Compute):
-            slots.setdefault(action.out, len(slots))
+            slot(action.out)
     order = schedule(pattern, tables)
+    perms: dict[str, list[tuple[tuple[int, ...], str]]] = {}
+    for sym in symmetries:
+        perms.setdefault(sym.op, []).append((sym.perm, sym.name))
     known: list[set[str]] = []
     bound: set[str] = set()
     for _, atom in order:
         known.append(set(bound))
         bound |= _atom_vars(atom)
     first = order[0][1]
-    return MatcherPlan(slots, order, known, tuple(slots[v] for v in _node_vars(pattern, tables)),
-                       tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat))),
-                       _child_ops(first, pattern) if isinstance(first, NodePat) else ())
+    node_vars = _node_vars(pattern, tables)
+    alternatives = [_alternatives(perms, atom) for _, atom in order]
+    return MatcherPlan(
+        slots, order, known, alternatives, tuple(slots[v] for v in node_vars),
+        tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat))),
+        _paths(order, set(node_vars), _watched(pattern, order, tables), tables),
+        _child_ops(first, pattern, alternatives[0]) if isinstance(first, NodePat) else ())
 
 
-def compile_matcher(pattern: Pattern, facts: Facts, plan: MatcherPlan | None = None) -> Matcher:
+def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
+                    plan: MatcherPlan | None = None) -> Matcher:
     """Compile ``pattern``'s query on the graph of ``facts`` (CompileError when some atom can never run);
     ``plan``: its :func:`plan_matcher`, made once for all engines (default: made here)."""
     if plan is None:
-        plan = plan_matcher(pattern, facts.decls)
+        plan = plan_matcher(pattern, symmetries, facts.decls)
     slots, order = plan.slots, plan.order
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
     sink: list[list[tuple]] = []  # the current run's matches
@@ -182,41 +193,66 @@ def compile_matcher(pattern: Pattern, facts: Facts, plan: MatcherPlan | None = N
 
     pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
-    for (kind, atom), before in zip(reversed(order[1:]), reversed(plan.known[1:]), strict=True):
-        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts)
-    first, width = order[0][1], len(slots)
+    for (kind, atom), before, alternatives in zip(reversed(order[1:]), reversed(plan.known[1:]),
+                                                  reversed(plan.alternatives[1:]), strict=True):
+        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, alternatives)
+    first = order[0][1]
+    width = len(slots) + 1
+    root_op: str | None
     if isinstance(first, NodePat):
-        chain = _step("top", first, set(), slots, chain, nodes, readers, facts)
+        chain = _step("top", first, set(), slots, chain, nodes, readers, facts, plan.alternatives[0])
         root_op, root_slot = first.op, slots[first.out]
-        roots: Callable[[], list[Any]] = lambda: facts.rw.nodes_of(root_op)
+
+        def roots() -> list[Any]:
+            return facts.rw.nodes_of(first.op)
+
         alive: Callable[[Any], bool] = nodes.__contains__
+
+        def run(root: Any) -> list[tuple]:
+            env: list[Any] = [None] * width
+            env[VIA] = ()
+            env[root_slot] = root
+            sink.append([])
+            try:
+                chain(env)
+            finally:
+                found = sink.pop()
+            return found
     else:
         chain = _lookup_step(first, set(), slots, chain, facts, pinned)
-        root_op, root_slot, rows = None, -1, facts.rows[first.call.name]  # type: ignore[union-attr]
-        roots, alive = lambda: list(rows), rows.__contains__
+        root_op, rows = None, facts.rows[_root_table(first)]
 
-    def run(root: Any) -> list[tuple]:
-        env: list[Any] = [None] * width
-        if root_slot < 0:
+        def roots() -> list[Any]:
+            return list(rows)
+
+        alive = rows.__contains__
+
+        def run(root: Any) -> list[tuple]:
+            env: list[Any] = [None] * width
+            env[VIA] = ()
+            sink.append([])
             pinned.append(root)
-        else:
-            env[root_slot] = root
-        sink.append([])
-        try:
-            chain(env)
-        finally:
-            found = sink.pop()
-            if root_slot < 0:
+            try:
+                chain(env)
+            finally:
+                found = sink.pop()
                 pinned.pop()
-        return found
+            return found
 
-    depth = sum(isinstance(a, NodePat) for a in pattern.query)
-    return Matcher(pattern, root_op, slots, plan.node_slots, plan.shape_slots, run, roots, alive, depth,
+    roots_near = _reverse(plan.paths, root_op, _root_table(first), facts) if plan.paths is not None else None
+    return Matcher(pattern, root_op, slots, plan.node_slots, plan.shape_slots, run, roots, alive, roots_near,
                    plan.child_ops)
 
 
-def _child_ops(root: NodePat, pattern: Pattern) -> tuple[str | None, ...]:
-    """The op each required input of the root must have, where the query says."""
+def _root_table(root: Atom) -> str:
+    """The helper relation a query without node patterns is rooted at ('' for a node root)."""
+    return root.call.name if isinstance(root, Holds) else ""
+
+
+def _child_ops(root: NodePat, pattern: Pattern, alternatives: list[tuple[tuple[int, ...], tuple[str, ...]]]
+               ) -> tuple[tuple[str | None, ...], ...]:
+    """Per operand order of the root (``alternatives``): the op each required input of the root
+    must have, where the query says."""
     op_of: dict[str, str] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
@@ -226,7 +262,187 @@ def _child_ops(root: NodePat, pattern: Pattern) -> tuple[str | None, ...]:
         if not arg.is_input or arg.optional or arg.variadic:
             break
         required += 1
-    return tuple(op_of.get(s.name) if isinstance(s, V) else None for s in root.inputs[:required])
+    out: dict[tuple[str | None, ...], None] = {}
+    for perm, _ in alternatives:  # pattern input p reads node field perm[p]
+        want: list[str | None] = [None] * required
+        for p, s in enumerate(root.inputs):
+            if perm[p] < required and isinstance(s, V):
+                want[perm[p]] = op_of.get(s.name)
+        out[tuple(want)] = None
+    return tuple(out)
+
+
+# --- which roots a changed node can affect --------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Edge:
+    """How a node variable was reached from an earlier one (its parent): as an ``input`` of the
+    parent's node, as a ``reader`` of it, or through a helper-table ``row``."""
+
+    kind: str
+    parent_op: str | None
+    table: str = ""
+    column: int = 0
+    parent_column: int = 0
+
+
+def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[str, TableDecl]) -> set[str]:
+    """Node variables a change to whose node can change the match or its outcome: nodes the query
+    inspects, join anchors, variables of helper-table facts (rows get added), and, for a rewrite,
+    inputs the right side does not keep (they may die with it, which changes its gain)."""
+    watched = {a.out for a in pattern.query if isinstance(a, NodePat)}
+    bound: set[str] = set()
+    for kind, atom in order:
+        if kind == "join" and isinstance(atom, NodePat):
+            watched.update(v for v in slot_vars(atom.inputs) if v in bound)
+        elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in _calls(atom)):
+            watched |= _atom_vars(atom)
+        bound |= _atom_vars(atom)
+    if pattern.kind == FACTS:
+        return watched
+    kept: set[str] = set()
+    for action in pattern.actions:
+        if isinstance(action, Build):
+            kept.update(slot_vars(action.inputs))
+        elif isinstance(action, Union):
+            kept.update((action.a, action.b))
+    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in slot_vars(a.inputs) if v not in kept}
+
+
+def _calls(atom: Atom) -> list[Term]:
+    out, terms = [], _atom_terms(atom)
+    while terms:
+        t = terms.pop()
+        if isinstance(t, F):
+            out.append(t)
+            terms.extend(t.args)
+    return out
+
+
+_EDGES: dict[tuple, _Edge] = {}
+
+
+def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Mapping[str, TableDecl]
+           ) -> list[tuple[str | None, tuple[_Edge, ...], int | None]] | None:
+    """For each watched node variable: its op (None: any), the edges from it back to the root,
+    and the root row's column the walk ends in (None: the root is a node).
+    None when some variable is reached in a way that cannot be walked backwards."""
+    parent: dict[str, tuple[str, _Edge] | None] = {}
+    root_column: dict[str, int] = {}  # a root row's node variables: their column
+    op_of: dict[str, str] = {}
+    for index, (kind, atom) in enumerate(order):
+        if isinstance(atom, NodePat):
+            op_of.setdefault(atom.out, atom.op)
+            if atom.out not in parent:
+                if kind == "top":  # the root
+                    parent[atom.out] = None
+                else:
+                    anchor = next(v for v in slot_vars(atom.inputs) if v in parent)
+                    parent[atom.out] = (anchor, _Edge("reader", None))
+            for v in slot_vars(atom.inputs):
+                parent.setdefault(v, (atom.out, _Edge("input", atom.op)))
+            continue
+        bound_here = [v for v in _atom_vars(atom) & node_vars if v not in parent]
+        if not bound_here:
+            continue
+        if kind != "lookup":
+            return None
+        call = atom.call if isinstance(atom, Holds) else next(
+            t for t in (atom.left, atom.right) if isinstance(t, F) and t.name in tables)  # type: ignore[union-attr]
+        columns = {a.name: c for c, a in enumerate(call.args) if isinstance(a, V)}
+        if index == 0:  # the root row
+            if any(v not in columns for v in bound_here):
+                return None
+            for v in bound_here:
+                parent[v], root_column[v] = None, columns[v]
+            continue
+        anchor = next((v for v in columns if v in parent and v in node_vars), None)
+        if anchor is None or any(v not in columns for v in bound_here):
+            return None
+        for v in bound_here:
+            parent[v] = (anchor, _Edge("row", None, call.name, columns[v], columns[anchor]))
+    paths = []
+    for var in sorted(v for v in parent if v in node_vars and v in watched):
+        edges: list[_Edge] = []
+        current = var
+        while (link := parent[current]) is not None:
+            up, edge = link
+            key = (edge.kind, op_of.get(up), edge.table, edge.column, edge.parent_column)
+            edges.append(_EDGES.setdefault(key, _Edge(*key)))
+            current = up
+        paths.append((op_of.get(var), tuple(edges), root_column.get(current)))
+    return paths
+
+
+def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root_op: str | None,
+             root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
+    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
+
+    def step(near: Near, op: str | None, edges: tuple[_Edge, ...], below: set[int] | None) -> set[int]:
+        """The nodes reached from the seeds of ``op`` along ``edges``: the seeds themselves, else one step to the
+        parents from ``below`` (the nodes reached along all edges but the last)."""
+        frontier: set[int] = set()
+        if not edges:
+            frontier.update(near.by_op.get(op, ()) if op is not None else
+                            (n for ns in near.by_op.values() for n in ns))
+            return frontier
+        assert below is not None
+        edge = edges[-1]
+        parent_op = edge.parent_op
+        if edge.kind == "input":  # the parent reads the node
+            by_op = near.readers.get((op, edges[:-1]))
+            if by_op is None:  # group once the readers of ``below``: many matchers ask for other ops
+                by_op = near.readers[(op, edges[:-1])] = {}
+                for r in set().union(*[readers.get(n, ()) for n in below]):
+                    by_op.setdefault(nodes[r].op, set()).add(r)
+            return by_op.get(parent_op, frontier)
+        if edge.kind == "reader":  # the node reads the parent
+            for n in below:
+                node = nodes.get(n)
+                if node is not None:
+                    frontier.update(node.inputs if parent_op is None else
+                                    (i for i in node.inputs if nodes[i].op == parent_op))
+            return frontier
+        # rows holding the node in ``column`` name the parent in ``parent_column``
+        index, parent_column = facts.column(edge.table, edge.column), edge.parent_column
+        for n in index.keys() & below:
+            frontier.update([args[parent_column] for args in index[n]])
+        return frontier
+
+    def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
+        """:func:`step` along every prefix of ``edges``, each remembered in ``near``.  (A loop, not a recursive
+        closure: such a closure is a reference cycle, which kept the rewriter alive for the garbage collector.)"""
+        below: set[int] | None = None
+        for k in range(len(edges) + 1):
+            frontier = near.walks.get((op, edges[:k]))
+            if frontier is None:
+                frontier = near.walks[(op, edges[:k])] = step(near, op, edges[:k], below)
+            below = frontier
+        assert below is not None
+        return below
+
+    shared = (root_op, frozenset(paths))  # the key of node roots in ``Near.roots``
+
+    def roots_near(near: Near) -> list[Any]:
+        """Sorted roots near the seeds.  Node roots are shared through ``near`` (the graph does not change
+        while it is in use); row roots are not (rows are added meanwhile)."""
+        if root_op is not None and shared in near.roots:
+            return near.roots[shared]
+        roots: set[Any] = set()
+        for op, edges, column in paths:
+            frontier = walk(near, op, edges)
+            if column is None:
+                roots |= frontier
+            else:
+                index = facts.column(root_table, column)
+                for n in index.keys() & frontier:
+                    roots.update(index[n])
+        if root_op is None:
+            return sorted(roots)
+        found = near.roots[shared] = sorted(r for r in roots if r in nodes and nodes[r].op == root_op)
+        return found
+    return roots_near
 
 
 # --- ordering ------------------------------------------------------------------------------
@@ -251,7 +467,7 @@ def _atom_vars(atom: Atom) -> set[str]:
                     out.add(s.rest)
         out.update(a.name for a in atom.attrs if isinstance(a, V))
         return out
-    return set().union(*(term_vars(t) for t in atom_terms(atom)))
+    return set().union(*(term_vars(t) for t in _atom_terms(atom)))
 
 
 def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
@@ -262,7 +478,7 @@ def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
             out[atom.out] = None
             out.update(dict.fromkeys(slot_vars(atom.inputs)))
             continue
-        terms = atom_terms(atom)
+        terms = _atom_terms(atom)
         while terms:
             t = terms.pop()
             if isinstance(t, F):
@@ -274,6 +490,23 @@ def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
     return list(out)
 
 
+def _atom_terms(atom: Atom) -> list[Term]:
+    if isinstance(atom, Equal):
+        return [atom.left, atom.right]
+    if isinstance(atom, Holds):
+        return [atom.call]
+    return []
+
+
+def _check_providers(term: Term, tables: Mapping[str, TableDecl]) -> None:
+    if isinstance(term, F):
+        decl = tables.get(term.name)
+        if decl is not None and decl.builtin and term.name not in BUILTIN_TABLES:
+            raise CompileError(f"table {term.name!r} has no meaning on a graph in the fallback")
+        for a in term.args:
+            _check_providers(a, tables)
+
+
 def _helper_call(term: Term, tables: Mapping[str, TableDecl]) -> bool:
     return isinstance(term, F) and term.name in tables and not tables[term.name].builtin
 
@@ -282,6 +515,9 @@ def schedule(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[tuple[st
     """Order the query's atoms: the first node pattern (or helper fact) is the root; then,
     at each step, the cheapest atom that can run with the variables bound so far.
     Raises CompileError when the query cannot run on a graph."""
+    for atom in pattern.query:
+        for t in _atom_terms(atom):
+            _check_providers(t, tables)
     pending = list(pattern.query)
     root = next((a for a in pending if isinstance(a, NodePat)), None)
     if root is None:
@@ -349,10 +585,25 @@ def _lookup_ready(call: Term, bound: set[str], tables: Mapping[str, TableDecl]) 
 BIND, EQ, LIT, ABSENT_CHECK, LIST, ZERO = range(6)  # ZERO: a float zero literal, its sign checked too
 
 
+def _alternatives(perms: Mapping[str, list[tuple[tuple[int, ...], str]]], atom: Atom) -> list:
+    if not isinstance(atom, NodePat):
+        return []
+    group: dict[tuple[int, ...], tuple[str, ...]] = {tuple(range(len(atom.inputs) + len(atom.attrs))): ()}
+    frontier = list(group)
+    while frontier:  # every composition of the op's symmetries
+        current = frontier.pop()
+        for perm, name in perms.get(atom.op, ()):
+            composed = tuple(current[p] for p in perm)
+            if composed not in group:
+                group[composed] = (*group[current], name)
+                frontier.append(composed)
+    return list(group.items())
+
+
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
-          readers: Mapping[int, Mapping[int, None]], facts: Facts) -> Step:
+          readers: Mapping[int, Mapping[int, None]], facts: Facts, alternatives: list) -> Step:
     if isinstance(atom, NodePat):
-        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
+        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms, alternatives)
     if kind == "check":
         return _check_step(atom, slots, nxt, facts)
     if kind == "bind":
@@ -381,13 +632,13 @@ def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> S
                 a, b = left(env), right(env)
             except NoValue:
                 return
-            if a == b or same_value(a, b):
+            if a == b or same_value(a, b):  # egglog's equality: NaN equals NaN
                 nxt(env)
         return equal
     assert isinstance(atom, Holds)
     ev = compile_term(atom.call, slots, facts)
 
-    def holds(env: list) -> None:  # a call holds where it has a value
+    def holds(env: list) -> None:  # a call holds where it has a value (a check: where it is true)
         try:
             ev(env)
         except NoValue:
@@ -478,13 +729,14 @@ def _read(node: Node, how: int, where: Any) -> Any:
     return ArrayValue(node.attrs[where])
 
 
-def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[[Node, list], bool]:
-    """A check that a node's fields fit the pattern's arguments (binding new variables)."""
+def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[int, ...]
+             ) -> Callable[[Node, list], bool]:
+    """A check that node fields, read in ``perm`` order, fit the pattern's arguments (binding new variables)."""
     readers = _readers(atom.op)
     seen = set(known) | {atom.out}
     checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
     for position, pat in enumerate((*atom.inputs, *atom.attrs)):
-        how, where = readers[position]
+        how, where = readers[perm[position]]
         if isinstance(pat, V):
             checks.append((how, where, EQ if pat.name in seen else BIND, slots[pat.name]))
             seen.add(pat.name)
@@ -557,13 +809,20 @@ def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
 
 def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
                nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]],
-               forms: Mapping[int, Mapping[Any, Node]]) -> Step:
+               forms: Mapping[int, Mapping[Any, Node]], alternatives: list) -> Step:
     op, out = atom.op, slots[atom.out]
-    unify = _unifier(atom, known, slots)
+    unifiers = [(_unifier(atom, known, slots, perm), via) for perm, via in alternatives]
 
     def visit(node: Node, env: list) -> None:
-        if unify(node, env):
-            nxt(env)
+        for unify, via in unifiers:
+            if unify(node, env):
+                if via:
+                    saved = env[VIA]
+                    env[VIA] = saved + via
+                    nxt(env)
+                    env[VIA] = saved
+                else:
+                    nxt(env)
 
     if kind == "top":
         def top(env: list) -> None:
@@ -593,4 +852,4 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     return join
 
 
-__all__ = ["ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
+__all__ = ["VIA", "ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]

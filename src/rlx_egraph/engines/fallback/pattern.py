@@ -4,7 +4,10 @@ A :class:`Pattern` is one direction of one operand order of a rule: a query
 (node patterns, equalities, facts) and actions (build nodes, compute values,
 union, set and insert rows).  Nested op terms are flattened: every op term gets
 a variable, every value expression in an attribute position becomes a fresh
-variable and an :class:`Equal`.  A rule the fallback cannot apply is an
+variable and an :class:`Equal`.  A rewrite whose two sides are one op with its
+arguments permuted (``residual-layer-norm-commute``) is a :class:`Symmetry`:
+the matcher tries the permuted argument order wherever it matches that op, as
+the e-graph would hold both orders.  A rule the fallback cannot apply is an
 :class:`Unsupported` entry naming the rule, its ``file:line`` and why.
 """
 
@@ -20,7 +23,6 @@ from ...ir.registry import REGISTRY
 from ...rules import (
     FACT_TABLES,
     Absent,
-    Atom,
     Call,
     Fact,
     Let,
@@ -33,12 +35,14 @@ from ...rules import (
     TensorList,
     Var,
 )
+from ...rules import Atom as ModelAtom
 from ...rules import Build as BuildAction
 from ...rules import Insert as InsertAction
 from ...rules import Pattern as PatternAtom
 from ...rules import SetValue as SetAction
 from ...rules import Term as ModelTerm
 from ...rules import Union as UnionAction
+from ...rules.model import REWRITE_ROOT
 from ...rules.signatures import constructor_args
 
 # --- terms --------------------------------------------------------------------------------
@@ -114,7 +118,7 @@ class Holds:
     call: F
 
 
-QueryAtom = NodePat | Equal | Holds
+Atom = NodePat | Equal | Holds
 
 
 @dataclass(frozen=True)
@@ -143,14 +147,18 @@ class Union:
 
 @dataclass(frozen=True)
 class SetValue:
-    """Set a function's value (``value`` None: add a relation's row)."""
-
     table: str
     args: tuple[Term, ...]
-    value: Term | None
+    value: Term
 
 
-Action = Build | Compute | Union | SetValue
+@dataclass(frozen=True)
+class Insert:
+    relation: str
+    args: tuple[Term, ...]
+
+
+Action = Build | Compute | Union | SetValue | Insert
 
 REWRITE, FACTS = "rewrite", "facts"
 
@@ -165,16 +173,33 @@ class Pattern:
     stage: str
     location: str
     kind: str
-    query: tuple[QueryAtom, ...]
+    query: tuple[Atom, ...]
     actions: tuple[Action, ...]
 
-    @cached_property
     def tables_read(self) -> frozenset[str]:
-        return frozenset(t.name for a in self.query if not isinstance(a, NodePat) for t in calls(atom_terms(a)))
+        """The tables and functions the query calls (computed once: a Pattern never changes)."""
+        return self._tables[0]
+
+    def tables_written(self) -> frozenset[str]:
+        """The tables the actions set or insert into (computed once)."""
+        return self._tables[1]
 
     @cached_property
-    def tables_written(self) -> frozenset[str]:
-        return frozenset(a.table for a in self.actions if isinstance(a, SetValue))
+    def _tables(self) -> tuple[frozenset[str], frozenset[str]]:
+        return (frozenset(t.name for a in self.query if not isinstance(a, NodePat) for t in calls(atom_terms(a))),
+                frozenset(a.table if isinstance(a, SetValue) else a.relation for a in self.actions
+                          if isinstance(a, SetValue | Insert)))
+
+
+@dataclass(frozen=True)
+class Symmetry:
+    """``op``'s arguments may be permuted: argument i of the other form is argument ``perm[i]``."""
+
+    name: str
+    stage: str
+    location: str
+    op: str
+    perm: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -203,6 +228,7 @@ class TableDecl:
 @dataclass
 class CompiledRules:
     patterns: list[Pattern] = field(default_factory=list)
+    symmetries: list[Symmetry] = field(default_factory=list)
     tables: dict[str, TableDecl] = field(default_factory=dict)
     unsupported: list[Unsupported] = field(default_factory=list)
     plans: dict[str, Any] = field(default_factory=dict, repr=False)  # pattern name -> its matcher.MatcherPlan
@@ -221,11 +247,33 @@ def compile_rules(ruleset: RuleSet) -> CompiledRules:
         out.tables[d.name] = TableDecl(d.name, d.inputs, d.output, None if d.merge is None else _value(d.merge))
     for rule in ruleset.rules:
         try:
-            out.patterns += [_pattern(rule, d.name, d.query, d.actions, out.tables) for d in rule.directions]
+            for d in rule.directions:
+                perm = _permutation(d.query, d.actions)
+                if perm is not None:
+                    out.symmetries.append(Symmetry(rule.base, rule.stage, rule.location, *perm))
+                else:
+                    out.patterns.append(_pattern(rule, d.name, d.query, d.actions, out.tables))
         except CompileError as exc:
             if all(u.rule != rule.base for u in out.unsupported):  # one entry per rule as written
                 out.unsupported.append(Unsupported(rule.base, rule.location, str(exc)))
     return out
+
+
+def _permutation(query: tuple[ModelAtom, ...], actions: tuple[Any, ...]) -> tuple[str, tuple[int, ...]] | None:
+    """(op, permutation) of a rewrite without conditions whose sides are one op over the same distinct
+    variables, permuted."""
+    if len(query) != 1 or len(actions) != 1 or not isinstance(lhs := query[0], PatternAtom) \
+            or lhs.var != Var(REWRITE_ROOT) or not isinstance(rhs := actions[0], UnionAction):
+        return None
+    left, right = lhs.term, rhs.right
+    if not (isinstance(left, OpTerm) and isinstance(right, OpTerm) and left.op == right.op
+            and all(isinstance(a, Var) for a in (*left.args, *right.args))):
+        return None
+    names, other = [a.name for a in left.args], [a.name for a in right.args]  # type: ignore[union-attr]
+    if len(set(names)) != len(names) or sorted(names) != sorted(other):
+        return None
+    perm = tuple(names.index(n) for n in other)
+    return None if perm == tuple(range(len(perm))) else (left.op, perm)
 
 
 def _value(term: ModelTerm) -> Term:
@@ -257,7 +305,7 @@ class _Flattener:
     def __init__(self, tables: dict[str, TableDecl]) -> None:
         self.tables = tables
         self.count = 0
-        self.query: list[QueryAtom] = []
+        self.query: list[Atom] = []
         self.actions: list[Action] = []
         self.built: set[str] = set()
 
@@ -267,7 +315,7 @@ class _Flattener:
 
     # --- query -------------------------------------------------------------------------------
 
-    def atom(self, atom: Atom) -> None:
+    def atom(self, atom: ModelAtom) -> None:
         if isinstance(atom, PatternAtom):
             if not isinstance(atom.term, OpTerm):
                 raise CompileError(f"{atom.term} can only appear as an argument of an op")
@@ -356,8 +404,9 @@ class _Flattener:
             if decl is None or (decl.output is not None) != function:
                 raise CompileError(f"{'set of' if function else 'insert into'} {action.table!r}, which is not a "
                                    f"declared {'function' if function else 'relation'}")
-            value = self.value(action.value) if isinstance(action, SetAction) else None
-            self.actions.append(SetValue(action.table, tuple(map(self.value, action.args)), value))
+            args = tuple(map(self.value, action.args))
+            self.actions.append(SetValue(action.table, args, self.value(action.value)) if isinstance(action, SetAction)
+                                else Insert(action.table, args))
         elif isinstance(action, BuildAction) and isinstance(action.term, OpTerm):
             self.build(action.term)
         elif isinstance(action, Panic):
@@ -383,7 +432,7 @@ class _Flattener:
         raise CompileError("union takes variables or op terms")
 
 
-def _pattern(rule: Rule, name: str, query: Iterable[Atom], actions: Iterable[Any],
+def _pattern(rule: Rule, name: str, query: Iterable[ModelAtom], actions: Iterable[Any],
              tables: dict[str, TableDecl]) -> Pattern:
     flat = _Flattener(tables)
     for atom in query:
@@ -400,7 +449,7 @@ def _pattern(rule: Rule, name: str, query: Iterable[Atom], actions: Iterable[Any
                    tuple(flat.actions))
 
 
-def atom_terms(atom: QueryAtom) -> list[Term]:
+def atom_terms(atom: Atom) -> list[Term]:
     if isinstance(atom, Equal):
         return [atom.left, atom.right]
     return [atom.call] if isinstance(atom, Holds) else []

@@ -1,0 +1,304 @@
+"""Lookahead: whether a rewrite that costs more by itself (or nothing, when a paying rewrite would destroy it)
+starts a chain of rewrites that pays, and which of two rival rewrites that gain the same should go first.
+
+egglog keeps every form a rule makes and lets extraction pick, so a chain whose
+first step costs more than it saves (on onnxruntime, one wide linear layer and
+three copying Slices instead of three linear layers) is taken when a later step
+(the attention block that reads the Slices) makes the whole chain pay. The
+fallback commits one step at a time, so for such a step it asks a question: cut
+out the region around the step (the nodes it replaces, what they read, their
+readers a few levels down, and what all those read a few levels up), and run the
+fallback on the region from the current stage on: as it is, and with the
+step applied and the chain that follows it taken (each next step that matches a
+node the chain made, or replaces one, is committed even if it costs more by
+itself), in two widths: the chain of the steps that match its nodes, and the
+chain that also takes the steps matching a node that reads one of its nodes
+(on onnxruntime, the packed QKV projection's Narrows feed the head split that
+the attention matches, and the attention, which costs more by itself, is what
+the packed attention kernel then replaces).  The cheaper of the two is the
+chain's end: following more steps is not always cheaper (a step that reads the
+chain may start nothing).  If it ends cheaper than the region as it is, the
+whole graph takes that region's result as it is (the *transplant*), so the
+graph's cost drops by exactly what the region showed.
+
+The region keeps every value the rest of the graph reads as an output, and the
+non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
+each node is priced as in the whole graph and nothing the rest of the graph
+reads can die or be fused (a node read only by the region may be fused into its
+reader, as in the whole graph: in T5, the MatMul above a residual Add); its
+nodes keep the whole graph's levels (as ranks), so that it decides as the whole
+graph would. Regions are renumbered in a canonical order (their Inputs and
+Params renamed by position, but for the names a rule matches), so two regions
+with the same structure (the layers of a model) are the same graph and are
+optimized once.  The blocks the fallback cuts a graph into (:mod:`.blocks`) are
+regions too, optimized as a whole run would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from ...ir.graph import Graph, Node
+from ...ir.registry import Kind
+from ...ir.rewrite import GraphRewriter, node_key
+from .pattern import L, NodePat, Pattern
+
+if TYPE_CHECKING:
+    from .engine import RuleStats, _Plan
+
+DEPTH = 4  # levels of readers below the replaced nodes the region takes in (an attention reads its scores 4 down)
+HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
+NAMED_LEAVES = frozenset({"Input", "Param"})
+# How far a region run follows the chain its step starts (see _Engine.chain_start): not at all, the next steps that
+# match or replace a node of the chain, or also those that match a node reading one.
+NO_FOLLOW, FOLLOW_MATCHING, FOLLOW_READING = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class RegionRun:
+    """A region after the fallback ran on it."""
+
+    before_ns: float  # the region's cost as cut out
+    cost_ns: float
+    graph: Graph
+    rules_of: Mapping[int, tuple[str, ...]]  # node of ``graph`` -> the rules that built it
+    holders: Mapping[int, int]  # node as cut out -> the node of ``graph`` that holds its value
+    rules: Mapping[str, RuleStats]  # rule -> its statistics on the region (the rules that did something)
+    stop_reason: str  # why the fallback stopped on the region (a limit, or no rewrite pays)
+    readers_left: bool = False  # a chain followed through matches left a step that matches a reader of its nodes
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain that pays: the region's result and how its ids map back to the whole graph's."""
+
+    gain_ns: float
+    run: RegionRun
+    back: Mapping[int, int]  # region node (as cut out) -> the whole graph's node of the same value
+
+
+class Lookahead:
+    """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
+
+    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, int], RegionRun],
+                 names: frozenset[str] = frozenset()) -> None:
+        # (region, its levels, stage, step, follow) -> the region optimized from that stage on; with a step, the
+        # step is applied first and the chain that follows it is taken as far as ``follow`` says
+        self.optimized = optimized
+        self.names = names  # names of leaves that rules match (see cut_out)
+        self.runs: dict[tuple, RegionRun] = {}
+        self.asked = 0  # chain starts asked about
+        self.ties = 0  # ties between rival steps asked about
+
+    def chain(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
+              margin_ns: float) -> Chain | None:
+        """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``: of the chain
+        followed through the steps that match its nodes and the one followed through their readers too, the
+        cheaper (the first on a tie; the second is run only where the first left a step it would take)."""
+        self.asked += 1
+        region, local, back = _region(rw, param_order, [plan], self.names)
+        step = _local_step(plan, local, len(region))
+        taken = self.run(region, stage, step, FOLLOW_MATCHING)
+        if taken.readers_left:
+            taken = min(taken, self.run(region, stage, step, FOLLOW_READING), key=lambda run: run.cost_ns)
+        if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
+            return None
+        gain = taken.cost_ns - self.run(region, stage, None).cost_ns
+        if gain >= -margin_ns:
+            return None
+        return Chain(gain, taken, back)
+
+    def first(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, rival: _Plan, stage: str,
+              margin_ns: float) -> _Plan | None:
+        """Of two steps that gain the same by themselves and exclude each other, the one whose region (around
+        both) ends cheaper, by more than ``margin_ns``, when it is taken first; None when neither does.  Each
+        run takes what pays after the step, as the whole graph would (no chain is followed)."""
+        self.ties += 1
+        region, local, _ = _region(rw, param_order, [plan, rival], self.names)
+        plan_first, rival_first = (
+            self.run(region, stage, _local_step(p, dict(local), len(region)), NO_FOLLOW).cost_ns
+            for p in (plan, rival))
+        if abs(plan_first - rival_first) <= margin_ns:
+            return None
+        return plan if plan_first < rival_first else rival
+
+    def run(self, region: Region, stage: str | None, step: _Plan | None, follow: int = NO_FOLLOW) -> RegionRun:
+        """``region`` optimized from ``stage`` on (None: as a whole run, see ``_Engine.replay``), remembered."""
+        key = (stage, region.content(), None if step is None else _step_key(step), follow)
+        known = self.runs.get(key)
+        if known is None:
+            known = self.runs[key] = self.optimized(region.graph(), region.levels, stage, step, follow)
+        return known
+
+
+def _local_step(plan: _Plan, local: dict[int, int], size: int) -> _Plan:
+    """``plan`` in the ids of a region of ``size`` nodes that ``local`` maps live ids into (its new nodes are
+    numbered after the region's; ``local`` gains them)."""
+    local.update((nid, size + k) for k, nid in enumerate(plan.new))
+    return dataclasses.replace(
+        plan, new={local[nid]: dataclasses.replace(n, id=local[nid], inputs=tuple(local[i] for i in n.inputs))
+                   for nid, n in plan.new.items()},
+        unions=[(local[old], local[rep]) for old, rep in plan.unions])
+
+
+def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan], names: frozenset[str]
+            ) -> tuple[Region, dict[int, int], dict[int, int]]:
+    """The region around ``plans``, the map of live ids to its ids, and the map back (its fresh inputs
+    included).
+
+    The levels are the whole graph's in order (a fresh input has the level of the value it stands for), as
+    ranks: a cost-neutral step is taken when it reads from further back (see ``_Engine.shallower``), and the
+    region, cut short above, must judge that as the whole graph does.  Ranks keep the layers of a model one
+    region."""
+    nodes, readers = rw.nodes_by_id, rw.readers
+    seeds: set[int] = set()
+    for plan in plans:
+        seeds |= set(plan.dead) | {old for old, _ in plan.unions} | {rep for _, rep in plan.unions if rep in nodes}
+        seeds |= {i for n in plan.new.values() for i in n.inputs if i in nodes}
+    inner = set(seeds)
+    frontier = seeds
+    for _ in range(DEPTH):
+        frontier = {r for n in frontier for r in readers[n]} - inner
+        inner |= frontier
+    frontier = set(inner)
+    for _ in range(HEIGHT):  # and what those read, up to HEIGHT levels up: a later step may match from there
+        frontier = {i for n in frontier for i in nodes[n].inputs if nodes[i].kind is not Kind.LEAF} - inner
+        inner |= frontier
+    return cut_out(rw, param_order, inner, names, seeds)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Nodes cut out of the graph (see :func:`cut_out`), numbered canonically: node ``k`` has id ``k``."""
+
+    fields: tuple[tuple, ...]  # per node, everything about it the fallback's result can depend on (id aside)
+    sources: tuple[Node | None, ...]  # per node, the graph's node it copies (None: a fresh input)
+    outputs: tuple[int, ...]
+    levels: tuple[float, ...]  # each node's level in the whole graph, as a rank
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    @cached_property
+    def nodes(self) -> tuple[Node, ...]:
+        """The nodes, made when first asked for (most regions are only looked up by :meth:`content`)."""
+        out = []
+        for k, ((op, inputs, name), shape, dtype, parts) in enumerate(self.fields):
+            source = self.sources[k]
+            if source is None:
+                attrs = {"name": name, "shape": shape, "dtype": dtype}
+            elif op in NAMED_LEAVES and name != source.attrs["name"]:
+                attrs = {**source.attrs, "name": name}
+            else:
+                attrs = source.attrs
+            out.append(Node(k, op, inputs, attrs, shape, dtype, parts))
+        return tuple(out)
+
+    def content(self) -> tuple:
+        """Everything the fallback's result on the region depends on, hashable (names of leaves aside)."""
+        return self.fields, self.outputs, self.levels
+
+    def graph(self) -> Graph:
+        graph = Graph("region")
+        for node in self.nodes:  # checked in the whole graph, with the same types here
+            graph.add_checked(node)
+        graph.set_outputs(list(self.outputs))
+        return graph
+
+
+def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], names: frozenset[str],
+            seeds: set[int] = frozenset()) -> tuple[Region, dict[int, int], dict[int, int]]:
+    """The nodes ``inner`` (leaves aside, with the producers and projections of the tuples they touch) as a
+    region, the map of live ids to its ids, and the map back (its fresh inputs included); see
+    :func:`_region`.  Leaves among ``seeds`` are taken in too.  Inputs and Params are renamed by position
+    (layers alike are one region), but for ``names``, which rules match (a Param name a pattern spells out)."""
+    nodes, readers = rw.nodes_by_id, rw.readers
+    inner = {n for n in inner if nodes[n].kind is not Kind.LEAF}
+    while True:  # a tuple value is only read by its projections: keep producers and projections together
+        edge: set[int] = set()  # values the region reads from outside
+        pulled: set[int] = set()
+        for n in inner:
+            node = nodes[n]
+            edge.update(node.inputs)
+            if node.dtype == "tuple":
+                pulled.update(readers[n])
+        edge -= inner
+        pulled.update(i for i in edge if nodes[i].dtype == "tuple")
+        if pulled <= inner:
+            break
+        inner |= pulled
+    leaves = {i for i in edge | seeds if nodes[i].kind is Kind.LEAF}
+    boundary = edge - leaves  # computed outside: kept as nodes reading fresh inputs
+    leaves |= {i for b in boundary for i in nodes[b].inputs if nodes[i].kind is Kind.LEAF}
+
+    level, key, order = rw.levels, rw.keys, param_order.get
+
+    def in_order(ids: set[int]) -> list[int]:
+        """``ids`` by level, then Params in graph order, then id."""
+        return [n for _, _, n in sorted([(level[n], order(n, -1), n) for n in ids])]
+
+    cut: list[Node | None] = []  # per region node, the node it copies (None: a fresh input)
+    fields: list[tuple] = []  # see _fields: computed as each node is cut, from the rewriter's keys
+    local: dict[int, int] = {}
+    back: dict[int, int] = {}
+    fresh: dict[int, int] = {}
+
+    def fresh_input(n: int) -> int:
+        if n not in fresh:
+            k = fresh[n] = len(cut)
+            back[k] = n
+            cut.append(None)
+            fields.append((("Input", (), f"v{k}"), nodes[n].shape, nodes[n].dtype, ()))
+        return fresh[n]
+
+    for n in in_order(leaves):
+        node = nodes[n]
+        k = local[n] = len(cut)
+        if node.op in NAMED_LEAVES:
+            name = node.attrs["name"]
+            head: tuple = (node.op, (), name if name in names else f"v{k}")
+        else:
+            own = key[n]
+            head = (own[0], (), own[2])  # node_key of the cut node
+        cut.append(node)
+        fields.append((head, node.shape, node.dtype, node.parts))
+    for n in in_order(boundary | inner):  # no leaves: each has its key
+        node = nodes[n]
+        if n in boundary:
+            if any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
+                local[n] = fresh_input(n)
+                continue
+            ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])
+        else:
+            ins = tuple([local[i] for i in node.inputs])
+        own = key[n]
+        local[n] = len(cut)
+        cut.append(node)
+        fields.append(((own[0], ins, own[2]), node.shape, node.dtype, node.parts))
+    outputs = set(rw.outputs) & (inner | boundary)
+    outputs |= {n for n in inner | boundary if not inner.issuperset(readers[n])}
+    back.update(zip(local.values(), local.keys(), strict=True))
+    whole = [level[back[k]] for k in range(len(cut))]
+    rank = {w: float(k) for k, w in enumerate(sorted(set(whole)))}
+    return Region(tuple(fields), tuple(cut), tuple(sorted(local[n] for n in outputs)),
+                  tuple(rank[w] for w in whole)), local, back
+
+
+def matched_names(patterns: Iterable[Pattern]) -> frozenset[str]:
+    """The names of Inputs and Params that rules match (string literals among their attributes)."""
+    return frozenset(a.value for p in patterns for atom in p.query
+                     if isinstance(atom, NodePat) and atom.op in NAMED_LEAVES
+                     for a in atom.attrs if isinstance(a, L) and isinstance(a.value, str))
+
+
+def _fields(node: Node) -> tuple:
+    """Everything about a node that the fallback's result can depend on (its id aside), hashable."""
+    return node_key(node) or (node.op, node.inputs, node.attrs["name"]), node.shape, node.dtype, node.parts
+
+
+def _step_key(step: _Plan) -> tuple:
+    return tuple((nid, _fields(n)) for nid, n in step.new.items()), tuple(step.unions)
