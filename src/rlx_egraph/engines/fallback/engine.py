@@ -440,11 +440,9 @@ class _Engine:
         return {h for block in pieces[:-1] if (h := self.rw.find(block[-1])) in self.nodes}  # (the last ends the graph)
 
     def whole(self, seams: set[int] | None = None) -> None:
-        """A whole run: every stage but the first on the graph as written, then every stage (see
-        :meth:`optimize`); with ``seams``, the first round only near those (the blocks are done)."""
-        self.optimize(STAGES[1:], seams=seams)
-        if self.stats.stop_reason != STOP_TIME:
-            self.optimize(STAGES, after=STAGES[0])
+        """A whole run: every stage in order, each to its fixpoint, as egglog runs them; with ``seams``, only near
+        those (the blocks are done)."""
+        self.optimize(STAGES, seams=seams)
 
     def out_of_time(self) -> bool:
         """Whether the run's deadline has passed (then the stop reason says so)."""
