@@ -1112,11 +1112,12 @@ def test_drawn_synthetic_graphs_agree_between_engines_and_keep_parity(seed, node
 def test_limits_stop_the_engine_with_a_valid_graph():
     g = examples.llama(1)
     stopped = run(g, limits=FallbackLimits(max_seconds=0.0))
-    assert stopped.stats.stop_reason == "time limit" and stopped.stats.passes == {"simplify": 0}
+    # the first round starts at recognize (simplify runs in the second: see _Engine.optimize)
+    assert stopped.stats.stop_reason == "time limit" and stopped.stats.passes == {"recognize": 0}
     assert ops(stopped.graph) == ops(g)
     one = run(g, limits=FallbackLimits(max_iterations=1))
     assert one.stats.stop_reason == "iteration limit"
-    assert one.stats.passes == {"simplify": 1, "recognize": 1, "fuse": 1, "blocks": 1}
+    assert one.stats.passes == {"recognize": 1, "fuse": 1, "blocks": 1, "simplify": 1}  # later: nothing near
     assert check_parity(g, one.graph, one.originals).ok
     full = run(g)
     assert full.stats.stop_reason == "no rewrite lowers the cost"

@@ -4,8 +4,9 @@ A graph whose layers repeat is first cut into blocks at its residual values (see
 block is optimized once, as a region of its own (below), its result copied into every block of that kind, and
 the passes below then match only near the seams, where a rewrite can span two blocks.
 
-Stage by stage (the saturation stages, in order, each to its fixpoint, as
-egglog runs them; see :meth:`_Engine.optimize`), a pass
+Stage by stage (the saturation stages, in order: first every stage but
+``simplify``, on the graph as written, then every stage, the later ones only
+near what changed; see :meth:`_Engine.optimize`), a pass
 
 1. derives the helper facts: rules that only fill tables run to a fixpoint,
    in the order their tables depend on each other (after the first pass, near
@@ -439,9 +440,11 @@ class _Engine:
         return {h for block in pieces[:-1] if (h := self.rw.find(block[-1])) in self.nodes}  # (the last ends the graph)
 
     def whole(self, seams: set[int] | None = None) -> None:
-        """A whole run: every stage in order, each to its fixpoint, as egglog runs them; with ``seams``, only near
-        those (the blocks are done)."""
-        self.optimize(STAGES, seams=seams)
+        """A whole run: every stage but the first on the graph as written, then every stage (see
+        :meth:`optimize`); with ``seams``, the first round only near those (the blocks are done)."""
+        self.optimize(STAGES[1:], seams=seams)
+        if self.stats.stop_reason != STOP_TIME:
+            self.optimize(STAGES, after=STAGES[0])
 
     def out_of_time(self) -> bool:
         """Whether the run's deadline has passed (then the stop reason says so)."""
@@ -450,10 +453,15 @@ class _Engine:
             return True
         return False
 
-    def optimize(self, stages: Sequence[str], seams: set[int] | None = None) -> None:
-        """Run ``stages`` in order, each to its fixpoint; with ``seams``, each stage matches only near those and
-        near what the stages before changed (leaves included: a simplification can make two nodes read one input,
-        as two linear layers of ``x`` and ``x * 1``)."""
+    def optimize(self, stages: Sequence[str], after: str | None = None,
+                 seams: set[int] | None = None) -> None:
+        """Run ``stages`` in order, each to its fixpoint.  ``after``: the stages after that one have run to their
+        fixpoint before, so they only match near what this round has changed (leaves included: a simplification
+        can make two nodes read one input, as two linear layers of ``x`` and ``x * 1``).
+
+        A whole run does every stage but the first, then every stage: a simplification (``reshape-reshape``)
+        replaces the form it simplifies, which a rule of a later stage may need (the GQA key path of the dynamo
+        exports), while egglog keeps both; so the later stages see the graph as written first."""
         changed: set[int] = set()
         for stage in stages:
             self.stage = stage
@@ -467,6 +475,10 @@ class _Engine:
             near: set[int] | None = None  # None: match at every root; else only near these nodes
             if seams is not None:
                 near = {n for n in seams | changed if n in self.nodes}
+            if after is not None and STAGES.index(stage) > STAGES.index(after):
+                near = {n for n in changed if n in self.nodes}
+                if not near:  # nothing new to match near
+                    continue
             while True:
                 if passes >= self.limits.max_iterations:
                     self.stats.stop_reason = STOP_ITERATIONS
