@@ -235,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     agreement.
     ``overhead [--nodes N,...] [--repeat K]``: the egglog engine's work around saturation, and egglog's part of it.
     ``agreement [--graphs N] [--seed S] [--targets T,...]``: both engines' costs on seeded random small graphs.
+    ``models [--models M,...] [--layers N,...] [--targets T,...] [--onnx FOLDER] [--only SUBSTR]``: both engines'
+    costs on each example model and ONNX export, and how far apart they are.
     ``fingerprint [--models M,...] [--layers N,...] [--nodes N,...] [--targets T,...] [--engines E,...]``: a digest
     of each result, to check that a change leaves the results as they were.
     """
@@ -251,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _agreement(argv[1:])
     if argv[:1] == ["fingerprint"]:
         return _fingerprint(argv[1:])
+    if argv[:1] == ["models"]:
+        return _models(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=_names, default=list(MODELS), help=f"default: {','.join(MODELS)}")
     parser.add_argument("--layers", type=_counts, default=list(LAYERS), help=f"default: {','.join(map(str, LAYERS))}")
@@ -667,6 +671,53 @@ def _fingerprint(argv: Sequence[str]) -> int:
     todo += [Case("synthetic", n) for n in args.nodes]
     print(format_table(("case", "target", "engine", "predicted ns", "nodes after", "digest"),
                        fingerprint_rows(todo, args.targets, args.engines), "<<<>><"))
+    return 0
+
+
+AGREEMENT_TOLERANCE_PCT = 2.0  # the fallback's cost is within this of the egglog engine's
+
+
+def model_agreement_rows(todo: Sequence[Case | OnnxCase], targets: Sequence[str]
+                         ) -> list[tuple[str, str, int, float, float]]:
+    """Per case and target: (case, target, nodes, egglog ns, fallback ns), each engine run to its end (in this
+    process: the costs do not depend on the process)."""
+    rows = []
+    for case in todo:
+        graph, rules = case.build(), case.rules() or load_rules()
+        for target in targets:
+            eg, fb = (optimize_with_report(graph, target, rules=rules, engine=e, max_seconds=math.inf)[1]
+                      for e in ("egglog", "fallback"))
+            assert eg.profile_after is not None and fb.profile_after is not None
+            rows.append((case.name, target, len(graph), eg.profile_after.ns, fb.profile_after.ns))
+            print(f"{case.name} {target}: {100 * (fb.profile_after.ns / eg.profile_after.ns - 1):+.2f} %",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
+def _models(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench models",
+                                     description="both engines' predicted costs on the example models and ONNX "
+                                                 "exports, and how far the fallback's is from the egglog engine's")
+    parser.add_argument("--models", type=_among("models", [m for m in examples.ALL if m != "synthetic"]),
+                        default=[m for m in examples.ALL if m != "synthetic"])
+    parser.add_argument("--layers", type=_counts, default=[1, 2, 6, 16])
+    parser.add_argument("--targets", type=_among("targets", TARGETS), default=list(TARGETS))
+    parser.add_argument("--onnx", type=Path, metavar="FOLDER", help="also every .onnx model in FOLDER (extra onnx)")
+    parser.add_argument("--only", default="", metavar="SUBSTR", help="only the ONNX models whose name holds SUBSTR")
+    parser.add_argument("--no-models", action="store_true", help="not the example models")
+    args = parser.parse_args(argv)
+    todo: list[Case | OnnxCase] = [] if args.no_models else [
+        c for m in args.models for c in ([Case(m, 0)] if m == "conv_block" else [Case(m, n) for n in args.layers])]
+    if args.onnx:
+        todo += [OnnxCase(p) for p in sorted(args.onnx.glob("*.onnx")) if args.only in p.stem]
+    rows = model_agreement_rows(todo, args.targets)
+    apart = [abs(100 * (f / e - 1)) for *_, e, f in rows]
+    print(f"fallback vs egglog engine, predicted ns after a whole run of each (no time limit): {len(rows)} cases, "
+          f"{sum(a <= AGREEMENT_TOLERANCE_PCT for a in apart)} within {AGREEMENT_TOLERANCE_PCT:g} %, worst "
+          f"{max(apart, default=0.0):.2f} %")
+    print(format_table(("case", "target", "nodes", "egglog ns", "fallback ns", "fallback vs egglog %"),
+                       [(c, t, f"{n:,}", f"{e:,.0f}", f"{f:,.0f}", f"{100 * (f / e - 1):+.2f}")
+                        for c, t, n, e, f in rows], "<<>>>>"))
     return 0
 
 

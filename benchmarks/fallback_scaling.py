@@ -23,8 +23,8 @@ from concurrent.futures import ProcessPoolExecutor
 from rlx_egraph import examples
 from rlx_egraph.cli.main import format_table
 from rlx_egraph.cost.targets import TARGETS
-from rlx_egraph.engines.egglog.rules import STAGES
 from rlx_egraph.engines.fallback.engine import FallbackLimits, load, run
+from rlx_egraph.rules import STAGES
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 PHASES = ("load", "replay", *STAGES, "finish")

@@ -759,3 +759,16 @@ def test_bench_rejects_unknown_models() -> None:
     with pytest.raises(SystemExit) as exc:
         bench.main(["--models", "llama,gpt9"])
     assert exc.value.code == 2
+
+
+def test_bench_models_prints_both_engines_costs_per_case_and_target(capsys: pytest.CaptureFixture[str]) -> None:
+    from rlx_egraph.optimize import optimize_with_report
+
+    assert bench.main(["models", "--models", "mlp", "--layers", "1", "--targets", "metal"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    [row] = [line.split() for line in out[2:]]
+    graph = examples.mlp(layers=1)
+    eg, fb = (optimize_with_report(graph, "metal", engine=e)[1].profile_after.ns for e in ("egglog", "fallback"))
+    assert row == ["mlp-1", "metal", f"{len(graph):,}", f"{eg:,.0f}", f"{fb:,.0f}", f"{100 * (fb / eg - 1):+.2f}"]
+    apart = abs(100 * (fb / eg - 1))
+    assert out[0].endswith(f"1 cases, {int(apart <= 2)} within 2 %, worst {apart:.2f} %")

@@ -62,10 +62,10 @@ from ...ir.graph import Graph, GraphError, Node, check_node
 from ...ir.provenance import Fusion, fold_projections
 from ...ir.registry import REGISTRY, Kind, ops_of_kind
 from ...ir.rewrite import GraphRewriter
-from ...rules import STAGES, RuleSet, load_rules
+from ...rules import STAGES, NoValue, RuleSet, load_rules
 from ..budget import Deadline, gc_paused
 from .blocks import blocks, straddles
-from .facts import PRIMITIVES, SETTABLE_TABLES, Facts, NoMatch, compile_term
+from .facts import SETTABLE_TABLES, Facts, compile_term
 from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, plan_matcher
 from .pattern import (
@@ -181,7 +181,7 @@ class FallbackResult:
 
 def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     """Compile the rules for the fallback; rule forms it cannot apply are listed (and logged) by name."""
-    compiled = compile_rules(load_rules(ruleset), PRIMITIVES)
+    compiled = compile_rules(load_rules(ruleset))
     kept = []
     for p in compiled.patterns:
         try:
@@ -780,7 +780,7 @@ class _Engine:
                         writes.append((table, args, value))
             except GraphError as exc:
                 return f"ill-typed: {exc}"
-            except NoMatch:
+            except NoValue:
                 return "an action has no value"
         oriented = self.orient(unions, new)
         if isinstance(oriented, str):
@@ -993,7 +993,7 @@ class _Engine:
                     env[compiled[0]] = compiled[1](env)
                 else:
                     self.facts.set(*_write(compiled, env))
-        except NoMatch:
+        except NoValue:
             return
 
     # --- costs -----------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """What rule guards read, evaluated on the graph itself.
 
-Primitives (``+``, ``<``, ``vec-get``, ...) are Python functions.  The schema's
-fact tables get their meaning from the graph, as the encoder gives it: ``shape``
-and ``dtype`` of a node, ``param-order`` (declaration order of the input graph's
-Params), ``attention-block-max-tokens`` (an option) and ``inverse-perms``
-(two perms that undo each other).  Helper tables declared in rule files
+Primitives (``+``, ``<``, ``vec-get``, ...) and the fact tables (``shape``,
+``dtype``, ``param-order``, ``attention-block-max-tokens``, ``inverse-perms``)
+mean what :mod:`rlx_egraph.rules` defines (:data:`~rlx_egraph.rules.PRIMITIVES`,
+:data:`~rlx_egraph.rules.FACT_TABLES`), evaluated on the rewriter's live nodes;
+a rule may set a fact table's value where the graph has none.  Helper tables declared in rule files
 (``relation``, ``function`` with its ``:merge``) are filled by the rules that
 ``set`` or insert into them, and every row follows replacements (a row about a
 replaced node now speaks of its replacement), as egglog's tables follow unions.
@@ -21,86 +21,30 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ...ir.graph import Node
 from ...ir.rewrite import GraphRewriter, node_key
+from ...rules import FACT_TABLES, PRIMITIVES, NoValue
 from .pattern import F, L, TableDecl, Term, V
 
-
-class NoMatch(Exception):
-    """A primitive or a lookup has no value here, so the match fails."""
-
-
-def _div(a: Any, b: Any) -> Any:
-    if b == 0:
-        raise NoMatch
-    if isinstance(a, int) and isinstance(b, int):  # i64 division truncates toward zero
-        q = abs(a) // abs(b)
-        return q if (a >= 0) == (b >= 0) else -q
-    return a / b
-
-
-def _mod(a: Any, b: Any) -> Any:
-    if b == 0:
-        raise NoMatch
-    return a - b * _div(a, b) if isinstance(a, int) and isinstance(b, int) else a % b
-
-
-def _vec_get(v: tuple, i: int) -> Any:
-    if not 0 <= i < len(v):
-        raise NoMatch
-    return v[i]
-
-
-def _vec_set(v: tuple, i: int, x: Any) -> tuple:
-    if not 0 <= i < len(v):
-        raise NoMatch
-    return (*v[:i], x, *v[i + 1:])
-
-
-def _vec_remove(v: tuple, i: int) -> tuple:
-    if not 0 <= i < len(v):
-        raise NoMatch
-    return (*v[:i], *v[i + 1:])
-
-
-def _vec_pop(v: tuple) -> tuple:
-    if not v:
-        raise NoMatch
-    return v[:-1]
-
-
-def _caret(a: Any, b: Any) -> Any:
-    return a ** b if isinstance(a, float) else a ^ b  # f64 power, i64 xor
-
-
-PRIMITIVES: dict[str, Callable[..., Any]] = {
-    "+": operator.add, "*": operator.mul, "/": _div, "%": _mod,
-    "-": lambda a, b=None: -a if b is None else a - b,
-    "min": min, "max": max, "abs": abs, "neg": operator.neg,
-    "<<": operator.lshift, ">>": operator.rshift, "&": operator.and_, "|": operator.or_, "^": _caret,
-    "not-i64": operator.invert, "to-f64": float, "to-i64": int,
-    "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge, "!=": operator.ne,
-    "and": lambda a, b: a and b, "or": lambda a, b: a or b, "not": operator.not_, "xor": operator.xor,
-    "vec-of": lambda *xs: tuple(xs), "vec-empty": lambda: (), "vec-push": lambda v, x: (*v, x),
-    "vec-pop": _vec_pop, "vec-append": lambda *vs: tuple(x for v in vs for x in v), "vec-get": _vec_get,
-    "vec-set": _vec_set, "vec-length": len, "vec-contains": lambda v, x: x in v,
-    "vec-not-contains": lambda v, x: x not in v, "vec-remove": _vec_remove,
-}
-
-# Primitives that are checks: as a fact they pass when true.
-CHECKS = frozenset({"<", ">", "<=", ">=", "!=", "vec-contains", "vec-not-contains"})
-
-
-# The schema's fact tables the graph gives a meaning to (see the module docstring).
-BUILTIN_TABLES = frozenset({"shape", "dtype", "param-order", "attention-block-max-tokens", "inverse-perms"})
+BUILTIN_TABLES = frozenset(FACT_TABLES)
 # Those of them whose values a rule may add where the graph has none (see Facts.set).
 SETTABLE_TABLES = frozenset({"param-order"})
 
 
-def inverse_perm(perm: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(sorted(range(len(perm)), key=perm.__getitem__))
+class _Source:
+    """The fact tables' view of the graph (a :class:`rlx_egraph.rules.FactSource`)."""
+
+    def __init__(self, nodes: Mapping[int, Node], order: Callable[[int], int], max_tokens: int) -> None:
+        self.node_of, self.param_order, self.attention_block_max_tokens = nodes.get, order, max_tokens
+
+    def node(self, nid: int) -> Node:
+        node = self.node_of(nid)
+        if node is None:
+            raise NoValue
+        return node
 
 
 class Facts:
@@ -114,31 +58,17 @@ class Facts:
         overlay: dict[str, dict[tuple, Any]] = {}
         self.overlay = overlay  # values rules set in the graph's own tables (kept only where the graph has none)
 
-        def node_field(field: str) -> Callable[[int], Any]:
-            def get(n: int) -> Any:
-                node = nodes.get(n)
-                if node is None:
-                    raise NoMatch
-                return getattr(node, field)
-            return get
-
         def order(n: int) -> int:
             value = param_order.get(n)
             if value is None:  # one of SETTABLE_TABLES
                 value = overlay.get("param-order", {}).get((n,))
                 if value is None:
-                    raise NoMatch
+                    raise NoValue
             return value
 
-        def inverse(p: tuple[int, ...], q: tuple[int, ...]) -> bool:
-            if inverse_perm(p) != q:
-                raise NoMatch
-            return True
-
+        source = _Source(nodes, order, attention_block_max_tokens)
         self.builtins: dict[str, Callable[..., Any]] = {  # keys: BUILTIN_TABLES
-            "shape": node_field("shape"), "dtype": node_field("dtype"), "param-order": order,
-            "attention-block-max-tokens": lambda: attention_block_max_tokens, "inverse-perms": inverse,
-        }
+            name: partial(table.evaluate, source) for name, table in FACT_TABLES.items()}
         self.rows: dict[str, dict[tuple, Any]] = {n: {} for n, d in self.decls.items() if not d.builtin}
         self._index: dict[tuple[str, int], dict[Any, dict[tuple, None]]] = {}
         self._indexes: dict[str, list[tuple[int, dict[Any, dict[tuple, None]]]]] = {}  # table -> its indexes
@@ -173,7 +103,7 @@ class Facts:
     # --- reading -----------------------------------------------------------------------
 
     def getter(self, name: str) -> Callable[..., Any]:
-        """A function of the arguments giving the table's value (True for a relation row); NoMatch if none."""
+        """A function of the arguments giving the table's value (True for a relation row); NoValue if none."""
         if name in self.builtins:
             return self.builtins[name]
         if name not in self.rows:
@@ -183,7 +113,7 @@ class Facts:
         def get(*args: Any) -> Any:
             value = rows.get(args)
             if value is None:
-                raise NoMatch
+                raise NoValue
             return value
         return get
 
@@ -289,14 +219,15 @@ class Facts:
 
 
 def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable[[list], Any]:
-    """A function of the variable slots computing ``term`` (raises NoMatch where it has no value)."""
+    """A function of the variable slots computing ``term`` (raises NoValue where it has no value)."""
     if isinstance(term, V):
         return operator.itemgetter(slots[term.name])
     if isinstance(term, L):
         value = term.value
         return lambda env: value
     assert isinstance(term, F)
-    fn = PRIMITIVES.get(term.name) or facts.getter(term.name)
+    primitive = PRIMITIVES.get(term.name)
+    fn = primitive.evaluate if primitive is not None else facts.getter(term.name)
     args = [compile_term(a, slots, facts) for a in term.args]
     if len(args) == 0:
         return lambda env: fn()
@@ -313,11 +244,10 @@ def _guard(fn: Callable[..., Any], *args: Any) -> Any:
     """Apply a primitive; a Python error (wrong operand types, overflow) means no value."""
     try:
         return fn(*args)
-    except NoMatch:
+    except NoValue:
         raise
     except (TypeError, ValueError, OverflowError, ZeroDivisionError, IndexError):
-        raise NoMatch from None
+        raise NoValue from None
 
 
-__all__ = ["BUILTIN_TABLES", "CHECKS", "PRIMITIVES", "SETTABLE_TABLES", "Facts", "NoMatch", "compile_term",
-           "inverse_perm"]
+__all__ = ["BUILTIN_TABLES", "SETTABLE_TABLES", "Facts", "compile_term"]

@@ -23,8 +23,10 @@ import numpy as np
 
 from ...ir.graph import Node
 from ...ir.registry import REGISTRY, AttrType
-from ..egglog.schema import constructor_args
-from .facts import BUILTIN_TABLES, CHECKS, PRIMITIVES, Facts, NoMatch, compile_term
+from ...rules import NoValue
+from ...rules.primitives import same_value
+from ...rules.signatures import constructor_args
+from .facts import BUILTIN_TABLES, Facts, compile_term
 from .pattern import (
     ABSENT,
     FACTS,
@@ -614,7 +616,7 @@ def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: St
         def bind(env: list) -> None:
             try:
                 env[out] = ev(env)
-            except NoMatch:
+            except NoValue:
                 return
             nxt(env)
         return bind
@@ -627,22 +629,19 @@ def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> S
 
         def equal(env: list) -> None:
             try:
-                if left(env) != right(env):
-                    return
-            except NoMatch:
+                a, b = left(env), right(env)
+            except NoValue:
                 return
-            nxt(env)
+            if a == b or same_value(a, b):  # egglog's equality: NaN equals NaN
+                nxt(env)
         return equal
     assert isinstance(atom, Holds)
     ev = compile_term(atom.call, slots, facts)
-    truth = atom.call.name in CHECKS or atom.call.name in PRIMITIVES
 
-    def holds(env: list) -> None:
+    def holds(env: list) -> None:  # a call holds where it has a value (a check: where it is true)
         try:
-            value = ev(env)
-        except NoMatch:
-            return
-        if truth and value is not True:
+            ev(env)
+        except NoValue:
             return
         nxt(env)
     return holds
@@ -682,7 +681,7 @@ def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, 
         try:
             bound = tuple((c, ev(env)) for c, ev in selectors)
             expected = value_check(env) if value_check is not None else None
-        except NoMatch:
+        except NoValue:
             return
         for args, value in facts.lookup(name, bound) if pinned is None else facts.row(name, pinned[-1], bound):
             if value_check is not None and value != expected:
