@@ -239,6 +239,8 @@ class Importer:
         self.limits_found: dict[str, int] = {}  # symbol -> the model's own limit on it (:meth:`model_limit`)
         self.hints = dict(bound.hints)
         self.table_lengths = _table_lengths(model.graph)
+        for name, dim in bound.related.items():
+            self.assumptions.setdefault(f"{name} = {dim} (the attention mask covers the cached and the new tokens)")
         self.graph.meta = {"source": SOURCE, "dim_names": bound.dim_names,
                            "output_names": [o.name for o in model.graph.output], "opset": self.opsets[""]}
         if bound.hints:
