@@ -4,6 +4,7 @@ original's values."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -55,3 +56,31 @@ def test_a_decoding_masks_own_length_is_the_cached_and_the_new_tokens() -> None:
                              {"batch": 3, "past_sequence": 17, "total_sequence": 18}])
     props = {p.key: p.value for p in exported.metadata_props}
     assert "total_sequence = past_sequence+1" in props["rlx_egraph.assumptions"]
+
+
+def sliding_window_model() -> onnx.ModelProto:
+    """Mistral's sliding window (6 keys) in a decoding step as both exporters write it: the cache cut to its last 6
+    entries before the new key joins it (``past[:, :, -6:]``), and the window's first position ``max(past - 6, 0)``
+    starting the key positions added to the scores; no table of that length."""
+    m = OnnxBuilder(18)
+    x = m.input("hidden_states", F, ["batch", 2, 1, 4])
+    past = m.input("past_key", F, ["batch", 2, "past_sequence", 4])
+    keys = m.op("Concat", [m.op("Slice", [past, m.ints(-6), m.ints(2**63 - 1), m.ints(2), m.ints(1)]), x], axis=2)
+    scores = m.op("MatMul", [x, m.op("Transpose", [keys], perm=[0, 1, 3, 2])])
+    (cached,) = m.dims(past, 2)
+    first = m.op("Max", [m.op("Add", [cached, m.const(-6, np.int64)]), m.const(0, np.int64)])
+    positions = m.op("Range", [first, m.op("Add", [cached, m.const(1, np.int64)]), m.const(1, np.int64)])
+    biased = m.op("Add", [scores, m.op("Mul", [m.op("Cast", [positions], to=F), m.const(0.1)])])
+    return m.model({"probs": m.op("Softmax", [biased], axis=-1), "present": keys})
+
+
+def test_a_sliding_window_is_assumed_to_hold_the_whole_cache() -> None:
+    """Both cuts by the window are decided as the cache fits in it (past_sequence <= 5, one assumption naming the
+    window), so the step imports with past_sequence symbolic and runs at every length up to it."""
+    model = sliding_window_model()
+    g = import_model(model)
+    assert [fact.split(" (")[0] for fact in g.meta["assumptions"]] == ["past_sequence <= 5"]
+    assert "the model's window" in g.meta["assumptions"][0]
+    exported = export_model(optimize(g, target="onnxruntime", dim_hints={"batch": 2, "past_sequence": 4}))
+    assert dims(exported.graph.output[1]) == ["batch", 2, "past_sequence+1", 4]
+    parity(model, exported, [{"batch": 1, "past_sequence": 2}, {"batch": 3, "past_sequence": 5}])

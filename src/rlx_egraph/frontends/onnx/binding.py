@@ -179,7 +179,7 @@ def decoding_length(inputs: Sequence[ModelInput], given: Mapping[str, Sequence[D
     mask = masks[0]
     total = dims(mask)[1]
     tokens = [i for i in inputs if i is not mask and len(dims(i)) == 2 and dims(i)[0] == dims(mask)[0]]
-    if (not isinstance(total, str) or total == cached or len(tokens) != 1 or set(given) & {
+    if (not isinstance(total, str) or not NAME.fullmatch(total) or total == cached or len(tokens) != 1 or set(given) & {
             i.name for i in inputs if i is mask or i is tokens[0] or cached in dims(i)}
             or any(total in dims(i) for i in inputs if i is not mask)):
         return {}
