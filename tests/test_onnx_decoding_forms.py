@@ -84,3 +84,32 @@ def test_a_sliding_window_is_assumed_to_hold_the_whole_cache() -> None:
     exported = export_model(optimize(g, target="onnxruntime", dim_hints={"batch": 2, "past_sequence": 4}))
     assert dims(exported.graph.output[1]) == ["batch", 2, "past_sequence+1", 4]
     parity(model, exported, [{"batch": 1, "past_sequence": 2}, {"batch": 3, "past_sequence": 5}])
+
+
+def strided_conv_model() -> onnx.ModelProto:
+    """Wav2Vec2's feature extractor in small: two strided convolutions over [batch, samples] (kernel 4 stride 2, then
+    kernel 3 stride 2), and the output length as dynamo writes it from the input's, ``samples // 4 - 1`` (an integer
+    Div), as a Reshape target."""
+    m = OnnxBuilder(18)
+    x = m.op("Unsqueeze", [m.input("input_values", F, ["batch", "samples"]), m.ints(1)])
+    h = m.op("Conv", [x, m.weight("conv0", 2, 1, 4)], kernel_shape=[4], strides=[2])
+    h = m.op("Conv", [h, m.weight("conv1", 2, 2, 3)], kernel_shape=[3], strides=[2])
+    batch, samples = m.dims("input_values", 0, 1)
+    frames = m.op("Sub", [m.op("Div", [samples, m.ints(4)]), m.ints(1)])
+    flat = m.op("Reshape", [h, m.op("Concat", [batch, m.ints(2), frames], axis=0)])
+    return m.model({"features": m.op("Transpose", [flat], perm=[0, 2, 1])})
+
+
+def test_strided_convolutions_give_lengths_over_a_floor_of_the_input() -> None:
+    """Each convolution's length is a floor of the input's (floor(samples / 2) - 1, then floor(samples / 4) - 1: the
+    floors of floors meet), the same dim as dynamo's ``samples // 4 - 1``; exported, it is computed by an integer
+    Div of the input's shape."""
+    model = strided_conv_model()
+    g = import_model(model)
+    assert g.symbols == ("batch", "samples")
+    assert [str(d) for d in g.node(g.outputs[0]).shape] == ["batch", "samples_div4-1", "2"]
+    assert g.meta["assumptions"] == ["samples_div2 = floor((samples) / 2) >= 2 (the lengths it gives are not empty)",
+                                     "samples_div4 = floor((samples) / 4) >= 2 (the lengths it gives are not empty)"]
+    exported = export_model(optimize(g, target="onnxruntime", dim_hints={"batch": 2, "samples": 64}))
+    assert dims(exported.graph.output[0]) == ["batch", "samples_div4-1", 2]
+    parity(model, exported, [{"batch": 1, "samples": 17}, {"batch": 3, "samples": 42}])

@@ -31,7 +31,7 @@ import onnx
 import onnx.external_data_helper
 from onnx import helper, numpy_helper
 
-from ...ir.dims import Dim, symbols_of
+from ...ir.dims import Dim, floor_atoms, minimum, shifted, symbols_of
 from ...ir.graph import Graph, GraphError
 from ...ir.ops.onnx_op import (
     MIR_DTYPES,
@@ -480,6 +480,9 @@ class Importer:
         self.graph.set_outputs([self.tensor(o.name) for o in graph.output])
         if self.names:
             self.graph.meta["node_names"] = {str(k): v for k, v in self.names.items()}
+        for name, (numerator, divisor) in floor_atoms(d for n in self.graph.nodes for d in n.shape).items():
+            self.assumptions.setdefault(f"{name} = floor(({numerator}) / {divisor}) >= {minimum(name)} (the lengths "
+                                        "it gives are not empty)")
         if self.assumptions:
             self.graph.meta["assumptions"] = list(self.assumptions)
         return self.graph
@@ -686,6 +689,7 @@ def _squeezed(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
 def dim_range(d: Dim, max_dims: Mapping[str, int]) -> tuple[float, float]:
     """Bounds of ``d`` for symbols in ``[1, max_dims[s]]`` (unbounded where a symbol has no maximum), by interval
     arithmetic over its monomials (sound, not always tight)."""
+    d = shifted(d)  # over symbols that start at 1
     if isinstance(d, int):
         return d, d
     low = high = 0.0
