@@ -113,3 +113,61 @@ def test_strided_convolutions_give_lengths_over_a_floor_of_the_input() -> None:
     exported = export_model(optimize(g, target="onnxruntime", dim_hints={"batch": 2, "samples": 64}))
     assert dims(exported.graph.output[0]) == ["batch", "samples_div4-1", 2]
     parity(model, exported, [{"batch": 1, "samples": 17}, {"batch": 3, "samples": 42}])
+
+
+def dynamic_decode_step() -> onnx.ModelProto:
+    """A Llama decoding step with dynamic axes (sdpa's grouped-query form, 4 query heads over 2 cached ones, head
+    width 16): RoPE tables computed at run time from the past length (Cos and Sin of Concat(freqs, freqs), freqs
+    the position ``Range(past, past + 1)`` times the inverse frequencies), the mask's additive bias."""
+    m = OnnxBuilder(18)
+    hidden, heads, kv_heads, hd = 64, 4, 2, 16
+    x = m.input("hidden_states", F, ["batch", 1, hidden])
+    mask = m.input("attention_mask", TensorProto.INT64, ["batch", "past_sequence+1"])
+    past_k = m.input("past_key_values.0.key", F, ["batch", kv_heads, "past_sequence", hd])
+    past_v = m.input("past_key_values.0.value", F, ["batch", kv_heads, "past_sequence", hd])
+    cached = m.op("Gather", [m.op("Shape", [past_k]), m.const(2, np.int64)], axis=0)
+    position = m.op("Range", [cached, m.op("Add", [cached, m.const(1, np.int64)]), m.const(1, np.int64)])
+    inverse = m.init("inv_freq", (10000.0 ** -(np.arange(0, hd, 2) / hd)).astype(np.float32))
+    freqs = m.op("Mul", [m.op("Reshape", [m.op("Cast", [position], to=F), m.ints(1, 1, 1, 1)]), inverse])
+    emb = m.op("Concat", [freqs, freqs], axis=-1)
+    cos, sin = m.op("Cos", [emb]), m.op("Sin", [emb])
+
+    def heads_of(t: str, n: int) -> str:
+        return m.op("Transpose", [m.op("Reshape", [t, m.ints(0, 1, n, hd)])], perm=[0, 2, 1, 3])
+
+    def rotary(t: str) -> str:
+        first = m.op("Slice", [t, m.ints(0), m.ints(hd // 2), m.ints(3)])
+        second = m.op("Slice", [t, m.ints(hd // 2), m.ints(2**62), m.ints(3)])
+        rotated = m.op("Concat", [m.op("Neg", [second]), first], axis=-1)
+        return m.op("Add", [m.op("Mul", [t, cos]), m.op("Mul", [rotated, sin])])
+
+    dropped = m.op("Sub", [m.const(1.0), m.op("Cast", [mask], to=F)])
+    additive = m.op("Mul", [m.op("Unsqueeze", [dropped, m.ints(1, 2)]), m.const(float(np.finfo(np.float32).min))])
+    q = rotary(heads_of(m.linear(x, "q_proj", hidden, heads * hd), heads))
+    k = rotary(heads_of(m.linear(x, "k_proj", hidden, kv_heads * hd), kv_heads))
+    v = heads_of(m.linear(x, "v_proj", hidden, kv_heads * hd), kv_heads)
+    present_k = m.op("Concat", [past_k, k], axis=2)
+    present_v = m.op("Concat", [past_v, v], axis=2)
+    q = m.op("Reshape", [q, m.ints(0, kv_heads, heads // kv_heads, hd)])
+    scores = m.op("Mul", [m.op("MatMul", [q, m.op("Transpose", [present_k], perm=[0, 1, 3, 2])]), m.const(hd**-0.5)])
+    probs = m.op("Softmax", [m.op("Add", [scores, additive])], axis=-1)
+    ctx = m.op("Reshape", [m.op("MatMul", [probs, present_v]), m.ints(0, heads, 1, hd)])
+    merged = m.op("Reshape", [m.op("Transpose", [ctx], perm=[0, 2, 1, 3]), m.ints(0, 1, hidden)])
+    return m.model({"output": m.linear(merged, "o_proj", hidden, hidden), "present.0.key": present_k,
+                    "present.0.value": present_v})
+
+
+def test_a_dynamic_decoding_step_exports_group_query_attention() -> None:
+    """With the past length symbolic, the step is still one com.microsoft GroupQueryAttention rotating q and k
+    itself: seqlens_k, total_sequence_length and the rotary caches ([past + 1, 8], the table's first half) are
+    computed at run time."""
+    model = dynamic_decode_step()
+    g = optimize(import_model(model), target="onnxruntime", dim_hints={"batch": 2, "past_sequence": 16})
+    assert g.op_counts()["GroupQueryAttention"] == 1
+    exported = export_model(g)
+    (gqa,) = [n for n in exported.graph.node if n.op_type == "GroupQueryAttention"]
+    assert {a.name: a.i for a in gqa.attribute if a.name in ("do_rotary", "num_heads", "kv_num_heads")} == {
+        "do_rotary": 1, "num_heads": 4, "kv_num_heads": 2}
+    assert not {"Attention", "RotaryEmbedding", "Softmax"} & {n.op_type for n in exported.graph.node}
+    parity(model, exported, [{"batch": 1, "past_sequence": 3, "past_sequence+1": 4},
+                             {"batch": 3, "past_sequence": 9, "past_sequence+1": 10}])
