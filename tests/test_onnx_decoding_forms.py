@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto
 
 from onnx_models import F, OnnxBuilder, dynamic_feeds
@@ -171,3 +172,57 @@ def test_a_dynamic_decoding_step_exports_group_query_attention() -> None:
     assert not {"Attention", "RotaryEmbedding", "Softmax"} & {n.op_type for n in exported.graph.node}
     parity(model, exported, [{"batch": 1, "past_sequence": 3, "past_sequence+1": 4},
                              {"batch": 3, "past_sequence": 9, "past_sequence+1": 10}])
+
+
+def masked_decode_step(form: str) -> onnx.ModelProto:
+    """A decoding step (4 heads of 16) whose scores are masked as GPT-Neo's local attention writes it, ``Where(keep,
+    scores, min)`` with ``keep`` a [1, 1, 8, 8] window buffer (3 keys) cut to the query's row and the keys' columns
+    (``form`` "local"), or as MPT writes its ALiBi step, the scores plus an [H, 1, 8] table cut to its last keys,
+    then masked_fill's ``Where(drop, min, scores)`` with the padding mask (``form`` "alibi").  The local window is
+    followed by the padding mask's additive bias."""
+    m = OnnxBuilder(18)
+    hidden, heads, hd = 64, 4, 16
+    lowest = float(np.finfo(np.float32).min)
+    x = m.input("hidden_states", F, ["batch", 1, hidden])
+    mask = m.input("attention_mask", TensorProto.INT64, ["batch", "past_sequence+1"])
+    past_k = m.input("past_key_values.0.key", F, ["batch", heads, "past_sequence", hd])
+    past_v = m.input("past_key_values.0.value", F, ["batch", heads, "past_sequence", hd])
+
+    def heads_of(t: str) -> str:
+        return m.op("Transpose", [m.op("Reshape", [t, m.ints(0, 1, heads, hd)])], perm=[0, 2, 1, 3])
+
+    q, k, v = (heads_of(m.linear(x, name, hidden, hidden)) for name in ("q_proj", "k_proj", "v_proj"))
+    keys, values = m.op("Concat", [past_k, k], axis=2), m.op("Concat", [past_v, v], axis=2)
+    scores = m.op("Mul", [m.op("MatMul", [q, m.op("Transpose", [keys], perm=[0, 1, 3, 2])]), m.const(hd**-0.5)])
+    (total,) = m.dims(keys, 2)
+    if form == "local":
+        window = np.tril(np.ones((8, 8), bool)) & ~np.tril(np.ones((8, 8), bool), -3)
+        buffer = m.op("Constant", [], value=onnx.numpy_helper.from_array(window[None, None]))
+        rows = m.op("Slice", [buffer, m.op("Sub", [total, m.ints(1)]), total, m.ints(2), m.ints(1)])
+        keep = m.op("Slice", [rows, m.ints(0), total, m.ints(3), m.ints(1)])
+        scores = m.op("Where", [keep, scores, m.const(lowest)])
+        padding = m.op("Mul", [m.op("Sub", [m.const(1.0), m.op("Cast", [mask], to=F)]), m.const(lowest)])
+        scores = m.op("Add", [scores, m.op("Unsqueeze", [padding, m.ints(1, 2)])])
+    else:
+        slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)[:, None, None]
+        table = m.init("alibi", slopes * np.arange(-7, 1, dtype=np.float32)[None, None, :])
+        bias = m.op("Slice", [table, m.op("Neg", [total]), m.ints(2**63 - 1), m.ints(2), m.ints(1)])
+        drop = m.op("Equal", [m.op("Unsqueeze", [mask, m.ints(1, 2)]), m.const(0, np.int64)])
+        scores = m.op("Where", [drop, m.const(lowest), m.op("Add", [scores, bias])])
+    ctx = m.op("MatMul", [m.op("Softmax", [scores], axis=-1), values])
+    merged = m.op("Reshape", [m.op("Transpose", [ctx], perm=[0, 2, 1, 3]), m.ints(0, 1, hidden)])
+    return m.model({"output": m.linear(merged, "o_proj", hidden, hidden), "present.0.key": keys,
+                    "present.0.value": values})
+
+
+@pytest.mark.parametrize("form", ["local", "alibi"])
+def test_a_masked_fill_beside_an_additive_mask_is_one_attention_bias(form: str) -> None:
+    """The Where that masks the scores with the lowest float is the scores plus its additive mask, so the step's
+    attention takes both masks (and the ALiBi table, of rank 3) as one bias: one GroupQueryAttention, no Softmax."""
+    model = masked_decode_step(form)
+    g = optimize(import_model(model), target="onnxruntime", dim_hints={"batch": 2, "past_sequence": 5})
+    assert g.op_counts()["GroupQueryAttention"] == 1 and "Softmax" not in g.op_counts()
+    exported = export_model(g)
+    assert "Softmax" not in {n.op_type for n in exported.graph.node}
+    parity(model, exported, [{"batch": 1, "past_sequence": 2, "past_sequence+1": 3},
+                             {"batch": 3, "past_sequence": 6, "past_sequence+1": 7}])
