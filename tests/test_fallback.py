@@ -246,12 +246,13 @@ def group_norm_silu() -> Graph:
 
 
 def scores_attention(scores: str = "div", keys: str = "t", kv_heads: int = 2, masks: int = 1,
-                     nan_to_zero: bool = False, broadcast_kv: bool = False) -> Callable[[], Graph]:
+                     nan_to_zero: bool = False, broadcast_kv: bool = False,
+                     rank3: int | None = None) -> Callable[[], Graph]:
     """Softmax(scores + masks) @ v on split heads [2, 2, 4, 8] as exports write it (rules/attention.egg):
     scores "div", "mul", "plain" or "sdpa"; keys^T "t" (Transpose 0 1 3 2), "flat" (through [B*H, S, D]),
     "flat_merged" (the same with repeat_kv's expanded keys reshaped straight to [B*H, S, D]) or "heads_last"
     (Transpose 0 2 3 1 of [B, S, H, D] keys); kv_heads 1 repeats K/V as repeat_kv does, or broadcasts them
-    (``broadcast_kv``: multi-query attention, keys "t")."""
+    (``broadcast_kv``: multi-query attention, keys "t"); mask ``rank3`` (an index) of rank 3, [H, 1, S] (ALiBi)."""
     def build() -> Graph:
         g = Graph()
         b, h, s, d = 2, 2, 4, 8
@@ -283,7 +284,8 @@ def scores_attention(scores: str = "div", keys: str = "t", kv_heads: int = 2, ma
             sc = {"div": lambda: g.div(sc, g.scalar(d**0.5)), "mul": lambda: g.mul(sc, g.scalar(d**-0.5)),
                   "plain": lambda: sc}[scores]()
         for m in range(masks):
-            sc = g.add(sc, g.input(f"mask{m}", (b, 1, 1, s) if m else (1, h, s, s)))
+            shape = (h, 1, s) if m == rank3 else (b, 1, 1, s) if m else (1, h, s, s)
+            sc = g.add(sc, g.input(f"mask{m}", shape))
         p = g.softmax(sc, axis=-1)
         if nan_to_zero:
             p = g.where(g.equal(p, p), p, g.scalar(0.0))
@@ -451,6 +453,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "biased-attention-gqa": (scores_attention(kv_heads=1), ATTN | {"Expand": 0}),
     "biased-attention-nan-to-zero": (scores_attention(nan_to_zero=True), ATTN | {"Where": 0}),
     "biased-attention-two-masks": (scores_attention(masks=2), ATTN | {"Add": 1}),
+    "biased-attention-two-masks-rank3-first": (scores_attention(masks=2, rank3=0), ATTN | {"Add": 1}),
+    "biased-attention-two-masks-rank3-second": (scores_attention(masks=2, rank3=1), ATTN | {"Add": 1}),
     "rope-rotate-half": (rotate_half_rope, {"RotaryEmbedding": 1, "Concat": 0, "Neg": 0}),
     "matmul-add": (binary_mm("matmul", False, X, (8, 4), (4, 4)), MATMUL_ADD),
     "matmul-at-add": (binary_mm("matmul_at", False, (4, 8), (4, 8), (8, 8)), {"FusedMatMulATAdd": 1, "Add": 0}),

@@ -15,6 +15,7 @@ wrong answer.  ``str`` and :func:`parse` round-trip: ``"batch*seq"``,
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from collections import Counter
@@ -62,9 +63,13 @@ class Sym:
         for mono, coef in self.terms:
             value = coef
             for s in mono:
-                if s not in binding:
+                if s in binding:
+                    value *= binding[s]
+                elif s in _FLOORS:  # a floor atom: its value follows from the symbols it divides
+                    numerator, divisor = _FLOORS[s]
+                    value *= evaluate(numerator, binding) // divisor
+                else:
                     raise ShapeError(f"dim {self} needs a value for symbol {s!r}")
-                value *= binding[s]
             total += value
         return total
 
@@ -250,6 +255,98 @@ def parse(text: str) -> Dim:
     return value
 
 
+# Floor atoms: symbols that stand for floor(numerator / divisor), made by floor_div (a convolution's output length,
+# ONNX's integer Div of a dim).  Named by their definition, so the same floor is the same symbol wherever it is made.
+_FLOORS: dict[str, tuple[Dim, int]] = {}
+_FLOOR_MINIMUM: dict[str, int] = {}  # a floor atom's least value where more than 1 (at_least)
+
+
+def floor_div(a: Dim, divisor: int) -> Dim:
+    """``floor(a / divisor)`` for an int ``divisor >= 1`` and a dim ``a >= 0``: an int or the exact polynomial where
+    the division is exact, else a polynomial over a *floor atom* (a symbol standing for ``floor(b / divisor)``, with
+    ``b`` the part of ``a`` the division leaves: ``floor((samples - 10) / 5)`` is ``samples_div5 - 2``).
+
+    Canonical, so equal floors meet: the multiples of ``divisor`` come out of the floor and the rest keeps
+    coefficients in ``[0, divisor)``; a floor of an atom plus an int is one floor (``floor((floor(s / 5) - 4) / 2)``
+    is ``floor(s / 10) - 2``).  A floor atom is a symbol like any other: taken as >= 1 by comparisons (the caller
+    records that where it matters, :func:`floor_atoms`), evaluated from its definition (:meth:`Sym.evaluate`).
+    """
+    if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor < 1:
+        raise ShapeError(f"floor division of {a} by {divisor!r}: the divisor must be an int >= 1")
+    if isinstance(a, int):
+        return a // divisor
+    terms = dict(a.terms)
+    atoms = [mono for mono in terms if len(mono) == 1 and mono[0] in _FLOORS]
+    if len(atoms) == 1 and set(terms) <= {atoms[0], ()} and terms[atoms[0]] == 1:  # floor(floor(q / b) + k) / c)
+        numerator, inner = _FLOORS[atoms[0][0]]
+        return floor_div(numerator + terms.get((), 0) * inner, inner * divisor)
+    whole = {mono: coef // divisor for mono, coef in terms.items()}
+    rest = {mono: coef % divisor for mono, coef in terms.items()}
+    left = _make(rest)
+    if isinstance(left, int):
+        return _make(whole) + left // divisor
+    name = f"{_identifier(left)}_div{divisor}"
+    k = 1
+    while _FLOORS.setdefault(name, (left, divisor)) != (left, divisor):  # a name another floor took
+        name, k = f"{_identifier(left)}_div{divisor}_{k}", k + 1
+    return _make(whole) + symbol(name)
+
+
+def minimum(name: str) -> int:
+    """The least value symbol ``name`` takes: 1, or more for a floor atom that :func:`at_least` raised."""
+    return _FLOOR_MINIMUM.get(name, 1)
+
+
+def shifted(d: Dim) -> Dim:
+    """``d`` over symbols that start at 1: each floor atom ``a`` whose least value is ``m > 1`` written as
+    ``a + m - 1`` (``a - 1`` with ``a >= 2`` is ``a``), so that sign decisions see its least value."""
+    if isinstance(d, int) or not any(minimum(s) > 1 for s in d.symbols):
+        return d
+    out: Dim = 0
+    for mono, coef in d.terms:
+        out = out + coef * math.prod((symbol(s) + minimum(s) - 1 for s in mono), start=1)
+    return out
+
+
+def at_least(d: Dim, least: int) -> None:
+    """Record that ``d`` (a floor atom plus an int: a convolution's output length) is at least ``least`` wherever it
+    is a dim, raising the atom's :func:`minimum`; nothing for other dims."""
+    if isinstance(d, int) or len(d.symbols) != 1 or d.symbols[0] not in _FLOORS:
+        return
+    terms = dict(d.terms)
+    atom = (d.symbols[0],)
+    if set(terms) <= {atom, ()} and terms[atom] == 1:
+        need = least - terms.get((), 0)
+        _FLOOR_MINIMUM[atom[0]] = max(minimum(atom[0]), need)
+
+
+def _identifier(d: Sym) -> str:
+    """``d`` spelled as an identifier (``2*s+3`` is ``2xs_p3``)."""
+    return str(d).replace("*", "x").replace("+", "_p").replace("-", "_m")
+
+
+def floor_atoms(dims: Iterable[Any]) -> dict[str, tuple[Dim, int]]:
+    """The floor atoms in ``dims`` (dims, or symbol names) and in their definitions: name -> (numerator, divisor)."""
+    out: dict[str, tuple[Dim, int]] = {}
+    given = list(dims)
+    todo = sorted(symbols_of(given) | {d for d in given if isinstance(d, str)})
+    while todo:
+        name = todo.pop()
+        if name in _FLOORS and name not in out:
+            out[name] = _FLOORS[name]
+            todo.extend(symbols_of([out[name][0]]))
+    return dict(sorted(out.items()))
+
+
+def free_symbols(dims: Iterable[Any]) -> tuple[str, ...]:
+    """The symbols a value of ``dims`` (dims, or symbol names) needs, sorted: a floor atom's are those of its
+    definition."""
+    given = list(dims)
+    atoms = floor_atoms(given)
+    names = symbols_of(given) | {d for d in given if isinstance(d, str)}
+    return tuple(sorted((names | symbols_of(n for n, _ in atoms.values())) - set(atoms)))
+
+
 def evaluate(dim: Dim, binding: Mapping[str, int]) -> int:
     """``dim``'s value under ``binding`` (an int stays itself)."""
     return dim.evaluate(binding) if isinstance(dim, Sym) else dim
@@ -352,8 +449,10 @@ def _exact_quotient(a: dict[Monomial, int], b: dict[Monomial, int]) -> Dim | Non
 
 
 def _range(d: Sym) -> tuple[float, float]:
-    """Bounds of ``d`` over every value >= 1 of its symbols: with all non-constant coefficients >= 0 its
-    least value is at 1 (the sum of its coefficients); with all <= 0 that is its largest."""
+    """Bounds of ``d`` over every value of its symbols (>= 1, a floor atom >= its :func:`minimum`), written over
+    symbols that start at 1 (:func:`shifted`): with all non-constant coefficients >= 0 its least value is at 1 (the
+    sum of its coefficients); with all <= 0 that is its largest."""
+    d = shifted(d)
     at_one = sum(coef for _, coef in d.terms)
     coefs = [coef for mono, coef in d.terms if mono]
     low = at_one if all(c >= 0 for c in coefs) else float("-inf")
@@ -373,5 +472,6 @@ def _positive(d: Dim, what: str) -> bool:
     raise ShapeError(f"cannot decide {what} for every value of {', '.join(d.symbols)}")
 
 
-__all__ = ["MAX_DEGREE", "MAX_NESTING", "MAX_TERMS", "MAX_TEXT", "NAME", "Dim", "Sym", "as_dim", "evaluate", "parse",
-           "symbol", "symbols_of", "to_json"]
+__all__ = ["MAX_DEGREE", "MAX_NESTING", "MAX_TERMS", "MAX_TEXT", "NAME", "Dim", "Sym", "as_dim", "at_least",
+           "evaluate", "floor_atoms", "floor_div", "free_symbols", "minimum", "parse", "shifted", "symbol",
+           "symbols_of", "to_json"]

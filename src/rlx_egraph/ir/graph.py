@@ -35,7 +35,7 @@ import numpy as np
 from .._builders import GraphBuilders
 from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
-from .dims import Sym, as_dim, symbols_of, to_json
+from .dims import Sym, as_dim, free_symbols, symbols_of, to_json
 from .dot import format_attrs, graph_to_dot
 from .dtypes import DTYPES
 from .dtypes import dtype as lookup_dtype
@@ -390,13 +390,14 @@ class Graph(GraphBuilders):
 
     @property
     def symbols(self) -> tuple[str, ...]:
-        """The names of the symbolic dims in the graph, sorted (empty for a static graph)."""
+        """The names of the symbolic dims in the graph, sorted (empty for a static graph); for a floor atom
+        (:func:`~rlx_egraph.ir.dims.floor_div`), the symbols it divides."""
         if self._symbols is None:  # each distinct tuple of dims once: nodes share a few shapes
             tuples = {n.shape for n in self._nodes}  # most nodes: their shape alone (Node.dim_tuples)
             with_more = {op for op in {n.op for n in self._nodes} if REGISTRY[op].dim_attrs}
             for n in [n for n in self._nodes if n.parts or n.op in with_more]:
                 tuples.update(n.dim_tuples())
-            self._symbols = tuple(sorted(symbols_of(d for dims in tuples for d in dims)))
+            self._symbols = free_symbols(symbols_of(d for dims in tuples for d in dims))  # a floor atom's bases
         return self._symbols
 
     def source_names(self, node_id: int) -> tuple[str, ...]:

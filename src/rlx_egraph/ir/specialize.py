@@ -107,7 +107,7 @@ class Sentinels:
         dim of ``graph`` keeps a value of its own below MAX_DIM in magnitude, and >= 0 for a dim of a shape (an
         attribute such as an Arange's start ``128 - sequence`` may be negative there); GraphError when none of the
         tries does."""
-        symbols = graph.symbols
+        symbols = graph.symbols  # not the floor atoms: they take the values their definitions give
         dims = {d for n in graph.nodes for d in n.dims()}
         shape_dims = {d for n in graph.nodes for d in n.shape}
         ints = {abs(d) for d in dims if isinstance(d, int) and d}

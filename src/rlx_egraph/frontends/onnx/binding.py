@@ -69,6 +69,7 @@ class Bound:
     shapes: dict[str, tuple[Dim, ...]] = field(default_factory=dict)
     dim_names: dict[str, list[str | None]] = field(default_factory=dict)
     hints: dict[str, int] = field(default_factory=dict)
+    related: dict[str, Dim] = field(default_factory=dict)  # dim_param -> the dim it is taken to be (decoding_length)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def bind_inputs(inputs: Sequence[ModelInput], input_shapes: Mapping[str, Sequenc
         if model.dims is not None and len(model.dims) > MAX_RANK:
             raise OnnxImportError(f"input {model.name!r} has rank {len(model.dims):,}, more than the {MAX_RANK} dims "
                                   "a tensor may have")
-    out = Bound()
+    out = Bound(related=decoding_length(inputs, given))
     params: dict[str, tuple[DimBinding, str]] = {}  # model dim_param -> its binding, and where it was given
     for name, dims in given.items():
         model = by_name[name]
@@ -143,6 +144,8 @@ def bind_inputs(inputs: Sequence[ModelInput], input_shapes: Mapping[str, Sequenc
                 shape.append(b.value if b.symbol is None else symbol(b.symbol))
             elif isinstance(have, int):
                 shape.append(have)
+            elif isinstance(have, str) and have in out.related:
+                shape.append(out.related[have])
             elif isinstance(have, str):
                 shape.append(_symbolic_dim(model, axis, have))
             else:
@@ -154,6 +157,36 @@ def bind_inputs(inputs: Sequence[ModelInput], input_shapes: Mapping[str, Sequenc
                                   "supported)")
         out.shapes[model.name] = tuple(shape)
     return out
+
+
+def decoding_length(inputs: Sequence[ModelInput], given: Mapping[str, Sequence[DimBinding]]) -> dict[str, Dim]:
+    """The total length of a decoding step that the model names apart: ``{"total_sequence": past_sequence + S}``.
+
+    A decoding step exported by TorchScript gives its attention mask ``[batch, total_sequence]``, a dim_param of its
+    own, while its cache inputs (``past...``, rank 4) are ``[batch, heads, past_sequence, head_dim]`` and its tokens
+    ``[batch, S]``; the step only runs when the mask covers the cached and the new tokens, so ``total_sequence`` is
+    ``past_sequence + S``.  Taken when exactly one input is a rank-2 ``*mask*`` whose last dim is a dim_param no other
+    input has, the rank-4 ``*past*`` inputs share one dim_param on axis 2, one other rank-2 input (the token ids) has
+    the mask's first dim, and the binding names none of these inputs; empty otherwise.
+    """
+    def dims(i: ModelInput) -> tuple[int | str | None, ...]:
+        return i.dims or ()
+
+    masks = [i for i in inputs if "mask" in i.name.lower() and len(dims(i)) == 2]
+    past = {dims(i)[2] for i in inputs if "past" in i.name.lower() and len(dims(i)) == 4}
+    if len(masks) != 1 or len(past) != 1 or not isinstance(cached := next(iter(past)), str):
+        return {}
+    mask = masks[0]
+    total = dims(mask)[1]
+    tokens = [i for i in inputs if i is not mask and len(dims(i)) == 2 and dims(i)[0] == dims(mask)[0]]
+    if (not isinstance(total, str) or not NAME.fullmatch(total) or total == cached or len(tokens) != 1 or set(given) & {
+            i.name for i in inputs if i is mask or i is tokens[0] or cached in dims(i)}
+            or any(total in dims(i) for i in inputs if i is not mask)):
+        return {}
+    new = dims(tokens[0])[1]
+    if new is None or (isinstance(new, str) and not NAME.fullmatch(new)) or not NAME.fullmatch(cached):
+        return {}
+    return {total: symbol(cached) + (new if isinstance(new, int) else symbol(new))}
 
 
 def _symbolic_dim(model: ModelInput, axis: int, dim_param: str) -> Dim:
@@ -175,4 +208,5 @@ def _symbolic_dim(model: ModelInput, axis: int, dim_param: str) -> Dim:
     return dim
 
 
-__all__ = ["MAX_DIM_PARAM", "MAX_RANK", "Bound", "DimBinding", "ModelInput", "bind_inputs", "parse_dim"]
+__all__ = ["MAX_DIM_PARAM", "MAX_RANK", "Bound", "DimBinding", "ModelInput", "bind_inputs", "decoding_length",
+           "parse_dim"]

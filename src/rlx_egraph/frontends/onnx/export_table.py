@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...ir.dims import symbols_of
 from ...ir.dtypes import dtype
 from ...ir.ops.fused import repeat_kv
 from ...ir.ops.onnx_op import ONNX_DTYPES
@@ -315,20 +316,37 @@ def _kv_cache_attention(b: Builder, node: Node, ins: list[str], types: list[Tens
 def _group_query_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> tuple[str, ...] | None:
     """com.microsoft GroupQueryAttention on one new token: q, k and v [B, 1, heads * D] as they are, the cache
     (past_key / past_value in, present out), the bias its attention_bias ([B or 1, 1, 1, P + 1]), every row's
-    keys 0 .. P (seqlens_k = P, total_sequence_length = P + 1).  With rotary tables (known, the same for every
-    batch row, equal halves) it rotates q and k itself (do_rotary) at position P: its cos/sin caches are
-    [P + 1, D / 2], their row P the tables' first halves (the rows before are never read).  Static shapes only;
-    None (the decomposition) for others."""
+    keys 0 .. P (seqlens_k = P, total_sequence_length = P + 1).  With rotary tables (the same for every batch row,
+    equal halves) it rotates q and k itself (do_rotary) at position P: its cos/sin caches are [P + 1, D / 2], their
+    row P the tables' first halves (the rows before are never read).  Static shapes: known tables checked by value.
+    Symbolic dims: the lengths computed at run time from the inputs' shapes, and tables computed at run time taken
+    by form ([1, 1, 1, D], a Cos or Sin of a Concat of one value with itself), each cache the table's first half
+    expanded to [P + 1, D / 2].  None (the decomposition) for others."""
     q, k, v, past_k, past_v, bias, *tables = ins
-    batch, _, width = types[0].shape
-    past = types[3].shape[2]
-    if not all(isinstance(d, int) for t in types for d in t.shape):
-        return None
-    half = width // node.attrs["heads"] // 2
+    half = types[0].shape[2] // node.attrs["heads"] // 2
     if (2 * half) % (16 if tables else 8):  # the kernel's head widths (rules/decode.egg guards them)
         return None
+    symbolic = any(symbols_of(t.shape) for t in types)
+    parts = (_decoding_inputs_at_run_time if symbolic else _decoding_inputs)(b, node, ins, types, half)
+    if parts is None:
+        return None
+    seqlens, total, caches = parts
+    scores = (1, types[3].shape[2] + 1)
+    if types[5].shape[-2:] != scores or types[5].rank != 4:
+        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, (1, 1, *scores)))])
+    inputs = [q, k, v, past_k, past_v, seqlens, total, *(caches or ["", ""]), "", bias]
+    return tuple(b.multi("GroupQueryAttention", inputs, (0, 1, 2), domain=MS, num_heads=node.attrs["heads"],
+                         kv_num_heads=node.attrs["kv_heads"], scale=node.attrs["scale"], do_rotary=int(bool(caches)),
+                         rotary_interleaved=0))
+
+
+def _decoding_inputs(b: Builder, node: Node, ins: list[str], types: list[TensorType],
+                     half: int) -> tuple[str, str, list[str]] | None:
+    """GroupQueryAttention's seqlens_k, total_sequence_length and rotary caches at static shapes, the tables known
+    initializers (None otherwise)."""
+    batch, past = types[0].shape[0], types[3].shape[2]
     caches = []
-    for name in tables:
+    for name in ins[6:]:
         table = _known(b, name)
         if table is None:
             return None
@@ -338,15 +356,30 @@ def _group_query_attention(b: Builder, node: Node, ins: list[str], types: list[T
         cache = np.zeros((past + 1, half), table.dtype)
         cache[past] = full[0, 0, 0, :half]
         caches.append(b.const(cache, types[6].dtype))
-    scores = (1, past + 1)
-    if types[5].shape[-2:] != scores or types[5].rank != 4:
-        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, (1, 1, *scores)))])
-    seqlens = b.const(np.full((batch,), past, np.int32))
-    total = b.const(np.array(past + 1, np.int32))
-    inputs = [q, k, v, past_k, past_v, seqlens, total, *(caches or ["", ""]), "", bias]
-    return tuple(b.multi("GroupQueryAttention", inputs, (0, 1, 2), domain=MS, num_heads=node.attrs["heads"],
-                         kv_num_heads=node.attrs["kv_heads"], scale=node.attrs["scale"], do_rotary=int(bool(caches)),
-                         rotary_interleaved=0))
+    return b.const(np.full((batch,), past, np.int32)), b.const(np.array(past + 1, np.int32)), caches
+
+
+def _decoding_inputs_at_run_time(b: Builder, node: Node, ins: list[str], types: list[TensorType],
+                                 half: int) -> tuple[str, str, list[str]] | None:
+    """GroupQueryAttention's seqlens_k, total_sequence_length and rotary caches computed at run time (symbolic
+    dims), once for every layer that reads them; None for a table that is known or not of the form taken."""
+    batch, past = types[0].shape[0], types[3].shape[2]
+    caches = []
+    for name, nid, t in zip(ins[6:], node.inputs[6:], types[6:], strict=True):
+        if _known(b, name) is not None or t.shape[:3] != (1, 1, 1) or not _halves_alike(b, nid):
+            return None
+        key = ("decoding rotary cache", name)
+        if key not in b.dim_tensors:
+            row = b.op("Reshape", [b.op("Slice", [name, b.ints([0]), b.ints([half]), b.ints([-1])]),
+                                   b.ints([1, half])])
+            b.dim_tensors[key] = b.op("Expand", [row, b.ints([past + 1, half])])
+        caches.append(b.dim_tensors[key])
+    key = ("decoding lengths", batch, past)
+    if key not in b.dim_tensors:
+        i32 = ONNX_DTYPES["i32"]
+        b.dim_tensors[key] = (b.op("Expand", [b.op("Cast", [b.dim(past)], to=i32), b.ints([batch])]),
+                              b.op("Cast", [b.scalar_dim(past + 1)], to=i32))
+    return (*b.dim_tensors[key], caches)
 
 
 def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:

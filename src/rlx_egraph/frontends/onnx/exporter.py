@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ...ir.dims import Dim, Sym, parse, symbol, symbols_of, to_json
+from ...ir.dims import Dim, Sym, floor_atoms, parse, symbol, symbols_of, to_json
 from ...ir.graph import Graph, GraphError, Node
 from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, outer_reads, rename_node
 from ...ir.ops.reference import run_node
@@ -108,7 +108,8 @@ class Builder:
 
     def dim(self, d: Dim) -> str:
         """A 1-D int64 tensor ``[d]``; a symbolic one computed at run time from the inputs' shapes
-        (``Shape(start, end)`` of an input that has it, else Mul/Add of its symbols), once per dim."""
+        (``Shape(start, end)`` of an input that has it, else Mul/Add of its symbols, a floor atom by Div), once per
+        dim."""
         if d in self.dim_tensors:
             return self.dim_tensors[d]
         if not isinstance(d, Sym):
@@ -116,6 +117,9 @@ class Builder:
         elif d in self.dim_sources:
             name, axis = self.dim_sources[d]
             out = self.op("Shape", [name], start=axis, end=axis + 1)
+        elif d == symbol(d.symbols[0]) and (floor := floor_atoms([d]).get(d.symbols[0])) is not None:
+            numerator, divisor = floor  # >= 0 wherever the atom is a dim: integer Div is its floor
+            out = self.op("Div", [self.dim(numerator), self.dim(divisor)])
         elif d == symbol(d.symbols[0]):
             raise ShapeError(f"symbolic dim {d} is no dim of a graph input, so its value is not known at run time")
         else:

@@ -31,7 +31,7 @@ import onnx
 import onnx.external_data_helper
 from onnx import helper, numpy_helper
 
-from ...ir.dims import Dim, symbols_of
+from ...ir.dims import Dim, floor_atoms, minimum, shifted, symbols_of
 from ...ir.graph import Graph, GraphError
 from ...ir.ops.onnx_op import (
     MIR_DTYPES,
@@ -239,6 +239,9 @@ class Importer:
         self.limits_found: dict[str, int] = {}  # symbol -> the model's own limit on it (:meth:`model_limit`)
         self.hints = dict(bound.hints)
         self.table_lengths = _table_lengths(model.graph)
+        self.window_lengths = _window_lengths(model.graph)
+        for name, dim in bound.related.items():
+            self.assumptions.setdefault(f"{name} = {dim} (the attention mask covers the cached and the new tokens)")
         self.graph.meta = {"source": SOURCE, "dim_names": bound.dim_names,
                            "output_names": [o.name for o in model.graph.output], "opset": self.opsets[""]}
         if bound.hints:
@@ -376,7 +379,8 @@ class Importer:
                 low, high = dim_range(diff, {**self.max_dims, **bounds})
                 if (high < 0 if strict else high <= 0) or (low >= 0 if strict else low > 0):
                     held = high < 0 if strict else high <= 0
-                    self.assume(f"{a} {op if held else _NEGATED[op]} {b}", why)
+                    if bounds is self.max_dims:  # a fact under a model limit follows from the limit's own record
+                        self.assume(f"{a} {op if held else _NEGATED[op]} {b}", why)
                     return held
             held = self.model_limit(diff, strict) if model_limit else None
             if held is not None:
@@ -399,10 +403,16 @@ class Importer:
         # the largest s at which c * s + k keeps the sign it has at s = 1 (c * s + k is monotone in s)
         limit = ((-k - 1 if strict else -k) if held else (-k if strict else 1 - k)) // c
         if c > 0 if held else c < 0:  # the fact weakens as s grows: a limit from above
-            if limit < max(2, self.hints.get(s, 0)) or not {limit, limit + 1} & self.table_lengths:
+            if limit < max(2, self.hints.get(s, 0)):
+                return None
+            if {limit, limit + 1} & self.table_lengths:
+                source = "the model's own limit"
+            elif {limit, limit + 1} & self.window_lengths:
+                source = "the model's window: past it the model drops its oldest keys, which this import does not"
+            else:
                 return None
             self.limits_found[s] = min(limit, self.limits_found.get(s, limit))
-            self.assume(f"{s} <= {limit}", f"the model's own limit: beyond it {diff} {'<' if strict else '<='} 0 "
+            self.assume(f"{s} <= {limit}", f"{source}; beyond it {diff} {'<' if strict else '<='} 0 "
                         f"{'fails' if held else 'holds'}")
             return held
         return None
@@ -431,7 +441,10 @@ class Importer:
                 try:
                     return d if self.decide(d, ">=", 0) else 0
                 except ShapeError:
-                    return d
+                    try:  # 0 also where it reaches 0 (a window cut to the cache's length)
+                        return 0 if self.decide(d, "<=", 0) else d
+                    except ShapeError:
+                        return d
             if isinstance(d, int) and isinstance(size, int):
                 return min(d, size)
             if isinstance(d, int) and d >= 2**62:  # "to the end"
@@ -467,6 +480,9 @@ class Importer:
         self.graph.set_outputs([self.tensor(o.name) for o in graph.output])
         if self.names:
             self.graph.meta["node_names"] = {str(k): v for k, v in self.names.items()}
+        for name, (numerator, divisor) in floor_atoms(d for n in self.graph.nodes for d in n.shape).items():
+            self.assumptions.setdefault(f"{name} = floor(({numerator}) / {divisor}) >= {minimum(name)} (the lengths "
+                                        "it gives are not empty)")
         if self.assumptions:
             self.graph.meta["assumptions"] = list(self.assumptions)
         return self.graph
@@ -645,6 +661,23 @@ def _table_lengths(graph: onnx.GraphProto) -> set[int]:
             for d in known[node.input[0]] if d >= 2}
 
 
+def _window_lengths(graph: onnx.GraphProto) -> set[int]:
+    """The lengths ``W >= 2`` of the sliding windows a graph keeps: a one-element int constant ``-W`` that starts a
+    Slice (a cache cut to its last ``W`` entries, ``past[:, :, -W:]``) or is added to a value (the window's first
+    position, ``max(past - W, 0)``)."""
+    known = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]:
+            known[node.output[0]] = node.attribute[0].t
+    values = {name: numpy_helper.to_array(t) for name, t in known.items()
+              if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and math.prod(t.dims) == 1
+              and t.data_location != onnx.TensorProto.EXTERNAL}
+    reads = [name for node in graph.node for name in (node.input[1:2] if node.op_type == "Slice" else
+                                                       node.input if node.op_type == "Add" else ())]
+    return {-int(values[name].reshape(-1)[0]) for name in reads if name in values
+            and int(values[name].reshape(-1)[0]) <= -2}
+
+
 def _squeezed(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
     """``shape`` without its leading size-1 axes (a broadcast operand needs no more)."""
     k = 0
@@ -656,6 +689,7 @@ def _squeezed(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
 def dim_range(d: Dim, max_dims: Mapping[str, int]) -> tuple[float, float]:
     """Bounds of ``d`` for symbols in ``[1, max_dims[s]]`` (unbounded where a symbol has no maximum), by interval
     arithmetic over its monomials (sound, not always tight)."""
+    d = shifted(d)  # over symbols that start at 1
     if isinstance(d, int):
         return d, d
     low = high = 0.0

@@ -20,7 +20,7 @@ from onnx import helper
 from ...ir.dims import Dim, as_dim, symbols_of
 from ...ir.dtypes import dtype
 from ...ir.ops.onnx_op import MIR_DTYPES, encode_proto
-from ...ir.registry import TensorType
+from ...ir.registry import ShapeError, TensorType
 from ...ir.shapes import broadcast
 from .forms import Affine, Filled, Form, Mask, Select, Stacked, from_array, is_symbolic
 from .importer import Importer, Value
@@ -82,6 +82,68 @@ def _add(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         mask = imp.form_operand(keep, [x.shape], f"{mask_name}\0keep")
         return _out(imp.graph.add_node("Where", [mask, imp.tensor(x_name), fill_value]))
     return elementwise("Add")(imp, node, at)
+
+
+def _mask_constant(imp: Importer, mask: Mask) -> bool | None:
+    """True (False) when ``mask`` (``sum(coefs * i) <= bound``) holds at every (no) index for every value of the
+    symbols, by the sum's largest (least) value over the axes; None otherwise (or when it cannot be decided)."""
+    if not all(isinstance(c, int) for c in mask.coefs):
+        return None
+    high = sum(c * (n - 1) for c, n in zip(mask.coefs, mask.shape, strict=True) if c > 0)
+    low = sum(c * (n - 1) for c, n in zip(mask.coefs, mask.shape, strict=True) if c < 0)
+    try:
+        if imp.decide(high, "<=", mask.bound, model_limit=False):
+            return True
+        if imp.decide(low, ">", mask.bound, model_limit=False):
+            return False
+    except ShapeError:
+        pass
+    return None
+
+
+def _causal(keep: np.ndarray) -> bool:
+    form = from_array(keep)
+    return isinstance(form, Mask) and form.is_causal()
+
+
+MASKED = -1e36  # a fill this low absorbs any score added to it in f32 and f64
+
+
+def _where(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Where, except for a known bool condition: all true (all false) picks its first (second) branch, a run-time
+    value, broadcast to the result's shape (a mask buffer cut to a decoding step's one query row where every key is
+    in the window).  A bool condition that is not a causal keep mask (known, or computed at run time) choosing
+    between a run-time value and a fill <= :data:`MASKED` (``Where(keep, x, fill)``, or masked_fill's
+    ``Where(drop, fill, x)``) is the value plus the additive mask (0 where kept, the fill elsewhere: GPT-Neo's
+    local attention window, MPT's and BLOOM's masks beside their ALiBi bias), the form the attention rules take as
+    a bias.  The sum is the fill wherever the fill is taken (a value of magnitude below 1e30 vanishes
+    against it)."""
+    keep, cond = imp.known(node.input[0]), imp.value(node.input[0])
+    shape = broadcast(*(imp.type(n).shape for n in node.input))
+    constant = _mask_constant(imp, cond.form) if isinstance(cond.form, Mask) else None
+    if keep is not None and keep.size and keep.dtype == np.bool_ and (keep.all() or not keep.any()):
+        constant = bool(keep.all())
+    if constant is not None:
+        chosen = node.input[1] if constant else node.input[2]
+        if imp.value(chosen).runtime:
+            return _out(imp.fit(imp.tensor(chosen), shape))
+    for kept, value in ((True, 1), (False, 2)):  # Where(keep, x, fill), or masked_fill's Where(drop, fill, x)
+        fill, x = imp.known(node.input[3 - value]), imp.type(node.input[value])
+        if (fill is None or fill.size != 1 or not imp.value(node.input[value]).runtime
+                or x.dtype not in ("f32", "f64") or float(fill.reshape(-1)[0]) > MASKED
+                or imp.type(node.input[0]).dtype != "bool"):
+            continue
+        fill_value = fill.reshape(-1)[0].item()
+        branches = (0.0, fill_value) if kept else (fill_value, 0.0)
+        if keep is not None and keep.size and not (kept and _causal(keep)):
+            bias = imp.graph.add_node("Constant", value=np.where(keep, *branches).astype(dtype(x.dtype).storage),
+                                      dtype=x.dtype)
+        elif cond.runtime and imp.graph.node(cond.node).op != "CausalMask":
+            bias = imp.graph.add_node("Where", [cond.node, *(imp.graph.scalar(b, x.dtype) for b in branches)])
+        else:
+            continue
+        return _out(imp.fit(imp.graph.add_node("Add", [imp.tensor(node.input[value]), bias]), shape))
+    return elementwise("Where")(imp, node, at)
 
 
 def additive_causal(imp: Importer, name: str) -> tuple[Mask, float] | None:
@@ -627,7 +689,8 @@ def _size(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
 LOWERINGS: dict[str, Lowering] = {
     "Add": _add,
     "Tile": _tile,
-    **{op: elementwise(op) for op in ("Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Greater",
+    "Where": _where,
+    **{op: elementwise(op) for op in ("Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Greater",
                                       "Less")},
     "Sum": elementwise("Add"),
     **{op: unary(op) for op in ("Sqrt", "Neg", "Erf", "Tanh", "Sigmoid", "Relu", "Abs", "Log", "Exp")},

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ...ir.dims import Dim, symbols_of
+from ...ir.dims import Dim, floor_div, symbols_of
 from ...ir.registry import ShapeError
 from .errors import OnnxImportError
 from .forms import is_symbolic
@@ -104,11 +104,21 @@ def _cells(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
     return lambda a, b: np.asarray(apply(a, b), dtype=object)
 
 
-def _trunc_div(a: Dim, b: Dim) -> Dim:
-    """ONNX integer Div (truncating); a Sym divides only exactly (ShapeError otherwise)."""
+def _trunc_div(imp: Importer, a: Dim, b: Dim) -> Dim:
+    """ONNX integer Div (truncating); a Sym by an int >= 1 is its floor (:func:`~rlx_egraph.ir.dims.floor_div`, the
+    same where it is >= 0 for every value), else it divides only exactly (ShapeError otherwise)."""
     if isinstance(a, int) and isinstance(b, int):
         return abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+    if isinstance(b, int) and b >= 1 and imp.decide(a, ">=", 0):
+        return floor_div(a, b)
     return a // b
+
+
+def _mod(imp: Importer, a: Dim, b: Dim) -> Dim:
+    """ONNX integer Mod (the divisor's sign): of a Sym >= 0 by an int >= 1, ``a - b * floor(a / b)``."""
+    if isinstance(b, int) and b >= 1 and not isinstance(a, int) and imp.decide(a, ">=", 0):
+        return a - b * floor_div(a, b)
+    return a % b
 
 
 def _extreme(first_wins: str, what: str) -> Callable[[Importer, Dim, Dim], Dim]:
@@ -259,8 +269,8 @@ FOLDS: dict[str, tuple[Fold, frozenset[int] | None]] = {
     "Add": (_binary(operator.add), None),
     "Sub": (_binary(operator.sub), None),
     "Mul": (_binary(operator.mul), None),
-    "Div": (_binary(_trunc_div), None),
-    "Mod": (_binary(operator.mod), None),
+    "Div": (_decided(_trunc_div), None),
+    "Mod": (_decided(_mod), None),
     "Max": (_decided(_extreme(">=", "max")), None),
     "Min": (_decided(_extreme("<=", "min")), None),
     "Neg": (lambda imp, node, at, a: -a[0], None),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..dims import at_least, floor_div
 from ..registry import (
     Attrs,
     AttrSpec,
@@ -71,7 +72,8 @@ def conv_out_shape(x: T, w: T, a: Attrs, what: str) -> tuple:
     spatial = []
     for i in range(rank):
         reach = (w.shape[2 + i] - 1) * dilations[i] + 1
-        size = (x.shape[2 + i] + pads[i] + pads[rank + i] - reach) // strides[i] + 1
+        size = floor_div(x.shape[2 + i] + pads[i] + pads[rank + i] - reach, strides[i]) + 1  # a floor atom if symbolic
+        at_least(size, 1)  # a symbolic length: its floor atom is at least what keeps the output non-empty
         if isinstance(size, int) and size < 1:
             raise ShapeError(f"{what} window {reach} with stride {strides[i]} does not fit spatial axis {i} of "
                              f"{list(x.shape)} padded by {pads[i]} and {pads[rank + i]}")
