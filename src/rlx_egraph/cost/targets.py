@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RlxError
-from ..ir.ops.fused import REGION_KINDS
+from ..ir.ops.regions import REGION_KINDS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from . import calibration as cal
 from .calibration import Calibration, OpRate

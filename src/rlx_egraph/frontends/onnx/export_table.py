@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...ir.dtypes import dtype
-from ...ir.ops.fused import repeat_kv
+from ...ir.ops.attention import repeat_kv
 from ...ir.ops.onnx_op import ONNX_DTYPES
 from ...ir.registry import REGISTRY, Attrs, OnnxExport, TensorType
 from ...ir.shapes import broadcast
