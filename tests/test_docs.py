@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import doctest
 import re
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ from rlx_egraph.ir import REGISTRY, Kind
 from rlx_egraph.onnx import onnx_rules
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # A fenced block, possibly indented (inside a list item): its language, its attributes and its text.
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
                    re.MULTILINE | re.DOTALL)
@@ -113,7 +114,11 @@ def test_the_docs_site_builds_without_a_warning(tmp_path: Path) -> None:
 
 
 def test_the_fusion_catalogue_names_every_shipped_rule_and_fused_op() -> None:
-    catalogue = (ROOT / "docs" / "fusions.md").read_text(encoding="utf-8")
+    """As the site shows it: the generated table (scripts/docs_hooks.py) lists every fused op and the rules that
+    build it."""
+    hooks = runpy.run_path(str(ROOT / "scripts" / "docs_hooks.py"))
+    catalogue = hooks["on_page_markdown"]((ROOT / "docs" / "fusions.md").read_text(encoding="utf-8"), None)
+    assert hooks["MARKER"] not in catalogue
     named = set(re.findall(r"`([A-Za-z][\w-]*)(?=[`(])", catalogue))  # `name` or `Op(args)`
     rules = {rule.base for rule in onnx_rules().rules}  # the shipped rules and rules/onnx/
     assert sorted(rules - named) == []

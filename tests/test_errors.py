@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -14,14 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlx_egraph import Graph, GraphError, examples, optimize, optimize_with_report
+from rlx_egraph import Graph, GraphError, Options, examples, optimize, optimize_with_report
 from rlx_egraph.cost import TARGETS
 from rlx_egraph.engines.egglog.saturate import SaturationLimits
 from rlx_egraph.ir.graph import MAX_DIM
 
-# optimize_with_report's options after graph, target, rules, verify, engine, extraction; then the limits
-KNOWN_AFTER_EXTRACTION = [*list(inspect.signature(optimize_with_report).parameters)[6:-1],
-                          *(f.name for f in dataclasses.fields(SaturationLimits))]
+# the options after target, rules, verify, engine, extraction; the saturation limits among them
+KNOWN_AFTER_EXTRACTION = [f.name for f in dataclasses.fields(Options)][5:]
 
 
 def tiny() -> dict[str, Any]:
@@ -268,9 +266,8 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"extraction": "ilp"}, ValueError, "extraction must be one of ('greedy', 'exact'), got 'ilp'"),
     ({"target": "cdua"}, ValueError, f"target must be one of {tuple(TARGETS)} or a cost.Target, got 'cdua'; "
                                      "did you mean 'cuda'?"),
-    ({"target": None}, TypeError, f"target must be one of {tuple(TARGETS)} or a cost.Target, got None (NoneType)"),
     ({"max_iteration": 3}, TypeError, "unknown optimize option 'max_iteration'; did you mean 'max_iterations'?"),
-    ({"colour": 3}, TypeError, "unknown optimize option 'colour' (known: graph, target, rules, verify, engine, "
+    ({"colour": 3}, TypeError, "unknown optimize option 'colour' (known: target, rules, verify, engine, "
                                f"extraction, {', '.join(KNOWN_AFTER_EXTRACTION)})"),
 ]
 
@@ -279,10 +276,44 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
                          ids=[",".join(f"{k}={v!r}" for k, v in c[0].items()) for c in BAD_OPTIONS])
 def test_optimize_rejects_bad_options_naming_them(options: dict[str, Any], error: type[Exception],
                                                   message: str) -> None:
-    with pytest.raises(error) as info:
-        optimize_with_report(examples.mlp(layers=1), **options)
-    assert type(info.value) is error
-    assert str(info.value) == message
+    """The same error from the keywords of optimize, from Options and from Options.replace."""
+    for attempt in (lambda: optimize_with_report(examples.mlp(layers=1), **options), lambda: Options(**options),
+                    lambda: Options(engine="fallback").replace(**options)):
+        with pytest.raises(error) as info:
+            attempt()
+        assert type(info.value) is error
+        assert str(info.value) == message
+
+
+def test_options_reject_no_target_and_a_positional_value() -> None:
+    """None is no target (by keyword or position to optimize it leaves the options' target); Options takes keywords
+    only, and optimize's ``options`` only an Options."""
+    with pytest.raises(TypeError) as info:
+        Options(target=None)
+    assert str(info.value) == f"target must be one of {tuple(TARGETS)} or a cost.Target, got None (NoneType)"
+    with pytest.raises(TypeError, match=r"takes 1 positional argument but 2 were given"):
+        Options("cuda")  # type: ignore[misc]
+    with pytest.raises(TypeError) as info:
+        optimize(examples.mlp(layers=1), options={"engine": "fallback"})  # type: ignore[arg-type]
+    assert str(info.value) == "options must be an rlx_egraph.Options, got {'engine': 'fallback'} (dict)"
+
+
+def test_options_and_keywords_make_the_same_run() -> None:
+    """``options=Options(...)`` and the keywords are one run; keywords given beside ``options`` change those
+    options, and None for target, rules or verify leaves them as ``options`` has them."""
+    g = examples.mlp(layers=1)
+    cuda_fallback = Options(target="cuda", engine="fallback", regions=False)
+    by_options, report = optimize_with_report(g, options=cuda_fallback)
+    assert (report.target, report.engine) == ("cuda", "fallback")
+    assert optimize(g, "cuda", engine="fallback", regions=False) == by_options
+    assert optimize(g, None, None, None, options=cuda_fallback) == by_options
+    _, report = optimize_with_report(g, "cpu", options=cuda_fallback, engine="egglog")
+    assert (report.target, report.engine) == ("cpu", "egglog")
+    assert cuda_fallback.replace(target="cpu") == Options(target="cpu", engine="fallback", regions=False)
+    assert cuda_fallback.limits == SaturationLimits()
+    assert Options(max_seconds=5, match_limit=7).limits == SaturationLimits(max_seconds=5, match_limit=7)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cuda_fallback.engine = "egglog"  # type: ignore[misc]
 
 
 def test_optimize_rejects_a_graph_that_is_not_a_graph() -> None:

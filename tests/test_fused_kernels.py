@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from rlx_egraph import Graph, evaluate
 from rlx_egraph.ir import Kind, op_spec
-from rlx_egraph.ir.ops.fused import EPILOGUE_OPS
+from rlx_egraph.ir.ops.matmul import EPILOGUE_OPS
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None)
 

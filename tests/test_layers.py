@@ -17,12 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = SRC / "rlx_egraph"
 
-# The ONNX importer and its op tables still import one another (its modules call back into the importer); the
-# only cycle left, written out so that a new one fails here.
-KNOWN_CYCLES = [frozenset({"rlx_egraph.frontends.onnx.form_folds", "rlx_egraph.frontends.onnx.importer",
-                           "rlx_egraph.frontends.onnx.lowering", "rlx_egraph.frontends.onnx.symbolic"})]
-
-
 def _contract(name: str = "layers") -> dict:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     (contract,) = [c for c in config["contracts"] if c["id"] == name]
@@ -102,7 +96,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_no_import_cycle_between_modules() -> None:
     graph = grimp.build_graph("rlx_egraph", exclude_type_checking_imports=True, cache_dir=None)
     edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
-    assert _cycles(edges) == KNOWN_CYCLES
+    assert _cycles(edges) == []
     # the check finds a cycle where there is one
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
 
@@ -135,8 +129,5 @@ def test_function_level_imports_only_load_the_onnx_extra_on_use() -> None:
     imports = _function_level_imports()
     cli = {target for importer, target in imports if importer == module}
     assert cli == {"rlx_egraph.onnx", "rlx_egraph.frontends.onnx.calibrate"}  # need onnx, an optional extra
-    # elsewhere only the ONNX front end's modules, which import one another (KNOWN_CYCLES)
-    rest = {(importer, target) for importer, target in imports if importer != module}
-    assert {importer for importer, _ in rest} == {"rlx_egraph.frontends.onnx.compare",
-                                                  "rlx_egraph.frontends.onnx.importer",
-                                                  "rlx_egraph.frontends.onnx.symbolic"}
+    # and nowhere else: no function-level import dodges a cycle
+    assert {(importer, target) for importer, target in imports if importer != module} == set()

@@ -15,7 +15,8 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_models import MODELS, OnnxBuilder, feeds
 from rlx_egraph import Graph, GraphError, evaluate, optimize, specialize
-from rlx_egraph.frontends.onnx.importer import Importer, Value
+from rlx_egraph.frontends.onnx.importer import Importer
+from rlx_egraph.frontends.onnx.values import Value
 from rlx_egraph.ir.dims import evaluate as dim_value
 from rlx_egraph.ir.dims import parse
 from rlx_egraph.onnx import OnnxImportError, export_model, import_model, onnx_rules

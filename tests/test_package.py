@@ -52,11 +52,7 @@ def test_builder_stub_is_in_sync_with_the_registry() -> None:
     (cls,) = [node for node in stub.body if isinstance(node, ast.ClassDef)]
     declared = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
     builders = {spec.builder for spec in REGISTRY.values() if spec.kind is not Kind.LEAF}
-    # 74, then Get, FusedAddLayerNorm, FusedAddRmsNorm, BiasedAttention, RotaryEmbedding, QkvAttention,
-    # EmbedLayerNorm, then the host-sync ops Item, NonZero and Cond, and the region kinds TransformRegion and
-    # BatchElementwiseRegion, then Clip and the convolution ops Conv, Pad, BatchNorm, FusedConv, BnFoldWeight,
-    # BnFoldBias and ConvZeroBias, then KvCacheAttention and GroupQueryAttention
-    assert set(declared) == builders and len(builders) == 96
+    assert set(declared) == builders
     assert GraphBuilders in Graph.__mro__ and not any(hasattr(GraphBuilders, b) for b in builders)
     narrow = declared["narrow"]
     assert ast.unparse(narrow.args) == "self, x: int, *, axis: int=-1, start: int | str, length: int | str"

@@ -14,7 +14,8 @@ from rlx_egraph.compile import legalize
 from rlx_egraph.cost import get_target, profile
 from rlx_egraph.ir import PARITY_TOLERANCE, Kind, op_spec
 from rlx_egraph.ir.decompose import decompose
-from rlx_egraph.ir.ops.fused import REGION_KINDS, SWIGLU_CASTS
+from rlx_egraph.ir.ops.activations import SWIGLU_CASTS
+from rlx_egraph.ir.ops.regions import REGION_KINDS
 from rlx_egraph.report.fusion import FusionReport
 
 CUDA = get_target("cuda")

@@ -15,12 +15,13 @@ from .ir import Graph, GraphError, Node, ShapeError, TensorType
 from .kernels.interpreter import evaluate
 from .kernels.parity import ParityError
 from .optimize import optimize, optimize_with_report
+from .options import Options
 
 try:
     __version__ = version("rlx-egraph")
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["Graph", "GraphError", "Node", "ParityError", "RlxError", "RuleError", "RuleSet", "ShapeError", "TensorType",
-           "UnsoundRewrite", "UnsupportedOp", "__version__", "accelerated", "check_rules", "compile",
+__all__ = ["Graph", "GraphError", "Node", "Options", "ParityError", "RlxError", "RuleError", "RuleSet", "ShapeError",
+           "TensorType", "UnsoundRewrite", "UnsupportedOp", "__version__", "accelerated", "check_rules", "compile",
            "dump_egglog_program", "evaluate", "examples", "optimize", "optimize_with_report", "specialize"]

@@ -145,6 +145,8 @@ class GraphBuilders:
         """Append a Pow node (elementwise). Elementwise Pow with numpy broadcasting."""
     def qkv_attention(self, x: int, w: int, b: int, bias: int | None = None, *, heads: int, scale: float, causal: bool = False) -> int:
         """Append a QkvAttention node (fused). Attention over one packed projection: x @ w + b split into Q, K and V [B, S, E], each into heads, attended with an additive bias [B or 1, heads or 1, S or 1, S], causally or unmasked: the context [B, S, heads, D] (a Reshape merges the heads for free; onnxruntime's com.microsoft Attention)."""
+    def quick_gelu(self, x: int, *, alpha: float = 1.702) -> int:
+        """Append a QuickGelu node (fused). x * Sigmoid(alpha * x) (CLIP's QuickGELU; Silu at alpha 1) in one kernel."""
     def recip(self, x: int) -> int:
         """Append a Recip node (elementwise). Elementwise Recip."""
     def reduce_mean(self, x: int, *, axes: Sequence[int], keepdims: bool = False) -> int:

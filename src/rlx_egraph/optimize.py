@@ -32,6 +32,7 @@ from typing import Any
 
 from egglog import bindings as eb
 
+from .checks import show
 from .cost import Target, get_target, profile
 from .cost.targets import unsupported_op
 from .engines import fallback
@@ -49,7 +50,7 @@ from .ir.graph import Graph
 from .ir.registry import REGISTRY, Kind, snake_case
 from .ir.specialize import Sentinels, specialize_graph
 from .kernels.parity import check_parity, check_reference_inputs
-from .options import check_options, verification_choice
+from .options import Options, build_options, verification_choice
 from .report import OptimizeReport
 from .report.data import OptimizationData
 from .report.fusion import (
@@ -85,67 +86,52 @@ def engine_by_size(engine: str, nodes: int) -> str:
 _SUMMARIES: ContextVar[bool] = ContextVar("rlx_egraph_report_summaries", default=True)
 
 
-def optimize(graph: Graph, target: str | Target = "cpu", rules: Any = None,
-             verify: bool | Mapping[str, Any] | None = None, **options: Any) -> Graph:
-    """The cheapest equivalent graph under ``target``'s cost model: :func:`optimize_with_report`'s graph, same
+def optimize(graph: Graph, target: str | Target | None = None, rules: Any = None,
+             verify: bool | Mapping[str, Any] | None = None, *, options: Options | None = None,
+             **keywords: Any) -> Graph:
+    """The cheapest equivalent graph under the target's cost model: :func:`optimize_with_report`'s graph, same
     options.  The report's summaries, which only the report shows, are not computed (at 100k nodes its two IO
     profiles alone take some 0.3 s)."""
     token = _SUMMARIES.set(False)
     try:
-        return optimize_with_report(graph, target, rules, verify, **options)[0]
+        return optimize_with_report(graph, target, rules, verify, options=options, **keywords)[0]
     finally:
         _SUMMARIES.reset(token)
 
 
 @tracked("optimize")
 @gc_paused()
-def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any = None,
-                         verify: bool | Mapping[str, Any] | None = None,
-                         engine: str = "auto", extraction: str = "greedy", exact_gap: bool = False,
-                         attention_block_max_tokens: int | None = None, regions: bool = True, seed: int = 0,
-                         strict: bool = False, dim_hints: Mapping[str, int] | None = None,
-                         **limits: Any) -> tuple[Graph, OptimizeReport]:
+def optimize_with_report(graph: Graph, target: str | Target | None = None, rules: Any = None,
+                         verify: bool | Mapping[str, Any] | None = None, *, options: Options | None = None,
+                         **keywords: Any) -> tuple[Graph, OptimizeReport]:
     """Optimize ``graph``; returns the new graph and an :class:`OptimizeReport`.
 
-    ``rules``: None for the shipped rules, or rule files/folders (see ``load_rules``).
-    ``engine``: "auto" | "egglog" | "fallback".  ``extraction``: "greedy" or "exact".
-    ``exact_gap``: also solve the exact problem and report its optimum.
-    ``regions``: fuse remaining elementwise chains into ElementwiseRegion nodes
-    (a pass after extraction; only on targets with region kernels, only where it pays).  Whatever ``regions``
-    says, a region longer or wider than the target's region kernels take is clipped to the target's limits
-    (listed in ``report.regions_clipped``).
-    ``verify``: check every node against the input graph with numpy (raises ParityError); None (the default)
-    checks when rules from outside the shipped set are loaded (``report.verification`` says whether and why); a
-    mapping gives reference values for some or all inputs by name and checks on them (a symbolic graph is then
-    checked at the sizes their shapes give its symbols; the other leaves are drawn).
-    ``strict``: raise UnsoundRewrite when a rule built an ill-typed e-node or merged input-graph
-    nodes of different types.  Otherwise ill-typed e-nodes are left out of extraction and listed
-    in ``report.ill_typed``, and after a bad merge the input graph is returned unchanged (the
-    reason in ``report.stop_reason`` and a warning on the ``rlx_egraph`` logger).
-    ``limits``: SaturationLimits fields (max_iterations, max_enodes, max_seconds, match_limit);
-    ``max_seconds`` is the budget of the whole run (the parity check excluded).
-    ``report.stop_reason`` says which limit, if any, stopped the run.
-    ``dim_hints``: the sizes symbolic dims are priced at (symbol -> int), over those the graph carries
-    (``graph.meta["dim_hints"]``, e.g. from ``--input-shape sequence=128``) over the target's ``dim_hints``.
+    ``options``: an :class:`~rlx_egraph.Options` (None: the defaults).  The keywords (``target``, ``rules``,
+    ``verify`` and every other field of :class:`~rlx_egraph.Options` by name) change those options; ``target``,
+    ``rules`` and ``verify`` may come second to fourth by position, and None there leaves the option as
+    ``options`` has it.  Every option is checked first: TypeError or ValueError naming it.
+
     A graph made by a front end (``graph.meta["source"]``, e.g. ``"onnx"``) gets that front end's rules with the
-    shipped ones when ``rules`` is None (:func:`default_rules`).
-    ``attention_block_max_tokens``: the largest batch*seq a FusedAttentionBlock is built for; None: the target's
-    (:attr:`Target.attention_block_max_tokens`: 64 on the presets with no measurement of the block, no bound on
-    ``onnxruntime``, where its measured cost decides).
-    Every option is checked first (:mod:`rlx_egraph.options`): TypeError or ValueError naming it.
+    shipped ones when ``rules`` is None (:func:`default_rules`).  ``report.stop_reason`` says which limit, if any,
+    stopped the run.
     """
-    check_options(optimize_with_report, locals())
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be an rlx_egraph.Graph, got {show(graph)}")
+    given = {k: v for k, v in (("target", target), ("rules", rules), ("verify", verify)) if v is not None}
+    opts = build_options(options, {**given, **keywords})
+    verify, dim_hints, engine = opts.verify, opts.dim_hints, opts.engine
     feeds = dict(verify) if isinstance(verify, Mapping) else {}
     feed_sizes = check_reference_inputs(graph, feeds)  # before the run, not after it
     summaries = _SUMMARIES.get()
-    sat_limits = SaturationLimits(**limits)
+    sat_limits = opts.limits
     deadline = Deadline(sat_limits.max_seconds)  # the whole run's, up to the parity check: both engines share it
-    tgt = get_target(target)
+    tgt = get_target(opts.target)
     carried = graph.meta.get("dim_hints")
     hints = {**(carried if isinstance(carried, dict) else {}), **(dim_hints or {})}
     if hints:
         tgt = tgt.replace(dim_hints={**tgt.dim_hints, **hints})
-    ruleset = load_rules(rules if rules is not None else default_rules(graph))
+    ruleset = load_rules(opts.rules if opts.rules is not None else default_rules(graph))
+    attention_block_max_tokens = opts.attention_block_max_tokens
     if attention_block_max_tokens is None:
         attention_block_max_tokens = NO_TOKEN_BOUND if tgt.attention_block_max_tokens is None \
             else tgt.attention_block_max_tokens
@@ -162,10 +148,11 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
         why = "requested" if engine == "fallback" else \
             f"auto: {len(graph):,} nodes is above the egglog engine's threshold of {FALLBACK_THRESHOLD:,}"
         new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits, attention_block_max_tokens,
-                                                 regions, why, summaries, deadline)
+                                                 opts.regions, why, summaries, deadline)
     else:
-        new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, extraction, exact_gap,
-                                               attention_block_max_tokens, regions, strict, summaries, deadline)
+        new, report, tables = _optimize_egglog(static, run_tgt, ruleset, sat_limits, opts.extraction,
+                                               opts.exact_gap, attention_block_max_tokens, opts.regions, opts.strict,
+                                               summaries, deadline)
         stopped = report.stop_reason != STOP_SATURATED and not report.stop_reason.startswith("unsound")
         if engine == "auto" and stopped and deadline.expired():
             report.engine_reason = (f"auto: the egglog engine stopped at a limit ({report.stop_reason}) with no time "
@@ -175,7 +162,7 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
                    "time left")
             log.warning(why)
             new, report, tables = _optimize_fallback(static, run_tgt, ruleset, sat_limits,
-                                                     attention_block_max_tokens, regions, why, summaries, deadline)
+                                                     attention_block_max_tokens, opts.regions, why, summaries, deadline)
         elif engine == "egglog":
             report.engine_reason = "requested"
     carry_node_names(graph, new)
@@ -195,7 +182,8 @@ def optimize_with_report(graph: Graph, target: str | Target = "cpu", rules: Any 
     if checked:
         with timed("verify", report.phases) as outcome:
             suspects = {r.name: r.location for r in ruleset.rules if r.location.rpartition(":")[0] in user_rules}
-            report.parity = check_parity(original, optimized, new.originals, blame(new, suspects), seed, feeds)
+            report.parity = check_parity(original, optimized, new.originals, blame(new, suspects), opts.seed,
+                                        feeds)
             if report.parity.sample is not None:
                 report.verification = replace(report.verification, sample=str(report.parity.sample))
             outcome.summary = report.verification_lines()[-1]

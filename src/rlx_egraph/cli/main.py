@@ -47,7 +47,7 @@ from ..ir.graph import graph_file_path, read_reference_inputs
 from ..kernels.parity import ParityError, ParityInputError
 from ..log import LOGGER
 from ..optimize import FALLBACK_THRESHOLD, engine_by_size, optimize_with_report
-from ..options import ENGINES, EXTRACTIONS
+from ..options import ENGINES, EXTRACTIONS, Options
 from ..report import OptimizeReport
 from ..report.progress import progress_set
 
@@ -164,8 +164,9 @@ def _optimize(graph: Graph, rules: RuleSet, args: argparse.Namespace, log: TextI
         if verify is False:
             raise UsageError("--verify-inputs gives the data of the parity check, which --no-verify switches off")
         verify = read_reference_inputs(args.verify_inputs, graph)
-    new, report = optimize_with_report(graph, _target(args), rules=rules, verify=verify,
-                                       extraction=args.extraction, engine=args.engine)
+    options = Options(target=_target(args), rules=rules, verify=verify, extraction=args.extraction,
+                      engine=args.engine)
+    new, report = optimize_with_report(graph, options=options)
     if getattr(args, "measure", False):
         _needs_onnxruntime("--measure")
         from ..onnx import measure_report  # the onnx extra, needed by this flag only

@@ -28,7 +28,7 @@ from typing import Any
 from ..cost.targets import SEED_ATTENTION_BLOCK_MAX_TOKENS
 from ..ir.decompose import decompose
 from ..ir.graph import Graph, GraphError
-from ..ir.ops.fused import EPILOGUE_OPS, EPILOGUES
+from ..ir.ops.matmul import EPILOGUE_OPS, EPILOGUES
 from ..ir.registry import TensorType
 
 # The token bound for FusedAttentionBlock of the targets that keep the seed's (docs/fusions.md); ``direct``

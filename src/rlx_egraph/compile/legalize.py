@@ -20,7 +20,7 @@ from ..cost import Target, get_target
 from ..engines.regions import clip_regions
 from ..ir.decompose import decompose
 from ..ir.graph import Graph, GraphError, Node
-from ..ir.ops.fused import REGION_KINDS
+from ..ir.ops.regions import REGION_KINDS
 from ..ir.registry import REGISTRY
 
 

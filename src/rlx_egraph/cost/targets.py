@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RlxError
-from ..ir.ops.fused import REGION_KINDS
+from ..ir.ops.regions import REGION_KINDS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from . import calibration as cal
 from .calibration import Calibration, OpRate
@@ -96,7 +96,8 @@ SEED_ATTENTION_BLOCK_MAX_TOKENS = 64
 # Layout ops onnxruntime dispatches when they read an intermediate: Reshape (no copy), Slice, Transpose, Expand, Concat.
 ORT_LAYOUTS = frozenset({"Reshape", "Narrow", "Transpose", "Expand", "Concat"})
 # The fused ops the onnxruntime target runs, each with the onnxruntime kernel it runs as (the ONNX exporter
-# writes exactly these; its tests check it).
+# writes exactly these; its tests check it): those of this table, whose export the front end writes, and every
+# fused op that declares its export as data (OpSpec.onnx).
 ONNXRUNTIME_FUSED: dict[str, str] = {
     "FusedMatMulAdd": "Gemm (MatMul + Add when batched)",
     "FusedMatMulATAdd": "Gemm transA (Transpose, MatMul + Add when batched)",
@@ -115,6 +116,8 @@ ONNXRUNTIME_FUSED: dict[str, str] = {
     "EmbedLayerNorm": "com.microsoft EmbedLayerNormalization",
     "FusedConv": "com.microsoft FusedConv (activation, sum input)",
 }
+ONNXRUNTIME_FUSED |= {name: spec.onnx.kernel for name, spec in REGISTRY.items()
+                      if spec.kind is Kind.FUSED and spec.onnx is not None}
 
 
 class UnsupportedOp(RlxError, ValueError):
@@ -237,9 +240,11 @@ class Target:
         return dataclasses.replace(self, **changes)
 
     def rate(self, spec: OpSpec) -> OpRate | None:
-        """The measured line that prices ``spec``'s nodes: its op's, else its kind's; None: the target-wide
-        figures price them."""
-        return self.rates.get(spec.name) or self.rates.get(spec.kind.value) if self.rates else None
+        """The measured line that prices ``spec``'s nodes: its op's, else its cost class's (``spec.cost_class``),
+        else its kind's; None: the target-wide figures price them."""
+        if not self.rates:
+            return None
+        return self.rates.get(spec.name) or self.rates.get(spec.cost_class) or self.rates.get(spec.kind.value)
 
     def terms(self, launches: float, syncs: float, traffic_bytes: float, readback_bytes: float,
               flops: float, rate: OpRate | None = None) -> dict[str, float]:

@@ -37,7 +37,7 @@ from ..cost import Target
 from ..cost.targets import REGION_MAX_INPUTS, REGION_MAX_STEPS
 from ..ir.decompose import decompose
 from ..ir.graph import Graph, Node, check_node
-from ..ir.ops.fused import (
+from ..ir.ops.regions import (
     BATCH_REGION,
     ELEMENTWISE_REGION,
     REGION_KINDS,

@@ -256,6 +256,27 @@ def _elementwise_flops(attrs: Attrs, ins: list[ValueType], out: ValueType) -> in
     return out.numel
 
 
+def _no_attributes(attrs: Attrs) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """How the ONNX exporter writes a node of an op, as data: one ONNX node of ``op_type`` in ``domain`` (``""``: the
+    default domain; ``"com.microsoft"``: an onnxruntime contrib op) reading the node's inputs in order, with the
+    ONNX attributes ``attributes(node attrs)``.  A fused op that declares one is an op the ``onnxruntime`` cost target
+    runs (as that kernel)."""
+
+    op_type: str
+    domain: str = ""
+    attributes: Callable[[Attrs], dict[str, Any]] = _no_attributes
+
+    @property
+    def kernel(self) -> str:
+        """The kernel in words: ``com.microsoft QuickGelu``, ``RotaryEmbedding (opset 23)``."""
+        return f"{self.domain} {self.op_type}" if self.domain else self.op_type
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """Everything the project knows about one op.
@@ -285,6 +306,10 @@ class OpSpec:
     RoPE of head dim 2 turns by the same angle whatever its theta; a Softmax over
     one element is 1), or None: the soundness checker draws such an instance again,
     so that a rule that gets a parameter wrong is seen doing so.
+
+    ``onnx`` is the op's ONNX export as data (:class:`OnnxExport`; None: the exporter's own table, else the
+    decomposition).  ``cost_class`` names the measured cost line that prices the op on a target with per-op lines
+    when it has none of its own: another op's name (an op exported as the same kernel) or a kind; empty: its kind.
     """
 
     name: str
@@ -303,6 +328,8 @@ class OpSpec:
     results: tuple[str, ...] = ()
     index_inputs: tuple[str, ...] = ()
     degenerate: DegenerateFn | None = None
+    onnx: OnnxExport | None = None
+    cost_class: str = ""
 
     def __post_init__(self) -> None:
         if not self.builder:

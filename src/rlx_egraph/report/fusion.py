@@ -47,7 +47,7 @@ from ..engines.egglog._solver import Log, Solver
 from ..engines.regions import expand_regions
 from ..errors import RlxError
 from ..ir.graph import Graph, Node
-from ..ir.ops.fused import ELEMENTWISE_REGION
+from ..ir.ops.regions import ELEMENTWISE_REGION
 from ..ir.registry import REGISTRY, Kind, snake_case
 from ..rules import (
     Atom,

@@ -33,6 +33,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ...optimize import optimize
+from .exporter import export_model
+from .importer import import_model
+from .rules import onnx_rules
+
 # Ops that onnxruntime runs without a kernel touching the data (views, or folded at load): not launches.
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Constant"})
 # Default-domain ops that are fusions in their own right (com.microsoft ops all count as fused);
@@ -159,10 +164,6 @@ class Result:
 def run_model(path: Path, dims: Mapping[str, int], work: Path, runs: int, python: str, heads: int,
               hidden: int, max_id: int, rules: object) -> Result:
     """Every variant of the model at ``path``, timed and checked."""
-    from ...optimize import optimize
-    from .exporter import export_model
-    from .importer import import_model
-
     original = onnx.load(str(path))
     shapes = input_shapes(original, dims)
     variants: dict[str, onnx.ModelProto | str] = {"original": original}
@@ -233,8 +234,6 @@ def table(results: list[Result], runs: int) -> str:
 def compare(folder: Path, dims: Mapping[str, int], runs: int = 100, python: str = sys.executable, heads: int = 0,
             hidden: int = 0, max_id: int = 100, progress: bool = False) -> str:
     """The comparison tables of every model in ``folder`` (markdown)."""
-    from .rules import onnx_rules
-
     rules = onnx_rules()
     results = []
     with tempfile.TemporaryDirectory() as tmp:

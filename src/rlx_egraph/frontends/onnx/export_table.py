@@ -6,8 +6,9 @@ ONNX name of its value (a multi-result node: one name per result); ``None`` mean
 writes the node's unfused form.  The unfused form is the op spec's
 ``decompose`` or, for a primitive with no single ONNX op, its entry in
 :data:`MIR_FORMS` (the same computation as its kernel in other MIR ops).
-The fused ops it writes as onnxruntime kernels are exactly those the
-``onnxruntime`` cost target declares it runs (``cost/targets.ONNXRUNTIME_FUSED``; a test checks it).
+An op whose spec declares its export as data (``OpSpec.onnx``, an :class:`~rlx_egraph.ir.registry.OnnxExport`)
+gets its entry from it (:func:`declared`).  The fused ops it writes as onnxruntime kernels are exactly those
+the ``onnxruntime`` cost target declares it runs (``cost/targets.ONNXRUNTIME_FUSED``; a test checks it).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import numpy as np
 
 from ...ir.dims import symbols_of
 from ...ir.dtypes import dtype
-from ...ir.ops.fused import repeat_kv
+from ...ir.ops.attention import repeat_kv
 from ...ir.ops.onnx_op import ONNX_DTYPES
-from ...ir.registry import Attrs, TensorType
+from ...ir.registry import REGISTRY, Attrs, OnnxExport, TensorType
 from ...ir.shapes import broadcast
 
 if TYPE_CHECKING:
@@ -649,6 +650,14 @@ EXPORTS: dict[str, ExportFn] = {
 }
 
 
+def declared(export: OnnxExport) -> ExportFn:
+    """The entry of an op that declares its ONNX export as data (:attr:`OpSpec.onnx`): one node on its inputs."""
+    return lambda b, node, ins, types: b.op(export.op_type, ins, domain=export.domain, **export.attributes(node.attrs))
+
+
+EXPORTS.update({name: declared(spec.onnx) for name, spec in REGISTRY.items() if spec.onnx is not None})
+
+
 # --- unfused forms of primitives with no single ONNX op (the kernels' computations in MIR ops) ---------
 
 
@@ -774,4 +783,4 @@ MIR_FORMS: dict[str, Callable[[Graph, list[int], Attrs], int]] = {
 }
 
 
-__all__ = ["EXPORTS", "MIR_FORMS", "MS", "ExportFn", "sdpa"]
+__all__ = ["EXPORTS", "MIR_FORMS", "MS", "ExportFn", "declared", "sdpa"]

@@ -31,7 +31,7 @@ import onnx
 import onnx.external_data_helper
 from onnx import helper, numpy_helper
 
-from ...ir.dims import Dim, floor_atoms, minimum, shifted, symbols_of
+from ...ir.dims import Dim, floor_atoms, minimum, symbols_of
 from ...ir.graph import Graph, GraphError
 from ...ir.ops.onnx_op import (
     MIR_DTYPES,
@@ -46,35 +46,17 @@ from ...ir.registry import Kind, ShapeError, TensorType
 from ...ir.shapes import broadcast
 from .binding import ModelInput, bind_inputs
 from .errors import OnnxImportError
+from .form_folds import fold_forms
 from .forms import Filled, Form, Mask, from_array, is_symbolic, unit_moves
+from .lowering import LOWERINGS
 from .rules import SOURCE
+from .symbolic import FOLDS, fold_symbolic, lowers, refuse, refuse_shape_error
+from .values import Value, dim_range
 
 # Ops never folded even when every input is known: their value is not a function of their inputs, or (control
 # flow) folding them can run without bound.
 _NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                          "Bernoulli", "Loop", "Scan", "If", "SequenceMap"})
-
-
-@dataclass
-class Value:
-    """One ONNX value: a MIR node id (runtime), a known array (``weight``: an initializer or folded from one; dtype
-    object for a symbolic value, :mod:`.symbolic`), or a form (a tensor of symbolic shape made of dims,
-    :mod:`.forms`)."""
-
-    node: int | None = None
-    array: np.ndarray | None = None
-    weight: bool = False
-    form: Form | None = None
-
-    @property
-    def known(self) -> bool:
-        """An array: computable now, without the inputs' values."""
-        return self.array is not None
-
-    @property
-    def runtime(self) -> bool:
-        """A MIR node: a value of the inputs' data."""
-        return self.node is not None
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
@@ -500,10 +482,6 @@ class Importer:
 
     def step(self, node: onnx.NodeProto, used: set[str]) -> list[Value | None]:
         """The values of ``node``'s outputs: folded (every input known), kept as forms, or lowered to MIR."""
-        from .form_folds import fold_forms
-        from .lowering import LOWERINGS
-        from .symbolic import FOLDS, lowers, refuse_shape_error
-
         ins = [self.value(n) if n else None for n in node.input]
         at = attributes(node)
         if node.op_type == "If" and (cond := self.known(node.input[0])) is not None and cond.size == 1:
@@ -552,8 +530,6 @@ class Importer:
     def fold(self, node: onnx.NodeProto, ins: list[str]) -> list[Value | None] | None:
         """Run a node whose inputs are all known with onnx's reference evaluator (a tensor Constant is read), within
         the import's fold limits (:class:`FoldLimits`); a symbolic one exactly (None where it has no exact fold)."""
-        from .symbolic import fold_symbolic
-
         if any(is_symbolic(self.values[n].array) for n in ins if n):
             return fold_symbolic(self, node, ins, attributes(node))
         if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]:
@@ -645,8 +621,6 @@ def _refuse_opaque(imp: Importer, why: str) -> OnnxImportError:
     reason = f"{imp.label}: MIR has no op for it here, and as an ONNX node its output's type is unknown: {why}"
     if not imp.graph.symbols:
         return OnnxImportError(reason)
-    from .symbolic import refuse
-
     return refuse(imp, reason)
 
 
@@ -684,22 +658,6 @@ def _squeezed(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
     while k < len(shape) and shape[k] == 1:
         k += 1
     return shape[k:]
-
-
-def dim_range(d: Dim, max_dims: Mapping[str, int]) -> tuple[float, float]:
-    """Bounds of ``d`` for symbols in ``[1, max_dims[s]]`` (unbounded where a symbol has no maximum), by interval
-    arithmetic over its monomials (sound, not always tight)."""
-    d = shifted(d)  # over symbols that start at 1
-    if isinstance(d, int):
-        return d, d
-    low = high = 0.0
-    for mono, coef in d.terms:
-        lo = hi = 1.0
-        for s in mono:
-            lo, hi = lo * 1, hi * max_dims.get(s, math.inf)
-        low += coef * (lo if coef > 0 else hi)
-        high += coef * (hi if coef > 0 else lo)
-    return low, high
 
 
 def check_max_dims(max_dims: Mapping[str, int], symbols: Sequence[str]) -> dict[str, int]:
@@ -782,4 +740,4 @@ def import_model(model: str | Path | onnx.ModelProto, input_shapes: Mapping[str,
     return Importer(proto, input_shapes or {}, max_dims, fold_limits).run()
 
 
-__all__ = ["FoldLimits", "Importer", "OnnxImportError", "Value", "attributes", "dim_range", "import_model", "load"]
+__all__ = ["FoldLimits", "Importer", "OnnxImportError", "attributes", "import_model", "load"]

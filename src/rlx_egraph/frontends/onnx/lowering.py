@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -23,10 +23,13 @@ from ...ir.ops.onnx_op import MIR_DTYPES, encode_proto
 from ...ir.registry import ShapeError, TensorType
 from ...ir.shapes import broadcast
 from .forms import Affine, Filled, Form, Mask, Select, Stacked, from_array, is_symbolic
-from .importer import Importer, Value
 from .symbolic import dims_array
+from .values import Value
 
-Lowering = Callable[[Importer, onnx.NodeProto, dict[str, Any]], list[Value | None] | None]
+if TYPE_CHECKING:
+    from .importer import Importer
+
+Lowering = Callable[["Importer", onnx.NodeProto, dict[str, Any]], list[Value | None] | None]
 Outputs = list[Value | None] | None
 
 

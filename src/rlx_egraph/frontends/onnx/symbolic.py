@@ -27,7 +27,7 @@ from ...ir.dims import Dim, floor_div, symbols_of
 from ...ir.registry import ShapeError
 from .errors import OnnxImportError
 from .forms import is_symbolic
-from .importer import Value
+from .values import Value, dim_range
 
 if TYPE_CHECKING:
     from .importer import Importer
@@ -160,8 +160,6 @@ def _equal(imp: Importer, a: Dim, b: Dim) -> bool:
     try:
         return not bool(diff)
     except ShapeError:
-        from .importer import dim_range
-
         low, high = dim_range(diff, imp.max_dims)
         if low > 0 or high < 0:
             imp.assume(f"{a} != {b}", "the given max_dims")

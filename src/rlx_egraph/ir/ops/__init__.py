@@ -1,5 +1,25 @@
-"""Op declarations; importing this package registers every op."""
+"""Op declarations; importing this package registers every op.
 
-from . import conv, dims_data, fused, host, onnx_op, primitives
+The primitives, and one module per family of fused ops (matmul epilogues, norms, activations, attention, decoding,
+embeddings, convolutions, regions): each op is declared once there, with its spec, kernel, decomposition (the
+subgraph its rule recognises), cost class and ONNX export, and the registry, interpreter, exporter, cost model,
+builder stubs and fusion catalogue read those declarations.
+"""
 
-__all__ = ["conv", "dims_data", "fused", "host", "onnx_op", "primitives"]
+from . import (
+    activations,
+    attention,
+    conv,
+    decode,
+    dims_data,
+    embedding,
+    host,
+    matmul,
+    norms,
+    onnx_op,
+    primitives,
+    regions,
+)
+
+__all__ = ["activations", "attention", "conv", "decode", "dims_data", "embedding", "host", "matmul", "norms",
+           "onnx_op", "primitives", "regions"]

@@ -1,0 +1,339 @@
+"""Attention fusions (rules/attention.egg): scaled dot-product attention with RoPE, an additive bias or a packed
+QKV projection, rotary embeddings, and the attention block and transformer layer built on them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..registry import (
+    Attrs,
+    AttrSpec,
+    AttrType,
+    Kind,
+    OpSpec,
+    ShapeError,
+    Shapes,
+    TensorType,
+    at_least_one,
+    non_negative,
+    op_spec,
+    pick,
+    positive,
+    random_shape,
+    register,
+)
+from ..shapes import broadcast, require_rank, same_dtype
+from . import reference as K
+from .matmul import EPILOGUES
+from .primitives import (
+    attention_flops,
+    causal_canonical,
+    rope_degenerate,
+    split_heads_degenerate,
+)
+
+if TYPE_CHECKING:
+    from ..graph import Graph
+
+T = TensorType
+INT, F, B, S = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR
+_SCALE = AttrSpec("scale", F, check=positive)
+
+
+def _causal_rope_degenerate(a: Attrs, ins: list[T]) -> str | None:
+    return rope_degenerate(ins[0]) or split_heads_degenerate(ins[0], ins[1])
+
+
+def _causal_rope_infer(a: Attrs, ins: list[T]) -> T:
+    out = op_spec("CausalAttention").infer(a, ins)
+    if ins[0].shape[-1] % 2:
+        raise ShapeError(f"RoPE needs an even head dim, got {ins[0].shape[-1]}")
+    return out
+
+
+def _causal_rope_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """q [B, kv_heads * (1 to 3), S, D even], k [B, kv_heads, S, D], v [B, kv_heads, S, Dv]; S >= 2 and D >= 4,
+    where theta matters."""
+    batch, kv_heads, rep = random_shape(rng, 3, 3, high=3)
+    seq, dv, half = random_shape(rng, 3, 3)
+    seq, half = max(seq, 2), max(half, 2)
+    return {"q": (batch, kv_heads * rep, seq, 2 * half), "k": (batch, kv_heads, seq, 2 * half),
+            "v": (batch, kv_heads, seq, dv)}, {}
+
+
+def _attention_block_infer(a: Attrs, ins: list[T]) -> T:
+    hidden, qkv_w, out_w, mask, qkv_b, out_b = ins
+    require_rank(hidden, 3, "FusedAttentionBlock hidden ([B, S, H])")
+    h = hidden.shape[-1]
+    expected = {"qkv_w": (h, 3 * h), "out_w": (h, h), "mask": hidden.shape[:2], "qkv_b": (3 * h,), "out_b": (h,)}
+    for label, t in zip(expected, (qkv_w, out_w, mask, qkv_b, out_b), strict=True):
+        if t.shape != expected[label]:
+            raise ShapeError(f"FusedAttentionBlock {label} must be {list(expected[label])}, got {list(t.shape)}")
+    same_dtype(ins, "FusedAttentionBlock inputs")
+    if a["heads"] < 1 or h % a["heads"]:
+        raise ShapeError(f"hidden width {h} is not divisible by heads={a['heads']}")
+    return hidden
+
+
+def _attention_block_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """QKV matmul+bias, Narrows at 0, h, 2h, Attention with the custom mask, output matmul+bias."""
+    hidden, qkv_w, out_w, mask, qkv_b, out_b = ins
+    h = g.node(hidden).shape[-1]
+    qkv = g.fused_matmul_bias_act(hidden, qkv_w, qkv_b, act="none")
+    q, k, v = (g.narrow(qkv, axis=-1, start=j * h, length=h) for j in range(3))
+    ctx = g.attention(q, k, v, mask, heads=a["heads"], kv_heads=a["heads"], mask="custom", scale=a["scale"])
+    return g.fused_matmul_bias_act(ctx, out_w, out_b, act="none")
+
+
+def _attention_block_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """hidden [B, S, heads*head_dim], its weights and a [B, S] key mask; scale 1/sqrt(head_dim) or random."""
+    b, heads = random_shape(rng, 2, 2, high=3)
+    s, head_dim = random_shape(rng, 2, 2)
+    h = heads * head_dim
+    shapes = {"hidden": (b, s, h), "qkv_w": (h, 3 * h), "out_w": (h, h), "mask": (b, s), "qkv_b": (3 * h,),
+              "out_b": (h,)}
+    return shapes, {"heads": heads, "scale": pick(rng, [head_dim**-0.5, float(rng.uniform(0.1, 1.0))])}
+
+
+def _transformer_layer_infer(a: Attrs, ins: list[T]) -> T:
+    hidden, qkv_w, qkv_b, out_w, out_b, ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b, mask = ins
+    _attention_block_infer(a, [hidden, qkv_w, out_w, mask, qkv_b, out_b])
+    h = hidden.shape[-1]
+    inner = fc1_w.shape[-1]
+    expected = {"ln1_g": (h,), "ln1_b": (h,), "fc1_w": (h, inner), "fc1_b": (inner,), "fc2_w": (inner, h),
+                "fc2_b": (h,), "ln2_g": (h,), "ln2_b": (h,)}
+    for label, t in zip(expected, (ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b), strict=True):
+        if t.shape != expected[label]:
+            raise ShapeError(f"FusedTransformerLayer {label} must be {list(expected[label])}, got {list(t.shape)}")
+    return hidden
+
+
+def _transformer_layer_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """Attention block, residual LayerNorm, FFN (matmul+bias+act, matmul+bias), residual LayerNorm."""
+    hidden, qkv_w, qkv_b, out_w, out_b, ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b, mask = ins
+    attn = g.fused_attention_block(hidden, qkv_w, out_w, mask, qkv_b, out_b, heads=a["heads"], scale=a["scale"])
+    h1 = g.fused_residual_ln(attn, hidden, ln1_g, ln1_b, axis=-1, eps=a["eps1"])
+    inner = g.fused_matmul_bias_act(h1, fc1_w, fc1_b, act=a["act"])
+    ffn = g.fused_matmul_bias_act(inner, fc2_w, fc2_b, act="none")
+    return g.fused_residual_ln(ffn, h1, ln2_g, ln2_b, axis=-1, eps=a["eps2"])
+
+
+def _transformer_layer_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """An attention block's inputs plus the LayerNorm and FFN weights (inner width 1 to 8)."""
+    shapes, attrs = _attention_block_sample(rng)
+    h, inner = shapes["hidden"][-1], int(rng.integers(1, 9))
+    shapes |= {"ln1_g": (h,), "ln1_b": (h,), "fc1_w": (h, inner), "fc1_b": (inner,), "fc2_w": (inner, h),
+               "fc2_b": (h,), "ln2_g": (h,), "ln2_b": (h,)}
+    return shapes, attrs
+
+
+def _transformer_layer_flops(a: Attrs, ins: list[T], out: T) -> int:
+    h, inner = ins[0].shape[-1], ins[7].shape[-1]
+    tokens = ins[0].numel // h
+    return 2 * tokens * h * (4 * h + 2 * inner) + 4 * out.numel * ins[0].shape[1]
+
+
+def repeat_kv(g: Graph, t: int, heads: int) -> int:
+    """K or V [B, KV, S, D] with each head repeated heads/KV times, as transformers' repeat_kv exports it:
+    Reshape to [B, KV, 1, S, D], Expand to [B, KV, heads/KV, S, D], Reshape to [B, heads, S, D]."""
+    b, kv_heads, *rest = g.node(t).shape
+    if kv_heads == heads:
+        return t
+    wide = g.expand(g.reshape(t, shape=(b, kv_heads, 1, *rest)), shape=(b, kv_heads, heads // kv_heads, *rest))
+    return g.reshape(wide, shape=(b, heads, *rest))
+
+
+def biased_attention_infer(a: Attrs, ins: list[T]) -> T:
+    q, k, v, bias = ins
+    out = op_spec("CausalAttention").infer(a, [q, k, v])
+    scores = (*q.shape[:3], k.shape[2])
+    if bias.dtype != q.dtype or len(bias.shape) > 4 or broadcast(bias.shape, scores) != scores:
+        raise ShapeError(f"BiasedAttention bias {list(bias.shape)} {bias.dtype} must be {q.dtype} and broadcast to "
+                         f"the scores {list(scores)}")
+    return out
+
+
+def biased_attention_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                             bias: np.ndarray) -> np.ndarray:
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    p = K.softmax(np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(a["scale"], q.dtype) + bias, -1)
+    return np.matmul(np.where(np.isnan(p), 0, p) if a["nan_to_zero"] else p, v)
+
+
+def _biased_attention_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """MatMul(q, k^T) * scale + bias, Softmax, (NaN rows to 0: Where(p == p, p, 0)), @ v; GQA by repeat_kv."""
+    q, k, v, bias = ins
+    heads, dt = g.node(q).shape[1], g.node(q).dtype
+    k, v = repeat_kv(g, k, heads), repeat_kv(g, v, heads)
+    scores = g.mul(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), g.scalar(a["scale"], dt))
+    p = g.softmax(g.add(scores, bias), axis=-1)
+    if a["nan_to_zero"]:
+        p = g.where(g.equal(p, p), p, g.scalar(0.0, dt))
+    return g.matmul(p, v)
+
+
+def _biased_attention_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """q [B, KV * (1 to 3), S, D], k and v [B, KV, S, D]; bias [B, 1, 1, S], [B, 1, S, S], [S, S] or [B, H, S, S]."""
+    b, kv_heads, rep = random_shape(rng, 3, 3, high=3)
+    s, d = random_shape(rng, 2, 2)
+    h = kv_heads * rep
+    bias = pick(rng, [(b, 1, 1, s), (b, 1, s, s), (s, s), (b, h, s, s)])
+    return {"q": (b, h, s, d), "k": (b, kv_heads, s, d), "v": (b, kv_heads, s, d), "bias": bias}, \
+        {"scale": pick(rng, [d**-0.5, float(rng.uniform(0.1, 1.0))])}
+
+
+def _qkv_attention_infer(a: Attrs, ins: list[T]) -> T:
+    x, w, b, *bias = ins
+    require_rank(x, 3, "QkvAttention x ([B, S, E_in])")
+    same_dtype(ins, "QkvAttention inputs")
+    width = w.shape[-1] if w.rank == 2 else 0
+    if w.shape != (x.shape[-1], width) or width % 3 or b.shape != (width,):
+        raise ShapeError(f"QkvAttention w {list(w.shape)} and b {list(b.shape)} must be [{x.shape[-1]}, 3E] and [3E]")
+    e, heads = width // 3, a["heads"]
+    if e % heads:
+        raise ShapeError(f"QkvAttention width {e} is not divisible by heads={heads}")
+    if bias and a["causal"]:
+        raise ShapeError("QkvAttention takes an additive bias or causal=True, not both")
+    batch, seq = x.shape[:2]
+    if bias and (bias[0].rank != 4 or bias[0].shape[3] != seq or bias[0].shape[0] not in (1, batch)
+                 or bias[0].shape[1] not in (1, heads) or bias[0].shape[2] not in (1, seq)):
+        raise ShapeError(f"QkvAttention bias {list(bias[0].shape)} must be [{batch} or 1, {heads} or 1, {seq} or 1, "
+                         f"{seq}]")
+    return TensorType((batch, seq, heads, e // heads), x.dtype)
+
+
+def _qkv_heads(g: Graph, qkv: int, heads: int) -> list[int]:
+    """Q, K and V [B, heads, S, D]: the thirds of the packed projection [B, S, 3E], split into heads."""
+    batch, seq, width = g.node(qkv).shape
+    e = width // 3
+    return [g.transpose(g.reshape(g.narrow(qkv, axis=-1, start=j * e, length=e), shape=(batch, seq, heads, e // heads)),
+                        perm=(0, 2, 1, 3)) for j in range(3)]
+
+
+def _qkv_attention_kernel(a: Attrs, x: np.ndarray, w: np.ndarray, b: np.ndarray,
+                          bias: np.ndarray | None = None) -> np.ndarray:
+    batch, seq = x.shape[:2]
+    q, k, v = (t.reshape(batch, seq, a["heads"], -1).transpose(0, 2, 1, 3)
+               for t in np.split(np.matmul(x, w) + b, 3, axis=-1))
+    if bias is None:
+        ctx = K.sdpa(q, k, v, a["scale"], causal=a["causal"])
+    else:
+        ctx = biased_attention_kernel({"scale": a["scale"], "nan_to_zero": False}, q, k, v, bias)
+    return ctx.transpose(0, 2, 1, 3)
+
+
+def _qkv_attention_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """x @ w + b, its thirds split into heads, BiasedAttention, CausalAttention or Softmax(q @ k^T * scale) @ v,
+    transposed back."""
+    x, w, b, *bias = ins
+    q, k, v = _qkv_heads(g, g.fused_matmul_bias_act(x, w, b, act="none"), a["heads"])
+    if bias:
+        ctx = g.biased_attention(q, k, v, bias[0], scale=a["scale"], nan_to_zero=False)
+    elif a["causal"]:
+        ctx = g.causal_attention(q, k, v, scale=a["scale"])
+    else:
+        scores = g.mul(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), g.scalar(a["scale"], g.node(x).dtype))
+        ctx = g.matmul(g.softmax(scores, axis=-1), v)
+    return g.transpose(ctx, perm=(0, 2, 1, 3))
+
+
+def _qkv_attention_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """x [B, S, E_in], w [E_in, 3 * heads * D]; a bias [B or 1, heads or 1, S or 1, S], causal, or neither."""
+    batch, heads = random_shape(rng, 2, 2, high=3)
+    seq, d, e_in = random_shape(rng, 3, 3)
+    width = 3 * heads * d
+    shapes = {"x": (batch, seq, e_in), "w": (e_in, width), "b": (width,)}
+    mask = pick(rng, ["bias", "causal", "none"])
+    causal = mask == "causal"
+    if mask == "bias":
+        shapes["bias"] = (pick(rng, [1, batch]), pick(rng, [1, heads]), pick(rng, [1, seq]), seq)
+    return shapes, {"heads": heads, "causal": causal, "scale": pick(rng, [d**-0.5, float(rng.uniform(0.1, 1.0))])}
+
+
+def _qkv_attention_flops(a: Attrs, ins: list[T], out: T) -> int:
+    x, w = ins[0], ins[1]
+    return 2 * x.numel * w.shape[-1] + 4 * out.numel * x.shape[1]
+
+
+def rotary_infer(a: Attrs, ins: list[T]) -> T:
+    x, cos, sin = ins
+    same_dtype(ins, "RotaryEmbedding operands")
+    if x.rank < 1 or x.shape[-1] % 2:
+        raise ShapeError(f"RotaryEmbedding needs an even last dim, got {list(x.shape)}")
+    for label, t in (("cos", cos), ("sin", sin)):
+        if broadcast(x.shape, t.shape) != x.shape:
+            raise ShapeError(f"RotaryEmbedding {label} {list(t.shape)} must broadcast to x {list(x.shape)}")
+    return x
+
+
+def rotate_half(x: np.ndarray) -> np.ndarray:
+    """[-x2, x1] for x = [x1, x2] split in halves along the last axis."""
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _rotary_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """x * cos + Concat(-x2, x1) * sin, as transformers' apply_rotary_pos_emb exports it."""
+    x, cos, sin = ins
+    half = g.node(x).shape[-1] // 2
+    rotated = g.concat([g.neg(g.narrow(x, axis=-1, start=half, length=half)),
+                        g.narrow(x, axis=-1, start=0, length=half)], axis=-1)
+    return g.add(g.mul(x, cos), g.mul(rotated, sin))
+
+
+def _rotary_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """x [B, H, S, D even] or [B, S, D even]; cos and sin [S, D], [1, 1, S, D] or [B, 1, S, D] (4-D x)."""
+    b, h, s, half = random_shape(rng, 4, 4)
+    x = pick(rng, [(b, h, s, 2 * half), (b, s, 2 * half)])
+    table = pick(rng, [(s, 2 * half), (1, 1, s, 2 * half), (b, 1, s, 2 * half)] if len(x) == 4 else [(s, 2 * half)])
+    return {"x": x, "cos": table, "sin": table}, {}
+
+
+ATTENTION = [
+    OpSpec("CausalAttentionRoPE", Kind.FUSED, ("q", "k", "v"), _causal_rope_infer,
+           lambda a, q, k, v: K.sdpa(K.rope(q, a["theta"]), K.rope(k, a["theta"]), v, a["scale"], causal=True),
+           (AttrSpec("theta", F, 10000.0, check=positive), AttrSpec("scale", F, 0.0, check=non_negative)),
+           flops=attention_flops, canonical=causal_canonical, doc="CausalAttention(RoPE(q), RoPE(k), v).",
+           degenerate=_causal_rope_degenerate,
+           decompose=lambda g, ins, a: g.causal_attention(g.rope(ins[0], theta=a["theta"]),
+                                                          g.rope(ins[1], theta=a["theta"]), ins[2], scale=a["scale"]),
+           sampler=_causal_rope_sample),
+    OpSpec("BiasedAttention", Kind.FUSED, ("q", "k", "v", "bias"), biased_attention_infer,
+           biased_attention_kernel, (_SCALE, AttrSpec("nan_to_zero", B, False)), flops=attention_flops,
+           doc="Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask "
+               "broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN.",
+           decompose=_biased_attention_decompose, sampler=_biased_attention_sample,
+           degenerate=lambda a, ins: split_heads_degenerate(ins[0], ins[1])),
+    OpSpec("QkvAttention", Kind.FUSED, ("x", "w", "b", "bias?"), _qkv_attention_infer, _qkv_attention_kernel,
+           (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False)),
+           flops=_qkv_attention_flops,
+           doc="Attention over one packed projection: x @ w + b split into Q, K and V [B, S, E], each into heads, "
+               "attended with an additive bias [B or 1, heads or 1, S or 1, S], causally or unmasked: the context "
+               "[B, S, heads, D] (a Reshape merges the heads for free; onnxruntime's com.microsoft Attention).",
+           decompose=_qkv_attention_decompose, sampler=_qkv_attention_sample,
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
+    OpSpec("RotaryEmbedding", Kind.FUSED, ("x", "cos", "sin"), rotary_infer,
+           lambda a, x, cos, sin: x * cos + rotate_half(x) * sin,
+           doc="x * cos + rotate_half(x) * sin (RoPE with given tables, rotate-half convention).",
+           decompose=_rotary_decompose, sampler=_rotary_sample),
+    OpSpec("FusedAttentionBlock", Kind.FUSED, ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b"),
+           _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=at_least_one), _SCALE),
+           flops=lambda a, ins, out: 2 * ins[0].numel * 4 * ins[0].shape[-1] + 4 * out.numel * ins[0].shape[1],
+           doc="QKV matmul+bias, split, masked attention, output matmul+bias.",
+           decompose=_attention_block_decompose, sampler=_attention_block_sample,
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
+    OpSpec("FusedTransformerLayer", Kind.FUSED,
+           ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b",
+            "ln2_g", "ln2_b", "mask"), _transformer_layer_infer, K.transformer_layer,
+           (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("eps1", F, check=positive),
+            AttrSpec("eps2", F, check=positive),
+            AttrSpec("act", S, "gelu", choices=EPILOGUES)), flops=_transformer_layer_flops,
+           doc="A whole post-norm BERT layer; inputs in the seed's 14-input order.",
+           decompose=_transformer_layer_decompose, sampler=_transformer_layer_sample,
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
+]
+register(*ATTENTION)
