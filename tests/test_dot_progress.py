@@ -124,7 +124,9 @@ def test_the_library_logger_is_quiet_by_default_and_logs_each_phase_once(caplog:
     assert phases[-1].group(3) == ": " + str(report).splitlines()[-2]  # the parity headline
     iterations = [r.getMessage() for r in ours if r.levelno == logging.DEBUG]
     assert len(iterations) == len(report.iterations) == 6
-    assert iterations[2] == (f"optimize: saturate: fuse iteration (bounded, match limit 3,623) "
+    assert 0 < report.iterations[2].match_limit < 10_000  # bounded: the room over the fuse stage's e-nodes per match
+    assert iterations[2] == (f"optimize: saturate: fuse iteration (bounded, match limit "
+                             f"{report.iterations[2].match_limit:,}) "
                              f"{report.iterations[2].seconds:.3f} s: 2 matches (matmul-bias x1, "
                              "shared-input-weight x1), 7 e-nodes after")
     first, last = ours[0].getMessage(), ours[-1].getMessage()

@@ -407,6 +407,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "qkv-attention-causal": (packed_attention(causal=True), QKV_ATTN | {"CausalAttention": 0}),
     "qkv-attention-plain": (packed_attention(plain=True), QKV_ATTN | {"Softmax": 0, "MatMul": 0}),
     "silu-mul-sigmoid": (unary(lambda g, x: g.mul(x, g.sigmoid(x))), {"Silu": 1, "Sigmoid": 0}),
+    "quick-gelu": (unary(lambda g, x: g.mul(x, g.sigmoid(g.mul(x, g.scalar(1.702))))), {"QuickGelu": 1, "Sigmoid": 0}),
     "gelu-erf-div": (gelu_erf(arg="div"), GELU),
     "gelu-erf-mul": (gelu_erf(arg="mul"), GELU),
     "gelu-erf-plus-one": (gelu_erf(one="plus"), GELU),
