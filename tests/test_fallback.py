@@ -231,6 +231,22 @@ def rms_norm_flatten() -> Graph:
     return g
 
 
+def rows_matmul(bt: bool = False, heads: bool = False, bias: bool = False) -> Callable[[], Graph]:
+    """A linear layer on flattened rows, as the exporters write it: Reshape(x, [8, 8]) @ w (``bt``: MatMulBT with
+    w [6, 8]; ``bias``: plus a bias row), reshaped back to [2, 4, 6]; x [2, 4, 8], or (``heads``) [2, 4, 2, 4]
+    (an attention's context, its heads merged by the same Reshape)."""
+    def build() -> Graph:
+        g = Graph()
+        x = g.input("x", (2, 4, 2, 4) if heads else (2, 4, 8))
+        rows = g.reshape(x, shape=(8, 8))
+        y = g.matmul_bt(rows, g.param("w", (6, 8))) if bt else g.matmul(rows, g.param("w", (8, 6)))
+        if bias:
+            y = g.add(y, g.param("b", (6,)))
+        g.set_outputs([g.exp(g.reshape(y, shape=(2, 4, 6)))])
+        return g
+    return build
+
+
 def rms_norm_matmul() -> Graph:
     g = Graph()
     x = g.input("x", X)
@@ -401,7 +417,6 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "attention-block": (attention_block, {"FusedAttentionBlock": 1, "Attention": 0, "FusedMatMulBiasAct": 0}),
     "transformer-layer": (transformer_layer(residual_first=False), {"FusedTransformerLayer": 1}),
     "qkv-projection": (packed_attention(), QKV_ATTN),
-    "qkv-projection-rows": (packed_attention(rows=True), QKV_ATTN),
     "packed-heads": (packed_attention(mask_rows=False), QKV_ATTN),
     "qkv-attention": (packed_attention(out_rows=True), QKV_ATTN),
     "qkv-attention-causal": (packed_attention(causal=True), QKV_ATTN | {"CausalAttention": 0}),
@@ -436,6 +451,12 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "rms-norm": (rms_norm(gamma="last"), RMS),
     "rms-one-div-sqrt": (unary(lambda g, x: g.mul(g.mul(x, g.div(g.scalar(1.0), g.sqrt(g.add(
         g.reduce_mean(g.mul(x, x), axes=(-1,), keepdims=True), g.scalar(1e-6))))), g.param("gamma", (8,)))), RMS),
+    "matmul-rows": (rows_matmul(), {"Reshape": 0, "MatMul": 1}),
+    "matmul-bt-rows": (rows_matmul(bt=True), {"Reshape": 0, "MatMulBT": 1}),
+    "matmul-rows-heads": (rows_matmul(heads=True), {"Reshape": 1, "MatMul": 1}),
+    "matmul-rows-bias": (rows_matmul(bias=True), {"Reshape": 0, "FusedMatMulBiasAct": 1}),
+    "matmul-bt-rows-bias": (rows_matmul(bt=True, bias=True), {"Reshape": 0, "FusedMatMulBTAdd": 1}),
+    "matmul-rows-heads-bias": (rows_matmul(heads=True, bias=True), {"Reshape": 1, "FusedMatMulBiasAct": 1}),
     "attn-keys-t": (scores_attention(), ATTN),
     "flat-swap-last": (scores_attention(keys="flat_merged", kv_heads=1), ATTN | {"Expand": 0, "Reshape": 0}),
     "flat-swap-last-heads": (scores_attention(keys="flat", kv_heads=2), ATTN | {"Reshape": 0}),
@@ -519,6 +540,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
 # The other operand orders of commutative ops (the loader's variants): (base rule, graph, counts).
 ORDERS: dict[str, tuple[str, Callable[[], Graph], dict[str, int]]] = {
     "one-mul": ("mul-one", unary(lambda g, x: g.mul(g.scalar(1.0), x)), {"Mul": 0}),
+    "qkv-projection-through-rows": ("matmul-rows-bias", packed_attention(rows=True), QKV_ATTN),
     "zero-add": ("add-zero", unary(lambda g, x: g.add(g.scalar(-0.0), x)), {"Add": 0}),
     "sigmoid-mul": ("silu-mul-sigmoid", unary(lambda g, x: g.mul(g.sigmoid(x), x)), {"Silu": 1, "Sigmoid": 0}),
     "gelu-erf-one-plus": ("gelu-erf-plus-one", gelu_erf(one="first"), GELU),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,7 +56,7 @@ def _reduce_all(op_type: str) -> ExportFn:
 
 
 def _sum_rows(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    rows = b.op("Reshape", [ins[0], b.ints([-1, types[0].shape[-1]])])
+    rows = b.reshape(ins[0], [-1, types[0].shape[-1]])
     return b.reduce("ReduceSum", rows, [0], False)
 
 
@@ -203,9 +203,9 @@ def _gemm_rows(b: Builder, node: Node, ins: list[str], types: list[TensorType], 
     a, w, c = types
     if a.rank < 3 or w.rank != 2 or not (c.rank <= 1 or c.shape == node.shape):
         return None
-    rows = b.op("Reshape", [ins[0], b.ints([-1, a.shape[-1]])])
-    addend = ins[2] if c.rank <= 1 else b.op("Reshape", [ins[2], b.ints([-1, node.shape[-1]])])
-    return b.op("Reshape", [b.op("Gemm", [rows, ins[1], addend], transB=trans_b), b.ints(node.shape)])
+    rows = b.reshape(ins[0], [-1, a.shape[-1]])
+    addend = ins[2] if c.rank <= 1 else b.reshape(ins[2], [-1, node.shape[-1]])
+    return b.reshape(b.op("Gemm", [rows, ins[1], addend], transB=trans_b), node.shape)
 
 
 def _matmul_add(trans_a: int, trans_b: int) -> ExportFn:
@@ -255,13 +255,15 @@ def _skip_norm(op_type: str, beta_after: bool) -> ExportFn:
         shape = types[0].shape
         flat = len(shape) not in (2, 3)
         if flat:
-            rows = b.ints([-1, shape[-1]])
-            x, residual = b.op("Reshape", [x, rows]), b.op("Reshape", [residual, rows])
+            rows = [-1, shape[-1]]
+            x, residual = b.reshape(x, rows), b.reshape(residual, rows)
         params = ins[2:3] if beta_after else ins[2:4]
         outs = b.multi(op_type, [x, residual, *params], (0, SKIP_SUM_OUTPUT) if node.parts else (0,), domain=MS,
                        epsilon=node.attrs["eps"])
+        if flat and x in b.shapes:
+            b.shapes.update((out, b.shapes[x]) for out in outs)  # each result has the rows' shape
         if flat:
-            outs = [b.op("Reshape", [out, b.ints(shape)]) for out in outs]
+            outs = [b.reshape(out, shape) for out in outs]
         if beta_after:
             outs[0] = _plus_beta(b, outs[0], ins, 3)
         return tuple(outs) if node.parts else outs[0]
@@ -279,14 +281,30 @@ def _attention_block(b: Builder, node: Node, ins: list[str], types: list[TensorT
     return b.op("Add", [b.op("MatMul", [ctx, out_w]), out_b])
 
 
+def _onnx_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType], **attrs: Any) -> str:
+    """Attention (opset 23) on q, k, v [B, H, S, D] and the other inputs ``ins[3:]``.  Where q, k and v were
+    written as split heads (Transpose(Reshape(x, [B, S, H, D]), 0 2 1 3), as the exporters write them), it
+    reads the unsplit [B, S, H*D] values (q_num_heads, kv_num_heads) and its [B, S, H*D] result is split
+    back: the reshapes and transposes on both sides are then views a reader merging the heads undoes, so
+    no layout node is written."""
+    merged = [b.merged_heads(name) for name in ins[:3]]
+    if any(m is None for m in merged):
+        return b.op("Attention", ins, **attrs)
+    heads, kv_heads = types[0].shape[1], types[1].shape[1]
+    out = b.op("Attention", [*merged, *ins[3:]], q_num_heads=heads, kv_num_heads=kv_heads, **attrs)
+    batch, seq, width = types[0].shape[0], types[0].shape[2], heads * types[2].shape[3]
+    b.shapes[out] = (batch, seq, width)
+    return b.split_heads(out, heads)
+
+
 def _causal_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     """Attention (opset 23) on split heads (GQA included): is_causal when queries and keys are equally many
     (its causal mask is aligned top-left), else the kernel's bottom-right aligned keep mask."""
     sq, sk = types[0].shape[2], types[1].shape[2]
     if sq == sk:
-        return b.op("Attention", ins, is_causal=1, scale=node.attrs["scale"])
+        return _onnx_attention(b, node, ins, types, is_causal=1, scale=node.attrs["scale"])
     keep = b.const(np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq), "bool")
-    return b.op("Attention", [*ins, keep], scale=node.attrs["scale"])
+    return _onnx_attention(b, node, [*ins, keep], types, scale=node.attrs["scale"])
 
 
 def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
@@ -296,11 +314,11 @@ def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[Tensor
     q, k, v, bias = ins
     source = b.graph.node(node.inputs[3]) if b.graph is not None else None
     if source is not None and source.op == "Scalar" and source.attrs["value"] == 0.0:
-        return b.op("Attention", [q, k, v], scale=node.attrs["scale"])
+        return _onnx_attention(b, node, [q, k, v], types, scale=node.attrs["scale"])
     scores = (types[0].shape[2], types[1].shape[2])
     if types[3].shape[-2:] != scores:
         bias = b.op("Expand", [bias, b.ints(broadcast(types[3].shape, scores))])
-    return b.op("Attention", [q, k, v, bias], scale=node.attrs["scale"])
+    return _onnx_attention(b, node, [q, k, v, bias], types, scale=node.attrs["scale"])
 
 
 def _kv_cache_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> tuple[str, ...]:
@@ -394,7 +412,8 @@ def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorTyp
             bias = b.expand(bias, [*shape[:2], shape[3], shape[3]])
     ctx = b.op("Attention", [*ins[:3], "", "", bias], domain=MS, num_heads=node.attrs["heads"],
                scale=node.attrs["scale"], unidirectional=int(node.attrs["causal"]))
-    return b.op("Reshape", [ctx, b.ints(node.shape)])
+    b.shapes[ctx] = (*node.shape[:2], node.shape[2] * node.shape[3])
+    return b.reshape(ctx, node.shape)
 
 
 def _known(b: Builder, name: str) -> np.ndarray | None:
@@ -604,8 +623,8 @@ EXPORTS: dict[str, ExportFn] = {
     "MatMulBT": _matmul_bt,
     "LayerNorm": _layer_norm,
     "RmsNorm": _rms_norm,
-    "Reshape": lambda b, node, ins, types: b.op("Reshape", [ins[0], b.ints(node.attrs["shape"])]),
-    "Transpose": lambda b, node, ins, types: b.op("Transpose", ins, perm=list(node.attrs["perm"])),
+    "Reshape": lambda b, node, ins, types: b.reshape(ins[0], node.attrs["shape"]),
+    "Transpose": lambda b, node, ins, types: b.transpose(ins[0], node.attrs["perm"]),
     "Narrow": _narrow,
     "Concat": _with_axis("Concat"),
     "Expand": lambda b, node, ins, types: b.op("Expand", [ins[0], b.ints(node.attrs["shape"])]),

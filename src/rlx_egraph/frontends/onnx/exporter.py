@@ -11,6 +11,7 @@ imported model (``graph.meta["output_names"]``), else ``output_0, ...``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from functools import reduce
 from pathlib import Path
@@ -52,6 +53,9 @@ class Builder:
         self.dim_tensors: dict[Any, str] = {}
         self.expanded: dict[tuple[str, tuple[Dim, ...]], str] = {}
         self.splits: dict[tuple[str, int], dict[tuple[int, int], str] | None] = {}  # (tensor, axis) -> its Split
+        self.shapes: dict[str, tuple[Dim, ...]] = {}  # a written value -> its shape, where known
+        self.views: dict[str, str] = {}  # a Reshape written by reshape() -> the value it reshapes
+        self.transposed: dict[str, tuple[str, tuple[int, ...]]] = {}  # a Transpose by transpose() -> (input, perm)
         self.label: str | None = None  # the name the nodes written for the current MIR node take (made unique)
 
     def fresh(self, hint: str) -> str:
@@ -94,6 +98,53 @@ class Builder:
         if key not in self.expanded:
             self.expanded[key] = self.op("Expand", [name, self.ints(key[1])])
         return self.expanded[key]
+
+    def reshape(self, name: str, dims: Iterable[Dim]) -> str:
+        """``name`` reshaped to ``dims`` (one may be -1) as one Reshape of what it views: a reshape of a
+        reshape reads the first one's input, and a reshape to the shape that input has is no node at all
+        (row-major views compose, so the 3-D <-> 2-D pairs around Gemm and after Attention cancel)."""
+        dims = tuple(dims)
+        source = self.views.get(name, name)
+        if any(isinstance(d, int) and d == 0 for d in dims):  # ONNX reads 0 as "copy that input dim"
+            source = name
+        shape = _resolved(dims, self.shapes.get(source))
+        if shape is not None and shape == self.shapes.get(source):
+            return source
+        key = ("reshape", source, dims)
+        if key in self.dim_tensors:  # one Reshape per value and target shape
+            return self.dim_tensors[key]
+        out = self.dim_tensors[key] = self.op("Reshape", [source, self.ints(dims)])
+        self.views[out] = source
+        if shape is not None:
+            self.shapes[out] = shape
+        return out
+
+    def transpose(self, name: str, perm: Iterable[int]) -> str:
+        """``name`` transposed by ``perm``: no node where it undoes the transpose that wrote ``name``."""
+        perm = tuple(perm)
+        source, first = self.transposed.get(name, (None, None))
+        if source is not None and tuple(first[p] for p in perm) == tuple(range(len(perm))):
+            return source
+        out = self.op("Transpose", [name], perm=list(perm))
+        self.transposed[out] = (name, perm)
+        if name in self.shapes:
+            self.shapes[out] = tuple(self.shapes[name][p] for p in perm)
+        return out
+
+    def merged_heads(self, name: str) -> str | None:
+        """For ``name`` [B, H, S, D] written as split heads, Transpose(x [B, S, H, D], 0 2 1 3), the value
+        [B, S, H*D] whose heads it splits (x reshaped, a view); else None."""
+        source, perm = self.transposed.get(name, (None, None))
+        shape = self.shapes.get(source) if source is not None else None
+        if perm != (0, 2, 1, 3) or shape is None or len(shape) != 4:
+            return None
+        return self.reshape(source, (*shape[:2], shape[2] * shape[3]))
+
+    def split_heads(self, name: str, heads: int) -> str:
+        """``name`` [B, S, heads*D] as split heads [B, heads, S, D]: a reshape and a transpose (which a
+        consumer merging the heads back undoes without a node)."""
+        b, s, width = self.shapes[name]
+        return self.transpose(self.reshape(name, (b, s, heads, width // heads)), (0, 2, 1, 3))
 
     def ints(self, values: Iterable[Dim]) -> str:
         """A 1-D int64 tensor of ``values``: an initializer, or for symbolic dims a Concat of :meth:`dim`."""
@@ -170,6 +221,21 @@ class Builder:
             copy.name = self.fresh(self.label if self.label is not None else copy.output[0])
             self.nodes.append(copy)
         return result
+
+
+def _resolved(dims: tuple[Dim, ...], source: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
+    """The shape a Reshape to ``dims`` gives a value of shape ``source`` (None if not known): its -1 is what
+    the other dims leave of the element count."""
+    if not any(isinstance(d, int) and d == -1 for d in dims):
+        return dims
+    if source is None:
+        return None
+    rest = math.prod(d for d in dims if not (isinstance(d, int) and d == -1))
+    try:
+        missing = math.prod(source) // rest
+    except (ShapeError, ZeroDivisionError):
+        return None
+    return tuple(missing if isinstance(d, int) and d == -1 else d for d in dims)
 
 
 def _definition(op_type: str, opset: int) -> int:
@@ -325,6 +391,8 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
         b.label = export_name(graph, node)
         try:
             names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
+            if isinstance(names[node.id], str):
+                b.shapes.setdefault(names[node.id], node.shape)
         except ShapeError as exc:  # an unfused form that needs a static value of a symbolic dim
             raise GraphError(f"{graph.describe(node.id)}: cannot be exported with symbolic dims: {exc}") from None
     b.label = None
