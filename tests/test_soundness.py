@@ -129,7 +129,9 @@ def _facts_only_rules_are_checked_through_their_readers(shipped: SoundnessReport
 def _the_closing_line_lists_instances_per_rule(shipped: SoundnessReport) -> None:
     last = str(shipped).splitlines()[-1]
     assert last.startswith(CLOSING_LINE_START)
-    assert "transformer-layer 3, " in last and "shared-input-matmul 3, " in last and "qkv-attention 2, " in last \
+    qkv = shipped.by_rule("qkv-attention").instances  # fires on a few of its draws (FEW_INSTANCES)
+    assert qkv >= 1 and f"qkv-attention {qkv}, " in last
+    assert "transformer-layer 3, " in last and "shared-input-matmul 3, " in last \
         and "qkv-attention-plain 3, " in last and "group-query-attention 0, " in last
     assert shipped.to_dict()["ok"] is True and len(shipped.to_dict()["rules"]) == SHIPPED_ORDERS
 
