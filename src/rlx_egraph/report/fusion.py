@@ -37,6 +37,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from egglog import bindings as eb
@@ -376,12 +377,10 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
     variants: list[_Variant] = []
     real: dict[str, int] = {}
     for rule in fusion_rules:
-        parsed = _pattern(rule)
-        if parsed is None:
-            continue
-        real[rule.name] = len(variants)
-        variants.append(_Variant(rule, parsed[0], "", "", parsed[1].op))
-        variants.extend(_relaxations(rule, *parsed))
+        relaxed = _variants(rule)
+        if relaxed:
+            real[rule.name] = len(variants)
+            variants.extend(relaxed)
     egraph.run_program(*egraph.parse_program(f"(relation {_RELATION} (i64 Op))\n(ruleset {_RULESET})"))
     for k, v in enumerate(variants):
         text = f"(rule ({' '.join(v.facts)}) (({_RELATION} {k} {_ROOT})) :ruleset {_RULESET} :name \"{_RELATION}-{k}\")"
@@ -417,6 +416,16 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
                                 f"{who} rule {v.rule.name} except that {v.detail}", pattern=pattern_of(op),
                                 cause=v.cause(op), places=len(classes)))
     return out
+
+
+@lru_cache(maxsize=1024)
+def _variants(rule: Rule) -> tuple[_Variant, ...]:
+    """The rule as a near-miss query, then its relaxations; none when its query does not start with an op pattern
+    (a pure function of the rule: computed once per rule)."""
+    parsed = _pattern(rule)
+    if parsed is None:
+        return ()
+    return (_Variant(rule, parsed[0], "", "", parsed[1].op), *_relaxations(rule, *parsed))
 
 
 def _made_op(rule: Rule) -> str | None:
