@@ -71,6 +71,7 @@ from ..rules import (
     variables,
 )
 from ..rules.signatures import constructor_args
+from ..rules.terms import constructor_names
 
 NEAR_MISS_MAX_NODES = 5000
 NOT_EXTRACTED, NEAR_MISS, IN_GRAPH = "not extracted", "near miss", "in graph"
@@ -359,6 +360,7 @@ class _Variant:
     reason: str
     detail: str
     root_op: str  # the op at the root of the rule's pattern (a class chosen as it stayed unrewritten)
+    reads: frozenset[str]  # the constructors its query applies: it matches nothing while one of them has no e-node
     other: str = ""  # the op an "other op" relaxation put at the root
 
     def cause(self, op: str) -> MissReason:
@@ -381,8 +383,11 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
         if relaxed:
             real[rule.name] = len(variants)
             variants.extend(relaxed)
+    empty = _empty_constructors(egraph)
     egraph.run_program(*egraph.parse_program(f"(relation {_RELATION} (i64 Op))\n(ruleset {_RULESET})"))
     for k, v in enumerate(variants):
+        if v.reads & empty:  # it cannot match: declaring it would cost its compilation for nothing
+            continue
         text = f"(rule ({' '.join(v.facts)}) (({_RELATION} {k} {_ROOT})) :ruleset {_RULESET} :name \"{_RELATION}-{k}\")"
         try:
             egraph.run_program(*egraph.parse_program(text))
@@ -418,6 +423,13 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
     return out
 
 
+def _empty_constructors(egraph: eb.EGraph) -> set[str]:
+    """The functions of ``egraph`` without a row: a query applying one of them matches nothing."""
+    (sizes,) = egraph.run_program(*egraph.parse_program("(print-size)"))
+    assert isinstance(sizes, eb.PrintAllFunctionsSize)
+    return {name for name, size in sizes.sizes if size == 0}
+
+
 @lru_cache(maxsize=1024)
 def _variants(rule: Rule) -> tuple[_Variant, ...]:
     """The rule as a near-miss query, then its relaxations; none when its query does not start with an op pattern
@@ -425,7 +437,15 @@ def _variants(rule: Rule) -> tuple[_Variant, ...]:
     parsed = _pattern(rule)
     if parsed is None:
         return ()
-    return (_Variant(rule, parsed[0], "", "", parsed[1].op), *_relaxations(rule, *parsed))
+    pattern, others = parsed
+    return (_variant(rule, pattern, others, "", "", pattern.op), *_relaxations(rule, pattern, others))
+
+
+def _variant(rule: Rule, root: OpTerm, atoms: Sequence[Atom], reason: str, detail: str, root_op: str,
+             other: str = "") -> _Variant:
+    """The query ``root`` bound to ``?rlx-root``, then ``atoms``, as a relaxation of ``rule``."""
+    reads = frozenset(n for term in (root, *(t for a in atoms for t in atom_terms(a))) for n in constructor_names(term))
+    return _Variant(rule, (f"(= {_ROOT} {root})", *map(str, atoms)), reason, detail, root_op, reads, other)
 
 
 def _made_op(rule: Rule) -> str | None:
@@ -438,9 +458,9 @@ def _made_op(rule: Rule) -> str | None:
     return built[0] if built and rule.stage == "recognize" else None
 
 
-def _pattern(rule: Rule) -> tuple[tuple[str, ...], OpTerm, list[Atom]] | None:
-    """The rule's query as facts binding its matched root to ``?rlx-root``, its root pattern, its other atoms; None
-    when its query does not start with an op pattern bound to a variable (``(= ?e (Op ...))``)."""
+def _pattern(rule: Rule) -> tuple[OpTerm, list[Atom]] | None:
+    """The rule's root pattern, its matched root renamed ``?rlx-root``, and its other atoms; None when its query
+    does not start with an op pattern bound to a variable (``(= ?e (Op ...))``)."""
     first, *others = rule.query
     if not (isinstance(first, Pattern) and isinstance(first.term, OpTerm) and isinstance(first.var, Var)
             and first.var_first):
@@ -448,8 +468,7 @@ def _pattern(rule: Rule) -> tuple[tuple[str, ...], OpTerm, list[Atom]] | None:
     root = {first.var.name: Var(_ROOT)}
     pattern = rename(first.term, root)
     assert isinstance(pattern, OpTerm)
-    others = [rename_atom(a, root) for a in others]
-    return (f"(= {_ROOT} {pattern})", *map(str, others)), pattern, others
+    return pattern, [rename_atom(a, root) for a in others]
 
 
 def _binds_op(atom: Atom) -> bool:
@@ -457,8 +476,7 @@ def _binds_op(atom: Atom) -> bool:
     return isinstance(atom, Pattern) and atom.var is not None and isinstance(atom.term, OpTerm)
 
 
-def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: OpTerm, others: list[Atom]) -> list[_Variant]:
-    root, rest = facts[0], facts[1:]
+def _relaxations(rule: Rule, pattern: OpTerm, others: list[Atom]) -> list[_Variant]:
     out = []
     root_alone = not any(isinstance(a, OpTerm) for a in pattern.args)
     for k, atom in enumerate(others):
@@ -469,12 +487,13 @@ def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: OpTerm, others: li
         if _is_relation(atom) and set(atom_variables(atom)) - set(variables(pattern)) - {
                 v for f in kept for v in atom_variables(f)}:
             continue  # the relation is what finds the form's input (ln-normed ?n ?x ?eps): not one clause of it
-        out.append(_Variant(rule, (root, *(str(f) for f in kept)), "pattern part" if binds else "guard",
+        out.append(_variant(rule, pattern, kept, "pattern part" if binds else "guard",
                             f"{'its part' if binds else 'the guard'} {atom} does not hold", pattern.op))
     uses = Counter(variables(pattern))
     for name in sorted(v for v, n in uses.items() if n > 1 and v != _ROOT):
         relaxed = _rename_last_use(pattern, name, f"{name}-unshared")
-        out.append(_Variant(rule, (f"(= {_ROOT} {relaxed})", *rest), "inputs not shared",
+        assert isinstance(relaxed, OpTerm)
+        out.append(_variant(rule, relaxed, others, "inputs not shared",
                             f"the uses of {name} in {pattern} are different tensors, not one shared input",
                             pattern.op))
     spec = REGISTRY[pattern.op]
@@ -483,8 +502,7 @@ def _relaxations(rule: Rule, facts: tuple[str, ...], pattern: OpTerm, others: li
         for other in sorted(REGISTRY):
             o = REGISTRY[other]
             if other != spec.name and o.kind is spec.kind and [a.sort for a in constructor_args(o)] == sorts:
-                swapped = OpTerm(other, pattern.args)
-                out.append(_Variant(rule, (f"(= {_ROOT} {swapped})", *rest), "other op",
+                out.append(_variant(rule, OpTerm(other, pattern.args), others, "other op",
                                     f"it is {other} where the rule needs {spec.name} (no {other} epilogue)",
                                     pattern.op, other))
     return out
