@@ -37,7 +37,7 @@ demo: $(VENV)/.package
 
 test: $(VENV)/.dev
 	$(VENV)/bin/python -m ruff check .
-	$(VENV)/bin/python -m pytest -n auto
+	$(VENV)/bin/python -m pytest -n auto --dist worksteal  # a worker out of tests takes half of another's queue
 
 bench: $(VENV)/.package
 	$(VENV)/bin/python -m benchmarks.bench

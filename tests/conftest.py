@@ -22,6 +22,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 os.environ[CACHE_ENV] = os.path.join(tempfile.gettempdir(), f"rlx-egraph-tests-{os.getpid()}-no-cache")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``long`` first, each group in collection order: xdist hands tests out in collection order,
+    and a long test handed out last would run alone while the other workers wait."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="module")
 def runner() -> Iterator[subprocess.Popen]:
     """A process that runs jobs under memory and time caps (tests/capped_runner.py), for the hostile-input tests."""

@@ -226,6 +226,7 @@ def test_string_literals_are_printable_and_distinct():
     assert string_literal("\x00") == '"rlx-escaped:\\\\u0000"'
 
 
+@pytest.mark.long
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(), st.text())
 @example("\x00", "\n")

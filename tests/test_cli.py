@@ -605,6 +605,7 @@ def test_runs_of_one_case_that_disagree_are_an_error() -> None:
         bench._least_run([runs[0], failed], "llama-2, egglog engine")
 
 
+@pytest.mark.long
 def test_bench_engines_runs_the_onnx_models_of_a_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     import onnx
 
@@ -677,6 +678,7 @@ def test_bench_overhead_repeated_keeps_each_columns_least(capsys: pytest.Capture
     assert "--repeat must be at least 1, not 0" in capsys.readouterr().err
 
 
+@pytest.mark.long
 def test_bench_fingerprint_digests_each_result_the_same_way_twice(capsys: pytest.CaptureFixture[str]) -> None:
     """One row per case, target and engine, with the predicted ns and node count of that run; a second invocation
     prints the same; the digest follows the graph and the fusions, not the run."""
@@ -699,6 +701,7 @@ def test_bench_fingerprint_digests_each_result_the_same_way_twice(capsys: pytest
     assert "engines must be among egglog, fallback (got 'egglog,greedy')" in capsys.readouterr().err
 
 
+@pytest.mark.long
 def test_bench_agreement_lists_the_random_graphs_the_engines_price_apart(capsys: pytest.CaptureFixture[str]) -> None:
     """Each listed graph is priced again here; every one of them has the shared pair ``Add(x@w1, x@w2)`` that the
     fallback fuses at once (a known limit: docs/engines.md), and the count in the first line adds up."""

@@ -465,6 +465,7 @@ def test_greedy_unshares_two_linear_layers_with_an_activation_each(target: str):
     assert sorted(n.op for n in out.nodes if n.spec.kind is not Kind.LEAF) == ["FusedMatMulBiasAct"] * 2
 
 
+@pytest.mark.long
 def test_greedy_has_no_gap_to_the_proven_optimum_on_random_graphs():
     """60 random graphs of the property tests' patterns, on rotating targets: greedy from the input graph alone
     was over the optimum on 15 of them (3 by more than 0.1%, one by 20%)."""

@@ -94,6 +94,7 @@ def bomb(path: Path, name: str, shape: tuple[int, ...], inflated: int) -> None:
             f.write(chunk)
 
 
+@pytest.mark.long
 def test_a_zip_bomb_is_never_inflated(tmp_path: Path) -> None:
     path, data = linear(tmp_path)
     bomb(tmp_path / "huge.npz", "w", (40_000, 40_000), 1 << 30)  # declares 6.4 GB, holds 1 GB of zeros

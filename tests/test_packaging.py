@@ -66,6 +66,7 @@ def _build_wheel(source: Path, dist: Path, **env: str) -> tuple[Path, str]:
     return wheel, run.stdout + run.stderr
 
 
+@pytest.mark.long
 def test_a_build_without_a_working_compiler_makes_a_pure_python_wheel_and_says_so(tmp_path: Path) -> None:
     source = tmp_path / "src-copy"
     _copy_tracked(source)
@@ -104,6 +105,7 @@ def _demo(bin_dir: Path, cwd: Path) -> str:
     return "\n".join(line for line in run.stdout.splitlines() if not line.startswith("time: "))
 
 
+@pytest.mark.long
 def test_the_wheel_and_the_sdist_install_without_a_compiler_outside_the_checkout_and_run_the_demo(
         tmp_path: Path) -> None:
     """CI's install check: ``pip wheel .`` (compiled here), installed with no compiler into a clean venv outside the

@@ -10,6 +10,7 @@ from rlx_egraph.examples import random_graph, random_plan
 plans = st.randoms(use_true_random=False).map(random_plan)  # drawn as the agreement bench draws them
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("engine", ["egglog", "fallback"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plans, st.sampled_from(("cpu", "metal", "wgpu")))

@@ -52,6 +52,7 @@ def _fingerprints_in_a_new_process(pure: bool) -> dict[str, dict]:
     return json.loads(run.stdout)
 
 
+@pytest.mark.long
 def test_the_pure_path_optimizes_the_example_models_as_the_compiled_path_does() -> None:
     if not accelerated():
         pytest.fail("this suite runs on an install whose accelerators compiled (make test builds them)")
@@ -71,6 +72,7 @@ def _pytest(tests: str, *options: str, env: dict[str, str] | None = None) -> tup
     return run.returncode, (lines[-1] if lines else run.stderr[-3000:])
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("tests", ["test_extract.py", "test_rows.py"])
 def test_the_extraction_and_row_tests_pass_on_the_pure_path(tests: str) -> None:
     code, collected = _pytest(tests, "--collect-only")

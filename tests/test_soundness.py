@@ -74,6 +74,7 @@ WRONG_AMONG_SHIPPED = {
 SHIPPED_FILES = {str(p.relative_to(ROOT)) for p in (ROOT / "rules").rglob("*.egg")}  # rules/ and rules/onnx/
 
 
+@pytest.mark.long
 def test_the_whole_shipped_set_is_sound_and_wrong_rules_among_it_are_found() -> None:
     """One check of every shipped rule file (rules/*.egg and the ONNX front end's rules/onnx/) with the wrong rules
     (the costliest check of the suite, run once: the assertions on it are grouped below)."""

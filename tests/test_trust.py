@@ -206,6 +206,7 @@ plans = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 99), st.intege
                  min_size=1, max_size=12)
 
 
+@pytest.mark.long
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plans, st.lists(st.integers(0, 99), max_size=3), st.sampled_from(TARGETS))
 def test_random_mixed_dtype_graphs_compute_what_they_computed(plan, outputs, target):

@@ -449,6 +449,7 @@ low_plans = st.lists(st.tuples(st.sampled_from(LOW_STEPS), st.integers(0, 50), s
                      min_size=1, max_size=10)
 
 
+@pytest.mark.long
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(("bf16", "f16")), low_plans, st.sampled_from(("cpu", "cuda", "metal", "wgpu")))
 def test_random_low_precision_graphs_pass_verification(dt: str, plan: list[tuple[str, int, int]], target: str) -> None:
