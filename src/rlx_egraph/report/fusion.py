@@ -13,7 +13,8 @@ A miss is one of two kinds.
   give a variable its pattern uses twice a fresh name for its last use (``inputs not shared``); replace the pattern's
   root op of one tensor input by another op of the same kind and signature (an
   activation without an epilogue kernel).  The relaxed rules run once, alone, on the
-  saturated e-graph, recording only their matched root (nothing is built), and a
+  saturated e-graph (but those applying a constructor it has no e-node of: they cannot
+  match), recording only their matched root (nothing is built), and a
   root the real rule does not match, computed unfused in the optimized graph, is a
   near miss naming the rule, its ``file:line``, what failed and the nodes.  One
   relaxation is one record listing every value it matched (a ReLU MLP's layers share
