@@ -387,14 +387,16 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs, graph)
     names: dict[int, Any] = {}
     weights: dict[int, np.ndarray] = {}
-    for node in graph.nodes:
-        b.label = export_name(graph, node)
-        try:
-            names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
-            if isinstance(names[node.id], str):
-                b.shapes.setdefault(names[node.id], node.shape)
-        except ShapeError as exc:  # an unfused form that needs a static value of a symbolic dim
-            raise GraphError(f"{graph.describe(node.id)}: cannot be exported with symbolic dims: {exc}") from None
+    with graph.dim_context.active():  # the graph's facts on its dims decide the forms written
+        for node in graph.nodes:
+            b.label = export_name(graph, node)
+            try:
+                names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
+                if isinstance(names[node.id], str):
+                    b.shapes.setdefault(names[node.id], node.shape)
+            except ShapeError as exc:  # an unfused form that needs a static value of a symbolic dim
+                raise GraphError(f"{graph.describe(node.id)}: cannot be exported with symbolic dims: {exc}") \
+                    from None
     b.label = None
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))

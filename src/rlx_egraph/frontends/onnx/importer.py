@@ -450,6 +450,13 @@ class Importer:
     # --- the walk -------------------------------------------------------------------
 
     def run(self) -> Graph:
+        """The MIR graph of the model; the graph's dims context (:class:`~rlx_egraph.ir.dims.DimContext`) is the
+        active one throughout, so the facts its Conv nodes state decide the steps after them, and no other graph's
+        do."""
+        with self.graph.dim_context.active():
+            return self._walk()
+
+    def _walk(self) -> Graph:
         graph = self.onnx_graph
         used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
         for index, node in enumerate(graph.node):
