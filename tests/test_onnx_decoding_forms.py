@@ -77,14 +77,18 @@ def sliding_window_model() -> onnx.ModelProto:
 
 def test_a_sliding_window_is_assumed_to_hold_the_whole_cache() -> None:
     """Both cuts by the window are decided as the cache fits in it (past_sequence <= 5, one assumption naming the
-    window), so the step imports with past_sequence symbolic and runs at every length up to it."""
+    window), so the step imports with past_sequence symbolic and runs at every length up to it; past it, where the
+    original drops its oldest keys, the exported step fails at run time at the check named by the assumption."""
     model = sliding_window_model()
     g = import_model(model)
     assert [fact.split(" (")[0] for fact in g.meta["assumptions"]] == ["past_sequence <= 5"]
     assert "the model's window" in g.meta["assumptions"][0]
+    assert g.meta["guarded_limits"] == {"past_sequence": 5}
     exported = export_model(optimize(g, target="onnxruntime", dim_hints={"batch": 2, "past_sequence": 4}))
     assert dims(exported.graph.output[1]) == ["batch", 2, "past_sequence+1", 4]
     parity(model, exported, [{"batch": 1, "past_sequence": 2}, {"batch": 3, "past_sequence": 5}])
+    with pytest.raises(Exception, match=r"Reshape node\. Name:'assumes past_sequence <= 5'"):
+        run_ort(exported, dynamic_feeds(model, {"batch": 1, "past_sequence": 6}))
 
 
 def strided_conv_model() -> onnx.ModelProto:
