@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,12 +43,26 @@ def fused(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(op_counts(model)[2].items()))
 
 
+def bindings(folder: Path, entry: Mapping[str, Any]) -> list[str]:
+    """Each shape of the export as the values of its model's symbolic dims (``batch 2, sequence 16``)."""
+    model = onnx.load(str(folder / entry["file"]), load_external_data=False)
+    out = []
+    for shapes in entry["shapes"]:
+        values: dict[str, int] = {}
+        for info in model.graph.input:
+            for d, size in zip(info.type.tensor_type.shape.dim, shapes.get(info.name, ()), strict=False):
+                if re.fullmatch(r"[A-Za-z_]\w*", d.dim_param):  # a symbol (not "past_sequence + 1")
+                    values.setdefault(d.dim_param, size)
+        out.append(", ".join(f"{name} {size}" for name, size in values.items()))
+    return out
+
+
 def row(folder: Path, entry: Mapping[str, Any]) -> dict[str, Any]:
     """Fused counts of the static and the dynamic export, and the dynamic export's parity at each shape."""
     static_file = entry["file"].replace("_dynamic_", "_static_")
     out: dict[str, Any] = {"file": entry["file"], "arch": entry["arch"], "exporter": entry["exporter"],
                            "attn": entry["attn"], "kind": entry["kind"], "held_out": entry["held_out"],
-                           "shapes": entry["shapes"], "parity": []}
+                           "shapes": bindings(folder, entry), "parity": []}
     stage = "static"
     try:
         out["static"] = fused(optimized(folder / static_file, None))
@@ -67,15 +82,6 @@ def row(folder: Path, entry: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def shape_label(shapes: Mapping[str, list[int]], kind: str) -> str:
-    """``2x16`` (batch x sequence of the first input), or ``2, past 16`` for a decoding step."""
-    dims = next(iter(shapes.values()))
-    if kind == "decode":
-        past = next((s[2] for name, s in shapes.items() if name.startswith("past_key_values") and len(s) == 4), None)
-        return f"{dims[0]}, past {past}"
-    return "x".join(map(str, dims))
-
-
 def counts_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{op} {n}" for op, n in counts.items()) or "none"
 
@@ -90,7 +96,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             continue
         same = "yes" if r["static"] == r["dynamic"] else "**no**"
         dynamic = "same" if r["static"] == r["dynamic"] else counts_text(diff(r["static"], r["dynamic"]))
-        checks = [f"{shape_label(s, r['kind'])}: {p:.1e}{'' if p <= PARITY else ' **fail**'}"
+        checks = [f"{s}: {p:.1e}{'' if p <= PARITY else ' **fail**'}"
                   for s, p in zip(r["shapes"], r["parity"], strict=False)]
         if "error" in r:
             checks.append(r["error"])
@@ -112,12 +118,15 @@ def passed(r: Mapping[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dynamic_axes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folders", type=Path, nargs="+", help="folders with a corpus.json")
+    parser.add_argument("folders", type=Path, nargs="*", help="folders with a corpus.json")
     parser.add_argument("--only", default="", help="comma-separated substrings: only exports whose file has one")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--from-json", type=Path, help="only print the table of the rows an earlier run wrote")
     args = parser.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
-    rows = []
+    rows = json.loads(args.from_json.read_text()) if args.from_json else []
+    if not args.folders and not args.from_json:
+        parser.error("give corpus folders, or --from-json")
     for folder in args.folders:
         manifest = folder / "corpus.json"
         if not manifest.is_file():
