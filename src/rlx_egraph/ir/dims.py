@@ -21,7 +21,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 from ..errors import RlxError
@@ -287,14 +287,25 @@ class DimContext:
     @contextmanager
     def active(self) -> Iterator[DimContext]:
         """Make this the context :func:`minimum` and :func:`at_least` use, for the block's duration."""
-        token = _CONTEXT.set(self)
+        token = use_context(self)
         try:
             yield self
         finally:
-            _CONTEXT.reset(token)
+            reset_context(token)
 
 
 _CONTEXT: ContextVar[DimContext | None] = ContextVar("rlx_egraph_dim_context", default=None)
+
+
+def use_context(context: DimContext | None) -> Token[DimContext | None]:
+    """Make ``context`` the active one (what :meth:`DimContext.active` does, without a generator: a Graph does it
+    per node); :func:`reset_context` of the token undoes it."""
+    return _CONTEXT.set(context)
+
+
+def reset_context(token: Token[DimContext | None]) -> None:
+    """Undo the :func:`use_context` that gave ``token``."""
+    _CONTEXT.reset(token)
 # The facts at_least states while a shape rule runs under stated_facts (a cache of the rule's results replays them).
 _STATED: ContextVar[list[tuple[str, int]] | None] = ContextVar("rlx_egraph_stated_dim_facts", default=None)
 
@@ -540,4 +551,5 @@ def _positive(d: Dim, what: str) -> bool:
 
 __all__ = ["MAX_DEGREE", "MAX_NESTING", "MAX_TERMS", "MAX_TEXT", "NAME", "Dim", "DimContext", "Sym", "active_minima",
            "as_dim", "at_least", "evaluate", "floor_atoms", "floor_div", "free_symbols", "minimum", "parse",
-           "shifted", "state_facts", "stated_facts", "symbol", "symbols_of", "to_json"]
+           "reset_context", "shifted", "state_facts", "stated_facts", "symbol", "symbols_of", "to_json",
+           "use_context"]

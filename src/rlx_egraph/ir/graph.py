@@ -35,7 +35,19 @@ import numpy as np
 from .._builders import GraphBuilders
 from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
-from .dims import DimContext, Sym, active_minima, as_dim, free_symbols, state_facts, stated_facts, symbols_of, to_json
+from .dims import (
+    DimContext,
+    Sym,
+    active_minima,
+    as_dim,
+    free_symbols,
+    reset_context,
+    state_facts,
+    stated_facts,
+    symbols_of,
+    to_json,
+    use_context,
+)
 from .dot import format_attrs, graph_to_dot
 from .dtypes import DTYPES
 from .dtypes import dtype as lookup_dtype
@@ -248,8 +260,11 @@ class Graph(GraphBuilders):
         nid = self._next_id if node_id is None else as_node_id(node_id, "node id")
         if nid in self._by_id:
             raise GraphError(f"node {nid} ({_op_spec(nid, op).name}): id {nid} is already used")
-        with self.dim_context.active():
+        token = use_context(self.dim_context)
+        try:
             node = check_node(nid, op, inputs, attrs, self._by_id.get, self._leaf_names)
+        finally:
+            reset_context(token)
         self._append(node)
         return nid
 
