@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto
 
 from onnx_models import F, OnnxBuilder, dynamic_feeds
-from rlx_egraph import optimize
+from rlx_egraph import Graph, optimize
 from rlx_egraph.onnx import export_model, import_model
 from test_onnx_import import assert_close, run_ort
 
@@ -77,14 +77,18 @@ def sliding_window_model() -> onnx.ModelProto:
 
 def test_a_sliding_window_is_assumed_to_hold_the_whole_cache() -> None:
     """Both cuts by the window are decided as the cache fits in it (past_sequence <= 5, one assumption naming the
-    window), so the step imports with past_sequence symbolic and runs at every length up to it."""
+    window), so the step imports with past_sequence symbolic and runs at every length up to it; past it, where the
+    original drops its oldest keys, the exported step fails at run time at the check named by the assumption."""
     model = sliding_window_model()
     g = import_model(model)
     assert [fact.split(" (")[0] for fact in g.meta["assumptions"]] == ["past_sequence <= 5"]
     assert "the model's window" in g.meta["assumptions"][0]
+    assert g.meta["guarded_limits"] == {"past_sequence": 5}
     exported = export_model(optimize(g, target="onnxruntime", dim_hints={"batch": 2, "past_sequence": 4}))
     assert dims(exported.graph.output[1]) == ["batch", 2, "past_sequence+1", 4]
     parity(model, exported, [{"batch": 1, "past_sequence": 2}, {"batch": 3, "past_sequence": 5}])
+    with pytest.raises(Exception, match=r"Reshape node\. Name:'assumes past_sequence <= 5'"):
+        run_ort(exported, dynamic_feeds(model, {"batch": 1, "past_sequence": 6}))
 
 
 def strided_conv_model() -> onnx.ModelProto:
@@ -114,6 +118,30 @@ def test_strided_convolutions_give_lengths_over_a_floor_of_the_input() -> None:
     exported = export_model(optimize(g, target="onnxruntime", dim_hints={"batch": 2, "samples": 64}))
     assert dims(exported.graph.output[0]) == ["batch", "samples_div4-1", 2]
     parity(model, exported, [{"batch": 1, "samples": 17}, {"batch": 3, "samples": 42}])
+
+
+def wide_conv_model() -> onnx.ModelProto:
+    """One convolution of kernel 10, stride 2 over [batch, samples]: its length floor(samples / 2) - 4 is not empty
+    for floor(samples / 2) >= 5, a stronger fact on the floor atom the strided model's first convolution makes."""
+    m = OnnxBuilder(18)
+    x = m.op("Unsqueeze", [m.input("input_values", F, ["batch", "samples"]), m.ints(1)])
+    return m.model({"features": m.op("Conv", [x, m.weight("conv0", 2, 1, 10)], kernel_shape=[10], strides=[2])})
+
+
+@pytest.mark.parametrize("first", ["strided", "wide"])
+def test_the_facts_an_import_states_on_its_dims_stay_in_its_graph(first: str) -> None:
+    """A graph's least values of its floor atoms are its own: imported in one process in either order, after the
+    other or alone, each model gives the same graph and assumptions."""
+    models = {"strided": strided_conv_model(), "wide": wide_conv_model()}
+
+    def summary(g: Graph) -> tuple:
+        return [(n.op, tuple(map(str, n.shape))) for n in g.nodes], g.meta["assumptions"], g.dim_context.minima
+
+    alone = {name: summary(import_model(model)) for name, model in models.items()}
+    in_turn = {name: summary(import_model(models[name])) for name in (first, *(set(models) - {first}))}
+    assert in_turn == alone
+    assert alone["strided"][1][0] == "samples_div2 = floor((samples) / 2) >= 2 (the lengths it gives are not empty)"
+    assert alone["wide"][1] == ["samples_div2 = floor((samples) / 2) >= 5 (the lengths it gives are not empty)"]
 
 
 def dynamic_decode_step() -> onnx.ModelProto:

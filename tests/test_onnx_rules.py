@@ -86,7 +86,8 @@ def attention_model(scores: str, keys: str, mask: str, kv_heads: int = H, nan_to
     "flat" (Reshape, Transpose 0 2 1, Reshape through [B*H, S, D]) or "flat_merged" (the dynamo exporter's under sdpa:
     repeat_kv's Expand reshaped straight to [B*H, S, D], then the same).  mask: "bert" ((1 - m) * -10000 of an
     int64 attention_mask), "bool" (sdpa: Where(m, 0, -inf)), "float4d" (a [B, 1, S, S] additive input), "two"
-    (T5: a [1, H, S, S] position bias, then the BERT mask) or "none".  kv_heads < H repeats K/V as repeat_kv
+    (T5: a [1, H, S, S] position bias, then the BERT mask), "causal" (a static sdpa export's mask folded to a
+    constant [S, S] of 0 and -inf) or "none".  kv_heads < H repeats K/V as repeat_kv
     does, or (not ``repeat_kv``, kv_heads 1: multi-query attention) broadcasts them.
     """
     m = OnnxBuilder(17)
@@ -126,6 +127,8 @@ def attention_model(scores: str, keys: str, mask: str, kv_heads: int = H, nan_to
         bias = None
     elif mask == "float4d":
         bias = m.input("bias", F, [B, 1, S, S])
+    elif mask == "causal":
+        bias = m.const(np.where(np.tril(np.ones((S, S), bool)), 0.0, -np.inf))
     elif mask == "bool":
         keep = m.op("Unsqueeze", [m.input("attention_mask", TensorProto.BOOL, [B, S]), m.ints(1, 2)])
         bias = m.op("Where", [keep, m.const(0.0), m.const(-np.inf)])
@@ -159,6 +162,7 @@ ATTENTION_CASES = {  # case -> (model arguments, rules that must fire)
                              {"flat-swap-last", "attn-repeat-kv", "onnx-attention-isnan", "biased-attention-gqa"}),
     "sdpa-flat-merged-mqa": (("sdpa", "flat_merged", "bool", 1, True), {"flat-swap-last", "attn-repeat-kv",
                                                                         "biased-attention-gqa"}),
+    "sdpa-causal-isnan": (("sdpa", "t", "causal", H, True), {"onnx-causal-where", "onnx-attention-causal-isnan"}),
     "t5-plain-two-masks": (("plain", "t", "two"), {"attn-scores", "biased-attention-two-masks"}),
     "mqa-broadcast-div": (("div", "t", "bert", 1, False, False, False), {"attn-split-qk-mqa", "biased-attention"}),
     "mqa-broadcast-sdpa": (("sdpa", "t", "bool", 1, True, False, False), {"attn-split-qk-mqa",

@@ -41,9 +41,9 @@ ONCE_NOT_CHECKABLE = {"transformer-layer", "shared-input-matmul", "gelu-tanh-inn
 # needs and a query of one position are not drawn. Checked on built decoding steps in both engines with
 # onnxruntime parity at three past lengths (test_decode).
 DECODE_RULES = {"decode-split-heads", "group-query-attention", "group-query-attention-rope", "kv-cache-attention"}
-# sdpa's Where(IsNaN(p), 0, p) over a padding-masked softmax (rules/onnx/): the OnnxOp IsNaN's proto attribute is not
+# sdpa's Where(IsNaN(p), 0, p) over a padding- or causally masked softmax (rules/onnx/): the OnnxOp IsNaN's proto is not
 # drawn. Checked on sdpa-style ONNX models against onnxruntime (test_onnx_rules).
-ISNAN_RULES = {"onnx-attention-isnan", "onnx-attention-isnan#2"}
+ISNAN_RULES = {"onnx-attention-isnan", "onnx-attention-isnan#2", "onnx-attention-causal-isnan"}
 NOT_CHECKABLE = DECODE_RULES | ISNAN_RULES
 # The packed-projection attention with a bias fires on 2 of its 80 draws (the bias must be [., ., ., S]); it is
 # also checked on built graphs: the op recovered from its decomposition and its kernel against it

@@ -19,7 +19,9 @@ import math
 import operator
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
 from typing import Any
 
 from ..errors import RlxError
@@ -258,7 +260,81 @@ def parse(text: str) -> Dim:
 # Floor atoms: symbols that stand for floor(numerator / divisor), made by floor_div (a convolution's output length,
 # ONNX's integer Div of a dim).  Named by their definition, so the same floor is the same symbol wherever it is made.
 _FLOORS: dict[str, tuple[Dim, int]] = {}
-_FLOOR_MINIMUM: dict[str, int] = {}  # a floor atom's least value where more than 1 (at_least)
+
+
+class DimContext:
+    """What one graph knows of its floor atoms beyond their definitions: each one's least value where more than 1
+    (raised by :func:`at_least` while the context is active, e.g. by a strided Conv's shape rule).
+
+    A :class:`~rlx_egraph.ir.graph.Graph` owns one (``graph.dims``) and activates it while it checks a node; the
+    ONNX importer keeps its graph's active for the whole walk.  Facts stated in one graph never reach another:
+    outside every context :func:`minimum` is 1 and :func:`at_least` records nothing."""
+
+    __slots__ = ("minima",)
+
+    def __init__(self, minima: Mapping[str, int] | None = None) -> None:
+        self.minima: dict[str, int] = dict(minima or {})
+
+    def minimum(self, name: str) -> int:
+        """The least value of symbol ``name`` here: 1 unless a fact raised it."""
+        return self.minima.get(name, 1)
+
+    def state(self, atom: str, least: int) -> None:
+        """Record that floor atom ``atom`` is at least ``least``."""
+        if least > self.minima.get(atom, 1):
+            self.minima[atom] = least
+
+    @contextmanager
+    def active(self) -> Iterator[DimContext]:
+        """Make this the context :func:`minimum` and :func:`at_least` use, for the block's duration."""
+        token = use_context(self)
+        try:
+            yield self
+        finally:
+            reset_context(token)
+
+
+_CONTEXT: ContextVar[DimContext | None] = ContextVar("rlx_egraph_dim_context", default=None)
+
+
+def use_context(context: DimContext | None) -> Token[DimContext | None]:
+    """Make ``context`` the active one (what :meth:`DimContext.active` does, without a generator: a Graph does it
+    per node); :func:`reset_context` of the token undoes it."""
+    return _CONTEXT.set(context)
+
+
+def reset_context(token: Token[DimContext | None]) -> None:
+    """Undo the :func:`use_context` that gave ``token``."""
+    _CONTEXT.reset(token)
+# The facts at_least states while a shape rule runs under stated_facts (a cache of the rule's results replays them).
+_STATED: ContextVar[list[tuple[str, int]] | None] = ContextVar("rlx_egraph_stated_dim_facts", default=None)
+
+
+def active_minima() -> dict[str, int]:
+    """The floor atoms' least values in the active :class:`DimContext` (a copy; empty outside every context)."""
+    context = _CONTEXT.get()
+    return {} if context is None else dict(context.minima)
+
+
+@contextmanager
+def stated_facts() -> Iterator[list[tuple[str, int]]]:
+    """Collect the facts (floor atom, least value) :func:`at_least` states in the block, in order."""
+    facts: list[tuple[str, int]] = []
+    token = _STATED.set(facts)
+    try:
+        yield facts
+    finally:
+        _STATED.reset(token)
+
+
+def state_facts(facts: Iterable[tuple[str, int]]) -> None:
+    """Record ``facts`` (from :func:`stated_facts`) in the active context, as :func:`at_least` did."""
+    context = _CONTEXT.get()
+    for atom, least in facts:
+        if context is not None:
+            context.state(atom, least)
+        if (stated := _STATED.get()) is not None:
+            stated.append((atom, least))
 
 
 def floor_div(a: Dim, divisor: int) -> Dim:
@@ -293,8 +369,10 @@ def floor_div(a: Dim, divisor: int) -> Dim:
 
 
 def minimum(name: str) -> int:
-    """The least value symbol ``name`` takes: 1, or more for a floor atom that :func:`at_least` raised."""
-    return _FLOOR_MINIMUM.get(name, 1)
+    """The least value symbol ``name`` takes in the active :class:`DimContext`: 1, or more for a floor atom that
+    :func:`at_least` raised there."""
+    context = _CONTEXT.get()
+    return 1 if context is None else context.minimum(name)
 
 
 def shifted(d: Dim) -> Dim:
@@ -309,15 +387,14 @@ def shifted(d: Dim) -> Dim:
 
 
 def at_least(d: Dim, least: int) -> None:
-    """Record that ``d`` (a floor atom plus an int: a convolution's output length) is at least ``least`` wherever it
-    is a dim, raising the atom's :func:`minimum`; nothing for other dims."""
+    """Record in the active :class:`DimContext` that ``d`` (a floor atom plus an int: a convolution's output length)
+    is at least ``least``, raising the atom's :func:`minimum`; nothing for other dims."""
     if isinstance(d, int) or len(d.symbols) != 1 or d.symbols[0] not in _FLOORS:
         return
     terms = dict(d.terms)
     atom = (d.symbols[0],)
     if set(terms) <= {atom, ()} and terms[atom] == 1:
-        need = least - terms.get((), 0)
-        _FLOOR_MINIMUM[atom[0]] = max(minimum(atom[0]), need)
+        state_facts([(atom[0], least - terms.get((), 0))])
 
 
 def _identifier(d: Sym) -> str:
@@ -472,6 +549,7 @@ def _positive(d: Dim, what: str) -> bool:
     raise ShapeError(f"cannot decide {what} for every value of {', '.join(d.symbols)}")
 
 
-__all__ = ["MAX_DEGREE", "MAX_NESTING", "MAX_TERMS", "MAX_TEXT", "NAME", "Dim", "Sym", "as_dim", "at_least",
-           "evaluate", "floor_atoms", "floor_div", "free_symbols", "minimum", "parse", "shifted", "symbol",
-           "symbols_of", "to_json"]
+__all__ = ["MAX_DEGREE", "MAX_NESTING", "MAX_TERMS", "MAX_TEXT", "NAME", "Dim", "DimContext", "Sym", "active_minima",
+           "as_dim", "at_least", "evaluate", "floor_atoms", "floor_div", "free_symbols", "minimum", "parse",
+           "reset_context", "shifted", "state_facts", "stated_facts", "symbol", "symbols_of", "to_json",
+           "use_context"]

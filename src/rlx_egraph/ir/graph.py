@@ -35,7 +35,19 @@ import numpy as np
 from .._builders import GraphBuilders
 from ..errors import RlxError
 from . import ops as _ops  # noqa: F401  (registers every op)
-from .dims import Sym, as_dim, free_symbols, symbols_of, to_json
+from .dims import (
+    DimContext,
+    Sym,
+    active_minima,
+    as_dim,
+    free_symbols,
+    reset_context,
+    state_facts,
+    stated_facts,
+    symbols_of,
+    to_json,
+    use_context,
+)
 from .dot import format_attrs, graph_to_dot
 from .dtypes import DTYPES
 from .dtypes import dtype as lookup_dtype
@@ -181,7 +193,7 @@ def check_node(nid: int, op: str, inputs: Sequence[int], attrs: Mapping[str, Any
     return Node(nid, op, inputs, attrs_c, out.shape, out.dtype)
 
 
-_RESOLVED: dict[tuple, tuple[dict[str, Any], ValueType]] = {}
+_RESOLVED: dict[tuple, tuple[dict[str, Any], ValueType, tuple[tuple[str, int], ...]]] = {}
 _RESOLVED_MAX = 1 << 16
 _NO_NAME: Any = object()  # in a remembered leaf's attributes: where its own name goes
 
@@ -192,8 +204,10 @@ def _signed_zero(value: float) -> tuple[float, float]:
 
 
 def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tuple[dict[str, Any], ValueType]:
-    """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions.  A leaf's
-    ``name`` (one per leaf) is left out of the key and checked on its own: it plays no part in its type."""
+    """``spec.resolve``, remembered per (op, attributes, input types): shape rules are pure functions but for the
+    facts on dims they state (:func:`~rlx_egraph.ir.dims.at_least`), which a remembered result states again in the
+    active dims context.  A leaf's ``name`` (one per leaf) is left out of the key and checked on its own: it plays
+    no part in its type."""
     named = spec.kind is Kind.LEAF and "name" in spec.attr_specs
     name = attrs.get("name", _NO_NAME) if named else _NO_NAME
     items = () if not attrs else tuple((k, _signed_zero(v) if v.__class__ is float and v == 0.0 else v)
@@ -206,10 +220,14 @@ def _resolve(spec: OpSpec, attrs: Mapping[str, Any], in_nodes: list[Node]) -> tu
     if hit is None:
         if len(_RESOLVED) >= _RESOLVED_MAX:
             _RESOLVED.clear()
-        attrs_c, out = spec.resolve(attrs, [n.type for n in in_nodes])
+        with stated_facts() as facts:
+            attrs_c, out = spec.resolve(attrs, [n.type for n in in_nodes])
+        state_facts(facts)
         _RESOLVED[key] = (attrs_c if name is _NO_NAME else {k: _NO_NAME if k == "name" else v
-                                                            for k, v in attrs_c.items()}, out)
+                                                            for k, v in attrs_c.items()}, out, tuple(facts))
         return dict(attrs_c), out
+    if hit[2]:
+        state_facts(hit[2])
     if name is _NO_NAME:
         return dict(hit[0]), hit[1]
     name = spec.attr_specs["name"].coerce(name)
@@ -231,6 +249,9 @@ class Graph(GraphBuilders):
         self._symbols: tuple[str, ...] | None = None  # computed on first read, forgotten when a node is added
         self.weights: dict[str, np.ndarray] = {}  # Param name -> value (evaluate reads it; save writes .npz)
         self.meta: dict[str, Any] = {}  # JSON-ready facts about the graph's origin (e.g. ONNX dim names)
+        # What this graph's nodes state about its floor atoms (active in add_node); a graph made while another's is
+        # active (a scratch graph of an import) starts from what that one knows.
+        self.dim_context = DimContext(active_minima())
 
     # --- building ---------------------------------------------------------------
 
@@ -239,7 +260,11 @@ class Graph(GraphBuilders):
         nid = self._next_id if node_id is None else as_node_id(node_id, "node id")
         if nid in self._by_id:
             raise GraphError(f"node {nid} ({_op_spec(nid, op).name}): id {nid} is already used")
-        node = check_node(nid, op, inputs, attrs, self._by_id.get, self._leaf_names)
+        token = use_context(self.dim_context)
+        try:
+            node = check_node(nid, op, inputs, attrs, self._by_id.get, self._leaf_names)
+        finally:
+            reset_context(token)
         self._append(node)
         return nid
 

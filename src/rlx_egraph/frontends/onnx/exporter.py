@@ -289,6 +289,30 @@ def output_names(graph: Graph) -> list[str]:
     return [f"output_{k}" for k in range(len(graph.outputs))]
 
 
+def _guards(b: Builder, graph: Graph) -> list[str]:
+    """Run-time checks of ``graph.meta["guarded_limits"]`` (symbol -> largest value the graph holds for): per
+    symbol, the input dim ``d = symbol + c`` that gives it, reshaped from ``[d]`` to ``[1 + max(d - limit - c, 0)]``.
+    Within the limit that is ``d`` itself; past it onnxruntime fails at that Reshape, whose name (``assumes
+    past_sequence <= 4094``) says what does not hold.  Nothing reads the result (onnxruntime runs every node);
+    returns their names, which the export keeps."""
+    limits = graph.meta.get("guarded_limits")
+    out = []
+    for name, limit in sorted(limits.items()) if isinstance(limits, dict) else ():
+        s = symbol(name)
+        source = next((d for d in b.dim_sources if isinstance(d - s, int)), None)
+        if source is None:  # the symbol is no input's dim: nothing to check it by
+            continue
+        shift = source - s
+        raw = b.dim(source)
+        b.label = f"check {name}"
+        past = b.op("Max", [b.op("Sub", [raw, b.ints([limit + shift])]), b.ints([0])])
+        size = b.op("Add", [past, b.ints([1])])
+        b.label = f"assumes {name} <= {limit}"
+        out.append(b.op("Reshape", [raw, size]))
+    b.label = None
+    return out
+
+
 def _live(nodes: list[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
     """``nodes`` (in order) that compute ``outputs``, directly or through others."""
     needed, live = set(outputs), []
@@ -387,18 +411,21 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs, graph)
     names: dict[int, Any] = {}
     weights: dict[int, np.ndarray] = {}
-    for node in graph.nodes:
-        b.label = export_name(graph, node)
-        try:
-            names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
-            if isinstance(names[node.id], str):
-                b.shapes.setdefault(names[node.id], node.shape)
-        except ShapeError as exc:  # an unfused form that needs a static value of a symbolic dim
-            raise GraphError(f"{graph.describe(node.id)}: cannot be exported with symbolic dims: {exc}") from None
+    with graph.dim_context.active():  # the graph's facts on its dims decide the forms written
+        for node in graph.nodes:
+            b.label = export_name(graph, node)
+            try:
+                names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
+                if isinstance(names[node.id], str):
+                    b.shapes.setdefault(names[node.id], node.shape)
+            except ShapeError as exc:  # an unfused form that needs a static value of a symbolic dim
+                raise GraphError(f"{graph.describe(node.id)}: cannot be exported with symbolic dims: {exc}") \
+                    from None
     b.label = None
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
-    b.nodes = _sum_before_layer_norm(_live(b.nodes, outs))  # a value an export form left unread is not written
+    guards = _guards(b, graph)
+    b.nodes = _sum_before_layer_norm(_live(b.nodes, [*outs, *guards]))  # a value left unread is not written
     read = {name for n in b.nodes for name in (*n.input, *outer_reads(n))}
     spelled = _spellings(graph)
     onnx_graph = helper.make_graph(b.nodes, graph.name, [_value_info(n.name, n, spelled) for n in graph.inputs],

@@ -219,6 +219,7 @@ class Importer:
             self.values[info.name] = Value(node=self.graph.input(info.name, bound.shapes[info.name], dt))
         self.max_dims = check_max_dims(max_dims or {}, self.graph.symbols)
         self.limits_found: dict[str, int] = {}  # symbol -> the model's own limit on it (:meth:`model_limit`)
+        self.guarded_limits: dict[str, int] = {}  # symbol -> a limit past which the original computes otherwise
         self.hints = dict(bound.hints)
         self.table_lengths = _table_lengths(model.graph)
         self.window_lengths = _window_lengths(model.graph)
@@ -390,7 +391,9 @@ class Importer:
             if {limit, limit + 1} & self.table_lengths:
                 source = "the model's own limit"
             elif {limit, limit + 1} & self.window_lengths:
-                source = "the model's window: past it the model drops its oldest keys, which this import does not"
+                source = ("the model's window: past it the model drops its oldest keys, which this import does not; "
+                          "the export checks it at run time")
+                self.guarded_limits[s] = min(limit, self.guarded_limits.get(s, limit))
             else:
                 return None
             self.limits_found[s] = min(limit, self.limits_found.get(s, limit))
@@ -450,6 +453,13 @@ class Importer:
     # --- the walk -------------------------------------------------------------------
 
     def run(self) -> Graph:
+        """The MIR graph of the model; the graph's dims context (:class:`~rlx_egraph.ir.dims.DimContext`) is the
+        active one throughout, so the facts its Conv nodes state decide the steps after them, and no other graph's
+        do."""
+        with self.graph.dim_context.active():
+            return self._walk()
+
+    def _walk(self) -> Graph:
         graph = self.onnx_graph
         used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
         for index, node in enumerate(graph.node):
@@ -467,6 +477,8 @@ class Importer:
                                         "it gives are not empty)")
         if self.assumptions:
             self.graph.meta["assumptions"] = list(self.assumptions)
+        if self.guarded_limits:
+            self.graph.meta["guarded_limits"] = dict(sorted(self.guarded_limits.items()))
         return self.graph
 
     def named_step(self, node: onnx.NodeProto, used: set[str]) -> list[Value | None]:
@@ -731,7 +743,9 @@ def import_model(model: str | Path | onnx.ModelProto, input_shapes: Mapping[str,
     The graph carries the initializers in ``graph.weights`` and, in ``graph.meta``: ``"source": "onnx"`` (so
     ``optimize`` adds the ONNX rules), the inputs' symbolic dim names (``"dim_names"``), the output names
     (``"output_names"``), the default domain's opset (``"opset"``), the ONNX node name of each MIR node
-    (``"node_names"``) and the hints given (``"dim_hints"``).  Raises :class:`OnnxImportError` naming the node,
+    (``"node_names"``), the hints given (``"dim_hints"``) and the limits past which the model computes otherwise
+    than the graph (``"guarded_limits"``, symbol -> largest value: a sliding window), which the export checks at
+    run time.  Raises :class:`OnnxImportError` naming the node,
     input or op types at fault.
     """
     proto = load(model)
