@@ -1,0 +1,110 @@
+"""Price what onnxruntime dispatches for a graph: :func:`price_export`, the exported model's nodes, node by node.
+
+A graph's IO profile (:func:`~rlx_egraph.cost.profile`) prices each MIR node by its measured line, which the
+calibration fitted to what the exporter writes for that node in a graph with static shapes.  The exported model
+differs in two ways, both priced here by the same target:
+
+* **nodes no MIR node's line prices** (``added``): the run-time shape computation of a Reshape or Expand to a
+  target with symbolic dims (Shape, Mul, Add, Div and Concat nodes on a few int64 elements, one set per distinct
+  dim and target: :meth:`~.exporter.Builder.ints`), what a dims-data leaf (a symbolic Range bound, say) is
+  computed by, and a layout op of a graph input (a leaf to the profile).  onnxruntime dispatches each as a node
+  on a few elements: each costs the target's ``dispatch_ns``, what the calibration measures such a node at (a
+  chain of Sigmoids on one float).
+* **MIR nodes the export writes no node for** (``unwritten``), or only nodes onnxruntime folds when the session
+  loads (every input a constant): a reshape of a reshape written as one Reshape, the 3-D <-> 2-D pair around a
+  Gemm cancelled, the head split and merge that an Attention's 3-D inputs absorb, slices written as one Split.
+  Their price is taken off.
+
+Every other node is priced as the profile prices it; the Identity nodes that name the outputs are free
+(onnxruntime removes them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ...cost import IoProfile, Target, get_target, profile
+from ...ir.dtypes import dtype
+from ...ir.graph import Graph, Node
+from ...ir.registry import Kind
+from ...ir.specialize import specialize_graph
+from .exporter import export_written
+
+
+@dataclass(frozen=True)
+class ExportPrice:
+    """The predicted latency of a graph as exported: ``profile`` (the graph's IO profile on the target), less
+    ``unwritten_ns`` (the MIR nodes onnxruntime does not run, per MIR op in ``unwritten``), plus ``added_ns`` (the
+    nodes no MIR node's line prices, per ONNX op in ``added``); ``model`` is the export priced."""
+
+    profile: IoProfile
+    added: Counter[str]
+    added_ns: float
+    unwritten: Counter[str]
+    unwritten_ns: float
+    model: onnx.ModelProto = field(repr=False, compare=False)
+
+    @property
+    def ns(self) -> float:
+        return self.profile.ns - self.unwritten_ns + self.added_ns
+
+    @property
+    def nodes(self) -> int:
+        """Nodes onnxruntime dispatches: the profile's launches, less the unwritten, plus the added."""
+        return self.profile.launches - sum(self.unwritten.values()) + sum(self.added.values())
+
+
+def price_export(graph: Graph, target: Target | str = "onnxruntime") -> ExportPrice:
+    """``graph``'s predicted latency on ``target`` as :func:`~.exporter.export_model` writes it (module docs).
+    Symbolic dims are priced at the target's hints, as :func:`~rlx_egraph.cost.profile` prices them.  Parameters
+    without a value are exported as zeros (their values do not change the price)."""
+    tgt = get_target(target)
+    if any(p.name not in graph.weights for p in graph.params):
+        graph = graph.copy()
+        graph.weights = {**graph.weights, **{p.name: np.zeros(p.shape, dtype(p.dtype).storage)
+                                             for p in graph.params if p.name not in graph.weights}}
+    model, written_for = export_written(graph)
+    folded = {t.name for t in model.graph.initializer} | {""}
+    dispatched: set[int] = set()  # MIR nodes with a node onnxruntime runs
+    added: Counter[str] = Counter()
+    priced = graph.nodes_by_id
+    for node in model.graph.node:
+        if all(name in folded for name in node.input):  # constant: folded when the session loads
+            folded.update(node.output)
+            continue
+        if node.name not in written_for:  # an Identity naming an output
+            continue
+        nid = written_for[node.name]
+        if nid is None or not _launches(priced[nid], tgt, graph):
+            added[node.op_type] += 1
+        else:
+            dispatched.add(nid)
+    if graph.symbols:
+        graph = specialize_graph(graph, {s: tgt.hint(s) for s in graph.symbols})
+    by_id = graph.nodes_by_id
+    unwritten: Counter[str] = Counter()
+    unwritten_ns = 0.0
+    for node in graph.nodes:
+        if node.id in dispatched or not _launches(node, tgt, graph):
+            continue
+        ins = [by_id[i] for i in node.inputs]
+        unwritten[node.op] += 1
+        unwritten_ns += tgt.node_ns(node.spec, node.attrs, [i.type for i in ins], node.type,
+                                    any(i.kind is not Kind.LEAF for i in ins))
+    return ExportPrice(profile(graph, tgt), added, sum(added.values()) * tgt.dispatch_ns, unwritten,
+                       unwritten_ns, model)
+
+
+def _launches(node: Node, target: Target, graph: Graph) -> bool:
+    """Whether the profile prices ``node`` as a kernel: its kind launches one, or it is a layout op the target
+    copies reading an intermediate."""
+    if node.kind.launches:
+        return True
+    return target.copies(node.spec, any(graph.node(i).kind is not Kind.LEAF for i in node.inputs))
+
+
+__all__ = ["ExportPrice", "price_export"]
