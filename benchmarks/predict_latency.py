@@ -68,6 +68,20 @@ HELPER = {  # (builder keyword arguments, input shapes) per size
              "sdpa": ({"hidden": 768, "heads": 12}, {"hidden_states": (1, 128, 768), "attention_mask": (1, 128)})},
 }
 GRAPHS = ("input", "optimized")
+PROBE_NODES = (10, 410)
+
+
+def _chain(nodes: int) -> Graph:
+    """A chain of Sigmoid nodes on one float: the calibration's dispatch probe."""
+    g = Graph("probe")
+    x = g.input("x", (1,))
+    for _ in range(nodes):
+        x = g.sigmoid(x)
+    g.set_outputs([x])
+    return g
+
+
+PROBE = [_chain(n) for n in PROBE_NODES]
 WITHIN = 1.5  # the target: predicted / measured within 1.5x either way
 DIMS = {"batch": 2, "sequence": 16}  # the corpus exports' symbolic dims, unless --dim binds them otherwise
 
@@ -154,26 +168,30 @@ def main(argv: list[str] | None = None) -> int:
             graphs = {"input": (graph, report.profile_before), "optimized": (optimized, report.profile_after)}
             graphs = {which: graphs[which] for which in args.graphs}
             priced = [price_export(g, profile.target) for g, profile in graphs.values()]
-            measured = measure_latencies([g for g, _ in graphs.values()], runs=runs, budget_s=0.0, dims=hints)
+            *measured, short, long = measure_latencies([*(g for g, _ in graphs.values()), *PROBE], runs=runs,
+                                                       budget_s=0.0, dims=hints)
+            # the machine's state while measuring: a Sigmoid node on one float, measured as calibrated
+            slowdown = (long.fastest_ns - short.fastest_ns) / (PROBE_NODES[1] - PROBE_NODES[0]) / target.dispatch_ns
         except Exception as exc:  # a model that cannot be run is a row saying why, not the end of the table
-            rows.append((name, size, "-", "-", "-", "-", "-", "-", "-", f"{type(exc).__name__}: {exc}"[:60]))
+            rows.append((name, size, "-", "-", "-", "-", "-", "-", "-", f"{type(exc).__name__}: {exc}"[:60], "-"))
             print(f"{name} {size}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             continue
         for (which, (_, profile)), export, latency in zip(graphs.items(), priced, measured, strict=True):
             fastest = latency.fastest_ns
             ratios.setdefault((size, which, "profile"), []).append(profile.ns / fastest)
             ratios.setdefault((size, which, "export"), []).append(export.ns / fastest)
+            ratios.setdefault((size, which, "export, at the probe's speed"), []).append(export.ns * slowdown / fastest)
             rows.append((name, size, which, str(profile.launches), str(export.nodes), format_ns(profile.ns),
                          format_ns(export.ns), format_ns(latency.ns), format_ns(fastest),
-                         f"{profile.ns / fastest:.2f} / {export.ns / fastest:.2f}"))
+                         f"{profile.ns / fastest:.2f} / {export.ns / fastest:.2f}", f"{slowdown:.2f}"))
         print(f"{name} {size}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     header = ("model", "size", "graph", "launches", "export nodes", "predicted: profile", "export",
-              "measured (median)", "fastest", "predicted/fastest: profile / export")
+              "measured (median)", "fastest", "predicted/fastest: profile / export", "probe")
     if args.markdown:
         print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
         print("\n".join("| " + " | ".join(row) + " |" for row in rows))
     else:
-        print(format_table(header, rows, "<<<>>>>>>>"))
+        print(format_table(header, rows, "<<<>>>>>>>>"))
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
     for (size, which, prediction), group in ratios.items():
         worst = max(group, key=lambda r: abs(math.log(r)))
