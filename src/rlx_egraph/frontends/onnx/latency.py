@@ -26,6 +26,7 @@ from ...report import OptimizeReport
 from ...report.optimize_report import Measured
 from .calibrate import LEVEL, run_times, typical
 from .exporter import export_model
+from .pricing import price_export
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Latency:
 def _runnable(graph: Graph, threads: int,
               dims: Mapping[str, int] | None = None) -> tuple[ort.InferenceSession, dict[str, np.ndarray]]:
     """An onnxruntime session of ``graph`` exported (parameters lacking a value get seeded random ones), and
-    seeded feeds for its inputs (symbolic dims bound by ``dims``)."""
+    seeded feeds for its inputs (its symbolic dims bound by ``dims``, which may name others too)."""
     if any(p.name not in graph.weights for p in graph.params):
         filled = graph.copy()
         filled.weights = {p.name: graph.weights.get(p.name, random_value(graph, p)) for p in graph.params}
@@ -58,7 +59,8 @@ def _runnable(graph: Graph, threads: int,
     options.log_severity_level = 3
     session = ort.InferenceSession(export_model(graph).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    fed = specialize_graph(graph, dims) if graph.symbols else graph
+    fed = specialize_graph(graph, {s: n for s, n in (dims or {}).items() if s in graph.symbols}) if graph.symbols \
+        else graph
     return session, {n.name: random_value(fed, n) for n in fed.inputs}
 
 
@@ -82,9 +84,12 @@ def measure_latency(graph: Graph, threads: int = 1, runs: int = 20, budget_s: fl
 def measure_report(report: OptimizeReport, original: Graph, optimized: Graph, threads: int = 1, runs: int = 20,
                    budget_s: float = 2.0) -> Measured:
     """Measure ``original`` (the graph given to optimize) and ``optimized`` (the graph it returned) side by side
-    and record the result as ``report.measured``; returns it."""
+    and record the result as ``report.measured``, with each one's prediction as exported (:func:`~.pricing.
+    price_export`, which the report prints beside the measurement); returns it."""
     before, after = measure_latencies([original, optimized], threads, runs, budget_s)
-    report.measured = Measured(before.ns, after.ns, before.how)
+    priced = [price_export(g, p.target) if p is not None else None
+              for g, p in ((original, report.profile_before), (optimized, report.profile_after))]
+    report.measured = Measured(before.ns, after.ns, before.how, *(p.ns if p is not None else None for p in priced))
     return report.measured
 
 
