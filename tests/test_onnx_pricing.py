@@ -6,6 +6,7 @@ import onnx
 import pytest
 
 from onnx_models import F, OnnxBuilder
+from rlx_egraph import Graph
 from rlx_egraph.cost import TARGETS, profile
 from rlx_egraph.onnx import import_model, price_export
 
@@ -54,3 +55,21 @@ def test_a_static_export_adds_no_shape_nodes():
     assert priced.added == Counter() and priced.unwritten == Counter()
     assert priced.ns == pytest.approx(profile(graph, ORT).ns)
     assert priced.nodes == profile(graph, ORT).launches == 4  # MatMul, Reshape, Transpose, MatMul
+
+
+def test_nodes_past_what_the_samples_ran_are_priced():
+    """MatMulBT's samples ran as one MatMul (the Transpose of a weight is folded when the session loads); of an
+    intermediate, its Transpose is a node more."""
+    assert ORT.sample_nodes["MatMulBT"] == 1
+    g = Graph("bt")
+    x, z = g.input("x", (4, 8)), g.input("z", (6, 8))
+    of_weight = g.matmul_bt(x, g.param("w", (6, 8)))
+    of_value = g.matmul_bt(x, g.sigmoid(z))
+    g.set_outputs([g.add(of_weight, of_value)])
+    priced = price_export(g, ORT)
+    assert Counter(n.op_type for n in priced.model.graph.node) == Counter(
+        {"Transpose": 2, "MatMul": 2, "Sigmoid": 1, "Add": 1, "Identity": 1})
+    assert priced.beyond == Counter({"MatMulBT": 1}) and priced.added == Counter() and priced.unwritten == Counter()
+    assert priced.added_ns == pytest.approx(ORT.dispatch_ns)
+    assert priced.ns == pytest.approx(profile(g, ORT).ns + ORT.dispatch_ns)
+    assert priced.nodes == 5  # Sigmoid, its Transpose, 2 MatMul, Add: the weight's Transpose folded, no Identity

@@ -10,13 +10,17 @@ differs in two ways, both priced here by the same target:
   computed by, and a layout op of a graph input (a leaf to the profile).  onnxruntime dispatches each as a node
   on a few elements: each costs the target's ``dispatch_ns``, what the calibration measures such a node at (a
   chain of Sigmoids on one float).
+* **nodes past a line's samples** (``beyond``): a node of an op whose calibration samples ran as k nodes
+  (``Target.sample_nodes``; 1 for an op no sample measures) written as more, that onnxruntime does not fold: a
+  GroupQueryAttention whose sequence lengths are computed at run time (Cast, Slice, Expand nodes that are
+  constants in the sample), a MatMulBT of an intermediate (its Transpose; a weight's is folded).  Each costs the
+  target's ``dispatch_ns`` too.
 * **MIR nodes the export writes no node for** (``unwritten``), or only nodes onnxruntime folds when the session
   loads (every input a constant): a reshape of a reshape written as one Reshape, the 3-D <-> 2-D pair around a
   Gemm cancelled, the head split and merge that an Attention's 3-D inputs absorb, slices written as one Split.
   Their price is taken off.
 
-Every other node is priced as the profile prices it; the Identity nodes that name the outputs are free
-(onnxruntime removes them).
+Every other node is priced as the profile prices it; an Identity node is free (onnxruntime removes it).
 """
 
 from __future__ import annotations
@@ -39,23 +43,22 @@ from .exporter import export_written
 class ExportPrice:
     """The predicted latency of a graph as exported: ``profile`` (the graph's IO profile on the target), less
     ``unwritten_ns`` (the MIR nodes onnxruntime does not run, per MIR op in ``unwritten``), plus ``added_ns`` (the
-    nodes no MIR node's line prices, per ONNX op in ``added``); ``model`` is the export priced."""
+    nodes no MIR node's line prices: per ONNX op in ``added``, and per MIR op in ``beyond`` the nodes written for
+    its nodes past those its calibration samples ran); ``nodes`` counts the nodes onnxruntime is to dispatch (the
+    export's, less those it folds or removes); ``model`` is the export priced."""
 
     profile: IoProfile
     added: Counter[str]
+    beyond: Counter[str]
     added_ns: float
     unwritten: Counter[str]
     unwritten_ns: float
+    nodes: int
     model: onnx.ModelProto = field(repr=False, compare=False)
 
     @property
     def ns(self) -> float:
         return self.profile.ns - self.unwritten_ns + self.added_ns
-
-    @property
-    def nodes(self) -> int:
-        """Nodes onnxruntime dispatches: the profile's launches, less the unwritten, plus the added."""
-        return self.profile.launches - sum(self.unwritten.values()) + sum(self.added.values())
 
 
 def price_export(graph: Graph, target: Target | str = "onnxruntime") -> ExportPrice:
@@ -69,20 +72,25 @@ def price_export(graph: Graph, target: Target | str = "onnxruntime") -> ExportPr
                                              for p in graph.params if p.name not in graph.weights}}
     model, written_for = export_written(graph)
     folded = {t.name for t in model.graph.initializer} | {""}
-    dispatched: set[int] = set()  # MIR nodes with a node onnxruntime runs
+    dispatched: Counter[int] = Counter()  # MIR node -> the nodes written for it that onnxruntime runs
     added: Counter[str] = Counter()
     priced = graph.nodes_by_id
     for node in model.graph.node:
         if all(name in folded for name in node.input):  # constant: folded when the session loads
             folded.update(node.output)
             continue
-        if node.name not in written_for:  # an Identity naming an output
+        if node.name not in written_for or (node.op_type == "Identity" and not node.domain):  # removed at load
             continue
         nid = written_for[node.name]
         if nid is None or not _launches(priced[nid], tgt, graph):
             added[node.op_type] += 1
         else:
-            dispatched.add(nid)
+            dispatched[nid] += 1
+    beyond: Counter[str] = Counter()
+    for nid, nodes in dispatched.items():
+        op = priced[nid].op
+        if nodes > tgt.sample_nodes.get(op, 1):
+            beyond[op] += nodes - tgt.sample_nodes.get(op, 1)
     if graph.symbols:
         graph = specialize_graph(graph, {s: tgt.hint(s) for s in graph.symbols})
     by_id = graph.nodes_by_id
@@ -95,8 +103,8 @@ def price_export(graph: Graph, target: Target | str = "onnxruntime") -> ExportPr
         unwritten[node.op] += 1
         unwritten_ns += tgt.node_ns(node.spec, node.attrs, [i.type for i in ins], node.type,
                                     any(i.kind is not Kind.LEAF for i in ins))
-    return ExportPrice(profile(graph, tgt), added, sum(added.values()) * tgt.dispatch_ns, unwritten,
-                       unwritten_ns, model)
+    return ExportPrice(profile(graph, tgt), added, beyond, (added.total() + beyond.total()) * tgt.dispatch_ns,
+                       unwritten, unwritten_ns, dispatched.total() + added.total(), model)
 
 
 def _launches(node: Node, target: Target, graph: Graph) -> bool:
