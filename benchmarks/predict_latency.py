@@ -181,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
             fastest = latency.fastest_ns
             ratios.setdefault((size, which, "profile"), []).append(profile.ns / fastest)
             ratios.setdefault((size, which, "export"), []).append(export.ns / fastest)
-            ratios.setdefault((size, which, "export, at the probe's speed"), []).append(export.ns * slowdown / fastest)
             rows.append((name, size, which, str(profile.launches), str(export.nodes), format_ns(profile.ns),
                          format_ns(export.ns), format_ns(latency.ns), format_ns(fastest),
                          f"{profile.ns / fastest:.2f} / {export.ns / fastest:.2f}", f"{slowdown:.2f}"))
