@@ -2,7 +2,7 @@
 
 A graph's IO profile (:func:`~rlx_egraph.cost.profile`) prices each MIR node by its measured line, which the
 calibration fitted to what the exporter writes for that node in a graph with static shapes.  The exported model
-differs in two ways, both priced here by the same target:
+differs in three ways, each priced here by the same target:
 
 * **nodes no MIR node's line prices** (``added``): the run-time shape computation of a Reshape or Expand to a
   target with symbolic dims (Shape, Mul, Add, Div and Concat nodes on a few int64 elements, one set per distinct
