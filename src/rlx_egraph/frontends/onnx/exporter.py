@@ -183,6 +183,7 @@ class Builder:
         return out
 
     def _dim(self, d: Dim) -> str:
+        """The nodes :meth:`dim` writes for ``d``."""
         if not isinstance(d, Sym):
             out = self.const(np.array([d], np.int64))
         elif d in self.dim_sources:
