@@ -9,7 +9,7 @@ For every file listed in each folder's ``corpus.json``:
   onnxruntime's transformer optimizer at opt_level 0, 1 and 99 (run by ``ort_transformers_worker.py`` under
   ``--ort-python``, an environment with onnxruntime and sympy) and of ours (``import_model`` with the model's
   symbolic dims kept, ``optimize_with_report(target="onnxruntime", rules=onnx_rules(), dim_hints=...)`` at the
-  export's example sizes, ``export_model``);
+  export's example sizes, the export ``price_export`` prices);
 * *nodes after ORT_ENABLE_ALL*: the node count of the graph an ORT_ENABLE_ALL session makes of each;
 * *latency*: one onnxruntime CPU thread, ORT_ENABLE_ALL sessions, the median of ``--runs`` runs (``--real-runs``
   for real-size models) by the thread's CPU time after warm-up runs, the variants run in turn so that a change of
@@ -19,8 +19,9 @@ For every file listed in each folder's ``corpus.json``:
 * *parity*: per output, the largest |ours - original| over the original's largest magnitude (the original in
   an ORT_ENABLE_BASIC session), the worst output; at every shape of the export (two for dynamic exports,
   three past lengths for dynamic decoding steps);
-* *prediction*: our report's predicted latency of the optimized graph (its IO profile at the hint sizes)
-  over the fastest of ours' timed runs (the calibration keeps each sample's fastest pass too; on a shared machine
+* *prediction*: the predicted latency of our export at the hint sizes (``price_export``: the optimized graph's IO
+  profile with the export's run-time shape nodes added and the nodes it does not write taken off) over the
+  fastest of ours' timed runs (the calibration keeps each sample's fastest pass too; on a shared machine
   the median of a sub-millisecond model moves with the other jobs' load).
 
 Targets, per export: parity within 1e-4; fewer launches than the transformer optimizer's level with the fewest;
@@ -57,7 +58,7 @@ import onnxruntime as ort
 
 from rlx_egraph import optimize_with_report
 from rlx_egraph.frontends.onnx.compare import feeds, op_counts
-from rlx_egraph.onnx import export_model, import_model, onnx_rules
+from rlx_egraph.onnx import import_model, onnx_rules, price_export
 
 LEVELS = ("0", "1", "99")
 PARITY = 1e-4
@@ -216,13 +217,13 @@ def ours(path: Path, entry: Mapping[str, Any], rules: Any,
         optimized, report = optimize_with_report(graph, target="onnxruntime", rules=rules,
                                                  dim_hints=None if bound else entry["hints"] or None)
         stage = "export"
-        model = export_model(optimized)
+        priced = price_export(optimized, report.profile_after.target)  # the export, priced node by node
+        model = priced.model
     except Exception as exc:  # a failure of ours is a result of the run, reported per export
         info["error"] = one_line(stage, exc)
         return None, info
     info["seconds"] = round(time.perf_counter() - t0, 3)
-    profile = report.profile_after
-    info["predicted_ms"] = (profile.ns if profile is not None else report.extracted_ns) / 1e6
+    info["predicted_ms"] = priced.ns / 1e6
     info |= counts(model)
     return model, info
 

@@ -1,8 +1,10 @@
 """Predicted against measured latency on the ``onnxruntime`` target: ``python benchmarks/predict_latency.py``.
 
 For every model, the graph as given (``input``) and as optimized for ``onnxruntime`` (``optimized``): the cost
-model's prediction (``IoProfile.ns``, priced by this machine's calibration if ``rlx-egraph calibrate`` made
-one, else the shipped one) and the latency measured in onnxruntime (``rlx_egraph.onnx.measure_latencies``:
+model's predictions, priced by this machine's calibration if ``rlx-egraph calibrate`` made one, else the shipped
+one (``profile``: the graph's ``IoProfile.ns``; ``export``: ``rlx_egraph.onnx.price_export``, the export as
+onnxruntime dispatches it, its run-time shape nodes included) and the latency measured in onnxruntime
+(``rlx_egraph.onnx.measure_latencies``:
 the exported graph at ORT_ENABLE_ALL, one thread, the median and the fastest of the runs by the thread's CPU time;
 the two graphs run in turn), and the prediction over the fastest run (the calibration keeps each sample's fastest
 pass; on a shared machine the median moves with the other jobs' load); per size and graph, how many are within
@@ -10,7 +12,8 @@ pass; on a shared machine the median moves with the other jobs' load); per size 
 (``rlx_egraph.examples``) and the ``onnx.helper`` export-form layers of the test suite (``tests/onnx_models.py``),
 each at a tiny size (hidden 64, or the tests' 16) and a real one (BERT-base: 12 layers, hidden 768, sequence 128),
 and the exports of each ``--corpus`` folder: those its ``corpus.json`` lists (``scripts/export_hf_models.py``),
-each bound at its first example shape and named with its half (dev or held out), else its ``*.onnx`` files.
+each bound at its first example shape (``--keep-dims``: imported with its symbolic dims, as the corpus comparison
+imports it, priced at its hints) and named with its half (dev or held out), else its ``*.onnx`` files.
 
     python benchmarks/predict_latency.py --sizes --corpus CORPUS/tiny --corpus CORPUS/real --graphs optimized
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +36,7 @@ from rlx_egraph.cli.main import format_table
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.profile import format_ns
 from rlx_egraph.cost.targets import get_target, onnxruntime_target
-from rlx_egraph.onnx import import_model, measure_latencies, onnx_rules
+from rlx_egraph.onnx import import_model, measure_latencies, onnx_rules, price_export
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import onnx_models  # the test suite's onnx.helper models
@@ -64,31 +68,51 @@ HELPER = {  # (builder keyword arguments, input shapes) per size
              "sdpa": ({"hidden": 768, "heads": 12}, {"hidden_states": (1, 128, 768), "attention_mask": (1, 128)})},
 }
 GRAPHS = ("input", "optimized")
+PROBE_NODES = (10, 410)
+PROBE_RUNS = 200  # the probe's median of this many runs each (some 30 ms in all)
+
+
+def _chain(nodes: int) -> Graph:
+    """A chain of Sigmoid nodes on one float: the calibration's dispatch probe."""
+    g = Graph("probe")
+    x = g.input("x", (1,))
+    for _ in range(nodes):
+        x = g.sigmoid(x)
+    g.set_outputs([x])
+    return g
+
+
+PROBE = [_chain(n) for n in PROBE_NODES]
 WITHIN = 1.5  # the target: predicted / measured within 1.5x either way
 DIMS = {"batch": 2, "sequence": 16}  # the corpus exports' symbolic dims, unless --dim binds them otherwise
 
 
-def models(sizes: list[str], corpora: list[Path],
-           dims: dict[str, int]) -> Iterator[tuple[str, str, Callable[[], tuple[Graph, object]]]]:
-    """(name, size, build) with build() -> (graph, rules)."""
+Build = Callable[[], tuple[Graph, object, dict[str, int]]]  # -> (graph, rules, symbolic dims' sizes)
+
+
+def models(sizes: list[str], corpora: list[Path], dims: dict[str, int],
+           keep_dims: bool = False) -> Iterator[tuple[str, str, Build]]:
+    """(name, size, build); ``keep_dims``: a corpus export keeps its symbolic dims, run at its first example
+    shape and priced at its hints."""
     for size in sizes:
         for name, build in EXAMPLES[size].items():
-            yield f"example {name}", size, lambda build=build: (build(), None)
+            yield f"example {name}", size, lambda build=build: (build(), None, {})
         for name, (kwargs, shapes) in HELPER[size].items():
             yield f"helper {name}", size, lambda name=name, kwargs=kwargs, shapes=shapes: (
-                import_model(onnx_models.MODELS[name](**kwargs), shapes), onnx_rules())
+                import_model(onnx_models.MODELS[name](**kwargs), shapes), onnx_rules(), {})
     for corpus in corpora:
         listed = corpus / "corpus.json"
         if listed.is_file():  # a corpus of scripts/export_hf_models.py: each export at its first example shape
             for entry in json.loads(listed.read_text())["exports"]:
                 path, shapes = corpus / entry["file"], {k: tuple(v) for k, v in entry["shapes"][0].items()}
                 half = "held out" if entry["held_out"] else "dev"
-                yield f"{Path(entry['file']).stem} ({half})", entry["size"], lambda path=path, shapes=shapes: (
-                    import_model(path, shapes), onnx_rules())
+                hints = entry["hints"] if keep_dims else {}
+                yield f"{Path(entry['file']).stem} ({half})", entry["size"], lambda path=path, shapes=shapes, \
+                    hints=hints: (import_model(path, None if hints else shapes), onnx_rules(), hints)
             continue
         for path in sorted(corpus.glob("*.onnx")):
             yield f"corpus {path.stem}", corpus.name, lambda path=path: (import_model(path, _bindings(path, dims)),
-                                                                         onnx_rules())
+                                                                         onnx_rules(), {})
 
 
 def _bindings(path: Path, dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -124,46 +148,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=30, help="runs per graph at tiny size (real size: a fifth)")
     parser.add_argument("--graphs", nargs="+", choices=GRAPHS, default=list(GRAPHS),
                         help="which graphs of each model to measure (default: both)")
+    parser.add_argument("--keep-dims", action="store_true",
+                        help="import a corpus export with its symbolic dims (as the corpus comparison does), price it "
+                             "at its hints and run it at its first example shape")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = parser.parse_args(argv)
     target = onnxruntime_target(cal.load("onnxruntime", args.cache)) if args.cache else get_target("onnxruntime")
     print(f"priced by: {target.calibration}", flush=True)
     rows: list[tuple[str, ...]] = []
-    ratios: dict[tuple[str, str], list[float]] = {}  # (size, graph) -> predicted / measured of each model
+    ratios: dict[tuple[str, str, str], list[float]] = {}  # (size, graph, prediction) -> predicted / measured
     dims = {**DIMS, **{k: int(v) for k, _, v in (d.partition("=") for d in args.dim)}}
-    for name, size, build in models(args.sizes, args.corpus, dims):
+    for name, size, build in models(args.sizes, args.corpus, dims, args.keep_dims):
         if args.only and not any(key in name for key in args.only):
             continue
         start = time.perf_counter()
         try:
-            graph, rules = build()
-            optimized, report = optimize_with_report(graph, target, rules=rules)
+            graph, rules, hints = build()
+            optimized, report = optimize_with_report(graph, target, rules=rules, dim_hints=hints or None)
             runs = max(3, args.runs // 5) if size == "real" else args.runs
             graphs = {"input": (graph, report.profile_before), "optimized": (optimized, report.profile_after)}
             graphs = {which: graphs[which] for which in args.graphs}
-            measured = measure_latencies([g for g, _ in graphs.values()], runs=runs, budget_s=0.0)
+            priced = [price_export(g, profile.target) for g, profile in graphs.values()]
+            measured = measure_latencies([g for g, _ in graphs.values()], runs=runs, budget_s=0.0, dims=hints)
+            # the machine's state right after: a Sigmoid node on one float, measured as calibrated
+            short, long = measure_latencies(PROBE, runs=PROBE_RUNS, budget_s=0.0)
+            slowdown = (long.ns - short.ns) / (PROBE_NODES[1] - PROBE_NODES[0]) / target.dispatch_ns
         except Exception as exc:  # a model that cannot be run is a row saying why, not the end of the table
-            rows.append((name, size, "-", "-", "-", "-", "-", f"{type(exc).__name__}: {exc}"[:60]))
+            rows.append((name, size, "-", "-", "-", "-", "-", "-", "-", f"{type(exc).__name__}: {exc}"[:60], "-"))
             print(f"{name} {size}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             continue
-        for (which, (_, profile)), latency in zip(graphs.items(), measured, strict=True):
-            ratio = profile.ns / latency.fastest_ns
-            ratios.setdefault((size, which), []).append(ratio)
-            rows.append((name, size, which, str(profile.launches), format_ns(profile.ns), format_ns(latency.ns),
-                         format_ns(latency.fastest_ns), f"{ratio:.2f}"))
+        for (which, (_, profile)), export, latency in zip(graphs.items(), priced, measured, strict=True):
+            fastest = latency.fastest_ns
+            ratios.setdefault((size, which, "profile"), []).append(profile.ns / fastest)
+            ratios.setdefault((size, which, "export"), []).append(export.ns / fastest)
+            rows.append((name, size, which, str(profile.launches), str(export.nodes), format_ns(profile.ns),
+                         format_ns(export.ns), format_ns(latency.ns), format_ns(fastest),
+                         f"{profile.ns / fastest:.2f} / {export.ns / fastest:.2f}", f"{slowdown:.2f}"))
         print(f"{name} {size}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    header = ("model", "size", "graph", "launches", "predicted", "measured (median)", "fastest",
-              "predicted/fastest")
+    header = ("model", "size", "graph", "launches", "export nodes", "predicted: profile", "export",
+              "measured (median)", "fastest", "predicted/fastest: profile / export", "probe")
     if args.markdown:
         print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
         print("\n".join("| " + " | ".join(row) + " |" for row in rows))
     else:
-        print(format_table(header, rows, "<<<>>>>>"))
-    for (size, which), group in ratios.items():
+        print(format_table(header, rows, "<<<>>>>>>>>"))
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
+    for (size, which, prediction), group in ratios.items():
         worst = max(group, key=lambda r: abs(math.log(r)))
-        print(f"{size} {which}: {len(group)} graphs; predicted/measured from {min(group):.2f} to {max(group):.2f}, "
-              f"geometric mean {math.exp(sum(map(math.log, group)) / len(group)):.2f}; within {WITHIN}x: "
-              f"{sum(1 / WITHIN <= r <= WITHIN for r in group)} of {len(group)} (worst {worst:.2f})")
+        print(f"{size} {which}, {prediction} prediction: {len(group)} graphs; predicted/measured from {min(group):.2f} "
+              f"to {max(group):.2f}, geometric mean {math.exp(sum(map(math.log, group)) / len(group)):.2f}; "
+              f"within {WITHIN}x: {sum(1 / WITHIN <= r <= WITHIN for r in group)} of {len(group)} (worst {worst:.2f})")
     return 0
 
 

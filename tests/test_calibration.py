@@ -20,6 +20,7 @@ from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
+from rlx_egraph.cost.profile import format_ns
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
 from rlx_egraph.frontends.onnx.calibrate import (
     SIZES,
@@ -32,7 +33,7 @@ from rlx_egraph.frontends.onnx.calibrate import (
     check_sample,
 )
 from rlx_egraph.ir import REGISTRY
-from rlx_egraph.onnx import export_model, measure_latency, measure_report
+from rlx_egraph.onnx import export_model, measure_latency, measure_report, price_export
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rlx_egraph"
 
@@ -281,8 +282,14 @@ def test_the_report_prints_the_measured_latency_beside_the_prediction() -> None:
                         r"[\d.]+ (ns|us|ms) \(predicted [\d.]+ (ns|us|ms), [\d.]+x\); onnxruntime [\d.]+ CPU, 1 "
                         r"thread\(s\), ORT_ENABLE_ALL, median of \d+ runs by thread CPU time", line), line
     assert "priced by: onnxruntime calibration of fixture (fixture; made by: tests/calibrations.py)" in str(report)
+    # the predictions beside the measurement are the exports' prices (static shapes: the profiles, no shape nodes)
+    assert measured.predicted_before_ns == pytest.approx(price_export(g, calibrations.target()).ns)
+    assert measured.predicted_after_ns == pytest.approx(price_export(opt, calibrations.target()).ns)
+    assert measured.predicted_after_ns == pytest.approx(report.profile_after.ns)
+    assert f"(predicted {format_ns(measured.predicted_after_ns)}, " in line
     assert report.to_dict()["measured"] == {"before_ns": measured.before_ns, "after_ns": measured.after_ns,
-                                            "how": measured.how}
+                                            "how": measured.how, "predicted_before_ns": measured.predicted_before_ns,
+                                            "predicted_after_ns": measured.predicted_after_ns}
     latency = measure_latency(g, runs=2, budget_s=0.0)
     assert latency.runs == 2 and 0 < latency.fastest_ns <= latency.ns
 

@@ -20,7 +20,9 @@ from .frontends.onnx.calibrate import calibrate  # noqa: E402
 from .frontends.onnx.exporter import check_weights, export_model, save_model  # noqa: E402
 from .frontends.onnx.importer import FoldLimits, OnnxImportError, import_model  # noqa: E402
 from .frontends.onnx.latency import Latency, measure_latencies, measure_latency, measure_report  # noqa: E402
+from .frontends.onnx.pricing import ExportPrice, price_export  # noqa: E402
 from .frontends.onnx.rules import onnx_rules  # noqa: E402
 
-__all__ = ["FoldLimits", "Latency", "MissingExtra", "OnnxImportError", "calibrate", "check_weights", "export_model",
-           "import_model", "measure_latencies", "measure_latency", "measure_report", "onnx_rules", "save_model"]
+__all__ = ["ExportPrice", "FoldLimits", "Latency", "MissingExtra", "OnnxImportError", "calibrate", "check_weights",
+           "export_model", "import_model", "measure_latencies", "measure_latency", "measure_report", "onnx_rules",
+           "price_export", "save_model"]

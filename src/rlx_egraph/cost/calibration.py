@@ -84,6 +84,11 @@ class Sample:
     ns: float
     ran: str = ""  # the onnxruntime ops one copy of the node ran as ("MatMul 1, BiasGelu 1"), checked when measured
 
+    @property
+    def ran_nodes(self) -> int:
+        """How many nodes one copy ran as (the counts of ``ran`` summed; 0 when it ran as none)."""
+        return sum(int(part.rsplit(" ", 1)[1]) for part in self.ran.split(", ") if part)
+
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "launches": self.launches,
                 "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran}

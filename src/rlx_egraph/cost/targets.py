@@ -151,7 +151,8 @@ class Target:
     ``rates`` (op name or kind -> :class:`~rlx_egraph.cost.calibration.OpRate`) price the nodes of an op by a
     measured line instead of the target-wide figures (:meth:`rate`); ``run_ns`` is the fixed cost of one run of
     a whole graph, ``value_ns`` and ``value_ns_per_byte`` that of each graph input and output it is called with
-    and returns; ``calibration`` says where the figures come from.  ``attention_block_max_tokens`` bounds the
+    and returns; ``calibration`` says where the figures come from, ``sample_nodes`` how many nodes the runtime ran
+    for one node of each measured op (the most of its samples).  ``attention_block_max_tokens`` bounds the
     batch*seq of a FusedAttentionBlock (the seed's guard, for targets with no measurement of the block); None:
     no bound, the cost decides at the model's shape.
     """
@@ -178,6 +179,7 @@ class Target:
     value_ns_per_byte: float = 0.0
     attention_block_max_tokens: int | None = SEED_ATTENTION_BLOCK_MAX_TOKENS
     calibration: str = field(default="", compare=False)
+    sample_nodes: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -335,6 +337,9 @@ def check_dim_hints(hints: Any, what: str) -> Mapping[str, int]:
 def onnxruntime_target(calibration: Calibration) -> Target:
     """The ``onnxruntime`` target priced by ``calibration``: its lines, run cost and target-wide figures."""
     bw = calibration.memory_bw
+    sample_nodes: dict[str, int] = {}
+    for sample in calibration.samples:
+        sample_nodes[sample.key] = max(sample_nodes.get(sample.key, 0), sample.ran_nodes)
     return Target(name="onnxruntime", dispatch_ns=calibration.dispatch_ns, roundtrip_ns=0.0, memory_bw=bw,
                   host_readback_bw=bw, unified=True, unified_readback_bw=bw, host_thunk_penalty_ns=0.0,
                   flops_per_ns=calibration.flops_per_ns, region_kernels=False, copied_layouts=ORT_LAYOUTS,
@@ -342,7 +347,7 @@ def onnxruntime_target(calibration: Calibration) -> Target:
                                         if spec.kind is Kind.FUSED and name not in ONNXRUNTIME_FUSED),
                   rates=calibration.rates, run_ns=calibration.run_ns, value_ns=calibration.value_ns,
                   value_ns_per_byte=calibration.value_ns_per_byte, calibration=calibration.describe(),
-                  attention_block_max_tokens=None)
+                  attention_block_max_tokens=None, sample_nodes=sample_nodes)
 
 
 TARGETS: dict[str, Target] = {

@@ -67,14 +67,19 @@ class Verification:
 @dataclass(frozen=True)
 class Measured:
     """The measured latency (ns) of the graph given to optimize and of the graph it returned, and how it was
-    measured (``rlx_egraph.onnx.measure_report`` records one)."""
+    measured (``rlx_egraph.onnx.measure_report`` records one); ``predicted_before_ns`` and ``predicted_after_ns``:
+    the predicted latency of each as exported (``rlx_egraph.onnx.price_export``), None where not priced (the
+    report then compares with the profiles)."""
 
     before_ns: float
     after_ns: float
     how: str
+    predicted_before_ns: float | None = None
+    predicted_after_ns: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"before_ns": self.before_ns, "after_ns": self.after_ns, "how": self.how}
+        return {"before_ns": self.before_ns, "after_ns": self.after_ns, "how": self.how,
+                "predicted_before_ns": self.predicted_before_ns, "predicted_after_ns": self.predicted_after_ns}
 
 
 @dataclass
@@ -271,9 +276,11 @@ class OptimizeReport:
                 lines.append(f"priced by: {self.calibration}")
             if self.measured is not None:
                 m = self.measured
-                lines.append(f"measured: before {_time(m.before_ns)} (predicted {_time(before)}, "
-                             f"{before / m.before_ns:.2f}x), after {_time(m.after_ns)} (predicted "
-                             f"{_time(self.profile_after.ns)}, {self.profile_after.ns / m.after_ns:.2f}x); {m.how}")
+                first = m.predicted_before_ns if m.predicted_before_ns is not None else before
+                then = m.predicted_after_ns if m.predicted_after_ns is not None else self.profile_after.ns
+                lines.append(f"measured: before {_time(m.before_ns)} (predicted {_time(first)}, "
+                             f"{first / m.before_ns:.2f}x), after {_time(m.after_ns)} (predicted "
+                             f"{_time(then)}, {then / m.after_ns:.2f}x); {m.how}")
         if self.exact_ns is not None:
             gap = self.extracted_ns - self.exact_ns
             what = "exact optimum" if self.exact_optimal else "best exact solution (time limit, not proven)"

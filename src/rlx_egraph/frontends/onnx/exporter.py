@@ -11,8 +11,9 @@ imported model (``graph.meta["output_names"]``), else ``output_0, ...``.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ class Builder:
         self.views: dict[str, str] = {}  # a Reshape written by reshape() -> the value it reshapes
         self.transposed: dict[str, tuple[str, tuple[int, ...]]] = {}  # a Transpose by transpose() -> (input, perm)
         self.label: str | None = None  # the name the nodes written for the current MIR node take (made unique)
+        self.writing: int | None = None  # the id of the MIR node being written (None: a run-time shape value)
+        self.written_for: dict[str, int | None] = {}  # an ONNX node's name -> the MIR node it was written for
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0
@@ -80,6 +83,7 @@ class Builder:
             outputs[k] = name
         label = self.fresh(self.label) if self.label is not None else first
         self.nodes.append(helper.make_node(op_type, inputs, outputs, name=label, domain=domain, **attrs))
+        self.written_for[label] = self.writing
         if domain:
             self.domains.setdefault(domain, CONTRIB_OPSET)
         return names
@@ -153,9 +157,19 @@ class Builder:
             return self.const(np.array(values, np.int64))
         key = ("ints", tuple(values))
         if key not in self.dim_tensors:  # one run-time shape tensor per symbolic target
-            parts = [self.dim(d) for d in values]
-            self.dim_tensors[key] = parts[0] if len(parts) == 1 else self.op("Concat", parts, axis=0)
+            with self.shape_values():
+                parts = [self.dim(d) for d in values]
+                self.dim_tensors[key] = parts[0] if len(parts) == 1 else self.op("Concat", parts, axis=0)
         return self.dim_tensors[key]
+
+    @contextlib.contextmanager
+    def shape_values(self) -> Iterator[None]:
+        """Nodes written within are a run-time shape computation (``written_for`` None), not a MIR node's form."""
+        writing, self.writing = self.writing, None
+        try:
+            yield
+        finally:
+            self.writing = writing
 
     def dim(self, d: Dim) -> str:
         """A 1-D int64 tensor ``[d]``; a symbolic one computed at run time from the inputs' shapes
@@ -163,6 +177,13 @@ class Builder:
         dim."""
         if d in self.dim_tensors:
             return self.dim_tensors[d]
+        with self.shape_values():
+            out = self._dim(d)
+        self.dim_tensors[d] = out
+        return out
+
+    def _dim(self, d: Dim) -> str:
+        """The nodes :meth:`dim` writes for ``d``."""
         if not isinstance(d, Sym):
             out = self.const(np.array([d], np.int64))
         elif d in self.dim_sources:
@@ -178,15 +199,15 @@ class Builder:
                             [self.dim(symbol(name)) for name in mono] + ([self.dim(coef)] if coef != 1 else []))
                      if mono else self.dim(coef) for mono, coef in d.terms]
             out = reduce(lambda x, y: self.op("Add", [x, y]), terms)
-        self.dim_tensors[d] = out
         return out
 
     def scalar_dim(self, d: Dim) -> str:
         """A rank-0 int64 tensor of ``d`` (computed at run time for a symbolic dim), once per dim."""
         key = ("scalar", d)
         if key not in self.dim_tensors:
-            self.dim_tensors[key] = self.const(np.array(d, np.int64)) if not isinstance(d, Sym) else \
-                self.op("Reshape", [self.dim(d), self.const(np.zeros(0, np.int64))])
+            with self.shape_values():
+                self.dim_tensors[key] = self.const(np.array(d, np.int64)) if not isinstance(d, Sym) else \
+                    self.op("Reshape", [self.dim(d), self.const(np.zeros(0, np.int64))])
         return self.dim_tensors[key]
 
     def reduce(self, op_type: str, x: str, axes: list[int] | None, keepdims: bool) -> str:
@@ -220,6 +241,7 @@ class Builder:
                 copy.output[slot] = names[name]
             copy.name = self.fresh(self.label if self.label is not None else copy.output[0])
             self.nodes.append(copy)
+            self.written_for[copy.name] = self.writing
         return result
 
 
@@ -406,6 +428,19 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     parameters, or the node that cannot be written.  ``graph`` is not changed.  With ``path``, the model is also
     saved there (:func:`save_model`; ``external_data``: weights in a file beside it, by default when they pass 1 GB).
     """
+    model, _ = export_written(graph)
+    if path is not None:
+        save_model(model, path, external_data)
+    elif external_data:
+        raise GraphError("export_model(external_data=True) needs the path to save the model at (the weights go in a "
+                         "file beside it)")
+    return model
+
+
+def export_written(graph: Graph) -> tuple[onnx.ModelProto, dict[str, int | None]]:
+    """:func:`export_model` of ``graph``, and for each node of the model (by name) the id of the MIR node it was
+    written for, None for a node of a run-time shape computation (a symbolic Reshape or Expand target); the
+    Identity nodes that name the outputs are not listed."""
     check_weights(graph)
     outs = output_names(graph)
     b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs, graph)
@@ -413,7 +448,7 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     weights: dict[int, np.ndarray] = {}
     with graph.dim_context.active():  # the graph's facts on its dims decide the forms written
         for node in graph.nodes:
-            b.label = export_name(graph, node)
+            b.label, b.writing = export_name(graph, node), node.id
             try:
                 names[node.id] = _emit(b, graph, node, [names[i] for i in node.inputs], weights)
                 if isinstance(names[node.id], str):
@@ -421,7 +456,7 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
             except ShapeError as exc:  # an unfused form that needs a static value of a symbolic dim
                 raise GraphError(f"{graph.describe(node.id)}: cannot be exported with symbolic dims: {exc}") \
                     from None
-    b.label = None
+    b.label, b.writing = None, None
     for name, nid in zip(outs, graph.outputs, strict=True):
         b.nodes.append(helper.make_node("Identity", [names[nid]], [name], name=b.fresh(f"output_{name}")))
     guards = _guards(b, graph)
@@ -437,12 +472,7 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     assumptions = graph.meta.get("assumptions")
     if isinstance(assumptions, list) and assumptions:  # what the graph holds only under (see docs/onnx.md)
         helper.set_model_props(model, {"rlx_egraph.assumptions": "; ".join(map(str, assumptions))})
-    if path is not None:
-        save_model(model, path, external_data)
-    elif external_data:
-        raise GraphError("export_model(external_data=True) needs the path to save the model at (the weights go in a "
-                         "file beside it)")
-    return model
+    return model, {n.name: b.written_for[n.name] for n in b.nodes if n.name in b.written_for}
 
 
 def save_model(model: onnx.ModelProto, path: str | Path, external_data: bool | None = None) -> None:
@@ -458,5 +488,5 @@ def save_model(model: onnx.ModelProto, path: str | Path, external_data: bool | N
         onnx.save_model(model, str(path))
 
 
-__all__ = ["EXTERNAL_DATA_BYTES", "OPSET", "Builder", "check_weights", "export_model", "export_name", "output_names",
-           "save_model"]
+__all__ = ["EXTERNAL_DATA_BYTES", "OPSET", "Builder", "check_weights", "export_model", "export_name", "export_written",
+           "output_names", "save_model"]

@@ -12,6 +12,7 @@ predictions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -19,11 +20,13 @@ import numpy as np
 import onnxruntime as ort
 
 from ...ir.graph import Graph
+from ...ir.specialize import specialize_graph
 from ...kernels.interpreter import random_value
 from ...report import OptimizeReport
 from ...report.optimize_report import Measured
 from .calibrate import LEVEL, run_times, typical
 from .exporter import export_model
+from .pricing import price_export
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,10 @@ class Latency:
                 f"median of {self.runs} runs by {clock}")
 
 
-def _runnable(graph: Graph, threads: int) -> tuple[ort.InferenceSession, dict[str, np.ndarray]]:
+def _runnable(graph: Graph, threads: int,
+              dims: Mapping[str, int] | None = None) -> tuple[ort.InferenceSession, dict[str, np.ndarray]]:
     """An onnxruntime session of ``graph`` exported (parameters lacking a value get seeded random ones), and
-    seeded feeds for its inputs."""
+    seeded feeds for its inputs (its symbolic dims bound by ``dims``, which may name others too)."""
     if any(p.name not in graph.weights for p in graph.params):
         filled = graph.copy()
         filled.weights = {p.name: graph.weights.get(p.name, random_value(graph, p)) for p in graph.params}
@@ -55,16 +59,18 @@ def _runnable(graph: Graph, threads: int) -> tuple[ort.InferenceSession, dict[st
     options.log_severity_level = 3
     session = ort.InferenceSession(export_model(graph).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    return session, {n.name: random_value(graph, n) for n in graph.inputs}
+    fed = specialize_graph(graph, {s: n for s, n in (dims or {}).items() if s in graph.symbols}) if graph.symbols \
+        else graph
+    return session, {n.name: random_value(fed, n) for n in fed.inputs}
 
 
 def measure_latencies(graphs: list[Graph], threads: int = 1, runs: int = 20, budget_s: float = 2.0,
-                      warmup: int = 2) -> list[Latency]:
+                      warmup: int = 2, dims: Mapping[str, int] | None = None) -> list[Latency]:
     """The latency of each graph, runs in turn (one run of each, then the next round), ``runs`` rounds at least
-    and more while within ``budget_s`` seconds."""
+    and more while within ``budget_s`` seconds; a graph with symbolic dims runs at the sizes ``dims`` gives them."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-    sessions = [_runnable(g, threads) for g in graphs]
+    sessions = [_runnable(g, threads, dims) for g in graphs]
     times = run_times([lambda s=s, f=f: s.run(None, f) for s, f in sessions], budget_s, runs, threads,
                       max_runs=10 * runs, warmup=warmup)
     return [Latency(typical(t), float(min(t)), len(t), threads) for t in times]
@@ -78,9 +84,12 @@ def measure_latency(graph: Graph, threads: int = 1, runs: int = 20, budget_s: fl
 def measure_report(report: OptimizeReport, original: Graph, optimized: Graph, threads: int = 1, runs: int = 20,
                    budget_s: float = 2.0) -> Measured:
     """Measure ``original`` (the graph given to optimize) and ``optimized`` (the graph it returned) side by side
-    and record the result as ``report.measured``; returns it."""
+    and record the result as ``report.measured``, with each one's prediction as exported (:func:`~.pricing.
+    price_export`, which the report prints beside the measurement); returns it."""
     before, after = measure_latencies([original, optimized], threads, runs, budget_s)
-    report.measured = Measured(before.ns, after.ns, before.how)
+    priced = [price_export(g, p.target) if p is not None else None
+              for g, p in ((original, report.profile_before), (optimized, report.profile_after))]
+    report.measured = Measured(before.ns, after.ns, before.how, *(p.ns if p is not None else None for p in priced))
     return report.measured
 
 
