@@ -259,6 +259,10 @@ def _qkv_attention_flops(a: Attrs, ins: list[T], out: T) -> int:
     return 2 * x.numel * w.shape[-1] + 4 * out.numel * x.shape[1]
 
 
+# The score of a key the causal mask drops: its weight is 0 in every float dtype (-inf in half precision).
+_MASKED = -1e9
+
+
 def _mha_infer(a: Attrs, ins: list[T]) -> T:
     q, k, v, *bias = ins
     for label, t in (("q", q), ("k", k), ("v", v)):
@@ -288,33 +292,36 @@ def _mha_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.
     if a["causal"]:
         sq, sk = q.shape[1], k.shape[1]
         keep = np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
-        bias = np.where(keep, bias, np.asarray(-np.inf, q.dtype))
+        bias = np.where(keep, bias, np.asarray(_MASKED, q.dtype))
     return biased_attention_kernel({"scale": a["scale"], "nan_to_zero": False}, q4, k4, v4, bias).transpose(0, 2, 1, 3)
 
 
 def _mha_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
     """q, k and v each split into heads (Reshape [B, S, heads, D], Transpose 0 2 1 3), BiasedAttention (a zero
-    bias when there is none; causal: the bias where the causal mask keeps a key, else -inf), transposed back to
-    [B, S, heads, Dv]."""
+    bias when there is none; causal: the bias where the causal mask keeps a key, else -1e9) or CausalAttention
+    (causal, no bias), transposed back to [B, S, heads, Dv]."""
     q, k, v, *bias = ins
     q4, k4, v4 = (g.transpose(g.reshape(t, shape=(*g.node(t).shape[:2], a["heads"], g.node(t).shape[2] // a["heads"])),
                               perm=(0, 2, 1, 3)) for t in (q, k, v))
     dt = g.node(q).dtype
+    if a["causal"] and not bias:
+        return g.transpose(g.causal_attention(q4, k4, v4, scale=a["scale"]), perm=(0, 2, 1, 3))
     mask = bias[0] if bias else g.scalar(0.0, dt)
     if a["causal"]:
         keep = g.add_node("CausalMask", shape=(g.node(q).shape[1], g.node(k).shape[1]))
-        mask = g.where(keep, mask, g.scalar(float("-inf"), dt))
+        mask = g.where(keep, mask, g.scalar(_MASKED, dt))
     return g.transpose(g.biased_attention(q4, k4, v4, mask, scale=a["scale"], nan_to_zero=False), perm=(0, 2, 1, 3))
 
 
 def _mha_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
-    """q [B, S, heads * D], k [B, L, heads * D], v [B, L, heads * Dv] (cross attention: L and S apart, L >= S so
-    that every query sees a key when causal); a bias [B, heads, S, L], [1, heads, S, L], [B, 1, 1, L] or [S, L],
+    """q [B, S, heads * D], k and v [B, L, heads * D], heads and S >= 2 (cross attention: L and S apart, L >= S
+    so that every query sees a key when causal); a bias [B, heads, S, L], [1, heads, S, L], [B, 1, 1, L] or [S, L],
     or none; causal or not."""
     batch, heads = random_shape(rng, 2, 2, high=3)
-    seq, keys, d, dv = random_shape(rng, 4, 4)
+    seq, keys, d = random_shape(rng, 3, 3)
+    heads, seq = heads + 1, max(seq, 2)  # two heads and queries at least: a head split, not a view
     keys = max(keys, seq)
-    shapes = {"q": (batch, seq, heads * d), "k": (batch, keys, heads * d), "v": (batch, keys, heads * dv)}
+    shapes = {"q": (batch, seq, heads * d), "k": (batch, keys, heads * d), "v": (batch, keys, heads * d)}
     bias = pick(rng, [(batch, heads, seq, keys), (1, heads, seq, keys), (batch, 1, 1, keys), (seq, keys), None])
     if bias is not None:
         shapes["bias"] = bias
