@@ -374,6 +374,21 @@ def separate_attention(mask: str) -> Callable[[], Graph]:
     return build
 
 
+def flat_heads_attention() -> Graph:
+    """BLOOM's attention through flat heads [B*H, S, L]: baddbmm (ALiBi + scale * q @ k^T) on the flat heads,
+    unflattened, plus a padding mask; the context by bmm on the flat heads, unflattened."""
+    g = Graph()
+    b, h, s, keys, d = 2, 2, 3, 5, 4
+    q, k, v = g.input("q", (b, h, s, d)), g.input("k", (b, h, keys, d)), g.input("v", (b, h, keys, d))
+    product = g.matmul(g.reshape(q, shape=(b * h, s, d)),
+                       g.transpose(g.reshape(k, shape=(b * h, keys, d)), perm=(0, 2, 1)))
+    flat = g.add(g.mul(product, g.scalar(0.5)), g.param("alibi", (b * h, s, keys)))
+    probs = g.softmax(g.add(g.reshape(flat, shape=(b, h, s, keys)), g.input("mask", (b, 1, 1, keys))))
+    ctx = g.matmul(g.reshape(probs, shape=(b * h, s, keys)), g.reshape(v, shape=(b * h, keys, d)))
+    g.set_outputs([g.exp(g.reshape(ctx, shape=(b, h, s, d)))])
+    return g
+
+
 ATTN = {"BiasedAttention": 1, "Softmax": 0}
 MHA = {"MultiHeadAttention": 1, "BiasedAttention": 0, "CausalAttention": 0, "Softmax": 0, "Transpose": 0}
 QKV_ATTN = {"QkvAttention": 1, "BiasedAttention": 0, "Transpose": 0, "Narrow": 0}
@@ -451,6 +466,10 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "qkv-attention-causal": (packed_attention(causal=True), QKV_ATTN | {"CausalAttention": 0}),
     "qkv-attention-plain": (packed_attention(plain=True), QKV_ATTN | {"Softmax": 0, "MatMul": 0}),
     "head-split": (separate_attention("bias"), MHA),
+    "unflatten-add": (flat_heads_attention, ATTN),
+    "unflatten-scale": (flat_heads_attention, ATTN),
+    "flat-heads-scores": (flat_heads_attention, ATTN),
+    "flat-heads-context": (flat_heads_attention, ATTN),
     "multi-head-attention": (separate_attention("bias"), MHA),
     "multi-head-attention-plain": (separate_attention("none"), MHA),
     "multi-head-attention-causal": (separate_attention("causal"), MHA),
