@@ -83,3 +83,44 @@ def test_t5_style_and_cross_attention_become_multi_head_attention_with_onnxrunti
     got = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for w, g in zip(want, got, strict=True):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
+
+
+def gqa_sdpa_attention(key_scale: float) -> onnx.ModelProto:
+    """The dynamo exporter's GQA under sdpa: the keys' repeat_kv merged into the flat key reshape
+    (Reshape(Expand(Unsqueeze(k)), [B*H, S, D]), Transpose, Reshape [B, H, D, S]), q and the keys each multiplied
+    by sqrt(scale) (the keys by ``key_scale``: another value breaks that one clause), an additive mask and
+    Where(IsNaN(p), 0, p) after the Softmax."""
+    m = OnnxBuilder(18)
+    heads, kv_heads, seq, hd = 4, 2, 5, 4
+    x = m.input("hidden_states", F, [2, seq, HIDDEN])
+    mask = m.input("mask", F, [2, 1, seq, seq])
+
+    def project(name: str, width: int, n: int) -> str:
+        return m.op("Transpose", [m.op("Reshape", [m.linear(x, name, HIDDEN, width, bias=False),
+                                                   m.ints(2, seq, n, hd)])], perm=[0, 2, 1, 3])
+
+    q, k, v = project("q", heads * hd, heads), project("k", kv_heads * hd, kv_heads), project("v", kv_heads * hd,
+                                                                                          kv_heads)
+    wide = m.ints(2, kv_heads, heads // kv_heads, seq, hd)
+    flat = m.op("Reshape", [m.op("Expand", [m.op("Unsqueeze", [k, m.ints(2)]), wide]), m.ints(2 * heads, seq, hd)])
+    keys_t = m.op("Reshape", [m.op("Transpose", [flat], perm=[0, 2, 1]), m.ints(2, heads, hd, seq)])
+    values = m.op("Reshape", [m.op("Expand", [m.op("Unsqueeze", [v, m.ints(2)]), wide]), m.ints(2, heads, seq, hd)])
+    root = hd**-0.25
+    scores = m.op("MatMul", [m.op("Mul", [q, m.const(root)]), m.op("Mul", [keys_t, m.const(key_scale)])])
+    probs = m.op("Softmax", [m.op("Add", [scores, mask])], axis=-1)
+    probs = m.op("Where", [m.op("IsNaN", [probs]), m.const(0.0), probs])
+    return m.model({"context": m.op("MatMul", [probs, values])})
+
+
+def test_a_gqa_sdpa_attention_with_one_clause_broken_is_a_near_miss_naming_that_clause() -> None:
+    """As exported, one BiasedAttention on the unrepeated keys and values.  With the keys scaled by another
+    factor than the queries the scores are no attn-scores form: the near miss names that clause, not the Softmax
+    the relaxation without it would match anywhere the root matches."""
+    out, _ = optimize_with_report(import_model(gqa_sdpa_attention(4**-0.25)), rules=onnx_rules())
+    (fused,) = [n for n in out.nodes if n.op == "BiasedAttention"]
+    assert [out.node(i).shape[1] for i in fused.inputs[:3]] == [4, 2, 2]
+    out, report = optimize_with_report(import_model(gqa_sdpa_attention(0.5)), rules=onnx_rules())
+    assert "BiasedAttention" not in out.op_counts()
+    (miss,) = [m for m in report.fusion.missed if m.rule == "onnx-attention-isnan"]
+    assert (miss.kind, miss.reason, miss.detail.split(" except that ")[1]) == (
+        "near miss", "guard", "the guard (attn-scores ?s ?q4 ?k4 ?scale) does not hold")
