@@ -44,7 +44,7 @@ def test_verbose_logs_each_phase_and_very_verbose_each_step(capsys, llama1: Path
                         lines[-1])
     code, _, err = run(capsys, "-vv", "optimize", llama1, "-o", tmp_path / "o.json")  # before the command too
     steps = [line for line in err.splitlines() if line.startswith("debug: ")]
-    assert code == 0 and len(steps) == 15
+    assert code == 0 and len(steps) == 16
     assert all(re.match(r"debug: optimize: saturate: (simplify|recognize|fuse|blocks) iteration \((plain|bounded, "
                         r"match limit [\d,]+)\) \d+\.\d{3} s: [\d,]+ matches", line) for line in steps)
 

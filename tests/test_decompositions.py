@@ -119,6 +119,8 @@ RULE_GUARDS = {
     "FusedMatMulATAdd": lambda ts, a: ts[2].rank >= 2,
     "FusedMatMulBTAdd": lambda ts, a: ts[2].rank >= 2,
     "FusedTransformerLayer": lambda ts, a: a["act"] != "none",
+    # causal with a bias: from the exporters' Where(causal, scores + bias, fill) (rules/onnx, tests/test_onnx_forms.py)
+    "MultiHeadAttention": lambda ts, a: not (a["causal"] and len(ts) == 4),
 }
 NOT_BY_RULES = {"ElementwiseRegion": "a pass after extraction", "TransformRegion": "a pass after extraction",
                 "BatchElementwiseRegion": "a pass after extraction", "ConcatParams": "made from shared-input matmuls",

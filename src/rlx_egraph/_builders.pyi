@@ -131,6 +131,8 @@ class GraphBuilders:
         """Append a Min node (elementwise). Elementwise Min with numpy broadcasting."""
     def mul(self, a: int, b: int) -> int:
         """Append a Mul node (elementwise). Elementwise Mul with numpy broadcasting."""
+    def multi_head_attention(self, q: int, k: int, v: int, bias: int | None = None, *, heads: int, scale: float, causal: bool = False) -> int:
+        """Append a MultiHeadAttention node (fused). Attention over separate projections q [B, S, heads * D], k [B, L, heads * D] and v [B, L, heads * Dv] (cross attention: keys and values from another sequence), each split into heads, with an additive bias broadcast to the scores [B, heads, S, L] (a position bias, a padding mask) or none, causally (query i sees keys j <= i + L - S) or not: the context [B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's MultiHeadAttention)."""
     def narrow(self, x: int, *, axis: int = -1, start: int | str, length: int | str) -> int:
         """Append a Narrow node (layout). Slice [start, start+length) of one axis."""
     def neg(self, x: int) -> int:

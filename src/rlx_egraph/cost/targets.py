@@ -110,6 +110,7 @@ ONNXRUNTIME_FUSED: dict[str, str] = {
     "FusedAttentionBlock": "com.microsoft Attention (mask index), then MatMul + Add",
     "QkvAttention": "com.microsoft Attention (packed projection, additive bias or causal)",
     "BiasedAttention": "Attention (opset 23) with an additive mask",
+    "MultiHeadAttention": "Attention (opset 23) on separate q, k, v [B, S, heads * D], an additive mask",
     "KvCacheAttention": "Attention (opset 23) with past_key / past_value and the present outputs",
     "GroupQueryAttention": "com.microsoft GroupQueryAttention (past / present, attention_bias, do_rotary)",
     "RotaryEmbedding": "RotaryEmbedding (opset 23)",

@@ -439,7 +439,10 @@ def _variants(rule: Rule) -> tuple[_Variant, ...]:
     if parsed is None:
         return ()
     pattern, others = parsed
-    return (_variant(rule, pattern, others, "", "", pattern.op), *_relaxations(rule, pattern, others))
+    # the relaxations keeping the most facts first: of those that match, the report names the one closest to the
+    # rule (a part whose dropping takes the rest of the query with it matches wherever the root does)
+    relaxed = sorted(_relaxations(rule, pattern, others), key=lambda v: -len(v.facts))
+    return (_variant(rule, pattern, others, "", "", pattern.op), *relaxed)
 
 
 def _variant(rule: Rule, root: OpTerm, atoms: Sequence[Atom], reason: str, detail: str, root_op: str,
@@ -486,8 +489,10 @@ def _relaxations(rule: Rule, pattern: OpTerm, others: list[Atom]) -> list[_Varia
         if (binds or _is_relation(atom)) and root_alone and not any(_binds_op(f) or _is_relation(f) for f in kept):
             continue  # without that part (or helper relation) the rule would match its root op anywhere
         if _is_relation(atom) and set(atom_variables(atom)) - set(variables(pattern)) - {
-                v for f in kept for v in atom_variables(f)}:
-            continue  # the relation is what finds the form's input (ln-normed ?n ?x ?eps): not one clause of it
+                v for f in kept for v in atom_variables(f)} and not any(_binds_op(f) for f in kept):
+            # the relation is what finds the form's input (ln-normed ?n ?x ?eps): not one clause of it, unless
+            # other parts of the form still hold without it (attn-scores under Softmax(scores + mask))
+            continue
         out.append(_variant(rule, pattern, kept, "pattern part" if binds else "guard",
                             f"{'its part' if binds else 'the guard'} {atom} does not hold", pattern.op))
     uses = Counter(variables(pattern))

@@ -106,6 +106,10 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
     def multi(node: int, g: Graph) -> tuple[int, int]:
         return node, g.get(node, index=0)
 
+    def heads_merged(m: _Maker, node: int) -> tuple[int, int]:
+        """``node`` [B, S, heads, D] and its heads merged, [B, S, heads * D] (a view), for the next copy to read."""
+        return node, m.g.reshape(node, shape=(b, s, e))
+
     x3, w3 = (b, s, e), (e,)
     mask = (b, 1, 1, s)
     c, side = e // 4, max(s // 4, 4)  # a 3x3 convolution's channels and image side at this size
@@ -205,6 +209,9 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("BiasedAttention", lambda m, p: m.g.biased_attention(
             chain(m, p, (b, h, s, d)), m.input((b, h, s, d), "k"), m.input((b, h, s, d), "v"), m.input(mask, "mask"),
             scale=d**-0.5)),
+        case("MultiHeadAttention", lambda m, p: heads_merged(m, m.g.multi_head_attention(
+            chain(m, p, x3), m.input(x3, "k"), m.input(x3, "v"), m.input(mask, "mask"), heads=h, scale=d**-0.5)),
+             " masked"),
         case("Relu", lambda m, p: m.g.relu(chain(m, p, x3))),
         case("Conv", conv),
         case("Conv", lambda m, p: conv(m, p, "depthwise"), " depthwise"),

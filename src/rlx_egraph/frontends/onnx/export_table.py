@@ -416,6 +416,30 @@ def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorTyp
     return b.reshape(ctx, node.shape)
 
 
+def _multi_head_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+    """Attention (opset 23) on q, k and v [B, S, heads * D] as they are (q_num_heads = kv_num_heads = heads), the
+    bias its additive attn_mask expanded to [..., S, L] (which it needs), causal by is_causal where queries and
+    keys are equally many (its causal mask is aligned top-left; None, the decomposition, otherwise); its
+    [B, S, heads * Dv] result reshaped to the op's [B, S, heads, Dv] (a view).  onnxruntime's com.microsoft
+    MultiHeadAttention computes the same from the same inputs, and its CPU kernel is the slower of the two at
+    every size the calibration measures (docs/onnx.md)."""
+    causal = node.attrs["causal"]
+    if causal and types[0].shape[1] != types[1].shape[1]:
+        return None
+    inputs = ins[:3]
+    if len(ins) > 3:
+        scores = (types[0].shape[1], types[1].shape[1])
+        bias = ins[3]
+        if tuple(types[3].shape[-2:]) != scores:
+            bias = b.expand(bias, broadcast(types[3].shape, scores))
+        inputs.append(bias)
+    heads = node.attrs["heads"]
+    ctx = b.op("Attention", inputs, q_num_heads=heads, kv_num_heads=heads, scale=node.attrs["scale"],
+               **({"is_causal": 1} if causal else {}))
+    b.shapes[ctx] = (*node.shape[:2], node.shape[2] * node.shape[3])
+    return b.reshape(ctx, node.shape)
+
+
 def _known(b: Builder, name: str) -> np.ndarray | None:
     """The value of an initializer already written, else None."""
     from onnx import numpy_helper
@@ -657,6 +681,7 @@ EXPORTS: dict[str, ExportFn] = {
     "CausalAttention": _causal_attention,
     "BiasedAttention": _biased_attention,
     "QkvAttention": _qkv_attention,
+    "MultiHeadAttention": _multi_head_attention,
     "KvCacheAttention": _kv_cache_attention,
     "GroupQueryAttention": _group_query_attention,
     "RotaryEmbedding": _rotary,

@@ -297,9 +297,13 @@ def _emit(b: Builder, graph: Graph, node: Node, ins: list[Any],
     slots = [scratch.input(f"in{k}", t.shape, t.dtype) for k, t in enumerate(types)]
     result = unfold(scratch, slots, node.attrs)
     names = dict(zip(slots, ins, strict=True))
-    for inner in scratch.nodes:
-        if inner.id not in names:
-            names[inner.id] = _emit(b, scratch, inner, [names[i] for i in inner.inputs], {})
+    outer, b.graph = b.graph, scratch  # the unfolded nodes' entries look their inputs up in the scratch graph
+    try:
+        for inner in scratch.nodes:
+            if inner.id not in names:
+                names[inner.id] = _emit(b, scratch, inner, [names[i] for i in inner.inputs], {})
+    finally:
+        b.graph = outer
     return tuple(names[r] for r in result) if isinstance(result, tuple) else names[result]
 
 

@@ -259,6 +259,76 @@ def _qkv_attention_flops(a: Attrs, ins: list[T], out: T) -> int:
     return 2 * x.numel * w.shape[-1] + 4 * out.numel * x.shape[1]
 
 
+# The score of a key the causal mask drops: its weight is 0 in every float dtype (-inf in half precision).
+_MASKED = -1e9
+
+
+def _mha_infer(a: Attrs, ins: list[T]) -> T:
+    q, k, v, *bias = ins
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        require_rank(t, 3, f"MultiHeadAttention {label} ([B, S, heads * D])")
+    same_dtype(ins, "MultiHeadAttention inputs")
+    heads = a["heads"]
+    if k.shape[0] != q.shape[0] or v.shape[:2] != k.shape[:2] or k.shape[2] != q.shape[2]:
+        raise ShapeError(f"MultiHeadAttention q {list(q.shape)}, k {list(k.shape)} and v {list(v.shape)} must be "
+                         "[B, S, E], [B, L, E] and [B, L, Ev]")
+    for label, t in (("q", q), ("v", v)):
+        if t.shape[2] % heads:
+            raise ShapeError(f"MultiHeadAttention {label} width {t.shape[2]} is not divisible by heads={heads}")
+    scores = (q.shape[0], heads, q.shape[1], k.shape[1])
+    if bias and (bias[0].rank > 4 or broadcast(bias[0].shape, scores) != scores):
+        raise ShapeError(f"MultiHeadAttention bias {list(bias[0].shape)} must broadcast to the scores {list(scores)}")
+    return TensorType((q.shape[0], q.shape[1], heads, v.shape[2] // heads), q.dtype)
+
+
+def _split(x: np.ndarray, heads: int) -> np.ndarray:
+    """[B, S, heads * D] -> [B, heads, S, D]."""
+    return x.reshape(*x.shape[:2], heads, -1).transpose(0, 2, 1, 3)
+
+
+def _mha_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    q4, k4, v4 = (_split(t, a["heads"]) for t in (q, k, v))
+    bias = np.zeros((), q.dtype) if bias is None else bias
+    if a["causal"]:
+        sq, sk = q.shape[1], k.shape[1]
+        keep = np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
+        bias = np.where(keep, bias, np.asarray(_MASKED, q.dtype))
+    return biased_attention_kernel({"scale": a["scale"], "nan_to_zero": False}, q4, k4, v4, bias).transpose(0, 2, 1, 3)
+
+
+def _mha_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """q, k and v each split into heads (Reshape [B, S, heads, D], Transpose 0 2 1 3), BiasedAttention (a zero
+    bias when there is none; causal: the bias where the causal mask keeps a key, else -1e9) or CausalAttention
+    (causal, no bias), transposed back to [B, S, heads, Dv]."""
+    q, k, v, *bias = ins
+    q4, k4, v4 = (g.transpose(g.reshape(t, shape=(*g.node(t).shape[:2], a["heads"], g.node(t).shape[2] // a["heads"])),
+                              perm=(0, 2, 1, 3)) for t in (q, k, v))
+    dt = g.node(q).dtype
+    if a["causal"] and not bias:
+        return g.transpose(g.causal_attention(q4, k4, v4, scale=a["scale"]), perm=(0, 2, 1, 3))
+    mask = bias[0] if bias else g.scalar(0.0, dt)
+    if a["causal"]:
+        keep = g.add_node("CausalMask", shape=(g.node(q).shape[1], g.node(k).shape[1]))
+        mask = g.where(keep, mask, g.scalar(_MASKED, dt))
+    return g.transpose(g.biased_attention(q4, k4, v4, mask, scale=a["scale"], nan_to_zero=False), perm=(0, 2, 1, 3))
+
+
+def _mha_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """q [B, S, heads * D], k and v [B, L, heads * D], heads and S >= 2 (cross attention: L and S apart, L >= S
+    so that every query sees a key when causal); a bias [B, heads, S, L], [1, heads, S, L], [B, 1, 1, L] or [S, L],
+    or none; causal or not."""
+    batch, heads = random_shape(rng, 2, 2, high=3)
+    seq, keys, d = random_shape(rng, 3, 3)
+    heads, seq = heads + 1, max(seq, 2)  # two heads and queries at least: a head split, not a view
+    keys = max(keys, seq)
+    shapes = {"q": (batch, seq, heads * d), "k": (batch, keys, heads * d), "v": (batch, keys, heads * d)}
+    bias = pick(rng, [(batch, heads, seq, keys), (1, heads, seq, keys), (batch, 1, 1, keys), (seq, keys), None])
+    if bias is not None:
+        shapes["bias"] = bias
+    return shapes, {"heads": heads, "scale": pick(rng, [1.0, d**-0.5, float(rng.uniform(0.1, 1.0))]),
+                    "causal": bool(rng.integers(2))}
+
+
 def rotary_infer(a: Attrs, ins: list[T]) -> T:
     x, cos, sin = ins
     same_dtype(ins, "RotaryEmbedding operands")
@@ -315,6 +385,15 @@ ATTENTION = [
                "attended with an additive bias [B or 1, heads or 1, S or 1, S], causally or unmasked: the context "
                "[B, S, heads, D] (a Reshape merges the heads for free; onnxruntime's com.microsoft Attention).",
            decompose=_qkv_attention_decompose, sampler=_qkv_attention_sample,
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
+    OpSpec("MultiHeadAttention", Kind.FUSED, ("q", "k", "v", "bias?"), _mha_infer, _mha_kernel,
+           (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False)), flops=attention_flops,
+           doc="Attention over separate projections q [B, S, heads * D], k [B, L, heads * D] and v [B, L, heads * Dv] "
+               "(cross attention: keys and values from another sequence), each split into heads, with an additive "
+               "bias broadcast to the scores [B, heads, S, L] (a position bias, a padding mask) or none, causally "
+               "(query i sees keys j <= i + L - S) or not: the context "
+               "[B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's MultiHeadAttention).",
+           decompose=_mha_decompose, sampler=_mha_sample,
            degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
     OpSpec("RotaryEmbedding", Kind.FUSED, ("x", "cos", "sin"), rotary_infer,
            lambda a, x, cos, sin: x * cos + rotate_half(x) * sin,
