@@ -57,7 +57,7 @@ from ...rules.instances import (
     unions_nothing,
 )
 from .encode import encode_graph
-from .rules import STAGES, VARIANT_MARK, Rule, RuleSet, load_rules
+from .rules import STAGES, VARIANT_MARK, Rule, RuleError, RuleSet, load_rules
 from .saturate import SaturationLimits, saturate
 from .schema import schema_text
 from .view import EGraphView, build_view
@@ -231,10 +231,16 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
     egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES)))
     egraph.run_program(*ruleset.commands())
     egraph.run_program(*egraph.parse_program(encoding.text))
-    matched = {name for name, n in saturate(egraph, ruleset, _LIMITS).matches_per_rule.items() if n}
+    leaves = tuple(f"{n.name}: {n.type}" for n in graph.nodes if n.kind is Kind.LEAF)
+    try:
+        matched = {name for name, n in saturate(egraph, ruleset, _LIMITS).matches_per_rule.items() if n}
+    except RuleError as exc:  # a panic or a primitive without a value in its actions: the rules it names failed
+        named = tuple(dict.fromkeys(r.base for r in ruleset.rules if f"rule {r.base!r} " in str(exc)
+                                    or f"{r.base} ({r.location})" in str(exc)))
+        return _Outcome(set(named), set(named), [(named, (), CounterExample(named[0] if named else "?", str(exc),
+                                                                               leaves, {}))])
     view = build_view(egraph, graph, encoding.constants, ruleset, strict=False)
     fired = {name for c in view.classes for name in c.merged_by}
-    leaves = tuple(f"{n.name}: {n.type}" for n in graph.nodes if n.kind is Kind.LEAF)
     wrong = [(m.rules, (), CounterExample(m.rules[0] if m.rules else "?", m.message, leaves, {}))
              for m in view.merged]
     wrong += [(t.rules, (), CounterExample(t.rules[0] if t.rules else "?", t.message, leaves, {}))
