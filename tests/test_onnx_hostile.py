@@ -136,6 +136,10 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
                                 ints("reps", [10**6, 10**6])]),
         "Tile node 'tiles': folding it would make 1,000,000,000,000 elements"),
     "Loop 1e12 trips": (lambda: loop(10**12), "Loop node 'spin': every input is a constant, but it is not folded"),
+    "complex weights cast to real": (
+        lambda: constant_model(helper.make_node("Cast", ["z"], ["c"], name="real", to=F),
+                               [numpy_helper.from_array(np.full(1, 1 + 2j, np.complex64), "z")]),
+        "Cast node 'real': value 'z' holds complex values (complex64), which MIR has no dtype for"),
     "external data outside": (lambda: external("../outside.fifo"),
                               "initializer 'w': external data location '../outside.fifo' is not a file in the "
                               "model's folder"),
