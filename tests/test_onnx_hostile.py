@@ -162,7 +162,8 @@ def test_a_hostile_model_is_one_clear_error_within_the_caps(case: str, runner: s
                                                             tmp_path: Path) -> None:
     build, message = CASES[case]
     folder, work, logs = tmp_path / "models", tmp_path / "work", tmp_path / "logs"
-    for d in (folder, work, logs):
+    home = tmp_path / "home"  # also its user cache, config and data folders and its temporary folder
+    for d in (folder, work, logs, home):
         d.mkdir()
     os.mkfifo(tmp_path / "outside.fifo")  # read by nobody: a read of it would block until the wall-time cap
     (folder / "inside.fifo").symlink_to(tmp_path / "outside.fifo")
@@ -170,7 +171,8 @@ def test_a_hostile_model_is_one_clear_error_within_the_caps(case: str, runner: s
     model.write_bytes(build())
     before = sorted(os.listdir(folder))
     runner.stdin.write(json.dumps({"args": ["optimize", str(model), "-o", str(work / "out.onnx")], "cwd": str(work),
-                                   "logs": str(logs), "memory_mb": MEMORY_MB, "seconds": SECONDS}) + "\n")
+                                   "logs": str(logs), "home": str(home), "memory_mb": MEMORY_MB, "seconds": SECONDS})
+                       + "\n")
     runner.stdin.flush()
     result = json.loads(runner.stdout.readline())
     lines = result["stderr"].splitlines()
@@ -178,4 +180,4 @@ def test_a_hostile_model_is_one_clear_error_within_the_caps(case: str, runner: s
     assert len(lines) == 1 and lines[0].startswith(f"error: {model}: ") and message in lines[0], lines
     assert result["stdout"] == ""
     assert result["max_rss_mb"] < 1024 and result["wall_seconds"] < SECONDS
-    assert os.listdir(work) == [] and sorted(os.listdir(folder)) == before
+    assert os.listdir(work) == [] and os.listdir(home) == [] and sorted(os.listdir(folder)) == before
