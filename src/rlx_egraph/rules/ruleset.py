@@ -9,10 +9,11 @@ table of the set before any rule, type-checks each rule against the schema
 (:mod:`.typecheck`) and generates its operand orders (:mod:`.variants`).  A
 malformed file fails with ``file:line``, the rule's name and the problem.
 
-Where a set holds rules from outside the shipped files, the rows of helper
-relations carry provenance (which rules wrote each row, :mod:`.emit`), so a
-wrong value a shipped rule builds on a wrong row a user rule added names the
-user rule; the shipped rules alone run without it.
+Where rules from outside the shipped files add rows to helper relations, the
+rows of those relations (and of the relations written from them) carry
+provenance (which rules wrote each row, :mod:`.emit`), so a wrong value a
+shipped rule builds on a wrong row a user rule added names the user rule; other
+sets run without it.
 
 A file's rules resolve against the declarations of every file loaded with it,
 in any order, and against the shipped files' helper relations: a user file
@@ -66,7 +67,7 @@ class RuleSet:
     sources: tuple[Source, ...] = ()  # what was loaded, in order
     disabled: frozenset[str] = frozenset()  # names switched off by ``without``
     helpers: tuple[Declaration, ...] = ()
-    tracked: frozenset[str] = frozenset()  # the helper relations whose rows carry provenance (see above)
+    tracked: frozenset[str] = frozenset()  # the helper relations whose rows carry provenance (see _tracked)
 
     @classmethod
     def shipped(cls) -> RuleSet:
@@ -224,10 +225,7 @@ def _load(files: tuple[Source, ...]) -> RuleSet:
     for decl, command in declarations:
         checker.declare(decl, command)
     known = declared.keys() | FACT_TABLES.keys() | {d.name for d, _ in declarations}
-    # helper rows carry provenance (see .emit) where a rule from outside the shipped files may write a wrong one
-    shipped = shipped_contents()
-    relations = frozenset(d.name for d, _ in declarations if d.output is None) \
-        if any(data not in shipped for _, _, data in files) else frozenset()
+    relations = _tracked(parsed, files, {d.name for d, _ in declarations if d.output is None})
     rules: list[Rule] = []
     built: set[str] = set()
     seen: dict[str, Rule] = {}
@@ -254,6 +252,21 @@ def _load(files: tuple[Source, ...]) -> RuleSet:
     return RuleSet(rules, [Path(p) for p, _, _ in files], [(d.source, c) for d, c in declarations],
                    [(text, reader.read(text)[0]) for text in provenance], files,
                    helpers=tuple(d for d, _ in declarations), tracked=relations)
+
+
+def _tracked(parsed: list[ParsedFile], files: tuple[Source, ...], relations: set[str]) -> frozenset[str]:
+    """The helper relations whose rows carry provenance (see .emit): those a rule from outside the shipped files
+    writes, and those written by rules that read a tracked one (their rows may rest on a wrong row)."""
+    shipped = shipped_contents()
+    tracked = {t for p, (_, _, data) in zip(parsed, files, strict=True) if data not in shipped
+               for r in p.rules for t in r.tables_written & relations}
+    rules = [r for p in parsed for r in p.rules]
+    grown = bool(tracked)
+    while grown:
+        more = {t for r in rules if r.tables_read & tracked for t in r.tables_written & relations} - tracked
+        tracked |= more
+        grown = bool(more)
+    return frozenset(tracked)
 
 
 def shipped_contents() -> frozenset[bytes]:
