@@ -79,6 +79,14 @@ def two_writers() -> bytes:
     return model.SerializeToString()
 
 
+def one_output_twice() -> bytes:
+    """Relu and Neg of x both writing y, the model's output (without the check, the last writer won)."""
+    x, y = helper.make_tensor_value_info("x", F, [4]), helper.make_tensor_value_info("y", F, [4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="first"),
+                               helper.make_node("Neg", ["x"], ["y"], name="second")], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
 def relu(dims: list[int | str]) -> bytes:
     """Relu of one input of ``dims``."""
     x, y = helper.make_tensor_value_info("x", F, dims), helper.make_tensor_value_info("y", F, None)
@@ -117,6 +125,8 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
                  "not an ONNX model: it has no graph"),
     "initializer dims": (bad_initializer, "its data does not match its dims and type"),
     "two writers": (two_writers, "already defines (a value has one producer)"),
+    "two writers of the output": (one_output_twice, "Neg node 'second' writes 'y', which Relu node 'first' already "
+                                                    "defines (a value has one producer)"),
     "ConstantOfShape 30000x30000": (
         lambda: constant_model(helper.make_node("ConstantOfShape", ["shape"], ["c"], name="big"),
                                [ints("shape", [30000, 30000])]),
