@@ -484,8 +484,9 @@ def test_a_command_rules_cannot_hold_is_refused_at_its_own_line(tmp_path, capsys
 # --- a wrong helper row is blamed on the rule that wrote it -----------------------------------------------------
 
 # Wrong rules that only add rows to a shipped helper relation: the shipped rule reading the row builds the wrong
-# value, the rule that wrote the row is at fault.  (ln-centered is read by ln-normed-div, a shipped writer of
-# ln-normed: the blame follows the rows through it to layer-norm's LayerNorm.)
+# value, the rule that wrote the row is at fault.  (ln-centered is read by ln-std and ln-normed-div, shipped writers
+# of ln-inv-std and ln-normed: the blame follows the rows through them to layer-norm's LayerNorm.)  Each fires on
+# both graphs, but only its own graph's LayerNorm rests on its row.
 WRONG_ROWS = {
     "tanh-is-ln-normed": '(rule ((= ?n (Tanh ?x))) ((ln-normed ?n ?x 1e-05)) :ruleset recognize '
                          ':name "tanh-is-ln-normed")',
@@ -511,7 +512,7 @@ def _normed_tanh(centered: bool) -> Graph:
 @pytest.mark.parametrize("name", list(WRONG_ROWS))
 def test_a_wrong_helper_row_is_blamed_on_the_rule_that_wrote_it(engine, name):
     g = _normed_tanh(centered=name == "tanh-is-centered")
-    rules = RuleSet.shipped() + RuleSet.from_strings(WRONG_ROWS[name], names=[f"{name}.egg"])
+    rules = RuleSet.shipped() + RuleSet.from_strings(*WRONG_ROWS.values(), names=[f"{n}.egg" for n in WRONG_ROWS])
     with pytest.raises(ParityError, match=rf"\(LayerNorm\) differs .*; built by rule\(s\): {name} \({name}.egg:1\), "
                                           rf"{SHIPPED_BLAMED[name]}$"):
         optimize_with_report(g, rules=rules, verify=True, engine=engine)
