@@ -1,9 +1,11 @@
 """Runs ``rlx-egraph`` commands for the hostile-input tests, each in a forked child capped in memory and time.
 
 Started once per test module (``python tests/capped_runner.py``): it imports the CLI once, then reads one JSON
-request per line on stdin, ``{"args": [...], "cwd": dir, "logs": dir, "memory_mb": n, "seconds": s}``, runs
-``main(args)`` in a child process with its address space limited to ``memory_mb`` and its CPU time to ``seconds``
-(killed after twice that in wall time), working in ``cwd`` with its stdout and stderr written to files in ``logs``,
+request per line on stdin, ``{"args": [...], "cwd": dir, "logs": dir, "home": dir, "memory_mb": n, "seconds": s}``,
+runs ``main(args)`` in a child process with its address space limited to ``memory_mb`` and its CPU time to
+``seconds`` (killed after twice that in wall time), working in ``cwd`` with its stdout and stderr written to files
+in ``logs``, and ``home`` as its home, user cache, config and data folders and its temporary folder (so a test sees
+what it writes there),
 and answers one JSON line: ``{"code", "stdout", "stderr", "max_rss_mb", "wall_seconds"}`` (``code`` the exit code,
 or minus the signal that ended the child).
 """
@@ -15,6 +17,7 @@ import os
 import resource
 import signal
 import sys
+import tempfile
 import time
 
 import rlx_egraph.onnx  # noqa: F401  (imported once here: each child starts with it loaded)
@@ -32,6 +35,9 @@ def run(request: dict) -> dict:
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
             resource.setrlimit(resource.RLIMIT_CPU, (request["seconds"], request["seconds"] + 1))
             os.chdir(request["cwd"])
+            for var in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TMPDIR"):
+                os.environ[var] = request["home"]
+            tempfile.tempdir = request["home"]
             for fd, path in ((1, out_path), (2, err_path)):
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 os.dup2(target, fd)

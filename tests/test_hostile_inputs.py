@@ -115,7 +115,8 @@ def test_a_hostile_input_is_one_clear_error_within_the_caps(case: str, runner: s
                                                             tmp_path: Path) -> None:
     files, args, message = CASES[case]
     folder, work, logs = tmp_path / "in", tmp_path / "work", tmp_path / "logs"
-    for d in (folder, work, logs):
+    home = tmp_path / "home"  # also its user cache, config and data folders and its temporary folder
+    for d in (folder, work, logs, home):
         d.mkdir()
     os.mkfifo(tmp_path / "outside.fifo")  # read by nobody: a read of it would block until the wall-time cap
     (folder / "link.npz").symlink_to(tmp_path / "outside.fifo")
@@ -125,12 +126,12 @@ def test_a_hostile_input_is_one_clear_error_within_the_caps(case: str, runner: s
     graph = folder / "g.json"
     before = sorted(os.listdir(folder))
     argv = [a.format(graph=graph, folder=folder, work=work) for a in args]
-    runner.stdin.write(json.dumps({"args": argv, "cwd": str(work), "logs": str(logs), "memory_mb": MEMORY_MB,
-                                   "seconds": SECONDS}) + "\n")
+    runner.stdin.write(json.dumps({"args": argv, "cwd": str(work), "logs": str(logs), "home": str(home),
+                                   "memory_mb": MEMORY_MB, "seconds": SECONDS}) + "\n")
     runner.stdin.flush()
     result = json.loads(runner.stdout.readline())
     lines = result["stderr"].splitlines()
     assert result["code"] == 2, result
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
     assert result["max_rss_mb"] < 1024 and result["wall_seconds"] < SECONDS
-    assert os.listdir(work) == [] and sorted(os.listdir(folder)) == before
+    assert os.listdir(work) == [] and os.listdir(home) == [] and sorted(os.listdir(folder)) == before

@@ -79,6 +79,14 @@ def two_writers() -> bytes:
     return model.SerializeToString()
 
 
+def one_output_twice() -> bytes:
+    """Relu and Neg of x both writing y, the model's output (without the check, the last writer won)."""
+    x, y = helper.make_tensor_value_info("x", F, [4]), helper.make_tensor_value_info("y", F, [4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="first"),
+                               helper.make_node("Neg", ["x"], ["y"], name="second")], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
 def relu(dims: list[int | str]) -> bytes:
     """Relu of one input of ``dims``."""
     x, y = helper.make_tensor_value_info("x", F, dims), helper.make_tensor_value_info("y", F, None)
@@ -117,6 +125,8 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
                  "not an ONNX model: it has no graph"),
     "initializer dims": (bad_initializer, "its data does not match its dims and type"),
     "two writers": (two_writers, "already defines (a value has one producer)"),
+    "two writers of the output": (one_output_twice, "Neg node 'second' writes 'y', which Relu node 'first' already "
+                                                    "defines (a value has one producer)"),
     "ConstantOfShape 30000x30000": (
         lambda: constant_model(helper.make_node("ConstantOfShape", ["shape"], ["c"], name="big"),
                                [ints("shape", [30000, 30000])]),
@@ -136,6 +146,10 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
                                 ints("reps", [10**6, 10**6])]),
         "Tile node 'tiles': folding it would make 1,000,000,000,000 elements"),
     "Loop 1e12 trips": (lambda: loop(10**12), "Loop node 'spin': every input is a constant, but it is not folded"),
+    "complex weights cast to real": (
+        lambda: constant_model(helper.make_node("Cast", ["z"], ["c"], name="real", to=F),
+                               [numpy_helper.from_array(np.full(1, 1 + 2j, np.complex64), "z")]),
+        "Cast node 'real': value 'z' holds complex values (complex64), which MIR has no dtype for"),
     "external data outside": (lambda: external("../outside.fifo"),
                               "initializer 'w': external data location '../outside.fifo' is not a file in the "
                               "model's folder"),
@@ -158,7 +172,8 @@ def test_a_hostile_model_is_one_clear_error_within_the_caps(case: str, runner: s
                                                             tmp_path: Path) -> None:
     build, message = CASES[case]
     folder, work, logs = tmp_path / "models", tmp_path / "work", tmp_path / "logs"
-    for d in (folder, work, logs):
+    home = tmp_path / "home"  # also its user cache, config and data folders and its temporary folder
+    for d in (folder, work, logs, home):
         d.mkdir()
     os.mkfifo(tmp_path / "outside.fifo")  # read by nobody: a read of it would block until the wall-time cap
     (folder / "inside.fifo").symlink_to(tmp_path / "outside.fifo")
@@ -166,7 +181,8 @@ def test_a_hostile_model_is_one_clear_error_within_the_caps(case: str, runner: s
     model.write_bytes(build())
     before = sorted(os.listdir(folder))
     runner.stdin.write(json.dumps({"args": ["optimize", str(model), "-o", str(work / "out.onnx")], "cwd": str(work),
-                                   "logs": str(logs), "memory_mb": MEMORY_MB, "seconds": SECONDS}) + "\n")
+                                   "logs": str(logs), "home": str(home), "memory_mb": MEMORY_MB, "seconds": SECONDS})
+                       + "\n")
     runner.stdin.flush()
     result = json.loads(runner.stdout.readline())
     lines = result["stderr"].splitlines()
@@ -174,4 +190,4 @@ def test_a_hostile_model_is_one_clear_error_within_the_caps(case: str, runner: s
     assert len(lines) == 1 and lines[0].startswith(f"error: {model}: ") and message in lines[0], lines
     assert result["stdout"] == ""
     assert result["max_rss_mb"] < 1024 and result["wall_seconds"] < SECONDS
-    assert os.listdir(work) == [] and sorted(os.listdir(folder)) == before
+    assert os.listdir(work) == [] and os.listdir(home) == [] and sorted(os.listdir(folder)) == before

@@ -19,7 +19,7 @@ def test_random_graphs_keep_parity_and_never_cost_more(engine, plan, target):
     before = g.to_json()
     og, rep = optimize_with_report(g, target=target, verify=True, engine=engine)
     assert rep.engine == engine
-    assert rep.parity.ok
+    assert rep.parity.ok and rep.parity.special >= 1  # rounds with -0.0, +-inf, NaN, subnormals, +-max in the leaves
     assert rep.profile_after.ns <= rep.profile_before.ns + 1e-6
     assert g.to_json() == before
     assert len(og.outputs) == len(g.outputs)

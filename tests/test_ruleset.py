@@ -272,3 +272,8 @@ def test_a_rule_that_fails_in_a_run_is_a_rule_error_naming_it(tmp_path: Path, ca
     relu_narrow_graph().save(graph)
     assert main(["optimize", str(graph), "--rules", str(path)]) == 2
     assert capsys.readouterr().err == f"error: {path}:2: {' '.join(problem.split())}\n"
+    # the soundness check finds it failing on its first instance: unsound, exit 1
+    assert main(["rules", "check", str(path)]) == 1
+    verdict = capsys.readouterr().out.splitlines()
+    assert verdict[0].split() == ["unsound", problem.split("'")[1], f"{path}:2", "1", "instance(s)"]
+    assert verdict[1].startswith(f"    counter-example: {path}:2: {problem}; instance x0: ")

@@ -70,6 +70,10 @@ WRONG_AMONG_SHIPPED = {
     "matmul-relu-as-gelu": """
 (rewrite (Relu (Add (MatMul ?x ?w) ?b)) (FusedMatMulBiasAct ?x ?w ?b "gelu")
          :ruleset fuse :name "matmul-relu-as-gelu")""",
+    # adds wrong rows to a shipped helper relation: the shipped layer-norm reading them builds the wrong value, but
+    # the rule that wrote the rows is at fault (layer-norm stays sound)
+    "tanh-is-ln-normed": """
+(rule ((= ?n (Tanh ?x))) ((ln-normed ?n ?x 1e-05)) :ruleset recognize :name "tanh-is-ln-normed")""",
 }
 SHIPPED_FILES = {str(p.relative_to(ROOT)) for p in (ROOT / "rules").rglob("*.egg")}  # rules/ and rules/onnx/
 
@@ -100,6 +104,14 @@ def _wrong_rules_among_all_shipped_rules_are_found(report: SoundnessReport) -> N
     # alone, nothing fills rms-normed: the rule cannot fire; among the shipped rules it is checked on their forms
     rms = WRONG_AMONG_SHIPPED["rms-norm-gamma-squared"]
     assert check(RuleSet.from_strings(rms), attempts=4).by_rule("rms-norm-gamma-squared").status == NOT_CHECKABLE_STATUS
+    rows = report.by_rule("tanh-is-ln-normed")
+    assert rows.counterexample.rule == "tanh-is-ln-normed" and rows.counterexample.problem.startswith("a LayerNorm ")
+    assert rows.counterexample.problem.endswith("; built or merged by layer-norm on helper-relation rows written by "
+                                                "tanh-is-ln-normed")
+    # alone, it is checked through the shipped rules that read ln-normed, which are not reported
+    alone = check(RuleSet.from_strings(WRONG_AMONG_SHIPPED["tanh-is-ln-normed"], names=["rows.egg"]), instances=1)
+    assert [(v.rule, v.status) for v in alone.verdicts] == [("tanh-is-ln-normed", UNSOUND)]
+    assert "built or merged by layer-norm on helper-relation rows written by tanh-is-ln-normed" in str(alone)
 
 
 def _every_shipped_rule_is_sound_on_random_instances(shipped: SoundnessReport) -> None:

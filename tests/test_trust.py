@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlx_egraph import Graph, evaluate, optimize, optimize_with_report
+from rlx_egraph import Graph, RuleSet, evaluate, optimize, optimize_with_report
 from rlx_egraph.cli.main import main
 from rlx_egraph.engines.egglog.rules import default_rule_dir
 from rlx_egraph.engines.egglog.view import UnsoundRewrite
@@ -480,3 +480,41 @@ def test_a_command_rules_cannot_hold_is_refused_at_its_own_line(tmp_path, capsys
     path.write_text("\n".join([*lines[:k], command, *lines[k:]]) + "\n")
     assert main(["rules", "list", str(path)]) == 2
     assert f"mine.egg:{k + 1}:" in _one_error_line(capsys)
+
+
+# --- a wrong helper row is blamed on the rule that wrote it -----------------------------------------------------
+
+# Wrong rules that only add rows to a shipped helper relation: the shipped rule reading the row builds the wrong
+# value, the rule that wrote the row is at fault.  (ln-centered is read by ln-std and ln-normed-div, shipped writers
+# of ln-inv-std and ln-normed: the blame follows the rows through them to layer-norm's LayerNorm.)  Each fires on
+# both graphs, but only its own graph's LayerNorm rests on its row.
+WRONG_ROWS = {
+    "tanh-is-ln-normed": '(rule ((= ?n (Tanh ?x))) ((ln-normed ?n ?x 1e-05)) :ruleset recognize '
+                         ':name "tanh-is-ln-normed")',
+    "tanh-is-centered": '(rule ((= ?d (Tanh ?x))) ((ln-centered ?d ?x)) :ruleset recognize :name "tanh-is-centered")',
+}
+# the shipped rules named after the wrong rule: the reader, then the writers of the rows on the way, in file order
+SHIPPED_BLAMED = {"tanh-is-ln-normed": "layer-norm", "tanh-is-centered": "layer-norm, ln-std, ln-normed-div"}
+
+
+def _normed_tanh(centered: bool) -> Graph:
+    """tanh(x) * g + b, or tanh(x) / sqrt(mean(tanh(x)^2) + eps) * g + b (``centered``), over x [4, 8]."""
+    g = Graph()
+    x = g.input("x", SHAPE)
+    n = g.tanh(x)
+    if centered:
+        var = g.reduce_mean(g.pow(n, g.scalar(2.0)), axes=(-1,), keepdims=True)
+        n = g.div(n, g.sqrt(g.add(var, g.scalar(1e-5))))
+    g.set_outputs([g.add(g.mul(n, g.param("g", (8,))), g.param("b", (8,)))])
+    return g
+
+
+@pytest.mark.parametrize("engine", ["egglog", "fallback"])
+@pytest.mark.parametrize("name", list(WRONG_ROWS))
+def test_a_wrong_helper_row_is_blamed_on_the_rule_that_wrote_it(engine, name):
+    g = _normed_tanh(centered=name == "tanh-is-centered")
+    rules = RuleSet.shipped() + RuleSet.from_strings(*WRONG_ROWS.values(), names=[f"{n}.egg" for n in WRONG_ROWS])
+    with pytest.raises(ParityError, match=rf"\(LayerNorm\) differs .*; built by rule\(s\): {name} \({name}.egg:1\), "
+                                          rf"{SHIPPED_BLAMED[name]}$"):
+        optimize_with_report(g, rules=rules, verify=True, engine=engine)
+    assert "LayerNorm" not in optimize(g, engine=engine).op_counts()  # the shipped rules alone build none

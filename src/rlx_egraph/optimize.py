@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from functools import partial
@@ -355,7 +355,7 @@ def _optimize_fallback(graph: Graph, tgt: Target, ruleset: RuleSet, sat_limits: 
     phases = dict(stats.phases)
     ids = result.built_by.keys()  # (dict.fromkeys and zip make the id-keyed tables in C: 600,000 ids at 1M)
     decoded = Decoded(result.graph, dict(zip(ids, ids, strict=True)), result.originals, result.built_by,
-                      dict.fromkeys(ids, ()), result.fusions)
+                      dict.fromkeys(ids, ()), result.fusions, result.relied_on)
     report = OptimizeReport("fallback", why, tgt.name)
     if missed:  # the patterns left in the graph, before regions hide their steps
         report.fusion.missed = scan_optimized(decoded.graph, decoded.originals, graph, ruleset)
@@ -400,13 +400,15 @@ def snapshot(graph: Graph) -> Graph:
 
 
 def blame(decoded: Decoded, suspects: Mapping[str, str] | None = None) -> Callable[[int], list[str]]:
-    """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class;
-    the ``suspects`` among them (rules from outside the shipped set: name -> ``file:line``) first, with their
-    location: a parity failure of a node a shipped rule built over a user rule's value names the user rule first."""
+    """``blame(node_id)``: the rules that built optimized node ``node_id``, then those that merged into its e-class,
+    then those that wrote the helper-relation rows they read; the ``suspects`` among them (rules from outside the
+    shipped set: name -> ``file:line``) first, with their location: a parity failure of a node a shipped rule built
+    over a user rule's value, or on a user rule's helper row, names the user rule first."""
     suspects = suspects or {}
 
     def rules(node_id: int) -> list[str]:
-        named = dict.fromkeys(decoded.built_by.get(node_id, ()) + decoded.merged_by.get(node_id, ()))
+        named = dict.fromkeys(decoded.built_by.get(node_id, ()) + decoded.merged_by.get(node_id, ())
+                              + decoded.relied_on.get(node_id, ()))
         return [f"{r} ({suspects[r]})" for r in named if r in suspects] + [r for r in named if r not in suspects]
 
     return rules
@@ -493,8 +495,9 @@ def _regioned(decoded: Decoded, graph: Graph, applied: list[Region]) -> Decoded:
                                                                      for n in decoded.built_by[m]))))
         merged_by[r.tail] = tuple(dict.fromkeys(n for m in r.members for n in decoded.merged_by[m]))
         fusions.append(Fusion(r.tail, r.kind, built_by[r.tail], tuple(decoded.originals[r.tail])))
+    relied = _relied(decoded, {r.tail: r.members for r in applied}, absorbed)
     return Decoded(graph, kept(decoded.class_of), kept(decoded.originals), built_by, merged_by,
-                   sorted(fusions, key=lambda f: f.node))
+                   sorted(fusions, key=lambda f: f.node), relied)
 
 
 def _batched(decoded: Decoded, graph: Graph, batches: list[Batch]) -> Decoded:
@@ -513,7 +516,9 @@ def _batched(decoded: Decoded, graph: Graph, batches: list[Batch]) -> Decoded:
             fusions.append(Fusion(m, graph.node(m).op, builders, tuple(originals[m])))
         fusions.append(Fusion(b.node, graph.node(b.node).op, builders,
                               tuple(o for m in b.lanes for o in originals[m])))
-    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node))
+    relied = _relied(decoded, {new: b.lanes for b in batches for new in (b.node, *b.narrows)})
+    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node),
+                   relied)
 
 
 def _clipped(decoded: Decoded, graph: Graph, clipped: list[ClippedRegion]) -> Decoded:
@@ -529,7 +534,24 @@ def _clipped(decoded: Decoded, graph: Graph, clipped: list[ClippedRegion]) -> De
             if p != c.node:
                 originals[p], merged_by[p] = [], ()
             fusions.append(Fusion(p, graph.node(p).op, builders, tuple(originals[p])))
-    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node))
+    relied = _relied(decoded, {p: (c.node,) for c in clipped for p in c.pieces})
+    return Decoded(graph, decoded.class_of, originals, built_by, merged_by, sorted(fusions, key=lambda f: f.node),
+                   relied)
+
+
+def _relied(decoded: Decoded, made: dict[int, Sequence[int]], absorbed: Sequence[int] = ()
+            ) -> dict[int, tuple[str, ...]]:
+    """``decoded.relied_on`` after a pass: each node of ``made`` relies on what the nodes it was made from relied on;
+    ``absorbed`` nodes are gone."""
+    gone = set(absorbed)
+    relied = {n: r for n, r in decoded.relied_on.items() if n not in gone}
+    for node, sources in made.items():
+        names = tuple(dict.fromkeys(r for m in sources for r in decoded.relied_on.get(m, ())))
+        if names:
+            relied[node] = names
+        else:
+            relied.pop(node, None)
+    return relied
 
 
 def _program_text(ruleset: RuleSet, encoding: Encoding) -> str:

@@ -21,7 +21,7 @@ from .checks import check_number as _check_number
 from .checks import show as _show
 from .cost import Target
 from .cost.targets import TARGETS, check_dim_hints
-from .engines.egglog.rules import RuleSet, default_rule_dir
+from .engines.egglog.rules import RuleSet
 from .engines.egglog.saturate import SaturationLimits
 
 ENGINES = ("auto", "egglog", "fallback")
@@ -172,8 +172,7 @@ def check_option(name: str, value: Any, default: Any) -> None:
 
 def rules_outside_shipped(ruleset: RuleSet) -> tuple[str, ...]:
     """The rule files of ``ruleset`` (as messages name them) whose text is not that of a shipped rule file."""
-    shipped = {path.read_bytes() for path in default_rule_dir().rglob("*.egg")}
-    return tuple(dict.fromkeys(display for _, display, data in ruleset.sources if data not in shipped))
+    return tuple(ruleset.outside_shipped())
 
 
 def verification_choice(verify: bool | Mapping[str, Any] | None,

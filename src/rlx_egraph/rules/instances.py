@@ -88,8 +88,8 @@ class _Degenerate(Exception):
 
 
 def unions_nothing(rule: Rule) -> bool:
-    """A rule (not a rewrite) whose actions add facts but union nothing."""
-    return rule.kind == RULE and not rule.unions
+    """A rule (not a rewrite) whose actions add facts but union nothing (and do not panic)."""
+    return rule.facts_only
 
 
 def queries(rule: Rule) -> list[tuple[Atom, ...]]:

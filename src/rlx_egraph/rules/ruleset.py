@@ -9,6 +9,12 @@ table of the set before any rule, type-checks each rule against the schema
 (:mod:`.typecheck`) and generates its operand orders (:mod:`.variants`).  A
 malformed file fails with ``file:line``, the rule's name and the problem.
 
+Where rules from outside the shipped files add rows to helper relations, the
+rows of those relations (and of the relations written from them) carry
+provenance (which rules wrote each row, :mod:`.emit`), so a wrong value a
+shipped rule builds on a wrong row a user rule added names the user rule; other
+sets run without it.
+
 A file's rules resolve against the declarations of every file loaded with it,
 in any order, and against the shipped files' helper relations: a user file
 that reads ``ln-normed`` or ``attn-scores`` loads on its own (the shipped
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ir.registry import REGISTRY
-from .emit import program_text, provenance_declaration, rule_text
+from .emit import HELPER_PROVENANCE, program_text, provenance_declaration, rule_text, wrote_declaration
 from .model import STAGES, Declaration, Rule, RuleError, action_terms, atom_terms, tables_of
 from .parse import ParsedFile, Reader, parse_file
 from .primitives import PRIMITIVES
@@ -61,6 +67,7 @@ class RuleSet:
     sources: tuple[Source, ...] = ()  # what was loaded, in order
     disabled: frozenset[str] = frozenset()  # names switched off by ``without``
     helpers: tuple[Declaration, ...] = ()
+    tracked: frozenset[str] = frozenset()  # the helper relations whose rows carry provenance (see _tracked)
 
     @classmethod
     def shipped(cls) -> RuleSet:
@@ -123,6 +130,11 @@ class RuleSet:
     def commands(self) -> builtins.list[Any]:
         """Parsed egglog commands: provenance and helper relations first, then the instrumented rules."""
         return [c for _, c in self.provenance + self.declarations] + [c for r in self.rules for c in r.program]
+
+    def outside_shipped(self) -> builtins.list[str]:
+        """The rule files (as messages name them) whose text is not that of a shipped rule file."""
+        shipped = shipped_contents()
+        return list(dict.fromkeys(display for _, display, data in self.sources if data not in shipped))
 
     def by_name(self, name: str) -> Rule:
         """The rule called ``name``: a rule as written (its first loaded operand order) or one order."""
@@ -213,6 +225,7 @@ def _load(files: tuple[Source, ...]) -> RuleSet:
     for decl, command in declarations:
         checker.declare(decl, command)
     known = declared.keys() | FACT_TABLES.keys() | {d.name for d, _ in declarations}
+    relations = _tracked(parsed, files, {d.name for d, _ in declarations if d.output is None})
     rules: list[Rule] = []
     built: set[str] = set()
     seen: dict[str, Rule] = {}
@@ -227,15 +240,38 @@ def _load(files: tuple[Source, ...]) -> RuleSet:
                             f"{', '.join(PRIMITIVES)}")
         built |= rule.builds & REGISTRY.keys()
         for order in operand_orders(rule):
-            text = program_text(order)
+            text = program_text(order, relations)
             command = rule.command if order.order == 1 else reader.read(rule_text(order))[0]
             order = replace(order, command=command, program=tuple(reader.read(text)), program_text=text)
             checker.check_program(order)
             rules.append(order)
     provenance = [provenance_declaration(op) for op in [None, *(op for op in REGISTRY if op in built)]]
+    if relations:
+        provenance += [*HELPER_PROVENANCE.splitlines(), *(wrote_declaration(d.name, d.inputs) for d, _ in declarations
+                                                          if d.name in relations)]
     return RuleSet(rules, [Path(p) for p, _, _ in files], [(d.source, c) for d, c in declarations],
                    [(text, reader.read(text)[0]) for text in provenance], files,
-                   helpers=tuple(d for d, _ in declarations))
+                   helpers=tuple(d for d, _ in declarations), tracked=relations)
+
+
+def _tracked(parsed: list[ParsedFile], files: tuple[Source, ...], relations: set[str]) -> frozenset[str]:
+    """The helper relations whose rows carry provenance (see .emit): those a rule from outside the shipped files
+    writes, and those written by rules that read a tracked one (their rows may rest on a wrong row)."""
+    shipped = shipped_contents()
+    tracked = {t for p, (_, _, data) in zip(parsed, files, strict=True) if data not in shipped
+               for r in p.rules for t in r.tables_written & relations}
+    rules = [r for p in parsed for r in p.rules]
+    grown = bool(tracked)
+    while grown:
+        more = {t for r in rules if r.tables_read & tracked for t in r.tables_written & relations} - tracked
+        tracked |= more
+        grown = bool(more)
+    return frozenset(tracked)
+
+
+def shipped_contents() -> frozenset[bytes]:
+    """The text of every shipped rule file (a file of the same text elsewhere is shipped too)."""
+    return frozenset(path.read_bytes() for path in default_rule_dir().rglob("*.egg"))
 
 
 def _tables(rule: Rule) -> set[str]:

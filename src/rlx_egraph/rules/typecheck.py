@@ -16,7 +16,7 @@ from typing import Any
 from egglog import bindings as eb
 
 from ..ir.registry import REGISTRY
-from .emit import provenance_declaration, schema_text
+from .emit import HELPER_PROVENANCE, provenance_declaration, schema_text, wrote_declaration
 from .model import RULE, STAGES, Declaration, Rule, RuleError
 from .parse import egglog_detail
 from .signatures import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args
@@ -33,6 +33,9 @@ class Checker:
         """Declare a helper relation or function (egglog's parsed command) in both."""
         _run(self.written, command, declaration.file, declaration.line, None, False)
         self.instrumented.run_program(command)
+        if declaration.output is None:  # a relation: its rows' provenance (see .emit)
+            self.instrumented.run_program(*self.instrumented.parse_program(
+                wrote_declaration(declaration.name, declaration.inputs)))
 
     def check(self, rule: Rule) -> None:
         """Type-check a rule as written (``rule.command``)."""
@@ -51,7 +54,7 @@ def _egraph() -> eb.EGraph:
     """An e-graph with the schema, the stages and every provenance relation declared."""
     egraph = eb.EGraph()
     decls = [f"(ruleset {s})" for s in STAGES] + [provenance_declaration(op) for op in [None, *REGISTRY]]
-    egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(decls)))
+    egraph.run_program(*egraph.parse_program(schema_text() + "\n".join([*decls, HELPER_PROVENANCE])))
     return egraph
 
 

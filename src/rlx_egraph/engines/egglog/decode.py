@@ -4,8 +4,8 @@ Nodes come out in the input graph's order wherever they existed there (a new
 node right after its inputs), so an unchanged graph decodes to an equal graph.
 Every new node remembers its e-class, hence which original nodes compute the
 same value (for parity), the rules that built its e-node (none for a node of
-the input graph) and the rules that merged into its e-class (for reports and
-blame).
+the input graph), the rules that merged into its e-class (for reports and
+blame) and the rules that wrote the helper rows those rules read (for blame).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ class Decoded:
     built_by: dict[int, tuple[str, ...]] = field(default_factory=dict)  # new node id -> rules that built it
     merged_by: dict[int, tuple[str, ...]] = field(default_factory=dict)  # new node id -> rules merged into its class
     fusions: list[Fusion] = field(default_factory=list)
+    # new node id -> the rules that wrote the helper-relation rows the rules that built it read (only nodes with some)
+    relied_on: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
@@ -55,7 +57,9 @@ def decode(view: EGraphView, choice: dict[int, int], graph: Graph) -> Decoded:
     out = Graph.from_checked(graph.name, nodes)
     fusions = [Fusion(nid, op, built_by[nid], tuple(originals[nid])) for nid in made
                if (op := nodes[nid].op) != "Input" and op != "Param"]
-    decoded = Decoded(out, class_of, originals, built_by, merged_by)
+    relied = view.relied_on
+    decoded = Decoded(out, class_of, originals, built_by, merged_by,
+                      relied_on={nid: relied[c] for nid, c in class_of.items() if c in relied} if relied else {})
     out.set_outputs(new_id[view.class_of_node[o]] for o in graph.outputs)
     decoded.fusions = fold_projections(out, fusions)
     return decoded

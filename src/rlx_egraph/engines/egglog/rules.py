@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ...rules.emit import MERGED_BY, built_by_table, provenance_declaration
+from ...rules.emit import MERGED_BY, RELIED_ON, built_by_table, provenance_declaration
 from ...rules.model import STAGE_DOCS, STAGES, VARIANT_MARK, Panic, Rule, RuleError, SetValue
 from ...rules.parse import ALLOWED_COMMANDS
 from ...rules.ruleset import SHIPPED_RULES_DIR, RuleSet, Source, default_rule_dir, load_rules, rule_files
@@ -52,6 +52,6 @@ def runtime_error(rules: RuleSet, stage: str, message: str) -> RuleError:
                      + (f" (one of {named})" if written else "") + f": {what}")
 
 
-__all__ = ["ALLOWED_COMMANDS", "MAX_VARIANTS", "MERGED_BY", "SHIPPED_RULES_DIR", "STAGES", "STAGE_DOCS",
+__all__ = ["ALLOWED_COMMANDS", "MAX_VARIANTS", "MERGED_BY", "RELIED_ON", "SHIPPED_RULES_DIR", "STAGES", "STAGE_DOCS",
            "VARIANT_MARK", "Rule", "RuleError", "RuleSet", "Source", "built_by_table", "default_rule_dir",
            "egglog_rule_bases", "load_rules", "provenance_declaration", "rule_files", "runtime_error"]

@@ -57,7 +57,7 @@ from ...rules.instances import (
     unions_nothing,
 )
 from .encode import encode_graph
-from .rules import STAGES, VARIANT_MARK, Rule, RuleSet, load_rules
+from .rules import STAGES, VARIANT_MARK, Rule, RuleError, RuleSet, load_rules
 from .saturate import SaturationLimits, saturate
 from .schema import schema_text
 from .view import EGraphView, build_view
@@ -146,16 +146,23 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
     Each rule gets up to ``attempts`` random draws to find ``instances`` on which it fires, drawn by a
     generator keyed by ``seed`` and the rule's name: a rule gets the same instances whatever other rules are
     checked with it (those whose helper relations it reads take part in its instances).
-    The same rules, ``instances``, ``attempts`` and ``seed`` give the same report.
+    The same rules, ``instances``, ``attempts`` and ``seed`` give the same report.  Rules that add rows to helper
+    relations the shipped files declare (and the set does not load) are checked through the shipped rules that
+    read those relations, which join the run without being reported.
     """
     ruleset = load_rules(rules)
+    reported = [r.name for r in ruleset.rules]
+    borrowed = {d.name for d in ruleset.helpers if d.borrowed}
+    if any(r.tables_written & borrowed for r in ruleset.rules):
+        ruleset = ruleset + load_rules()
+    targets = set(reported)
     producers = helper_producers(ruleset)
     verdicts = {r.name: RuleVerdict(r.name, r.location) for r in ruleset.rules}
     used_by: dict[str, set[str]] = {}  # facts-only rule -> readers whose instances ran it
     together: list[Rule] = []
     checked: list[str] = []
     for rule in ruleset.rules:
-        if unions_nothing(rule):
+        if unions_nothing(rule) or rule.name not in targets:
             continue
         if set_tables(rule, producers):
             together.append(rule)
@@ -168,6 +175,8 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
     if together:
         _check_together(ruleset, together, producers, verdicts, instances, attempts, seed)
     for rule in ruleset.rules:  # producers the readers' own instances left out or used too little
+        if rule.name not in targets:
+            continue
         for reader in readers_of(ruleset, producers, rule):
             if verdicts[rule.name].instances >= instances:
                 break
@@ -184,7 +193,7 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
                 v.reason = f"facts only: checked through the rules that read them ({', '.join(through)})"
             elif not v.reason:
                 v.reason = "facts only, and no union rule that reads them fired on an instance"
-    return SoundnessReport([verdicts[r.name] for r in ruleset.rules])
+    return SoundnessReport([verdicts[name] for name in reported])
 
 
 def _competes(rule: Rule, producers: Producers) -> bool:
@@ -211,7 +220,8 @@ def _jsonable(v: Any) -> Any:
 class _Outcome:
     fired: set[str]  # union rules that merged something
     matched: set[str]  # rules as written (base names) that matched at all, facts-only ones included
-    wrong: list[tuple[tuple[str, ...], CounterExample]]  # (blamed rules, counter-example)
+    # (rules that built or merged the wrong e-node, rules that wrote the helper rows they read, counter-example)
+    wrong: list[tuple[tuple[str, ...], tuple[str, ...], CounterExample]]
 
 
 def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
@@ -221,13 +231,19 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
     egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES)))
     egraph.run_program(*ruleset.commands())
     egraph.run_program(*egraph.parse_program(encoding.text))
-    matched = {name for name, n in saturate(egraph, ruleset, _LIMITS).matches_per_rule.items() if n}
+    leaves = tuple(f"{n.name}: {n.type}" for n in graph.nodes if n.kind is Kind.LEAF)
+    try:
+        matched = {name for name, n in saturate(egraph, ruleset, _LIMITS).matches_per_rule.items() if n}
+    except RuleError as exc:  # a panic or a primitive without a value in its actions: the rules it names failed
+        named = tuple(dict.fromkeys(r.base for r in ruleset.rules if f"rule {r.base!r} " in str(exc)
+                                    or f"{r.base} ({r.location})" in str(exc)))
+        return _Outcome(set(named), set(named), [(named, (), CounterExample(named[0] if named else "?", str(exc),
+                                                                               leaves, {}))])
     view = build_view(egraph, graph, encoding.constants, ruleset, strict=False)
     fired = {name for c in view.classes for name in c.merged_by}
-    leaves = tuple(f"{n.name}: {n.type}" for n in graph.nodes if n.kind is Kind.LEAF)
-    wrong = [(m.rules, CounterExample(m.rules[0] if m.rules else "?", m.message, leaves, {}))
+    wrong = [(m.rules, (), CounterExample(m.rules[0] if m.rules else "?", m.message, leaves, {}))
              for m in view.merged]
-    wrong += [(t.rules, CounterExample(t.rules[0] if t.rules else "?", t.message, leaves, {}))
+    wrong += [(t.rules, (), CounterExample(t.rules[0] if t.rules else "?", t.message, leaves, {}))
               for t in view.ill_typed]
     if not wrong:
         wrong = _compare_values(view, graph, leaves, seed)
@@ -235,7 +251,7 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
 
 
 def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
-                    seed: int) -> list[tuple[tuple[str, ...], CounterExample]]:
+                    seed: int) -> list[tuple[tuple[str, ...], tuple[str, ...], CounterExample]]:
     """Every e-node of every class a rule touched against its class's value, on SEEDS seeds and then on the
     first again in special rounds with IEEE special values (-0.0, +-inf, NaN, subnormals, +-max) at a share of
     every float leaf, as many rounds as put every kind in every leaf of more than one element.
@@ -295,14 +311,16 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
                                                          else excused | wide_reads, signless)
                 if ratio > 1.0:
                     rules = tuple(dict.fromkeys(n.built_by + cls.merged_by))
+                    writers = view.relied_on.get(cls.id, ())
                     how = ("a zero of the other sign" if max_abs == 0.0 else
                            f"up to {max_abs:.3g} ({ratio:.3g} x the {rtol}/{atol} tolerance plus rounding)")
                     problem = (f"a {n.op} e-node differs from its e-class's value (computed by "
                                f"{_describe_class(cls, graph)}) by {how} on seed {s}"
                                + (" with IEEE special values (-0.0, +-inf, NaN, subnormals, +-max) in its leaves "
-                                  f"(round {special})" if special else "") + f"; built or merged by {', '.join(rules)}")
-                    out.append((rules, CounterExample(rules[0] if rules else "?", problem, leaves,
-                                                      dict(n.attrs), max_abs)))
+                                  f"(round {special})" if special else "") + f"; built or merged by {', '.join(rules)}"
+                               + (f" on helper-relation rows written by {', '.join(writers)}" if writers else ""))
+                    out.append((rules, writers, CounterExample(rules[0] if rules else "?", problem, leaves,
+                                                               dict(n.attrs), max_abs)))
         if out:
             break
     return out
@@ -379,25 +397,40 @@ def _check_rule(ruleset: RuleSet, rule: Rule, producers: Producers,
 
 def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict], ruleset: RuleSet) -> bool:
     """Record what one instance showed for the rules in ``checked`` (operand orders by their own names);
-    False when none of them fired.  Provenance names base rules: each is mapped back to the orders checked."""
+    False when none of them fired.  Provenance names base rules: each is mapped back to the orders checked.
+
+    A wrong e-node is the fault of the rules that built or merged it, but where all of those are shipped rules and
+    it rests on helper-relation rows that rules from outside the shipped set wrote: then of those writers (a wrong
+    row a user rule added makes a shipped reader build a wrong value)."""
     base_of = {r.name: r.base for r in ruleset.rules}
+    shipped = _shipped_bases(ruleset)
 
     def orders(bases: set[str]) -> set[str]:
         named = {name for name in checked if base_of.get(name) in bases}
         return named or {b for b in bases if b in verdicts}
 
     fired = orders(outcome.fired)
-    for rules, example in outcome.wrong:
-        for name in orders(set(rules or ())):
+    for rules, writers, example in outcome.wrong:
+        suspects = [w for w in writers if w not in shipped]
+        culprits = set(suspects if suspects and all(r in shipped for r in rules) else rules or ())
+        if culprits != set(rules or ()):
+            example = replace(example, rule=next(w for w in writers if w in culprits))
+        for name in orders(culprits):
             if verdicts[name].status != UNSOUND:
                 verdicts[name].status = UNSOUND
                 verdicts[name].counterexample = example
-        fired |= orders(set(rules or ()))
+        fired |= orders(culprits)
     for name in fired:
         verdicts[name].instances += 1
         if verdicts[name].status != UNSOUND:
             verdicts[name].status = SOUND
     return bool(fired)
+
+
+def _shipped_bases(ruleset: RuleSet) -> frozenset[str]:
+    """The base names of the rules of ``ruleset`` loaded from the shipped rule files."""
+    outside = set(ruleset.outside_shipped())
+    return frozenset(r.base for r in ruleset.rules if r.file not in outside)
 
 
 def _check_together(ruleset: RuleSet, together: list[Rule], producers: Producers,

@@ -34,7 +34,7 @@ from ._flat import FlatEGraph
 from ._rows import ClassNumbers, EClass, ENode, ListCells, RuleRelation, link_graph_nodes, make_classes, read_enodes
 from ._typecheck import classes_of_ops, input_types, match_originals, original_flags, propagate_types
 from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
-from .rules import MERGED_BY, RuleSet, built_by_table
+from .rules import MERGED_BY, RELIED_ON, RuleSet, built_by_table
 from .schema import LIST_CONS, NO_INPUT, constructor_args
 
 
@@ -75,6 +75,8 @@ class EGraphView:
     merged: list[MergedInputs] = field(default_factory=list)
     dropped: int = 0  # e-nodes left out: ill-typed, or reading a class that has no type
     class_numbers: ClassNumbers | None = field(default=None, repr=False)  # egglog e-class Value -> class id
+    # class id -> the rules that wrote the helper-relation rows the rules building its e-nodes read
+    relied_on: dict[int, tuple[str, ...]] = field(default_factory=dict)
     _type_numbers: list[int] | None = field(default=None, init=False, repr=False, compare=False)
     _memo: dict[str, tuple[list[ENode], int, Any]] = field(default_factory=dict, init=False, repr=False,
                                                           compare=False)
@@ -171,6 +173,15 @@ class _Provenance:
         order."""
         return RuleRelation(rows, self._names, self.named)
 
+    def relied_on(self, rows: list[Any], classes: ClassNumbers) -> dict[int, tuple[str, ...]]:
+        """The rows of ``relied-on`` (class Value -> a set of rule names): class id -> names, in rule-file order."""
+        out = {}
+        for row in rows:
+            cid = classes.of(row.inputs[0])
+            if cid >= 0:
+                out[cid] = self._names(tuple(self.values.egraph.value_to_set(row.output)))
+        return out
+
     def _names(self, rules: tuple[Any, ...]) -> tuple[str, ...]:
         found = {self.values.get(v, AttrType.STR) for v in rules}
         return tuple(sorted(found, key=lambda n: (self.rank.get(n, len(self.rank)), n)))
@@ -231,7 +242,8 @@ def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules
     classes = make_classes(eclasses, originals)
     for (value,), names in provenance.table(rows(MERGED_BY)).items():
         classes[classes_seen.of(value)].merged_by = names
-    view = EGraphView(classes, nodes, class_of_node, class_numbers=classes_seen)
+    view = EGraphView(classes, nodes, class_of_node, class_numbers=classes_seen,
+                      relied_on=provenance.relied_on(rows(RELIED_ON), classes_seen))
     _mark_originals(view, graph, negative_zeros, op_spans)
     kept = _check_types(view, graph, rules, strict, deadline)
     _keep_only(view, kept)
@@ -254,9 +266,12 @@ def _mark_originals(view: EGraphView, graph: Graph, marked: set[int], op_spans: 
 
 
 def blamed_rules(view: EGraphView, enodes: Iterable[int], classes: Iterable[int]) -> tuple[str, ...]:
-    """The rules that built any of ``enodes`` or merged into any of ``classes``, each once, in that order."""
+    """The rules that built any of ``enodes`` or merged into any of ``classes``, then those that wrote the helper rows
+    they read, each once, in that order."""
+    classes = list(classes)
     names = [name for i in enodes for name in view.nodes[i].built_by]
     names += [name for c in classes for name in view.classes[c].merged_by]
+    names += [name for c in classes for name in view.relied_on.get(c, ())]
     return tuple(dict.fromkeys(names))
 
 

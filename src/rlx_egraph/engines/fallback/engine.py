@@ -75,6 +75,7 @@ from .pattern import (
     CompiledRules,
     CompileError,
     Compute,
+    Holds,
     Insert,
     L,
     ListPat,
@@ -177,6 +178,7 @@ class FallbackResult:
     originals: dict[int, list[int]]  # every node of ``graph``
     fusions: list[Fusion]  # the nodes that are not in the input graph
     stats: FallbackStats
+    relied_on: dict[int, tuple[str, ...]] = field(default_factory=dict)  # node -> writers of the helper rows read
 
 
 def load(ruleset: RuleSet | Any = None) -> CompiledRules:
@@ -282,6 +284,7 @@ class _Plan:
     found: tuple  # the match
     dead: set[int]  # live nodes the plan leaves dead
     forms: list[tuple[int, Node]] = field(default_factory=list)  # (live node, a new form of it)
+    relied: tuple[str, ...] = ()  # the rules that wrote the helper rows the match read
     watch: set[int] = field(default_factory=set)  # any change to these (inputs, readers) makes it stale
     uses: set[int] = field(default_factory=set)  # these must stay alive
     needs: set[int] = field(default_factory=set)  # nodes whose op and inputs the match inspected
@@ -321,12 +324,13 @@ class _Engine:
         self.deadline = Deadline(limits.max_seconds) if deadline is None else deadline
         self.rw = GraphRewriter(graph)
         self.param_order: dict[int, int] = {}
-        self.facts = Facts(self.rw, compiled.tables, self.param_order, attention_block_max_tokens)
+        self.facts = Facts(self.rw, compiled.tables, self.param_order, attention_block_max_tokens, compiled.tracked)
         self.nodes = self.rw.nodes_by_id
         self.stats = FallbackStats()
         self.costs: dict[int, tuple[Node, float]] = {}
         self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
         self.rules_of: dict[int, list[str]] = {}
+        self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
         self.rows_read: dict[tuple[str, str], int] = {}  # (row-driven rule, table) -> how far it has read its log
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
         self.follow = NO_FOLLOW  # and how far (see chain_start)
@@ -339,6 +343,8 @@ class _Engine:
                                                           compiled.plans.get(p.name)))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
+        # per pattern: the helper-relation rows its query reads (see relied)
+        self.rows_of = {m.pattern.name: _compile_reads(m, self.facts) for ms in self.matchers.values() for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.kind == FACTS])
                             for stage, ms in self.matchers.items()}
         set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written() for p in compiled.patterns))
@@ -359,7 +365,7 @@ class _Engine:
             self.stats.rules.setdefault(p.base, RuleStats())
         for s in self.compiled.symmetries:
             self.stats.rules.setdefault(s.name, RuleStats())
-        for cache in (self.costs, self.signatures, self.rules_of, self.rows_read):
+        for cache in (self.costs, self.signatures, self.rules_of, self.relied_of, self.rows_read):
             cache.clear()
         self.chain, self.follow, self.readers_left, self.stage = None, NO_FOLLOW, False, STAGES[0]
 
@@ -394,7 +400,7 @@ class _Engine:
         return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
                          {n: tuple(r) for n, r in self.rules_of.items()}, holders,
                          {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason,
-                         self.readers_left)
+                         self.readers_left, dict(self.relied_of))
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -522,10 +528,9 @@ class _Engine:
                 if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
                     return
                 for m in group:
-                    program = self.programs[m.pattern.name]
                     for root in self.roots(m, self.where(m, at), signed):
                         for env in self.matches(m, root):
-                            self.write_facts(program, list(env))
+                            self.write_facts(m.pattern, list(env))
                 if not (recursive and self.facts.changed):
                     break
                 at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
@@ -793,7 +798,8 @@ class _Engine:
         delta, dead = self.delta(new, merges, checks)
         if math.isnan(delta):  # replaces an op the target does not run by another one: no gain to speak of
             return NO_GAIN
-        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms)
+        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms,
+                     relied=self.relied(pattern.name, found))
 
     def checked(self, nid: int, op: str, inputs: list[int], attrs: dict[str, Any],
                 lookup: Callable[[int], Node | None]) -> tuple[Node, list | None]:
@@ -935,10 +941,10 @@ class _Engine:
         rules = tuple(dict.fromkeys((plan.matcher.pattern.base, *plan.via)))
         real: dict[int, int] = {}
         for nid, node in plan.new.items():  # the types the plan checked: no re-check
-            real[nid] = self.insert(node, tuple(real.get(i, i) for i in node.inputs), rules)
+            real[nid] = self.insert(node, tuple(real.get(i, i) for i in node.inputs), rules, plan.relied)
         olds = []
         for old, rep in plan.unions:
-            self.replace(old, real.get(rep, rep), rules)
+            self.replace(old, real.get(rep, rep), rules, plan.relied)
             olds.append(old)
         for old, form in plan.forms:
             self.facts.add_form(old, form)
@@ -946,29 +952,36 @@ class _Engine:
         for table, args, value in plan.writes:
             decl = self.facts.decls[table]
             self.facts.set(table, tuple(_renamed(a, sort, real) for a, sort in zip(args, decl.inputs, strict=True)),
-                           _renamed(value, decl.output, real))
+                           _renamed(value, decl.output, real), (plan.matcher.pattern.base, *plan.relied))
         rw.eliminate_dead_code(olds)
         for r in rules:
             self.stats.rules[r].commits += 1
 
-    def insert(self, node: Node, inputs: tuple[int, ...], rules: Sequence[str]) -> int:
-        """Insert ``node`` (checked) reading ``inputs``; a node that is new gets ``rules`` as its provenance."""
+    def insert(self, node: Node, inputs: tuple[int, ...], rules: Sequence[str], relied: tuple[str, ...] = ()) -> int:
+        """Insert ``node`` (checked) reading ``inputs``; a node that is new gets ``rules`` as its provenance, and
+        ``relied`` as the writers of the helper rows they read."""
         first_new = self.rw.next_id
         made = self.rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
             self.rw.insert_checked(node, inputs)
         if made >= first_new:
             self.rules_of[made] = list(rules)
+            if relied:
+                self.relied_of[made] = relied
         return made
 
-    def replace(self, old: int, rep: int, rules: Sequence[str]) -> None:
+    def replace(self, old: int, rep: int, rules: Sequence[str], relied: tuple[str, ...] = ()) -> None:
         """Replace node ``old`` by ``rep``, with provenance (see :meth:`credit`)."""
         self.rw.replace_all_uses(old, rep)
-        self.credit(old, rep, rules)
+        self.credit(old, rep, rules, relied)
 
-    def credit(self, old: int, rep: int, rules: Sequence[str]) -> None:
-        """Provenance of a replacement: ``rep``'s gains ``rules``, then how ``old`` was made."""
+    def credit(self, old: int, rep: int, rules: Sequence[str], relied: tuple[str, ...] = ()) -> None:
+        """Provenance of a replacement: ``rep``'s gains ``rules``, then how ``old`` was made (and the writers of
+        the helper rows both rest on)."""
         known = self.rules_of.setdefault(rep, [])
         known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
+        writers = (*self.relied_of.get(rep, ()), *relied, *self.relied_of.get(old, ()))
+        if writers:
+            self.relied_of[rep] = tuple(dict.fromkeys(writers))
 
     def transplant(self, chain: Chain, count: bool = True) -> None:
         """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
@@ -979,22 +992,38 @@ class _Engine:
         rules_of = self.rules_of
         for nid in new:
             rules_of[made[nid]] = list(run.rules_of.get(nid, ()))
+            if nid in run.relied_of:
+                self.relied_of[made[nid]] = run.relied_of[nid]
         for old, rep, now in replaced:
-            self.credit(old, rep, run.rules_of.get(now, ()))
+            self.credit(old, rep, run.rules_of.get(now, ()), run.relied_of.get(now, ()))
         if count:
             for rule, stats in run.rules.items():
                 self.stats.rules[rule].commits += stats.commits
 
-    def write_facts(self, program: list[tuple[Any, Any]], env: list) -> None:
+    def write_facts(self, pattern: Pattern, env: list) -> None:
         """Apply a facts rule's actions to one match."""
+        writers = (pattern.base, *self.relied(pattern.name, env))
         try:
-            for action, compiled in program:
+            for action, compiled in self.programs[pattern.name]:
                 if isinstance(action, Compute):
                     env[compiled[0]] = compiled[1](env)
                 else:
-                    self.facts.set(*_write(compiled, env))
+                    self.facts.set(*_write(compiled, env), writers)
         except NoValue:
             return
+
+    def relied(self, name: str, env: Sequence[Any]) -> tuple[str, ...]:
+        """The rules that wrote the helper-relation rows a match of pattern ``name`` read."""
+        reads = self.rows_of[name]
+        if not reads:
+            return ()
+        names: dict[str, None] = {}
+        for table, args in reads:
+            try:
+                names.update(dict.fromkeys(self.facts.wrote(table, tuple(a(env) for a in args))))
+            except NoValue:
+                continue
+        return tuple(names)
 
     # --- costs -----------------------------------------------------------------------------
 
@@ -1059,7 +1088,17 @@ class _Engine:
                                          for n in out.nodes if n.id not in graph])
         self.stats.nodes_after = len(out)
         self.stats.phases["finish"] = time.perf_counter() - t0
-        return FallbackResult(out, built_by, originals, fusions, self.stats)
+        rank = {p.base: k for k, p in reversed(list(enumerate(self.compiled.patterns)))}  # rule-file order
+        relied = {nid: tuple(sorted(names, key=lambda r: rank.get(r, len(rank))))
+                  for nid, names in self.relied_of.items() if nid in built_by}
+        return FallbackResult(out, built_by, originals, fusions, self.stats, relied)
+
+
+def _compile_reads(matcher: Matcher, facts: Facts) -> list[tuple[str, list[Callable[[list], Any]]]]:
+    """The helper-relation rows the matcher's query reads: per row its relation and its columns' evaluators over
+    the match's slots."""
+    return [(atom.call.name, [compile_term(a, matcher.slots, facts) for a in atom.call.args])
+            for atom in matcher.pattern.query if isinstance(atom, Holds) and atom.call.name in facts.writers]
 
 
 def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[Any, Any]]:

@@ -8,6 +8,9 @@ a rule may set a fact table's value where the graph has none.  Helper tables dec
 (``relation``, ``function`` with its ``:merge``) are filled by the rules that
 ``set`` or insert into them, and every row follows replacements (a row about a
 replaced node now speaks of its replacement), as egglog's tables follow unions.
+A row of a tracked relation also keeps the rules that wrote it (those that
+inserted it and those that wrote the rows they read), as the egglog engine's
+``wrote-`` tables do (:attr:`~rlx_egraph.rules.RuleSet.tracked`).
 
 A node's *forms* are terms a rule unioned with it that read the node itself
 (``w = ConcatParams([w])``, the start of the shared-input chain): a graph
@@ -51,7 +54,7 @@ class Facts:
     """Every table rules read or write, for one rewriter."""
 
     def __init__(self, rw: GraphRewriter, decls: Mapping[str, TableDecl], param_order: Mapping[int, int],
-                 attention_block_max_tokens: int) -> None:
+                 attention_block_max_tokens: int, tracked: frozenset[str] = frozenset()) -> None:
         self.rw = rw
         self.decls = dict(decls)
         nodes = rw.nodes_by_id
@@ -70,6 +73,8 @@ class Facts:
         self.builtins: dict[str, Callable[..., Any]] = {  # keys: BUILTIN_TABLES
             name: partial(table.evaluate, source) for name, table in FACT_TABLES.items()}
         self.rows: dict[str, dict[tuple, Any]] = {n: {} for n, d in self.decls.items() if not d.builtin}
+        # per ``tracked`` relation: row -> the rules that wrote it (see the module docstring)
+        self.writers: dict[str, dict[tuple, tuple[str, ...]]] = {n: {} for n in tracked if n in self.rows}
         self._index: dict[tuple[str, int], dict[Any, dict[tuple, None]]] = {}
         self._indexes: dict[str, list[tuple[int, dict[Any, dict[tuple, None]]]]] = {}  # table -> its indexes
         self._node_columns = {name: ([c for c, s in enumerate(d.inputs) if s == "Op"],
@@ -94,7 +99,8 @@ class Facts:
     def clear(self) -> None:
         """Forget every row and form (the rewriter was reopened on another graph); the table objects stay,
         as compiled matchers hold them."""
-        for table in (self.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values()):
+        for table in (self.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values(),
+                      *self.writers.values()):
             table.clear()
         self.changed = False
         self.fresh = set()
@@ -138,14 +144,27 @@ class Facts:
     def insert(self, name: str, args: tuple) -> None:
         self.set(name, args, True)
 
-    def set(self, name: str, args: tuple, value: Any) -> None:
-        """Write a row; a function merges with the value it had (relations just add the row)."""
+    def wrote(self, name: str, args: tuple) -> tuple[str, ...]:
+        """The rules that wrote row ``args`` of relation ``name``."""
+        return self.writers[name].get(args, ())
+
+    def set(self, name: str, args: tuple, value: Any, writers: tuple[str, ...] = ()) -> None:
+        """Write a row; a function merges with the value it had (relations just add the row, and ``writers``, the
+        rules that wrote it, to those it had)."""
         if name in self.builtins:
             table = self.overlay.setdefault(name, {})
             table.setdefault(args, value)  # the schema's tables all merge with old
             return
         rows = self.rows[name]
         old = rows.get(args)
+        wrote = self.writers.get(name)
+        if wrote is not None and writers:
+            known = wrote.get(args, ())
+            more = tuple(w for w in writers if w not in known)
+            if more:
+                wrote[args] = known + more
+                if old is not None:  # the readers of the row pass the names on
+                    self._changed(name, args, old)
         if old is not None:
             merge = self._merge.get(name)
             value = merge(old, value) if merge is not None else old
@@ -157,6 +176,9 @@ class Facts:
             for n in self._nodes_in(name, args, value):
                 self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
+        self._changed(name, args, value)
+
+    def _changed(self, name: str, args: tuple, value: Any) -> None:
         self.changed = True
         named = self._nodes_in(name, args, value)
         self.fresh.update(named)
@@ -179,11 +201,12 @@ class Facts:
             if args not in rows:
                 continue
             value = rows.pop(args)
+            writers = self.writers[name].pop(args, ()) if name in self.writers else ()
             for column, index in self._indexes_of(name):
                 index[args[column]].pop(args, None)
             decl = self.decls[name]
             self.set(name, tuple(self._canonical(s, a) for s, a in zip(decl.inputs, args, strict=True)),
-                     self._canonical(decl.output, value) if decl.output else value)
+                     self._canonical(decl.output, value) if decl.output else value, writers)
 
     # --- internals ------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -70,6 +70,7 @@ class RegionRun:
     rules: Mapping[str, RuleStats]  # rule -> its statistics on the region (the rules that did something)
     stop_reason: str  # why the fallback stopped on the region (a limit, or no rewrite pays)
     readers_left: bool = False  # a chain followed through matches left a step that matches a reader of its nodes
+    relied_of: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # node -> writers of helper rows read
 
 
 @dataclass(frozen=True)

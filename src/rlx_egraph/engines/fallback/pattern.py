@@ -232,6 +232,7 @@ class CompiledRules:
     tables: dict[str, TableDecl] = field(default_factory=dict)
     unsupported: list[Unsupported] = field(default_factory=list)
     plans: dict[str, Any] = field(default_factory=dict, repr=False)  # pattern name -> its matcher.MatcherPlan
+    tracked: frozenset[str] = frozenset()  # helper relations whose rows keep the rules that wrote them
 
 
 class CompileError(ValueError):
@@ -240,7 +241,7 @@ class CompileError(ValueError):
 
 def compile_rules(ruleset: RuleSet) -> CompiledRules:
     """Compile every rule of ``ruleset`` (each direction of each operand order)."""
-    out = CompiledRules()
+    out = CompiledRules(tracked=ruleset.tracked)
     for t in FACT_TABLES.values():
         out.tables[t.name] = TableDecl(t.name, t.inputs, t.output, None, builtin=True)
     for d in ruleset.helpers:

@@ -547,6 +547,10 @@ class Importer:
         if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]:
             return [Value(array=initializer_array(node.attribute[0].t))]
         arrays = {n: self.values[n].array for n in dict.fromkeys(ins) if n}
+        for name, array in arrays.items():  # folding would keep the real part only (numpy warns, no more)
+            if array.dtype.kind == "c":
+                raise OnnxImportError(f"{self.label}: value {name!r} holds complex values ({array.dtype}), which MIR "
+                                      f"has no dtype for ({', '.join(ONNX_DTYPES)})")
         self.check_fold_size(node, arrays)
         weight = any(self.values[n].weight for n in arrays)
         t0 = time.perf_counter()
