@@ -938,7 +938,7 @@ def test_blocks_give_what_the_whole_graph_gives(model, target, monkeypatch):
     by_blocks = run(g, target=target)
     assert by_blocks.stats.blocks > by_blocks.stats.block_kinds > 1
     assert check_parity(g, by_blocks.graph, by_blocks.originals).ok
-    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)])
+    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.blocks", lambda rw: [list(rw.nodes_by_id)])
     whole = run(g, target=target)
     assert whole.stats.blocks == 0
     assert by_blocks.stats.cost_after_ns == pytest.approx(whole.stats.cost_after_ns, rel=1e-12)
@@ -972,7 +972,7 @@ def test_blocks_give_the_whole_graph_result_on_stacked_random_layers(seed, layer
     by_blocks = run(g, target=target)
     assume(by_blocks.stats.blocks > 0)  # (a layer whose cut values a rule matches through is one block)
     assert check_parity(g, by_blocks.graph, by_blocks.originals).ok
-    with mock.patch("rlx_egraph.engines.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)]):
+    with mock.patch("rlx_egraph.engines.fallback.engine.blocks", lambda rw: [list(rw.nodes_by_id)]):
         whole = run(g, target=target)
     assert whole.stats.blocks == 0
     assert by_blocks.stats.cost_after_ns == pytest.approx(whole.stats.cost_after_ns, rel=1e-12)
@@ -1191,7 +1191,7 @@ def test_semi_naive_matching_gives_what_matching_near_every_change_gives(model, 
     running them near every change (the shared-input chains and the lookahead's regions included)."""
     g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
     # one block
-    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.blocks", lambda rw, through: [list(rw.nodes_by_id)])
+    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.blocks", lambda rw: [list(rw.nodes_by_id)])
     semi = run(g, target=target)
     assert semi.stats.commits["shared-input-last"] > 0
     monkeypatch.setattr("rlx_egraph.engines.fallback.engine._row_driven", lambda pattern, set_by_rules: False)

@@ -46,7 +46,7 @@ from ...ir.registry import REGISTRY, Kind, ops_of_kind
 from ...ir.rewrite import GraphRewriter
 from ...rules import STAGES, NoValue, RuleSet, load_rules
 from ..budget import Deadline, gc_paused
-from .blocks import blocks, straddles
+from .blocks import blocks
 from .facts import SETTABLE_TABLES, Facts, compile_term
 from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, plan_matcher
@@ -325,7 +325,6 @@ class _Engine:
         set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written() for p in compiled.patterns))
         self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms
                            if _row_driven(m.pattern, set_by_rules)}
-        self.straddles = straddles(compiled.patterns)
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -384,7 +383,7 @@ class _Engine:
         once per kind (the lookahead remembers regions by content) and transplanted when cheaper.  The values
         that now hold the cut values, where a rewrite can span two blocks; None when no two blocks look alike
         (the same ops and shapes in order), so that each block would be optimized once anyway."""
-        pieces = blocks(self.rw, self.straddles) if self.lookahead is not None else []
+        pieces = blocks(self.rw) if self.lookahead is not None else []
         nodes = self.nodes
         looks: set[tuple] = set()
         for block in pieces:  # up to the first block that looks like one before
