@@ -257,8 +257,8 @@ class OptimizeReport:
                 passes = (f"{fb.blocks} blocks ({fb.block_kinds} distinct, each optimized once), then {passes} "
                           "near their seams")
             lines.append(f"fallback: {sum(commits.values())} rewrites committed, {passes}; stopped: "
-                         f"{fb.stop_reason}; lookahead: {fb.chains_asked} chain starts and {fb.ties_asked} ties asked "
-                         f"about, {fb.regions_run} region runs, {starts} chains taken")
+                         f"{fb.stop_reason}; lookahead: {fb.chains_asked} chain starts asked about, {fb.regions_run} "
+                         f"region runs, {starts} chains taken")
         lines.append(f"graph: {self.nodes_before} nodes -> {self.nodes_after} nodes")
         lines.append(self.fusion.summary_line())
         if self.regions_clipped:

@@ -1,49 +1,31 @@
 """The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
 
-A graph whose layers repeat is first cut into blocks at its residual values (see :mod:`.blocks`): each kind of
-block is optimized once, as a region of its own (below), its result copied into every block of that kind, and
-the passes below then match only near the seams, where a rewrite can span two blocks.
+The stages run once, in the order of the rule files (``simplify``, ``recognize``, ``fuse``, ``blocks``), each to
+its fixpoint.  A pass of a stage
 
-Stage by stage (the saturation stages, in order: first every stage but
-``simplify``, on the graph as written, then every stage, the later ones only
-near what changed; see :meth:`_Engine.optimize`), a pass
+1. derives the helper facts: rules that only fill tables run to a fixpoint, in the order their tables depend on
+   each other (after the first pass, near what changed; a rule whose query reads only tables, semi-naively, at
+   the rows added since it last ran: see :meth:`_Engine.where`);
+2. matches every rewrite rule at the nodes of its root op and, per root, plans the best match: the right side's
+   new nodes (built and checked by the op registry, reusing identical live nodes), the uses they replace, and the
+   change of the graph's predicted cost, which is the new nodes' cost minus the cost of the nodes that die (a
+   producer another reader still needs stays alive and paid for);
+3. commits the plans that lower the cost, most gain first (of equal gains, the one rooted nearer the inputs, then
+   the rule first in file order); a plan whose nodes an earlier commit touched is matched again first.
 
-1. derives the helper facts: rules that only fill tables run to a fixpoint,
-   in the order their tables depend on each other (after the first pass, near
-   what changed; a rule whose query reads only tables, semi-naively, at the
-   rows added since it last ran, and so does a rewrite of that kind that only
-   records forms: see :meth:`_Engine.where`);
-2. matches every rewrite rule at the nodes of its root op and, per root, plans
-   the best match: the right side's new nodes (built and checked by the op
-   registry, reusing identical live nodes), the uses they replace, and the
-   change of the graph's predicted cost, which is the new nodes' cost minus
-   the cost of the nodes that die (a producer another reader still needs
-   stays alive and paid for);
-3. commits the plans that lower the cost, most gain first (of two that gain
-   the same and exclude each other, the one the lookahead shows ending
-   cheaper, else the one rooted lower); a plan whose nodes an earlier commit
-   touched is matched again at its root first.
+A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule.  Two kinds of cost-neutral step are taken,
+because chains of rules start with them: a union of a node with a new term that reads it (``w =
+ConcatParams([w])``) records a *form* of the node (see :mod:`.facts`), and a rewrite that keeps the cost, does not
+grow the graph and reads from further back than the node it replaces (``narrow-narrow``), a measure that only
+drops, so passes end.
 
-A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule: per root only
-its best plan competes, and stats and provenance use the base name.  Two kinds
-of cost-neutral steps are committed, because chains of rules start with them:
-a union of a node with a new term that reads it (``shared-input-last``:
-``w = ConcatParams([w])``) records a *form* of the node (see
-:mod:`.facts`), which the next step of the shared-input chain matches; and a
-rewrite that keeps the cost, does not grow the graph and reads from further
-back than the node it replaces (``narrow-narrow``) is taken, a measure that
-only drops, so passes still end.  Each chain step then pays by itself (one
-launch fewer), so the chain runs to its end as under egglog.
+A step that costs more by itself, or nothing, may start a chain that pays; :mod:`.lookahead` answers that on a
+region cut out around the step, and when the chain wins, the region's result replaces the region
+(:meth:`_Engine.transplant`).  The graph itself is never edited tentatively.  A graph whose layers repeat is cut
+into blocks (:mod:`.blocks`), each kind optimized once as such a region.
 
-A step that costs more by itself (and replaces its nodes outright) may start a
-chain that pays; :mod:`.lookahead` answers that on a region cut out around the
-step, and when the chain wins, the region's result replaces the region
-(:meth:`_Engine.transplant`), so the graph's cost drops by what the region
-showed.  The graph itself is never edited tentatively.
-
-Passes repeat until none commits (or a limit).  The per-node cost is the one
-extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`), so both
-engines decide with the same cost function.
+The per-node cost is the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`), so both engines decide
+with the same cost function.
 """
 
 from __future__ import annotations
@@ -64,7 +46,7 @@ from ...ir.registry import REGISTRY, Kind, ops_of_kind
 from ...ir.rewrite import GraphRewriter
 from ...rules import STAGES, NoValue, RuleSet, load_rules
 from ..budget import Deadline, gc_paused
-from .blocks import blocks, straddles
+from .blocks import blocks
 from .facts import SETTABLE_TABLES, Facts, compile_term
 from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, plan_matcher
@@ -143,7 +125,6 @@ class FallbackStats:
     nodes_before: int = 0
     nodes_after: int = 0
     chains_asked: int = 0  # chain starts asked about: costly steps, and neutral ones a paying step would destroy
-    ties_asked: int = 0  # ties between rival steps that gain the same, asked about (see _Engine.tie_goes_to_rival)
     regions_run: int = 0  # fallback runs on regions it made for them (the rest were remembered)
     blocks: int = 0  # blocks optimized one by one (see .blocks); 0: the graph is one block
     block_kinds: int = 0  # distinct blocks among them (each optimized once)
@@ -161,7 +142,7 @@ class FallbackStats:
             "passes": dict(self.passes), "stop_reason": self.stop_reason, "phases": dict(self.phases),
             "cost_before_ns": self.cost_before_ns, "cost_after_ns": self.cost_after_ns,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
-            "chains_asked": self.chains_asked, "ties_asked": self.ties_asked, "regions_run": self.regions_run,
+            "chains_asked": self.chains_asked, "regions_run": self.regions_run,
             "blocks": self.blocks, "block_kinds": self.block_kinds,
         }
 
@@ -350,7 +331,6 @@ class _Engine:
         set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written() for p in compiled.patterns))
         self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms
                            if _row_driven(m.pattern, set_by_rules)}
-        self.straddles = straddles(compiled.patterns)
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -409,7 +389,7 @@ class _Engine:
         once per kind (the lookahead remembers regions by content) and transplanted when cheaper.  The values
         that now hold the cut values, where a rewrite can span two blocks; None when no two blocks look alike
         (the same ops and shapes in order), so that each block would be optimized once anyway."""
-        pieces = blocks(self.rw, self.straddles) if self.lookahead is not None else []
+        pieces = blocks(self.rw) if self.lookahead is not None else []
         nodes = self.nodes
         looks: set[tuple] = set()
         for block in pieces:  # up to the first block that looks like one before
@@ -446,11 +426,8 @@ class _Engine:
         return {h for block in pieces[:-1] if (h := self.rw.find(block[-1])) in self.nodes}  # (the last ends the graph)
 
     def whole(self, seams: set[int] | None = None) -> None:
-        """A whole run: every stage but the first on the graph as written, then every stage (see
-        :meth:`optimize`); with ``seams``, the first round only near those (the blocks are done)."""
-        self.optimize(STAGES[1:], seams=seams)
-        if self.stats.stop_reason != STOP_TIME:
-            self.optimize(STAGES, after=STAGES[0])
+        """A whole run: every stage in order, each to its fixpoint (see :meth:`optimize`)."""
+        self.optimize(STAGES, seams=seams)
 
     def out_of_time(self) -> bool:
         """Whether the run's deadline has passed (then the stop reason says so)."""
@@ -459,15 +436,9 @@ class _Engine:
             return True
         return False
 
-    def optimize(self, stages: Sequence[str], after: str | None = None,
-                 seams: set[int] | None = None) -> None:
-        """Run ``stages`` in order, each to its fixpoint.  ``after``: the stages after that one have run to their
-        fixpoint before, so they only match near what this round has changed (leaves included: a simplification
-        can make two nodes read one input, as two linear layers of ``x`` and ``x * 1``).
-
-        A whole run does every stage but the first, then every stage: a simplification (``reshape-reshape``)
-        replaces the form it simplifies, which a rule of a later stage may need (the GQA key path of the dynamo
-        exports), while egglog keeps both; so the later stages see the graph as written first."""
+    def optimize(self, stages: Sequence[str], seams: set[int] | None = None) -> None:
+        """Run ``stages`` in order, each to its fixpoint; with ``seams``, the first pass of each only near those
+        and what the stages before changed (the blocks are done)."""
         changed: set[int] = set()
         for stage in stages:
             self.stage = stage
@@ -481,10 +452,6 @@ class _Engine:
             near: set[int] | None = None  # None: match at every root; else only near these nodes
             if seams is not None:
                 near = {n for n in seams | changed if n in self.nodes}
-            if after is not None and STAGES.index(stage) > STAGES.index(after):
-                near = {n for n in changed if n in self.nodes}
-                if not near:  # nothing new to match near
-                    continue
             while True:
                 if passes >= self.limits.max_iterations:
                     self.stats.stop_reason = STOP_ITERATIONS
@@ -548,19 +515,22 @@ class _Engine:
             self.rows_read[key] = len(log)
         return None if near is None else Near.of(self.nodes, added)
 
-    def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, int, Any, _Plan]]:
-        """The best plan of each rule (as written: its operand orders are one rule) at each root."""
-        best: dict[tuple[str, Any], tuple[float, int, Any, _Plan]] = {}
+    def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, float, int, Any, _Plan]]:
+        """The best plan of each rule (as written: its operand orders are one rule) at each root, most gain first; of
+        equal gains, the root nearest the inputs (by level, which a region cut out of the graph keeps: a block
+        decides as the whole graph does), then the rule first in file order."""
+        best: dict[tuple[str, Any], tuple[float, float, int, Any, _Plan]] = {}
         signed: dict[Any, tuple[list, list, set]] = {}  # see roots
         for k, m in enumerate(matchers):
             for root in self.roots(m, self.where(m, near), signed):
                 if self.out_of_time():  # what is collected so far is committed (each commit checks again)
-                    return sorted(best.values(), key=lambda e: e[:3])
+                    return sorted(best.values(), key=lambda e: e[:4])
                 plan = self.best_plan(m, root)
                 key = (m.pattern.base, root)
-                if plan is not None and (key not in best or plan.delta < best[key][0]):
-                    best[key] = (plan.delta, k, root, plan)
-        return sorted(best.values(), key=lambda e: e[:3])
+                if plan is not None and (key not in best or plan.delta < best[key][-1].delta):
+                    level = self.rw.level(root) if isinstance(root, int) else 0.0
+                    best[key] = (round(plan.delta, 6), level, k, root, plan)  # (gains equal to the last digits tie)
+        return sorted(best.values(), key=lambda e: e[:4])
 
     def roots(self, matcher: Matcher, near: Near | None, signed: dict[Any, tuple[list, list, set]]) -> list[Any]:
         """The matcher's candidate roots (see :meth:`Matcher.candidates`) whose inputs' ops fit it.  ``signed``:
@@ -597,6 +567,9 @@ class _Engine:
         return ops
 
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
+        """The match at ``root`` that lowers the cost most; a cost-neutral one is worth the gain of the chain it
+        starts (a paying step that would destroy it then comes after it), and a costly one is taken only when the
+        chain it starts pays (see :meth:`chain_start`)."""
         stats = self.stats.rules[matcher.pattern.base]
         best: _Plan | None = None
         costly: list[_Plan] = []  # plans that cost more by themselves
@@ -612,6 +585,8 @@ class _Engine:
             best = self.chain_start(min(costly, key=lambda p: p.delta))
             if best is not None:
                 costly.remove(best)
+        elif best is not None and best.delta > -EPS and not best.forms and self.chain is None:
+            best = self.chain_start(best) or best  # a cost-neutral step: worth the chain it starts, if one pays
         for _ in costly:
             stats.reject(NO_GAIN)
         return best.settle(self.nodes) if best is not None else None
@@ -648,42 +623,16 @@ class _Engine:
         plan.delta, plan.chain = chain.gain_ns, chain
         return plan
 
-    def commit(self, entries: list[tuple[float, int, Any, _Plan]]) -> tuple[int, set[int]]:
-        """Commit plans, most gain first.  A plan is skipped when the undecided plans it
-        would destroy gain more together (one level of lookahead; a cost-neutral one counts
-        the gain of the chain it starts, asked of the lookahead then), or when one of them
-        gains exactly as much and should go first (:meth:`tie_goes_to_rival`), and matched
-        again at its root when an earlier commit touched its nodes."""
-        plans = [e[3] for e in entries]
-        needed_by: dict[int, list[int]] = {}
-        destroyed_by: dict[int, list[int]] = {}
-        for k, plan in enumerate(plans):
-            for n in plan.needs:
-                needed_by.setdefault(n, []).append(k)
-            for n in plan.destroys:
-                destroyed_by.setdefault(n, []).append(k)
-        decided = [False] * len(plans)
-        valued: set[int] = set()  # plans whose chain the lookahead was asked about as a rival
+    def commit(self, entries: list[tuple[float, float, int, Any, _Plan]]) -> tuple[int, set[int]]:
+        """Commit plans in order (see :meth:`collect`), each matched again at its root first when an earlier commit
+        touched its nodes."""
         touched: set[int] = set()
         died: set[int] = set()
         self.rw.touched = set()
         done = 0
-        for k, plan in enumerate(plans):
+        for plan in (e[-1] for e in entries):
             if self.out_of_time():
                 break
-            decided[k] = True
-            rivals = {j for n in plan.destroys for j in needed_by.get(n, ()) if not decided[j]}
-            rivals |= {j for n in plan.needs for j in destroyed_by.get(n, ()) if not decided[j]}
-            for j in sorted(rivals - valued):  # a cost-neutral rival is worth the chain it starts, if one pays
-                valued.add(j)
-                rival = plans[j]
-                if rival.stale(touched, died):  # matched before an earlier commit changed its nodes: no region
-                    continue
-                if self.lookahead is not None and -EPS <= rival.delta <= EPS and not rival.forms \
-                        and self.chain_start(rival) is not None:
-                    rival.settle(self.nodes)
-            if rivals and _independent_gain([plans[j] for j in sorted(rivals)]) > -plan.delta:
-                continue
             if self.known_forms(plan.unions, plan.forms):  # an earlier plan of this batch added them
                 continue
             if plan.stale(touched, died):
@@ -693,8 +642,6 @@ class _Engine:
                 if fresh is None:
                     continue
                 plan = fresh
-            if rivals and self.tie_goes_to_rival(plan, [plans[j] for j in sorted(rivals)], touched, died):
-                continue
             if plan.chain is not None:
                 self.transplant(plan.chain)
                 self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
@@ -712,33 +659,6 @@ class _Engine:
                     if self.rw.find(nid) != nid:
                         self.facts.replaced(nid)
         return done, touched
-
-    def tie_goes_to_rival(self, plan: _Plan, rivals: list[_Plan], touched: set[int], died: set[int]) -> bool:
-        """Whether a rival that gains exactly what ``plan`` gains, and that ``plan`` would destroy, goes first.
-        The lookahead runs the region around both with each taken first, and the cheaper end decides; where it
-        cannot tell (or inside a region), the one rooted lower goes first.  Both orders occur: ``matmul-add``
-        before ``residual-rms-norm`` on one residual Add keeps the norm for ``rms-norm-matmul`` once the
-        shared-input chain has made the wide matmul that reads it (T5 on cuda and metal), while ``matmul-bias``
-        before the lower ``rms-norm-matmul`` on one MatMul lets ``matmul-bias-silu`` follow.  ``plan`` is fresh;
-        a rival an earlier commit of the pass touched is matched again first."""
-        if not isinstance(plan.root, int):
-            return False
-        tolerance, level = EPS * max(1.0, abs(plan.delta)), self.rw.level
-        for rival in rivals:
-            if not isinstance(rival.root, int) or rival.root not in self.nodes:
-                continue
-            if rival.stale(touched, died):
-                fresh = self.best_plan(rival.matcher, rival.root) if rival.matcher.alive(rival.root) else None
-                if fresh is None:
-                    continue
-                rival = fresh
-            if abs(rival.delta - plan.delta) > tolerance:
-                continue
-            first = None if self.lookahead is None else self.lookahead.first(
-                self.rw, self.param_order, plan, rival, self.stage, CHAIN_EPS * self.stats.cost_before_ns)
-            if first is rival or (first is None and level(rival.root) < level(plan.root)):
-                return True
-        return False
 
     # --- planning and applying ---------------------------------------------------------------
 
@@ -1070,7 +990,7 @@ class _Engine:
         t0 = time.perf_counter()
         self.stats.cost_after_ns = self.dag_ns()
         if self.lookahead is not None:
-            self.stats.chains_asked, self.stats.ties_asked = self.lookahead.asked, self.lookahead.ties
+            self.stats.chains_asked = self.lookahead.asked
             self.stats.regions_run = sum(stage is not None for stage, *_ in self.lookahead.runs)
             self.stats.block_kinds = len(self.lookahead.runs) - self.stats.regions_run
         out = self.rw.finish()
@@ -1148,15 +1068,6 @@ def _inputs(action: Build, env: list, slots: Mapping[str, int], rule: str) -> li
             else:
                 inputs.append(v)
     return inputs
-
-
-def _independent_gain(plans: list[_Plan]) -> float:
-    """Gain of a greedy set of the plans (most gain first) that do not destroy each other's nodes."""
-    chosen: list[_Plan] = []
-    for plan in sorted(plans, key=lambda p: p.delta):
-        if all(not (plan.destroys & c.needs or c.destroys & plan.needs) for c in chosen):
-            chosen.append(plan)
-    return -sum(p.delta for p in chosen)
 
 
 def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:

@@ -1,5 +1,4 @@
-"""Lookahead: whether a rewrite that costs more by itself (or nothing, when a paying rewrite would destroy it)
-starts a chain of rewrites that pays, and which of two rival rewrites that gain the same should go first.
+"""Lookahead: whether a rewrite that costs more by itself, or nothing, starts a chain of rewrites that pays.
 
 egglog keeps every form a rule makes and lets extraction pick, so a chain whose
 first step costs more than it saves (on onnxruntime, one wide linear layer and
@@ -93,7 +92,6 @@ class Lookahead:
         self.names = names  # names of leaves that rules match (see cut_out)
         self.runs: dict[tuple, RegionRun] = {}
         self.asked = 0  # chain starts asked about
-        self.ties = 0  # ties between rival steps asked about
 
     def chain(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
               margin_ns: float) -> Chain | None:
@@ -112,20 +110,6 @@ class Lookahead:
         if gain >= -margin_ns:
             return None
         return Chain(gain, taken, back)
-
-    def first(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, rival: _Plan, stage: str,
-              margin_ns: float) -> _Plan | None:
-        """Of two steps that gain the same by themselves and exclude each other, the one whose region (around
-        both) ends cheaper, by more than ``margin_ns``, when it is taken first; None when neither does.  Each
-        run takes what pays after the step, as the whole graph would (no chain is followed)."""
-        self.ties += 1
-        region, local, _ = _region(rw, param_order, [plan, rival], self.names)
-        plan_first, rival_first = (
-            self.run(region, stage, _local_step(p, dict(local), len(region)), NO_FOLLOW).cost_ns
-            for p in (plan, rival))
-        if abs(plan_first - rival_first) <= margin_ns:
-            return None
-        return plan if plan_first < rival_first else rival
 
     def run(self, region: Region, stage: str | None, step: _Plan | None, follow: int = NO_FOLLOW) -> RegionRun:
         """``region`` optimized from ``stage`` on (None: as a whole run, see ``_Engine.replay``), remembered."""
