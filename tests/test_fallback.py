@@ -83,6 +83,37 @@ def gelu_tanh(cube: str = "pow", product: str = "x_o_half") -> Callable[[], Grap
     return unary(body)
 
 
+GELU_K, GELU_C = 0.044715, 0.7978845608028654
+# tanh GELU's argument c * (x + k x^3) in the associations the scalar-chain rules cover
+GELU_ARGS: dict[str, Callable[[Graph, int], int]] = {
+    "x_cube": lambda g, x: g.mul(g.scalar(GELU_C), g.add(x, g.mul(g.scalar(GELU_K), g.pow(x, g.scalar(3.0))))),
+    "scaled_cube": lambda g, x: g.add(g.mul(g.scalar(GELU_C), x),
+                                      g.mul(g.scalar(GELU_C * GELU_K), g.pow(x, g.scalar(3.0)))),
+    "x_factored": lambda g, x: g.mul(g.scalar(GELU_C), g.mul(x, g.add(g.scalar(1.0), g.mul(g.scalar(GELU_K),
+                                                                                           g.mul(x, x))))),
+    "x_factored_pow": lambda g, x: g.mul(g.mul(x, g.add(g.scalar(1.0), g.mul(g.scalar(GELU_K),
+                                                                              g.pow(x, g.scalar(2.0))))),
+                                         g.scalar(GELU_C)),
+    "scaled_factored": lambda g, x: g.mul(g.mul(g.scalar(GELU_C), x),
+                                          g.add(g.scalar(1.0), g.mul(g.mul(g.scalar(GELU_K), x), x))),
+    "times_x": lambda g, x: g.mul(g.scalar(GELU_C), g.add(x, g.mul(g.mul(g.mul(g.scalar(GELU_K), x), x), x))),
+    "product": lambda g, x: g.mul(g.scalar(GELU_C), g.add(x, g.mul(g.mul(g.scalar(GELU_K), x), g.mul(x, x)))),
+    "by_constant": lambda g, x: g.mul(g.scalar(GELU_C), g.add(x, g.div(g.pow(x, g.scalar(3.0)),
+                                                                        g.scalar(1.0 / GELU_K)))),
+}
+
+
+def gelu_chain(arg: str = "x_cube", product: str = "half_x_o", erf: bool = False) -> Callable[[], Graph]:
+    """tanh GELU with its argument as GELU_ARGS[arg] (``erf``: erf GELU), the product 0.5 * x * O written
+    (0.5 * x) * O (``half_x_o``) or (x / 2) * O (``x_div_2_o``)."""
+    def body(g: Graph, x: int) -> int:
+        inner = g.erf(g.div(x, g.scalar(SQRT_2))) if erf else g.tanh(GELU_ARGS[arg](g, x))
+        o = g.add(g.scalar(1.0), inner)
+        half = g.mul(g.scalar(0.5), x) if product == "half_x_o" else g.div(x, g.scalar(2.0))
+        return g.mul(half, o)
+    return unary(body)
+
+
 def layer_norm(normed: str = "div") -> Callable[[], Graph]:
     def body(g: Graph, x: int) -> int:
         d = g.sub(x, g.reduce_mean(x, axes=(-1,), keepdims=True))
@@ -436,6 +467,23 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "gelu-tanh-x-o-half": (gelu_tanh(product="x_o_half"), GELU),
     "gelu-tanh-x-half-o": (gelu_tanh(product="x_half_o"), GELU),
     "gelu-tanh-x-by-half-o": (gelu_tanh(product="x_by_half_o"), GELU),
+    "x-power-square": (gelu_chain("x_factored"), GELU),
+    "x-power-pow-2": (gelu_chain("x_factored_pow"), GELU),
+    "x-power-pow-3": (gelu_chain("x_cube"), GELU),
+    "x-power-scaled": (gelu_chain("times_x"), GELU),
+    "x-power-divided": (gelu_chain(product="x_div_2_o"), GELU),
+    "x-power-times-constant": (gelu_chain("x_cube"), GELU),
+    "x-power-by-constant": (gelu_chain("by_constant"), GELU),
+    "x-power-times-x": (gelu_chain("times_x"), GELU),
+    "x-power-product": (gelu_chain("product"), GELU),
+    "gelu-arg-x-cube": (gelu_chain("x_cube"), GELU),
+    "gelu-arg-scaled-cube": (gelu_chain("scaled_cube"), GELU),
+    "gelu-arg-x-factored": (gelu_chain("x_factored"), GELU),
+    "gelu-arg-scaled-factored": (gelu_chain("scaled_factored"), GELU),
+    "gelu-arg-times-constant": (gelu_chain("x_cube"), GELU),
+    "gelu-tanh-one-arg": (gelu_chain("scaled_factored", "x_div_2_o"), GELU),
+    "gelu-tanh-half-x-o": (gelu_chain("product", "x_div_2_o"), GELU),
+    "gelu-erf-half-x-o": (gelu_chain(product="x_div_2_o", erf=True), GELU),
     "ln-centered": (layer_norm(), LN),
     "ln-std": (layer_norm("div"), LN),
     "ln-normed-div": (layer_norm("div"), LN),
