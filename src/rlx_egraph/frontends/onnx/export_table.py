@@ -424,19 +424,26 @@ def _known(b: Builder, name: str) -> np.ndarray | None:
 
 
 def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """RotaryEmbedding (opset 23) on split heads [B, H, S, D] when cos and sin have the form it takes: the same for
-    every head, with equal halves ([c, c]); its caches are the first halves [B, S, D/2].  Known tables are checked
-    by value; tables computed at run time (symbolic dims) by form: [B or 1, 1, S, D] of a Cos or Sin of a Concat of
-    one value with itself, and the caches are their first halves, sliced at run time."""
+    """RotaryEmbedding (opset 23; ``rotary_embedding_dim`` for part of the head, ``interleaved`` for pairs) on
+    split heads [B, H, S, D], or on [B, S, H, D] through its [B, S, H * D] view (``num_heads``), when cos and sin
+    have the form it takes: the same for every head, with equal halves ([c, c]; equal pairs when interleaved); its
+    caches are one of each [B, S, R / 2] for the R channels rotated.  Known tables are checked by value; tables
+    computed at run time (symbolic dims) by form: [B or 1, 1, S, R] of a Cos or Sin of a Concat of one value with
+    itself (rotate-half on split heads), and the caches are their first halves, sliced at run time."""
     shape = types[0].shape
     if len(shape) != 4:
         return None
+    rotated, interleaved = node.attrs["rotary_dim"] or shape[-1], node.attrs["interleaved"]
+    half = rotated // 2
+    tables = [(_known(b, name), name, nid, t) for name, nid, t in zip(ins[1:], node.inputs[1:], types[1:],
+                                                                     strict=True)]
+    head_axis = _rotary_head_axis(shape, rotated, [t for *_, t in tables])
+    if head_axis is None:
+        return None
     caches = []
-    half = shape[-1] // 2
-    for name, nid, t in zip(ins[1:], node.inputs[1:], types[1:], strict=True):
-        table = _known(b, name)
+    for table, name, nid, t in tables:
         if table is None:
-            if not _halves_alike(b, nid) or t.rank != 4 or t.shape[1] != 1 or t.shape[2:] != shape[2:]:
+            if interleaved or head_axis != 1 or not _halves_alike(b, nid) or t.shape[2:] != (shape[2], rotated):
                 return None
             key = ("rotary cache", name, shape[0])
             if key not in b.dim_tensors:  # q and k read the same tables: one cache each
@@ -447,12 +454,31 @@ def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> 
             continue
         if not all(isinstance(d, int) for d in shape):
             return None
-        full = np.broadcast_to(table, shape)
-        if not (np.array_equal(full[..., :half], full[..., half:]) and np.array_equal(full, full[:, :1].repeat(
-                shape[1], axis=1))):
+        full = np.moveaxis(np.broadcast_to(table, (*shape[:-1], rotated)), head_axis, 1)  # [B, H, S, R]
+        first, second = (full[..., 0::2], full[..., 1::2]) if interleaved else (full[..., :half], full[..., half:])
+        if not (np.array_equal(first, second) and np.array_equal(full, full[:, :1].repeat(full.shape[1], axis=1))):
             return None
-        caches.append(b.const(np.ascontiguousarray(full[:, 0, :, :half]), t.dtype))
-    return b.op("RotaryEmbedding", [ins[0], *caches])
+        caches.append(b.const(np.ascontiguousarray(first[:, 0]), t.dtype))
+    attrs = {"interleaved": 1} if interleaved else {}
+    if rotated != shape[-1]:
+        attrs["rotary_embedding_dim"] = rotated
+    if head_axis == 1:
+        return b.op("RotaryEmbedding", [ins[0], *caches], **attrs)
+    merged = b.reshape(ins[0], (*shape[:2], shape[2] * shape[3]))
+    b.shapes[merged] = (*shape[:2], shape[2] * shape[3])
+    return b.reshape(b.op("RotaryEmbedding", [merged, *caches], num_heads=shape[2], **attrs), shape)
+
+
+def _rotary_head_axis(shape: tuple, rotated: int, tables: list[TensorType]) -> int | None:
+    """The heads' axis of x [B, ., ., D] under RotaryEmbedding's tables: 1 ([B, H, S, D], tables [.., 1, S, R]) or
+    2 ([B, S, H, D], tables [.., S, 1, R]); None when the tables vary along both (or are not of that form)."""
+    padded = [(1,) * (4 - t.rank) + tuple(t.shape) for t in tables]
+    if any(p[-1] != rotated for p in padded):
+        return None
+    for axis, seq in ((1, 2), (2, 1)):
+        if all(p[axis] == 1 and p[seq] in (1, shape[seq]) for p in padded):
+            return axis
+    return None
 
 
 def _halves_alike(b: Builder, nid: int) -> bool:
