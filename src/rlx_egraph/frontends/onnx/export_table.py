@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...ir.dims import symbols_of
+from ...ir.dims import Dim, symbols_of
 from ...ir.dtypes import dtype
 from ...ir.ops.attention import repeat_kv
 from ...ir.ops.onnx_op import ONNX_DTYPES
@@ -403,17 +403,44 @@ def _decoding_inputs_at_run_time(b: Builder, node: Node, ins: list[str], types: 
 
 def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     """com.microsoft Attention: the packed projection, the heads and the additive bias (its attention_bias
-    input, expanded to [B or 1, H or 1, S, S]: once per mask) or the causal mask (unidirectional) in one
-    kernel; its [B, S, H*D] result reshaped to the op's [B, S, H, D] (a view)."""
-    bias = ""
-    if len(ins) > 3:
+    input, expanded to [B or 1, H or 1, S, S]: once per mask; a bias that only hides padded keys as its 2-D
+    mask_index, :func:`_key_padding_mask`) or the causal mask (unidirectional) in one kernel; its [B, S, H*D]
+    result reshaped to the op's [B, S, H, D] (a view)."""
+    bias, mask, masked = "", "", {}
+    padding = _key_padding_mask(b, node.inputs[3], *node.shape[:2]) if len(ins) > 3 else None
+    if padding is not None:
+        mask, masked = padding[0], {"mask_filter_value": padding[1]}
+    elif len(ins) > 3:
         bias, shape = ins[3], types[3].shape
         if shape[2] != shape[3]:
             bias = b.expand(bias, [*shape[:2], shape[3], shape[3]])
-    ctx = b.op("Attention", [*ins[:3], "", "", bias], domain=MS, num_heads=node.attrs["heads"],
-               scale=node.attrs["scale"], unidirectional=int(node.attrs["causal"]))
+    ctx = b.op("Attention", [*ins[:3], mask, "", bias], domain=MS, num_heads=node.attrs["heads"],
+               scale=node.attrs["scale"], unidirectional=int(node.attrs["causal"]), **masked)
     b.shapes[ctx] = (*node.shape[:2], node.shape[2] * node.shape[3])
     return b.reshape(ctx, node.shape)
+
+
+def _key_padding_mask(b: Builder, nid: int, batch: Dim, keys: Dim) -> tuple[str, float] | None:
+    """An attention bias that only hides keys: Where(keep, 0, c) with ``keep`` a [B, S] bool padding mask viewed
+    as [B, 1, 1, S] (a Reshape), broadcast along the queries or not (an Expand).  Attention takes it as its 2-D
+    mask_index (keep as int32, one Cast per mask) and adds c where it is 0 (mask_filter_value): the same sum.
+    Returns that mask and c; None for any other bias."""
+    graph = b.graph
+    where = graph.node(nid) if graph is not None else None
+    if where is None or where.op != "Where":
+        return None
+    cond, zero, fill = (graph.node(i) for i in where.inputs)
+    if zero.op != "Scalar" or zero.attrs["value"] != 0.0 or fill.op != "Scalar":
+        return None
+    cond = graph.node(cond.inputs[0]) if cond.op == "Expand" else cond
+    keep = graph.node(cond.inputs[0]) if cond.op == "Reshape" and cond.shape == (batch, 1, 1, keys) else None
+    if keep is None or keep.shape != (batch, keys) or keep.dtype != "bool" or not isinstance(b.written.get(keep.id),
+                                                                                                 str):
+        return None
+    key = ("key padding mask", keep.id)
+    if key not in b.dim_tensors:
+        b.dim_tensors[key] = b.op("Cast", [b.written[keep.id]], to=ONNX_DTYPES["i32"])
+    return b.dim_tensors[key], fill.attrs["value"]
 
 
 def _known(b: Builder, name: str) -> np.ndarray | None:

@@ -57,6 +57,7 @@ class Builder:
         self.views: dict[str, str] = {}  # a Reshape written by reshape() -> the value it reshapes
         self.transposed: dict[str, tuple[str, tuple[int, ...]]] = {}  # a Transpose by transpose() -> (input, perm)
         self.label: str | None = None  # the name the nodes written for the current MIR node take (made unique)
+        self.written: dict[int, Any] = {}  # a node of ``graph`` already written -> its output name(s)
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0
@@ -385,7 +386,7 @@ def export_model(graph: Graph, path: str | Path | None = None, external_data: bo
     check_weights(graph)
     outs = output_names(graph)
     b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs, graph)
-    names: dict[int, Any] = {}
+    names: dict[int, Any] = b.written
     weights: dict[int, np.ndarray] = {}
     for node in graph.nodes:
         b.label = export_name(graph, node)
