@@ -22,6 +22,7 @@ from rlx_egraph.engines.fallback.engine import NO_GAIN, _Engine, _row_driven, co
 from rlx_egraph.engines.fallback.facts import Facts
 from rlx_egraph.engines.fallback.matcher import plan_matcher, schedule
 from rlx_egraph.engines.fallback.pattern import FACTS, TableDecl
+from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.ir.graph import Node, check_node
 from rlx_egraph.ir.rewrite import GraphRewriter, node_key
 from rlx_egraph.kernels.parity import check_parity
@@ -377,6 +378,17 @@ def rotate_half_rope() -> Graph:
     return g
 
 
+def rope(rotated: int, interleaved: bool) -> Callable[[], Graph]:
+    """RotaryEmbedding's decomposition over ``rotated`` of x's 8 channels (rotate-half or neighbouring pairs)."""
+    def build() -> Graph:
+        g = Graph()
+        x = g.input("x", (2, 2, 4, 8))
+        cos, sin = g.param("cos", (4, rotated)), g.param("sin", (4, rotated))
+        g.set_outputs([g.rotary_embedding(x, cos, sin, rotary_dim=rotated % 8, interleaved=interleaved)])
+        return decompose(g, {"RotaryEmbedding"})
+    return build
+
+
 ATTN = {"BiasedAttention": 1, "Softmax": 0}
 QKV_ATTN = {"QkvAttention": 1, "BiasedAttention": 0, "Transpose": 0, "Narrow": 0}
 GELU = {"Gelu": 1, "Erf": 0, "Tanh": 0}
@@ -452,20 +464,17 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "qkv-attention": (packed_attention(out_rows=True), QKV_ATTN),
     "qkv-attention-causal": (packed_attention(causal=True), QKV_ATTN | {"CausalAttention": 0}),
     "qkv-attention-plain": (packed_attention(plain=True), QKV_ATTN | {"Softmax": 0, "MatMul": 0}),
+    "rope-interleaved": (rope(8, True), {"RotaryEmbedding": 1, "Concat": 0, "Neg": 0, "Narrow": 0}),
+    "rope-partial": (rope(4, False), {"RotaryEmbedding": 1, "Concat": 0, "Neg": 0, "Narrow": 0}),
     "silu-mul-sigmoid": (unary(lambda g, x: g.mul(x, g.sigmoid(x))), {"Silu": 1, "Sigmoid": 0}),
     "quick-gelu": (unary(lambda g, x: g.mul(x, g.sigmoid(g.mul(x, g.scalar(1.702))))), {"QuickGelu": 1, "Sigmoid": 0}),
     "gelu-erf-div": (gelu_erf(arg="div"), GELU),
     "gelu-erf-mul": (gelu_erf(arg="mul"), GELU),
     "gelu-erf-plus-one": (gelu_erf(one="plus"), GELU),
     "gelu-erf-x-o-half": (gelu_erf(product="x_o_half"), GELU),
-    "gelu-erf-x-half-o": (gelu_erf(product="x_half_o"), GELU),
     "gelu-erf-x-by-half-o": (gelu_erf(product="x_by_half_o"), GELU),
-    "gelu-cube-pow": (gelu_tanh(cube="pow"), GELU),
-    "gelu-cube-mul": (gelu_tanh(cube="mul"), GELU),
-    "gelu-tanh-inner": (gelu_tanh(), GELU),
     "gelu-tanh-one": (gelu_tanh(), GELU),
     "gelu-tanh-x-o-half": (gelu_tanh(product="x_o_half"), GELU),
-    "gelu-tanh-x-half-o": (gelu_tanh(product="x_half_o"), GELU),
     "gelu-tanh-x-by-half-o": (gelu_tanh(product="x_by_half_o"), GELU),
     "x-power-square": (gelu_chain("x_factored"), GELU),
     "x-power-pow-2": (gelu_chain("x_factored_pow"), GELU),
@@ -481,7 +490,6 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "gelu-arg-x-factored": (gelu_chain("x_factored"), GELU),
     "gelu-arg-scaled-factored": (gelu_chain("scaled_factored"), GELU),
     "gelu-arg-times-constant": (gelu_chain("x_cube"), GELU),
-    "gelu-tanh-one-arg": (gelu_chain("scaled_factored", "x_div_2_o"), GELU),
     "gelu-tanh-half-x-o": (gelu_chain("product", "x_div_2_o"), GELU),
     "gelu-erf-half-x-o": (gelu_chain(product="x_div_2_o", erf=True), GELU),
     "ln-centered": (layer_norm(), LN),
@@ -631,10 +639,14 @@ def test_other_operand_orders_fire_under_the_base_rule_name(case):
     check_rule_fires(*ORDERS[case])
 
 
+# Rules checked on another target than cpu: part of a head rotated (the Narrows and Concat it folds are free on cpu).
+CASE_TARGETS = {"rope-partial": "onnxruntime"}
+
+
 def check_rule_fires(rule: str, build: Callable[[], Graph], expected: dict[str, int]) -> None:
     g = build()
     before = g.to_dict()
-    result = run(g)
+    result = run(g, target=CASE_TARGETS.get(rule, "cpu"))
     assert g.to_dict() == before  # the input is never changed
     assert all("#" not in name for name in result.stats.rules)  # counted under base names
     stats = result.stats.rules[rule]

@@ -11,8 +11,9 @@ import numpy as np
 import onnx
 
 from onnx_models import F, OnnxBuilder, feeds
-from rlx_egraph import optimize
+from rlx_egraph import Graph, optimize, optimize_with_report
 from rlx_egraph.onnx import export_model, import_model
+from rlx_egraph.report.fusion import NEAR_MISS
 from test_onnx_import import run_ort
 
 K, C = 0.044715, 0.7978845608028654
@@ -55,3 +56,16 @@ def test_every_association_of_tanh_gelu_exports_as_fast_gelu_with_its_bias() -> 
     assert all(len(n.input) == 2 for n in exported.graph.node if n.op_type == "FastGelu")  # the bias inside
     inputs = feeds(model, {"x": (2, 5, 16)})
     np.testing.assert_allclose(run_ort(exported, inputs)[0], run_ort(model, inputs)[0], rtol=0, atol=1e-5)
+
+
+def test_a_tanh_gelu_scaled_by_other_than_a_half_is_a_near_miss_of_the_scalar_chain_rule() -> None:
+    """0.6 x * (1 + tanh(c (x + k x^3))) is no GELU: the one near miss is the rule that reads the chain, naming the
+    guard on x-power's constant that failed."""
+    g = Graph()
+    x = g.input("x", (4, 16))
+    inner = g.mul(g.add(x, g.mul(g.mul(g.mul(x, x), x), g.scalar(K))), g.scalar(C))
+    g.set_outputs([g.mul(g.mul(x, g.scalar(0.6)), g.add(g.tanh(inner), g.scalar(1.0)))])
+    _, report = optimize_with_report(g, regions=False)
+    (miss,) = report.fusion.missed
+    assert (miss.kind, miss.op, miss.rule, miss.reason) == (NEAR_MISS, "Gelu", "gelu-tanh-half-x-o", "guard")
+    assert miss.detail.endswith("except that the guard (< (abs (- ?c 0.5)) 0.000000001) does not hold")
