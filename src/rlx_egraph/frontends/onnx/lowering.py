@@ -485,9 +485,11 @@ def _every_kth(imp: Importer, name: str, axes: list[int], starts: list[int], end
                steps: list[int]) -> Outputs:
     """One axis of static size ``n`` cut every ``k``-th element from ``s < k`` to its end (``x[..., 1::2]``, the
     odd channels of interleaved RoPE): the axis viewed as ``[n / k, k]``, column ``s`` narrowed out and the view
-    undone (Reshape, Narrow, Reshape), the form every rule reads.  None (an ONNX Slice) for any other step."""
+    undone (Reshape, Narrow, Reshape), the form every rule reads.  None (an ONNX Slice) for any other step, and on
+    symbolic shapes: there interleaved RoPE's tables are computed at run time, which the export cannot hand to
+    RotaryEmbedding, and its decomposition would write more nodes than the Slice."""
     shape = imp.type(name).shape
-    if len(axes) != 1 or not isinstance(shape[axes[0]], int) or symbols_of([*starts, *ends]):
+    if len(axes) != 1 or symbols_of([*shape, *starts, *ends]):
         return None
     (axis,), (start,), (end,), (k,) = axes, starts, ends, steps
     n = shape[axis]
