@@ -276,9 +276,14 @@ def _emit(b: Builder, graph: Graph, node: Node, ins: list[Any],
     slots = [scratch.input(f"in{k}", t.shape, t.dtype) for k, t in enumerate(types)]
     result = unfold(scratch, slots, node.attrs)
     names = dict(zip(slots, ins, strict=True))
-    for inner in scratch.nodes:
-        if inner.id not in names:
-            names[inner.id] = _emit(b, scratch, inner, [names[i] for i in inner.inputs], {})
+    outer = b.graph, b.written
+    b.graph, b.written = scratch, names  # export forms that look at producers and readers look in the unfused form
+    try:
+        for inner in scratch.nodes:
+            if inner.id not in names:
+                names[inner.id] = _emit(b, scratch, inner, [names[i] for i in inner.inputs], {})
+    finally:
+        b.graph, b.written = outer
     return tuple(names[r] for r in result) if isinstance(result, tuple) else names[result]
 
 
