@@ -52,7 +52,7 @@ def test_attention_reads_and_writes_merged_heads_with_no_layout_node_between_gem
     Transpose, 7 Reshapes left of 11 (x's rows once for the three projections, each projection's result
     to [B, S, E] for Attention, the context's rows, the output's [B, S, E], the mask's), one launch per op."""
     model = rows_attention_model()
-    exported = export_model(optimize(import_model(model), target="onnxruntime"))
+    exported = export_model(optimize(import_model(model), target="onnxruntime", verify=False))
     ops = Counter(n.op_type for n in exported.graph.node)
     assert ops == Counter({"Reshape": 7, "Gemm": 4, "Attention": 1, "Where": 1, "Expand": 1, "Add": 1,
                            "Identity": 1})

@@ -167,8 +167,8 @@ class GraphBuilders:
         """Append a RmsNormGradX node (backward)."""
     def rope(self, x: int, *, theta: float = 10000.0) -> int:
         """Append a RoPE node (elementwise). Rotary position embedding (rotate-half) over [..., S, D]."""
-    def rotary_embedding(self, x: int, cos: int, sin: int) -> int:
-        """Append a RotaryEmbedding node (fused). x * cos + rotate_half(x) * sin (RoPE with given tables, rotate-half convention)."""
+    def rotary_embedding(self, x: int, cos: int, sin: int, *, rotary_dim: int = 0, interleaved: bool = False) -> int:
+        """Append a RotaryEmbedding node (fused). x * cos + rotate(x) * sin on the first rotary_dim channels (0: all), the rest passed through (RoPE with given tables; rotate_half, or neighbouring pairs when interleaved)."""
     def rsqrt(self, x: int) -> int:
         """Append a Rsqrt node (elementwise). Elementwise Rsqrt."""
     def sigmoid(self, x: int) -> int:

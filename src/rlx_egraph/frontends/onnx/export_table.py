@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...ir.dims import symbols_of
+from ...ir.dims import Dim, symbols_of
 from ...ir.dtypes import dtype
 from ...ir.ops.attention import repeat_kv
 from ...ir.ops.onnx_op import ONNX_DTYPES
@@ -403,15 +403,19 @@ def _decoding_inputs_at_run_time(b: Builder, node: Node, ins: list[str], types: 
 
 def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     """com.microsoft Attention: the packed projection, the heads and the additive bias (its attention_bias
-    input, expanded to [B or 1, H or 1, S, S]: once per mask) or the causal mask (unidirectional) in one
-    kernel; its [B, S, H*D] result reshaped to the op's [B, S, H, D] (a view)."""
-    bias = ""
-    if len(ins) > 3:
+    input, expanded to [B or 1, H or 1, S, S]: once per mask; a bias that only hides padded keys as its 2-D
+    mask_index, :func:`_key_padding_mask`) or the causal mask (unidirectional) in one kernel; its [B, S, H*D]
+    result reshaped to the op's [B, S, H, D] (a view)."""
+    bias, mask, masked = "", "", {}
+    padding = _key_padding_mask(b, node.inputs[3], *node.shape[:2]) if len(ins) > 3 else None
+    if padding is not None:
+        mask, masked = padding[0], {"mask_filter_value": padding[1]}
+    elif len(ins) > 3:
         bias, shape = ins[3], types[3].shape
         if shape[2] != shape[3]:
             bias = b.expand(bias, [*shape[:2], shape[3], shape[3]])
-    ctx = b.op("Attention", [*ins[:3], "", "", bias], domain=MS, num_heads=node.attrs["heads"],
-               scale=node.attrs["scale"], unidirectional=int(node.attrs["causal"]))
+    ctx = b.op("Attention", [*ins[:3], mask, "", bias], domain=MS, num_heads=node.attrs["heads"],
+               scale=node.attrs["scale"], unidirectional=int(node.attrs["causal"]), **masked)
     b.shapes[ctx] = (*node.shape[:2], node.shape[2] * node.shape[3])
     return b.reshape(ctx, node.shape)
 
@@ -440,6 +444,29 @@ def _multi_head_attention(b: Builder, node: Node, ins: list[str], types: list[Te
     return b.reshape(ctx, node.shape)
 
 
+def _key_padding_mask(b: Builder, nid: int, batch: Dim, keys: Dim) -> tuple[str, float] | None:
+    """An attention bias that only hides keys: Where(keep, 0, c) with ``keep`` a [B, S] bool padding mask viewed
+    as [B, 1, 1, S] (a Reshape), broadcast along the queries or not (an Expand).  Attention takes it as its 2-D
+    mask_index (keep as int32, one Cast per mask) and adds c where it is 0 (mask_filter_value): the same sum.
+    Returns that mask and c; None for any other bias."""
+    graph = b.graph
+    where = graph.node(nid) if graph is not None else None
+    if where is None or where.op != "Where":
+        return None
+    cond, zero, fill = (graph.node(i) for i in where.inputs)
+    if zero.op != "Scalar" or zero.attrs["value"] != 0.0 or fill.op != "Scalar":
+        return None
+    cond = graph.node(cond.inputs[0]) if cond.op == "Expand" else cond
+    keep = graph.node(cond.inputs[0]) if cond.op == "Reshape" and cond.shape == (batch, 1, 1, keys) else None
+    if keep is None or keep.shape != (batch, keys) or keep.dtype != "bool" or not isinstance(b.written.get(keep.id),
+                                                                                                 str):
+        return None
+    key = ("key padding mask", keep.id)
+    if key not in b.dim_tensors:
+        b.dim_tensors[key] = b.op("Cast", [b.written[keep.id]], to=ONNX_DTYPES["i32"])
+    return b.dim_tensors[key], fill.attrs["value"]
+
+
 def _known(b: Builder, name: str) -> np.ndarray | None:
     """The value of an initializer already written, else None."""
     from onnx import numpy_helper
@@ -448,19 +475,26 @@ def _known(b: Builder, name: str) -> np.ndarray | None:
 
 
 def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """RotaryEmbedding (opset 23) on split heads [B, H, S, D] when cos and sin have the form it takes: the same for
-    every head, with equal halves ([c, c]); its caches are the first halves [B, S, D/2].  Known tables are checked
-    by value; tables computed at run time (symbolic dims) by form: [B or 1, 1, S, D] of a Cos or Sin of a Concat of
-    one value with itself, and the caches are their first halves, sliced at run time."""
+    """RotaryEmbedding (opset 23; ``rotary_embedding_dim`` for part of the head, ``interleaved`` for pairs) on
+    split heads [B, H, S, D], or on [B, S, H, D] through its [B, S, H * D] view (``num_heads``), when cos and sin
+    have the form it takes: the same for every head, with equal halves ([c, c]; equal pairs when interleaved); its
+    caches are one of each [B, S, R / 2] for the R channels rotated.  Known tables are checked by value; tables
+    computed at run time (symbolic dims) by form: [B or 1, 1, S, R] of a Cos or Sin of a Concat of one value with
+    itself (rotate-half on split heads), and the caches are their first halves, sliced at run time."""
     shape = types[0].shape
     if len(shape) != 4:
         return None
+    rotated, interleaved = node.attrs["rotary_dim"] or shape[-1], node.attrs["interleaved"]
+    half = rotated // 2
+    tables = [(_known(b, name), name, nid, t) for name, nid, t in zip(ins[1:], node.inputs[1:], types[1:],
+                                                                     strict=True)]
+    head_axis = _rotary_head_axis(shape, rotated, [t for *_, t in tables])
+    if head_axis is None:
+        return None
     caches = []
-    half = shape[-1] // 2
-    for name, nid, t in zip(ins[1:], node.inputs[1:], types[1:], strict=True):
-        table = _known(b, name)
+    for table, name, nid, t in tables:
         if table is None:
-            if not _halves_alike(b, nid) or t.rank != 4 or t.shape[1] != 1 or t.shape[2:] != shape[2:]:
+            if interleaved or head_axis != 1 or not _halves_alike(b, nid) or t.shape[2:] != (shape[2], rotated):
                 return None
             key = ("rotary cache", name, shape[0])
             if key not in b.dim_tensors:  # q and k read the same tables: one cache each
@@ -471,12 +505,31 @@ def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> 
             continue
         if not all(isinstance(d, int) for d in shape):
             return None
-        full = np.broadcast_to(table, shape)
-        if not (np.array_equal(full[..., :half], full[..., half:]) and np.array_equal(full, full[:, :1].repeat(
-                shape[1], axis=1))):
+        full = np.moveaxis(np.broadcast_to(table, (*shape[:-1], rotated)), head_axis, 1)  # [B, H, S, R]
+        first, second = (full[..., 0::2], full[..., 1::2]) if interleaved else (full[..., :half], full[..., half:])
+        if not (np.array_equal(first, second) and np.array_equal(full, full[:, :1].repeat(full.shape[1], axis=1))):
             return None
-        caches.append(b.const(np.ascontiguousarray(full[:, 0, :, :half]), t.dtype))
-    return b.op("RotaryEmbedding", [ins[0], *caches])
+        caches.append(b.const(np.ascontiguousarray(first[:, 0]), t.dtype))
+    attrs = {"interleaved": 1} if interleaved else {}
+    if rotated != shape[-1]:
+        attrs["rotary_embedding_dim"] = rotated
+    if head_axis == 1:
+        return b.op("RotaryEmbedding", [ins[0], *caches], **attrs)
+    merged = b.reshape(ins[0], (*shape[:2], shape[2] * shape[3]))
+    b.shapes[merged] = (*shape[:2], shape[2] * shape[3])
+    return b.reshape(b.op("RotaryEmbedding", [merged, *caches], num_heads=shape[2], **attrs), shape)
+
+
+def _rotary_head_axis(shape: tuple, rotated: int, tables: list[TensorType]) -> int | None:
+    """The heads' axis of x [B, ., ., D] under RotaryEmbedding's tables: 1 ([B, H, S, D], tables [.., 1, S, R]) or
+    2 ([B, S, H, D], tables [.., S, 1, R]); None when the tables vary along both (or are not of that form)."""
+    padded = [(1,) * (4 - t.rank) + tuple(t.shape) for t in tables]
+    if any(p[-1] != rotated for p in padded):
+        return None
+    for axis, seq in ((1, 2), (2, 1)):
+        if all(p[axis] == 1 and p[seq] in (1, shape[seq]) for p in padded):
+            return axis
+    return None
 
 
 def _halves_alike(b: Builder, nid: int) -> bool:

@@ -60,6 +60,7 @@ class Builder:
         self.label: str | None = None  # the name the nodes written for the current MIR node take (made unique)
         self.writing: int | None = None  # the id of the MIR node being written (None: a run-time shape value)
         self.written_for: dict[str, int | None] = {}  # an ONNX node's name -> the MIR node it was written for
+        self.written: dict[int, Any] = {}  # a node of ``graph`` already written -> its output name(s)
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0
@@ -297,13 +298,14 @@ def _emit(b: Builder, graph: Graph, node: Node, ins: list[Any],
     slots = [scratch.input(f"in{k}", t.shape, t.dtype) for k, t in enumerate(types)]
     result = unfold(scratch, slots, node.attrs)
     names = dict(zip(slots, ins, strict=True))
-    outer, b.graph = b.graph, scratch  # the unfolded nodes' entries look their inputs up in the scratch graph
+    outer = b.graph, b.written
+    b.graph, b.written = scratch, names  # export forms that look at producers and readers look in the unfused form
     try:
         for inner in scratch.nodes:
             if inner.id not in names:
                 names[inner.id] = _emit(b, scratch, inner, [names[i] for i in inner.inputs], {})
     finally:
-        b.graph = outer
+        b.graph, b.written = outer
     return tuple(names[r] for r in result) if isinstance(result, tuple) else names[result]
 
 
@@ -448,7 +450,7 @@ def export_written(graph: Graph) -> tuple[onnx.ModelProto, dict[str, int | None]
     check_weights(graph)
     outs = output_names(graph)
     b = Builder({n.name for n in graph.inputs} | {n.name for n in graph.params} | set(outs), graph.inputs, graph)
-    names: dict[int, Any] = {}
+    names: dict[int, Any] = b.written
     weights: dict[int, np.ndarray] = {}
     with graph.dim_context.active():  # the graph's facts on its dims decide the forms written
         for node in graph.nodes:

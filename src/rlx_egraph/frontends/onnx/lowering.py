@@ -473,12 +473,33 @@ def _slice(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         steps = None if given[4] is None else given[4].tolist()
     axes = list(range(len(starts))) if axes is None else [_axis(a, len(shape)) for a in axes]
     if steps is not None and any(s != 1 for s in steps):
-        return None
+        return _every_kth(imp, node.input[0], axes, starts, ends, steps)
     ranges = [(axis, *imp.slice_bounds(shape[axis], start, end)) for axis, start, end in zip(axes, starts, ends,
                                                                                             strict=True)]
     if any(symbols_of([start, end]) and isinstance(shape[axis], int) for axis, start, end in ranges):
         return _table_rows(imp, node.input[0], ranges)
     return _narrows(imp, node.input[0], ranges)
+
+
+def _every_kth(imp: Importer, name: str, axes: list[int], starts: list[int], ends: list[int],
+               steps: list[int]) -> Outputs:
+    """One axis of static size ``n`` cut every ``k``-th element from ``s < k`` to its end (``x[..., 1::2]``, the
+    odd channels of interleaved RoPE): the axis viewed as ``[n / k, k]``, column ``s`` narrowed out and the view
+    undone (Reshape, Narrow, Reshape), the form every rule reads.  None (an ONNX Slice) for any other step, and on
+    symbolic shapes: there interleaved RoPE's tables are computed at run time, which the export cannot hand to
+    RotaryEmbedding, and its decomposition would write more nodes than the Slice."""
+    shape = imp.type(name).shape
+    if len(axes) != 1 or symbols_of([*shape, *starts, *ends]):
+        return None
+    (axis,), (start,), (end,), (k,) = axes, starts, ends, steps
+    n = shape[axis]
+    start = start + n if start < 0 else start
+    if not (1 < k <= n and n % k == 0 and 0 <= start < k and end >= n - k + start + 1):
+        return None
+    g = imp.graph
+    pairs = g.reshape(imp.tensor(name), shape=(*shape[:axis], n // k, k, *shape[axis + 1:]))
+    column = g.narrow(pairs, axis=axis - len(shape), start=start, length=1)  # the new axis, counted from the end
+    return _out(g.reshape(column, shape=(*shape[:axis], n // k, *shape[axis + 1:])))
 
 
 def _table_rows(imp: Importer, name: str, ranges: list[tuple[int, Dim, Dim]]) -> Outputs:

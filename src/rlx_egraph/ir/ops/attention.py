@@ -330,14 +330,32 @@ def _mha_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
 
 
 def rotary_infer(a: Attrs, ins: list[T]) -> T:
+    """x [..., D]; the first ``rotary_dim`` channels (0: all D) rotated, an even number below D; cos and sin
+    broadcast to those channels."""
     x, cos, sin = ins
     same_dtype(ins, "RotaryEmbedding operands")
-    if x.rank < 1 or x.shape[-1] % 2:
-        raise ShapeError(f"RotaryEmbedding needs an even last dim, got {list(x.shape)}")
+    rotated = rotary_width(a, x)
     for label, t in (("cos", cos), ("sin", sin)):
-        if broadcast(x.shape, t.shape) != x.shape:
-            raise ShapeError(f"RotaryEmbedding {label} {list(t.shape)} must broadcast to x {list(x.shape)}")
+        if broadcast((*x.shape[:-1], rotated), t.shape) != (*x.shape[:-1], rotated):
+            raise ShapeError(f"RotaryEmbedding {label} {list(t.shape)} must broadcast to x's rotated channels "
+                             f"{[*x.shape[:-1], rotated]}")
     return x
+
+
+def rotary_width(a: Attrs, x: T) -> int:
+    """The channels of x's last axis that RotaryEmbedding rotates (``rotary_dim``, 0 for all), checked: even, and
+    below the axis's size when not all of it (one term per rotation: all of it is 0)."""
+    if x.rank < 1:
+        raise ShapeError("RotaryEmbedding needs a last axis to rotate")
+    dim, r = x.shape[-1], a.get("rotary_dim", 0)
+    if r == 0:
+        if not isinstance(dim, int) or dim % 2:
+            raise ShapeError(f"RotaryEmbedding needs an even last dim, got {list(x.shape)}")
+        return dim
+    if not isinstance(dim, int) or r % 2 or r >= dim:
+        raise ShapeError(f"RotaryEmbedding rotary_dim={r} must be even and below the last dim of {list(x.shape)} "
+                         "(0 rotates all of it)")
+    return r
 
 
 def rotate_half(x: np.ndarray) -> np.ndarray:
@@ -346,21 +364,51 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def rotate_pairs(x: np.ndarray) -> np.ndarray:
+    """[-x1, x0, -x3, x2, ...]: each pair of neighbouring channels rotated (GPT-J's rotate_every_two)."""
+    return np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
+
+
+def rotary_kernel(a: Attrs, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """The first ``rotary_dim`` channels (all for 0) as x * cos + rotate(x) * sin, the others passed through;
+    rotate is rotate_half, or rotate_pairs when ``interleaved``."""
+    r = a.get("rotary_dim", 0) or x.shape[-1]
+    head = x[..., :r]
+    rotated = head * cos + (rotate_pairs(head) if a.get("interleaved", False) else rotate_half(head)) * sin
+    return rotated if r == x.shape[-1] else np.concatenate([rotated, x[..., r:]], axis=-1)
+
+
 def _rotary_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
-    """x * cos + Concat(-x2, x1) * sin, as transformers' apply_rotary_pos_emb exports it."""
+    """x * cos + rotate(x) * sin on the rotated channels as transformers exports it: rotate_half as
+    Concat(-x2, x1); rotate_every_two as -x[..., 1::2] and x[..., 0::2] stacked on a new last axis (views of x as
+    pairs); the channels passed through concatenated after."""
     x, cos, sin = ins
-    half = g.node(x).shape[-1] // 2
-    rotated = g.concat([g.neg(g.narrow(x, axis=-1, start=half, length=half)),
-                        g.narrow(x, axis=-1, start=0, length=half)], axis=-1)
-    return g.add(g.mul(x, cos), g.mul(rotated, sin))
+    shape = g.node(x).shape
+    r = a["rotary_dim"] or shape[-1]
+    head = x if r == shape[-1] else g.narrow(x, axis=-1, start=0, length=r)
+    half = r // 2
+    if a["interleaved"]:
+        pairs = g.reshape(head, shape=(*shape[:-1], half, 2))
+        column = [g.reshape(g.narrow(pairs, axis=-1, start=k, length=1), shape=(*shape[:-1], half)) for k in (1, 0)]
+        stacked = [g.reshape(c, shape=(*shape[:-1], half, 1)) for c in (g.neg(column[0]), column[1])]
+        rotated = g.reshape(g.concat(stacked, axis=-1), shape=(*shape[:-1], r))
+    else:
+        rotated = g.concat([g.neg(g.narrow(head, axis=-1, start=half, length=half)),
+                            g.narrow(head, axis=-1, start=0, length=half)], axis=-1)
+    y = g.add(g.mul(head, cos), g.mul(rotated, sin))
+    return y if r == shape[-1] else g.concat([y, g.narrow(x, axis=-1, start=r, length=shape[-1] - r)], axis=-1)
 
 
 def _rotary_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
-    """x [B, H, S, D even] or [B, S, D even]; cos and sin [S, D], [1, 1, S, D] or [B, 1, S, D] (4-D x)."""
+    """x [B, H, S, D even] or [B, S, D even], all or part of D rotated, in halves or in pairs; cos and sin [S, R],
+    [1, 1, S, R] or [B, 1, S, R] (4-D x) for the R channels rotated."""
     b, h, s, half = random_shape(rng, 4, 4)
-    x = pick(rng, [(b, h, s, 2 * half), (b, s, 2 * half)])
-    table = pick(rng, [(s, 2 * half), (1, 1, s, 2 * half), (b, 1, s, 2 * half)] if len(x) == 4 else [(s, 2 * half)])
-    return {"x": x, "cos": table, "sin": table}, {}
+    passed = pick(rng, [0, 0, 2, 4])
+    rotated = 2 * half
+    x = pick(rng, [(b, h, s, rotated + passed), (b, s, rotated + passed)])
+    table = pick(rng, [(s, rotated), (1, 1, s, rotated), (b, 1, s, rotated)] if len(x) == 4 else [(s, rotated)])
+    return {"x": x, "cos": table, "sin": table}, {"rotary_dim": rotated if passed else 0,
+                                                  "interleaved": bool(pick(rng, [False, True]))}
 
 
 ATTENTION = [
@@ -395,9 +443,10 @@ ATTENTION = [
                "[B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's MultiHeadAttention).",
            decompose=_mha_decompose, sampler=_mha_sample,
            degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
-    OpSpec("RotaryEmbedding", Kind.FUSED, ("x", "cos", "sin"), rotary_infer,
-           lambda a, x, cos, sin: x * cos + rotate_half(x) * sin,
-           doc="x * cos + rotate_half(x) * sin (RoPE with given tables, rotate-half convention).",
+    OpSpec("RotaryEmbedding", Kind.FUSED, ("x", "cos", "sin"), rotary_infer, rotary_kernel,
+           (AttrSpec("rotary_dim", INT, 0, check=non_negative), AttrSpec("interleaved", B, False)),
+           doc="x * cos + rotate(x) * sin on the first rotary_dim channels (0: all), the rest passed through "
+               "(RoPE with given tables; rotate_half, or neighbouring pairs when interleaved).",
            decompose=_rotary_decompose, sampler=_rotary_sample),
     OpSpec("FusedAttentionBlock", Kind.FUSED, ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b"),
            _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=at_least_one), _SCALE),
