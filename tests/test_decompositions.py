@@ -75,7 +75,7 @@ def test_a_primitive_decomposes_exactly_when_the_rules_recognise_an_export_form_
     recognised = {op for op in built if REGISTRY[op].kind not in (Kind.LAYOUT, Kind.FUSED)}
     primitives = {s.name for s in DECOMPOSABLE if s.kind not in (Kind.FUSED, Kind.WEIGHT_PREP)}
     assert primitives == recognised == {"Clip", "Gelu", "LayerNorm", "RmsNorm", "Silu"}
-    assert layout == {"Reshape", "Transpose", "MatMul", "MatMulBT", "Add"}
+    assert layout == {"Reshape", "Transpose", "MatMul", "MatMulBT", "Add", "Mul", "Scalar"}
 
 
 # --- the kernel computes its decomposition ------------------------------------------------
