@@ -189,9 +189,10 @@ class _Provenance:
 
 def view_tables() -> list[str]:
     """The egglog functions :func:`build_view` reads: the op constructors, list cells and the absent input,
-    the provenance relations, and the table of input-graph terms."""
+    the provenance relations (with the writers of the helper rows a rule relied on), and the table of
+    input-graph terms."""
     ops = sorted(REGISTRY)
-    return [*ops, LIST_CONS, NO_INPUT, *map(built_by_table, ops), MERGED_BY, NODE_TABLE]
+    return [*ops, LIST_CONS, NO_INPUT, *map(built_by_table, ops), MERGED_BY, RELIED_ON, NODE_TABLE]
 
 
 def build_view(egraph: eb.EGraph, graph: Graph, constants: dict[str, Any], rules: RuleSet,
