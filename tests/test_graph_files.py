@@ -1,5 +1,5 @@
 """Graph JSON and its weight store (.npz) from untrusted hands: what may be named, what is read, and the clear
-error for each malformed file (the same files through the CLI, in capped subprocesses: test_hostile_inputs.py)."""
+error for each malformed file (the same files through the CLI, in capped subprocesses: test_hostile_graph_files.py)."""
 
 from __future__ import annotations
 
