@@ -42,27 +42,30 @@ def npz(**arrays: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def check_one_clear_error(files: Files, args: list[str], message: str, runner: subprocess.Popen,
-                          tmp_path: Path) -> None:
-    """Run one hostile case in ``runner`` and assert one clear error within the caps that writes nothing."""
+def check_one_clear_error(files: Files, args: list[str], message: str, runner: subprocess.Popen, tmp_path: Path,
+                          link: str = "link.npz", prefix: str = "error: ", silent: bool = False) -> None:
+    """Run one hostile case in ``runner`` and assert one clear error within the caps that writes nothing.
+
+    ``files`` are written to the input folder, where ``link`` links to a FIFO outside it; ``args`` and ``prefix``
+    (how the error line starts) have {graph}, {folder} and {work} filled in; ``silent``: nothing on stdout either."""
     folder, work, logs = tmp_path / "in", tmp_path / "work", tmp_path / "logs"
     home = tmp_path / "home"  # also its user cache, config and data folders and its temporary folder
     for d in (folder, work, logs, home):
         d.mkdir()
     os.mkfifo(tmp_path / "outside.fifo")  # read by nobody: a read of it would block until the wall-time cap
-    (folder / "link.npz").symlink_to(tmp_path / "outside.fifo")
+    (folder / link).symlink_to(tmp_path / "outside.fifo")
     for name, content in files.items():
         content = content() if callable(content) else content
         (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    graph = folder / "g.json"
     before = sorted(os.listdir(folder))
-    argv = [a.format(graph=graph, folder=folder, work=work) for a in args]
-    runner.stdin.write(json.dumps({"args": argv, "cwd": str(work), "logs": str(logs), "home": str(home),
-                                   "memory_mb": MEMORY_MB, "seconds": SECONDS}) + "\n")
+    places = {"graph": folder / "g.json", "folder": folder, "work": work}
+    runner.stdin.write(json.dumps({"args": [a.format(**places) for a in args], "cwd": str(work), "logs": str(logs),
+                                   "home": str(home), "memory_mb": MEMORY_MB, "seconds": SECONDS}) + "\n")
     runner.stdin.flush()
     result = json.loads(runner.stdout.readline())
     lines = result["stderr"].splitlines()
     assert result["code"] == 2, result
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith(prefix.format(**places)) and message in lines[0], lines
+    assert not silent or result["stdout"] == "", result["stdout"]
     assert result["max_rss_mb"] < 1024 and result["wall_seconds"] < SECONDS
     assert os.listdir(work) == [] and os.listdir(home) == [] and sorted(os.listdir(folder)) == before

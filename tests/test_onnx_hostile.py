@@ -6,8 +6,6 @@ location outside it is a FIFO: reading it would never return)."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,11 +15,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from hostile import check_one_clear_error
 from onnx_models import MODELS, OnnxBuilder
 
 F = TensorProto.FLOAT
 HERE = Path(__file__).resolve().parent
-MEMORY_MB, SECONDS = 1536, 30
 
 
 def constant_model(node: onnx.NodeProto, extra: list[onnx.TensorProto] = ()) -> bytes:
@@ -171,23 +169,5 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
 def test_a_hostile_model_is_one_clear_error_within_the_caps(case: str, runner: subprocess.Popen,
                                                             tmp_path: Path) -> None:
     build, message = CASES[case]
-    folder, work, logs = tmp_path / "models", tmp_path / "work", tmp_path / "logs"
-    home = tmp_path / "home"  # also its user cache, config and data folders and its temporary folder
-    for d in (folder, work, logs, home):
-        d.mkdir()
-    os.mkfifo(tmp_path / "outside.fifo")  # read by nobody: a read of it would block until the wall-time cap
-    (folder / "inside.fifo").symlink_to(tmp_path / "outside.fifo")
-    model = folder / "model.onnx"
-    model.write_bytes(build())
-    before = sorted(os.listdir(folder))
-    runner.stdin.write(json.dumps({"args": ["optimize", str(model), "-o", str(work / "out.onnx")], "cwd": str(work),
-                                   "logs": str(logs), "home": str(home), "memory_mb": MEMORY_MB, "seconds": SECONDS})
-                       + "\n")
-    runner.stdin.flush()
-    result = json.loads(runner.stdout.readline())
-    lines = result["stderr"].splitlines()
-    assert result["code"] == 2, result
-    assert len(lines) == 1 and lines[0].startswith(f"error: {model}: ") and message in lines[0], lines
-    assert result["stdout"] == ""
-    assert result["max_rss_mb"] < 1024 and result["wall_seconds"] < SECONDS
-    assert os.listdir(work) == [] and os.listdir(home) == [] and sorted(os.listdir(folder)) == before
+    check_one_clear_error({"model.onnx": build}, ["optimize", "{folder}/model.onnx", "-o", "{work}/out.onnx"], message,
+                          runner, tmp_path, link="inside.fifo", prefix="error: {folder}/model.onnx: ", silent=True)
