@@ -95,30 +95,10 @@ REGION_MAX_INPUTS = 8
 SEED_ATTENTION_BLOCK_MAX_TOKENS = 64
 # Layout ops onnxruntime dispatches when they read an intermediate: Reshape (no copy), Slice, Transpose, Expand, Concat.
 ORT_LAYOUTS = frozenset({"Reshape", "Narrow", "Transpose", "Expand", "Concat"})
-# The fused ops the onnxruntime target runs, each with the onnxruntime kernel it runs as (the ONNX exporter
-# writes exactly these; its tests check it): those of this table, whose export the front end writes, and every
-# fused op that declares its export as data (OpSpec.onnx).
-ONNXRUNTIME_FUSED: dict[str, str] = {
-    "FusedMatMulAdd": "Gemm (MatMul + Add when batched)",
-    "FusedMatMulATAdd": "Gemm transA (Transpose, MatMul + Add when batched)",
-    "FusedMatMulBTAdd": "Gemm transB (MatMul + Add when batched)",
-    "FusedMatMulBiasAct": "Gemm, or MatMul + com.microsoft BiasGelu / FastGelu / QuickGelu",
-    "FusedResidualLN": "com.microsoft SkipLayerNormalization",
-    "FusedAddLayerNorm": "com.microsoft SkipLayerNormalization (its sum output too)",
-    "FusedResidualRmsNorm": "com.microsoft SkipSimplifiedLayerNormalization",
-    "FusedAddRmsNorm": "com.microsoft SkipSimplifiedLayerNormalization (its sum output too)",
-    "FusedAttentionBlock": "com.microsoft Attention (mask index), then MatMul + Add",
-    "QkvAttention": "com.microsoft Attention (packed projection, additive bias or causal)",
-    "BiasedAttention": "Attention (opset 23) with an additive mask",
-    "MultiHeadAttention": "Attention (opset 23) on separate q, k, v [B, S, heads * D], an additive mask",
-    "KvCacheAttention": "Attention (opset 23) with past_key / past_value and the present outputs",
-    "GroupQueryAttention": "com.microsoft GroupQueryAttention (past / present, attention_bias, do_rotary)",
-    "RotaryEmbedding": "RotaryEmbedding (opset 23)",
-    "EmbedLayerNorm": "com.microsoft EmbedLayerNormalization",
-    "FusedConv": "com.microsoft FusedConv (activation, sum input)",
-}
-ONNXRUNTIME_FUSED |= {name: spec.onnx.kernel for name, spec in REGISTRY.items()
-                      if spec.kind is Kind.FUSED and spec.onnx is not None}
+# The fused ops the onnxruntime target runs, each with the onnxruntime kernel it runs as: every fused op that declares
+# its ONNX export (OpSpec.onnx, in its family module), which the ONNX exporter writes as that kernel.
+ONNXRUNTIME_FUSED: dict[str, str] = {name: spec.onnx.kernel for name, spec in REGISTRY.items()
+                                     if spec.kind is Kind.FUSED and spec.onnx is not None}
 
 
 class UnsupportedOp(RlxError, ValueError):

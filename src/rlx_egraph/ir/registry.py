@@ -24,6 +24,7 @@ import numpy as np
 
 from .dims import ShapeError, as_dim
 from .dtypes import DTYPES
+from .export import OnnxExport, OnnxWriter
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -256,25 +257,18 @@ def _elementwise_flops(attrs: Attrs, ins: list[ValueType], out: ValueType) -> in
     return out.numel
 
 
-def _no_attributes(attrs: Attrs) -> dict[str, Any]:
-    return {}
-
-
 @dataclass(frozen=True)
-class OnnxExport:
-    """How the ONNX exporter writes a node of an op, as data: one ONNX node of ``op_type`` in ``domain`` (``""``: the
-    default domain; ``"com.microsoft"``: an onnxruntime contrib op) reading the node's inputs in order, with the
-    ONNX attributes ``attributes(node attrs)``.  A fused op that declares one is an op the ``onnxruntime`` cost target
-    runs (as that kernel)."""
+class DecompositionRule:
+    """A fused op's recognition rule that is its decomposition read backwards: the subgraph ``decompose`` builds
+    (its inputs and attributes as variables ``?<name>``) rewritten to the op, in stage ``stage`` under ``name``,
+    where ``guards`` (egglog facts over those variables, e.g. ``(= (shape ?x) (shape ?residual))``) hold.  The rule
+    is generated into the shipped rule file ``file`` (``rules/<file>``) by ``python -m rlx_egraph.rules.generate``;
+    a test checks that the file holds it as generated."""
 
-    op_type: str
-    domain: str = ""
-    attributes: Callable[[Attrs], dict[str, Any]] = _no_attributes
-
-    @property
-    def kernel(self) -> str:
-        """The kernel in words: ``com.microsoft QuickGelu``, ``RotaryEmbedding (opset 23)``."""
-        return f"{self.domain} {self.op_type}" if self.domain else self.op_type
+    name: str
+    stage: str
+    file: str
+    guards: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -307,9 +301,12 @@ class OpSpec:
     one element is 1), or None: the soundness checker draws such an instance again,
     so that a rule that gets a parameter wrong is seen doing so.
 
-    ``onnx`` is the op's ONNX export as data (:class:`OnnxExport`; None: the exporter's own table, else the
-    decomposition).  ``cost_class`` names the measured cost line that prices the op on a target with per-op lines
-    when it has none of its own: another op's name (an op exported as the same kernel) or a kind; empty: its kind.
+    ``onnx`` is the op's ONNX export (:mod:`rlx_egraph.ir.export`): one ONNX node as data (:class:`OnnxExport`) or
+    a function that writes it (:class:`OnnxWriter`); None: the exporter's own table, else the decomposition.  A
+    fused op that declares one is an op the ``onnxruntime`` cost target runs.  ``cost_class`` names the measured
+    cost line that prices the op on a target with per-op lines when it has none of its own: another op's name (an
+    op exported as the same kernel) or a kind; empty: its kind.  ``rule`` is the op's recognition rule when it is
+    the decomposition read backwards (:class:`DecompositionRule`): it is generated from ``decompose``.
     """
 
     name: str
@@ -328,8 +325,9 @@ class OpSpec:
     results: tuple[str, ...] = ()
     index_inputs: tuple[str, ...] = ()
     degenerate: DegenerateFn | None = None
-    onnx: OnnxExport | None = None
+    onnx: OnnxExport | OnnxWriter | None = None
     cost_class: str = ""
+    rule: DecompositionRule | None = None
 
     def __post_init__(self) -> None:
         if not self.builder:

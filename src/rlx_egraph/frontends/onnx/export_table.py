@@ -6,9 +6,10 @@ ONNX name of its value (a multi-result node: one name per result); ``None`` mean
 writes the node's unfused form.  The unfused form is the op spec's
 ``decompose`` or, for a primitive with no single ONNX op, its entry in
 :data:`MIR_FORMS` (the same computation as its kernel in other MIR ops).
-An op whose spec declares its export as data (``OpSpec.onnx``, an :class:`~rlx_egraph.ir.registry.OnnxExport`)
-gets its entry from it (:func:`declared`).  The fused ops it writes as onnxruntime kernels are exactly those
-the ``onnxruntime`` cost target declares it runs (``cost/targets.ONNXRUNTIME_FUSED``; a test checks it).
+The primitives' entries are written here; an op whose spec declares its export (``OpSpec.onnx``: every fused op
+onnxruntime runs, declared in its family module under ``ir/ops/``, see :mod:`rlx_egraph.ir.export`) gets its entry
+from the declaration.  The fused ops written as onnxruntime kernels are thus exactly those the ``onnxruntime`` cost
+target runs (``cost/targets.ONNXRUNTIME_FUSED``, read from the same declarations).
 """
 
 from __future__ import annotations
@@ -16,23 +17,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...ir.dims import Dim, symbols_of
 from ...ir.dtypes import dtype
-from ...ir.ops.attention import repeat_kv
+from ...ir.export import MS
+from ...ir.ops.attention import onnx_attention, repeat_kv
+from ...ir.ops.norms import plus_beta
 from ...ir.ops.onnx_op import ONNX_DTYPES
-from ...ir.registry import REGISTRY, Attrs, OnnxExport, TensorType
-from ...ir.shapes import broadcast
+from ...ir.registry import REGISTRY, Attrs, TensorType
 
 if TYPE_CHECKING:
     from ...ir.graph import Graph, Node
     from .exporter import Builder
 
 ExportFn = Callable[["Builder", "Node", list[str], list[TensorType]], str | tuple[str, ...] | None]
-MS = "com.microsoft"
 
 
 def same(op_type: str) -> ExportFn:
@@ -126,14 +126,10 @@ def _layer_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType])
     return b.op("LayerNormalization", ins, axis=node.attrs["axis"], epsilon=node.attrs["eps"])
 
 
-def _plus_beta(b: Builder, out: str, ins: list[str], beta_slot: int) -> str:
-    return b.op("Add", [out, ins[beta_slot]]) if len(ins) > beta_slot else out
-
-
 def _rms_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     """onnxruntime's SimplifiedLayerNormalization (registered in the default domain), then + beta."""
     out = b.op("SimplifiedLayerNormalization", ins[:2], axis=node.attrs["axis"], epsilon=node.attrs["eps"])
-    return _plus_beta(b, out, ins, 2)
+    return plus_beta(b, out, ins, 2)
 
 
 def _conv(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
@@ -145,22 +141,6 @@ def _conv_nd(b: Builder, node: Node, ins: list[str], types: list[TensorType]) ->
     a = node.attrs
     return b.op("Conv", ins, strides=list(a["strides"]), pads=list(a["pads"]), dilations=list(a["dilations"]),
                 group=a["groups"])
-
-
-# FusedConv's activations by onnxruntime's names (its activation attribute); "none" writes no attribute.
-_FUSED_CONV_ACTIVATIONS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "clip": "Clip"}
-
-
-def _fused_conv(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    """com.microsoft FusedConv: Conv's attributes, then the activation (Clip's bounds as activation_params)."""
-    a = node.attrs
-    act = {}
-    if a["act"] != "none":
-        act["activation"] = _FUSED_CONV_ACTIVATIONS[a["act"]]
-    if a["act"] == "clip":
-        act["activation_params"] = [a["clip_min"], a["clip_max"]]
-    return b.op("FusedConv", ins, domain=MS, strides=list(a["strides"]), pads=list(a["pads"]),
-                dilations=list(a["dilations"]), group=a["groups"], **act)
 
 
 def _clip(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
@@ -190,422 +170,14 @@ def _non_zero(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -
     return b.op("Slice", [padded, b.ints([0]), b.ints([count]), b.ints([1])])
 
 
-def _gemm_fits(types: list[TensorType], out: tuple[int, ...]) -> bool:
-    """Gemm takes 2-D a and b and a c that broadcasts one way to the [M, N] result."""
-    a, w, c = types
-    return a.rank == 2 and w.rank == 2 and c.rank <= 2 and all(
-        d in (1, o) for d, o in zip(reversed(c.shape), reversed(out), strict=False))
-
-
-def _gemm_rows(b: Builder, node: Node, ins: list[str], types: list[TensorType], trans_b: int) -> str | None:
-    """Gemm on the rows of a batched ``a`` [..., K] (reshaped to [rows, K] and back: views, no copies) with a
-    2-D ``b``, when the addend is a bias row (rank <= 1) or of the result's shape (reshaped alike); else None."""
-    a, w, c = types
-    if a.rank < 3 or w.rank != 2 or not (c.rank <= 1 or c.shape == node.shape):
-        return None
-    rows = b.reshape(ins[0], [-1, a.shape[-1]])
-    addend = ins[2] if c.rank <= 1 else b.reshape(ins[2], [-1, node.shape[-1]])
-    return b.reshape(b.op("Gemm", [rows, ins[1], addend], transB=trans_b), node.shape)
-
-
-def _matmul_add(trans_a: int, trans_b: int) -> ExportFn:
-    """Gemm where it fits (on the rows of a batched a too), else the matmul (FusedMatMul for a transposed
-    operand) and an Add."""
-
-    def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-        if _gemm_fits(types, node.shape):
-            return b.op("Gemm", ins, transA=trans_a, transB=trans_b)
-        rows = None if trans_a else _gemm_rows(b, node, ins, types, trans_b)
-        if rows is not None:
-            return rows
-        mm = b.op("FusedMatMul", ins[:2], domain=MS, transA=trans_a, transB=trans_b) if trans_a or trans_b \
-            else b.op("MatMul", ins[:2])
-        return b.op("Add", [mm, ins[2]])
-
-    return emit
-
-
-def _bias_act(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    """MatMul then BiasGelu / FastGelu(bias) for a full-width bias; Gemm without epilogue where it fits."""
-    act, x, w, bias = node.attrs["act"], *ins
-    if act == "none":
-        return _matmul_add(0, 0)(b, node, ins, types)
-    mm = b.op("MatMul", [x, w])
-    if types[2].shape == node.shape[-1:] and act in ("gelu", "gelu_tanh"):
-        return b.op("BiasGelu" if act == "gelu" else "FastGelu", [mm, bias], domain=MS)
-    out = b.op("Add", [mm, bias])
-    if act == "silu":
-        return b.op("QuickGelu", [out], domain=MS, alpha=1.0)
-    return b.op("FastGelu" if act == "gelu_tanh" else "Gelu", [out], domain=MS)
-
-
-# Output slot of the sum (input + skip) of Skip[Simplified]LayerNormalization (after output, mean, inv_std_var).
-SKIP_SUM_OUTPUT = 3
-
-
-def _skip_norm(op_type: str, beta_after: bool) -> ExportFn:
-    """SkipLayerNormalization / SkipSimplifiedLayerNormalization over the last axis of a rank-2 or rank-3
-    input (others are reshaped to rank 2 around it); a RmsNorm beta is added after.  A multi-result
-    node (FusedAddLayerNorm, FusedAddRmsNorm) also takes the sum, the op's output 3."""
-
-    def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | tuple[str, ...] | None:
-        if node.attrs["axis"] != -1:
-            return None
-        x, residual = ins[:2]
-        shape = types[0].shape
-        flat = len(shape) not in (2, 3)
-        if flat:
-            rows = [-1, shape[-1]]
-            x, residual = b.reshape(x, rows), b.reshape(residual, rows)
-        params = ins[2:3] if beta_after else ins[2:4]
-        outs = b.multi(op_type, [x, residual, *params], (0, SKIP_SUM_OUTPUT) if node.parts else (0,), domain=MS,
-                       epsilon=node.attrs["eps"])
-        if flat and x in b.shapes:
-            b.shapes.update((out, b.shapes[x]) for out in outs)  # each result has the rows' shape
-        if flat:
-            outs = [b.reshape(out, shape) for out in outs]
-        if beta_after:
-            outs[0] = _plus_beta(b, outs[0], ins, 3)
-        return tuple(outs) if node.parts else outs[0]
-
-    return emit
-
-
-def _attention_block(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    """com.microsoft.Attention (QKV projection, mask, heads) then the output projection."""
-    hidden, qkv_w, out_w, mask, qkv_b, out_b = ins
-    zero = b.const(np.zeros((), dtype(types[3].dtype).storage), types[3].dtype)
-    keep = b.op("Cast", [b.op("Not", [b.op("Equal", [mask, zero])])], to=ONNX_DTYPES["i32"])
-    ctx = b.op("Attention", [hidden, qkv_w, qkv_b, keep], domain=MS, num_heads=node.attrs["heads"],
-               scale=node.attrs["scale"])
-    return b.op("Add", [b.op("MatMul", [ctx, out_w]), out_b])
-
-
-def _onnx_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType], **attrs: Any) -> str:
-    """Attention (opset 23) on q, k, v [B, H, S, D] and the other inputs ``ins[3:]``.  Where q, k and v were
-    written as split heads (Transpose(Reshape(x, [B, S, H, D]), 0 2 1 3), as the exporters write them), it
-    reads the unsplit [B, S, H*D] values (q_num_heads, kv_num_heads) and its [B, S, H*D] result is split
-    back: the reshapes and transposes on both sides are then views a reader merging the heads undoes, so
-    no layout node is written."""
-    merged = [b.merged_heads(name) for name in ins[:3]]
-    if any(m is None for m in merged):
-        return b.op("Attention", ins, **attrs)
-    heads, kv_heads = types[0].shape[1], types[1].shape[1]
-    out = b.op("Attention", [*merged, *ins[3:]], q_num_heads=heads, kv_num_heads=kv_heads, **attrs)
-    batch, seq, width = types[0].shape[0], types[0].shape[2], heads * types[2].shape[3]
-    b.shapes[out] = (batch, seq, width)
-    return b.split_heads(out, heads)
-
-
 def _causal_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
     """Attention (opset 23) on split heads (GQA included): is_causal when queries and keys are equally many
     (its causal mask is aligned top-left), else the kernel's bottom-right aligned keep mask."""
     sq, sk = types[0].shape[2], types[1].shape[2]
     if sq == sk:
-        return _onnx_attention(b, node, ins, types, is_causal=1, scale=node.attrs["scale"])
+        return onnx_attention(b, node, ins, types, is_causal=1, scale=node.attrs["scale"])
     keep = b.const(np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq), "bool")
-    return _onnx_attention(b, node, [*ins, keep], types, scale=node.attrs["scale"])
-
-
-def _biased_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    """Attention (opset 23) with the bias as its additive attn_mask, expanded to [..., Sq, Sk] (which it needs);
-    a zero Scalar bias (unmasked attention) is no mask.  Its rows whose keys are all masked give 0; without
-    nan_to_zero the MIR op gives NaN there."""
-    q, k, v, bias = ins
-    source = b.graph.node(node.inputs[3]) if b.graph is not None else None
-    if source is not None and source.op == "Scalar" and source.attrs["value"] == 0.0:
-        return _onnx_attention(b, node, [q, k, v], types, scale=node.attrs["scale"])
-    scores = (types[0].shape[2], types[1].shape[2])
-    if types[3].shape[-2:] != scores:
-        bias = b.op("Expand", [bias, b.ints(broadcast(types[3].shape, scores))])
-    return _onnx_attention(b, node, [q, k, v, bias], types, scale=node.attrs["scale"])
-
-
-def _kv_cache_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> tuple[str, ...]:
-    """Attention (opset 23) with past_key and past_value: the context and the present key and value (the
-    Concats of past and new on the sequence axis) in one kernel, the bias its additive attn_mask expanded to
-    [..., S, P + S]."""
-    q, k, v, past_k, past_v, bias = ins
-    scores = (types[0].shape[2], types[3].shape[2] + types[1].shape[2])
-    if types[5].shape[-2:] != scores:
-        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, scores))])
-    return tuple(b.multi("Attention", [q, k, v, bias, past_k, past_v], (0, 1, 2), scale=node.attrs["scale"]))
-
-
-def _group_query_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> tuple[str, ...] | None:
-    """com.microsoft GroupQueryAttention on one new token: q, k and v [B, 1, heads * D] as they are, the cache
-    (past_key / past_value in, present out), the bias its attention_bias ([B or 1, 1, 1, P + 1]), every row's
-    keys 0 .. P (seqlens_k = P, total_sequence_length = P + 1).  With rotary tables (the same for every batch row,
-    equal halves) it rotates q and k itself (do_rotary) at position P: its cos/sin caches are [P + 1, D / 2], their
-    row P the tables' first halves (the rows before are never read).  Static shapes: known tables checked by value.
-    Symbolic dims: the lengths computed at run time from the inputs' shapes, and tables computed at run time taken
-    by form ([1, 1, 1, D], a Cos or Sin of a Concat of one value with itself), each cache the table's first half
-    expanded to [P + 1, D / 2].  None (the decomposition) for others."""
-    q, k, v, past_k, past_v, bias, *tables = ins
-    half = types[0].shape[2] // node.attrs["heads"] // 2
-    if (2 * half) % (16 if tables else 8):  # the kernel's head widths (rules/decode.egg guards them)
-        return None
-    symbolic = any(symbols_of(t.shape) for t in types)
-    parts = (_decoding_inputs_at_run_time if symbolic else _decoding_inputs)(b, node, ins, types, half)
-    if parts is None:
-        return None
-    seqlens, total, caches = parts
-    scores = (1, types[3].shape[2] + 1)
-    if types[5].shape[-2:] != scores or types[5].rank != 4:
-        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, (1, 1, *scores)))])
-    inputs = [q, k, v, past_k, past_v, seqlens, total, *(caches or ["", ""]), "", bias]
-    return tuple(b.multi("GroupQueryAttention", inputs, (0, 1, 2), domain=MS, num_heads=node.attrs["heads"],
-                         kv_num_heads=node.attrs["kv_heads"], scale=node.attrs["scale"], do_rotary=int(bool(caches)),
-                         rotary_interleaved=0))
-
-
-def _decoding_inputs(b: Builder, node: Node, ins: list[str], types: list[TensorType],
-                     half: int) -> tuple[str, str, list[str]] | None:
-    """GroupQueryAttention's seqlens_k, total_sequence_length and rotary caches at static shapes, the tables known
-    initializers (None otherwise)."""
-    batch, past = types[0].shape[0], types[3].shape[2]
-    caches = []
-    for name in ins[6:]:
-        table = _known(b, name)
-        if table is None:
-            return None
-        full = np.broadcast_to(table, (batch, 1, 1, 2 * half))
-        if not (np.array_equal(full[..., :half], full[..., half:]) and (full == full[:1]).all()):
-            return None
-        cache = np.zeros((past + 1, half), table.dtype)
-        cache[past] = full[0, 0, 0, :half]
-        caches.append(b.const(cache, types[6].dtype))
-    return b.const(np.full((batch,), past, np.int32)), b.const(np.array(past + 1, np.int32)), caches
-
-
-def _decoding_inputs_at_run_time(b: Builder, node: Node, ins: list[str], types: list[TensorType],
-                                 half: int) -> tuple[str, str, list[str]] | None:
-    """GroupQueryAttention's seqlens_k, total_sequence_length and rotary caches computed at run time (symbolic
-    dims), once for every layer that reads them; None for a table that is known or not of the form taken."""
-    batch, past = types[0].shape[0], types[3].shape[2]
-    caches = []
-    for name, nid, t in zip(ins[6:], node.inputs[6:], types[6:], strict=True):
-        if _known(b, name) is not None or t.shape[:3] != (1, 1, 1) or not _halves_alike(b, nid):
-            return None
-        key = ("decoding rotary cache", name)
-        if key not in b.dim_tensors:
-            row = b.op("Reshape", [b.op("Slice", [name, b.ints([0]), b.ints([half]), b.ints([-1])]),
-                                   b.ints([1, half])])
-            b.dim_tensors[key] = b.op("Expand", [row, b.ints([past + 1, half])])
-        caches.append(b.dim_tensors[key])
-    key = ("decoding lengths", batch, past)
-    if key not in b.dim_tensors:
-        i32 = ONNX_DTYPES["i32"]
-        b.dim_tensors[key] = (b.op("Expand", [b.op("Cast", [b.dim(past)], to=i32), b.ints([batch])]),
-                              b.op("Cast", [b.scalar_dim(past + 1)], to=i32))
-    return (*b.dim_tensors[key], caches)
-
-
-def _qkv_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
-    """com.microsoft Attention: the packed projection, the heads and the additive bias (its attention_bias
-    input, expanded to [B or 1, H or 1, S, S]: once per mask; a bias that only hides padded keys as its 2-D
-    mask_index, :func:`_key_padding_mask`) or the causal mask (unidirectional) in one kernel; its [B, S, H*D]
-    result reshaped to the op's [B, S, H, D] (a view)."""
-    bias, mask, masked = "", "", {}
-    padding = _key_padding_mask(b, node.inputs[3], *node.shape[:2]) if len(ins) > 3 else None
-    if padding is not None:
-        mask, masked = padding[0], {"mask_filter_value": padding[1]}
-    elif len(ins) > 3:
-        bias, shape = ins[3], types[3].shape
-        if shape[2] != shape[3]:
-            bias = b.expand(bias, [*shape[:2], shape[3], shape[3]])
-    ctx = b.op("Attention", [*ins[:3], mask, "", bias], domain=MS, num_heads=node.attrs["heads"],
-               scale=node.attrs["scale"], unidirectional=int(node.attrs["causal"]), **masked)
-    b.shapes[ctx] = (*node.shape[:2], node.shape[2] * node.shape[3])
-    return b.reshape(ctx, node.shape)
-
-
-def _multi_head_attention(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """Attention (opset 23) on q, k and v [B, S, heads * D] as they are (q_num_heads = kv_num_heads = heads), the
-    bias its additive attn_mask expanded to [..., S, L] (which it needs), causal by is_causal where queries and
-    keys are equally many (its causal mask is aligned top-left; None, the decomposition, otherwise); its
-    [B, S, heads * Dv] result reshaped to the op's [B, S, heads, Dv] (a view).  onnxruntime's com.microsoft
-    MultiHeadAttention computes the same from the same inputs, and its CPU kernel is the slower of the two at
-    every size the calibration measures (docs/onnx.md)."""
-    causal = node.attrs["causal"]
-    if causal and types[0].shape[1] != types[1].shape[1]:
-        return None
-    inputs = ins[:3]
-    if len(ins) > 3:
-        scores = (types[0].shape[1], types[1].shape[1])
-        bias = ins[3]
-        if tuple(types[3].shape[-2:]) != scores:
-            bias = b.expand(bias, broadcast(types[3].shape, scores))
-        inputs.append(bias)
-    heads = node.attrs["heads"]
-    ctx = b.op("Attention", inputs, q_num_heads=heads, kv_num_heads=heads, scale=node.attrs["scale"],
-               **({"is_causal": 1} if causal else {}))
-    b.shapes[ctx] = (*node.shape[:2], node.shape[2] * node.shape[3])
-    return b.reshape(ctx, node.shape)
-
-
-def _key_padding_mask(b: Builder, nid: int, batch: Dim, keys: Dim) -> tuple[str, float] | None:
-    """An attention bias that only hides keys: Where(keep, 0, c) with ``keep`` a [B, S] bool padding mask viewed
-    as [B, 1, 1, S] (a Reshape), broadcast along the queries or not (an Expand).  Attention takes it as its 2-D
-    mask_index (keep as int32, one Cast per mask) and adds c where it is 0 (mask_filter_value): the same sum.
-    Returns that mask and c; None for any other bias."""
-    graph = b.graph
-    where = graph.node(nid) if graph is not None else None
-    if where is None or where.op != "Where":
-        return None
-    cond, zero, fill = (graph.node(i) for i in where.inputs)
-    if zero.op != "Scalar" or zero.attrs["value"] != 0.0 or fill.op != "Scalar":
-        return None
-    cond = graph.node(cond.inputs[0]) if cond.op == "Expand" else cond
-    keep = graph.node(cond.inputs[0]) if cond.op == "Reshape" and cond.shape == (batch, 1, 1, keys) else None
-    if keep is None or keep.shape != (batch, keys) or keep.dtype != "bool" or not isinstance(b.written.get(keep.id),
-                                                                                                 str):
-        return None
-    key = ("key padding mask", keep.id)
-    if key not in b.dim_tensors:
-        b.dim_tensors[key] = b.op("Cast", [b.written[keep.id]], to=ONNX_DTYPES["i32"])
-    return b.dim_tensors[key], fill.attrs["value"]
-
-
-def _known(b: Builder, name: str) -> np.ndarray | None:
-    """The value of an initializer already written, else None."""
-    from onnx import numpy_helper
-
-    return next((numpy_helper.to_array(t) for t in b.initializers if t.name == name), None)
-
-
-def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """RotaryEmbedding (opset 23; ``rotary_embedding_dim`` for part of the head, ``interleaved`` for pairs) on
-    split heads [B, H, S, D], or on [B, S, H, D] through its [B, S, H * D] view (``num_heads``), when cos and sin
-    have the form it takes: the same for every head, with equal halves ([c, c]; equal pairs when interleaved); its
-    caches are one of each [B, S, R / 2] for the R channels rotated.  Known tables are checked by value; tables
-    computed at run time (symbolic dims) by form: [B or 1, 1, S, R] of a Cos or Sin of a Concat of one value with
-    itself (rotate-half on split heads), and the caches are their first halves, sliced at run time."""
-    shape = types[0].shape
-    if len(shape) != 4:
-        return None
-    rotated, interleaved = node.attrs["rotary_dim"] or shape[-1], node.attrs["interleaved"]
-    half = rotated // 2
-    tables = [(_known(b, name), name, nid, t) for name, nid, t in zip(ins[1:], node.inputs[1:], types[1:],
-                                                                     strict=True)]
-    head_axis = _rotary_head_axis(shape, rotated, [t for *_, t in tables])
-    if head_axis is None:
-        return None
-    caches = []
-    for table, name, nid, t in tables:
-        if table is None:
-            if interleaved or head_axis != 1 or not _halves_alike(b, nid) or t.shape[2:] != (shape[2], rotated):
-                return None
-            key = ("rotary cache", name, shape[0])
-            if key not in b.dim_tensors:  # q and k read the same tables: one cache each
-                cache = b.op("Slice", [name, b.ints([0]), b.ints([half]), b.ints([-1])])
-                cache = b.op("Reshape", [cache, b.ints([t.shape[0], shape[2], half])])
-                b.dim_tensors[key] = cache if t.shape[0] == shape[0] else b.expand(cache, [shape[0], shape[2], half])
-            caches.append(b.dim_tensors[key])
-            continue
-        if not all(isinstance(d, int) for d in shape):
-            return None
-        full = np.moveaxis(np.broadcast_to(table, (*shape[:-1], rotated)), head_axis, 1)  # [B, H, S, R]
-        first, second = (full[..., 0::2], full[..., 1::2]) if interleaved else (full[..., :half], full[..., half:])
-        if not (np.array_equal(first, second) and np.array_equal(full, full[:, :1].repeat(full.shape[1], axis=1))):
-            return None
-        caches.append(b.const(np.ascontiguousarray(first[:, 0]), t.dtype))
-    attrs = {"interleaved": 1} if interleaved else {}
-    if rotated != shape[-1]:
-        attrs["rotary_embedding_dim"] = rotated
-    if head_axis == 1:
-        return b.op("RotaryEmbedding", [ins[0], *caches], **attrs)
-    merged = b.reshape(ins[0], (*shape[:2], shape[2] * shape[3]))
-    b.shapes[merged] = (*shape[:2], shape[2] * shape[3])
-    return b.reshape(b.op("RotaryEmbedding", [merged, *caches], num_heads=shape[2], **attrs), shape)
-
-
-def _rotary_head_axis(shape: tuple, rotated: int, tables: list[TensorType]) -> int | None:
-    """The heads' axis of x [B, ., ., D] under RotaryEmbedding's tables: 1 ([B, H, S, D], tables [.., 1, S, R]) or
-    2 ([B, S, H, D], tables [.., S, 1, R]); None when the tables vary along both (or are not of that form)."""
-    padded = [(1,) * (4 - t.rank) + tuple(t.shape) for t in tables]
-    if any(p[-1] != rotated for p in padded):
-        return None
-    for axis, seq in ((1, 2), (2, 1)):
-        if all(p[axis] == 1 and p[seq] in (1, shape[seq]) for p in padded):
-            return axis
-    return None
-
-
-def _halves_alike(b: Builder, nid: int) -> bool:
-    """Node ``nid`` of the graph being written has equal halves on its last axis by its form: a Cos or Sin (kept as
-    ONNX ops) of a Concat of one value with itself, through views that keep the last axis, a Cast or a scale."""
-    graph = b.graph
-    if graph is None:
-        return False
-    n = graph.node(nid)
-    while _keeps_halves(graph, n):
-        n = graph.node(n.inputs[0])
-    return n.op == "Concat" and n.attrs["axis"] in (-1, len(n.shape) - 1) and len(n.inputs) == 2 \
-        and n.inputs[0] == n.inputs[1]
-
-
-def _keeps_halves(graph: Graph, n: Node) -> bool:
-    """``n`` has equal halves on its last axis when its first input has: a view keeping that axis, a Cast, a scale,
-    a Cos or Sin (kept as ONNX ops)."""
-    if n.op in ("Reshape", "Expand"):
-        return n.shape[-1:] == graph.node(n.inputs[0]).shape[-1:]
-    if n.op == "Mul":
-        return graph.node(n.inputs[1]).op == "Scalar"
-    return n.op == "Cast" or (n.op == "OnnxOp" and n.attrs["op_type"] in ("Cos", "Sin"))
-
-
-def _embed_layer_norm(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """com.microsoft EmbedLayerNormalization (f32, ids [B, S]) when first + second are the same in every batch row,
-    given per position: known terms of static shape (their sum is its position table [S, H], row s for token s), or
-    at any sequence length a gather of a table's rows by Arange(0, S) plus constant rows (BERT's position and
-    token-type terms with symbolic dims: the table's rows plus the constant row).  A term that gathers a table's
-    rows by ids known only at run time (BERT's token_type_ids input) is its segment term; a second such term
-    (RoBERTa's positions from a CumSum of the mask) its position table with position_ids.  Ids not int32 are cast
-    (one launch each); its mask_index output is written and unread.  Out-of-range ids fail in it (Gather takes
-    negative ones)."""
-    table, ids, *_, gamma, beta = ins
-    if types[0].dtype != "f32" or types[1].rank != 2:
-        return None
-    gathers = {k: g for k in (2, 3) if (g := _run_time_gather(b, node, ins, k)) is not None}
-    position_ids, (segment_ids, segment_table) = "", next(iter(gathers.values()), ("", ""))
-    terms = [k for k in (2, 3) if k not in list(gathers)[:1]]
-    known = [_known(b, ins[k]) for k in terms]
-    if all(t is not None for t in known) and all(isinstance(d, int) for d in node.shape):
-        total = np.broadcast_to(sum(known), node.shape)
-        if not (total == total[:1]).all():
-            return None
-        positions = b.const(np.ascontiguousarray(total[0]), types[2].dtype)
-    elif len(gathers) == 2:
-        position_ids, positions = gathers[3]
-    else:
-        rows = _position_rows(b, node, [node.inputs[k] for k in terms])
-        if rows is None:
-            return None
-        positions = b.const(np.ascontiguousarray(rows), types[2].dtype)
-    if types[1].dtype != "i32":
-        ids = b.op("Cast", [ids], to=ONNX_DTYPES["i32"])
-    inputs = [ids, segment_ids, table, positions, segment_table, gamma, beta, "", position_ids]
-    return b.multi("EmbedLayerNormalization", inputs if position_ids else inputs[:7], (0, 1), domain=MS,
-                   epsilon=node.attrs["eps"])[0]
-
-
-def _run_time_gather(b: Builder, node: Node, ins: list[str], k: int) -> tuple[str, str] | None:
-    """Input ``k`` of EmbedLayerNorm ``node`` when it gathers the rows of a 2-D parameter by ids [B, S] known only at
-    run time: the ids (cast to int32) and the table as written; else None."""
-    graph = b.graph
-    if graph is None:
-        return None
-    n = graph.node(node.inputs[k])
-    if n.op != "Embedding" or graph.node(n.inputs[0]).op != "Param":
-        return None
-    ids = graph.node(n.inputs[1])
-    written = next((w for w in b.nodes if w.output and w.output[0] == ins[k]), None)
-    if ids.op in ("Arange", "Scalar", "Constant") or ids.shape != node.shape[:-1] or written is None or \
-            written.op_type != "Gather":
-        return None
-    table, index = written.input
-    return (index if ids.dtype == "i32" else b.op("Cast", [index], to=ONNX_DTYPES["i32"])), table
+    return onnx_attention(b, node, [*ins, keep], types, scale=node.attrs["scale"])
 
 
 def _int_dtype(b: Builder, name: str, dtype: str) -> str:
@@ -636,48 +208,6 @@ def _dim_values(b: Builder, node: Node, ins: list[str], types: list[TensorType])
     shape = node.attrs["shape"]
     shaped = flat if len(shape) == 1 else b.op("Reshape", [flat, b.const(np.array(shape, np.int64))])
     return _int_dtype(b, shaped, node.dtype)
-
-
-def _position_rows(b: Builder, node: Node, terms: list[int]) -> np.ndarray | None:
-    """The position table [P, H] of embedding terms of any sequence length: one term a gather of a weight's rows by
-    positions 0, 1, ... (Embedding of Arange(0, S), reshaped or broadcast), the other (if any) the same row
-    everywhere (an Embedding by one constant id, or a known value of one row); None for other terms."""
-    graph = b.graph
-    if graph is None:
-        return None
-
-    def through_views(nid: int) -> Node:
-        n = graph.node(nid)
-        while n.op in ("Reshape", "Expand"):
-            n = graph.node(n.inputs[0])
-        return n
-
-    def weight(nid: int) -> np.ndarray | None:
-        n = graph.node(nid)
-        return graph.weights.get(n.name) if n.op == "Param" else n.attrs["value"] if n.op == "Constant" else None
-
-    positional, constant = None, None
-    for nid in terms:
-        n = through_views(nid)
-        if n.op == "Embedding" and (rows := weight(n.inputs[0])) is not None and rows.ndim == 2:
-            index = through_views(n.inputs[1])
-            if index.op == "Arange" and index.attrs["start"] == 0:
-                positional = rows
-            elif index.op == "Scalar":
-                constant = rows[int(index.attrs["value"])]
-            continue
-        value = weight(n.id)
-        if value is None or value.shape[-1] != node.shape[-1]:
-            return None
-        flat = value.reshape(-1, value.shape[-1])
-        if not (flat == flat[:1]).all():
-            return None
-        constant = flat[0]
-    if positional is None or (constant is None and len(terms) > 1):
-        return None
-    if constant is None:  # (one term: the positions alone)
-        return positional
-    return positional + constant if positional.shape[-1] == constant.shape[-1] else None
 
 
 EXPORTS: dict[str, ExportFn] = {
@@ -721,25 +251,7 @@ EXPORTS: dict[str, ExportFn] = {
     "Item": lambda b, node, ins, types: b.op("Reshape", [ins[0], b.ints([])]),
     "NonZero": _non_zero,
     "Cond": lambda b, node, ins, types: b.op("Where", [b.op("Reshape", [ins[0], b.ints([])]), *ins[1:]]),
-    # fused ops onnxruntime runs as one kernel (Gemm, SkipLayerNormalization, Attention, ...)
-    "FusedMatMulAdd": _matmul_add(0, 0),
-    "FusedMatMulATAdd": _matmul_add(1, 0),
-    "FusedMatMulBTAdd": _matmul_add(0, 1),
-    "FusedMatMulBiasAct": _bias_act,
-    "FusedResidualLN": _skip_norm("SkipLayerNormalization", beta_after=False),
-    "FusedResidualRmsNorm": _skip_norm("SkipSimplifiedLayerNormalization", beta_after=True),
-    "FusedAddLayerNorm": _skip_norm("SkipLayerNormalization", beta_after=False),
-    "FusedAddRmsNorm": _skip_norm("SkipSimplifiedLayerNormalization", beta_after=True),
-    "FusedAttentionBlock": _attention_block,
     "CausalAttention": _causal_attention,
-    "BiasedAttention": _biased_attention,
-    "QkvAttention": _qkv_attention,
-    "MultiHeadAttention": _multi_head_attention,
-    "KvCacheAttention": _kv_cache_attention,
-    "GroupQueryAttention": _group_query_attention,
-    "RotaryEmbedding": _rotary,
-    "EmbedLayerNorm": _embed_layer_norm,
-    "FusedConv": _fused_conv,
     # leaves made of dims, computed at run time from the inputs' shapes (static ones are initializers)
     "Arange": _arange,
     "CausalMask": _causal_mask,
@@ -747,12 +259,7 @@ EXPORTS: dict[str, ExportFn] = {
 }
 
 
-def declared(export: OnnxExport) -> ExportFn:
-    """The entry of an op that declares its ONNX export as data (:attr:`OpSpec.onnx`): one node on its inputs."""
-    return lambda b, node, ins, types: b.op(export.op_type, ins, domain=export.domain, **export.attributes(node.attrs))
-
-
-EXPORTS.update({name: declared(spec.onnx) for name, spec in REGISTRY.items() if spec.onnx is not None})
+EXPORTS.update({name: spec.onnx.write for name, spec in REGISTRY.items() if spec.onnx is not None})
 
 
 # --- unfused forms of primitives with no single ONNX op (the kernels' computations in MIR ops) ---------
@@ -880,4 +387,4 @@ MIR_FORMS: dict[str, Callable[[Graph, list[int], Attrs], int]] = {
 }
 
 
-__all__ = ["EXPORTS", "MIR_FORMS", "MS", "ExportFn", "declared", "sdpa"]
+__all__ = ["EXPORTS", "MIR_FORMS", "MS", "ExportFn", "sdpa"]

@@ -136,6 +136,15 @@ class Builder:
             self.shapes[out] = tuple(self.shapes[name][p] for p in perm)
         return out
 
+    def known(self, name: str) -> np.ndarray | None:
+        """The value of an initializer already written, else None."""
+        return next((numpy_helper.to_array(t) for t in self.initializers if t.name == name), None)
+
+    def producer(self, name: str) -> tuple[str, list[str]] | None:
+        """The op type and inputs of the node written whose first output is ``name``; None if there is none."""
+        written = next((w for w in self.nodes if w.output and w.output[0] == name), None)
+        return None if written is None else (written.op_type, list(written.input))
+
     def merged_heads(self, name: str) -> str | None:
         """For ``name`` [B, H, S, D] written as split heads, Transpose(x [B, S, H, D], 0 2 1 3), the value
         [B, S, H*D] whose heads it splits (x reshaped, a view); else None."""

@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..export import MS, OnnxExport
 from ..registry import (
     Attrs,
     AttrSpec,
     AttrType,
+    DecompositionRule,
     Kind,
-    OnnxExport,
     OpSpec,
     ShapeError,
     Shapes,
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 T = TensorType
 B, S = AttrType.BOOL, AttrType.STR
-MS = "com.microsoft"
 
 
 def _swiglu_infer(a: Attrs, ins: list[T]) -> T:
@@ -79,7 +79,8 @@ def _quick_gelu_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
 
 ACTIVATIONS = [
     OpSpec("SwiGLU", Kind.FUSED, ("gate", "up"), _swiglu_infer, lambda a, g, u: K.swiglu(g, u),
-           doc="Silu(gate) * up.", decompose=lambda g, ins, a: g.mul(g.silu(ins[0]), ins[1])),
+           doc="Silu(gate) * up.", decompose=lambda g, ins, a: g.mul(g.silu(ins[0]), ins[1]),
+           rule=DecompositionRule("swiglu", "fuse", "swiglu.egg", ("(= (shape ?gate) (shape ?up))",))),
     OpSpec("FusedSwiGLU", Kind.FUSED, ("cat",), _fused_swiglu_infer, K.fused_swiglu,
            (AttrSpec("gate_first", B, False), AttrSpec("cast_to", S, "none", choices=SWIGLU_CASTS)),
            doc="up * Silu(gate) where cat = [up | gate] (or [gate | up] when gate_first), written as cast_to "
@@ -92,6 +93,7 @@ ACTIVATIONS = [
            doc="x * Sigmoid(alpha * x) (CLIP's QuickGELU; Silu at alpha 1) in one kernel.",
            decompose=_quick_gelu_decompose, sampler=_quick_gelu_sample,
            onnx=OnnxExport("QuickGelu", MS, lambda a: {"alpha": a["alpha"]}),
-           cost_class="Silu"),  # Silu is exported as QuickGelu(alpha=1): the same onnxruntime kernel
+           cost_class="Silu",  # Silu is exported as QuickGelu(alpha=1): the same onnxruntime kernel
+           rule=DecompositionRule("quick-gelu", "recognize", "export_forms.egg")),
 ]
 register(*ACTIVATIONS)

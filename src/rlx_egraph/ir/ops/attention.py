@@ -4,10 +4,12 @@ QKV projection, rotary embeddings, and the attention block and transformer layer
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..dtypes import dtype
+from ..export import MS, OnnxWriter
 from ..registry import (
     Attrs,
     AttrSpec,
@@ -28,6 +30,7 @@ from ..registry import (
 from ..shapes import broadcast, require_rank, same_dtype
 from . import reference as K
 from .matmul import EPILOGUES
+from .onnx_op import ONNX_DTYPES
 from .primitives import (
     attention_flops,
     causal_canonical,
@@ -36,7 +39,9 @@ from .primitives import (
 )
 
 if TYPE_CHECKING:
-    from ..graph import Graph
+    from ..dims import Dim
+    from ..export import ExportBuilder
+    from ..graph import Graph, Node
 
 T = TensorType
 INT, F, B, S = AttrType.INT, AttrType.FLOAT, AttrType.BOOL, AttrType.STR
@@ -411,6 +416,196 @@ def _rotary_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
                                                   "interleaved": bool(pick(rng, [False, True]))}
 
 
+# --- ONNX exports (written against ExportBuilder, which the ONNX exporter's builder implements) ---
+
+
+def _attention_block(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """com.microsoft.Attention (QKV projection, mask, heads) then the output projection."""
+    hidden, qkv_w, out_w, mask, qkv_b, out_b = ins
+    zero = b.const(np.zeros((), dtype(types[3].dtype).storage), types[3].dtype)
+    keep = b.op("Cast", [b.op("Not", [b.op("Equal", [mask, zero])])], to=ONNX_DTYPES["i32"])
+    ctx = b.op("Attention", [hidden, qkv_w, qkv_b, keep], domain=MS, num_heads=node.attrs["heads"],
+               scale=node.attrs["scale"])
+    return b.op("Add", [b.op("MatMul", [ctx, out_w]), out_b])
+
+
+def onnx_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType], **attrs: Any) -> str:
+    """Attention (opset 23) on q, k, v [B, H, S, D] and the other inputs ``ins[3:]``.  Where q, k and v were
+    written as split heads (Transpose(Reshape(x, [B, S, H, D]), 0 2 1 3), as the exporters write them), it
+    reads the unsplit [B, S, H*D] values (q_num_heads, kv_num_heads) and its [B, S, H*D] result is split
+    back: the reshapes and transposes on both sides are then views a reader merging the heads undoes, so
+    no layout node is written."""
+    merged = [b.merged_heads(name) for name in ins[:3]]
+    if any(m is None for m in merged):
+        return b.op("Attention", ins, **attrs)
+    heads, kv_heads = types[0].shape[1], types[1].shape[1]
+    out = b.op("Attention", [*merged, *ins[3:]], q_num_heads=heads, kv_num_heads=kv_heads, **attrs)
+    batch, seq, width = types[0].shape[0], types[0].shape[2], heads * types[2].shape[3]
+    b.shapes[out] = (batch, seq, width)
+    return b.split_heads(out, heads)
+
+
+def _biased_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """Attention (opset 23) with the bias as its additive attn_mask, expanded to [..., Sq, Sk] (which it needs);
+    a zero Scalar bias (unmasked attention) is no mask.  Its rows whose keys are all masked give 0; without
+    nan_to_zero the MIR op gives NaN there."""
+    q, k, v, bias = ins
+    source = b.graph.node(node.inputs[3]) if b.graph is not None else None
+    if source is not None and source.op == "Scalar" and source.attrs["value"] == 0.0:
+        return onnx_attention(b, node, [q, k, v], types, scale=node.attrs["scale"])
+    scores = (types[0].shape[2], types[1].shape[2])
+    if types[3].shape[-2:] != scores:
+        bias = b.op("Expand", [bias, b.ints(broadcast(types[3].shape, scores))])
+    return onnx_attention(b, node, [q, k, v, bias], types, scale=node.attrs["scale"])
+
+
+def _qkv_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """com.microsoft Attention: the packed projection, the heads and the additive bias (its attention_bias
+    input, expanded to [B or 1, H or 1, S, S]: once per mask; a bias that only hides padded keys as its 2-D
+    mask_index, :func:`_key_padding_mask`) or the causal mask (unidirectional) in one kernel; its [B, S, H*D]
+    result reshaped to the op's [B, S, H, D] (a view)."""
+    bias, mask, masked = "", "", {}
+    padding = _key_padding_mask(b, node.inputs[3], *node.shape[:2]) if len(ins) > 3 else None
+    if padding is not None:
+        mask, masked = padding[0], {"mask_filter_value": padding[1]}
+    elif len(ins) > 3:
+        bias, shape = ins[3], types[3].shape
+        if shape[2] != shape[3]:
+            bias = b.expand(bias, [*shape[:2], shape[3], shape[3]])
+    ctx = b.op("Attention", [*ins[:3], mask, "", bias], domain=MS, num_heads=node.attrs["heads"],
+               scale=node.attrs["scale"], unidirectional=int(node.attrs["causal"]), **masked)
+    b.shapes[ctx] = (*node.shape[:2], node.shape[2] * node.shape[3])
+    return b.reshape(ctx, node.shape)
+
+
+def _multi_head_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+    """Attention (opset 23) on q, k and v [B, S, heads * D] as they are (q_num_heads = kv_num_heads = heads), the
+    bias its additive attn_mask expanded to [..., S, L] (which it needs), causal by is_causal where queries and
+    keys are equally many (its causal mask is aligned top-left; None, the decomposition, otherwise); its
+    [B, S, heads * Dv] result reshaped to the op's [B, S, heads, Dv] (a view).  onnxruntime's com.microsoft
+    MultiHeadAttention computes the same from the same inputs, and its CPU kernel is the slower of the two at
+    every size the calibration measures (docs/onnx.md)."""
+    causal = node.attrs["causal"]
+    if causal and types[0].shape[1] != types[1].shape[1]:
+        return None
+    inputs = ins[:3]
+    if len(ins) > 3:
+        scores = (types[0].shape[1], types[1].shape[1])
+        bias = ins[3]
+        if tuple(types[3].shape[-2:]) != scores:
+            bias = b.expand(bias, broadcast(types[3].shape, scores))
+        inputs.append(bias)
+    heads = node.attrs["heads"]
+    ctx = b.op("Attention", inputs, q_num_heads=heads, kv_num_heads=heads, scale=node.attrs["scale"],
+               **({"is_causal": 1} if causal else {}))
+    b.shapes[ctx] = (*node.shape[:2], node.shape[2] * node.shape[3])
+    return b.reshape(ctx, node.shape)
+
+
+def _key_padding_mask(b: ExportBuilder, nid: int, batch: Dim, keys: Dim) -> tuple[str, float] | None:
+    """An attention bias that only hides keys: Where(keep, 0, c) with ``keep`` a [B, S] bool padding mask viewed
+    as [B, 1, 1, S] (a Reshape), broadcast along the queries or not (an Expand).  Attention takes it as its 2-D
+    mask_index (keep as int32, one Cast per mask) and adds c where it is 0 (mask_filter_value): the same sum.
+    Returns that mask and c; None for any other bias."""
+    graph = b.graph
+    where = graph.node(nid) if graph is not None else None
+    if where is None or where.op != "Where":
+        return None
+    cond, zero, fill = (graph.node(i) for i in where.inputs)
+    if zero.op != "Scalar" or zero.attrs["value"] != 0.0 or fill.op != "Scalar":
+        return None
+    cond = graph.node(cond.inputs[0]) if cond.op == "Expand" else cond
+    keep = graph.node(cond.inputs[0]) if cond.op == "Reshape" and cond.shape == (batch, 1, 1, keys) else None
+    if keep is None or keep.shape != (batch, keys) or keep.dtype != "bool" or not isinstance(b.written.get(keep.id),
+                                                                                                 str):
+        return None
+    key = ("key padding mask", keep.id)
+    if key not in b.dim_tensors:
+        b.dim_tensors[key] = b.op("Cast", [b.written[keep.id]], to=ONNX_DTYPES["i32"])
+    return b.dim_tensors[key], fill.attrs["value"]
+
+
+def _rotary(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
+    """RotaryEmbedding (opset 23; ``rotary_embedding_dim`` for part of the head, ``interleaved`` for pairs) on
+    split heads [B, H, S, D], or on [B, S, H, D] through its [B, S, H * D] view (``num_heads``), when cos and sin
+    have the form it takes: the same for every head, with equal halves ([c, c]; equal pairs when interleaved); its
+    caches are one of each [B, S, R / 2] for the R channels rotated.  Known tables are checked by value; tables
+    computed at run time (symbolic dims) by form: [B or 1, 1, S, R] of a Cos or Sin of a Concat of one value with
+    itself (rotate-half on split heads), and the caches are their first halves, sliced at run time."""
+    shape = types[0].shape
+    if len(shape) != 4:
+        return None
+    rotated, interleaved = node.attrs["rotary_dim"] or shape[-1], node.attrs["interleaved"]
+    half = rotated // 2
+    tables = [(b.known(name), name, nid, t) for name, nid, t in zip(ins[1:], node.inputs[1:], types[1:],
+                                                                     strict=True)]
+    head_axis = _rotary_head_axis(shape, rotated, [t for *_, t in tables])
+    if head_axis is None:
+        return None
+    caches = []
+    for table, name, nid, t in tables:
+        if table is None:
+            if interleaved or head_axis != 1 or not halves_alike(b, nid) or t.shape[2:] != (shape[2], rotated):
+                return None
+            key = ("rotary cache", name, shape[0])
+            if key not in b.dim_tensors:  # q and k read the same tables: one cache each
+                cache = b.op("Slice", [name, b.ints([0]), b.ints([half]), b.ints([-1])])
+                cache = b.op("Reshape", [cache, b.ints([t.shape[0], shape[2], half])])
+                b.dim_tensors[key] = cache if t.shape[0] == shape[0] else b.expand(cache, [shape[0], shape[2], half])
+            caches.append(b.dim_tensors[key])
+            continue
+        if not all(isinstance(d, int) for d in shape):
+            return None
+        full = np.moveaxis(np.broadcast_to(table, (*shape[:-1], rotated)), head_axis, 1)  # [B, H, S, R]
+        first, second = (full[..., 0::2], full[..., 1::2]) if interleaved else (full[..., :half], full[..., half:])
+        if not (np.array_equal(first, second) and np.array_equal(full, full[:, :1].repeat(full.shape[1], axis=1))):
+            return None
+        caches.append(b.const(np.ascontiguousarray(first[:, 0]), t.dtype))
+    attrs = {"interleaved": 1} if interleaved else {}
+    if rotated != shape[-1]:
+        attrs["rotary_embedding_dim"] = rotated
+    if head_axis == 1:
+        return b.op("RotaryEmbedding", [ins[0], *caches], **attrs)
+    merged = b.reshape(ins[0], (*shape[:2], shape[2] * shape[3]))
+    b.shapes[merged] = (*shape[:2], shape[2] * shape[3])
+    return b.reshape(b.op("RotaryEmbedding", [merged, *caches], num_heads=shape[2], **attrs), shape)
+
+
+def _rotary_head_axis(shape: tuple, rotated: int, tables: list[TensorType]) -> int | None:
+    """The heads' axis of x [B, ., ., D] under RotaryEmbedding's tables: 1 ([B, H, S, D], tables [.., 1, S, R]) or
+    2 ([B, S, H, D], tables [.., S, 1, R]); None when the tables vary along both (or are not of that form)."""
+    padded = [(1,) * (4 - t.rank) + tuple(t.shape) for t in tables]
+    if any(p[-1] != rotated for p in padded):
+        return None
+    for axis, seq in ((1, 2), (2, 1)):
+        if all(p[axis] == 1 and p[seq] in (1, shape[seq]) for p in padded):
+            return axis
+    return None
+
+
+def halves_alike(b: ExportBuilder, nid: int) -> bool:
+    """Node ``nid`` of the graph being written has equal halves on its last axis by its form: a Cos or Sin (kept as
+    ONNX ops) of a Concat of one value with itself, through views that keep the last axis, a Cast or a scale."""
+    graph = b.graph
+    if graph is None:
+        return False
+    n = graph.node(nid)
+    while _keeps_halves(graph, n):
+        n = graph.node(n.inputs[0])
+    return n.op == "Concat" and n.attrs["axis"] in (-1, len(n.shape) - 1) and len(n.inputs) == 2 \
+        and n.inputs[0] == n.inputs[1]
+
+
+def _keeps_halves(graph: Graph, n: Node) -> bool:
+    """``n`` has equal halves on its last axis when its first input has: a view keeping that axis, a Cast, a scale,
+    a Cos or Sin (kept as ONNX ops)."""
+    if n.op in ("Reshape", "Expand"):
+        return n.shape[-1:] == graph.node(n.inputs[0]).shape[-1:]
+    if n.op == "Mul":
+        return graph.node(n.inputs[1]).op == "Scalar"
+    return n.op == "Cast" or (n.op == "OnnxOp" and n.attrs["op_type"] in ("Cos", "Sin"))
+
+
 ATTENTION = [
     OpSpec("CausalAttentionRoPE", Kind.FUSED, ("q", "k", "v"), _causal_rope_infer,
            lambda a, q, k, v: K.sdpa(K.rope(q, a["theta"]), K.rope(k, a["theta"]), v, a["scale"], causal=True),
@@ -425,7 +620,8 @@ ATTENTION = [
            doc="Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask "
                "broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN.",
            decompose=_biased_attention_decompose, sampler=_biased_attention_sample,
-           degenerate=lambda a, ins: split_heads_degenerate(ins[0], ins[1])),
+           degenerate=lambda a, ins: split_heads_degenerate(ins[0], ins[1]),
+           onnx=OnnxWriter("Attention (opset 23) with an additive mask", _biased_attention)),
     OpSpec("QkvAttention", Kind.FUSED, ("x", "w", "b", "bias?"), _qkv_attention_infer, _qkv_attention_kernel,
            (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False)),
            flops=_qkv_attention_flops,
@@ -433,7 +629,8 @@ ATTENTION = [
                "attended with an additive bias [B or 1, heads or 1, S or 1, S], causally or unmasked: the context "
                "[B, S, heads, D] (a Reshape merges the heads for free; onnxruntime's com.microsoft Attention).",
            decompose=_qkv_attention_decompose, sampler=_qkv_attention_sample,
-           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None,
+           onnx=OnnxWriter("com.microsoft Attention (packed projection, additive bias or causal)", _qkv_attention)),
     OpSpec("MultiHeadAttention", Kind.FUSED, ("q", "k", "v", "bias?"), _mha_infer, _mha_kernel,
            (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False)), flops=attention_flops,
            doc="Attention over separate projections q [B, S, heads * D], k [B, L, heads * D] and v [B, L, heads * Dv] "
@@ -442,18 +639,22 @@ ATTENTION = [
                "(query i sees keys j <= i + L - S) or not: the context "
                "[B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's MultiHeadAttention).",
            decompose=_mha_decompose, sampler=_mha_sample,
-           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None,
+           onnx=OnnxWriter("Attention (opset 23) on separate q, k, v [B, S, heads * D], an additive mask",
+                           _multi_head_attention)),
     OpSpec("RotaryEmbedding", Kind.FUSED, ("x", "cos", "sin"), rotary_infer, rotary_kernel,
            (AttrSpec("rotary_dim", INT, 0, check=non_negative), AttrSpec("interleaved", B, False)),
            doc="x * cos + rotate(x) * sin on the first rotary_dim channels (0: all), the rest passed through "
                "(RoPE with given tables; rotate_half, or neighbouring pairs when interleaved).",
-           decompose=_rotary_decompose, sampler=_rotary_sample),
+           decompose=_rotary_decompose, sampler=_rotary_sample,
+           onnx=OnnxWriter("RotaryEmbedding (opset 23)", _rotary)),
     OpSpec("FusedAttentionBlock", Kind.FUSED, ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b"),
            _attention_block_infer, K.attention_block, (AttrSpec("heads", INT, check=at_least_one), _SCALE),
            flops=lambda a, ins, out: 2 * ins[0].numel * 4 * ins[0].shape[-1] + 4 * out.numel * ins[0].shape[1],
            doc="QKV matmul+bias, split, masked attention, output matmul+bias.",
            decompose=_attention_block_decompose, sampler=_attention_block_sample,
-           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None),
+           degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None,
+           onnx=OnnxWriter("com.microsoft Attention (mask index), then MatMul + Add", _attention_block)),
     OpSpec("FusedTransformerLayer", Kind.FUSED,
            ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b",
             "ln2_g", "ln2_b", "mask"), _transformer_layer_infer, K.transformer_layer,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..dims import at_least, floor_div
+from ..export import MS, OnnxWriter
 from ..registry import (
     Attrs,
     AttrSpec,
@@ -33,7 +34,8 @@ from ..shapes import require_float, same_dtype
 from . import reference as K
 
 if TYPE_CHECKING:
-    from ..graph import Graph
+    from ..export import ExportBuilder
+    from ..graph import Graph, Node
 
 T = TensorType
 INT, F, S, INTS = AttrType.INT, AttrType.FLOAT, AttrType.STR, AttrType.INTS
@@ -254,6 +256,25 @@ def _bn_eps() -> AttrSpec:
     return AttrSpec("eps", F, 1e-5, check=positive)
 
 
+# --- ONNX exports (written against ExportBuilder, which the ONNX exporter's builder implements) ---
+
+
+# FusedConv's activations by onnxruntime's names (its activation attribute); "none" writes no attribute.
+_FUSED_CONV_ACTIVATIONS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "clip": "Clip"}
+
+
+def _fused_conv(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """com.microsoft FusedConv: Conv's attributes, then the activation (Clip's bounds as activation_params)."""
+    a = node.attrs
+    act = {}
+    if a["act"] != "none":
+        act["activation"] = _FUSED_CONV_ACTIVATIONS[a["act"]]
+    if a["act"] == "clip":
+        act["activation_params"] = [a["clip_min"], a["clip_max"]]
+    return b.op("FusedConv", ins, domain=MS, strides=list(a["strides"]), pads=list(a["pads"]),
+                dilations=list(a["dilations"]), group=a["groups"], **act)
+
+
 CONV_OPS = [
     OpSpec("Conv", Kind.VISION, ("x", "w", "b?"), _conv_infer, K.conv, _CONV_ATTRS, flops=_conv_flops,
            canonical=_conv_canonical, sampler=lambda rng: _conv_sample(rng, False),
@@ -272,7 +293,8 @@ CONV_OPS = [
            sampler=lambda rng: _conv_sample(rng, True),
            doc="act(Conv(x, w, b) + z) in one kernel (onnxruntime's com.microsoft FusedConv): z, a residual of "
                "the output's shape, needs a bias before it; act relu, clip (to [clip_min, clip_max]), sigmoid or "
-               "tanh."),
+               "tanh.",
+           onnx=OnnxWriter("com.microsoft FusedConv (activation, sum input)", _fused_conv)),
     OpSpec("BnFoldWeight", Kind.WEIGHT_PREP, ("w", "scale", "var"), _fold_weight_infer, K.bn_fold_weight,
            (_bn_eps(),), decompose=_fold_weight_decompose,
            sampler=_fold_sample("w", "scale", "var"),

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..dims import symbols_of
+from ..export import MS, OnnxWriter
 from ..registry import (
     Attrs,
     AttrSpec,
@@ -23,14 +25,16 @@ from ..registry import (
     random_shape,
     register,
 )
-from ..shapes import require_rank
-from .attention import biased_attention_infer, biased_attention_kernel, rotary_infer, rotate_half
+from ..shapes import broadcast, require_rank
+from .attention import biased_attention_infer, biased_attention_kernel, halves_alike, rotary_infer, rotate_half
+from .onnx_op import ONNX_DTYPES
 from .primitives import (
     concat_infer,
 )
 
 if TYPE_CHECKING:
-    from ..graph import Graph
+    from ..export import ExportBuilder
+    from ..graph import Graph, Node
 
 T = TensorType
 INT, F, B = AttrType.INT, AttrType.FLOAT, AttrType.BOOL
@@ -163,6 +167,90 @@ def _gqa_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     return shapes, {"heads": h, "kv_heads": kv_heads, "scale": d**-0.5, "nan_to_zero": bool(rng.integers(2))}
 
 
+# --- ONNX exports (written against ExportBuilder, which the ONNX exporter's builder implements) ---
+
+
+def _kv_cache_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> tuple[str, ...]:
+    """Attention (opset 23) with past_key and past_value: the context and the present key and value (the
+    Concats of past and new on the sequence axis) in one kernel, the bias its additive attn_mask expanded to
+    [..., S, P + S]."""
+    q, k, v, past_k, past_v, bias = ins
+    scores = (types[0].shape[2], types[3].shape[2] + types[1].shape[2])
+    if types[5].shape[-2:] != scores:
+        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, scores))])
+    return tuple(b.multi("Attention", [q, k, v, bias, past_k, past_v], (0, 1, 2), scale=node.attrs["scale"]))
+
+
+def _group_query_attention(b: ExportBuilder, node: Node, ins: list[str],
+                           types: list[TensorType]) -> tuple[str, ...] | None:
+    """com.microsoft GroupQueryAttention on one new token: q, k and v [B, 1, heads * D] as they are, the cache
+    (past_key / past_value in, present out), the bias its attention_bias ([B or 1, 1, 1, P + 1]), every row's
+    keys 0 .. P (seqlens_k = P, total_sequence_length = P + 1).  With rotary tables (the same for every batch row,
+    equal halves) it rotates q and k itself (do_rotary) at position P: its cos/sin caches are [P + 1, D / 2], their
+    row P the tables' first halves (the rows before are never read).  Static shapes: known tables checked by value.
+    Symbolic dims: the lengths computed at run time from the inputs' shapes, and tables computed at run time taken
+    by form ([1, 1, 1, D], a Cos or Sin of a Concat of one value with itself), each cache the table's first half
+    expanded to [P + 1, D / 2].  None (the decomposition) for others."""
+    q, k, v, past_k, past_v, bias, *tables = ins
+    half = types[0].shape[2] // node.attrs["heads"] // 2
+    if (2 * half) % (16 if tables else 8):  # the kernel's head widths (rules/decode.egg guards them)
+        return None
+    symbolic = any(symbols_of(t.shape) for t in types)
+    parts = (_decoding_inputs_at_run_time if symbolic else _decoding_inputs)(b, node, ins, types, half)
+    if parts is None:
+        return None
+    seqlens, total, caches = parts
+    scores = (1, types[3].shape[2] + 1)
+    if types[5].shape[-2:] != scores or types[5].rank != 4:
+        bias = b.op("Expand", [bias, b.ints(broadcast(types[5].shape, (1, 1, *scores)))])
+    inputs = [q, k, v, past_k, past_v, seqlens, total, *(caches or ["", ""]), "", bias]
+    return tuple(b.multi("GroupQueryAttention", inputs, (0, 1, 2), domain=MS, num_heads=node.attrs["heads"],
+                         kv_num_heads=node.attrs["kv_heads"], scale=node.attrs["scale"], do_rotary=int(bool(caches)),
+                         rotary_interleaved=0))
+
+
+def _decoding_inputs(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType],
+                     half: int) -> tuple[str, str, list[str]] | None:
+    """GroupQueryAttention's seqlens_k, total_sequence_length and rotary caches at static shapes, the tables known
+    initializers (None otherwise)."""
+    batch, past = types[0].shape[0], types[3].shape[2]
+    caches = []
+    for name in ins[6:]:
+        table = b.known(name)
+        if table is None:
+            return None
+        full = np.broadcast_to(table, (batch, 1, 1, 2 * half))
+        if not (np.array_equal(full[..., :half], full[..., half:]) and (full == full[:1]).all()):
+            return None
+        cache = np.zeros((past + 1, half), table.dtype)
+        cache[past] = full[0, 0, 0, :half]
+        caches.append(b.const(cache, types[6].dtype))
+    return b.const(np.full((batch,), past, np.int32)), b.const(np.array(past + 1, np.int32)), caches
+
+
+def _decoding_inputs_at_run_time(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType],
+                                 half: int) -> tuple[str, str, list[str]] | None:
+    """GroupQueryAttention's seqlens_k, total_sequence_length and rotary caches computed at run time (symbolic
+    dims), once for every layer that reads them; None for a table that is known or not of the form taken."""
+    batch, past = types[0].shape[0], types[3].shape[2]
+    caches = []
+    for name, nid, t in zip(ins[6:], node.inputs[6:], types[6:], strict=True):
+        if b.known(name) is not None or t.shape[:3] != (1, 1, 1) or not halves_alike(b, nid):
+            return None
+        key = ("decoding rotary cache", name)
+        if key not in b.dim_tensors:
+            row = b.op("Reshape", [b.op("Slice", [name, b.ints([0]), b.ints([half]), b.ints([-1])]),
+                                   b.ints([1, half])])
+            b.dim_tensors[key] = b.op("Expand", [row, b.ints([past + 1, half])])
+        caches.append(b.dim_tensors[key])
+    key = ("decoding lengths", batch, past)
+    if key not in b.dim_tensors:
+        i32 = ONNX_DTYPES["i32"]
+        b.dim_tensors[key] = (b.op("Expand", [b.op("Cast", [b.dim(past)], to=i32), b.ints([batch])]),
+                              b.op("Cast", [b.scalar_dim(past + 1)], to=i32))
+    return (*b.dim_tensors[key], caches)
+
+
 DECODE = [
     OpSpec("KvCacheAttention", Kind.FUSED, ("q", "k", "v", "past_k", "past_v", "bias"), _kv_cache_attention_infer,
            _kv_cache_attention_kernel, (_SCALE, AttrSpec("nan_to_zero", B, False)),
@@ -170,7 +258,9 @@ DECODE = [
            doc="A decoding step's attention with a KV cache: the present keys and values Concat(past, new) on the "
                "sequence axis, and BiasedAttention of q over them; results (context, present key, present value).",
            decompose=_kv_cache_attention_decompose, sampler=_kv_cache_attention_sample,
-           results=("context", "present_key", "present_value")),
+           results=("context", "present_key", "present_value"),
+           onnx=OnnxWriter("Attention (opset 23) with past_key / past_value and the present outputs",
+                           _kv_cache_attention)),
     OpSpec("GroupQueryAttention", Kind.FUSED, ("q", "k", "v", "past_k", "past_v", "bias", "cos?", "sin?"),
            _gqa_infer, _gqa_kernel, (AttrSpec("heads", INT, check=at_least_one),
                                      AttrSpec("kv_heads", INT, check=at_least_one), _SCALE,
@@ -179,6 +269,8 @@ DECODE = [
                "into heads, q and k rotated by the tables (RotaryEmbedding) when given, KvCacheAttention over the "
                "cache, the context merged back to [B, 1, heads * D]; results (context, present key, present "
                "value) (onnxruntime's com.microsoft GroupQueryAttention).",
-           decompose=_gqa_decompose, sampler=_gqa_sample, results=("context", "present_key", "present_value")),
+           decompose=_gqa_decompose, sampler=_gqa_sample, results=("context", "present_key", "present_value"),
+           onnx=OnnxWriter("com.microsoft GroupQueryAttention (past / present, attention_bias, do_rotary)",
+                           _group_query_attention)),
 ]
 register(*DECODE)

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..export import MS, OnnxWriter
 from ..registry import (
     Attrs,
     AttrSpec,
     AttrType,
+    DecompositionRule,
     Kind,
     OpSpec,
     ShapeError,
@@ -32,7 +34,8 @@ from .primitives import (
 )
 
 if TYPE_CHECKING:
-    from ..graph import Graph
+    from ..export import ExportBuilder, WriteFn
+    from ..graph import Graph, Node
 
 T = TensorType
 INT, F, S = AttrType.INT, AttrType.FLOAT, AttrType.STR
@@ -42,7 +45,7 @@ _AXIS = AttrSpec("axis", INT, -1)
 EPILOGUES = ("none", "gelu", "gelu_tanh", "silu")
 
 
-def _matmul_add(name: str, k_a: int, k_b: int) -> OpSpec:
+def _matmul_add(name: str, k_a: int, k_b: int, onnx: OnnxWriter) -> OpSpec:
     primitive = name.removeprefix("Fused").removesuffix("Add")
     mm = op_spec(primitive).kernel
 
@@ -61,7 +64,8 @@ def _matmul_add(name: str, k_a: int, k_b: int) -> OpSpec:
 
     return OpSpec(name, Kind.FUSED, ("a", "b", "d"), infer, lambda at, x, w, d: mm(at, x, w) + d,
                   flops=matmul_flops, doc=f"{primitive}(a, b) + d in one kernel.",
-                  decompose=lambda g, ins, a: g.add(g.add_node(primitive, ins[:2]), ins[2]), sampler=sample)
+                  decompose=lambda g, ins, a: g.add(g.add_node(primitive, ins[:2]), ins[2]), sampler=sample,
+                  onnx=onnx)
 
 
 def _bias_act_infer(a: Attrs, ins: list[T]) -> T:
@@ -118,20 +122,75 @@ def _concat_params_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     return {"ws": [(*base[:axis], size, *base[axis + 1:]) for size in random_shape(rng, 1, 4)]}, {"axis": axis}
 
 
+# --- ONNX exports (written against ExportBuilder, which the ONNX exporter's builder implements) ---
+
+
+def _gemm_fits(types: list[TensorType], out: tuple[int, ...]) -> bool:
+    """Gemm takes 2-D a and b and a c that broadcasts one way to the [M, N] result."""
+    a, w, c = types
+    return a.rank == 2 and w.rank == 2 and c.rank <= 2 and all(
+        d in (1, o) for d, o in zip(reversed(c.shape), reversed(out), strict=False))
+
+
+def _gemm_rows(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType], trans_b: int) -> str | None:
+    """Gemm on the rows of a batched ``a`` [..., K] (reshaped to [rows, K] and back: views, no copies) with a
+    2-D ``b``, when the addend is a bias row (rank <= 1) or of the result's shape (reshaped alike); else None."""
+    a, w, c = types
+    if a.rank < 3 or w.rank != 2 or not (c.rank <= 1 or c.shape == node.shape):
+        return None
+    rows = b.reshape(ins[0], [-1, a.shape[-1]])
+    addend = ins[2] if c.rank <= 1 else b.reshape(ins[2], [-1, node.shape[-1]])
+    return b.reshape(b.op("Gemm", [rows, ins[1], addend], transB=trans_b), node.shape)
+
+
+def _gemm_or_matmul_add(trans_a: int, trans_b: int) -> WriteFn:
+    """Gemm where it fits (on the rows of a batched a too), else the matmul (FusedMatMul for a transposed
+    operand) and an Add."""
+
+    def emit(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+        if _gemm_fits(types, node.shape):
+            return b.op("Gemm", ins, transA=trans_a, transB=trans_b)
+        rows = None if trans_a else _gemm_rows(b, node, ins, types, trans_b)
+        if rows is not None:
+            return rows
+        mm = b.op("FusedMatMul", ins[:2], domain=MS, transA=trans_a, transB=trans_b) if trans_a or trans_b \
+            else b.op("MatMul", ins[:2])
+        return b.op("Add", [mm, ins[2]])
+
+    return emit
+
+
+def _bias_act(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """MatMul then BiasGelu / FastGelu(bias) for a full-width bias; Gemm without epilogue where it fits."""
+    act, x, w, bias = node.attrs["act"], *ins
+    if act == "none":
+        return _gemm_or_matmul_add(0, 0)(b, node, ins, types)
+    mm = b.op("MatMul", [x, w])
+    if types[2].shape == node.shape[-1:] and act in ("gelu", "gelu_tanh"):
+        return b.op("BiasGelu" if act == "gelu" else "FastGelu", [mm, bias], domain=MS)
+    out = b.op("Add", [mm, bias])
+    if act == "silu":
+        return b.op("QuickGelu", [out], domain=MS, alpha=1.0)
+    return b.op("FastGelu" if act == "gelu_tanh" else "Gelu", [out], domain=MS)
+
+
 MATMUL = [
-    _matmul_add("FusedMatMulAdd", -1, -2),
-    _matmul_add("FusedMatMulATAdd", -2, -2),
-    _matmul_add("FusedMatMulBTAdd", -1, -1),
+    _matmul_add("FusedMatMulAdd", -1, -2, OnnxWriter("Gemm (MatMul + Add when batched)", _gemm_or_matmul_add(0, 0))),
+    _matmul_add("FusedMatMulATAdd", -2, -2,
+                OnnxWriter("Gemm transA (Transpose, MatMul + Add when batched)", _gemm_or_matmul_add(1, 0))),
+    _matmul_add("FusedMatMulBTAdd", -1, -1,
+                OnnxWriter("Gemm transB (MatMul + Add when batched)", _gemm_or_matmul_add(0, 1))),
     OpSpec("FusedMatMulBiasAct", Kind.FUSED, ("x", "w", "bias"), _bias_act_infer, K.fused_matmul_bias_act,
            (AttrSpec("act", S, "none", choices=EPILOGUES),), flops=matmul_flops,
            doc="act(x @ w + bias) with a bias of rank <= 1 and an optional Gelu/Silu epilogue.",
-           decompose=_bias_act_decompose, sampler=_bias_act_sample),
+           decompose=_bias_act_decompose, sampler=_bias_act_sample,
+           onnx=OnnxWriter("Gemm, or MatMul + com.microsoft BiasGelu / FastGelu / QuickGelu", _bias_act)),
     OpSpec("FusedRmsNormMatMul", Kind.FUSED, ("x", "w_norm", "w_proj"), _rms_matmul_infer,
            lambda a, x, wn, wp: np.matmul(K.rms_norm(x, wn, None, a["axis"], a["eps"]), wp),
            (_AXIS, AttrSpec("eps", F, 1e-6, check=positive)), flops=_rms_matmul_flops,
            doc="RmsNorm(x, w_norm) @ w_proj.",
            decompose=lambda g, ins, a: g.matmul(g.rms_norm(ins[0], ins[1], axis=a["axis"], eps=a["eps"]), ins[2]),
-           sampler=_rms_matmul_sample),
+           sampler=_rms_matmul_sample, rule=DecompositionRule("rms-norm-matmul", "fuse", "matmul.egg")),
     OpSpec("ConcatParams", Kind.WEIGHT_PREP, ("ws*",), concat_infer,
            lambda a, *ws: np.concatenate(ws, axis=a["axis"]), (_AXIS,),
            doc="A derived weight: parameters concatenated once at load time (recipe: sources, axis, order).",
