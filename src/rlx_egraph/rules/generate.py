@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -157,6 +158,8 @@ def decomposition_rule(spec: OpSpec) -> str:
     tail = f':ruleset {declared.stage} :name "{declared.name}")'
     if declared.guards:
         head = f"(rule ((= {ROOT} {lhs}) {' '.join(declared.guards)})"
+        if len(head) > WIDTH:
+            head = f"(rule ((= {ROOT} {lhs})" + "".join(f"\n       {guard}" for guard in declared.guards) + ")"
         union = f"      ((union {ROOT} {rhs}))"
         body = f"{union} {tail}" if len(f"{union} {tail}") <= WIDTH else f"{union}\n      {tail}"
     else:
@@ -204,8 +207,9 @@ def updated(text: str, specs: Sequence[OpSpec]) -> str:
         rule = decomposition_rule(spec)
         span = _rule_span(text, spec.rule.name)  # type: ignore[union-attr]
         if span is None:
-            doc = spec.doc.split(". ")[0].rstrip(".")
-            text = f"{text.rstrip()}\n\n;; {spec.name}: {doc}.\n{rule}\n"
+            doc = textwrap.fill(f"{spec.name}: {spec.doc.split('. ')[0].rstrip('.')}.", WIDTH, initial_indent=";; ",
+                                subsequent_indent=";; ")
+            text = f"{text.rstrip()}\n\n{doc}\n{rule}\n"
         else:
             text = text[:span[0]] + rule + text[span[1]:]
     return text
