@@ -15,8 +15,6 @@ class GraphBuilders:
         """Append a BatchNorm node (norm). Inference BatchNormalization over axis 1: (x - mean) / sqrt(var + eps) * scale + bias."""
     def bce_loss(self, p: int, t: int) -> int:
         """Append a BceLoss node (loss)."""
-    def bias_gelu(self, x: int, bias: int, *, approximate: str = 'none') -> int:
-        """Append a BiasGelu node (fused). Gelu(x + bias) with a bias of x's last dim in one kernel (onnxruntime's com.microsoft BiasGelu; FastGelu for the tanh form)."""
     def biased_attention(self, q: int, k: int, v: int, bias: int, *, scale: float, nan_to_zero: bool = False) -> int:
         """Append a BiasedAttention node (fused). Softmax(q @ k^T * scale + bias) @ v on split heads [B, H, S, D] (GQA), an additive mask broadcast to the scores; nan_to_zero: rows whose keys are all masked give 0, not NaN."""
     def bn_fold_bias(self, scale: int, bias: int, mean: int, var: int, b: int | None = None, *, eps: float = 1e-05) -> int:

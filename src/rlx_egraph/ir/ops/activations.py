@@ -1,4 +1,4 @@
-"""Activations (rules/swiglu.egg, rules/export_forms.egg): SwiGLU, its packed form, QuickGelu and BiasGelu."""
+"""Activations (rules/swiglu.egg, rules/export_forms.egg): SwiGLU, its packed form, and QuickGelu."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..export import MS, OnnxExport, OnnxWriter
+from ..export import MS, OnnxExport
 from ..registry import (
     Attrs,
     AttrSpec,
@@ -25,8 +25,7 @@ from ..shapes import require_float, same_dtype
 from . import reference as K
 
 if TYPE_CHECKING:
-    from ..export import ExportBuilder
-    from ..graph import Graph, Node
+    from ..graph import Graph
 
 T = TensorType
 B, S = AttrType.BOOL, AttrType.STR
@@ -78,32 +77,6 @@ def _quick_gelu_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     return {"x": random_shape(rng, 1, 3)}, {"alpha": pick(rng, [1.702, float(rng.uniform(0.5, 2.0))])}
 
 
-def _bias_gelu_infer(a: Attrs, ins: list[TensorType]) -> TensorType:
-    x, bias = ins
-    require_float(x, "BiasGelu input")
-    if x.rank < 1 or bias.shape != x.shape[-1:]:
-        raise ShapeError(f"BiasGelu bias {list(bias.shape)} must be [{x.shape[-1] if x.rank else '?'}], x's last dim")
-    return T(x.shape, same_dtype(ins, "BiasGelu operands"))
-
-
-# BiasGelu's guard: the bias is a row of x's last dim (the kernel adds it to every row).
-_BIAS_OF_LAST_DIM = ("(= (shape ?x) ?sx)", "(= (shape ?bias) (vec-of (vec-get ?sx (- (vec-length ?sx) 1))))")
-
-
-def _bias_gelu_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
-    """x of rank 1 to 3, bias its last dim."""
-    x = random_shape(rng, 1, 3)
-    return {"x": x, "bias": x[-1:]}, {}
-
-
-def _bias_gelu_export(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """com.microsoft BiasGelu (erf) or FastGelu with its bias input (tanh) on f32; None (the decomposition: Add,
-    then Gelu) for another dtype, which their CPU kernels do not take."""
-    if types[0].dtype != "f32":
-        return None
-    return b.op("FastGelu" if node.attrs["approximate"] == "tanh" else "BiasGelu", ins, domain=MS)
-
-
 ACTIVATIONS = [
     OpSpec("SwiGLU", Kind.FUSED, ("gate", "up"), _swiglu_infer, lambda a, g, u: K.swiglu(g, u),
            doc="Silu(gate) * up.", decompose=lambda g, ins, a: g.mul(g.silu(ins[0]), ins[1]),
@@ -122,14 +95,5 @@ ACTIVATIONS = [
            onnx=OnnxExport("QuickGelu", MS, lambda a: {"alpha": a["alpha"]}),
            cost_class="Silu",  # Silu is exported as QuickGelu(alpha=1): the same onnxruntime kernel
            rule=DecompositionRule("quick-gelu", "recognize", "export_forms.egg")),
-    OpSpec("BiasGelu", Kind.FUSED, ("x", "bias"), _bias_gelu_infer, lambda a, x, b: K.gelu(x + b, a["approximate"]),
-           (AttrSpec("approximate", S, "none", choices=("none", "tanh")),), flops=lambda a, ins, out: 9 * out.numel,
-           doc="Gelu(x + bias) with a bias of x's last dim in one kernel (onnxruntime's com.microsoft BiasGelu; "
-               "FastGelu for the tanh form).",
-           decompose=lambda g, ins, a: g.gelu(g.add(ins[0], ins[1]), approximate=a["approximate"]),
-           sampler=_bias_gelu_sample,
-           onnx=OnnxWriter("com.microsoft BiasGelu (erf) / FastGelu (tanh), with the bias input", _bias_gelu_export),
-           cost_class="Gelu",  # the same elementwise kernel reading one more row
-           rule=DecompositionRule("bias-gelu", "fuse", "swiglu.egg", _BIAS_OF_LAST_DIM)),
 ]
 register(*ACTIVATIONS)
