@@ -83,7 +83,7 @@ def test_a_fusion_predicted_slower_is_more_expensive_with_both_costs() -> None:
     assert (miss.fused_ns, miss.chosen_ns) == (33_792 + 2_336, 33_024 + 2_592) == (36_128, report.extracted_ns)
     assert str(miss) == ("not extracted: FusedRmsNormMatMul at node(s) 4 (more expensive): node 4 (MatMul): "
                          "predicted slower on compute-bound: 36,128 ns with FusedRmsNormMatMul vs 35,616 ns without "
-                         "[rule rms-norm-matmul at rules/matmul.egg:30]; rms_norm_matmul NotFused: the fusion was "
+                         "[rule rms-norm-matmul at rules/matmul.egg:31]; rms_norm_matmul NotFused: the fusion was "
                          "possible and not made: the detail says why (a target without its kernel, a cost predicted "
                          "higher, a graph not optimized yet)")
     assert (miss.pattern, miss.cause) == ("rms_norm_matmul", MissReason("NotFused"))

@@ -188,10 +188,10 @@ def test_each_rule_is_loaded_once_per_distinct_operand_order():
 def test_a_variant_records_provenance_and_matches_under_its_base_rule():
     rules = load_rules()
     (command,) = rules.by_name("swiglu#2").program
-    assert str(command) == ('(rule ((= ?e (Mul ?u (Silu ?g)))\n'
-                            '       (= (shape ?g) (shape ?u)))\n'
-                            '      ((union ?e (SwiGLU ?g ?u))\n'
-                            '       (built-SwiGLU ?g ?u "swiglu")\n'
+    assert str(command) == ('(rule ((= ?e (Mul ?up (Silu ?gate)))\n'
+                            '       (= (shape ?gate) (shape ?up)))\n'
+                            '      ((union ?e (SwiGLU ?gate ?up))\n'
+                            '       (built-SwiGLU ?gate ?up "swiglu")\n'
                             '       (merged-by ?e "swiglu"))\n'
                             '        :ruleset fuse :name "swiglu#2")')
     written, swapped = Graph(), Graph()
