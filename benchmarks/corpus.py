@@ -98,17 +98,21 @@ def saved_nodes(save: Path) -> int:
 
 def time_in_turn(sessions: Mapping[str, ort.InferenceSession], inputs: Mapping[str, np.ndarray], runs: int,
                  warmup: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Median and fastest ms of one run of each session; one run each per round, the sessions in turn.  A run is
-    timed by the calling thread's CPU time (a one-thread session runs on it): the time other processes of a shared
-    machine hold the core is left out, as in the calibration the cost model is priced by."""
+    """Median and fastest ms of one run of each session; one run each per round, the sessions in turn, each round
+    starting one session later (on a loaded machine the first run of a round is the slowest: the same model's
+    sessions in a fixed order differ by up to 10%).  A run is timed by the calling thread's CPU time (a one-thread
+    session runs on it): the time other processes of a shared machine hold the core is left out, as in the
+    calibration the cost model is priced by."""
     for sess in sessions.values():
         for _ in range(warmup):
             sess.run(None, dict(inputs))
-    times: dict[str, list[float]] = {label: [] for label in sessions}
-    for _ in range(runs):
-        for label, sess in sessions.items():
+    labels = list(sessions)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for i in range(runs):
+        start = i % len(labels)
+        for label in labels[start:] + labels[:start]:
             t0 = time.thread_time_ns()
-            sess.run(None, dict(inputs))
+            sessions[label].run(None, dict(inputs))
             times[label].append(time.thread_time_ns() - t0)
     return ({label: 1e-6 * statistics.median(t) for label, t in times.items()},
             {label: 1e-6 * min(t) for label, t in times.items()})

@@ -236,6 +236,17 @@ def two_inputs(body: Callable[[Graph, int, int], int], shape: tuple[int, ...] = 
     return build
 
 
+def transposed_operand(op: str, transposed_first: bool = False) -> Graph:
+    """Transpose(a op Transpose(b, 0 2 1), 0 2 1) of two intermediates (so each Transpose is a copy kernel on
+    onnxruntime); ``transposed_first``: the transposed operand on the left."""
+    g = Graph()
+    a, b = g.relu(g.input("a", (2, 4, 3))), g.relu(g.input("b", (2, 3, 4)))
+    tb = g.transpose(b, perm=(0, 2, 1))
+    body = getattr(g, op)(tb, a) if transposed_first else getattr(g, op)(a, tb)
+    g.set_outputs([g.exp(g.transpose(body, perm=(0, 2, 1)))])
+    return g
+
+
 def residual_norm(norm: str, sum_read: bool = False) -> Graph:
     """norm(x + r); with ``sum_read`` the sum is also read by the next residual (a pre-norm block)."""
     g = Graph()
@@ -500,6 +511,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "div-one": (unary(lambda g, x: g.div(x, g.scalar(1.0))), {"Div": 0}),
     "transpose-transpose": (unary(lambda g, x: g.transpose(g.transpose(x, perm=(0, 2, 1)), perm=(0, 2, 1)),
                                   (2, 3, 4)), {"Transpose": 0}),
+    "transpose-add-transposed": (lambda: transposed_operand("add"), {"Transpose": 1, "Add": 1}),
+    "transpose-mul-transposed": (lambda: transposed_operand("mul"), {"Transpose": 1, "Mul": 1}),
     "reshape-reshape": (unary(lambda g, x: g.reshape(g.reshape(x, shape=(8, 4)), shape=(2, 16))), {"Reshape": 1}),
     "reshape-noop": (unary(lambda g, x: g.reshape(g.relu(x), shape=X)), {"Reshape": 0}),
     "causal-attention-rope": (rope_attention, {"CausalAttentionRoPE": 1, "RoPE": 0, "CausalAttention": 0}),
@@ -668,6 +681,10 @@ ORDERS: dict[str, tuple[str, Callable[[], Graph], dict[str, int]]] = {
     "conv-bias-first": ("conv-bias-in", conv_block(2, bias="batched-first"), CONV_BIAS),
     "clip-scalar-first": ("clip-min-max", unary(lambda g, x: g.min(g.scalar(6.0), g.max(g.scalar(0.0), x))), CLIP),
     "clip-min-first": ("clip-relu-min", unary(lambda g, x: g.min(g.scalar(6.0), g.relu(x))), CLIP),
+    "transposed-first-add": ("transpose-add-transposed", lambda: transposed_operand("add", True),
+                             {"Transpose": 1, "Add": 1}),
+    "transposed-first-mul": ("transpose-mul-transposed", lambda: transposed_operand("mul", True),
+                             {"Transpose": 1, "Mul": 1}),
     "residual-conv": ("conv-sum", conv_block(bias="input", residual="first"), FUSED_CONV),
     "residual-conv-no-bias": ("conv-sum-zero-bias", conv_block(residual="first"), FUSED_CONV | {"ConvZeroBias": 1}),
 }
@@ -693,8 +710,10 @@ def test_other_operand_orders_fire_under_the_base_rule_name(case):
     check_rule_fires(*ORDERS[case])
 
 
-# Rules checked on another target than cpu: part of a head rotated (the Narrows and Concat it folds are free on cpu).
-CASE_TARGETS = {"rope-partial": "onnxruntime"}
+# Rules checked on another target than cpu: part of a head rotated (the Narrows and Concat it folds are free on cpu),
+# a transpose moved onto the other operand (a Transpose is a view on cpu).
+CASE_TARGETS = {"rope-partial": "onnxruntime", "transpose-add-transposed": "onnxruntime",
+                "transpose-mul-transposed": "onnxruntime"}
 
 
 def check_rule_fires(rule: str, build: Callable[[], Graph], expected: dict[str, int]) -> None:
