@@ -418,20 +418,39 @@ def separate_attention(mask: str) -> Callable[[], Graph]:
 
 
 def flat_heads_attention() -> Graph:
-    """BLOOM's attention through flat heads [B*H, S, L]: baddbmm (ALiBi + scale * q @ k^T) on the flat heads,
-    unflattened, plus a padding mask; the context by bmm on the flat heads, unflattened."""
+    """BLOOM's attention through flat heads [B*H, S, L]: baddbmm (ALiBi [B*H, 1, L], broadcast over the queries,
+    + scale * q @ k^T) on the flat heads, unflattened, plus a padding mask; the context by bmm on the flat heads,
+    unflattened."""
     g = Graph()
     b, h, s, keys, d = 2, 2, 3, 5, 4
     q, k, v = g.input("q", (b, h, s, d)), g.input("k", (b, h, keys, d)), g.input("v", (b, h, keys, d))
     product = g.matmul(g.reshape(q, shape=(b * h, s, d)),
                        g.transpose(g.reshape(k, shape=(b * h, keys, d)), perm=(0, 2, 1)))
-    flat = g.add(g.mul(product, g.scalar(0.5)), g.param("alibi", (b * h, s, keys)))
+    flat = g.add(g.mul(product, g.scalar(0.5)), g.param("alibi", (b * h, 1, keys)))
     probs = g.softmax(g.add(g.reshape(flat, shape=(b, h, s, keys)), g.input("mask", (b, 1, 1, keys))))
     ctx = g.matmul(g.reshape(probs, shape=(b * h, s, keys)), g.reshape(v, shape=(b * h, keys, d)))
     g.set_outputs([g.exp(g.reshape(ctx, shape=(b, h, s, d)))])
     return g
 
 
+
+def per_head_packed_attention() -> Graph:
+    """Attention whose queries are cut from a projection packed per head, [B, S, H, 2, D] (BLOOM packs q, k and v
+    so, [B, S, H, 3, D]), its first slice along the fourth axis reshaped to [B, S, H, D] and transposed to split
+    heads, and whose keys and values are separate projections split into heads; a padding mask, the context
+    transposed back and the heads merged.  (One split made a head split completes the attention's three: the
+    fallback follows that chain; BLOOM's three at once it does not.)"""
+    g = Graph()
+    b, s, h, d = 2, 4, 2, 4
+    x = g.input("x", (b, s, h * d))
+    packed = g.reshape(g.matmul(x, g.param("w", (h * d, 2 * h * d))), shape=(b, s, h, 2, d))
+    q = g.transpose(g.reshape(g.narrow(packed, axis=-2, start=0, length=1), shape=(b, s, h, d)), perm=(0, 2, 1, 3))
+    k, v = (g.transpose(g.reshape(g.matmul(x, g.param(n, (h * d, h * d))), shape=(b, s, h, d)), perm=(0, 2, 1, 3))
+            for n in ("wk", "wv"))
+    scores = g.add(g.mul(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), g.scalar(0.5)), g.input("mask", (b, 1, 1, s)))
+    ctx = g.matmul(g.softmax(scores), v)
+    g.set_outputs([g.exp(g.reshape(g.transpose(ctx, perm=(0, 2, 1, 3)), shape=(b, s, h * d)))])
+    return g
 
 
 def rope(rotated: int, interleaved: bool) -> Callable[[], Graph]:
@@ -528,6 +547,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "unflatten-scale": (flat_heads_attention, ATTN),
     "flat-heads-scores": (flat_heads_attention, ATTN),
     "flat-heads-context": (flat_heads_attention, ATTN),
+    "reshape-through-rows": (per_head_packed_attention, MHA),
     "multi-head-attention": (separate_attention("bias"), MHA),
     "multi-head-attention-plain": (separate_attention("none"), MHA),
     "multi-head-attention-causal": (separate_attention("causal"), MHA),

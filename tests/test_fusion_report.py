@@ -320,3 +320,23 @@ def test_a_clip_with_bounds_the_wrong_way_round_is_a_near_miss_of_the_failed_gua
     out, report = optimize_with_report(relu6, regions=False)
     assert report.fusion.missed == []
     assert {op: out.op_counts().get(op, 0) for op in ("Clip", "Min", "Relu")} == {"Clip": 1, "Min": 0, "Relu": 0}
+
+
+def test_a_layout_rule_rooted_at_a_reshape_it_also_builds_is_a_near_miss_of_its_failed_guard() -> None:
+    """unflatten-add takes Reshape(a + b) apart into Reshapes of its operands; a bias [1, S, L] broadcast over the
+    flat heads (not along their leading axis) fails its guard on the operands' leading dim, which the report names
+    where the attention it would have made stays unfused."""
+    g = Graph()
+    b, h, s, keys, d = 2, 2, 3, 5, 4
+    q, k, v = g.input("q", (b, h, s, d)), g.input("k", (b, h, keys, d)), g.input("v", (b, h, keys, d))
+    product = g.matmul(g.reshape(q, shape=(b * h, s, d)),
+                       g.transpose(g.reshape(k, shape=(b * h, keys, d)), perm=(0, 2, 1)))
+    flat = g.add(g.mul(product, g.scalar(0.5)), g.param("bias", (1, s, keys)))
+    probs = g.softmax(g.add(g.reshape(flat, shape=(b, h, s, keys)), g.input("mask", (b, 1, 1, keys))))
+    ctx = g.matmul(g.reshape(probs, shape=(b * h, s, keys)), g.reshape(v, shape=(b * h, keys, d)))
+    g.set_outputs([g.exp(g.reshape(ctx, shape=(b, h, s, d)))])
+    out, report = optimize_with_report(g)
+    assert out.op_counts()["Softmax"] == 1
+    (miss,) = [m for m in report.fusion.missed if m.rule == "unflatten-add"]
+    assert (miss.kind, miss.op, miss.reason) == (NEAR_MISS, "Add", "guard")
+    assert "except that the guard (= (vec-get ?sb 0) (vec-get ?ss 0)) does not hold" in miss.detail

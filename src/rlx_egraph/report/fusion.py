@@ -406,9 +406,12 @@ def _near_misses(ctx: _Context, egraph: eb.EGraph, explained: set[int]) -> list[
             continue
         classes = []
         for c in sorted(hits.get(k, set()) - hits.get(real[v.rule.name], set())):
-            if c not in ctx.reach or (v.rule.base, c) in seen or explained & set(ctx.view.classes[c].originals) \
-                    or not (ctx.unfused(c) or ctx.view.nodes[ctx.choice[c]].op == v.root_op) \
-                    or ctx.view.nodes[ctx.choice[c]].op in v.rule.builds:  # made by another rule
+            if c not in ctx.reach or (v.rule.base, c) in seen or explained & set(ctx.view.classes[c].originals):
+                continue
+            chosen = ctx.view.nodes[ctx.choice[c]].op
+            # made by another rule: an op the rule builds, other than its root's (a layout rule rooted at a Reshape
+            # builds Reshapes too: its root left as it was is its miss)
+            if not (ctx.unfused(c) or chosen == v.root_op) or (chosen in v.rule.builds and chosen != v.root_op):
                 continue
             seen.add((v.rule.base, c))
             classes.append(c)

@@ -118,7 +118,7 @@ class Builder:
         key = ("reshape", source, dims)
         if key in self.dim_tensors:  # one Reshape per value and target shape
             return self.dim_tensors[key]
-        out = self.dim_tensors[key] = self.op("Reshape", [source, self.ints(dims)])
+        out = self.dim_tensors[key] = self.op("Reshape", [source, self.ints(_copied(dims, self.shapes.get(source)))])
         self.views[out] = source
         if shape is not None:
             self.shapes[out] = shape
@@ -253,6 +253,18 @@ class Builder:
             self.nodes.append(copy)
             self.written_for[copy.name] = self.writing
         return result
+
+
+def _copied(dims: tuple[Dim, ...], source: tuple[Dim, ...] | None) -> tuple[Dim, ...]:
+    """A Reshape target with each symbolic dim that the source has at the same position written as 0 (ONNX's "copy
+    that input dim"), when that leaves no symbol: a constant target, whose result's dims onnxruntime's shape
+    inference knows (a target computed from Shape nodes leaves them unknown, and its Attention then infers a width
+    of 0).  Otherwise ``dims`` as they are."""
+    if source is None or not symbols_of(dims) or any(isinstance(d, int) and d == 0 for d in (*dims, *source)):
+        return dims
+    copied = tuple(0 if not isinstance(d, int) and k < len(source) and d == source[k] else d
+                   for k, d in enumerate(dims))
+    return dims if symbols_of(copied) else copied
 
 
 def _resolved(dims: tuple[Dim, ...], source: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:

@@ -74,7 +74,11 @@ def _add(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     """Add, except that x + an additive causal mask (0 where query i sees key j, one fill <= -1e4 elsewhere; a
     known array or a form of any size) is Where(causal keep mask, x, fill), the one form recognition rules know:
     x + fill is fill, a -inf fill becomes the dtype's lowest finite value (which a Softmax turns into the same 0:
-    a causal row always keeps its diagonal)."""
+    a causal row always keeps its diagonal).  And Where(causal keep mask, x, fill) + m, m a mask that is nowhere
+    positive and the fill <= :data:`MASKED` (GPT-Neo: the causal Where on the scores, then the padding mask added),
+    is x + (Where(keep, 0, fill) + m), x plus one additive mask, the form the attention rules take as a bias: the
+    same sum wherever the keep mask holds, and fill + m (<= fill) elsewhere, which absorbs x as :func:`_where`'s
+    masks do."""
     for mask_name, x_name in ((node.input[1], node.input[0]), (node.input[0], node.input[1])):
         found = additive_causal(imp, mask_name)
         x = imp.type(x_name)
@@ -84,7 +88,47 @@ def _add(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
         fill_value = imp.graph.scalar(max(fill, float(np.finfo(dtype(x.dtype).storage).min)), x.dtype)
         mask = imp.form_operand(keep, [x.shape], f"{mask_name}\0keep")
         return _out(imp.graph.add_node("Where", [mask, imp.tensor(x_name), fill_value]))
+    for where_name, mask_name in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+        masked = _causally_masked(imp, where_name)
+        if masked is None or not imp.value(mask_name).runtime or not _nowhere_positive(imp, imp.tensor(mask_name)):
+            continue
+        x, keep, fill = masked
+        g = imp.graph
+        causal = g.add_node("Where", [keep, g.scalar(0.0, g.node(x).dtype), fill])
+        shape = broadcast(imp.type(node.input[0]).shape, imp.type(node.input[1]).shape)
+        return _out(imp.fit(g.add_node("Add", [x, g.add_node("Add", [causal, imp.tensor(mask_name)])]), shape))
     return elementwise("Add")(imp, node, at)
+
+
+def _causally_masked(imp: Importer, name: str) -> tuple[int, int, int] | None:
+    """(x, keep, fill) of ``name`` when it is a run-time Where(causal keep mask, x, fill) with a Scalar fill <=
+    :data:`MASKED` (as :func:`_add` lowers an additive causal mask of such a fill), else None."""
+    value = imp.value(name)
+    if not value.runtime:
+        return None
+    g = imp.graph
+    where = g.node(value.node)
+    if where.op != "Where" or g.node(where.inputs[0]).op != "CausalMask":
+        return None
+    fill = g.node(where.inputs[2])
+    if fill.op != "Scalar" or fill.attrs["value"] > MASKED:
+        return None
+    return where.inputs[1], where.inputs[0], where.inputs[2]
+
+
+def _nowhere_positive(imp: Importer, nid: int) -> bool:
+    """Whether MIR node ``nid`` is <= 0 (or NaN) everywhere by its form: a Scalar or Constant, a Where of such
+    branches, or a sum of such terms (as padding masks are built)."""
+    node = imp.graph.node(nid)
+    if node.op == "Scalar":
+        return not node.attrs["value"] > 0
+    if node.op == "Constant":
+        return not np.any(np.asarray(node.attrs["value"]) > 0)
+    if node.op == "Where":
+        return all(_nowhere_positive(imp, i) for i in node.inputs[1:])
+    if node.op == "Add":
+        return all(_nowhere_positive(imp, i) for i in node.inputs)
+    return False
 
 
 def _mask_constant(imp: Importer, mask: Mask) -> bool | None:

@@ -298,13 +298,14 @@ def _mha_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.
         sq, sk = q.shape[1], k.shape[1]
         keep = np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
         bias = np.where(keep, bias, np.asarray(_MASKED, q.dtype))
-    return biased_attention_kernel({"scale": a["scale"], "nan_to_zero": False}, q4, k4, v4, bias).transpose(0, 2, 1, 3)
+    return biased_attention_kernel({"scale": a["scale"], "nan_to_zero": a["nan_to_zero"]}, q4, k4, v4,
+                                   bias).transpose(0, 2, 1, 3)
 
 
 def _mha_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
     """q, k and v each split into heads (Reshape [B, S, heads, D], Transpose 0 2 1 3), BiasedAttention (a zero
     bias when there is none; causal: the bias where the causal mask keeps a key, else -1e9) or CausalAttention
-    (causal, no bias), transposed back to [B, S, heads, Dv]."""
+    (causal, no bias; every query keeps a key), transposed back to [B, S, heads, Dv]."""
     q, k, v, *bias = ins
     q4, k4, v4 = (g.transpose(g.reshape(t, shape=(*g.node(t).shape[:2], a["heads"], g.node(t).shape[2] // a["heads"])),
                               perm=(0, 2, 1, 3)) for t in (q, k, v))
@@ -315,7 +316,8 @@ def _mha_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
     if a["causal"]:
         keep = g.add_node("CausalMask", shape=(g.node(q).shape[1], g.node(k).shape[1]))
         mask = g.where(keep, mask, g.scalar(_MASKED, dt))
-    return g.transpose(g.biased_attention(q4, k4, v4, mask, scale=a["scale"], nan_to_zero=False), perm=(0, 2, 1, 3))
+    return g.transpose(g.biased_attention(q4, k4, v4, mask, scale=a["scale"], nan_to_zero=a["nan_to_zero"]),
+                       perm=(0, 2, 1, 3))
 
 
 def _mha_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
@@ -331,7 +333,7 @@ def _mha_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     if bias is not None:
         shapes["bias"] = bias
     return shapes, {"heads": heads, "scale": pick(rng, [1.0, d**-0.5, float(rng.uniform(0.1, 1.0))]),
-                    "causal": bool(rng.integers(2))}
+                    "causal": bool(rng.integers(2)), "nan_to_zero": bool(rng.integers(2))}
 
 
 def rotary_infer(a: Attrs, ins: list[T]) -> T:
@@ -632,12 +634,14 @@ ATTENTION = [
            degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None,
            onnx=OnnxWriter("com.microsoft Attention (packed projection, additive bias or causal)", _qkv_attention)),
     OpSpec("MultiHeadAttention", Kind.FUSED, ("q", "k", "v", "bias?"), _mha_infer, _mha_kernel,
-           (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False)), flops=attention_flops,
+           (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False),
+            AttrSpec("nan_to_zero", B, False)), flops=attention_flops,
            doc="Attention over separate projections q [B, S, heads * D], k [B, L, heads * D] and v [B, L, heads * Dv] "
                "(cross attention: keys and values from another sequence), each split into heads, with an additive "
                "bias broadcast to the scores [B, heads, S, L] (a position bias, a padding mask) or none, causally "
-               "(query i sees keys j <= i + L - S) or not: the context "
-               "[B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's MultiHeadAttention).",
+               "(query i sees keys j <= i + L - S) or not (nan_to_zero: rows whose keys are all masked give 0, not "
+               "NaN): the context [B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's "
+               "MultiHeadAttention).",
            decompose=_mha_decompose, sampler=_mha_sample,
            degenerate=lambda a, ins: "one head or token" if a["heads"] < 2 or ins[0].shape[1] < 2 else None,
            onnx=OnnxWriter("Attention (opset 23) on separate q, k, v [B, S, heads * D], an additive mask",
