@@ -2,10 +2,9 @@
 give the same verdict twice); ``HYPOTHESIS_PROFILE=explore pytest ...`` draws new random examples instead.
 Calibrations are looked up in a cache directory that does not exist, so the onnxruntime target is the shipped
 one whatever ``rlx-egraph calibrate`` cached on the machine (tests that need a cache set their own).
-Where the environment turns byte-code writing off (``PYTHONDONTWRITEBYTECODE``), the suite writes it to a folder of
-the temporary directory instead (``PYTHONPYCACHEPREFIX``, the checkout untouched): every process it starts (the
-xdist workers, CLI and pure-path subprocesses, notebook kernels) would otherwise compile the package, and pytest
-rewrite the test modules' asserts, again."""
+Byte code is written (to the ``__pycache__`` folders git ignores) even where the environment turns that off
+(``PYTHONDONTWRITEBYTECODE``): every process the suite starts (the xdist workers, CLI and pure-path subprocesses,
+notebook kernels) would otherwise compile the package, and pytest rewrite the test modules' asserts, again."""
 
 import os
 import subprocess
@@ -25,10 +24,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ[CACHE_ENV] = os.path.join(tempfile.gettempdir(), f"rlx-egraph-tests-{os.getpid()}-no-cache")
 
-if sys.dont_write_bytecode and sys.pycache_prefix is None:  # before xdist starts its workers: they inherit it
-    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "rlx-egraph-pycache")
-    sys.dont_write_bytecode = False
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False  # before xdist starts its workers: they inherit the environment
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
