@@ -22,6 +22,7 @@ import contextlib
 import os
 import runpy
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +79,11 @@ class CythonBuildHook(BuildHookInterface):
         """Compile every module in place; returns the extensions' paths from the root.  Raises :class:`_NoCompiler`
         when the C compiler does not work."""
         from Cython.Build import cythonize
-        from setuptools import Distribution, Extension
-        from setuptools.errors import CompileError, ExecError, LinkError, PlatformError
+        from setuptools import Extension
 
         flags = [] if sys.platform == "win32" else ["-O2", "-g0"]  # no debug information: a third of the time
+        with tempfile.TemporaryDirectory() as probe:  # before Cython's translation, most of a failed build's time
+            self._build([Extension("probe", [_probe_source(Path(probe))], extra_compile_args=flags)], probe)
         with contextlib.chdir(root):  # setuptools resolves paths from the working directory
             extensions = cythonize([*(Extension(name, [str(source)], extra_compile_args=flags)
                                       for name, source in sources.items() if name != SHARED),
@@ -89,18 +91,36 @@ class CythonBuildHook(BuildHookInterface):
                                    build_dir=str(root / "build" / "cython"),  # absolute: Cython caches by path
                                    include_path=[str(root / "src")], compiler_directives=DIRECTIVES, quiet=True,
                                    shared_utility_qualified_name=SHARED)
-            dist = Distribution({"ext_modules": extensions, "package_dir": {"": "src"}})
-            build_ext = dist.get_command_obj("build_ext")
-            build_ext.inplace = True
-            build_ext.parallel = os.cpu_count() or 1
-            build_ext.ensure_finalized()
-            try:
-                build_ext.run()
-            except (CompileError, ExecError, LinkError, PlatformError) as exc:
-                raise _NoCompiler(str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__) \
-                    from None
+            build_ext = self._build(extensions)
             return [Path(build_ext.get_ext_fullpath(e.name)).resolve().relative_to(root).as_posix()
                     for e in extensions]
+
+    @staticmethod
+    def _build(extensions: list[Any], folder: str | None = None) -> Any:
+        """Compile ``extensions`` in place (or into ``folder``); returns setuptools' ``build_ext``.  Raises
+        :class:`_NoCompiler` when the C compiler does not work."""
+        from setuptools import Distribution
+        from setuptools.errors import CompileError, ExecError, LinkError, PlatformError
+
+        dist = Distribution({"ext_modules": extensions, "package_dir": {"": "src"}})
+        build_ext = dist.get_command_obj("build_ext")
+        build_ext.inplace = folder is None
+        if folder is not None:
+            build_ext.build_lib = build_ext.build_temp = folder
+        build_ext.parallel = os.cpu_count() or 1
+        build_ext.ensure_finalized()
+        try:
+            build_ext.run()
+        except (CompileError, ExecError, LinkError, PlatformError) as exc:
+            raise _NoCompiler(str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__) from None
+        return build_ext
+
+
+def _probe_source(folder: Path) -> str:
+    """A C file that needs what the extensions need (a compiler, a linker and the Python headers)."""
+    source = folder / "probe.c"
+    source.write_text("#include <Python.h>\nint rlx_egraph_probe(void) { return Py_IsInitialized(); }\n")
+    return str(source)
 
 
 class _NoCompiler(Exception):

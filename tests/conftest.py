@@ -1,7 +1,10 @@
 """Suite-wide settings: property tests draw the same examples on every run (the suite is CI's gate and must
 give the same verdict twice); ``HYPOTHESIS_PROFILE=explore pytest ...`` draws new random examples instead.
 Calibrations are looked up in a cache directory that does not exist, so the onnxruntime target is the shipped
-one whatever ``rlx-egraph calibrate`` cached on the machine (tests that need a cache set their own)."""
+one whatever ``rlx-egraph calibrate`` cached on the machine (tests that need a cache set their own).
+Byte code is written (to the ``__pycache__`` folders git ignores) even where the environment turns that off
+(``PYTHONDONTWRITEBYTECODE``): every process the suite starts (the xdist workers, CLI and pure-path subprocesses,
+notebook kernels) would otherwise compile the package, and pytest rewrite the test modules' asserts, again."""
 
 import os
 import subprocess
@@ -20,6 +23,9 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ[CACHE_ENV] = os.path.join(tempfile.gettempdir(), f"rlx-egraph-tests-{os.getpid()}-no-cache")
+
+sys.dont_write_bytecode = False  # before xdist starts its workers: they inherit the environment
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
