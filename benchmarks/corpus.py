@@ -544,12 +544,17 @@ def load_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, A
     rows: dict[str, dict[str, Any]] = {}
     corpora: dict[str, dict[str, Any]] = {}
     runs = []
+    timed: dict[str, set[int]] = {"runs": set(), "real_runs": set()}  # the setting of the runs that used it
     for path in paths:
         data = json.loads(path.read_text())
         rows |= {f"{r['size']}/{r['file']}": r for r in data["rows"]}
         corpora |= {c["size"]: c for c in data["corpora"]}
         runs.append(data["run"])
+        sizes = {r["size"] for r in data["rows"]}
+        timed["runs"] |= {data["run"]["runs"]} if sizes - {"real"} else set()
+        timed["real_runs"] |= {data["run"]["real_runs"]} if "real" in sizes else set()
     run = runs[0] | {"loads": [x for r in runs for x in r["loads"]], "minutes": [x for r in runs for x in r["minutes"]]}
+    run |= {k: " or ".join(map(str, sorted(v))) for k, v in timed.items() if v}
     order = {"tiny": 0, "real": 1}
     return list(rows.values()), sorted(corpora.values(), key=lambda c: order.get(c["size"], 2)), run
 

@@ -117,6 +117,22 @@ def test_reports_of_earlier_runs_merge_each_export_once(result: tuple[dict, str,
     assert merged[0].endswith(f"; {minutes.removesuffix(' minutes.')} + {minutes}")
 
 
+def test_merged_reports_name_the_timed_runs_of_the_runs_that_measured_each_size(
+        result: tuple[dict, str, Path]) -> None:
+    data, _, out = result
+    real_row = next(r for r in data["rows"] if r["file"] == "bert.onnx") | {"size": "real"}
+    corpus_ = data["corpora"][0]
+    real = {"run": data["run"] | {"runs": 7, "real_runs": 10},
+            "corpora": [corpus_ | {"size": "real", "exports": [corpus_["exports"][0] | {"size": "real"}]}],
+            "rows": [real_row]}
+    (out / "real.json").write_text(json.dumps(real))
+    assert data["run"]["runs"] == 3 and data["run"]["real_runs"] == 20  # the tiny run's settings
+    assert corpus.main(["--from-json", str(out / "rows.json"), "--from-json", str(out / "real.json"),
+                        "--markdown", str(out / "both.md")]) == 0
+    first = (out / "both.md").read_text().splitlines()[0]
+    assert "latency: median of 3 runs (10 at real size)," in first
+
+
 def test_a_dynamic_export_ours_cannot_import_with_symbols_is_measured_bound(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     onnx.save(MODELS["bert"](), tmp_path / "bert.onnx")
