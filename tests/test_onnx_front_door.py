@@ -4,6 +4,7 @@ zero-size tensors, local functions, If branches reading the enclosing graph, and
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -251,7 +252,17 @@ def test_onnx_node_names_are_kept_and_name_reports_and_exported_fused_nodes() ->
     assert onnx_attention.name.startswith("/CausalAttention[") and ", +" in onnx_attention.name
     kept = {n.name for n in exported.graph.node} & {n.name for n in model.graph.node}
     assert kept  # unfused nodes keep their ONNX names
-    assert all(str(m).count("'/") >= 1 for m in report.fusion.missed)  # misses name ONNX nodes
+    assert report.fusion.missed and all(str(m).count("'/") >= 1 for m in report.fusion.missed)  # misses name them
+    # the parity headline names its closest call by the ONNX nodes that node computes
+    m = OnnxBuilder(17)
+    fc = m.linear(m.input("x", F, ["batch", 16]), "fc", 16, 16)  # gelu_new: the tanh GELU, as GPT-2 writes it
+    inner = m.op("Add", [fc, m.op("Mul", [m.op("Pow", [fc, m.const(3.0)]), m.const(0.044715)])])
+    t = m.op("Tanh", [m.op("Mul", [inner, m.const(math.sqrt(2.0 / math.pi))])])
+    gelu = m.op("Mul", [m.op("Mul", [fc, m.const(0.5)]), m.op("Add", [t, m.const(1.0)])])
+    out, report = optimize_with_report(import_model(m.model({"y": gelu})), target="cpu", verify=True)
+    worst = report.parity.worst
+    assert worst.tolerance_ratio > 0 and out.describe(worst.node) == "'/MatMul_0' + 9 more (FusedMatMulBiasAct)"
+    assert report.verification_lines()[-1].endswith("of tolerance ('/MatMul_0' + 9 more (FusedMatMulBiasAct))")
 
 
 # --- zero-size tensors, local functions, If branches -----------------------------------------------------------
