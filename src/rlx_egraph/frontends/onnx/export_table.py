@@ -494,10 +494,10 @@ def _rotary(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> 
     caches = []
     for table, name, nid, t in tables:
         if table is None:
-            if not _halves_alike(b, nid, interleaved):
-                return None
             seq = 3 - head_axis  # the sequence axis of x
             rows = (1,) * (4 - t.rank) + tuple(t.shape)
+            if rows[0] not in (1, shape[0]) or not _halves_alike(b, nid, interleaved):
+                return None
             key = ("rotary cache", name, shape[0], shape[seq])
             if key not in b.dim_tensors:  # q and k read the same tables: one cache each
                 cut = [b.ints([0]), b.ints([rotated]), b.ints([-1]), b.ints([2])] if interleaved else \
