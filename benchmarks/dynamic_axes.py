@@ -170,8 +170,8 @@ def page(rows: list[dict[str, Any]]) -> str:
         "optimized for onnxruntime priced at the export's hint sizes, and exported with its `dim_param`s. Its fused "
         "ops are compared with those of the static export of the same model, exporter, attention and step (the "
         "`com.microsoft` ops and the standard fused ones, per kind; `same` when every count is equal), and it runs "
-        "in onnxruntime at every shape the corpus lists for it (two per prefill, three past lengths per decoding "
-        "step) against the original in an `ORT_ENABLE_BASIC` session. Parity is the worst output's "
+        "in onnxruntime at every shape the corpus lists for it (two per prefill; two or three past lengths per "
+        "decoding step) against the original in an `ORT_ENABLE_BASIC` session. Parity is the worst output's "
         "max |ours - original| / max |original|; at most 1e-4 passes. The dynamic column lists only the kinds whose "
         "count differs from the static one's.", "",
         "    " + PAGE_COMMAND, "",
