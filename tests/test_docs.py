@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 import onnx
 import pytest
 
@@ -166,3 +167,29 @@ def test_every_link_and_repository_path_of_a_page_exists(page: Path) -> None:
     missing = [target for target in LINK.findall(text) if not (page.parent / target).exists()]
     missing += [path for path in REPO_PATH.findall(text) if "*" not in path and not (ROOT / path).exists()]
     assert missing == []
+
+
+# --- how the docs show an ONNX model's shapes --------------------------------------------------------------------
+
+# A binding that fixes every dim of an input: --input-shape NAME=numbers, or import_model's binding a tuple with no
+# symbol (no quoted dim) in it.
+FIXED_SHAPES = re.compile(r"--input-shape\s+[\w.:/-]+=\d+(?:,\d+)*(?=\s|$)|import_model\([^)]*\([^\"'()]*\)\s*\}",
+                          re.MULTILINE)
+
+
+def test_the_docs_show_onnx_models_with_their_dynamic_axes() -> None:
+    """Every code example of the README, the docs and the notebooks imports an ONNX model with its symbolic dims
+    kept (a number in a binding fixes that dim only where a symbol sits beside it); the README's ONNX section starts
+    with the command that keeps every dynamic axis."""
+    examples = [(rel(page), b.text) for page in PAGES for b in blocks(page)]
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = [c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code"]
+        examples += [(rel(notebook), c.source) for c in cells]
+    assert [(where, m[0]) for where, text in examples for m in FIXED_SHAPES.finditer(text)] == []
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = blocks_of(readme[readme.index("## ONNX models"):])[0]
+    assert first.strip() == "rlx-egraph optimize model.onnx -o model.opt.onnx --target onnxruntime"
+
+
+def blocks_of(text: str) -> list[str]:
+    return [textwrap.dedent(m["body"]) for m in FENCE.finditer(text)]

@@ -176,3 +176,45 @@ def test_the_report_says_which_choices_depended_on_the_size_hints() -> None:
     assert f"choices that depend on the size hints (2): {report.hint_choices[0]}" in str(report)
     assert optimize(specialize(g, {"batch": 1024}), target="cuda").op_counts()["FusedMatMulBiasAct"] == 1
     assert optimize_with_report(specialize(g, {"batch": 64}), target="cuda")[1].hint_choices == []  # static: none
+
+
+def t5_cross_attention(hidden: int = 16, heads: int = 2) -> onnx.ModelProto:
+    """T5's decoder cross-attention as dynamo writes it with dynamic axes: the zero position bias
+    zeros([1, heads, decoder_sequence, sequence]) (an Expand of 0 to a shape from the inputs' Shapes; a constant
+    in a static export) added to the unscaled scores, then the encoder's padding mask Where(keep, 0, lowest)."""
+    m = OnnxBuilder(18)
+    x = m.input("decoder_hidden", onnx.TensorProto.FLOAT, ["batch", "decoder_sequence", hidden])
+    enc = m.input("encoder_hidden", onnx.TensorProto.FLOAT, ["batch", "sequence", hidden])
+    mask = m.input("attention_mask", onnx.TensorProto.INT64, ["batch", "sequence"])
+    hd = hidden // heads
+    q = m.split_heads(m.linear(x, "q", hidden, hidden, bias=False), heads, hd)
+    k, v = (m.split_heads(m.linear(enc, n, hidden, hidden, bias=False), heads, hd) for n in "kv")
+    scores = m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])])
+    size = m.op("Concat", [m.ints(1, heads), m.op("Shape", [x], start=1, end=2), m.op("Shape", [mask], start=1)],
+                axis=0)
+    zeros = m.op("Expand", [m.const(0.0), size])
+    keep = m.op("Unsqueeze", [m.op("Cast", [mask], to=onnx.TensorProto.BOOL), m.ints(1, 2)])
+    bias = m.op("Where", [keep, m.const(0.0), m.const(float(np.finfo(np.float32).min))])
+    probs = m.op("Softmax", [m.op("Add", [m.op("Add", [scores, zeros]), bias])], axis=-1)
+    return m.model({"y": m.linear(m.merge_heads(m.op("MatMul", [probs, v]), hidden), "o", hidden, hidden, bias=False)})
+
+
+def test_a_zero_position_bias_computed_at_run_time_fuses_like_the_static_constant() -> None:
+    """Softmax((scores + 0) + mask): the zero a Scalar broadcast under symbols, a zero constant when static; both
+    fuse to one cross-attention, exported as one Attention, and run at three shapes with the original's values."""
+    model = t5_cross_attention()
+    g = import_model(model)
+    assert g.symbols == ("batch", "decoder_sequence", "sequence")
+    hints = {"batch": 2, "decoder_sequence": 3, "sequence": 5}
+    opt = optimize(g, target="onnxruntime", dim_hints=hints)
+    static = optimize(import_model(model, bound_shapes(model, hints)), target="onnxruntime")
+    assert fused(opt) == fused(static) == {"MultiHeadAttention": 1}
+    exported = export_model(opt)
+    assert Counter(n.op_type for n in exported.graph.node)["Attention"] == 1
+    assert [dims(i) for i in exported.graph.input] == [dims(i) for i in model.graph.input]
+    assert dims(exported.graph.output[0]) == ["batch", "decoder_sequence", 16]
+    for binding in ({"batch": 1, "decoder_sequence": 1, "sequence": 7}, {"batch": 2, "decoder_sequence": 3,
+                                                                         "sequence": 5},
+                    {"batch": 3, "decoder_sequence": 9, "sequence": 17}):
+        inputs = dynamic_feeds(model, binding)
+        assert_close(run_ort(exported, inputs)[0], run_ort(model, inputs)[0])

@@ -4,6 +4,7 @@ zero-size tensors, local functions, If branches reading the enclosing graph, and
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -21,7 +22,9 @@ from rlx_egraph import evaluate, optimize, optimize_with_report, specialize
 from rlx_egraph.cli.main import main
 from rlx_egraph.frontends.onnx import exporter
 from rlx_egraph.ir.dims import parse
+from rlx_egraph.kernels.parity import ParityError
 from rlx_egraph.onnx import FoldLimits, OnnxImportError, export_model, import_model, onnx_rules
+from rlx_egraph.rules import RuleSet
 from test_onnx_import import assert_close, run_ort
 
 F = TensorProto.FLOAT
@@ -252,7 +255,23 @@ def test_onnx_node_names_are_kept_and_name_reports_and_exported_fused_nodes() ->
     assert onnx_attention.name.startswith("/CausalAttention[") and ", +" in onnx_attention.name
     kept = {n.name for n in exported.graph.node} & {n.name for n in model.graph.node}
     assert kept  # unfused nodes keep their ONNX names
-    assert all(str(m).count("'/") >= 1 for m in report.fusion.missed)  # misses name ONNX nodes
+    assert report.fusion.missed and all(str(m).count("'/") >= 1 for m in report.fusion.missed)  # misses name them
+    # the parity headline names its closest call by the ONNX nodes that node computes
+    m = OnnxBuilder(17)
+    fc = m.linear(m.input("x", F, ["batch", 16]), "fc", 16, 16)  # gelu_new: the tanh GELU, as GPT-2 writes it
+    inner = m.op("Add", [fc, m.op("Mul", [m.op("Pow", [fc, m.const(3.0)]), m.const(0.044715)])])
+    t = m.op("Tanh", [m.op("Mul", [inner, m.const(math.sqrt(2.0 / math.pi))])])
+    gelu = m.op("Mul", [m.op("Mul", [fc, m.const(0.5)]), m.op("Add", [t, m.const(1.0)])])
+    g = import_model(m.model({"y": gelu}))
+    out, report = optimize_with_report(g, target="cpu", verify=True)
+    worst = report.parity.worst
+    assert worst.tolerance_ratio > 0 and out.describe(worst.node) == "'/MatMul_0' + 9 more (FusedMatMulBiasAct)"
+    assert report.verification_lines()[-1].endswith("of tolerance ('/MatMul_0' + 9 more (FusedMatMulBiasAct))")
+    # and a parity failure names both nodes so (a wrong rule alone: x * 0.5 -> x)
+    wrong = RuleSet.from_strings('(rewrite (Mul ?x (Scalar 0.5 ?dt)) ?x :ruleset simplify :name "half-dropped")')
+    with pytest.raises(ParityError, match=r"^parity failure: '/Add_1' \+ 1 more \(Add\) differs from original "
+                                          r"'/Mul_11' \(Mul\) on seed 0"):
+        optimize_with_report(g, rules=wrong, target="cpu", verify=True)
 
 
 # --- zero-size tensors, local functions, If branches -----------------------------------------------------------

@@ -13,6 +13,8 @@ import pytest
 from onnx import helper
 
 from onnx_models import F, OnnxBuilder
+from rlx_egraph import optimize
+from rlx_egraph.onnx import export_model, import_model
 from test_onnx_rules import ENGINES, inputs_of, onnx_ops, optimized
 
 B, H, S, D, R = 2, 3, 5, 8, 4  # R of the D channels rotated
@@ -87,3 +89,76 @@ def test_partial_and_interleaved_rope_are_one_rotary_embedding_each(engine: str)
 
 def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray], output: str) -> np.ndarray:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run([output], inputs)[0]
+
+
+# --- GPT-J's tables computed at run time (dynamic axes) -------------------------------------------------------------
+
+MAX_POSITIONS = 24
+
+
+def gptj_rope_model(exporter: str, step: bool) -> onnx.ModelProto:
+    """GPT-J's partial interleaved rotary of q and k [batch, S, H, D] with dynamic axes, as each exporter writes it:
+    the sin-cos table [N, R] gathered at the positions (Range over the sequence; a decoding step's at the cache's
+    length ``past_sequence``, S = 1), split into sin and cos, each repeated pairwise (repeat_interleave: TorchScript
+    Tile of [1, S, 1, R/2, 1] by 2 on the last axis, dynamo Expand), the first R channels rotated by
+    rotate_every_two and the rest concatenated after them."""
+    m = OnnxBuilder(17 if exporter == "torchscript" else 18)
+    seq = 1 if step else "sequence"
+    q, k = (m.input(name, F, ["batch", seq, H, D]) for name in ("q", "k"))
+    if step:
+        past = m.input("past_key", F, ["batch", H, "past_sequence", D])
+        start = m.op("Gather", [m.op("Shape", [past]), m.const(2, np.int64)], axis=0)
+        limit = m.op("Add", [start, m.const(1, np.int64)])
+    else:
+        start, limit = m.const(0, np.int64), m.op("Gather", [m.op("Shape", [q]), m.const(1, np.int64)], axis=0)
+    positions = m.op("Unsqueeze", [m.op("Range", [start, limit, m.const(1, np.int64)]), m.ints(0)])  # [1, S]
+    angles = np.arange(MAX_POSITIONS)[:, None] * np.linspace(0.1, 1.0, R // 2)[None, :]
+    table = m.init("embed_positions", np.concatenate([np.sin(angles), np.cos(angles)], axis=-1).astype(np.float32))
+    sincos = m.op("GatherND", [table, m.op("Unsqueeze", [positions, m.ints(-1)])]) if exporter == "dynamo" else \
+        m.op("Gather", [table, positions], axis=0)  # [1, S, R]
+
+    def pairwise(half: str) -> str:  # repeat_interleave(t[:, :, None, :], 2, 3): [1, S, 1, R]
+        column = m.op("Unsqueeze", [half, m.ints(2, 4)])  # [1, S, 1, R/2, 1]
+        b, s = m.dims(half, 0, 1)
+        if exporter == "dynamo":
+            column = m.op("Expand", [column, m.op("Concat", [b, s, m.ints(1, R // 2, 2)], axis=0)])
+        else:
+            column = m.op("Tile", [column, m.ints(1, 1, 1, 1, 2)])
+        return m.op("Reshape", [column, m.op("Concat", [b, s, m.ints(1, R)], axis=0)])
+
+    sin, cos = (pairwise(m.op("Slice", [sincos, m.ints(start), m.ints(start + R // 2), m.ints(-1)]))
+                for start in (0, R // 2))
+
+    def rotate(x: str) -> str:
+        part = m.op("Slice", [x, m.ints(0), m.ints(R), m.ints(-1)])
+        y = m.op("Add", [m.op("Mul", [part, cos]), m.op("Mul", [rotate_every_two(m, part, R), sin])])
+        return m.op("Concat", [y, m.op("Slice", [x, m.ints(R), m.ints(END), m.ints(-1)])], axis=-1)
+
+    return m.model({"q_rotated": rotate(q), "k_rotated": rotate(k)})
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["prefill", "decode"])
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_interleaved_rope_with_tables_computed_at_run_time(exporter: str, step: bool) -> None:
+    model = gptj_rope_model(exporter, step)
+    graph = import_model(model)
+    assert graph.symbols == (("batch", "past_sequence") if step else ("batch", "sequence"))
+    opt = optimize(graph, target="onnxruntime")
+    assert {op: opt.op_counts()[op] for op in ("RotaryEmbedding", "Concat", "Neg", "Narrow", "OnnxOp")} == \
+        {"RotaryEmbedding": 2, "Concat": 0, "Neg": 0, "Narrow": 2, "OnnxOp": 0}  # the Narrows cut sin and cos
+    exported = export_model(opt)
+    ops = onnx_ops(exported)
+    assert (ops["RotaryEmbedding"], ops["Mul"], ops["Add"], ops["Neg"], ops["Tile"]) == (2, 0, 0, 0, 0)
+    attrs = [{a.name: helper.get_attribute_value(a) for a in n.attribute}
+             for n in exported.graph.node if n.op_type == "RotaryEmbedding"]
+    # on [B, S, H * D] with num_heads; a decoding step's one position read as [B, H, S, D] (the same caches)
+    assert attrs == [{"interleaved": 1, "rotary_embedding_dim": R, **({} if step else {"num_heads": H})}] * 2
+    assert [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in exported.graph.input] == \
+        [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input]
+    rng = np.random.default_rng(0)
+    for batch, length in ((1, 7), (2, 5), (3, 17)):
+        shapes = {"q": (batch, 1 if step else length, H, D), "k": (batch, 1 if step else length, H, D),
+                  "past_key": (batch, H, length, D)}
+        inputs = {i.name: rng.standard_normal(shapes[i.name]).astype(np.float32) for i in model.graph.input}
+        for name in ("q_rotated", "k_rotated"):
+            np.testing.assert_allclose(run(exported, inputs, name), run(model, inputs, name), rtol=0, atol=1e-5)

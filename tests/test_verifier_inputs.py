@@ -4,6 +4,7 @@ within the table they index), reference inputs from the user, and a clear error 
 import tracemalloc
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto
 
@@ -113,3 +114,27 @@ def test_a_sampled_check_still_catches_a_wrong_rule_and_skips_a_window_above_its
     with pytest.raises(ParityError, match=r"parity failure: node \d+ \(FusedMatMulBiasAct\) differs from original "
                                           r"node \d+ \(Relu\) .*built by rule\(s\): .*relu-dropped"):
         optimize_with_report(_huge_and_small(), rules=dropped, verify=True)
+
+
+def test_reference_inputs_size_an_onnx_models_symbols_at_the_command_line(tmp_path, capsys) -> None:
+    """``--verify-inputs feeds.npz`` on an ONNX model with dynamic axes: the arrays' shapes give the sizes the check
+    runs at and the exported model keeps its symbols; arrays that disagree on a symbol are one error line, exit 2."""
+    b = OnnxBuilder(17)
+    m = b.input("m", TensorProto.INT64, ["batch", "sequence"])
+    x = b.input("x", F, ["batch", "sequence", 8])
+    pos = b.op("Sub", [b.op("Mul", [b.op("CumSum", [m, b.const(1, np.int64)]), m]), b.const(1, np.int64)])
+    onnx.save(b.model({"y": b.op("Add", [x, b.op("Gather", [b.weight("pos_table", 8, 8), pos])])}), tmp_path / "m.onnx")
+    mask = np.array([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], np.int64)
+    np.savez(tmp_path / "feeds.npz", m=mask, x=np.ones((2, 6, 8), np.float32))
+    command = ["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out.onnx"), "--verify-inputs",
+               str(tmp_path / "feeds.npz")]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "values checked: requested with reference inputs ('m', 'x')" in out and "parity: ok on " in out
+    exported = onnx.load(tmp_path / "out.onnx")
+    assert [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in exported.graph.input] == \
+        [["batch", "sequence"], ["batch", "sequence", 8]]
+    np.savez(tmp_path / "feeds.npz", m=mask, x=np.ones((2, 5, 8), np.float32))
+    assert main(command) == 2
+    assert capsys.readouterr().err.strip() == ("error: parity check: reference inputs: node 1 (Input 'x'): symbol "
+                                               "'sequence' is 5 here and 6 in an input before")

@@ -393,9 +393,12 @@ def _summarize(report: OptimizeReport, before: Graph, after: Graph, tgt: Target,
 
 
 def snapshot(graph: Graph) -> Graph:
-    """A graph of the same nodes and outputs, which later changes to ``graph`` do not reach (nodes are immutable)."""
+    """A graph of the same nodes, outputs and source node names, which later changes to ``graph`` do not reach
+    (nodes are immutable)."""
     copy = Graph.from_checked(graph.name, list(graph.nodes))
     copy.set_outputs(graph.outputs)
+    if "node_names" in graph.meta:
+        copy.meta["node_names"] = dict(graph.meta["node_names"])
     return copy
 
 

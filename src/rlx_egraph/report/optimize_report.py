@@ -225,7 +225,10 @@ class OptimizeReport:
         if worst is None or worst.tolerance_ratio == 0:
             detail = ", all values equal" if worst else ""
         else:
-            detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance (node {worst.node} {worst.op})"
+            after = self.graphs[1] if self.graphs is not None else None
+            where = after.describe(worst.node) if after is not None and worst.node in after \
+                and after.source_names(worst.node) else f"node {worst.node} {worst.op}"
+            detail = f", worst at {worst.tolerance_ratio:.2g} of tolerance ({where})"
         what = f"on {check.sample}" if check.sample else \
             "every optimized node against the value it replaces, with the numpy reference kernels on seeded random data"
         why = [f"values checked: {check.why}; {what}"] if check.checked else []

@@ -416,6 +416,20 @@ def _gather(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     return None
 
 
+def _gather_nd(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
+    """Indices that read the data in order are a view (:func:`_view`); rows of a matrix by integer ids ``[..., 1]``
+    (dynamo's spelling of ``table[positions]``) the Embedding TorchScript's Gather of those rows imports as."""
+    view = _view(imp, node, at)
+    if view is not None:
+        return view
+    data, indices = imp.type(node.input[0]), imp.type(node.input[1])
+    if at.get("batch_dims", 0) or data.rank != 2 or indices.rank < 2 or indices.shape[-1] != 1 \
+            or indices.dtype not in ("i64", "i32"):
+        return None
+    rows = imp.fit(imp.tensor(node.input[1]), indices.shape[:-1])
+    return _out(imp.graph.embedding(imp.tensor(node.input[0]), rows))
+
+
 def _reshape_to(imp: Importer, name: str, shape: tuple[int, ...]) -> Outputs:
     if not shape:
         return None  # rank 0: MIR's Reshape needs at least one dim
@@ -529,11 +543,10 @@ def _every_kth(imp: Importer, name: str, axes: list[int], starts: list[int], end
                steps: list[int]) -> Outputs:
     """One axis of static size ``n`` cut every ``k``-th element from ``s < k`` to its end (``x[..., 1::2]``, the
     odd channels of interleaved RoPE): the axis viewed as ``[n / k, k]``, column ``s`` narrowed out and the view
-    undone (Reshape, Narrow, Reshape), the form every rule reads.  None (an ONNX Slice) for any other step, and on
-    symbolic shapes: there interleaved RoPE's tables are computed at run time, which the export cannot hand to
-    RotaryEmbedding, and its decomposition would write more nodes than the Slice."""
+    undone (Reshape, Narrow, Reshape), the form every rule reads, whether the other axes are static or symbolic.
+    None (an ONNX Slice) for any other step, and for an axis or bounds of symbolic size."""
     shape = imp.type(name).shape
-    if len(axes) != 1 or symbols_of([*shape, *starts, *ends]):
+    if len(axes) != 1 or symbols_of([shape[axes[0]], *starts, *ends]):
         return None
     (axis,), (start,), (end,), (k,) = axes, starts, ends, steps
     n = shape[axis]
@@ -618,13 +631,17 @@ def _expand(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
 def _tile(imp: Importer, node: onnx.NodeProto, at: dict) -> Outputs:
     """Tile by symbolic repeats (a mask or positions repeated over the batch, whose output onnx's shape inference
     leaves unknown): a size-1 axis before each repeated axis of size > 1, an Expand over the repeats, a Reshape
-    merging each repeat into its axis.  Tile by static repeats stays an ONNX node."""
+    merging each repeat into its axis.  Tile by static repeats of axes of size 1 only is an Expand (TorchScript's
+    repeat_interleave of a rotary table: Tile of [..., n, 1] by [1, ..., 1, 2], dynamo's Expand); by other static
+    repeats it stays an ONNX node."""
     repeats = imp.known_dims(node.input[1])
-    if not is_symbolic(repeats) or not imp.type(node.input[0]).shape:
+    if repeats is None or not imp.type(node.input[0]).shape:
         return None
     x = imp.tensor(node.input[0])
     shape = imp.graph.node(x).shape
     reps = [as_dim(r) for r in repeats.reshape(-1)]
+    if not is_symbolic(repeats) and any(r != 1 and d != 1 for d, r in zip(shape, reps, strict=True)):
+        return None
     split: list[Dim] = []
     expanded: list[Dim] = []
     for d, r in zip(shape, reps, strict=True):
@@ -774,7 +791,7 @@ LOWERINGS: dict[str, Lowering] = {
     "MatMul": _matmul,
     "Gemm": _gemm,
     "Gather": _gather,
-    "GatherND": _view,
+    "GatherND": _gather_nd,
     "GatherElements": _view,
     "Reshape": _reshape,
     "Flatten": _flatten,

@@ -532,8 +532,8 @@ def _rotary(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType
     split heads [B, H, S, D], or on [B, S, H, D] through its [B, S, H * D] view (``num_heads``), when cos and sin
     have the form it takes: the same for every head, with equal halves ([c, c]; equal pairs when interleaved); its
     caches are one of each [B, S, R / 2] for the R channels rotated.  Known tables are checked by value; tables
-    computed at run time (symbolic dims) by form: [B or 1, 1, S, R] of a Cos or Sin of a Concat of one value with
-    itself (rotate-half on split heads), and the caches are their first halves, sliced at run time."""
+    computed at run time (symbolic dims) by form (:func:`halves_alike`), [B or 1, 1, S, R] or [B or 1, S, 1, R],
+    and the caches are their first halves (their even channels when interleaved), sliced at run time."""
     shape = types[0].shape
     if len(shape) != 4:
         return None
@@ -547,13 +547,17 @@ def _rotary(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType
     caches = []
     for table, name, nid, t in tables:
         if table is None:
-            if interleaved or head_axis != 1 or not halves_alike(b, nid) or t.shape[2:] != (shape[2], rotated):
+            seq = 3 - head_axis  # the sequence axis of x
+            rows = (1,) * (4 - t.rank) + tuple(t.shape)
+            if rows[0] not in (1, shape[0]) or not halves_alike(b, nid, interleaved):
                 return None
-            key = ("rotary cache", name, shape[0])
+            key = ("rotary cache", name, shape[0], shape[seq])
             if key not in b.dim_tensors:  # q and k read the same tables: one cache each
-                cache = b.op("Slice", [name, b.ints([0]), b.ints([half]), b.ints([-1])])
-                cache = b.op("Reshape", [cache, b.ints([t.shape[0], shape[2], half])])
-                b.dim_tensors[key] = cache if t.shape[0] == shape[0] else b.expand(cache, [shape[0], shape[2], half])
+                cut = [b.ints([0]), b.ints([rotated]), b.ints([-1]), b.ints([2])] if interleaved else \
+                    [b.ints([0]), b.ints([half]), b.ints([-1])]
+                cache = b.op("Reshape", [b.op("Slice", [name, *cut]), b.ints([rows[0], rows[seq], half])])
+                b.dim_tensors[key] = cache if (rows[0], rows[seq]) == (shape[0], shape[seq]) else \
+                    b.expand(cache, [shape[0], shape[seq], half])
             caches.append(b.dim_tensors[key])
             continue
         if not all(isinstance(d, int) for d in shape):
@@ -585,15 +589,21 @@ def _rotary_head_axis(shape: tuple, rotated: int, tables: list[TensorType]) -> i
     return None
 
 
-def halves_alike(b: ExportBuilder, nid: int) -> bool:
+def halves_alike(b: ExportBuilder, nid: int, interleaved: bool = False) -> bool:
     """Node ``nid`` of the graph being written has equal halves on its last axis by its form: a Cos or Sin (kept as
-    ONNX ops) of a Concat of one value with itself, through views that keep the last axis, a Cast or a scale."""
+    ONNX ops) of a Concat of one value with itself, through views that keep the last axis, a Cast or a scale.
+    ``interleaved``: equal pairs (channels 2i and 2i + 1) instead, each value repeated twice along the last axis
+    (repeat_interleave: [..., n, 1] expanded to [..., n, 2] and viewed as [..., 2n]) through the same."""
     graph = b.graph
     if graph is None:
         return False
     n = graph.node(nid)
     while _keeps_halves(graph, n):
         n = graph.node(n.inputs[0])
+    if interleaved:
+        pairs = graph.node(n.inputs[0]) if n.op == "Reshape" else None
+        return pairs is not None and pairs.op == "Expand" and len(pairs.shape) >= 2 and pairs.shape[-1] == 2 \
+            and graph.node(pairs.inputs[0]).shape[-1:] == (1,) and n.shape == (*pairs.shape[:-2], 2 * pairs.shape[-2])
     return n.op == "Concat" and n.attrs["axis"] in (-1, len(n.shape) - 1) and len(n.inputs) == 2 \
         and n.inputs[0] == n.inputs[1]
 
