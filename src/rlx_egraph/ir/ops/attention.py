@@ -295,7 +295,8 @@ def _mha_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.
     if a["causal"]:
         sq, sk = q.shape[1], k.shape[1]
         keep = np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
-        scores = np.where(keep, scores, np.asarray(a["fill"], q.dtype))
+        with np.errstate(over="ignore"):  # a float32 fill is -inf in half precision
+            scores = np.where(keep, scores, np.asarray(a["fill"], q.dtype))
     p = K.softmax(scores, -1)
     return np.matmul(np.where(np.isnan(p), 0, p) if a["nan_to_zero"] else p, v4).transpose(0, 2, 1, 3)
 
@@ -335,9 +336,10 @@ def _mha_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     bias = pick(rng, [(batch, heads, seq, keys), (1, heads, seq, keys), (batch, 1, 1, keys), (seq, keys), None])
     if bias is not None:
         shapes["bias"] = bias
+    causal = bool(rng.integers(2))
     return shapes, {"heads": heads, "scale": pick(rng, [1.0, d**-0.5, float(rng.uniform(0.1, 1.0))]),
-                    "causal": bool(rng.integers(2)), "nan_to_zero": bool(rng.integers(2)),
-                    "fill": pick(rng, [-1e9, float(np.finfo(np.float32).min)])}
+                    "causal": causal, "nan_to_zero": bool(rng.integers(2)),
+                    "fill": pick(rng, [-1e9, float(np.finfo(np.float32).min)]) if causal else -1e9}
 
 
 def rotary_infer(a: Attrs, ins: list[T]) -> T:
@@ -643,8 +645,8 @@ ATTENTION = [
            doc="Attention over separate projections q [B, S, heads * D], k [B, L, heads * D] and v [B, L, heads * Dv] "
                "(cross attention: keys and values from another sequence), each split into heads, with an additive "
                "bias broadcast to the scores [B, heads, S, L] (a position bias, a padding mask) or none, causally "
-               "(query i sees keys j <= i + L - S; the scores of the keys it drops replaced by fill, after the bias is added, "
-               "as the exporters' Where writes it) or not (nan_to_zero: rows whose keys are all masked give 0, not "
+               "(query i sees keys j <= i + L - S; the scores of the keys it drops, bias added, set to fill as the "
+               "exporters' Where writes it) or not (nan_to_zero: rows whose keys are all masked give 0, not "
                "NaN): the context [B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's "
                "MultiHeadAttention).",
            decompose=_mha_decompose, sampler=_mha_sample,
