@@ -295,7 +295,7 @@ def _mha_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.
     if a["causal"]:
         sq, sk = q.shape[1], k.shape[1]
         keep = np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
-        with np.errstate(over="ignore"):  # a float32 fill is -inf in half precision
+        with np.errstate(over="ignore"):  # a fill beyond the dtype's range is -inf
             scores = np.where(keep, scores, np.asarray(a["fill"], q.dtype))
     p = K.softmax(scores, -1)
     return np.matmul(np.where(np.isnan(p), 0, p) if a["nan_to_zero"] else p, v4).transpose(0, 2, 1, 3)
