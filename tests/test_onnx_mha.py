@@ -124,3 +124,41 @@ def test_a_gqa_sdpa_attention_with_one_clause_broken_is_a_near_miss_naming_that_
     (miss,) = [m for m in report.fusion.missed if m.rule == "onnx-attention-isnan"]
     assert (miss.kind, miss.reason, miss.detail.split(" except that ")[1]) == (
         "near miss", "guard", "the guard (attn-scores ?s ?q4 ?k4 ?scale) does not hold")
+
+
+def left_padded_decoder_attention() -> onnx.ModelProto:
+    """T5's decoder self attention over a left-padded batch: Where(causal, scores + position bias + padding,
+    lowest), the padding Where(attention_mask, 0, lowest)."""
+    m = OnnxBuilder(18)
+    x = m.input("decoder_states", F, [2, TARGET, HIDDEN])
+    mask = m.input("attention_mask", TensorProto.INT64, [2, TARGET])
+    q, k, v = (split(m, m.linear(x, f"self.{n}", HIDDEN, HIDDEN, bias=False), TARGET) for n in "qkv")
+    padding = m.op("Where", [m.op("Unsqueeze", [m.op("Cast", [mask], to=TensorProto.BOOL), m.ints(1, 2)]),
+                             m.const(0.0), m.const(LOWEST)])
+    bias = m.op("Add", [m.weight("position_bias", 1, HEADS, TARGET, TARGET, scale=1.0), padding])
+    scores = m.op("Add", [m.op("MatMul", [q, m.op("Transpose", [k], perm=[0, 1, 3, 2])]), bias])
+    keep = m.init("causal", np.tril(np.ones((TARGET, TARGET), bool)))
+    probs = m.op("Softmax", [m.op("Where", [keep, scores, m.const(LOWEST)])], axis=-1)
+    return m.model({"context": merge(m, m.op("MatMul", [probs, v]), TARGET)})
+
+
+def test_a_left_padded_decoders_fully_masked_rows_keep_the_originals_values() -> None:
+    """The first two queries of the left-padded row see only padded keys: the Where's fill ties with the masked
+    scores there (weights spread over every key), which the fused op keeps by carrying the fill.  onnxruntime's
+    Attention gives 0 on exactly those rows (docs/onnx.md); every other row agrees."""
+    model = left_padded_decoder_attention()
+    mask = np.ones((2, TARGET), np.int64)
+    mask[1, :2] = 0
+    out, report = optimize_with_report(import_model(model), target="onnxruntime", rules=onnx_rules(),
+                                       verify={"attention_mask": mask})
+    assert report.parity.ok
+    (fused,) = [n for n in out.nodes if n.op == "MultiHeadAttention"]
+    assert (fused.attrs["causal"], fused.attrs["fill"]) == (True, LOWEST)
+    feeds = {"decoder_states": np.random.default_rng(0).standard_normal((2, TARGET, HIDDEN)).astype(np.float32),
+             "attention_mask": mask}
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    (got,) = ort.InferenceSession(export_model(out).SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, feeds)
+    differ = np.abs(got - want).max(axis=-1) > 1e-5
+    assert np.argwhere(differ).tolist() == [[1, 0], [1, 1]]
+    assert not got[1, :2].any() and want[1, :2].any()

@@ -85,6 +85,16 @@ WRONG_AMONG_SHIPPED = {
     # the rule that wrote the rows is at fault (layer-norm stays sound)
     "tanh-is-ln-normed": """
 (rule ((= ?n (Tanh ?x))) ((ln-normed ?n ?x 1e-05)) :ruleset recognize :name "tanh-is-ln-normed")""",
+    # the shipped causal biased attention with its own fill for the causal Where's: right wherever a query keeps an
+    # unmasked key, wrong on the rows a left-padded mask fully masks (only the padded-mask run draws them)
+    "causal-biased-own-fill": """
+(rule ((= ?ctx (MatMul (Softmax ?c -1) ?v4)) (causal-scores ?c ?sum) (= ?c (Where ?keep ?sum (Scalar ?fill ?dt)))
+       (= ?sum (Add ?s ?bias)) (attn-scores ?s ?q4 ?k4 ?scale) (= (shape ?sum) (shape ?s))
+       (> (vec-length (shape ?bias)) 0) (= (shape ?k4) (shape ?v4)) (split-qk ?q4 ?k4)
+       (head-split ?q4 ?q ?heads) (head-split ?k4 ?k ?heads) (head-split ?v4 ?v ?heads)
+       (= ?t (Transpose ?ctx (vec-of 0 2 1 3))))
+      ((union ?t (MultiHeadAttention ?q ?k ?v ?bias ?heads ?scale true false -1000000000.0)))
+      :ruleset blocks :name "causal-biased-own-fill")""",
 }
 SHIPPED_FILES = {str(p.relative_to(ROOT)) for p in (ROOT / "rules").rglob("*.egg")}  # rules/ and rules/onnx/
 

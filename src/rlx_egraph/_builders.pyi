@@ -131,8 +131,8 @@ class GraphBuilders:
         """Append a Min node (elementwise). Elementwise Min with numpy broadcasting."""
     def mul(self, a: int, b: int) -> int:
         """Append a Mul node (elementwise). Elementwise Mul with numpy broadcasting."""
-    def multi_head_attention(self, q: int, k: int, v: int, bias: int | None = None, *, heads: int, scale: float, causal: bool = False) -> int:
-        """Append a MultiHeadAttention node (fused). Attention over separate projections q [B, S, heads * D], k [B, L, heads * D] and v [B, L, heads * Dv] (cross attention: keys and values from another sequence), each split into heads, with an additive bias broadcast to the scores [B, heads, S, L] (a position bias, a padding mask) or none, causally (query i sees keys j <= i + L - S) or not: the context [B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's MultiHeadAttention)."""
+    def multi_head_attention(self, q: int, k: int, v: int, bias: int | None = None, *, heads: int, scale: float, causal: bool = False, nan_to_zero: bool = False, fill: float = -1000000000.0) -> int:
+        """Append a MultiHeadAttention node (fused). Attention over separate projections q [B, S, heads * D], k [B, L, heads * D] and v [B, L, heads * Dv] (cross attention: keys and values from another sequence), each split into heads, with an additive bias broadcast to the scores [B, heads, S, L] (a position bias, a padding mask) or none, causally (query i sees keys j <= i + L - S; the scores of the keys it drops, bias added, set to fill as the exporters' Where writes it) or not (nan_to_zero: rows whose keys are all masked give 0, not NaN): the context [B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's MultiHeadAttention)."""
     def narrow(self, x: int, *, axis: int = -1, start: int | str, length: int | str) -> int:
         """Append a Narrow node (layout). Slice [start, start+length) of one axis."""
     def neg(self, x: int) -> int:

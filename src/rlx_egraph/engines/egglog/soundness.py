@@ -40,7 +40,7 @@ from ...ir.dtypes import PARITY_TOLERANCE, dtype, loosest
 from ...ir.graph import Graph
 from ...ir.ops.reference import run_node
 from ...ir.registry import Kind
-from ...kernels.interpreter import special_rounds
+from ...kernels.interpreter import random_value, special_rounds
 from ...kernels.parity import ROUNDING_FACTOR, Reference, computed_from, precisions, tolerance_ratio, widened_graph
 from ...rules import Insert, variables
 from ...rules.instances import (
@@ -64,6 +64,8 @@ from .view import EGraphView, build_view
 
 SOUND, UNSOUND, NOT_CHECKABLE = "sound", "unsound", "not checkable"
 SEEDS = 2  # seeds each instance is evaluated on
+# What an additive mask passes through on its way from a leaf to the Softmax it masks.
+_MASK_PATH = frozenset({"Add", "Where", "Expand", "Reshape"})
 _LIMITS = SaturationLimits(max_iterations=12, max_enodes=20_000, max_seconds=20.0)
 
 
@@ -254,7 +256,8 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
                     seed: int) -> list[tuple[tuple[str, ...], tuple[str, ...], CounterExample]]:
     """Every e-node of every class a rule touched against its class's value, on SEEDS seeds and then on the
     first again in special rounds with IEEE special values (-0.0, +-inf, NaN, subnormals, +-max) at a share of
-    every float leaf, as many rounds as put every kind in every leaf of more than one element.
+    every float leaf, as many rounds as put every kind in every leaf of more than one element; where a leaf masks
+    scores (:func:`_left_padded_masks`), once more with its first keys masked.
 
     The reach is the parity verifier's: the dtype tolerance plus ROUNDING_FACTOR
     times the input graph's own rounding error where the class holds an input-graph
@@ -272,8 +275,11 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
     out = []
     rounds = special_rounds(n.type.numel for n in graph.nodes if n.op in ("Input", "Param")
                             and dtype(n.dtype).is_float)
-    for s, special in [*((s, 0) for s in range(seed, seed + SEEDS)), *((seed, k) for k in range(1, rounds + 1))]:
-        ref = Reference.build(graph, wide, s, precision, everything, special=special)
+    padded = _left_padded_masks(graph, seed)
+    runs = [*((s, 0, {}) for s in range(seed, seed + SEEDS)), *([(seed, 0, padded)] if padded else []),
+            *((seed, k, {}) for k in range(1, rounds + 1))]
+    for s, special, feeds in runs:
+        ref = Reference.build(graph, wide, s, precision, everything, feeds, special=special)
         node_values = ref.values
         values = _class_values(view, graph, node_values)
         largest = max(ref.magnitudes().values(), default=0.0) if special else 0.0
@@ -317,13 +323,46 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
                     problem = (f"a {n.op} e-node differs from its e-class's value (computed by "
                                f"{_describe_class(cls, graph)}) by {how} on seed {s}"
                                + (" with IEEE special values (-0.0, +-inf, NaN, subnormals, +-max) in its leaves "
-                                  f"(round {special})" if special else "") + f"; built or merged by {', '.join(rules)}"
+                                  f"(round {special})" if special else "")
+                               + (f" with the first keys of mask(s) {', '.join(feeds)} masked (the dtype's lowest: "
+                                  "rows whose kept keys are all masked)" if feeds else "")
+                               + f"; built or merged by {', '.join(rules)}"
                                + (f" on helper-relation rows written by {', '.join(writers)}" if writers else ""))
                     out.append((rules, writers, CounterExample(rules[0] if rules else "?", problem, leaves,
                                                                dict(n.attrs), max_abs)))
         if out:
             break
     return out
+
+
+def _left_padded_masks(graph: Graph, seed: int) -> dict[str, np.ndarray]:
+    """Values for the float Inputs of ``graph`` added to scores on their way to a Softmax (masks, position
+    biases): seed ``seed``'s, with the first half of the last axis (at least one element) the dtype's lowest, as
+    a left-padded batch's mask.  With a causal mask the first queries then keep only masked keys: rows the other
+    runs never draw, where a fill that ties with the mask decides the weights."""
+    feeds = {}
+    for leaf in graph.inputs:
+        value = random_value(graph, leaf, seed)
+        if value.ndim and value.dtype in (np.float16, np.float32, np.float64) and _masks_scores(graph, leaf.id):
+            value = value.copy()
+            value[..., :max(1, value.shape[-1] // 2)] = np.finfo(value.dtype).min
+            feeds[leaf.name] = value
+    return feeds
+
+
+def _masks_scores(graph: Graph, leaf: int) -> bool:
+    """Whether ``leaf`` reaches a Softmax through an Add and only the ops of _MASK_PATH."""
+    stack, seen = [(leaf, False)], set()
+    while stack:
+        nid, added = stack.pop()
+        for user in graph.users(nid):
+            op = graph.node(user).op
+            if op == "Softmax" and added:
+                return True
+            if op in _MASK_PATH and (user, added or op == "Add") not in seen:
+                seen.add((user, added or op == "Add"))
+                stack.append((user, added or op == "Add"))
+    return False
 
 
 def _describe_class(cls: Any, graph: Graph) -> str:

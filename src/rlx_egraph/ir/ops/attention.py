@@ -264,10 +264,6 @@ def _qkv_attention_flops(a: Attrs, ins: list[T], out: T) -> int:
     return 2 * x.numel * w.shape[-1] + 4 * out.numel * x.shape[1]
 
 
-# The score of a key the causal mask drops: its weight is 0 in every float dtype (-inf in half precision).
-_MASKED = -1e9
-
-
 def _mha_infer(a: Attrs, ins: list[T]) -> T:
     q, k, v, *bias = ins
     for label, t in (("q", q), ("k", k), ("v", v)):
@@ -293,31 +289,39 @@ def _split(x: np.ndarray, heads: int) -> np.ndarray:
 
 def _mha_kernel(a: Attrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     q4, k4, v4 = (_split(t, a["heads"]) for t in (q, k, v))
-    bias = np.zeros((), q.dtype) if bias is None else bias
+    scores = np.matmul(q4, np.swapaxes(k4, -1, -2)) * np.asarray(a["scale"], q.dtype)
+    if bias is not None:
+        scores = scores + bias
     if a["causal"]:
         sq, sk = q.shape[1], k.shape[1]
         keep = np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
-        bias = np.where(keep, bias, np.asarray(_MASKED, q.dtype))
-    return biased_attention_kernel({"scale": a["scale"], "nan_to_zero": a["nan_to_zero"]}, q4, k4, v4,
-                                   bias).transpose(0, 2, 1, 3)
+        with np.errstate(over="ignore"):  # a fill beyond the dtype's range is -inf
+            scores = np.where(keep, scores, np.asarray(a["fill"], q.dtype))
+    p = K.softmax(scores, -1)
+    return np.matmul(np.where(np.isnan(p), 0, p) if a["nan_to_zero"] else p, v4).transpose(0, 2, 1, 3)
 
 
 def _mha_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
     """q, k and v each split into heads (Reshape [B, S, heads, D], Transpose 0 2 1 3), BiasedAttention (a zero
-    bias when there is none; causal: the bias where the causal mask keeps a key, else -1e9) or CausalAttention
-    (causal, no bias; every query keeps a key), transposed back to [B, S, heads, Dv]."""
+    bias when there is none) or, causal, the scores plus the bias where the causal mask keeps a key, else the
+    fill (Where(CausalMask, scores + bias, fill), softmax, (NaN rows to 0), @ v: what the exporters write),
+    transposed back to [B, S, heads, Dv]."""
     q, k, v, *bias = ins
     q4, k4, v4 = (g.transpose(g.reshape(t, shape=(*g.node(t).shape[:2], a["heads"], g.node(t).shape[2] // a["heads"])),
                               perm=(0, 2, 1, 3)) for t in (q, k, v))
     dt = g.node(q).dtype
-    if a["causal"] and not bias:
-        return g.transpose(g.causal_attention(q4, k4, v4, scale=a["scale"]), perm=(0, 2, 1, 3))
-    mask = bias[0] if bias else g.scalar(0.0, dt)
-    if a["causal"]:
-        keep = g.add_node("CausalMask", shape=(g.node(q).shape[1], g.node(k).shape[1]))
-        mask = g.where(keep, mask, g.scalar(_MASKED, dt))
-    return g.transpose(g.biased_attention(q4, k4, v4, mask, scale=a["scale"], nan_to_zero=a["nan_to_zero"]),
-                       perm=(0, 2, 1, 3))
+    if not a["causal"]:
+        mask = bias[0] if bias else g.scalar(0.0, dt)
+        return g.transpose(g.biased_attention(q4, k4, v4, mask, scale=a["scale"], nan_to_zero=a["nan_to_zero"]),
+                           perm=(0, 2, 1, 3))
+    scores = g.mul(g.matmul(q4, g.transpose(k4, perm=(0, 1, 3, 2))), g.scalar(a["scale"], dt))
+    if bias:
+        scores = g.add(scores, bias[0])
+    keep = g.add_node("CausalMask", shape=(g.node(q).shape[1], g.node(k).shape[1]))
+    p = g.softmax(g.where(keep, scores, g.scalar(a["fill"], dt)), axis=-1)
+    if a["nan_to_zero"]:
+        p = g.where(g.equal(p, p), p, g.scalar(0.0, dt))
+    return g.transpose(g.matmul(p, v4), perm=(0, 2, 1, 3))
 
 
 def _mha_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
@@ -332,8 +336,10 @@ def _mha_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     bias = pick(rng, [(batch, heads, seq, keys), (1, heads, seq, keys), (batch, 1, 1, keys), (seq, keys), None])
     if bias is not None:
         shapes["bias"] = bias
+    causal = bool(rng.integers(2))
     return shapes, {"heads": heads, "scale": pick(rng, [1.0, d**-0.5, float(rng.uniform(0.1, 1.0))]),
-                    "causal": bool(rng.integers(2)), "nan_to_zero": bool(rng.integers(2))}
+                    "causal": causal, "nan_to_zero": bool(rng.integers(2)),
+                    "fill": pick(rng, [-1e9, float(np.finfo(np.float32).min)]) if causal else -1e9}
 
 
 def rotary_infer(a: Attrs, ins: list[T]) -> T:
@@ -645,11 +651,12 @@ ATTENTION = [
            onnx=OnnxWriter("com.microsoft Attention (packed projection, additive bias or causal)", _qkv_attention)),
     OpSpec("MultiHeadAttention", Kind.FUSED, ("q", "k", "v", "bias?"), _mha_infer, _mha_kernel,
            (AttrSpec("heads", INT, check=at_least_one), _SCALE, AttrSpec("causal", B, False),
-            AttrSpec("nan_to_zero", B, False)), flops=attention_flops,
+            AttrSpec("nan_to_zero", B, False), AttrSpec("fill", F, -1e9)), flops=attention_flops,
            doc="Attention over separate projections q [B, S, heads * D], k [B, L, heads * D] and v [B, L, heads * Dv] "
                "(cross attention: keys and values from another sequence), each split into heads, with an additive "
                "bias broadcast to the scores [B, heads, S, L] (a position bias, a padding mask) or none, causally "
-               "(query i sees keys j <= i + L - S) or not (nan_to_zero: rows whose keys are all masked give 0, not "
+               "(query i sees keys j <= i + L - S; the scores of the keys it drops, bias added, set to fill as the "
+               "exporters' Where writes it) or not (nan_to_zero: rows whose keys are all masked give 0, not "
                "NaN): the context [B, S, heads, Dv] (a Reshape merges the heads for free; onnxruntime's "
                "MultiHeadAttention).",
            decompose=_mha_decompose, sampler=_mha_sample,
