@@ -304,8 +304,9 @@ class OpSpec:
     ``onnx`` is the op's ONNX export (:mod:`rlx_egraph.ir.export`): one ONNX node as data (:class:`OnnxExport`) or
     a function that writes it (:class:`OnnxWriter`); None: the exporter's own table, else the decomposition.  A
     fused op that declares one is an op the ``onnxruntime`` cost target runs.  ``cost_class`` names the measured
-    cost line that prices the op on a target with per-op lines when it has none of its own: another op's name (an
-    op exported as the same kernel) or a kind; empty: its kind.  ``rule`` is the op's recognition rule when it is
+    cost line that prices the op on a target with per-op lines: another op's name (an op onnxruntime runs as the
+    same kernel; it takes precedence over a line of the op's own) or a kind; empty: the op's own line, else its
+    kind's.  ``rule`` is the op's recognition rule when it is
     the decomposition read backwards (:class:`DecompositionRule`): it is generated from ``decompose``.
     """
 

@@ -294,7 +294,10 @@ CONV_OPS = [
            doc="act(Conv(x, w, b) + z) in one kernel (onnxruntime's com.microsoft FusedConv): z, a residual of "
                "the output's shape, needs a bias before it; act relu, clip (to [clip_min, clip_max]), sigmoid or "
                "tanh.",
-           onnx=OnnxWriter("com.microsoft FusedConv (activation, sum input)", _fused_conv)),
+           onnx=OnnxWriter("com.microsoft FusedConv (activation, sum input)", _fused_conv),
+           # onnxruntime runs a FusedConv, and a Conv with the activation and sum it fuses when the session loads,
+           # as one convolution kernel (its blocked NCHWc Conv at ORT_ENABLE_ALL): Conv's line prices both
+           cost_class="Conv"),
     OpSpec("BnFoldWeight", Kind.WEIGHT_PREP, ("w", "scale", "var"), _fold_weight_infer, K.bn_fold_weight,
            (_bn_eps(),), decompose=_fold_weight_decompose,
            sampler=_fold_sample("w", "scale", "var"),
