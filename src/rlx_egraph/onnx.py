@@ -17,7 +17,7 @@ except ModuleNotFoundError as exc:
     raise MissingExtra("ONNX support needs the onnx extra: pip install 'rlx-egraph[onnx]'") from exc
 
 from .frontends.onnx.calibrate import calibrate  # noqa: E402
-from .frontends.onnx.exporter import check_weights, export_model, save_model  # noqa: E402
+from .frontends.onnx.exporter import check_weights, export_model, save_model, save_ort_optimized  # noqa: E402
 from .frontends.onnx.importer import FoldLimits, OnnxImportError, import_model  # noqa: E402
 from .frontends.onnx.latency import Latency, measure_latencies, measure_latency, measure_report  # noqa: E402
 from .frontends.onnx.pricing import ExportPrice, price_export  # noqa: E402
@@ -25,4 +25,4 @@ from .frontends.onnx.rules import onnx_rules  # noqa: E402
 
 __all__ = ["ExportPrice", "FoldLimits", "Latency", "MissingExtra", "OnnxImportError", "calibrate", "check_weights",
            "export_model", "import_model", "measure_latencies", "measure_latency", "measure_report", "onnx_rules",
-           "price_export", "save_model"]
+           "price_export", "save_model", "save_ort_optimized"]
