@@ -14,7 +14,7 @@ import pytest
 
 import calibrations
 from onnx_models import F, OnnxBuilder, resnet_block
-from rlx_egraph import Graph
+from rlx_egraph import Graph, GraphError
 from rlx_egraph.frontends.onnx.compare import op_counts, session
 from rlx_egraph.ir import Kind
 from rlx_egraph.onnx import export_model, import_model
@@ -183,3 +183,56 @@ def test_a_channels_layer_norm_layout_pair_cancels_across_the_residual_sum(tmp_p
         np.testing.assert_allclose(run(exported, x_value), want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
     session(model, "ORT_ENABLE_ALL", tmp_path / "ort.onnx")
     assert op_counts(exported)[1] < op_counts(onnx.load(tmp_path / "ort.onnx"))[1]
+
+
+def inverted_residual(channels: int = 8, expand: int = 6) -> onnx.ModelProto:
+    """MobileNetV2's inverted residual block as its exports write it: a pointwise expansion + ReLU6 (Clip 0, 6), a
+    depthwise 3 x 3 + ReLU6, a pointwise projection, + the block's input."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [1, channels, 8, 8])
+    wide = channels * expand
+
+    def relu6(t: str) -> str:
+        return m.op("Clip", [t, m.const(0.0), m.const(6.0)])
+
+    h = relu6(m.op("Conv", [x, m.weight("expand_w", wide, channels, 1, 1), m.weight("expand_b", wide, scale=0.1)]))
+    h = relu6(m.op("Conv", [h, m.weight("dw_w", wide, 1, 3, 3), m.weight("dw_b", wide, scale=0.1)], pads=[1, 1, 1, 1],
+                   group=wide))
+    h = m.op("Conv", [h, m.weight("project_w", channels, wide, 1, 1), m.weight("project_b", channels, scale=0.1)])
+    return m.model({"y": m.op("Add", [h, x])})
+
+
+def test_an_inverted_residual_block_is_three_fused_convs_on_onnxruntime() -> None:
+    """On the onnxruntime target (its shipped calibration), each ReLU6 and the residual sum join their convolution:
+    onnxruntime runs a FusedConv as the one convolution kernel it makes of Conv + Clip at load, so a pointwise
+    convolution with a wide filter fuses too.  Both engines, parity in onnxruntime."""
+    model = inverted_residual(16)  # 16 -> 96 -> 16 channels: the projection's sum stayed an Add on the own line
+    g = import_model(model)
+    assert computed(g) == {"Conv": 3, "Clip": 2, "Add": 1}
+    for engine in ("egglog", "fallback"):
+        out, report = optimize_with_report(g, target="onnxruntime", engine=engine, verify=True)
+        assert report.parity.ok and computed(out) == {"FusedConv": 3}, engine
+        exported = export_model(out)
+        assert exported_ops(exported) == {"FusedConv": 3}
+        acts = sorted(next((a.s.decode() for a in n.attribute if a.name == "activation"), "")
+                      for n in exported.graph.node if n.op_type == "FusedConv")
+        assert acts == ["", "Clip", "Clip"]
+        x = pixels((1, 16, 8, 8))
+        np.testing.assert_allclose(run(exported, x), run(model, x), rtol=0, atol=1e-4)
+
+
+def test_the_ort_optimized_export_is_onnxruntimes_offline_graph(tmp_path: Path) -> None:
+    """export_model(ort_optimized=True) saves the graph onnxruntime's CPU session makes of the export (what its
+    ORT_ENABLE_ALL session saves), returns it, and runs like the original; it needs a path."""
+    model = inverted_residual()
+    out, _ = optimize_with_report(import_model(model), target="onnxruntime")
+    path = tmp_path / "ours.onnx"
+    saved = export_model(out, path, ort_optimized=True)
+    assert saved == onnx.load(str(path))
+    session(export_model(out), "ORT_ENABLE_ALL", tmp_path / "session.onnx")
+    signature = [(n.domain, n.op_type, list(n.attribute)) for n in onnx.load(str(tmp_path / "session.onnx")).graph.node]
+    assert [(n.domain, n.op_type, list(n.attribute)) for n in saved.graph.node] == signature
+    np.testing.assert_allclose(run(saved, pixels()), run(model, pixels()), rtol=0, atol=1e-4)
+    with pytest.raises(GraphError, match=r"export_model\(ort_optimized=True\) needs the path"):
+        export_model(out, ort_optimized=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours.onnx", "session.onnx"]  # nothing else written
