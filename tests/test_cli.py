@@ -528,6 +528,29 @@ def test_onnx_output_of_a_graph_without_weights_fails_before_the_run(capsys: pyt
     assert err.count("\n") == 1  # one line: no report, so no run
 
 
+def test_ort_optimized_writes_onnxruntimes_offline_graph(capsys: pytest.CaptureFixture[str], llama1: Path,
+                                                         tmp_path: Path) -> None:
+    """--ort-optimized saves what onnxruntime's ORT_ENABLE_ALL session makes of the export; without -o X.onnx it
+    is one usage error line before the run."""
+    import onnx
+
+    from onnx_models import resnet_block
+    from rlx_egraph.frontends.onnx.compare import session
+
+    model = tmp_path / "block.onnx"
+    onnx.save(resnet_block(), str(model))
+    code, out, _ = run_cli(capsys, "optimize", model, "--target", "onnxruntime", "-o", tmp_path / "ours.onnx",
+                           "--ort-optimized")
+    assert code == 0 and out.splitlines()[-1].startswith(f"wrote {tmp_path / 'ours.onnx'} (onnxruntime's offline "
+                                                         "optimization: ")
+    assert run_cli(capsys, "optimize", model, "--target", "onnxruntime", "-o", tmp_path / "plain.onnx")[0] == 0
+    session(tmp_path / "plain.onnx", "ORT_ENABLE_ALL", tmp_path / "session.onnx")
+    saved, expected = (onnx.load(str(tmp_path / name)).graph.node for name in ("ours.onnx", "session.onnx"))
+    assert [(n.domain, n.op_type) for n in saved] == [(n.domain, n.op_type) for n in expected]
+    code, out, err = run_cli(capsys, "optimize", llama1, "--ort-optimized")
+    assert (code, out, err) == (EXIT_INPUT, "", "error: --ort-optimized writes an ONNX model: give -o OUTPUT.onnx\n")
+
+
 def test_exact_extraction_json_is_all_that_reaches_stdout(tmp_path: Path) -> None:
     """HiGHS writes a banner to the process's stdout when a process makes its first solver: not into --json."""
     path = tmp_path / "llama.json"
