@@ -26,20 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..ir.registry import REGISTRY
-from .model import (
-    Atom,
-    Build,
-    Fact,
-    Guard,
-    Insert,
-    Let,
-    Panic,
-    Pattern,
-    Rule,
-    SetValue,
-    Union,
-    equation,
-)
+from .model import Atom, Build, Fact, Guard, Insert, Let, Panic, Pattern, Rule, SetValue, Union, equation
 from .signatures import constructor_args
 from .terms import Absent, Call, Lit, Lookup, OpTerm, TensorList, Term, Var
 

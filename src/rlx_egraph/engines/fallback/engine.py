@@ -67,8 +67,8 @@ from ..budget import Deadline, gc_paused
 from .blocks import blocks
 from .facts import ABSENT, SETTABLE_TABLES, Facts, compile_term
 from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
-from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, plan_matcher
-from .pattern import CompiledRules, CompileError, Symmetry, Unsupported, compile_rules
+from .matcher import ArrayValue, Matcher, Near, compile_matcher, plan_matcher
+from .pattern import CompiledRules, CompileError, Unsupported, compile_rules
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     kept = []
     for p in compiled.patterns:
         try:
-            compiled.plans[p.name] = plan_matcher(p, _symmetries(p, compiled.symmetries), compiled.tables)
+            compiled.plans[p.name] = plan_matcher(p, compiled.tables)
         except CompileError as exc:
             if all(u.rule != p.base for u in compiled.unsupported):
                 compiled.unsupported.append(Unsupported(p.base, p.location, str(exc)))
@@ -175,12 +175,6 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     compiled.patterns = kept
     _log_unsupported(compiled)
     return compiled
-
-
-def _symmetries(pattern: Rule, symmetries: list[Symmetry]) -> list[Symmetry]:
-    """The symmetries ``pattern`` matches through: those of its stage and of the stages before it."""
-    stage = STAGES.index(pattern.stage)
-    return [s for s in symmetries if STAGES.index(s.stage) <= stage]
 
 
 def _log_unsupported(compiled: CompiledRules) -> None:
@@ -255,7 +249,6 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
 class _Plan:
     matcher: Matcher
     root: Any
-    via: tuple[str, ...]
     new: dict[int, Node]  # provisional id -> checked node
     unions: list[tuple[int, int]]  # (replaced node, replacement: live or provisional id)
     writes: list[tuple[str, tuple, Any]]  # helper-table writes on commit
@@ -318,7 +311,7 @@ class _Engine:
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
         for p in compiled.patterns:
-            self.matchers[p.stage].append(compile_matcher(p, _symmetries(p, compiled.symmetries), self.facts,
+            self.matchers[p.stage].append(compile_matcher(p, self.facts,
                                                           compiled.plans.get(p.name)))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
@@ -342,8 +335,6 @@ class _Engine:
         self.stats = FallbackStats(unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
         for p in self.compiled.patterns:
             self.stats.rules.setdefault(p.base, RuleStats())
-        for s in self.compiled.symmetries:
-            self.stats.rules.setdefault(s.name, RuleStats())
         for cache in (self.costs, self.signatures, self.rules_of, self.relied_of, self.rows_read):
             cache.clear()
         self.chain, self.follow, self.readers_left, self.stage = None, NO_FOLLOW, False, STAGES[0]
@@ -717,7 +708,7 @@ class _Engine:
         delta, dead = self.delta(new, merges, checks)
         if math.isnan(delta):  # replaces an op the target does not run by another one: no gain to speak of
             return NO_GAIN
-        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms,
+        return _Plan(matcher, root, new, merges, writes, delta, found, dead, forms,
                      relied=self.relied(pattern.name, found))
 
     def checked(self, nid: int, op: str, inputs: list[int], attrs: dict[str, Any],
@@ -857,7 +848,7 @@ class _Engine:
 
     def apply(self, plan: _Plan) -> None:
         rw = self.rw
-        rules = tuple(dict.fromkeys((plan.matcher.pattern.base, *plan.via)))
+        rules = (plan.matcher.pattern.base,)
         real: dict[int, int] = {}
         for nid, node in plan.new.items():  # the types the plan checked: no re-check
             real[nid] = self.insert(node, tuple(real.get(i, i) for i in node.inputs), rules, plan.relied)

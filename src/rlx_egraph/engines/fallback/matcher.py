@@ -50,9 +50,8 @@ from ...rules.flat import input_vars, op_inputs
 from ...rules.primitives import same_value
 from ...rules.signatures import constructor_args
 from .facts import ABSENT, Facts, Tables, compile_term
-from .pattern import CompileError, Symmetry
+from .pattern import CompileError
 
-VIA = 0  # slot 0 holds the names of the symmetries a match went through
 Step = Callable[[list], None]
 
 
@@ -86,18 +85,18 @@ class Matcher:
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
     roots_near: Callable[[Near], list[Any]] | None  # sorted; None: every pass scans all roots
-    child_ops: tuple[tuple[str | None, ...], ...]  # per operand order: ops the root's inputs must have
+    child_ops: tuple[str | None, ...]  # the ops the root's inputs must have (None: any)
     _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
 
     def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
-        """Whether a root whose inputs have these ops (a set: a node with forms) can match in some
-        operand order (a cheap filter before matching)."""
+        """Whether a root whose inputs have these ops (a set: a node with forms) can match (a cheap filter before
+        matching)."""
         fit = self._fits.get(input_ops)
         if fit is None:
-            fit = self._fits[input_ops] = not self.child_ops or any(
-                len(input_ops) >= len(want) and all(w is None or w == o or (isinstance(o, frozenset) and w in o)
-                                                    for w, o in zip(want, input_ops, strict=False))
-                for want in self.child_ops)
+            want = self.child_ops
+            fit = self._fits[input_ops] = len(input_ops) >= len(want) and all(
+                w is None or w == o or (isinstance(o, frozenset) and w in o)
+                for w, o in zip(want, input_ops, strict=False))
         return fit
 
     def candidates(self, near: Near | None) -> list[Any]:
@@ -141,20 +140,19 @@ class MatcherPlan:
     slots: dict[str, int]
     order: list[tuple[str, Atom]]  # the atoms in the order they run, each with its step kind
     known: list[set[str]]  # per atom of ``order``: the variables bound before it
-    alternatives: list[list]  # per atom of ``order``: its operand orders (see _alternatives)
     node_slots: tuple[int, ...]
     shape_slots: tuple[int, ...]
     paths: list[tuple[str | None, tuple[_Edge, ...], int | None]] | None  # see _paths
-    child_ops: tuple[tuple[str | None, ...], ...]
+    child_ops: tuple[str | None, ...]
 
 
-def plan_matcher(pattern: Rule, symmetries: list[Symmetry], tables: Tables) -> MatcherPlan:
+def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
     """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
     run)."""
     slots: dict[str, int] = {}
 
     def slot(name: str) -> int:
-        return slots.setdefault(name, len(slots) + 1)
+        return slots.setdefault(name, len(slots))
 
     for name in _all_vars(pattern):
         slot(name)
@@ -162,9 +160,6 @@ def plan_matcher(pattern: Rule, symmetries: list[Symmetry], tables: Tables) -> M
         if isinstance(action, Let):
             slot(action.var)
     order = schedule(pattern, tables)
-    perms: dict[str, list[tuple[tuple[int, ...], str]]] = {}
-    for sym in symmetries:
-        perms.setdefault(sym.op, []).append((sym.perm, sym.name))
     known: list[set[str]] = []
     bound: set[str] = set()
     for _, atom in order:
@@ -172,20 +167,19 @@ def plan_matcher(pattern: Rule, symmetries: list[Symmetry], tables: Tables) -> M
         bound |= _atom_vars(atom)
     first = order[0][1]
     node_vars = _node_vars(pattern, tables)
-    alternatives = [_alternatives(perms, atom) for _, atom in order]
     return MatcherPlan(
-        slots, order, known, alternatives, tuple(slots[v] for v in node_vars),
+        slots, order, known, tuple(slots[v] for v in node_vars),
         tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))),
         _paths(order, set(node_vars), _watched(pattern, order, tables), tables),
-        _child_ops(first, pattern, alternatives[0]) if isinstance(first, NodePat) else ())
+        _child_ops(first, pattern) if isinstance(first, NodePat) else ())
 
 
-def compile_matcher(pattern: Rule, symmetries: list[Symmetry], facts: Facts,
+def compile_matcher(pattern: Rule, facts: Facts,
                     plan: MatcherPlan | None = None) -> Matcher:
     """Compile ``pattern``'s query on the graph of ``facts`` (CompileError when some atom can never run);
     ``plan``: its :func:`plan_matcher`, made once for all engines (default: made here)."""
     if plan is None:
-        plan = plan_matcher(pattern, symmetries, facts.decls)
+        plan = plan_matcher(pattern, facts.decls)
     slots, order = plan.slots, plan.order
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
     sink: list[list[tuple]] = []  # the current run's matches
@@ -195,14 +189,13 @@ def compile_matcher(pattern: Rule, symmetries: list[Symmetry], facts: Facts,
 
     pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
-    for (kind, atom), before, alternatives in zip(reversed(order[1:]), reversed(plan.known[1:]),
-                                                  reversed(plan.alternatives[1:]), strict=True):
-        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, alternatives)
+    for (kind, atom), before in zip(reversed(order[1:]), reversed(plan.known[1:]), strict=True):
+        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts)
     first = order[0][1]
-    width = len(slots) + 1
+    width = len(slots)
     root_op: str | None
     if isinstance(first, NodePat):
-        chain = _step("top", first, set(), slots, chain, nodes, readers, facts, plan.alternatives[0])
+        chain = _step("top", first, set(), slots, chain, nodes, readers, facts)
         root_op, root_slot = first.term.op, slots[_out(first)]
 
         def roots() -> list[Any]:
@@ -212,7 +205,6 @@ def compile_matcher(pattern: Rule, symmetries: list[Symmetry], facts: Facts,
 
         def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
-            env[VIA] = ()
             env[root_slot] = root
             sink.append([])
             try:
@@ -231,7 +223,6 @@ def compile_matcher(pattern: Rule, symmetries: list[Symmetry], facts: Facts,
 
         def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
-            env[VIA] = ()
             sink.append([])
             pinned.append(root)
             try:
@@ -280,10 +271,8 @@ def _vars(term: Term) -> set[str]:
     return set(variables(term))
 
 
-def _child_ops(root: NodePat, pattern: Rule, alternatives: list[tuple[tuple[int, ...], tuple[str, ...]]]
-               ) -> tuple[tuple[str | None, ...], ...]:
-    """Per operand order of the root (``alternatives``): the op each required input of the root
-    must have, where the query says."""
+def _child_ops(root: NodePat, pattern: Rule) -> tuple[str | None, ...]:
+    """The op each required input of the root must have, where the query says."""
     op_of: dict[str, str] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
@@ -293,14 +282,11 @@ def _child_ops(root: NodePat, pattern: Rule, alternatives: list[tuple[tuple[int,
         if not arg.is_input or arg.optional or arg.variadic:
             break
         required += 1
-    out: dict[tuple[str | None, ...], None] = {}
-    for perm, _ in alternatives:  # pattern input p reads node field perm[p]
-        want: list[str | None] = [None] * required
-        for p, s in enumerate(op_inputs(root.term)):
-            if perm[p] < required and isinstance(s, Var):
-                want[perm[p]] = op_of.get(s.name)
-        out[tuple(want)] = None
-    return tuple(out)
+    want: list[str | None] = [None] * required
+    for p, s in enumerate(op_inputs(root.term)[:required]):
+        if isinstance(s, Var):
+            want[p] = op_of.get(s.name)
+    return tuple(want)
 
 
 # --- which roots a changed node can affect --------------------------------------------------
@@ -583,25 +569,10 @@ def _lookup_ready(call: Term, bound: set[str], tables: Tables) -> bool:
 BIND, EQ, LIT, ABSENT_CHECK, LIST, ZERO = range(6)  # ZERO: a float zero literal, its sign checked too
 
 
-def _alternatives(perms: Mapping[str, list[tuple[tuple[int, ...], str]]], atom: Atom) -> list:
-    if not isinstance(atom, NodePat):
-        return []
-    group: dict[tuple[int, ...], tuple[str, ...]] = {tuple(range(len(atom.term.args))): ()}
-    frontier = list(group)
-    while frontier:  # every composition of the op's symmetries
-        current = frontier.pop()
-        for perm, name in perms.get(atom.term.op, ()):
-            composed = tuple(current[p] for p in perm)
-            if composed not in group:
-                group[composed] = (*group[current], name)
-                frontier.append(composed)
-    return list(group.items())
-
-
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
-          readers: Mapping[int, Mapping[int, None]], facts: Facts, alternatives: list) -> Step:
+          readers: Mapping[int, Mapping[int, None]], facts: Facts) -> Step:
     if isinstance(atom, NodePat):
-        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms, alternatives)
+        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
     if kind == "check":
         return _check_step(atom, slots, nxt, facts)
     if kind == "bind":
@@ -728,14 +699,13 @@ def _read(node: Node, how: int, where: Any) -> Any:
     return ArrayValue(node.attrs[where])
 
 
-def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[int, ...]
-             ) -> Callable[[Node, list], bool]:
-    """A check that node fields, read in ``perm`` order, fit the pattern's arguments (binding new variables)."""
+def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[[Node, list], bool]:
+    """A check that node fields fit the pattern's arguments (binding new variables)."""
     readers = _readers(atom.term.op)
     seen = set(known) | {_out(atom)}
     checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
     for position, pat in enumerate(atom.term.args):
-        how, where = readers[perm[position]]
+        how, where = readers[position]
         if isinstance(pat, Var):
             checks.append((how, where, EQ if pat.name in seen else BIND, slots[pat.name]))
             seen.add(pat.name)
@@ -810,20 +780,13 @@ def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
 
 def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
                nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]],
-               forms: Mapping[int, Mapping[Any, Node]], alternatives: list) -> Step:
+               forms: Mapping[int, Mapping[Any, Node]]) -> Step:
     op, out = atom.term.op, slots[_out(atom)]
-    unifiers = [(_unifier(atom, known, slots, perm), via) for perm, via in alternatives]
+    unify = _unifier(atom, known, slots)
 
     def visit(node: Node, env: list) -> None:
-        for unify, via in unifiers:
-            if unify(node, env):
-                if via:
-                    saved = env[VIA]
-                    env[VIA] = saved + via
-                    nxt(env)
-                    env[VIA] = saved
-                else:
-                    nxt(env)
+        if unify(node, env):
+            nxt(env)
 
     if kind == "top":
         def top(env: list) -> None:
@@ -853,4 +816,4 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     return join
 
 
-__all__ = ["VIA", "ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
+__all__ = ["ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
