@@ -30,6 +30,7 @@ with the same cost function.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -132,17 +133,7 @@ class FallbackStats:
         return {name: s.commits for name, s in self.rules.items() if s.commits}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rules": {name: {"matches": s.matches, "commits": s.commits, "chain_starts": s.chain_starts,
-                             "rejected": dict(s.rejected)}
-                      for name, s in self.rules.items()},
-            "unsupported": [{"rule": u.rule, "location": u.location, "reason": u.reason} for u in self.unsupported],
-            "passes": dict(self.passes), "stop_reason": self.stop_reason, "phases": dict(self.phases),
-            "cost_before_ns": self.cost_before_ns, "cost_after_ns": self.cost_after_ns,
-            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
-            "chains_asked": self.chains_asked, "regions_run": self.regions_run,
-            "blocks": self.blocks, "block_kinds": self.block_kinds,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass
