@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -267,8 +268,10 @@ def _calls(atom: Atom) -> list[Call | Lookup]:
     return [t for term in atom_terms(atom) for t in subterms(term) if isinstance(t, Call | Lookup)]
 
 
-def _vars(term: Term) -> set[str]:
-    return set(variables(term))
+@cache
+def _vars(term: Term) -> frozenset[str]:
+    """The variables of a term (remembered: planning asks for them again and again)."""
+    return frozenset(variables(term))
 
 
 def _child_ops(root: NodePat, pattern: Rule) -> tuple[str | None, ...]:
@@ -464,8 +467,10 @@ def _all_vars(pattern: Rule) -> list[str]:
     return list(names)
 
 
-def _atom_vars(atom: Atom) -> set[str]:
-    return set(atom_variables(atom))
+@cache
+def _atom_vars(atom: Atom) -> frozenset[str]:
+    """The variables of an atom (remembered: planning asks for them again and again)."""
+    return frozenset(atom_variables(atom))
 
 
 def _node_vars(pattern: Rule, tables: Tables) -> list[str]:
