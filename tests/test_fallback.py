@@ -21,11 +21,11 @@ from rlx_egraph.engines.fallback.blocks import MIN_BLOCK, blocks
 from rlx_egraph.engines.fallback.engine import NO_GAIN, _Engine, _row_driven, compile_rules
 from rlx_egraph.engines.fallback.facts import Facts
 from rlx_egraph.engines.fallback.matcher import plan_matcher, schedule
-from rlx_egraph.engines.fallback.pattern import FACTS, TableDecl
 from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.ir.graph import Node, check_node
 from rlx_egraph.ir.rewrite import GraphRewriter, node_key
 from rlx_egraph.kernels.parity import check_parity
+from rlx_egraph.rules import Declaration
 
 SQRT_2 = 1.4142135623730951
 X = (4, 8)
@@ -746,8 +746,8 @@ def check_rule_fires(rule: str, build: Callable[[], Graph], expected: dict[str, 
     assert g.to_dict() == before  # the input is never changed
     assert all("#" not in name for name in result.stats.rules)  # counted under base names
     stats = result.stats.rules[rule]
-    kinds = {p.base: p.kind for p in load().patterns}
-    if kinds.get(rule) == FACTS:  # fills a helper table that a rewrite then reads
+    facts_only = {p.base: p.facts_only for p in load().patterns}
+    if facts_only.get(rule):  # fills a helper table that a rewrite then reads
         assert stats.matches >= 1 and stats.commits == 0
     else:
         assert stats.commits >= 1
@@ -763,10 +763,11 @@ def test_patterns_match_top_down_from_the_left_side():
     nested MatMul is checked from it; the first version rooted at the innermost op instead."""
     compiled = load()
     pattern = next(p for p in compiled.patterns if p.name == "matmul-bias")
-    steps = [(kind, getattr(atom, "op", None)) for kind, atom in schedule(pattern, compiled.tables)]
+    steps = [(kind, getattr(getattr(atom, "term", None), "op", None))
+             for kind, atom in schedule(pattern, compiled.tables)]
     assert steps == [("top", "Add"), ("check", None), ("top", "MatMul")]
     block = next(p for p in compiled.patterns if p.name == "attention-block")
-    assert schedule(block, compiled.tables)[0][1].op == "FusedMatMulBiasAct"
+    assert schedule(block, compiled.tables)[0][1].term.op == "FusedMatMulBiasAct"
 
 
 def test_rms_norm_flatten_normalises_the_reshaped_input():
@@ -777,20 +778,22 @@ def test_rms_norm_flatten_normalises_the_reshaped_input():
 
 
 COMMUTE = """\
-;; A rewrite that only permutes one op's arguments is a symmetry the matcher applies.
+;; A rewrite that only permutes one op's arguments: a cost-neutral step that starts a chain.
 (rewrite (FusedResidualLN ?x ?r ?g ?b ?axis ?eps) (FusedResidualLN ?r ?x ?g ?b ?axis ?eps)
          :ruleset blocks :name "residual-layer-norm-commute")
 """
 
 
-def test_a_commute_rule_is_a_symmetry_used_where_the_residual_comes_first(tmp_path):
+def test_a_commute_rule_is_taken_where_the_residual_comes_first(tmp_path):
+    """Swapping the operands costs nothing by itself; the chain it starts (transformer-layer) pays, so it is
+    taken where the residual comes first, and only there."""
     rules = [default_rule_dir(), write(tmp_path, COMMUTE)]
-    assert [(p.op, p.perm) for p in load(rules).symmetries] == [("FusedResidualLN", (1, 0, 2, 3, 4, 5))]
     assert run(transformer_layer(residual_first=True)()).stats.rules["transformer-layer"].commits == 0
     result = run(transformer_layer(residual_first=True)(), rules)
     fused = next(f for f in result.fusions if f.op == "FusedTransformerLayer")
-    assert fused.rules[:2] == ("transformer-layer", "residual-layer-norm-commute")
+    assert fused.rules[0] == "transformer-layer" and result.stats.rules["transformer-layer"].commits == 1
     assert result.stats.rules["residual-layer-norm-commute"].commits == 1
+    assert result.stats.rules["residual-layer-norm-commute"].chain_starts == 1
     plain = run(transformer_layer(residual_first=False)(), rules)
     assert plain.stats.rules["residual-layer-norm-commute"].commits == 0
 
@@ -1415,7 +1418,7 @@ def test_each_pattern_is_planned_once_when_the_rules_load_and_every_engine_binds
     planned.clear()
     result = run(residual_layers(12), compiled)  # two engines: the graph's and the blocks'
     assert result.stats.block_kinds == 2 and planned == []
-    unplanned = run(residual_layers(12), CompiledRules(compiled.patterns, compiled.symmetries, compiled.tables))
+    unplanned = run(residual_layers(12), CompiledRules(compiled.patterns, compiled.tables))
     assert planned == names * 2  # rules without plans: each engine plans them
     assert unplanned.graph == result.graph
 
@@ -1490,7 +1493,9 @@ def test_helper_rows_follow_replaced_nodes():
     a, b = g.relu(x), g.exp(x)
     g.set_outputs([g.neg(a), g.neg(b)])
     rw = GraphRewriter(g)
-    facts = Facts(rw, {"r": TableDecl("r", ("Op", "i64")), "f": TableDecl("f", ("Op",), "Op")}, {}, 64)
+    facts = Facts(rw, {"r": Declaration("r", ("Op", "i64"), None, None, "t.egg", 1, "(relation r (Op i64))"),
+                       "f": Declaration("f", ("Op",), "Op", None, "t.egg", 2, "(function f (Op) Op :merge old)")},
+                  {}, 64)
     facts.insert("r", (a, 7))
     facts.set("f", (b,), a)
     c = rw.insert("Abs", [x])

@@ -36,6 +36,7 @@ from rlx_egraph.rules import (
     rename_atom,
 )
 from rlx_egraph.rules.emit import rule_text
+from rlx_egraph.rules.flat import flatten, input_vars
 from rlx_egraph.rules.parse import parse_file
 from rlx_egraph.rules.primitives import I64_MAX, I64_MIN, same_value
 from rlx_egraph.rules.tables import GraphFacts
@@ -277,3 +278,20 @@ def test_the_rules_reference_documents_every_stage_table_primitive_and_shipped_h
     for problem in ("it panicked: relu is not allowed here", "'rms-normed' is already declared at",
                     "egglog's primitive 'sqrt' is not one the optimizer defines"):
         assert problem in page
+
+
+def test_flatten_names_each_nested_op_term_top_down_and_each_built_term():
+    """A rule flattened for a node-by-node matcher: one Pattern atom per op term, the outer one first, each
+    nested term named by a fresh variable; a guard's value terms as written; each new term a let of its own,
+    inner ones first."""
+    ruleset = RuleSet.from_strings('(rewrite (Gelu (FusedMatMulBiasAct ?x ?w ?b "none") "tanh") '
+                                   '(Neg (FusedMatMulBiasAct ?x ?w ?b "gelu_tanh")) '
+                                   ':when ((= (vec-length (shape ?x)) 2)) :ruleset fuse :name "flat")')
+    (flat,) = flatten(ruleset.rules[0])
+    assert [str(a) for a in flat.query] == [
+        '(= ?rewrite-root (Gelu ?$1 "tanh"))', '(= ?$1 (FusedMatMulBiasAct ?x ?w ?b "none"))',
+        "(= (vec-length (shape ?x)) 2)"]
+    assert [str(a) for a in flat.actions] == ['(let ?$3 (FusedMatMulBiasAct ?x ?w ?b "gelu_tanh"))',
+                                              "(let ?$2 (Neg ?$3))", "(union ?rewrite-root ?$2)"]
+    assert input_vars(flat.query[1].term) == ["?x", "?w", "?b"]
+    assert flat.facts_only is False and flat.tables_read == frozenset({"shape"})

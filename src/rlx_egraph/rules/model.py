@@ -17,6 +17,7 @@ Actions (:data:`Action`): :class:`Let`, :class:`Union`, :class:`SetValue`,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ..errors import RlxError
@@ -318,12 +319,12 @@ class Rule:
         panic)."""
         return self.kind == RULE and not self.unions and not self.panics
 
-    @property
+    @cached_property
     def tables_read(self) -> frozenset[str]:
         """The fact tables and helper relations its query reads."""
         return frozenset(name for atom in self.query for name in tables_of(atom_terms(atom)))
 
-    @property
+    @cached_property
     def tables_written(self) -> frozenset[str]:
         """The fact tables and helper relations its actions add rows to."""
         return frozenset(a.table for a in self.actions if isinstance(a, SetValue | Insert))

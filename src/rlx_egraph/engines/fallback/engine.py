@@ -30,6 +30,7 @@ with the same cost function.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -44,33 +45,31 @@ from ...ir.graph import Graph, GraphError, Node, check_node
 from ...ir.provenance import Fusion, fold_projections
 from ...ir.registry import REGISTRY, Kind, ops_of_kind
 from ...ir.rewrite import GraphRewriter
-from ...rules import STAGES, NoValue, RuleSet, load_rules
+from ...rules import (
+    STAGES,
+    Absent,
+    Fact,
+    Let,
+    NoValue,
+    OpTerm,
+    Rule,
+    RuleSet,
+    SetValue,
+    TensorList,
+    Term,
+    Union,
+    Var,
+    load_rules,
+)
+from ...rules import Pattern as NodePat
+from ...rules.flat import input_vars
+from ...rules.signatures import constructor_args
 from ..budget import Deadline, gc_paused
 from .blocks import blocks
-from .facts import SETTABLE_TABLES, Facts, compile_term
+from .facts import ABSENT, SETTABLE_TABLES, Facts, compile_term
 from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
-from .matcher import VIA, ArrayValue, Matcher, Near, compile_matcher, plan_matcher
-from .pattern import (
-    ABSENT,
-    FACTS,
-    Build,
-    CompiledRules,
-    CompileError,
-    Compute,
-    Holds,
-    Insert,
-    L,
-    ListPat,
-    NodePat,
-    Pattern,
-    SetValue,
-    Symmetry,
-    Union,
-    Unsupported,
-    V,
-    compile_rules,
-    slot_vars,
-)
+from .matcher import ArrayValue, Matcher, Near, compile_matcher, plan_matcher
+from .pattern import CompiledRules, CompileError, Unsupported, compile_rules
 
 log = logging.getLogger(__name__)
 
@@ -134,17 +133,7 @@ class FallbackStats:
         return {name: s.commits for name, s in self.rules.items() if s.commits}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rules": {name: {"matches": s.matches, "commits": s.commits, "chain_starts": s.chain_starts,
-                             "rejected": dict(s.rejected)}
-                      for name, s in self.rules.items()},
-            "unsupported": [{"rule": u.rule, "location": u.location, "reason": u.reason} for u in self.unsupported],
-            "passes": dict(self.passes), "stop_reason": self.stop_reason, "phases": dict(self.phases),
-            "cost_before_ns": self.cost_before_ns, "cost_after_ns": self.cost_after_ns,
-            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
-            "chains_asked": self.chains_asked, "regions_run": self.regions_run,
-            "blocks": self.blocks, "block_kinds": self.block_kinds,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -168,7 +157,7 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     kept = []
     for p in compiled.patterns:
         try:
-            compiled.plans[p.name] = plan_matcher(p, _symmetries(p, compiled.symmetries), compiled.tables)
+            compiled.plans[p.name] = plan_matcher(p, compiled.tables)
         except CompileError as exc:
             if all(u.rule != p.base for u in compiled.unsupported):
                 compiled.unsupported.append(Unsupported(p.base, p.location, str(exc)))
@@ -177,12 +166,6 @@ def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     compiled.patterns = kept
     _log_unsupported(compiled)
     return compiled
-
-
-def _symmetries(pattern: Pattern, symmetries: list[Symmetry]) -> list[Symmetry]:
-    """The symmetries ``pattern`` matches through: those of its stage and of the stages before it."""
-    stage = STAGES.index(pattern.stage)
-    return [s for s in symmetries if STAGES.index(s.stage) <= stage]
 
 
 def _log_unsupported(compiled: CompiledRules) -> None:
@@ -257,7 +240,6 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
 class _Plan:
     matcher: Matcher
     root: Any
-    via: tuple[str, ...]
     new: dict[int, Node]  # provisional id -> checked node
     unions: list[tuple[int, int]]  # (replaced node, replacement: live or provisional id)
     writes: list[tuple[str, tuple, Any]]  # helper-table writes on commit
@@ -320,15 +302,16 @@ class _Engine:
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
         for p in compiled.patterns:
-            self.matchers[p.stage].append(compile_matcher(p, _symmetries(p, compiled.symmetries), self.facts,
+            self.matchers[p.stage].append(compile_matcher(p, self.facts,
                                                           compiled.plans.get(p.name)))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
         # per pattern: the helper-relation rows its query reads (see relied)
         self.rows_of = {m.pattern.name: _compile_reads(m, self.facts) for ms in self.matchers.values() for m in ms}
-        self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.kind == FACTS])
+        self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.facts_only])
                             for stage, ms in self.matchers.items()}
-        set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written() for p in compiled.patterns))
+        self.tables_read = {p.name: p.tables_read for p in compiled.patterns}
+        set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written for p in compiled.patterns))
         self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms
                            if _row_driven(m.pattern, set_by_rules)}
         self.signature_costs: dict[tuple, float] = {}
@@ -343,8 +326,6 @@ class _Engine:
         self.stats = FallbackStats(unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
         for p in self.compiled.patterns:
             self.stats.rules.setdefault(p.base, RuleStats())
-        for s in self.compiled.symmetries:
-            self.stats.rules.setdefault(s.name, RuleStats())
         for cache in (self.costs, self.signatures, self.rules_of, self.relied_of, self.rows_read):
             cache.clear()
         self.chain, self.follow, self.readers_left, self.stage = None, NO_FOLLOW, False, STAGES[0]
@@ -447,7 +428,7 @@ class _Engine:
                 continue
             t0 = time.perf_counter()
             derive = self.fact_groups[stage]
-            rewrites = [m for m in matchers if m.pattern.kind != FACTS]
+            rewrites = [m for m in matchers if not m.pattern.facts_only]
             passes = 0
             near: set[int] | None = None  # None: match at every root; else only near these nodes
             if seams is not None:
@@ -509,7 +490,7 @@ class _Engine:
         if matcher.pattern.name not in self.row_driven:
             return near
         added: set[int] = set()
-        for table in sorted(matcher.pattern.tables_read() & self.facts.rows.keys()):
+        for table in sorted(self.tables_read[matcher.pattern.name] & self.facts.rows.keys()):
             log, key = self.facts.log.get(table, []), (matcher.pattern.name, table)
             added.update(log[self.rows_read.get(key, 0):])
             self.rows_read[key] = len(log)
@@ -674,26 +655,26 @@ class _Engine:
         def lookup(i: int) -> Node | None:
             return new.get(i) or nodes.get(i)
 
-        for action, compiled in self.programs[pattern.name]:
+        for kind, compiled in self.programs[pattern.name]:
             try:
-                if isinstance(action, Build):
+                if kind == BUILD:
                     nid = rw.next_id + len(new)
-                    attr_terms, input_slots = compiled
+                    op, attr_terms, input_slots, input_terms, out = compiled
                     inputs = [env[k] for k in input_slots] if input_slots is not None else None
                     if inputs is None or ABSENT in inputs:
-                        inputs = _inputs(action, env, slots, pattern.base)
+                        inputs = _inputs(op, input_terms, env, slots, pattern.base)
                     attrs = {name: _plain(ev(env)) for name, ev in attr_terms}
-                    node, check = self.checked(nid, action.op, inputs, attrs, lookup)
+                    node, check = self.checked(nid, op, inputs, attrs, lookup)
                     same = rw.existing(node) if not any(i in new for i in node.inputs) else None
                     if same is None:
                         new[nid] = node
                         if check is not None:
                             checks[nid] = check
-                    env[slots[action.out]] = nid if same is None else same
-                elif isinstance(action, Compute):
+                    env[out] = nid if same is None else same
+                elif kind == COMPUTE:
                     env[compiled[0]] = compiled[1](env)
-                elif isinstance(action, Union):
-                    unions.append((env[slots[action.a]], env[slots[action.b]]))
+                elif kind == UNION:
+                    unions.append((env[compiled[0]], env[compiled[1]]))
                 else:
                     table, args, value = _write(compiled, env)
                     if table in TYPE_TABLES and args[0] in new:
@@ -718,7 +699,7 @@ class _Engine:
         delta, dead = self.delta(new, merges, checks)
         if math.isnan(delta):  # replaces an op the target does not run by another one: no gain to speak of
             return NO_GAIN
-        return _Plan(matcher, root, found[VIA], new, merges, writes, delta, found, dead, forms,
+        return _Plan(matcher, root, new, merges, writes, delta, found, dead, forms,
                      relied=self.relied(pattern.name, found))
 
     def checked(self, nid: int, op: str, inputs: list[int], attrs: dict[str, Any],
@@ -858,7 +839,7 @@ class _Engine:
 
     def apply(self, plan: _Plan) -> None:
         rw = self.rw
-        rules = tuple(dict.fromkeys((plan.matcher.pattern.base, *plan.via)))
+        rules = (plan.matcher.pattern.base,)
         real: dict[int, int] = {}
         for nid, node in plan.new.items():  # the types the plan checked: no re-check
             real[nid] = self.insert(node, tuple(real.get(i, i) for i in node.inputs), rules, plan.relied)
@@ -920,12 +901,12 @@ class _Engine:
             for rule, stats in run.rules.items():
                 self.stats.rules[rule].commits += stats.commits
 
-    def write_facts(self, pattern: Pattern, env: list) -> None:
+    def write_facts(self, pattern: Rule, env: list) -> None:
         """Apply a facts rule's actions to one match."""
         writers = (pattern.base, *self.relied(pattern.name, env))
         try:
-            for action, compiled in self.programs[pattern.name]:
-                if isinstance(action, Compute):
+            for kind, compiled in self.programs[pattern.name]:
+                if kind == COMPUTE:
                     env[compiled[0]] = compiled[1](env)
                 else:
                     self.facts.set(*_write(compiled, env), writers)
@@ -1017,29 +998,35 @@ class _Engine:
 def _compile_reads(matcher: Matcher, facts: Facts) -> list[tuple[str, list[Callable[[list], Any]]]]:
     """The helper-relation rows the matcher's query reads: per row its relation and its columns' evaluators over
     the match's slots."""
-    return [(atom.call.name, [compile_term(a, matcher.slots, facts) for a in atom.call.args])
-            for atom in matcher.pattern.query if isinstance(atom, Holds) and atom.call.name in facts.writers]
+    return [(atom.table, [compile_term(a, matcher.slots, facts) for a in atom.args])
+            for atom in matcher.pattern.query if isinstance(atom, Fact) and atom.value is None
+            and atom.table in facts.writers]
 
 
-def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[Any, Any]]:
-    """Each action of the matcher's rule with its compiled parts (evaluators over the match's slots)."""
+BUILD, COMPUTE, UNION, WRITE = range(4)  # kinds of compiled actions
+
+
+def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[int, Any]]:
+    """Each action of the matcher's (flat) rule, by kind, with its compiled parts (evaluators over the match's
+    slots)."""
     slots = matcher.slots
-    out: list[tuple[Any, Any]] = []
+    out: list[tuple[int, Any]] = []
     for action in matcher.pattern.actions:
-        compiled: Any = None
-        if isinstance(action, Build):
-            names = [a.name for a in REGISTRY[action.op].attrs]
+        if isinstance(action, Let) and isinstance(term := action.term, OpTerm):
+            args = list(zip(constructor_args(REGISTRY[term.op]), term.args, strict=True))
+            inputs = [t for arg, t in args if arg.is_input]
             # the attributes' evaluators, and the inputs' slots when each input is one variable (most rules)
-            compiled = ([(n, compile_term(t, slots, facts)) for n, t in zip(names, action.attrs, strict=True)],
-                        tuple(slots[s.name] for s in action.inputs) if all(isinstance(s, V) for s in action.inputs)
-                        else None)
-        elif isinstance(action, Compute):
-            compiled = (slots[action.out], compile_term(action.expr, slots, facts))
-        elif isinstance(action, SetValue | Insert):
-            table = action.table if isinstance(action, SetValue) else action.relation
+            out.append((BUILD, (term.op, [(arg.name, compile_term(t, slots, facts)) for arg, t in args
+                                          if not arg.is_input],
+                                tuple(slots[t.name] for t in inputs) if all(isinstance(t, Var) for t in inputs)
+                                else None, inputs, slots[action.var])))
+        elif isinstance(action, Let):
+            out.append((COMPUTE, (slots[action.var], compile_term(action.term, slots, facts))))
+        elif isinstance(action, Union):
+            out.append((UNION, (slots[action.left.name], slots[action.right.name])))  # type: ignore[union-attr]
+        else:  # SetValue, Insert
             value = compile_term(action.value, slots, facts) if isinstance(action, SetValue) else None
-            compiled = (table, [compile_term(a, slots, facts) for a in action.args], value)
-        out.append((action, compiled))
+            out.append((WRITE, (action.table, [compile_term(a, slots, facts) for a in action.args], value)))
     return out
 
 
@@ -1048,23 +1035,25 @@ def _write(compiled: tuple, env: list) -> tuple[str, tuple, Any]:
     return table, tuple(f(env) for f in args), True if value is None else value(env)
 
 
-def _inputs(action: Build, env: list, slots: Mapping[str, int], rule: str) -> list[int]:
+def _inputs(op: str, terms: list[Term], env: list, slots: Mapping[str, int], rule: str) -> list[int]:
+    """The inputs of a new ``op`` node, from its flat input terms."""
     inputs: list[int] = []
     absent = False
-    for s in action.inputs:
+    for s in terms:
         values: list[Any]
-        if isinstance(s, V):
+        if isinstance(s, Var):
             values = [env[slots[s.name]]]
-        elif isinstance(s, L):
+        elif isinstance(s, Absent):
             values = [ABSENT]
         else:
-            assert isinstance(s, ListPat)
-            values = [env[slots[i]] for i in s.items] + list(env[slots[s.rest]] if s.rest else ())
+            assert isinstance(s, TensorList)
+            values = [env[slots[i.name]] for i in s.items]  # type: ignore[union-attr]
+            values += list(env[slots[s.rest.name]] if isinstance(s.rest, Var) else ())
         for v in values:
             if v is ABSENT:
                 absent = True
             elif absent:
-                raise GraphError(f"rule {rule}: a {action.op} input follows an absent (NoInput) one")
+                raise GraphError(f"rule {rule}: a {op} input follows an absent (NoInput) one")
             else:
                 inputs.append(v)
     return inputs
@@ -1083,32 +1072,32 @@ def _plain(value: Any) -> Any:
     return value.array if isinstance(value, ArrayValue) else value
 
 
-def _row_driven(pattern: Pattern, set_by_rules: set[str]) -> bool:
+def _row_driven(pattern: Rule, set_by_rules: set[str]) -> bool:
     """Whether only new rows can change what ``pattern`` does at a root it has been tried at: its query reads only
     helper tables and the graph's own ones (a node's type and op never change, nor does its Param order unless a
     rule sets it: ``set_by_rules``), and it is a fact rule, or a rewrite whose every union records a form (a new term
     over the node it is unioned with: ``w = ConcatParams([w])``), whose outcome (recorded, or already known) no
     change to the graph reverts (forms follow replacements as rows do)."""
-    if any(isinstance(a, NodePat) for a in pattern.query) or pattern.tables_read() & set_by_rules:
+    if any(isinstance(a, NodePat) for a in pattern.query) or pattern.tables_read & set_by_rules:
         return False
-    if pattern.kind == FACTS:
+    if pattern.facts_only:
         return True
-    built = {a.out: a for a in pattern.actions if isinstance(a, Build)}
-    unions = [a for a in pattern.actions if isinstance(a, Union)]
-    return bool(unions) and all(isinstance(a, Build | Union) for a in pattern.actions) and all(
-        (u.b in built and u.a not in built and u.a in slot_vars(built[u.b].inputs)) or
-        (u.a in built and u.b not in built and u.b in slot_vars(built[u.a].inputs)) for u in unions)
+    built = {a.var: a.term for a in pattern.actions if isinstance(a, Let) and isinstance(a.term, OpTerm)}
+    unions = [(str(u.left), str(u.right)) for u in pattern.unions]
+    return bool(unions) and len(built) + len(unions) == len(pattern.actions) and all(
+        (b in built and a not in built and a in input_vars(built[b])) or
+        (a in built and b not in built and b in input_vars(built[a])) for a, b in unions)
 
 
-def _reads_own(pattern: Pattern) -> bool:
-    return bool(pattern.tables_read() & pattern.tables_written())
+def _reads_own(pattern: Rule) -> bool:
+    return bool(pattern.tables_read & pattern.tables_written)
 
 
 def _fact_order(matchers: list[Matcher]) -> list[list[Matcher]]:
     """Fact rules grouped so that a group only reads tables earlier groups (or itself) write:
     strongly connected components of 'writes a table the other reads', in dependency order."""
     index = {id(m): k for k, m in enumerate(matchers)}
-    feeds = {k: [index[id(o)] for o in matchers if m.pattern.tables_written() & o.pattern.tables_read()]
+    feeds = {k: [index[id(o)] for o in matchers if m.pattern.tables_written & o.pattern.tables_read]
              for k, m in enumerate(matchers)}
     order: list[list[int]] = []
     num: dict[int, int] = {}

@@ -29,10 +29,20 @@ from typing import Any
 
 from ...ir.graph import Node
 from ...ir.rewrite import GraphRewriter, node_key
-from ...rules import FACT_TABLES, PRIMITIVES, NoValue
-from .pattern import F, L, TableDecl, Term, V
+from ...rules import FACT_TABLES, PRIMITIVES, Absent, Call, Declaration, FactTable, Lit, Lookup, NoValue, Term, Var
 
-BUILTIN_TABLES = frozenset(FACT_TABLES)
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+"""The value of ``(NoInput)``: an optional input that is not there."""
+
+Tables = Mapping[str, Declaration | FactTable]
+"""The tables rules read or write, by name: the fact tables and the helper relations and functions declared in rule
+files."""
 # Those of them whose values a rule may add where the graph has none (see Facts.set).
 SETTABLE_TABLES = frozenset({"param-order"})
 
@@ -53,7 +63,7 @@ class _Source:
 class Facts:
     """Every table rules read or write, for one rewriter."""
 
-    def __init__(self, rw: GraphRewriter, decls: Mapping[str, TableDecl], param_order: Mapping[int, int],
+    def __init__(self, rw: GraphRewriter, decls: Tables, param_order: Mapping[int, int],
                  attention_block_max_tokens: int, tracked: frozenset[str] = frozenset()) -> None:
         self.rw = rw
         self.decls = dict(decls)
@@ -70,9 +80,9 @@ class Facts:
             return value
 
         source = _Source(nodes, order, attention_block_max_tokens)
-        self.builtins: dict[str, Callable[..., Any]] = {  # keys: BUILTIN_TABLES
+        self.builtins: dict[str, Callable[..., Any]] = {
             name: partial(table.evaluate, source) for name, table in FACT_TABLES.items()}
-        self.rows: dict[str, dict[tuple, Any]] = {n: {} for n, d in self.decls.items() if not d.builtin}
+        self.rows: dict[str, dict[tuple, Any]] = {n: {} for n in self.decls if n not in FACT_TABLES}
         # per ``tracked`` relation: row -> the rules that wrote it (see the module docstring)
         self.writers: dict[str, dict[tuple, tuple[str, ...]]] = {n: {} for n in tracked if n in self.rows}
         self._index: dict[tuple[str, int], dict[Any, dict[tuple, None]]] = {}
@@ -83,7 +93,7 @@ class Facts:
         self._mentions: dict[int, list[tuple[str, tuple]]] = {}
         self._merge: dict[str, Callable[[Any, Any], Any]] = {}
         for name, decl in self.decls.items():
-            if decl.merge is not None:
+            if isinstance(decl, Declaration) and decl.merge is not None:
                 fn = compile_term(decl.merge, {"old": 0, "new": 1}, self)
                 self._merge[name] = lambda old, new, fn=fn: fn([old, new])
         self.changed = False
@@ -243,14 +253,13 @@ class Facts:
 
 def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable[[list], Any]:
     """A function of the variable slots computing ``term`` (raises NoValue where it has no value)."""
-    if isinstance(term, V):
+    if isinstance(term, Var):
         return operator.itemgetter(slots[term.name])
-    if isinstance(term, L):
-        value = term.value
+    if isinstance(term, Lit | Absent):
+        value = term.value if isinstance(term, Lit) else ABSENT
         return lambda env: value
-    assert isinstance(term, F)
-    primitive = PRIMITIVES.get(term.name)
-    fn = primitive.evaluate if primitive is not None else facts.getter(term.name)
+    assert isinstance(term, Call | Lookup), term
+    fn = PRIMITIVES[term.name].evaluate if isinstance(term, Call) else facts.getter(term.table)
     args = [compile_term(a, slots, facts) for a in term.args]
     if len(args) == 0:
         return lambda env: fn()
@@ -273,4 +282,4 @@ def _guard(fn: Callable[..., Any], *args: Any) -> Any:
         raise NoValue from None
 
 
-__all__ = ["BUILTIN_TABLES", "SETTABLE_TABLES", "Facts", "compile_term"]
+__all__ = ["ABSENT", "SETTABLE_TABLES", "Facts", "Tables", "compile_term"]

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from ...ir.graph import Graph, Node
 from ...ir.registry import Kind
 from ...ir.rewrite import GraphRewriter, node_key
-from .pattern import L, NodePat, Pattern
+from ...rules import Lit, Pattern, Rule
 
 if TYPE_CHECKING:
     from .engine import RuleStats, _Plan
@@ -273,11 +273,11 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
                   tuple(rank[w] for w in whole)), local, back
 
 
-def matched_names(patterns: Iterable[Pattern]) -> frozenset[str]:
-    """The names of Inputs and Params that rules match (string literals among their attributes)."""
+def matched_names(patterns: Iterable[Rule]) -> frozenset[str]:
+    """The names of Inputs and Params that (flat) rules match (string literals among their attributes)."""
     return frozenset(a.value for p in patterns for atom in p.query
-                     if isinstance(atom, NodePat) and atom.op in NAMED_LEAVES
-                     for a in atom.attrs if isinstance(a, L) and isinstance(a.value, str))
+                     if isinstance(atom, Pattern) and atom.term.op in NAMED_LEAVES  # type: ignore[union-attr]
+                     for a in atom.term.args if isinstance(a, Lit) and isinstance(a.value, str))
 
 
 def _fields(node: Node) -> tuple:

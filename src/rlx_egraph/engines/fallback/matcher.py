@@ -17,40 +17,42 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
 
 from ...ir.graph import Node
 from ...ir.registry import REGISTRY, AttrType
-from ...rules import NoValue
-from ...rules.primitives import same_value
-from ...rules.signatures import constructor_args
-from .facts import BUILTIN_TABLES, Facts, compile_term
-from .pattern import (
-    ABSENT,
-    FACTS,
+from ...rules import (
+    FACT_TABLES,
+    Absent,
     Atom,
-    Build,
-    CompileError,
-    Compute,
-    Equal,
-    F,
-    Holds,
-    L,
-    ListPat,
-    NodePat,
-    Pattern,
-    Symmetry,
-    TableDecl,
+    Call,
+    Fact,
+    Guard,
+    Let,
+    Lit,
+    Lookup,
+    NoValue,
+    OpTerm,
+    Rule,
+    TensorList,
     Term,
     Union,
-    V,
-    slot_vars,
-    term_vars,
+    Var,
+    atom_terms,
+    atom_variables,
+    subterms,
+    variables,
 )
+from ...rules import Pattern as NodePat
+from ...rules.flat import input_vars, op_inputs
+from ...rules.primitives import same_value
+from ...rules.signatures import constructor_args
+from .facts import ABSENT, Facts, Tables, compile_term
+from .pattern import CompileError
 
-VIA = 0  # slot 0 holds the names of the symmetries a match went through
 Step = Callable[[list], None]
 
 
@@ -75,7 +77,7 @@ class Matcher:
     """A compiled query: ``run(root)`` gives the matches at ``root`` (each a tuple of the slots)
     (a node of ``root_op``, or a row, the arguments tuple, of the root helper relation)."""
 
-    pattern: Pattern
+    pattern: Rule  # flat (see rlx_egraph.rules.flat)
     root_op: str | None  # None: the root is a row of a helper relation
     slots: dict[str, int]
     node_slots: tuple[int, ...]  # slots that hold node ids
@@ -84,18 +86,18 @@ class Matcher:
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
     roots_near: Callable[[Near], list[Any]] | None  # sorted; None: every pass scans all roots
-    child_ops: tuple[tuple[str | None, ...], ...]  # per operand order: ops the root's inputs must have
+    child_ops: tuple[str | None, ...]  # the ops the root's inputs must have (None: any)
     _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
 
     def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
-        """Whether a root whose inputs have these ops (a set: a node with forms) can match in some
-        operand order (a cheap filter before matching)."""
+        """Whether a root whose inputs have these ops (a set: a node with forms) can match (a cheap filter before
+        matching)."""
         fit = self._fits.get(input_ops)
         if fit is None:
-            fit = self._fits[input_ops] = not self.child_ops or any(
-                len(input_ops) >= len(want) and all(w is None or w == o or (isinstance(o, frozenset) and w in o)
-                                                    for w, o in zip(want, input_ops, strict=False))
-                for want in self.child_ops)
+            want = self.child_ops
+            fit = self._fits[input_ops] = len(input_ops) >= len(want) and all(
+                w is None or w == o or (isinstance(o, frozenset) and w in o)
+                for w, o in zip(want, input_ops, strict=False))
         return fit
 
     def candidates(self, near: Near | None) -> list[Any]:
@@ -139,30 +141,26 @@ class MatcherPlan:
     slots: dict[str, int]
     order: list[tuple[str, Atom]]  # the atoms in the order they run, each with its step kind
     known: list[set[str]]  # per atom of ``order``: the variables bound before it
-    alternatives: list[list]  # per atom of ``order``: its operand orders (see _alternatives)
     node_slots: tuple[int, ...]
     shape_slots: tuple[int, ...]
     paths: list[tuple[str | None, tuple[_Edge, ...], int | None]] | None  # see _paths
-    child_ops: tuple[tuple[str | None, ...], ...]
+    child_ops: tuple[str | None, ...]
 
 
-def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[str, TableDecl]) -> MatcherPlan:
+def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
     """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
     run)."""
     slots: dict[str, int] = {}
 
     def slot(name: str) -> int:
-        return slots.setdefault(name, len(slots) + 1)
+        return slots.setdefault(name, len(slots))
 
     for name in _all_vars(pattern):
         slot(name)
     for action in pattern.actions:  # slots for what the actions compute, after the query's
-        if isinstance(action, Build | Compute):
-            slot(action.out)
+        if isinstance(action, Let):
+            slot(action.var)
     order = schedule(pattern, tables)
-    perms: dict[str, list[tuple[tuple[int, ...], str]]] = {}
-    for sym in symmetries:
-        perms.setdefault(sym.op, []).append((sym.perm, sym.name))
     known: list[set[str]] = []
     bound: set[str] = set()
     for _, atom in order:
@@ -170,20 +168,19 @@ def plan_matcher(pattern: Pattern, symmetries: list[Symmetry], tables: Mapping[s
         bound |= _atom_vars(atom)
     first = order[0][1]
     node_vars = _node_vars(pattern, tables)
-    alternatives = [_alternatives(perms, atom) for _, atom in order]
     return MatcherPlan(
-        slots, order, known, alternatives, tuple(slots[v] for v in node_vars),
-        tuple(dict.fromkeys(slots[a.out] for a in pattern.query if isinstance(a, NodePat))),
+        slots, order, known, tuple(slots[v] for v in node_vars),
+        tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))),
         _paths(order, set(node_vars), _watched(pattern, order, tables), tables),
-        _child_ops(first, pattern, alternatives[0]) if isinstance(first, NodePat) else ())
+        _child_ops(first, pattern) if isinstance(first, NodePat) else ())
 
 
-def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
+def compile_matcher(pattern: Rule, facts: Facts,
                     plan: MatcherPlan | None = None) -> Matcher:
     """Compile ``pattern``'s query on the graph of ``facts`` (CompileError when some atom can never run);
     ``plan``: its :func:`plan_matcher`, made once for all engines (default: made here)."""
     if plan is None:
-        plan = plan_matcher(pattern, symmetries, facts.decls)
+        plan = plan_matcher(pattern, facts.decls)
     slots, order = plan.slots, plan.order
     nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
     sink: list[list[tuple]] = []  # the current run's matches
@@ -193,24 +190,22 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
 
     pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
-    for (kind, atom), before, alternatives in zip(reversed(order[1:]), reversed(plan.known[1:]),
-                                                  reversed(plan.alternatives[1:]), strict=True):
-        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts, alternatives)
+    for (kind, atom), before in zip(reversed(order[1:]), reversed(plan.known[1:]), strict=True):
+        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts)
     first = order[0][1]
-    width = len(slots) + 1
+    width = len(slots)
     root_op: str | None
     if isinstance(first, NodePat):
-        chain = _step("top", first, set(), slots, chain, nodes, readers, facts, plan.alternatives[0])
-        root_op, root_slot = first.op, slots[first.out]
+        chain = _step("top", first, set(), slots, chain, nodes, readers, facts)
+        root_op, root_slot = first.term.op, slots[_out(first)]
 
         def roots() -> list[Any]:
-            return facts.rw.nodes_of(first.op)
+            return facts.rw.nodes_of(first.term.op)
 
         alive: Callable[[Any], bool] = nodes.__contains__
 
         def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
-            env[VIA] = ()
             env[root_slot] = root
             sink.append([])
             try:
@@ -229,7 +224,6 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
 
         def run(root: Any) -> list[tuple]:
             env: list[Any] = [None] * width
-            env[VIA] = ()
             sink.append([])
             pinned.append(root)
             try:
@@ -246,30 +240,56 @@ def compile_matcher(pattern: Pattern, symmetries: list[Symmetry], facts: Facts,
 
 def _root_table(root: Atom) -> str:
     """The helper relation a query without node patterns is rooted at ('' for a node root)."""
-    return root.call.name if isinstance(root, Holds) else ""
+    return root.table if isinstance(root, Fact) else ""
 
 
-def _child_ops(root: NodePat, pattern: Pattern, alternatives: list[tuple[tuple[int, ...], tuple[str, ...]]]
-               ) -> tuple[tuple[str | None, ...], ...]:
-    """Per operand order of the root (``alternatives``): the op each required input of the root
-    must have, where the query says."""
+def _out(atom: NodePat) -> str:
+    """The variable a flat node pattern binds its node to."""
+    assert isinstance(atom.var, Var)
+    return atom.var.name
+
+
+def _sides(atom: Atom) -> tuple[Term, ...] | None:
+    """An equation's two sides as written (a fact with a value, an ``=`` guard); None for another atom."""
+    if (isinstance(atom, Fact) and atom.value is not None) or (isinstance(atom, Guard) and atom.name == "="):
+        return atom_terms(atom)
+    return None
+
+
+def _call(atom: Fact | Guard) -> Term:
+    """The call that must have a value: a fact's lookup, a guard's primitive check."""
+    return atom.lookup if isinstance(atom, Fact) else Call(atom.name, atom.args)
+
+
+def _calls(atom: Atom) -> list[Call | Lookup]:
+    """The primitive calls and table lookups in a fact or a guard."""
+    if isinstance(atom, NodePat):
+        return []
+    return [t for term in atom_terms(atom) for t in subterms(term) if isinstance(t, Call | Lookup)]
+
+
+@cache
+def _vars(term: Term) -> frozenset[str]:
+    """The variables of a term (remembered: planning asks for them again and again)."""
+    return frozenset(variables(term))
+
+
+def _child_ops(root: NodePat, pattern: Rule) -> tuple[str | None, ...]:
+    """The op each required input of the root must have, where the query says."""
     op_of: dict[str, str] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
-            op_of.setdefault(atom.out, atom.op)
+            op_of.setdefault(_out(atom), atom.term.op)
     required = 0
-    for arg in constructor_args(REGISTRY[root.op]):
+    for arg in constructor_args(REGISTRY[root.term.op]):
         if not arg.is_input or arg.optional or arg.variadic:
             break
         required += 1
-    out: dict[tuple[str | None, ...], None] = {}
-    for perm, _ in alternatives:  # pattern input p reads node field perm[p]
-        want: list[str | None] = [None] * required
-        for p, s in enumerate(root.inputs):
-            if perm[p] < required and isinstance(s, V):
-                want[perm[p]] = op_of.get(s.name)
-        out[tuple(want)] = None
-    return tuple(out)
+    want: list[str | None] = [None] * required
+    for p, s in enumerate(op_inputs(root.term)[:required]):
+        if isinstance(s, Var):
+            want[p] = op_of.get(s.name)
+    return tuple(want)
 
 
 # --- which roots a changed node can affect --------------------------------------------------
@@ -287,43 +307,33 @@ class _Edge:
     parent_column: int = 0
 
 
-def _watched(pattern: Pattern, order: list[tuple[str, Atom]], tables: Mapping[str, TableDecl]) -> set[str]:
+def _watched(pattern: Rule, order: list[tuple[str, Atom]], tables: Tables) -> set[str]:
     """Node variables a change to whose node can change the match or its outcome: nodes the query
     inspects, join anchors, variables of helper-table facts (rows get added), and, for a rewrite,
     inputs the right side does not keep (they may die with it, which changes its gain)."""
-    watched = {a.out for a in pattern.query if isinstance(a, NodePat)}
+    watched = {_out(a) for a in pattern.query if isinstance(a, NodePat)}
     bound: set[str] = set()
     for kind, atom in order:
         if kind == "join" and isinstance(atom, NodePat):
-            watched.update(v for v in slot_vars(atom.inputs) if v in bound)
+            watched.update(v for v in input_vars(atom.term) if v in bound)
         elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in _calls(atom)):
             watched |= _atom_vars(atom)
         bound |= _atom_vars(atom)
-    if pattern.kind == FACTS:
+    if pattern.facts_only:
         return watched
     kept: set[str] = set()
     for action in pattern.actions:
-        if isinstance(action, Build):
-            kept.update(slot_vars(action.inputs))
+        if isinstance(action, Let) and isinstance(action.term, OpTerm):
+            kept.update(input_vars(action.term))
         elif isinstance(action, Union):
-            kept.update((action.a, action.b))
-    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in slot_vars(a.inputs) if v not in kept}
-
-
-def _calls(atom: Atom) -> list[Term]:
-    out, terms = [], _atom_terms(atom)
-    while terms:
-        t = terms.pop()
-        if isinstance(t, F):
-            out.append(t)
-            terms.extend(t.args)
-    return out
+            kept.update(variables(action.left) + variables(action.right))
+    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in input_vars(a.term) if v not in kept}
 
 
 _EDGES: dict[tuple, _Edge] = {}
 
 
-def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Mapping[str, TableDecl]
+def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Tables
            ) -> list[tuple[str | None, tuple[_Edge, ...], int | None]] | None:
     """For each watched node variable: its op (None: any), the edges from it back to the root,
     and the root row's column the walk ends in (None: the root is a node).
@@ -333,24 +343,26 @@ def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str]
     op_of: dict[str, str] = {}
     for index, (kind, atom) in enumerate(order):
         if isinstance(atom, NodePat):
-            op_of.setdefault(atom.out, atom.op)
-            if atom.out not in parent:
+            out, op = _out(atom), atom.term.op
+            op_of.setdefault(out, op)
+            if out not in parent:
                 if kind == "top":  # the root
-                    parent[atom.out] = None
+                    parent[out] = None
                 else:
-                    anchor = next(v for v in slot_vars(atom.inputs) if v in parent)
-                    parent[atom.out] = (anchor, _Edge("reader", None))
-            for v in slot_vars(atom.inputs):
-                parent.setdefault(v, (atom.out, _Edge("input", atom.op)))
+                    anchor = next(v for v in input_vars(atom.term) if v in parent)
+                    parent[out] = (anchor, _Edge("reader", None))
+            for v in input_vars(atom.term):
+                parent.setdefault(v, (out, _Edge("input", op)))
             continue
         bound_here = [v for v in _atom_vars(atom) & node_vars if v not in parent]
         if not bound_here:
             continue
         if kind != "lookup":
             return None
-        call = atom.call if isinstance(atom, Holds) else next(
-            t for t in (atom.left, atom.right) if isinstance(t, F) and t.name in tables)  # type: ignore[union-attr]
-        columns = {a.name: c for c, a in enumerate(call.args) if isinstance(a, V)}
+        sides = _sides(atom)
+        call = next(t for t in sides if isinstance(t, Lookup) and t.table in tables) if sides else _call(atom)
+        assert isinstance(call, Lookup)
+        columns = {a.name: c for c, a in enumerate(call.args) if isinstance(a, Var)}
         if index == 0:  # the root row
             if any(v not in columns for v in bound_here):
                 return None
@@ -361,7 +373,7 @@ def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str]
         if anchor is None or any(v not in columns for v in bound_here):
             return None
         for v in bound_here:
-            parent[v] = (anchor, _Edge("row", None, call.name, columns[v], columns[anchor]))
+            parent[v] = (anchor, _Edge("row", None, call.table, columns[v], columns[anchor]))
     paths = []
     for var in sorted(v for v in parent if v in node_vars and v in watched):
         edges: list[_Edge] = []
@@ -448,80 +460,56 @@ def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root
 # --- ordering ------------------------------------------------------------------------------
 
 
-def _all_vars(pattern: Pattern) -> list[str]:
+def _all_vars(pattern: Rule) -> list[str]:
     names: dict[str, None] = {}
     for atom in pattern.query:
         names.update(dict.fromkeys(sorted(_atom_vars(atom))))
     return list(names)
 
 
-def _atom_vars(atom: Atom) -> set[str]:
-    if isinstance(atom, NodePat):
-        out = {atom.out}
-        for s in atom.inputs:
-            if isinstance(s, V):
-                out.add(s.name)
-            elif isinstance(s, ListPat):
-                out.update(s.items)
-                if s.rest:
-                    out.add(s.rest)
-        out.update(a.name for a in atom.attrs if isinstance(a, V))
-        return out
-    return set().union(*(term_vars(t) for t in _atom_terms(atom)))
+@cache
+def _atom_vars(atom: Atom) -> frozenset[str]:
+    """The variables of an atom (remembered: planning asks for them again and again)."""
+    return frozenset(atom_variables(atom))
 
 
-def _node_vars(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[str]:
+def _node_vars(pattern: Rule, tables: Tables) -> list[str]:
     """Variables that hold node ids: op patterns' nodes and inputs, and Op columns of tables."""
     out: dict[str, None] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
-            out[atom.out] = None
-            out.update(dict.fromkeys(slot_vars(atom.inputs)))
+            out[_out(atom)] = None
+            out.update(dict.fromkeys(input_vars(atom.term)))
             continue
-        terms = _atom_terms(atom)
-        while terms:
-            t = terms.pop()
-            if isinstance(t, F):
-                decl = tables.get(t.name)
-                if decl is not None:
-                    out.update(dict.fromkeys(a.name for a, sort in zip(t.args, decl.inputs, strict=False)
-                                             if isinstance(a, V) and sort == "Op"))
-                terms.extend(t.args)
+        for t in reversed(_calls(atom)):
+            decl = tables.get(t.table) if isinstance(t, Lookup) else None
+            if decl is not None:
+                out.update(dict.fromkeys(a.name for a, sort in zip(t.args, decl.inputs, strict=False)
+                                         if isinstance(a, Var) and sort == "Op"))
     return list(out)
 
 
-def _atom_terms(atom: Atom) -> list[Term]:
-    if isinstance(atom, Equal):
-        return [atom.left, atom.right]
-    if isinstance(atom, Holds):
-        return [atom.call]
-    return []
+def _check_providers(atom: Atom, tables: Tables) -> None:
+    for t in _calls(atom):
+        if isinstance(t, Lookup) and t.table not in tables:
+            raise CompileError(f"table {t.table!r} has no meaning on a graph in the fallback")
 
 
-def _check_providers(term: Term, tables: Mapping[str, TableDecl]) -> None:
-    if isinstance(term, F):
-        decl = tables.get(term.name)
-        if decl is not None and decl.builtin and term.name not in BUILTIN_TABLES:
-            raise CompileError(f"table {term.name!r} has no meaning on a graph in the fallback")
-        for a in term.args:
-            _check_providers(a, tables)
+def _helper_call(term: Term, tables: Tables) -> bool:
+    return isinstance(term, Lookup) and term.table in tables and term.table not in FACT_TABLES
 
 
-def _helper_call(term: Term, tables: Mapping[str, TableDecl]) -> bool:
-    return isinstance(term, F) and term.name in tables and not tables[term.name].builtin
-
-
-def schedule(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[tuple[str, Atom]]:
+def schedule(pattern: Rule, tables: Tables) -> list[tuple[str, Atom]]:
     """Order the query's atoms: the first node pattern (or helper fact) is the root; then,
     at each step, the cheapest atom that can run with the variables bound so far.
     Raises CompileError when the query cannot run on a graph."""
     for atom in pattern.query:
-        for t in _atom_terms(atom):
-            _check_providers(t, tables)
+        _check_providers(atom, tables)
     pending = list(pattern.query)
     root = next((a for a in pending if isinstance(a, NodePat)), None)
     if root is None:
-        root = next((a for a in pending if isinstance(a, Holds) and _helper_call(a.call, tables)), None)
+        root = next((a for a in pending if isinstance(a, Fact) and a.value is None and _helper_call(a.lookup, tables)),
+                    None)
         if root is None:
             raise CompileError("the query has no node pattern and no helper-table fact to start from")
         pending.remove(root)
@@ -545,38 +533,39 @@ def schedule(pattern: Pattern, tables: Mapping[str, TableDecl]) -> list[tuple[st
     return order
 
 
-def _readiness(atom: Atom, bound: set[str], tables: Mapping[str, TableDecl]) -> tuple[int, str] | None:
+def _readiness(atom: Atom, bound: set[str], tables: Tables) -> tuple[int, str] | None:
     """(priority, step kind) when ``atom`` can run now; lower priority runs first."""
     if isinstance(atom, NodePat):
-        if atom.out in bound:
+        if _out(atom) in bound:
             return 1, "top"
-        if any(i in bound for i in slot_vars(atom.inputs)):
+        if any(i in bound for i in input_vars(atom.term)):
             return 4, "join"
         return None
-    if isinstance(atom, Equal):
-        left, right = term_vars(atom.left) - bound, term_vars(atom.right) - bound
+    sides = _sides(atom)
+    if sides is not None:
+        (a, b), (left, right) = sides, (_vars(t) - bound for t in sides)
         if not left and not right:
             return 0, "check"
-        if isinstance(atom.left, V) and left and not right:
+        if isinstance(a, Var) and left and not right:
             return 2, "bind"
-        if isinstance(atom.right, V) and right and not left:
+        if isinstance(b, Var) and right and not left:
             return 2, "bind"
-        for side, other, other_unbound in ((atom.left, atom.right, right), (atom.right, atom.left, left)):
-            if _lookup_ready(side, bound, tables) and (not other_unbound or isinstance(other, V)):
+        for side, other, other_unbound in ((a, b, right), (b, a, left)):
+            if _lookup_ready(side, bound, tables) and (not other_unbound or isinstance(other, Var)):
                 return 3, "lookup"
         return None
-    call = atom.call
-    if not term_vars(call) - bound:
+    call = _call(atom)
+    if not _vars(call) - bound:
         return 0, "check"
     if _lookup_ready(call, bound, tables):
-        bound_args = any(not term_vars(a) - bound for a in call.args)
+        bound_args = any(not _vars(a) - bound for a in call.args)  # type: ignore[union-attr]
         return (3, "lookup") if bound_args else (5, "lookup")
     return None
 
 
-def _lookup_ready(call: Term, bound: set[str], tables: Mapping[str, TableDecl]) -> bool:
+def _lookup_ready(call: Term, bound: set[str], tables: Tables) -> bool:
     """A helper-table call whose every argument is known or a lone variable (which its rows bind)."""
-    return _helper_call(call, tables) and all(isinstance(a, V) or not term_vars(a) - bound
+    return _helper_call(call, tables) and all(isinstance(a, Var) or not _vars(a) - bound
                                               for a in call.args)  # type: ignore[union-attr]
 
 
@@ -585,32 +574,16 @@ def _lookup_ready(call: Term, bound: set[str], tables: Mapping[str, TableDecl]) 
 BIND, EQ, LIT, ABSENT_CHECK, LIST, ZERO = range(6)  # ZERO: a float zero literal, its sign checked too
 
 
-def _alternatives(perms: Mapping[str, list[tuple[tuple[int, ...], str]]], atom: Atom) -> list:
-    if not isinstance(atom, NodePat):
-        return []
-    group: dict[tuple[int, ...], tuple[str, ...]] = {tuple(range(len(atom.inputs) + len(atom.attrs))): ()}
-    frontier = list(group)
-    while frontier:  # every composition of the op's symmetries
-        current = frontier.pop()
-        for perm, name in perms.get(atom.op, ()):
-            composed = tuple(current[p] for p in perm)
-            if composed not in group:
-                group[composed] = (*group[current], name)
-                frontier.append(composed)
-    return list(group.items())
-
-
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
-          readers: Mapping[int, Mapping[int, None]], facts: Facts, alternatives: list) -> Step:
+          readers: Mapping[int, Mapping[int, None]], facts: Facts) -> Step:
     if isinstance(atom, NodePat):
-        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms, alternatives)
+        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
     if kind == "check":
         return _check_step(atom, slots, nxt, facts)
     if kind == "bind":
-        assert isinstance(atom, Equal)
-        target, source = (atom.left, atom.right) if isinstance(atom.left, V) and atom.left.name not in known \
-            else (atom.right, atom.left)
-        assert isinstance(target, V)
+        left, right = _sides(atom)  # type: ignore[misc]
+        target, source = (left, right) if isinstance(left, Var) and left.name not in known else (right, left)
+        assert isinstance(target, Var)
         out, ev = slots[target.name], compile_term(source, slots, facts)
 
         def bind(env: list) -> None:
@@ -624,8 +597,9 @@ def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: St
 
 
 def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
-    if isinstance(atom, Equal):
-        left, right = compile_term(atom.left, slots, facts), compile_term(atom.right, slots, facts)
+    sides = _sides(atom)
+    if sides is not None:
+        left, right = (compile_term(t, slots, facts) for t in sides)
 
         def equal(env: list) -> None:
             try:
@@ -635,8 +609,8 @@ def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> S
             if a == b or same_value(a, b):  # egglog's equality: NaN equals NaN
                 nxt(env)
         return equal
-    assert isinstance(atom, Holds)
-    ev = compile_term(atom.call, slots, facts)
+    assert isinstance(atom, Fact | Guard)
+    ev = compile_term(_call(atom), slots, facts)
 
     def holds(env: list) -> None:  # a call holds where it has a value (a check: where it is true)
         try:
@@ -651,28 +625,29 @@ def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, 
                  pinned: list[tuple] | None = None) -> Step:
     """Rows of a helper table: known columns select rows, the others bind variables.  With
     ``pinned`` (the query's root) only the row ``pinned[-1]`` is considered."""
-    if isinstance(atom, Holds):
-        call, other = atom.call, None
+    sides = _sides(atom)
+    if sides is None:
+        call, other = _call(atom), None  # type: ignore[arg-type]
     else:
-        assert isinstance(atom, Equal)
-        unbound_right = term_vars(atom.right) - known
-        use_left = _lookup_ready(atom.left, known, facts.decls) and (not unbound_right or isinstance(atom.right, V))
-        call, other = (atom.left, atom.right) if use_left else (atom.right, atom.left)
-    assert isinstance(call, F)
-    name = call.name
+        left, right = sides
+        unbound_right = _vars(right) - known
+        use_left = _lookup_ready(left, known, facts.decls) and (not unbound_right or isinstance(right, Var))
+        call, other = (left, right) if use_left else (right, left)
+    assert isinstance(call, Lookup)
+    name = call.table
     selectors: list[tuple[int, Callable[[list], Any]]] = []
     binders: list[tuple[int, int, bool]] = []  # column (-1: value), slot, first occurrence
     seen = set(known)
     for column, arg in enumerate(call.args):
-        if not term_vars(arg) - known:
+        if not _vars(arg) - known:
             selectors.append((column, compile_term(arg, slots, facts)))
         else:
-            assert isinstance(arg, V)
+            assert isinstance(arg, Var)
             binders.append((column, slots[arg.name], arg.name not in seen))
             seen.add(arg.name)
     value_check = None
     if other is not None:
-        if isinstance(other, V) and other.name not in seen:
+        if isinstance(other, Var) and other.name not in seen:
             binders.append((-1, slots[other.name], True))
         else:
             value_check = compile_term(other, slots, facts)
@@ -729,38 +704,39 @@ def _read(node: Node, how: int, where: Any) -> Any:
     return ArrayValue(node.attrs[where])
 
 
-def _unifier(atom: NodePat, known: set[str], slots: dict[str, int], perm: tuple[int, ...]
-             ) -> Callable[[Node, list], bool]:
-    """A check that node fields, read in ``perm`` order, fit the pattern's arguments (binding new variables)."""
-    readers = _readers(atom.op)
-    seen = set(known) | {atom.out}
+def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[[Node, list], bool]:
+    """A check that node fields fit the pattern's arguments (binding new variables)."""
+    readers = _readers(atom.term.op)
+    seen = set(known) | {_out(atom)}
     checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
-    for position, pat in enumerate((*atom.inputs, *atom.attrs)):
-        how, where = readers[perm[position]]
-        if isinstance(pat, V):
+    for position, pat in enumerate(atom.term.args):
+        how, where = readers[position]
+        if isinstance(pat, Var):
             checks.append((how, where, EQ if pat.name in seen else BIND, slots[pat.name]))
             seen.add(pat.name)
-        elif isinstance(pat, L):
-            if pat.value is ABSENT:
-                checks.append((how, where, ABSENT_CHECK, pat.value))
-            elif pat.value.__class__ is float and pat.value == 0.0:  # 0.0 == -0.0, but 1 / 0.0 != 1 / -0.0
-                checks.append((how, where, ZERO, math.copysign(1.0, pat.value)))
+        elif isinstance(pat, Absent):
+            checks.append((how, where, ABSENT_CHECK, ABSENT))
+        elif isinstance(pat, Lit):
+            if pat.value.__class__ is float and pat.value == 0.0:  # 0.0 == -0.0, but 1 / 0.0 != 1 / -0.0
+                checks.append((how, where, ZERO, math.copysign(1.0, pat.value)))  # type: ignore[arg-type]
             else:
                 checks.append((how, where, LIT, pat.value))
         else:
+            assert isinstance(pat, TensorList)
             items = []
-            for name in pat.items:
-                items.append((EQ if name in seen else BIND, slots[name]))
-                seen.add(name)
+            for item in pat.items:
+                assert isinstance(item, Var)
+                items.append((EQ if item.name in seen else BIND, slots[item.name]))
+                seen.add(item.name)
             rest = None
-            if pat.rest is not None:
-                rest = (EQ if pat.rest in seen else BIND, slots[pat.rest])
-                seen.add(pat.rest)
+            if isinstance(pat.rest, Var):
+                rest = (EQ if pat.rest.name in seen else BIND, slots[pat.rest.name])
+                seen.add(pat.rest.name)
             checks.append((how, where, LIST, (tuple(items), rest)))
 
     # egglog holds a Scalar -0.0 leaf as (Neg (Scalar 0.0 dt)) (its f64 equates the zeros): a Scalar pattern whose
     # value is a variable does not match it there, so not here either
-    any_scalar = atom.op == "Scalar" and isinstance(atom.attrs[0], V)
+    any_scalar = atom.term.op == "Scalar" and isinstance(atom.term.args[0], Var)
 
     def unify(node: Node, env: list) -> bool:
         inputs = node.inputs
@@ -809,20 +785,13 @@ def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
 
 def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
                nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]],
-               forms: Mapping[int, Mapping[Any, Node]], alternatives: list) -> Step:
-    op, out = atom.op, slots[atom.out]
-    unifiers = [(_unifier(atom, known, slots, perm), via) for perm, via in alternatives]
+               forms: Mapping[int, Mapping[Any, Node]]) -> Step:
+    op, out = atom.term.op, slots[_out(atom)]
+    unify = _unifier(atom, known, slots)
 
     def visit(node: Node, env: list) -> None:
-        for unify, via in unifiers:
-            if unify(node, env):
-                if via:
-                    saved = env[VIA]
-                    env[VIA] = saved + via
-                    nxt(env)
-                    env[VIA] = saved
-                else:
-                    nxt(env)
+        if unify(node, env):
+            nxt(env)
 
     if kind == "top":
         def top(env: list) -> None:
@@ -838,7 +807,7 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
                         visit(form, env)
         return top
 
-    anchor = next(slots[v] for v in slot_vars(atom.inputs) if v in known)
+    anchor = next(slots[v] for v in input_vars(atom.term) if v in known)
 
     def join(env: list) -> None:
         users = readers.get(env[anchor])
@@ -852,4 +821,4 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     return join
 
 
-__all__ = ["VIA", "ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
+__all__ = ["ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
