@@ -258,11 +258,14 @@ def residual_norm(norm: str, sum_read: bool = False) -> Graph:
     return g
 
 
-def embeddings() -> Graph:
-    """LayerNorm((table[ids] + token_type) + position): BERT's embeddings after import."""
+def embeddings(token_types: bool = True) -> Graph:
+    """LayerNorm((table[ids] + token_type) + position): BERT's embeddings after import; without ``token_types``
+    LayerNorm(table[ids] + position) (DistilBERT's)."""
     g = Graph()
     words = g.embedding(g.param("table", (10, 8)), g.input("ids", (2, 4), "i64"))
-    x = g.add(g.add(words, g.param("token_type", (2, 4, 8))), g.param("position", (1, 4, 8)))
+    if token_types:
+        words = g.add(words, g.param("token_type", (2, 4, 8)))
+    x = g.add(words, g.param("position", (1, 4, 8)))
     g.set_outputs([g.layer_norm(x, g.param("gamma", (8,)), g.param("beta", (8,)))])
     return g
 
@@ -641,6 +644,8 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
                      {"FusedAddRmsNorm": 1, "Get": 2, "Add": 1, "RmsNorm": 0, "FusedResidualRmsNorm": 0}),
     "rms-norm-flatten": (rms_norm_flatten, {"RmsNorm": 1, "Reshape": 1}),
     "embed-layer-norm": (embeddings, {"EmbedLayerNorm": 1, "Embedding": 0, "Add": 0, "LayerNorm": 0}),
+    "embed-layer-norm-one-term": (lambda: embeddings(token_types=False),
+                                  {"EmbedLayerNorm": 1, "Embedding": 0, "Add": 0, "LayerNorm": 0}),
     "group-norm-silu": (group_norm_silu, {"GroupNormSilu": 1, "Silu": 0}),
     "swiglu": (two_inputs(lambda g, a, b: g.mul(g.silu(a), b)), {"SwiGLU": 1, "Mul": 0}),
     "shared-input-weight": (shared_input(2, bias=False), SHARED_MATMUL),

@@ -72,14 +72,15 @@ def _embed_layer_norm(b: ExportBuilder, node: Node, ins: list[str], types: list[
     token-type terms with symbolic dims: the table's rows plus the constant row).  A term that gathers a table's
     rows by ids known only at run time (BERT's token_type_ids input) is its segment term; a second such term
     (RoBERTa's positions from a CumSum of the mask) its position table with position_ids.  Ids not int32 are cast
-    (one launch each); its mask_index output is written and unread.  Out-of-range ids fail in it (Gather takes
-    negative ones)."""
+    (one launch each); its mask_index output is written and unread.  A term of -0.0 (the second term of one-term
+    embeddings, DistilBERT's) adds nothing and is left out.  Out-of-range ids fail in it (Gather takes negative
+    ones)."""
     table, ids, *_, gamma, beta = ins
     if types[0].dtype != "f32" or types[1].rank != 2:
         return None
     gathers = {k: g for k in (2, 3) if (g := _run_time_gather(b, node, ins, k)) is not None}
     position_ids, (segment_ids, segment_table) = "", next(iter(gathers.values()), ("", ""))
-    terms = [k for k in (2, 3) if k not in list(gathers)[:1]]
+    terms = [k for k in (2, 3) if k not in list(gathers)[:1] and not _negative_zero(b, node.inputs[k])]
     known = [b.known(ins[k]) for k in terms]
     if all(t is not None for t in known) and all(isinstance(d, int) for d in node.shape):
         total = np.broadcast_to(sum(known), node.shape)
@@ -98,6 +99,18 @@ def _embed_layer_norm(b: ExportBuilder, node: Node, ins: list[str], types: list[
     inputs = [ids, segment_ids, table, positions, segment_table, gamma, beta, "", position_ids]
     return b.multi("EmbedLayerNormalization", inputs if position_ids else inputs[:7], (0, 1), domain=MS,
                    epsilon=node.attrs["eps"])[0]
+
+
+def _negative_zero(b: ExportBuilder, nid: int) -> bool:
+    """Whether node ``nid`` is the scalar -0.0 (a Scalar, or Neg of the Scalar 0.0): a term that adds nothing."""
+    graph = b.graph
+    if graph is None:
+        return False
+    n = graph.node(nid)
+    negated = n.op == "Neg"
+    if negated:
+        n = graph.node(n.inputs[0])
+    return n.op == "Scalar" and n.attrs["value"] == 0.0 and bool(np.signbit(n.attrs["value"])) != negated
 
 
 def _run_time_gather(b: ExportBuilder, node: Node, ins: list[str], k: int) -> tuple[str, str] | None:
