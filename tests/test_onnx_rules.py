@@ -344,8 +344,8 @@ def test_bert_embeddings_with_token_type_ids_at_run_time_are_one_embed_layer_nor
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_distilbert_embeddings_without_token_types_are_one_embed_layer_normalization(engine: str) -> None:
-    """Word and position gathers only (DistilBERT): EmbedLayerNorm with a second term of -0.0, exported as Cast
-    and EmbedLayerNormalization without segment inputs: 2 launches, not Gather x2, Add and LayerNormalization."""
+    """Word and position gathers only (DistilBERT): EmbedLayerNorm without a second term, exported as Cast and
+    EmbedLayerNormalization without segment inputs: 2 launches, not Gather x2, Add and LayerNormalization."""
     model = bert_embeddings_model(token_type="none")
     exported, mir, fired = optimized(model, engine)
     assert {op: mir[op] for op in ("EmbedLayerNorm", "Embedding", "Add", "LayerNorm")} == \
