@@ -553,13 +553,16 @@ __all__ = ["DYNAMIC_MODELS", "MODELS", "OnnxBuilder", "bert_layer", "bert_model"
 
 
 def decode_step(past: int, heads: int = 4, kv_heads: int = 2, hidden: int = 16, batch: int = 2, rope: bool = True,
-                concat_axis: int = 2, theta: float = 10000.0, grouped_query: bool = False) -> onnx.ModelProto:
+                concat_axis: int = 2, theta: float = 10000.0, grouped_query: bool = False,
+                mask_last: bool = False) -> onnx.ModelProto:
     """A decoder layer's attention for one new token after ``past`` cached ones: inputs ``hidden_states``
     [B, 1, E], ``attention_mask`` [B, P + 1] (int64) and ``past_key_values.0.key/value`` [B, KV, P, D];
     outputs the projected context and ``present.0.key/value`` = Concat(past, new) on ``concat_axis``
     (2 or -2).  Llama's eager form: RoPE by rotate-half with the tables at position P (static: initializers),
     repeat_kv when ``kv_heads < heads`` (``grouped_query``: the query reshaped to [B, KV, H / KV, D] instead, the
-    context back to [B, H, 1, D], as sdpa exports GQA), (1 - mask) * min-float as the additive mask."""
+    context back to [B, H, 1, D], as sdpa exports GQA), (1 - mask) * min-float as the additive mask, written first
+    or (``mask_last``) after the cache Concats, just before the scores read it (as the dynamo exporter writes the
+    mask that all layers share in the first layer)."""
     m = OnnxBuilder(18)
     hd = hidden // heads
     total = past + 1
@@ -589,15 +592,18 @@ def decode_step(past: int, heads: int = 4, kv_heads: int = 2, hidden: int = 16, 
                                 m.ints(batch, kv_heads, heads // kv_heads, total, hd)])
         return m.op("Reshape", [grown, m.ints(batch, heads, total, hd)])
 
-    # the mask first, as the exporters write it (the model's first nodes, before every layer)
-    dropped = m.op("Sub", [m.const(1.0), m.op("Cast", [mask], to=F)])
-    additive = m.op("Mul", [m.op("Reshape", [dropped, m.ints(batch, 1, 1, total)]),
+    def additive_mask() -> str:
+        dropped = m.op("Sub", [m.const(1.0), m.op("Cast", [mask], to=F)])
+        return m.op("Mul", [m.op("Reshape", [dropped, m.ints(batch, 1, 1, total)]),
                             m.const(float(np.finfo(np.float32).min))])
+
+    additive = None if mask_last else additive_mask()
     q = rotary(heads_of(m.linear(x, "q_proj", hidden, heads * hd), heads))
     k = rotary(heads_of(m.linear(x, "k_proj", hidden, kv_heads * hd), kv_heads))
     v = heads_of(m.linear(x, "v_proj", hidden, kv_heads * hd), kv_heads)
     present_k = m.op("Concat", [past_k, k], axis=concat_axis)
     present_v = m.op("Concat", [past_v, v], axis=concat_axis)
+    additive = additive or additive_mask()
     if grouped_query:
         q = m.op("Reshape", [q, m.ints(batch, kv_heads, heads // kv_heads, hd)])
     keys = present_k if grouped_query else repeat_kv(present_k)

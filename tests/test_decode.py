@@ -96,6 +96,25 @@ def test_a_decoding_step_is_one_group_query_attention_at_every_past_length(form:
             np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=f"{name} at past {past}")
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_step_whose_mask_is_written_after_the_cache_is_one_group_query_attention(engine: str) -> None:
+    """The mask computed after the cache Concats in the input's order (the dynamo exporter's first layer): the
+    GroupQueryAttention that reads it computes the present outputs too, with no Concat or RotaryEmbedding left
+    for them (extraction searches under the order that computes each value as early as its inputs allow)."""
+    model = decode_step(7, rope=True, hidden=64, mask_last=True)
+    optimized, mir = optimized_step(model, engine)
+    assert {op: mir[op] for op in ("GroupQueryAttention", "KvCacheAttention", "Concat", "RotaryEmbedding",
+                                   "Get")} == {"GroupQueryAttention": 1, "KvCacheAttention": 0, "Concat": 0,
+                                               "RotaryEmbedding": 0, "Get": 3}
+    exported = export_model(optimized)
+    ops = Counter(n.op_type for n in exported.graph.node)
+    assert (ops["GroupQueryAttention"], ops["Concat"], ops["RotaryEmbedding"]) == (1, 0, 0)
+    inputs = step_inputs(model)
+    expected, got = run(model, inputs), run(exported, inputs)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=name)
+
+
 def kv_cache_step(past: int, heads: int = 4, kv_heads: int = 2, d: int = 8) -> Graph:
     """KvCacheAttention on split heads read from the graph's inputs (no head split to fold into it)."""
     g = Graph("kv-cache-step")

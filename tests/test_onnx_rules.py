@@ -289,9 +289,10 @@ def bert_embeddings_model(token_type: str = "buffer", positions: str = "buffer")
     elif token_type == "ids":
         types = m.op("Gather", [m.weight("token_type_embeddings", 2, WIDTH),
                                 m.input("token_type_ids", TensorProto.INT64, [B, S])])
-    else:
+    elif token_type == "input":
         types = m.input("token_type", F, [B, S, WIDTH])
-    x = m.op("Add", [m.op("Gather", [m.weight("word_embeddings", VOCAB, WIDTH), ids]), types])
+    words = m.op("Gather", [m.weight("word_embeddings", VOCAB, WIDTH), ids])
+    x = words if token_type == "none" else m.op("Add", [words, types])
     if positions == "cumsum":
         keep = m.op("Cast", [m.op("Not", [m.op("Equal", [ids, m.const(PAD, np.int64)])])], to=TensorProto.INT32)
         counted = m.op("Mul", [m.op("CumSum", [keep, m.const(1, np.int32)]), keep])
@@ -338,6 +339,22 @@ def test_bert_embeddings_with_token_type_ids_at_run_time_are_one_embed_layer_nor
     assert {node.input[2], node.input[4]} == {"word_embeddings", "token_type_embeddings"} and node.input[1]
     inputs = embeddings_inputs(model)
     assert inputs["token_type_ids"].any() and not inputs["token_type_ids"].all()
+    np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_distilbert_embeddings_without_token_types_are_one_embed_layer_normalization(engine: str) -> None:
+    """Word and position gathers only (DistilBERT): EmbedLayerNorm without a second term, exported as Cast and
+    EmbedLayerNormalization without segment inputs: 2 launches, not Gather x2, Add and LayerNormalization."""
+    model = bert_embeddings_model(token_type="none")
+    exported, mir, fired = optimized(model, engine)
+    assert {op: mir[op] for op in ("EmbedLayerNorm", "Embedding", "Add", "LayerNorm")} == \
+        {"EmbedLayerNorm": 1, "Embedding": 0, "Add": 0, "LayerNorm": 0}
+    assert "embed-layer-norm-one-term" in fired and "embed-layer-norm" not in fired
+    assert onnx_ops(exported) == Counter({"Cast": 1, "EmbedLayerNormalization": 1, "Identity": 1})
+    (node,) = [n for n in exported.graph.node if n.op_type == "EmbedLayerNormalization"]
+    assert (node.input[1], node.input[2], node.input[4]) == ("", "word_embeddings", "")
+    inputs = embeddings_inputs(model)
     np.testing.assert_allclose(ort_run(exported, inputs), ort_run(model, inputs), rtol=0, atol=1e-4)
 
 

@@ -47,8 +47,8 @@ class GraphBuilders:
         """Append a Div node (elementwise). Elementwise Div with numpy broadcasting."""
     def elementwise_region(self, xs: Sequence[int], *, chain: str, prologue: str = 'none') -> int:
         """Append a ElementwiseRegion node (fused). A chain of elementwise ops run as one kernel, each step stored in its own dtype; with the upsample2x prologue the kernel reads input 0 through a nearest-neighbour 2x upsample."""
-    def embed_layer_norm(self, table: int, ids: int, first: int, second: int, gamma: int, beta: int, *, eps: float = 1e-05) -> int:
-        """Append a EmbedLayerNorm node (fused). LayerNorm over the last axis of (table[ids] + first) + second: BERT's word embeddings plus its token-type and position terms, then the embeddings' norm."""
+    def embed_layer_norm(self, table: int, ids: int, first: int, gamma: int, beta: int, second: int | None = None, *, eps: float = 1e-05) -> int:
+        """Append a EmbedLayerNorm node (fused). LayerNorm over the last axis of (table[ids] + first) + second: BERT's word embeddings plus its token-type and position terms (DistilBERT's: the positions only, no second term), then the embeddings' norm."""
     def embedding(self, table: int, ids: int) -> int:
         """Append a Embedding node (elementwise). Gather rows of table [V, D] by integer ids."""
     def equal(self, a: int, b: int) -> int:

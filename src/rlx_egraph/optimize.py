@@ -203,7 +203,8 @@ def hint_choices(view: EGraphView, static: Graph, tgt: Target, sentinels: Sentin
     found: dict[int, list[str]] = {}
     for alt in ({s: 1 for s in symbols}, {s: 16 * hints[s] for s in symbols}):
         priced = tgt.priced_as(sentinels.price(alt))
-        other = ex.greedy(view, roots, priced, static.positions(), ex.node_costs(view, priced)).choice
+        other = ex.greedy(view, roots, priced, static.positions(), ex.node_costs(view, priced),
+                          earliest=ex.earliest_positions(static.nodes)).choice
         at = ", ".join(f"{s}={v}" for s, v in alt.items())
         for c, idx in choice.items():
             was, now = view.nodes[idx].op, view.nodes[other[c]].op if c in other else None
@@ -423,7 +424,8 @@ def _extract(view: EGraphView, graph: Graph, target: Target, extraction: str, ex
     """Extract with ``extraction``; when the exact solver runs out of time, greedy (which
     starts from the input graph) gives the answer.  ``exact_gap`` also records the ILP optimum."""
     roots = [view.class_of_node[o] for o in graph.outputs]
-    chosen = ex.greedy(view, roots, target, graph.positions(), costs, deadline)
+    chosen = ex.greedy(view, roots, target, graph.positions(), costs, deadline,
+                       earliest=ex.earliest_positions(graph.nodes))
     if extraction == "exact":  # greedy's choice is the solver's first incumbent
         try:
             chosen = ex.exact(view, roots, target, costs, deadline=deadline, start=chosen.choice)

@@ -30,9 +30,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ import numpy as np
 from ...cost import Target
 from ...cost.enode import EPS, NodePrices, enode_ns
 from ...cost.targets import unsupported_op
+from ...ir.graph import Node
 from ...ir.registry import REGISTRY
 from ..budget import Deadline, DeadlineExceeded
 from ._choice import ClassChoice, drop_unreachable, least_per_class, settle_positions, start_choice, tree_choice
@@ -120,17 +121,53 @@ def _original_op(view: EGraphView, nid: int) -> str:
                  if view.nodes[i].original == nid), "")
 
 
+def earliest_positions(nodes: Iterable[Node]) -> dict[int, int]:
+    """Node id -> its place in the topological order that computes each node as early as its inputs allow: by
+    depth (the longest path from a leaf), nodes of one depth in the order of ``nodes`` (a topological order).
+    An exporter writes a value the layers share (a mask, rotary tables) just before the first layer reads it,
+    between that layer's nodes; here it comes before every layer."""
+    depth: dict[int, int] = {}
+    order: list[tuple[int, int, int]] = []
+    for k, n in enumerate(nodes):
+        depth[n.id] = d = 1 + max((depth[i] for i in n.inputs), default=-1)
+        order.append((d, k, n.id))
+    return {nid: place for place, (_, _, nid) in enumerate(sorted(order))}
+
+
 def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: Mapping[int, int],
-           costs: list[float] | None = None, deadline: Deadline | None = None) -> Extraction:
+           costs: list[float] | None = None, deadline: Deadline | None = None,
+           earliest: Mapping[int, int] | None = None) -> Extraction:
     """Deterministic DAG extraction by local search from two starts, the cheaper result kept: the input graph
     (each class its input-graph node where it has one), and each class's least tree-cost e-node.  Each search
     applies local and group moves until none is left or ``deadline`` passes (then the best choice so far is
     kept).  The second start finds what sharing hides from local moves: two linear layers with an activation
     each, first merged into one wide matmul, are cheaper as two fused layers, but no single move leaves the
-    wide one unread."""
+    wide one unread.
+
+    Every choice keeps each class's children below it in one order of the classes (:func:`class_positions`),
+    which the input graph's topological order ``graph_position`` sets.  ``earliest`` (see
+    :func:`earliest_positions`), another topological order of the same graph, runs the searches again under
+    the order it sets, and the cheaper result is kept (the first on a tie): a fused node that reads a value
+    the exporter wrote after the node it replaces (the first layer's attention reading the shared mask) is
+    only within reach under it."""
     start = time.perf_counter()
     deadline = deadline or Deadline()
     costs = node_costs(view, target) if costs is None else costs
+    best = _greedy_under(view, roots, target, graph_position, costs, deadline)
+    switches = best.switches
+    if earliest is not None and not best.stopped:
+        other = _greedy_under(view, roots, target, earliest, costs, deadline)
+        switches += other.switches
+        if not other.stopped and other.cost_ns < best.cost_ns - EPS * max(1.0, abs(best.cost_ns)):
+            best = other
+    notes = ["extraction stopped at the time limit with the best graph found so far"] if best.stopped else []
+    return Extraction(best.choice, best.cost_ns, "greedy", time.perf_counter() - start, best.moves, switches,
+                      notes=notes)
+
+
+def _greedy_under(view: EGraphView, roots: list[int], target: Target, graph_position: Mapping[int, int],
+                  costs: list[float], deadline: Deadline) -> _SearchResult:
+    """:func:`greedy`'s two searches under the class order ``graph_position`` sets, the cheaper kept."""
     pos = class_positions(view, graph_position, costs)
     flat = view.flat()
     first, tree_node = start_choice(flat, costs, pos, view.original_flags())
@@ -146,20 +183,16 @@ def greedy(view: EGraphView, roots: list[int], target: Target, graph_position: M
                          "every way reads an op the target does not run, or a value computed only from itself")
     tree_start = drop_unreachable(flat, tree_node)
     if tree_start == first:  # the same start would search the same way
-        best = _search(view, costs, first, roots, pos, tree_node, deadline)
-        switches = best.switches
-    else:  # the two searches at once (compiled, the search lets go of the GIL)
-        with ThreadPoolExecutor(1, thread_name_prefix="rlx-greedy") as pool:
-            from_tree = pool.submit(_search, view, costs, tree_start, roots, pos, tree_node, deadline)
-            best = _search(view, costs, first, roots, pos, tree_node, deadline)
-            second = from_tree.result()
-        switches = best.switches + second.switches
-        # a search from the input graph that the deadline stopped keeps the input graph's choice
-        if not best.stopped and second.cost_ns < best.cost_ns - EPS * max(1.0, abs(best.cost_ns)):
-            best = second
-    notes = ["extraction stopped at the time limit with the best graph found so far"] if best.stopped else []
-    return Extraction(best.choice, best.cost_ns, "greedy", time.perf_counter() - start, best.moves, switches,
-                      notes=notes)
+        return _search(view, costs, first, roots, pos, tree_node, deadline)
+    with ThreadPoolExecutor(1, thread_name_prefix="rlx-greedy") as pool:  # the two searches at once (compiled,
+        from_tree = pool.submit(_search, view, costs, tree_start, roots, pos, tree_node, deadline)  # the search
+        best = _search(view, costs, first, roots, pos, tree_node, deadline)  # lets go of the GIL)
+        second = from_tree.result()
+    switches = best.switches + second.switches
+    # a search from the input graph that the deadline stopped keeps the input graph's choice
+    if not best.stopped and second.cost_ns < best.cost_ns - EPS * max(1.0, abs(best.cost_ns)):
+        best = second
+    return replace(best, switches=switches)
 
 
 @dataclass(frozen=True)

@@ -146,9 +146,9 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
 
     def embed(m: _Maker, prev: int | None) -> int:
         ids = m.g.input(f"ids{m.copy}", (b, s), "i64")
-        return m.g.embed_layer_norm(m.param((512, e), "table"), ids, m.param((s, e), "pos"),
-                                    m.param((1, e), "seg", np.tile(m.rng.standard_normal(e) * 0.1, (1, 1))),
-                                    m.param(w3, "g"), m.param(w3, "b"))
+        return m.g.embed_layer_norm(m.param((512, e), "table"), ids, m.param((s, e), "pos"), m.param(w3, "g"),
+                                    m.param(w3, "b"),
+                                    m.param((1, e), "seg", np.tile(m.rng.standard_normal(e) * 0.1, (1, 1))))
 
     return [
         case("Add", lambda m, p: m.g.add(chain(m, p, x3), m.input(x3, "y"))),

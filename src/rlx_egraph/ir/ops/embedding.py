@@ -36,9 +36,9 @@ _EPS = AttrSpec("eps", F, 1e-5, check=positive)
 
 
 def _embed_layer_norm_infer(a: Attrs, ins: list[T]) -> T:
-    table, ids, first, second, gamma, beta = ins
+    table, ids, first, gamma, beta, *second = ins
     x = op_spec("Embedding").infer({}, [table, ids])
-    for label, t in (("first", first), ("second", second)):
+    for label, t in zip(("first", "second"), (first, *second), strict=False):
         if t.dtype != x.dtype or broadcast(x.shape, t.shape) != x.shape:
             raise ShapeError(f"EmbedLayerNorm {label} {list(t.shape)} {t.dtype} must be {x.dtype} and broadcast to "
                              f"the embeddings {list(x.shape)}")
@@ -46,27 +46,33 @@ def _embed_layer_norm_infer(a: Attrs, ins: list[T]) -> T:
 
 
 def _embed_layer_norm_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
-    """LayerNorm(Add(Add(Embedding(table, ids), first), second)) over the last axis."""
-    table, ids, first, second, gamma, beta = ins
-    return g.layer_norm(g.add(g.add(g.embedding(table, ids), first), second), gamma, beta, axis=-1, eps=a["eps"])
+    """LayerNorm(Add(Add(Embedding(table, ids), first), second)) over the last axis (without the second Add when
+    there is no second term)."""
+    table, ids, first, gamma, beta, *second = ins
+    x = g.add(g.embedding(table, ids), first)
+    for term in second:
+        x = g.add(x, term)
+    return g.layer_norm(x, gamma, beta, axis=-1, eps=a["eps"])
 
 
 def _embed_layer_norm_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     """table [V, H], ids [S] or [B, S]; each addend of the embeddings' shape [..., S, H], or [S, H], [1, S, H]
-    (2-D ids) or [H] broadcast over them; gamma and beta [H]."""
+    (2-D ids) or [H] broadcast over them, the second one or none; gamma and beta [H]."""
     vocab, width = random_shape(rng, 2, 2)
     ids = random_shape(rng, 1, 2)
     rows = (*ids, width)
     addends = [rows, rows[-2:], (width,), *([(1, *rows[-2:])] if len(ids) == 2 else [])]
-    return {"table": (vocab, width), "ids": ids, "first": pick(rng, addends), "second": pick(rng, addends),
-            "gamma": (width,), "beta": (width,)}, {}
+    shapes = {"table": (vocab, width), "ids": ids, "first": pick(rng, addends), "gamma": (width,), "beta": (width,)}
+    if rng.integers(2):
+        shapes["second"] = pick(rng, addends)
+    return shapes, {}
 
 
 # --- ONNX exports (written against ExportBuilder, which the ONNX exporter's builder implements) ---
 
 
 def _embed_layer_norm(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str | None:
-    """com.microsoft EmbedLayerNormalization (f32, ids [B, S]) when first + second are the same in every batch row,
+    """com.microsoft EmbedLayerNormalization (f32, ids [B, S]) when first (+ second) is the same in every batch row,
     given per position: known terms of static shape (their sum is its position table [S, H], row s for token s), or
     at any sequence length a gather of a table's rows by Arange(0, S) plus constant rows (BERT's position and
     token-type terms with symbolic dims: the table's rows plus the constant row).  A term that gathers a table's
@@ -74,12 +80,13 @@ def _embed_layer_norm(b: ExportBuilder, node: Node, ins: list[str], types: list[
     (RoBERTa's positions from a CumSum of the mask) its position table with position_ids.  Ids not int32 are cast
     (one launch each); its mask_index output is written and unread.  Out-of-range ids fail in it (Gather takes
     negative ones)."""
-    table, ids, *_, gamma, beta = ins
+    table, ids, _, gamma, beta = ins[:5]
     if types[0].dtype != "f32" or types[1].rank != 2:
         return None
-    gathers = {k: g for k in (2, 3) if (g := _run_time_gather(b, node, ins, k)) is not None}
+    added = [2, *range(5, len(ins))]  # first, and second when there is one (DistilBERT's embeddings have none)
+    gathers = {k: g for k in added if (g := _run_time_gather(b, node, ins, k)) is not None}
     position_ids, (segment_ids, segment_table) = "", next(iter(gathers.values()), ("", ""))
-    terms = [k for k in (2, 3) if k not in list(gathers)[:1]]
+    terms = [k for k in added if k not in list(gathers)[:1]]
     known = [b.known(ins[k]) for k in terms]
     if all(t is not None for t in known) and all(isinstance(d, int) for d in node.shape):
         total = np.broadcast_to(sum(known), node.shape)
@@ -87,7 +94,7 @@ def _embed_layer_norm(b: ExportBuilder, node: Node, ins: list[str], types: list[
             return None
         positions = b.const(np.ascontiguousarray(total[0]), types[2].dtype)
     elif len(gathers) == 2:
-        position_ids, positions = gathers[3]
+        position_ids, positions = gathers[5]
     else:
         rows = _position_rows(b, node, [node.inputs[k] for k in terms])
         if rows is None:
@@ -161,10 +168,11 @@ def _position_rows(b: ExportBuilder, node: Node, terms: list[int]) -> np.ndarray
 
 
 EMBEDDING = [
-    OpSpec("EmbedLayerNorm", Kind.FUSED, ("table", "ids", "first", "second", "gamma", "beta"),
+    OpSpec("EmbedLayerNorm", Kind.FUSED, ("table", "ids", "first", "gamma", "beta", "second?"),
            _embed_layer_norm_infer, K.embed_layer_norm, (_EPS,),
            doc="LayerNorm over the last axis of (table[ids] + first) + second: BERT's word embeddings plus its "
-               "token-type and position terms, then the embeddings' norm.",
+               "token-type and position terms (DistilBERT's: the positions only, no second term), then the "
+               "embeddings' norm.",
            decompose=_embed_layer_norm_decompose, sampler=_embed_layer_norm_sample, index_inputs=("ids",),
            onnx=OnnxWriter("com.microsoft EmbedLayerNormalization", _embed_layer_norm)),
 ]

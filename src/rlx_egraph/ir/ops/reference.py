@@ -283,10 +283,12 @@ def embedding(a: Attrs, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return table[ids.astype(np.int64)]
 
 
-def embed_layer_norm(a: Attrs, table: np.ndarray, ids: np.ndarray, first: np.ndarray, second: np.ndarray,
-                     gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """LayerNorm over the last axis of (table[ids] + first) + second (BERT's embeddings)."""
-    return layer_norm(embedding(a, table, ids) + first + second, gamma, beta, -1, a["eps"])
+def embed_layer_norm(a: Attrs, table: np.ndarray, ids: np.ndarray, first: np.ndarray, gamma: np.ndarray,
+                     beta: np.ndarray, second: np.ndarray | None = None) -> np.ndarray:
+    """LayerNorm over the last axis of (table[ids] + first) + second (BERT's embeddings; DistilBERT's have no
+    second term)."""
+    x = embedding(a, table, ids) + first
+    return layer_norm(x if second is None else x + second, gamma, beta, -1, a["eps"])
 
 
 # --- vision -----------------------------------------------------------------
