@@ -17,19 +17,26 @@ $(VENV)/bin/python:
 	@echo "[set-up] creating $(VENV) with $(PYTHON)"
 	@$(PYTHON) -m venv $(VENV)
 
+# Whether the install compiled the accelerators.
+ACCELERATED := $(VENV)/bin/python -c "import rlx_egraph as r; print('[set-up] accelerators:', 'compiled' if \
+	r.accelerated() else 'none (no working C compiler: the pure-Python path runs, with the same results, more slowly)')"
+
 # The package and its run-time dependencies, editable; its accelerators compiled when a C compiler works.
 $(VENV)/.package: $(VENV)/bin/python $(BUILD_INPUTS)
 	@echo "[set-up] installing rlx-egraph and its dependencies into $(VENV) (the accelerators compile if a C compiler works)"
 	@$(PIP) install -e .
-	@$(VENV)/bin/python -c "import rlx_egraph as r; print('[set-up] accelerators:', 'compiled' if r.accelerated() \
-		else 'none (no working C compiler: the pure-Python path runs, with the same results, more slowly)')"
+	@$(ACCELERATED)
 	@touch $@
 
-# The dev tools (tests, linters, notebooks, the build requirements for tests/test_packaging.py).
-$(VENV)/.dev: $(VENV)/.package
-	@echo "[set-up] installing the dev tools (the dev extra) into $(VENV)"
-	@$(PIP) install -e '.[dev]'
-	@touch $@
+# The package with the dev tools (tests, linters, notebooks, the build requirements for tests/test_packaging.py),
+# in one install: the package is built (and its accelerators compiled) once, whether or not `make demo` ran first.
+# --no-compile: Python writes the byte code of the modules the suite imports when it first imports them, rather
+# than pip compiling every file of every dev tool (most never imported).
+$(VENV)/.dev: $(VENV)/bin/python $(BUILD_INPUTS)
+	@echo "[set-up] installing rlx-egraph, its dependencies and the dev tools (the dev extra) into $(VENV)"
+	@$(PIP) install --no-compile -e '.[dev]'
+	@$(ACCELERATED)
+	@touch $(VENV)/.package $@
 
 demo: $(VENV)/.package
 	@echo "[demo] rlx-egraph demo"

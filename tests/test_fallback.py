@@ -23,6 +23,7 @@ from rlx_egraph.engines.fallback.facts import Facts
 from rlx_egraph.engines.fallback.matcher import plan_matcher, schedule
 from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.ir.graph import Node, check_node
+from rlx_egraph.ir.registry import REGISTRY, OpSpec
 from rlx_egraph.ir.rewrite import GraphRewriter, node_key
 from rlx_egraph.kernels.parity import check_parity
 from rlx_egraph.rules import Declaration
@@ -686,6 +687,22 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "fused-conv-activation": (conv_block(bias="input", bn=True, residual=True, act="relu"),
                               FUSED_CONV | {"Relu": 0, "BatchNorm": 0, "BnFoldWeight": 1, "BnFoldBias": 1}),
 }
+
+
+def decomposition_case(spec: OpSpec) -> tuple[Callable[[], Graph], dict[str, int]]:
+    """The case of a rule generated from ``spec``'s decomposition: that decomposition on inputs its sampler draws
+    (then Exp), which the rule makes one node of the op again."""
+    def build() -> Graph:
+        types, attrs = spec.sample(np.random.default_rng(0))
+        g = Graph(spec.name)
+        ins = [g.input(f"in{k}", t.shape, t.dtype) for k, t in enumerate(types)]
+        g.set_outputs([g.exp(spec.decompose(g, ins, attrs))])
+        return g
+    return build, {spec.name: 1}
+
+
+# A rule generated from a decomposition without a case above gets its decomposition's.
+CASES |= {s.rule.name: decomposition_case(s) for s in REGISTRY.values() if s.rule and s.rule.name not in CASES}
 
 
 # The other operand orders of commutative ops (the loader's variants): (base rule, graph, counts).

@@ -186,7 +186,7 @@ def unfold(atoms: list[Atom], producers: Producers, counts: dict[str, float], us
         if depth > MAX_UNFOLDING:
             raise NoInstance(f"helper relation {atom.table} nests too deep")
         options = producers[atom.table]  # the least used so far first, so every producer gets its turn
-        rule, action = min(options, key=lambda o: (counts.get(o[0].name, 0), options.index(o)))
+        rule, action = options[min(range(len(options)), key=lambda k: (counts.get(options[k][0].name, 0), k))]
         counts[rule.name] = counts.get(rule.name, 0) + 1
         used.add(rule.name)
         *query, head = fresh([*rule.query, Fact(action.table, action.args)], f"{depth}.{len(out)}.{len(used)}")

@@ -1,4 +1,4 @@
-"""Activations (rules/swiglu.egg, rules/export_forms.egg): SwiGLU, its packed form, and QuickGelu."""
+"""Activations (rules/swiglu.egg, rules/export_forms.egg): SwiGLU, its packed form, QuickGelu and HardSwish."""
 
 from __future__ import annotations
 
@@ -77,6 +77,22 @@ def _quick_gelu_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
     return {"x": random_shape(rng, 1, 3)}, {"alpha": pick(rng, [1.702, float(rng.uniform(0.5, 2.0))])}
 
 
+def _hard_swish_infer(a: Attrs, ins: list[TensorType]) -> TensorType:
+    require_float(ins[0], "HardSwish input")
+    return ins[0]
+
+
+def _hard_swish(a: Attrs, x: np.ndarray) -> np.ndarray:
+    three, six = np.asarray(3.0, x.dtype), np.asarray(6.0, x.dtype)
+    return x * np.minimum(np.maximum(x + three, np.asarray(0.0, x.dtype)), six) / six
+
+
+def _hard_swish_decompose(g: Graph, ins: list[int], a: Attrs) -> int:
+    """x * Clip(x + 3, 0, 6) / 6, as ``x * F.relu6(x + 3) / 6`` exports."""
+    x, dtype = ins[0], g.node(ins[0]).dtype
+    return g.div(g.mul(x, g.clip(g.add(x, g.scalar(3.0, dtype)), min=0.0, max=6.0)), g.scalar(6.0, dtype))
+
+
 ACTIVATIONS = [
     OpSpec("SwiGLU", Kind.FUSED, ("gate", "up"), _swiglu_infer, lambda a, g, u: K.swiglu(g, u),
            doc="Silu(gate) * up.", decompose=lambda g, ins, a: g.mul(g.silu(ins[0]), ins[1]),
@@ -95,5 +111,10 @@ ACTIVATIONS = [
            onnx=OnnxExport("QuickGelu", MS, lambda a: {"alpha": a["alpha"]}),
            cost_class="Silu",  # Silu is exported as QuickGelu(alpha=1): the same onnxruntime kernel
            rule=DecompositionRule("quick-gelu", "recognize", "export_forms.egg")),
+    OpSpec("HardSwish", Kind.FUSED, ("x",), _hard_swish_infer, _hard_swish, flops=lambda a, ins, out: 5 * out.numel,
+           doc="x * Clip(x + 3, 0, 6) / 6 (MobileNetV3's hard swish, x * HardSigmoid(x)) in one kernel.",
+           decompose=_hard_swish_decompose, onnx=OnnxExport("HardSwish"),  # the default domain's, since opset 14
+           cost_class="Silu",  # one read and one write per element, like onnxruntime's other activation kernels
+           rule=DecompositionRule("hard-swish", "recognize", "export_forms.egg")),
 ]
 register(*ACTIVATIONS)
