@@ -305,7 +305,9 @@ class OpSpec:
     a function that writes it (:class:`OnnxWriter`); None: the exporter's own table, else the decomposition.  A
     fused op that declares one is an op the ``onnxruntime`` cost target runs.  ``cost_class`` names the measured
     cost line that prices the op on a target with per-op lines when it has none of its own: another op's name (an
-    op exported as the same kernel) or a kind; empty: its kind.  ``rule`` is the op's recognition rule when it is
+    op exported as the same kernel) or a kind; empty: its kind.  ``cost_attr`` names the attribute whose value
+    selects the kernels the op is exported as (FusedMatMulBiasAct's ``act``: Gemm, or MatMul + BiasGelu); on such a
+    target each value has a line of its own (``Op.value``).  ``rule`` is the op's recognition rule when it is
     the decomposition read backwards (:class:`DecompositionRule`): it is generated from ``decompose``.
     """
 
@@ -327,6 +329,7 @@ class OpSpec:
     degenerate: DegenerateFn | None = None
     onnx: OnnxExport | OnnxWriter | None = None
     cost_class: str = ""
+    cost_attr: str = ""
     rule: DecompositionRule | None = None
 
     def __post_init__(self) -> None:
