@@ -303,7 +303,7 @@ def test_each_epilogue_of_a_biased_matmul_is_priced_by_its_own_line() -> None:
         calibrations.target({"Add.none": OpRate(1.0, 0.0, 0.0)})
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 64), (2, 80, 64)])
+@pytest.mark.parametrize("shape", [(2, 16, 64), (2, 80, 64), (1, 128, 768)])
 def test_the_shipped_calibration_takes_gemm_for_a_biased_matmul_with_onnxruntime_parity(shape: tuple[int, ...]) -> None:
     """At a tiny model's and at BERT-base's shape onnxruntime runs a 3-D MatMul + bias Add as the Gemm it makes of
     it when the session loads (``benchmarks/fused_vs_parts.py``: 1.00 and 0.99 measured): priced with one GEMM FLOP

@@ -122,24 +122,23 @@ def fit_rate(samples: Iterable[Sample]) -> OpRate:
 def fit_gemm_rates(groups: Mapping[str, Iterable[Sample]]) -> dict[str, OpRate]:
     """The cost lines of ops that compute as one GEMM (``groups``: line key -> its samples), fitted together: one
     FLOP rate for all (the runtime's one GEMM kernel: onnxruntime runs MatMul, Gemm and MatMul + BiasGelu on MLAS's
-    SGEMM), a launch, a per-byte and a per-row term per line; non-negative least squares on the relative error, as
+    SGEMM), a launch and a per-byte term per line; non-negative least squares on the relative error, as
     :func:`fit_rate`.  Fitted one by one, two lines of the same kernel differ in their FLOP rate by their samples'
     noise, which at a real model's size outweighs what a fusion saves."""
     keys = sorted(groups)
-    table = [(keys.index(key), s) for key in keys for s in groups[key]]
-    if not table:
+    rows = [(keys.index(key), s) for key in keys for s in groups[key]]
+    if not rows:
         return {}
-    design = np.zeros((len(table), 3 * len(keys) + 1))
-    target = np.zeros(len(table))
-    for r, (k, s) in enumerate(table):
+    design = np.zeros((len(rows), 2 * len(keys) + 1))
+    target = np.zeros(len(rows))
+    for r, (k, s) in enumerate(rows):
         weight = 1.0 / max(s.ns, MIN_WEIGHTED_NS)
-        design[r, 3 * k:3 * k + 3] = (s.launches * weight, s.traffic_bytes * weight, s.rows * weight)
-        design[r, -1] = s.flops * weight
+        design[r, 2 * k], design[r, 2 * k + 1], design[r, -1] = (s.launches * weight, s.traffic_bytes * weight,
+                                                                  s.flops * weight)
         target[r] = s.ns * weight
     scale = np.maximum(np.abs(design).max(axis=0), 1e-30)  # columns of like size, for the solver
     coef = scipy.optimize.nnls(design / scale, target)[0] / scale
-    return {key: OpRate(float(coef[3 * k]), float(coef[3 * k + 1]), float(coef[-1]), float(coef[3 * k + 2]))
-            for k, key in enumerate(keys)}
+    return {key: OpRate(float(coef[2 * k]), float(coef[2 * k + 1]), float(coef[-1])) for k, key in enumerate(keys)}
 
 
 def computes_as_gemm(key: str) -> bool:
