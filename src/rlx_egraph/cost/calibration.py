@@ -1,12 +1,13 @@
 """Calibrations: a target's cost figures measured on one machine, fitted per op, cached per machine.
 
-A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes and
-FLOPs as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost line fitted
-to the samples of each op, and per op kind the median of its ops' lines (:class:`OpRate`)::
+A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes,
+FLOPs and output rows as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost
+line fitted to the samples of each op (of each epilogue of an op with a ``cost_attr``), and per op kind the median
+of its ops' lines (:class:`OpRate`)::
 
-    ns = launches * launch_ns + traffic_bytes * ns_per_byte + flops * ns_per_flop
+    ns = launches * launch_ns + traffic_bytes * ns_per_byte + flops * ns_per_flop + rows * ns_per_row
 
-A target prices a node by its op's line, else its kind's, else its own figures
+A target prices a node by its line, else its op's, else its kind's, else its own figures
 (:meth:`~rlx_egraph.cost.targets.Target.rate`).  A line is fitted by non-negative least squares on the relative
 error, so it follows the small and the large samples alike.
 
