@@ -21,7 +21,6 @@ from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
-from rlx_egraph.cost.model import node_cost
 from rlx_egraph.cost.profile import format_ns
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
 from rlx_egraph.frontends.onnx.calibrate import (
@@ -34,7 +33,7 @@ from rlx_egraph.frontends.onnx.calibrate import (
     calibrate,
     check_sample,
 )
-from rlx_egraph.ir import REGISTRY, TensorType
+from rlx_egraph.ir import REGISTRY
 from rlx_egraph.onnx import export_model, measure_latency, measure_report, price_export
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rlx_egraph"
@@ -105,29 +104,12 @@ def test_the_lines_of_ops_that_compute_as_one_gemm_share_one_flop_rate() -> None
     assert cal.computes_as_gemm("FusedMatMulBiasAct.gelu") and not cal.computes_as_gemm("QkvAttention")
 
 
-def test_fit_recovers_a_cost_per_output_row() -> None:
-    """A norm over many short rows costs more than its bytes say: at 512 rows of 32 (a windowed vision model's) and
-    at 16 rows of 16 alike, the line through samples that lie on a launch, per-byte and per-row cost recovers all
-    three; a node counts its output's rows (an attention's [batch, tokens, heads, head width]: one per head and
-    query)."""
-    line = OpRate(700.0, 0.05, 0.0, 14.0)
-    shapes = [(16, 16), (32, 64), (64, 128), (128, 384), (128, 768), (160, 64), (512, 32)]
-    samples = [Sample("LayerNorm", f"{r}x{w}", 1, 8 * r * w + 8 * w, r * w, line.ns(1, 8 * r * w + 8 * w, 0, r), "",
-                      r) for r, w in shapes]
-    fitted = fit_rate(samples)
-    assert (fitted.launch_ns, fitted.ns_per_byte, fitted.ns_per_row) == pytest.approx((700.0, 0.05, 14.0), rel=1e-6)
-    assert fitted.ns_per_flop == 0.0
-    attention = REGISTRY["MultiHeadAttention"]
-    x = TensorType((2, 80, 64))
-    assert node_cost(attention, {"heads": 4}, [x, x, x], TensorType((2, 80, 4, 16))).rows == 2 * 80 * 4
-
-
 # --- the file and the cache -------------------------------------------------------------------------
 
 
 def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
-    c = dataclasses.replace(calibrations.calibration({"LayerNorm": OpRate(700.0, 0.05, 0.0, 14.0)}),
-                            samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048, 1_180.0, "Add 1", 32),),
+    c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
+                                                                       1_180.0, "Add 1"),),
                             value_ns=570.0, value_ns_per_byte=0.004)
     path = c.save(tmp_path / "sub" / "c.json")
     back = cal.read(path)
@@ -135,15 +117,13 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     assert data["format_version"] == cal.FORMAT_VERSION and (data["value_ns"], data["value_ns_per_byte"]) == (
         570.0, 0.004)
-    assert data["rates"]["LayerNorm"]["ns_per_row"] == 14.0 and data["samples"][0]["rows"] == 32
-    # a file made before graph values, what ran and rows were measured reads with none
+    # a file made before graph values and what ran were measured reads with none
     for key in ("value_ns", "value_ns_per_byte"):
         del data[key]
-    del data["samples"][0]["ran"], data["samples"][0]["rows"], data["rates"]["LayerNorm"]["ns_per_row"]
+    del data["samples"][0]["ran"]
     path.write_text(json.dumps(data))
     older = cal.read(path)
-    assert (older.value_ns, older.value_ns_per_byte, older.samples[0].ran, older.samples[0].rows) == (0.0, 0.0, "", 0)
-    assert older.rates["LayerNorm"] == OpRate(700.0, 0.05, 0.0)
+    assert (older.value_ns, older.value_ns_per_byte, older.samples[0].ran) == (0.0, 0.0, "")
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -303,7 +283,7 @@ def test_each_epilogue_of_a_biased_matmul_is_priced_by_its_own_line() -> None:
         calibrations.target({"Add.none": OpRate(1.0, 0.0, 0.0)})
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 64), (2, 80, 64), (1, 128, 768)])
+@pytest.mark.parametrize("shape", [(2, 16, 64), (1, 128, 768)])
 def test_the_shipped_calibration_takes_gemm_for_a_biased_matmul_with_onnxruntime_parity(shape: tuple[int, ...]) -> None:
     """At a tiny model's and at BERT-base's shape onnxruntime runs a 3-D MatMul + bias Add as the Gemm it makes of
     it when the session loads (``benchmarks/fused_vs_parts.py``: 1.00 and 0.99 measured): priced with one GEMM FLOP

@@ -1,13 +1,12 @@
 """Calibrations: a target's cost figures measured on one machine, fitted per op, cached per machine.
 
-A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes,
-FLOPs and output rows as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost
-line fitted to the samples of each op (of each epilogue of an op with a ``cost_attr``), and per op kind the median
-of its ops' lines (:class:`OpRate`)::
+A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes and
+FLOPs as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost line fitted
+to the samples of each op, and per op kind the median of its ops' lines (:class:`OpRate`)::
 
-    ns = launches * launch_ns + traffic_bytes * ns_per_byte + flops * ns_per_flop + rows * ns_per_row
+    ns = launches * launch_ns + traffic_bytes * ns_per_byte + flops * ns_per_flop
 
-A target prices a node by its line, else its op's, else its kind's, else its own figures
+A target prices a node by its op's line, else its kind's, else its own figures
 (:meth:`~rlx_egraph.cost.targets.Target.rate`).  A line is fitted by non-negative least squares on the relative
 error, so it follows the small and the large samples alike.
 
@@ -45,7 +44,6 @@ FORMAT_VERSION = 1
 CACHE_ENV = "RLX_EGRAPH_CACHE"  # overrides the user cache directory (calibrations are read and written there)
 SHIPPED_DIR = Path(__file__).with_name("calibrations")
 MIN_WEIGHTED_NS = 100.0
-TERMS = ("launch_ns", "ns_per_byte", "ns_per_flop", "ns_per_row")  # an OpRate's terms, in the order of its fields
 # The runtime each calibrated target measures; its version is part of the machine fingerprint.
 RUNTIMES = {"onnxruntime": "onnxruntime"}
 
@@ -56,26 +54,23 @@ class CalibrationError(RlxError, ValueError):
 
 @dataclass(frozen=True)
 class OpRate:
-    """The cost line of one op (or op kind): ns per launch, per byte moved, per FLOP and per output row, all >= 0
-    (``ns_per_row`` is 0 in files made before rows were counted)."""
+    """The cost line of one op (or op kind): ns per launch, per byte moved and per FLOP, all >= 0."""
 
     launch_ns: float
     ns_per_byte: float
     ns_per_flop: float
-    ns_per_row: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in TERMS:
+        for name in ("launch_ns", "ns_per_byte", "ns_per_flop"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"OpRate.{name}={value!r} must be a finite number >= 0")
 
-    def ns(self, launches: float, traffic_bytes: float, flops: float, rows: float = 0.0) -> float:
-        return (launches * self.launch_ns + traffic_bytes * self.ns_per_byte + flops * self.ns_per_flop
-                + rows * self.ns_per_row)
+    def ns(self, launches: float, traffic_bytes: float, flops: float) -> float:
+        return launches * self.launch_ns + traffic_bytes * self.ns_per_byte + flops * self.ns_per_flop
 
     def to_dict(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in TERMS}
+        return {"launch_ns": self.launch_ns, "ns_per_byte": self.ns_per_byte, "ns_per_flop": self.ns_per_flop}
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,6 @@ class Sample:
     flops: int
     ns: float
     ran: str = ""  # the onnxruntime ops one copy of the node ran as ("MatMul 1, BiasGelu 1"), checked when measured
-    rows: int = 0  # the node's output rows (cost.model.NodeCost.rows; 0 in files made before rows were counted)
 
     @property
     def ran_nodes(self) -> int:
@@ -99,23 +93,21 @@ class Sample:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "launches": self.launches,
-                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran,
-                "rows": self.rows}
+                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran}
 
 
 def fit_rate(samples: Iterable[Sample]) -> OpRate:
     """The cost line through ``samples`` (at least one): non-negative least squares on the relative error
     (of samples of at least :data:`MIN_WEIGHTED_NS`: a smaller one, below a clock's noise, weighs no more).
     A term none of the samples has (no FLOPs, say) gets 0."""
-    table = [(s.launches, s.traffic_bytes, s.flops, s.rows, s.ns) for s in samples]
-    if not table:
+    rows = [(s.launches, s.traffic_bytes, s.flops, s.ns) for s in samples]
+    if not rows:
         raise ValueError("fit_rate needs at least one sample")
-    data = np.array(table, dtype=np.float64)
-    terms = len(TERMS)
-    weights = 1.0 / np.maximum(data[:, terms], MIN_WEIGHTED_NS)
-    design, target = data[:, :terms] * weights[:, None], data[:, terms] * weights
-    used = [k for k in range(terms) if data[:, k].any()]
-    coef = np.zeros(terms)
+    data = np.array(rows, dtype=np.float64)
+    weights = 1.0 / np.maximum(data[:, 3], MIN_WEIGHTED_NS)
+    design, target = data[:, :3] * weights[:, None], data[:, 3] * weights
+    used = [k for k in range(3) if data[:, k].any()]
+    coef = np.zeros(3)
     coef[used] = _nnls(design[:, used], target)
     return OpRate(*(float(c) for c in coef))
 
@@ -217,13 +209,14 @@ class Calibration:
             if key.partition(".")[0] in REGISTRY:  # an op's line, or one of its variants' (cost.model.line_key)
                 by_kind.setdefault(REGISTRY[key.partition(".")[0]].kind.value, []).append(rate)
         for kind, lines in by_kind.items():
-            rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines])) for term in TERMS)))
+            rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines]))
+                                            for term in ("launch_ns", "ns_per_byte", "ns_per_flop"))))
         return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
                    samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte)
 
     def predicted_ns(self, sample: Sample) -> float:
         """``sample`` priced by its key's line."""
-        return self.rates[sample.key].ns(sample.launches, sample.traffic_bytes, sample.flops, sample.rows)
+        return self.rates[sample.key].ns(sample.launches, sample.traffic_bytes, sample.flops)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "target": self.target, "machine": dict(self.machine),

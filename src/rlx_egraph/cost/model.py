@@ -14,12 +14,11 @@ the ops whose value the host reads before the run goes on: each is a sync point.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..ir.registry import Kind, OpSpec, TensorType, TupleType
+from ..ir.registry import Kind, OpSpec, TensorType
 
 if TYPE_CHECKING:
     pass
@@ -27,22 +26,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class NodeCost:
-    """The target-free cost of one node: ``rows`` counts its output's rows (its elements over its last dim: the
-    rows a norm or a Softmax reduces, the query rows of an attention's heads), which a kernel pays for one by one
-    beyond their bytes."""
+    """The target-free cost of one node."""
 
     launches: int
     syncs: int
     traffic_bytes: int
     flops: int
-    rows: int = 0
 
     def __add__(self, other: NodeCost) -> NodeCost:
         return NodeCost(self.launches + other.launches, self.syncs + other.syncs,
-                        self.traffic_bytes + other.traffic_bytes, self.flops + other.flops, self.rows + other.rows)
+                        self.traffic_bytes + other.traffic_bytes, self.flops + other.flops)
 
 
-FREE = NodeCost(0, 0, 0, 0, 0)
+FREE = NodeCost(0, 0, 0, 0)
 
 
 def line_key(spec: OpSpec, attrs: Mapping[str, Any]) -> str:
@@ -64,9 +60,8 @@ def node_launches(spec: OpSpec, copies: bool = False) -> int:
 
 def node_cost(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType], out_type: TensorType,
               copies: bool = False) -> NodeCost:
-    """Count one node: launches, host syncs, device bytes moved, FLOPs and output rows.  ``copies``: a layout op
-    that the target runs as a copy kernel (:attr:`~rlx_egraph.cost.targets.Target.copied_layouts`), not as a
-    view."""
+    """Count one node: launches, host syncs, device bytes moved and FLOPs.  ``copies``: a layout op that the
+    target runs as a copy kernel (:attr:`~rlx_egraph.cost.targets.Target.copied_layouts`), not as a view."""
     launches = node_launches(spec, copies)
     if launches == 0:  # nothing launched, nothing priced: the attributes and types are not read
         return FREE
@@ -75,11 +70,4 @@ def node_cost(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType]
         syncs=int(spec.kind is Kind.HOST_SYNC),
         traffic_bytes=sum(t.nbytes for t in in_types) + out_type.nbytes,
         flops=int(spec.flops(attrs, list(in_types), out_type)),
-        rows=output_rows(out_type),
     )
-
-
-def output_rows(out_type: TensorType | TupleType) -> int:
-    """The rows of a node's (first) output: its elements over its last dim; 1 for a scalar."""
-    shape = out_type.parts[0].shape if isinstance(out_type, TupleType) else out_type.shape
-    return math.prod(shape[:-1])
