@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import platformdirs
-import scipy.optimize
 
 from ..errors import RlxError
 from ..ir.ops.primitives import matmul_flops
@@ -130,7 +129,7 @@ def fit_gemm_rates(groups: Mapping[str, Iterable[Sample]]) -> dict[str, OpRate]:
                                                                   s.flops * weight)
         target[r] = s.ns * weight
     scale = np.maximum(np.abs(design).max(axis=0), 1e-30)  # columns of like size, for the solver
-    coef = scipy.optimize.nnls(design / scale, target)[0] / scale
+    coef = _nnls(design / scale, target) / scale
     return {key: OpRate(float(coef[2 * k]), float(coef[2 * k + 1]), float(coef[-1])) for k, key in enumerate(keys)}
 
 
