@@ -2,11 +2,13 @@
 
 Whether the ``onnxruntime`` target takes a fusion is decided by the fused op's measured line against its parts'
 at the model's shape.  This checks that decision: for each fused op the target runs as a pair of kernels or one
-(FusedMatMulBiasAct with a GELU epilogue: MatMul + com.microsoft BiasGelu; without: Gemm; FusedResidualLN:
-com.microsoft SkipLayerNormalization), the graph of one fused node and the graph of its parts (MatMul, Add, Gelu;
-Add, LayerNorm), each exported as ``export_model`` writes it and run in turn in onnxruntime (ORT_ENABLE_ALL, one
-thread, the thread's CPU time); it prints both predictions, both measurements and whether the two agree on which
-is faster.  Default shape: BERT-base's (batch 1, 128 tokens, hidden 768, FFN 3072).
+(FusedMatMulBiasAct with a GELU epilogue: MatMul + com.microsoft BiasGelu; without: Gemm; QkvAttention:
+com.microsoft Attention with the packed Q/K/V weights; FusedResidualLN: com.microsoft SkipLayerNormalization),
+the graph of one fused node and the graph of its parts (MatMul, Add, Gelu; three Gemm projections and
+MultiHeadAttention, the opset-23 Attention; Add, LayerNorm), each exported as ``export_model`` writes it and run
+in turn in onnxruntime (ORT_ENABLE_ALL, one thread, the thread's CPU time); it prints both predictions, both
+measurements and whether the two agree on which is faster.  Default shape: BERT-base's (batch 1, 128 tokens,
+hidden 768, FFN 3072; heads of width 64, and of width 16 below hidden 256, as in the corpus's tiny models).
 
     python benchmarks/fused_vs_parts.py [--batch 1] [--tokens 128] [--hidden 768] [--ffn 3072] [--runs 40]
 
@@ -36,7 +38,9 @@ def _graph(name: str, build: Callable[[Graph, int], int], x_shape: tuple[int, ..
 
 def pairs(batch: int, tokens: int, hidden: int, ffn: int) -> dict[str, tuple[Graph, Graph]]:
     """Fused op -> (a graph of it, a graph of its parts), parameters without values (measured with random ones)."""
-    x = (batch, tokens, hidden)
+    x, mask = (batch, tokens, hidden), (batch, 1, 1, tokens)
+    heads = hidden // 64 if hidden >= 256 else max(hidden // 16, 1)  # BERT-base's head width 64; a tiny model's 16
+    scale = (hidden // heads) ** -0.5
 
     def w(g: Graph, name: str, *shape: int) -> int:
         return g.param(name, shape)
@@ -49,6 +53,12 @@ def pairs(batch: int, tokens: int, hidden: int, ffn: int) -> dict[str, tuple[Gra
         "FusedMatMulBiasAct none": (
             _graph("fused", lambda g, i: g.fused_matmul_bias_act(i, w(g, "w", hidden, hidden), w(g, "b", hidden)), x),
             _graph("parts", lambda g, i: g.add(g.matmul(i, w(g, "w", hidden, hidden)), w(g, "b", hidden)), x)),
+        "QkvAttention (packed QKV)": (
+            _graph("fused", lambda g, i: g.qkv_attention(i, w(g, "w", hidden, 3 * hidden), w(g, "b", 3 * hidden),
+                                                          g.input("mask", mask), heads=heads, scale=scale), x),
+            _graph("parts", lambda g, i: g.multi_head_attention(
+                *(g.fused_matmul_bias_act(i, w(g, f"w{p}", hidden, hidden), w(g, f"b{p}", hidden)) for p in "qkv"),
+                g.input("mask", mask), heads=heads, scale=scale), x)),
         "FusedResidualLN": (
             _graph("fused", lambda g, i: g.fused_residual_ln(i, g.input("r", x), w(g, "g", hidden),
                                                              w(g, "b", hidden)), x),

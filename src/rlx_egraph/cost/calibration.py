@@ -36,6 +36,7 @@ import numpy as np
 import platformdirs
 
 from ..errors import RlxError
+from ..ir.ops.primitives import matmul_flops
 from ..ir.registry import REGISTRY
 
 FORMAT_VERSION = 1
@@ -110,6 +111,35 @@ def fit_rate(samples: Iterable[Sample]) -> OpRate:
     return OpRate(*(float(c) for c in coef))
 
 
+def fit_gemm_rates(groups: Mapping[str, Iterable[Sample]]) -> dict[str, OpRate]:
+    """The cost lines of ops that compute as one GEMM (``groups``: line key -> its samples), fitted together: one
+    FLOP rate for all (the runtime's one GEMM kernel: onnxruntime runs MatMul, Gemm and MatMul + BiasGelu on MLAS's
+    SGEMM), a launch and a per-byte term per line; non-negative least squares on the relative error, as
+    :func:`fit_rate`.  Fitted one by one, two lines of the same kernel differ in their FLOP rate by their samples'
+    noise, which at a real model's size outweighs what a fusion saves."""
+    keys = sorted(groups)
+    rows = [(keys.index(key), s) for key in keys for s in groups[key]]
+    if not rows:
+        return {}
+    design = np.zeros((len(rows), 2 * len(keys) + 1))
+    target = np.zeros(len(rows))
+    for r, (k, s) in enumerate(rows):
+        weight = 1.0 / max(s.ns, MIN_WEIGHTED_NS)
+        design[r, 2 * k], design[r, 2 * k + 1], design[r, -1] = (s.launches * weight, s.traffic_bytes * weight,
+                                                                  s.flops * weight)
+        target[r] = s.ns * weight
+    scale = np.maximum(np.abs(design).max(axis=0), 1e-30)  # columns of like size, for the solver
+    coef = _nnls(design / scale, target) / scale
+    return {key: OpRate(float(coef[2 * k]), float(coef[2 * k + 1]), float(coef[-1])) for k, key in enumerate(keys)}
+
+
+def computes_as_gemm(key: str) -> bool:
+    """Whether the line ``key`` prices an op whose FLOPs are one GEMM's (:func:`~rlx_egraph.ir.ops.primitives.
+    matmul_flops`: MatMul, MatMulBT, the FusedMatMul*Add ops, FusedMatMulBiasAct)."""
+    spec = REGISTRY.get(key.partition(".")[0])
+    return spec is not None and spec.flops is matmul_flops
+
+
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """argmin ||a x - b|| over x >= 0 for a few columns: the least-squares solution on each set of columns
     (the optimum's positive terms solve the least squares on their own), the best whose terms are all >= 0.
@@ -157,17 +187,26 @@ class Calibration:
     def fitted(cls, target: str, samples: Iterable[Sample], *, machine: Mapping[str, str], command: str,
                threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
                flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0) -> Calibration:
-        """A calibration whose rates are fitted to ``samples``: one line per key, and one per op kind, each term
-        the median of its measured ops' (for the ops of that kind no sample measured)."""
+        """A calibration whose rates are fitted to ``samples``: one line per key (the lines of ops that compute as
+        one GEMM sharing their FLOP rate: :func:`fit_gemm_rates`), for an op measured per variant only
+        (``Op.value`` keys) one through all its samples (for the variants none measured), and one per op kind, each
+        term the median of its measured ops' (for the ops of that kind no sample measured)."""
         samples = tuple(samples)
         by_key: dict[str, list[Sample]] = {}
         for s in samples:
             by_key.setdefault(s.key, []).append(s)
-        rates = {key: fit_rate(group) for key, group in by_key.items()}
+        rates = {key: fit_rate(group) for key, group in by_key.items() if not computes_as_gemm(key)}
+        rates |= fit_gemm_rates({key: group for key, group in by_key.items() if computes_as_gemm(key)})
+        by_op: dict[str, list[Sample]] = {}  # an op measured per variant only: its variants' samples pooled
+        for key, group in by_key.items():
+            if key.partition(".")[2]:
+                by_op.setdefault(key.partition(".")[0], []).extend(group)
+        for op, group in by_op.items():
+            rates.setdefault(op, fit_rate(group))  # prices the variants no sample measured
         by_kind: dict[str, list[OpRate]] = {}
         for key, rate in rates.items():
-            if key in REGISTRY:
-                by_kind.setdefault(REGISTRY[key].kind.value, []).append(rate)
+            if key.partition(".")[0] in REGISTRY:  # an op's line, or one of its variants' (cost.model.line_key)
+                by_kind.setdefault(REGISTRY[key.partition(".")[0]].kind.value, []).append(rate)
         for kind, lines in by_kind.items():
             rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines]))
                                             for term in ("launch_ns", "ns_per_byte", "ns_per_flop"))))
@@ -296,4 +335,4 @@ def load(target: str, cache: str | Path | None = None) -> Calibration:
 
 
 __all__ = ["CACHE_ENV", "Calibration", "CalibrationError", "OpRate", "Sample", "cache_dir", "cache_path",
-           "fit_rate", "load", "machine", "read", "shipped"]
+           "computes_as_gemm", "fit_gemm_rates", "fit_rate", "load", "machine", "read", "shipped"]

@@ -41,6 +41,18 @@ class NodeCost:
 FREE = NodeCost(0, 0, 0, 0)
 
 
+def line_key(spec: OpSpec, attrs: Mapping[str, Any]) -> str:
+    """The measured line that prices a node on a target with per-op lines: its op's name, or ``Op.value`` for an op
+    whose attribute ``spec.cost_attr`` selects the kernels it is exported as (``FusedMatMulBiasAct.gelu``: MatMul
+    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm)."""
+    return f"{spec.name}.{attrs[spec.cost_attr]}" if spec.cost_attr else spec.name
+
+
+def line_op(key: str) -> str:
+    """The op a line key (:func:`line_key`) prices."""
+    return key.partition(".")[0]
+
+
 def node_launches(spec: OpSpec, copies: bool = False) -> int:
     """Kernel launches of one node: its kind's, or one for a layout op the target runs as a copy kernel."""
     return 1 if copies else spec.kind.launches

@@ -16,7 +16,7 @@ from typing import Any
 from ..ir.graph import Graph
 from ..ir.registry import REGISTRY, Kind
 from ..ir.specialize import specialize_graph
-from .model import FREE, NodeCost, node_cost
+from .model import FREE, NodeCost, line_key, line_op, node_cost
 from .targets import Target, get_target
 
 
@@ -49,7 +49,7 @@ class IoProfile:
     target: Target
     ops: frozenset[str] = field(default_factory=frozenset)
     by_kind: Mapping[str, KindCost] = field(default_factory=dict, compare=False)  # op kind -> its nodes' sum
-    by_op: Mapping[str, NodeCost] = field(default_factory=dict, compare=False)  # op -> its nodes' sum
+    by_op: Mapping[str, NodeCost] = field(default_factory=dict, compare=False)  # line key -> its nodes' sum
     values: int = 0  # graph inputs and outputs a run is called with and returns
     value_bytes: int = 0  # their bytes
 
@@ -74,7 +74,8 @@ class IoProfile:
         else:
             terms = tgt.terms(0, self.sync_points, 0, self.readback_bytes, 0)
             for op, cost in self.by_op.items():
-                part = tgt.terms(cost.launches, 0, cost.traffic_bytes, 0, cost.flops, tgt.rate(REGISTRY[op]))
+                part = tgt.terms(cost.launches, 0, cost.traffic_bytes, 0, cost.flops,
+                                 tgt.rate(REGISTRY[line_op(op)], op))
                 for term in ("dispatch", "traffic", "compute"):
                     terms[term] += part[term]
         terms["run"] = tgt.run_ns
@@ -94,7 +95,8 @@ class IoProfile:
         if any(not self.target.supports(op) for op in part.ops):
             return math.inf
         if self.target.rates and self.by_op:
-            return sum(self.target.cost_ns(self.by_op[op], REGISTRY[op]) for op in part.ops if op in self.by_op)
+            return sum(self.target.cost_ns(cost, REGISTRY[line_op(key)], key) for key, cost in self.by_op.items()
+                       if line_op(key) in part.ops)
         return self.target.cost_ns(part.cost)
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,10 +179,11 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
         else:
             same[3] += 1
     sums = {kind: [0, 0, 0, 0] for kind in nodes}  # kind -> launches, syncs, traffic bytes, FLOPs
-    op_sums = {op: [0, 0, 0, 0] for op in kind_of}  # the same per op
+    op_sums: dict[str, list[int]] = {}  # the same per line key (:func:`line_key`: the op, or the op and its variant)
     for node, ins, copies, count in [*signatures.values(), *unhashable]:
         cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
-        for total in (sums[kind_of[node.op]], op_sums[node.op]):
+        line = op_sums.setdefault(line_key(node.spec, node.attrs), [0, 0, 0, 0])
+        for total in (sums[kind_of[node.op]], line):
             total[0] += cost.launches * count
             total[1] += cost.syncs * count
             total[2] += cost.traffic_bytes * count

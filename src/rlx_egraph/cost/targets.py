@@ -79,7 +79,7 @@ from ..ir.ops.regions import REGION_KINDS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from . import calibration as cal
 from .calibration import Calibration, OpRate
-from .model import NodeCost, node_cost, node_launches
+from .model import NodeCost, line_key, line_op, node_cost, node_launches
 
 if TYPE_CHECKING:
     from .profile import IoProfile
@@ -193,7 +193,7 @@ class Target:
         if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
             raise ValueError(f"target {self.name!r}: attention_block_max_tokens={bound!r} must be None or an int >= 0")
         kinds = {kind.value for kind in Kind}
-        unknown = sorted(key for key in self.rates if key not in REGISTRY and key not in kinds)
+        unknown = sorted(key for key in self.rates if key not in kinds and not _line_of_op(key))
         if unknown:
             raise ValueError(f"target {self.name!r}: rates name unknown op(s) or kind(s) {unknown}")
         if not all(isinstance(r, OpRate) for r in self.rates.values()):
@@ -222,12 +222,14 @@ class Target:
         """A copy with some knobs changed (validated like a new target)."""
         return dataclasses.replace(self, **changes)
 
-    def rate(self, spec: OpSpec) -> OpRate | None:
-        """The measured line that prices ``spec``'s nodes: its cost class's (``spec.cost_class``: the op runs as
+    def rate(self, spec: OpSpec, line: str = "") -> OpRate | None:
+        """The measured line that prices ``spec``'s nodes: the line ``line`` (a node's :func:`~.model.line_key`,
+        ``FusedMatMulBiasAct.gelu``) where there is one, else its cost class's (``spec.cost_class``: the op runs as
         that op's kernel), else its op's, else its kind's; None: the target-wide figures price them."""
         if not self.rates:
             return None
-        return self.rates.get(spec.cost_class) or self.rates.get(spec.name) or self.rates.get(spec.kind.value)
+        return (self.rates.get(line) or self.rates.get(spec.cost_class) or self.rates.get(spec.name)
+                or self.rates.get(spec.kind.value))
 
     def terms(self, launches: float, syncs: float, traffic_bytes: float, readback_bytes: float,
               flops: float, rate: OpRate | None = None) -> dict[str, float]:
@@ -247,10 +249,10 @@ class Target:
             "compute": compute,
         }
 
-    def cost_ns(self, cost: NodeCost, spec: OpSpec | None = None) -> float:
-        """Predicted ns of one node's counts (a node reads nothing back to the host); ``spec``: the node's op,
-        whose measured line (:meth:`rate`) prices it where the target has one."""
-        rate = self.rate(spec) if spec is not None else None
+    def cost_ns(self, cost: NodeCost, spec: OpSpec | None = None, line: str = "") -> float:
+        """Predicted ns of one node's counts (a node reads nothing back to the host); ``spec``: the node's op, and
+        ``line`` its line key, whose measured line (:meth:`rate`) prices it where the target has one."""
+        rate = self.rate(spec, line) if spec is not None else None
         return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops, rate).values())
 
     def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
@@ -264,7 +266,8 @@ class Target:
         """
         if not self.supports(spec.name):
             return math.inf
-        return self.cost_ns(node_cost(spec, attrs, in_types, out_type, self.copies(spec, reads_intermediate)), spec)
+        cost = node_cost(spec, attrs, in_types, out_type, self.copies(spec, reads_intermediate))
+        return self.cost_ns(cost, spec, line_key(spec, attrs) if cost.launches else "")
 
     def copies(self, spec: OpSpec, reads_intermediate: bool) -> bool:
         """Whether a node of ``spec`` runs as a copy kernel here: a layout op in ``copied_layouts`` that reads an
@@ -301,6 +304,12 @@ class PricedDims(Target):
         return TensorType(tuple(self.price(d) for d in t.shape), t.dtype)
 
 
+def _line_of_op(key: str) -> bool:
+    """Whether ``key`` names an op's line: the op, or ``Op.value`` for an op with a ``cost_attr``."""
+    op = line_op(key)
+    return op in REGISTRY and (key == op or bool(REGISTRY[op].cost_attr))
+
+
 def check_dim_hints(hints: Any, what: str) -> Mapping[str, int]:
     """``hints`` if it maps symbol names to ints >= 1; else TypeError or ValueError starting with ``what``."""
     if not isinstance(hints, Mapping):
@@ -320,7 +329,8 @@ def onnxruntime_target(calibration: Calibration) -> Target:
     bw = calibration.memory_bw
     sample_nodes: dict[str, int] = {}
     for sample in calibration.samples:
-        sample_nodes[sample.key] = max(sample_nodes.get(sample.key, 0), sample.ran_nodes)
+        op = line_op(sample.key)
+        sample_nodes[op] = max(sample_nodes.get(op, 0), sample.ran_nodes)
     return Target(name="onnxruntime", dispatch_ns=calibration.dispatch_ns, roundtrip_ns=0.0, memory_bw=bw,
                   host_readback_bw=bw, unified=True, unified_readback_bw=bw, host_thunk_penalty_ns=0.0,
                   flops_per_ns=calibration.flops_per_ns, region_kernels=False, copied_layouts=ORT_LAYOUTS,

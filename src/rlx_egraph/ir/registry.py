@@ -306,7 +306,9 @@ class OpSpec:
     fused op that declares one is an op the ``onnxruntime`` cost target runs.  ``cost_class`` names the measured
     cost line that prices the op on a target with per-op lines: another op's name (an op onnxruntime runs as the
     same kernel; it takes precedence over a line of the op's own) or a kind; empty: the op's own line, else its
-    kind's.  ``rule`` is the op's recognition rule when it is
+    kind's.  ``cost_attr`` names the attribute whose value selects the kernels the op is exported as
+    (FusedMatMulBiasAct's ``act``: Gemm, or MatMul + BiasGelu); on such a target each value has a line of its own
+    (``Op.value``).  ``rule`` is the op's recognition rule when it is
     the decomposition read backwards (:class:`DecompositionRule`): it is generated from ``decompose``.
     """
 
@@ -328,6 +330,7 @@ class OpSpec:
     degenerate: DegenerateFn | None = None
     onnx: OnnxExport | OnnxWriter | None = None
     cost_class: str = ""
+    cost_attr: str = ""
     rule: DecompositionRule | None = None
 
     def __post_init__(self) -> None:

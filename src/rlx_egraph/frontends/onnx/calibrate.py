@@ -46,7 +46,7 @@ import onnx
 import onnxruntime as ort
 
 from ...cost import calibration as cal
-from ...cost.model import node_cost
+from ...cost.model import line_key, node_cost
 from ...errors import RlxError
 from ...ir.graph import Graph
 from ...ir.registry import Kind
@@ -396,7 +396,7 @@ def measure_case(case: Case, threads: int, budget_s: float, run_ns: float) -> ca
     n = one.node(node)
     spec = n.spec
     cost = node_cost(spec, n.attrs, [one.node(i).type for i in n.inputs], n.type, spec.kind is Kind.LAYOUT)
-    return cal.Sample(case.key, case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
+    return cal.Sample(line_key(spec, n.attrs), case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
                       ", ".join(f"{op} {k}" for op, k in sorted(ran.items())))
 
 

@@ -183,7 +183,7 @@ MATMUL = [
     OpSpec("FusedMatMulBiasAct", Kind.FUSED, ("x", "w", "bias"), _bias_act_infer, K.fused_matmul_bias_act,
            (AttrSpec("act", S, "none", choices=EPILOGUES),), flops=matmul_flops,
            doc="act(x @ w + bias) with a bias of rank <= 1 and an optional Gelu/Silu epilogue.",
-           decompose=_bias_act_decompose, sampler=_bias_act_sample,
+           decompose=_bias_act_decompose, sampler=_bias_act_sample, cost_attr="act",
            onnx=OnnxWriter("Gemm, or MatMul + com.microsoft BiasGelu / FastGelu / QuickGelu", _bias_act)),
     OpSpec("FusedRmsNormMatMul", Kind.FUSED, ("x", "w_norm", "w_proj"), _rms_matmul_infer,
            lambda a, x, wn, wp: np.matmul(K.rms_norm(x, wn, None, a["axis"], a["eps"]), wp),
