@@ -223,12 +223,12 @@ class Target:
         return dataclasses.replace(self, **changes)
 
     def rate(self, spec: OpSpec, line: str = "") -> OpRate | None:
-        """The measured line that prices ``spec``'s nodes: the line ``line`` (a node's :func:`~.model.line_key`,
-        ``FusedMatMulBiasAct.gelu``) where there is one, else its cost class's (``spec.cost_class``: the op runs as
-        that op's kernel), else its op's, else its kind's; None: the target-wide figures price them."""
+        """The measured line that prices ``spec``'s nodes: its cost class's (``spec.cost_class``: the op runs as
+        that op's kernel), else the line ``line`` (a node's :func:`~.model.line_key`, ``FusedMatMulBiasAct.gelu``)
+        where there is one, else its op's, else its kind's; None: the target-wide figures price them."""
         if not self.rates:
             return None
-        return (self.rates.get(line) or self.rates.get(spec.cost_class) or self.rates.get(spec.name)
+        return (self.rates.get(spec.cost_class) or self.rates.get(line) or self.rates.get(spec.name)
                 or self.rates.get(spec.kind.value))
 
     def terms(self, launches: float, syncs: float, traffic_bytes: float, readback_bytes: float,
