@@ -96,6 +96,17 @@ def test_a_decoding_step_is_one_group_query_attention_at_every_past_length(form:
             np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=f"{name} at past {past}")
 
 
+def exported_with_parity(model: onnx.ModelProto, optimized: Graph) -> Counter:
+    """The ONNX op counts of ``optimized``'s export, once it has computed what the step ``model`` computes in
+    onnxruntime."""
+    exported = export_model(optimized)
+    inputs = step_inputs(model)
+    expected, got = run(model, inputs), run(exported, inputs)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=name)
+    return Counter(n.op_type for n in exported.graph.node)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_step_whose_mask_is_written_after_the_cache_is_one_group_query_attention(engine: str) -> None:
     """The mask computed after the cache Concats in the input's order (the dynamo exporter's first layer): the
@@ -106,13 +117,8 @@ def test_a_step_whose_mask_is_written_after_the_cache_is_one_group_query_attenti
     assert {op: mir[op] for op in ("GroupQueryAttention", "KvCacheAttention", "Concat", "RotaryEmbedding",
                                    "Get")} == {"GroupQueryAttention": 1, "KvCacheAttention": 0, "Concat": 0,
                                                "RotaryEmbedding": 0, "Get": 3}
-    exported = export_model(optimized)
-    ops = Counter(n.op_type for n in exported.graph.node)
+    ops = exported_with_parity(model, optimized)
     assert (ops["GroupQueryAttention"], ops["Concat"], ops["RotaryEmbedding"]) == (1, 0, 0)
-    inputs = step_inputs(model)
-    expected, got = run(model, inputs), run(exported, inputs)
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=name)
 
 
 def kv_cache_step(past: int, heads: int = 4, kv_heads: int = 2, d: int = 8) -> Graph:
@@ -161,13 +167,8 @@ def test_a_head_width_groupqueryattention_cannot_rotate_keeps_the_attention_with
     model = decode_step(7, hidden=32)
     optimized, mir = optimized_step(model)
     assert (mir["GroupQueryAttention"], mir["KvCacheAttention"], mir["RotaryEmbedding"], mir["Concat"]) == (0, 1, 2, 0)
-    exported = export_model(optimized)
-    ops = Counter(n.op_type for n in exported.graph.node)
+    ops = exported_with_parity(model, optimized)
     assert (ops["GroupQueryAttention"], ops["Attention"], ops["RotaryEmbedding"]) == (0, 1, 2)
-    inputs = step_inputs(model)
-    expected, got = run(model, inputs), run(exported, inputs)
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5, err_msg=name)
 
 
 def test_both_engines_agree_on_a_decoding_step() -> None:
