@@ -29,6 +29,7 @@ from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, outer_reads
 from ...ir.ops.reference import run_node
 from ...ir.registry import Kind, ShapeError
 from .export_table import EXPORTS, MIR_FORMS
+from .forms import unit_moves
 
 OPSET = 23  # the default domain's opset of exported models (Attention and RotaryEmbedding need 23)
 IR_VERSION = 10  # what onnxruntime 1.17 and later read
@@ -119,7 +120,14 @@ class Builder:
         key = ("reshape", source, dims)
         if key in self.dim_tensors:  # one Reshape per value and target shape
             return self.dim_tensors[key]
-        out = self.dim_tensors[key] = self.op("Reshape", [source, self.ints(_copied(dims, self.shapes.get(source)))])
+        moves = _unit_moves(self.shapes.get(source), shape)
+        if moves is not None:  # only size-1 axes dropped and added: Squeeze and Unsqueeze by constant axes
+            dropped, added = moves
+            out = self.op("Squeeze", [source, self.ints(dropped)]) if dropped else source
+            out = self.op("Unsqueeze", [out, self.ints(added)]) if added else out
+        else:
+            out = self.op("Reshape", [source, self.ints(_copied(dims, self.shapes.get(source)))])
+        self.dim_tensors[key] = out
         self.views[out] = source
         if shape is not None:
             self.shapes[out] = shape
@@ -266,6 +274,20 @@ def _copied(dims: tuple[Dim, ...], source: tuple[Dim, ...] | None) -> tuple[Dim,
     copied = tuple(0 if not isinstance(d, int) and k < len(source) and d == source[k] else d
                    for k, d in enumerate(dims))
     return dims if symbols_of(copied) else copied
+
+
+def _unit_moves(source: tuple[Dim, ...] | None, shape: tuple[Dim, ...] | None
+                ) -> tuple[list[int], list[int]] | None:
+    """For a reshape of a value of shape ``source`` to a symbolic ``shape`` that only drops and adds size-1 axes:
+    the axes of ``source`` dropped and the axes of ``shape`` added, which a Squeeze and an Unsqueeze take as
+    constants (a Reshape's target would be computed at run time, a Concat of Shape nodes).  None otherwise."""
+    if source is None or shape is None or not symbols_of(shape):
+        return None
+    perm = unit_moves(source, shape)
+    if perm is None:
+        return None
+    kept = {k for k in perm if k is not None}
+    return [k for k in range(len(source)) if k not in kept], [k for k, old in enumerate(perm) if old is None]
 
 
 def _resolved(dims: tuple[Dim, ...], source: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:

@@ -1,0 +1,69 @@
+"""What a dynamic export computes from shapes costs no more launches than its static twin: models built with
+onnx.helper in the forms transformers' exporters write with dynamic batch and sequence, imported without
+bindings, optimized and exported with their dim_params; the exported graph's ops are counted exactly and the
+model runs in onnxruntime at two shapes with the original's values."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from onnx_models import F, OnnxBuilder, dynamic_feeds
+from rlx_egraph import optimize
+from rlx_egraph.onnx import export_model, import_model
+from test_onnx_import import assert_close, run_ort
+
+HIDDEN = 8
+BINDINGS = ({"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 11})
+LOWEST = float(np.finfo(np.float32).min)
+
+
+def exported_ops(model: onnx.ModelProto) -> tuple[Counter[str], onnx.ModelProto]:
+    """The op counts of ``model`` imported with its symbols, optimized for onnxruntime and exported, and the export
+    (checked against the original at every binding)."""
+    exported = export_model(optimize(import_model(model), target="onnxruntime", dim_hints={"batch": 2,
+                                                                                        "sequence": 5}))
+    for binding in BINDINGS:
+        inputs = dynamic_feeds(model, binding)
+        inputs["attention_mask"][0, -2:] = 0
+        assert_close(run_ort(exported, inputs)[0], run_ort(model, inputs)[0])
+    return Counter(n.op_type for n in exported.graph.node), exported
+
+
+def masked_scores(m: OnnxBuilder, x: str, keep: str) -> str:
+    """softmax(x @ x^T + Where(keep, 0, lowest)) @ x over one head: [B, 1, S, HIDDEN]."""
+    x4 = m.op("Unsqueeze", [x, m.ints(1)])
+    scores = m.op("MatMul", [x4, m.op("Transpose", [x4], perm=[0, 1, 3, 2])])
+    bias = m.op("Where", [keep, m.const(0.0), m.const(LOWEST)])
+    return m.op("MatMul", [m.op("Softmax", [m.op("Add", [scores, bias])], axis=-1), x4])
+
+
+def test_a_mask_true_at_every_position_is_dropped_from_the_padding_mask() -> None:
+    """transformers 5 ANDs the padding mask [B, 1, 1, S] with a mask function of the query positions that holds
+    everywhere (``q_idx >= 0`` over Range(0, sequence)): the And, its comparison and the Range are no nodes."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, ["batch", "sequence", HIDDEN])
+    mask = m.input("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    seq = m.op("Gather", [m.op("Shape", [x]), m.const(1, np.int64)], axis=0)
+    q_idx = m.op("Unsqueeze", [m.op("Range", [m.const(0, np.int64), seq, m.const(1, np.int64)]), m.ints(0, 1, 3)])
+    every = m.op("GreaterOrEqual", [q_idx, m.const(0, np.int64)])  # [1, 1, S, 1], true everywhere
+    padding = m.op("Unsqueeze", [m.op("Cast", [mask], to=TensorProto.BOOL), m.ints(1, 2)])  # [B, 1, 1, S]
+    keep = m.op("And", [every, padding])
+    ops, _ = exported_ops(m.model({"y": masked_scores(m, x, keep)}))
+    assert (ops["And"], ops["GreaterOrEqual"], ops["Less"], ops["Range"], ops["Mul"]) == (0, 0, 0, 0, 0), ops
+
+
+def test_a_view_adding_unit_axes_to_symbolic_dims_is_an_unsqueeze() -> None:
+    """A Reshape of [batch, sequence] to [batch, 1, 1, sequence] (the padding mask's view) is written as an
+    Unsqueeze by constant axes: no target computed at run time (Shape, Concat)."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, ["batch", "sequence", HIDDEN])
+    mask = m.input("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    b, s = m.dims(mask, 0, 1)
+    keep = m.op("Reshape", [m.op("Cast", [mask], to=TensorProto.BOOL),
+                            m.op("Concat", [b, m.ints(1), m.ints(1), s], axis=0)])
+    ops, _ = exported_ops(m.model({"y": masked_scores(m, x, keep)}))
+    assert (ops["Shape"], ops["Concat"], ops["Reshape"], ops["Unsqueeze"]) == (0, 0, 0, 2), ops  # x's and the mask's
