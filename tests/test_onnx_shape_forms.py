@@ -67,3 +67,40 @@ def test_a_view_adding_unit_axes_to_symbolic_dims_is_an_unsqueeze() -> None:
                             m.op("Concat", [b, m.ints(1), m.ints(1), s], axis=0)])
     ops, _ = exported_ops(m.model({"y": masked_scores(m, x, keep)}))
     assert (ops["Shape"], ops["Concat"], ops["Reshape"], ops["Unsqueeze"]) == (0, 0, 0, 2), ops  # x's and the mask's
+
+
+def test_embeddings_of_a_dynamic_export_cost_their_static_launches() -> None:
+    """BERT's embeddings as TorchScript exports them with dynamic axes: the token-type row Expanded to [batch,
+    sequence, hidden] by a target from Shape (added to the word embeddings: broadcasting does it, no Expand), and
+    the position table gathered at Range(0, sequence) (its first rows: a Slice, no Range)."""
+    m = OnnxBuilder(17)
+    ids = m.input("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    m.input("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    shape = m.op("Shape", [ids])
+    batch, seq = (m.op("Unsqueeze", [m.op("Gather", [shape, m.const(k, np.int64)], axis=0), m.ints(0)])
+                  for k in (0, 1))
+    row = m.op("Gather", [m.weight("token_type", 2, HIDDEN), m.const([[0]], np.int64)])  # [1, 1, HIDDEN]
+    types = m.op("Expand", [row, m.op("Concat", [batch, seq, m.ints(HIDDEN)], axis=0)])
+    positions = m.op("Unsqueeze", [m.op("Range", [m.const(0, np.int64), m.op("Squeeze", [seq, m.ints(0)]),
+                                                  m.const(1, np.int64)]), m.ints(0)])
+    words = m.op("Gather", [m.weight("words", 40, HIDDEN), ids])
+    emb = m.op("Add", [m.op("Add", [words, types]), m.op("Gather", [m.weight("positions", 32, HIDDEN), positions])])
+    ops, _ = exported_ops(m.model({"y": m.op("Tanh", [emb])}))
+    assert (ops["Expand"], ops["Range"], ops["Gather"], ops["Slice"], ops["Concat"]) == (0, 0, 1, 1, 0), ops
+
+
+def test_a_chain_between_gemms_stays_on_rows() -> None:
+    """Linear, GELU, linear, residual Add and LayerNorm on [batch, sequence, hidden] (a BERT feed-forward block):
+    each Gemm takes the rows [batch * sequence, hidden] and the ops between them run on the rows too, so the only
+    reshape to the 3-D shape is the output's (one Concat of Shape nodes for its target)."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, ["batch", "sequence", HIDDEN])
+    m.input("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    inner = m.linear(x, "ffn.in", HIDDEN, 4 * HIDDEN)
+    erf = m.op("Erf", [m.op("Div", [inner, m.const(np.sqrt(2.0))])])
+    gelu = m.op("Mul", [m.op("Mul", [inner, m.op("Add", [erf, m.const(1.0)])]), m.const(0.5)])
+    residual = m.op("Add", [m.linear(gelu, "ffn.out", 4 * HIDDEN, HIDDEN), x])
+    gamma = m.init("ln.weight", np.linspace(0.5, 1.5, HIDDEN, dtype=np.float32))
+    y = m.op("LayerNormalization", [residual, gamma, m.weight("ln.bias", HIDDEN)], axis=-1)
+    ops, _ = exported_ops(m.model({"y": m.op("Tanh", [y])}))
+    assert (ops["Gemm"], ops["Reshape"], ops["Concat"], ops["Shape"]) == (2, 2, 1, 2), ops

@@ -133,6 +133,35 @@ class Builder:
             self.shapes[out] = shape
         return out
 
+    def rows(self, ins: Sequence[str], shape: tuple[Dim, ...]) -> list[str] | None:
+        """The inputs of an op that computes every row of its last axis alike (elementwise, a norm over the last
+        axis) as rows ``[-1, N]``, where one of them is a view of rows (a Gemm's result reshaped back to ``shape``):
+        the op is then written on the rows and its result viewed as ``shape``, and a reader taking rows (the next
+        Gemm) reads them without a node, so a chain of such ops between Gemms stays 2-D.  Every input of ``shape``
+        must be a view of rows or have its rows written already (a Gemm's input); inputs of rank <= 1 broadcast
+        along the rows as they are.  None where no input views rows, or an input would need a reshape of its own
+        or broadcasts another way."""
+        width = shape[-1] if len(shape) >= 3 else None
+        if not isinstance(width, int):
+            return None
+
+        def viewed(name: str) -> bool:
+            source = self.shapes.get(self.views.get(name, ""))
+            return source is not None and len(source) == 2 and source[-1] == width
+
+        shapes = [self.shapes.get(n) if n else () for n in ins]
+        full = [n for n, s in zip(ins, shapes, strict=True) if s == shape]
+        if not any(map(viewed, full)) or any(
+                s is None or (s != shape and (len(s) > 1 or s[-1:] not in ((), (1,), (width,)))) for s in shapes) \
+                or not all(viewed(n) or ("reshape", n, (-1, width)) in self.dim_tensors for n in full):
+            return None
+        return [self.reshape(n, (-1, width)) if n in full else n for n in ins]
+
+    def on_rows(self, out: str, shape: tuple[Dim, ...]) -> str:
+        """``out``, written on the rows :meth:`rows` gave, viewed as ``shape``."""
+        self.shapes[out] = (math.prod(shape[:-1]), shape[-1])
+        return self.reshape(out, shape)
+
     def transpose(self, name: str, perm: Iterable[int]) -> str:
         """``name`` transposed by ``perm``: no node where it undoes the transpose that wrote ``name``."""
         perm = tuple(perm)
