@@ -12,7 +12,7 @@ import onnx
 from onnx import TensorProto
 
 from onnx_models import F, OnnxBuilder, dynamic_feeds
-from rlx_egraph import optimize
+from rlx_egraph import Graph, evaluate, optimize, specialize
 from rlx_egraph.onnx import export_model, import_model
 from test_onnx_import import assert_close, run_ort
 
@@ -104,3 +104,32 @@ def test_a_chain_between_gemms_stays_on_rows() -> None:
     y = m.op("LayerNormalization", [residual, gamma, m.weight("ln.bias", HIDDEN)], axis=-1)
     ops, _ = exported_ops(m.model({"y": m.op("Tanh", [y])}))
     assert (ops["Gemm"], ops["Reshape"], ops["Concat"], ops["Shape"]) == (2, 2, 1, 2), ops
+
+
+def test_a_padding_mask_of_the_lowest_fill_is_attentions_bool_mask() -> None:
+    """MultiHeadAttention whose bias is Where(keep, 0, lowest) of a [batch, sequence] padding mask viewed as
+    [batch, 1, 1, sequence] is exported with ``keep`` as Attention's bool attn_mask (expanded to the scores): no
+    Where; any other fill stays the additive mask it is.  onnxruntime gives the MIR graph's values."""
+    heads, width = 2, HIDDEN
+    for fill, wheres in ((LOWEST, 0), (-1e9, 1)):
+        g = Graph("mha")
+        q, k, v = (g.input(n, ("batch", "sequence", width)) for n in "qkv")
+        mask = g.input("attention_mask", ("batch", "sequence"), "i64")
+        keep = g.reshape(g.cast(mask, dtype="bool"), shape=("batch", 1, 1, "sequence"))
+        bias = g.where(keep, g.scalar(0.0), g.scalar(fill))
+        ctx = g.add_node("MultiHeadAttention", [q, k, v, bias], heads=heads, scale=0.5, fill=fill)
+        g.set_outputs([g.reshape(ctx, shape=("batch", "sequence", width))])
+        model = export_model(g)
+        ops = Counter(n.op_type for n in model.graph.node)
+        attention = next(n for n in model.graph.node if n.op_type == "Attention")
+        producer = {o: n for n in model.graph.node for o in n.output}
+        expand = producer[attention.input[3]]  # to [batch, 1, sequence, sequence]
+        masked = producer[expand.input[0]].op_type
+        assert (ops["Where"], ops["Attention"], expand.op_type, masked) == (
+            wheres, 1, "Expand", "Unsqueeze" if wheres == 0 else "Where")
+        rng = np.random.default_rng(0)
+        inputs = {n: rng.standard_normal((3, 7, width)).astype(np.float32) for n in "qkv"}
+        inputs["attention_mask"] = np.ones((3, 7), np.int64)
+        inputs["attention_mask"][1, 4:] = 0
+        want = evaluate(specialize(g, {"batch": 3, "sequence": 7}), inputs)[0]
+        assert_close(run_ort(model, inputs)[0], want)
