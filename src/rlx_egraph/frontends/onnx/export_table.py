@@ -41,15 +41,16 @@ def same(op_type: str) -> ExportFn:
 
 
 def on_rows(write: ExportFn) -> ExportFn:
-    """``write`` on the rows of its inputs where one of them views rows (:meth:`Builder.rows`; an elementwise op or
-    a norm over the last axis between two Gemms), its result viewed back; else as it is."""
+    """``write`` (of one result) on the rows of its inputs where one of them views rows (:meth:`Builder.rows`; an
+    elementwise op or a norm over the last axis between two Gemms), its result viewed back; else as it is."""
 
     def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | tuple[str, ...] | None:
         rows = b.rows(ins, node.shape) if node.attrs.get("axis", -1) == -1 else None
         if rows is None:
             return write(b, node, ins, types)
         out = write(b, node, rows, types)
-        return b.on_rows(out, node.shape) if isinstance(out, str) else out
+        assert not isinstance(out, tuple), f"{node.op}: a writer of one result is written on rows"
+        return None if out is None else b.on_rows(out, node.shape)
 
     return emit
 
