@@ -523,6 +523,14 @@ CLIP = {"Clip": 1, "Min": 0, "Max": 0, "Relu": 0}
 BN_FOLD = {"Conv": 1, "BatchNorm": 0, "BnFoldWeight": 1, "BnFoldBias": 1}
 
 
+def expanded_operand(op: str, first: bool) -> Callable[[], Graph]:
+    """x op Expand(y, x's shape) (the Expand first when ``first``), y a row."""
+    def body(g: Graph, x: int) -> int:
+        expanded = g.expand(g.input("y", X[-1:]), shape=X)
+        return getattr(g, op)(*((expanded, x) if first else (x, expanded)))
+    return unary(body)
+
+
 # rule -> (graph built for it, exact counts of ops in the result)
 CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "neg-neg": (unary(lambda g, x: g.neg(g.neg(x))), {"Neg": 0, "Exp": 1}),
@@ -541,6 +549,9 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "transpose-mul-transposed": (lambda: transposed_operand("mul"), {"Transpose": 1, "Mul": 1}),
     "reshape-reshape": (unary(lambda g, x: g.reshape(g.reshape(x, shape=(8, 4)), shape=(2, 16))), {"Reshape": 1}),
     "reshape-noop": (unary(lambda g, x: g.reshape(g.relu(x), shape=X)), {"Reshape": 0}),
+    **{f"{op}-expanded{'-first' if first else ''}": (expanded_operand(op, first), {"Expand": 0, op.title(): 1})
+       for op, firsts in (("add", [False]), ("mul", [False]), ("sub", [False, True]), ("div", [False, True]))
+       for first in firsts},
     "causal-attention-rope": (rope_attention, {"CausalAttentionRoPE": 1, "RoPE": 0, "CausalAttention": 0}),
     "attention-block": (attention_block, {"FusedAttentionBlock": 1, "Attention": 0, "FusedMatMulBiasAct": 0}),
     "transformer-layer": (transformer_layer(residual_first=False), {"FusedTransformerLayer": 1}),

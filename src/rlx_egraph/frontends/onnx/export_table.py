@@ -40,6 +40,21 @@ def same(op_type: str) -> ExportFn:
     return lambda b, node, ins, types: b.op(op_type, ins)
 
 
+def on_rows(write: ExportFn) -> ExportFn:
+    """``write`` (of one result) on the rows of its inputs where one of them views rows (:meth:`Builder.rows`; an
+    elementwise op or a norm over the last axis between two Gemms), its result viewed back; else as it is."""
+
+    def emit(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str | tuple[str, ...] | None:
+        rows = b.rows(ins, node.shape) if node.attrs.get("axis", -1) == -1 else None
+        if rows is None:
+            return write(b, node, ins, types)
+        out = write(b, node, rows, types)
+        assert not isinstance(out, tuple), f"{node.op}: a writer of one result is written on rows"
+        return None if out is None else b.on_rows(out, node.shape)
+
+    return emit
+
+
 def _with_axis(op_type: str) -> ExportFn:
     return lambda b, node, ins, types: b.op(op_type, ins, axis=node.attrs["axis"])
 
@@ -93,6 +108,21 @@ def _narrow(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> 
     if pieces is not None:
         return pieces[(a["start"], a["length"])]
     return b.op("Slice", [ins[0], b.ints([a["start"]]), b.ints([a["start"] + a["length"]]), b.ints([a["axis"]])])
+
+
+def _embedding(b: Builder, node: Node, ins: list[str], types: list[TensorType]) -> str:
+    """Gather of the table's rows; rows gathered at consecutive positions (an Arange, viewed with size-1 axes: the
+    position ids of a dynamic export) are a Slice of the table, viewed as the result: the Range is not written."""
+    ids = b.graph.node(node.inputs[1]) if b.graph is not None else None
+    while ids is not None and ids.op == "Reshape" and sum(d != 1 for d in ids.shape) <= 1:
+        ids = b.graph.node(ids.inputs[0])
+    start = ids.attrs["start"] if ids is not None and ids.op == "Arange" else -1
+    if isinstance(start, int) and start < 0:  # (a negative id counts from the end: a Gather's, not a Slice's)
+        return b.op("Gather", ins, axis=0)
+    length = ids.attrs["length"]
+    rows = b.op("Slice", [ins[0], b.ints([start]), b.ints([start + length]), b.ints([0])])
+    b.shapes[rows] = (length, types[0].shape[1])
+    return b.reshape(rows, node.shape)
 
 
 def _split_pieces(b: Builder, node: Node, x: str, axis: int, size: object) -> dict[tuple[int, int], str] | None:
@@ -211,14 +241,16 @@ def _dim_values(b: Builder, node: Node, ins: list[str], types: list[TensorType])
 
 
 EXPORTS: dict[str, ExportFn] = {
-    **{op: same(op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Greater", "Less", "Equal", "Where",
-                               "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Erf", "Identity",
-                               "MatMul")},
-    "Recip": same("Reciprocal"),
-    "Rsqrt": _rsqrt,
-    "Silu": lambda b, node, ins, types: b.op("QuickGelu", ins, domain=MS, alpha=1.0),
-    "Gelu": _gelu,
-    "Cast": lambda b, node, ins, types: b.op("Cast", ins, to=ONNX_DTYPES[node.dtype]),
+    **{op: on_rows(same(op)) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Greater", "Less", "Equal",
+                                        "Where", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt",
+                                        "Erf")},
+    "Identity": same("Identity"),
+    "MatMul": same("MatMul"),
+    "Recip": on_rows(same("Reciprocal")),
+    "Rsqrt": on_rows(_rsqrt),
+    "Silu": on_rows(lambda b, node, ins, types: b.op("QuickGelu", ins, domain=MS, alpha=1.0)),
+    "Gelu": on_rows(_gelu),
+    "Cast": on_rows(lambda b, node, ins, types: b.op("Cast", ins, to=ONNX_DTYPES[node.dtype])),
     "Softmax": _with_axis("Softmax"),
     "LogSoftmax": _with_axis("LogSoftmax"),
     "ReduceSum": _reduce("ReduceSum"),
@@ -228,14 +260,14 @@ EXPORTS: dict[str, ExportFn] = {
     "SumRows": _sum_rows,
     "MatMulAT": _matmul_at,
     "MatMulBT": _matmul_bt,
-    "LayerNorm": _layer_norm,
-    "RmsNorm": _rms_norm,
+    "LayerNorm": on_rows(_layer_norm),
+    "RmsNorm": on_rows(_rms_norm),
     "Reshape": lambda b, node, ins, types: b.reshape(ins[0], node.attrs["shape"]),
     "Transpose": lambda b, node, ins, types: b.transpose(ins[0], node.attrs["perm"]),
     "Narrow": _narrow,
     "Concat": _with_axis("Concat"),
     "Expand": lambda b, node, ins, types: b.op("Expand", [ins[0], b.ints(node.attrs["shape"])]),
-    "Embedding": lambda b, node, ins, types: b.op("Gather", ins, axis=0),
+    "Embedding": _embedding,
     "Conv2d": _conv,
     "Conv": _conv_nd,
     "BatchNorm": lambda b, node, ins, types: b.op("BatchNormalization", ins, epsilon=node.attrs["eps"]),

@@ -29,6 +29,7 @@ from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, outer_reads
 from ...ir.ops.reference import run_node
 from ...ir.registry import Kind, ShapeError
 from .export_table import EXPORTS, MIR_FORMS
+from .forms import unit_moves
 
 OPSET = 23  # the default domain's opset of exported models (Attention and RotaryEmbedding need 23)
 IR_VERSION = 10  # what onnxruntime 1.17 and later read
@@ -119,11 +120,47 @@ class Builder:
         key = ("reshape", source, dims)
         if key in self.dim_tensors:  # one Reshape per value and target shape
             return self.dim_tensors[key]
-        out = self.dim_tensors[key] = self.op("Reshape", [source, self.ints(_copied(dims, self.shapes.get(source)))])
+        moves = _unit_moves(self.shapes.get(source), shape)
+        if moves is not None:  # only size-1 axes dropped and added: Squeeze and Unsqueeze by constant axes
+            dropped, added = moves
+            out = self.op("Squeeze", [source, self.ints(dropped)]) if dropped else source
+            out = self.op("Unsqueeze", [out, self.ints(added)]) if added else out
+        else:
+            out = self.op("Reshape", [source, self.ints(_copied(dims, self.shapes.get(source)))])
+        self.dim_tensors[key] = out
         self.views[out] = source
         if shape is not None:
             self.shapes[out] = shape
         return out
+
+    def rows(self, ins: Sequence[str], shape: tuple[Dim, ...]) -> list[str] | None:
+        """The inputs of an op that computes every row of its last axis alike (elementwise, a norm over the last
+        axis) as rows ``[-1, N]``, where one of them is a view of rows (a Gemm's result reshaped back to ``shape``):
+        the op is then written on the rows and its result viewed as ``shape``, and a reader taking rows (the next
+        Gemm) reads them without a node, so a chain of such ops between Gemms stays 2-D.  Every input of ``shape``
+        must be a view of rows or have its rows written already (a Gemm's input); inputs of rank <= 1 broadcast
+        along the rows as they are.  None where no input views rows, or an input would need a reshape of its own
+        or broadcasts another way."""
+        width = shape[-1] if len(shape) >= 3 else None
+        if not isinstance(width, int):
+            return None
+
+        def viewed(name: str) -> bool:
+            source = self.shapes.get(self.views.get(name, ""))
+            return source is not None and len(source) == 2 and source[-1] == width
+
+        shapes = [self.shapes.get(n) if n else () for n in ins]
+        full = [n for n, s in zip(ins, shapes, strict=True) if s == shape]
+        if not any(map(viewed, full)) or any(
+                s is None or (s != shape and (len(s) > 1 or s[-1:] not in ((), (1,), (width,)))) for s in shapes) \
+                or not all(viewed(n) or ("reshape", n, (-1, width)) in self.dim_tensors for n in full):
+            return None
+        return [self.reshape(n, (-1, width)) if n in full else n for n in ins]
+
+    def on_rows(self, out: str, shape: tuple[Dim, ...]) -> str:
+        """``out``, written on the rows :meth:`rows` gave, viewed as ``shape``."""
+        self.shapes[out] = (math.prod(shape[:-1]), shape[-1])
+        return self.reshape(out, shape)
 
     def transpose(self, name: str, perm: Iterable[int]) -> str:
         """``name`` transposed by ``perm``: no node where it undoes the transpose that wrote ``name``."""
@@ -266,6 +303,20 @@ def _copied(dims: tuple[Dim, ...], source: tuple[Dim, ...] | None) -> tuple[Dim,
     copied = tuple(0 if not isinstance(d, int) and k < len(source) and d == source[k] else d
                    for k, d in enumerate(dims))
     return dims if symbols_of(copied) else copied
+
+
+def _unit_moves(source: tuple[Dim, ...] | None, shape: tuple[Dim, ...] | None
+                ) -> tuple[list[int], list[int]] | None:
+    """For a reshape of a value of shape ``source`` to a symbolic ``shape`` that only drops and adds size-1 axes:
+    the axes of ``source`` dropped and the axes of ``shape`` added, which a Squeeze and an Unsqueeze take as
+    constants (a Reshape's target would be computed at run time, a Concat of Shape nodes).  None otherwise."""
+    if source is None or shape is None or not symbols_of(shape):
+        return None
+    perm = unit_moves(source, shape)
+    if perm is None:
+        return None
+    kept = {k for k in perm if k is not None}
+    return [k for k in range(len(source)) if k not in kept], [k for k, old in enumerate(perm) if old is None]
 
 
 def _resolved(dims: tuple[Dim, ...], source: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:

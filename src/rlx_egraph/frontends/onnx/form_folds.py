@@ -391,7 +391,19 @@ def fold_forms(imp: Importer, node: onnx.NodeProto, at: dict[str, Any], a: list[
     out = fold(imp, node, at, a)
     if out is None:
         return None
-    return [_empty_as_array(x) for x in out] + [None] * (len(node.output) - len(out))
+    return [_empty_as_array(_settled(x)) for x in out] + [None] * (len(node.output) - len(out))
+
+
+def _settled(x: np.ndarray | Form | None) -> np.ndarray | Form | None:
+    """A mask that holds everywhere or nowhere (``kv_idx >= 0``, which transformers ANDs into a padding mask) as
+    that one value, and a Select on it as the branch it picks: the forms a constant operand simplifies."""
+    mask = x.mask if isinstance(x, Select) else x
+    held = mask.settled() if isinstance(mask, Mask) else None
+    if held is None:
+        return x
+    if isinstance(x, Select):
+        return Filled(x.shape, (x.a if held else x.b).copy())
+    return Filled(x.shape, np.array(held))
 
 
 def _empty_as_array(x: np.ndarray | Form | None) -> np.ndarray | Form | None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...ir.dims import Dim, Sym, symbols_of
+from ...ir.dims import Dim, ShapeError, Sym, symbols_of
 from ...ir.shapes import broadcast
 
 if TYPE_CHECKING:
@@ -208,6 +208,24 @@ class Mask(Form):
     def negate(self) -> Mask:
         """Its complement: ``sum(-coefs * i) <= -bound - 1``."""
         return replace(self, coefs=tuple(-c for c in self.coefs), bound=-self.bound - 1)
+
+    def settled(self) -> bool | None:
+        """True where the mask holds at every index for every value of the symbols, False where it holds at
+        none, None otherwise (or where that cannot be decided): ``sum(coefs * i)`` over ``0 <= i < shape`` lies
+        between its terms' least and greatest values (a coefficient's sign must be known)."""
+        if any(not isinstance(c, int) for c in self.coefs):
+            return None
+        spans = [(c, c * (s - 1)) for c, s in zip(self.coefs, self.shape, strict=True)]
+        high = sum((span for c, span in spans if c > 0), 0)
+        low = sum((span for c, span in spans if c < 0), 0)
+        try:
+            if high <= self.bound:
+                return True
+            if low > self.bound:
+                return False
+        except ShapeError:
+            return None
+        return None
 
     def is_causal(self) -> bool:
         """The causal keep mask ``[..., R, C]``, ``j <= i + C - R`` (what ``CausalMask`` computes), broadcast over

@@ -461,10 +461,27 @@ def _biased_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[
     source = b.graph.node(node.inputs[3]) if b.graph is not None else None
     if source is not None and source.op == "Scalar" and source.attrs["value"] == 0.0:
         return onnx_attention(b, node, [q, k, v], types, scale=node.attrs["scale"])
-    scores = (types[0].shape[2], types[1].shape[2])
-    if types[3].shape[-2:] != scores:
-        bias = b.op("Expand", [bias, b.ints(broadcast(types[3].shape, scores))])
+    bias = attention_mask(b, node.inputs[3], bias, types[3].shape, (types[0].shape[2], types[1].shape[2]))
     return onnx_attention(b, node, [q, k, v, bias], types, scale=node.attrs["scale"])
+
+
+def attention_mask(b: ExportBuilder, nid: int, bias: str, shape: tuple[Dim, ...], scores: tuple[Dim, Dim]) -> str:
+    """Attention's (opset 23) attn_mask for the additive ``bias`` (node ``nid``, written ``bias``), expanded to
+    [..., Sq, Sk] (which it needs).  A bias Where(keep, 0, lowest) of the dtype's lowest value is ``keep`` itself,
+    a bool mask: onnxruntime gives the same values for both (a query with every key masked: 0 alike), and the
+    Where is not written."""
+    graph = b.graph
+    where = graph.node(nid) if graph is not None else None
+    if where is not None and where.op == "Where":
+        keep, zero, fill = (graph.node(i) for i in where.inputs)
+        written = b.written.get(keep.id)
+        if zero.op == "Scalar" and zero.attrs["value"] == 0.0 and fill.op == "Scalar" and keep.dtype == "bool" \
+                and fill.attrs["value"] == float(np.finfo(dtype(where.dtype).storage).min) \
+                and isinstance(written, str) and broadcast(keep.shape, shape) == shape:
+            bias, shape = written, keep.shape
+    if tuple(shape[-2:]) != scores:
+        bias = b.expand(bias, broadcast(shape, scores))
+    return bias
 
 
 def _qkv_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
@@ -498,11 +515,7 @@ def _multi_head_attention(b: ExportBuilder, node: Node, ins: list[str], types: l
         return None
     inputs = ins[:3]
     if len(ins) > 3:
-        scores = (types[0].shape[1], types[1].shape[1])
-        bias = ins[3]
-        if tuple(types[3].shape[-2:]) != scores:
-            bias = b.expand(bias, broadcast(types[3].shape, scores))
-        inputs.append(bias)
+        inputs.append(attention_mask(b, node.inputs[3], ins[3], types[3].shape, (types[0].shape[1], types[1].shape[1])))
     heads = node.attrs["heads"]
     ctx = b.op("Attention", inputs, q_num_heads=heads, kv_num_heads=heads, scale=node.attrs["scale"],
                **({"is_causal": 1} if causal else {}))

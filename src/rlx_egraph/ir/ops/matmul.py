@@ -4,6 +4,7 @@ shared-input matmuls (ConcatParams, rules/swiglu.egg).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -140,7 +141,9 @@ def _gemm_rows(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorT
         return None
     rows = b.reshape(ins[0], [-1, a.shape[-1]])
     addend = ins[2] if c.rank <= 1 else b.reshape(ins[2], [-1, node.shape[-1]])
-    return b.reshape(b.op("Gemm", [rows, ins[1], addend], transB=trans_b), node.shape)
+    gemm = b.op("Gemm", [rows, ins[1], addend], transB=trans_b)
+    b.shapes[gemm] = (math.prod(node.shape[:-1]), node.shape[-1])  # the rows, which a reader of rows takes as is
+    return b.reshape(gemm, node.shape)
 
 
 def _gemm_or_matmul_add(trans_a: int, trans_b: int) -> WriteFn:
