@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -572,6 +573,19 @@ def test_exact_extraction_runs_in_a_process_without_stdout() -> None:
     assert (proc.returncode, proc.stderr) == (0, "exact")
 
 
+@pytest.fixture
+def one_bench_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's runs in one spawned process, reused, rather than a new one per run (what the figures and
+    assertions of these tests read is the same; a new process per run only makes each peak RSS that run's own, and
+    test_bench_engines_prints_both_engines_their_agreement_and_parity keeps it): a spawned process imports the
+    package (and onnxruntime) again, a second of the suite's time per run."""
+
+    def one_process(workers: int, mp_context: object, max_tasks_per_child: int | None = None) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(workers, mp_context=mp_context)
+
+    monkeypatch.setattr(bench, "ProcessPoolExecutor", one_process)
+
+
 def test_bench_cases_keep_the_given_order() -> None:
     names = [c.name for c in bench.cases(["bert", "synthetic", "llama"], [8, 1])]
     assert names == ["bert-8", "bert-1", "synthetic-20000", "llama-8", "llama-1"]
@@ -592,6 +606,7 @@ def test_bench_engines_prints_both_engines_their_agreement_and_parity(capsys: py
     assert row[-6:-3] == [f"{costs[0]:,.0f}", f"{costs[1]:,.0f}", f"{100 * (costs[1] - costs[0]) / costs[0]:+.2f}"]
 
 
+@pytest.mark.usefixtures("one_bench_process")
 def test_bench_engines_repeat_gives_each_engines_least_and_median_seconds(capsys: pytest.CaptureFixture[str]
                                                                           ) -> None:
     assert bench.main(["engines", "--no-models", "--nodes", "1000", "--repeat", "2"]) == 0
@@ -629,6 +644,7 @@ def test_runs_of_one_case_that_disagree_are_an_error() -> None:
 
 
 @pytest.mark.long
+@pytest.mark.usefixtures("one_bench_process")
 def test_bench_engines_runs_the_onnx_models_of_a_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     import onnx
 
@@ -747,6 +763,7 @@ def test_bench_agreement_lists_the_random_graphs_the_engines_price_apart(capsys:
         assert "shared_pair" in row[5:]
 
 
+@pytest.mark.usefixtures("one_bench_process")
 def test_bench_quick_rows_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     # llama-1 has 108 e-nodes and llama-2 200: the ILP runs on the first only.
