@@ -21,6 +21,7 @@ from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
+from rlx_egraph.cost.model import node_cost
 from rlx_egraph.cost.profile import format_ns
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
 from rlx_egraph.frontends.onnx.calibrate import (
@@ -58,6 +59,52 @@ def test_fit_recovers_the_line_the_samples_lie_on() -> None:
     assert fitted.launch_ns == pytest.approx(1_500.0, rel=1e-9)
     assert fitted.ns_per_byte == pytest.approx(0.25, rel=1e-9)
     assert fitted.ns_per_flop == pytest.approx(0.01, rel=1e-9)
+
+
+def test_fit_recovers_a_cost_per_row_and_per_matrix() -> None:
+    """An attention whose samples pay per query row and per head beside their launch, bytes and FLOPs: the fit gives
+    back all five terms, and a line fitted without the rows and matrices (the counts left at 0) misses a many-window
+    shape that the samples do not reach by far more."""
+    line = OpRate(4_000.0, 0.05, 0.002, 6.0, 900.0)
+    shapes = [(2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64), (2, 80, 4, 16)]
+
+    def sample(b: int, s: int, h: int, d: int, counted: bool = True) -> Sample:
+        traffic, flops, rows, matrices = 4 * 4 * b * s * h * d, 4 * b * h * s * s * d, b * h * s, b * h
+        return Sample("MultiHeadAttention", f"{b}x{s}x{h}x{d}", 1, traffic, flops,
+                      line.ns(1, traffic, flops, rows, matrices), "", rows if counted else 0,
+                      matrices if counted else 0)
+
+    fitted = fit_rate(sample(*shape) for shape in shapes)
+    assert [getattr(fitted, term) for term in cal.TERMS] == pytest.approx([4_000.0, 0.05, 0.002, 6.0, 900.0],
+                                                                          rel=1e-6)
+    windows = sample(32, 16, 2, 16)  # a windowed vision model: 64 heads of 16 rows
+    assert fitted.ns(*windows.counts) == pytest.approx(windows.ns, rel=1e-6)
+    uncounted = fit_rate(sample(*shape, counted=False) for shape in shapes)
+    assert uncounted.ns(*windows.counts[:3]) < 0.7 * windows.ns
+
+
+def test_node_cost_counts_the_rows_and_matrices_a_kernel_loops_over() -> None:
+    """Rows: a norm's or Softmax's rows, an attention's query rows in every head; matrices: a batched MatMul's
+    products, one GEMM for a MatMul of a 2-D weight, one per batch and head of an attention."""
+    g = Graph("counts")
+    x, mask = g.input("x", (2, 80, 64)), g.input("mask", (2, 1, 1, 80))
+    q4, k4 = g.input("q4", (2, 4, 80, 16)), g.input("k4", (2, 4, 16, 80))
+    norm = g.layer_norm(x, g.param("g", (64,)), g.param("b", (64,)))
+    nodes = {"LayerNorm": norm, "projection": g.matmul(norm, g.param("w", (64, 64))), "scores": g.matmul(q4, k4),
+             "Softmax": g.softmax(g.matmul(q4, k4)),
+             "MultiHeadAttention": g.multi_head_attention(x, x, x, mask, heads=4, scale=0.25),
+             "KvCacheAttention": g.kv_cache_attention(
+                 g.input("q1", (2, 4, 1, 16)), g.input("k1", (2, 4, 1, 16)), g.input("v1", (2, 4, 1, 16)),
+                 g.input("pk", (2, 4, 80, 16)), g.input("pv", (2, 4, 80, 16)), g.input("m1", (2, 1, 1, 81)),
+                 scale=0.25)}
+    g.set_outputs([g.get(nid, index=0) if g.node(nid).parts else nid for nid in nodes.values()])
+    counted = {}
+    for name, nid in nodes.items():
+        n = g.node(nid)
+        cost = node_cost(n.spec, n.attrs, [g.node(i).type for i in n.inputs], n.type)
+        counted[name] = (cost.rows, cost.matrices)
+    assert counted == {"LayerNorm": (160, 0), "projection": (160, 1), "scores": (640, 8), "Softmax": (640, 0),
+                       "MultiHeadAttention": (640, 8), "KvCacheAttention": (8, 8)}
 
 
 def test_fit_keeps_terms_non_negative_and_leaves_absent_ones_at_zero() -> None:
@@ -102,6 +149,21 @@ def test_the_lines_of_ops_that_compute_as_one_gemm_share_one_flop_rate() -> None
     # the op measured per epilogue only gets a line through all its samples, for the epilogues none measured
     assert c.rates["FusedMatMulBiasAct"] == fit_rate(s for s in samples if s.key == "FusedMatMulBiasAct.none")
     assert cal.computes_as_gemm("FusedMatMulBiasAct.gelu") and not cal.computes_as_gemm("QkvAttention")
+
+
+def test_a_fused_ops_samples_fit_the_line_of_its_cost_class() -> None:
+    """onnxruntime runs a FusedConv as the Conv kernel it makes of Conv + activation: FusedConv's cost class is
+    Conv, so its samples are fitted into Conv's line, which prices both; no line of its own is made (it would
+    price nothing)."""
+    conv, fused = OpRate(2_000.0, 0.05, 0.004), OpRate(2_000.0, 0.05, 0.004)
+    sizes = [(8_192, 100_000), (65_536, 2_000_000), (1 << 20, 1 << 26)]
+    samples = [Sample("Conv", f"c{k}", 1, b, f, conv.ns(1, b, f)) for k, (b, f) in enumerate(sizes[:2])]
+    samples.append(Sample("FusedConv", "f", 1, *sizes[2], fused.ns(1, *sizes[2])))
+    c = Calibration.fitted("onnxruntime", samples, machine={}, command="c", threads=1, run_ns=0.0,
+                           dispatch_ns=1.0, memory_bw=1.0, flops_per_ns=1.0)
+    assert "FusedConv" not in c.rates and REGISTRY["FusedConv"].cost_class == "Conv"
+    assert [getattr(c.rates["Conv"], term) for term in cal.TERMS] == pytest.approx([2_000.0, 0.05, 0.004, 0, 0])
+    assert [round(c.predicted_ns(s) / s.ns, 6) for s in samples if s.key == "Conv"] == [1.0, 1.0]
 
 
 # --- the file and the cache -------------------------------------------------------------------------

@@ -312,7 +312,7 @@ def test_host_sync_op_adds_sync(host_sync_op: OpSpec) -> None:
     p = profile(g, "metal")
     assert (p.launches, p.sync_points, p.traffic_bytes, p.readback_bytes) == (4, 1, MLP_TRAFFIC + 2048, 1024)
     assert p.breakdown()["sync"] == 5_000.0 + 2_000_000.0  # roundtrip + host-thunk penalty
-    assert node_cost(host_sync_op, {}, [TensorType((8, 32))], TensorType((8, 32))) == NodeCost(1, 1, 2048, 256)
+    assert node_cost(host_sync_op, {}, [TensorType((8, 32))], TensorType((8, 32))) == NodeCost(1, 1, 2048, 256, rows=8)
 
 
 def test_host_sync_op_is_removed_even_on_error() -> None:
@@ -326,7 +326,7 @@ def test_node_cost_of_free_kinds() -> None:
     t = TensorType((3, 4))
     assert node_cost(op_spec("Transpose"), {"perm": (1, 0)}, [t], TensorType((4, 3))) == NodeCost(0, 0, 0, 0)
     assert node_cost(op_spec("ConcatParams"), {"axis": -1}, [t, t], TensorType((3, 8))) == NodeCost(0, 0, 0, 0)
-    assert node_cost(op_spec("Relu"), {}, [t], t) == NodeCost(1, 0, 96, 12)
+    assert node_cost(op_spec("Relu"), {}, [t], t) == NodeCost(1, 0, 96, 12, rows=3)
 
 
 # --- node_ns is the per-node share of profile ----------------------------------------
@@ -481,8 +481,9 @@ def test_profile_prices_each_node_as_node_cost_does(build: Callable[[], Graph], 
         per_kind[n.kind.value] = per_kind.get(n.kind.value, NodeCost(0, 0, 0, 0)) + cost
     p = profile(g, tgt)
     assert {k: part.cost for k, part in p.by_kind.items()} == per_kind
-    assert sum(per_kind.values(), NodeCost(0, 0, 0, 0)) == NodeCost(p.launches, p.sync_points, p.traffic_bytes,
-                                                                     p.flops)
+    total = sum(per_kind.values(), NodeCost(0, 0, 0, 0))
+    assert (total.launches, total.syncs, total.traffic_bytes, total.flops) == (p.launches, p.sync_points,
+                                                                               p.traffic_bytes, p.flops)
     assert sum(part.nodes for part in p.by_kind.values()) == len(g)
 
 

@@ -1,10 +1,11 @@
 """Calibrations: a target's cost figures measured on one machine, fitted per op, cached per machine.
 
-A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes and
-FLOPs as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost line fitted
-to the samples of each op, and per op kind the median of its ops' lines (:class:`OpRate`)::
+A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes, FLOPs,
+rows and matrices as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost line
+fitted to the samples of each op, and per op kind the median of its ops' lines (:class:`OpRate`)::
 
     ns = launches * launch_ns + traffic_bytes * ns_per_byte + flops * ns_per_flop
+       + rows * ns_per_row + matrices * ns_per_matrix
 
 A target prices a node by its op's line, else its kind's, else its own figures
 (:meth:`~rlx_egraph.cost.targets.Target.rate`).  A line is fitted by non-negative least squares on the relative
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -43,6 +43,8 @@ FORMAT_VERSION = 1
 CACHE_ENV = "RLX_EGRAPH_CACHE"  # overrides the user cache directory (calibrations are read and written there)
 SHIPPED_DIR = Path(__file__).with_name("calibrations")
 MIN_WEIGHTED_NS = 100.0
+TERMS = ("launch_ns", "ns_per_byte", "ns_per_flop", "ns_per_row", "ns_per_matrix")  # an OpRate's, in field order
+COUNTS = ("launches", "traffic_bytes", "flops", "rows", "matrices")  # the Sample count each term multiplies
 # The runtime each calibrated target measures; its version is part of the machine fingerprint.
 RUNTIMES = {"onnxruntime": "onnxruntime"}
 
@@ -53,23 +55,28 @@ class CalibrationError(RlxError, ValueError):
 
 @dataclass(frozen=True)
 class OpRate:
-    """The cost line of one op (or op kind): ns per launch, per byte moved and per FLOP, all >= 0."""
+    """The cost line of one op (or op kind): ns per launch, per byte moved, per FLOP, per row and per matrix
+    (:func:`~rlx_egraph.cost.model.node_rows`, :func:`~rlx_egraph.cost.model.node_matrices`), all >= 0."""
 
     launch_ns: float
     ns_per_byte: float
     ns_per_flop: float
+    ns_per_row: float = 0.0
+    ns_per_matrix: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("launch_ns", "ns_per_byte", "ns_per_flop"):
+        for name in TERMS:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"OpRate.{name}={value!r} must be a finite number >= 0")
 
-    def ns(self, launches: float, traffic_bytes: float, flops: float) -> float:
-        return launches * self.launch_ns + traffic_bytes * self.ns_per_byte + flops * self.ns_per_flop
+    def ns(self, launches: float, traffic_bytes: float, flops: float, rows: float = 0.0,
+           matrices: float = 0.0) -> float:
+        return (launches * self.launch_ns + traffic_bytes * self.ns_per_byte + flops * self.ns_per_flop
+                + rows * self.ns_per_row + matrices * self.ns_per_matrix)
 
     def to_dict(self) -> dict[str, float]:
-        return {"launch_ns": self.launch_ns, "ns_per_byte": self.ns_per_byte, "ns_per_flop": self.ns_per_flop}
+        return {name: getattr(self, name) for name in TERMS}
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ class Sample:
     flops: int
     ns: float
     ran: str = ""  # the onnxruntime ops one copy of the node ran as ("MatMul 1, BiasGelu 1"), checked when measured
+    rows: int = 0  # cost.model.node_rows
+    matrices: int = 0  # cost.model.node_matrices
 
     @property
     def ran_nodes(self) -> int:
@@ -92,45 +101,62 @@ class Sample:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "launches": self.launches,
-                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran}
+                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran,
+                "rows": self.rows, "matrices": self.matrices}
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """The counts :data:`TERMS` multiply, in their order."""
+        return tuple(getattr(self, name) for name in COUNTS)
 
 
 def fit_rate(samples: Iterable[Sample]) -> OpRate:
     """The cost line through ``samples`` (at least one): non-negative least squares on the relative error
     (of samples of at least :data:`MIN_WEIGHTED_NS`: a smaller one, below a clock's noise, weighs no more).
     A term none of the samples has (no FLOPs, say) gets 0."""
-    rows = [(s.launches, s.traffic_bytes, s.flops, s.ns) for s in samples]
-    if not rows:
+    samples = list(samples)
+    if not samples:
         raise ValueError("fit_rate needs at least one sample")
-    data = np.array(rows, dtype=np.float64)
-    weights = 1.0 / np.maximum(data[:, 3], MIN_WEIGHTED_NS)
-    design, target = data[:, :3] * weights[:, None], data[:, 3] * weights
-    used = [k for k in range(3) if data[:, k].any()]
-    coef = np.zeros(3)
-    coef[used] = _nnls(design[:, used], target)
-    return OpRate(*(float(c) for c in coef))
+    counts = np.array([s.counts for s in samples], dtype=np.float64)
+    ns = np.array([s.ns for s in samples], dtype=np.float64)
+    weights = 1.0 / np.maximum(ns, MIN_WEIGHTED_NS)
+    return OpRate(*(float(c) for c in _nnls(counts * weights[:, None], ns * weights)))
+
+
+# The terms a GEMM line has of its own beside the shared FLOP rate: a launch, per byte and per matrix (a batched
+# MatMul's products); not per row, which would price a Gemm of a bias above its MatMul + Add where onnxruntime runs
+# both as one Gemm.
+_GEMM_OWN = ("launch_ns", "ns_per_byte", "ns_per_matrix")
 
 
 def fit_gemm_rates(groups: Mapping[str, Iterable[Sample]]) -> dict[str, OpRate]:
     """The cost lines of ops that compute as one GEMM (``groups``: line key -> its samples), fitted together: one
     FLOP rate for all (the runtime's one GEMM kernel: onnxruntime runs MatMul, Gemm and MatMul + BiasGelu on MLAS's
-    SGEMM), a launch and a per-byte term per line; non-negative least squares on the relative error, as
-    :func:`fit_rate`.  Fitted one by one, two lines of the same kernel differ in their FLOP rate by their samples'
+    SGEMM), a launch, a per-byte and a per-matrix term per line; non-negative least squares on the relative error,
+    as :func:`fit_rate`.  Fitted one by one, two lines of the same kernel differ in their FLOP rate by their samples'
     noise, which at a real model's size outweighs what a fusion saves."""
     keys = sorted(groups)
-    rows = [(keys.index(key), s) for key in keys for s in groups[key]]
+    rows = [(k, s) for k, key in enumerate(keys) for s in groups[key]]
     if not rows:
         return {}
-    design = np.zeros((len(rows), 2 * len(keys) + 1))
+    own = [COUNTS[TERMS.index(term)] for term in _GEMM_OWN]
+    design = np.zeros((len(rows), len(own) * len(keys) + 1))
     target = np.zeros(len(rows))
     for r, (k, s) in enumerate(rows):
         weight = 1.0 / max(s.ns, MIN_WEIGHTED_NS)
-        design[r, 2 * k], design[r, 2 * k + 1], design[r, -1] = (s.launches * weight, s.traffic_bytes * weight,
-                                                                  s.flops * weight)
+        for j, count in enumerate(own):
+            design[r, len(own) * k + j] = getattr(s, count) * weight
+        design[r, -1] = s.flops * weight
         target[r] = s.ns * weight
-    scale = np.maximum(np.abs(design).max(axis=0), 1e-30)  # columns of like size, for the solver
-    coef = _nnls(design / scale, target) / scale
-    return {key: OpRate(float(coef[2 * k]), float(coef[2 * k + 1]), float(coef[-1])) for k, key in enumerate(keys)}
+    coef = _nnls(design, target)
+    return {key: OpRate(**{term: float(coef[len(own) * k + j]) for j, term in enumerate(_GEMM_OWN)},
+                        ns_per_flop=float(coef[-1])) for k, key in enumerate(keys)}
+
+
+def _line_of(key: str) -> str:
+    """The line a sample of ``key`` is fitted into: its op's cost class where that names another op, else ``key``."""
+    spec = REGISTRY.get(key.partition(".")[0])
+    return spec.cost_class if spec is not None and spec.cost_class in REGISTRY else key
 
 
 def computes_as_gemm(key: str) -> bool:
@@ -141,20 +167,41 @@ def computes_as_gemm(key: str) -> bool:
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin ||a x - b|| over x >= 0 for a few columns: the least-squares solution on each set of columns
-    (the optimum's positive terms solve the least squares on their own), the best whose terms are all >= 0.
-    Where columns are collinear (an elementwise op's bytes and FLOPs grow together) fewer columns, then earlier
-    ones, win a tie: such an op is priced by its bytes."""
-    best, best_residual = np.zeros(a.shape[1]), float(b @ b)
-    for size in range(1, a.shape[1] + 1):
-        for columns in itertools.combinations(range(a.shape[1]), size):
-            x = np.linalg.lstsq(a[:, columns], b, rcond=None)[0]
-            residual = float(np.sum((a[:, columns] @ x - b) ** 2))
-            if (x >= 0).all() and residual < best_residual * (1 - 1e-9):
-                best = np.zeros(a.shape[1])
-                best[list(columns)] = x
-                best_residual = residual
-    return best
+    """argmin ||a x - b|| over x >= 0 (Lawson and Hanson's active set), on columns scaled to like size.  A column
+    that is all zero (a count none of the rows has) gets 0; of columns that say the same (an elementwise op's bytes
+    and FLOPs grow together) the one that lowers the residual most enters first and the others stay at 0: such an op
+    is priced by its bytes."""
+    scale = np.abs(a).max(axis=0)
+    used = scale > 0
+    x = np.zeros(a.shape[1])
+    if not used.any():
+        return x
+    m = a[:, used] / scale[used]
+    n = m.shape[1]
+    passive = np.zeros(n, bool)
+    z = np.zeros(n)
+    tol = 1e-10 * max(1.0, float(np.abs(m).max()) * float(np.abs(b).max()))
+    for _ in range(3 * n + 10):
+        gradient = m.T @ (b - m @ z)
+        free = ~passive & (gradient > tol)
+        if not free.any():
+            break
+        passive[int(np.argmax(np.where(free, gradient, -np.inf)))] = True
+        while True:
+            trial = np.zeros(n)
+            if passive.any():
+                trial[passive] = np.linalg.lstsq(m[:, passive], b, rcond=None)[0]
+            if (trial[passive] > 0).all():
+                z = trial
+                break
+            # step from z toward trial until the first passive term reaches 0, which leaves the set
+            falling = passive & (trial <= 0)
+            step = np.min(z[falling] / np.maximum(z[falling] - trial[falling], 1e-300))
+            z = z + step * (trial - z)
+            passive &= z > tol
+            z[~passive] = 0.0
+    x[used] = z / scale[used]
+    return x
 
 
 @dataclass(frozen=True)
@@ -188,13 +235,14 @@ class Calibration:
                threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
                flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0) -> Calibration:
         """A calibration whose rates are fitted to ``samples``: one line per key (the lines of ops that compute as
-        one GEMM sharing their FLOP rate: :func:`fit_gemm_rates`), for an op measured per variant only
-        (``Op.value`` keys) one through all its samples (for the variants none measured), and one per op kind, each
-        term the median of its measured ops' (for the ops of that kind no sample measured)."""
+        one GEMM sharing their FLOP rate: :func:`fit_gemm_rates`; the samples of an op whose cost class is another
+        op's, as FusedConv's is Conv's, fitted into that op's line, which prices both), for an op measured per
+        variant only (``Op.value`` keys) one through all its samples (for the variants none measured), and one per
+        op kind, each term the median of its measured ops' (for the ops of that kind no sample measured)."""
         samples = tuple(samples)
         by_key: dict[str, list[Sample]] = {}
         for s in samples:
-            by_key.setdefault(s.key, []).append(s)
+            by_key.setdefault(_line_of(s.key), []).append(s)
         rates = {key: fit_rate(group) for key, group in by_key.items() if not computes_as_gemm(key)}
         rates |= fit_gemm_rates({key: group for key, group in by_key.items() if computes_as_gemm(key)})
         by_op: dict[str, list[Sample]] = {}  # an op measured per variant only: its variants' samples pooled
@@ -208,14 +256,13 @@ class Calibration:
             if key.partition(".")[0] in REGISTRY:  # an op's line, or one of its variants' (cost.model.line_key)
                 by_kind.setdefault(REGISTRY[key.partition(".")[0]].kind.value, []).append(rate)
         for kind, lines in by_kind.items():
-            rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines]))
-                                            for term in ("launch_ns", "ns_per_byte", "ns_per_flop"))))
+            rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines])) for term in TERMS)))
         return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
                    samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte)
 
     def predicted_ns(self, sample: Sample) -> float:
         """``sample`` priced by its key's line."""
-        return self.rates[sample.key].ns(sample.launches, sample.traffic_bytes, sample.flops)
+        return self.rates[sample.key].ns(*sample.counts)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "target": self.target, "machine": dict(self.machine),
@@ -334,5 +381,5 @@ def load(target: str, cache: str | Path | None = None) -> Calibration:
     return read(path) if path.is_file() else shipped(target)
 
 
-__all__ = ["CACHE_ENV", "Calibration", "CalibrationError", "OpRate", "Sample", "cache_dir", "cache_path",
-           "computes_as_gemm", "fit_gemm_rates", "fit_rate", "load", "machine", "read", "shipped"]
+__all__ = ["CACHE_ENV", "COUNTS", "TERMS", "Calibration", "CalibrationError", "OpRate", "Sample", "cache_dir",
+           "cache_path", "computes_as_gemm", "fit_gemm_rates", "fit_rate", "load", "machine", "read", "shipped"]

@@ -75,7 +75,7 @@ class IoProfile:
             terms = tgt.terms(0, self.sync_points, 0, self.readback_bytes, 0)
             for op, cost in self.by_op.items():
                 part = tgt.terms(cost.launches, 0, cost.traffic_bytes, 0, cost.flops,
-                                 tgt.rate(REGISTRY[line_op(op)], op))
+                                 tgt.rate(REGISTRY[line_op(op)], op), cost.rows, cost.matrices)
                 for term in ("dispatch", "traffic", "compute"):
                     terms[term] += part[term]
         terms["run"] = tgt.run_ns
@@ -178,16 +178,16 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
             signatures[key] = [node, ins, copies, 1]
         else:
             same[3] += 1
-    sums = {kind: [0, 0, 0, 0] for kind in nodes}  # kind -> launches, syncs, traffic bytes, FLOPs
+    # kind -> launches, syncs, traffic bytes, FLOPs, rows, matrices (NodeCost's fields, in order)
+    sums = {kind: [0] * 6 for kind in nodes}
     op_sums: dict[str, list[int]] = {}  # the same per line key (:func:`line_key`: the op, or the op and its variant)
     for node, ins, copies, count in [*signatures.values(), *unhashable]:
         cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
-        line = op_sums.setdefault(line_key(node.spec, node.attrs), [0, 0, 0, 0])
+        line = op_sums.setdefault(line_key(node.spec, node.attrs), [0] * 6)
+        counts = (cost.launches, cost.syncs, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices)
         for total in (sums[kind_of[node.op]], line):
-            total[0] += cost.launches * count
-            total[1] += cost.syncs * count
-            total[2] += cost.traffic_bytes * count
-            total[3] += cost.flops * count
+            for k, n in enumerate(counts):
+                total[k] += n * count
     costs = {k: NodeCost(*v) for k, v in sums.items()}
     total = sum(costs.values(), FREE)
     readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(read))

@@ -232,15 +232,17 @@ class Target:
                 or self.rates.get(spec.kind.value))
 
     def terms(self, launches: float, syncs: float, traffic_bytes: float, readback_bytes: float,
-              flops: float, rate: OpRate | None = None) -> dict[str, float]:
+              flops: float, rate: OpRate | None = None, rows: float = 0.0, matrices: float = 0.0) -> dict[str, float]:
         """The predicted-time formula, term by term, in ns (inputs may be negative savings); ``rate``: the
-        measured line that prices launches, traffic and FLOPs instead of the target-wide figures."""
+        measured line that prices launches, traffic, FLOPs, rows and matrices (the last three in ``compute``)
+        instead of the target-wide figures, which leave rows and matrices out."""
         if rate is None:
             dispatch, traffic, compute = (launches * self.dispatch_ns, traffic_bytes / self.memory_bw,
                                           flops / self.flops_per_ns)
         else:
             dispatch, traffic, compute = (launches * rate.launch_ns, traffic_bytes * rate.ns_per_byte,
-                                          flops * rate.ns_per_flop)
+                                          flops * rate.ns_per_flop + rows * rate.ns_per_row
+                                          + matrices * rate.ns_per_matrix)
         return {
             "dispatch": dispatch,
             "sync": syncs * (self.roundtrip_ns + self.host_thunk_penalty_ns),
@@ -253,7 +255,8 @@ class Target:
         """Predicted ns of one node's counts (a node reads nothing back to the host); ``spec``: the node's op, and
         ``line`` its line key, whose measured line (:meth:`rate`) prices it where the target has one."""
         rate = self.rate(spec, line) if spec is not None else None
-        return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops, rate).values())
+        return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops, rate, cost.rows,
+                              cost.matrices).values())
 
     def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
                 out_type: TensorType, reads_intermediate: bool = False) -> float:

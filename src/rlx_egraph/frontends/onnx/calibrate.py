@@ -18,8 +18,9 @@ onnxruntime ops one copy ran as.
   copies of the node less the time of one copy, over ``n - 1``.  A copy reads the previous copy's result
   where the types allow (a chain, as in a model), else its own inputs, and its result is then a graph output
   (else it would be dead code); every copy has its own weights.  Inputs and outputs are bound once
-  (onnxruntime's IO binding), so an output costs what an intermediate does.  Each
-  op's samples give it a cost line (launch, per byte, per FLOP; :func:`rlx_egraph.cost.calibration.fit_rate`).
+  (onnxruntime's IO binding), so an output costs what an intermediate does.  Each op's samples give it a cost
+  line (launch, per byte, per FLOP, per row, per matrix: :func:`rlx_egraph.cost.calibration.fit_rate`); a
+  FusedConv's samples are fitted into Conv's line, which prices both.
 
 The fused ops measured are the ones the ``onnxruntime`` target runs (:data:`~rlx_egraph.cost.targets.
 ONNXRUNTIME_FUSED`), each at every size; the primitives are the common ones of each kind, layouts included
@@ -53,8 +54,12 @@ from ...ir.registry import Kind
 from .exporter import export_model
 
 TARGET = "onnxruntime"
-# (batch, sequence, heads, head width) per size: a toy layer's, a tiny model's, two between, BERT-base's
-SIZES = ((2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64))
+# (batch, sequence, heads, head width) per size: a toy layer's, a tiny model's, two between, BERT-base's, and two
+# whose rows outnumber their width: a speech encoder's long sequence (2 x 80 tokens of width 64) and a windowed
+# vision model's many short windows (32 windows of 16 tokens of width 32), where a kernel's cost per row and per
+# head shows beside its bytes and FLOPs
+SIZES = ((2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64), (2, 80, 4, 16),
+         (32, 16, 2, 16))
 # The graph optimization level samples run at: onnxruntime's default, what a user's session runs a model at
 LEVEL = "ORT_ENABLE_ALL"
 ALONE = 40  # a node this many times a run's fixed cost is timed alone (the run's cost subtracted)
@@ -209,6 +214,9 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("BiasedAttention", lambda m, p: m.g.biased_attention(
             chain(m, p, (b, h, s, d)), m.input((b, h, s, d), "k"), m.input((b, h, s, d), "v"), m.input(mask, "mask"),
             scale=d**-0.5)),
+        case("BiasedAttention", lambda m, p: m.g.biased_attention(
+            chain(m, p, (b, h, 1, d)), m.input((b, h, s + 1, d), "k"), m.input((b, h, s + 1, d), "v"),
+            m.input((b, 1, 1, s + 1), "mask"), scale=d**-0.5), " one query"),
         case("MultiHeadAttention", lambda m, p: heads_merged(m, m.g.multi_head_attention(
             chain(m, p, x3), m.input(x3, "k"), m.input(x3, "v"), m.input(mask, "mask"), heads=h, scale=d**-0.5)),
              " masked"),
@@ -397,7 +405,7 @@ def measure_case(case: Case, threads: int, budget_s: float, run_ns: float) -> ca
     spec = n.spec
     cost = node_cost(spec, n.attrs, [one.node(i).type for i in n.inputs], n.type, spec.kind is Kind.LAYOUT)
     return cal.Sample(line_key(spec, n.attrs), case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
-                      ", ".join(f"{op} {k}" for op, k in sorted(ran.items())))
+                      ", ".join(f"{op} {k}" for op, k in sorted(ran.items())), cost.rows, cost.matrices)
 
 
 def run_and_dispatch(threads: int, budget_s: float, short: int = 10, long: int = 410) -> tuple[float, float, float]:
