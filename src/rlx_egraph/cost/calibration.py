@@ -168,14 +168,17 @@ def computes_as_gemm(key: str) -> bool:
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """argmin ||a x - b|| over x >= 0 (Lawson and Hanson's active set), on columns scaled to like size.  A column
-    that is all zero (a count none of the rows has) gets 0; of columns that say the same (an elementwise op's bytes
-    and FLOPs grow together) the one that lowers the residual most enters first and the others stay at 0: such an op
-    is priced by its bytes."""
+    that is all zero (a count none of the rows has) gets 0, and so does one that is a multiple of an earlier column
+    (an elementwise op's FLOPs grow with its bytes: such an op is priced by its bytes)."""
     scale = np.abs(a).max(axis=0)
     used = scale > 0
     x = np.zeros(a.shape[1])
     if not used.any():
         return x
+    for j in np.flatnonzero(used):
+        if any(np.allclose(a[:, j] / scale[j], a[:, i] / scale[i], rtol=1e-9, atol=1e-12)
+               for i in np.flatnonzero(used[:j])):
+            used[j] = False
     m = a[:, used] / scale[used]
     n = m.shape[1]
     passive = np.zeros(n, bool)

@@ -130,8 +130,7 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         bias = m.param((out,), "bias")
         if not fused:
             return m.g.conv(x, w, bias, pads=pads, groups=groups)
-        z = [m.input((1, out, side, side), "z")] if fused.pop("residual", False) else []
-        return m.g.fused_conv(x, w, bias, *z, pads=pads, groups=groups, **fused)
+        return m.g.fused_conv(x, w, bias, pads=pads, groups=groups, **fused)
 
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
@@ -225,7 +224,6 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Conv", lambda m, p: conv(m, p, "depthwise"), " depthwise"),
         case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
-        case("FusedConv", lambda m, p: conv(m, p, act="relu", residual=True), " sum relu"),
         case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
              " depthwise clip"),
         case("FusedConv", lambda m, p: conv(m, p, "pointwise", act="clip", clip_min=0.0, clip_max=6.0),
