@@ -166,6 +166,25 @@ def test_a_fused_ops_samples_fit_the_line_of_its_cost_class() -> None:
     assert [round(c.predicted_ns(s) / s.ns, 6) for s in samples if s.key == "Conv"] == [1.0, 1.0]
 
 
+def test_the_gemm_lines_share_a_byte_and_flop_rate_and_keep_their_own_launch_and_matrix_terms() -> None:
+    """One GEMM kernel: MatMul (its per-head samples many matrices each), Gemm, and MatMul + BiasGelu (a second
+    kernel over the output, its samples ran so) lie on lines with one rate per byte and per FLOP; the fit gives back
+    each line's launch, MatMul's cost per matrix and BiasGelu's bytes on top of the shared rate."""
+    shared = {"ns_per_byte": 0.01, "ns_per_flop": 0.008}
+    lines = {"MatMul": OpRate(400.0, **shared, ns_per_matrix=250.0), "FusedMatMulBiasAct.none": OpRate(650.0, **shared),
+             "FusedMatMulBiasAct.gelu": OpRate(1_300.0, 0.01 + 0.06, 0.008)}
+    ran = {"MatMul": "MatMul 1", "FusedMatMulBiasAct.none": "Gemm 1, Reshape 1",
+           "FusedMatMulBiasAct.gelu": "BiasGelu 1, MatMul 1"}
+    sizes = [(4_096, 65_536, 1), (65_536, 2_097_152, 1), (1 << 20, 1 << 28, 1), (1 << 18, 1 << 26, 1),
+             (1 << 16, 1 << 20, 64), (1 << 14, 1 << 18, 8)]
+    samples = [Sample(key, f"{key} {k}", 1, b, f, line.ns(1, b, f, 0, m), ran[key], 0, m)
+               for key, line in lines.items() for k, (b, f, m) in enumerate(sizes) if m == 1 or key == "MatMul"]
+    fitted = cal.fit_gemm_rates({key: [s for s in samples if s.key == key] for key in lines})
+    for key, line in lines.items():
+        assert [getattr(fitted[key], term) for term in cal.TERMS] == pytest.approx(
+            [getattr(line, term) for term in cal.TERMS], rel=1e-6, abs=1e-9), key
+
+
 # --- the file and the cache -------------------------------------------------------------------------
 
 

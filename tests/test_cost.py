@@ -446,7 +446,7 @@ def test_profile_by_kind_sums_node_costs_and_prices_each_kind() -> None:
         "leaf": (2, frozenset({"Input", "Param"})), "matmul": (1, frozenset({"MatMul"})),
         "elementwise": (2, frozenset({"Add", "Relu"}))}
     assert sum((part.cost for part in p.by_kind.values()), NodeCost(0, 0, 0, 0)) == NodeCost(
-        p.launches, p.sync_points, p.traffic_bytes, p.flops)
+        p.launches, p.sync_points, p.traffic_bytes, p.flops, p.rows, p.matrices)
     nodes = {n.id: n for n in g.nodes}
     matmul = next(n for n in g.nodes if n.op == "MatMul")
     assert p.kind_ns("matmul") == p.target.node_ns(matmul.spec, matmul.attrs,
@@ -481,9 +481,8 @@ def test_profile_prices_each_node_as_node_cost_does(build: Callable[[], Graph], 
         per_kind[n.kind.value] = per_kind.get(n.kind.value, NodeCost(0, 0, 0, 0)) + cost
     p = profile(g, tgt)
     assert {k: part.cost for k, part in p.by_kind.items()} == per_kind
-    total = sum(per_kind.values(), NodeCost(0, 0, 0, 0))
-    assert (total.launches, total.syncs, total.traffic_bytes, total.flops) == (p.launches, p.sync_points,
-                                                                               p.traffic_bytes, p.flops)
+    assert sum(per_kind.values(), NodeCost(0, 0, 0, 0)) == NodeCost(p.launches, p.sync_points, p.traffic_bytes,
+                                                                     p.flops, p.rows, p.matrices)
     assert sum(part.nodes for part in p.by_kind.values()) == len(g)
 
 

@@ -95,6 +95,11 @@ class Sample:
     matrices: int = 0  # cost.model.node_matrices
 
     @property
+    def ran_ops(self) -> dict[str, int]:
+        """The onnxruntime ops one copy ran as, with their counts (from ``ran``)."""
+        return {op: int(n) for op, _, n in (part.rpartition(" ") for part in self.ran.split(", ") if part)}
+
+    @property
     def ran_nodes(self) -> int:
         """How many nodes one copy ran as (the counts of ``ran`` summed; 0 when it ran as none)."""
         return sum(int(part.rsplit(" ", 1)[1]) for part in self.ran.split(", ") if part)
@@ -123,34 +128,52 @@ def fit_rate(samples: Iterable[Sample]) -> OpRate:
     return OpRate(*(float(c) for c in _nnls(counts * weights[:, None], ns * weights)))
 
 
-# The terms a GEMM line has of its own beside the shared FLOP rate: a launch, per byte and per matrix (a batched
-# MatMul's products); not per row, which would price a Gemm of a bias above its MatMul + Add where onnxruntime runs
-# both as one Gemm.
-_GEMM_OWN = ("launch_ns", "ns_per_byte", "ns_per_matrix")
+# The terms the lines of one GEMM kernel share (the kernel's rate per byte and per FLOP), and those each has of its
+# own: a launch and a term per matrix (a batched MatMul's products); no term per row.  A line whose samples ran a
+# kernel besides the GEMM and its Reshapes (:data:`GEMM_KERNELS`; MatMul + BiasGelu: a second kernel over the
+# output) has a per-byte term of its own on top of the shared one.  Fitted per line, a Gemm's byte term came out
+# seven times a MatMul's from their samples' noise, which priced a decoding step's MatMul + bias Add below the Gemm
+# onnxruntime makes of the two.
+_GEMM_SHARED = ("ns_per_byte", "ns_per_flop")
+_GEMM_OWN = ("launch_ns", "ns_per_matrix", "ns_per_byte")
+# onnxruntime's ops that run a GEMM line's data through MLAS's SGEMM and nothing else (a Reshape copies nothing)
+GEMM_KERNELS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Reshape"})
 
 
 def fit_gemm_rates(groups: Mapping[str, Iterable[Sample]]) -> dict[str, OpRate]:
     """The cost lines of ops that compute as one GEMM (``groups``: line key -> its samples), fitted together: one
-    FLOP rate for all (the runtime's one GEMM kernel: onnxruntime runs MatMul, Gemm and MatMul + BiasGelu on MLAS's
-    SGEMM), a launch, a per-byte and a per-matrix term per line; non-negative least squares on the relative error,
-    as :func:`fit_rate`.  Fitted one by one, two lines of the same kernel differ in their FLOP rate by their samples'
-    noise, which at a real model's size outweighs what a fusion saves."""
+    rate per byte and per FLOP for all (the runtime's one GEMM kernel: onnxruntime runs MatMul, Gemm and
+    MatMul + BiasGelu on MLAS's SGEMM), a launch and a per-matrix term per line, and a per-byte term of its own
+    for a line whose samples ran a kernel besides those (:data:`GEMM_KERNELS`, from :attr:`Sample.ran`);
+    non-negative least squares on the relative error, as :func:`fit_rate`.  Fitted one by one, two lines of the
+    same kernel differ in their rates by their samples' noise, which at a real model's size outweighs what a fusion
+    saves."""
+    groups = {key: list(samples) for key, samples in groups.items()}
     keys = sorted(groups)
     rows = [(k, s) for k, key in enumerate(keys) for s in groups[key]]
     if not rows:
         return {}
-    own = [COUNTS[TERMS.index(term)] for term in _GEMM_OWN]
-    design = np.zeros((len(rows), len(own) * len(keys) + 1))
+    own, shared = len(_GEMM_OWN), len(_GEMM_SHARED)
+    second_kernel = [any(set(s.ran_ops) - GEMM_KERNELS for s in groups[key]) for key in keys]
+    design = np.zeros((len(rows), own * len(keys) + shared))
     target = np.zeros(len(rows))
     for r, (k, s) in enumerate(rows):
         weight = 1.0 / max(s.ns, MIN_WEIGHTED_NS)
-        for j, count in enumerate(own):
-            design[r, len(own) * k + j] = getattr(s, count) * weight
-        design[r, -1] = s.flops * weight
+        for j, term in enumerate(_GEMM_OWN):
+            if term != "ns_per_byte" or second_kernel[k]:
+                design[r, own * k + j] = getattr(s, COUNTS[TERMS.index(term)]) * weight
+        for j, term in enumerate(_GEMM_SHARED):
+            design[r, own * len(keys) + j] = getattr(s, COUNTS[TERMS.index(term)]) * weight
         target[r] = s.ns * weight
     coef = _nnls(design, target)
-    return {key: OpRate(**{term: float(coef[len(own) * k + j]) for j, term in enumerate(_GEMM_OWN)},
-                        ns_per_flop=float(coef[-1])) for k, key in enumerate(keys)}
+    common = {term: float(coef[own * len(keys) + j]) for j, term in enumerate(_GEMM_SHARED)}
+    lines = {}
+    for k, key in enumerate(keys):
+        terms = dict(common)
+        for j, term in enumerate(_GEMM_OWN):
+            terms[term] = terms.get(term, 0.0) + float(coef[own * k + j])
+        lines[key] = OpRate(**terms)
+    return lines
 
 
 def _line_of(key: str) -> str:

@@ -52,6 +52,8 @@ class IoProfile:
     by_op: Mapping[str, NodeCost] = field(default_factory=dict, compare=False)  # line key -> its nodes' sum
     values: int = 0  # graph inputs and outputs a run is called with and returns
     value_bytes: int = 0  # their bytes
+    rows: int = 0  # the nodes' rows and matrices (cost.model.node_rows, node_matrices), summed
+    matrices: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", _target(self.target))
@@ -197,7 +199,7 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
                      traffic_bytes=total.traffic_bytes, flops=total.flops, target=tgt,
                      ops=frozenset(op for k in ops.values() for op in k), by_kind=by_kind,
                      by_op={op: NodeCost(*v) for op, v in sorted(op_sums.items())}, values=len(called),
-                     value_bytes=sum(n.type.nbytes for n in called))
+                     value_bytes=sum(n.type.nbytes for n in called), rows=total.rows, matrices=total.matrices)
 
 
 @dataclass(frozen=True)
