@@ -448,7 +448,7 @@ def value_costs(threads: int, budget_s: float, values: int = 16, floats: int = 1
 
 
 def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
-              budget_s: float = 0.3, passes: int = 2, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
+              budget_s: float = 0.3, passes: int = 3, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
               progress: Callable[[str], None] | None = None, command: str = "") -> cal.Calibration:
     """Measure ``target`` (only ``onnxruntime``) on this machine with ``threads`` intra-op threads and, when
     ``save``, cache the result (:func:`rlx_egraph.cost.calibration.cache_path`; ``cache`` is the cache
