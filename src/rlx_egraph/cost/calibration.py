@@ -238,8 +238,10 @@ class Calibration:
     ``memory_bw`` (B/ns) and ``flops_per_ns`` price the ops no line covers; ``rates`` maps an op name or a kind
     (:class:`~rlx_egraph.ir.registry.Kind` value) to its fitted line; ``samples`` are the measurements they
     were fitted to.  ``value_ns`` and ``value_ns_per_byte`` price each graph input and output of a run (the value
-    crosses the runtime's call).  ``machine`` is the fingerprint of the machine and runtime (:func:`machine`),
-    ``threads`` the runtime's thread count, ``command`` the command that made it.
+    crosses the runtime's call).  ``stream_ns_per_byte`` is what a weight byte read from memory costs beyond what
+    the lines price (their samples' weights in cache), paid for the weights past ``cache_bytes`` (the machine's
+    last-level cache) of a model whose weights outgrow it.  ``machine`` is the fingerprint of the machine and
+    runtime (:func:`machine`), ``threads`` the runtime's thread count, ``command`` the command that made it.
     """
 
     target: str
@@ -255,11 +257,14 @@ class Calibration:
     source: str = field(default="", compare=False)  # where it was read from (set by load/read)
     value_ns: float = 0.0  # one graph input or output of a run (0 in files made before it was measured)
     value_ns_per_byte: float = 0.0
+    stream_ns_per_byte: float = 0.0  # 0 in files made before weights streamed from memory were measured
+    cache_bytes: int = 0
 
     @classmethod
     def fitted(cls, target: str, samples: Iterable[Sample], *, machine: Mapping[str, str], command: str,
                threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
-               flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0) -> Calibration:
+               flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0,
+               stream_ns_per_byte: float = 0.0, cache_bytes: int = 0) -> Calibration:
         """A calibration whose rates are fitted to ``samples``: one line per key (the lines of ops that compute as
         one GEMM sharing their FLOP rate: :func:`fit_gemm_rates`; the samples of an op whose cost class is another
         op's, as FusedConv's is Conv's, fitted into that op's line, which prices both), for an op measured per
@@ -284,7 +289,8 @@ class Calibration:
         for kind, lines in by_kind.items():
             rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines])) for term in TERMS)))
         return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
-                   samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte)
+                   samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte,
+                   stream_ns_per_byte=stream_ns_per_byte, cache_bytes=cache_bytes)
 
     def predicted_ns(self, sample: Sample) -> float:
         """``sample`` priced by its key's line."""
@@ -295,6 +301,7 @@ class Calibration:
                 "command": self.command, "threads": self.threads, "run_ns": self.run_ns,
                 "dispatch_ns": self.dispatch_ns, "memory_bw": self.memory_bw, "flops_per_ns": self.flops_per_ns,
                 "value_ns": self.value_ns, "value_ns_per_byte": self.value_ns_per_byte,
+                "stream_ns_per_byte": self.stream_ns_per_byte, "cache_bytes": self.cache_bytes,
                 "rates": {k: r.to_dict() for k, r in sorted(self.rates.items())},
                 "samples": [s.to_dict() for s in self.samples]}
 
@@ -311,7 +318,8 @@ class Calibration:
                        float(data["dispatch_ns"]), float(data["memory_bw"]), float(data["flops_per_ns"]),
                        {str(k): OpRate(**v) for k, v in data["rates"].items()},
                        tuple(Sample(**s) for s in data["samples"]), source, float(data.get("value_ns", 0.0)),
-                       float(data.get("value_ns_per_byte", 0.0)))
+                       float(data.get("value_ns_per_byte", 0.0)), float(data.get("stream_ns_per_byte", 0.0)),
+                       int(data.get("cache_bytes", 0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CalibrationError(f"{where}: not a calibration ({type(exc).__name__}: {exc})") from None
 

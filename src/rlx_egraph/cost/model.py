@@ -71,11 +71,21 @@ def node_cost(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType]
     return NodeCost(
         launches=launches,
         syncs=int(spec.kind is Kind.HOST_SYNC),
-        traffic_bytes=sum(t.nbytes for t in in_types) + out_type.nbytes,
+        traffic_bytes=node_read_bytes(spec, in_types, out_type) + out_type.nbytes,
         flops=int(spec.flops(attrs, list(in_types), out_type)),
         rows=node_rows(attrs, out_type),
         matrices=node_matrices(spec, attrs, in_types, out_type),
     )
+
+
+def node_read_bytes(spec: OpSpec, in_types: list[TensorType], out_type: TensorType | TupleType) -> int:
+    """The bytes a node reads: each input whole, except that an op with index inputs (``OpSpec.index_inputs``:
+    Embedding's ids) reads of each other input only the rows it gathers, at most as many bytes as it writes."""
+    if not spec.index_inputs:
+        return sum(t.nbytes for t in in_types)
+    names, written = spec.input_names, out_type.nbytes
+    return sum(t.nbytes if k < len(names) and names[k] in spec.index_inputs else min(t.nbytes, written)
+               for k, t in enumerate(in_types))
 
 
 def _first(t: TensorType | TupleType) -> TensorType:

@@ -54,6 +54,7 @@ class IoProfile:
     value_bytes: int = 0  # their bytes
     rows: int = 0  # the nodes' rows and matrices (cost.model.node_rows, node_matrices), summed
     matrices: int = 0
+    weight_bytes: int = 0  # the graph's parameters, which a run reads from memory once they outgrow the cache
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", _target(self.target))
@@ -66,7 +67,9 @@ class IoProfile:
 
     def breakdown(self) -> dict[str, float]:
         """Predicted ns per term; ``run`` is the target's fixed cost of one run of the graph, ``values`` that of
-        its inputs and outputs (:attr:`values`, :attr:`value_bytes`; 0 on targets that do not price them);
+        its inputs and outputs (:attr:`values`, :attr:`value_bytes`; 0 on targets that do not price them),
+        ``stream`` that of reading its weights past the target's cache from memory (:attr:`weight_bytes`;
+        0 on targets that do not price it);
         ``unsupported`` is inf when the target lacks an op, else 0.  On a target with measured lines
         (:meth:`Target.rate`) each op's nodes are priced by their line (from ``by_op``; a profile without it by the
         target-wide figures)."""
@@ -82,6 +85,7 @@ class IoProfile:
                     terms[term] += part[term]
         terms["run"] = tgt.run_ns
         terms["values"] = self.values * tgt.value_ns + self.value_bytes * tgt.value_ns_per_byte
+        terms["stream"] = max(self.weight_bytes - tgt.cache_bytes, 0) * tgt.stream_ns_per_byte
         terms["unsupported"] = math.inf if self.unsupported_ops else 0.0
         return terms
 
@@ -199,7 +203,21 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
                      traffic_bytes=total.traffic_bytes, flops=total.flops, target=tgt,
                      ops=frozenset(op for k in ops.values() for op in k), by_kind=by_kind,
                      by_op={op: NodeCost(*v) for op, v in sorted(op_sums.items())}, values=len(called),
-                     value_bytes=sum(n.type.nbytes for n in called), rows=total.rows, matrices=total.matrices)
+                     value_bytes=sum(n.type.nbytes for n in called), rows=total.rows, matrices=total.matrices,
+                     weight_bytes=weight_bytes(graph, copied))
+
+
+def weight_bytes(graph: Graph, copied: frozenset[str] = frozenset()) -> int:
+    """The bytes of the weights a run of ``graph`` reads: the values computed when the session loads (parameters,
+    constants, and what weight preparation and layout ops over them make) that a kernel reads whole, each once; a
+    kernel with index inputs (Embedding) reads rows of its table, not all of it.  ``copied``: the layout ops the
+    target runs as kernels when they read an intermediate."""
+    by_id = graph.nodes_by_id
+    launched = {n.id for n in graph.nodes
+                if n.kind.launches or (n.op in copied and any(by_id[i].kind is not Kind.LEAF for i in n.inputs))}
+    weights = {i for n in graph.nodes if n.id in launched and not n.spec.index_inputs for i in n.inputs
+               if i not in launched and by_id[i].op != "Input"}
+    return sum(by_id[i].type.nbytes for i in weights)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,8 @@ from .model import NodeCost, line_key, line_op, node_cost, node_launches
 if TYPE_CHECKING:
     from .profile import IoProfile
 
-_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns", "value_ns", "value_ns_per_byte")
+_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns", "value_ns", "value_ns_per_byte",
+                 "stream_ns_per_byte", "cache_bytes")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
 _COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 
@@ -132,7 +133,9 @@ class Target:
     ``rates`` (op name or kind -> :class:`~rlx_egraph.cost.calibration.OpRate`) price the nodes of an op by a
     measured line instead of the target-wide figures (:meth:`rate`); ``run_ns`` is the fixed cost of one run of
     a whole graph, ``value_ns`` and ``value_ns_per_byte`` that of each graph input and output it is called with
-    and returns; ``calibration`` says where the figures come from, ``sample_nodes`` how many nodes the runtime ran
+    and returns; ``stream_ns_per_byte`` what a weight byte past ``cache_bytes`` (the last-level cache) costs when
+    a model's weights outgrow it, beyond what the lines price; ``calibration`` says where the figures come from,
+    ``sample_nodes`` how many nodes the runtime ran
     for one node of each measured op (the most of its samples).  ``attention_block_max_tokens`` bounds the
     batch*seq of a FusedAttentionBlock (the seed's guard, for targets with no measurement of the block); None:
     no bound, the cost decides at the model's shape.
@@ -158,6 +161,8 @@ class Target:
     run_ns: float = 0.0
     value_ns: float = 0.0
     value_ns_per_byte: float = 0.0
+    stream_ns_per_byte: float = 0.0
+    cache_bytes: int = 0
     attention_block_max_tokens: int | None = SEED_ATTENTION_BLOCK_MAX_TOKENS
     calibration: str = field(default="", compare=False)
     sample_nodes: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
@@ -341,6 +346,7 @@ def onnxruntime_target(calibration: Calibration) -> Target:
                                         if spec.kind is Kind.FUSED and name not in ONNXRUNTIME_FUSED),
                   rates=calibration.rates, run_ns=calibration.run_ns, value_ns=calibration.value_ns,
                   value_ns_per_byte=calibration.value_ns_per_byte, calibration=calibration.describe(),
+                  stream_ns_per_byte=calibration.stream_ns_per_byte, cache_bytes=calibration.cache_bytes,
                   attention_block_max_tokens=None, sample_nodes=sample_nodes)
 
 

@@ -33,6 +33,7 @@ and the lowest kept.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import tempfile
@@ -447,6 +448,42 @@ def value_costs(threads: int, budget_s: float, values: int = 16, floats: int = 1
     return ns[0] - 4 * per_byte, per_byte
 
 
+def cache_bytes() -> int:
+    """The size of this machine's last-level cache (Linux: the highest cache level sysfs lists for CPU 0); 0 when
+    it cannot be read."""
+    sizes = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level, size = (index / "level").read_text().strip(), (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        sizes[int(level)] = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    return sizes[max(sizes)] if sizes else 0
+
+
+def streamed_weights(threads: int, budget_s: float, line: cal.OpRate, width: int = 1024,
+                     copies: int = 32) -> float:
+    """What a weight byte read from memory costs beyond what ``line`` (MatMul's, fitted to samples whose weights
+    sit in cache) prices: a decoding step's chain of ``copies`` MatMuls [1, width] @ [width, width], each with
+    weights of its own (``copies`` * 4 MiB, past any cache: every run reads them from memory), timed as
+    (the chain - one copy) / (copies - 1) less the line's price of a copy, over a copy's weight bytes."""
+    def build(g: Graph, prev: int | None, copy: int) -> tuple[int, int]:
+        m = _Maker(g, copy, 0)
+        node = g.matmul(prev if prev is not None else m.input((1, width)), m.param((width, width)))
+        return node, node
+
+    case = Case("MatMul", f"MatMul weights from memory [1, {width}] x {copies}", build)
+    one, node = _model_graph(case, 1)
+    t_one, t_many = timed_pair(_session(one, threads), _session(_model_graph(case, copies)[0], threads), budget_s,
+                               threads)
+    n = one.node(node)
+    cost = node_cost(n.spec, n.attrs, [one.node(i).type for i in n.inputs], n.type)
+    per_copy = (t_many - t_one) / (copies - 1)
+    return max(per_copy - line.ns(cost.launches, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices),
+               0.0) / (4 * width * width)
+
+
 def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
               budget_s: float = 0.3, passes: int = 3, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
               progress: Callable[[str], None] | None = None, command: str = "") -> cal.Calibration:
@@ -480,12 +517,15 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
                                     flops_per_ns=flops_per_ns, value_ns=value_ns,
                                     value_ns_per_byte=value_ns_per_byte)
+    stream = min(streamed_weights(threads, budget_s, result.rates["MatMul"]) for _ in range(passes))
+    say(f"weights from memory: {stream:.4f} ns per byte beyond MatMul's line, past a {cache_bytes():,} B cache")
+    result = dataclasses.replace(result, stream_ns_per_byte=stream, cache_bytes=cache_bytes())
     if save:
         path = result.save(cal.cache_path(target, cache))
         result = cal.read(path)
     return result
 
 
-__all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "calibrate", "check_sample",
-           "measure_case", "run_and_dispatch", "run_clock", "value_costs",
+__all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "cache_bytes", "calibrate", "check_sample",
+           "measure_case", "run_and_dispatch", "run_clock", "streamed_weights", "value_costs",
            "run_times", "typical"]
