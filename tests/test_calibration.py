@@ -22,7 +22,7 @@ from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
 from rlx_egraph.cost.model import node_cost
-from rlx_egraph.cost.profile import format_ns
+from rlx_egraph.cost.profile import format_ns, profile
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
 from rlx_egraph.frontends.onnx.calibrate import (
     SIZES,
@@ -31,6 +31,7 @@ from rlx_egraph.frontends.onnx.calibrate import (
     _cases,
     _model_graph,
     _session,
+    cache_bytes,
     calibrate,
     check_sample,
 )
@@ -191,7 +192,7 @@ def test_the_gemm_lines_share_a_byte_and_flop_rate_and_keep_their_own_launch_and
 def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
                                                                        1_180.0, "Add 1"),),
-                            value_ns=570.0, value_ns_per_byte=0.004)
+                            value_ns=570.0, value_ns_per_byte=0.004, stream_ns_per_byte=0.04, cache_bytes=1 << 25)
     path = c.save(tmp_path / "sub" / "c.json")
     back = cal.read(path)
     assert back == c and back.source == str(path) and back.samples[0].ran == "Add 1"
@@ -199,12 +200,17 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     assert data["format_version"] == cal.FORMAT_VERSION and (data["value_ns"], data["value_ns_per_byte"]) == (
         570.0, 0.004)
     # a file made before graph values and what ran were measured reads with none
-    for key in ("value_ns", "value_ns_per_byte"):
+    for key in ("value_ns", "value_ns_per_byte", "stream_ns_per_byte", "cache_bytes"):
         del data[key]
-    del data["samples"][0]["ran"]
+    for key in ("ran", "rows", "matrices"):
+        del data["samples"][0][key]
+    for line in data["rates"].values():
+        del line["ns_per_row"], line["ns_per_matrix"]
     path.write_text(json.dumps(data))
     older = cal.read(path)
-    assert (older.value_ns, older.value_ns_per_byte, older.samples[0].ran) == (0.0, 0.0, "")
+    assert (older.value_ns, older.value_ns_per_byte, older.stream_ns_per_byte, older.cache_bytes) == (0, 0, 0, 0)
+    assert (older.samples[0].ran, older.samples[0].rows, older.samples[0].matrices) == ("", 0, 0)
+    assert all(line.ns_per_row == line.ns_per_matrix == 0 for line in older.rates.values())
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -253,7 +259,7 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
     """A short calibration (the tiny model's size, one pass): every declared fused op gets its own line or its cost
     class's, every layout op its own; the one file written is this machine's cache entry.  No timing is asserted."""
     cache = tmp_path / "mine"
-    result = calibrate(cache=cache, sizes=[SIZES[1]], passes=1, budget_s=0.0)
+    result = calibrate(cache=cache, sizes=[SIZES[1]], passes=1, budget_s=0.0, stream=(64, 3))
     assert [p.relative_to(cache) for p in cache.rglob("*") if p.is_file()] == [
         cal.cache_path("onnxruntime", cache).relative_to(cache)]
     assert result.source == str(cal.cache_path("onnxruntime", cache))
@@ -261,6 +267,7 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
     assert sorted(op for op in ONNXRUNTIME_FUSED
                   if op not in result.rates and REGISTRY[op].cost_class not in result.rates) == []
     assert all(s.ns >= 0 for s in result.samples) and result.threads == 1 and result.value_ns > 0
+    assert result.stream_ns_per_byte >= 0 and result.cache_bytes == cache_bytes()
     ran = {s.label: s.ran for s in result.samples}
     assert ran["MatMul wide [2x16, 64]"] == "MatMul 1" and ran["FusedResidualLN [2x16, 64]"] == (
         "SkipLayerNormalization 1") and ran["Identity [2x16, 64]"] == ""
@@ -294,6 +301,29 @@ def test_a_sample_whose_copies_are_dead_code_is_an_error() -> None:
     one, many = _session(_model_graph(case, 1)[0], 1), _session(_model_graph(case, 3)[0], 1)
     with pytest.raises(CalibrationGraphError, match=r"sample Transpose dead: the export writes no node for it"):
         check_sample(case.label, one, many, 3)
+
+
+def test_weights_past_the_cache_are_priced_as_read_from_memory() -> None:
+    """A decoding step reads every weight once: past the target's cache, each byte costs ``stream_ns_per_byte`` more
+    (the breakdown's ``stream``).  An Embedding reads the rows it gathers, not its table: neither its traffic nor the
+    weight bytes count the whole table."""
+    g = Graph("decode-step")
+    ids = g.input("ids", (1, 1), "i64")
+    h = g.embedding(g.param("table", (50_000, 256)), ids)
+    for k in range(4):
+        h = g.matmul(h, g.param(f"w{k}", (256, 1024) if k % 2 == 0 else (1024, 256)))
+    g.set_outputs([h])
+    weights = 4 * (256 * 1024 + 1024 * 256 + 256 * 1024 + 1024 * 256)  # the four MatMuls' weights, not the table
+    base = calibrations.target()
+    near, far = base.replace(stream_ns_per_byte=0.05, cache_bytes=1 << 20), base.replace(stream_ns_per_byte=0.05,
+                                                                                          cache_bytes=1 << 30)
+    p_near, p_far = profile(g, near), profile(g, far)
+    past = (weights - (1 << 20)) * 0.05
+    assert p_near.weight_bytes == weights and p_near.breakdown()["stream"] == pytest.approx(past)
+    assert p_far.breakdown()["stream"] == 0.0 and p_near.ns - p_far.ns == pytest.approx(past)
+    embedding = next(n for n in g.nodes if n.op == "Embedding")
+    cost = node_cost(embedding.spec, embedding.attrs, [g.node(i).type for i in embedding.inputs], embedding.type)
+    assert cost.traffic_bytes == 1024 + 8 + 1024  # one row of 256 floats read, the id, the row written
 
 
 # --- decisions follow the calibration at the model's shape ------------------------------------------------

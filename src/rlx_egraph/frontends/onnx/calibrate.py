@@ -486,11 +486,14 @@ def streamed_weights(threads: int, budget_s: float, line: cal.OpRate, width: int
 
 def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
               budget_s: float = 0.3, passes: int = 3, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
-              progress: Callable[[str], None] | None = None, command: str = "") -> cal.Calibration:
+              progress: Callable[[str], None] | None = None, command: str = "",
+              stream: tuple[int, int] = (1024, 32)) -> cal.Calibration:
     """Measure ``target`` (only ``onnxruntime``) on this machine with ``threads`` intra-op threads and, when
     ``save``, cache the result (:func:`rlx_egraph.cost.calibration.cache_path`; ``cache`` is the cache
     directory); returns the calibration.  ``budget_s``: seconds of timed runs per sample and pass; ``passes``:
-    how many times every sample is measured (the fastest kept: a burst of load on a shared machine passes)."""
+    how many times every sample is measured (the fastest kept: a burst of load on a shared machine passes);
+    ``stream``: the width and number of copies of the MatMul chain that measures weights read from memory
+    (:func:`streamed_weights`)."""
     if target != TARGET:
         raise ValueError(f"calibrate measures the {TARGET!r} target only, not {target!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -517,9 +520,9 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
                                     flops_per_ns=flops_per_ns, value_ns=value_ns,
                                     value_ns_per_byte=value_ns_per_byte)
-    stream = min(streamed_weights(threads, budget_s, result.rates["MatMul"]) for _ in range(passes))
-    say(f"weights from memory: {stream:.4f} ns per byte beyond MatMul's line, past a {cache_bytes():,} B cache")
-    result = dataclasses.replace(result, stream_ns_per_byte=stream, cache_bytes=cache_bytes())
+    stream_ns = min(streamed_weights(threads, budget_s, result.rates["MatMul"], *stream) for _ in range(passes))
+    say(f"weights from memory: {stream_ns:.4f} ns per byte beyond MatMul's line, past a {cache_bytes():,} B cache")
+    result = dataclasses.replace(result, stream_ns_per_byte=stream_ns, cache_bytes=cache_bytes())
     if save:
         path = result.save(cal.cache_path(target, cache))
         result = cal.read(path)
