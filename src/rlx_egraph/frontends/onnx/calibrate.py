@@ -499,20 +499,22 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     say = progress or (lambda line: None)
-    run_ns, dispatch_ns, bound_run_ns = run_and_dispatch(threads, budget_s)
-    say(f"run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch {dispatch_ns:,.0f} ns per node")
-    value_ns, value_ns_per_byte = value_costs(threads, budget_s)
-    say(f"graph input or output {value_ns:,.0f} ns + {value_ns_per_byte:.4f} ns per byte")
-    run_ns = max(run_ns - 2 * value_ns, 0.0)  # the chains' one input and one output are priced as values
     cases = [case for size in sizes for case in _cases(size)]
     best: dict[int, cal.Sample] = {}
-    for done in range(passes):
+    probes: list[tuple[float, ...]] = []  # per pass: run, dispatch, bound run, value, value per byte
+    for done in range(passes):  # the probes too are measured once per pass and the lowest kept
+        probes.append((*run_and_dispatch(threads, budget_s), *value_costs(threads, budget_s)))
+        run_ns, dispatch_ns, bound_run_ns, value_ns, value_ns_per_byte = map(min, zip(*probes, strict=True))
+        say(f"pass {done + 1}/{passes}  run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch "
+            f"{dispatch_ns:,.0f} ns per node, graph input or output {value_ns:,.0f} ns + {value_ns_per_byte:.4f} "
+            "ns per byte")
         for k, case in enumerate(cases):
             sample = measure_case(case, threads, budget_s, bound_run_ns)
             if k not in best or sample.ns < best[k].ns:
                 best[k] = sample
             say(f"pass {done + 1}/{passes}  {sample.label:48s} {best[k].ns / 1e3:10.2f} us")
     samples = [best[k] for k in range(len(cases))]
+    run_ns = max(run_ns - 2 * value_ns, 0.0)  # the chains' one input and one output are priced as values
     memory_bw = 1 / max(cal.fit_rate(s for s in samples if s.key == "Add").ns_per_byte, 1e-6)
     flops_per_ns = 1 / max(cal.fit_rate(s for s in samples if s.key == "MatMul").ns_per_flop, 1e-6)
     result = cal.Calibration.fitted(target, samples, machine=cal.machine(target),
