@@ -21,7 +21,8 @@ from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
-from rlx_egraph.cost.profile import format_ns
+from rlx_egraph.cost.model import node_cost
+from rlx_egraph.cost.profile import format_ns, profile
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
 from rlx_egraph.frontends.onnx.calibrate import (
     SIZES,
@@ -30,6 +31,7 @@ from rlx_egraph.frontends.onnx.calibrate import (
     _cases,
     _model_graph,
     _session,
+    cache_bytes,
     calibrate,
     check_sample,
 )
@@ -58,6 +60,52 @@ def test_fit_recovers_the_line_the_samples_lie_on() -> None:
     assert fitted.launch_ns == pytest.approx(1_500.0, rel=1e-9)
     assert fitted.ns_per_byte == pytest.approx(0.25, rel=1e-9)
     assert fitted.ns_per_flop == pytest.approx(0.01, rel=1e-9)
+
+
+def test_fit_recovers_a_cost_per_row_and_per_matrix() -> None:
+    """An attention whose samples pay per query row and per head beside their launch, bytes and FLOPs: the fit gives
+    back all five terms, and a line fitted without the rows and matrices (the counts left at 0) misses a many-window
+    shape that the samples do not reach by far more."""
+    line = OpRate(4_000.0, 0.05, 0.002, 6.0, 900.0)
+    shapes = [(2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64), (2, 80, 4, 16)]
+
+    def sample(b: int, s: int, h: int, d: int, counted: bool = True) -> Sample:
+        traffic, flops, rows, matrices = 4 * 4 * b * s * h * d, 4 * b * h * s * s * d, b * h * s, b * h
+        return Sample("MultiHeadAttention", f"{b}x{s}x{h}x{d}", 1, traffic, flops,
+                      line.ns(1, traffic, flops, rows, matrices), "", rows if counted else 0,
+                      matrices if counted else 0)
+
+    fitted = fit_rate(sample(*shape) for shape in shapes)
+    assert [getattr(fitted, term) for term in cal.TERMS] == pytest.approx([4_000.0, 0.05, 0.002, 6.0, 900.0],
+                                                                          rel=1e-6)
+    windows = sample(32, 16, 2, 16)  # a windowed vision model: 64 heads of 16 rows
+    assert fitted.ns(*windows.counts) == pytest.approx(windows.ns, rel=1e-6)
+    uncounted = fit_rate(sample(*shape, counted=False) for shape in shapes)
+    assert uncounted.ns(*windows.counts[:3]) < 0.7 * windows.ns
+
+
+def test_node_cost_counts_the_rows_and_matrices_a_kernel_loops_over() -> None:
+    """Rows: a norm's or Softmax's rows, an attention's query rows in every head; matrices: a batched MatMul's
+    products, one GEMM for a MatMul of a 2-D weight, one per batch and head of an attention."""
+    g = Graph("counts")
+    x, mask = g.input("x", (2, 80, 64)), g.input("mask", (2, 1, 1, 80))
+    q4, k4 = g.input("q4", (2, 4, 80, 16)), g.input("k4", (2, 4, 16, 80))
+    norm = g.layer_norm(x, g.param("g", (64,)), g.param("b", (64,)))
+    nodes = {"LayerNorm": norm, "projection": g.matmul(norm, g.param("w", (64, 64))), "scores": g.matmul(q4, k4),
+             "Softmax": g.softmax(g.matmul(q4, k4)),
+             "MultiHeadAttention": g.multi_head_attention(x, x, x, mask, heads=4, scale=0.25),
+             "KvCacheAttention": g.kv_cache_attention(
+                 g.input("q1", (2, 4, 1, 16)), g.input("k1", (2, 4, 1, 16)), g.input("v1", (2, 4, 1, 16)),
+                 g.input("pk", (2, 4, 80, 16)), g.input("pv", (2, 4, 80, 16)), g.input("m1", (2, 1, 1, 81)),
+                 scale=0.25)}
+    g.set_outputs([g.get(nid, index=0) if g.node(nid).parts else nid for nid in nodes.values()])
+    counted = {}
+    for name, nid in nodes.items():
+        n = g.node(nid)
+        cost = node_cost(n.spec, n.attrs, [g.node(i).type for i in n.inputs], n.type)
+        counted[name] = (cost.rows, cost.matrices)
+    assert counted == {"LayerNorm": (160, 0), "projection": (160, 1), "scores": (640, 8), "Softmax": (640, 0),
+                       "MultiHeadAttention": (640, 8), "KvCacheAttention": (8, 8)}
 
 
 def test_fit_keeps_terms_non_negative_and_leaves_absent_ones_at_zero() -> None:
@@ -104,13 +152,47 @@ def test_the_lines_of_ops_that_compute_as_one_gemm_share_one_flop_rate() -> None
     assert cal.computes_as_gemm("FusedMatMulBiasAct.gelu") and not cal.computes_as_gemm("QkvAttention")
 
 
+def test_a_fused_ops_samples_fit_the_line_of_its_cost_class() -> None:
+    """onnxruntime runs a FusedConv as the Conv kernel it makes of Conv + activation: FusedConv's cost class is
+    Conv, so its samples are fitted into Conv's line, which prices both; no line of its own is made (it would
+    price nothing)."""
+    conv, fused = OpRate(2_000.0, 0.05, 0.004), OpRate(2_000.0, 0.05, 0.004)
+    sizes = [(8_192, 100_000), (65_536, 2_000_000), (1 << 20, 1 << 26)]
+    samples = [Sample("Conv", f"c{k}", 1, b, f, conv.ns(1, b, f)) for k, (b, f) in enumerate(sizes[:2])]
+    samples.append(Sample("FusedConv", "f", 1, *sizes[2], fused.ns(1, *sizes[2])))
+    c = Calibration.fitted("onnxruntime", samples, machine={}, command="c", threads=1, run_ns=0.0,
+                           dispatch_ns=1.0, memory_bw=1.0, flops_per_ns=1.0)
+    assert "FusedConv" not in c.rates and REGISTRY["FusedConv"].cost_class == "Conv"
+    assert [getattr(c.rates["Conv"], term) for term in cal.TERMS] == pytest.approx([2_000.0, 0.05, 0.004, 0, 0])
+    assert [round(c.predicted_ns(s) / s.ns, 6) for s in samples if s.key == "Conv"] == [1.0, 1.0]
+
+
+def test_the_gemm_lines_share_a_byte_and_flop_rate_and_keep_their_own_launch_and_matrix_terms() -> None:
+    """One GEMM kernel: MatMul (its per-head samples many matrices each), Gemm, and MatMul + BiasGelu (a second
+    kernel over the output, its samples ran so) lie on lines with one rate per byte and per FLOP; the fit gives back
+    each line's launch, MatMul's cost per matrix and BiasGelu's bytes on top of the shared rate."""
+    shared = {"ns_per_byte": 0.01, "ns_per_flop": 0.008}
+    lines = {"MatMul": OpRate(400.0, **shared, ns_per_matrix=250.0), "FusedMatMulBiasAct.none": OpRate(650.0, **shared),
+             "FusedMatMulBiasAct.gelu": OpRate(1_300.0, 0.01 + 0.06, 0.008)}
+    ran = {"MatMul": "MatMul 1", "FusedMatMulBiasAct.none": "Gemm 1, Reshape 1",
+           "FusedMatMulBiasAct.gelu": "BiasGelu 1, MatMul 1"}
+    sizes = [(4_096, 65_536, 1), (65_536, 2_097_152, 1), (1 << 20, 1 << 28, 1), (1 << 18, 1 << 26, 1),
+             (1 << 16, 1 << 20, 64), (1 << 14, 1 << 18, 8)]
+    samples = [Sample(key, f"{key} {k}", 1, b, f, line.ns(1, b, f, 0, m), ran[key], 0, m)
+               for key, line in lines.items() for k, (b, f, m) in enumerate(sizes) if m == 1 or key == "MatMul"]
+    fitted = cal.fit_gemm_rates({key: [s for s in samples if s.key == key] for key in lines})
+    for key, line in lines.items():
+        assert [getattr(fitted[key], term) for term in cal.TERMS] == pytest.approx(
+            [getattr(line, term) for term in cal.TERMS], rel=1e-6, abs=1e-9), key
+
+
 # --- the file and the cache -------------------------------------------------------------------------
 
 
 def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
                                                                        1_180.0, "Add 1"),),
-                            value_ns=570.0, value_ns_per_byte=0.004)
+                            value_ns=570.0, value_ns_per_byte=0.004, stream_ns_per_byte=0.04, cache_bytes=1 << 25)
     path = c.save(tmp_path / "sub" / "c.json")
     back = cal.read(path)
     assert back == c and back.source == str(path) and back.samples[0].ran == "Add 1"
@@ -118,12 +200,17 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     assert data["format_version"] == cal.FORMAT_VERSION and (data["value_ns"], data["value_ns_per_byte"]) == (
         570.0, 0.004)
     # a file made before graph values and what ran were measured reads with none
-    for key in ("value_ns", "value_ns_per_byte"):
+    for key in ("value_ns", "value_ns_per_byte", "stream_ns_per_byte", "cache_bytes"):
         del data[key]
-    del data["samples"][0]["ran"]
+    for key in ("ran", "rows", "matrices"):
+        del data["samples"][0][key]
+    for line in data["rates"].values():
+        del line["ns_per_row"], line["ns_per_matrix"]
     path.write_text(json.dumps(data))
     older = cal.read(path)
-    assert (older.value_ns, older.value_ns_per_byte, older.samples[0].ran) == (0.0, 0.0, "")
+    assert (older.value_ns, older.value_ns_per_byte, older.stream_ns_per_byte, older.cache_bytes) == (0, 0, 0, 0)
+    assert (older.samples[0].ran, older.samples[0].rows, older.samples[0].matrices) == ("", 0, 0)
+    assert all(line.ns_per_row == line.ns_per_matrix == 0 for line in older.rates.values())
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -172,7 +259,7 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
     """A short calibration (the tiny model's size, one pass): every declared fused op gets its own line or its cost
     class's, every layout op its own; the one file written is this machine's cache entry.  No timing is asserted."""
     cache = tmp_path / "mine"
-    result = calibrate(cache=cache, sizes=[SIZES[1]], passes=1, budget_s=0.0)
+    result = calibrate(cache=cache, sizes=[SIZES[1]], passes=1, budget_s=0.0, stream=(64, 3))
     assert [p.relative_to(cache) for p in cache.rglob("*") if p.is_file()] == [
         cal.cache_path("onnxruntime", cache).relative_to(cache)]
     assert result.source == str(cal.cache_path("onnxruntime", cache))
@@ -180,6 +267,7 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
     assert sorted(op for op in ONNXRUNTIME_FUSED
                   if op not in result.rates and REGISTRY[op].cost_class not in result.rates) == []
     assert all(s.ns >= 0 for s in result.samples) and result.threads == 1 and result.value_ns > 0
+    assert result.stream_ns_per_byte >= 0 and result.cache_bytes == cache_bytes()
     ran = {s.label: s.ran for s in result.samples}
     assert ran["MatMul wide [2x16, 64]"] == "MatMul 1" and ran["FusedResidualLN [2x16, 64]"] == (
         "SkipLayerNormalization 1") and ran["Identity [2x16, 64]"] == ""
@@ -213,6 +301,29 @@ def test_a_sample_whose_copies_are_dead_code_is_an_error() -> None:
     one, many = _session(_model_graph(case, 1)[0], 1), _session(_model_graph(case, 3)[0], 1)
     with pytest.raises(CalibrationGraphError, match=r"sample Transpose dead: the export writes no node for it"):
         check_sample(case.label, one, many, 3)
+
+
+def test_weights_past_the_cache_are_priced_as_read_from_memory() -> None:
+    """A decoding step reads every weight once: past the target's cache, each byte costs ``stream_ns_per_byte`` more
+    (the breakdown's ``stream``).  An Embedding reads the rows it gathers, not its table: neither its traffic nor the
+    weight bytes count the whole table."""
+    g = Graph("decode-step")
+    ids = g.input("ids", (1, 1), "i64")
+    h = g.embedding(g.param("table", (50_000, 256)), ids)
+    for k in range(4):
+        h = g.matmul(h, g.param(f"w{k}", (256, 1024) if k % 2 == 0 else (1024, 256)))
+    g.set_outputs([h])
+    weights = 4 * (256 * 1024 + 1024 * 256 + 256 * 1024 + 1024 * 256)  # the four MatMuls' weights, not the table
+    base = calibrations.target()
+    near, far = base.replace(stream_ns_per_byte=0.05, cache_bytes=1 << 20), base.replace(stream_ns_per_byte=0.05,
+                                                                                          cache_bytes=1 << 30)
+    p_near, p_far = profile(g, near), profile(g, far)
+    past = (weights - (1 << 20)) * 0.05
+    assert p_near.weight_bytes == weights and p_near.breakdown()["stream"] == pytest.approx(past)
+    assert p_far.breakdown()["stream"] == 0.0 and p_near.ns - p_far.ns == pytest.approx(past)
+    embedding = next(n for n in g.nodes if n.op == "Embedding")
+    cost = node_cost(embedding.spec, embedding.attrs, [g.node(i).type for i in embedding.inputs], embedding.type)
+    assert cost.traffic_bytes == 1024 + 8 + 1024  # one row of 256 floats read, the id, the row written
 
 
 # --- decisions follow the calibration at the model's shape ------------------------------------------------

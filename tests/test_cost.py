@@ -312,7 +312,7 @@ def test_host_sync_op_adds_sync(host_sync_op: OpSpec) -> None:
     p = profile(g, "metal")
     assert (p.launches, p.sync_points, p.traffic_bytes, p.readback_bytes) == (4, 1, MLP_TRAFFIC + 2048, 1024)
     assert p.breakdown()["sync"] == 5_000.0 + 2_000_000.0  # roundtrip + host-thunk penalty
-    assert node_cost(host_sync_op, {}, [TensorType((8, 32))], TensorType((8, 32))) == NodeCost(1, 1, 2048, 256)
+    assert node_cost(host_sync_op, {}, [TensorType((8, 32))], TensorType((8, 32))) == NodeCost(1, 1, 2048, 256, rows=8)
 
 
 def test_host_sync_op_is_removed_even_on_error() -> None:
@@ -326,7 +326,7 @@ def test_node_cost_of_free_kinds() -> None:
     t = TensorType((3, 4))
     assert node_cost(op_spec("Transpose"), {"perm": (1, 0)}, [t], TensorType((4, 3))) == NodeCost(0, 0, 0, 0)
     assert node_cost(op_spec("ConcatParams"), {"axis": -1}, [t, t], TensorType((3, 8))) == NodeCost(0, 0, 0, 0)
-    assert node_cost(op_spec("Relu"), {}, [t], t) == NodeCost(1, 0, 96, 12)
+    assert node_cost(op_spec("Relu"), {}, [t], t) == NodeCost(1, 0, 96, 12, rows=3)
 
 
 # --- node_ns is the per-node share of profile ----------------------------------------
@@ -385,7 +385,7 @@ def test_ns_formula_per_preset(target: str) -> None:
     p = profile(mlp()[0], target)
     terms = p.breakdown()
     assert terms.pop("unsupported") == 0.0
-    assert terms.pop("run") == 0.0 and terms.pop("values") == 0.0  # the presets price no run and no graph values
+    assert terms.pop("run") == terms.pop("values") == terms.pop("stream") == 0.0  # the presets price none of them
     assert terms == pytest.approx(MLP_TERMS[target], rel=1e-12)
     assert p.ns == pytest.approx(MLP_NS[target], rel=1e-12)
 
@@ -402,7 +402,7 @@ def test_measured_lines_price_each_op_and_the_run() -> None:
     terms = p.breakdown()
     assert terms == {"dispatch": 1_800.0, "sync": 0.0, "traffic": 1_792.0 + 2_176.0 + 2_048.0,
                      "readback": 1024 / 10.0, "compute": 2_048.0, "run": 5_000.0, "values": 2 * 600.0 + 768.0,
-                     "unsupported": 0.0}
+                     "stream": 0.0, "unsupported": 0.0}  # the fixture prices no weights from memory
     assert p.ns == 1_800.0 + 6_016.0 + 102.4 + 2_048.0 + 5_000.0 + 1_968.0
     relu = next(n for n in mlp()[0].nodes if n.op == "Relu")
     assert tgt.node_ns(relu.spec, {}, [relu.type], relu.type) == 400.0 + 2_048.0
@@ -446,7 +446,7 @@ def test_profile_by_kind_sums_node_costs_and_prices_each_kind() -> None:
         "leaf": (2, frozenset({"Input", "Param"})), "matmul": (1, frozenset({"MatMul"})),
         "elementwise": (2, frozenset({"Add", "Relu"}))}
     assert sum((part.cost for part in p.by_kind.values()), NodeCost(0, 0, 0, 0)) == NodeCost(
-        p.launches, p.sync_points, p.traffic_bytes, p.flops)
+        p.launches, p.sync_points, p.traffic_bytes, p.flops, p.rows, p.matrices)
     nodes = {n.id: n for n in g.nodes}
     matmul = next(n for n in g.nodes if n.op == "MatMul")
     assert p.kind_ns("matmul") == p.target.node_ns(matmul.spec, matmul.attrs,
@@ -482,7 +482,7 @@ def test_profile_prices_each_node_as_node_cost_does(build: Callable[[], Graph], 
     p = profile(g, tgt)
     assert {k: part.cost for k, part in p.by_kind.items()} == per_kind
     assert sum(per_kind.values(), NodeCost(0, 0, 0, 0)) == NodeCost(p.launches, p.sync_points, p.traffic_bytes,
-                                                                     p.flops)
+                                                                     p.flops, p.rows, p.matrices)
     assert sum(part.nodes for part in p.by_kind.values()) == len(g)
 
 

@@ -1,10 +1,11 @@
 """Calibrations: a target's cost figures measured on one machine, fitted per op, cached per machine.
 
-A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes and
-FLOPs as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost line fitted
-to the samples of each op, and per op kind the median of its ops' lines (:class:`OpRate`)::
+A :class:`Calibration` holds what a calibration run measured (:class:`Sample`: one node's launches, bytes, FLOPs,
+rows and matrices as :func:`~rlx_egraph.cost.model.node_cost` counts them, and its measured ns) and the cost line
+fitted to the samples of each op, and per op kind the median of its ops' lines (:class:`OpRate`)::
 
     ns = launches * launch_ns + traffic_bytes * ns_per_byte + flops * ns_per_flop
+       + rows * ns_per_row + matrices * ns_per_matrix
 
 A target prices a node by its op's line, else its kind's, else its own figures
 (:meth:`~rlx_egraph.cost.targets.Target.rate`).  A line is fitted by non-negative least squares on the relative
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -43,6 +43,8 @@ FORMAT_VERSION = 1
 CACHE_ENV = "RLX_EGRAPH_CACHE"  # overrides the user cache directory (calibrations are read and written there)
 SHIPPED_DIR = Path(__file__).with_name("calibrations")
 MIN_WEIGHTED_NS = 100.0
+TERMS = ("launch_ns", "ns_per_byte", "ns_per_flop", "ns_per_row", "ns_per_matrix")  # an OpRate's, in field order
+COUNTS = ("launches", "traffic_bytes", "flops", "rows", "matrices")  # the Sample count each term multiplies
 # The runtime each calibrated target measures; its version is part of the machine fingerprint.
 RUNTIMES = {"onnxruntime": "onnxruntime"}
 
@@ -53,23 +55,28 @@ class CalibrationError(RlxError, ValueError):
 
 @dataclass(frozen=True)
 class OpRate:
-    """The cost line of one op (or op kind): ns per launch, per byte moved and per FLOP, all >= 0."""
+    """The cost line of one op (or op kind): ns per launch, per byte moved, per FLOP, per row and per matrix
+    (:func:`~rlx_egraph.cost.model.node_rows`, :func:`~rlx_egraph.cost.model.node_matrices`), all >= 0."""
 
     launch_ns: float
     ns_per_byte: float
     ns_per_flop: float
+    ns_per_row: float = 0.0
+    ns_per_matrix: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("launch_ns", "ns_per_byte", "ns_per_flop"):
+        for name in TERMS:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"OpRate.{name}={value!r} must be a finite number >= 0")
 
-    def ns(self, launches: float, traffic_bytes: float, flops: float) -> float:
-        return launches * self.launch_ns + traffic_bytes * self.ns_per_byte + flops * self.ns_per_flop
+    def ns(self, launches: float, traffic_bytes: float, flops: float, rows: float = 0.0,
+           matrices: float = 0.0) -> float:
+        return (launches * self.launch_ns + traffic_bytes * self.ns_per_byte + flops * self.ns_per_flop
+                + rows * self.ns_per_row + matrices * self.ns_per_matrix)
 
     def to_dict(self) -> dict[str, float]:
-        return {"launch_ns": self.launch_ns, "ns_per_byte": self.ns_per_byte, "ns_per_flop": self.ns_per_flop}
+        return {name: getattr(self, name) for name in TERMS}
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,13 @@ class Sample:
     flops: int
     ns: float
     ran: str = ""  # the onnxruntime ops one copy of the node ran as ("MatMul 1, BiasGelu 1"), checked when measured
+    rows: int = 0  # cost.model.node_rows
+    matrices: int = 0  # cost.model.node_matrices
+
+    @property
+    def ran_ops(self) -> dict[str, int]:
+        """The onnxruntime ops one copy ran as, with their counts (from ``ran``)."""
+        return {op: int(n) for op, _, n in (part.rpartition(" ") for part in self.ran.split(", ") if part)}
 
     @property
     def ran_nodes(self) -> int:
@@ -92,45 +106,80 @@ class Sample:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "launches": self.launches,
-                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran}
+                "traffic_bytes": self.traffic_bytes, "flops": self.flops, "ns": self.ns, "ran": self.ran,
+                "rows": self.rows, "matrices": self.matrices}
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """The counts :data:`TERMS` multiply, in their order."""
+        return tuple(getattr(self, name) for name in COUNTS)
 
 
 def fit_rate(samples: Iterable[Sample]) -> OpRate:
     """The cost line through ``samples`` (at least one): non-negative least squares on the relative error
     (of samples of at least :data:`MIN_WEIGHTED_NS`: a smaller one, below a clock's noise, weighs no more).
     A term none of the samples has (no FLOPs, say) gets 0."""
-    rows = [(s.launches, s.traffic_bytes, s.flops, s.ns) for s in samples]
-    if not rows:
+    samples = list(samples)
+    if not samples:
         raise ValueError("fit_rate needs at least one sample")
-    data = np.array(rows, dtype=np.float64)
-    weights = 1.0 / np.maximum(data[:, 3], MIN_WEIGHTED_NS)
-    design, target = data[:, :3] * weights[:, None], data[:, 3] * weights
-    used = [k for k in range(3) if data[:, k].any()]
-    coef = np.zeros(3)
-    coef[used] = _nnls(design[:, used], target)
-    return OpRate(*(float(c) for c in coef))
+    counts = np.array([s.counts for s in samples], dtype=np.float64)
+    ns = np.array([s.ns for s in samples], dtype=np.float64)
+    weights = 1.0 / np.maximum(ns, MIN_WEIGHTED_NS)
+    return OpRate(*(float(c) for c in _nnls(counts * weights[:, None], ns * weights)))
+
+
+# The terms the lines of one GEMM kernel share (the kernel's rate per byte and per FLOP), and those each has of its
+# own: a launch and a term per matrix (a batched MatMul's products); no term per row.  A line whose samples ran a
+# kernel besides the GEMM and its Reshapes (:data:`GEMM_KERNELS`; MatMul + BiasGelu: a second kernel over the
+# output) has a per-byte term of its own on top of the shared one.  Fitted per line, a Gemm's byte term came out
+# seven times a MatMul's from their samples' noise, which priced a decoding step's MatMul + bias Add below the Gemm
+# onnxruntime makes of the two.
+_GEMM_SHARED = ("ns_per_byte", "ns_per_flop")
+_GEMM_OWN = ("launch_ns", "ns_per_matrix", "ns_per_byte")
+# onnxruntime's ops that run a GEMM line's data through MLAS's SGEMM and nothing else (a Reshape copies nothing)
+GEMM_KERNELS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Reshape"})
 
 
 def fit_gemm_rates(groups: Mapping[str, Iterable[Sample]]) -> dict[str, OpRate]:
     """The cost lines of ops that compute as one GEMM (``groups``: line key -> its samples), fitted together: one
-    FLOP rate for all (the runtime's one GEMM kernel: onnxruntime runs MatMul, Gemm and MatMul + BiasGelu on MLAS's
-    SGEMM), a launch and a per-byte term per line; non-negative least squares on the relative error, as
-    :func:`fit_rate`.  Fitted one by one, two lines of the same kernel differ in their FLOP rate by their samples'
-    noise, which at a real model's size outweighs what a fusion saves."""
+    rate per byte and per FLOP for all (the runtime's one GEMM kernel: onnxruntime runs MatMul, Gemm and
+    MatMul + BiasGelu on MLAS's SGEMM), a launch and a per-matrix term per line, and a per-byte term of its own
+    for a line whose samples ran a kernel besides those (:data:`GEMM_KERNELS`, from :attr:`Sample.ran`);
+    non-negative least squares on the relative error, as :func:`fit_rate`.  Fitted one by one, two lines of the
+    same kernel differ in their rates by their samples' noise, which at a real model's size outweighs what a fusion
+    saves."""
+    groups = {key: list(samples) for key, samples in groups.items()}
     keys = sorted(groups)
-    rows = [(keys.index(key), s) for key in keys for s in groups[key]]
+    rows = [(k, s) for k, key in enumerate(keys) for s in groups[key]]
     if not rows:
         return {}
-    design = np.zeros((len(rows), 2 * len(keys) + 1))
+    own, shared = len(_GEMM_OWN), len(_GEMM_SHARED)
+    second_kernel = [any(set(s.ran_ops) - GEMM_KERNELS for s in groups[key]) for key in keys]
+    design = np.zeros((len(rows), own * len(keys) + shared))
     target = np.zeros(len(rows))
     for r, (k, s) in enumerate(rows):
         weight = 1.0 / max(s.ns, MIN_WEIGHTED_NS)
-        design[r, 2 * k], design[r, 2 * k + 1], design[r, -1] = (s.launches * weight, s.traffic_bytes * weight,
-                                                                  s.flops * weight)
+        for j, term in enumerate(_GEMM_OWN):
+            if term != "ns_per_byte" or second_kernel[k]:
+                design[r, own * k + j] = getattr(s, COUNTS[TERMS.index(term)]) * weight
+        for j, term in enumerate(_GEMM_SHARED):
+            design[r, own * len(keys) + j] = getattr(s, COUNTS[TERMS.index(term)]) * weight
         target[r] = s.ns * weight
-    scale = np.maximum(np.abs(design).max(axis=0), 1e-30)  # columns of like size, for the solver
-    coef = _nnls(design / scale, target) / scale
-    return {key: OpRate(float(coef[2 * k]), float(coef[2 * k + 1]), float(coef[-1])) for k, key in enumerate(keys)}
+    coef = _nnls(design, target)
+    common = {term: float(coef[own * len(keys) + j]) for j, term in enumerate(_GEMM_SHARED)}
+    lines = {}
+    for k, key in enumerate(keys):
+        terms = dict(common)
+        for j, term in enumerate(_GEMM_OWN):
+            terms[term] = terms.get(term, 0.0) + float(coef[own * k + j])
+        lines[key] = OpRate(**terms)
+    return lines
+
+
+def _line_of(key: str) -> str:
+    """The line a sample of ``key`` is fitted into: its op's cost class where that names another op, else ``key``."""
+    spec = REGISTRY.get(key.partition(".")[0])
+    return spec.cost_class if spec is not None and spec.cost_class in REGISTRY else key
 
 
 def computes_as_gemm(key: str) -> bool:
@@ -141,20 +190,44 @@ def computes_as_gemm(key: str) -> bool:
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin ||a x - b|| over x >= 0 for a few columns: the least-squares solution on each set of columns
-    (the optimum's positive terms solve the least squares on their own), the best whose terms are all >= 0.
-    Where columns are collinear (an elementwise op's bytes and FLOPs grow together) fewer columns, then earlier
-    ones, win a tie: such an op is priced by its bytes."""
-    best, best_residual = np.zeros(a.shape[1]), float(b @ b)
-    for size in range(1, a.shape[1] + 1):
-        for columns in itertools.combinations(range(a.shape[1]), size):
-            x = np.linalg.lstsq(a[:, columns], b, rcond=None)[0]
-            residual = float(np.sum((a[:, columns] @ x - b) ** 2))
-            if (x >= 0).all() and residual < best_residual * (1 - 1e-9):
-                best = np.zeros(a.shape[1])
-                best[list(columns)] = x
-                best_residual = residual
-    return best
+    """argmin ||a x - b|| over x >= 0 (Lawson and Hanson's active set), on columns scaled to like size.  A column
+    that is all zero (a count none of the rows has) gets 0, and so does one that is a multiple of an earlier column
+    (an elementwise op's FLOPs grow with its bytes: such an op is priced by its bytes)."""
+    scale = np.abs(a).max(axis=0)
+    used = scale > 0
+    x = np.zeros(a.shape[1])
+    if not used.any():
+        return x
+    for j in np.flatnonzero(used):
+        if any(np.allclose(a[:, j] / scale[j], a[:, i] / scale[i], rtol=1e-9, atol=1e-12)
+               for i in np.flatnonzero(used[:j])):
+            used[j] = False
+    m = a[:, used] / scale[used]
+    n = m.shape[1]
+    passive = np.zeros(n, bool)
+    z = np.zeros(n)
+    tol = 1e-10 * max(1.0, float(np.abs(m).max()) * float(np.abs(b).max()))
+    for _ in range(3 * n + 10):
+        gradient = m.T @ (b - m @ z)
+        free = ~passive & (gradient > tol)
+        if not free.any():
+            break
+        passive[int(np.argmax(np.where(free, gradient, -np.inf)))] = True
+        while True:
+            trial = np.zeros(n)
+            if passive.any():
+                trial[passive] = np.linalg.lstsq(m[:, passive], b, rcond=None)[0]
+            if (trial[passive] > 0).all():
+                z = trial
+                break
+            # step from z toward trial until the first passive term reaches 0, which leaves the set
+            falling = passive & (trial <= 0)
+            step = np.min(z[falling] / np.maximum(z[falling] - trial[falling], 1e-300))
+            z = z + step * (trial - z)
+            passive &= z > tol
+            z[~passive] = 0.0
+    x[used] = z / scale[used]
+    return x
 
 
 @dataclass(frozen=True)
@@ -165,8 +238,10 @@ class Calibration:
     ``memory_bw`` (B/ns) and ``flops_per_ns`` price the ops no line covers; ``rates`` maps an op name or a kind
     (:class:`~rlx_egraph.ir.registry.Kind` value) to its fitted line; ``samples`` are the measurements they
     were fitted to.  ``value_ns`` and ``value_ns_per_byte`` price each graph input and output of a run (the value
-    crosses the runtime's call).  ``machine`` is the fingerprint of the machine and runtime (:func:`machine`),
-    ``threads`` the runtime's thread count, ``command`` the command that made it.
+    crosses the runtime's call).  ``stream_ns_per_byte`` is what a weight byte read from memory costs beyond what
+    the lines price (their samples' weights in cache), paid for the weights past ``cache_bytes`` (the machine's
+    last-level cache) of a model whose weights outgrow it.  ``machine`` is the fingerprint of the machine and
+    runtime (:func:`machine`), ``threads`` the runtime's thread count, ``command`` the command that made it.
     """
 
     target: str
@@ -182,19 +257,23 @@ class Calibration:
     source: str = field(default="", compare=False)  # where it was read from (set by load/read)
     value_ns: float = 0.0  # one graph input or output of a run (0 in files made before it was measured)
     value_ns_per_byte: float = 0.0
+    stream_ns_per_byte: float = 0.0  # 0 in files made before weights streamed from memory were measured
+    cache_bytes: int = 0
 
     @classmethod
     def fitted(cls, target: str, samples: Iterable[Sample], *, machine: Mapping[str, str], command: str,
                threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
-               flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0) -> Calibration:
+               flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0,
+               stream_ns_per_byte: float = 0.0, cache_bytes: int = 0) -> Calibration:
         """A calibration whose rates are fitted to ``samples``: one line per key (the lines of ops that compute as
-        one GEMM sharing their FLOP rate: :func:`fit_gemm_rates`), for an op measured per variant only
-        (``Op.value`` keys) one through all its samples (for the variants none measured), and one per op kind, each
-        term the median of its measured ops' (for the ops of that kind no sample measured)."""
+        one GEMM sharing their FLOP rate: :func:`fit_gemm_rates`; the samples of an op whose cost class is another
+        op's, as FusedConv's is Conv's, fitted into that op's line, which prices both), for an op measured per
+        variant only (``Op.value`` keys) one through all its samples (for the variants none measured), and one per
+        op kind, each term the median of its measured ops' (for the ops of that kind no sample measured)."""
         samples = tuple(samples)
         by_key: dict[str, list[Sample]] = {}
         for s in samples:
-            by_key.setdefault(s.key, []).append(s)
+            by_key.setdefault(_line_of(s.key), []).append(s)
         rates = {key: fit_rate(group) for key, group in by_key.items() if not computes_as_gemm(key)}
         rates |= fit_gemm_rates({key: group for key, group in by_key.items() if computes_as_gemm(key)})
         by_op: dict[str, list[Sample]] = {}  # an op measured per variant only: its variants' samples pooled
@@ -208,20 +287,21 @@ class Calibration:
             if key.partition(".")[0] in REGISTRY:  # an op's line, or one of its variants' (cost.model.line_key)
                 by_kind.setdefault(REGISTRY[key.partition(".")[0]].kind.value, []).append(rate)
         for kind, lines in by_kind.items():
-            rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines]))
-                                            for term in ("launch_ns", "ns_per_byte", "ns_per_flop"))))
+            rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines])) for term in TERMS)))
         return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
-                   samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte)
+                   samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte,
+                   stream_ns_per_byte=stream_ns_per_byte, cache_bytes=cache_bytes)
 
     def predicted_ns(self, sample: Sample) -> float:
         """``sample`` priced by its key's line."""
-        return self.rates[sample.key].ns(sample.launches, sample.traffic_bytes, sample.flops)
+        return self.rates[sample.key].ns(*sample.counts)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "target": self.target, "machine": dict(self.machine),
                 "command": self.command, "threads": self.threads, "run_ns": self.run_ns,
                 "dispatch_ns": self.dispatch_ns, "memory_bw": self.memory_bw, "flops_per_ns": self.flops_per_ns,
                 "value_ns": self.value_ns, "value_ns_per_byte": self.value_ns_per_byte,
+                "stream_ns_per_byte": self.stream_ns_per_byte, "cache_bytes": self.cache_bytes,
                 "rates": {k: r.to_dict() for k, r in sorted(self.rates.items())},
                 "samples": [s.to_dict() for s in self.samples]}
 
@@ -238,7 +318,8 @@ class Calibration:
                        float(data["dispatch_ns"]), float(data["memory_bw"]), float(data["flops_per_ns"]),
                        {str(k): OpRate(**v) for k, v in data["rates"].items()},
                        tuple(Sample(**s) for s in data["samples"]), source, float(data.get("value_ns", 0.0)),
-                       float(data.get("value_ns_per_byte", 0.0)))
+                       float(data.get("value_ns_per_byte", 0.0)), float(data.get("stream_ns_per_byte", 0.0)),
+                       int(data.get("cache_bytes", 0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CalibrationError(f"{where}: not a calibration ({type(exc).__name__}: {exc})") from None
 
@@ -334,5 +415,5 @@ def load(target: str, cache: str | Path | None = None) -> Calibration:
     return read(path) if path.is_file() else shipped(target)
 
 
-__all__ = ["CACHE_ENV", "Calibration", "CalibrationError", "OpRate", "Sample", "cache_dir", "cache_path",
-           "computes_as_gemm", "fit_gemm_rates", "fit_rate", "load", "machine", "read", "shipped"]
+__all__ = ["CACHE_ENV", "COUNTS", "TERMS", "Calibration", "CalibrationError", "OpRate", "Sample", "cache_dir",
+           "cache_path", "computes_as_gemm", "fit_gemm_rates", "fit_rate", "load", "machine", "read", "shipped"]

@@ -14,28 +14,30 @@ the ops whose value the host reads before the run goes on: each is a sync point.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..ir.registry import Kind, OpSpec, TensorType
-
-if TYPE_CHECKING:
-    pass
+from ..ir.ops.primitives import matmul_flops
+from ..ir.registry import Kind, OpSpec, TensorType, TupleType
 
 
 @dataclass(frozen=True)
 class NodeCost:
-    """The target-free cost of one node."""
+    """The target-free cost of one node (``rows`` and ``matrices``: :func:`node_rows`, :func:`node_matrices`)."""
 
     launches: int
     syncs: int
     traffic_bytes: int
     flops: int
+    rows: int = 0
+    matrices: int = 0
 
     def __add__(self, other: NodeCost) -> NodeCost:
         return NodeCost(self.launches + other.launches, self.syncs + other.syncs,
-                        self.traffic_bytes + other.traffic_bytes, self.flops + other.flops)
+                        self.traffic_bytes + other.traffic_bytes, self.flops + other.flops,
+                        self.rows + other.rows, self.matrices + other.matrices)
 
 
 FREE = NodeCost(0, 0, 0, 0)
@@ -60,14 +62,57 @@ def node_launches(spec: OpSpec, copies: bool = False) -> int:
 
 def node_cost(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType], out_type: TensorType,
               copies: bool = False) -> NodeCost:
-    """Count one node: launches, host syncs, device bytes moved and FLOPs.  ``copies``: a layout op that the
-    target runs as a copy kernel (:attr:`~rlx_egraph.cost.targets.Target.copied_layouts`), not as a view."""
+    """Count one node: launches, host syncs, device bytes moved, FLOPs, rows and matrices.  ``copies``: a layout op
+    that the target runs as a copy kernel (:attr:`~rlx_egraph.cost.targets.Target.copied_layouts`), not as a
+    view."""
     launches = node_launches(spec, copies)
     if launches == 0:  # nothing launched, nothing priced: the attributes and types are not read
         return FREE
     return NodeCost(
         launches=launches,
         syncs=int(spec.kind is Kind.HOST_SYNC),
-        traffic_bytes=sum(t.nbytes for t in in_types) + out_type.nbytes,
+        traffic_bytes=node_read_bytes(spec, in_types, out_type) + out_type.nbytes,
         flops=int(spec.flops(attrs, list(in_types), out_type)),
+        rows=node_rows(attrs, out_type),
+        matrices=node_matrices(spec, attrs, in_types, out_type),
     )
+
+
+def node_read_bytes(spec: OpSpec, in_types: list[TensorType], out_type: TensorType | TupleType) -> int:
+    """The bytes a node reads: each input whole, except that an op with index inputs (``OpSpec.index_inputs``:
+    Embedding's ids) reads of each other input only the rows it gathers, at most as many bytes as it writes."""
+    if not spec.index_inputs:
+        return sum(t.nbytes for t in in_types)
+    names, written = spec.input_names, out_type.nbytes
+    return sum(t.nbytes if k < len(names) and names[k] in spec.index_inputs else min(t.nbytes, written)
+               for k, t in enumerate(in_types))
+
+
+def _first(t: TensorType | TupleType) -> TensorType:
+    return _first(t.parts[0]) if isinstance(t, TupleType) else t
+
+
+def node_rows(attrs: Mapping[str, Any], out_type: TensorType | TupleType) -> int:
+    """The rows of a node's (first) output: its elements over its last dim (1 for a scalar), and for an op with
+    ``heads`` that merges them into its last dim ([B, S, heads * D]) one per head: the rows an attention's
+    Softmax runs over."""
+    out = _first(out_type)
+    rows = math.prod(out.shape[:-1])
+    heads = attrs.get("heads")
+    return rows * heads if isinstance(heads, int) and out.rank == 3 else rows
+
+
+def node_matrices(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
+                  out_type: TensorType | TupleType) -> int:
+    """The independent matrix products a node computes: one per batch and head of an op with ``heads`` (its first
+    input [B, ...]) or of an attention whose query ``q`` is [B, H, S, D]; for an op whose FLOPs are one GEMM's, the
+    product of the output's batch dims when its second operand has batch dims of its own (a 2-D weight: one GEMM
+    over all rows); else 0."""
+    heads = attrs.get("heads")
+    if isinstance(heads, int):
+        return in_types[0].shape[0] * heads
+    if spec.input_names[:1] == ("q",) and in_types[0].rank == 4:
+        return math.prod(in_types[0].shape[:2])
+    if spec.flops is matmul_flops:
+        return math.prod(_first(out_type).shape[:-2]) if math.prod(in_types[1].shape[:-2]) > 1 else 1
+    return 0

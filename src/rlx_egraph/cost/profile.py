@@ -52,6 +52,9 @@ class IoProfile:
     by_op: Mapping[str, NodeCost] = field(default_factory=dict, compare=False)  # line key -> its nodes' sum
     values: int = 0  # graph inputs and outputs a run is called with and returns
     value_bytes: int = 0  # their bytes
+    rows: int = 0  # the nodes' rows and matrices (cost.model.node_rows, node_matrices), summed
+    matrices: int = 0
+    weight_bytes: int = 0  # the graph's parameters, which a run reads from memory once they outgrow the cache
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", _target(self.target))
@@ -64,7 +67,9 @@ class IoProfile:
 
     def breakdown(self) -> dict[str, float]:
         """Predicted ns per term; ``run`` is the target's fixed cost of one run of the graph, ``values`` that of
-        its inputs and outputs (:attr:`values`, :attr:`value_bytes`; 0 on targets that do not price them);
+        its inputs and outputs (:attr:`values`, :attr:`value_bytes`; 0 on targets that do not price them),
+        ``stream`` that of reading its weights past the target's cache from memory (:attr:`weight_bytes`;
+        0 on targets that do not price it);
         ``unsupported`` is inf when the target lacks an op, else 0.  On a target with measured lines
         (:meth:`Target.rate`) each op's nodes are priced by their line (from ``by_op``; a profile without it by the
         target-wide figures)."""
@@ -75,11 +80,12 @@ class IoProfile:
             terms = tgt.terms(0, self.sync_points, 0, self.readback_bytes, 0)
             for op, cost in self.by_op.items():
                 part = tgt.terms(cost.launches, 0, cost.traffic_bytes, 0, cost.flops,
-                                 tgt.rate(REGISTRY[line_op(op)], op))
+                                 tgt.rate(REGISTRY[line_op(op)], op), cost.rows, cost.matrices)
                 for term in ("dispatch", "traffic", "compute"):
                     terms[term] += part[term]
         terms["run"] = tgt.run_ns
         terms["values"] = self.values * tgt.value_ns + self.value_bytes * tgt.value_ns_per_byte
+        terms["stream"] = max(self.weight_bytes - tgt.cache_bytes, 0) * tgt.stream_ns_per_byte
         terms["unsupported"] = math.inf if self.unsupported_ops else 0.0
         return terms
 
@@ -178,16 +184,16 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
             signatures[key] = [node, ins, copies, 1]
         else:
             same[3] += 1
-    sums = {kind: [0, 0, 0, 0] for kind in nodes}  # kind -> launches, syncs, traffic bytes, FLOPs
+    # kind -> launches, syncs, traffic bytes, FLOPs, rows, matrices (NodeCost's fields, in order)
+    sums = {kind: [0] * 6 for kind in nodes}
     op_sums: dict[str, list[int]] = {}  # the same per line key (:func:`line_key`: the op, or the op and its variant)
     for node, ins, copies, count in [*signatures.values(), *unhashable]:
         cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
-        line = op_sums.setdefault(line_key(node.spec, node.attrs), [0, 0, 0, 0])
+        line = op_sums.setdefault(line_key(node.spec, node.attrs), [0] * 6)
+        counts = (cost.launches, cost.syncs, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices)
         for total in (sums[kind_of[node.op]], line):
-            total[0] += cost.launches * count
-            total[1] += cost.syncs * count
-            total[2] += cost.traffic_bytes * count
-            total[3] += cost.flops * count
+            for k, n in enumerate(counts):
+                total[k] += n * count
     costs = {k: NodeCost(*v) for k, v in sums.items()}
     total = sum(costs.values(), FREE)
     readback = sum(graph.node(i).type.nbytes for i in dict.fromkeys(read))
@@ -197,7 +203,21 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
                      traffic_bytes=total.traffic_bytes, flops=total.flops, target=tgt,
                      ops=frozenset(op for k in ops.values() for op in k), by_kind=by_kind,
                      by_op={op: NodeCost(*v) for op, v in sorted(op_sums.items())}, values=len(called),
-                     value_bytes=sum(n.type.nbytes for n in called))
+                     value_bytes=sum(n.type.nbytes for n in called), rows=total.rows, matrices=total.matrices,
+                     weight_bytes=weight_bytes(graph, copied))
+
+
+def weight_bytes(graph: Graph, copied: frozenset[str] = frozenset()) -> int:
+    """The bytes of the weights a run of ``graph`` reads: the values computed when the session loads (parameters,
+    constants, and what weight preparation and layout ops over them make) that a kernel reads whole, each once; a
+    kernel with index inputs (Embedding) reads rows of its table, not all of it.  ``copied``: the layout ops the
+    target runs as kernels when they read an intermediate."""
+    by_id = graph.nodes_by_id
+    launched = {n.id for n in graph.nodes
+                if n.kind.launches or (n.op in copied and any(by_id[i].kind is not Kind.LEAF for i in n.inputs))}
+    weights = {i for n in graph.nodes if n.id in launched and not n.spec.index_inputs for i in n.inputs
+               if i not in launched and by_id[i].op != "Input"}
+    return sum(by_id[i].type.nbytes for i in weights)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,8 @@ from .model import NodeCost, line_key, line_op, node_cost, node_launches
 if TYPE_CHECKING:
     from .profile import IoProfile
 
-_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns", "value_ns", "value_ns_per_byte")
+_NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns", "value_ns", "value_ns_per_byte",
+                 "stream_ns_per_byte", "cache_bytes")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
 _COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 
@@ -132,7 +133,9 @@ class Target:
     ``rates`` (op name or kind -> :class:`~rlx_egraph.cost.calibration.OpRate`) price the nodes of an op by a
     measured line instead of the target-wide figures (:meth:`rate`); ``run_ns`` is the fixed cost of one run of
     a whole graph, ``value_ns`` and ``value_ns_per_byte`` that of each graph input and output it is called with
-    and returns; ``calibration`` says where the figures come from, ``sample_nodes`` how many nodes the runtime ran
+    and returns; ``stream_ns_per_byte`` what a weight byte past ``cache_bytes`` (the last-level cache) costs when
+    a model's weights outgrow it, beyond what the lines price; ``calibration`` says where the figures come from,
+    ``sample_nodes`` how many nodes the runtime ran
     for one node of each measured op (the most of its samples).  ``attention_block_max_tokens`` bounds the
     batch*seq of a FusedAttentionBlock (the seed's guard, for targets with no measurement of the block); None:
     no bound, the cost decides at the model's shape.
@@ -158,6 +161,8 @@ class Target:
     run_ns: float = 0.0
     value_ns: float = 0.0
     value_ns_per_byte: float = 0.0
+    stream_ns_per_byte: float = 0.0
+    cache_bytes: int = 0
     attention_block_max_tokens: int | None = SEED_ATTENTION_BLOCK_MAX_TOKENS
     calibration: str = field(default="", compare=False)
     sample_nodes: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
@@ -232,15 +237,17 @@ class Target:
                 or self.rates.get(spec.kind.value))
 
     def terms(self, launches: float, syncs: float, traffic_bytes: float, readback_bytes: float,
-              flops: float, rate: OpRate | None = None) -> dict[str, float]:
+              flops: float, rate: OpRate | None = None, rows: float = 0.0, matrices: float = 0.0) -> dict[str, float]:
         """The predicted-time formula, term by term, in ns (inputs may be negative savings); ``rate``: the
-        measured line that prices launches, traffic and FLOPs instead of the target-wide figures."""
+        measured line that prices launches, traffic, FLOPs, rows and matrices (the last three in ``compute``)
+        instead of the target-wide figures, which leave rows and matrices out."""
         if rate is None:
             dispatch, traffic, compute = (launches * self.dispatch_ns, traffic_bytes / self.memory_bw,
                                           flops / self.flops_per_ns)
         else:
             dispatch, traffic, compute = (launches * rate.launch_ns, traffic_bytes * rate.ns_per_byte,
-                                          flops * rate.ns_per_flop)
+                                          flops * rate.ns_per_flop + rows * rate.ns_per_row
+                                          + matrices * rate.ns_per_matrix)
         return {
             "dispatch": dispatch,
             "sync": syncs * (self.roundtrip_ns + self.host_thunk_penalty_ns),
@@ -253,7 +260,8 @@ class Target:
         """Predicted ns of one node's counts (a node reads nothing back to the host); ``spec``: the node's op, and
         ``line`` its line key, whose measured line (:meth:`rate`) prices it where the target has one."""
         rate = self.rate(spec, line) if spec is not None else None
-        return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops, rate).values())
+        return sum(self.terms(cost.launches, cost.syncs, cost.traffic_bytes, 0, cost.flops, rate, cost.rows,
+                              cost.matrices).values())
 
     def node_ns(self, spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
                 out_type: TensorType, reads_intermediate: bool = False) -> float:
@@ -338,6 +346,7 @@ def onnxruntime_target(calibration: Calibration) -> Target:
                                         if spec.kind is Kind.FUSED and name not in ONNXRUNTIME_FUSED),
                   rates=calibration.rates, run_ns=calibration.run_ns, value_ns=calibration.value_ns,
                   value_ns_per_byte=calibration.value_ns_per_byte, calibration=calibration.describe(),
+                  stream_ns_per_byte=calibration.stream_ns_per_byte, cache_bytes=calibration.cache_bytes,
                   attention_block_max_tokens=None, sample_nodes=sample_nodes)
 
 

@@ -18,8 +18,9 @@ onnxruntime ops one copy ran as.
   copies of the node less the time of one copy, over ``n - 1``.  A copy reads the previous copy's result
   where the types allow (a chain, as in a model), else its own inputs, and its result is then a graph output
   (else it would be dead code); every copy has its own weights.  Inputs and outputs are bound once
-  (onnxruntime's IO binding), so an output costs what an intermediate does.  Each
-  op's samples give it a cost line (launch, per byte, per FLOP; :func:`rlx_egraph.cost.calibration.fit_rate`).
+  (onnxruntime's IO binding), so an output costs what an intermediate does.  Each op's samples give it a cost
+  line (launch, per byte, per FLOP, per row, per matrix: :func:`rlx_egraph.cost.calibration.fit_rate`); a
+  FusedConv's samples are fitted into Conv's line, which prices both.
 
 The fused ops measured are the ones the ``onnxruntime`` target runs (:data:`~rlx_egraph.cost.targets.
 ONNXRUNTIME_FUSED`), each at every size; the primitives are the common ones of each kind, layouts included
@@ -32,6 +33,7 @@ and the lowest kept.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import tempfile
@@ -53,8 +55,12 @@ from ...ir.registry import Kind
 from .exporter import export_model
 
 TARGET = "onnxruntime"
-# (batch, sequence, heads, head width) per size: a toy layer's, a tiny model's, two between, BERT-base's
-SIZES = ((2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64))
+# (batch, sequence, heads, head width) per size: a toy layer's, a tiny model's, two between, BERT-base's, and two
+# whose rows outnumber their width: a speech encoder's long sequence (2 x 80 tokens of width 64) and a windowed
+# vision model's many short windows (32 windows of 16 tokens of width 32), where a kernel's cost per row and per
+# head shows beside its bytes and FLOPs
+SIZES = ((2, 8, 2, 8), (2, 16, 4, 16), (2, 32, 4, 32), (1, 128, 8, 48), (1, 128, 12, 64), (2, 80, 4, 16),
+         (32, 16, 2, 16))
 # The graph optimization level samples run at: onnxruntime's default, what a user's session runs a model at
 LEVEL = "ORT_ENABLE_ALL"
 ALONE = 40  # a node this many times a run's fixed cost is timed alone (the run's cost subtracted)
@@ -125,8 +131,7 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         bias = m.param((out,), "bias")
         if not fused:
             return m.g.conv(x, w, bias, pads=pads, groups=groups)
-        z = [m.input((1, out, side, side), "z")] if fused.pop("residual", False) else []
-        return m.g.fused_conv(x, w, bias, *z, pads=pads, groups=groups, **fused)
+        return m.g.fused_conv(x, w, bias, pads=pads, groups=groups, **fused)
 
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
@@ -209,6 +214,9 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("BiasedAttention", lambda m, p: m.g.biased_attention(
             chain(m, p, (b, h, s, d)), m.input((b, h, s, d), "k"), m.input((b, h, s, d), "v"), m.input(mask, "mask"),
             scale=d**-0.5)),
+        case("BiasedAttention", lambda m, p: m.g.biased_attention(
+            chain(m, p, (b, h, 1, d)), m.input((b, h, s + 1, d), "k"), m.input((b, h, s + 1, d), "v"),
+            m.input((b, 1, 1, s + 1), "mask"), scale=d**-0.5), " one query"),
         case("MultiHeadAttention", lambda m, p: heads_merged(m, m.g.multi_head_attention(
             chain(m, p, x3), m.input(x3, "k"), m.input(x3, "v"), m.input(mask, "mask"), heads=h, scale=d**-0.5)),
              " masked"),
@@ -217,7 +225,6 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Conv", lambda m, p: conv(m, p, "depthwise"), " depthwise"),
         case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
-        case("FusedConv", lambda m, p: conv(m, p, act="relu", residual=True), " sum relu"),
         case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
              " depthwise clip"),
         case("FusedConv", lambda m, p: conv(m, p, "pointwise", act="clip", clip_min=0.0, clip_max=6.0),
@@ -397,7 +404,7 @@ def measure_case(case: Case, threads: int, budget_s: float, run_ns: float) -> ca
     spec = n.spec
     cost = node_cost(spec, n.attrs, [one.node(i).type for i in n.inputs], n.type, spec.kind is Kind.LAYOUT)
     return cal.Sample(line_key(spec, n.attrs), case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
-                      ", ".join(f"{op} {k}" for op, k in sorted(ran.items())))
+                      ", ".join(f"{op} {k}" for op, k in sorted(ran.items())), cost.rows, cost.matrices)
 
 
 def run_and_dispatch(threads: int, budget_s: float, short: int = 10, long: int = 410) -> tuple[float, float, float]:
@@ -441,32 +448,73 @@ def value_costs(threads: int, budget_s: float, values: int = 16, floats: int = 1
     return ns[0] - 4 * per_byte, per_byte
 
 
+def cache_bytes() -> int:
+    """The size of this machine's last-level cache (Linux: the highest cache level sysfs lists for CPU 0); 0 when
+    it cannot be read."""
+    sizes = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level, size = (index / "level").read_text().strip(), (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        sizes[int(level)] = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    return sizes[max(sizes)] if sizes else 0
+
+
+def streamed_weights(threads: int, budget_s: float, line: cal.OpRate, width: int = 1024,
+                     copies: int = 32) -> float:
+    """What a weight byte read from memory costs beyond what ``line`` (MatMul's, fitted to samples whose weights
+    sit in cache) prices: a decoding step's chain of ``copies`` MatMuls [1, width] @ [width, width], each with
+    weights of its own (``copies`` * 4 MiB, past any cache: every run reads them from memory), timed as
+    (the chain - one copy) / (copies - 1) less the line's price of a copy, over a copy's weight bytes."""
+    def build(g: Graph, prev: int | None, copy: int) -> tuple[int, int]:
+        m = _Maker(g, copy, 0)
+        node = g.matmul(prev if prev is not None else m.input((1, width)), m.param((width, width)))
+        return node, node
+
+    case = Case("MatMul", f"MatMul weights from memory [1, {width}] x {copies}", build)
+    one, node = _model_graph(case, 1)
+    t_one, t_many = timed_pair(_session(one, threads), _session(_model_graph(case, copies)[0], threads), budget_s,
+                               threads)
+    n = one.node(node)
+    cost = node_cost(n.spec, n.attrs, [one.node(i).type for i in n.inputs], n.type)
+    per_copy = (t_many - t_one) / (copies - 1)
+    return max(per_copy - line.ns(cost.launches, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices),
+               0.0) / (4 * width * width)
+
+
 def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
-              budget_s: float = 0.3, passes: int = 2, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
-              progress: Callable[[str], None] | None = None, command: str = "") -> cal.Calibration:
+              budget_s: float = 0.3, passes: int = 3, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
+              progress: Callable[[str], None] | None = None, command: str = "",
+              stream: tuple[int, int] = (1024, 32)) -> cal.Calibration:
     """Measure ``target`` (only ``onnxruntime``) on this machine with ``threads`` intra-op threads and, when
     ``save``, cache the result (:func:`rlx_egraph.cost.calibration.cache_path`; ``cache`` is the cache
     directory); returns the calibration.  ``budget_s``: seconds of timed runs per sample and pass; ``passes``:
-    how many times every sample is measured (the fastest kept: a burst of load on a shared machine passes)."""
+    how many times every sample is measured (the fastest kept: a burst of load on a shared machine passes);
+    ``stream``: the width and number of copies of the MatMul chain that measures weights read from memory
+    (:func:`streamed_weights`)."""
     if target != TARGET:
         raise ValueError(f"calibrate measures the {TARGET!r} target only, not {target!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     say = progress or (lambda line: None)
-    run_ns, dispatch_ns, bound_run_ns = run_and_dispatch(threads, budget_s)
-    say(f"run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch {dispatch_ns:,.0f} ns per node")
-    value_ns, value_ns_per_byte = value_costs(threads, budget_s)
-    say(f"graph input or output {value_ns:,.0f} ns + {value_ns_per_byte:.4f} ns per byte")
-    run_ns = max(run_ns - 2 * value_ns, 0.0)  # the chains' one input and one output are priced as values
     cases = [case for size in sizes for case in _cases(size)]
     best: dict[int, cal.Sample] = {}
-    for done in range(passes):
+    probes: list[tuple[float, ...]] = []  # per pass: run, dispatch, bound run, value, value per byte
+    for done in range(passes):  # the probes too are measured once per pass and the lowest kept
+        probes.append((*run_and_dispatch(threads, budget_s), *value_costs(threads, budget_s)))
+        run_ns, dispatch_ns, bound_run_ns, value_ns, value_ns_per_byte = map(min, zip(*probes, strict=True))
+        say(f"pass {done + 1}/{passes}  run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch "
+            f"{dispatch_ns:,.0f} ns per node, graph input or output {value_ns:,.0f} ns + {value_ns_per_byte:.4f} "
+            "ns per byte")
         for k, case in enumerate(cases):
             sample = measure_case(case, threads, budget_s, bound_run_ns)
             if k not in best or sample.ns < best[k].ns:
                 best[k] = sample
             say(f"pass {done + 1}/{passes}  {sample.label:48s} {best[k].ns / 1e3:10.2f} us")
     samples = [best[k] for k in range(len(cases))]
+    run_ns = max(run_ns - 2 * value_ns, 0.0)  # the chains' one input and one output are priced as values
     memory_bw = 1 / max(cal.fit_rate(s for s in samples if s.key == "Add").ns_per_byte, 1e-6)
     flops_per_ns = 1 / max(cal.fit_rate(s for s in samples if s.key == "MatMul").ns_per_flop, 1e-6)
     result = cal.Calibration.fitted(target, samples, machine=cal.machine(target),
@@ -474,12 +522,15 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
                                     flops_per_ns=flops_per_ns, value_ns=value_ns,
                                     value_ns_per_byte=value_ns_per_byte)
+    stream_ns = min(streamed_weights(threads, budget_s, result.rates["MatMul"], *stream) for _ in range(passes))
+    say(f"weights from memory: {stream_ns:.4f} ns per byte beyond MatMul's line, past a {cache_bytes():,} B cache")
+    result = dataclasses.replace(result, stream_ns_per_byte=stream_ns, cache_bytes=cache_bytes())
     if save:
         path = result.save(cal.cache_path(target, cache))
         result = cal.read(path)
     return result
 
 
-__all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "calibrate", "check_sample",
-           "measure_case", "run_and_dispatch", "run_clock", "value_costs",
+__all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "cache_bytes", "calibrate", "check_sample",
+           "measure_case", "run_and_dispatch", "run_clock", "streamed_weights", "value_costs",
            "run_times", "typical"]
