@@ -221,6 +221,43 @@ def test_an_inverted_residual_block_is_three_fused_convs_on_onnxruntime() -> Non
         np.testing.assert_allclose(run(exported, x), run(model, x), rtol=0, atol=1e-4)
 
 
+def layer_scale_block(channels: int = 8, bias: bool = True) -> onnx.ModelProto:
+    """ConvNeXt's block tail: a depthwise conv, permuted to channels-last, a Linear (MatMul + bias), a layer scale
+    (Mul by gamma [C]), permuted back, + the block's input."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, list(IMAGE))
+    h = m.op("Conv", [x, m.weight("dw_w", channels, 1, 3, 3), m.weight("dw_b", channels, scale=0.1)],
+             pads=[1, 1, 1, 1], group=channels)
+    h = m.op("MatMul", [m.op("Transpose", [h], perm=[0, 2, 3, 1]), m.weight("fc_w", channels, channels)])
+    if bias:
+        h = m.op("Add", [h, m.weight("fc_b", channels, scale=0.1)])
+    h = m.op("Mul", [m.weight("gamma", channels), h])
+    return m.model({"y": m.op("Add", [x, m.op("Transpose", [h], perm=[0, 3, 1, 2])])})
+
+
+# bias -> the export's ops: x @ W' + b' a Gemm between its 2-D Reshapes (on the uniform target)
+EXPORTED_LAYER_SCALE = {True: {"Conv": 1, "Transpose": 2, "Reshape": 2, "Gemm": 1, "Add": 1},
+                        False: {"Conv": 1, "Transpose": 2, "MatMul": 1, "Add": 1}}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_layer_scale_folds_into_the_linear_before_it(bias: bool) -> None:
+    """gamma * (x @ W + b) with W, b and gamma parameters is x @ (W * gamma) + b * gamma: the Mul is gone, the
+    derived weights are computed at export.  Both engines, parity in onnxruntime."""
+    model = layer_scale_block(bias=bias)
+    g = import_model(model)
+    assert computed(g) == {"Conv": 1, "Transpose": 2, "MatMul": 1, "Add": 1 + bias, "Mul": 1}
+    for engine in ("egglog", "fallback"):
+        out, report = optimize_with_report(g, target=calibrations.UNIFORM, engine=engine, verify=True)
+        assert report.parity.ok, engine
+        assert Counter(n.op for n in out.nodes if n.kind is Kind.WEIGHT_PREP) == {"WeightScale": 1 + bias}
+        assert computed(out)["Mul"] == 0
+        exported = export_model(out)
+        assert "Mul" not in exported_ops(exported)
+        assert exported_ops(exported) == EXPORTED_LAYER_SCALE[bias]
+        np.testing.assert_allclose(run(exported, pixels()), run(model, pixels()), rtol=0, atol=1e-4)
+
+
 def test_the_ort_optimized_export_is_onnxruntimes_offline_graph(tmp_path: Path) -> None:
     """export_model(ort_optimized=True) saves the graph onnxruntime's CPU session makes of the export (what its
     ORT_ENABLE_ALL session saves), returns it, and runs like the original; it needs a path."""
