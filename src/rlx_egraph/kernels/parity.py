@@ -67,6 +67,11 @@ class ParityError(RlxError, AssertionError):
     """An optimized node differs from what it replaced; names the node and the rules."""
 
 
+class WeightFoldError(ParityError):
+    """A fold of stored weights that is not exact within the dtype's tolerance on their values: names the node, the
+    rules and the weights."""
+
+
 class ParityInputError(ParityError):
     """The check could not run the input graph on the data it drew (or was given): names the node and the
     inputs, and says how to give reference inputs.  Not a wrong rule."""
@@ -371,6 +376,54 @@ def _window(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence
     new.set_outputs([node_id])
     same = {b: [h] for b, h in bounds.items()} | {node_id: list(refs)}
     return old, new, same
+
+
+def check_weight_folds(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]],
+                       blame: Callable[[int], Sequence[str]] | None = None, seed: int = 0) -> int:
+    """Check every fold of stored weights in ``optimized`` against the unfolded computation it replaced, on the
+    stored values: each optimized node that reads a derived weight (a weight-prep node, computed in float64 from
+    parameters and rounded once into its dtype) whose parameters the weight store holds, and that holds an
+    input-graph value, is run in a window of its own (:func:`_window`: the node and the derived weights it reads,
+    against the input-graph nodes that compute its value) on seed ``seed``'s data for its other inputs, and judged
+    as the parity check judges a node (anchored, then end to end).  Returns how many nodes were checked; raises
+    :class:`WeightFoldError` naming the node, the rules and the weights.  Folds of parameters without stored
+    values, and windows above WINDOW_MAX_ELEMENTS, are not checked here."""
+    checked = 0
+    for node in optimized.nodes:
+        refs = same_value.get(node.id) or ()
+        derived = [i for i in dict.fromkeys(node.inputs) if optimized.node(i).kind is Kind.WEIGHT_PREP]
+        if node.kind is Kind.WEIGHT_PREP or not derived or not refs:
+            continue
+        weights = _folded_params(optimized, derived)
+        if any(name not in optimized.weights for name in weights):
+            continue
+        window = _window(original, optimized, same_value, node.id, refs)
+        if window is None:
+            continue
+        old, new, same = window
+        ref = Reference.build(old, widened_graph(old), seed, precisions(old), {r for rs in same.values() for r in rs})
+        try:
+            _check_seed(ref, new, same, blame, ParityReport((seed,)))
+        except ParityError as exc:
+            rules = ", ".join(dict.fromkeys(r for d in derived for r in (blame(d) if blame else ()))) \
+                or "none recorded"  # the rules that folded the weights
+            raise WeightFoldError(
+                f"weight fold: {optimized.describe(node.id)} reads weights folded from the stored "
+                f"{', '.join(map(repr, weights))} by rule(s) {rules}, not within tolerance of the unfolded "
+                f"computation on their values: {exc}") from None
+        checked += 1
+    return checked
+
+
+def _folded_params(graph: Graph, derived: Sequence[int]) -> list[str]:
+    """The names of the parameters the derived weights ``derived`` are computed from, in graph order."""
+    found: set[int] = set()
+    stack = list(derived)
+    while stack:
+        if (nid := stack.pop()) not in found:
+            found.add(nid)
+            stack.extend(graph.node(nid).inputs)
+    return [n.name for n in graph.nodes if n.id in found and n.op == "Param"]
 
 
 def check_reference_inputs(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, int]:
