@@ -38,7 +38,7 @@ from ..ir.graph import Graph, GraphError, Node, attrs_equal
 from ..ir.ops.reference import run_node
 from ..ir.registry import AttrType, Kind
 from ..ir.specialize import bind_shapes
-from .interpreter import IndexRangeError, evaluate, run_graph_node, special_rounds
+from .interpreter import IndexRangeError, evaluate, random_value, run_graph_node, special_rounds
 
 # A second seed is checked when the original graph's values hold at most this many elements in total.
 SECOND_SEED_MAX_ELEMENTS = 1 << 22
@@ -256,8 +256,9 @@ def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Seq
     if len(report.seeds) > 1 and drawn:
         report.special = special_rounds(drawn) if _size(original) <= ALL_KINDS_MAX_ELEMENTS else 1
         runs += [(seed, k) for k in range(1, report.special + 1)]
+    folded = _folded_params(optimized, [n.id for n in optimized.nodes if n.kind is Kind.WEIGHT_PREP])
     for s, special in runs:
-        ref = Reference.build(original, wide, s, precision, materialized, feeds, special)
+        ref = Reference.build(original, wide, s, precision, materialized, feeds, special, folded)
         _check_seed(ref, optimized, same_value, blame, report)
     return report
 
@@ -461,11 +462,16 @@ def _size(graph: Graph) -> int:
     return sum(t.numel for n in graph.nodes for t in n.results)
 
 
-def _run_original(graph: Graph, feeds: Mapping[str, np.ndarray], seed: int, special: int) -> dict[int, np.ndarray]:
+def _run_original(graph: Graph, feeds: Mapping[str, np.ndarray], seed: int, special: int,
+                  folded: Container[str] = ()) -> dict[int, np.ndarray]:
     """Every value of the input graph on the data of one run; ParityInputError when a node reads indices out of
-    range (naming the inputs drawn at random on the way, and how to give reference inputs)."""
+    range (naming the inputs drawn at random on the way, and how to give reference inputs).  Parameters named in
+    ``folded`` (those the optimized graph's derived weights read) are drawn as stored weights would be: without
+    special values."""
+    params = {n.name: random_value(graph, n, seed) for n in graph.params
+              if special and n.name in folded and n.name not in graph.weights}
     try:
-        return evaluate(graph, feeds, seed=seed, return_all=True, special=special)
+        return evaluate(graph, feeds, params, seed=seed, return_all=True, special=special)
     except IndexRangeError as exc:
         node = int(str(exc).split()[1])
         drawn = [n for n in graph.inputs if n.name not in feeds and n.id in _ancestors(graph, node)]
@@ -495,8 +501,8 @@ class Reference:
     @classmethod
     def build(cls, graph: Graph, wide: Graph | None, seed: int, precision: dict[int, str | None],
               materialized: set[int], feeds: Mapping[str, np.ndarray] | None = None,
-              special: int = 0) -> Reference:
-        values = _run_original(graph, feeds or {}, seed, special)
+              special: int = 0, folded: Container[str] = ()) -> Reference:
+        values = _run_original(graph, feeds or {}, seed, special, folded)
         ref = cls(graph, seed, values, precision, rounding_error(graph, values, wide), special=special)
         ref.excuse(materialized)
         return ref
