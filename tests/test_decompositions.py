@@ -128,7 +128,7 @@ RULE_GUARDS = {
 NOT_BY_RULES = {"ElementwiseRegion": "a pass after extraction", "TransformRegion": "a pass after extraction",
                 "BatchElementwiseRegion": "a pass after extraction", "ConcatParams": "made from shared-input matmuls",
                 "BnFoldWeight": "made from Conv + BatchNorm", "BnFoldBias": "made from Conv + BatchNorm",
-                "ConvZeroBias": "made from Conv + a sum"}
+                "ConvZeroBias": "made from Conv + a sum", "WeightScale": "made from a Linear + its layer scale"}
 # Recognised by rules, but not back from one node's decomposition on the cpu target: layouts are free there (no
 # copied layouts), so the Concats, Transposes and Reshapes they fold cost nothing and the fused kernel only moves
 # more bytes; GroupQueryAttention also needs the kernel's head widths, which the samples do not draw.

@@ -159,6 +159,19 @@ def bias_act(act: Callable[[Graph, int], int]) -> Callable[[], Graph]:
     return build
 
 
+def layer_scale(gamma_first: bool = True) -> Callable[[], Graph]:
+    """gamma * (x @ W + b), then Exp (as conv_block): a Linear's output scaled per channel by a parameter."""
+    def build() -> Graph:
+        g = Graph()
+        x, w, gamma = g.input("x", (2, 8)), g.param("w", (8, 4)), g.param("gamma", (4,))
+        y = g.add(g.matmul(x, w), g.param("b", (4,)))
+        g.set_outputs([g.exp(g.mul(gamma, y) if gamma_first else g.mul(y, gamma))])
+        rng = np.random.default_rng(0)  # the fold is computed from the stored weights: parity runs on them
+        g.weights.update({p.name: rng.standard_normal(p.shape).astype(np.float32) for p in g.params})
+        return g
+    return build
+
+
 def shared_input(k: int, bias: bool) -> Callable[[], Graph]:
     def build() -> Graph:
         g = Graph()
@@ -684,6 +697,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "clip-min-max": (unary(lambda g, x: g.min(g.max(x, g.scalar(0.0)), g.scalar(6.0))), CLIP),
     "clip-max-min": (unary(lambda g, x: g.max(g.min(x, g.scalar(1.0)), g.scalar(-1.0))), CLIP),
     "clip-relu-min": (unary(lambda g, x: g.min(g.relu(x), g.scalar(6.0))), CLIP),
+    "layer-scale-linear": (layer_scale(), {"Mul": 0, "WeightScale": 2, "FusedMatMulBiasAct": 1}),
     "conv-batch-norm": (conv_block(bn=True), BN_FOLD),
     "conv-batch-norm-bias": (conv_block(bias="input", bn=True), BN_FOLD),
     "activation-relu": (conv_block(bias="input", act="relu"), FUSED_CONV | {"Relu": 0}),
@@ -741,6 +755,8 @@ ORDERS: dict[str, tuple[str, Callable[[], Graph], dict[str, int]]] = {
                              {"Transpose": 1, "Add": 1}),
     "transposed-first-mul": ("transpose-mul-transposed", lambda: transposed_operand("mul", True),
                              {"Transpose": 1, "Mul": 1}),
+    "linear-layer-scale": ("layer-scale-linear", layer_scale(gamma_first=False),
+                           {"Mul": 0, "WeightScale": 2, "FusedMatMulBiasAct": 1}),
     "residual-conv": ("conv-sum", conv_block(bias="input", residual="first"), FUSED_CONV),
     "residual-conv-no-bias": ("conv-sum-zero-bias", conv_block(residual="first"), FUSED_CONV | {"ConvZeroBias": 1}),
 }

@@ -95,7 +95,19 @@ WRONG_AMONG_SHIPPED = {
        (= ?t (Transpose ?ctx (vec-of 0 2 1 3))))
       ((union ?t (MultiHeadAttention ?q ?k ?v ?bias ?heads ?scale true false -1000000000.0)))
       :ruleset blocks :name "causal-biased-own-fill")""",
+    # a weight fold that forgets to scale the bias: judged on stored weights like the shipped folds, and wrong there
+    "layer-scale-bias-unscaled": """
+(rule ((= ?e (Mul (Add (MatMul ?x ?w) ?b) ?g)) (= ?w (Param ?wn ?ws ?dt)) (= ?b (Param ?bn ?bs ?dt))
+       (= ?g (Param ?gn ?bs ?dt)) (= (vec-length ?ws) 2) (= ?bs (vec-of (vec-get ?ws 1))))
+      ((let ?sw (WeightScale ?w ?g)) (set (shape ?sw) ?ws) (set (dtype ?sw) ?dt) (union ?e (Add (MatMul ?x ?sw) ?b)))
+      :ruleset simplify :name "layer-scale-bias-unscaled")""",
 }
+# Rules that build derived weights from parameters (weight-prep ops: a BatchNormalization or a layer scale folded
+# into the weights before it, a zero bias, parameters concatenated), every operand order: judged with the parameters
+# they fold as stored, finite weights, as optimize checks each fold on the model's stored weights.
+WEIGHT_FOLDS = {"conv-batch-norm", "conv-batch-norm-bias", "conv-sum-zero-bias", "conv-sum-zero-bias#2",
+                "layer-scale-linear", "layer-scale-linear#2", "layer-scale-linear#3", "layer-scale-linear#4",
+                "shared-input-last", "shared-input-last-bias", "shared-input-linear", "shared-input-matmul"}
 SHIPPED_FILES = {str(p.relative_to(ROOT)) for p in (ROOT / "rules").rglob("*.egg")}  # rules/ and rules/onnx/
 
 
@@ -110,6 +122,7 @@ def test_the_whole_shipped_set_is_sound_and_wrong_rules_among_it_are_found() -> 
     _wrong_rules_among_all_shipped_rules_are_found(report)
     _every_shipped_rule_is_sound_on_random_instances(shipped)
     _facts_only_rules_are_checked_through_their_readers(shipped)
+    _weight_folds_are_judged_on_stored_weights(report, shipped)
     _the_closing_line_lists_instances_per_rule(shipped)
 
 
@@ -158,6 +171,19 @@ def _facts_only_rules_are_checked_through_their_readers(shipped: SoundnessReport
     assert chain.status == SOUND and "k matmuls of one input" in chain.reason
     end = shipped.by_rule("shared-input-matmul")  # the chain's last step, on k matmuls of one Param-defined input
     assert end.status == SOUND and end.instances == 3
+
+
+def _weight_folds_are_judged_on_stored_weights(report: SoundnessReport, shipped: SoundnessReport) -> None:
+    folds = [v for v in shipped.verdicts if v.weight_fold]
+    assert {v.rule for v in folds} == WEIGHT_FOLDS and all(v.status == SOUND and v.instances >= 3 for v in folds)
+    layer_scale = shipped.by_rule("layer-scale-linear")
+    assert layer_scale.reason == ("weight fold: builds WeightScale from parameters, judged with them as stored weights "
+                                  "(finite; special values in the data only); optimize checks every fold on the "
+                                  "model's stored weights")
+    assert "weight fold: builds BnFoldBias, BnFoldWeight" in str(shipped.by_rule("conv-batch-norm"))
+    assert shipped.to_dict()["rules"][[v.rule for v in shipped.verdicts].index("conv-batch-norm")]["weight_fold"]
+    wrong = report.by_rule("layer-scale-bias-unscaled")  # a weight fold is judged, not exempted
+    assert wrong.weight_fold and wrong.status == UNSOUND and "differs from its e-class's value" in str(wrong)
 
 
 def _the_closing_line_lists_instances_per_rule(shipped: SoundnessReport) -> None:

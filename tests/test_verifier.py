@@ -14,6 +14,7 @@ from rlx_egraph.ir.dtypes import PARITY_TOLERANCE, loosest
 from rlx_egraph.kernels.parity import (
     SECOND_SEED_MAX_ELEMENTS,
     ParityError,
+    WeightFoldError,
     check_parity,
     parity_seeds,
     precisions,
@@ -458,3 +459,35 @@ def test_random_low_precision_graphs_pass_verification(dt: str, plan: list[tuple
     assert rep.parity.ok and rep.parity.seeds == (0, 1)
     assert {n.output for n in rep.parity.nodes} <= {None, 0, 1}
     assert rep.parity.worst.tolerance_ratio <= 1.0
+
+
+def layer_scaled_linear(gamma: np.ndarray) -> Graph:
+    """gamma * (x @ W + b) with W, b and gamma stored: the layer-scale weight fold's form."""
+    g = Graph("layer-scale")
+    x, w, b, s = g.input("x", (2, 8)), g.param("w", (8, 4)), g.param("b", (4,)), g.param("gamma", (4,))
+    g.set_outputs([g.mul(g.add(g.matmul(x, w), b), s)])
+    rng = np.random.default_rng(0)
+    g.weights.update(w=rng.standard_normal((8, 4)).astype(np.float32), b=rng.standard_normal(4).astype(np.float32),
+                     gamma=gamma.astype(np.float32))
+    return g
+
+
+def test_a_weight_fold_is_checked_on_the_stored_weights() -> None:
+    """A fold whose operands are all stored weights is checked on their values when optimizing, verify or not: the
+    layer scale folds on finite weights, and one that is not exact on the stored values (an infinite gamma, where
+    inf * (x @ W + b) is an infinity and x @ (W * inf) a sum of opposite infinities, NaN) is one error naming the
+    node, the rule and the weights."""
+    fine = layer_scaled_linear(np.array([0.5, -2.0, 1e-3, 3.0]))
+    out, report = optimize_with_report(fine, engine="fallback")
+    assert [n.op for n in out.nodes if n.op == "WeightScale"] == ["WeightScale"] * 2
+    assert report.verification.weight_folds == 1 and not report.verification.checked
+    assert report.verification.to_dict()["weight_folds"] == 1
+    bad = layer_scaled_linear(np.array([0.5, np.inf, 1.0, 3.0]))
+    for engine in ("egglog", "fallback"):
+        with pytest.raises(WeightFoldError) as caught:
+            optimize_with_report(bad, engine=engine)
+        assert str(caught.value).startswith("weight fold: node ")
+        assert "reads weights folded from the stored 'w', 'b', 'gamma' by rule(s) layer-scale-linear, " \
+            in str(caught.value)
+        assert "not within tolerance of the unfolded computation on their values: parity failure: " in str(caught.value)
+        assert "differs from original node 6 (Mul) on seed 0" in str(caught.value)

@@ -45,7 +45,7 @@ def test_an_unsound_user_rule_fails_without_asking_for_verification(unsound: Pat
     opt, report = optimize_with_report(examples.mlp(), rules=rules, verify=False)  # the user's word
     assert "Relu" not in opt.op_counts() and report.parity is None
     assert report.verification.to_dict() == {
-        "checked": False, "user_rules": [unsound.name], "how": None,
+        "checked": False, "user_rules": [unsound.name], "how": None, "weight_folds": 0,
         "why": f"switched off (verify=False), although rules from outside the shipped set were loaded: {unsound.name}"}
     assert str(report).splitlines()[-2] == (f"values not checked: switched off (verify=False), although rules from "
                                             f"outside the shipped set were loaded: {unsound.name} (verify=True checks "

@@ -143,6 +143,8 @@ class GraphBuilders:
         """Append a Transpose node (layout)."""
     def upsample2x(self, x: int) -> int:
         """Append a Upsample2x node (vision). Nearest-neighbour 2x."""
+    def weight_scale(self, w: int, s: int) -> int:
+        """Append a WeightScale node (weight-prep). A derived weight: w * s, a per-channel scale s [N] of the last axis of w (a Linear's weight [K, N] or bias [N]): a layer scale after the Linear folded into its parameters."""
     def where(self, cond: int, a: int, b: int) -> int:
         """Append a Where node (elementwise). cond ? a : b."""
     def __getattr__(self, name: str) -> Callable[..., int]:

@@ -49,7 +49,7 @@ from .engines.regions import Batch, ClippedRegion, Region, apply_batches, apply_
 from .ir.graph import Graph
 from .ir.registry import REGISTRY, Kind, snake_case
 from .ir.specialize import Sentinels, specialize_graph
-from .kernels.parity import check_parity, check_reference_inputs
+from .kernels.parity import check_parity, check_reference_inputs, check_weight_folds
 from .options import Options, build_options, verification_choice
 from .report import OptimizeReport
 from .report.data import OptimizationData
@@ -178,10 +178,11 @@ def optimize_with_report(graph: Graph, target: str | Target | None = None, rules
         report.assumptions = [str(a) for a in graph.meta.get("assumptions", ())]
         if sentinels is not None and tables[1] is not None:
             report.hint_choices = hint_choices(tables[0], static, tgt, sentinels, tables[1])
-    report.verification = Verification(checked, why_checked, user_rules)
+    suspects = {r.name: r.location for r in ruleset.rules if r.location.rpartition(":")[0] in user_rules}
+    folds = check_weight_folds(original, optimized, new.originals, blame(new, suspects), opts.seed)
+    report.verification = Verification(checked, why_checked, user_rules, weight_folds=folds)
     if checked:
         with timed("verify", report.phases) as outcome:
-            suspects = {r.name: r.location for r in ruleset.rules if r.location.rpartition(":")[0] in user_rules}
             report.parity = check_parity(original, optimized, new.originals, blame(new, suspects), opts.seed,
                                         feeds)
             if report.parity.sample is not None:

@@ -38,7 +38,7 @@ from ..ir.graph import Graph, GraphError, Node, attrs_equal
 from ..ir.ops.reference import run_node
 from ..ir.registry import AttrType, Kind
 from ..ir.specialize import bind_shapes
-from .interpreter import IndexRangeError, evaluate, run_graph_node, special_rounds
+from .interpreter import IndexRangeError, evaluate, random_value, run_graph_node, special_rounds
 
 # A second seed is checked when the original graph's values hold at most this many elements in total.
 SECOND_SEED_MAX_ELEMENTS = 1 << 22
@@ -65,6 +65,11 @@ _PROBES = {True: (-1e4, 1e4), False: (0, 1)}  # by is_float
 
 class ParityError(RlxError, AssertionError):
     """An optimized node differs from what it replaced; names the node and the rules."""
+
+
+class WeightFoldError(ParityError):
+    """A fold of stored weights that is not exact within the dtype's tolerance on their values: names the node, the
+    rules and the weights."""
 
 
 class ParityInputError(ParityError):
@@ -251,8 +256,9 @@ def check_parity(original: Graph, optimized: Graph, same_value: Mapping[int, Seq
     if len(report.seeds) > 1 and drawn:
         report.special = special_rounds(drawn) if _size(original) <= ALL_KINDS_MAX_ELEMENTS else 1
         runs += [(seed, k) for k in range(1, report.special + 1)]
+    folded = _folded_params(optimized, [n.id for n in optimized.nodes if n.kind is Kind.WEIGHT_PREP])
     for s, special in runs:
-        ref = Reference.build(original, wide, s, precision, materialized, feeds, special)
+        ref = Reference.build(original, wide, s, precision, materialized, feeds, special, folded)
         _check_seed(ref, optimized, same_value, blame, report)
     return report
 
@@ -373,6 +379,59 @@ def _window(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence
     return old, new, same
 
 
+def check_weight_folds(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence[int]],
+                       blame: Callable[[int], Sequence[str]] | None = None, seed: int = 0) -> int:
+    """Check every fold of stored weights in ``optimized`` against the unfolded computation it replaced, on the
+    stored values: each optimized node that reads a derived weight (a weight-prep node, computed in float64 from
+    parameters and rounded once into its dtype) whose parameters the weight store holds, and that holds an
+    input-graph value, is run in a window of its own (:func:`_window`: the node and the derived weights it reads,
+    against the input-graph nodes that compute its value) on seed ``seed``'s data for its other inputs, and judged
+    as the parity check judges a node (anchored, then end to end).  Returns how many nodes were checked; raises
+    :class:`WeightFoldError` naming the node, the rules and the weights.  Folds of parameters without stored
+    values, windows above WINDOW_MAX_ELEMENTS and windows whose input-graph side cannot run on random data are
+    not checked here."""
+    checked = 0
+    for node in optimized.nodes:
+        refs = same_value.get(node.id) or ()
+        derived = [i for i in dict.fromkeys(node.inputs) if optimized.node(i).kind is Kind.WEIGHT_PREP]
+        if node.kind is Kind.WEIGHT_PREP or not derived or not refs:
+            continue
+        weights = _folded_params(optimized, derived)
+        if any(name not in optimized.weights for name in weights):
+            continue
+        window = _window(original, optimized, same_value, node.id, refs)
+        if window is None:
+            continue
+        old, new, same = window
+        try:
+            ref = Reference.build(old, widened_graph(old), seed, precisions(old),
+                                  {r for held in same.values() for r in held})
+        except ParityInputError:  # the unfolded side cannot run on random data (indices computed from other values)
+            continue
+        try:
+            _check_seed(ref, new, same, blame, ParityReport((seed,)))
+        except ParityError as exc:
+            rules = ", ".join(dict.fromkeys(r for d in derived for r in (blame(d) if blame else ()))) \
+                or "none recorded"  # the rules that folded the weights
+            raise WeightFoldError(
+                f"weight fold: {optimized.describe(node.id)} reads weights folded from the stored "
+                f"{', '.join(map(repr, weights))} by rule(s) {rules}, not within tolerance of the unfolded "
+                f"computation on their values: {exc}") from None
+        checked += 1
+    return checked
+
+
+def _folded_params(graph: Graph, derived: Sequence[int]) -> list[str]:
+    """The names of the parameters the derived weights ``derived`` are computed from, in graph order."""
+    found: set[int] = set()
+    stack = list(derived)
+    while stack:
+        if (nid := stack.pop()) not in found:
+            found.add(nid)
+            stack.extend(graph.node(nid).inputs)
+    return [n.name for n in graph.nodes if n.id in found and n.op == "Param"]
+
+
 def check_reference_inputs(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, int]:
     """Check reference inputs for ``graph`` (arrays by input name): every name an input, every value a real
     array of the input's rank (and, for a static dim, extent).  Returns the sizes their shapes give ``graph``'s
@@ -408,11 +467,16 @@ def _size(graph: Graph) -> int:
     return sum(t.numel for n in graph.nodes for t in n.results)
 
 
-def _run_original(graph: Graph, feeds: Mapping[str, np.ndarray], seed: int, special: int) -> dict[int, np.ndarray]:
+def _run_original(graph: Graph, feeds: Mapping[str, np.ndarray], seed: int, special: int,
+                  folded: Container[str] = ()) -> dict[int, np.ndarray]:
     """Every value of the input graph on the data of one run; ParityInputError when a node reads indices out of
-    range (naming the inputs drawn at random on the way, and how to give reference inputs)."""
+    range (naming the inputs drawn at random on the way, and how to give reference inputs).  Parameters named in
+    ``folded`` (those the optimized graph's derived weights read) are drawn as stored weights would be: without
+    special values."""
+    params = {n.name: random_value(graph, n, seed) for n in graph.params
+              if special and n.name in folded and n.name not in graph.weights}
     try:
-        return evaluate(graph, feeds, seed=seed, return_all=True, special=special)
+        return evaluate(graph, feeds, params, seed=seed, return_all=True, special=special)
     except IndexRangeError as exc:
         node = int(str(exc).split()[1])
         drawn = [n for n in graph.inputs if n.name not in feeds and n.id in _ancestors(graph, node)]
@@ -442,8 +506,8 @@ class Reference:
     @classmethod
     def build(cls, graph: Graph, wide: Graph | None, seed: int, precision: dict[int, str | None],
               materialized: set[int], feeds: Mapping[str, np.ndarray] | None = None,
-              special: int = 0) -> Reference:
-        values = _run_original(graph, feeds or {}, seed, special)
+              special: int = 0, folded: Container[str] = ()) -> Reference:
+        values = _run_original(graph, feeds or {}, seed, special, folded)
         ref = cls(graph, seed, values, precision, rounding_error(graph, values, wide), special=special)
         ref.excuse(materialized)
         return ref

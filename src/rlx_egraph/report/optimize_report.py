@@ -45,13 +45,15 @@ class Verification:
 
     ``user_rules``: the rule files of the run from outside the shipped set; with ``verify=None`` (the default)
     they are what turns the check on.  ``sample``: what was checked when the input graph was too large to check
-    whole (:class:`~rlx_egraph.kernels.parity.ParitySample`), else empty.
+    whole (:class:`~rlx_egraph.kernels.parity.ParitySample`), else empty.  ``weight_folds``: the optimized nodes
+    reading weights folded from stored ones, each checked on those weights whether or not values are checked.
     """
 
     checked: bool
     why: str
     user_rules: tuple[str, ...] = ()
     sample: str = ""
+    weight_folds: int = 0  # nodes reading folded stored weights, checked on those weights (check_weight_folds)
 
     @property
     def how(self) -> str | None:
@@ -61,7 +63,8 @@ class Verification:
         return f"on {self.sample}" if self.sample else HOW_CHECKED
 
     def to_dict(self) -> dict[str, Any]:
-        return {"checked": self.checked, "why": self.why, "user_rules": list(self.user_rules), "how": self.how}
+        return {"checked": self.checked, "why": self.why, "user_rules": list(self.user_rules), "how": self.how,
+                "weight_folds": self.weight_folds}
 
 
 @dataclass(frozen=True)
@@ -216,8 +219,10 @@ class OptimizeReport:
     def verification_lines(self) -> list[str]:
         """Whether and why values were checked, then the parity check's headline (docs/verifier.md)."""
         check = self.verification
+        folds = [f"weight folds: {check.weight_folds} node(s) reading folded weights checked on the stored weights "
+                 "against the computation they replace"] if check.weight_folds else []
         if self.parity is None:
-            return [f"values not checked: {check.why} (verify=True checks them)"]
+            return [f"values not checked: {check.why} (verify=True checks them)", *folds]
         worst, seeds = self.parity.worst, ", ".join(map(str, self.parity.seeds))
         if self.parity.special:
             rounds = f" in {self.parity.special} rounds" if self.parity.special > 1 else ""
@@ -232,8 +237,8 @@ class OptimizeReport:
         what = f"on {check.sample}" if check.sample else \
             "every optimized node against the value it replaces, with the numpy reference kernels on seeded random data"
         why = [f"values checked: {check.why}; {what}"] if check.checked else []
-        return [*why, f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} comparisons "
-                      f"(seeds {seeds}){detail}"]
+        return [*why, *folds, f"parity: {'ok' if self.parity.ok else 'FAILED'} on {len(self.parity.nodes)} "
+                              f"comparisons (seeds {seeds}){detail}"]
 
     def __str__(self) -> str:
         lines = [f"=== rlx-egraph optimize report ({self.engine} engine, target {self.target}) ===",

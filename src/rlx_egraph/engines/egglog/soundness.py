@@ -10,6 +10,17 @@ in rounds of IEEE special values.  A rule is *sound* when every such e-node
 computes its class's value within the dtype tolerance and is well-typed,
 *unsound* with a counter-example otherwise, or *not checkable* with the reason.
 
+Weight folds: a rule that builds a derived weight (an op of kind weight-prep,
+such as a BatchNormalization's scale folded into a convolution's weight) is
+judged with the parameters the derived weights read as stored weights: finite
+values drawn once per instance, IEEE special values only in the data.  A fold
+such as ``(x @ W + b) * g -> x @ (W * g) + b * g`` is exact in real arithmetic
+but not under every special value of its parameters (``W * g`` underflows
+where ``(x @ W) * g`` does not, ``inf * 0``); what makes it sound is that it is
+only ever computed from a model's stored weights, and ``optimize`` checks each
+fold on those (:func:`~rlx_egraph.kernels.parity.check_weight_folds`).  The
+verdict says so (``weight_fold``).
+
 Helper relations: a rule that only adds facts is checked through the rules
 that read its relation: a reader's relation facts are unfolded into the query
 of a producer (the least used one first), so the instance holds the whole
@@ -39,7 +50,7 @@ from egglog import bindings as eb
 from ...ir.dtypes import PARITY_TOLERANCE, dtype, loosest
 from ...ir.graph import Graph
 from ...ir.ops.reference import run_node
-from ...ir.registry import Kind
+from ...ir.registry import REGISTRY, Kind
 from ...kernels.interpreter import random_value, special_rounds
 from ...kernels.parity import ROUNDING_FACTOR, Reference, computed_from, precisions, tolerance_ratio, widened_graph
 from ...rules import Insert, variables
@@ -66,6 +77,7 @@ SOUND, UNSOUND, NOT_CHECKABLE = "sound", "unsound", "not checkable"
 SEEDS = 2  # seeds each instance is evaluated on
 # What an additive mask passes through on its way from a leaf to the Softmax it masks.
 _MASK_PATH = frozenset({"Add", "Where", "Expand", "Reshape"})
+_DERIVED_WEIGHTS = frozenset(name for name, spec in REGISTRY.items() if spec.kind is Kind.WEIGHT_PREP)
 _LIMITS = SaturationLimits(max_iterations=12, max_enodes=20_000, max_seconds=20.0)
 
 
@@ -96,12 +108,13 @@ class RuleVerdict:
     location: str
     status: str = NOT_CHECKABLE  # SOUND, UNSOUND or NOT_CHECKABLE
     instances: int = 0  # random instances on which the rule fired and was checked
-    reason: str = ""  # why not checkable, or how a facts-only rule was checked
+    reason: str = ""  # why not checkable, or how a facts-only rule or a weight fold was checked
     counterexample: CounterExample | None = None
+    weight_fold: bool = False  # builds derived weights: judged on stored (finite) parameters, see the module
 
     def to_dict(self) -> dict:
         return {"rule": self.rule, "location": self.location, "status": self.status, "instances": self.instances,
-                "reason": self.reason,
+                "reason": self.reason, "weight_fold": self.weight_fold,
                 "counterexample": self.counterexample.to_dict() if self.counterexample else None}
 
     def __str__(self) -> str:
@@ -195,6 +208,11 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
                 v.reason = f"facts only: checked through the rules that read them ({', '.join(through)})"
             elif not v.reason:
                 v.reason = "facts only, and no union rule that reads them fired on an instance"
+        if folds := sorted(rule.builds & _DERIVED_WEIGHTS):
+            v.weight_fold = True
+            v.reason = v.reason or (f"weight fold: builds {', '.join(folds)} from parameters, judged with them as "
+                                    "stored weights (finite; special values in the data only); optimize checks "
+                                    "every fold on the model's stored weights")
     return SoundnessReport([verdicts[name] for name in reported])
 
 
@@ -248,8 +266,21 @@ def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
     wrong += [(t.rules, (), CounterExample(t.rules[0] if t.rules else "?", t.message, leaves, {}))
               for t in view.ill_typed]
     if not wrong:
+        for param in _fold_operands(view, graph):  # a derived weight is only computed from stored weights
+            graph.weights[param.name] = random_value(graph, param, seed)
         wrong = _compare_values(view, graph, leaves, seed)
     return _Outcome(fired, matched, wrong)
+
+
+def _fold_operands(view: EGraphView, graph: Graph) -> list[Any]:
+    """The parameters of ``graph`` that derived weights (weight-prep e-nodes) read, directly or through other
+    derived weights."""
+    found: dict[int, Any] = {}
+    for n in view.nodes:
+        if n.spec.kind is Kind.WEIGHT_PREP:
+            for c in n.children:
+                found.update((o, graph.node(o)) for o in view.classes[c].originals if graph.node(o).op == "Param")
+    return list(found.values())
 
 
 def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],

@@ -228,6 +228,21 @@ def _zero_bias_infer(a: Attrs, ins: list[T]) -> T:
     return T(w.shape[:1], w.dtype)
 
 
+def _weight_scale_infer(a: Attrs, ins: list[T]) -> T:
+    w, s = ins
+    if w.rank < 1 or s.shape != w.shape[-1:]:
+        raise ShapeError(f"WeightScale scales the last axis of {list(w.shape)} by a vector of its length, got "
+                         f"{list(s.shape)}")
+    return T(w.shape, same_dtype(ins, "WeightScale inputs"))
+
+
+def _weight_scale_sample(rng: np.random.Generator) -> tuple[Shapes, dict]:
+    """A Linear's weight [K, N] (or its bias [N]) and a per-channel scale [N]."""
+    n = int(rng.integers(1, 5))
+    w = (int(rng.integers(1, 4)), n) if rng.random() < 0.5 else (n,)
+    return {"w": w, "s": (n,)}, {}
+
+
 def _bn_factor(g: Graph, scale: int, var: int, eps: float) -> int:
     """scale / sqrt(var + eps), per channel."""
     return g.div(scale, g.sqrt(g.add(var, g.scalar(eps, g.node(var).dtype))))
@@ -308,6 +323,10 @@ CONV_OPS = [
            sampler=_fold_sample("scale", "bias", "mean", "var", "b"),
            doc="A derived weight: a convolution's bias b (absent: 0) with the following BatchNormalization folded "
                "in, (b - mean) * scale / sqrt(var + eps) + bias."),
+    OpSpec("WeightScale", Kind.WEIGHT_PREP, ("w", "s"), _weight_scale_infer, lambda a, w, s: w * s,
+           decompose=lambda g, ins, a: g.mul(ins[0], ins[1]), sampler=_weight_scale_sample,
+           doc="A derived weight: w * s, a per-channel scale s [N] of the last axis of w (a Linear's weight [K, N] "
+               "or bias [N]): a layer scale after the Linear folded into its parameters."),
     OpSpec("ConvZeroBias", Kind.WEIGHT_PREP, ("w",), _zero_bias_infer, lambda a, w: np.zeros(w.shape[:1], w.dtype),
            decompose=_zero_bias_decompose,
            sampler=_fold_sample("w"),

@@ -27,7 +27,8 @@ def run_node(spec: OpSpec, attrs: Mapping[str, Any], args: Sequence[Any], in_dty
              out_type: ValueType) -> Any:
     """One node's stored value: ``spec``'s kernel on ``args`` (stored or compute form, of ``in_dtypes``)
     widened to their compute type, broadcast to ``out_type``'s shape and stored in its dtype (f16 and bf16
-    rounded, integers truncated, bool).  The interpreter runs every node through this, and an
+    rounded, integers truncated, bool); a derived weight (a weight-prep op) is computed in float64 and rounded
+    once into its dtype.  The interpreter runs every node through this, and an
     ElementwiseRegion every step, so a step is bit-identical to the node it replaced.
 
     A multi-result node's value is a tuple of stored arrays, one per part of its TupleType; a
@@ -39,9 +40,18 @@ def run_node(spec: OpSpec, attrs: Mapping[str, Any], args: Sequence[Any], in_dty
                      for o, t in zip(outs, out_type.parts, strict=True))
     if spec.kind == "projection":  # Get reads stored results
         return spec.kernel(attrs, *args)
+    wide = spec.kind == "weight-prep"  # a derived weight: computed in float64 from the stored ones, rounded once
     with np.errstate(all="ignore"):
-        out = spec.kernel(attrs, *(to_compute(x, d) for x, d in zip(args, in_dtypes, strict=True)))
+        out = spec.kernel(attrs, *(_widened(x, d) if wide else to_compute(x, d)
+                                   for x, d in zip(args, in_dtypes, strict=True)))
         return to_storage(np.broadcast_to(out, out_type.shape), out_type.dtype)
+
+
+def _widened(x: Any, name: str) -> np.ndarray:
+    """A stored float array as float64 (other dtypes as kernels compute with them)."""
+    computed = to_compute(x, name)
+    return computed.astype(np.float64) if np.issubdtype(computed.dtype, np.floating) else computed
+
 
 # --- leaves -----------------------------------------------------------------
 
