@@ -240,7 +240,7 @@ def convnext_block(channels: int = 8) -> onnx.ModelProto:
 
 
 # ConvNeXt's block exported for onnxruntime: the layer scale folded into the second Gemm (its Mul gone), 8 launches
-EXPORTED_CONVNEXT_BLOCK = {"Conv": 1, "Transpose": 2, "LayerNormalization": 1, "Reshape": 4, "Gemm": 2, "Gelu": 1,
+EXPORTED_CONVNEXT_BLOCK = {"Conv": 1, "Transpose": 2, "LayerNormalization": 1, "Reshape": 2, "Gemm": 2, "Gelu": 1,
                            "Add": 1}
 
 
