@@ -354,7 +354,9 @@ class _Engine:
             if step is not None:
                 self.rw.touched = set()
                 self.apply(step)
-                self.chain = {n for n in self.rw.touched if n in self.nodes} if follow != NO_FOLLOW else None
+                changed, self.rw.touched = self.rw.touched, set()
+                self.forget(changed)
+                self.chain = {n for n in changed if n in self.nodes} if follow != NO_FOLLOW else None
                 self.follow = follow
             self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
@@ -633,13 +635,20 @@ class _Engine:
             if plan.chained and self.chain is not None:
                 self.chain |= changed
             touched |= changed
-            for nid in changed:
-                self.signatures.pop(nid, None)
-                if nid not in self.nodes:
-                    died.add(nid)
-                    if self.rw.find(nid) != nid:
-                        self.facts.replaced(nid)
+            died |= self.forget(changed)
         return done, touched
+
+    def forget(self, changed: set[int]) -> set[int]:
+        """Drop what is remembered about the nodes a commit changed (their inputs' ops; the rows naming a replaced
+        one follow its replacement); the nodes among them that died."""
+        died = set()
+        for nid in changed:
+            self.signatures.pop(nid, None)
+            if nid not in self.nodes:
+                died.add(nid)
+                if self.rw.find(nid) != nid:
+                    self.facts.replaced(nid)
+        return died
 
     # --- planning and applying ---------------------------------------------------------------
 
