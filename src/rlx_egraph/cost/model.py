@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir.ops.primitives import matmul_flops
-from ..ir.registry import Kind, OpSpec, TensorType, TupleType
+from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,42 @@ class NodeCost:
 FREE = NodeCost(0, 0, 0, 0)
 
 
+# The variant of a convolution with more than one group (``groups`` > 1; depthwise when each group has one
+# channel): onnxruntime runs it on a kernel of its own (MLAS's depthwise kernel in its blocked layout, else a GEMM
+# per group), at a fraction of a dense convolution's FLOP rate.
+GROUPED = "grouped"
+
+
 def line_key(spec: OpSpec, attrs: Mapping[str, Any]) -> str:
-    """The measured line that prices a node on a target with per-op lines: its op's name, or ``Op.value`` for an op
+    """The measured line that prices a node on a target with per-op lines: its op's name; ``Op.value`` for an op
     whose attribute ``spec.cost_attr`` selects the kernels it is exported as (``FusedMatMulBiasAct.gelu``: MatMul
-    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm)."""
-    return f"{spec.name}.{attrs[spec.cost_attr]}" if spec.cost_attr else spec.name
+    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); ``Op.grouped`` (:data:`GROUPED`) for a node with more than one
+    group (a depthwise ``Conv``)."""
+    if spec.cost_attr:
+        return f"{spec.name}.{attrs[spec.cost_attr]}"
+    groups = attrs.get("groups", 1)
+    return f"{spec.name}.{GROUPED}" if isinstance(groups, int) and groups > 1 else spec.name
 
 
 def line_op(key: str) -> str:
     """The op a line key (:func:`line_key`) prices."""
     return key.partition(".")[0]
+
+
+def line_variant(key: str) -> str:
+    """The variant a line key (:func:`line_key`) names after its op ("" for the op's own line)."""
+    return key.partition(".")[2]
+
+
+def names_a_line(key: str) -> bool:
+    """Whether ``key`` can be a line key (:func:`line_key`): an op, ``Op.value`` for an op with a ``cost_attr``, or
+    ``Op.grouped`` for an op with a ``groups`` attribute."""
+    spec = REGISTRY.get(line_op(key))
+    if spec is None:
+        return False
+    variant = line_variant(key)
+    return (not variant or bool(spec.cost_attr)
+            or (variant == GROUPED and any(a.name == "groups" for a in spec.attrs)))
 
 
 def node_launches(spec: OpSpec, copies: bool = False) -> int:
