@@ -178,7 +178,7 @@ def fit_gemm_rates(groups: Mapping[str, Iterable[Sample]]) -> dict[str, OpRate]:
 
 def _line_of(key: str) -> str:
     """The line a sample of ``key`` is fitted into: its op's cost class where that names another op (of the same
-    variant: a grouped FusedConv's samples into ``Conv.grouped``), else ``key``."""
+    variant: a depthwise FusedConv's samples into ``Conv.depthwise``), else ``key``."""
     op, _, variant = key.partition(".")
     spec = REGISTRY.get(op)
     if spec is None or spec.cost_class not in REGISTRY:

@@ -15,7 +15,7 @@ the ops whose value the host reads before the run goes on: each is a sync point.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,21 +43,24 @@ class NodeCost:
 FREE = NodeCost(0, 0, 0, 0)
 
 
-# The variant of a convolution with more than one group (``groups`` > 1; depthwise when each group has one
-# channel): onnxruntime runs it on a kernel of its own (MLAS's depthwise kernel in its blocked layout, else a GEMM
-# per group), at a fraction of a dense convolution's FLOP rate.
-GROUPED = "grouped"
+# The variant of a depthwise convolution (one input channel per group, as MobileNet's and ConvNeXt's): onnxruntime
+# runs it on a kernel of its own (MLAS's depthwise kernel in its blocked layout), at a fraction of a dense
+# convolution's FLOP rate.
+DEPTHWISE = "depthwise"
 
 
-def line_key(spec: OpSpec, attrs: Mapping[str, Any]) -> str:
+def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorType] = ()) -> str:
     """The measured line that prices a node on a target with per-op lines: its op's name; ``Op.value`` for an op
     whose attribute ``spec.cost_attr`` selects the kernels it is exported as (``FusedMatMulBiasAct.gelu``: MatMul
-    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); ``Op.grouped`` (:data:`GROUPED`) for a node with more than one
-    group (a depthwise ``Conv``)."""
+    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); ``Op.depthwise`` (:data:`DEPTHWISE`) for a convolution of more
+    than one group whose weight ``in_types[1]`` [O, C / groups, ...] has one input channel per group."""
     if spec.cost_attr:
         return f"{spec.name}.{attrs[spec.cost_attr]}"
     groups = attrs.get("groups", 1)
-    return f"{spec.name}.{GROUPED}" if isinstance(groups, int) and groups > 1 else spec.name
+    if isinstance(groups, int) and groups > 1 and len(in_types) > 1 and in_types[1].rank > 1 \
+            and in_types[1].shape[1] == 1:
+        return f"{spec.name}.{DEPTHWISE}"
+    return spec.name
 
 
 def line_op(key: str) -> str:
@@ -72,13 +75,13 @@ def line_variant(key: str) -> str:
 
 def names_a_line(key: str) -> bool:
     """Whether ``key`` can be a line key (:func:`line_key`): an op, ``Op.value`` for an op with a ``cost_attr``, or
-    ``Op.grouped`` for an op with a ``groups`` attribute."""
+    ``Op.depthwise`` for an op with a ``groups`` attribute."""
     spec = REGISTRY.get(line_op(key))
     if spec is None:
         return False
     variant = line_variant(key)
     return (not variant or bool(spec.cost_attr)
-            or (variant == GROUPED and any(a.name == "groups" for a in spec.attrs)))
+            or (variant == DEPTHWISE and any(a.name == "groups" for a in spec.attrs)))
 
 
 def node_launches(spec: OpSpec, copies: bool = False) -> int:

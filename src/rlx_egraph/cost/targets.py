@@ -238,7 +238,7 @@ class Target:
 
     def rate(self, spec: OpSpec, line: str = "") -> OpRate | None:
         """The measured line that prices ``spec``'s nodes: its cost class's (``spec.cost_class``: the op runs as
-        that op's kernel; the class's line of the same variant first, ``Conv.grouped`` for a grouped FusedConv),
+        that op's kernel; the class's line of the same variant first, ``Conv.depthwise`` for a depthwise FusedConv),
         else the line ``line`` (a node's :func:`~.model.line_key`, ``FusedMatMulBiasAct.gelu``) where there is one,
         else its op's, else its kind's; None: the target-wide figures price them."""
         if not self.rates:
@@ -286,7 +286,7 @@ class Target:
         if not self.supports(spec.name):
             return math.inf
         cost = node_cost(spec, attrs, in_types, out_type, self.copies(spec, reads_intermediate))
-        return self.cost_ns(cost, spec, line_key(spec, attrs) if cost.launches else "")
+        return self.cost_ns(cost, spec, line_key(spec, attrs, in_types) if cost.launches else "")
 
     def copies(self, spec: OpSpec, reads_intermediate: bool) -> bool:
         """Whether a node of ``spec`` runs as a copy kernel here: a layout op in ``copied_layouts`` that reads an

@@ -412,9 +412,9 @@ def measure_case(case: Case, threads: int, budget_s: float, run_ns: float) -> ca
         t_one, t_many = timed_pair(first, many, budget_s, threads)
         ns = max((t_many - t_one) / (copies - 1), 0.0)
     n = one.node(node)
-    spec = n.spec
-    cost = node_cost(spec, n.attrs, [one.node(i).type for i in n.inputs], n.type, spec.kind is Kind.LAYOUT)
-    return cal.Sample(line_key(spec, n.attrs), case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
+    spec, in_types = n.spec, [one.node(i).type for i in n.inputs]
+    cost = node_cost(spec, n.attrs, in_types, n.type, spec.kind is Kind.LAYOUT)
+    return cal.Sample(line_key(spec, n.attrs, in_types), case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
                       ", ".join(f"{op} {k}" for op, k in sorted(ran.items())), cost.rows, cost.matrices)
 
 
