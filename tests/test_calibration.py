@@ -21,9 +21,9 @@ from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
-from rlx_egraph.cost.model import node_cost
+from rlx_egraph.cost.model import NodeCost, line_key, node_cost
 from rlx_egraph.cost.profile import format_ns, profile
-from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
+from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED, onnxruntime_target
 from rlx_egraph.frontends.onnx.calibrate import (
     SIZES,
     CalibrationGraphError,
@@ -167,6 +167,59 @@ def test_a_fused_ops_samples_fit_the_line_of_its_cost_class() -> None:
     assert [round(c.predicted_ns(s) / s.ns, 6) for s in samples if s.key == "Conv"] == [1.0, 1.0]
 
 
+def _conv_graph() -> tuple[Graph, dict[str, int]]:
+    """A dense 3x3 convolution, a depthwise one (one input channel per group) as Conv and as FusedConv with a
+    clip, and a grouped one of two channels per group."""
+    g = Graph("convs")
+    x = g.input("x", (1, 8, 6, 6))
+    nodes = {"dense": g.conv(x, g.param("w", (8, 8, 3, 3)), pads=[1] * 4),
+             "depthwise": g.conv(x, g.param("dw", (8, 1, 3, 3)), pads=[1] * 4, groups=8),
+             "fused depthwise": g.fused_conv(x, g.param("fw", (8, 1, 3, 3)), g.param("fb", (8,)), pads=[1] * 4,
+                                             groups=8, act="clip", clip_min=0.0, clip_max=6.0),
+             "grouped": g.conv(x, g.param("gw", (8, 2, 3, 3)), pads=[1] * 4, groups=4)}
+    g.set_outputs(list(nodes.values()))
+    return g, nodes
+
+
+def test_a_depthwise_convolution_is_priced_by_a_line_of_its_own() -> None:
+    """onnxruntime runs a depthwise convolution on a kernel of its own, far below a dense one's FLOP rate: its
+    samples (Conv's and FusedConv's, whose cost class is Conv) fit ``Conv.depthwise``, the dense ones ``Conv``, each
+    recovered from samples on its line; a node with one input channel per group is priced by the depthwise line,
+    a dense one or one of two channels per group by Conv's."""
+    dense, depthwise = OpRate(2_000.0, 0.05, 0.004), OpRate(1_500.0, 0.2, 0.05, 3.0)
+    sizes = [(8_192, 100_000, 64), (65_536, 2_000_000, 512), (1 << 20, 1 << 26, 4_096), (1 << 18, 1 << 22, 8_192)]
+    samples = [Sample("Conv", f"c{k}", 1, b, f, dense.ns(1, b, f)) for k, (b, f, _) in enumerate(sizes)]
+    samples += [Sample("Conv.depthwise" if k % 2 else "FusedConv.depthwise", f"d{k}", 1, b, f,
+                       depthwise.ns(1, b, f, rows), "Conv 1", rows) for k, (b, f, rows) in enumerate(sizes)]
+    c = Calibration.fitted("onnxruntime", samples, machine={}, command="c", threads=1, run_ns=0.0,
+                           dispatch_ns=1.0, memory_bw=1.0, flops_per_ns=1.0)
+    assert "FusedConv.depthwise" not in c.rates and "FusedConv" not in c.rates
+    assert [getattr(c.rates["Conv"], term) for term in cal.TERMS] == pytest.approx([2_000.0, 0.05, 0.004, 0, 0])
+    assert [getattr(c.rates["Conv.depthwise"], term) for term in cal.TERMS] == pytest.approx(
+        [1_500.0, 0.2, 0.05, 3.0, 0], rel=1e-6)
+    target = onnxruntime_target(c)
+    g, nodes = _conv_graph()
+    lines = {}
+    for name, nid in nodes.items():
+        n = g.node(nid)
+        in_types = [g.node(i).type for i in n.inputs]
+        cost = node_cost(n.spec, n.attrs, in_types, n.type)
+        lines[name] = (line_key(n.spec, n.attrs, in_types), target.node_ns(n.spec, n.attrs, in_types, n.type)
+                       / (depthwise if "depthwise" in name else dense).ns(*cost_counts(cost)))
+    assert lines == {"dense": ("Conv", pytest.approx(1.0)), "depthwise": ("Conv.depthwise", pytest.approx(1.0)),
+                     "fused depthwise": ("FusedConv.depthwise", pytest.approx(1.0)),
+                     "grouped": ("Conv", pytest.approx(1.0))}
+    assert set(profile(g, target).by_op) == {"Conv", "Conv.depthwise", "FusedConv.depthwise"}
+    with pytest.raises(ValueError, match=r"rates name unknown op\(s\) or kind\(s\) \['Add.depthwise'\]"):
+        calibrations.target({"Add.depthwise": OpRate(1.0, 0.0, 0.0)})
+    assert calibrations.target({"Conv.depthwise": depthwise}).rates["Conv.depthwise"] == depthwise
+
+
+def cost_counts(cost: NodeCost) -> tuple[int, ...]:
+    """A node's counts in the order :data:`~rlx_egraph.cost.calibration.TERMS` multiplies them."""
+    return cost.launches, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices
+
+
 def test_the_gemm_lines_share_a_byte_and_flop_rate_and_keep_their_own_launch_and_matrix_terms() -> None:
     """One GEMM kernel: MatMul (its per-head samples many matrices each), Gemm, and MatMul + BiasGelu (a second
     kernel over the output, its samples ran so) lie on lines with one rate per byte and per FLOP; the fit gives back
@@ -192,7 +245,8 @@ def test_the_gemm_lines_share_a_byte_and_flop_rate_and_keep_their_own_launch_and
 def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
                                                                        1_180.0, "Add 1"),),
-                            value_ns=570.0, value_ns_per_byte=0.004, stream_ns_per_byte=0.04, cache_bytes=1 << 25)
+                            value_ns=570.0, value_ns_per_byte=0.004, stream_ns_per_byte=0.04, cache_bytes=1 << 25,
+                            shape_ns=340.0)
     path = c.save(tmp_path / "sub" / "c.json")
     back = cal.read(path)
     assert back == c and back.source == str(path) and back.samples[0].ran == "Add 1"
@@ -200,7 +254,8 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     assert data["format_version"] == cal.FORMAT_VERSION and (data["value_ns"], data["value_ns_per_byte"]) == (
         570.0, 0.004)
     # a file made before graph values and what ran were measured reads with none
-    for key in ("value_ns", "value_ns_per_byte", "stream_ns_per_byte", "cache_bytes"):
+    assert data["shape_ns"] == 340.0 and onnxruntime_target(back).shape_node_ns == 340.0
+    for key in ("value_ns", "value_ns_per_byte", "stream_ns_per_byte", "cache_bytes", "shape_ns"):
         del data[key]
     for key in ("ran", "rows", "matrices"):
         del data["samples"][0][key]
@@ -208,7 +263,9 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
         del line["ns_per_row"], line["ns_per_matrix"]
     path.write_text(json.dumps(data))
     older = cal.read(path)
-    assert (older.value_ns, older.value_ns_per_byte, older.stream_ns_per_byte, older.cache_bytes) == (0, 0, 0, 0)
+    assert (older.value_ns, older.value_ns_per_byte, older.stream_ns_per_byte, older.cache_bytes, older.shape_ns) == (
+        0, 0, 0, 0, 0)
+    assert onnxruntime_target(older).shape_node_ns == older.dispatch_ns  # a file without it: a dispatch a node
     assert (older.samples[0].ran, older.samples[0].rows, older.samples[0].matrices) == ("", 0, 0)
     assert all(line.ns_per_row == line.ns_per_matrix == 0 for line in older.rates.values())
 
