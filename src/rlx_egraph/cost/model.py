@@ -43,26 +43,24 @@ class NodeCost:
 FREE = NodeCost(0, 0, 0, 0)
 
 
-# The variants of a convolution of more than one group, which onnxruntime runs on kernels of their own at a fifth
-# of a dense convolution's FLOP rate: one input channel per group (``depthwise``, as MobileNet's and ConvNeXt's: MLAS's
-# depthwise kernel in its blocked layout), or a few (``grouped``, as ResNeXt's or wav2vec2's positional one: a small
-# GEMM per group, each with a cost of its own).
-DEPTHWISE, GROUPED = "depthwise", "grouped"
+# The variant of a depthwise convolution (one input channel per group, as MobileNet's and ConvNeXt's): onnxruntime runs
+# it on a kernel of its own (MLAS's depthwise kernel in its blocked layout), at a fifth of a dense convolution's FLOP
+# rate.
+DEPTHWISE = "depthwise"
 
 
 def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorType] = ()) -> str:
     """The measured line that prices a node on a target with per-op lines: its op's name; ``Op.value`` for an op
     whose attribute ``spec.cost_attr`` selects the kernels it is exported as (``FusedMatMulBiasAct.gelu``: MatMul
-    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); for a convolution of more than one group, ``Op.depthwise``
-    (:data:`DEPTHWISE`) where its weight ``in_types[1]`` [O, C / groups, ...] has one input channel per group, else
-    ``Op.grouped`` (:data:`GROUPED`)."""
+    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); ``Op.depthwise`` (:data:`DEPTHWISE`) for a convolution of more
+    than one group whose weight ``in_types[1]`` [O, C / groups, ...] has one input channel per group."""
     if spec.cost_attr:
         return f"{spec.name}.{attrs[spec.cost_attr]}"
     groups = attrs.get("groups", 1)
-    if not isinstance(groups, int) or groups == 1:
-        return spec.name
-    depthwise = len(in_types) > 1 and in_types[1].rank > 1 and in_types[1].shape[1] == 1
-    return f"{spec.name}.{DEPTHWISE if depthwise else GROUPED}"
+    if isinstance(groups, int) and groups > 1 and len(in_types) > 1 and in_types[1].rank > 1 \
+            and in_types[1].shape[1] == 1:
+        return f"{spec.name}.{DEPTHWISE}"
+    return spec.name
 
 
 def line_op(key: str) -> str:
@@ -77,13 +75,13 @@ def line_variant(key: str) -> str:
 
 def names_a_line(key: str) -> bool:
     """Whether ``key`` can be a line key (:func:`line_key`): an op, ``Op.value`` for an op with a ``cost_attr``, or
-    ``Op.depthwise`` or ``Op.grouped`` for an op with a ``groups`` attribute."""
+    ``Op.depthwise`` for an op with a ``groups`` attribute."""
     spec = REGISTRY.get(line_op(key))
     if spec is None:
         return False
     variant = line_variant(key)
     return (not variant or bool(spec.cost_attr)
-            or (variant in (DEPTHWISE, GROUPED) and any(a.name == "groups" for a in spec.attrs)))
+            or (variant == DEPTHWISE and any(a.name == "groups" for a in spec.attrs)))
 
 
 def node_launches(spec: OpSpec, copies: bool = False) -> int:
@@ -136,16 +134,12 @@ def node_rows(attrs: Mapping[str, Any], out_type: TensorType | TupleType) -> int
 def node_matrices(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
                   out_type: TensorType | TupleType) -> int:
     """The independent matrix products a node computes: one per batch and head of an op with ``heads`` (its first
-    input [B, ...]) or of an attention whose query ``q`` is [B, H, S, D]; one per image and group of a
-    convolution (``groups``: a small GEMM per group, which a grouped convolution pays for); for an op whose FLOPs are
-    one GEMM's, the product of the output's batch dims when its second operand has batch dims of its own (a 2-D
-    weight: one GEMM over all rows); else 0."""
+    input [B, ...]) or of an attention whose query ``q`` is [B, H, S, D]; for an op whose FLOPs are one GEMM's, the
+    product of the output's batch dims when its second operand has batch dims of its own (a 2-D weight: one GEMM
+    over all rows); else 0."""
     heads = attrs.get("heads")
     if isinstance(heads, int):
         return in_types[0].shape[0] * heads
-    groups = attrs.get("groups")
-    if isinstance(groups, int):  # a convolution: one product per image and group
-        return in_types[0].shape[0] * groups
     if spec.input_names[:1] == ("q",) and in_types[0].rank == 4:
         return math.prod(in_types[0].shape[:2])
     if spec.flops is matmul_flops:

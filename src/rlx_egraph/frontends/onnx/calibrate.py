@@ -122,11 +122,11 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
 
     def conv(m: _Maker, prev: int | None, form: str = "dense", kernel: int = 3, **fused: object) -> int:
         """A ``kernel`` x ``kernel`` convolution (``dense``), one per channel of a 6 times wider image
-        (``depthwise``: 3x3 as in MobileNet, 7x7 as in ConvNeXt), one per 4 of its channels (``grouped``, as in
-        ResNeXt), or a 1x1 one of 6 times the channels (``pointwise``).  Chained, so that onnxruntime's blocked
-        layout (ORT_ENABLE_ALL) is entered and left once, as in a model."""
+        (``depthwise``: 3x3 as in MobileNet, 7x7 as in ConvNeXt), or a 1x1 one of 6 times the channels
+        (``pointwise``).  Chained, so that onnxruntime's blocked layout (ORT_ENABLE_ALL) is entered and left once,
+        as in a model."""
         out = c if form == "dense" else 6 * c
-        groups = {"depthwise": out, "grouped": out // 4}.get(form, 1)
+        groups = out if form == "depthwise" else 1
         size = 1 if form == "pointwise" else kernel
         x, w = chain(m, prev, (1, out, side, side)), m.param((out, out // groups, size, size))
         pads = [size // 2] * 4
@@ -229,7 +229,6 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Conv", conv),
         case("Conv", lambda m, p: conv(m, p, "depthwise"), " depthwise"),
         case("Conv", lambda m, p: conv(m, p, "depthwise", 7), " depthwise 7x7"),
-        case("Conv", lambda m, p: conv(m, p, "grouped"), " grouped"),
         case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
         case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
