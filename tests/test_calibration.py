@@ -170,24 +170,27 @@ def test_a_fused_ops_samples_fit_the_line_of_its_cost_class() -> None:
 
 def _conv_graph() -> tuple[Graph, dict[str, int]]:
     """A dense 3x3 convolution, a depthwise one (one input channel per group) as Conv and as FusedConv with a
-    clip, and a grouped one of two channels per group."""
+    clip, a grouped one of two channels per group, and a grouped one over one axis."""
     g = Graph("convs")
     x = g.input("x", (1, 8, 6, 6))
     nodes = {"dense": g.conv(x, g.param("w", (8, 8, 3, 3)), pads=[1] * 4),
              "depthwise": g.conv(x, g.param("dw", (8, 1, 3, 3)), pads=[1] * 4, groups=8),
              "fused depthwise": g.fused_conv(x, g.param("fw", (8, 1, 3, 3)), g.param("fb", (8,)), pads=[1] * 4,
                                              groups=8, act="clip", clip_min=0.0, clip_max=6.0),
-             "grouped": g.conv(x, g.param("gw", (8, 2, 3, 3)), pads=[1] * 4, groups=4)}
+             "grouped": g.conv(x, g.param("gw", (8, 2, 3, 3)), pads=[1] * 4, groups=4),
+             "1d": g.conv(g.input("s", (2, 8, 40)), g.param("sw", (8, 2, 3)), pads=[1, 1], groups=4)}
     g.set_outputs(list(nodes.values()))
     return g, nodes
 
 
-def test_a_depthwise_convolution_is_priced_by_a_line_of_its_own() -> None:
-    """onnxruntime runs a depthwise convolution on a kernel of its own, far below a dense one's FLOP rate: its
-    samples (Conv's and FusedConv's, whose cost class is Conv) fit ``Conv.depthwise``, the dense ones ``Conv``, each
-    recovered from samples on its line; a node of one input channel per group is priced by the depthwise line, a
-    dense one and one of two channels per group by Conv's."""
-    lines = {"Conv": OpRate(2_000.0, 0.05, 0.004), "Conv.depthwise": OpRate(1_500.0, 0.2, 0.05, 3.0)}
+def test_depthwise_and_one_axis_convolutions_are_priced_by_lines_of_their_own() -> None:
+    """onnxruntime runs a depthwise convolution and one over one axis on kernels of their own, each at its own FLOP
+    rate: their samples (Conv's and FusedConv's, whose cost class is Conv) fit ``Conv.depthwise`` and ``Conv.1d``,
+    the dense 2-D ones ``Conv``, each recovered from samples on its line; a 2-D node of one input channel per group
+    is priced by the depthwise line, a 1-D one (of any groups) by the 1-D line, a dense one and one of two channels
+    per group by Conv's."""
+    lines = {"Conv": OpRate(2_000.0, 0.05, 0.004), "Conv.depthwise": OpRate(1_500.0, 0.2, 0.05, 3.0),
+             "Conv.1d": OpRate(900.0, 0.02, 0.012)}
     sizes = [(8_192, 100_000, 64), (65_536, 2_000_000, 512), (1 << 20, 1 << 26, 4_096), (1 << 18, 1 << 22, 8_192)]
     samples = []
     for key, line in lines.items():
@@ -211,8 +214,9 @@ def test_a_depthwise_convolution_is_priced_by_a_line_of_its_own() -> None:
         priced[name] = (key, target.node_ns(n.spec, n.attrs, in_types, n.type)
                         == pytest.approx(lines[key.replace("FusedConv", "Conv")].ns(*cost_counts(cost))))
     assert priced == {"dense": ("Conv", True), "depthwise": ("Conv.depthwise", True),
-                      "fused depthwise": ("FusedConv.depthwise", True), "grouped": ("Conv", True)}
-    assert set(profile(g, target).by_op) == {"Conv", "Conv.depthwise", "FusedConv.depthwise"}
+                      "fused depthwise": ("FusedConv.depthwise", True), "grouped": ("Conv", True),
+                      "1d": ("Conv.1d", True)}
+    assert set(profile(g, target).by_op) == {"Conv", "Conv.1d", "Conv.depthwise", "FusedConv.depthwise"}
     with pytest.raises(ValueError, match=r"rates name unknown op\(s\) or kind\(s\) \['Add.depthwise'\]"):
         calibrations.target({"Add.depthwise": OpRate(1.0, 0.0, 0.0)})
 

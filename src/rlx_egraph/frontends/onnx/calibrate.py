@@ -135,6 +135,12 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
             return m.g.conv(x, w, bias, pads=pads, groups=groups)
         return m.g.fused_conv(x, w, bias, pads=pads, groups=groups, **fused)
 
+    def conv1d(m: _Maker, prev: int | None) -> int:
+        """A convolution over one axis (kernel 3) of ``e // 2`` channels and ``4 s`` steps, as a speech model's
+        feature extractor runs them; chained."""
+        x = chain(m, prev, (b, e // 2, 4 * s))
+        return m.g.conv(x, m.param((e // 2, e // 2, 3)), m.param((e // 2,), "bias"), pads=[1, 1])
+
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
         tables = [np.concatenate([f(angles)] * 2, axis=-1) for f in (np.cos, np.sin)]
@@ -230,6 +236,7 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Conv", lambda m, p: conv(m, p, "depthwise"), " depthwise"),
         case("Conv", lambda m, p: conv(m, p, "depthwise", 7), " depthwise 7x7"),
         case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
+        case("Conv", conv1d, " 1d"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
         case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
              " depthwise clip"),
