@@ -16,14 +16,15 @@ import onnxruntime as ort
 import pytest
 
 import calibrations
+from onnx_models import decode_step
 from rlx_egraph import Graph, optimize_with_report
 from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
-from rlx_egraph.cost.model import node_cost
+from rlx_egraph.cost.model import NodeCost, line_key, node_cost
 from rlx_egraph.cost.profile import format_ns, profile
-from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED
+from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED, onnxruntime_target
 from rlx_egraph.frontends.onnx.calibrate import (
     SIZES,
     CalibrationGraphError,
@@ -36,7 +37,7 @@ from rlx_egraph.frontends.onnx.calibrate import (
     check_sample,
 )
 from rlx_egraph.ir import REGISTRY
-from rlx_egraph.onnx import export_model, measure_latency, measure_report, price_export
+from rlx_egraph.onnx import export_model, import_model, measure_latency, measure_report, onnx_rules, price_export
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rlx_egraph"
 
@@ -167,6 +168,64 @@ def test_a_fused_ops_samples_fit_the_line_of_its_cost_class() -> None:
     assert [round(c.predicted_ns(s) / s.ns, 6) for s in samples if s.key == "Conv"] == [1.0, 1.0]
 
 
+def _conv_graph() -> tuple[Graph, dict[str, int]]:
+    """A dense 3x3 convolution, a depthwise one (one input channel per group) as Conv and as FusedConv with a
+    clip, a grouped one of two channels per group, and a grouped one over one axis."""
+    g = Graph("convs")
+    x = g.input("x", (1, 8, 6, 6))
+    nodes = {"dense": g.conv(x, g.param("w", (8, 8, 3, 3)), pads=[1] * 4),
+             "depthwise": g.conv(x, g.param("dw", (8, 1, 3, 3)), pads=[1] * 4, groups=8),
+             "fused depthwise": g.fused_conv(x, g.param("fw", (8, 1, 3, 3)), g.param("fb", (8,)), pads=[1] * 4,
+                                             groups=8, act="clip", clip_min=0.0, clip_max=6.0),
+             "grouped": g.conv(x, g.param("gw", (8, 2, 3, 3)), pads=[1] * 4, groups=4),
+             "1d": g.conv(g.input("s", (2, 8, 40)), g.param("sw", (8, 2, 3)), pads=[1, 1], groups=4)}
+    g.set_outputs(list(nodes.values()))
+    return g, nodes
+
+
+def test_depthwise_and_one_axis_convolutions_are_priced_by_lines_of_their_own() -> None:
+    """onnxruntime runs a depthwise convolution and one over one axis on kernels of their own, each at its own FLOP
+    rate: their samples (Conv's and FusedConv's, whose cost class is Conv) fit ``Conv.depthwise`` and ``Conv.1d``,
+    the dense 2-D ones ``Conv``, each recovered from samples on its line; a 2-D node of one input channel per group
+    is priced by the depthwise line, a 1-D one (of any groups) by the 1-D line, a dense one and one of two channels
+    per group by Conv's."""
+    lines = {"Conv": OpRate(2_000.0, 0.05, 0.004), "Conv.depthwise": OpRate(1_500.0, 0.2, 0.05, 3.0),
+             "Conv.1d": OpRate(900.0, 0.02, 0.012)}
+    sizes = [(8_192, 100_000, 64), (65_536, 2_000_000, 512), (1 << 20, 1 << 26, 4_096), (1 << 18, 1 << 22, 8_192)]
+    samples = []
+    for key, line in lines.items():
+        for k, (b, f, rows) in enumerate(sizes):
+            name = key.replace("Conv", "FusedConv") if k % 2 else key  # FusedConv's samples, into Conv's lines
+            samples.append(Sample(name, f"{name} {k}", 1, b, f, line.ns(1, b, f, rows), "Conv 1", rows))
+    c = Calibration.fitted("onnxruntime", samples, machine={}, command="c", threads=1, run_ns=0.0,
+                           dispatch_ns=1.0, memory_bw=1.0, flops_per_ns=1.0)
+    assert not any(key.startswith("FusedConv") for key in c.rates)
+    for key, line in lines.items():
+        assert [getattr(c.rates[key], term) for term in cal.TERMS] == pytest.approx(
+            [getattr(line, term) for term in cal.TERMS], rel=1e-6, abs=1e-9), key
+    target = onnxruntime_target(c)
+    g, nodes = _conv_graph()
+    priced = {}
+    for name, nid in nodes.items():
+        n = g.node(nid)
+        in_types = [g.node(i).type for i in n.inputs]
+        key = line_key(n.spec, n.attrs, in_types)
+        cost = node_cost(n.spec, n.attrs, in_types, n.type)
+        priced[name] = (key, target.node_ns(n.spec, n.attrs, in_types, n.type)
+                        == pytest.approx(lines[key.replace("FusedConv", "Conv")].ns(*cost_counts(cost))))
+    assert priced == {"dense": ("Conv", True), "depthwise": ("Conv.depthwise", True),
+                      "fused depthwise": ("FusedConv.depthwise", True), "grouped": ("Conv", True),
+                      "1d": ("Conv.1d", True)}
+    assert set(profile(g, target).by_op) == {"Conv", "Conv.1d", "Conv.depthwise", "FusedConv.depthwise"}
+    with pytest.raises(ValueError, match=r"rates name unknown op\(s\) or kind\(s\) \['Add.depthwise'\]"):
+        calibrations.target({"Add.depthwise": OpRate(1.0, 0.0, 0.0)})
+
+
+def cost_counts(cost: NodeCost) -> tuple[int, ...]:
+    """A node's counts in the order :data:`~rlx_egraph.cost.calibration.TERMS` multiplies them."""
+    return cost.launches, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices
+
+
 def test_the_gemm_lines_share_a_byte_and_flop_rate_and_keep_their_own_launch_and_matrix_terms() -> None:
     """One GEMM kernel: MatMul (its per-head samples many matrices each), Gemm, and MatMul + BiasGelu (a second
     kernel over the output, its samples ran so) lie on lines with one rate per byte and per FLOP; the fit gives back
@@ -192,7 +251,8 @@ def test_the_gemm_lines_share_a_byte_and_flop_rate_and_keep_their_own_launch_and
 def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
                                                                        1_180.0, "Add 1"),),
-                            value_ns=570.0, value_ns_per_byte=0.004, stream_ns_per_byte=0.04, cache_bytes=1 << 25)
+                            value_ns=570.0, value_ns_per_byte=0.004, stream_ns_per_byte=0.04, cache_bytes=1 << 25,
+                            shape_ns=340.0)
     path = c.save(tmp_path / "sub" / "c.json")
     back = cal.read(path)
     assert back == c and back.source == str(path) and back.samples[0].ran == "Add 1"
@@ -200,7 +260,8 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     assert data["format_version"] == cal.FORMAT_VERSION and (data["value_ns"], data["value_ns_per_byte"]) == (
         570.0, 0.004)
     # a file made before graph values and what ran were measured reads with none
-    for key in ("value_ns", "value_ns_per_byte", "stream_ns_per_byte", "cache_bytes"):
+    assert data["shape_ns"] == 340.0 and onnxruntime_target(back).shape_node_ns == 340.0
+    for key in ("value_ns", "value_ns_per_byte", "stream_ns_per_byte", "cache_bytes", "shape_ns"):
         del data[key]
     for key in ("ran", "rows", "matrices"):
         del data["samples"][0][key]
@@ -208,7 +269,9 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
         del line["ns_per_row"], line["ns_per_matrix"]
     path.write_text(json.dumps(data))
     older = cal.read(path)
-    assert (older.value_ns, older.value_ns_per_byte, older.stream_ns_per_byte, older.cache_bytes) == (0, 0, 0, 0)
+    assert (older.value_ns, older.value_ns_per_byte, older.stream_ns_per_byte, older.cache_bytes, older.shape_ns) == (
+        0, 0, 0, 0, 0)
+    assert onnxruntime_target(older).shape_node_ns == older.dispatch_ns  # a file without it: a dispatch a node
     assert (older.samples[0].ran, older.samples[0].rows, older.samples[0].matrices) == ("", 0, 0)
     assert all(line.ns_per_row == line.ns_per_matrix == 0 for line in older.rates.values())
 
@@ -267,6 +330,7 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
     assert sorted(op for op in ONNXRUNTIME_FUSED
                   if op not in result.rates and REGISTRY[op].cost_class not in result.rates) == []
     assert all(s.ns >= 0 for s in result.samples) and result.threads == 1 and result.value_ns > 0
+    assert result.shape_ns > 0 and onnxruntime_target(result).shape_node_ns == result.shape_ns
     assert result.stream_ns_per_byte >= 0 and result.cache_bytes == cache_bytes()
     ran = {s.label: s.ran for s in result.samples}
     assert ran["MatMul wide [2x16, 64]"] == "MatMul 1" and ran["FusedResidualLN [2x16, 64]"] == (
@@ -409,6 +473,26 @@ def test_the_shipped_calibration_takes_gemm_for_a_biased_matmul_with_onnxruntime
     want = (x @ g.weights["w"] + g.weights["b"]).astype(np.float32)
     got = ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(got[0], want, rtol=0, atol=1e-4)
+
+
+def test_the_shipped_calibration_takes_the_cached_attention_for_a_toy_grouped_query_step() -> None:
+    """A GQA decoding step as sdpa writes it (the query grouped per key head) at hidden 16, 4 heads over 2 key heads,
+    after 7 cached tokens: the shipped calibration takes KvCacheAttention (one Attention with past) over
+    BiasedAttention on the grouped query with its two cache Concats, which onnxruntime runs 1.06 to 1.09 times
+    slower (the two timed in turn, one thread); the export computes what the step does."""
+    model = decode_step(7, heads=4, kv_heads=2, rope=True, concat_axis=-2, hidden=16, grouped_query=True)
+    opt, _ = optimize_with_report(import_model(model), TARGETS["onnxruntime"], rules=onnx_rules())
+    counts = opt.op_counts()
+    assert (counts["KvCacheAttention"], counts.get("BiasedAttention", 0), counts.get("Concat", 0)) == (1, 0, 0)
+    rng = np.random.default_rng(0)
+    inputs = {"hidden_states": rng.standard_normal((2, 1, 16)).astype(np.float32),
+              "attention_mask": np.ones((2, 8), np.int64),
+              **{f"past_key_values.0.{kv}": rng.standard_normal((2, 2, 7, 4)).astype(np.float32)
+                 for kv in ("key", "value")}}
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
+                 for m in (model, export_model(opt)))
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
 
 
 def _attention_block(batch: int, seq: int) -> Graph:

@@ -22,14 +22,15 @@ HINTS = {"batch": 2, "sequence": 5}
 BINDINGS = ({"batch": 1, "sequence": 7}, {"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 17})
 # (model, exporter) -> the fused ops of its optimization, symbolic and static alike
 FUSED = {
-    ("bert", "torchscript"): {"EmbedLayerNorm": 1, "FusedMatMulBiasAct": 3, "FusedResidualLN": 2, "QkvAttention": 1},
-    ("bert", "dynamo"): {"EmbedLayerNorm": 1, "FusedMatMulBiasAct": 3, "FusedResidualLN": 2, "QkvAttention": 1},
-    ("gpt2", "torchscript"): {"FusedAddLayerNorm": 2, "FusedMatMulBiasAct": 3, "QkvAttention": 1},
-    ("gpt2", "dynamo"): {"FusedAddLayerNorm": 2, "FusedMatMulBiasAct": 3, "QkvAttention": 1},
-    ("llama", "torchscript"): {"CausalAttention": 1, "FusedAddRmsNorm": 1},
-    ("llama", "dynamo"): {"CausalAttention": 1, "FusedAddRmsNorm": 1},
-    ("llama-padded", "torchscript"): {"BiasedAttention": 1, "FusedAddRmsNorm": 1},
-    ("llama-padded", "dynamo"): {"BiasedAttention": 1, "FusedAddRmsNorm": 1},
+    ("bert", "torchscript"): {"EmbedLayerNorm": 1, "FusedMatMulBiasAct": 6, "FusedResidualLN": 2,
+                              "MultiHeadAttention": 1},
+    ("bert", "dynamo"): {"EmbedLayerNorm": 1, "FusedMatMulBiasAct": 6, "FusedResidualLN": 2, "MultiHeadAttention": 1},
+    ("gpt2", "torchscript"): {"FusedAddLayerNorm": 2, "FusedMatMulBiasAct": 6, "MultiHeadAttention": 1},
+    ("gpt2", "dynamo"): {"FusedAddLayerNorm": 2, "FusedMatMulBiasAct": 6, "MultiHeadAttention": 1},
+    ("llama", "torchscript"): {"CausalAttention": 1, "FusedAddRmsNorm": 1, "FusedMatMulAdd": 1},
+    ("llama", "dynamo"): {"CausalAttention": 1, "FusedAddRmsNorm": 1, "FusedMatMulAdd": 1},
+    ("llama-padded", "torchscript"): {"BiasedAttention": 1, "FusedAddRmsNorm": 1, "FusedMatMulAdd": 1},
+    ("llama-padded", "dynamo"): {"BiasedAttention": 1, "FusedAddRmsNorm": 1, "FusedMatMulAdd": 1},
 }
 
 

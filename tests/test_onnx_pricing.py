@@ -42,7 +42,10 @@ def test_run_time_shape_nodes_are_priced_and_cancelled_reshapes_are_not():
     # [batch*seq*4, 4] is computed at run time: one Shape per symbol, two Muls and a Concat; the flatten pair is a
     # reshape to the shape its source has, which the export writes as no node at all
     assert priced.added == Counter({"Shape": 2, "Mul": 2, "Concat": 1})
-    assert priced.added_ns == pytest.approx(5 * ORT.dispatch_ns)
+    assert priced.added_ns == pytest.approx(5 * ORT.shape_node_ns)
+    # each at what the calibration measures a shape computation's node at, else at a dispatch
+    assert price_export(graph, ORT.replace(shape_ns=1_000.0)).added_ns == pytest.approx(5_000.0)
+    assert price_export(graph, ORT.replace(shape_ns=0.0)).added_ns == pytest.approx(5 * ORT.dispatch_ns)
     assert priced.unwritten == Counter({"Reshape": 2})
     exported = Counter(n.op_type for n in priced.model.graph.node)
     assert exported == Counter({"MatMul": 2, "Shape": 2, "Mul": 2, "Concat": 1, "Reshape": 2, "Transpose": 1,
@@ -51,7 +54,7 @@ def test_run_time_shape_nodes_are_priced_and_cancelled_reshapes_are_not():
     # the same graph without the pair: its profile is the export's, less the shape nodes
     plain = import_model(_heads_model(flatten_pair=False))
     assert priced.profile.ns - priced.unwritten_ns == pytest.approx(profile(plain, ORT).ns)
-    assert priced.ns == pytest.approx(profile(plain, ORT).ns + 5 * ORT.dispatch_ns)
+    assert priced.ns == pytest.approx(profile(plain, ORT).ns + 5 * ORT.shape_node_ns)
     assert price_export(plain, ORT).ns == pytest.approx(priced.ns)
 
 
@@ -76,6 +79,6 @@ def test_nodes_past_what_the_samples_ran_are_priced():
     assert Counter(n.op_type for n in priced.model.graph.node) == Counter(
         {"Transpose": 2, "MatMul": 2, "Sigmoid": 1, "Add": 1, "Identity": 1})
     assert priced.beyond == Counter({"MatMulBT": 1}) and priced.added == Counter() and priced.unwritten == Counter()
-    assert priced.added_ns == pytest.approx(ORT.dispatch_ns)
-    assert priced.ns == pytest.approx(profile(g, ORT).ns + ORT.dispatch_ns)
+    assert priced.added_ns == pytest.approx(ORT.shape_node_ns)
+    assert priced.ns == pytest.approx(profile(g, ORT).ns + ORT.shape_node_ns)
     assert priced.nodes == 5  # Sigmoid, its Transpose, 2 MatMul, Add: the weight's Transpose folded, no Identity

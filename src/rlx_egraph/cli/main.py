@@ -295,7 +295,8 @@ def _calibrate(args: argparse.Namespace) -> None:
              f"{1 / r.ns_per_flop:,.1f}" if r.ns_per_flop else "-", f"{r.ns_per_row:,.1f}" if r.ns_per_row else "-",
              f"{r.ns_per_matrix:,.0f}" if r.ns_per_matrix else "-") for key, r in sorted(result.rates.items())]
     print(format_table(("op or kind", "launch ns", "B/ns", "FLOP/ns", "ns/row", "ns/matrix"), rows, "<>>>>>"))
-    print(f"run {result.run_ns:,.0f} ns, dispatch {result.dispatch_ns:,.0f} ns, memory {result.memory_bw:,.1f} B/ns, "
+    print(f"run {result.run_ns:,.0f} ns, dispatch {result.dispatch_ns:,.0f} ns (a run-time shape node "
+          f"{result.shape_ns:,.0f} ns), memory {result.memory_bw:,.1f} B/ns, "
           f"matmul {result.flops_per_ns:,.1f} FLOP/ns, weights from memory {result.stream_ns_per_byte:.4f} ns/B past "
           f"{result.cache_bytes:,} B")
     print(f"wrote {result.source}")

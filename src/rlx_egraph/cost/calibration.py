@@ -177,9 +177,13 @@ def fit_gemm_rates(groups: Mapping[str, Iterable[Sample]]) -> dict[str, OpRate]:
 
 
 def _line_of(key: str) -> str:
-    """The line a sample of ``key`` is fitted into: its op's cost class where that names another op, else ``key``."""
-    spec = REGISTRY.get(key.partition(".")[0])
-    return spec.cost_class if spec is not None and spec.cost_class in REGISTRY else key
+    """The line a sample of ``key`` is fitted into: its op's cost class where that names another op (of the same
+    variant: a depthwise FusedConv's samples into ``Conv.depthwise``), else ``key``."""
+    op, _, variant = key.partition(".")
+    spec = REGISTRY.get(op)
+    if spec is None or spec.cost_class not in REGISTRY:
+        return key
+    return f"{spec.cost_class}.{variant}" if variant else spec.cost_class
 
 
 def computes_as_gemm(key: str) -> bool:
@@ -240,7 +244,9 @@ class Calibration:
     were fitted to.  ``value_ns`` and ``value_ns_per_byte`` price each graph input and output of a run (the value
     crosses the runtime's call).  ``stream_ns_per_byte`` is what a weight byte read from memory costs beyond what
     the lines price (their samples' weights in cache), paid for the weights past ``cache_bytes`` (the machine's
-    last-level cache) of a model whose weights outgrow it.  ``machine`` is the fingerprint of the machine and
+    last-level cache) of a model whose weights outgrow it.  ``shape_ns`` is what one node of a run-time shape
+    computation costs (a dynamic export's Shape, Slice, Concat and Expand nodes on a few int64 elements; 0 in files
+    made before it was measured: ``dispatch_ns`` prices them).  ``machine`` is the fingerprint of the machine and
     runtime (:func:`machine`), ``threads`` the runtime's thread count, ``command`` the command that made it.
     """
 
@@ -259,12 +265,13 @@ class Calibration:
     value_ns_per_byte: float = 0.0
     stream_ns_per_byte: float = 0.0  # 0 in files made before weights streamed from memory were measured
     cache_bytes: int = 0
+    shape_ns: float = 0.0
 
     @classmethod
     def fitted(cls, target: str, samples: Iterable[Sample], *, machine: Mapping[str, str], command: str,
                threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
                flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0,
-               stream_ns_per_byte: float = 0.0, cache_bytes: int = 0) -> Calibration:
+               stream_ns_per_byte: float = 0.0, cache_bytes: int = 0, shape_ns: float = 0.0) -> Calibration:
         """A calibration whose rates are fitted to ``samples``: one line per key (the lines of ops that compute as
         one GEMM sharing their FLOP rate: :func:`fit_gemm_rates`; the samples of an op whose cost class is another
         op's, as FusedConv's is Conv's, fitted into that op's line, which prices both), for an op measured per
@@ -290,7 +297,7 @@ class Calibration:
             rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines])) for term in TERMS)))
         return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
                    samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte,
-                   stream_ns_per_byte=stream_ns_per_byte, cache_bytes=cache_bytes)
+                   stream_ns_per_byte=stream_ns_per_byte, cache_bytes=cache_bytes, shape_ns=shape_ns)
 
     def predicted_ns(self, sample: Sample) -> float:
         """``sample`` priced by its key's line."""
@@ -302,7 +309,7 @@ class Calibration:
                 "dispatch_ns": self.dispatch_ns, "memory_bw": self.memory_bw, "flops_per_ns": self.flops_per_ns,
                 "value_ns": self.value_ns, "value_ns_per_byte": self.value_ns_per_byte,
                 "stream_ns_per_byte": self.stream_ns_per_byte, "cache_bytes": self.cache_bytes,
-                "rates": {k: r.to_dict() for k, r in sorted(self.rates.items())},
+                "shape_ns": self.shape_ns, "rates": {k: r.to_dict() for k, r in sorted(self.rates.items())},
                 "samples": [s.to_dict() for s in self.samples]}
 
     @classmethod
@@ -319,7 +326,7 @@ class Calibration:
                        {str(k): OpRate(**v) for k, v in data["rates"].items()},
                        tuple(Sample(**s) for s in data["samples"]), source, float(data.get("value_ns", 0.0)),
                        float(data.get("value_ns_per_byte", 0.0)), float(data.get("stream_ns_per_byte", 0.0)),
-                       int(data.get("cache_bytes", 0)))
+                       int(data.get("cache_bytes", 0)), float(data.get("shape_ns", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CalibrationError(f"{where}: not a calibration ({type(exc).__name__}: {exc})") from None
 

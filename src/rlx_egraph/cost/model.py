@@ -15,12 +15,12 @@ the ops whose value the host reads before the run goes on: each is a sync point.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..ir.ops.primitives import matmul_flops
-from ..ir.registry import Kind, OpSpec, TensorType, TupleType
+from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,50 @@ class NodeCost:
 FREE = NodeCost(0, 0, 0, 0)
 
 
-def line_key(spec: OpSpec, attrs: Mapping[str, Any]) -> str:
-    """The measured line that prices a node on a target with per-op lines: its op's name, or ``Op.value`` for an op
+# The variants of a convolution that onnxruntime runs on kernels of their own, each at its own FLOP rate: over one
+# spatial axis (``1d``, as a speech model's feature extractor: an im2col and a GEMM, no blocked layout), and over two
+# with one input channel per group (``depthwise``, as MobileNet's and ConvNeXt's: MLAS's depthwise kernel in its
+# blocked layout).
+ONE_D, DEPTHWISE = "1d", "depthwise"
+
+
+def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorType] = ()) -> str:
+    """The measured line that prices a node on a target with per-op lines: its op's name; ``Op.value`` for an op
     whose attribute ``spec.cost_attr`` selects the kernels it is exported as (``FusedMatMulBiasAct.gelu``: MatMul
-    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm)."""
-    return f"{spec.name}.{attrs[spec.cost_attr]}" if spec.cost_attr else spec.name
+    + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); for a convolution (an op with ``groups``) over one spatial axis,
+    its input ``in_types[0]`` [N, C, L], ``Op.1d`` (:data:`ONE_D`); over more, of more than one group with one input
+    channel per group (its weight ``in_types[1]`` [O, 1, ...]), ``Op.depthwise`` (:data:`DEPTHWISE`)."""
+    if spec.cost_attr:
+        return f"{spec.name}.{attrs[spec.cost_attr]}"
+    groups = attrs.get("groups")
+    if not isinstance(groups, int) or len(in_types) < 2:
+        return spec.name
+    if in_types[0].rank == 3:
+        return f"{spec.name}.{ONE_D}"
+    if groups > 1 and in_types[1].rank > 1 and in_types[1].shape[1] == 1:
+        return f"{spec.name}.{DEPTHWISE}"
+    return spec.name
 
 
 def line_op(key: str) -> str:
     """The op a line key (:func:`line_key`) prices."""
     return key.partition(".")[0]
+
+
+def line_variant(key: str) -> str:
+    """The variant a line key (:func:`line_key`) names after its op ("" for the op's own line)."""
+    return key.partition(".")[2]
+
+
+def names_a_line(key: str) -> bool:
+    """Whether ``key`` can be a line key (:func:`line_key`): an op, ``Op.value`` for an op with a ``cost_attr``, or
+    ``Op.1d`` or ``Op.depthwise`` for an op with a ``groups`` attribute."""
+    spec = REGISTRY.get(line_op(key))
+    if spec is None:
+        return False
+    variant = line_variant(key)
+    return (not variant or bool(spec.cost_attr)
+            or (variant in (ONE_D, DEPTHWISE) and any(a.name == "groups" for a in spec.attrs)))
 
 
 def node_launches(spec: OpSpec, copies: bool = False) -> int:

@@ -189,7 +189,7 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
     op_sums: dict[str, list[int]] = {}  # the same per line key (:func:`line_key`: the op, or the op and its variant)
     for node, ins, copies, count in [*signatures.values(), *unhashable]:
         cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
-        line = op_sums.setdefault(line_key(node.spec, node.attrs), [0] * 6)
+        line = op_sums.setdefault(line_key(node.spec, node.attrs, [i.type for i in ins]), [0] * 6)
         counts = (cost.launches, cost.syncs, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices)
         for total in (sums[kind_of[node.op]], line):
             for k, n in enumerate(counts):

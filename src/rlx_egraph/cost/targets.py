@@ -79,13 +79,13 @@ from ..ir.ops.regions import REGION_KINDS
 from ..ir.registry import REGISTRY, Kind, OpSpec, TensorType, TupleType
 from . import calibration as cal
 from .calibration import Calibration, OpRate
-from .model import NodeCost, line_key, line_op, node_cost, node_launches
+from .model import NodeCost, line_key, line_op, line_variant, names_a_line, node_cost, node_launches
 
 if TYPE_CHECKING:
     from .profile import IoProfile
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns", "value_ns", "value_ns_per_byte",
-                 "stream_ns_per_byte", "cache_bytes")
+                 "stream_ns_per_byte", "cache_bytes", "shape_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
 _COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 
@@ -134,7 +134,8 @@ class Target:
     measured line instead of the target-wide figures (:meth:`rate`); ``run_ns`` is the fixed cost of one run of
     a whole graph, ``value_ns`` and ``value_ns_per_byte`` that of each graph input and output it is called with
     and returns; ``stream_ns_per_byte`` what a weight byte past ``cache_bytes`` (the last-level cache) costs when
-    a model's weights outgrow it, beyond what the lines price; ``calibration`` says where the figures come from,
+    a model's weights outgrow it, beyond what the lines price; ``shape_ns`` what one node of a run-time shape
+    computation costs (:attr:`shape_node_ns`); ``calibration`` says where the figures come from,
     ``sample_nodes`` how many nodes the runtime ran
     for one node of each measured op (the most of its samples).  ``attention_block_max_tokens`` bounds the
     batch*seq of a FusedAttentionBlock (the seed's guard, for targets with no measurement of the block); None:
@@ -163,6 +164,7 @@ class Target:
     value_ns_per_byte: float = 0.0
     stream_ns_per_byte: float = 0.0
     cache_bytes: int = 0
+    shape_ns: float = 0.0
     attention_block_max_tokens: int | None = SEED_ATTENTION_BLOCK_MAX_TOKENS
     calibration: str = field(default="", compare=False)
     sample_nodes: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
@@ -198,7 +200,7 @@ class Target:
         if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
             raise ValueError(f"target {self.name!r}: attention_block_max_tokens={bound!r} must be None or an int >= 0")
         kinds = {kind.value for kind in Kind}
-        unknown = sorted(key for key in self.rates if key not in kinds and not _line_of_op(key))
+        unknown = sorted(key for key in self.rates if key not in kinds and not names_a_line(key))
         if unknown:
             raise ValueError(f"target {self.name!r}: rates name unknown op(s) or kind(s) {unknown}")
         if not all(isinstance(r, OpRate) for r in self.rates.values()):
@@ -215,6 +217,13 @@ class Target:
         return PricedDims(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Target)}, price=price)
 
     @property
+    def shape_node_ns(self) -> float:
+        """What one node of a run-time shape computation costs (a dynamic export's Shape, Slice, Concat and Expand
+        nodes on a few int64 elements, which no MIR node's line prices): ``shape_ns`` where measured, else
+        ``dispatch_ns``."""
+        return self.shape_ns or self.dispatch_ns
+
+    @property
     def readback_bw(self) -> float:
         """Bytes per ns at which graph outputs reach the host."""
         return self.unified_readback_bw if self.unified else self.host_readback_bw
@@ -229,12 +238,14 @@ class Target:
 
     def rate(self, spec: OpSpec, line: str = "") -> OpRate | None:
         """The measured line that prices ``spec``'s nodes: its cost class's (``spec.cost_class``: the op runs as
-        that op's kernel), else the line ``line`` (a node's :func:`~.model.line_key`, ``FusedMatMulBiasAct.gelu``)
-        where there is one, else its op's, else its kind's; None: the target-wide figures price them."""
+        that op's kernel; the class's line of the same variant first, ``Conv.depthwise`` for a depthwise FusedConv),
+        else the line ``line`` (a node's :func:`~.model.line_key`, ``FusedMatMulBiasAct.gelu``) where there is one,
+        else its op's, else its kind's; None: the target-wide figures price them."""
         if not self.rates:
             return None
-        return (self.rates.get(spec.cost_class) or self.rates.get(line) or self.rates.get(spec.name)
-                or self.rates.get(spec.kind.value))
+        variant = line_variant(line)
+        return ((variant and self.rates.get(f"{spec.cost_class}.{variant}")) or self.rates.get(spec.cost_class)
+                or self.rates.get(line) or self.rates.get(spec.name) or self.rates.get(spec.kind.value))
 
     def terms(self, launches: float, syncs: float, traffic_bytes: float, readback_bytes: float,
               flops: float, rate: OpRate | None = None, rows: float = 0.0, matrices: float = 0.0) -> dict[str, float]:
@@ -275,7 +286,7 @@ class Target:
         if not self.supports(spec.name):
             return math.inf
         cost = node_cost(spec, attrs, in_types, out_type, self.copies(spec, reads_intermediate))
-        return self.cost_ns(cost, spec, line_key(spec, attrs) if cost.launches else "")
+        return self.cost_ns(cost, spec, line_key(spec, attrs, in_types) if cost.launches else "")
 
     def copies(self, spec: OpSpec, reads_intermediate: bool) -> bool:
         """Whether a node of ``spec`` runs as a copy kernel here: a layout op in ``copied_layouts`` that reads an
@@ -312,12 +323,6 @@ class PricedDims(Target):
         return TensorType(tuple(self.price(d) for d in t.shape), t.dtype)
 
 
-def _line_of_op(key: str) -> bool:
-    """Whether ``key`` names an op's line: the op, or ``Op.value`` for an op with a ``cost_attr``."""
-    op = line_op(key)
-    return op in REGISTRY and (key == op or bool(REGISTRY[op].cost_attr))
-
-
 def check_dim_hints(hints: Any, what: str) -> Mapping[str, int]:
     """``hints`` if it maps symbol names to ints >= 1; else TypeError or ValueError starting with ``what``."""
     if not isinstance(hints, Mapping):
@@ -347,7 +352,7 @@ def onnxruntime_target(calibration: Calibration) -> Target:
                   rates=calibration.rates, run_ns=calibration.run_ns, value_ns=calibration.value_ns,
                   value_ns_per_byte=calibration.value_ns_per_byte, calibration=calibration.describe(),
                   stream_ns_per_byte=calibration.stream_ns_per_byte, cache_bytes=calibration.cache_bytes,
-                  attention_block_max_tokens=None, sample_nodes=sample_nodes)
+                  shape_ns=calibration.shape_ns, attention_block_max_tokens=None, sample_nodes=sample_nodes)
 
 
 TARGETS: dict[str, Target] = {

@@ -120,18 +120,26 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
     mask = (b, 1, 1, s)
     c, side = e // 4, max(s // 4, 4)  # a 3x3 convolution's channels and image side at this size
 
-    def conv(m: _Maker, prev: int | None, form: str = "dense", **fused: object) -> int:
-        """A 3x3 convolution (``dense``), a 3x3 one per channel of a 6 times wider image (``depthwise``, as in
-        MobileNet), or a 1x1 one of 6 times the channels (``pointwise``).  Chained, so that onnxruntime's blocked
-        layout (ORT_ENABLE_ALL) is entered and left once, as in a model."""
+    def conv(m: _Maker, prev: int | None, form: str = "dense", kernel: int = 3, **fused: object) -> int:
+        """A ``kernel`` x ``kernel`` convolution (``dense``), one per channel of a 6 times wider image
+        (``depthwise``: 3x3 as in MobileNet, 7x7 as in ConvNeXt), or a 1x1 one of 6 times the channels
+        (``pointwise``).  Chained, so that onnxruntime's blocked layout (ORT_ENABLE_ALL) is entered and left once,
+        as in a model."""
         out = c if form == "dense" else 6 * c
-        groups, size = (out, 3) if form == "depthwise" else (1, 3 if form == "dense" else 1)
+        groups = out if form == "depthwise" else 1
+        size = 1 if form == "pointwise" else kernel
         x, w = chain(m, prev, (1, out, side, side)), m.param((out, out // groups, size, size))
         pads = [size // 2] * 4
         bias = m.param((out,), "bias")
         if not fused:
             return m.g.conv(x, w, bias, pads=pads, groups=groups)
         return m.g.fused_conv(x, w, bias, pads=pads, groups=groups, **fused)
+
+    def conv1d(m: _Maker, prev: int | None) -> int:
+        """A convolution over one axis (kernel 3) of ``e // 2`` channels and ``4 s`` steps, as a speech model's
+        feature extractor runs them; chained."""
+        x = chain(m, prev, (b, e // 2, 4 * s))
+        return m.g.conv(x, m.param((e // 2, e // 2, 3)), m.param((e // 2,), "bias"), pads=[1, 1])
 
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
@@ -217,13 +225,18 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("BiasedAttention", lambda m, p: m.g.biased_attention(
             chain(m, p, (b, h, 1, d)), m.input((b, h, s + 1, d), "k"), m.input((b, h, s + 1, d), "v"),
             m.input((b, 1, 1, s + 1), "mask"), scale=d**-0.5), " one query"),
+        case("BiasedAttention", lambda m, p: m.g.biased_attention(
+            chain(m, p, (b, h // 2, 2, d)), m.input((b, h // 2, s + 1, d), "k"), m.input((b, h // 2, s + 1, d), "v"),
+            m.input((b, 1, 1, s + 1), "mask"), scale=d**-0.5), " grouped query"),
         case("MultiHeadAttention", lambda m, p: heads_merged(m, m.g.multi_head_attention(
             chain(m, p, x3), m.input(x3, "k"), m.input(x3, "v"), m.input(mask, "mask"), heads=h, scale=d**-0.5)),
              " masked"),
         case("Relu", lambda m, p: m.g.relu(chain(m, p, x3))),
         case("Conv", conv),
         case("Conv", lambda m, p: conv(m, p, "depthwise"), " depthwise"),
+        case("Conv", lambda m, p: conv(m, p, "depthwise", 7), " depthwise 7x7"),
         case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
+        case("Conv", conv1d, " 1d"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
         case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
              " depthwise clip"),
@@ -279,14 +292,20 @@ def _ops(model: onnx.ModelProto) -> Counter[str]:
                    if n.op_type != "Constant" and not (n.op_type == "Identity" and set(n.output) <= outputs))
 
 
-def _session(graph: Graph, threads: int) -> Runnable:
-    """``graph`` exported, in an onnxruntime session at :data:`LEVEL` with ``threads`` threads, inputs bound to
-    seeded values and every output bound."""
-    model = export_model(graph)
+def _options(threads: int) -> ort.SessionOptions:
+    """A session's options: :data:`LEVEL`, ``threads`` intra-op threads, warnings left out."""
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVEL)
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    return options
+
+
+def _session(graph: Graph, threads: int) -> Runnable:
+    """``graph`` exported, in an onnxruntime session at :data:`LEVEL` with ``threads`` threads, inputs bound to
+    seeded values and every output bound."""
+    model = export_model(graph)
+    options = _options(threads)
     with tempfile.TemporaryDirectory() as tmp:
         options.optimized_model_filepath = str(Path(tmp) / "ran.onnx")
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -401,9 +420,9 @@ def measure_case(case: Case, threads: int, budget_s: float, run_ns: float) -> ca
         t_one, t_many = timed_pair(first, many, budget_s, threads)
         ns = max((t_many - t_one) / (copies - 1), 0.0)
     n = one.node(node)
-    spec = n.spec
-    cost = node_cost(spec, n.attrs, [one.node(i).type for i in n.inputs], n.type, spec.kind is Kind.LAYOUT)
-    return cal.Sample(line_key(spec, n.attrs), case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
+    spec, in_types = n.spec, [one.node(i).type for i in n.inputs]
+    cost = node_cost(spec, n.attrs, in_types, n.type, spec.kind is Kind.LAYOUT)
+    return cal.Sample(line_key(spec, n.attrs, in_types), case.label, cost.launches, cost.traffic_bytes, cost.flops, ns,
                       ", ".join(f"{op} {k}" for op, k in sorted(ran.items())), cost.rows, cost.matrices)
 
 
@@ -423,6 +442,34 @@ def run_and_dispatch(threads: int, budget_s: float, short: int = 10, long: int =
     t_short, t_long, t_bound = map(typical, run_times(runs, budget_s, 25, threads))
     dispatch = (t_long - t_short) / (long - short)
     return max(t_short - short * dispatch, 0.0), dispatch, max(t_bound - short * dispatch, 0.0)
+
+
+def shape_nodes(threads: int, budget_s: float, short: int = 3, long: int = 103) -> float:
+    """What one node of a run-time shape computation costs (``shape_ns``): chains of ``short`` and ``long`` rounds of
+    the nodes a dynamic export writes for a Reshape or Expand target of a symbolic dim (Shape, Concat, Slice on
+    its few int64 elements, then Expand to it), on a one-float input of symbolic length; the slope per node."""
+    def chain(rounds: int) -> onnx.ModelProto:
+        ints = [onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [1], [value])
+                for name, value in (("zero", 0), ("one", 1))]
+        nodes, x = [], "x"
+        for k in range(rounds):
+            nodes += [onnx.helper.make_node("Shape", [x], [f"shape{k}"]),
+                      onnx.helper.make_node("Concat", [f"shape{k}", "one"], [f"dims{k}"], axis=0),
+                      onnx.helper.make_node("Slice", [f"dims{k}", "zero", "one"], [f"dim{k}"]),
+                      onnx.helper.make_node("Expand", [x, f"dim{k}"], [f"x{k}"])]
+            x = f"x{k}"
+        graph = onnx.helper.make_graph(
+            nodes, "shape_nodes", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"])],
+            [onnx.helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["n"])], ints)
+        return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)],
+                                      ir_version=min(onnx.IR_VERSION, 9))
+
+    feeds = {"x": np.ones(1, np.float32)}
+    sessions = [ort.InferenceSession(chain(n).SerializeToString(), _options(threads),
+                                     providers=["CPUExecutionProvider"]) for n in (short, long)]
+    t_short, t_long = map(typical, run_times([lambda s=s: s.run(None, feeds) for s in sessions], budget_s, 25,
+                                             threads))
+    return max(t_long - t_short, 0.0) / (4 * (long - short))
 
 
 def value_costs(threads: int, budget_s: float, values: int = 16, floats: int = 16_384) -> tuple[float, float]:
@@ -501,13 +548,14 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     say = progress or (lambda line: None)
     cases = [case for size in sizes for case in _cases(size)]
     best: dict[int, cal.Sample] = {}
-    probes: list[tuple[float, ...]] = []  # per pass: run, dispatch, bound run, value, value per byte
+    probes: list[tuple[float, ...]] = []  # per pass: run, dispatch, bound run, value, value per byte, shape node
     for done in range(passes):  # the probes too are measured once per pass and the lowest kept
-        probes.append((*run_and_dispatch(threads, budget_s), *value_costs(threads, budget_s)))
-        run_ns, dispatch_ns, bound_run_ns, value_ns, value_ns_per_byte = map(min, zip(*probes, strict=True))
+        probes.append((*run_and_dispatch(threads, budget_s), *value_costs(threads, budget_s),
+                       shape_nodes(threads, budget_s)))
+        run_ns, dispatch_ns, bound_run_ns, value_ns, value_ns_per_byte, shape_ns = map(min, zip(*probes, strict=True))
         say(f"pass {done + 1}/{passes}  run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch "
-            f"{dispatch_ns:,.0f} ns per node, graph input or output {value_ns:,.0f} ns + {value_ns_per_byte:.4f} "
-            "ns per byte")
+            f"{dispatch_ns:,.0f} ns per node ({shape_ns:,.0f} ns a shape node), graph input or output "
+            f"{value_ns:,.0f} ns + {value_ns_per_byte:.4f} ns per byte")
         for k, case in enumerate(cases):
             sample = measure_case(case, threads, budget_s, bound_run_ns)
             if k not in best or sample.ns < best[k].ns:
@@ -521,7 +569,7 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
                                     command=command or f"rlx-egraph calibrate --target {target} --threads {threads}",
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
                                     flops_per_ns=flops_per_ns, value_ns=value_ns,
-                                    value_ns_per_byte=value_ns_per_byte)
+                                    value_ns_per_byte=value_ns_per_byte, shape_ns=shape_ns)
     stream_ns = min(streamed_weights(threads, budget_s, result.rates["MatMul"], *stream) for _ in range(passes))
     say(f"weights from memory: {stream_ns:.4f} ns per byte beyond MatMul's line, past a {cache_bytes():,} B cache")
     result = dataclasses.replace(result, stream_ns_per_byte=stream_ns, cache_bytes=cache_bytes())
@@ -532,5 +580,5 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
 
 
 __all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "cache_bytes", "calibrate", "check_sample",
-           "measure_case", "run_and_dispatch", "run_clock", "streamed_weights", "value_costs",
+           "measure_case", "run_and_dispatch", "run_clock", "shape_nodes", "streamed_weights", "value_costs",
            "run_times", "typical"]

@@ -8,13 +8,13 @@ differs in three ways, each priced here by the same target:
   target with symbolic dims (Shape, Mul, Add, Div and Concat nodes on a few int64 elements, one set per distinct
   dim and target: :meth:`~.exporter.Builder.ints`), what a dims-data leaf (a symbolic Range bound, say) is
   computed by, and a layout op of a graph input (a leaf to the profile).  onnxruntime dispatches each as a node
-  on a few elements: each costs the target's ``dispatch_ns``, what the calibration measures such a node at (a
-  chain of Sigmoids on one float).
+  on a few elements: each costs the target's ``shape_node_ns``, what the calibration measures a node of such a
+  computation at (a chain of Shape, Concat, Slice and Expand nodes on a symbolic dim).
 * **nodes past a line's samples** (``beyond``): a node of an op whose calibration samples ran as k nodes
   (``Target.sample_nodes``; 1 for an op no sample measures) written as more, that onnxruntime does not fold: a
   GroupQueryAttention whose sequence lengths are computed at run time (Cast, Slice, Expand nodes that are
   constants in the sample), a MatMulBT of an intermediate (its Transpose; a weight's is folded).  Each costs the
-  target's ``dispatch_ns`` too.
+  target's ``shape_node_ns`` too.
 * **MIR nodes the export writes no node for** (``unwritten``), or only nodes onnxruntime folds when the session
   loads (every input a constant): a reshape of a reshape written as one Reshape, the 3-D <-> 2-D pair around a
   Gemm cancelled, the head split and merge that an Attention's 3-D inputs absorb, slices written as one Split.
@@ -103,7 +103,7 @@ def price_export(graph: Graph, target: Target | str = "onnxruntime") -> ExportPr
         unwritten[node.op] += 1
         unwritten_ns += tgt.node_ns(node.spec, node.attrs, [i.type for i in ins], node.type,
                                     any(i.kind is not Kind.LEAF for i in ins))
-    return ExportPrice(profile(graph, tgt), added, beyond, (added.total() + beyond.total()) * tgt.dispatch_ns,
+    return ExportPrice(profile(graph, tgt), added, beyond, (added.total() + beyond.total()) * tgt.shape_node_ns,
                        unwritten, unwritten_ns, dispatched.total() + added.total(), model)
 
 
