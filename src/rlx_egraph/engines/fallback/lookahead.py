@@ -70,6 +70,7 @@ class RegionRun:
     stop_reason: str  # why the fallback stopped on the region (a limit, or no rewrite pays)
     readers_left: bool = False  # a chain followed through matches left a step that matches a reader of its nodes
     relied_of: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # node -> writers of helper rows read
+    forms: Mapping[int, tuple[Node, ...]] = field(default_factory=dict)  # node of ``graph`` -> its forms
 
 
 @dataclass(frozen=True)
