@@ -64,7 +64,7 @@ from ...rules.signatures import constructor_args
 from ..budget import Deadline, gc_paused
 from .blocks import blocks
 from .facts import ABSENT, Facts, compile_term
-from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
+from .lookahead import Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import ArrayValue, Matcher, compile_matcher, plan_matcher
 from .pattern import CompiledRules, CompileError, Unsupported, compile_rules
 
@@ -208,20 +208,19 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     regions: dict[bool, _Engine] = {}
     shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
 
-    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
-                  follow: int) -> RegionRun:
+    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
                                      shared[0] if block else None, deadline)
-        return regions[block].run_region(region, levels, stage, step, follow)
+        return regions[block].run_region(region, levels, stage, step)
 
     with gc_paused():
         shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
         engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, shared[0], deadline)
         engine.stats.phases["load"] = time.perf_counter() - start
         engine.replay()
-        engine.whole()
+        engine.optimize(STAGES)
         result = engine.result(graph)
         # Freed (by reference counts) while the collector is still paused: its first pass after the pause
         # would otherwise scan the run's millions of objects just before they go.
@@ -293,8 +292,6 @@ class _Engine:
         self.rules_of: dict[int, list[str]] = {}
         self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
-        self.follow = NO_FOLLOW  # and how far (see chain_start)
-        self.readers_left = False  # a step that matches a reader of the chain was left (see chain_start)
         self.stage = STAGES[0]
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
@@ -321,7 +318,7 @@ class _Engine:
             self.stats.rules.setdefault(p.base, RuleStats())
         for cache in (self.costs, self.signatures, self.rules_of, self.relied_of):
             cache.clear()
-        self.chain, self.follow, self.readers_left, self.stage = None, NO_FOLLOW, False, STAGES[0]
+        self.chain, self.stage = None, STAGES[0]
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
@@ -331,15 +328,13 @@ class _Engine:
         self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
-    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
-                   follow: int = NO_FOLLOW) -> RegionRun:
+    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed as far as ``follow`` says (see
-        :meth:`chain_start`).
+        ids), the step applied first and the chain after it followed (see :meth:`chain_start`).
         Stage None: a block, optimized as a whole run would."""
         self.reopen(region, levels)
         if stage is None:
-            self.whole()
+            self.optimize(STAGES)
         else:
             later = STAGES.index(stage)
             for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
@@ -349,14 +344,13 @@ class _Engine:
                 self.apply(step)
                 changed, self.rw.touched = self.rw.touched, set()
                 self.forget(changed)
-                self.chain = {n for n in changed if n in self.nodes} if follow != NO_FOLLOW else None
-                self.follow = follow
+                self.chain = {n for n in changed if n in self.nodes}
             self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
         return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
                          {n: tuple(r) for n, r in self.rules_of.items()}, holders,
                          {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason,
-                         self.readers_left, dict(self.relied_of),
+                         dict(self.relied_of),
                          {n: tuple(forms.values()) for n, forms in self.facts.forms.items()})
 
     # --- the loop ----------------------------------------------------------------------
@@ -400,10 +394,6 @@ class _Engine:
                 mine.commits += stats.commits * transplanted
                 mine.chain_starts += stats.chain_starts * transplanted
         self.stats.phases["replay"] = time.perf_counter() - t0
-
-    def whole(self) -> None:
-        """A whole run: every stage in order, each to its fixpoint (see :meth:`optimize`)."""
-        self.optimize(STAGES)
 
     def out_of_time(self) -> bool:
         """Whether the run's deadline has passed (then the stop reason says so)."""
@@ -530,21 +520,14 @@ class _Engine:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
         for plans that replace nodes outright (each replaced node dies, and so does every matched node the
         new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
-        the chain followed there is taken without asking if it matches or replaces a node of the chain, or, when
-        the chain is followed through readers (:data:`.lookahead.FOLLOW_READING`), matches a node that reads
-        one."""
+        the chain followed there is taken without asking if it matches or replaces a node of the chain."""
         if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
                 or any(old not in plan.dead for old, _ in plan.unions)):
             return None
         inspected = {v for s in plan.matcher.node_slots if isinstance(v := plan.found[s], int)}
         if self.chain is not None:
-            chain, nodes = self.chain, self.nodes
-            if chain.isdisjoint(inspected | plan.dead):
-                if not any(not chain.isdisjoint(nodes[n].inputs) for n in inspected if n in nodes):
-                    return None
-                if self.follow != FOLLOW_READING:
-                    self.readers_left = True
-                    return None
+            if self.chain.isdisjoint(inspected | plan.dead):
+                return None
             plan.chained = True
             return plan
         read = {i for n in plan.new.values() for i in n.inputs}
