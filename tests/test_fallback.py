@@ -1175,7 +1175,7 @@ def test_the_time_limit_stops_the_blocks_too():
 @pytest.mark.parametrize("target", ["cpu", "onnxruntime"])
 @pytest.mark.parametrize("model", ["llama-6", "bert-6", "gpt2-6", "synthetic"])
 def test_blocks_give_what_the_whole_graph_gives(model, target, monkeypatch):
-    """Optimizing block by block, then near the seams, is an optimization: the cost, commits and fused ops of
+    """Optimizing block by block, then the whole graph, is an optimization: the cost, commits and fused ops of
     the whole graph run at once (the lookahead's chains inside blocks included), and parity."""
     g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
     by_blocks = run(g, target=target)

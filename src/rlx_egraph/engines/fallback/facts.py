@@ -172,7 +172,7 @@ class Facts:
             if value == old:
                 return
         else:
-            for column, index in self._indexes_of(name):
+            for column, index in self._indexes.get(name, ()):
                 index.setdefault(args[column], {})[args] = None
             for n in self._nodes_in(name, args, value):
                 self._mentions.setdefault(n, []).append((name, args))
@@ -197,7 +197,7 @@ class Facts:
                 continue
             value = rows.pop(args)
             writers = self.writers[name].pop(args, ()) if name in self.writers else ()
-            for column, index in self._indexes_of(name):
+            for column, index in self._indexes.get(name, ()):
                 index[args[column]].pop(args, None)
             decl = self.decls[name]
             self.set(name, tuple(self._canonical(s, a) for s, a in zip(decl.inputs, args, strict=True)),
@@ -231,9 +231,6 @@ class Facts:
             self._index[(name, column)] = index
             self._indexes.setdefault(name, []).append((column, index))
         return index
-
-    def _indexes_of(self, name: str) -> list[tuple[int, dict]]:
-        return self._indexes.get(name, [])
 
 
 def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable[[list], Any]:

@@ -178,7 +178,7 @@ def compile_matcher(pattern: Rule, facts: Facts,
             return found
     else:
         chain = _lookup_step(first, set(), slots, chain, facts, pinned)
-        root_op, rows = None, facts.rows[_root_table(first)]
+        root_op, rows = None, facts.rows[first.table]  # type: ignore[union-attr]
 
         def roots() -> list[Any]:
             return list(rows)
@@ -197,11 +197,6 @@ def compile_matcher(pattern: Rule, facts: Facts,
             return found
 
     return Matcher(pattern, root_op, slots, plan.node_slots, plan.shape_slots, run, roots, alive, plan.child_ops)
-
-
-def _root_table(root: Atom) -> str:
-    """The helper relation a query without node patterns is rooted at ('' for a node root)."""
-    return root.table if isinstance(root, Fact) else ""
 
 
 def _out(atom: NodePat) -> str:
