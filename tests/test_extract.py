@@ -467,13 +467,14 @@ def test_greedy_unshares_two_linear_layers_with_an_activation_each(target: str):
 
 @pytest.mark.long
 def test_greedy_has_no_gap_to_the_proven_optimum_on_random_graphs():
-    """60 random graphs of the property tests' patterns, on rotating targets: greedy from the input graph alone
-    was over the optimum on 15 of them (3 by more than 0.1%, one by 20%)."""
+    """30 random graphs of the property tests' patterns, on rotating targets: greedy searching from the input graph
+    alone (not also from the least tree-cost choice) is over the optimum on 7 of them (2 by more than 0.1%);
+    test_greedy_unshares_two_linear_layers_with_an_activation_each pins a shared wide matmul it is 50% over on."""
     from rlx_egraph import optimize_with_report
     from rlx_egraph.examples import random_graph, random_plan
 
     rng, targets, gaps = random.Random(6), sorted(TARGETS), []
-    for k in range(60):
+    for k in range(30):
         graph = random_graph(random_plan(rng, max_steps=14))
         _, report = optimize_with_report(graph, targets[k % len(targets)], regions=False, exact_gap=True)
         assert report.exact_optimal

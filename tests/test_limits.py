@@ -1,5 +1,6 @@
 """Limits bound the whole run; shared-input matmuls of any k merge with quadratic growth."""
 
+import importlib
 import math
 import re
 import resource
@@ -311,19 +312,44 @@ def test_a_run_out_of_time_before_the_fallback_starts_keeps_the_graph():
     assert rep.stop_reason == "time limit" and out == g and rep.parity.ok
 
 
-def test_auto_gives_the_fallback_only_the_time_left(tmp_path: Path):
+def test_auto_gives_the_fallback_only_the_time_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """egglog stopped at a limit hands over to the fallback, which used to get a whole max_seconds of its own and
-    overshoot it inside its passes: 29 to 42 s for max_seconds=1, 2 or 4 here."""
+    overshoot it inside its passes: 29 to 42 s for max_seconds=1, 2 or 4 here.  The fallback must run to the
+    run's own deadline, and the run spend at most 1.5 s past it: counted in the process's CPU time, which other
+    processes on a loaded machine do not stretch (the deadline is wall-clock time, so a starved run does less
+    work before it, not more)."""
+    optimize_module = importlib.import_module("rlx_egraph.optimize")
+    made: list[Deadline] = []  # each run's deadline, made as it starts
+    handed: list[Deadline] = []  # the deadlines the fallback was given
+    to_fallback = optimize_module._optimize_fallback
+
+    class RunDeadline(Deadline):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    def spy(*args, **kwargs):
+        handed.append(args[-1])
+        return to_fallback(*args, **kwargs)
+
+    monkeypatch.setattr(optimize_module, "Deadline", RunDeadline)
+    monkeypatch.setattr(optimize_module, "_optimize_fallback", spy)
     rules = assoc_comm_rules(tmp_path)
     for seconds in (1.0, 2.0):
-        start = time.perf_counter()
+        made.clear()
+        handed.clear()
+        cpu = time.process_time()
         og, rep = optimize_with_report(sum_of_products(32), rules=rules, max_seconds=seconds)
-        assert time.perf_counter() - start < seconds + 1.5, rep.phases
+        assert time.process_time() - cpu < seconds + 1.5, rep.phases
         assert rep.stop_reason.startswith("time limit") and len(og.outputs) == 1
+        assert made[0].seconds == seconds and all(d is made[0] for d in handed)
+    made.clear()
+    handed.clear()
     _, rep = optimize_with_report(sum_of_products(32), rules=rules, max_enodes=2_000, max_seconds=3.0)
     assert rep.engine == "fallback" and rep.engine_reason.startswith("auto: the egglog engine stopped at a limit "
                                                                      "(node limit: ")
     assert rep.engine_reason.endswith("so the fallback ran in the time left")
+    assert len(handed) == 1 and handed[0] is made[0] and made[0].seconds == 3.0  # the run's, not one of its own
     g = sum_of_products(4)
     out, rep = optimize_with_report(g, rules=rules, max_seconds=0)
     assert rep.engine == "egglog" and out == g

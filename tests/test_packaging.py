@@ -66,11 +66,30 @@ def _build_wheel(source: Path, dist: Path, **env: str) -> tuple[Path, str]:
     return wheel, run.stdout + run.stderr
 
 
-@pytest.mark.long
-def test_a_build_without_a_working_compiler_makes_a_pure_python_wheel_and_says_so(tmp_path: Path) -> None:
-    source = tmp_path / "src-copy"
+@pytest.fixture(scope="module")
+def sdist_and_pure_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """The sdist of a clean copy of the checkout, and the wheel pip builds from it without a compiler, in an isolated
+    build environment (the sdist's build requirements installed from the index, as ``pip install`` of the sdist
+    does): the sdist, the wheel and what the build printed (``-v``).  Built once for the two tests that read them."""
+    from hatchling.builders.sdist import SdistBuilder
+
+    folder = tmp_path_factory.mktemp("sdist")
+    source = folder / "src-copy"  # a clean copy: nothing built in place
     _copy_tracked(source)
-    wheel, printed = _build_wheel(source, tmp_path / "dist", **NO_COMPILER)
+    (sdist,) = [Path(p) for p in SdistBuilder(str(source)).build(directory=str(folder / "sdist"))]
+    # no byte-compiling of the build requirements pip installs: most of the isolated environment's time
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", str(sdist), "--no-deps", "--wheel-dir",
+                          str(folder / "dist"), "-v"], capture_output=True, text=True,
+                         env=_env(PIP_COMPILE="0", **NO_COMPILER))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (wheel,) = (folder / "dist").glob("rlx_egraph-*.whl")
+    return sdist, wheel, run.stdout + run.stderr
+
+
+@pytest.mark.long
+def test_a_build_without_a_working_compiler_makes_a_pure_python_wheel_and_says_so(
+        sdist_and_pure_wheel: tuple[Path, Path, str]) -> None:
+    sdist, wheel, printed = sdist_and_pure_wheel
     assert "rlx-egraph: no working C compiler (" in printed
     assert "building the pure-Python package, which gives the same results more slowly" in printed
     assert wheel.name.endswith("-py3-none-any.whl")
@@ -78,7 +97,9 @@ def test_a_build_without_a_working_compiler_makes_a_pure_python_wheel_and_says_s
     assert not [n for n in names if n.endswith((".so", ".pyd", ".c"))]
     assert {f"rlx_egraph/engines/egglog/{m}.py" for m in COMPILED_NAMES if m != "_cython_utility"} <= set(names)
     assert "rlx_egraph/_cython_shim.py" in names and "rlx_egraph/shipped_rules/norms.egg" in names
-    # the benchmark scripts stay in the repository (benchmarks/), out of the wheel
+    # the benchmark scripts stay in the repository (benchmarks/), out of the wheel built from an sdist that has them
+    with tarfile.open(sdist) as archive:
+        assert any(m.name.split("/")[1:2] == ["benchmarks"] for m in archive.getmembers())
     assert not [n for n in names if n.startswith("benchmarks/") or "bench" in n.rpartition("/")[2]], names
 
 
@@ -107,12 +128,11 @@ def _demo(bin_dir: Path, cwd: Path) -> str:
 
 @pytest.mark.long
 def test_the_wheel_and_the_sdist_install_without_a_compiler_outside_the_checkout_and_run_the_demo(
-        tmp_path: Path) -> None:
+        tmp_path: Path, sdist_and_pure_wheel: tuple[Path, Path, str]) -> None:
     """CI's install check: ``pip wheel .`` (compiled here), installed with no compiler into a clean venv outside the
-    checkout, runs the demo on the compiled path; the sdist, installed there with no compiler, builds the pure-Python
-    package, whose demo prints the same report and graph."""
-    from hatchling.builders.sdist import SdistBuilder
-
+    checkout, runs the demo on the compiled path; the sdist, built with no compiler (as ``pip install`` of it builds:
+    the wheel :func:`sdist_and_pure_wheel` made), installs the pure-Python package there, whose demo prints the same
+    report and graph."""
     source = tmp_path / "src-copy"  # a clean copy: nothing built in place
     _copy_tracked(source)
     wheel, _ = _build_wheel(source, tmp_path / "dist")
@@ -127,8 +147,8 @@ def test_the_wheel_and_the_sdist_install_without_a_compiler_outside_the_checkout
     work.mkdir()
     bin_dir = _venv(tmp_path / "venv")
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    # no byte-compiling of what pip installs (the dependencies, and the sdist's build requirements): two thirds of
-    # the install's time; the demos compile what they import
+    # no byte-compiling of what pip installs (the dependencies): two thirds of the install's time; the demos
+    # compile what they import
     no_compiler = _env(PIP_COMPILE="0", **NO_COMPILER)
     run = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, env=no_compiler)
     assert run.returncode == 0, run.stderr
@@ -138,10 +158,10 @@ def test_the_wheel_and_the_sdist_install_without_a_compiler_outside_the_checkout
     compiled_demo = _demo(bin_dir, work)
     assert "graph: 110 nodes -> 62 nodes" in compiled_demo and "parity: ok" in compiled_demo
 
-    (sdist,) = [Path(p) for p in SdistBuilder(str(source)).build(directory=str(tmp_path / "sdist"))]
+    sdist, pure_wheel, _ = sdist_and_pure_wheel
     with tarfile.open(sdist) as archive:
         assert "hatch_build.py" in {Path(m.name).name for m in archive.getmembers()}
-    run = subprocess.run([*pip, "--force-reinstall", "--no-deps", str(sdist)], capture_output=True, text=True,
+    run = subprocess.run([*pip, "--force-reinstall", "--no-deps", str(pure_wheel)], capture_output=True, text=True,
                          env=no_compiler)
     assert run.returncode == 0, run.stderr
     where = subprocess.run(check, cwd=work, capture_output=True, text=True, env=_env()).stdout.split()
