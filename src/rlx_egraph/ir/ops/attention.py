@@ -472,15 +472,19 @@ def attention_mask(b: ExportBuilder, nid: int, bias: str, shape: tuple[Dim, ...]
     [..., Sq, Sk] (which it needs).  A bias Where(keep, 0, lowest) of the dtype's lowest value is ``keep`` itself,
     a bool mask: onnxruntime gives the same values for both (a query with every key masked: 0 alike), and the
     Where is not written.  onnxruntime also gives 0 for a query whose scores plus mask are all the lowest value;
-    the softmax gives such a row equal weights.  So, without ``nan_to_zero``, a bias that adds a Where of the
+    the softmax gives such a row equal weights.  So, without ``nan_to_zero``, a bias that adds one Where of the
     lowest value to other terms (DeBERTa: its position bias plus a masked_fill of every padded query's row) is
-    clamped to half the lowest value first (one Max): a row so masked then gets equal weights there too, and
-    every other row the same weights (exp of half the lowest is 0 alike)."""
+    clamped to half the lowest value first (one Max per bias): a row so masked then gets equal weights there too,
+    and every other row the same weights (exp of half the lowest is 0 alike)."""
     graph = b.graph
     where = graph.node(nid) if graph is not None else None
     if where is not None and not nan_to_zero and _adds_lowest_fill(graph, nid):
-        storage = dtype(where.dtype).storage
-        bias = b.op("Max", [bias, b.const(np.array(np.finfo(storage).min / 2, storage), where.dtype)])
+        key = ("lowest fill clamped", bias)
+        if key not in b.dim_tensors:
+            storage = dtype(where.dtype).storage
+            floor = b.const(np.array(np.finfo(storage).min / 2, storage), where.dtype)
+            b.dim_tensors[key] = b.op("Max", [bias, floor])
+        bias = b.dim_tensors[key]
     elif where is not None and where.op == "Where":
         keep, zero, fill = (graph.node(i) for i in where.inputs)
         written = b.written.get(keep.id)
@@ -494,25 +498,26 @@ def attention_mask(b: ExportBuilder, nid: int, bias: str, shape: tuple[Dim, ...]
 
 
 def _adds_lowest_fill(graph: Graph, nid: int) -> bool:
-    """Whether node ``nid`` is a sum (through Reshape and Expand views) one of whose terms is a Where of a Scalar
-    of its dtype's lowest value."""
+    """Whether node ``nid`` is a sum (through Reshape and Expand views) of terms exactly one of which is a Where
+    with a fill of its dtype's lowest value, and none a Where with another fill at or below half that value (-inf:
+    two such terms sum to -inf, which a clamp would lift to the other masked scores' value)."""
     node = graph.node(nid)
     while node.op in ("Reshape", "Expand"):
         node = graph.node(node.inputs[0])
     if node.op != "Add":
         return False
     lowest = float(np.finfo(dtype(node.dtype).storage).min)
-    pending = list(node.inputs)
+    fills, pending = [], list(node.inputs)
     while pending:
         term = graph.node(pending.pop())
         while term.op in ("Reshape", "Expand"):
             term = graph.node(term.inputs[0])
         if term.op == "Add":
             pending.extend(term.inputs)
-        elif term.op == "Where" and any(graph.node(i).op == "Scalar" and graph.node(i).attrs["value"] == lowest
-                                        for i in term.inputs[1:]):
-            return True
-    return False
+        elif term.op == "Where":
+            fills += [graph.node(i).attrs["value"] for i in term.inputs[1:] if graph.node(i).op == "Scalar"
+                      and graph.node(i).attrs["value"] <= lowest / 2]
+    return fills == [lowest]
 
 
 def _qkv_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
