@@ -499,8 +499,9 @@ def attention_mask(b: ExportBuilder, nid: int, bias: str, shape: tuple[Dim, ...]
 
 def _adds_lowest_fill(graph: Graph, nid: int) -> bool:
     """Whether node ``nid`` is a sum (through Reshape and Expand views) of terms exactly one of which is a Where
-    with a fill of its dtype's lowest value, and none a Where with another fill at or below half that value (-inf:
-    two such terms sum to -inf, which a clamp would lift to the other masked scores' value)."""
+    with a fill of its dtype's lowest value, and none another Where with a fill, or a known constant with a value,
+    at or below half that value (-inf: two such terms sum to -inf, which a clamp would lift to the other masked
+    scores' value)."""
     node = graph.node(nid)
     while node.op in ("Reshape", "Expand"):
         node = graph.node(node.inputs[0])
@@ -517,6 +518,10 @@ def _adds_lowest_fill(graph: Graph, nid: int) -> bool:
         elif term.op == "Where":
             fills += [graph.node(i).attrs["value"] for i in term.inputs[1:] if graph.node(i).op == "Scalar"
                       and graph.node(i).attrs["value"] <= lowest / 2]
+        elif term.op in ("Constant", "Param"):
+            known = term.attrs["value"] if term.op == "Constant" else graph.weights.get(term.name)
+            if known is not None and np.size(known) and float(np.min(known)) <= lowest / 2:
+                fills.append(float(np.min(known)))
     return fills == [lowest]
 
 
