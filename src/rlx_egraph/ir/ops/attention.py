@@ -462,23 +462,24 @@ def _biased_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[
     if source is not None and source.op == "Scalar" and source.attrs["value"] == 0.0:
         return onnx_attention(b, node, [q, k, v], types, scale=node.attrs["scale"])
     bias = attention_mask(b, node.inputs[3], bias, types[3].shape, (types[0].shape[2], types[1].shape[2]),
-                          node.attrs["nan_to_zero"])
+                          clamp_lowest=not node.attrs["nan_to_zero"])
     return onnx_attention(b, node, [q, k, v, bias], types, scale=node.attrs["scale"])
 
 
 def attention_mask(b: ExportBuilder, nid: int, bias: str, shape: tuple[Dim, ...], scores: tuple[Dim, Dim],
-                   nan_to_zero: bool = True) -> str:
+                   clamp_lowest: bool = False) -> str:
     """Attention's (opset 23) attn_mask for the additive ``bias`` (node ``nid``, written ``bias``), expanded to
     [..., Sq, Sk] (which it needs).  A bias Where(keep, 0, lowest) of the dtype's lowest value is ``keep`` itself,
     a bool mask: onnxruntime gives the same values for both (a query with every key masked: 0 alike), and the
     Where is not written.  onnxruntime also gives 0 for a query whose scores plus mask are all the lowest value;
-    the softmax gives such a row equal weights.  So, without ``nan_to_zero``, a bias that adds one Where of the
+    the softmax gives such a row equal weights.  So, with ``clamp_lowest`` (an attention without nan_to_zero and
+    not causal: a causal one weighs such a row by its fill), a bias that adds one Where of the
     lowest value to other terms (DeBERTa: its position bias plus a masked_fill of every padded query's row) is
     clamped to half the lowest value first (one Max per bias): a row so masked then gets equal weights there too,
     and every other row the same weights (exp of half the lowest is 0 alike)."""
     graph = b.graph
     where = graph.node(nid) if graph is not None else None
-    if where is not None and not nan_to_zero and _adds_lowest_fill(graph, nid):
+    if where is not None and clamp_lowest and _adds_lowest_fill(graph, nid):
         key = ("lowest fill clamped", bias)
         if key not in b.dim_tensors:
             storage = dtype(where.dtype).storage
@@ -557,7 +558,7 @@ def _multi_head_attention(b: ExportBuilder, node: Node, ins: list[str], types: l
     inputs = ins[:3]
     if len(ins) > 3:
         inputs.append(attention_mask(b, node.inputs[3], ins[3], types[3].shape, (types[0].shape[1], types[1].shape[1]),
-                                     node.attrs["nan_to_zero"]))
+                                     clamp_lowest=not (node.attrs["nan_to_zero"] or causal)))
     heads = node.attrs["heads"]
     ctx = b.op("Attention", inputs, q_num_heads=heads, kv_num_heads=heads, scale=node.attrs["scale"],
                **({"is_causal": 1} if causal else {}))
