@@ -3,14 +3,17 @@
 Whether the ``onnxruntime`` target takes a fusion is decided by the fused op's measured line against its parts'
 at the model's shape.  This checks that decision: for each fused op the target runs as a pair of kernels or one
 (FusedMatMulBiasAct with a GELU epilogue: MatMul + com.microsoft BiasGelu; without: Gemm; QkvAttention:
-com.microsoft Attention with the packed Q/K/V weights; FusedResidualLN: com.microsoft SkipLayerNormalization),
+com.microsoft Attention with the packed Q/K/V weights; FusedResidualLN: com.microsoft SkipLayerNormalization;
+EmbedLayerNorm of word and position embeddings: com.microsoft EmbedLayerNormalization, its ids cast to int32),
 the graph of one fused node and the graph of its parts (MatMul, Add, Gelu; three Gemm projections and
-MultiHeadAttention, the opset-23 Attention; Add, LayerNorm), each exported as ``export_model`` writes it and run
-in turn in onnxruntime (ORT_ENABLE_ALL, one thread, the thread's CPU time); it prints both predictions, both
-measurements and whether the two agree on which is faster.  Default shape: BERT-base's (batch 1, 128 tokens,
-hidden 768, FFN 3072; heads of width 64, and of width 16 below hidden 256, as in the corpus's tiny models).
+MultiHeadAttention, the opset-23 Attention; Add, LayerNorm; Gather, Add, LayerNorm), each exported as
+``export_model`` writes it and run in turn in onnxruntime (ORT_ENABLE_ALL, one thread, the thread's CPU time); it
+prints both predictions, both measurements and whether the two agree on which is faster.  Default shape:
+BERT-base's (batch 1, 128 tokens, hidden 768, FFN 3072, vocabulary 30522; heads of width 64, and of width 16 below
+hidden 256, as in the corpus's tiny models).
 
-    python benchmarks/fused_vs_parts.py [--batch 1] [--tokens 128] [--hidden 768] [--ffn 3072] [--runs 40]
+    python benchmarks/fused_vs_parts.py [--batch 1] [--tokens 128] [--hidden 768] [--ffn 3072] [--vocab 30522]
+        [--runs 40]
 
 Needs the onnx extra.
 """
@@ -22,6 +25,8 @@ import os
 import sys
 from collections.abc import Callable
 
+import numpy as np
+
 from rlx_egraph import Graph
 from rlx_egraph.cli.main import format_table
 from rlx_egraph.cost import profile
@@ -30,15 +35,16 @@ from rlx_egraph.cost.targets import get_target
 from rlx_egraph.onnx import measure_latencies
 
 
-def _graph(name: str, build: Callable[[Graph, int], int], x_shape: tuple[int, ...]) -> Graph:
+def _graph(name: str, build: Callable[[Graph, int], int], x_shape: tuple[int, ...], x_dtype: str = "f32") -> Graph:
     g = Graph(name)
-    g.set_outputs([build(g, g.input("x", x_shape))])
+    g.set_outputs([build(g, g.input("x", x_shape, x_dtype))])
     return g
 
 
-def pairs(batch: int, tokens: int, hidden: int, ffn: int) -> dict[str, tuple[Graph, Graph]]:
+def pairs(batch: int, tokens: int, hidden: int, ffn: int, vocab: int) -> dict[str, tuple[Graph, Graph]]:
     """Fused op -> (a graph of it, a graph of its parts), parameters without values (measured with random ones)."""
     x, mask = (batch, tokens, hidden), (batch, 1, 1, tokens)
+    positions = np.random.default_rng(0).standard_normal((tokens, hidden)).astype(np.float32)
     heads = hidden // 64 if hidden >= 256 else max(hidden // 16, 1)  # BERT-base's head width 64; a tiny model's 16
     scale = (hidden // heads) ** -0.5
 
@@ -64,6 +70,13 @@ def pairs(batch: int, tokens: int, hidden: int, ffn: int) -> dict[str, tuple[Gra
                                                              w(g, "b", hidden)), x),
             _graph("parts", lambda g, i: g.layer_norm(g.add(i, g.input("r", x)), w(g, "g", hidden),
                                                       w(g, "b", hidden)), x)),
+        "EmbedLayerNorm (word + positions)": (  # DistilBERT's embeddings: no token-type term
+            _graph("fused", lambda g, i: g.embed_layer_norm(w(g, "table", vocab, hidden), i, g.constant(positions),
+                                                            w(g, "g", hidden), w(g, "b", hidden)), (batch, tokens),
+                   "i64"),
+            _graph("parts", lambda g, i: g.layer_norm(g.add(g.embedding(w(g, "table", vocab, hidden), i),
+                                                            g.constant(positions)), w(g, "g", hidden),
+                                                      w(g, "b", hidden)), (batch, tokens), "i64")),
     }
 
 
@@ -73,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--ffn", type=int, default=3072)
+    parser.add_argument("--vocab", type=int, default=30522, help="rows of the embedding table")
     parser.add_argument("--runs", type=int, default=40, help="runs of each graph (in turn)")
     args = parser.parse_args(argv)
     target = get_target("onnxruntime")
     print(f"priced by: {target.calibration}")
     rows = []
-    for name, (fused, parts) in pairs(args.batch, args.tokens, args.hidden, args.ffn).items():
+    for name, (fused, parts) in pairs(args.batch, args.tokens, args.hidden, args.ffn, args.vocab).items():
         predicted = [profile(g, target).ns for g in (fused, parts)]
         measured = [m.fastest_ns for m in measure_latencies([fused, parts], runs=args.runs, budget_s=0.0)]
         agree = (predicted[0] < predicted[1]) == (measured[0] < measured[1])

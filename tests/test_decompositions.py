@@ -66,8 +66,8 @@ def test_every_fused_op_and_derived_weight_has_a_decomposition() -> None:
 
 def test_a_primitive_decomposes_exactly_when_the_rules_recognise_an_export_form_of_it() -> None:
     """The layout rules (rules/layout.egg) canonicalise a layout spelling: they rebuild layout ops and the
-    matmuls and bias adds they move across a reshape, which are no export form of a primitive and need no
-    decomposition.  The fused ops the recognize stage builds (QuickGelu) decompose, as every fused op does."""
+    matmuls, bias adds and scalar scalings they move across a reshape, which are no export form of a primitive and
+    need no decomposition.  The fused ops the recognize stage builds (QuickGelu) decompose, as every fused op does."""
     recognize = [r for r in load_rules().rules if r.stage == "recognize"]
     layout = {op for r in recognize if r.location.startswith("rules/layout.egg:") for op in r.builds}
     built = {op for r in recognize if not r.location.startswith("rules/layout.egg:") for op in r.builds
@@ -75,7 +75,7 @@ def test_a_primitive_decomposes_exactly_when_the_rules_recognise_an_export_form_
     recognised = {op for op in built if REGISTRY[op].kind not in (Kind.LAYOUT, Kind.FUSED)}
     primitives = {s.name for s in DECOMPOSABLE if s.kind not in (Kind.FUSED, Kind.WEIGHT_PREP)}
     assert primitives == recognised == {"Clip", "Gelu", "LayerNorm", "RmsNorm", "Silu"}
-    assert layout == {"Reshape", "Transpose", "MatMul", "MatMulBT", "Add", "Mul", "Scalar"}
+    assert layout == {"Reshape", "Transpose", "MatMul", "MatMulBT", "Add", "Mul", "Div", "Scalar"}
 
 
 # --- the kernel computes its decomposition ------------------------------------------------

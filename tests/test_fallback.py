@@ -326,10 +326,11 @@ def scores_attention(scores: str = "div", keys: str = "t", kv_heads: int = 2, ma
                      nan_to_zero: bool = False, broadcast_kv: bool = False,
                      rank3: int | None = None) -> Callable[[], Graph]:
     """Softmax(scores + masks) @ v on split heads [2, 2, 4, 8] as exports write it (rules/attention.egg):
-    scores "div", "mul", "plain" or "sdpa"; keys^T "t" (Transpose 0 1 3 2), "flat" (through [B*H, S, D]),
-    "flat_merged" (the same with repeat_kv's expanded keys reshaped straight to [B*H, S, D]) or "heads_last"
-    (Transpose 0 2 3 1 of [B, S, H, D] keys); kv_heads 1 repeats K/V as repeat_kv does, or broadcasts them
-    (``broadcast_kv``: multi-query attention, keys "t"); mask ``rank3`` (an index) of rank 3, [H, 1, S] (ALiBi)."""
+    scores "div", "mul", "plain", or "sdpa"; keys^T "t"
+    (Transpose 0 1 3 2), "flat" (through [B*H, S, D]), "flat_merged" (the same with repeat_kv's expanded keys
+    reshaped straight to [B*H, S, D]) or "heads_last" (Transpose 0 2 3 1 of [B, S, H, D] keys); kv_heads 1
+    repeats K/V as repeat_kv does, or broadcasts them (``broadcast_kv``: multi-query attention, keys "t"); mask
+    ``rank3`` (an index) of rank 3, [H, 1, S] (ALiBi)."""
     def build() -> Graph:
         g = Graph()
         b, h, s, d = 2, 2, 4, 8
@@ -435,16 +436,22 @@ def separate_attention(mask: str) -> Callable[[], Graph]:
     return build
 
 
-def flat_heads_attention() -> Graph:
+def flat_heads_attention(divided_keys: bool = False) -> Graph:
     """BLOOM's attention through flat heads [B*H, S, L]: baddbmm (ALiBi [B*H, 1, L], broadcast over the queries,
     + scale * q @ k^T) on the flat heads, unflattened, plus a padding mask; the context by bmm on the flat heads,
-    unflattened."""
+    unflattened.  ``divided_keys``: the flat k^T divided by a scalar before the product instead, and no ALiBi
+    (DeBERTa's scores without its position bias: the fallback fuses a product and the bias added to it as
+    FusedMatMulAdd before the attention rules see the scores)."""
     g = Graph()
     b, h, s, keys, d = 2, 2, 3, 5, 4
     q, k, v = g.input("q", (b, h, s, d)), g.input("k", (b, h, keys, d)), g.input("v", (b, h, keys, d))
-    product = g.matmul(g.reshape(q, shape=(b * h, s, d)),
-                       g.transpose(g.reshape(k, shape=(b * h, keys, d)), perm=(0, 2, 1)))
-    flat = g.add(g.mul(product, g.scalar(0.5)), g.param("alibi", (b * h, 1, keys)))
+    kt = g.transpose(g.reshape(k, shape=(b * h, keys, d)), perm=(0, 2, 1))
+    if not divided_keys:
+        product = g.mul(g.matmul(g.reshape(q, shape=(b * h, s, d)), kt), g.scalar(0.5))
+        flat = g.add(product, g.param("alibi", (b * h, 1, keys)))
+    else:
+        kt = g.div(kt, g.scalar(2.0))
+        flat = g.matmul(g.reshape(q, shape=(b * h, s, d)), kt)
     probs = g.softmax(g.add(g.reshape(flat, shape=(b, h, s, keys)), g.input("mask", (b, 1, 1, keys))))
     ctx = g.matmul(g.reshape(probs, shape=(b * h, s, keys)), g.reshape(v, shape=(b * h, keys, d)))
     g.set_outputs([g.exp(g.reshape(ctx, shape=(b, h, s, d)))])
@@ -578,6 +585,7 @@ CASES: dict[str, tuple[Callable[[], Graph], dict[str, int]]] = {
     "unflatten-add": (flat_heads_attention, ATTN),
     "unflatten-scale": (flat_heads_attention, ATTN),
     "flat-heads-scores": (flat_heads_attention, ATTN),
+    "flat-heads-scores-keys-div": (lambda: flat_heads_attention(divided_keys=True), ATTN),
     "flat-heads-context": (flat_heads_attention, ATTN),
     "reshape-through-rows": (per_head_packed_attention, MHA),
     "multi-head-attention": (separate_attention("bias"), MHA),

@@ -179,7 +179,8 @@ def test_a_padding_mask_added_after_the_causal_where_is_one_additive_mask(engine
         {"MultiHeadAttention": 1, "CausalAttention": 0, "Softmax": 0}
     assert [(n.attrs["causal"], n.attrs["scale"]) for n in mha] == [(False, 1.0)]
     ops = Counter(n.op_type for n in exported.graph.node)
-    assert (ops["Attention"], ops["Softmax"], ops["Where"]) == (1, 0, 2)
+    # no Max: two lowest-filled masks sum to -inf where both mask a key, which a clamp would lift
+    assert (ops["Attention"], ops["Softmax"], ops["Where"], ops["Max"]) == (1, 0, 2, 0)
     inputs = feeds(model, RIGHT_PADDED)
     np.testing.assert_allclose(run(exported, inputs), run(model, inputs), rtol=0, atol=1e-4)
 
@@ -193,3 +194,54 @@ def test_a_mask_after_the_causal_where_stays_apart_where_the_sum_could_differ(fi
     assert (mir["MultiHeadAttention"], mir["BiasedAttention"], mir["Softmax"]) == (0, 0, 1)
     inputs = feeds(model, RIGHT_PADDED)
     np.testing.assert_allclose(run(exported, inputs), run(model, inputs), rtol=0, atol=1e-5)
+
+
+def deberta_attention(projection_bias: bool) -> onnx.ModelProto:
+    """DeBERTa-v2 (dynamo): split heads flattened to [B*H, S, D]; the scores q @ (k^T / c), the keys scaled before
+    the product (c = sqrt(3 D)), plus its relative-position bias [B*H, S, S]; unflattened to [B, H, S, S] and
+    masked_fill(~(m_i * m_j), lowest) with the outer product of the padding mask (a padded query's row all masked);
+    Softmax, the context by bmm on the flat heads.  Its projections have biases (DeBERTa's), or not."""
+    m = OnnxBuilder(18)
+    x = m.input("x", F, [B, S, E])
+    position_bias = m.input("position_bias", F, [B * H, S, S])
+    flat_q, flat_k, flat_v = (m.op("Reshape", [heads(m, m.linear(x, n, E, E, projection_bias)), m.ints(B * H, S, D)])
+                              for n in ("query_proj", "key_proj", "value_proj"))
+    keys = m.op("Div", [m.op("Transpose", [flat_k], perm=[0, 2, 1]), m.const(np.sqrt(3.0 * D))])
+    scores = m.op("Add", [m.op("MatMul", [flat_q, keys]), position_bias])
+    mask = m.input("attention_mask", TensorProto.INT64, [B, S])
+    outer = m.op("Mul", [m.op("Unsqueeze", [mask, m.ints(1, 2)]), m.op("Unsqueeze", [mask, m.ints(1, 3)])])
+    hidden = m.op("Not", [m.op("Cast", [outer], to=TensorProto.BOOL)])
+    masked = m.op("Where", [hidden, m.const(LOWEST), m.op("Reshape", [scores, m.ints(B, H, S, S)])])
+    probs = m.op("Reshape", [m.op("Softmax", [masked], axis=-1), m.ints(B * H, S, S)])
+    ctx = m.op("Reshape", [m.op("MatMul", [probs, flat_v]), m.ints(B, H, S, D)])
+    return m.model({"y": m.linear(merged(m, ctx), "dense", E, E)})
+
+
+@pytest.mark.parametrize("projection_bias", [True, False])
+def test_debertas_keys_scaled_before_the_flat_head_product_are_one_attention(projection_bias: bool) -> None:
+    """The scaled transposed keys unflatten with the product, and keys divided by c give scores of scale 1/c: one
+    attention whose bias is the position bias plus the mask (QkvAttention over the biased projections packed, as
+    the fixed figures price it; MultiHeadAttention over unbiased ones).  A padded query's row is all the lowest
+    value, which onnxruntime's opset-23 Attention would zero where the softmax weighs every key alike: the bias it
+    reads is clamped to half the lowest value (one Max), and the padded rows match too.  (The egglog engine: the
+    fallback fuses the flat product and the position bias added to it as FusedMatMulAdd first.)"""
+    model = deberta_attention(projection_bias)
+    out, report = optimize_with_report(import_model(model), target="onnxruntime", rules=RULES, verify=True)
+    assert report.parity.ok
+    fused = "QkvAttention" if projection_bias else "MultiHeadAttention"
+    mir = Counter(out.op_counts())
+    assert {op: mir[op] for op in ("QkvAttention", "MultiHeadAttention", "BiasedAttention", "Softmax")} == \
+        {"QkvAttention": 0, "MultiHeadAttention": 0, "BiasedAttention": 0, "Softmax": 0, fused: 1}
+    fired = {name.split("#")[0] for name, n in report.matches_per_rule.items() if n}
+    assert {"flat-heads-scores-keys-div", "attn-scores-div", "unflatten-add"} <= fired
+    assert [n.attrs["scale"] for n in out.nodes if n.op == fused] == [pytest.approx((3.0 * D) ** -0.5)]
+    exported = export_model(out)
+    ops = Counter(n.op_type for n in exported.graph.node)
+    # MatMul: the three unbiased projections (the biased ones packed into Attention); the scores' product gone
+    assert (ops["Attention"], ops["Softmax"], ops["MatMul"], ops["Max"], ops["Where"]) == \
+        (1, 0, 0, 0, 1) if projection_bias else (1, 0, 3, 1, 1)
+    launches = [sum(n.op_type not in ("Reshape", "Unsqueeze", "Identity", "Constant") for n in g.graph.node)
+                for g in (exported, model)]
+    assert launches[0] < launches[1], launches
+    inputs = feeds(model, RIGHT_PADDED)
+    np.testing.assert_allclose(run(exported, inputs), run(model, inputs), rtol=0, atol=1e-4)

@@ -461,18 +461,32 @@ def _biased_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[
     source = b.graph.node(node.inputs[3]) if b.graph is not None else None
     if source is not None and source.op == "Scalar" and source.attrs["value"] == 0.0:
         return onnx_attention(b, node, [q, k, v], types, scale=node.attrs["scale"])
-    bias = attention_mask(b, node.inputs[3], bias, types[3].shape, (types[0].shape[2], types[1].shape[2]))
+    bias = attention_mask(b, node.inputs[3], bias, types[3].shape, (types[0].shape[2], types[1].shape[2]),
+                          clamp_lowest=not node.attrs["nan_to_zero"])
     return onnx_attention(b, node, [q, k, v, bias], types, scale=node.attrs["scale"])
 
 
-def attention_mask(b: ExportBuilder, nid: int, bias: str, shape: tuple[Dim, ...], scores: tuple[Dim, Dim]) -> str:
+def attention_mask(b: ExportBuilder, nid: int, bias: str, shape: tuple[Dim, ...], scores: tuple[Dim, Dim],
+                   clamp_lowest: bool = False) -> str:
     """Attention's (opset 23) attn_mask for the additive ``bias`` (node ``nid``, written ``bias``), expanded to
     [..., Sq, Sk] (which it needs).  A bias Where(keep, 0, lowest) of the dtype's lowest value is ``keep`` itself,
     a bool mask: onnxruntime gives the same values for both (a query with every key masked: 0 alike), and the
-    Where is not written."""
+    Where is not written.  onnxruntime also gives 0 for a query whose scores plus mask are all the lowest value;
+    the softmax gives such a row equal weights.  So, with ``clamp_lowest`` (an attention without nan_to_zero and
+    not causal: a causal one weighs such a row by its fill), a bias that adds one Where of the
+    lowest value to other terms (DeBERTa: its position bias plus a masked_fill of every padded query's row) is
+    clamped to half the lowest value first (one Max per bias): a row so masked then gets equal weights there too,
+    and every other row the same weights (exp of half the lowest is 0 alike)."""
     graph = b.graph
     where = graph.node(nid) if graph is not None else None
-    if where is not None and where.op == "Where":
+    if where is not None and clamp_lowest and _adds_lowest_fill(graph, nid):
+        key = ("lowest fill clamped", bias)
+        if key not in b.dim_tensors:
+            storage = dtype(where.dtype).storage
+            floor = b.const(np.array(np.finfo(storage).min / 2, storage), where.dtype)
+            b.dim_tensors[key] = b.op("Max", [bias, floor])
+        bias = b.dim_tensors[key]
+    elif where is not None and where.op == "Where":
         keep, zero, fill = (graph.node(i) for i in where.inputs)
         written = b.written.get(keep.id)
         if zero.op == "Scalar" and zero.attrs["value"] == 0.0 and fill.op == "Scalar" and keep.dtype == "bool" \
@@ -482,6 +496,34 @@ def attention_mask(b: ExportBuilder, nid: int, bias: str, shape: tuple[Dim, ...]
     if tuple(shape[-2:]) != scores:
         bias = b.expand(bias, broadcast(shape, scores))
     return bias
+
+
+def _adds_lowest_fill(graph: Graph, nid: int) -> bool:
+    """Whether node ``nid`` is a sum (through Reshape and Expand views) of terms exactly one of which is a Where
+    with a fill of its dtype's lowest value, and none another Where with a fill, or a known constant with a value,
+    at or below half that value (-inf: two such terms sum to -inf, which a clamp would lift to the other masked
+    scores' value)."""
+    node = graph.node(nid)
+    while node.op in ("Reshape", "Expand"):
+        node = graph.node(node.inputs[0])
+    if node.op != "Add":
+        return False
+    lowest = float(np.finfo(dtype(node.dtype).storage).min)
+    fills, pending = [], list(node.inputs)
+    while pending:
+        term = graph.node(pending.pop())
+        while term.op in ("Reshape", "Expand"):
+            term = graph.node(term.inputs[0])
+        if term.op == "Add":
+            pending.extend(term.inputs)
+        elif term.op == "Where":
+            fills += [graph.node(i).attrs["value"] for i in term.inputs[1:] if graph.node(i).op == "Scalar"
+                      and graph.node(i).attrs["value"] <= lowest / 2]
+        elif term.op in ("Constant", "Param"):
+            known = term.attrs["value"] if term.op == "Constant" else graph.weights.get(term.name)
+            if known is not None and np.size(known) and float(np.min(known)) <= lowest / 2:
+                fills.append(float(np.min(known)))
+    return fills == [lowest]
 
 
 def _qkv_attention(b: ExportBuilder, node: Node, ins: list[str], types: list[TensorType]) -> str:
@@ -515,7 +557,8 @@ def _multi_head_attention(b: ExportBuilder, node: Node, ins: list[str], types: l
         return None
     inputs = ins[:3]
     if len(ins) > 3:
-        inputs.append(attention_mask(b, node.inputs[3], ins[3], types[3].shape, (types[0].shape[1], types[1].shape[1])))
+        inputs.append(attention_mask(b, node.inputs[3], ins[3], types[3].shape, (types[0].shape[1], types[1].shape[1]),
+                                     clamp_lowest=not (node.attrs["nan_to_zero"] or causal)))
     heads = node.attrs["heads"]
     ctx = b.op("Attention", inputs, q_num_heads=heads, kv_num_heads=heads, scale=node.attrs["scale"],
                **({"is_causal": 1} if causal else {}))
