@@ -8,7 +8,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import calibrations
@@ -1218,6 +1218,7 @@ def stacked_layers(plan: list[tuple[str, int, int]], layers: int) -> Graph:
 
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), layers=st.integers(2, 5), target=st.sampled_from(["cpu", "onnxruntime", "wgpu"]))
+@example(seed=410, layers=2, target="cpu")  # matmuls left after matmul-add share an input (see the test below)
 def test_blocks_give_the_whole_graph_result_on_stacked_random_layers(seed, layers, target):
     g = stacked_layers(examples.random_plan(random.Random(seed), max_steps=20), layers)
     by_blocks = run(g, target=target)

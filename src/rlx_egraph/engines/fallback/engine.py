@@ -351,7 +351,8 @@ class _Engine:
                          {n: tuple(r) for n, r in self.rules_of.items()}, holders,
                          {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason,
                          dict(self.relied_of),
-                         {n: tuple(forms.values()) for n, forms in self.facts.forms.items()})
+                         {n: tuple(forms.values()) for n, forms in self.facts.forms.items()},
+                         tuple(self.facts.export()), dict(self.param_order))
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -384,7 +385,8 @@ class _Engine:
             tally = tallies.setdefault(id(run), [run, 0, 0])
             tally[1] += 1
             if run.cost_ns < run.before_ns - margin:
-                self.transplant(Chain(run.cost_ns - run.before_ns, run, back), count=False)
+                made = self.transplant(Chain(run.cost_ns - run.before_ns, run, back), count=False)
+                self.carry_rows(run, made, back)
                 tally[2] += 1
             self.stats.blocks += 1
         for run, times, transplanted in tallies.values():  # each kind's stats once, times its blocks
@@ -831,10 +833,11 @@ class _Engine:
         if writers:
             self.relied_of[rep] = tuple(dict.fromkeys(writers))
 
-    def transplant(self, chain: Chain, count: bool = True) -> None:
+    def transplant(self, chain: Chain, count: bool = True) -> dict[int, int]:
         """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
         block's; see :meth:`GraphRewriter.splice`), in the graph and in its provenance; ``count``: and its
-        commits in the stats (a block's are counted per kind, see :meth:`replay`)."""
+        commits in the stats (a block's are counted per kind, see :meth:`replay`).  Returns the live id of
+        each node of the region's result."""
         run = chain.run
         made, new, replaced = self.rw.splice(run.graph, chain.back, run.holders)
         rules_of = self.rules_of
@@ -851,6 +854,24 @@ class _Engine:
         if count:
             for rule, stats in run.rules.items():
                 self.stats.rules[rule].commits += stats.commits
+        return made
+
+    def carry_rows(self, run: RegionRun, made: Mapping[int, int], back: Mapping[int, int]) -> None:
+        """Take in the helper rows a block's run derived, in the whole graph's node ids and param orders: the
+        passes over the whole graph go on from them, as a whole run goes on from its own rows (which also
+        name the nodes that rewrites replaced or dropped).  A row naming a node the block built and dropped
+        again is left out."""
+        orders = {k: self.param_order[back[p]] for p, k in run.param_order.items()}
+        order_columns = self.compiled.orders
+        for table, args, value, writers in run.rows:
+            decl, columns = self.facts.decls[table], order_columns.get(table, ())
+            try:
+                moved = tuple(_carried(a, sort, c in columns, made, back, orders)
+                              for c, (a, sort) in enumerate(zip(args, decl.inputs, strict=True)))
+                self.facts.set(table, moved, _carried(value, decl.output, -1 in columns, made, back, orders),
+                               writers)
+            except KeyError:
+                continue
 
     def write_facts(self, pattern: Rule, env: list) -> None:
         """Apply a facts rule's actions to one match."""
@@ -1016,6 +1037,19 @@ def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
         return real.get(value, value)
     if sort == "TensorList":
         return tuple(real.get(v, v) for v in value)
+    return value
+
+
+def _carried(value: Any, sort: str | None, order: bool, made: Mapping[int, int], back: Mapping[int, int],
+             orders: Mapping[int, int]) -> Any:
+    """A block's row value in the whole graph: a node by its live id (``made``) or the node it was cut from
+    (``back``), a param order by the whole graph's; KeyError when it has none."""
+    if order:
+        return orders[value]
+    if sort == "Op":
+        return made[value] if value in made else back[value]
+    if sort == "TensorList":
+        return tuple(made[v] if v in made else back[v] for v in value)
     return value
 
 

@@ -140,6 +140,11 @@ class Facts:
             return []
         return [(args, rows[args])]
 
+    def export(self) -> list[tuple[str, tuple, Any, tuple[str, ...]]]:
+        """Every helper row: its table, arguments, value and writers (see :meth:`set`)."""
+        return [(name, args, value, self.writers[name].get(args, ()) if name in self.writers else ())
+                for name, rows in self.rows.items() for args, value in rows.items()]
+
     # --- writing -----------------------------------------------------------------------
 
     def insert(self, name: str, args: tuple) -> None:

@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...ir.graph import Graph, Node
 from ...ir.registry import Kind
@@ -61,6 +61,8 @@ class RegionRun:
     stop_reason: str  # why the fallback stopped on the region (a limit, or no rewrite pays)
     relied_of: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # node -> writers of helper rows read
     forms: Mapping[int, tuple[Node, ...]] = field(default_factory=dict)  # node of ``graph`` -> its forms
+    rows: tuple[tuple[str, tuple, Any, tuple[str, ...]], ...] = ()  # its helper rows (see Facts.export)
+    param_order: Mapping[int, int] = field(default_factory=dict)  # Param -> its param-order in the region
 
 
 @dataclass(frozen=True)
