@@ -35,7 +35,6 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
 from typing import Any
 
 from ...cost import Target, get_target
@@ -288,7 +287,6 @@ class _Engine:
         self.nodes = self.rw.nodes_by_id
         self.stats = FallbackStats()
         self.costs: dict[int, tuple[Node, float]] = {}
-        self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
         self.rules_of: dict[int, list[str]] = {}
         self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
@@ -316,7 +314,7 @@ class _Engine:
         self.stats = FallbackStats(unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
         for p in self.compiled.patterns:
             self.stats.rules.setdefault(p.base, RuleStats())
-        for cache in (self.costs, self.signatures, self.rules_of, self.relied_of):
+        for cache in (self.costs, self.rules_of, self.relied_of):
             cache.clear()
         self.chain, self.stage = None, STAGES[0]
 
@@ -437,7 +435,6 @@ class _Engine:
 
     def derive(self, groups: list[list[Matcher]]) -> None:
         """Run the fact rules, each group (tables that feed each other) to its fixpoint."""
-        signed: dict[Any, tuple[list, list, set]] = {}  # see roots (rules only add rows: the graph stays)
         for group in groups:
             recursive = len(group) > 1 or _reads_own(group[0].pattern)
             for _ in range(self.limits.max_iterations):
@@ -445,7 +442,7 @@ class _Engine:
                 if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
                     return
                 for m in group:
-                    for root in self.roots(m, signed):
+                    for root in m.roots():
                         for env in self.matches(m, root):
                             self.write_facts(m.pattern, list(env))
                 if not (recursive and self.facts.changed):
@@ -456,9 +453,8 @@ class _Engine:
         equal gains, the root nearest the inputs (by level, which a region cut out of the graph keeps: a block
         decides as the whole graph does), then the rule first in file order."""
         best: dict[tuple[str, Any], tuple[float, float, int, Any, _Plan]] = {}
-        signed: dict[Any, tuple[list, list, set]] = {}  # see roots
         for k, m in enumerate(matchers):
-            for root in self.roots(m, signed):
+            for root in m.roots():
                 if self.out_of_time():  # what is collected so far is committed (each commit checks again)
                     return sorted(best.values(), key=lambda e: e[:4])
                 plan = self.best_plan(m, root)
@@ -467,31 +463,6 @@ class _Engine:
                     level = self.rw.level(root) if isinstance(root, int) else 0.0
                     best[key] = (round(plan.delta, 6), level, k, root, plan)  # (gains equal to the last digits tie)
         return sorted(best.values(), key=lambda e: e[:4])
-
-    def roots(self, matcher: Matcher, signed: dict[Any, tuple[list, list, set]]) -> list[Any]:
-        """The matcher's roots whose inputs' ops fit it.  ``signed``: the roots of each op with their input ops,
-        shared by the matchers of one root op while the graph does not change."""
-        if matcher.root_op is None:
-            return matcher.roots()
-        known = signed.get(matcher.root_op)
-        if known is None:
-            roots = matcher.roots()
-            signatures, input_ops = self.signatures, self.input_ops
-            ops = [signatures.get(root) or input_ops(root) for root in roots]
-            known = signed[matcher.root_op] = (roots, ops, set(ops))
-        roots, ops, distinct = known
-        fitting = {o for o in distinct if matcher.fits(o)}  # few distinct signatures: test each once
-        return list(compress(roots, map(fitting.__contains__, ops)))
-
-    def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:
-        """The ops of a node's inputs (with their forms' ops, as a set, where they have forms)."""
-        ops = self.signatures.get(nid)
-        if ops is None:
-            nodes, forms = self.nodes, self.facts.forms
-            ops = self.signatures[nid] = tuple(
-                frozenset((nodes[i].op, *(f.op for f in forms[i].values()))) if i in forms else nodes[i].op
-                for i in nodes[nid].inputs)
-        return ops
 
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
         """The match at ``root`` that lowers the cost most; a cost-neutral one is worth the gain of the chain it
@@ -580,7 +551,6 @@ class _Engine:
         one follow its replacement); the nodes among them that died."""
         died = set()
         for nid in changed:
-            self.signatures.pop(nid, None)
             if nid not in self.nodes:
                 died.add(nid)
                 if self.rw.find(nid) != nid:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -45,7 +45,7 @@ from ...rules import (
     variables,
 )
 from ...rules import Pattern as NodePat
-from ...rules.flat import input_vars, op_inputs
+from ...rules.flat import input_vars
 from ...rules.primitives import same_value
 from ...rules.signatures import constructor_args
 from .facts import ABSENT, Facts, Tables, compile_term
@@ -73,29 +73,15 @@ class ArrayValue:
 @dataclass
 class Matcher:
     """A compiled query: ``run(root)`` gives the matches at ``root`` (each a tuple of the slots)
-    (a node of ``root_op``, or a row, the arguments tuple, of the root helper relation)."""
+    (a node of the root pattern's op, or a row, the arguments tuple, of the root helper relation)."""
 
     pattern: Rule  # flat (see rlx_egraph.rules.flat)
-    root_op: str | None  # None: the root is a row of a helper relation
     slots: dict[str, int]
     node_slots: tuple[int, ...]  # slots that hold node ids
     shape_slots: tuple[int, ...]  # slots of the nodes whose op and inputs the match inspects
     run: Callable[[Any], list[tuple]]
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
-    child_ops: tuple[str | None, ...]  # the ops the root's inputs must have (None: any)
-    _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
-
-    def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
-        """Whether a root whose inputs have these ops (a set: a node with forms) can match (a cheap filter before
-        matching)."""
-        fit = self._fits.get(input_ops)
-        if fit is None:
-            want = self.child_ops
-            fit = self._fits[input_ops] = len(input_ops) >= len(want) and all(
-                w is None or w == o or (isinstance(o, frozenset) and w in o)
-                for w, o in zip(want, input_ops, strict=False))
-        return fit
 
 
 @dataclass(frozen=True)
@@ -108,7 +94,6 @@ class MatcherPlan:
     known: list[set[str]]  # per atom of ``order``: the variables bound before it
     node_slots: tuple[int, ...]
     shape_slots: tuple[int, ...]
-    child_ops: tuple[str | None, ...]
 
 
 def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
@@ -130,12 +115,10 @@ def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
     for _, atom in order:
         known.append(set(bound))
         bound |= _atom_vars(atom)
-    first = order[0][1]
     node_vars = _node_vars(pattern, tables)
     return MatcherPlan(
         slots, order, known, tuple(slots[v] for v in node_vars),
-        tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))),
-        _child_ops(first, pattern) if isinstance(first, NodePat) else ())
+        tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))))
 
 
 def compile_matcher(pattern: Rule, facts: Facts,
@@ -157,46 +140,38 @@ def compile_matcher(pattern: Rule, facts: Facts,
         chain = _step(kind, atom, before, slots, chain, nodes, readers, facts)
     first = order[0][1]
     width = len(slots)
-    root_op: str | None
+    root_slot: int | None
     if isinstance(first, NodePat):
         chain = _step("top", first, set(), slots, chain, nodes, readers, facts)
-        root_op, root_slot = first.term.op, slots[_out(first)]
+        root_slot = slots[_out(first)]
 
         def roots() -> list[Any]:
             return facts.rw.nodes_of(first.term.op)
 
         alive: Callable[[Any], bool] = nodes.__contains__
-
-        def run(root: Any) -> list[tuple]:
-            env: list[Any] = [None] * width
-            env[root_slot] = root
-            sink.append([])
-            try:
-                chain(env)
-            finally:
-                found = sink.pop()
-            return found
     else:
         chain = _lookup_step(first, set(), slots, chain, facts, pinned)
-        root_op, rows = None, facts.rows[first.table]  # type: ignore[union-attr]
+        root_slot, rows = None, facts.rows[first.table]  # type: ignore[union-attr]
 
         def roots() -> list[Any]:
             return list(rows)
 
         alive = rows.__contains__
 
-        def run(root: Any) -> list[tuple]:
-            env: list[Any] = [None] * width
-            sink.append([])
-            pinned.append(root)
-            try:
-                chain(env)
-            finally:
-                found = sink.pop()
-                pinned.pop()
-            return found
+    def run(root: Any) -> list[tuple]:
+        env: list[Any] = [None] * width
+        if root_slot is not None:
+            env[root_slot] = root
+        sink.append([])
+        pinned.append(root)
+        try:
+            chain(env)
+        finally:
+            pinned.pop()
+            found = sink.pop()
+        return found
 
-    return Matcher(pattern, root_op, slots, plan.node_slots, plan.shape_slots, run, roots, alive, plan.child_ops)
+    return Matcher(pattern, slots, plan.node_slots, plan.shape_slots, run, roots, alive)
 
 
 def _out(atom: NodePat) -> str:
@@ -228,24 +203,6 @@ def _calls(atom: Atom) -> list[Call | Lookup]:
 def _vars(term: Term) -> frozenset[str]:
     """The variables of a term (remembered: planning asks for them again and again)."""
     return frozenset(variables(term))
-
-
-def _child_ops(root: NodePat, pattern: Rule) -> tuple[str | None, ...]:
-    """The op each required input of the root must have, where the query says."""
-    op_of: dict[str, str] = {}
-    for atom in pattern.query:
-        if isinstance(atom, NodePat):
-            op_of.setdefault(_out(atom), atom.term.op)
-    required = 0
-    for arg in constructor_args(REGISTRY[root.term.op]):
-        if not arg.is_input or arg.optional or arg.variadic:
-            break
-        required += 1
-    want: list[str | None] = [None] * required
-    for p, s in enumerate(op_inputs(root.term)[:required]):
-        if isinstance(s, Var):
-            want[p] = op_of.get(s.name)
-    return tuple(want)
 
 
 # --- ordering ------------------------------------------------------------------------------
