@@ -1231,6 +1231,12 @@ def test_blocks_give_the_whole_graph_result_on_stacked_random_layers(seed, layer
     assert by_blocks.stats.commits == whole.stats.commits
 
 
+def test_the_columns_that_hold_param_orders_are_found_through_the_rules_that_write_them():
+    """shared-input-order sets shared-prev and shared-last from param-order values: a block's rows carry those
+    columns over in the whole graph's param orders."""
+    assert load().orders == {"shared-prev": frozenset({2, -1}), "shared-last": frozenset({-1})}
+
+
 @pytest.mark.parametrize("read_outside", [False, True])
 def test_a_region_keeps_a_value_computed_outside_it_only_when_something_else_reads_it(read_outside):
     """The node a region reads from above its top (kept as a node over fresh inputs) is an output of the region

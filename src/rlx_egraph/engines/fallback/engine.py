@@ -838,10 +838,10 @@ class _Engine:
             try:
                 moved = tuple(_carried(a, sort, c in columns, made, back, orders)
                               for c, (a, sort) in enumerate(zip(args, decl.inputs, strict=True)))
-                self.facts.set(table, moved, _carried(value, decl.output, -1 in columns, made, back, orders),
-                               writers)
-            except KeyError:
+                moved_value = _carried(value, decl.output, -1 in columns, made, back, orders)
+            except KeyError:  # it names a node the block built and dropped again
                 continue
+            self.facts.set(table, moved, moved_value, writers)
 
     def write_facts(self, pattern: Rule, env: list) -> None:
         """Apply a facts rule's actions to one match."""
