@@ -547,8 +547,8 @@ class _Engine:
         return done
 
     def forget(self, changed: set[int]) -> set[int]:
-        """Drop what is remembered about the nodes a commit changed (their inputs' ops; the rows naming a replaced
-        one follow its replacement); the nodes among them that died."""
+        """Move the helper rows and forms of the nodes a commit replaced to their replacements; the nodes among
+        ``changed`` that died."""
         died = set()
         for nid in changed:
             if nid not in self.nodes:
