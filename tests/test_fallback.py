@@ -8,7 +8,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import calibrations
@@ -19,7 +19,7 @@ from rlx_egraph.cost.calibration import OpRate
 from rlx_egraph.engines.egglog.rules import STAGES, default_rule_dir, load_rules
 from rlx_egraph.engines.fallback import CompiledRules, FallbackLimits, load, run
 from rlx_egraph.engines.fallback.blocks import MIN_BLOCK, blocks
-from rlx_egraph.engines.fallback.engine import NO_GAIN, _Engine, _row_driven, compile_rules
+from rlx_egraph.engines.fallback.engine import NO_GAIN, _Engine, compile_rules
 from rlx_egraph.engines.fallback.facts import Facts
 from rlx_egraph.engines.fallback.matcher import plan_matcher, schedule
 from rlx_egraph.ir.decompose import decompose
@@ -1131,9 +1131,9 @@ def test_each_kind_of_block_is_optimized_once(monkeypatch):
     asked = []
     run_region = _Engine.run_region
 
-    def counted(self, region, levels, stage, step, follow=True):
+    def counted(self, region, levels, stage, step):
         asked.append(stage)
-        return run_region(self, region, levels, stage, step, follow)
+        return run_region(self, region, levels, stage, step)
 
     monkeypatch.setattr(_Engine, "run_region", counted)
     result = run(residual_layers(12))
@@ -1183,7 +1183,7 @@ def test_the_time_limit_stops_the_blocks_too():
 @pytest.mark.parametrize("target", ["cpu", "onnxruntime"])
 @pytest.mark.parametrize("model", ["llama-6", "bert-6", "gpt2-6", "synthetic"])
 def test_blocks_give_what_the_whole_graph_gives(model, target, monkeypatch):
-    """Optimizing block by block, then near the seams, is an optimization: the cost, commits and fused ops of
+    """Optimizing block by block, then the whole graph, is an optimization: the cost, commits and fused ops of
     the whole graph run at once (the lookahead's chains inside blocks included), and parity."""
     g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
     by_blocks = run(g, target=target)
@@ -1218,6 +1218,7 @@ def stacked_layers(plan: list[tuple[str, int, int]], layers: int) -> Graph:
 
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), layers=st.integers(2, 5), target=st.sampled_from(["cpu", "onnxruntime", "wgpu"]))
+@example(seed=410, layers=2, target="cpu")  # matmuls left after matmul-add share an input (see the test below)
 def test_blocks_give_the_whole_graph_result_on_stacked_random_layers(seed, layers, target):
     g = stacked_layers(examples.random_plan(random.Random(seed), max_steps=20), layers)
     by_blocks = run(g, target=target)
@@ -1228,6 +1229,12 @@ def test_blocks_give_the_whole_graph_result_on_stacked_random_layers(seed, layer
     assert whole.stats.blocks == 0
     assert by_blocks.stats.cost_after_ns == pytest.approx(whole.stats.cost_after_ns, rel=1e-12)
     assert by_blocks.stats.commits == whole.stats.commits
+
+
+def test_the_columns_that_hold_param_orders_are_found_through_the_rules_that_write_them():
+    """shared-input-order sets shared-prev and shared-last from param-order values: a block's rows carry those
+    columns over in the whole graph's param orders."""
+    assert load().orders == {"shared-prev": frozenset({2, -1}), "shared-last": frozenset({-1})}
 
 
 @pytest.mark.parametrize("read_outside", [False, True])
@@ -1416,42 +1423,6 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_only_rules_whose_outcome_new_rows_alone_change_run_semi_naively(tmp_path):
-    """A rule whose query reads only tables runs again only at new rows, when it fills tables or records a form;
-    one that merges nodes runs near every change (its gain changes with the graph), as does one matching nodes."""
-    driven = {p.base for p in load().patterns if _row_driven(p, set())}
-    assert driven == {"attn-split-qk", "attn-split-qk-mqa", "shared-input-last", "shared-input-order"}
-    path = write(tmp_path, "(relation twin (Op Op))\n"
-                 '(rule ((twin ?a ?b)) ((union ?a ?b)) :ruleset simplify :name "merge-twins")\n')
-    user = {p.base: _row_driven(p, set()) for p in load([default_rule_dir(), path]).patterns}
-    assert user["merge-twins"] is False
-    assert user["shared-input-last"] is True
-    # a rule that sets a Param order where the graph has none: the rules reading param-order run near changes
-    path = write(tmp_path, '(rule ((= ?c (ConcatParams ?ws ?a))) ((set (param-order ?c) 0)) :ruleset fuse '
-                 ':name "order-concat")\n')
-    compiled = load([default_rule_dir(), path])
-    engine = _Engine(examples.mlp(), compiled, get_target("cpu"), FallbackLimits(), 64)
-    assert engine.row_driven == {"attn-split-qk", "attn-split-qk-mqa"}
-
-
-@pytest.mark.parametrize("target", ["cpu", "onnxruntime"])
-@pytest.mark.parametrize("model", ["llama-2", "bert-6", "synthetic"])  # models with shared-input chains
-def test_semi_naive_matching_gives_what_matching_near_every_change_gives(model, target, monkeypatch):
-    """Running the row-driven rules only at new rows is an optimization: the same graph, cost and commits as
-    running them near every change (the shared-input chains and the lookahead's regions included)."""
-    g = examples.synthetic(2_000) if model == "synthetic" else SIZED_MODELS[model]()
-    # one block
-    monkeypatch.setattr("rlx_egraph.engines.fallback.engine.blocks", lambda rw: [list(rw.nodes_by_id)])
-    semi = run(g, target=target)
-    assert semi.stats.commits["shared-input-last"] > 0
-    monkeypatch.setattr("rlx_egraph.engines.fallback.engine._row_driven", lambda pattern, set_by_rules: False)
-    naive = run(g, target=target)
-    assert semi.stats.rules["shared-input-order"].matches < naive.stats.rules["shared-input-order"].matches
-    assert semi.stats.commits == naive.stats.commits
-    assert semi.stats.cost_after_ns == naive.stats.cost_after_ns
-    assert [(n.op, n.inputs, n.type) for n in semi.graph.nodes] == [(n.op, n.inputs, n.type) for n in naive.graph.nodes]
-
-
 def test_rule_forms_the_fallback_cannot_apply_are_reported_by_name(tmp_path, caplog):
     path = write(tmp_path, ';; test rules\n'
                  '(rule ((= ?e (Add ?x ?y))) ((panic "no add")) :ruleset simplify :name "panic-add")\n'
@@ -1572,7 +1543,7 @@ def test_a_k_way_rule_with_merge_functions_builds_one_wide_matmul(tmp_path, k):
     assert wide.shape == (4, sum(3 + i for i in range(k)))
     stats = result.stats.rules
     assert stats["kway-seed"].commits == 1 and stats["kway-extend"].commits == k - 2
-    assert stats["kway-first"].matches == k and stats["kway-last-concat"].matches >= k - 2
+    assert stats["kway-first"].matches >= k and stats["kway-last-concat"].matches >= k - 2
     assert check_parity(g, result.graph, result.originals).ok
 
 
@@ -1910,8 +1881,8 @@ def test_the_report_keeps_the_fallbacks_stats_and_says_what_the_lookahead_did():
     text = str(rep)
     assert "rule matches (summed over passes and blocks; a kind of block is matched once, counted for each)" in text
     assert (f"fallback: {sum(stats.commits.values())} rewrites committed, 9 blocks (5 distinct, each optimized "
-            f"once), then {sum(stats.passes.values())} passes near their seams; stopped: no rewrite lowers the cost; "
-            "lookahead: 2 chain starts asked about, 4 region runs, 2 chains taken") in text
+            f"once), then {sum(stats.passes.values())} passes over the whole graph; stopped: no rewrite lowers the "
+            "cost; lookahead: 2 chain starts asked about, 4 region runs, 2 chains taken") in text
     assert rep.to_dict()["fallback"]["rules"]["shared-input-linear"]["chain_starts"] == 2
     _, egglog_rep = optimize_with_report(examples.bert(2), target="onnxruntime", engine="egglog")
     assert egglog_rep.fallback is None and egglog_rep.to_dict()["fallback"] is None

@@ -263,7 +263,7 @@ class OptimizeReport:
             passes = f"{sum(fb.passes.values())} passes"
             if fb.blocks:
                 passes = (f"{fb.blocks} blocks ({fb.block_kinds} distinct, each optimized once), then {passes} "
-                          "near their seams")
+                          "over the whole graph")
             lines.append(f"fallback: {sum(commits.values())} rewrites committed, {passes}; stopped: "
                          f"{fb.stop_reason}; lookahead: {fb.chains_asked} chain starts asked about, {fb.regions_run} "
                          f"region runs, {starts} chains taken")

@@ -9,10 +9,10 @@ along it).  The pieces between cut values are the *blocks* (a cut value closes i
 shorter than :data:`MIN_BLOCK` are merged with the next).
 
 The fallback cuts each block out as a lookahead region (:func:`.lookahead.cut_out`: canonical ids, so the
-repeats of a layer are one region, optimized once), transplants the region's result, then runs its passes near
-the cut values only, where a rewrite can still span two blocks (a region keeps the values it reads from
-outside as nodes, so a rule that matches a cut value and its readers, ``add-layer-norm``, matches in the next
-block).  See ``_Engine.replay``.
+repeats of a layer are one region, optimized once), transplants the region's result (with the forms its nodes
+gained), then runs its passes on the whole graph, where a rewrite can still span two blocks (a region keeps the
+values it reads from outside as nodes, so a rule that matches a cut value and its readers, ``add-layer-norm``,
+matches in the next block).  See ``_Engine.replay``.
 """
 from __future__ import annotations
 

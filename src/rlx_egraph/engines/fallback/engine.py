@@ -4,8 +4,7 @@ The stages run once, in the order of the rule files (``simplify``, ``recognize``
 its fixpoint.  A pass of a stage
 
 1. derives the helper facts: rules that only fill tables run to a fixpoint, in the order their tables depend on
-   each other (after the first pass, near what changed; a rule whose query reads only tables, semi-naively, at
-   the rows added since it last ran: see :meth:`_Engine.where`);
+   each other;
 2. matches every rewrite rule at the nodes of its root op and, per root, plans the best match: the right side's
    new nodes (built and checked by the op registry, reusing identical live nodes), the uses they replace, and the
    change of the graph's predicted cost, which is the new nodes' cost minus the cost of the nodes that die (a
@@ -36,7 +35,6 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
 from typing import Any
 
 from ...cost import Target, get_target
@@ -61,14 +59,12 @@ from ...rules import (
     Var,
     load_rules,
 )
-from ...rules import Pattern as NodePat
-from ...rules.flat import input_vars
 from ...rules.signatures import constructor_args
 from ..budget import Deadline, gc_paused
 from .blocks import blocks
-from .facts import ABSENT, SETTABLE_TABLES, Facts, compile_term
-from .lookahead import FOLLOW_READING, NO_FOLLOW, Chain, Lookahead, RegionRun, cut_out, matched_names
-from .matcher import ArrayValue, Matcher, Near, compile_matcher, plan_matcher
+from .facts import ABSENT, Facts, compile_term
+from .lookahead import Chain, Lookahead, RegionRun, cut_out, matched_names
+from .matcher import ArrayValue, Matcher, compile_matcher, plan_matcher
 from .pattern import CompiledRules, CompileError, Unsupported, compile_rules
 
 log = logging.getLogger(__name__)
@@ -211,19 +207,19 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     regions: dict[bool, _Engine] = {}
     shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
 
-    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
-                  follow: int) -> RegionRun:
+    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
                                      shared[0] if block else None, deadline)
-        return regions[block].run_region(region, levels, stage, step, follow)
+        return regions[block].run_region(region, levels, stage, step)
 
     with gc_paused():
         shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
         engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, shared[0], deadline)
         engine.stats.phases["load"] = time.perf_counter() - start
-        engine.whole(engine.replay())
+        engine.replay()
+        engine.optimize(STAGES)
         result = engine.result(graph)
         # Freed (by reference counts) while the collector is still paused: its first pass after the pause
         # would otherwise scan the run's millions of objects just before they go.
@@ -291,13 +287,9 @@ class _Engine:
         self.nodes = self.rw.nodes_by_id
         self.stats = FallbackStats()
         self.costs: dict[int, tuple[Node, float]] = {}
-        self.signatures: dict[int, tuple[str, ...]] = {}  # node -> its inputs' ops
         self.rules_of: dict[int, list[str]] = {}
         self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
-        self.rows_read: dict[tuple[str, str], int] = {}  # (row-driven rule, table) -> how far it has read its log
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
-        self.follow = NO_FOLLOW  # and how far (see chain_start)
-        self.readers_left = False  # a step that matches a reader of the chain was left (see chain_start)
         self.stage = STAGES[0]
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
@@ -310,10 +302,6 @@ class _Engine:
         self.rows_of = {m.pattern.name: _compile_reads(m, self.facts) for ms in self.matchers.values() for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.facts_only])
                             for stage, ms in self.matchers.items()}
-        self.tables_read = {p.name: p.tables_read for p in compiled.patterns}
-        set_by_rules = SETTABLE_TABLES & set().union(*(p.tables_written for p in compiled.patterns))
-        self.row_driven = {m.pattern.name for ms in self.matchers.values() for m in ms
-                           if _row_driven(m.pattern, set_by_rules)}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -326,9 +314,9 @@ class _Engine:
         self.stats = FallbackStats(unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
         for p in self.compiled.patterns:
             self.stats.rules.setdefault(p.base, RuleStats())
-        for cache in (self.costs, self.signatures, self.rules_of, self.relied_of, self.rows_read):
+        for cache in (self.costs, self.rules_of, self.relied_of):
             cache.clear()
-        self.chain, self.follow, self.readers_left, self.stage = None, NO_FOLLOW, False, STAGES[0]
+        self.chain, self.stage = None, STAGES[0]
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
@@ -338,40 +326,39 @@ class _Engine:
         self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
-    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
-                   follow: int = NO_FOLLOW) -> RegionRun:
+    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed as far as ``follow`` says (see
-        :meth:`chain_start`).
+        ids), the step applied first and the chain after it followed (see :meth:`chain_start`).
         Stage None: a block, optimized as a whole run would."""
         self.reopen(region, levels)
         if stage is None:
-            self.whole()
+            self.optimize(STAGES)
         else:
             later = STAGES.index(stage)
             for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
-                self.derive(self.fact_groups[earlier], None)
+                self.derive(self.fact_groups[earlier])
             if step is not None:
                 self.rw.touched = set()
                 self.apply(step)
                 changed, self.rw.touched = self.rw.touched, set()
                 self.forget(changed)
-                self.chain = {n for n in changed if n in self.nodes} if follow != NO_FOLLOW else None
-                self.follow = follow
+                self.chain = {n for n in changed if n in self.nodes}
             self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
         return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
                          {n: tuple(r) for n, r in self.rules_of.items()}, holders,
                          {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason,
-                         self.readers_left, dict(self.relied_of))
+                         dict(self.relied_of),
+                         {n: tuple(forms.values()) for n, forms in self.facts.forms.items()},
+                         tuple(self.facts.export()), dict(self.param_order))
 
     # --- the loop ----------------------------------------------------------------------
 
-    def replay(self) -> set[int] | None:
+    def replay(self) -> None:
         """Optimize the graph block by block (see :mod:`.blocks`): each block is cut out as a region, run
-        once per kind (the lookahead remembers regions by content) and transplanted when cheaper.  The values
-        that now hold the cut values, where a rewrite can span two blocks; None when no two blocks look alike
-        (the same ops and shapes in order), so that each block would be optimized once anyway."""
+        once per kind (the lookahead remembers regions by content) and transplanted when cheaper; nothing when no
+        two blocks look alike (the same ops and shapes in order), so that each block would be optimized once
+        anyway."""
         pieces = blocks(self.rw) if self.lookahead is not None else []
         nodes = self.nodes
         looks: set[tuple] = set()
@@ -381,7 +368,7 @@ class _Engine:
                 break
             looks.add(look)
         else:  # no two blocks alike (nor one block alone): nothing to replay
-            return None
+            return
         t0 = time.perf_counter()
         margin = CHAIN_EPS * self.stats.cost_before_ns
         tallies: dict[int, list] = {}  # id of a kind's run -> [run, blocks of that kind, blocks transplanted]
@@ -396,7 +383,8 @@ class _Engine:
             tally = tallies.setdefault(id(run), [run, 0, 0])
             tally[1] += 1
             if run.cost_ns < run.before_ns - margin:
-                self.transplant(Chain(run.cost_ns - run.before_ns, run, back), count=False)
+                made = self.transplant(Chain(run.cost_ns - run.before_ns, run, back), count=False)
+                self.carry_rows(run, made, back)
                 tally[2] += 1
             self.stats.blocks += 1
         for run, times, transplanted in tallies.values():  # each kind's stats once, times its blocks
@@ -406,11 +394,6 @@ class _Engine:
                 mine.commits += stats.commits * transplanted
                 mine.chain_starts += stats.chain_starts * transplanted
         self.stats.phases["replay"] = time.perf_counter() - t0
-        return {h for block in pieces[:-1] if (h := self.rw.find(block[-1])) in self.nodes}  # (the last ends the graph)
-
-    def whole(self, seams: set[int] | None = None) -> None:
-        """A whole run: every stage in order, each to its fixpoint (see :meth:`optimize`)."""
-        self.optimize(STAGES, seams=seams)
 
     def out_of_time(self) -> bool:
         """Whether the run's deadline has passed (then the stop reason says so)."""
@@ -419,10 +402,8 @@ class _Engine:
             return True
         return False
 
-    def optimize(self, stages: Sequence[str], seams: set[int] | None = None) -> None:
-        """Run ``stages`` in order, each to its fixpoint; with ``seams``, the first pass of each only near those
-        and what the stages before changed (the blocks are done)."""
-        changed: set[int] = set()
+    def optimize(self, stages: Sequence[str]) -> None:
+        """Run ``stages`` in order, each to its fixpoint."""
         for stage in stages:
             self.stage = stage
             matchers = self.matchers[stage]
@@ -432,9 +413,6 @@ class _Engine:
             derive = self.fact_groups[stage]
             rewrites = [m for m in matchers if not m.pattern.facts_only]
             passes = 0
-            near: set[int] | None = None  # None: match at every root; else only near these nodes
-            if seams is not None:
-                near = {n for n in seams | changed if n in self.nodes}
             while True:
                 if passes >= self.limits.max_iterations:
                     self.stats.stop_reason = STOP_ITERATIONS
@@ -442,16 +420,9 @@ class _Engine:
                 if self.out_of_time():
                     break
                 passes += 1
-                self.facts.fresh = set()
-                self.derive(derive, near)
-                if near is not None:
-                    near |= self.facts.fresh
-                done, touched = self.commit(self.collect(rewrites, None if near is None else
-                                                         Near.of(self.nodes, near)))
-                if not done:
+                self.derive(derive)
+                if not self.commit(self.collect(rewrites)):
                     break
-                changed |= touched
-                near = {t for t in touched if t in self.nodes and self.nodes[t].kind is not Kind.LEAF}
             self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
             self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
             if self.stats.stop_reason == STOP_TIME:
@@ -462,50 +433,28 @@ class _Engine:
         self.stats.rules[matcher.pattern.base].matches += len(found)
         return found
 
-    def derive(self, groups: list[list[Matcher]], near: set[int] | None) -> None:
-        """Run the fact rules, each group (tables that feed each other) to its fixpoint; with
-        ``near``, only at roots near those nodes and near the rows added meanwhile."""
-        seeds, fresh = (None if near is None else Near.of(self.nodes, near)), 0
-        signed: dict[Any, tuple[list, list, set]] = {}  # see roots (rules only add rows: the graph stays)
+    def derive(self, groups: list[list[Matcher]]) -> None:
+        """Run the fact rules, each group (tables that feed each other) to its fixpoint."""
         for group in groups:
-            if near is not None and len(self.facts.fresh) != fresh:  # rows added since: their nodes too
-                seeds, fresh = Near.of(self.nodes, near | self.facts.fresh), len(self.facts.fresh)
             recursive = len(group) > 1 or _reads_own(group[0].pattern)
-            at = seeds
             for _ in range(self.limits.max_iterations):
                 self.facts.changed = False
-                before = set(self.facts.fresh) if recursive else set()
                 if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
                     return
                 for m in group:
-                    for root in self.roots(m, self.where(m, at), signed):
+                    for root in m.roots():
                         for env in self.matches(m, root):
                             self.write_facts(m.pattern, list(env))
                 if not (recursive and self.facts.changed):
                     break
-                at = Near.of(self.nodes, self.facts.fresh - before)  # the next round: near the new rows
 
-    def where(self, matcher: Matcher, near: Near | None) -> Near | None:
-        """Where ``matcher`` matches in this pass: everywhere (``near`` None), near the changes, or, for a rule whose
-        query reads only tables and whose outcome only rows change (see :func:`_row_driven`), semi-naively: near the
-        rows of those tables added or changed since it last ran."""
-        if matcher.pattern.name not in self.row_driven:
-            return near
-        added: set[int] = set()
-        for table in sorted(self.tables_read[matcher.pattern.name] & self.facts.rows.keys()):
-            log, key = self.facts.log.get(table, []), (matcher.pattern.name, table)
-            added.update(log[self.rows_read.get(key, 0):])
-            self.rows_read[key] = len(log)
-        return None if near is None else Near.of(self.nodes, added)
-
-    def collect(self, matchers: list[Matcher], near: Near | None) -> list[tuple[float, float, int, Any, _Plan]]:
+    def collect(self, matchers: list[Matcher]) -> list[tuple[float, float, int, Any, _Plan]]:
         """The best plan of each rule (as written: its operand orders are one rule) at each root, most gain first; of
         equal gains, the root nearest the inputs (by level, which a region cut out of the graph keeps: a block
         decides as the whole graph does), then the rule first in file order."""
         best: dict[tuple[str, Any], tuple[float, float, int, Any, _Plan]] = {}
-        signed: dict[Any, tuple[list, list, set]] = {}  # see roots
         for k, m in enumerate(matchers):
-            for root in self.roots(m, self.where(m, near), signed):
+            for root in m.roots():
                 if self.out_of_time():  # what is collected so far is committed (each commit checks again)
                     return sorted(best.values(), key=lambda e: e[:4])
                 plan = self.best_plan(m, root)
@@ -514,40 +463,6 @@ class _Engine:
                     level = self.rw.level(root) if isinstance(root, int) else 0.0
                     best[key] = (round(plan.delta, 6), level, k, root, plan)  # (gains equal to the last digits tie)
         return sorted(best.values(), key=lambda e: e[:4])
-
-    def roots(self, matcher: Matcher, near: Near | None, signed: dict[Any, tuple[list, list, set]]) -> list[Any]:
-        """The matcher's candidate roots (see :meth:`Matcher.candidates`) whose inputs' ops fit it.  ``signed``:
-        candidate lists with their roots' input ops, shared by the matchers of one root op while the graph does not
-        change (every root of an op, or the roots near changes that the operand orders of a rule share)."""
-        if matcher.root_op is None:
-            return matcher.candidates(near)
-        if not self.rw.has_op(matcher.root_op):  # no root at all (a block has few ops): no walk near the changes
-            return []
-        if near is None or matcher.roots_near is None:  # every root of the op
-            key: Any = matcher.root_op
-            known = signed.get(key)
-            roots = matcher.roots() if known is None else known[0]
-        else:
-            roots = matcher.candidates(near)
-            key = id(roots)  # the list stays alive in ``signed``
-            known = signed.get(key)
-        if known is None:
-            signatures, input_ops = self.signatures, self.input_ops
-            ops = [signatures.get(root) or input_ops(root) for root in roots]
-            known = signed[key] = (roots, ops, set(ops))
-        _, ops, distinct = known
-        fitting = {o for o in distinct if matcher.fits(o)}  # few distinct signatures: test each once
-        return list(compress(roots, map(fitting.__contains__, ops)))
-
-    def input_ops(self, nid: int) -> tuple[str | frozenset[str], ...]:
-        """The ops of a node's inputs (with their forms' ops, as a set, where they have forms)."""
-        ops = self.signatures.get(nid)
-        if ops is None:
-            nodes, forms = self.nodes, self.facts.forms
-            ops = self.signatures[nid] = tuple(
-                frozenset((nodes[i].op, *(f.op for f in forms[i].values()))) if i in forms else nodes[i].op
-                for i in nodes[nid].inputs)
-        return ops
 
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
         """The match at ``root`` that lowers the cost most; a cost-neutral one is worth the gain of the chain it
@@ -578,21 +493,14 @@ class _Engine:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
         for plans that replace nodes outright (each replaced node dies, and so does every matched node the
         new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
-        the chain followed there is taken without asking if it matches or replaces a node of the chain, or, when
-        the chain is followed through readers (:data:`.lookahead.FOLLOW_READING`), matches a node that reads
-        one."""
+        the chain followed there is taken without asking if it matches or replaces a node of the chain."""
         if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
                 or any(old not in plan.dead for old, _ in plan.unions)):
             return None
         inspected = {v for s in plan.matcher.node_slots if isinstance(v := plan.found[s], int)}
         if self.chain is not None:
-            chain, nodes = self.chain, self.nodes
-            if chain.isdisjoint(inspected | plan.dead):
-                if not any(not chain.isdisjoint(nodes[n].inputs) for n in inspected if n in nodes):
-                    return None
-                if self.follow != FOLLOW_READING:
-                    self.readers_left = True
-                    return None
+            if self.chain.isdisjoint(inspected | plan.dead):
+                return None
             plan.chained = True
             return plan
         read = {i for n in plan.new.values() for i in n.inputs}
@@ -606,7 +514,7 @@ class _Engine:
         plan.delta, plan.chain = chain.gain_ns, chain
         return plan
 
-    def commit(self, entries: list[tuple[float, float, int, Any, _Plan]]) -> tuple[int, set[int]]:
+    def commit(self, entries: list[tuple[float, float, int, Any, _Plan]]) -> int:
         """Commit plans in order (see :meth:`collect`), each matched again at its root first when an earlier commit
         touched its nodes."""
         touched: set[int] = set()
@@ -636,14 +544,13 @@ class _Engine:
                 self.chain |= changed
             touched |= changed
             died |= self.forget(changed)
-        return done, touched
+        return done
 
     def forget(self, changed: set[int]) -> set[int]:
-        """Drop what is remembered about the nodes a commit changed (their inputs' ops; the rows naming a replaced
-        one follow its replacement); the nodes among them that died."""
+        """Move the helper rows and forms of the nodes a commit replaced to their replacements; the nodes among
+        ``changed`` that died."""
         died = set()
         for nid in changed:
-            self.signatures.pop(nid, None)
             if nid not in self.nodes:
                 died.add(nid)
                 if self.rw.find(nid) != nid:
@@ -857,8 +764,7 @@ class _Engine:
             self.replace(old, real.get(rep, rep), rules, plan.relied)
             olds.append(old)
         for old, form in plan.forms:
-            self.facts.add_form(old, form)
-            rw.touched.update((old, *rw.readers.get(old, ())))  # their matches may now go through the form
+            self.add_form(old, form)
         for table, args, value in plan.writes:
             decl = self.facts.decls[table]
             self.facts.set(table, tuple(_renamed(a, sort, real) for a, sort in zip(args, decl.inputs, strict=True)),
@@ -866,6 +772,10 @@ class _Engine:
         rw.eliminate_dead_code(olds)
         for r in rules:
             self.stats.rules[r].commits += 1
+
+    def add_form(self, nid: int, form: Node) -> None:
+        self.facts.add_form(nid, form)
+        self.rw.touched.update((nid, *self.rw.readers.get(nid, ())))  # their matches may now go through the form
 
     def insert(self, node: Node, inputs: tuple[int, ...], rules: Sequence[str], relied: tuple[str, ...] = ()) -> int:
         """Insert ``node`` (checked) reading ``inputs``; a node that is new gets ``rules`` as its provenance, and
@@ -893,10 +803,11 @@ class _Engine:
         if writers:
             self.relied_of[rep] = tuple(dict.fromkeys(writers))
 
-    def transplant(self, chain: Chain, count: bool = True) -> None:
+    def transplant(self, chain: Chain, count: bool = True) -> dict[int, int]:
         """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
         block's; see :meth:`GraphRewriter.splice`), in the graph and in its provenance; ``count``: and its
-        commits in the stats (a block's are counted per kind, see :meth:`replay`)."""
+        commits in the stats (a block's are counted per kind, see :meth:`replay`).  Returns the live id of
+        each node of the region's result."""
         run = chain.run
         made, new, replaced = self.rw.splice(run.graph, chain.back, run.holders)
         rules_of = self.rules_of
@@ -906,9 +817,31 @@ class _Engine:
                 self.relied_of[made[nid]] = run.relied_of[nid]
         for old, rep, now in replaced:
             self.credit(old, rep, run.rules_of.get(now, ()), run.relied_of.get(now, ()))
+        for nid, forms in run.forms.items():  # the forms the region's nodes gained
+            for form in forms:
+                if nid in made and all(i in made for i in form.inputs):
+                    self.add_form(made[nid], dataclasses.replace(form, inputs=tuple(made[i] for i in form.inputs)))
         if count:
             for rule, stats in run.rules.items():
                 self.stats.rules[rule].commits += stats.commits
+        return made
+
+    def carry_rows(self, run: RegionRun, made: Mapping[int, int], back: Mapping[int, int]) -> None:
+        """Take in the helper rows a block's run derived, in the whole graph's node ids and param orders: the
+        passes over the whole graph go on from them, as a whole run goes on from its own rows (which also
+        name the nodes that rewrites replaced or dropped).  A row naming a node the block built and dropped
+        again is left out."""
+        orders = {k: self.param_order[back[p]] for p, k in run.param_order.items()}
+        order_columns = self.compiled.orders
+        for table, args, value, writers in run.rows:
+            decl, columns = self.facts.decls[table], order_columns.get(table, ())
+            try:
+                moved = tuple(_carried(a, sort, c in columns, made, back, orders)
+                              for c, (a, sort) in enumerate(zip(args, decl.inputs, strict=True)))
+                moved_value = _carried(value, decl.output, -1 in columns, made, back, orders)
+            except KeyError:  # it names a node the block built and dropped again
+                continue
+            self.facts.set(table, moved, moved_value, writers)
 
     def write_facts(self, pattern: Rule, env: list) -> None:
         """Apply a facts rule's actions to one match."""
@@ -1077,25 +1010,21 @@ def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
     return value
 
 
+def _carried(value: Any, sort: str | None, order: bool, made: Mapping[int, int], back: Mapping[int, int],
+             orders: Mapping[int, int]) -> Any:
+    """A block's row value in the whole graph: a node by its live id (``made``) or the node it was cut from
+    (``back``), a param order by the whole graph's; KeyError when it has none."""
+    if order:
+        return orders[value]
+    if sort == "Op":
+        return made[value] if value in made else back[value]
+    if sort == "TensorList":
+        return tuple(made[v] if v in made else back[v] for v in value)
+    return value
+
+
 def _plain(value: Any) -> Any:
     return value.array if isinstance(value, ArrayValue) else value
-
-
-def _row_driven(pattern: Rule, set_by_rules: set[str]) -> bool:
-    """Whether only new rows can change what ``pattern`` does at a root it has been tried at: its query reads only
-    helper tables and the graph's own ones (a node's type and op never change, nor does its Param order unless a
-    rule sets it: ``set_by_rules``), and it is a fact rule, or a rewrite whose every union records a form (a new term
-    over the node it is unioned with: ``w = ConcatParams([w])``), whose outcome (recorded, or already known) no
-    change to the graph reverts (forms follow replacements as rows do)."""
-    if any(isinstance(a, NodePat) for a in pattern.query) or pattern.tables_read & set_by_rules:
-        return False
-    if pattern.facts_only:
-        return True
-    built = {a.var: a.term for a in pattern.actions if isinstance(a, Let) and isinstance(a.term, OpTerm)}
-    unions = [(str(u.left), str(u.right)) for u in pattern.unions]
-    return bool(unions) and len(built) + len(unions) == len(pattern.actions) and all(
-        (b in built and a not in built and a in input_vars(built[b])) or
-        (a in built and b not in built and b in input_vars(built[a])) for a, b in unions)
 
 
 def _reads_own(pattern: Rule) -> bool:
@@ -1103,46 +1032,21 @@ def _reads_own(pattern: Rule) -> bool:
 
 
 def _fact_order(matchers: list[Matcher]) -> list[list[Matcher]]:
-    """Fact rules grouped so that a group only reads tables earlier groups (or itself) write:
-    strongly connected components of 'writes a table the other reads', in dependency order."""
-    index = {id(m): k for k, m in enumerate(matchers)}
-    feeds = {k: [index[id(o)] for o in matchers if m.pattern.tables_written & o.pattern.tables_read]
-             for k, m in enumerate(matchers)}
-    order: list[list[int]] = []
-    num: dict[int, int] = {}
-    low: dict[int, int] = {}
-    stack: list[int] = []
-    on_stack: set[int] = set()
-    for v in range(len(matchers)):
-        if v not in num:
-            _strong_components(v, feeds, num, low, stack, on_stack, order)
-    order.reverse()  # writers before readers
-    return [[matchers[k] for k in group] for group in order]
-
-
-def _strong_components(v: int, feeds: Mapping[int, list[int]], num: dict[int, int], low: dict[int, int],
-                       stack: list[int], on_stack: set[int], order: list[list[int]]) -> None:
-    """Tarjan's algorithm from ``v`` over the graph ``feeds`` (node -> the nodes it feeds): appends to ``order`` each
-    strongly connected component it closes, sinks first, sorted.  ``num``: each visited node's visit number.  (A
-    function, not a recursive closure: such a closure is a reference cycle, left to the garbage collector.)"""
-    num[v] = low[v] = len(num)
-    stack.append(v)
-    on_stack.add(v)
-    for w in feeds[v]:
-        if w not in num:
-            _strong_components(w, feeds, num, low, stack, on_stack, order)
-            low[v] = min(low[v], low[w])
-        elif w in on_stack:
-            low[v] = min(low[v], num[w])
-    if low[v] == num[v]:
-        group = []
-        while True:
-            w = stack.pop()
-            on_stack.discard(w)
-            group.append(w)
-            if w == v:
-                break
-        order.append(sorted(group))
+    """Fact rules grouped so that a group only reads tables earlier groups (or itself) write: the strongly
+    connected components of 'writes a table the other reads', writers first (a rule that feeds another reaches
+    more rules than it, so ordering by how many a rule reaches is a topological order)."""
+    reach: list[set[int]] = []  # per rule: itself and the rules it feeds, directly or not
+    for k in range(len(matchers)):
+        seen, todo = {k}, [k]
+        while todo:
+            written = matchers[todo.pop()].pattern.tables_written
+            more = [j for j, o in enumerate(matchers) if j not in seen and written & o.pattern.tables_read]
+            seen.update(more)
+            todo += more
+        reach.append(seen)
+    component = [min(j for j in reach[k] if k in reach[j]) for k in range(len(matchers))]
+    firsts = sorted(set(component), key=lambda c: (-len(reach[c]), c))
+    return [[m for m, c in zip(matchers, component, strict=True) if c == first] for first in firsts]
 
 
 __all__ = ["FallbackLimits", "FallbackResult", "FallbackStats", "RuleStats", "load", "run"]

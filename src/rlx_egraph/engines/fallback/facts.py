@@ -43,8 +43,6 @@ ABSENT: Any = _Absent()
 Tables = Mapping[str, Declaration | FactTable]
 """The tables rules read or write, by name: the fact tables and the helper relations and functions declared in rule
 files."""
-# Those of them whose values a rule may add where the graph has none (see Facts.set).
-SETTABLE_TABLES = frozenset({"param-order"})
 
 
 class _Source:
@@ -73,7 +71,7 @@ class Facts:
 
         def order(n: int) -> int:
             value = param_order.get(n)
-            if value is None:  # one of SETTABLE_TABLES
+            if value is None:  # a rule may set it where the graph has none
                 value = overlay.get("param-order", {}).get((n,))
                 if value is None:
                     raise NoValue
@@ -98,11 +96,6 @@ class Facts:
                 self._merge[name] = lambda old, new, fn=fn: fn([old, new])
         self.changed = False
         """Set whenever a helper row is added or a value changes; the owner may clear it."""
-        self.fresh: set[int] = set()
-        """Nodes named by rows added or changed since the owner last cleared it."""
-        self.log: dict[str, list[int]] = {}
-        """Per helper table: the nodes named by its rows added or changed, in order, kept until :meth:`clear`
-        (a reader remembers how far it has read)."""
         self.forms: dict[int, dict[tuple | None, Node]] = {}
         """Node -> its other forms (see the module docstring), by op, inputs and attributes."""
 
@@ -113,8 +106,6 @@ class Facts:
                       *self.writers.values()):
             table.clear()
         self.changed = False
-        self.fresh = set()
-        self.log.clear()
 
     # --- reading -----------------------------------------------------------------------
 
@@ -149,6 +140,11 @@ class Facts:
             return []
         return [(args, rows[args])]
 
+    def export(self) -> list[tuple[str, tuple, Any, tuple[str, ...]]]:
+        """Every helper row: its table, arguments, value and writers (see :meth:`set`)."""
+        return [(name, args, value, self.writers[name].get(args, ()) if name in self.writers else ())
+                for name, rows in self.rows.items() for args, value in rows.items()]
+
     # --- writing -----------------------------------------------------------------------
 
     def insert(self, name: str, args: tuple) -> None:
@@ -174,25 +170,19 @@ class Facts:
             if more:
                 wrote[args] = known + more
                 if old is not None:  # the readers of the row pass the names on
-                    self._changed(name, args, old)
+                    self.changed = True
         if old is not None:
             merge = self._merge.get(name)
             value = merge(old, value) if merge is not None else old
             if value == old:
                 return
         else:
-            for column, index in self._indexes_of(name):
+            for column, index in self._indexes.get(name, ()):
                 index.setdefault(args[column], {})[args] = None
             for n in self._nodes_in(name, args, value):
                 self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
-        self._changed(name, args, value)
-
-    def _changed(self, name: str, args: tuple, value: Any) -> None:
         self.changed = True
-        named = self._nodes_in(name, args, value)
-        self.fresh.update(named)
-        self.log.setdefault(name, []).extend(named)
 
     def has_form(self, nid: int, form: Node) -> bool:
         return node_key(form) in self.forms.get(nid, {})
@@ -212,7 +202,7 @@ class Facts:
                 continue
             value = rows.pop(args)
             writers = self.writers[name].pop(args, ()) if name in self.writers else ()
-            for column, index in self._indexes_of(name):
+            for column, index in self._indexes.get(name, ()):
                 index[args[column]].pop(args, None)
             decl = self.decls[name]
             self.set(name, tuple(self._canonical(s, a) for s, a in zip(decl.inputs, args, strict=True)),
@@ -247,9 +237,6 @@ class Facts:
             self._indexes.setdefault(name, []).append((column, index))
         return index
 
-    def _indexes_of(self, name: str) -> list[tuple[int, dict]]:
-        return self._indexes.get(name, [])
-
 
 def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable[[list], Any]:
     """A function of the variable slots computing ``term`` (raises NoValue where it has no value)."""
@@ -282,4 +269,4 @@ def _guard(fn: Callable[..., Any], *args: Any) -> Any:
         raise NoValue from None
 
 
-__all__ = ["ABSENT", "SETTABLE_TABLES", "Facts", "Tables", "compile_term"]
+__all__ = ["ABSENT", "Facts", "Tables", "compile_term"]

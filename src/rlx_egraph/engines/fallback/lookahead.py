@@ -10,15 +10,9 @@ readers a few levels down, and what all those read a few levels up), and run the
 fallback on the region from the current stage on: as it is, and with the
 step applied and the chain that follows it taken (each next step that matches a
 node the chain made, or replaces one, is committed even if it costs more by
-itself), in two widths: the chain of the steps that match its nodes, and the
-chain that also takes the steps matching a node that reads one of its nodes
-(on onnxruntime, the packed QKV projection's Narrows feed the head split that
-the attention matches, and the attention, which costs more by itself, is what
-the packed attention kernel then replaces).  The cheaper of the two is the
-chain's end: following more steps is not always cheaper (a step that reads the
-chain may start nothing).  If it ends cheaper than the region as it is, the
-whole graph takes that region's result as it is (the *transplant*), so the
-graph's cost drops by exactly what the region showed.
+itself).  If the chain ends cheaper than the region as it is, the whole graph
+takes that region's result as it is (the *transplant*), so the graph's cost
+drops by exactly what the region showed.
 
 The region keeps every value the rest of the graph reads as an output, and the
 non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
@@ -39,7 +33,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...ir.graph import Graph, Node
 from ...ir.registry import Kind
@@ -52,9 +46,6 @@ if TYPE_CHECKING:
 DEPTH = 4  # levels of readers below the replaced nodes the region takes in (an attention reads its scores 4 down)
 HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
 NAMED_LEAVES = frozenset({"Input", "Param"})
-# How far a region run follows the chain its step starts (see _Engine.chain_start): not at all, the next steps that
-# match or replace a node of the chain, or also those that match a node reading one.
-NO_FOLLOW, FOLLOW_MATCHING, FOLLOW_READING = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -68,8 +59,10 @@ class RegionRun:
     holders: Mapping[int, int]  # node as cut out -> the node of ``graph`` that holds its value
     rules: Mapping[str, RuleStats]  # rule -> its statistics on the region (the rules that did something)
     stop_reason: str  # why the fallback stopped on the region (a limit, or no rewrite pays)
-    readers_left: bool = False  # a chain followed through matches left a step that matches a reader of its nodes
     relied_of: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # node -> writers of helper rows read
+    forms: Mapping[int, tuple[Node, ...]] = field(default_factory=dict)  # node of ``graph`` -> its forms
+    rows: tuple[tuple[str, tuple, Any, tuple[str, ...]], ...] = ()  # its helper rows (see Facts.export)
+    param_order: Mapping[int, int] = field(default_factory=dict)  # Param -> its param-order in the region
 
 
 @dataclass(frozen=True)
@@ -84,10 +77,10 @@ class Chain:
 class Lookahead:
     """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
 
-    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, int], RegionRun],
+    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None], RegionRun],
                  names: frozenset[str] = frozenset()) -> None:
-        # (region, its levels, stage, step, follow) -> the region optimized from that stage on; with a step, the
-        # step is applied first and the chain that follows it is taken as far as ``follow`` says
+        # (region, its levels, stage, step) -> the region optimized from that stage on; with a step, the step is
+        # applied first and the chain that follows it is taken
         self.optimized = optimized
         self.names = names  # names of leaves that rules match (see cut_out)
         self.runs: dict[tuple, RegionRun] = {}
@@ -95,15 +88,11 @@ class Lookahead:
 
     def chain(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
               margin_ns: float) -> Chain | None:
-        """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``: of the chain
-        followed through the steps that match its nodes and the one followed through their readers too, the
-        cheaper (the first on a tie; the second is run only where the first left a step it would take)."""
+        """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``."""
         self.asked += 1
         region, local, back = _region(rw, param_order, [plan], self.names)
         step = _local_step(plan, local, len(region))
-        taken = self.run(region, stage, step, FOLLOW_MATCHING)
-        if taken.readers_left:
-            taken = min(taken, self.run(region, stage, step, FOLLOW_READING), key=lambda run: run.cost_ns)
+        taken = self.run(region, stage, step)
         if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
             return None
         gain = taken.cost_ns - self.run(region, stage, None).cost_ns
@@ -111,12 +100,12 @@ class Lookahead:
             return None
         return Chain(gain, taken, back)
 
-    def run(self, region: Region, stage: str | None, step: _Plan | None, follow: int = NO_FOLLOW) -> RegionRun:
+    def run(self, region: Region, stage: str | None, step: _Plan | None) -> RegionRun:
         """``region`` optimized from ``stage`` on (None: as a whole run, see ``_Engine.replay``), remembered."""
-        key = (stage, region.content(), None if step is None else _step_key(step), follow)
+        key = (stage, region.content(), None if step is None else _step_key(step))
         known = self.runs.get(key)
         if known is None:
-            known = self.runs[key] = self.optimized(region.graph(), region.levels, stage, step, follow)
+            known = self.runs[key] = self.optimized(region.graph(), region.levels, stage, step)
         return known
 
 

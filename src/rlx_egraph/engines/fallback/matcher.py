@@ -15,8 +15,8 @@ calls the next one, so a failed candidate costs a few attribute reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -35,11 +35,9 @@ from ...rules import (
     Lit,
     Lookup,
     NoValue,
-    OpTerm,
     Rule,
     TensorList,
     Term,
-    Union,
     Var,
     atom_terms,
     atom_variables,
@@ -47,7 +45,7 @@ from ...rules import (
     variables,
 )
 from ...rules import Pattern as NodePat
-from ...rules.flat import input_vars, op_inputs
+from ...rules.flat import input_vars
 from ...rules.primitives import same_value
 from ...rules.signatures import constructor_args
 from .facts import ABSENT, Facts, Tables, compile_term
@@ -75,62 +73,15 @@ class ArrayValue:
 @dataclass
 class Matcher:
     """A compiled query: ``run(root)`` gives the matches at ``root`` (each a tuple of the slots)
-    (a node of ``root_op``, or a row, the arguments tuple, of the root helper relation)."""
+    (a node of the root pattern's op, or a row, the arguments tuple, of the root helper relation)."""
 
     pattern: Rule  # flat (see rlx_egraph.rules.flat)
-    root_op: str | None  # None: the root is a row of a helper relation
     slots: dict[str, int]
     node_slots: tuple[int, ...]  # slots that hold node ids
     shape_slots: tuple[int, ...]  # slots of the nodes whose op and inputs the match inspects
     run: Callable[[Any], list[tuple]]
     roots: Callable[[], list[Any]]  # every root
     alive: Callable[[Any], bool]  # whether a root still exists
-    roots_near: Callable[[Near], list[Any]] | None  # sorted; None: every pass scans all roots
-    child_ops: tuple[str | None, ...]  # the ops the root's inputs must have (None: any)
-    _fits: dict[tuple[str | frozenset[str], ...], bool] = field(default_factory=dict)
-
-    def fits(self, input_ops: tuple[str | frozenset[str], ...]) -> bool:
-        """Whether a root whose inputs have these ops (a set: a node with forms) can match (a cheap filter before
-        matching)."""
-        fit = self._fits.get(input_ops)
-        if fit is None:
-            want = self.child_ops
-            fit = self._fits[input_ops] = len(input_ops) >= len(want) and all(
-                w is None or w == o or (isinstance(o, frozenset) and w in o)
-                for w, o in zip(want, input_ops, strict=False))
-        return fit
-
-    def candidates(self, near: Near | None) -> list[Any]:
-        """Roots to match: every root, or (``near`` given) those whose match could involve one
-        of the ``near`` nodes."""
-        if near is None or self.roots_near is None:
-            return self.roots()
-        return self.roots_near(near)
-
-
-@dataclass
-class Near:
-    """Changed nodes, by op: the seeds of a pass that only revisits roots near changes."""
-
-    by_op: dict[str, list[int]]
-    walks: dict[tuple[str | None, tuple[_Edge, ...]], set[int]] = field(default_factory=dict)
-    """Nodes reached from the seeds of an op (None: all) along edges (one pass; matchers share walks)."""
-    readers: dict[tuple[str | None, tuple[_Edge, ...]], dict[str, set[int]]] = field(default_factory=dict)
-    """The readers, by op, of the nodes a walk reaches (keyed like ``walks``)."""
-    roots: dict[tuple, list[int]] = field(default_factory=dict)
-    """Sorted node roots, by root op and paths (the operand orders of a rule share them)."""
-
-    @classmethod
-    def of(cls, nodes: Mapping[int, Node], ids: Iterable[int]) -> Near:
-        by_op: dict[str, list[int]] = {}
-        for n in sorted(ids):
-            node = nodes.get(n)
-            if node is not None:
-                by_op.setdefault(node.op, []).append(n)
-        return cls(by_op)
-
-    def __len__(self) -> int:
-        return sum(map(len, self.by_op.values()))
 
 
 @dataclass(frozen=True)
@@ -143,8 +94,6 @@ class MatcherPlan:
     known: list[set[str]]  # per atom of ``order``: the variables bound before it
     node_slots: tuple[int, ...]
     shape_slots: tuple[int, ...]
-    paths: list[tuple[str | None, tuple[_Edge, ...], int | None]] | None  # see _paths
-    child_ops: tuple[str | None, ...]
 
 
 def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
@@ -166,13 +115,10 @@ def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
     for _, atom in order:
         known.append(set(bound))
         bound |= _atom_vars(atom)
-    first = order[0][1]
     node_vars = _node_vars(pattern, tables)
     return MatcherPlan(
         slots, order, known, tuple(slots[v] for v in node_vars),
-        tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))),
-        _paths(order, set(node_vars), _watched(pattern, order, tables), tables),
-        _child_ops(first, pattern) if isinstance(first, NodePat) else ())
+        tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))))
 
 
 def compile_matcher(pattern: Rule, facts: Facts,
@@ -194,53 +140,38 @@ def compile_matcher(pattern: Rule, facts: Facts,
         chain = _step(kind, atom, before, slots, chain, nodes, readers, facts)
     first = order[0][1]
     width = len(slots)
-    root_op: str | None
+    root_slot: int | None
     if isinstance(first, NodePat):
         chain = _step("top", first, set(), slots, chain, nodes, readers, facts)
-        root_op, root_slot = first.term.op, slots[_out(first)]
+        root_slot = slots[_out(first)]
 
         def roots() -> list[Any]:
             return facts.rw.nodes_of(first.term.op)
 
         alive: Callable[[Any], bool] = nodes.__contains__
-
-        def run(root: Any) -> list[tuple]:
-            env: list[Any] = [None] * width
-            env[root_slot] = root
-            sink.append([])
-            try:
-                chain(env)
-            finally:
-                found = sink.pop()
-            return found
     else:
         chain = _lookup_step(first, set(), slots, chain, facts, pinned)
-        root_op, rows = None, facts.rows[_root_table(first)]
+        root_slot, rows = None, facts.rows[first.table]  # type: ignore[union-attr]
 
         def roots() -> list[Any]:
             return list(rows)
 
         alive = rows.__contains__
 
-        def run(root: Any) -> list[tuple]:
-            env: list[Any] = [None] * width
-            sink.append([])
-            pinned.append(root)
-            try:
-                chain(env)
-            finally:
-                found = sink.pop()
-                pinned.pop()
-            return found
+    def run(root: Any) -> list[tuple]:
+        env: list[Any] = [None] * width
+        if root_slot is not None:
+            env[root_slot] = root
+        sink.append([])
+        pinned.append(root)
+        try:
+            chain(env)
+        finally:
+            pinned.pop()
+            found = sink.pop()
+        return found
 
-    roots_near = _reverse(plan.paths, root_op, _root_table(first), facts) if plan.paths is not None else None
-    return Matcher(pattern, root_op, slots, plan.node_slots, plan.shape_slots, run, roots, alive, roots_near,
-                   plan.child_ops)
-
-
-def _root_table(root: Atom) -> str:
-    """The helper relation a query without node patterns is rooted at ('' for a node root)."""
-    return root.table if isinstance(root, Fact) else ""
+    return Matcher(pattern, slots, plan.node_slots, plan.shape_slots, run, roots, alive)
 
 
 def _out(atom: NodePat) -> str:
@@ -272,189 +203,6 @@ def _calls(atom: Atom) -> list[Call | Lookup]:
 def _vars(term: Term) -> frozenset[str]:
     """The variables of a term (remembered: planning asks for them again and again)."""
     return frozenset(variables(term))
-
-
-def _child_ops(root: NodePat, pattern: Rule) -> tuple[str | None, ...]:
-    """The op each required input of the root must have, where the query says."""
-    op_of: dict[str, str] = {}
-    for atom in pattern.query:
-        if isinstance(atom, NodePat):
-            op_of.setdefault(_out(atom), atom.term.op)
-    required = 0
-    for arg in constructor_args(REGISTRY[root.term.op]):
-        if not arg.is_input or arg.optional or arg.variadic:
-            break
-        required += 1
-    want: list[str | None] = [None] * required
-    for p, s in enumerate(op_inputs(root.term)[:required]):
-        if isinstance(s, Var):
-            want[p] = op_of.get(s.name)
-    return tuple(want)
-
-
-# --- which roots a changed node can affect --------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class _Edge:
-    """How a node variable was reached from an earlier one (its parent): as an ``input`` of the
-    parent's node, as a ``reader`` of it, or through a helper-table ``row``."""
-
-    kind: str
-    parent_op: str | None
-    table: str = ""
-    column: int = 0
-    parent_column: int = 0
-
-
-def _watched(pattern: Rule, order: list[tuple[str, Atom]], tables: Tables) -> set[str]:
-    """Node variables a change to whose node can change the match or its outcome: nodes the query
-    inspects, join anchors, variables of helper-table facts (rows get added), and, for a rewrite,
-    inputs the right side does not keep (they may die with it, which changes its gain)."""
-    watched = {_out(a) for a in pattern.query if isinstance(a, NodePat)}
-    bound: set[str] = set()
-    for kind, atom in order:
-        if kind == "join" and isinstance(atom, NodePat):
-            watched.update(v for v in input_vars(atom.term) if v in bound)
-        elif not isinstance(atom, NodePat) and any(_helper_call(t, tables) for t in _calls(atom)):
-            watched |= _atom_vars(atom)
-        bound |= _atom_vars(atom)
-    if pattern.facts_only:
-        return watched
-    kept: set[str] = set()
-    for action in pattern.actions:
-        if isinstance(action, Let) and isinstance(action.term, OpTerm):
-            kept.update(input_vars(action.term))
-        elif isinstance(action, Union):
-            kept.update(variables(action.left) + variables(action.right))
-    return watched | {v for a in pattern.query if isinstance(a, NodePat) for v in input_vars(a.term) if v not in kept}
-
-
-_EDGES: dict[tuple, _Edge] = {}
-
-
-def _paths(order: list[tuple[str, Atom]], node_vars: set[str], watched: set[str], tables: Tables
-           ) -> list[tuple[str | None, tuple[_Edge, ...], int | None]] | None:
-    """For each watched node variable: its op (None: any), the edges from it back to the root,
-    and the root row's column the walk ends in (None: the root is a node).
-    None when some variable is reached in a way that cannot be walked backwards."""
-    parent: dict[str, tuple[str, _Edge] | None] = {}
-    root_column: dict[str, int] = {}  # a root row's node variables: their column
-    op_of: dict[str, str] = {}
-    for index, (kind, atom) in enumerate(order):
-        if isinstance(atom, NodePat):
-            out, op = _out(atom), atom.term.op
-            op_of.setdefault(out, op)
-            if out not in parent:
-                if kind == "top":  # the root
-                    parent[out] = None
-                else:
-                    anchor = next(v for v in input_vars(atom.term) if v in parent)
-                    parent[out] = (anchor, _Edge("reader", None))
-            for v in input_vars(atom.term):
-                parent.setdefault(v, (out, _Edge("input", op)))
-            continue
-        bound_here = [v for v in _atom_vars(atom) & node_vars if v not in parent]
-        if not bound_here:
-            continue
-        if kind != "lookup":
-            return None
-        sides = _sides(atom)
-        call = next(t for t in sides if isinstance(t, Lookup) and t.table in tables) if sides else _call(atom)
-        assert isinstance(call, Lookup)
-        columns = {a.name: c for c, a in enumerate(call.args) if isinstance(a, Var)}
-        if index == 0:  # the root row
-            if any(v not in columns for v in bound_here):
-                return None
-            for v in bound_here:
-                parent[v], root_column[v] = None, columns[v]
-            continue
-        anchor = next((v for v in columns if v in parent and v in node_vars), None)
-        if anchor is None or any(v not in columns for v in bound_here):
-            return None
-        for v in bound_here:
-            parent[v] = (anchor, _Edge("row", None, call.table, columns[v], columns[anchor]))
-    paths = []
-    for var in sorted(v for v in parent if v in node_vars and v in watched):
-        edges: list[_Edge] = []
-        current = var
-        while (link := parent[current]) is not None:
-            up, edge = link
-            key = (edge.kind, op_of.get(up), edge.table, edge.column, edge.parent_column)
-            edges.append(_EDGES.setdefault(key, _Edge(*key)))
-            current = up
-        paths.append((op_of.get(var), tuple(edges), root_column.get(current)))
-    return paths
-
-
-def _reverse(paths: list[tuple[str | None, tuple[_Edge, ...], int | None]], root_op: str | None,
-             root_table: str, facts: Facts) -> Callable[[Near], set[Any]]:
-    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
-
-    def step(near: Near, op: str | None, edges: tuple[_Edge, ...], below: set[int] | None) -> set[int]:
-        """The nodes reached from the seeds of ``op`` along ``edges``: the seeds themselves, else one step to the
-        parents from ``below`` (the nodes reached along all edges but the last)."""
-        frontier: set[int] = set()
-        if not edges:
-            frontier.update(near.by_op.get(op, ()) if op is not None else
-                            (n for ns in near.by_op.values() for n in ns))
-            return frontier
-        assert below is not None
-        edge = edges[-1]
-        parent_op = edge.parent_op
-        if edge.kind == "input":  # the parent reads the node
-            by_op = near.readers.get((op, edges[:-1]))
-            if by_op is None:  # group once the readers of ``below``: many matchers ask for other ops
-                by_op = near.readers[(op, edges[:-1])] = {}
-                for r in set().union(*[readers.get(n, ()) for n in below]):
-                    by_op.setdefault(nodes[r].op, set()).add(r)
-            return by_op.get(parent_op, frontier)
-        if edge.kind == "reader":  # the node reads the parent
-            for n in below:
-                node = nodes.get(n)
-                if node is not None:
-                    frontier.update(node.inputs if parent_op is None else
-                                    (i for i in node.inputs if nodes[i].op == parent_op))
-            return frontier
-        # rows holding the node in ``column`` name the parent in ``parent_column``
-        index, parent_column = facts.column(edge.table, edge.column), edge.parent_column
-        for n in index.keys() & below:
-            frontier.update([args[parent_column] for args in index[n]])
-        return frontier
-
-    def walk(near: Near, op: str | None, edges: tuple[_Edge, ...]) -> set[int]:
-        """:func:`step` along every prefix of ``edges``, each remembered in ``near``.  (A loop, not a recursive
-        closure: such a closure is a reference cycle, which kept the rewriter alive for the garbage collector.)"""
-        below: set[int] | None = None
-        for k in range(len(edges) + 1):
-            frontier = near.walks.get((op, edges[:k]))
-            if frontier is None:
-                frontier = near.walks[(op, edges[:k])] = step(near, op, edges[:k], below)
-            below = frontier
-        assert below is not None
-        return below
-
-    shared = (root_op, frozenset(paths))  # the key of node roots in ``Near.roots``
-
-    def roots_near(near: Near) -> list[Any]:
-        """Sorted roots near the seeds.  Node roots are shared through ``near`` (the graph does not change
-        while it is in use); row roots are not (rows are added meanwhile)."""
-        if root_op is not None and shared in near.roots:
-            return near.roots[shared]
-        roots: set[Any] = set()
-        for op, edges, column in paths:
-            frontier = walk(near, op, edges)
-            if column is None:
-                roots |= frontier
-            else:
-                index = facts.column(root_table, column)
-                for n in index.keys() & frontier:
-                    roots.update(index[n])
-        if root_op is None:
-            return sorted(roots)
-        found = near.roots[shared] = sorted(r for r in roots if r in nodes and nodes[r].op == root_op)
-        return found
-    return roots_near
 
 
 # --- ordering ------------------------------------------------------------------------------
@@ -821,4 +569,4 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     return join
 
 
-__all__ = ["ArrayValue", "Matcher", "MatcherPlan", "Near", "compile_matcher", "plan_matcher", "schedule"]
+__all__ = ["ArrayValue", "Matcher", "MatcherPlan", "compile_matcher", "plan_matcher", "schedule"]

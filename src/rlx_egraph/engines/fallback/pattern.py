@@ -11,7 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...rules import FACT_TABLES, Declaration, FactTable, Insert, Let, OpTerm, Rule, RuleSet, SetValue
+from ...rules import (
+    FACT_TABLES,
+    Declaration,
+    Fact,
+    FactTable,
+    Insert,
+    Let,
+    Lookup,
+    OpTerm,
+    Rule,
+    RuleSet,
+    SetValue,
+    Term,
+    Var,
+)
 from ...rules.flat import FlatError, flatten
 
 
@@ -34,6 +48,7 @@ class CompiledRules:
     unsupported: list[Unsupported] = field(default_factory=list)
     plans: dict[str, Any] = field(default_factory=dict, repr=False)  # pattern name -> its matcher.MatcherPlan
     tracked: frozenset[str] = frozenset()  # helper relations whose rows keep the rules that wrote them
+    orders: dict[str, frozenset[int]] = field(default_factory=dict)  # see order_columns
 
 
 class CompileError(ValueError):
@@ -51,7 +66,39 @@ def compile_rules(ruleset: RuleSet) -> CompiledRules:
         except (CompileError, FlatError) as exc:
             if all(u.rule != rule.base for u in out.unsupported):  # one entry per rule as written
                 out.unsupported.append(Unsupported(rule.base, rule.location, str(exc)))
+    out.orders = order_columns(out.patterns)
     return out
+
+
+def order_columns(patterns: list[Rule]) -> dict[str, frozenset[int]]:
+    """Per helper table, the columns (-1: the value) that hold a ``param-order``: written from one, or from
+    such a column of another table.  A block's rows carry them over in the whole graph's numbering."""
+    found: dict[str, set[int]] = {"param-order": {-1}}
+
+    def is_order(term: Term, names: set[str]) -> bool:
+        return (isinstance(term, Var) and term.name in names) or \
+            (isinstance(term, Lookup) and -1 in found.get(term.table, ()))
+
+    changed = True
+    while changed:
+        changed = False
+        for p in patterns:
+            names: set[str] = set()
+            for atom in p.query:
+                if isinstance(atom, Fact):
+                    columns = found.get(atom.table, set())
+                    names.update(t.name for c, t in [*enumerate(atom.args), (-1, atom.value)]
+                                 if c in columns and isinstance(t, Var))
+            for action in p.actions:
+                if isinstance(action, Let) and is_order(action.term, names):
+                    names.add(action.var)
+                elif isinstance(action, SetValue | Insert):
+                    terms = [*enumerate(action.args)] + ([(-1, action.value)] if isinstance(action, SetValue) else [])
+                    more = {c for c, t in terms if is_order(t, names)} - found.get(action.table, set())
+                    if more:
+                        found.setdefault(action.table, set()).update(more)
+                        changed = True
+    return {table: frozenset(columns) for table, columns in found.items() if table != "param-order"}
 
 
 def _checked(flat: Rule, tables: dict[str, Declaration | FactTable]) -> Rule:
