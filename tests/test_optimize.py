@@ -19,7 +19,8 @@ from rlx_egraph import (
     optimize_with_report,
 )
 from rlx_egraph.cost import profile
-from rlx_egraph.engines.egglog.rules import default_rule_dir
+from rlx_egraph.engines.egglog.program import build_egraph, release_egraph
+from rlx_egraph.engines.egglog.rules import default_rule_dir, load_rules
 from rlx_egraph.engines.fallback import run as run_fallback
 from rlx_egraph.engines.fallback.engine import NO_GAIN
 
@@ -379,6 +380,23 @@ def test_input_graph_is_not_mutated_and_results_are_deterministic():
     assert g.to_json() == before
     assert a == b
     assert [f.to_dict() for f in ra.fusions] == [f.to_dict() for f in rb.fusions]
+
+
+def test_a_run_starts_from_the_egraph_the_last_run_of_its_rules_released_and_decides_the_same():
+    """A run gives its e-graph back at the state right after the program ran: the next run of the same rules takes
+    it instead of running the program again, and decides what a run on a new e-graph decides, whatever ran on it
+    before."""
+    rules, other = load_rules(), load_rules(default_rule_dir() / "algebra.egg")
+    egraph, _ = build_egraph(examples.mlp(), rules)
+    release_egraph(egraph, rules)
+    assert build_egraph(examples.bert(1), rules)[0] is egraph
+    release_egraph(build_egraph(examples.mlp(), other)[0], other)  # the one kept: the next run of rules is new
+    new, new_report = optimize_with_report(examples.llama(1), rules=rules)
+    optimize(examples.gpt2(1), rules=rules)  # on the released e-graph
+    again, again_report = optimize_with_report(examples.llama(1), rules=rules)  # after gpt2 ran on it
+    assert again.to_json() == new.to_json()
+    assert again_report.fused_op_counts == new_report.fused_op_counts and again_report.enodes == new_report.enodes
+    assert [f.to_dict() for f in again_report.fusions] == [f.to_dict() for f in new_report.fusions]
 
 
 @pytest.mark.parametrize("engine", ["egglog", "fallback"])

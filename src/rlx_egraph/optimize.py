@@ -40,7 +40,7 @@ from .engines.budget import Deadline, DeadlineExceeded, gc_paused
 from .engines.egglog import extract as ex
 from .engines.egglog.decode import Decoded, Fusion, decode
 from .engines.egglog.encode import Encoding, dump_egglog_program
-from .engines.egglog.program import build_egraph
+from .engines.egglog.program import build_egraph, release_egraph
 from .engines.egglog.rules import RuleSet, default_rule_dir, load_rules
 from .engines.egglog.saturate import STOP_SATURATED, STOP_TIME, IterationStats, SaturationLimits, egraph_size, saturate
 from .engines.egglog.schema import schema_text
@@ -178,6 +178,8 @@ def optimize_with_report(graph: Graph, target: str | Target | None = None, rules
         report.assumptions = [str(a) for a in graph.meta.get("assumptions", ())]
         if sentinels is not None and tables[1] is not None:
             report.hint_choices = hint_choices(tables[0], static, tgt, sentinels, tables[1])
+    if tables[3] is not None:  # nothing reads the e-graph from here on: the next run of these rules starts from it
+        release_egraph(tables[3], ruleset)
     suspects = {r.name: r.location for r in ruleset.rules if r.location.rpartition(":")[0] in user_rules}
     folds = check_weight_folds(original, optimized, new.originals, blame(new, suspects), opts.seed)
     report.verification = Verification(checked, why_checked, user_rules, weight_folds=folds)
