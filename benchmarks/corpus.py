@@ -60,6 +60,7 @@ import onnx
 import onnxruntime as ort
 
 from rlx_egraph import optimize_with_report
+from rlx_egraph.cost import calibration as cal
 from rlx_egraph.frontends.onnx.compare import feeds, op_counts
 from rlx_egraph.onnx import import_model, onnx_rules, price_export, save_ort_optimized
 
@@ -545,6 +546,7 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
            f"onnxruntime {ort.__version__}, onnx {onnx.__version__}; exports by torch {meta[0]['torch']}, "
            f"transformers {meta[0]['transformers']}; the machine's 1-minute load average during the run: "
            f"{min(loads):.1f} to {max(loads):.1f} (median {statistics.median(loads):.1f}) on {run['machine']}; "
+           f"predictions priced by {run.get('priced_by', 'the shipped calibration')}; "
            f"{' + '.join(f'{m:.0f}' for m in run['minutes'])} minutes.", "",
            "Architectures (held out: " + ", ".join(a for a, _, h in archs if h) + "; development: "
            + ", ".join(a for a, _, h in archs if not h) + ").", ""]
@@ -591,9 +593,12 @@ def load_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, A
 
 
 def run_info(args: argparse.Namespace, loads: list[float], started: float) -> dict[str, Any]:
+    priced = cal.load("onnxruntime")
+    whose = "the shipped" if priced.source == cal.shipped("onnxruntime").source else "this machine's"
     return {"runs": args.runs, "real_runs": args.real_runs, "loads": loads,
             "minutes": [round((time.perf_counter() - started) / 60, 1)],
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "priced_by": f"{whose} calibration ({priced.machine.get('cpu', '?')}; made by: {priced.command})"}
 
 
 def save(path: Path, rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[str, Any]) -> None:
