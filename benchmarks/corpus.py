@@ -62,6 +62,7 @@ import onnxruntime as ort
 from rlx_egraph import optimize_with_report
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.frontends.onnx.compare import feeds, op_counts
+from rlx_egraph.frontends.onnx.latency import BLOCK
 from rlx_egraph.onnx import import_model, onnx_rules, price_export, save_ort_optimized
 
 LEVELS = ("0", "1", "99")
@@ -71,7 +72,6 @@ SLOWER = 1.02  # ours may be at most 2% slower than the reference on any export
 GEOMEAN = {"tiny": 0.85, "decode": 0.85, "real": 1.0}
 PREDICTION = 1.5
 WARMUP = {"tiny": 10, "real": 2}
-BLOCK = 5  # runs of a session in a row, the first untimed (time_in_turn)
 TF_TIMEOUT = {"tiny": 300.0, "real": 1800.0}  # seconds for the transformer optimizer's three levels
 
 

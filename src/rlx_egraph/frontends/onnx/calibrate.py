@@ -373,10 +373,11 @@ def timed_pair(first: Runnable, second: Runnable, budget_s: float, threads: int,
 
 
 def run_times(runs: list[Callable[[], object]], budget_s: float, min_runs: int, threads: int,
-              max_runs: int = 2000, warmup: int = 1) -> list[list[int]]:
+              max_runs: int = 2000, warmup: int = 1, block: int = 1) -> list[list[int]]:
     """The ns of each call of each of ``runs`` (one run of a model each), by :func:`run_clock` for ``threads``
     threads, called in turn until ``budget_s`` seconds (at least ``min_runs`` calls each) after ``warmup`` calls
-    of each."""
+    of each.  With ``block`` > 1 each turn calls a run ``block`` times in a row and times all but the first,
+    which pays for the caches the other runs filled (a model run repeatedly by itself does not)."""
     times: list[list[int]] = [[] for _ in runs]
     clock = run_clock(threads)
     for run in runs:
@@ -385,9 +386,12 @@ def run_times(runs: list[Callable[[], object]], budget_s: float, min_runs: int, 
     deadline = time.perf_counter() + budget_s
     while len(times[0]) < max_runs and (len(times[0]) < min_runs or time.perf_counter() < deadline):
         for k, run in enumerate(runs):
-            start = clock()
-            run()
-            times[k].append(clock() - start)
+            if block > 1:
+                run()
+            for _ in range(max(block - 1, 1)):
+                start = clock()
+                run()
+                times[k].append(clock() - start)
     return times
 
 
