@@ -60,7 +60,9 @@ import onnx
 import onnxruntime as ort
 
 from rlx_egraph import optimize_with_report
+from rlx_egraph.cost import calibration as cal
 from rlx_egraph.frontends.onnx.compare import feeds, op_counts
+from rlx_egraph.frontends.onnx.latency import BLOCK
 from rlx_egraph.onnx import import_model, onnx_rules, price_export, save_ort_optimized
 
 LEVELS = ("0", "1", "99")
@@ -102,22 +104,27 @@ def saved_nodes(save: Path) -> int:
 
 def time_in_turn(sessions: Mapping[str, ort.InferenceSession], inputs: Mapping[str, np.ndarray], runs: int,
                  warmup: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Median and fastest ms of one run of each session; one run each per round, the sessions in turn, each round
-    starting one session later (on a loaded machine the first run of a round is the slowest: the same model's
-    sessions in a fixed order differ by up to 10%).  A run is timed by the calling thread's CPU time (a one-thread
-    session runs on it): the time other processes of a shared machine hold the core is left out, as in the
-    calibration the cost model is priced by."""
+    """Median and fastest ms of one run of each session, over ``runs`` timed runs each.  The sessions run in
+    turn, a block of :data:`BLOCK` runs each, each round starting one session later (on a loaded machine the
+    first run of a round is the slowest: the same model's sessions in a fixed order differ by up to 10%); the
+    first run of a block is not timed: it pays for the caches the other sessions' runs filled (up to 1.5x a
+    sub-millisecond model's run), which a model run repeatedly by itself, as an application runs it, does not.
+    A run is timed by the calling thread's CPU time (a one-thread session runs on it): the time other processes
+    of a shared machine hold the core is left out, as in the calibration the cost model is priced by."""
+    feeds = dict(inputs)
     for sess in sessions.values():
         for _ in range(warmup):
-            sess.run(None, dict(inputs))
+            sess.run(None, feeds)
     labels = list(sessions)
     times: dict[str, list[float]] = {label: [] for label in labels}
-    for i in range(runs):
+    for i in range(math.ceil(runs / (BLOCK - 1))):
         start = i % len(labels)
         for label in labels[start:] + labels[:start]:
-            t0 = time.thread_time_ns()
-            sessions[label].run(None, dict(inputs))
-            times[label].append(time.thread_time_ns() - t0)
+            sessions[label].run(None, feeds)
+            for _ in range(BLOCK - 1):
+                t0 = time.thread_time_ns()
+                sessions[label].run(None, feeds)
+                times[label].append(time.thread_time_ns() - t0)
     return ({label: 1e-6 * statistics.median(t) for label, t in times.items()},
             {label: 1e-6 * min(t) for label, t in times.items()})
 
@@ -539,6 +546,7 @@ def report(rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[
            f"onnxruntime {ort.__version__}, onnx {onnx.__version__}; exports by torch {meta[0]['torch']}, "
            f"transformers {meta[0]['transformers']}; the machine's 1-minute load average during the run: "
            f"{min(loads):.1f} to {max(loads):.1f} (median {statistics.median(loads):.1f}) on {run['machine']}; "
+           f"predictions priced by {run.get('priced_by', 'the shipped calibration')}; "
            f"{' + '.join(f'{m:.0f}' for m in run['minutes'])} minutes.", "",
            "Architectures (held out: " + ", ".join(a for a, _, h in archs if h) + "; development: "
            + ", ".join(a for a, _, h in archs if not h) + ").", ""]
@@ -585,9 +593,12 @@ def load_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, A
 
 
 def run_info(args: argparse.Namespace, loads: list[float], started: float) -> dict[str, Any]:
+    priced = cal.load("onnxruntime")
+    whose = "the shipped" if priced.source == cal.shipped("onnxruntime").source else "this machine's"
     return {"runs": args.runs, "real_runs": args.real_runs, "loads": loads,
             "minutes": [round((time.perf_counter() - started) / 60, 1)],
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "priced_by": f"{whose} calibration ({priced.machine.get('cpu', '?')}; made by: {priced.command})"}
 
 
 def save(path: Path, rows: list[dict[str, Any]], meta: list[dict[str, Any]], run: Mapping[str, Any]) -> None:

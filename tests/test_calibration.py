@@ -32,10 +32,10 @@ from rlx_egraph.frontends.onnx.calibrate import (
     _cases,
     _model_graph,
     _session,
-    cache_bytes,
     calibrate,
     check_sample,
 )
+from rlx_egraph.frontends.onnx.latency import BLOCK
 from rlx_egraph.ir import REGISTRY
 from rlx_egraph.onnx import export_model, import_model, measure_latency, measure_report, onnx_rules, price_export
 
@@ -322,7 +322,7 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
     """A short calibration (the tiny model's size, one pass): every declared fused op gets its own line or its cost
     class's, every layout op its own; the one file written is this machine's cache entry.  No timing is asserted."""
     cache = tmp_path / "mine"
-    result = calibrate(cache=cache, sizes=[SIZES[1]], passes=1, budget_s=0.0, stream=(64, 3))
+    result = calibrate(cache=cache, sizes=[SIZES[1]], passes=1, budget_s=0.0, stream=(64, 8))
     assert [p.relative_to(cache) for p in cache.rglob("*") if p.is_file()] == [
         cal.cache_path("onnxruntime", cache).relative_to(cache)]
     assert result.source == str(cal.cache_path("onnxruntime", cache))
@@ -331,7 +331,8 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
                   if op not in result.rates and REGISTRY[op].cost_class not in result.rates) == []
     assert all(s.ns >= 0 for s in result.samples) and result.threads == 1 and result.value_ns > 0
     assert result.shape_ns > 0 and onnxruntime_target(result).shape_node_ns == result.shape_ns
-    assert result.stream_ns_per_byte >= 0 and result.cache_bytes == cache_bytes()
+    # the probe chains have 8 and 2 copies of 64 x 64 weights: the cache is the shorter one's weights or none
+    assert result.stream_ns_per_byte >= 0 and result.cache_bytes in (0, 2 * 4 * 64 * 64)
     ran = {s.label: s.ran for s in result.samples}
     assert ran["MatMul wide [2x16, 64]"] == "MatMul 1" and ran["FusedResidualLN [2x16, 64]"] == (
         "SkipLayerNormalization 1") and ran["Identity [2x16, 64]"] == ""
@@ -549,8 +550,8 @@ def test_the_report_prints_the_measured_latency_beside_the_prediction() -> None:
     assert report.to_dict()["measured"] == {"before_ns": measured.before_ns, "after_ns": measured.after_ns,
                                             "how": measured.how, "predicted_before_ns": measured.predicted_before_ns,
                                             "predicted_after_ns": measured.predicted_after_ns}
-    latency = measure_latency(g, runs=2, budget_s=0.0)
-    assert latency.runs == 2 and 0 < latency.fastest_ns <= latency.ns
+    latency = measure_latency(g, runs=2, budget_s=0.0)  # one block: its first run untimed, the others timed
+    assert latency.runs == BLOCK - 1 and 0 < latency.fastest_ns <= latency.ns
 
 
 def test_cli_measure_prints_predicted_and_measured(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

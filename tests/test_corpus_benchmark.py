@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from onnx_models import MODELS
+from rlx_egraph.cost import calibration as cal
 from rlx_egraph.frontends.onnx.compare import op_counts
 from rlx_egraph.onnx import OnnxImportError
 
@@ -104,6 +105,10 @@ def test_report_has_both_halves_their_geometric_means_and_the_failed_exports(res
     assert "| bert | encoder |  | 1 / 0 | 0 / 0 | 1 |" in lines  # architecture, family, held out, made, failed, ran
     assert "| opt | decoder | yes | 0 / 0 | 1 / 0 | 0 |" in lines
     assert sum(line.startswith("| bert | 66 / ") for line in lines) == 1
+    # no calibration cached for this machine: the shipped one priced the predictions, and the header says so
+    shipped = cal.shipped("onnxruntime")
+    assert (f"; predictions priced by the shipped calibration ({shipped.machine['cpu']}; made by: "
+            f"{shipped.command}); ") in lines[0]
 
 
 def test_reports_of_earlier_runs_merge_each_export_once(result: tuple[dict, str, Path]) -> None:

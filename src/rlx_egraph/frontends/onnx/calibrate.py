@@ -373,10 +373,11 @@ def timed_pair(first: Runnable, second: Runnable, budget_s: float, threads: int,
 
 
 def run_times(runs: list[Callable[[], object]], budget_s: float, min_runs: int, threads: int,
-              max_runs: int = 2000, warmup: int = 1) -> list[list[int]]:
+              max_runs: int = 2000, warmup: int = 1, block: int = 1) -> list[list[int]]:
     """The ns of each call of each of ``runs`` (one run of a model each), by :func:`run_clock` for ``threads``
     threads, called in turn until ``budget_s`` seconds (at least ``min_runs`` calls each) after ``warmup`` calls
-    of each."""
+    of each.  With ``block`` > 1 each turn calls a run ``block`` times in a row and times all but the first,
+    which pays for the caches the other runs filled (a model run repeatedly by itself does not)."""
     times: list[list[int]] = [[] for _ in runs]
     clock = run_clock(threads)
     for run in runs:
@@ -385,9 +386,12 @@ def run_times(runs: list[Callable[[], object]], budget_s: float, min_runs: int, 
     deadline = time.perf_counter() + budget_s
     while len(times[0]) < max_runs and (len(times[0]) < min_runs or time.perf_counter() < deadline):
         for k, run in enumerate(runs):
-            start = clock()
-            run()
-            times[k].append(clock() - start)
+            if block > 1:
+                run()
+            for _ in range(max(block - 1, 1)):
+                start = clock()
+                run()
+                times[k].append(clock() - start)
     return times
 
 
@@ -496,8 +500,9 @@ def value_costs(threads: int, budget_s: float, values: int = 16, floats: int = 1
 
 
 def cache_bytes() -> int:
-    """The size of this machine's last-level cache (Linux: the highest cache level sysfs lists for CPU 0); 0 when
-    it cannot be read."""
+    """The size of the last-level cache that sysfs lists for CPU 0 (Linux); 0 when it cannot be read.  On a
+    virtual machine or a many-core part this is the whole socket's cache, shared with other cores and tenants:
+    it bounds how many copies :func:`weights_from_memory` needs, not where the weights leave the cache."""
     sizes = {}
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
@@ -509,38 +514,60 @@ def cache_bytes() -> int:
     return sizes[max(sizes)] if sizes else 0
 
 
-def streamed_weights(threads: int, budget_s: float, line: cal.OpRate, width: int = 1024,
-                     copies: int = 32) -> float:
-    """What a weight byte read from memory costs beyond what ``line`` (MatMul's, fitted to samples whose weights
-    sit in cache) prices: a decoding step's chain of ``copies`` MatMuls [1, width] @ [width, width], each with
-    weights of its own (``copies`` * 4 MiB, past any cache: every run reads them from memory), timed as
-    (the chain - one copy) / (copies - 1) less the line's price of a copy, over a copy's weight bytes."""
+STREAM_WIDTH = 1024  # the probe's MatMuls: [1, 1024] @ [1024, 1024], 4 MiB of weights each
+STREAM_COPIES = (32, 256)  # fewest and most copies of the longest probe chain (128 MiB to 1 GiB of weights)
+
+
+def stream_copies(width: int = STREAM_WIDTH) -> int:
+    """How many copies the longest chain of :func:`weights_from_memory` has: weights twice the last-level cache
+    sysfs lists (:func:`cache_bytes`), within :data:`STREAM_COPIES`."""
+    least, most = STREAM_COPIES
+    return min(max(math.ceil(2 * cache_bytes() / (4 * width * width)), least), most)
+
+
+def weights_from_memory(threads: int, budget_s: float, line: cal.OpRate, width: int = STREAM_WIDTH,
+                        copies: int | None = None) -> tuple[float, int]:
+    """(``stream_ns_per_byte``, ``cache_bytes``): what a weight byte read from memory costs beyond what ``line``
+    (MatMul's, fitted to samples whose weights sit in cache) prices, and how many weight bytes a run reads
+    before it pays that.  Measured on decoding steps' chains of MatMuls [1, width] @ [width, width], each copy
+    with weights of its own: a chain of ``copies`` (default :func:`stream_copies`), and chains a quarter as
+    long, and a quarter of that, down to 2 copies.  Each is timed as (the chain - one copy) / (copies - 1) less
+    the line's price of a copy, over a copy's weight bytes; the longest chain's figure is the cost per byte,
+    and the cache is the weights of the longest chain that pays less than half of it (0 if none does)."""
     def build(g: Graph, prev: int | None, copy: int) -> tuple[int, int]:
         m = _Maker(g, copy, 0)
         node = g.matmul(prev if prev is not None else m.input((1, width)), m.param((width, width)))
         return node, node
 
-    case = Case("MatMul", f"MatMul weights from memory [1, {width}] x {copies}", build)
-    one, node = _model_graph(case, 1)
-    t_one, t_many = timed_pair(_session(one, threads), _session(_model_graph(case, copies)[0], threads), budget_s,
-                               threads)
-    n = one.node(node)
-    cost = node_cost(n.spec, n.attrs, [one.node(i).type for i in n.inputs], n.type)
-    per_copy = (t_many - t_one) / (copies - 1)
-    return max(per_copy - line.ns(cost.launches, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices),
-               0.0) / (4 * width * width)
+    copies = copies or stream_copies(width)
+    rungs = [copies]
+    while rungs[-1] // 4 >= 2:
+        rungs.append(rungs[-1] // 4)
+    per_byte = {}
+    for n in rungs:
+        case = Case("MatMul", f"MatMul weights from memory [1, {width}] x {n}", build)
+        one, node = _model_graph(case, 1)
+        t_one, t_many = timed_pair(_session(one, threads), _session(_model_graph(case, n)[0], threads), budget_s,
+                                   threads)
+        probe = one.node(node)
+        cost = node_cost(probe.spec, probe.attrs, [one.node(i).type for i in probe.inputs], probe.type)
+        price = line.ns(cost.launches, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices)
+        per_byte[n] = max((t_many - t_one) / (n - 1) - price, 0.0) / (4 * width * width)
+    stream = per_byte[copies]
+    cached = max((n for n in rungs if per_byte[n] < stream / 2), default=0)
+    return stream, cached * 4 * width * width
 
 
 def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
               budget_s: float = 0.3, passes: int = 3, sizes: Iterable[tuple[int, int, int, int]] = SIZES,
               progress: Callable[[str], None] | None = None, command: str = "",
-              stream: tuple[int, int] = (1024, 32)) -> cal.Calibration:
+              stream: tuple[int, int | None] = (STREAM_WIDTH, None)) -> cal.Calibration:
     """Measure ``target`` (only ``onnxruntime``) on this machine with ``threads`` intra-op threads and, when
     ``save``, cache the result (:func:`rlx_egraph.cost.calibration.cache_path`; ``cache`` is the cache
     directory); returns the calibration.  ``budget_s``: seconds of timed runs per sample and pass; ``passes``:
     how many times every sample is measured (the fastest kept: a burst of load on a shared machine passes);
-    ``stream``: the width and number of copies of the MatMul chain that measures weights read from memory
-    (:func:`streamed_weights`)."""
+    ``stream``: the width and number of copies (None: :func:`stream_copies`) of the longest MatMul chain that
+    measures weights read from memory (:func:`weights_from_memory`)."""
     if target != TARGET:
         raise ValueError(f"calibrate measures the {TARGET!r} target only, not {target!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -570,9 +597,10 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
                                     flops_per_ns=flops_per_ns, value_ns=value_ns,
                                     value_ns_per_byte=value_ns_per_byte, shape_ns=shape_ns)
-    stream_ns = min(streamed_weights(threads, budget_s, result.rates["MatMul"], *stream) for _ in range(passes))
-    say(f"weights from memory: {stream_ns:.4f} ns per byte beyond MatMul's line, past a {cache_bytes():,} B cache")
-    result = dataclasses.replace(result, stream_ns_per_byte=stream_ns, cache_bytes=cache_bytes())
+    stream_ns, cached = min(weights_from_memory(threads, budget_s, result.rates["MatMul"], *stream)
+                            for _ in range(passes))
+    say(f"weights from memory: {stream_ns:.4f} ns per byte beyond MatMul's line, past {cached:,} B in cache")
+    result = dataclasses.replace(result, stream_ns_per_byte=stream_ns, cache_bytes=cached)
     if save:
         path = result.save(cal.cache_path(target, cache))
         result = cal.read(path)
@@ -580,5 +608,5 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
 
 
 __all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "cache_bytes", "calibrate", "check_sample",
-           "measure_case", "run_and_dispatch", "run_clock", "shape_nodes", "streamed_weights", "value_costs",
-           "run_times", "typical"]
+           "measure_case", "run_and_dispatch", "run_clock", "shape_nodes", "stream_copies", "value_costs",
+           "weights_from_memory", "run_times", "typical"]

@@ -28,6 +28,8 @@ from .calibrate import LEVEL, run_times, typical
 from .exporter import export_model
 from .pricing import price_export
 
+BLOCK = 5  # runs of one graph in a row when graphs are timed in turn; the first pays for the others' caches
+
 
 @dataclass(frozen=True)
 class Latency:
@@ -66,13 +68,14 @@ def _runnable(graph: Graph, threads: int,
 
 def measure_latencies(graphs: list[Graph], threads: int = 1, runs: int = 20, budget_s: float = 2.0,
                       warmup: int = 2, dims: Mapping[str, int] | None = None) -> list[Latency]:
-    """The latency of each graph, runs in turn (one run of each, then the next round), ``runs`` rounds at least
-    and more while within ``budget_s`` seconds; a graph with symbolic dims runs at the sizes ``dims`` gives them."""
+    """The latency of each graph, runs in turn (:data:`BLOCK` runs of each in a row, the first not timed, then
+    the next graph), ``runs`` timed runs at least and more while within ``budget_s`` seconds; a graph with
+    symbolic dims runs at the sizes ``dims`` gives them."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     sessions = [_runnable(g, threads, dims) for g in graphs]
     times = run_times([lambda s=s, f=f: s.run(None, f) for s, f in sessions], budget_s, runs, threads,
-                      max_runs=10 * runs, warmup=warmup)
+                      max_runs=10 * runs, warmup=warmup, block=BLOCK)
     return [Latency(typical(t), float(min(t)), len(t), threads) for t in times]
 
 
@@ -93,4 +96,4 @@ def measure_report(report: OptimizeReport, original: Graph, optimized: Graph, th
     return report.measured
 
 
-__all__ = ["LEVEL", "Latency", "measure_latencies", "measure_latency", "measure_report"]
+__all__ = ["BLOCK", "LEVEL", "Latency", "measure_latencies", "measure_latency", "measure_report"]
