@@ -1032,6 +1032,49 @@ def test_a_paying_step_does_not_destroy_a_cost_neutral_chain_start(target):
     assert fb_report.fallback.rules["attn-keys-heads-last"].chain_starts == 1
 
 
+def unscaled_masked_layers(layers: int) -> Graph:
+    """Decoder layers as GPT-Neo's eager export writes them: a layer norm, q, k and v by three matmuls without
+    bias, split into heads, the scores unscaled plus a mask every layer reads, Softmax, the heads merged, an output
+    linear layer and the residual Add."""
+    g = Graph("unscaled_masked")
+    b, s, e, heads = 2, 8, 32, 4
+    h, mask = g.input("x", (b, s, e)), g.input("mask", (b, 1, s, s))
+
+    def split(x: int, name: str) -> int:
+        return g.transpose(g.reshape(g.matmul(x, g.param(name, (e, e))), shape=(b, s, heads, e // heads)),
+                           perm=(0, 2, 1, 3))
+
+    for layer in range(layers):
+        x = g.layer_norm(h, g.param(f"{layer}.ln.g", (e,)), g.param(f"{layer}.ln.b", (e,)))
+        q, k, v = (split(x, f"{layer}.{name}") for name in "qkv")
+        scores = g.add(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), mask)
+        context = g.reshape(g.transpose(g.matmul(g.softmax(scores), v), perm=(0, 2, 1, 3)), shape=(b, s, e))
+        out = g.add(g.matmul(context, g.param(f"{layer}.o.w", (e, e))), g.param(f"{layer}.o.b", (e,)))
+        h = g.add(out, h)
+    g.set_outputs([h])
+    return g
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_paying_step_does_not_destroy_a_chain_that_pays_more(layers):
+    """GPT-Neo's attention where FusedMatMulAdd is free (as onnxruntime's calibration prices it, nearly): fusing the
+    scores with their mask pays more at once than the BiasedAttention that needs the same Add, but the attention
+    opens MultiHeadAttention over the head splits.  The rival a paying step would destroy is asked what its chain
+    gains; its chain pays more than the rival's way, so the attention goes first: each layer's attention is fused
+    as egglog fuses it (the fallback fused the scores instead, at 1.6 to 1.7 times egglog's cost)."""
+    g = unscaled_masked_layers(layers)
+    target = calibrations.target({"FusedMatMulAdd": OpRate(0.0, 0.0, 0.0),
+                                  "BiasedAttention": OpRate(3_500.0, 0.1, 0.01)})
+    _, eg_report = optimize_with_report(g, target=target, engine="egglog")
+    _, fb_report = optimize_with_report(g, target=target, engine="fallback", verify=True)
+    assert eg_report.fused_op_counts == fb_report.fused_op_counts
+    assert fb_report.fused_op_counts["MultiHeadAttention"] == fb_report.fused_op_counts["FusedMatMulBiasAct"] == layers
+    assert "FusedMatMulAdd" not in fb_report.fused_op_counts and fb_report.parity.ok
+    assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+    rules = fb_report.fallback.rules
+    assert (rules["biased-attention"].commits, rules["matmul-add"].commits) == (layers, 0)
+
+
 @pytest.mark.parametrize("target", ["cuda", "metal"])
 @pytest.mark.parametrize("readers", [2, 3])
 def test_of_two_rivals_that_gain_the_same_the_one_rooted_nearer_the_inputs_goes_first(readers, target):
@@ -1053,20 +1096,21 @@ def test_of_two_rivals_that_gain_the_same_the_one_rooted_nearer_the_inputs_goes_
     assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
 
 
-def test_a_tie_goes_to_the_root_nearer_the_inputs_even_where_the_other_would_open_a_fusion():
+def test_a_tie_goes_to_the_chain_that_pays_more():
     """A norm read by a linear layer with an activation, on wgpu: ``rms-norm-matmul`` (rooted at the MatMul) and
-    ``matmul-bias`` (at the bias Add below it) each save one launch and both want the MatMul.  The greedy matcher
-    takes the one rooted nearer the inputs; egglog, keeping both forms, finds that ``matmul-bias-silu`` follows
-    the other and saves one launch more (a known limit of a greedy rewriter).  Its parity holds."""
+    ``matmul-bias`` (at the bias Add below it) each save one launch and both want the MatMul.  ``matmul-bias``, the
+    rival the other would destroy, is asked what its chain gains: ``matmul-bias-silu`` follows it and saves one
+    launch more, so it goes first, and the fallback finds egglog's graph (it took ``rms-norm-matmul``, one launch
+    more).  Its parity holds."""
     g = Graph()
     normed = g.rms_norm(g.input("x", (4, 8)), g.param("gamma", (8,)))
     g.set_outputs([g.silu(g.add(g.matmul(normed, g.param("w", (8, 8))), g.param("b", (8,))))])
     _, eg_report = optimize_with_report(g, target="wgpu", engine="egglog")
     _, fb_report = optimize_with_report(g, target="wgpu", engine="fallback", verify=True)
-    assert eg_report.fused_op_counts == {"FusedMatMulBiasAct": 1}
-    assert fb_report.fused_op_counts == {"FusedRmsNormMatMul": 1} and fb_report.parity.ok
-    assert (fb_report.profile_after.launches, eg_report.profile_after.launches) == (3, 2)
-    assert fb_report.fallback.rules["matmul-bias"].commits == 0
+    assert eg_report.fused_op_counts == fb_report.fused_op_counts == {"FusedMatMulBiasAct": 1}
+    assert fb_report.parity.ok
+    assert (fb_report.profile_after.launches, eg_report.profile_after.launches) == (2, 2)
+    assert fb_report.fallback.rules["rms-norm-matmul"].commits == 0
 
 
 # --- blocks: the graph cut at its residual values, each kind of block optimized once ---------------------

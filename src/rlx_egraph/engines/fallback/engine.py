@@ -59,6 +59,7 @@ from ...rules import (
     Var,
     load_rules,
 )
+from ...rules import Pattern as NodePattern
 from ...rules.signatures import constructor_args
 from ..budget import Deadline, gc_paused
 from .blocks import blocks
@@ -302,6 +303,10 @@ class _Engine:
         self.rows_of = {m.pattern.name: _compile_reads(m, self.facts) for ms in self.matchers.values() for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.facts_only])
                             for stage, ms in self.matchers.items()}
+        # per stage: the ops the rules of the stages after it match (a step that makes one may open a later match)
+        self.later_ops = {stage: frozenset(atom.term.op for p in compiled.patterns if STAGES.index(p.stage) > k
+                                           for atom in p.query if isinstance(atom, NodePattern))
+                          for k, stage in enumerate(STAGES)}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -462,7 +467,32 @@ class _Engine:
                 if plan is not None and (key not in best or plan.delta < best[key][-1].delta):
                     level = self.rw.level(root) if isinstance(root, int) else 0.0
                     best[key] = (round(plan.delta, 6), level, k, root, plan)  # (gains equal to the last digits tie)
-        return sorted(best.values(), key=lambda e: e[:4])
+        return self.contested(sorted(best.values(), key=lambda e: e[:4]))
+
+    def contested(self, entries: list[tuple[float, float, int, Any, _Plan]]
+                  ) -> list[tuple[float, float, int, Any, _Plan]]:
+        """``entries`` with each paying plan that a plan before it (its rival) would destroy asked about, when it
+        makes an op a later stage's rule matches and the rival does not replace every node it replaces (then the
+        rival is the larger fusion of the same nodes): where the region around both ends cheaper with the plan and
+        its chain than with the rival and the rival's (see :meth:`chain_start`), the plan goes first, by itself (the
+        passes after it take the rest of its chain), those rooted nearer the inputs first."""
+        if self.chain is not None:  # in a lookahead's region: no questions
+            return entries
+        later = self.later_ops[self.stage]
+        rivals: dict[int, _Plan] = {}  # node -> the first plan that destroys it
+        moved = False
+        for k, (_, level, rank, root, plan) in enumerate(entries):
+            threatened = sorted((plan.watch | plan.uses) & rivals.keys())
+            rival = rivals[threatened[0]] if threatened else None
+            alone = plan.delta
+            if plan.chain is None and rival is not None and not rival.destroys >= plan.destroys \
+                    and any(n.op in later for n in plan.new.values()) and self.chain_start(plan, rival) is not None:
+                plan.delta, plan.chain = alone, None  # it pays by itself: no transplant
+                entries[k] = (-math.inf, level, rank, root, plan)
+                moved = True
+            for n in plan.destroys:
+                rivals.setdefault(n, plan)
+        return sorted(entries, key=lambda e: e[:4]) if moved else entries
 
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
         """The match at ``root`` that lowers the cost most; a cost-neutral one is worth the gain of the chain it
@@ -489,7 +519,7 @@ class _Engine:
             stats.reject(NO_GAIN)
         return best.settle(self.nodes) if best is not None else None
 
-    def chain_start(self, plan: _Plan) -> _Plan | None:
+    def chain_start(self, plan: _Plan, rival: _Plan | None = None) -> _Plan | None:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
         for plans that replace nodes outright (each replaced node dies, and so does every matched node the
         new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
@@ -508,7 +538,7 @@ class _Engine:
                                          for n in inspected):
             return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
         chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
-                                     CHAIN_EPS * self.stats.cost_before_ns)
+                                     CHAIN_EPS * self.stats.cost_before_ns, rival)
         if chain is None:
             return None
         plan.delta, plan.chain = chain.gain_ns, chain

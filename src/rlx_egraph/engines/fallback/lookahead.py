@@ -87,15 +87,18 @@ class Lookahead:
         self.asked = 0  # chain starts asked about
 
     def chain(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
-              margin_ns: float) -> Chain | None:
-        """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns``."""
+              margin_ns: float, rival: _Plan | None = None) -> Chain | None:
+        """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns`` below the region
+        run without it; with ``rival``, a step ``plan`` excludes, below the region (around both) run with
+        ``rival`` and the chain that follows it."""
         self.asked += 1
-        region, local, back = _region(rw, param_order, [plan], self.names)
-        step = _local_step(plan, local, len(region))
+        region, local, back = _region(rw, param_order, [plan] if rival is None else [plan, rival], self.names)
+        step = _local_step(plan, dict(local), len(region))
         taken = self.run(region, stage, step)
         if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
             return None
-        gain = taken.cost_ns - self.run(region, stage, None).cost_ns
+        other = None if rival is None else _local_step(rival, dict(local), len(region))
+        gain = taken.cost_ns - self.run(region, stage, other).cost_ns
         if gain >= -margin_ns:
             return None
         return Chain(gain, taken, back)
