@@ -34,6 +34,7 @@ from rlx_egraph.frontends.onnx.calibrate import (
     _session,
     calibrate,
     check_sample,
+    streaming_cost,
 )
 from rlx_egraph.frontends.onnx.latency import BLOCK
 from rlx_egraph.ir import REGISTRY
@@ -316,6 +317,16 @@ def test_the_shipped_calibration_prices_every_declared_fused_op_by_its_own_or_it
         shipped.rates)
     target = TARGETS["onnxruntime"]
     assert target.rates == shipped.rates and target.attention_block_max_tokens is None
+
+
+def test_the_cache_is_the_largest_probe_that_pays_under_half_the_streaming_cost() -> None:
+    """The weights-from-memory probe's figures: the cost per byte at the largest size, and where it is paid."""
+    mib = 1 << 20
+    # a 2-core Intel Xeon VM: sysfs lists 480 MiB, the weights leave the cache between 60 and 240 MiB
+    assert streaming_cost({960 * mib: 0.06, 240 * mib: 0.05, 60 * mib: 0.01, 12 * mib: 0.0}) == (0.06, 60 * mib)
+    assert streaming_cost({128 * mib: 0.04, 32 * mib: 0.03, 8 * mib: 0.02}) == (0.04, 0)  # never cheaper by half
+    assert streaming_cost({128 * mib: 0.0, 32 * mib: 0.0}) == (0.0, 0)  # all in cache: nothing streams
+    assert streaming_cost({32 * 4096: 0.05}) == (0.05, 0)  # one probe: no size to compare it with
 
 
 def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:

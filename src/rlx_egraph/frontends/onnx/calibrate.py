@@ -39,7 +39,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -553,9 +553,15 @@ def weights_from_memory(threads: int, budget_s: float, line: cal.OpRate, width: 
         cost = node_cost(probe.spec, probe.attrs, [one.node(i).type for i in probe.inputs], probe.type)
         price = line.ns(cost.launches, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices)
         per_byte[n] = max((t_many - t_one) / (n - 1) - price, 0.0) / (4 * width * width)
-    stream = per_byte[copies]
-    cached = max((n for n in rungs if per_byte[n] < stream / 2), default=0)
-    return stream, cached * 4 * width * width
+    return streaming_cost({n * 4 * width * width: ns for n, ns in per_byte.items()})
+
+
+def streaming_cost(per_byte: Mapping[int, float]) -> tuple[float, int]:
+    """(``stream_ns_per_byte``, ``cache_bytes``) from what a weight byte costs (ns, beyond MatMul's line) at each
+    probed weight size (bytes): the cost at the largest size, and the largest size that pays less than half of
+    it (0 if none)."""
+    stream = per_byte[max(per_byte)]
+    return stream, max((size for size, ns in per_byte.items() if ns < stream / 2), default=0)
 
 
 def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None = None, save: bool = True,
@@ -608,5 +614,5 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
 
 
 __all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "cache_bytes", "calibrate", "check_sample",
-           "measure_case", "run_and_dispatch", "run_clock", "shape_nodes", "stream_copies", "value_costs",
-           "weights_from_memory", "run_times", "typical"]
+           "measure_case", "run_and_dispatch", "run_clock", "shape_nodes", "stream_copies", "streaming_cost",
+           "value_costs", "weights_from_memory", "run_times", "typical"]
