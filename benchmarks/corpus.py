@@ -61,6 +61,7 @@ import onnxruntime as ort
 
 from rlx_egraph import optimize_with_report
 from rlx_egraph.cost import calibration as cal
+from rlx_egraph.frontends.onnx.calibrate import run_times
 from rlx_egraph.frontends.onnx.compare import feeds, op_counts
 from rlx_egraph.frontends.onnx.latency import BLOCK
 from rlx_egraph.onnx import import_model, onnx_rules, price_export, save_ort_optimized
@@ -104,29 +105,18 @@ def saved_nodes(save: Path) -> int:
 
 def time_in_turn(sessions: Mapping[str, ort.InferenceSession], inputs: Mapping[str, np.ndarray], runs: int,
                  warmup: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Median and fastest ms of one run of each session, over ``runs`` timed runs each.  The sessions run in
-    turn, a block of :data:`BLOCK` runs each, each round starting one session later (on a loaded machine the
-    first run of a round is the slowest: the same model's sessions in a fixed order differ by up to 10%); the
-    first run of a block is not timed: it pays for the caches the other sessions' runs filled (up to 1.5x a
-    sub-millisecond model's run), which a model run repeatedly by itself, as an application runs it, does not.
-    A run is timed by the calling thread's CPU time (a one-thread session runs on it): the time other processes
-    of a shared machine hold the core is left out, as in the calibration the cost model is priced by."""
+    """Median and fastest ms of one run of each session, over ``runs`` timed runs each, timed as
+    :func:`~rlx_egraph.frontends.onnx.calibrate.run_times` times runs in turn: blocks of :data:`BLOCK` runs in a
+    row, the first of each not timed (it pays for the caches the other sessions' runs filled, up to 1.5x a
+    sub-millisecond model's run, which a model run repeatedly by itself, as an application runs it, does not),
+    each round starting one session later, by the calling thread's CPU time (a one-thread session runs on it:
+    the time other processes of a shared machine hold the core is left out, as in the calibration)."""
     feeds = dict(inputs)
-    for sess in sessions.values():
-        for _ in range(warmup):
-            sess.run(None, feeds)
     labels = list(sessions)
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    for i in range(math.ceil(runs / (BLOCK - 1))):
-        start = i % len(labels)
-        for label in labels[start:] + labels[:start]:
-            sessions[label].run(None, feeds)
-            for _ in range(BLOCK - 1):
-                t0 = time.thread_time_ns()
-                sessions[label].run(None, feeds)
-                times[label].append(time.thread_time_ns() - t0)
-    return ({label: 1e-6 * statistics.median(t) for label, t in times.items()},
-            {label: 1e-6 * min(t) for label, t in times.items()})
+    times = run_times([lambda s=sessions[label]: s.run(None, feeds) for label in labels], 0.0, runs, 1,
+                      max_runs=runs, warmup=warmup, block=BLOCK)
+    return ({label: 1e-6 * statistics.median(t) for label, t in zip(labels, times, strict=True)},
+            {label: 1e-6 * min(t) for label, t in zip(labels, times, strict=True)})
 
 
 def parity(want: list[np.ndarray], got: list[np.ndarray]) -> float:

@@ -376,22 +376,26 @@ def run_times(runs: list[Callable[[], object]], budget_s: float, min_runs: int, 
               max_runs: int = 2000, warmup: int = 1, block: int = 1) -> list[list[int]]:
     """The ns of each call of each of ``runs`` (one run of a model each), by :func:`run_clock` for ``threads``
     threads, called in turn until ``budget_s`` seconds (at least ``min_runs`` calls each) after ``warmup`` calls
-    of each.  With ``block`` > 1 each turn calls a run ``block`` times in a row and times all but the first,
-    which pays for the caches the other runs filled (a model run repeatedly by itself does not)."""
+    of each.  Each round starts one run later (on a loaded machine the first run of a round is the slowest).
+    With ``block`` > 1 each turn calls a run ``block`` times in a row and times all but the first, which pays
+    for the caches the other runs filled (a model run repeatedly by itself does not)."""
     times: list[list[int]] = [[] for _ in runs]
     clock = run_clock(threads)
     for run in runs:
         for _ in range(warmup):
             run()
     deadline = time.perf_counter() + budget_s
+    round_ = 0
     while len(times[0]) < max_runs and (len(times[0]) < min_runs or time.perf_counter() < deadline):
-        for k, run in enumerate(runs):
+        first = round_ % len(runs)
+        for k in [*range(first, len(runs)), *range(first)]:
             if block > 1:
-                run()
+                runs[k]()
             for _ in range(max(block - 1, 1)):
                 start = clock()
-                run()
+                runs[k]()
                 times[k].append(clock() - start)
+        round_ += 1
     return times
 
 
