@@ -46,8 +46,10 @@ FREE = NodeCost(0, 0, 0, 0)
 # The variants of a convolution that onnxruntime runs on kernels of their own, each at its own FLOP rate: over one
 # spatial axis (``1d``, as a speech model's feature extractor: an im2col and a GEMM, no blocked layout), and over two
 # with one input channel per group (``depthwise``, as MobileNet's and ConvNeXt's: MLAS's depthwise kernel in its
-# blocked layout).
-ONE_D, DEPTHWISE = "1d", "depthwise"
+# blocked layout), and over two with a 1x1 kernel and one group (``pointwise``, MobileNet's expand and project
+# convolutions: MLAS's pointwise kernel in its blocked layout, which reads its weights once per output position
+# block, so that over a small image it is bound by its weight bytes, not its FLOPs).
+ONE_D, DEPTHWISE, POINTWISE = "1d", "depthwise", "pointwise"
 
 
 def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorType] = ()) -> str:
@@ -55,7 +57,8 @@ def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorTy
     whose attribute ``spec.cost_attr`` selects the kernels it is exported as (``FusedMatMulBiasAct.gelu``: MatMul
     + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); for a convolution (an op with ``groups``) over one spatial axis,
     its input ``in_types[0]`` [N, C, L], ``Op.1d`` (:data:`ONE_D`); over more, of more than one group with one input
-    channel per group (its weight ``in_types[1]`` [O, 1, ...]), ``Op.depthwise`` (:data:`DEPTHWISE`)."""
+    channel per group (its weight ``in_types[1]`` [O, 1, ...]), ``Op.depthwise`` (:data:`DEPTHWISE`); of one group
+    with a 1x1 kernel (its weight [O, C, 1, 1]), ``Op.pointwise`` (:data:`POINTWISE`)."""
     if spec.cost_attr:
         return f"{spec.name}.{attrs[spec.cost_attr]}"
     groups = attrs.get("groups")
@@ -65,6 +68,8 @@ def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorTy
         return f"{spec.name}.{ONE_D}"
     if groups > 1 and in_types[1].rank > 1 and in_types[1].shape[1] == 1:
         return f"{spec.name}.{DEPTHWISE}"
+    if groups == 1 and in_types[1].rank > 2 and all(k == 1 for k in in_types[1].shape[2:]):
+        return f"{spec.name}.{POINTWISE}"
     return spec.name
 
 
@@ -80,13 +85,13 @@ def line_variant(key: str) -> str:
 
 def names_a_line(key: str) -> bool:
     """Whether ``key`` can be a line key (:func:`line_key`): an op, ``Op.value`` for an op with a ``cost_attr``, or
-    ``Op.1d`` or ``Op.depthwise`` for an op with a ``groups`` attribute."""
+    ``Op.1d``, ``Op.depthwise`` or ``Op.pointwise`` for an op with a ``groups`` attribute."""
     spec = REGISTRY.get(line_op(key))
     if spec is None:
         return False
     variant = line_variant(key)
     return (not variant or bool(spec.cost_attr)
-            or (variant in (ONE_D, DEPTHWISE) and any(a.name == "groups" for a in spec.attrs)))
+            or (variant in (ONE_D, DEPTHWISE, POINTWISE) and any(a.name == "groups" for a in spec.attrs)))
 
 
 def node_launches(spec: OpSpec, copies: bool = False) -> int:
@@ -134,6 +139,21 @@ def node_rows(attrs: Mapping[str, Any], out_type: TensorType | TupleType) -> int
     rows = math.prod(out.shape[:-1])
     heads = attrs.get("heads")
     return rows * heads if isinstance(heads, int) and out.rank == 3 else rows
+
+
+# The ops onnxruntime runs as its Attention kernel (opset 23) with an additive mask input, and that input: a row of
+# scores the mask masks keys of (a causal prefill's, a padded batch row's) takes that kernel's Softmax a slower path
+# than an open row, whatever its length (one thread: some 84 ns more a row at 16 keys, the same with one key or half
+# of them masked).  The calibration's samples feed open masks; :func:`masked_rows` counts the rows that may pay.
+MASKED_SCORES = {"BiasedAttention": "bias", "MultiHeadAttention": "bias", "KvCacheAttention": "bias"}
+
+
+def masked_rows(spec: OpSpec, attrs: Mapping[str, Any], inputs: int, out_type: TensorType | TupleType) -> int:
+    """The score rows of a node of ``inputs`` inputs that a mask may mask keys of: every query row in every head
+    (:func:`node_rows`) of an op of :data:`MASKED_SCORES` that is given its mask input, else 0.  Counted whole: a
+    causal prefill masks keys in every row but the last, a padded batch in every row of its padded sequences."""
+    mask = MASKED_SCORES.get(spec.name)
+    return node_rows(attrs, out_type) if mask is not None and spec.input_names.index(mask) < inputs else 0
 
 
 def node_matrices(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],
