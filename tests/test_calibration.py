@@ -412,11 +412,11 @@ def test_weights_past_the_cache_are_priced_as_read_from_memory() -> None:
 
 
 def test_the_score_rows_a_mask_may_mask_are_priced_past_their_lines() -> None:
-    """onnxruntime's Attention kernel runs a row of scores whose keys a mask masks slower than an open one: every
-    query row in every head of an attention exported as that kernel with its mask input (MultiHeadAttention with a
-    bias, BiasedAttention, KvCacheAttention) costs ``masked_row_ns`` more (the breakdown's ``masked``); one without
-    a mask, and GroupQueryAttention (its mask exported as sequence lengths), none.  A calibration without the figure
-    prices none."""
+    """onnxruntime's softmax runs a row of scores whose keys a mask masks slower than an open one: every query row in
+    every head of an attention exported as its Attention kernel with its mask input (MultiHeadAttention with a bias,
+    BiasedAttention, KvCacheAttention), and every row of a Softmax of a mask's sum, costs ``masked_row_ns`` more (the
+    breakdown's ``masked``); an attention without a mask, GroupQueryAttention (its mask exported as sequence
+    lengths) and a Softmax of a product, none.  A calibration without the figure prices none."""
     b, s, h, d = 2, 16, 4, 16
     g = Graph("masked")
     x = g.input("x", (b, s, h * d))
@@ -431,16 +431,19 @@ def test_the_score_rows_a_mask_may_mask_are_priced_past_their_lines() -> None:
         "gqa": g.group_query_attention(g.input("q2", (b, 1, h * d)), g.input("k2", (b, 1, h * d)),
                                        g.input("v2", (b, 1, h * d)), split[1], split[2], step_mask, heads=h,
                                        kv_heads=h, scale=d**-0.5),
+        "softmax of a sum": g.softmax(g.add(g.matmul(split[0], g.transpose(split[1], perm=(0, 1, 3, 2))), mask)),
+        "softmax of a product": g.softmax(g.matmul(split[0], g.transpose(split[1], perm=(0, 1, 3, 2)))),
     }
     g.set_outputs([g.get(n, index=0) if g.node(n).op in ("KvCacheAttention", "GroupQueryAttention") else n
                    for n in nodes.values()])
-    counted = {name: masked_rows(g.node(n).spec, g.node(n).attrs, len(g.node(n).inputs), g.node(n).type)
-               for name, n in nodes.items()}
-    assert counted == {"mha masked": b * s * h, "mha open": 0, "biased": b * h * s, "cached": b * h, "gqa": 0}
+    counted = {name: masked_rows(g.node(n).spec, g.node(n).attrs, [g.node(i).op for i in g.node(n).inputs],
+                                 g.node(n).type) for name, n in nodes.items()}
+    assert counted == {"mha masked": b * s * h, "mha open": 0, "biased": b * h * s, "cached": b * h, "gqa": 0,
+                       "softmax of a sum": b * h * s, "softmax of a product": 0}
     base = calibrations.target()
     priced, unpriced = profile(g, base.replace(masked_row_ns=90.0)), profile(g, base)
-    assert priced.masked_rows == 2 * 128 + 8 and priced.breakdown()["masked"] == 264 * 90.0
-    assert unpriced.breakdown()["masked"] == 0.0 and priced.ns - unpriced.ns == pytest.approx(264 * 90.0)
+    assert priced.masked_rows == 3 * 128 + 8 and priced.breakdown()["masked"] == 392 * 90.0
+    assert unpriced.breakdown()["masked"] == 0.0 and priced.ns - unpriced.ns == pytest.approx(392 * 90.0)
 
 
 # --- decisions follow the calibration at the model's shape ------------------------------------------------

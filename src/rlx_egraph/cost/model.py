@@ -141,19 +141,24 @@ def node_rows(attrs: Mapping[str, Any], out_type: TensorType | TupleType) -> int
     return rows * heads if isinstance(heads, int) and out.rank == 3 else rows
 
 
-# The ops onnxruntime runs as its Attention kernel (opset 23) with an additive mask input, and that input: a row of
-# scores the mask masks keys of (a causal prefill's, a padded batch row's) takes that kernel's Softmax a slower path
-# than an open row, whatever its length (one thread: some 84 ns more a row at 16 keys, the same with one key or half
-# of them masked).  The calibration's samples feed open masks; :func:`masked_rows` counts the rows that may pay.
+# A row of scores whose keys a mask masks (a causal prefill's, a padded batch row's) takes onnxruntime's softmax (its
+# Softmax op's and its Attention kernel's) a slower path than an open row, whatever its length (one thread: some 84 ns
+# more a row at 16 keys, the same with one key or half of them masked).  The calibration's samples feed open masks;
+# :func:`masked_rows` counts the rows that may pay: those of the ops that onnxruntime runs as its Attention kernel
+# (opset 23) given their mask input (the op -> that input), and those of a Softmax over a mask's sum or fill.
 MASKED_SCORES = {"BiasedAttention": "bias", "MultiHeadAttention": "bias", "KvCacheAttention": "bias"}
+MASK_APPLIED = frozenset({"Add", "Where"})
 
 
-def masked_rows(spec: OpSpec, attrs: Mapping[str, Any], inputs: int, out_type: TensorType | TupleType) -> int:
-    """The score rows of a node of ``inputs`` inputs that a mask may mask keys of: every query row in every head
-    (:func:`node_rows`) of an op of :data:`MASKED_SCORES` that is given its mask input, else 0.  Counted whole: a
-    causal prefill masks keys in every row but the last, a padded batch in every row of its padded sequences."""
+def masked_rows(spec: OpSpec, attrs: Mapping[str, Any], in_ops: Sequence[str], out_type: TensorType | TupleType) -> int:
+    """The score rows of a node whose inputs are of ops ``in_ops`` that a mask may mask keys of: every query row in
+    every head (:func:`node_rows`) of an op of :data:`MASKED_SCORES` given its mask input, and every row of a Softmax
+    of an Add or a Where (:data:`MASK_APPLIED`); else 0.  Counted whole: a causal prefill masks keys in every row but
+    the last, a padded batch in every row of its padded sequences."""
     mask = MASKED_SCORES.get(spec.name)
-    return node_rows(attrs, out_type) if mask is not None and spec.input_names.index(mask) < inputs else 0
+    if mask is not None:
+        return node_rows(attrs, out_type) if spec.input_names.index(mask) < len(in_ops) else 0
+    return node_rows(attrs, out_type) if spec.name == "Softmax" and in_ops[0] in MASK_APPLIED else 0
 
 
 def node_matrices(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],

@@ -171,10 +171,12 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
     # copies), and most nodes of a model repeat one: each signature is priced once, times its nodes
     signatures: dict[tuple, list] = {}  # signature -> [a node of it, its inputs, whether it copies, nodes]
     unhashable: list[list] = []  # nodes with attribute values such as arrays: priced one by one
+    masked = 0  # score rows a mask may mask keys of: they depend on the inputs' ops, not the signature
     for node in graph.nodes:
         if node.op not in kind_of:
             continue
         ins = [by_id[i] for i in node.inputs]
+        masked += masked_rows(node.spec, node.attrs, [i.op for i in ins], node.type)
         copies = node.op in copied and any(i.kind is not Kind.LEAF for i in ins)
         try:
             key = (node.op, tuple(node.attrs.items()) if node.attrs else (),
@@ -189,13 +191,11 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
             same[3] += 1
     # kind -> launches, syncs, traffic bytes, FLOPs, rows, matrices (NodeCost's fields, in order)
     sums = {kind: [0] * 6 for kind in nodes}
-    masked = 0
     op_sums: dict[str, list[int]] = {}  # the same per line key (:func:`line_key`: the op, or the op and its variant)
     for node, ins, copies, count in [*signatures.values(), *unhashable]:
         cost = node_cost(node.spec, node.attrs, [i.type for i in ins], node.type, copies)
         line = op_sums.setdefault(line_key(node.spec, node.attrs, [i.type for i in ins]), [0] * 6)
         counts = (cost.launches, cost.syncs, cost.traffic_bytes, cost.flops, cost.rows, cost.matrices)
-        masked += masked_rows(node.spec, node.attrs, len(ins), node.type) * count
         for total in (sums[kind_of[node.op]], line):
             for k, n in enumerate(counts):
                 total[k] += n * count
