@@ -47,8 +47,8 @@ FREE = NodeCost(0, 0, 0, 0)
 # spatial axis (``1d``, as a speech model's feature extractor: an im2col and a GEMM, no blocked layout), and over two
 # with one input channel per group (``depthwise``, as MobileNet's and ConvNeXt's: MLAS's depthwise kernel in its
 # blocked layout), and over two with a 1x1 kernel and one group (``pointwise``, MobileNet's expand and project
-# convolutions: MLAS's pointwise kernel in its blocked layout, which reads its weights once per output position
-# block, so that over a small image it is bound by its weight bytes, not its FLOPs).
+# convolutions: MLAS's pointwise kernel in its blocked layout, which over a small image is bound by its weight bytes,
+# not its FLOPs: some 22 B/ns at one thread where the weights outgrow the first-level cache).
 ONE_D, DEPTHWISE, POINTWISE = "1d", "depthwise", "pointwise"
 
 

@@ -12,6 +12,8 @@ onnxruntime ops one copy ran as.
   ``dispatch_ns``, the rest of the short chain's time the fixed cost of one run (``run_ns``).
 * graph inputs and outputs: what one more value fed to and returned from a run costs, per value and per byte
   (:func:`value_costs`); ``run_ns`` is then the run less its chain's one input and one output.
+* masked rows of scores: what a row of attention scores whose keys a mask masks costs beyond an open one
+  (:func:`masked_rows`; every sample's mask is open).
 * one node of an op at several sizes (:data:`SIZES`), from a toy layer's (2 x 8 tokens, width 16) and a tiny
   model's (2 x 16 tokens, width 64) to BERT-base's (128 tokens, width 768): a node that takes at least
   :data:`ALONE` times a run's fixed cost is timed alone, less that cost; a smaller one as the time of ``n``
