@@ -415,8 +415,9 @@ def test_the_score_rows_a_mask_may_mask_are_priced_past_their_lines() -> None:
     """onnxruntime's softmax runs a row of scores whose keys a mask masks slower than an open one: every query row in
     every head of an attention exported as its Attention kernel with its mask input (MultiHeadAttention with a bias,
     BiasedAttention, KvCacheAttention), and every row of a Softmax of a mask's sum, costs ``masked_row_ns`` more (the
-    breakdown's ``masked``); an attention without a mask, GroupQueryAttention (its mask exported as sequence
-    lengths) and a Softmax of a product, none.  A calibration without the figure prices none."""
+    breakdown's ``masked``); an attention without a mask or with a mask fixed when the session loads (a parameter),
+    GroupQueryAttention (its mask exported as sequence lengths) and a Softmax of a product, none.  A calibration
+    without the figure prices none."""
     b, s, h, d = 2, 16, 4, 16
     g = Graph("masked")
     x = g.input("x", (b, s, h * d))
@@ -426,6 +427,7 @@ def test_the_score_rows_a_mask_may_mask_are_priced_past_their_lines() -> None:
     nodes = {
         "mha masked": g.multi_head_attention(x, x, x, mask, heads=h, scale=d**-0.5),
         "mha open": g.multi_head_attention(x, x, x, heads=h, scale=d**-0.5),
+        "mha fixed mask": g.multi_head_attention(x, x, x, g.param("open", (b, 1, s, s)), heads=h, scale=d**-0.5),
         "biased": g.biased_attention(*split, mask, scale=d**-0.5),
         "cached": g.kv_cache_attention(*step, split[1], split[2], step_mask, scale=d**-0.5),
         "gqa": g.group_query_attention(g.input("q2", (b, 1, h * d)), g.input("k2", (b, 1, h * d)),
@@ -438,7 +440,8 @@ def test_the_score_rows_a_mask_may_mask_are_priced_past_their_lines() -> None:
                    for n in nodes.values()])
     counted = {name: masked_rows(g.node(n).spec, g.node(n).attrs, [g.node(i).op for i in g.node(n).inputs],
                                  g.node(n).type) for name, n in nodes.items()}
-    assert counted == {"mha masked": b * s * h, "mha open": 0, "biased": b * h * s, "cached": b * h, "gqa": 0,
+    assert counted == {"mha masked": b * s * h, "mha open": 0, "mha fixed mask": 0, "biased": b * h * s,
+                       "cached": b * h, "gqa": 0,
                        "softmax of a sum": b * h * s, "softmax of a product": 0}
     base = calibrations.target()
     priced, unpriced = profile(g, base.replace(masked_row_ns=90.0)), profile(g, base)

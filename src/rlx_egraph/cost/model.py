@@ -145,19 +145,24 @@ def node_rows(attrs: Mapping[str, Any], out_type: TensorType | TupleType) -> int
 # Softmax op's and its Attention kernel's) a slower path than an open row, whatever its length (one thread: some 84 ns
 # more a row at 16 keys, the same with one key or half of them masked).  The calibration's samples feed open masks;
 # :func:`masked_rows` counts the rows that may pay: those of the ops that onnxruntime runs as its Attention kernel
-# (opset 23) given their mask input (the op -> that input), and those of a Softmax over a mask's sum or fill.
+# (opset 23) given a mask the run computes (the op -> its mask input; a mask of the leaf ops whose values are fixed
+# when the session loads, as an export's folded open mask, counts as open), and those of a Softmax over a mask's sum
+# or fill.
 MASKED_SCORES = {"BiasedAttention": "bias", "MultiHeadAttention": "bias", "KvCacheAttention": "bias"}
+FIXED_MASKS = frozenset({"Param", "Constant", "Scalar"})
 MASK_APPLIED = frozenset({"Add", "Where"})
 
 
 def masked_rows(spec: OpSpec, attrs: Mapping[str, Any], in_ops: Sequence[str], out_type: TensorType | TupleType) -> int:
     """The score rows of a node whose inputs are of ops ``in_ops`` that a mask may mask keys of: every query row in
-    every head (:func:`node_rows`) of an op of :data:`MASKED_SCORES` given its mask input, and every row of a Softmax
-    of an Add or a Where (:data:`MASK_APPLIED`); else 0.  Counted whole: a causal prefill masks keys in every row but
-    the last, a padded batch in every row of its padded sequences."""
+    every head (:func:`node_rows`) of an op of :data:`MASKED_SCORES` given a mask input the run computes (not of
+    :data:`FIXED_MASKS`), and every row of a Softmax of an Add or a Where (:data:`MASK_APPLIED`); else 0.  Counted
+    whole: a causal prefill masks keys in every row but the last, a padded batch in every row of its padded
+    sequences."""
     mask = MASKED_SCORES.get(spec.name)
     if mask is not None:
-        return node_rows(attrs, out_type) if spec.input_names.index(mask) < len(in_ops) else 0
+        at = spec.input_names.index(mask)
+        return node_rows(attrs, out_type) if at < len(in_ops) and in_ops[at] not in FIXED_MASKS else 0
     return node_rows(attrs, out_type) if spec.name == "Softmax" and in_ops[0] in MASK_APPLIED else 0
 
 
