@@ -25,6 +25,7 @@ from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, S
 from rlx_egraph.cost.model import NodeCost, line_key, masked_rows, node_cost
 from rlx_egraph.cost.profile import format_ns, profile
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED, onnxruntime_target
+from rlx_egraph.frontends.onnx import calibrate as calibrate_module
 from rlx_egraph.frontends.onnx.calibrate import (
     SIZES,
     CalibrationGraphError,
@@ -447,6 +448,20 @@ def test_the_score_rows_a_mask_may_mask_are_priced_past_their_lines() -> None:
     priced, unpriced = profile(g, base.replace(masked_row_ns=90.0)), profile(g, base)
     assert priced.masked_rows == 3 * 128 + 8 and priced.breakdown()["masked"] == 392 * 90.0
     assert unpriced.breakdown()["masked"] == 0.0 and priced.ns - unpriced.ns == pytest.approx(392 * 90.0)
+
+
+def test_the_masked_rows_probe_is_the_difference_over_the_rows_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe runs its chain with open masks and with a key masked in every row, in that order, and takes the
+    difference of the two runs' typical times over the rows masked: 8 copies of 2 x 16 queries in 4 heads."""
+    rows = 8 * 2 * 16 * 4
+    fed: list[np.ndarray] = []
+
+    def fake_run_times(runs: list, budget_s: float, min_runs: int, threads: int) -> list[list[int]]:
+        fed.extend(runs)
+        return [[50_000] * min_runs, [50_000 + 84 * rows] * min_runs]
+
+    monkeypatch.setattr(calibrate_module, "run_times", fake_run_times)
+    assert calibrate_module.masked_rows(1, 0.0) == 84.0 and len(fed) == 2
 
 
 # --- decisions follow the calibration at the model's shape ------------------------------------------------
