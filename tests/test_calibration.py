@@ -22,9 +22,10 @@ from rlx_egraph.cli.main import main
 from rlx_egraph.cost import TARGETS, get_target
 from rlx_egraph.cost import calibration as cal
 from rlx_egraph.cost.calibration import Calibration, CalibrationError, OpRate, Sample, fit_rate
-from rlx_egraph.cost.model import NodeCost, line_key, node_cost
+from rlx_egraph.cost.model import NodeCost, line_key, masked_rows, node_cost
 from rlx_egraph.cost.profile import format_ns, profile
 from rlx_egraph.cost.targets import ONNXRUNTIME_FUSED, onnxruntime_target
+from rlx_egraph.frontends.onnx import calibrate as calibrate_module
 from rlx_egraph.frontends.onnx.calibrate import (
     SIZES,
     CalibrationGraphError,
@@ -171,7 +172,8 @@ def test_a_fused_ops_samples_fit_the_line_of_its_cost_class() -> None:
 
 def _conv_graph() -> tuple[Graph, dict[str, int]]:
     """A dense 3x3 convolution, a depthwise one (one input channel per group) as Conv and as FusedConv with a
-    clip, a grouped one of two channels per group, and a grouped one over one axis."""
+    clip, a grouped one of two channels per group, a grouped one over one axis, and a 1x1 one of one group as Conv
+    and as FusedConv with a clip."""
     g = Graph("convs")
     x = g.input("x", (1, 8, 6, 6))
     nodes = {"dense": g.conv(x, g.param("w", (8, 8, 3, 3)), pads=[1] * 4),
@@ -179,19 +181,22 @@ def _conv_graph() -> tuple[Graph, dict[str, int]]:
              "fused depthwise": g.fused_conv(x, g.param("fw", (8, 1, 3, 3)), g.param("fb", (8,)), pads=[1] * 4,
                                              groups=8, act="clip", clip_min=0.0, clip_max=6.0),
              "grouped": g.conv(x, g.param("gw", (8, 2, 3, 3)), pads=[1] * 4, groups=4),
-             "1d": g.conv(g.input("s", (2, 8, 40)), g.param("sw", (8, 2, 3)), pads=[1, 1], groups=4)}
+             "1d": g.conv(g.input("s", (2, 8, 40)), g.param("sw", (8, 2, 3)), pads=[1, 1], groups=4),
+             "pointwise": g.conv(x, g.param("pw", (16, 8, 1, 1))),
+             "fused pointwise": g.fused_conv(x, g.param("fpw", (16, 8, 1, 1)), g.param("fpb", (16,)), act="clip",
+                                             clip_min=0.0, clip_max=6.0)}
     g.set_outputs(list(nodes.values()))
     return g, nodes
 
 
-def test_depthwise_and_one_axis_convolutions_are_priced_by_lines_of_their_own() -> None:
-    """onnxruntime runs a depthwise convolution and one over one axis on kernels of their own, each at its own FLOP
-    rate: their samples (Conv's and FusedConv's, whose cost class is Conv) fit ``Conv.depthwise`` and ``Conv.1d``,
-    the dense 2-D ones ``Conv``, each recovered from samples on its line; a 2-D node of one input channel per group
-    is priced by the depthwise line, a 1-D one (of any groups) by the 1-D line, a dense one and one of two channels
-    per group by Conv's."""
+def test_depthwise_pointwise_and_one_axis_convolutions_are_priced_by_lines_of_their_own() -> None:
+    """onnxruntime runs a depthwise convolution, a 1x1 one and one over one axis on kernels of their own, each at its
+    own rates: their samples (Conv's and FusedConv's, whose cost class is Conv) fit ``Conv.depthwise``,
+    ``Conv.pointwise`` and ``Conv.1d``, the dense 2-D ones ``Conv``, each recovered from samples on its line; a 2-D
+    node of one input channel per group is priced by the depthwise line, a 2-D 1x1 one of one group by the pointwise
+    line, a 1-D one (of any groups) by the 1-D line, a dense one and one of two channels per group by Conv's."""
     lines = {"Conv": OpRate(2_000.0, 0.05, 0.004), "Conv.depthwise": OpRate(1_500.0, 0.2, 0.05, 3.0),
-             "Conv.1d": OpRate(900.0, 0.02, 0.012)}
+             "Conv.1d": OpRate(900.0, 0.02, 0.012), "Conv.pointwise": OpRate(400.0, 0.03, 0.006, 0.5)}
     sizes = [(8_192, 100_000, 64), (65_536, 2_000_000, 512), (1 << 20, 1 << 26, 4_096), (1 << 18, 1 << 22, 8_192)]
     samples = []
     for key, line in lines.items():
@@ -216,8 +221,10 @@ def test_depthwise_and_one_axis_convolutions_are_priced_by_lines_of_their_own() 
                         == pytest.approx(lines[key.replace("FusedConv", "Conv")].ns(*cost_counts(cost))))
     assert priced == {"dense": ("Conv", True), "depthwise": ("Conv.depthwise", True),
                       "fused depthwise": ("FusedConv.depthwise", True), "grouped": ("Conv", True),
-                      "1d": ("Conv.1d", True)}
-    assert set(profile(g, target).by_op) == {"Conv", "Conv.1d", "Conv.depthwise", "FusedConv.depthwise"}
+                      "1d": ("Conv.1d", True), "pointwise": ("Conv.pointwise", True),
+                      "fused pointwise": ("FusedConv.pointwise", True)}
+    assert set(profile(g, target).by_op) == {"Conv", "Conv.1d", "Conv.depthwise", "Conv.pointwise",
+                                             "FusedConv.depthwise", "FusedConv.pointwise"}
     with pytest.raises(ValueError, match=r"rates name unknown op\(s\) or kind\(s\) \['Add.depthwise'\]"):
         calibrations.target({"Add.depthwise": OpRate(1.0, 0.0, 0.0)})
 
@@ -253,7 +260,7 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
     c = dataclasses.replace(calibrations.calibration(), samples=(Sample("Add", "Add [2x16, 64]", 1, 24_576, 2_048,
                                                                        1_180.0, "Add 1"),),
                             value_ns=570.0, value_ns_per_byte=0.004, stream_ns_per_byte=0.04, cache_bytes=1 << 25,
-                            shape_ns=340.0)
+                            shape_ns=340.0, masked_row_ns=90.0)
     path = c.save(tmp_path / "sub" / "c.json")
     back = cal.read(path)
     assert back == c and back.source == str(path) and back.samples[0].ran == "Add 1"
@@ -262,7 +269,8 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
         570.0, 0.004)
     # a file made before graph values and what ran were measured reads with none
     assert data["shape_ns"] == 340.0 and onnxruntime_target(back).shape_node_ns == 340.0
-    for key in ("value_ns", "value_ns_per_byte", "stream_ns_per_byte", "cache_bytes", "shape_ns"):
+    assert data["masked_row_ns"] == 90.0 and onnxruntime_target(back).masked_row_ns == 90.0
+    for key in ("value_ns", "value_ns_per_byte", "stream_ns_per_byte", "cache_bytes", "shape_ns", "masked_row_ns"):
         del data[key]
     for key in ("ran", "rows", "matrices"):
         del data["samples"][0][key]
@@ -270,8 +278,8 @@ def test_a_calibration_round_trips_through_json(tmp_path: Path) -> None:
         del line["ns_per_row"], line["ns_per_matrix"]
     path.write_text(json.dumps(data))
     older = cal.read(path)
-    assert (older.value_ns, older.value_ns_per_byte, older.stream_ns_per_byte, older.cache_bytes, older.shape_ns) == (
-        0, 0, 0, 0, 0)
+    assert (older.value_ns, older.value_ns_per_byte, older.stream_ns_per_byte, older.cache_bytes, older.shape_ns,
+            older.masked_row_ns) == (0, 0, 0, 0, 0, 0)  # a file without masked rows prices them as open ones
     assert onnxruntime_target(older).shape_node_ns == older.dispatch_ns  # a file without it: a dispatch a node
     assert (older.samples[0].ran, older.samples[0].rows, older.samples[0].matrices) == ("", 0, 0)
     assert all(line.ns_per_row == line.ns_per_matrix == 0 for line in older.rates.values())
@@ -342,6 +350,7 @@ def test_calibrate_writes_one_file_in_the_cache_only(tmp_path: Path) -> None:
                   if op not in result.rates and REGISTRY[op].cost_class not in result.rates) == []
     assert all(s.ns >= 0 for s in result.samples) and result.threads == 1 and result.value_ns > 0
     assert result.shape_ns > 0 and onnxruntime_target(result).shape_node_ns == result.shape_ns
+    assert result.masked_row_ns >= 0 and onnxruntime_target(result).masked_row_ns == result.masked_row_ns
     # the probe chains have 8 and 2 copies of 64 x 64 weights: the cache is the shorter one's weights or none
     assert result.stream_ns_per_byte >= 0 and result.cache_bytes in (0, 2 * 4 * 64 * 64)
     ran = {s.label: s.ran for s in result.samples}
@@ -364,6 +373,7 @@ def test_every_copy_of_every_sample_is_in_the_graph_onnxruntime_runs() -> None:
     assert ran["FusedMatMulBiasAct gelu [2x8, 16]"] == {"MatMul": 1, "BiasGelu": 1}
     assert ran["EmbedLayerNorm [2x8, 16]"] == {"Cast": 1, "EmbedLayerNormalization": 1}
     assert ran["Identity [2x8, 16]"] == {}  # onnxruntime removes an Identity of an intermediate when it loads
+    assert ran["Conv pointwise 1x1 image [2x8, 16]"] == {"Conv": 1}
 
 
 def test_a_sample_whose_copies_are_dead_code_is_an_error() -> None:
@@ -400,6 +410,58 @@ def test_weights_past_the_cache_are_priced_as_read_from_memory() -> None:
     embedding = next(n for n in g.nodes if n.op == "Embedding")
     cost = node_cost(embedding.spec, embedding.attrs, [g.node(i).type for i in embedding.inputs], embedding.type)
     assert cost.traffic_bytes == 1024 + 8 + 1024  # one row of 256 floats read, the id, the row written
+
+
+def test_the_score_rows_a_mask_may_mask_are_priced_past_their_lines() -> None:
+    """onnxruntime's softmax runs a row of scores whose keys a mask masks slower than an open one: every query row in
+    every head of an attention exported as its Attention kernel with its mask input (MultiHeadAttention with a bias,
+    BiasedAttention, KvCacheAttention), and every row of a Softmax of a mask's sum, costs ``masked_row_ns`` more (the
+    breakdown's ``masked``); an attention without a mask or with a mask fixed when the session loads (a parameter),
+    GroupQueryAttention (its mask exported as sequence lengths) and a Softmax of a product, none.  A calibration
+    without the figure prices none."""
+    b, s, h, d = 2, 16, 4, 16
+    g = Graph("masked")
+    x = g.input("x", (b, s, h * d))
+    split = [g.input(name, (b, h, s, d)) for name in ("q", "k", "v")]
+    step = [g.input(name, (b, h, 1, d)) for name in ("q1", "k1", "v1")]
+    mask, step_mask = g.input("mask", (b, 1, s, s)), g.input("step_mask", (b, 1, 1, s + 1))
+    nodes = {
+        "mha masked": g.multi_head_attention(x, x, x, mask, heads=h, scale=d**-0.5),
+        "mha open": g.multi_head_attention(x, x, x, heads=h, scale=d**-0.5),
+        "mha fixed mask": g.multi_head_attention(x, x, x, g.param("open", (b, 1, s, s)), heads=h, scale=d**-0.5),
+        "biased": g.biased_attention(*split, mask, scale=d**-0.5),
+        "cached": g.kv_cache_attention(*step, split[1], split[2], step_mask, scale=d**-0.5),
+        "gqa": g.group_query_attention(g.input("q2", (b, 1, h * d)), g.input("k2", (b, 1, h * d)),
+                                       g.input("v2", (b, 1, h * d)), split[1], split[2], step_mask, heads=h,
+                                       kv_heads=h, scale=d**-0.5),
+        "softmax of a sum": g.softmax(g.add(g.matmul(split[0], g.transpose(split[1], perm=(0, 1, 3, 2))), mask)),
+        "softmax of a product": g.softmax(g.matmul(split[0], g.transpose(split[1], perm=(0, 1, 3, 2)))),
+    }
+    g.set_outputs([g.get(n, index=0) if g.node(n).op in ("KvCacheAttention", "GroupQueryAttention") else n
+                   for n in nodes.values()])
+    counted = {name: masked_rows(g.node(n).spec, g.node(n).attrs, [g.node(i).op for i in g.node(n).inputs],
+                                 g.node(n).type) for name, n in nodes.items()}
+    assert counted == {"mha masked": b * s * h, "mha open": 0, "mha fixed mask": 0, "biased": b * h * s,
+                       "cached": b * h, "gqa": 0,
+                       "softmax of a sum": b * h * s, "softmax of a product": 0}
+    base = calibrations.target()
+    priced, unpriced = profile(g, base.replace(masked_row_ns=90.0)), profile(g, base)
+    assert priced.masked_rows == 3 * 128 + 8 and priced.breakdown()["masked"] == 392 * 90.0
+    assert unpriced.breakdown()["masked"] == 0.0 and priced.ns - unpriced.ns == pytest.approx(392 * 90.0)
+
+
+def test_the_masked_rows_probe_is_the_difference_over_the_rows_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe runs its chain with open masks and with a key masked in every row, in that order, and takes the
+    difference of the two runs' typical times over the rows masked: 8 copies of 2 x 16 queries in 4 heads."""
+    rows = 8 * 2 * 16 * 4
+    fed: list[np.ndarray] = []
+
+    def fake_run_times(runs: list, budget_s: float, min_runs: int, threads: int) -> list[list[int]]:
+        fed.extend(runs)
+        return [[50_000] * min_runs, [50_000 + 84 * rows] * min_runs]
+
+    monkeypatch.setattr(calibrate_module, "run_times", fake_run_times)
+    assert calibrate_module.masked_rows(1, 0.0) == 84.0 and len(fed) == 2
 
 
 # --- decisions follow the calibration at the model's shape ------------------------------------------------

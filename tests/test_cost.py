@@ -385,7 +385,8 @@ def test_ns_formula_per_preset(target: str) -> None:
     p = profile(mlp()[0], target)
     terms = p.breakdown()
     assert terms.pop("unsupported") == 0.0
-    assert terms.pop("run") == terms.pop("values") == terms.pop("stream") == 0.0  # the presets price none of them
+    assert terms.pop("run") == terms.pop("values") == terms.pop("stream") == terms.pop("masked") == 0.0  # the presets
+    # price none of them
     assert terms == pytest.approx(MLP_TERMS[target], rel=1e-12)
     assert p.ns == pytest.approx(MLP_NS[target], rel=1e-12)
 
@@ -402,7 +403,8 @@ def test_measured_lines_price_each_op_and_the_run() -> None:
     terms = p.breakdown()
     assert terms == {"dispatch": 1_800.0, "sync": 0.0, "traffic": 1_792.0 + 2_176.0 + 2_048.0,
                      "readback": 1024 / 10.0, "compute": 2_048.0, "run": 5_000.0, "values": 2 * 600.0 + 768.0,
-                     "stream": 0.0, "unsupported": 0.0}  # the fixture prices no weights from memory
+                     "stream": 0.0, "masked": 0.0, "unsupported": 0.0}  # the fixture prices no weights from memory
+    # and no masked rows
     assert p.ns == 1_800.0 + 6_016.0 + 102.4 + 2_048.0 + 5_000.0 + 1_968.0
     relu = next(n for n in mlp()[0].nodes if n.op == "Relu")
     assert tgt.node_ns(relu.spec, {}, [relu.type], relu.type) == 400.0 + 2_048.0

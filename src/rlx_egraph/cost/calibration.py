@@ -246,7 +246,9 @@ class Calibration:
     the lines price (their samples' weights in cache), paid for the weights past ``cache_bytes`` (the machine's
     last-level cache) of a model whose weights outgrow it.  ``shape_ns`` is what one node of a run-time shape
     computation costs (a dynamic export's Shape, Slice, Concat and Expand nodes on a few int64 elements; 0 in files
-    made before it was measured: ``dispatch_ns`` prices them).  ``machine`` is the fingerprint of the machine and
+    made before it was measured: ``dispatch_ns`` prices them).  ``masked_row_ns`` is what a row of attention scores
+    costs beyond its line when a mask masks keys of it (the lines' samples feed open masks; 0 in files made before
+    it was measured: such rows are priced as open ones).  ``machine`` is the fingerprint of the machine and
     runtime (:func:`machine`), ``threads`` the runtime's thread count, ``command`` the command that made it.
     """
 
@@ -266,12 +268,14 @@ class Calibration:
     stream_ns_per_byte: float = 0.0  # 0 in files made before weights streamed from memory were measured
     cache_bytes: int = 0
     shape_ns: float = 0.0
+    masked_row_ns: float = 0.0
 
     @classmethod
     def fitted(cls, target: str, samples: Iterable[Sample], *, machine: Mapping[str, str], command: str,
                threads: int, run_ns: float, dispatch_ns: float, memory_bw: float,
                flops_per_ns: float, value_ns: float = 0.0, value_ns_per_byte: float = 0.0,
-               stream_ns_per_byte: float = 0.0, cache_bytes: int = 0, shape_ns: float = 0.0) -> Calibration:
+               stream_ns_per_byte: float = 0.0, cache_bytes: int = 0, shape_ns: float = 0.0,
+               masked_row_ns: float = 0.0) -> Calibration:
         """A calibration whose rates are fitted to ``samples``: one line per key (the lines of ops that compute as
         one GEMM sharing their FLOP rate: :func:`fit_gemm_rates`; the samples of an op whose cost class is another
         op's, as FusedConv's is Conv's, fitted into that op's line, which prices both), for an op measured per
@@ -297,7 +301,8 @@ class Calibration:
             rates.setdefault(kind, OpRate(*(float(np.median([getattr(r, term) for r in lines])) for term in TERMS)))
         return cls(target, dict(machine), command, threads, run_ns, dispatch_ns, memory_bw, flops_per_ns, rates,
                    samples, value_ns=value_ns, value_ns_per_byte=value_ns_per_byte,
-                   stream_ns_per_byte=stream_ns_per_byte, cache_bytes=cache_bytes, shape_ns=shape_ns)
+                   stream_ns_per_byte=stream_ns_per_byte, cache_bytes=cache_bytes, shape_ns=shape_ns,
+                   masked_row_ns=masked_row_ns)
 
     def predicted_ns(self, sample: Sample) -> float:
         """``sample`` priced by its key's line."""
@@ -309,7 +314,8 @@ class Calibration:
                 "dispatch_ns": self.dispatch_ns, "memory_bw": self.memory_bw, "flops_per_ns": self.flops_per_ns,
                 "value_ns": self.value_ns, "value_ns_per_byte": self.value_ns_per_byte,
                 "stream_ns_per_byte": self.stream_ns_per_byte, "cache_bytes": self.cache_bytes,
-                "shape_ns": self.shape_ns, "rates": {k: r.to_dict() for k, r in sorted(self.rates.items())},
+                "shape_ns": self.shape_ns, "masked_row_ns": self.masked_row_ns,
+                "rates": {k: r.to_dict() for k, r in sorted(self.rates.items())},
                 "samples": [s.to_dict() for s in self.samples]}
 
     @classmethod
@@ -326,7 +332,8 @@ class Calibration:
                        {str(k): OpRate(**v) for k, v in data["rates"].items()},
                        tuple(Sample(**s) for s in data["samples"]), source, float(data.get("value_ns", 0.0)),
                        float(data.get("value_ns_per_byte", 0.0)), float(data.get("stream_ns_per_byte", 0.0)),
-                       int(data.get("cache_bytes", 0)), float(data.get("shape_ns", 0.0)))
+                       int(data.get("cache_bytes", 0)), float(data.get("shape_ns", 0.0)),
+                       float(data.get("masked_row_ns", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CalibrationError(f"{where}: not a calibration ({type(exc).__name__}: {exc})") from None
 

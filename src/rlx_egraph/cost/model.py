@@ -46,8 +46,10 @@ FREE = NodeCost(0, 0, 0, 0)
 # The variants of a convolution that onnxruntime runs on kernels of their own, each at its own FLOP rate: over one
 # spatial axis (``1d``, as a speech model's feature extractor: an im2col and a GEMM, no blocked layout), and over two
 # with one input channel per group (``depthwise``, as MobileNet's and ConvNeXt's: MLAS's depthwise kernel in its
-# blocked layout).
-ONE_D, DEPTHWISE = "1d", "depthwise"
+# blocked layout), and over two with a 1x1 kernel and one group (``pointwise``, MobileNet's expand and project
+# convolutions: MLAS's pointwise kernel in its blocked layout, which over a small image is bound by its weight bytes,
+# not its FLOPs: some 22 B/ns at one thread where the weights outgrow the first-level cache).
+ONE_D, DEPTHWISE, POINTWISE = "1d", "depthwise", "pointwise"
 
 
 def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorType] = ()) -> str:
@@ -55,7 +57,8 @@ def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorTy
     whose attribute ``spec.cost_attr`` selects the kernels it is exported as (``FusedMatMulBiasAct.gelu``: MatMul
     + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); for a convolution (an op with ``groups``) over one spatial axis,
     its input ``in_types[0]`` [N, C, L], ``Op.1d`` (:data:`ONE_D`); over more, of more than one group with one input
-    channel per group (its weight ``in_types[1]`` [O, 1, ...]), ``Op.depthwise`` (:data:`DEPTHWISE`)."""
+    channel per group (its weight ``in_types[1]`` [O, 1, ...]), ``Op.depthwise`` (:data:`DEPTHWISE`); of one group
+    with a 1x1 kernel (its weight [O, C, 1, 1]), ``Op.pointwise`` (:data:`POINTWISE`)."""
     if spec.cost_attr:
         return f"{spec.name}.{attrs[spec.cost_attr]}"
     groups = attrs.get("groups")
@@ -65,6 +68,8 @@ def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorTy
         return f"{spec.name}.{ONE_D}"
     if groups > 1 and in_types[1].rank > 1 and in_types[1].shape[1] == 1:
         return f"{spec.name}.{DEPTHWISE}"
+    if groups == 1 and in_types[1].rank > 2 and all(k == 1 for k in in_types[1].shape[2:]):
+        return f"{spec.name}.{POINTWISE}"
     return spec.name
 
 
@@ -80,13 +85,13 @@ def line_variant(key: str) -> str:
 
 def names_a_line(key: str) -> bool:
     """Whether ``key`` can be a line key (:func:`line_key`): an op, ``Op.value`` for an op with a ``cost_attr``, or
-    ``Op.1d`` or ``Op.depthwise`` for an op with a ``groups`` attribute."""
+    ``Op.1d``, ``Op.depthwise`` or ``Op.pointwise`` for an op with a ``groups`` attribute."""
     spec = REGISTRY.get(line_op(key))
     if spec is None:
         return False
     variant = line_variant(key)
     return (not variant or bool(spec.cost_attr)
-            or (variant in (ONE_D, DEPTHWISE) and any(a.name == "groups" for a in spec.attrs)))
+            or (variant in (ONE_D, DEPTHWISE, POINTWISE) and any(a.name == "groups" for a in spec.attrs)))
 
 
 def node_launches(spec: OpSpec, copies: bool = False) -> int:
@@ -134,6 +139,31 @@ def node_rows(attrs: Mapping[str, Any], out_type: TensorType | TupleType) -> int
     rows = math.prod(out.shape[:-1])
     heads = attrs.get("heads")
     return rows * heads if isinstance(heads, int) and out.rank == 3 else rows
+
+
+# A row of scores whose keys a mask masks (a causal prefill's, a padded batch row's) takes onnxruntime's softmax (its
+# Softmax op's and its Attention kernel's) a slower path than an open row, whatever its length (one thread: some 84 ns
+# more a row at 16 keys, the same with one key or half of them masked).  The calibration's samples feed open masks;
+# :func:`masked_rows` counts the rows that may pay: those of the ops that onnxruntime runs as its Attention kernel
+# (opset 23) given a mask the run computes (the op -> its mask input; a mask of the leaf ops whose values are fixed
+# when the session loads, as an export's folded open mask, counts as open), and those of a Softmax over a mask's sum
+# or fill.
+MASKED_SCORES = {"BiasedAttention": "bias", "MultiHeadAttention": "bias", "KvCacheAttention": "bias"}
+FIXED_MASKS = frozenset({"Param", "Constant", "Scalar"})
+MASK_APPLIED = frozenset({"Add", "Where"})
+
+
+def masked_rows(spec: OpSpec, attrs: Mapping[str, Any], in_ops: Sequence[str], out_type: TensorType | TupleType) -> int:
+    """The score rows of a node whose inputs are of ops ``in_ops`` that a mask may mask keys of: every query row in
+    every head (:func:`node_rows`) of an op of :data:`MASKED_SCORES` given a mask input the run computes (not of
+    :data:`FIXED_MASKS`), and every row of a Softmax of an Add or a Where (:data:`MASK_APPLIED`); else 0.  Counted
+    whole: a causal prefill masks keys in every row but the last, a padded batch in every row of its padded
+    sequences."""
+    mask = MASKED_SCORES.get(spec.name)
+    if mask is not None:
+        at = spec.input_names.index(mask)
+        return node_rows(attrs, out_type) if at < len(in_ops) and in_ops[at] not in FIXED_MASKS else 0
+    return node_rows(attrs, out_type) if spec.name == "Softmax" and in_ops[0] in MASK_APPLIED else 0
 
 
 def node_matrices(spec: OpSpec, attrs: Mapping[str, Any], in_types: list[TensorType],

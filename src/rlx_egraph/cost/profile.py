@@ -16,7 +16,7 @@ from typing import Any
 from ..ir.graph import Graph
 from ..ir.registry import REGISTRY, Kind
 from ..ir.specialize import specialize_graph
-from .model import FREE, NodeCost, line_key, line_op, node_cost
+from .model import FREE, NodeCost, line_key, line_op, masked_rows, node_cost
 from .targets import Target, get_target
 
 
@@ -55,6 +55,7 @@ class IoProfile:
     rows: int = 0  # the nodes' rows and matrices (cost.model.node_rows, node_matrices), summed
     matrices: int = 0
     weight_bytes: int = 0  # the graph's parameters, which a run reads from memory once they outgrow the cache
+    masked_rows: int = 0  # score rows a mask may mask keys of (cost.model.masked_rows), summed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", _target(self.target))
@@ -69,7 +70,8 @@ class IoProfile:
         """Predicted ns per term; ``run`` is the target's fixed cost of one run of the graph, ``values`` that of
         its inputs and outputs (:attr:`values`, :attr:`value_bytes`; 0 on targets that do not price them),
         ``stream`` that of reading its weights past the target's cache from memory (:attr:`weight_bytes`;
-        0 on targets that do not price it);
+        0 on targets that do not price it), ``masked`` that of the score rows a mask masks keys of
+        (:attr:`masked_rows`; 0 on targets that do not price it);
         ``unsupported`` is inf when the target lacks an op, else 0.  On a target with measured lines
         (:meth:`Target.rate`) each op's nodes are priced by their line (from ``by_op``; a profile without it by the
         target-wide figures)."""
@@ -86,6 +88,7 @@ class IoProfile:
         terms["run"] = tgt.run_ns
         terms["values"] = self.values * tgt.value_ns + self.value_bytes * tgt.value_ns_per_byte
         terms["stream"] = max(self.weight_bytes - tgt.cache_bytes, 0) * tgt.stream_ns_per_byte
+        terms["masked"] = self.masked_rows * tgt.masked_row_ns
         terms["unsupported"] = math.inf if self.unsupported_ops else 0.0
         return terms
 
@@ -168,10 +171,12 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
     # copies), and most nodes of a model repeat one: each signature is priced once, times its nodes
     signatures: dict[tuple, list] = {}  # signature -> [a node of it, its inputs, whether it copies, nodes]
     unhashable: list[list] = []  # nodes with attribute values such as arrays: priced one by one
+    masked = 0  # score rows a mask may mask keys of: they depend on the inputs' ops, not the signature
     for node in graph.nodes:
         if node.op not in kind_of:
             continue
         ins = [by_id[i] for i in node.inputs]
+        masked += masked_rows(node.spec, node.attrs, [i.op for i in ins], node.type)
         copies = node.op in copied and any(i.kind is not Kind.LEAF for i in ins)
         try:
             key = (node.op, tuple(node.attrs.items()) if node.attrs else (),
@@ -204,7 +209,7 @@ def profile(graph: Graph, target: Target | str = "cpu", outputs: Sequence[int] |
                      ops=frozenset(op for k in ops.values() for op in k), by_kind=by_kind,
                      by_op={op: NodeCost(*v) for op, v in sorted(op_sums.items())}, values=len(called),
                      value_bytes=sum(n.type.nbytes for n in called), rows=total.rows, matrices=total.matrices,
-                     weight_bytes=weight_bytes(graph, copied))
+                     weight_bytes=weight_bytes(graph, copied), masked_rows=masked)
 
 
 def weight_bytes(graph: Graph, copied: frozenset[str] = frozenset()) -> int:

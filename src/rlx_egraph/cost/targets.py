@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from .profile import IoProfile
 
 _NON_NEGATIVE = ("dispatch_ns", "roundtrip_ns", "host_thunk_penalty_ns", "run_ns", "value_ns", "value_ns_per_byte",
-                 "stream_ns_per_byte", "cache_bytes", "shape_ns")
+                 "stream_ns_per_byte", "cache_bytes", "shape_ns", "masked_row_ns")
 _POSITIVE = ("memory_bw", "host_readback_bw", "unified_readback_bw", "flops_per_ns")
 _COUNTS = ("region_max_steps", "region_max_inputs", "default_dim_hint")
 
@@ -135,7 +135,8 @@ class Target:
     a whole graph, ``value_ns`` and ``value_ns_per_byte`` that of each graph input and output it is called with
     and returns; ``stream_ns_per_byte`` what a weight byte past ``cache_bytes`` (the last-level cache) costs when
     a model's weights outgrow it, beyond what the lines price; ``shape_ns`` what one node of a run-time shape
-    computation costs (:attr:`shape_node_ns`); ``calibration`` says where the figures come from,
+    computation costs (:attr:`shape_node_ns`); ``masked_row_ns`` what a row of attention scores costs beyond its
+    line when a mask masks keys of it (:func:`~.model.masked_rows`); ``calibration`` says where the figures come from,
     ``sample_nodes`` how many nodes the runtime ran
     for one node of each measured op (the most of its samples).  ``attention_block_max_tokens`` bounds the
     batch*seq of a FusedAttentionBlock (the seed's guard, for targets with no measurement of the block); None:
@@ -165,6 +166,7 @@ class Target:
     stream_ns_per_byte: float = 0.0
     cache_bytes: int = 0
     shape_ns: float = 0.0
+    masked_row_ns: float = 0.0
     attention_block_max_tokens: int | None = SEED_ATTENTION_BLOCK_MAX_TOKENS
     calibration: str = field(default="", compare=False)
     sample_nodes: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
@@ -352,7 +354,8 @@ def onnxruntime_target(calibration: Calibration) -> Target:
                   rates=calibration.rates, run_ns=calibration.run_ns, value_ns=calibration.value_ns,
                   value_ns_per_byte=calibration.value_ns_per_byte, calibration=calibration.describe(),
                   stream_ns_per_byte=calibration.stream_ns_per_byte, cache_bytes=calibration.cache_bytes,
-                  shape_ns=calibration.shape_ns, attention_block_max_tokens=None, sample_nodes=sample_nodes)
+                  shape_ns=calibration.shape_ns, masked_row_ns=calibration.masked_row_ns,
+                  attention_block_max_tokens=None, sample_nodes=sample_nodes)
 
 
 TARGETS: dict[str, Target] = {

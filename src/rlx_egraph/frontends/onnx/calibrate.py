@@ -12,6 +12,8 @@ onnxruntime ops one copy ran as.
   ``dispatch_ns``, the rest of the short chain's time the fixed cost of one run (``run_ns``).
 * graph inputs and outputs: what one more value fed to and returned from a run costs, per value and per byte
   (:func:`value_costs`); ``run_ns`` is then the run less its chain's one input and one output.
+* masked rows of scores: what a row of attention scores whose keys a mask masks costs beyond an open one
+  (:func:`masked_rows`; every sample's mask is open).
 * one node of an op at several sizes (:data:`SIZES`), from a toy layer's (2 x 8 tokens, width 16) and a tiny
   model's (2 x 16 tokens, width 64) to BERT-base's (128 tokens, width 768): a node that takes at least
   :data:`ALONE` times a run's fixed cost is timed alone, less that cost; a smaller one as the time of ``n``
@@ -141,6 +143,12 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         x = chain(m, prev, (b, e // 2, 4 * s))
         return m.g.conv(x, m.param((e // 2, e // 2, 3)), m.param((e // 2,), "bias"), pads=[1, 1])
 
+    def pointwise_image(m: _Maker, prev: int | None) -> int:
+        """A 1x1 convolution of ``e`` channels over ``b`` images of one pixel, chained: its weights outweigh its
+        image, as in a small image network's last blocks (MobileNetV2's at 32 x 32 pixels)."""
+        x = chain(m, prev, (b, e, 1, 1))
+        return m.g.conv(x, m.param((e, e, 1, 1)), m.param((e,), "bias"))
+
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
         tables = [np.concatenate([f(angles)] * 2, axis=-1) for f in (np.cos, np.sin)]
@@ -237,6 +245,7 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Conv", lambda m, p: conv(m, p, "depthwise", 7), " depthwise 7x7"),
         case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
         case("Conv", conv1d, " 1d"),
+        case("Conv", pointwise_image, " pointwise 1x1 image"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
         case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
              " depthwise clip"),
@@ -480,6 +489,35 @@ def shape_nodes(threads: int, budget_s: float, short: int = 3, long: int = 103) 
     return max(t_long - t_short, 0.0) / (4 * (long - short))
 
 
+def masked_rows(threads: int, budget_s: float, size: tuple[int, int, int, int] = (2, 16, 4, 16),
+                copies: int = 8) -> float:
+    """What a row of attention scores costs beyond its line when a mask masks keys of it (``masked_row_ns``): a
+    chain of ``copies`` MultiHeadAttention nodes at ``size`` (batch, sequence, heads, head width) with a mask
+    [B, 1, S, S] each, run with open masks (zeros, as the samples' masks are open) and with the last key of every
+    row masked (the float32 minimum, as a causal or padding mask writes it); the difference over the rows masked."""
+    b, s, h, d = size
+
+    def build(g: Graph, prev: int | None, copy: int) -> tuple[int, int]:
+        m = _Maker(g, copy, 0)
+        x = prev if prev is not None else m.input((b, s, h * d))
+        node = g.multi_head_attention(x, m.input((b, s, h * d), "k"), m.input((b, s, h * d), "v"),
+                                      m.input((b, 1, s, s), "mask"), heads=h, scale=d**-0.5)
+        return node, g.reshape(node, shape=(b, s, h * d))
+
+    graph, _ = _model_graph(Case("MultiHeadAttention", "masked rows", build), copies)
+    masks = {"open": np.zeros((b, 1, s, s), np.float32), "masked": np.zeros((b, 1, s, s), np.float32)}
+    masks["masked"][..., -1] = np.finfo(np.float32).min
+    runs = {}
+    for label, mask in masks.items():
+        runs[label] = _session(graph, threads)
+        for name in runs[label].feeds:
+            if name.startswith("mask"):
+                runs[label].feeds[name] = mask
+                runs[label].binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(mask))
+    t_open, t_masked = map(typical, run_times([runs["open"].run, runs["masked"].run], budget_s, 25, threads))
+    return max(t_masked - t_open, 0.0) / (copies * b * s * h)
+
+
 def value_costs(threads: int, budget_s: float, values: int = 16, floats: int = 16_384) -> tuple[float, float]:
     """(value_ns, value_ns_per_byte): what one graph input or output adds to a model's run
     (``InferenceSession.run``: the value crosses the call, an output is returned as a new array).  From ``values``
@@ -585,14 +623,16 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
     say = progress or (lambda line: None)
     cases = [case for size in sizes for case in _cases(size)]
     best: dict[int, cal.Sample] = {}
-    probes: list[tuple[float, ...]] = []  # per pass: run, dispatch, bound run, value, value per byte, shape node
+    probes: list[tuple[float, ...]] = []  # per pass: run, dispatch, bound run, value, value per byte, shape node,
+    # masked row
     for done in range(passes):  # the probes too are measured once per pass and the lowest kept
         probes.append((*run_and_dispatch(threads, budget_s), *value_costs(threads, budget_s),
-                       shape_nodes(threads, budget_s)))
-        run_ns, dispatch_ns, bound_run_ns, value_ns, value_ns_per_byte, shape_ns = map(min, zip(*probes, strict=True))
+                       shape_nodes(threads, budget_s), masked_rows(threads, budget_s)))
+        run_ns, dispatch_ns, bound_run_ns, value_ns, value_ns_per_byte, shape_ns, masked_row_ns = map(
+            min, zip(*probes, strict=True))
         say(f"pass {done + 1}/{passes}  run {run_ns:,.0f} ns ({bound_run_ns:,.0f} ns bound), dispatch "
             f"{dispatch_ns:,.0f} ns per node ({shape_ns:,.0f} ns a shape node), graph input or output "
-            f"{value_ns:,.0f} ns + {value_ns_per_byte:.4f} ns per byte")
+            f"{value_ns:,.0f} ns + {value_ns_per_byte:.4f} ns per byte, a masked row of scores {masked_row_ns:,.0f} ns")
         for k, case in enumerate(cases):
             sample = measure_case(case, threads, budget_s, bound_run_ns)
             if k not in best or sample.ns < best[k].ns:
@@ -606,7 +646,8 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
                                     command=command or f"rlx-egraph calibrate --target {target} --threads {threads}",
                                     threads=threads, run_ns=run_ns, dispatch_ns=dispatch_ns, memory_bw=memory_bw,
                                     flops_per_ns=flops_per_ns, value_ns=value_ns,
-                                    value_ns_per_byte=value_ns_per_byte, shape_ns=shape_ns)
+                                    value_ns_per_byte=value_ns_per_byte, shape_ns=shape_ns,
+                                    masked_row_ns=masked_row_ns)
     stream_ns, cached = min(weights_from_memory(threads, budget_s, result.rates["MatMul"], *stream)
                             for _ in range(passes))
     say(f"weights from memory: {stream_ns:.4f} ns per byte beyond MatMul's line, past {cached:,} B in cache")
@@ -618,5 +659,5 @@ def calibrate(target: str = TARGET, threads: int = 1, cache: str | Path | None =
 
 
 __all__ = ["SIZES", "TARGET", "CalibrationGraphError", "Case", "Runnable", "cache_bytes", "calibrate", "check_sample",
-           "measure_case", "run_and_dispatch", "run_clock", "shape_nodes", "stream_copies", "streaming_cost",
-           "value_costs", "weights_from_memory", "run_times", "typical"]
+           "masked_rows", "measure_case", "run_and_dispatch", "run_clock", "shape_nodes", "stream_copies",
+           "streaming_cost", "value_costs", "weights_from_memory", "run_times", "typical"]
