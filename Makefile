@@ -30,11 +30,12 @@ $(VENV)/.package: $(VENV)/bin/python $(BUILD_INPUTS)
 
 # The package with the dev tools (tests, linters, notebooks, the build requirements for tests/test_packaging.py),
 # in one install: the package is built (and its accelerators compiled) once, whether or not `make demo` ran first.
-# --no-compile: Python writes the byte code of the modules the suite imports when it first imports them, rather
-# than pip compiling every file of every dev tool (most never imported).
+# PIP_COMPILE=0: Python writes the byte code of the modules the suite imports when it first imports them, rather
+# than pip compiling every file of every dev tool (most never imported); set in the environment, it also reaches
+# the pip that installs the build requirements into the isolated build environment, whose byte code nothing reads.
 $(VENV)/.dev: $(VENV)/bin/python $(BUILD_INPUTS)
 	@echo "[set-up] installing rlx-egraph, its dependencies and the dev tools (the dev extra) into $(VENV)"
-	@$(PIP) install --no-compile -e '.[dev]'
+	@PIP_COMPILE=0 $(PIP) install -e '.[dev]'
 	@$(ACCELERATED)
 	@touch $(VENV)/.package $@
 

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import subprocess
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,19 @@ def linear(weights: str | None = None, shape: object = (2, 4), node_id: int = 0,
         data["weights"] = weights
     return json.dumps(data)
 
+
+
+def zip_bomb(shape: tuple[int, ...]) -> bytes:
+    """An .npz whose member 'w' declares f32 ``shape`` and inflates to 1 GB of zeros after its header: about 5 MB,
+    deflated at zlib's fastest level (the level changes the compressed bytes, not what they inflate to)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive, \
+            archive.open("w.npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        chunk = bytes(1 << 24)
+        for _ in range(64):
+            member.write(chunk)
+    return buffer.getvalue()
 
 
 def npz(**arrays: np.ndarray) -> bytes:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hostile import zip_bomb
 from rlx_egraph import Graph, GraphError, evaluate
 from rlx_egraph.ir.dims import MAX_NESTING, MAX_TERMS, parse
 
@@ -84,24 +85,14 @@ def test_not_an_npz_archive_is_named(tmp_path: Path) -> None:
         Graph.load(write(path, {**data, "weights": "w.npz"}))
 
 
-def bomb(path: Path, name: str, shape: tuple[int, ...], inflated: int) -> None:
-    """A zip member ``name``.npy whose header declares f32 ``shape`` and whose data inflates to ``inflated`` bytes
-    of zeros (a few MB on disk)."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z, z.open(f"{name}.npy", "w", force_zip64=True) as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
-        chunk = bytes(1 << 22)
-        for _ in range(inflated // len(chunk)):
-            f.write(chunk)
-
-
 @pytest.mark.long
 def test_a_zip_bomb_is_never_inflated(tmp_path: Path) -> None:
     path, data = linear(tmp_path)
-    bomb(tmp_path / "huge.npz", "w", (40_000, 40_000), 1 << 30)  # declares 6.4 GB, holds 1 GB of zeros
+    (tmp_path / "huge.npz").write_bytes(zip_bomb((40_000, 40_000)))  # declares 6.4 GB, holds 1 GB of zeros
     with pytest.raises(GraphError, match=r"array 'w' has shape \[40000, 40000\]; its Param has shape \[4, 3\]"):
         Graph.load(write(path, {**data, "weights": "huge.npz"}))
     # a header that tells the truth about the Param but data that goes on: only the Param's 48 bytes are read
-    bomb(tmp_path / "long.npz", "w", (4, 3), 1 << 30)
+    (tmp_path / "long.npz").write_bytes(zip_bomb((4, 3)))
     t0 = time.perf_counter()
     g = Graph.load(write(path, {**data, "weights": "long.npz"}))
     assert time.perf_counter() - t0 < 2.0

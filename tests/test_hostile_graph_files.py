@@ -3,30 +3,14 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hostile import Cases, check_one_clear_error, linear, npz
-
-
-def bomb() -> bytes:
-    """An .npz whose member 'w' declares 40000 x 40000 f32 (6.4 GB) and inflates to 1 GB of zeros."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive, \
-            archive.open("w.npy", "w", force_zip64=True) as member:
-        np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False,
-                                                      "shape": (40000, 40000)})
-        chunk = bytes(1 << 24)
-        for _ in range(64):
-            member.write(chunk)
-    return buffer.getvalue()
-
+from hostile import Cases, check_one_clear_error, linear, npz, zip_bomb
 
 
 def region_chain(depth: int) -> str:
@@ -51,7 +35,7 @@ CASES: Cases = {
                        ["optimize", "{graph}"], "array 'w' holds <U1 values; its Param is f32"),
     "complex weights": ({"g.json": linear("w.npz"), "w.npz": lambda: npz(w=np.ones((4, 3), np.complex64))},
                         ["optimize", "{graph}"], "array 'w' holds complex64 values; its Param is f32"),
-    "zip bomb": ({"g.json": linear("w.npz"), "w.npz": bomb}, ["optimize", "{graph}"],
+    "zip bomb": ({"g.json": linear("w.npz"), "w.npz": lambda: zip_bomb((40000, 40000))}, ["optimize", "{graph}"],
                  "array 'w' has shape [40000, 40000]; its Param has shape [4, 3]"),
     "not an npz": ({"g.json": linear("w.npz"), "w.npz": b"PK\x03\x04 garbage"}, ["optimize", "{graph}"],
                    "not an .npz archive"),

@@ -115,7 +115,8 @@ def test_a_build_that_requires_the_accelerators_fails_without_a_compiler(tmp_pat
 
 
 def _venv(folder: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    """A clean venv without pip of its own (the suite's pip installs into it: ``pip --python``): its bin folder."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     return folder / ("Scripts" if os.name == "nt" else "bin")
 
 
@@ -146,7 +147,8 @@ def test_the_wheel_and_the_sdist_install_without_a_compiler_outside_the_checkout
     work = tmp_path / "elsewhere"  # outside the checkout and its copy: the installed package is what runs
     work.mkdir()
     bin_dir = _venv(tmp_path / "venv")
-    pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--quiet",
+           "--disable-pip-version-check"]
     # no byte-compiling of what pip installs (the dependencies): two thirds of the install's time; the demos
     # compile what they import
     no_compiler = _env(PIP_COMPILE="0", **NO_COMPILER)
