@@ -1344,6 +1344,30 @@ def test_bert_qkv_biases_fuse_before_the_wide_matmul():
     assert stats["shared-input-linear"].commits == 4 and stats["narrow-narrow"].commits == 4
 
 
+@pytest.mark.parametrize(("qkv_bias", "expected"), [
+    (False, {"ConcatParams": 1, "ElementwiseRegion": 1, "Exp": 3, "MatMul": 1, "Narrow": 4}),
+    (True, {"ConcatParams": 2, "Exp": 3, "FusedMatMulBiasAct": 1, "Gelu": 1, "Narrow": 4}),
+], ids=["gpt-j", "phi"])
+def test_a_bias_epilogue_does_not_destroy_the_shared_input_chain(qkv_bias, expected):
+    """Attention and MLP read one input in parallel (GPT-J without Q/K/V biases, Phi with them); the MLP's
+    projection has a bias and a Gelu.  Its epilogue fusion pays at once, but one wide matmul over all four
+    weights pays more on cpu: the shared-input chain's forms come first, in a pass of their own, so that its
+    first step and the epilogue are weighed in one pass (as egglog does)."""
+    g = Graph()
+    x = g.input("x", (2, 16, 64))
+
+    def projection(name: str, width: int, bias: bool) -> int:
+        y = g.matmul(x, g.param(f"w{name}", (64, width)))
+        return g.add(y, g.param(f"b{name}", (width,))) if bias else y
+
+    g.set_outputs([*(g.exp(projection(name, 64, qkv_bias)) for name in "qkv"),
+                   g.gelu(projection("fc", 128, True), approximate="tanh")])
+    eg, eg_report = optimize_with_report(g, target="cpu", engine="egglog")
+    fb, fb_report = optimize_with_report(g, target="cpu", engine="fallback", verify=True)
+    assert ops(eg) == ops(fb) == expected and fb_report.parity.ok
+    assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+
+
 def test_llama_provenance_names_rules_and_replaced_nodes():
     g = examples.llama(2)
     result = run(g)

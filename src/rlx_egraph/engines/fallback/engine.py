@@ -426,7 +426,9 @@ class _Engine:
                     break
                 passes += 1
                 self.derive(derive)
-                if not self.commit(self.collect(rewrites)):
+                entries = self.collect(rewrites)
+                forms = [e for e in entries if e[-1].forms]
+                if not (forms and self.commit(forms)) and not self.commit(entries):
                     break
             self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
             self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
