@@ -208,12 +208,13 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     regions: dict[bool, _Engine] = {}
     shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
 
-    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None) -> RegionRun:
+    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
+                  alone: bool) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
                                      shared[0] if block else None, deadline)
-        return regions[block].run_region(region, levels, stage, step)
+        return regions[block].run_region(region, levels, stage, step, alone)
 
     with gc_paused():
         shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
@@ -321,7 +322,7 @@ class _Engine:
             self.stats.rules.setdefault(p.base, RuleStats())
         for cache in (self.costs, self.rules_of, self.relied_of):
             cache.clear()
-        self.chain, self.stage = None, STAGES[0]
+        self.chain, self.stage, self.alone = None, STAGES[0], False
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
@@ -331,7 +332,8 @@ class _Engine:
         self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
-    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None) -> RegionRun:
+    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
+                   alone: bool = False) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
         ids), the step applied first and the chain after it followed (see :meth:`chain_start`).
         Stage None: a block, optimized as a whole run would."""
@@ -343,19 +345,25 @@ class _Engine:
             for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
                 self.derive(self.fact_groups[earlier])
             if step is not None:
-                self.rw.touched = set()
+                self.rw.touched, first = set(), self.rw.next_id
                 self.apply(step)
                 changed, self.rw.touched = self.rw.touched, set()
                 self.forget(changed)
-                self.chain = {n for n in changed if n in self.nodes}
+                self.chain = {n for n in changed if n >= first and n in self.nodes}
+                self.alone = alone
             self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
-        return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
-                         {n: tuple(r) for n, r in self.rules_of.items()}, holders,
-                         {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason,
-                         dict(self.relied_of),
-                         {n: tuple(forms.values()) for n, forms in self.facts.forms.items()},
-                         tuple(self.facts.export()), dict(self.param_order))
+        run = RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
+                        {n: tuple(r) for n, r in self.rules_of.items()}, holders,
+                        {r: dataclasses.replace(s, rejected=dict(s.rejected)) for r, s in self.stats.rules.items()
+                         if s != RuleStats()}, self.stats.stop_reason, dict(self.relied_of),
+                        {n: tuple(forms.values()) for n, forms in self.facts.forms.items()},
+                        tuple(self.facts.export()), dict(self.param_order))
+        if not self.alone:
+            return run
+        self.chain, self.alone = None, False  # then every step that pays, from the chain's own steps
+        self.optimize(STAGES[STAGES.index(stage):])
+        return dataclasses.replace(run, rest_ns=self.dag_ns())
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -507,6 +515,9 @@ class _Engine:
             plan = self.plan(matcher, root, env)
             if isinstance(plan, str):
                 stats.reject(plan)
+            elif self.alone:
+                if self.chain_start(plan) is not None and (best is None or plan.delta < best.delta):
+                    best = plan
             elif plan.delta >= -EPS and not (plan.delta <= EPS and (plan.forms or self.shallower(plan))):
                 costly.append(plan)
             elif best is None or plan.delta < best.delta:
@@ -536,8 +547,8 @@ class _Engine:
             plan.chained = True
             return plan
         read = {i for n in plan.new.values() for i in n.inputs}
-        if self.lookahead is None or any(n not in plan.dead and n not in read and self.nodes[n].kind is not Kind.LEAF
-                                         for n in inspected):
+        if self.lookahead is None or any(n not in plan.dead and self.nodes[n].kind is not Kind.LEAF
+                                         and not any(self.reads(i, n, plan.new) for i in read) for n in inspected):
             return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
         chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
                                      CHAIN_EPS * self.stats.cost_before_ns, rival)
@@ -565,6 +576,7 @@ class _Engine:
                 if fresh is None:
                     continue
                 plan = fresh
+            first = self.rw.next_id
             if plan.chain is not None:
                 self.transplant(plan.chain)
                 self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
@@ -573,7 +585,7 @@ class _Engine:
             done += 1
             changed, self.rw.touched = self.rw.touched, set()
             if plan.chained and self.chain is not None:
-                self.chain |= changed
+                self.chain |= {n for n in changed if n >= first}
             touched |= changed
             died |= self.forget(changed)
         return done
