@@ -10,7 +10,8 @@ its fixpoint.  A pass of a stage
    change of the graph's predicted cost, which is the new nodes' cost minus the cost of the nodes that die (a
    producer another reader still needs stays alive and paid for);
 3. commits the plans that lower the cost, most gain first (of equal gains, the one rooted nearer the inputs, then
-   the rule first in file order); a plan whose nodes an earlier commit touched is matched again first.
+   the rule first in file order); a plan whose nodes an earlier commit touched is matched again first.  A pass
+   that finds new forms (below) commits only them: the next pass weighs the rewrites they open with the rest.
 
 A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule.  Two kinds of cost-neutral step are taken,
 because chains of rules start with them: a union of a node with a new term that reads it (``w =
@@ -292,6 +293,7 @@ class _Engine:
         self.rules_of: dict[int, list[str]] = {}
         self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
+        self.alone = False  # in such a region: only the chain's steps are taken
         self.stage = STAGES[0]
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
@@ -335,7 +337,8 @@ class _Engine:
     def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
                    alone: bool = False) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed (see :meth:`chain_start`).
+        ids), the step applied first and the chain after it followed (see :meth:`chain_start`); ``alone``: only the
+        chain's steps, and the result's ``rest_ns`` is the cost once every paying step has followed them.
         Stage None: a block, optimized as a whole run would."""
         self.reopen(region, levels)
         if stage is None:
@@ -356,7 +359,8 @@ class _Engine:
         run = RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
                         {n: tuple(r) for n, r in self.rules_of.items()}, holders,
                         {r: dataclasses.replace(s, rejected=dict(s.rejected)) for r, s in self.stats.rules.items()
-                         if s != RuleStats()}, self.stats.stop_reason, dict(self.relied_of),
+                         if s != RuleStats()},  # copies: an alone run goes on
+                        self.stats.stop_reason, dict(self.relied_of),
                         {n: tuple(forms.values()) for n, forms in self.facts.forms.items()},
                         tuple(self.facts.export()), dict(self.param_order))
         if not self.alone:
@@ -507,7 +511,8 @@ class _Engine:
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
         """The match at ``root`` that lowers the cost most; a cost-neutral one is worth the gain of the chain it
         starts (a paying step that would destroy it then comes after it), and a costly one is taken only when the
-        chain it starts pays (see :meth:`chain_start`)."""
+        chain it starts pays (see :meth:`chain_start`).  In a region that follows a chain alone, only the chain's
+        steps are taken."""
         stats = self.stats.rules[matcher.pattern.base]
         best: _Plan | None = None
         costly: list[_Plan] = []  # plans that cost more by themselves
@@ -536,7 +541,7 @@ class _Engine:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
         for plans that replace nodes outright (each replaced node dies, and so does every matched node the
         new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
-        the chain followed there is taken without asking if it matches or replaces a node of the chain."""
+        the chain followed there is taken without asking if it matches or replaces a node the chain made."""
         if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
                 or any(old not in plan.dead for old, _ in plan.unions)):
             return None
@@ -576,7 +581,7 @@ class _Engine:
                 if fresh is None:
                     continue
                 plan = fresh
-            first = self.rw.next_id
+            first = self.rw.next_id  # the nodes this commit makes are numbered from here
             if plan.chain is not None:
                 self.transplant(plan.chain)
                 self.stats.rules[plan.matcher.pattern.base].chain_starts += 1

@@ -11,8 +11,10 @@ fallback on the region from the current stage on: as it is, and with the
 step applied and the chain that follows it taken (each next step that matches a
 node the chain made, or replaces one, is committed even if it costs more by
 itself).  If the chain ends cheaper than the region as it is, the whole graph
-takes that region's result as it is (the *transplant*), so the graph's cost
-drops by exactly what the region showed.
+takes that region's result (the *transplant*): the region run a third time, with
+the step and only the steps of its chain, when every paying step after those
+ends the region as cheap (the rewrites beside the chain, which see only the
+region, are left to the whole graph); else the run with the step.
 
 The region keeps every value the rest of the graph reads as an output, and the
 non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
