@@ -1407,6 +1407,43 @@ def test_a_fusion_that_reuses_a_node_an_earlier_layer_built_still_starts_its_cha
     assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
 
 
+def test_a_chain_transplants_its_own_steps_not_what_its_region_did_beside_it():
+    """DeBERTa's disentangled attention: the scores add the product of the queries and keys, of the queries and
+    the key positions, and of the keys and the query positions.  The chain to MultiHeadAttention is asked about
+    on a region that holds the key projection's matmul but not its bias; run on the region, the shared-input
+    chain joins only the query and value projections.  The graph takes the chain's own steps, and the passes over
+    the whole graph join all three projections into one, as egglog does."""
+    b, s, e, heads = 2, 16, 64, 4
+    d = e // heads
+    g = Graph()
+    x = g.layer_norm(g.input("x", (b, s, e)), g.param("g", (e,)), g.param("beta", (e,)), axis=-1, eps=1e-7)
+
+    def heads_of(name: str) -> int:
+        y = g.add(g.param(f"b{name}", (e,)), g.matmul(x, g.param(f"w{name}", (e, e))))
+        return g.reshape(g.transpose(g.reshape(y, shape=(b, s, heads, d)), perm=(0, 2, 1, 3)), shape=(b * heads, s, d))
+
+    q, k, v = heads_of("q"), heads_of("k"), heads_of("v")
+    scale = g.scalar(6.93)
+    content = g.matmul(q, g.div(g.transpose(k, perm=(0, 2, 1)), scale))
+    to_positions = g.div(g.matmul(q, g.param("key_positions", (b * heads, d, s))), scale)
+    from_positions = g.div(g.transpose(g.matmul(k, g.param("query_positions", (b * heads, d, s))), perm=(0, 2, 1)),
+                           scale)
+    scores = g.add(g.reshape(g.add(content, g.add(to_positions, from_positions)), shape=(b, heads, s, s)),
+                   g.exp(g.input("mask", (b, 1, s, s))))
+    probs = g.reshape(g.softmax(scores, axis=-1), shape=(b * heads, s, s))
+    context = g.reshape(g.transpose(g.reshape(g.matmul(probs, v), shape=(b, heads, s, d)), perm=(0, 2, 1, 3)),
+                        shape=(b, s, e))
+    out = g.add(g.add(g.param("bo", (e,)), g.matmul(context, g.param("wo", (e, e)))), x)
+    g.set_outputs([g.layer_norm(out, g.param("g1", (e,)), g.param("beta1", (e,)), axis=-1, eps=1e-7)])
+    eg, eg_report = optimize_with_report(g, target="cpu", engine="egglog")
+    fb, fb_report = optimize_with_report(g, target="cpu", engine="fallback", verify=True)
+    assert ops(eg) == ops(fb) == {"Add": 2, "ConcatParams": 2, "Div": 2, "Exp": 1, "FusedMatMulBiasAct": 2,
+                                  "FusedResidualLN": 1, "LayerNorm": 1, "MatMul": 2, "MultiHeadAttention": 1,
+                                  "Narrow": 3, "Reshape": 7, "Transpose": 3}
+    assert fb_report.parity.ok
+    assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+
+
 def test_llama_provenance_names_rules_and_replaced_nodes():
     g = examples.llama(2)
     result = run(g)
