@@ -10,7 +10,8 @@ its fixpoint.  A pass of a stage
    change of the graph's predicted cost, which is the new nodes' cost minus the cost of the nodes that die (a
    producer another reader still needs stays alive and paid for);
 3. commits the plans that lower the cost, most gain first (of equal gains, the one rooted nearer the inputs, then
-   the rule first in file order); a plan whose nodes an earlier commit touched is matched again first.
+   the rule first in file order); a plan whose nodes an earlier commit touched is matched again first.  A pass
+   that finds new forms (below) commits only them: the next pass weighs the rewrites they open with the rest.
 
 A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule.  Two kinds of cost-neutral step are taken,
 because chains of rules start with them: a union of a node with a new term that reads it (``w =
@@ -208,12 +209,13 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     regions: dict[bool, _Engine] = {}
     shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
 
-    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None) -> RegionRun:
+    def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
+                  alone: bool) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
                                      shared[0] if block else None, deadline)
-        return regions[block].run_region(region, levels, stage, step)
+        return regions[block].run_region(region, levels, stage, step, alone)
 
     with gc_paused():
         shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
@@ -291,6 +293,7 @@ class _Engine:
         self.rules_of: dict[int, list[str]] = {}
         self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
+        self.alone = False  # in such a region: only the chain's steps are taken
         self.stage = STAGES[0]
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
@@ -321,7 +324,7 @@ class _Engine:
             self.stats.rules.setdefault(p.base, RuleStats())
         for cache in (self.costs, self.rules_of, self.relied_of):
             cache.clear()
-        self.chain, self.stage = None, STAGES[0]
+        self.chain, self.stage, self.alone = None, STAGES[0], False
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
@@ -331,9 +334,11 @@ class _Engine:
         self.start(graph)
         self.stats.cost_before_ns = self.dag_ns()
 
-    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None) -> RegionRun:
+    def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
+                   alone: bool = False) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed (see :meth:`chain_start`).
+        ids), the step applied first and the chain after it followed (see :meth:`chain_start`); ``alone``: only the
+        chain's steps, and the result's ``rest_ns`` is the cost once every paying step has followed them.
         Stage None: a block, optimized as a whole run would."""
         self.reopen(region, levels)
         if stage is None:
@@ -343,19 +348,26 @@ class _Engine:
             for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
                 self.derive(self.fact_groups[earlier])
             if step is not None:
-                self.rw.touched = set()
+                self.rw.touched, first = set(), self.rw.next_id
                 self.apply(step)
                 changed, self.rw.touched = self.rw.touched, set()
                 self.forget(changed)
-                self.chain = {n for n in changed if n in self.nodes}
+                self.chain = {n for n in changed if n >= first and n in self.nodes}
+                self.alone = alone
             self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
-        return RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
-                         {n: tuple(r) for n, r in self.rules_of.items()}, holders,
-                         {r: s for r, s in self.stats.rules.items() if s != RuleStats()}, self.stats.stop_reason,
-                         dict(self.relied_of),
-                         {n: tuple(forms.values()) for n, forms in self.facts.forms.items()},
-                         tuple(self.facts.export()), dict(self.param_order))
+        run = RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
+                        {n: tuple(r) for n, r in self.rules_of.items()}, holders,
+                        {r: dataclasses.replace(s, rejected=dict(s.rejected)) for r, s in self.stats.rules.items()
+                         if s != RuleStats()},  # copies: an alone run goes on
+                        self.stats.stop_reason, dict(self.relied_of),
+                        {n: tuple(forms.values()) for n, forms in self.facts.forms.items()},
+                        tuple(self.facts.export()), dict(self.param_order))
+        if not self.alone:
+            return run
+        self.chain, self.alone = None, False  # then every step that pays, from the chain's own steps
+        self.optimize(STAGES[STAGES.index(stage):])
+        return dataclasses.replace(run, rest_ns=self.dag_ns())
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -426,7 +438,9 @@ class _Engine:
                     break
                 passes += 1
                 self.derive(derive)
-                if not self.commit(self.collect(rewrites)):
+                entries = self.collect(rewrites)
+                forms = [e for e in entries if e[-1].forms]
+                if not (forms and self.commit(forms)) and not self.commit(entries):
                     break
             self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
             self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
@@ -497,7 +511,8 @@ class _Engine:
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
         """The match at ``root`` that lowers the cost most; a cost-neutral one is worth the gain of the chain it
         starts (a paying step that would destroy it then comes after it), and a costly one is taken only when the
-        chain it starts pays (see :meth:`chain_start`)."""
+        chain it starts pays (see :meth:`chain_start`).  In a region that follows a chain alone, only the chain's
+        steps are taken."""
         stats = self.stats.rules[matcher.pattern.base]
         best: _Plan | None = None
         costly: list[_Plan] = []  # plans that cost more by themselves
@@ -505,6 +520,9 @@ class _Engine:
             plan = self.plan(matcher, root, env)
             if isinstance(plan, str):
                 stats.reject(plan)
+            elif self.alone:
+                if self.chain_start(plan) is not None and (best is None or plan.delta < best.delta):
+                    best = plan
             elif plan.delta >= -EPS and not (plan.delta <= EPS and (plan.forms or self.shallower(plan))):
                 costly.append(plan)
             elif best is None or plan.delta < best.delta:
@@ -523,7 +541,7 @@ class _Engine:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
         for plans that replace nodes outright (each replaced node dies, and so does every matched node the
         new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
-        the chain followed there is taken without asking if it matches or replaces a node of the chain."""
+        the chain followed there is taken without asking if it matches or replaces a node the chain made."""
         if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
                 or any(old not in plan.dead for old, _ in plan.unions)):
             return None
@@ -534,8 +552,8 @@ class _Engine:
             plan.chained = True
             return plan
         read = {i for n in plan.new.values() for i in n.inputs}
-        if self.lookahead is None or any(n not in plan.dead and n not in read and self.nodes[n].kind is not Kind.LEAF
-                                         for n in inspected):
+        if self.lookahead is None or any(n not in plan.dead and self.nodes[n].kind is not Kind.LEAF
+                                         and not any(self.reads(i, n, plan.new) for i in read) for n in inspected):
             return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
         chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
                                      CHAIN_EPS * self.stats.cost_before_ns, rival)
@@ -563,6 +581,7 @@ class _Engine:
                 if fresh is None:
                     continue
                 plan = fresh
+            first = self.rw.next_id  # the nodes this commit makes are numbered from here
             if plan.chain is not None:
                 self.transplant(plan.chain)
                 self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
@@ -571,7 +590,7 @@ class _Engine:
             done += 1
             changed, self.rw.touched = self.rw.touched, set()
             if plan.chained and self.chain is not None:
-                self.chain |= changed
+                self.chain |= {n for n in changed if n >= first}
             touched |= changed
             died |= self.forget(changed)
         return done

@@ -11,8 +11,10 @@ fallback on the region from the current stage on: as it is, and with the
 step applied and the chain that follows it taken (each next step that matches a
 node the chain made, or replaces one, is committed even if it costs more by
 itself).  If the chain ends cheaper than the region as it is, the whole graph
-takes that region's result as it is (the *transplant*), so the graph's cost
-drops by exactly what the region showed.
+takes that region's result (the *transplant*): the region run a third time, with
+the step and only the steps of its chain, when every paying step after those
+ends the region as cheap (the rewrites beside the chain, which see only the
+region, are left to the whole graph); else the run with the step.
 
 The region keeps every value the rest of the graph reads as an output, and the
 non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
@@ -30,6 +32,7 @@ regions too, optimized as a whole run would.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -63,6 +66,7 @@ class RegionRun:
     forms: Mapping[int, tuple[Node, ...]] = field(default_factory=dict)  # node of ``graph`` -> its forms
     rows: tuple[tuple[str, tuple, Any, tuple[str, ...]], ...] = ()  # its helper rows (see Facts.export)
     param_order: Mapping[int, int] = field(default_factory=dict)  # Param -> its param-order in the region
+    rest_ns: float = math.inf  # a chain's own steps: the cost when every step that pays follows them
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class Chain:
 class Lookahead:
     """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
 
-    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None], RegionRun],
+    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, bool], RegionRun],
                  names: frozenset[str] = frozenset()) -> None:
         # (region, its levels, stage, step) -> the region optimized from that stage on; with a step, the step is
         # applied first and the chain that follows it is taken
@@ -101,14 +105,15 @@ class Lookahead:
         gain = taken.cost_ns - self.run(region, stage, other).cost_ns
         if gain >= -margin_ns:
             return None
-        return Chain(gain, taken, back)
+        alone = self.run(region, stage, step, alone=True)
+        return Chain(gain, alone if alone.rest_ns <= taken.cost_ns + margin_ns else taken, back)
 
-    def run(self, region: Region, stage: str | None, step: _Plan | None) -> RegionRun:
+    def run(self, region: Region, stage: str | None, step: _Plan | None, alone: bool = False) -> RegionRun:
         """``region`` optimized from ``stage`` on (None: as a whole run, see ``_Engine.replay``), remembered."""
-        key = (stage, region.content(), None if step is None else _step_key(step))
+        key = (stage, region.content(), None if step is None else _step_key(step), alone)
         known = self.runs.get(key)
         if known is None:
-            known = self.runs[key] = self.optimized(region.graph(), region.levels, stage, step)
+            known = self.runs[key] = self.optimized(region.graph(), region.levels, stage, step, alone)
         return known
 
 
