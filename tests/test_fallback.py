@@ -916,19 +916,43 @@ def test_bert_attention_block_on_onnxruntime_is_reached_by_the_lookahead(layers)
     assert all("attention-block" in f.rules and [g.node(i).op for i in f.replaces] == ["Add"] for f in blocks)
 
 
+def heads_last_attention(biases: tuple[tuple[int, ...], ...]) -> Graph:
+    """q @ Transpose(k, 0 2 3 1) with the keys [B, S, H, D], scaled, plus one Add per shape in ``biases``,
+    then Softmax and the product with the values."""
+    g = Graph()
+    q = g.exp(g.input("q", (2, 2, 4, 8)))  # computed queries, as a projection gives them
+    k, v = g.input("k", (2, 4, 2, 8)), g.input("v", (2, 2, 4, 8))
+    scores = g.div(g.matmul(q, g.transpose(k, perm=(0, 2, 3, 1))), g.scalar(8 ** 0.5))
+    for k_bias, shape in enumerate(biases):
+        scores = g.add(scores, g.input(f"bias{k_bias}", shape))
+    g.set_outputs([g.matmul(g.softmax(scores), v)])
+    return g
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_attention_over_heads_last_keys_is_reached_by_the_lookahead(target):
     """q @ Transpose(k, 0 2 3 1) with the keys [B, S, H, D]: rewriting it to MatMulBT (keys heads first) costs
     more by itself, and the attention it opens is read four levels below the replaced MatMul (Div, Add,
     Softmax, MatMul): the lookahead's region reaches that deep, so the fallback fuses it as egglog does."""
-    g = Graph()
-    q = g.exp(g.input("q", (2, 2, 4, 8)))  # computed queries, as a projection gives them
-    k, v = g.input("k", (2, 4, 2, 8)), g.input("v", (2, 2, 4, 8))
-    scores = g.div(g.matmul(q, g.transpose(k, perm=(0, 2, 3, 1))), g.scalar(8 ** 0.5))
-    g.set_outputs([g.matmul(g.softmax(g.add(scores, g.input("mask", (1, 2, 4, 4)))), v)])
+    g = heads_last_attention(((1, 2, 4, 4),))
     _, eg_report = optimize_with_report(g, target=target, engine="egglog")
     _, fb_report = optimize_with_report(g, target=target, engine="fallback", verify=True)
     assert eg_report.fused_op_counts["BiasedAttention"] == fb_report.fused_op_counts["BiasedAttention"] == 1
+    assert fb_report.parity.ok
+    assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+    assert fb_report.fallback.rules["attn-keys-heads-last"].chain_starts == 1
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "wgpu"])
+def test_attention_with_a_position_bias_and_a_mask_is_reached_by_the_lookahead(target):
+    """As MPT writes it: the scores plus a per-head position bias (ALiBi) plus the mask, so the attention is
+    read five levels below the MatMul that the step to MatMulBT replaces (Div, Add, Add, Softmax, MatMul): the
+    region reaches that deep (lookahead.DEPTH), so the fallback fuses it as egglog does (it fused none, at 2.3
+    times egglog's cost).  On onnxruntime neither engine fuses it."""
+    g = heads_last_attention(((1, 2, 1, 4), (1, 1, 4, 4)))
+    _, eg_report = optimize_with_report(g, target=target, engine="egglog")
+    _, fb_report = optimize_with_report(g, target=target, engine="fallback", verify=True)
+    assert eg_report.fused_op_counts == fb_report.fused_op_counts == {"BiasedAttention": 1}
     assert fb_report.parity.ok
     assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
     assert fb_report.fallback.rules["attn-keys-heads-last"].chain_starts == 1
