@@ -916,19 +916,43 @@ def test_bert_attention_block_on_onnxruntime_is_reached_by_the_lookahead(layers)
     assert all("attention-block" in f.rules and [g.node(i).op for i in f.replaces] == ["Add"] for f in blocks)
 
 
+def heads_last_attention(biases: tuple[tuple[int, ...], ...]) -> Graph:
+    """q @ Transpose(k, 0 2 3 1) with the keys [B, S, H, D], scaled, plus one Add per shape in ``biases``,
+    then Softmax and the product with the values."""
+    g = Graph()
+    q = g.exp(g.input("q", (2, 2, 4, 8)))  # computed queries, as a projection gives them
+    k, v = g.input("k", (2, 4, 2, 8)), g.input("v", (2, 2, 4, 8))
+    scores = g.div(g.matmul(q, g.transpose(k, perm=(0, 2, 3, 1))), g.scalar(8 ** 0.5))
+    for k_bias, shape in enumerate(biases):
+        scores = g.add(scores, g.input(f"bias{k_bias}", shape))
+    g.set_outputs([g.matmul(g.softmax(scores), v)])
+    return g
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_attention_over_heads_last_keys_is_reached_by_the_lookahead(target):
     """q @ Transpose(k, 0 2 3 1) with the keys [B, S, H, D]: rewriting it to MatMulBT (keys heads first) costs
     more by itself, and the attention it opens is read four levels below the replaced MatMul (Div, Add,
     Softmax, MatMul): the lookahead's region reaches that deep, so the fallback fuses it as egglog does."""
-    g = Graph()
-    q = g.exp(g.input("q", (2, 2, 4, 8)))  # computed queries, as a projection gives them
-    k, v = g.input("k", (2, 4, 2, 8)), g.input("v", (2, 2, 4, 8))
-    scores = g.div(g.matmul(q, g.transpose(k, perm=(0, 2, 3, 1))), g.scalar(8 ** 0.5))
-    g.set_outputs([g.matmul(g.softmax(g.add(scores, g.input("mask", (1, 2, 4, 4)))), v)])
+    g = heads_last_attention(((1, 2, 4, 4),))
     _, eg_report = optimize_with_report(g, target=target, engine="egglog")
     _, fb_report = optimize_with_report(g, target=target, engine="fallback", verify=True)
     assert eg_report.fused_op_counts["BiasedAttention"] == fb_report.fused_op_counts["BiasedAttention"] == 1
+    assert fb_report.parity.ok
+    assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+    assert fb_report.fallback.rules["attn-keys-heads-last"].chain_starts == 1
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "wgpu"])
+def test_attention_with_a_position_bias_and_a_mask_is_reached_by_the_lookahead(target):
+    """As MPT writes it: the scores plus a per-head position bias (ALiBi) plus the mask, so the attention is
+    read five levels below the MatMul that the step to MatMulBT replaces (Div, Add, Add, Softmax, MatMul): the
+    region reaches that deep (lookahead.DEPTH), so the fallback fuses it as egglog does (it fused none, at 2.3
+    times egglog's cost).  On onnxruntime neither engine fuses it."""
+    g = heads_last_attention(((1, 2, 1, 4), (1, 1, 4, 4)))
+    _, eg_report = optimize_with_report(g, target=target, engine="egglog")
+    _, fb_report = optimize_with_report(g, target=target, engine="fallback", verify=True)
+    assert eg_report.fused_op_counts == fb_report.fused_op_counts == {"BiasedAttention": 1}
     assert fb_report.parity.ok
     assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
     assert fb_report.fallback.rules["attn-keys-heads-last"].chain_starts == 1
@@ -961,6 +985,34 @@ def test_the_chain_of_a_costly_step_is_matched_on_the_graph_the_step_made(mask):
     assert fb_report.parity.ok
     assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
     assert fb_report.fallback.rules["biased-attention" if mask else "unmasked-attention"].chain_starts == 1
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_the_first_step_of_a_chain_is_taken_again_on_its_siblings(target):
+    """BLOOM packs q, k and v per head ([B, S, H, 3, D], each cut along its fourth axis): MultiHeadAttention needs
+    all three head splits rewritten through the rows (reshape-through-rows), each costing more by itself, and the
+    second and third read none of the nodes the first made.  In the lookahead's region, the chain's first rule
+    applied to a sibling (a node sharing a reader with a node the chain made) is a step of the chain, so the fallback
+    reaches MultiHeadAttention as egglog does (on onnxruntime it stopped at BiasedAttention, 1.27 times egglog's
+    cost)."""
+    g = Graph()
+    b, s, e, heads = 2, 8, 32, 4
+    d = e // heads
+    x = g.exp(g.input("x", (b, s, e)))  # computed, as a layer norm gives it
+    packed = g.reshape(g.add(g.matmul(x, g.param("w", (e, 3 * e))), g.param("b", (3 * e,))),
+                       shape=(b, s, heads, 3, d))
+    q, k, v = (g.transpose(g.reshape(g.narrow(packed, axis=-2, start=i, length=1), shape=(b, s, heads, d)),
+                           perm=(0, 2, 1, 3)) for i in range(3))
+    scores = g.add(g.mul(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), g.scalar(d ** -0.5)),
+                   g.input("mask", (b, 1, 1, s)))
+    context = g.transpose(g.matmul(g.softmax(scores), v), perm=(0, 2, 1, 3))
+    g.set_outputs([g.reshape(context, shape=(b, s, e))])
+    _, eg_report = optimize_with_report(g, target=target, engine="egglog")
+    _, fb_report = optimize_with_report(g, target=target, engine="fallback", verify=True)
+    assert eg_report.fused_op_counts == fb_report.fused_op_counts == {"FusedMatMulBiasAct": 1, "MultiHeadAttention": 1}
+    assert fb_report.parity.ok
+    assert fb_report.profile_after.ns == pytest.approx(eg_report.profile_after.ns, rel=1e-9)
+    assert fb_report.fallback.rules["reshape-through-rows"].commits == 3
 
 
 def export_like_encoder(mask: bool, layers: int = 2) -> Graph:

@@ -293,6 +293,7 @@ class _Engine:
         self.rules_of: dict[int, list[str]] = {}
         self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
+        self.chain_rule = ""  # the rule of the chain's first step
         self.alone = False  # in such a region: only the chain's steps are taken
         self.stage = STAGES[0]
         self.start(graph)
@@ -353,6 +354,7 @@ class _Engine:
                 changed, self.rw.touched = self.rw.touched, set()
                 self.forget(changed)
                 self.chain = {n for n in changed if n >= first and n in self.nodes}
+                self.chain_rule = step.matcher.pattern.base
                 self.alone = alone
             self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
@@ -541,13 +543,17 @@ class _Engine:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
         for plans that replace nodes outright (each replaced node dies, and so does every matched node the
         new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
-        the chain followed there is taken without asking if it matches or replaces a node the chain made."""
+        the chain followed there is taken without asking if it matches or replaces a node the chain made, or
+        applies the chain's first rule to a node that shares a reader with one (BLOOM's other head splits)."""
         if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
                 or any(old not in plan.dead for old, _ in plan.unions)):
             return None
         inspected = {v for s in plan.matcher.node_slots if isinstance(v := plan.found[s], int)}
         if self.chain is not None:
-            if self.chain.isdisjoint(inspected | plan.dead):
+            near = inspected | plan.dead
+            if plan.matcher.pattern.base == self.chain_rule:  # the first step again, on a sibling
+                near |= {i for n in near for r in self.rw.readers[n] for i in self.nodes[r].inputs}
+            if self.chain.isdisjoint(near):
                 return None
             plan.chained = True
             return plan

@@ -46,7 +46,7 @@ from ...rules import Lit, Pattern, Rule
 if TYPE_CHECKING:
     from .engine import RuleStats, _Plan
 
-DEPTH = 4  # levels of readers below the replaced nodes the region takes in (an attention reads its scores 4 down)
+DEPTH = 5  # levels of readers below the replaced nodes the region takes in (MPT reads its scores 5 down)
 HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
 NAMED_LEAVES = frozenset({"Input", "Param"})
 
