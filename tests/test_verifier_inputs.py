@@ -109,6 +109,21 @@ def test_a_graph_above_the_bound_is_checked_on_a_sample_without_computing_its_va
     assert f"values checked: requested (verify=True); {report.verification.how}\nparity: ok on " in str(report)
 
 
+def test_a_sampled_window_reads_the_copy_of_a_value_the_input_graph_reads() -> None:
+    """The input graph computes exp(x) twice (as TorchScript exports repeat work); the optimized graph computes it
+    once, and its fused layer's window stands that value in for the copy the input graph's layer reads."""
+    g = Graph()
+    big = g.relu(g.input("big", (1 << 14, 1 << 13)))
+    x, w, b = g.input("x", (4, 8)), g.param("w", (8, 16)), g.param("b", (16,))
+    first, second = g.exp(x), g.exp(x)
+    g.set_outputs([big, g.relu(g.add(g.matmul(second, w), b)), g.neg(first)])
+    optimized, report = optimize_with_report(g, verify=True)
+    assert [n.op for n in optimized.nodes].count("Exp") == 1
+    sample = report.parity.sample
+    assert (sample.rewritten, sample.checked, sample.too_large, sample.not_runnable) == (1, 1, 0, 0)
+    assert report.parity.ok and {n.op for n in report.parity.nodes} == {"FusedMatMulBiasAct", "Input", "Param"}
+
+
 def test_a_sampled_check_still_catches_a_wrong_rule_and_skips_a_window_above_its_bound() -> None:
     dropped = RuleSet.shipped() + RuleSet.from_strings('(rewrite (Relu ?x) ?x :ruleset simplify :name "relu-dropped")')
     with pytest.raises(ParityError, match=r"parity failure: node \d+ \(FusedMatMulBiasAct\) differs from original "

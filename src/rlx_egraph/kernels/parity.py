@@ -320,29 +320,31 @@ def _window(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence
     """Optimized node ``node_id`` and the fusion intermediates it reads (nodes that hold no input-graph value),
     and the input graph's nodes ``refs`` computed from the same values: each value the window reads that holds
     an input-graph value becomes a leaf of both (an Input named after the value, or the leaf itself), so both
-    run from the same data.  None when the window holds more than WINDOW_MAX_ELEMENTS, or a value it reads has
-    several results (no leaf can stand for it)."""
+    run from the same data.  A value the input graph computes at several nodes stands for the one the input graph's
+    side reads.  None when the window holds more than WINDOW_MAX_ELEMENTS, or a value it reads has several results
+    (no leaf can stand for it), or the input graph's side reads a value the optimized side reads at no node or at
+    several (it computes it from other values, or twice: the two sides would not run from the same data)."""
     new_ids: set[int] = set()
-    bounds: dict[int, int] = {}  # optimized node read -> the input-graph node whose value it holds
+    held_by: dict[int, Sequence[int]] = {}  # optimized node read -> the input-graph nodes whose value it holds
     elements = 0
     stack = [node_id]
     while stack:
         nid = stack.pop()
-        if nid in new_ids or nid in bounds:
+        if nid in new_ids or nid in held_by:
             continue
         node = optimized.node(nid)
         held = same_value.get(nid) or ()
         if nid != node_id and held:
-            bounds[nid] = held[0]
+            held_by[nid] = held
             continue
         new_ids.add(nid)
         if (elements := elements + sum(t.numel for t in node.results)) > WINDOW_MAX_ELEMENTS:
             return None
         if node.kind is not Kind.LEAF:
             stack.extend(node.inputs)
-    if any(original.node(b).parts for b in bounds.values()):
+    stops = {h for held in held_by.values() for h in held}
+    if any(original.node(h).parts for h in stops):
         return None
-    stops = set(bounds.values())
     old_ids: set[int] = set()
     stack = list(refs)
     while stack:
@@ -354,6 +356,13 @@ def _window(original: Graph, optimized: Graph, same_value: Mapping[int, Sequence
             return None
         if oid not in stops:
             stack.extend(original.node(oid).inputs)
+    bounds: dict[int, int] = {}  # optimized node read -> the input-graph node of its value that the window reads
+    for nid, held in held_by.items():
+        read = [h for h in held if h in old_ids]
+        if len(read) != 1:  # none: see above; several: each would be drawn apart, though they are one value
+            return None
+        bounds[nid] = read[0]
+    stops = set(bounds.values())
     old, new = Graph(f"{original.name} window {node_id}"), Graph(f"{optimized.name} window {node_id}")
     for src, graph, ids, leaf_of in ((original, old, old_ids, {b: b for b in stops}),
                                      (optimized, new, new_ids | set(bounds), bounds)):
