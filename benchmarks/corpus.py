@@ -9,7 +9,8 @@ For every file listed in each folder's ``corpus.json``:
   onnxruntime's transformer optimizer at opt_level 0, 1 and 99 (run by ``ort_transformers_worker.py`` under
   ``--ort-python``, an environment with onnxruntime and sympy) and of ours (``import_model`` with the model's
   symbolic dims kept, ``optimize_with_report(target="onnxruntime", rules=onnx_rules(), dim_hints=...)`` at the
-  export's example sizes, the export ``price_export`` prices);
+  export's example sizes, the export ``price_export`` prices; in a worker process, :class:`OursWorker`, so that the
+  process that times onnxruntime runs nothing else);
 * *nodes after ORT_ENABLE_ALL*: the node count of the graph an ORT_ENABLE_ALL session makes of each;
 * *latency*: one onnxruntime CPU thread, ORT_ENABLE_ALL sessions, the median of ``--runs`` runs (``--real-runs``
   for real-size models) by the thread's CPU time after warm-up runs, the variants run in turn so that a change of
