@@ -171,32 +171,42 @@ def test_a_fused_ops_samples_fit_the_line_of_its_cost_class() -> None:
 
 
 def _conv_graph() -> tuple[Graph, dict[str, int]]:
-    """A dense 3x3 convolution, a depthwise one (one input channel per group) as Conv and as FusedConv with a
-    clip, a grouped one of two channels per group, a grouped one over one axis, and a 1x1 one of one group as Conv
-    and as FusedConv with a clip."""
+    """Over an image of 16 channels (a block's: no NCHW reads), a dense 3x3 convolution, a depthwise one (one input
+    channel per group) as Conv and as FusedConv with a clip, a grouped one of two channels per group, a grouped one
+    over one axis, and a 1x1 one of one group as Conv and as FusedConv with a clip; and two that read NCHW (fewer
+    input channels than a block): a 7x7 stem of stride 2 over 3 colour channels as Conv, and a 1x1 expansion of 8
+    channels as FusedConv with a clip."""
     g = Graph("convs")
-    x = g.input("x", (1, 8, 6, 6))
-    nodes = {"dense": g.conv(x, g.param("w", (8, 8, 3, 3)), pads=[1] * 4),
-             "depthwise": g.conv(x, g.param("dw", (8, 1, 3, 3)), pads=[1] * 4, groups=8),
-             "fused depthwise": g.fused_conv(x, g.param("fw", (8, 1, 3, 3)), g.param("fb", (8,)), pads=[1] * 4,
-                                             groups=8, act="clip", clip_min=0.0, clip_max=6.0),
-             "grouped": g.conv(x, g.param("gw", (8, 2, 3, 3)), pads=[1] * 4, groups=4),
+    x = g.input("x", (1, 16, 6, 6))
+    nodes = {"dense": g.conv(x, g.param("w", (16, 16, 3, 3)), pads=[1] * 4),
+             "depthwise": g.conv(x, g.param("dw", (16, 1, 3, 3)), pads=[1] * 4, groups=16),
+             "fused depthwise": g.fused_conv(x, g.param("fw", (16, 1, 3, 3)), g.param("fb", (16,)), pads=[1] * 4,
+                                             groups=16, act="clip", clip_min=0.0, clip_max=6.0),
+             "grouped": g.conv(x, g.param("gw", (16, 2, 3, 3)), pads=[1] * 4, groups=8),
              "1d": g.conv(g.input("s", (2, 8, 40)), g.param("sw", (8, 2, 3)), pads=[1, 1], groups=4),
-             "pointwise": g.conv(x, g.param("pw", (16, 8, 1, 1))),
-             "fused pointwise": g.fused_conv(x, g.param("fpw", (16, 8, 1, 1)), g.param("fpb", (16,)), act="clip",
-                                             clip_min=0.0, clip_max=6.0)}
+             "pointwise": g.conv(x, g.param("pw", (32, 16, 1, 1))),
+             "fused pointwise": g.fused_conv(x, g.param("fpw", (32, 16, 1, 1)), g.param("fpb", (32,)), act="clip",
+                                             clip_min=0.0, clip_max=6.0),
+             "stem": g.conv(g.input("image", (2, 3, 32, 32)), g.param("sw7", (16, 3, 7, 7)), pads=[3] * 4,
+                            strides=[2, 2]),
+             "fused expansion": g.fused_conv(g.input("x8", (2, 8, 16, 16)), g.param("ew", (48, 8, 1, 1)),
+                                             g.param("eb", (48,)), act="clip", clip_min=0.0, clip_max=6.0)}
     g.set_outputs(list(nodes.values()))
     return g, nodes
 
 
-def test_depthwise_pointwise_and_one_axis_convolutions_are_priced_by_lines_of_their_own() -> None:
-    """onnxruntime runs a depthwise convolution, a 1x1 one and one over one axis on kernels of their own, each at its
-    own rates: their samples (Conv's and FusedConv's, whose cost class is Conv) fit ``Conv.depthwise``,
-    ``Conv.pointwise`` and ``Conv.1d``, the dense 2-D ones ``Conv``, each recovered from samples on its line; a 2-D
-    node of one input channel per group is priced by the depthwise line, a 2-D 1x1 one of one group by the pointwise
-    line, a 1-D one (of any groups) by the 1-D line, a dense one and one of two channels per group by Conv's."""
+def test_depthwise_pointwise_nchw_and_one_axis_convolutions_are_priced_by_lines_of_their_own() -> None:
+    """onnxruntime runs a depthwise convolution, a 1x1 one, one that reads NCHW (fewer input channels than its
+    block) and one over one axis on kernels of their own, each at its own rates: their samples (Conv's and
+    FusedConv's, whose cost class is Conv) fit ``Conv.depthwise``, ``Conv.pointwise``, ``Conv.nchw`` and ``Conv.1d``,
+    the dense 2-D ones ``Conv``, each recovered from samples on its line; a 2-D node of one input channel per group is
+    priced by the depthwise line, a 2-D one of one group and fewer than 16 input channels (a stem over 3 colour
+    channels, an expansion of 8, whatever its kernel) by the NCHW line, another 2-D 1x1 one of one group by the
+    pointwise line, a 1-D one (of any groups) by the 1-D line, a dense one and one of two channels per group by
+    Conv's."""
     lines = {"Conv": OpRate(2_000.0, 0.05, 0.004), "Conv.depthwise": OpRate(1_500.0, 0.2, 0.05, 3.0),
-             "Conv.1d": OpRate(900.0, 0.02, 0.012), "Conv.pointwise": OpRate(400.0, 0.03, 0.006, 0.5)}
+             "Conv.1d": OpRate(900.0, 0.02, 0.012), "Conv.pointwise": OpRate(400.0, 0.03, 0.006, 0.5),
+             "Conv.nchw": OpRate(900.0, 0.08, 0.007, 0.6)}
     sizes = [(8_192, 100_000, 64), (65_536, 2_000_000, 512), (1 << 20, 1 << 26, 4_096), (1 << 18, 1 << 22, 8_192)]
     samples = []
     for key, line in lines.items():
@@ -222,11 +232,32 @@ def test_depthwise_pointwise_and_one_axis_convolutions_are_priced_by_lines_of_th
     assert priced == {"dense": ("Conv", True), "depthwise": ("Conv.depthwise", True),
                       "fused depthwise": ("FusedConv.depthwise", True), "grouped": ("Conv", True),
                       "1d": ("Conv.1d", True), "pointwise": ("Conv.pointwise", True),
-                      "fused pointwise": ("FusedConv.pointwise", True)}
-    assert set(profile(g, target).by_op) == {"Conv", "Conv.1d", "Conv.depthwise", "Conv.pointwise",
-                                             "FusedConv.depthwise", "FusedConv.pointwise"}
+                      "fused pointwise": ("FusedConv.pointwise", True), "stem": ("Conv.nchw", True),
+                      "fused expansion": ("FusedConv.nchw", True)}
+    assert set(profile(g, target).by_op) == {"Conv", "Conv.1d", "Conv.depthwise", "Conv.pointwise", "Conv.nchw",
+                                             "FusedConv.depthwise", "FusedConv.pointwise", "FusedConv.nchw"}
     with pytest.raises(ValueError, match=r"rates name unknown op\(s\) or kind\(s\) \['Add.depthwise'\]"):
         calibrations.target({"Add.depthwise": OpRate(1.0, 0.0, 0.0)})
+
+
+def test_a_calibration_without_an_nchw_line_prices_those_convolutions_by_convs() -> None:
+    """A calibration made before convolutions that read NCHW were measured has no ``Conv.nchw`` line: a stem over 3
+    colour channels (7x7, stride 2: 2 x 16 x 16 x 16 out, 2 x 16 x 256 x 147 multiply-adds) and a FusedConv
+    expansion of 8 channels are priced by Conv's dense line, as before; with the line, by it."""
+    dense, nchw = OpRate(2_000.0, 0.05, 0.004), OpRate(900.0, 0.08, 0.007, 0.6)
+    g, nodes = _conv_graph()
+    stem = g.node(nodes["stem"])
+    in_types = [g.node(i).type for i in stem.inputs]
+    cost = node_cost(stem.spec, stem.attrs, in_types, stem.type)
+    assert cost_counts(cost) == (1, 4 * (2 * 3 * 32 * 32 + 16 * 3 * 49 + 2 * 16 * 16 * 16),
+                                 2 * 2 * 16 * 256 * 147, 2 * 16 * 16, 0)
+    for rates, line in (({"Conv": dense}, dense), ({"Conv": dense, "Conv.nchw": nchw}, nchw)):
+        target = calibrations.target(rates)
+        for name in ("stem", "fused expansion"):
+            n = g.node(nodes[name])
+            types = [g.node(i).type for i in n.inputs]
+            assert target.node_ns(n.spec, n.attrs, types, n.type) == pytest.approx(
+                line.ns(*cost_counts(node_cost(n.spec, n.attrs, types, n.type)))), name
 
 
 def cost_counts(cost: NodeCost) -> tuple[int, ...]:
@@ -374,6 +405,25 @@ def test_every_copy_of_every_sample_is_in_the_graph_onnxruntime_runs() -> None:
     assert ran["EmbedLayerNorm [2x8, 16]"] == {"Cast": 1, "EmbedLayerNormalization": 1}
     assert ran["Identity [2x8, 16]"] == {}  # onnxruntime removes an Identity of an intermediate when it loads
     assert ran["Conv pointwise 1x1 image [2x8, 16]"] == {"Conv": 1}
+
+
+def test_the_convolutions_that_read_nchw_are_sampled_into_their_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calibration samples convolutions that read NCHW: a stem of stride 2 over 3 colour channels (3x3 and 7x7)
+    and a 1x1 expansion of 8 channels into 48, each copy with its own image; their samples key ``Conv.nchw``, and a
+    stem runs as onnxruntime's NCHW-input Conv plus the ReorderOutput of its blocked output.  Timed with a fake
+    clock (a run costs 1 us and 5 us more per image fed), a stem is 5 us: (10 copies - 1) / 9 at a bound run of 2 us."""
+    def fake_run_times(runs: list, budget_s: float, min_runs: int, threads: int) -> list[list[int]]:
+        return [[1_000 + 5_000 * len(run.__self__.feeds)] * min_runs for run in runs]
+
+    monkeypatch.setattr(calibrate_module, "run_times", fake_run_times)
+    cases = {case.label: case for case in _cases(SIZES[1])}
+    stem = calibrate_module.measure_case(cases["Conv nchw stem [2x16, 64]"], 1, 0.0, 2_000.0)
+    # 2 images of 3 x 8 x 8 into 16 channels of 4 x 4: 2 * 16 * 16 outputs of 27 multiply-adds each
+    assert stem == Sample("Conv.nchw", "Conv nchw stem [2x16, 64]", 1, 4 * (2 * 3 * 64 + 16 * 27 + 16 + 2 * 16 * 16),
+                          2 * 2 * 16 * 16 * 27, 5_000.0, "Conv 1, ReorderOutput 1", 2 * 16 * 4)
+    keys = {label: calibrate_module.measure_case(cases[label], 1, 0.0, 2_000.0).key
+            for label in ("Conv nchw stem 7x7 [2x16, 64]", "Conv nchw 1x1 [2x16, 64]")}
+    assert keys == {"Conv nchw stem 7x7 [2x16, 64]": "Conv.nchw", "Conv nchw 1x1 [2x16, 64]": "Conv.nchw"}
 
 
 def test_a_sample_whose_copies_are_dead_code_is_an_error() -> None:

@@ -49,7 +49,14 @@ FREE = NodeCost(0, 0, 0, 0)
 # blocked layout), and over two with a 1x1 kernel and one group (``pointwise``, MobileNet's expand and project
 # convolutions: MLAS's pointwise kernel in its blocked layout, which over a small image is bound by its weight bytes,
 # not its FLOPs: some 22 B/ns at one thread where the weights outgrow the first-level cache).
-ONE_D, DEPTHWISE, POINTWISE = "1d", "depthwise", "pointwise"
+# A 2-D convolution of one group whose input has fewer channels than onnxruntime's NCHWc block (``nchw``: an image
+# network's stem over 3 colour channels, MobileNetV2's expansions of 8) reads its NCHW input as it is, on MLAS's NCHW
+# kernel, several times slower per FLOP than the blocked one, and a model converts the input it reads from a blocked
+# convolution back to NCHW first (onnxruntime's ReorderOutput).  The block is the CPU's vector width: 16 floats with
+# AVX-512, 8 with AVX2; :data:`NCHWC_BLOCK` is the wider, so that the variant holds every convolution that reads NCHW
+# on either (on an AVX2 CPU one of 8 to 15 channels runs blocked, and the line prices it as its samples measured).
+ONE_D, DEPTHWISE, POINTWISE, NCHW = "1d", "depthwise", "pointwise", "nchw"
+NCHWC_BLOCK = 16  # input channels of the widest NCHWc block (AVX-512)
 
 
 def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorType] = ()) -> str:
@@ -58,7 +65,8 @@ def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorTy
     + BiasGelu, ``FusedMatMulBiasAct.none``: Gemm); for a convolution (an op with ``groups``) over one spatial axis,
     its input ``in_types[0]`` [N, C, L], ``Op.1d`` (:data:`ONE_D`); over more, of more than one group with one input
     channel per group (its weight ``in_types[1]`` [O, 1, ...]), ``Op.depthwise`` (:data:`DEPTHWISE`); of one group
-    with a 1x1 kernel (its weight [O, C, 1, 1]), ``Op.pointwise`` (:data:`POINTWISE`)."""
+    with fewer input channels than :data:`NCHWC_BLOCK` (its weight [O, C, ...]), ``Op.nchw`` (:data:`NCHW`), else
+    of one group with a 1x1 kernel (its weight [O, C, 1, 1]), ``Op.pointwise`` (:data:`POINTWISE`)."""
     if spec.cost_attr:
         return f"{spec.name}.{attrs[spec.cost_attr]}"
     groups = attrs.get("groups")
@@ -68,6 +76,8 @@ def line_key(spec: OpSpec, attrs: Mapping[str, Any], in_types: Sequence[TensorTy
         return f"{spec.name}.{ONE_D}"
     if groups > 1 and in_types[1].rank > 1 and in_types[1].shape[1] == 1:
         return f"{spec.name}.{DEPTHWISE}"
+    if groups == 1 and in_types[1].rank > 2 and in_types[1].shape[1] < NCHWC_BLOCK:
+        return f"{spec.name}.{NCHW}"
     if groups == 1 and in_types[1].rank > 2 and all(k == 1 for k in in_types[1].shape[2:]):
         return f"{spec.name}.{POINTWISE}"
     return spec.name
@@ -85,13 +95,13 @@ def line_variant(key: str) -> str:
 
 def names_a_line(key: str) -> bool:
     """Whether ``key`` can be a line key (:func:`line_key`): an op, ``Op.value`` for an op with a ``cost_attr``, or
-    ``Op.1d``, ``Op.depthwise`` or ``Op.pointwise`` for an op with a ``groups`` attribute."""
+    ``Op.1d``, ``Op.depthwise``, ``Op.nchw`` or ``Op.pointwise`` for an op with a ``groups`` attribute."""
     spec = REGISTRY.get(line_op(key))
     if spec is None:
         return False
     variant = line_variant(key)
     return (not variant or bool(spec.cost_attr)
-            or (variant in (ONE_D, DEPTHWISE, POINTWISE) and any(a.name == "groups" for a in spec.attrs)))
+            or (variant in (ONE_D, DEPTHWISE, NCHW, POINTWISE) and any(a.name == "groups" for a in spec.attrs)))
 
 
 def node_launches(spec: OpSpec, copies: bool = False) -> int:

@@ -149,6 +149,19 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         x = chain(m, prev, (b, e, 1, 1))
         return m.g.conv(x, m.param((e, e, 1, 1)), m.param((e,), "bias"))
 
+    def stem(m: _Maker, prev: int | None, kernel: int) -> int:
+        """A ``kernel`` x ``kernel`` convolution of stride 2 over ``b`` images of 3 colour channels, ``2 side`` pixels
+        a side, into 16 or more channels: an image network's stem (3x3 as MobileNet's, 7x7 as ResNet's), which reads
+        its NCHW input as it is (fewer channels than a block); each copy its own image."""
+        out = 16 * max(e // 64, 1)
+        return m.g.conv(m.input((b, 3, 2 * side, 2 * side)), m.param((out, 3, kernel, kernel)),
+                        m.param((out,), "bias"), pads=[kernel // 2] * 4, strides=[2, 2])
+
+    def expansion(m: _Maker, prev: int | None) -> int:
+        """A 1x1 convolution of 8 channels into 48 over ``b`` images ``side`` pixels a side: MobileNetV2's first
+        expansion, which reads NCHW (fewer channels than a block); each copy its own image."""
+        return m.g.conv(m.input((b, 8, side, side)), m.param((48, 8, 1, 1)), m.param((48,), "bias"))
+
     def rotary(m: _Maker, prev: int | None) -> int:
         angles = np.arange(s)[:, None] * (1e4 ** (-np.arange(d // 2) * 2 / d))[None, :]
         tables = [np.concatenate([f(angles)] * 2, axis=-1) for f in (np.cos, np.sin)]
@@ -246,6 +259,9 @@ def _cases(size: tuple[int, int, int, int]) -> list[Case]:
         case("Conv", lambda m, p: conv(m, p, "pointwise"), " pointwise"),
         case("Conv", conv1d, " 1d"),
         case("Conv", pointwise_image, " pointwise 1x1 image"),
+        case("Conv", lambda m, p: stem(m, p, 3), " nchw stem"),
+        case("Conv", lambda m, p: stem(m, p, 7), " nchw stem 7x7"),
+        case("Conv", expansion, " nchw 1x1"),
         case("FusedConv", lambda m, p: conv(m, p, act="relu"), " relu"),
         case("FusedConv", lambda m, p: conv(m, p, "depthwise", act="clip", clip_min=0.0, clip_max=6.0),
              " depthwise clip"),
