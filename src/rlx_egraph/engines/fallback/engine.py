@@ -65,7 +65,7 @@ from ...rules.signatures import constructor_args
 from ..budget import Deadline, gc_paused
 from .blocks import blocks
 from .facts import ABSENT, Facts, compile_term
-from .lookahead import Chain, Lookahead, RegionRun, cut_out, matched_names
+from .lookahead import ALONE, FOLLOW, NEVER, Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import ArrayValue, Matcher, compile_matcher, plan_matcher
 from .pattern import CompiledRules, CompileError, Unsupported, compile_rules
 
@@ -79,6 +79,7 @@ STOP_ITERATIONS = "iteration limit"
 STOP_TIME = "time limit"
 NO_GAIN = "does not lower the cost"
 KNOWN_FORM = "the node already has this form"
+BANNED = "a later stage's chain pays more without it"
 TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
 LEAF_OPS = ops_of_kind(Kind.LEAF)
 
@@ -210,12 +211,12 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
 
     def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
-                  alone: bool) -> RegionRun:
+                  how: str, kept: frozenset[int]) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
                                      shared[0] if block else None, deadline)
-        return regions[block].run_region(region, levels, stage, step, alone)
+        return regions[block].run_region(region, levels, stage, step, how, kept)
 
     with gc_paused():
         shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
@@ -295,6 +296,7 @@ class _Engine:
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
         self.chain_rule = ""  # the rule of the chain's first step
         self.alone = False  # in such a region: only the chain's steps are taken
+        self.banned: set[int] = set()  # nodes the rules of this stage must not replace (see Lookahead.never)
         self.stage = STAGES[0]
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
@@ -311,6 +313,8 @@ class _Engine:
         self.later_ops = {stage: frozenset(atom.term.op for p in compiled.patterns if STAGES.index(p.stage) > k
                                            for atom in p.query if isinstance(atom, NodePattern))
                           for k, stage in enumerate(STAGES)}
+        self.later_tables = {stage: frozenset(t for p in compiled.patterns if STAGES.index(p.stage) > k
+                                              for t in p.tables_read) for k, stage in enumerate(STAGES)}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -336,26 +340,32 @@ class _Engine:
         self.stats.cost_before_ns = self.dag_ns()
 
     def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
-                   alone: bool = False) -> RegionRun:
+                   how: str = FOLLOW, kept: frozenset[int] = frozenset()) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed (see :meth:`chain_start`); ``alone``: only the
-        chain's steps, and the result's ``rest_ns`` is the cost once every paying step has followed them.
-        Stage None: a block, optimized as a whole run would."""
+        ids), the step applied first and the chain after it followed (see :meth:`chain_start`); ``how`` ALONE: only
+        the chain's steps, and the result's ``rest_ns`` is the cost once every paying step has followed them;
+        NEVER: the nodes the step replaces are kept from the rules of ``stage``, as are ``kept``, and the steps that
+        match what the step would destroy are followed as a chain.  Stage None: a block, optimized as a whole run
+        would."""
         self.reopen(region, levels)
+        self.banned = set(kept)
         if stage is None:
             self.optimize(STAGES)
         else:
             later = STAGES.index(stage)
             for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
                 self.derive(self.fact_groups[earlier])
-            if step is not None:
+            if how == NEVER:
+                self.banned |= {old for old, _ in step.unions}
+                self.chain = step.dead | self.banned
+            elif step is not None:
                 self.rw.touched, first = set(), self.rw.next_id
                 self.apply(step)
                 changed, self.rw.touched = self.rw.touched, set()
                 self.forget(changed)
                 self.chain = {n for n in changed if n >= first and n in self.nodes}
                 self.chain_rule = step.matcher.pattern.base
-                self.alone = alone
+                self.alone = how == ALONE
             self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
         run = RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
@@ -445,6 +455,7 @@ class _Engine:
                 if not (forms and self.commit(forms)) and not self.commit(entries):
                     break
             self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
+            self.banned.clear()
             self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
             if self.stats.stop_reason == STOP_TIME:
                 break
@@ -535,9 +546,24 @@ class _Engine:
                 costly.remove(best)
         elif best is not None and best.delta > -EPS and not best.forms and self.chain is None:
             best = self.chain_start(best) or best  # a cost-neutral step: worth the chain it starts, if one pays
+        elif best is not None and self.kept_for_later(best):
+            stats.reject(BANNED)
+            best = None
         for _ in costly:
             stats.reject(NO_GAIN)
         return best.settle(self.nodes) if best is not None else None
+
+    def kept_for_later(self, plan: _Plan) -> bool:
+        """Whether ``plan``, a step that pays, destroys a node that a helper row a later stage reads names
+        (``causal-scores``), and the region around it ends cheaper when this stage keeps the nodes it replaces (see
+        :meth:`.Lookahead.never`); then this stage keeps them."""
+        olds = {old for old, _ in plan.unions}
+        if self.lookahead is None or not any(self.later_tables[self.stage] & self.facts.tables_naming(n)
+                                             for n in plan.dead | olds) or not self.lookahead.never(
+                self.rw, self.param_order, plan, self.stage, CHAIN_EPS * self.stats.cost_before_ns, self.banned):
+            return False
+        self.banned |= olds
+        return True
 
     def chain_start(self, plan: _Plan, rival: _Plan | None = None) -> _Plan | None:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
@@ -562,7 +588,7 @@ class _Engine:
                                          and not any(self.reads(i, n, plan.new) for i in read) for n in inspected):
             return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
         chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
-                                     CHAIN_EPS * self.stats.cost_before_ns, rival)
+                                     CHAIN_EPS * self.stats.cost_before_ns, rival, self.banned)
         if chain is None:
             return None
         plan.delta, plan.chain = chain.gain_ns, chain
@@ -665,6 +691,8 @@ class _Engine:
         merges, forms = oriented
         if self.known_forms(merges, forms):
             return KNOWN_FORM
+        if not self.banned.isdisjoint(old for old, _ in merges):
+            return BANNED
         for _, form in forms:
             del new[form.id]
         delta, dead = self.delta(new, merges, checks)

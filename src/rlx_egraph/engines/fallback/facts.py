@@ -140,6 +140,10 @@ class Facts:
             return []
         return [(args, rows[args])]
 
+    def tables_naming(self, nid: int) -> set[str]:
+        """The helper tables with a row that names node ``nid``."""
+        return {name for name, _ in self._mentions.get(nid, ())}
+
     def export(self) -> list[tuple[str, tuple, Any, tuple[str, ...]]]:
         """Every helper row: its table, arguments, value and writers (see :meth:`set`)."""
         return [(name, args, value, self.writers[name].get(args, ()) if name in self.writers else ())
