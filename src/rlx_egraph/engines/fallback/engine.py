@@ -1,31 +1,12 @@
 """The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
 
-The stages run once, in the order of the rule files (``simplify``, ``recognize``, ``fuse``, ``blocks``), each to
-its fixpoint.  A pass of a stage
-
-1. derives the helper facts: rules that only fill tables run to a fixpoint, in the order their tables depend on
-   each other;
-2. matches every rewrite rule at the nodes of its root op and, per root, plans the best match: the right side's
-   new nodes (built and checked by the op registry, reusing identical live nodes), the uses they replace, and the
-   change of the graph's predicted cost, which is the new nodes' cost minus the cost of the nodes that die (a
-   producer another reader still needs stays alive and paid for);
-3. commits the plans that lower the cost, most gain first (of equal gains, the one rooted nearer the inputs, then
-   the rule first in file order); a plan whose nodes an earlier commit touched is matched again first.  A pass
-   that finds new forms (below) commits only them: the next pass weighs the rewrites they open with the rest.
-
-A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule.  Two kinds of cost-neutral step are taken,
-because chains of rules start with them: a union of a node with a new term that reads it (``w =
-ConcatParams([w])``) records a *form* of the node (see :mod:`.facts`), and a rewrite that keeps the cost, does not
-grow the graph and reads from further back than the node it replaces (``narrow-narrow``), a measure that only
-drops, so passes end.
-
-A step that costs more by itself, or nothing, may start a chain that pays; :mod:`.lookahead` answers that on a
-region cut out around the step, and when the chain wins, the region's result replaces the region
-(:meth:`_Engine.transplant`).  The graph itself is never edited tentatively.  A graph whose layers repeat is cut
-into blocks (:mod:`.blocks`), each kind optimized once as such a region.
-
-The per-node cost is the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`), so both engines decide
-with the same cost function.
+The stages run once, in the order of the rule files, each to its fixpoint.  A pass of a stage derives the helper
+facts (the rules that only fill tables, writers before readers), plans the best match of each rewrite rule at each
+root of its op (the new nodes, checked by the op registry; the uses they replace; the change of predicted cost: the
+new nodes' cost minus that of the nodes that die), and commits the plans that lower the cost, most gain first (a
+plan an earlier commit touched is matched again first).  A rule's operand orders are one rule.  The cost-neutral
+steps it takes, the lookahead (:mod:`.lookahead`) and the blocks (:mod:`.blocks`) are described in docs/engines.md.
+The per-node cost is the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`).
 """
 
 from __future__ import annotations
@@ -468,7 +449,7 @@ class _Engine:
     def derive(self, groups: list[list[Matcher]]) -> None:
         """Run the fact rules, each group (tables that feed each other) to its fixpoint."""
         for group in groups:
-            recursive = len(group) > 1 or _reads_own(group[0].pattern)
+            recursive = len(group) > 1 or bool(group[0].pattern.tables_read & group[0].pattern.tables_written)
             for _ in range(self.limits.max_iterations):
                 self.facts.changed = False
                 if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
@@ -849,9 +830,8 @@ class _Engine:
         for old, form in plan.forms:
             self.add_form(old, form)
         for table, args, value in plan.writes:
-            decl = self.facts.decls[table]
-            self.facts.set(table, tuple(_renamed(a, sort, real) for a, sort in zip(args, decl.inputs, strict=True)),
-                           _renamed(value, decl.output, real), (plan.matcher.pattern.base, *plan.relied))
+            self.facts.set_moved(table, args, value, (plan.matcher.pattern.base, *plan.relied),
+                                 lambda v: real.get(v, v))
         rw.eliminate_dead_code(olds)
         for r in rules:
             self.stats.rules[r].commits += 1
@@ -915,16 +895,14 @@ class _Engine:
         name the nodes that rewrites replaced or dropped).  A row naming a node the block built and dropped
         again is left out."""
         orders = {k: self.param_order[back[p]] for p, k in run.param_order.items()}
-        order_columns = self.compiled.orders
         for table, args, value, writers in run.rows:
-            decl, columns = self.facts.decls[table], order_columns.get(table, ())
+            columns = self.compiled.orders.get(table, ())
             try:
-                moved = tuple(_carried(a, sort, c in columns, made, back, orders)
-                              for c, (a, sort) in enumerate(zip(args, decl.inputs, strict=True)))
-                moved_value = _carried(value, decl.output, -1 in columns, made, back, orders)
+                self.facts.set_moved(table, tuple(orders[a] if c in columns else a for c, a in enumerate(args)),
+                                     orders[value] if -1 in columns else value, writers,
+                                     lambda v: made[v] if v in made else back[v])
             except KeyError:  # it names a node the block built and dropped again
                 continue
-            self.facts.set(table, moved, moved_value, writers)
 
     def write_facts(self, pattern: Rule, env: list) -> None:
         """Apply a facts rule's actions to one match."""
@@ -1084,34 +1062,8 @@ def _inputs(op: str, terms: list[Term], env: list, slots: Mapping[str, int], rul
     return inputs
 
 
-def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
-    """A planned value with the plan's provisional node ids replaced by the inserted ones."""
-    if sort == "Op":
-        return real.get(value, value)
-    if sort == "TensorList":
-        return tuple(real.get(v, v) for v in value)
-    return value
-
-
-def _carried(value: Any, sort: str | None, order: bool, made: Mapping[int, int], back: Mapping[int, int],
-             orders: Mapping[int, int]) -> Any:
-    """A block's row value in the whole graph: a node by its live id (``made``) or the node it was cut from
-    (``back``), a param order by the whole graph's; KeyError when it has none."""
-    if order:
-        return orders[value]
-    if sort == "Op":
-        return made[value] if value in made else back[value]
-    if sort == "TensorList":
-        return tuple(made[v] if v in made else back[v] for v in value)
-    return value
-
-
 def _plain(value: Any) -> Any:
     return value.array if isinstance(value, ArrayValue) else value
-
-
-def _reads_own(pattern: Rule) -> bool:
-    return bool(pattern.tables_read & pattern.tables_written)
 
 
 def _fact_order(matchers: list[Matcher]) -> list[list[Matcher]]:

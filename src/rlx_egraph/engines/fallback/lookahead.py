@@ -1,35 +1,16 @@
 """Lookahead: whether a rewrite that costs more by itself, or nothing, starts a chain of rewrites that pays.
 
-egglog keeps every form a rule makes and lets extraction pick, so a chain whose
-first step costs more than it saves (on onnxruntime, one wide linear layer and
-three copying Slices instead of three linear layers) is taken when a later step
-(the attention block that reads the Slices) makes the whole chain pay. The
-fallback commits one step at a time, so for such a step it asks a question: cut
-out the region around the step (the nodes it replaces, what they read, their
-readers a few levels down, and what all those read a few levels up), and run the
-fallback on the region from the current stage on: as it is, and with the
-step applied and the chain that follows it taken (each next step that matches a
-node the chain made, or replaces one, is committed even if it costs more by
-itself).  If the chain ends cheaper than the region as it is, the whole graph
-takes that region's result (the *transplant*): the region run a third time, with
-the step and only the steps of its chain, when every paying step after those
-ends the region as cheap (the rewrites beside the chain, which see only the
-region, are left to the whole graph); else the run with the step.  A step that
-pays is asked the other way round when a later stage's rule may need what it
-destroys: does the region end cheaper when the current stage keeps the nodes the
-step replaces (:meth:`Lookahead.never`)?
+For such a step the fallback cuts out the region around it (the nodes it replaces, what they read, their readers
+:data:`DEPTH` levels down and what all those read :data:`HEIGHT` levels up) and runs itself on the region from the
+current stage on, as it is and with the step applied and its chain followed; when the chain ends cheaper, the whole
+graph takes the region's result (the *transplant*).  A step that pays is asked the other way round when a later
+stage's rule may need what it destroys (:meth:`Lookahead.never`).  docs/engines.md describes the questions.
 
-The region keeps every value the rest of the graph reads as an output, and the
-non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
-each node is priced as in the whole graph and nothing the rest of the graph
-reads can die or be fused (a node read only by the region may be fused into its
-reader, as in the whole graph: in T5, the MatMul above a residual Add); its
-nodes keep the whole graph's levels (as ranks), so that it decides as the whole
-graph would. Regions are renumbered in a canonical order (their Inputs and
-Params renamed by position, but for the names a rule matches), so two regions
-with the same structure (the layers of a model) are the same graph and are
-optimized once.  The blocks the fallback cuts a graph into (:mod:`.blocks`) are
-regions too, optimized as a whole run would.
+A region keeps every value the rest of the graph reads as an output, and the non-leaf nodes its nodes read as
+nodes of their own over fresh inputs, so each node is priced as in the whole graph; its nodes keep the whole graph's
+levels (as ranks).  Regions are numbered canonically (Inputs and Params renamed by position, but for the names a
+rule matches), so regions of the same structure (the layers of a model) are optimized once.  The blocks
+(:mod:`.blocks`) are regions too.
 """
 
 from __future__ import annotations
