@@ -1,18 +1,12 @@
 """Blocks: the graph cut at its residual values, so that repeated layers are optimized once.
 
-A model's layers repeat: one residual value flows from layer to layer, and nothing computed before it is read
-after it except through it (and leaves: Params, constants; and *side values*, computed early and read only
-late, as an attention mask read by every layer: a block takes such a value as a node reading fresh inputs, as
-it takes a leaf).  Such a value is a *cut value*: taking the non-leaf nodes in topological order, no edge leaps
-over it but from a side value, and two or more nodes read it (a plain chain is no place to cut, a pattern runs
-along it).  The pieces between cut values are the *blocks* (a cut value closes its block; pieces
-shorter than :data:`MIN_BLOCK` are merged with the next).
-
-The fallback cuts each block out as a lookahead region (:func:`.lookahead.cut_out`: canonical ids, so the
-repeats of a layer are one region, optimized once), transplants the region's result (with the forms its nodes
-gained), then runs its passes on the whole graph, where a rewrite can still span two blocks (a region keeps the
-values it reads from outside as nodes, so a rule that matches a cut value and its readers, ``add-layer-norm``,
-matches in the next block).  See ``_Engine.replay``.
+A *cut value* is a non-leaf value that no edge leaps over in topological order (leaves and *side values*, computed
+early and read by two or more nodes that each read something later, as an attention mask, aside) and that two or
+more nodes read.  The pieces between cut values are the *blocks* (a cut value closes its block; pieces shorter than
+:data:`MIN_BLOCK` are merged with the next).  Each block is cut out as a lookahead region
+(:func:`.lookahead.cut_out`: canonical ids, so the repeats of a layer are one region), its result transplanted, and
+the passes then run on the whole graph, where a rewrite can still span two blocks.  See ``_Engine.replay`` and
+docs/engines.md.
 """
 from __future__ import annotations
 

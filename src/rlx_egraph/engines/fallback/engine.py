@@ -1,31 +1,12 @@
 """The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
 
-The stages run once, in the order of the rule files (``simplify``, ``recognize``, ``fuse``, ``blocks``), each to
-its fixpoint.  A pass of a stage
-
-1. derives the helper facts: rules that only fill tables run to a fixpoint, in the order their tables depend on
-   each other;
-2. matches every rewrite rule at the nodes of its root op and, per root, plans the best match: the right side's
-   new nodes (built and checked by the op registry, reusing identical live nodes), the uses they replace, and the
-   change of the graph's predicted cost, which is the new nodes' cost minus the cost of the nodes that die (a
-   producer another reader still needs stays alive and paid for);
-3. commits the plans that lower the cost, most gain first (of equal gains, the one rooted nearer the inputs, then
-   the rule first in file order); a plan whose nodes an earlier commit touched is matched again first.  A pass
-   that finds new forms (below) commits only them: the next pass weighs the rewrites they open with the rest.
-
-A rule's operand orders (``swiglu``, ``swiglu#2``) are one rule.  Two kinds of cost-neutral step are taken,
-because chains of rules start with them: a union of a node with a new term that reads it (``w =
-ConcatParams([w])``) records a *form* of the node (see :mod:`.facts`), and a rewrite that keeps the cost, does not
-grow the graph and reads from further back than the node it replaces (``narrow-narrow``), a measure that only
-drops, so passes end.
-
-A step that costs more by itself, or nothing, may start a chain that pays; :mod:`.lookahead` answers that on a
-region cut out around the step, and when the chain wins, the region's result replaces the region
-(:meth:`_Engine.transplant`).  The graph itself is never edited tentatively.  A graph whose layers repeat is cut
-into blocks (:mod:`.blocks`), each kind optimized once as such a region.
-
-The per-node cost is the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`), so both engines decide
-with the same cost function.
+The stages run once, in the order of the rule files, each to its fixpoint.  A pass of a stage derives the helper
+facts (the rules that only fill tables, writers before readers), plans the best match of each rewrite rule at each
+root of its op (the new nodes, checked by the op registry; the uses they replace; the change of predicted cost: the
+new nodes' cost minus that of the nodes that die), and commits the plans that lower the cost, most gain first (a
+plan an earlier commit touched is matched again first).  A rule's operand orders are one rule.  The cost-neutral
+steps it takes, the lookahead (:mod:`.lookahead`) and the blocks (:mod:`.blocks`) are described in docs/engines.md.
+The per-node cost is the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`).
 """
 
 from __future__ import annotations
@@ -65,7 +46,7 @@ from ...rules.signatures import constructor_args
 from ..budget import Deadline, gc_paused
 from .blocks import blocks
 from .facts import ABSENT, Facts, compile_term
-from .lookahead import Chain, Lookahead, RegionRun, cut_out, matched_names
+from .lookahead import ALONE, FOLLOW, NEVER, Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import ArrayValue, Matcher, compile_matcher, plan_matcher
 from .pattern import CompiledRules, CompileError, Unsupported, compile_rules
 
@@ -79,6 +60,7 @@ STOP_ITERATIONS = "iteration limit"
 STOP_TIME = "time limit"
 NO_GAIN = "does not lower the cost"
 KNOWN_FORM = "the node already has this form"
+BANNED = "a later stage's chain pays more without it"
 TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
 LEAF_OPS = ops_of_kind(Kind.LEAF)
 
@@ -210,12 +192,12 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
 
     def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
-                  alone: bool) -> RegionRun:
+                  how: str, kept: frozenset[int]) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
                                      shared[0] if block else None, deadline)
-        return regions[block].run_region(region, levels, stage, step, alone)
+        return regions[block].run_region(region, levels, stage, step, how, kept)
 
     with gc_paused():
         shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
@@ -295,6 +277,7 @@ class _Engine:
         self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
         self.chain_rule = ""  # the rule of the chain's first step
         self.alone = False  # in such a region: only the chain's steps are taken
+        self.banned: set[int] = set()  # nodes the rules of this stage must not replace (see Lookahead.never)
         self.stage = STAGES[0]
         self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
@@ -311,6 +294,8 @@ class _Engine:
         self.later_ops = {stage: frozenset(atom.term.op for p in compiled.patterns if STAGES.index(p.stage) > k
                                            for atom in p.query if isinstance(atom, NodePattern))
                           for k, stage in enumerate(STAGES)}
+        self.later_tables = {stage: frozenset(t for p in compiled.patterns if STAGES.index(p.stage) > k
+                                              for t in p.tables_read) for k, stage in enumerate(STAGES)}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -336,26 +321,32 @@ class _Engine:
         self.stats.cost_before_ns = self.dag_ns()
 
     def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
-                   alone: bool = False) -> RegionRun:
+                   how: str = FOLLOW, kept: frozenset[int] = frozenset()) -> RegionRun:
         """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed (see :meth:`chain_start`); ``alone``: only the
-        chain's steps, and the result's ``rest_ns`` is the cost once every paying step has followed them.
-        Stage None: a block, optimized as a whole run would."""
+        ids), the step applied first and the chain after it followed (see :meth:`chain_start`); ``how`` ALONE: only
+        the chain's steps, and the result's ``rest_ns`` is the cost once every paying step has followed them;
+        NEVER: the nodes the step replaces are kept from the rules of ``stage``, as are ``kept``, and the steps that
+        match what the step would destroy are followed as a chain.  Stage None: a block, optimized as a whole run
+        would."""
         self.reopen(region, levels)
+        self.banned = set(kept)
         if stage is None:
             self.optimize(STAGES)
         else:
             later = STAGES.index(stage)
             for earlier in STAGES[:later + 1]:  # the helper rows the whole graph has by now
                 self.derive(self.fact_groups[earlier])
-            if step is not None:
+            if how == NEVER:
+                self.banned |= {old for old, _ in step.unions}
+                self.chain = step.dead | self.banned
+            elif step is not None:
                 self.rw.touched, first = set(), self.rw.next_id
                 self.apply(step)
                 changed, self.rw.touched = self.rw.touched, set()
                 self.forget(changed)
                 self.chain = {n for n in changed if n >= first and n in self.nodes}
                 self.chain_rule = step.matcher.pattern.base
-                self.alone = alone
+                self.alone = how == ALONE
             self.optimize(STAGES[later:])
         holders = {n.id: h for n in region.nodes if (h := self.rw.find(n.id)) in self.nodes}
         run = RegionRun(self.stats.cost_before_ns, self.dag_ns(), self.rw.finish(),
@@ -445,6 +436,7 @@ class _Engine:
                 if not (forms and self.commit(forms)) and not self.commit(entries):
                     break
             self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
+            self.banned.clear()
             self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
             if self.stats.stop_reason == STOP_TIME:
                 break
@@ -457,7 +449,7 @@ class _Engine:
     def derive(self, groups: list[list[Matcher]]) -> None:
         """Run the fact rules, each group (tables that feed each other) to its fixpoint."""
         for group in groups:
-            recursive = len(group) > 1 or _reads_own(group[0].pattern)
+            recursive = len(group) > 1 or bool(group[0].pattern.tables_read & group[0].pattern.tables_written)
             for _ in range(self.limits.max_iterations):
                 self.facts.changed = False
                 if self.out_of_time():  # the rows so far stay: a rule reads only rows that hold
@@ -535,9 +527,24 @@ class _Engine:
                 costly.remove(best)
         elif best is not None and best.delta > -EPS and not best.forms and self.chain is None:
             best = self.chain_start(best) or best  # a cost-neutral step: worth the chain it starts, if one pays
+        elif best is not None and self.kept_for_later(best):
+            stats.reject(BANNED)
+            best = None
         for _ in costly:
             stats.reject(NO_GAIN)
         return best.settle(self.nodes) if best is not None else None
+
+    def kept_for_later(self, plan: _Plan) -> bool:
+        """Whether ``plan``, a step that pays, destroys a node that a helper row a later stage reads names
+        (``causal-scores``), and the region around it ends cheaper when this stage keeps the nodes it replaces (see
+        :meth:`.Lookahead.never`); then this stage keeps them."""
+        olds = {old for old, _ in plan.unions}
+        if self.lookahead is None or not any(self.later_tables[self.stage] & self.facts.tables_naming(n)
+                                             for n in plan.dead | olds) or not self.lookahead.never(
+                self.rw, self.param_order, plan, self.stage, CHAIN_EPS * self.stats.cost_before_ns, self.banned):
+            return False
+        self.banned |= olds
+        return True
 
     def chain_start(self, plan: _Plan, rival: _Plan | None = None) -> _Plan | None:
         """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
@@ -562,7 +569,7 @@ class _Engine:
                                          and not any(self.reads(i, n, plan.new) for i in read) for n in inspected):
             return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
         chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
-                                     CHAIN_EPS * self.stats.cost_before_ns, rival)
+                                     CHAIN_EPS * self.stats.cost_before_ns, rival, self.banned)
         if chain is None:
             return None
         plan.delta, plan.chain = chain.gain_ns, chain
@@ -665,6 +672,8 @@ class _Engine:
         merges, forms = oriented
         if self.known_forms(merges, forms):
             return KNOWN_FORM
+        if not self.banned.isdisjoint(old for old, _ in merges):
+            return BANNED
         for _, form in forms:
             del new[form.id]
         delta, dead = self.delta(new, merges, checks)
@@ -821,9 +830,8 @@ class _Engine:
         for old, form in plan.forms:
             self.add_form(old, form)
         for table, args, value in plan.writes:
-            decl = self.facts.decls[table]
-            self.facts.set(table, tuple(_renamed(a, sort, real) for a, sort in zip(args, decl.inputs, strict=True)),
-                           _renamed(value, decl.output, real), (plan.matcher.pattern.base, *plan.relied))
+            self.facts.set_moved(table, args, value, (plan.matcher.pattern.base, *plan.relied),
+                                 lambda v: real.get(v, v))
         rw.eliminate_dead_code(olds)
         for r in rules:
             self.stats.rules[r].commits += 1
@@ -887,16 +895,14 @@ class _Engine:
         name the nodes that rewrites replaced or dropped).  A row naming a node the block built and dropped
         again is left out."""
         orders = {k: self.param_order[back[p]] for p, k in run.param_order.items()}
-        order_columns = self.compiled.orders
         for table, args, value, writers in run.rows:
-            decl, columns = self.facts.decls[table], order_columns.get(table, ())
+            columns = self.compiled.orders.get(table, ())
             try:
-                moved = tuple(_carried(a, sort, c in columns, made, back, orders)
-                              for c, (a, sort) in enumerate(zip(args, decl.inputs, strict=True)))
-                moved_value = _carried(value, decl.output, -1 in columns, made, back, orders)
+                self.facts.set_moved(table, tuple(orders[a] if c in columns else a for c, a in enumerate(args)),
+                                     orders[value] if -1 in columns else value, writers,
+                                     lambda v: made[v] if v in made else back[v])
             except KeyError:  # it names a node the block built and dropped again
                 continue
-            self.facts.set(table, moved, moved_value, writers)
 
     def write_facts(self, pattern: Rule, env: list) -> None:
         """Apply a facts rule's actions to one match."""
@@ -1056,34 +1062,8 @@ def _inputs(op: str, terms: list[Term], env: list, slots: Mapping[str, int], rul
     return inputs
 
 
-def _renamed(value: Any, sort: str | None, real: Mapping[int, int]) -> Any:
-    """A planned value with the plan's provisional node ids replaced by the inserted ones."""
-    if sort == "Op":
-        return real.get(value, value)
-    if sort == "TensorList":
-        return tuple(real.get(v, v) for v in value)
-    return value
-
-
-def _carried(value: Any, sort: str | None, order: bool, made: Mapping[int, int], back: Mapping[int, int],
-             orders: Mapping[int, int]) -> Any:
-    """A block's row value in the whole graph: a node by its live id (``made``) or the node it was cut from
-    (``back``), a param order by the whole graph's; KeyError when it has none."""
-    if order:
-        return orders[value]
-    if sort == "Op":
-        return made[value] if value in made else back[value]
-    if sort == "TensorList":
-        return tuple(made[v] if v in made else back[v] for v in value)
-    return value
-
-
 def _plain(value: Any) -> Any:
     return value.array if isinstance(value, ArrayValue) else value
-
-
-def _reads_own(pattern: Rule) -> bool:
-    return bool(pattern.tables_read & pattern.tables_written)
 
 
 def _fact_order(matchers: list[Matcher]) -> list[list[Matcher]]:

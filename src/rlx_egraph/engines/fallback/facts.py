@@ -1,22 +1,13 @@
 """What rule guards read, evaluated on the graph itself.
 
-Primitives (``+``, ``<``, ``vec-get``, ...) and the fact tables (``shape``,
-``dtype``, ``param-order``, ``attention-block-max-tokens``, ``inverse-perms``)
-mean what :mod:`rlx_egraph.rules` defines (:data:`~rlx_egraph.rules.PRIMITIVES`,
-:data:`~rlx_egraph.rules.FACT_TABLES`), evaluated on the rewriter's live nodes;
-a rule may set a fact table's value where the graph has none.  Helper tables declared in rule files
-(``relation``, ``function`` with its ``:merge``) are filled by the rules that
-``set`` or insert into them, and every row follows replacements (a row about a
-replaced node now speaks of its replacement), as egglog's tables follow unions.
-A row of a tracked relation also keeps the rules that wrote it (those that
-inserted it and those that wrote the rows they read), as the egglog engine's
-``wrote-`` tables do (:attr:`~rlx_egraph.rules.RuleSet.tracked`).
+Primitives and the fact tables (``shape``, ``dtype``, ``param-order``, ...) mean what :mod:`rlx_egraph.rules`
+defines, evaluated on the rewriter's live nodes; a rule may set a fact table's value where the graph has none.
+Helper tables declared in rule files are filled by the rules that write them, and a row about a replaced node
+follows it to its replacement, as egglog's tables follow unions.  A row of a tracked relation keeps the rules that
+wrote it (:attr:`~rlx_egraph.rules.RuleSet.tracked`), as the egglog engine's ``wrote-`` tables do.
 
-A node's *forms* are terms a rule unioned with it that read the node itself
-(``w = ConcatParams([w])``, the start of the shared-input chain): a graph
-cannot hold them without a cycle, so they are kept here, and patterns match a
-node's forms top-down like the node itself, as egglog matches any node of an
-e-class.
+A node's *forms* are terms a rule unioned with it that read the node itself (``w = ConcatParams([w])``): a graph
+cannot hold them without a cycle, so they are kept here, and patterns match them top-down like the node itself.
 """
 
 from __future__ import annotations
@@ -140,6 +131,10 @@ class Facts:
             return []
         return [(args, rows[args])]
 
+    def tables_naming(self, nid: int) -> set[str]:
+        """The helper tables with a row that names node ``nid``."""
+        return {name for name, _ in self._mentions.get(nid, ())}
+
     def export(self) -> list[tuple[str, tuple, Any, tuple[str, ...]]]:
         """Every helper row: its table, arguments, value and writers (see :meth:`set`)."""
         return [(name, args, value, self.writers[name].get(args, ()) if name in self.writers else ())
@@ -204,18 +199,19 @@ class Facts:
             writers = self.writers[name].pop(args, ()) if name in self.writers else ()
             for column, index in self._indexes.get(name, ()):
                 index[args[column]].pop(args, None)
-            decl = self.decls[name]
-            self.set(name, tuple(self._canonical(s, a) for s, a in zip(decl.inputs, args, strict=True)),
-                     self._canonical(decl.output, value) if decl.output else value, writers)
+            self.set_moved(name, args, value, writers, self.rw.find)
+
+    def set_moved(self, name: str, args: tuple, value: Any, writers: tuple[str, ...], node: Callable[[int], int]
+                  ) -> None:
+        """:meth:`set` the row ``args`` and its value with each node id in them mapped by ``node``."""
+        decl = self.decls[name]
+
+        def moved(sort: str | None, v: Any) -> Any:
+            return node(v) if sort == "Op" else tuple(map(node, v)) if sort == "TensorList" else v
+        self.set(name, tuple(moved(s, a) for s, a in zip(decl.inputs, args, strict=True)),
+                 moved(decl.output, value), writers)
 
     # --- internals ------------------------------------------------------------------------
-
-    def _canonical(self, sort: str | None, value: Any) -> Any:
-        if sort == "Op":
-            return self.rw.find(value)
-        if sort == "TensorList":
-            return tuple(self.rw.find(v) for v in value)
-        return value
 
     def _nodes_in(self, name: str, args: tuple, value: Any) -> list[int]:
         ops, lists, value_is_op = self._node_columns[name]

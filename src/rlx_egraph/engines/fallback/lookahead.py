@@ -1,39 +1,23 @@
 """Lookahead: whether a rewrite that costs more by itself, or nothing, starts a chain of rewrites that pays.
 
-egglog keeps every form a rule makes and lets extraction pick, so a chain whose
-first step costs more than it saves (on onnxruntime, one wide linear layer and
-three copying Slices instead of three linear layers) is taken when a later step
-(the attention block that reads the Slices) makes the whole chain pay. The
-fallback commits one step at a time, so for such a step it asks a question: cut
-out the region around the step (the nodes it replaces, what they read, their
-readers a few levels down, and what all those read a few levels up), and run the
-fallback on the region from the current stage on: as it is, and with the
-step applied and the chain that follows it taken (each next step that matches a
-node the chain made, or replaces one, is committed even if it costs more by
-itself).  If the chain ends cheaper than the region as it is, the whole graph
-takes that region's result (the *transplant*): the region run a third time, with
-the step and only the steps of its chain, when every paying step after those
-ends the region as cheap (the rewrites beside the chain, which see only the
-region, are left to the whole graph); else the run with the step.
+For such a step the fallback cuts out the region around it (the nodes it replaces, what they read, their readers
+:data:`DEPTH` levels down and what all those read :data:`HEIGHT` levels up) and runs itself on the region from the
+current stage on, as it is and with the step applied and its chain followed; when the chain ends cheaper, the whole
+graph takes the region's result (the *transplant*).  A step that pays is asked the other way round when a later
+stage's rule may need what it destroys (:meth:`Lookahead.never`).  docs/engines.md describes the questions.
 
-The region keeps every value the rest of the graph reads as an output, and the
-non-leaf nodes its nodes read as nodes of their own (reading fresh inputs), so
-each node is priced as in the whole graph and nothing the rest of the graph
-reads can die or be fused (a node read only by the region may be fused into its
-reader, as in the whole graph: in T5, the MatMul above a residual Add); its
-nodes keep the whole graph's levels (as ranks), so that it decides as the whole
-graph would. Regions are renumbered in a canonical order (their Inputs and
-Params renamed by position, but for the names a rule matches), so two regions
-with the same structure (the layers of a model) are the same graph and are
-optimized once.  The blocks the fallback cuts a graph into (:mod:`.blocks`) are
-regions too, optimized as a whole run would.
+A region keeps every value the rest of the graph reads as an output, and the non-leaf nodes its nodes read as
+nodes of their own over fresh inputs, so each node is priced as in the whole graph; its nodes keep the whole graph's
+levels (as ranks).  Regions are numbered canonically (Inputs and Params renamed by position, but for the names a
+rule matches), so regions of the same structure (the layers of a model) are optimized once.  The blocks
+(:mod:`.blocks`) are regions too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -49,6 +33,7 @@ if TYPE_CHECKING:
 DEPTH = 5  # levels of readers below the replaced nodes the region takes in (MPT reads its scores 5 down)
 HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
 NAMED_LEAVES = frozenset({"Input", "Param"})
+FOLLOW, ALONE, NEVER = "follow", "alone", "never"  # a step's run: its chain followed, only its chain, never taken
 
 
 @dataclass(frozen=True)
@@ -81,7 +66,8 @@ class Chain:
 class Lookahead:
     """Runs of the fallback on regions, remembered by the region's content (and the step applied)."""
 
-    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, bool], RegionRun],
+    def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, str, frozenset[int]],
+                                           RegionRun],
                  names: frozenset[str] = frozenset()) -> None:
         # (region, its levels, stage, step) -> the region optimized from that stage on; with a step, the step is
         # applied first and the chain that follows it is taken
@@ -91,12 +77,12 @@ class Lookahead:
         self.asked = 0  # chain starts asked about
 
     def chain(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
-              margin_ns: float, rival: _Plan | None = None) -> Chain | None:
+              margin_ns: float, rival: _Plan | None = None, kept: Collection[int] = ()) -> Chain | None:
         """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns`` below the region
         run without it; with ``rival``, a step ``plan`` excludes, below the region (around both) run with
-        ``rival`` and the chain that follows it."""
+        ``rival`` and the chain that follows it.  ``kept``: nodes the rules of ``stage`` must not replace."""
         self.asked += 1
-        region, local, back = _region(rw, param_order, [plan] if rival is None else [plan, rival], self.names)
+        region, local, back = _region(rw, param_order, [plan] if rival is None else [plan, rival], self.names, kept)
         step = _local_step(plan, dict(local), len(region))
         taken = self.run(region, stage, step)
         if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
@@ -105,15 +91,25 @@ class Lookahead:
         gain = taken.cost_ns - self.run(region, stage, other).cost_ns
         if gain >= -margin_ns:
             return None
-        alone = self.run(region, stage, step, alone=True)
+        alone = self.run(region, stage, step, ALONE)
         return Chain(gain, alone if alone.rest_ns <= taken.cost_ns + margin_ns else taken, back)
 
-    def run(self, region: Region, stage: str | None, step: _Plan | None, alone: bool = False) -> RegionRun:
-        """``region`` optimized from ``stage`` on (None: as a whole run, see ``_Engine.replay``), remembered."""
-        key = (stage, region.content(), None if step is None else _step_key(step), alone)
+    def never(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
+              margin_ns: float, kept: Collection[int]) -> bool:
+        """Whether the region around ``plan`` (a step that pays) ends cheaper by more than ``margin_ns`` when the
+        rules of ``stage`` keep the nodes ``plan`` replaces (and ``kept``) than when it runs as it is."""
+        self.asked += 1
+        region, local, _ = _region(rw, param_order, [plan], self.names, kept)
+        never = self.run(region, stage, _local_step(plan, local, len(region)), NEVER)
+        return never.cost_ns < self.run(region, stage, None).cost_ns - margin_ns
+
+    def run(self, region: Region, stage: str | None, step: _Plan | None, how: str = FOLLOW) -> RegionRun:
+        """``region`` optimized from ``stage`` on (None: as a whole run, see ``_Engine.replay``), with ``step``
+        taken ``how`` (:data:`FOLLOW`, :data:`ALONE` or :data:`NEVER`), remembered."""
+        key = (stage, region.content(), None if step is None else _step_key(step), how)
         known = self.runs.get(key)
         if known is None:
-            known = self.runs[key] = self.optimized(region.graph(), region.levels, stage, step, alone)
+            known = self.runs[key] = self.optimized(region.graph(), region.levels, stage, step, how, region.kept)
         return known
 
 
@@ -124,11 +120,11 @@ def _local_step(plan: _Plan, local: dict[int, int], size: int) -> _Plan:
     return dataclasses.replace(
         plan, new={local[nid]: dataclasses.replace(n, id=local[nid], inputs=tuple(local[i] for i in n.inputs))
                    for nid, n in plan.new.items()},
-        unions=[(local[old], local[rep]) for old, rep in plan.unions])
+        unions=[(local[old], local[rep]) for old, rep in plan.unions], dead={local[n] for n in plan.dead})
 
 
-def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan], names: frozenset[str]
-            ) -> tuple[Region, dict[int, int], dict[int, int]]:
+def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan], names: frozenset[str],
+            kept: Collection[int] = ()) -> tuple[Region, dict[int, int], dict[int, int]]:
     """The region around ``plans``, the map of live ids to its ids, and the map back (its fresh inputs
     included).
 
@@ -150,7 +146,8 @@ def _region(rw: GraphRewriter, param_order: Mapping[int, int], plans: list[_Plan
     for _ in range(HEIGHT):  # and what those read, up to HEIGHT levels up: a later step may match from there
         frontier = {i for n in frontier for i in nodes[n].inputs if nodes[i].kind is not Kind.LEAF} - inner
         inner |= frontier
-    return cut_out(rw, param_order, inner, names, seeds)
+    region, local, back = cut_out(rw, param_order, inner, names, seeds)
+    return dataclasses.replace(region, kept=frozenset(local[n] for n in kept if n in local)), local, back
 
 
 @dataclass(frozen=True)
@@ -161,6 +158,7 @@ class Region:
     sources: tuple[Node | None, ...]  # per node, the graph's node it copies (None: a fresh input)
     outputs: tuple[int, ...]
     levels: tuple[float, ...]  # each node's level in the whole graph, as a rank
+    kept: frozenset[int] = frozenset()  # nodes the rules of the stage it runs from must not replace
 
     def __len__(self) -> int:
         return len(self.fields)
@@ -182,7 +180,7 @@ class Region:
 
     def content(self) -> tuple:
         """Everything the fallback's result on the region depends on, hashable (names of leaves aside)."""
-        return self.fields, self.outputs, self.levels
+        return self.fields, self.outputs, self.levels, self.kept
 
     def graph(self) -> Graph:
         graph = Graph("region")
