@@ -254,11 +254,9 @@ def _rules() -> Any:
 
 class OursWorker:
     """:func:`ours` in a process of its own (spawned: a fresh interpreter), so that the process that times
-    onnxruntime runs nothing else: after our optimizer had run in it, onnxruntime's runs there measured up to a
-    fifth slower (one thread: MobileNetV2's tiny export, 153 us before, 185 us after eight Qwen2 decoding steps
-    were optimized in the process; nothing changed when only onnxruntime sessions ran there), so that the later
-    an export came in a run, the slower it measured.  A worker that stopped is started again for the next
-    export."""
+    onnxruntime runs nothing else: after our optimizer had run in it, onnxruntime's runs there measured slower
+    (not so after onnxruntime sessions alone), so that the later an export came in a run, the slower it measured.
+    A worker that stopped is started again for the next export."""
 
     def __init__(self) -> None:
         self.pool = self._start()
