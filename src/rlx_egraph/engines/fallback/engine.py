@@ -818,53 +818,37 @@ class _Engine:
         return sum(created) - sum(freed), dead  # sum: compensated, as everywhere costs are added
 
     def apply(self, plan: _Plan) -> None:
-        rw = self.rw
-        rules = (plan.matcher.pattern.base,)
-        real: dict[int, int] = {}
-        for nid, node in plan.new.items():  # the types the plan checked: no re-check
-            real[nid] = self.insert(node, tuple(real.get(i, i) for i in node.inputs), rules, plan.relied)
-        olds = []
+        """Make ``plan``: its new nodes (the types it checked: no re-check), unions, forms and helper rows."""
+        rule = plan.matcher.pattern.base
+        real: dict[int, int] = {}  # the plan's provisional ids -> live ids
+        for nid, node in plan.new.items():
+            inputs, first_new = tuple(real.get(i, i) for i in node.inputs), self.rw.next_id
+            made = real[nid] = self.rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
+                self.rw.insert_checked(node, inputs)
+            if made >= first_new:  # not a node the graph had
+                self.credit(made, (rule,), plan.relied)
         for old, rep in plan.unions:
-            self.replace(old, real.get(rep, rep), rules, plan.relied)
-            olds.append(old)
+            self.rw.replace_all_uses(old, real.get(rep, rep))
+            self.credit(real.get(rep, rep), (rule,), plan.relied, old)
         for old, form in plan.forms:
             self.add_form(old, form)
         for table, args, value in plan.writes:
-            self.facts.set_moved(table, args, value, (plan.matcher.pattern.base, *plan.relied),
-                                 lambda v: real.get(v, v))
-        rw.eliminate_dead_code(olds)
-        for r in rules:
-            self.stats.rules[r].commits += 1
+            self.facts.set_moved(table, args, value, (rule, *plan.relied), lambda v: real.get(v, v))
+        self.rw.eliminate_dead_code([old for old, _ in plan.unions])
+        self.stats.rules[rule].commits += 1
 
     def add_form(self, nid: int, form: Node) -> None:
         self.facts.add_form(nid, form)
         self.rw.touched.update((nid, *self.rw.readers.get(nid, ())))  # their matches may now go through the form
 
-    def insert(self, node: Node, inputs: tuple[int, ...], rules: Sequence[str], relied: tuple[str, ...] = ()) -> int:
-        """Insert ``node`` (checked) reading ``inputs``; a node that is new gets ``rules`` as its provenance, and
-        ``relied`` as the writers of the helper rows they read."""
-        first_new = self.rw.next_id
-        made = self.rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
-            self.rw.insert_checked(node, inputs)
-        if made >= first_new:
-            self.rules_of[made] = list(rules)
-            if relied:
-                self.relied_of[made] = relied
-        return made
-
-    def replace(self, old: int, rep: int, rules: Sequence[str], relied: tuple[str, ...] = ()) -> None:
-        """Replace node ``old`` by ``rep``, with provenance (see :meth:`credit`)."""
-        self.rw.replace_all_uses(old, rep)
-        self.credit(old, rep, rules, relied)
-
-    def credit(self, old: int, rep: int, rules: Sequence[str], relied: tuple[str, ...] = ()) -> None:
-        """Provenance of a replacement: ``rep``'s gains ``rules``, then how ``old`` was made (and the writers of
-        the helper rows both rest on)."""
-        known = self.rules_of.setdefault(rep, [])
+    def credit(self, nid: int, rules: Sequence[str], relied: Sequence[str] = (), old: int | None = None) -> None:
+        """Provenance: node ``nid`` holds its value by ``rules`` too, and, when it replaced node ``old``, by the rules
+        that made ``old``; ``relied``: the writers of the helper rows they read (``old``'s are kept too)."""
+        known = self.rules_of.setdefault(nid, [])
         known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
-        writers = (*self.relied_of.get(rep, ()), *relied, *self.relied_of.get(old, ()))
+        writers = (*self.relied_of.get(nid, ()), *relied, *self.relied_of.get(old, ()))
         if writers:
-            self.relied_of[rep] = tuple(dict.fromkeys(writers))
+            self.relied_of[nid] = tuple(dict.fromkeys(writers))
 
     def transplant(self, chain: Chain, count: bool = True) -> dict[int, int]:
         """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
@@ -873,13 +857,10 @@ class _Engine:
         each node of the region's result."""
         run = chain.run
         made, new, replaced = self.rw.splice(run.graph, chain.back, run.holders)
-        rules_of = self.rules_of
         for nid in new:
-            rules_of[made[nid]] = list(run.rules_of.get(nid, ()))
-            if nid in run.relied_of:
-                self.relied_of[made[nid]] = run.relied_of[nid]
+            self.credit(made[nid], run.rules_of.get(nid, ()), run.relied_of.get(nid, ()))
         for old, rep, now in replaced:
-            self.credit(old, rep, run.rules_of.get(now, ()), run.relied_of.get(now, ()))
+            self.credit(rep, run.rules_of.get(now, ()), run.relied_of.get(now, ()), old)
         for nid, forms in run.forms.items():  # the forms the region's nodes gained
             for form in forms:
                 if nid in made and all(i in made for i in form.inputs):
