@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -115,21 +115,18 @@ class Facts:
             return value
         return get
 
-    def lookup(self, name: str, bound: tuple[tuple[int, Any], ...]) -> list[tuple[tuple, Any]]:
-        """Rows ``(args, value)`` of a helper table whose columns ``bound`` hold the given values."""
+    def lookup(self, name: str, bound: tuple[tuple[int, Any], ...], args: tuple | None = None
+               ) -> list[tuple[tuple, Any]]:
+        """Rows ``(args, value)`` of a helper table whose columns ``bound`` hold the given values; with ``args``, only
+        the row ``args`` (if it exists)."""
         rows = self.rows[name]
-        if not bound:
+        if args is not None:
+            found: Iterable[tuple] = (args,) if args in rows else ()
+        elif not bound:
             return list(rows.items())
-        column, value = bound[0]
-        found = self.column(name, column).get(value, ())
-        return [(args, rows[args]) for args in found if all(args[c] == v for c, v in bound[1:])]
-
-    def row(self, name: str, args: tuple, bound: tuple[tuple[int, Any], ...]) -> list[tuple[tuple, Any]]:
-        """The row ``args`` of a helper table as :meth:`lookup` gives it, if it exists and fits ``bound``."""
-        rows = self.rows[name]
-        if args not in rows or any(args[c] != v for c, v in bound):
-            return []
-        return [(args, rows[args])]
+        else:
+            found, bound = self.column(name, bound[0][0]).get(bound[0][1], ()), bound[1:]
+        return [(row, rows[row]) for row in found if all(row[c] == v for c, v in bound)]
 
     def tables_naming(self, nid: int) -> set[str]:
         """The helper tables with a row that names node ``nid``."""
