@@ -1,12 +1,9 @@
 """The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
 
-The stages run once, in the order of the rule files, each to its fixpoint.  A pass of a stage derives the helper
-facts (the rules that only fill tables, writers before readers), plans the best match of each rewrite rule at each
-root of its op (the new nodes, checked by the op registry; the uses they replace; the change of predicted cost: the
-new nodes' cost minus that of the nodes that die), and commits the plans that lower the cost, most gain first (a
-plan an earlier commit touched is matched again first).  A rule's operand orders are one rule.  The cost-neutral
-steps it takes, the lookahead (:mod:`.lookahead`) and the blocks (:mod:`.blocks`) are described in docs/engines.md.
-The per-node cost is the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`).
+docs/engines.md describes its stages and passes, the cost-neutral steps it takes, the lookahead (:mod:`.lookahead`)
+and the blocks (:mod:`.blocks`).  A plan is the best match of a rule (its operand orders are one rule) at a root:
+the new nodes, checked by the op registry, the uses they replace, and the change of predicted cost (the new nodes'
+cost minus that of the nodes that die), per node the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`).
 """
 
 from __future__ import annotations
@@ -479,11 +476,8 @@ class _Engine:
 
     def contested(self, entries: list[tuple[float, float, int, Any, _Plan]]
                   ) -> list[tuple[float, float, int, Any, _Plan]]:
-        """``entries`` with each paying plan that a plan before it (its rival) would destroy asked about, when it
-        makes an op a later stage's rule matches and the rival does not replace every node it replaces (then the
-        rival is the larger fusion of the same nodes): where the region around both ends cheaper with the plan and
-        its chain than with the rival and the rival's (see :meth:`chain_start`), the plan goes first, by itself (the
-        passes after it take the rest of its chain), those rooted nearer the inputs first."""
+        """``entries`` with each paying plan whose rival (a plan before it that would destroy it) the lookahead
+        says it beats moved first, by itself (docs/engines.md, Lookahead), those rooted nearer the inputs first."""
         if self.chain is not None:  # in a lookahead's region: no questions
             return entries
         later = self.later_ops[self.stage]
@@ -503,10 +497,8 @@ class _Engine:
         return sorted(entries, key=lambda e: e[:4]) if moved else entries
 
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
-        """The match at ``root`` that lowers the cost most; a cost-neutral one is worth the gain of the chain it
-        starts (a paying step that would destroy it then comes after it), and a costly one is taken only when the
-        chain it starts pays (see :meth:`chain_start`).  In a region that follows a chain alone, only the chain's
-        steps are taken."""
+        """The match at ``root`` that lowers the cost most, a cost-neutral or costly one worth the gain of the chain
+        it starts (see :meth:`chain_start`); in a region that follows a chain alone, only the chain's steps."""
         stats = self.stats.rules[matcher.pattern.base]
         best: _Plan | None = None
         costly: list[_Plan] = []  # plans that cost more by themselves
@@ -535,9 +527,8 @@ class _Engine:
         return best.settle(self.nodes) if best is not None else None
 
     def kept_for_later(self, plan: _Plan) -> bool:
-        """Whether ``plan``, a step that pays, destroys a node that a helper row a later stage reads names
-        (``causal-scores``), and the region around it ends cheaper when this stage keeps the nodes it replaces (see
-        :meth:`.Lookahead.never`); then this stage keeps them."""
+        """Whether this stage keeps the nodes ``plan`` (a step that pays) replaces for a later stage's rule (see
+        :meth:`.Lookahead.never`); then it does."""
         olds = {old for old, _ in plan.unions}
         if self.lookahead is None or not any(self.later_tables[self.stage] & self.facts.tables_naming(n)
                                              for n in plan.dead | olds) or not self.lookahead.never(

@@ -1,10 +1,5 @@
-"""Lookahead: whether a rewrite that costs more by itself, or nothing, starts a chain of rewrites that pays.
-
-For such a step the fallback cuts out the region around it (the nodes it replaces, what they read, their readers
-:data:`DEPTH` levels down and what all those read :data:`HEIGHT` levels up) and runs itself on the region from the
-current stage on, as it is and with the step applied and its chain followed; when the chain ends cheaper, the whole
-graph takes the region's result (the *transplant*).  A step that pays is asked the other way round when a later
-stage's rule may need what it destroys (:meth:`Lookahead.never`).  docs/engines.md describes the questions.
+"""Lookahead: the fallback run on the region around a step, to see whether the chain the step starts pays (the
+questions are described in docs/engines.md); the whole graph then takes the region's result (the *transplant*).
 
 A region keeps every value the rest of the graph reads as an output, and the non-leaf nodes its nodes read as
 nodes of their own over fresh inputs, so each node is priced as in the whole graph; its nodes keep the whole graph's

@@ -243,24 +243,17 @@ def schedule(pattern: Rule, tables: Tables) -> list[tuple[str, Atom]]:
         if isinstance(t, Lookup) and t.table not in tables:
             raise CompileError(f"table {t.table!r} has no meaning on a graph in the fallback")
     pending = list(pattern.query)
-    root = next((a for a in pending if isinstance(a, NodePat)), None)
+    root = next((a for a in pending if isinstance(a, NodePat)), None) or next(
+        (a for a in pending if isinstance(a, Fact) and a.value is None and _helper_call(a.lookup, tables)), None)
     if root is None:
-        root = next((a for a in pending if isinstance(a, Fact) and a.value is None and _helper_call(a.lookup, tables)),
-                    None)
-        if root is None:
-            raise CompileError("the query has no node pattern and no helper-table fact to start from")
-        pending.remove(root)
-        order = [("lookup", root)]
-    else:
-        pending.remove(root)
-        order = [("top", root)]
+        raise CompileError("the query has no node pattern and no helper-table fact to start from")
+    pending.remove(root)
+    order = [("top" if isinstance(root, NodePat) else "lookup", root)]
     bound = _atom_vars(root)
     while pending:
-        best: tuple[int, int, str] | None = None
-        for k, atom in enumerate(pending):
-            choice = _readiness(atom, bound, tables)
-            if choice is not None and (best is None or choice[0] < best[0]):
-                best = (choice[0], k, choice[1])
+        ready = [(choice[0], k, choice[1]) for k, atom in enumerate(pending)
+                 if (choice := _readiness(atom, bound, tables)) is not None]  # (priority, position, step kind)
+        best = min(ready, default=None)
         if best is None:
             missing = sorted(set().union(*(_atom_vars(a) for a in pending)) - bound)
             raise CompileError(f"no fact binds variable(s) {', '.join(missing)} before they are needed")
