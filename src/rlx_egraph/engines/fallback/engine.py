@@ -82,12 +82,6 @@ class RuleStats:
     def reject(self, reason: str, times: int = 1) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + times
 
-    def add_matches(self, other: RuleStats, runs: int = 1) -> None:
-        """Count ``other``'s matches and rejections too, ``runs`` times."""
-        self.matches += other.matches * runs
-        for reason, times in other.rejected.items():
-            self.reject(reason, times * runs)
-
 
 @dataclass
 class FallbackStats:
@@ -228,7 +222,6 @@ class _Plan:
     relied: tuple[str, ...] = ()  # the rules that wrote the helper rows the match read
     watch: set[int] = field(default_factory=set)  # any change to these (inputs, readers) makes it stale
     uses: set[int] = field(default_factory=set)  # these must stay alive
-    needs: set[int] = field(default_factory=set)  # nodes whose op and inputs the match inspected
     destroys: set[int] = field(default_factory=set)  # nodes the plan replaces or leaves dead
     chained: bool = False  # a step of the chain a lookahead follows
     chain: Chain | None = None  # the region's result this plan stands for (see transplant)
@@ -237,17 +230,15 @@ class _Plan:
         """Fill the sets commit needs (only for plans that pay).  A node read by a new node
         cannot die with the plan, so only its life matters; the inspected nodes, the
         replaced and dying ones and what they read can change the match or its gain."""
-        found, dead = self.found, self.dead
-        self.needs = {found[s] for s in self.matcher.shape_slots}
-        self.destroys = dead | {old for old, _ in self.unions}
+        self.destroys = self.dead | {old for old, _ in self.unions}
         kept = {i for n in self.new.values() for i in n.inputs}
-        watch = self.needs | self.destroys
+        watch = {self.found[s] for s in self.matcher.shape_slots} | self.destroys
         for d in self.destroys:
             watch.update(nodes[d].inputs)
         if self.chain is not None:  # a transplant rewrites its whole region
             watch.update(self.chain.back.values())
         watch -= kept
-        self.uses = {v for s in self.matcher.node_slots if isinstance(v := found[s], int)} | kept
+        self.uses = {v for s in self.matcher.node_slots if isinstance(v := self.found[s], int)} | kept
         self.watch = {n for n in watch if n in nodes and nodes[n].kind is not Kind.LEAF}
         self.uses |= watch - self.watch
         return self
@@ -397,7 +388,9 @@ class _Engine:
         for run, times, transplanted in tallies.values():  # each kind's stats once, times its blocks
             for rule, stats in run.rules.items():
                 mine = self.stats.rules[rule]
-                mine.add_matches(stats, times)
+                mine.matches += stats.matches * times
+                for reason, rejected in stats.rejected.items():
+                    mine.reject(reason, rejected * times)
                 mine.commits += stats.commits * transplanted
                 mine.chain_starts += stats.chain_starts * transplanted
         self.stats.phases["replay"] = time.perf_counter() - t0
