@@ -479,11 +479,10 @@ class _Engine:
         for k, (_, level, rank, root, plan) in enumerate(entries):
             threatened = sorted((plan.watch | plan.uses) & rivals.keys())
             rival = rivals[threatened[0]] if threatened else None
-            alone = plan.delta
             if plan.chain is None and rival is not None and not rival.destroys >= plan.destroys \
-                    and any(n.op in later for n in plan.new.values()) and self.chain_start(plan, rival) is not None:
-                plan.delta, plan.chain = alone, None  # it pays by itself: no transplant
-                entries[k] = (-math.inf, level, rank, root, plan)
+                    and any(n.op in later for n in plan.new.values()) \
+                    and self.chain_start(dataclasses.replace(plan), rival) is not None:  # asked on a copy:
+                entries[k] = (-math.inf, level, rank, root, plan)  # it pays by itself, no transplant
                 moved = True
             for n in plan.destroys:
                 rivals.setdefault(n, plan)
