@@ -278,12 +278,13 @@ class _Engine:
         self.rows_of = {m.pattern.name: _compile_reads(m, self.facts) for ms in self.matchers.values() for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.facts_only])
                             for stage, ms in self.matchers.items()}
-        # per stage: the ops the rules of the stages after it match (a step that makes one may open a later match)
-        self.later_ops = {stage: frozenset(atom.term.op for p in compiled.patterns if STAGES.index(p.stage) > k
-                                           for atom in p.query if isinstance(atom, NodePattern))
-                          for k, stage in enumerate(STAGES)}
-        self.later_tables = {stage: frozenset(t for p in compiled.patterns if STAGES.index(p.stage) > k
-                                              for t in p.tables_read) for k, stage in enumerate(STAGES)}
+        # per stage: the ops the rules of the stages after it match (a step that makes one may open a later match),
+        # and the tables they read
+        later = {stage: [p for p in compiled.patterns if STAGES.index(p.stage) > k] for k, stage in enumerate(STAGES)}
+        self.later_ops = {stage: frozenset(atom.term.op for p in rules for atom in p.query
+                                           if isinstance(atom, NodePattern)) for stage, rules in later.items()}
+        self.later_tables = {stage: frozenset(t for p in rules for t in p.tables_read)
+                             for stage, rules in later.items()}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()

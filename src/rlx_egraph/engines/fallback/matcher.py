@@ -137,27 +137,23 @@ def compile_matcher(pattern: Rule, facts: Facts,
 
     pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
-    for (kind, atom), before in zip(reversed(order[1:]), reversed(plan.known[1:]), strict=True):
-        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts)
+    for k in reversed(range(len(order))):
+        kind, atom = order[k]
+        chain = _step(kind, atom, plan.known[k], slots, chain, nodes, readers, facts, pinned if k == 0 else None)
     first = order[0][1]
     width = len(slots)
     root_slot: int | None
     if isinstance(first, NodePat):
-        chain = _step("top", first, set(), slots, chain, nodes, readers, facts)
-        root_slot = slots[_out(first)]
+        root_slot, alive = slots[_out(first)], nodes.__contains__
 
         def roots() -> list[Any]:
             return facts.rw.nodes_of(first.term.op)
-
-        alive: Callable[[Any], bool] = nodes.__contains__
     else:
-        chain = _lookup_step(first, set(), slots, chain, facts, pinned)
-        root_slot, rows = None, facts.rows[first.table]  # type: ignore[union-attr]
+        rows = facts.rows[first.table]  # type: ignore[union-attr]
+        root_slot, alive = None, rows.__contains__
 
         def roots() -> list[Any]:
             return list(rows)
-
-        alive = rows.__contains__
 
     def run(root: Any) -> list[tuple]:
         env: list[Any] = [None] * width
@@ -305,7 +301,8 @@ BIND, EQ, LIT, LIST, ZERO = range(5)  # how a node's field is checked; ZERO: a f
 
 
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
-          readers: Mapping[int, Mapping[int, None]], facts: Facts) -> Step:
+          readers: Mapping[int, Mapping[int, None]], facts: Facts, pinned: list[tuple] | None = None) -> Step:
+    """The step of one atom (``pinned``: see :func:`_lookup_step`)."""
     if isinstance(atom, NodePat):
         return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
     if kind == "check":
@@ -323,7 +320,7 @@ def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: St
                 return
             nxt(env)
         return bind
-    return _lookup_step(atom, known, slots, nxt, facts)
+    return _lookup_step(atom, known, slots, nxt, facts, pinned)
 
 
 def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
