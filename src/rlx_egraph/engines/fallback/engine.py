@@ -311,12 +311,9 @@ class _Engine:
 
     def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
                    how: str = FOLLOW, kept: frozenset[int] = frozenset()) -> RegionRun:
-        """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed (see :meth:`chain_start`); ``how`` ALONE: only
-        the chain's steps, and the result's ``rest_ns`` is the cost once every paying step has followed them;
-        NEVER: the nodes the step replaces are kept from the rules of ``stage``, as are ``kept``, and the steps that
-        match what the step would destroy are followed as a chain.  Stage None: a block, optimized as a whole run
-        would."""
+        """A lookahead's run: ``region`` optimized from ``stage`` on, with ``step`` (in the region's ids) taken
+        ``how`` (see :data:`.FOLLOW`) and ``kept`` kept from the rules of ``stage``; stage None: a block, optimized
+        as a whole run would."""
         self.reopen(region, levels)
         self.banned = set(kept)
         if stage is None:
@@ -531,11 +528,10 @@ class _Engine:
         return True
 
     def chain_start(self, plan: _Plan, rival: _Plan | None = None) -> _Plan | None:
-        """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
-        for plans that replace nodes outright (each replaced node dies, and so does every matched node the
-        new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
-        the chain followed there is taken without asking if it matches or replaces a node the chain made, or
-        applies the chain's first rule to a node that shares a reader with one (BLOOM's other head splits)."""
+        """``plan`` with the gain of the chain it starts, if that chain pays (in a lookahead's region: ``plan``, if it
+        is the chain's next step; see docs/engines.md, Lookahead).  Only for plans that replace nodes outright
+        (each replaced node dies, and so does every matched node the new nodes do not read), make no forms and
+        write no rows."""
         if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
                 or any(old not in plan.dead for old, _ in plan.unions)):
             return None

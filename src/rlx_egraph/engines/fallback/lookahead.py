@@ -28,7 +28,11 @@ if TYPE_CHECKING:
 DEPTH = 5  # levels of readers below the replaced nodes the region takes in (MPT reads its scores 5 down)
 HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
 NAMED_LEAVES = frozenset({"Input", "Param"})
-FOLLOW, ALONE, NEVER = "follow", "alone", "never"  # a step's run: its chain followed, only its chain, never taken
+# How a region runs with a step: FOLLOW, the step applied first and its chain followed (each next step that matches or
+# replaces a node the chain made, or applies the first step's rule to a node sharing a reader with one); ALONE, only
+# the chain's steps, and ``rest_ns`` is the cost once every paying step has followed them; NEVER, the nodes the step
+# replaces are kept from the stage's rules, and the steps that match what it would destroy are followed as a chain.
+FOLLOW, ALONE, NEVER = "follow", "alone", "never"
 
 
 @dataclass(frozen=True)
