@@ -125,16 +125,13 @@ class FallbackResult:
 def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     """Compile the rules for the fallback; rule forms it cannot apply are listed (and logged) by name."""
     compiled = compile_rules(load_rules(ruleset))
-    kept = []
     for p in compiled.patterns:
         try:
             compiled.plans[p.name] = plan_matcher(p, compiled.tables)
         except CompileError as exc:
             if all(u.rule != p.base for u in compiled.unsupported):
                 compiled.unsupported.append(Unsupported(p.base, p.location, str(exc)))
-            continue
-        kept.append(p)
-    compiled.patterns = kept
+    compiled.patterns = [p for p in compiled.patterns if p.name in compiled.plans]
     _log_unsupported(compiled)
     return compiled
 
@@ -379,7 +376,7 @@ class _Engine:
             tally = tallies.setdefault(id(run), [run, 0, 0])
             tally[1] += 1
             if run.cost_ns < run.before_ns - margin:
-                made = self.transplant(Chain(run.cost_ns - run.before_ns, run, back), count=False)
+                made = self.transplant(run, back)
                 self.carry_rows(run, made, back)
                 tally[2] += 1
             self.stats.blocks += 1
@@ -576,7 +573,9 @@ class _Engine:
                 plan = fresh
             first = self.rw.next_id  # the nodes this commit makes are numbered from here
             if plan.chain is not None:
-                self.transplant(plan.chain)
+                self.transplant(plan.chain.run, plan.chain.back)
+                for rule, stats in plan.chain.run.rules.items():  # (a block's are counted per kind: see replay)
+                    self.stats.rules[rule].commits += stats.commits
                 self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
             else:
                 self.apply(plan)
@@ -830,13 +829,11 @@ class _Engine:
         if writers:
             self.relied_of[nid] = tuple(dict.fromkeys(writers))
 
-    def transplant(self, chain: Chain, count: bool = True) -> dict[int, int]:
-        """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
-        block's; see :meth:`GraphRewriter.splice`), in the graph and in its provenance; ``count``: and its
-        commits in the stats (a block's are counted per kind, see :meth:`replay`).  Returns the live id of
-        each node of the region's result."""
-        run = chain.run
-        made, new, replaced = self.rw.splice(run.graph, chain.back, run.holders)
+    def transplant(self, run: RegionRun, back: Mapping[int, int]) -> dict[int, int]:
+        """Replace the region a lookahead cut out (``back``: its ids to the live ones) by its optimized form ``run``
+        (a chain's steps and all, or a block's; see :meth:`GraphRewriter.splice`), in the graph and in its
+        provenance.  Returns the live id of each node of the region's result."""
+        made, new, replaced = self.rw.splice(run.graph, back, run.holders)
         for nid in new:
             self.credit(made[nid], run.rules_of.get(nid, ()), run.relied_of.get(nid, ()))
         for old, rep, now in replaced:
@@ -845,9 +842,6 @@ class _Engine:
             for form in forms:
                 if nid in made and all(i in made for i in form.inputs):
                     self.add_form(made[nid], dataclasses.replace(form, inputs=tuple(made[i] for i in form.inputs)))
-        if count:
-            for rule, stats in run.rules.items():
-                self.stats.rules[rule].commits += stats.commits
         return made
 
     def carry_rows(self, run: RegionRun, made: Mapping[int, int], back: Mapping[int, int]) -> None:
