@@ -465,7 +465,9 @@ class _Engine:
     def contested(self, entries: list[tuple[float, float, int, Any, _Plan]]
                   ) -> list[tuple[float, float, int, Any, _Plan]]:
         """``entries`` with each paying plan whose rival (a plan before it that would destroy it) the lookahead
-        says it beats moved first, by itself (docs/engines.md, Lookahead), those rooted nearer the inputs first."""
+        says it beats moved first, by itself, those rooted nearer the inputs first (docs/engines.md, Lookahead).  Only
+        a plan that makes an op a later stage matches is asked, and not when its rival replaces every node it
+        replaces (the rival is then the larger fusion of the same nodes)."""
         if self.chain is not None:  # in a lookahead's region: no questions
             return entries
         later = self.later_ops[self.stage]
@@ -476,8 +478,8 @@ class _Engine:
             rival = rivals[threatened[0]] if threatened else None
             if plan.chain is None and rival is not None and not rival.destroys >= plan.destroys \
                     and any(n.op in later for n in plan.new.values()) \
-                    and self.chain_start(dataclasses.replace(plan), rival) is not None:  # asked on a copy:
-                entries[k] = (-math.inf, level, rank, root, plan)  # it pays by itself, no transplant
+                    and self.chain_start(dataclasses.replace(plan), rival) is not None:
+                entries[k] = (-math.inf, level, rank, root, plan)  # the plan, not the copy asked: no transplant
                 moved = True
             for n in plan.destroys:
                 rivals.setdefault(n, plan)
