@@ -1,12 +1,6 @@
-"""Blocks: the graph cut at its residual values, so that repeated layers are optimized once.
-
-A *cut value* is a non-leaf value that no edge leaps over in topological order (leaves and *side values*, computed
-early and read by two or more nodes that each read something later, as an attention mask, aside) and that two or
-more nodes read.  The pieces between cut values are the *blocks* (a cut value closes its block; pieces shorter than
-:data:`MIN_BLOCK` are merged with the next).  Each block is cut out as a lookahead region
-(:func:`.lookahead.cut_out`: canonical ids, so the repeats of a layer are one region), its result transplanted, and
-the passes then run on the whole graph, where a rewrite can still span two blocks.  See ``_Engine.replay`` and
-docs/engines.md.
+"""Blocks: the graph cut at its residual values (its *cut values*, defined in docs/engines.md), so that repeated
+layers are optimized once: each block is cut out as a lookahead region (:func:`.lookahead.cut_out`), see
+``_Engine.replay``.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The fallback engine: the ``.egg`` rules applied on the graph, each rewrite decided by cost.
 
-The stages run once, in the order of the rule files, each to its fixpoint.  A pass of a stage derives the helper
-facts (the rules that only fill tables, writers before readers), plans the best match of each rewrite rule at each
-root of its op (the new nodes, checked by the op registry; the uses they replace; the change of predicted cost: the
-new nodes' cost minus that of the nodes that die), and commits the plans that lower the cost, most gain first (a
-plan an earlier commit touched is matched again first).  A rule's operand orders are one rule.  The cost-neutral
-steps it takes, the lookahead (:mod:`.lookahead`) and the blocks (:mod:`.blocks`) are described in docs/engines.md.
-The per-node cost is the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`).
+docs/engines.md describes its stages and passes, the cost-neutral steps it takes, the lookahead (:mod:`.lookahead`)
+and the blocks (:mod:`.blocks`).  A plan is the best match of a rule (its operand orders are one rule) at a root:
+the new nodes, checked by the op registry, the uses they replace, and the change of predicted cost (the new nodes'
+cost minus that of the nodes that die), per node the one extraction minimises (:func:`rlx_egraph.cost.enode.enode_ns`).
 """
 
 from __future__ import annotations
@@ -85,12 +82,6 @@ class RuleStats:
     def reject(self, reason: str, times: int = 1) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + times
 
-    def add_matches(self, other: RuleStats, runs: int = 1) -> None:
-        """Count ``other``'s matches and rejections too, ``runs`` times."""
-        self.matches += other.matches * runs
-        for reason, times in other.rejected.items():
-            self.reject(reason, times * runs)
-
 
 @dataclass
 class FallbackStats:
@@ -134,16 +125,13 @@ class FallbackResult:
 def load(ruleset: RuleSet | Any = None) -> CompiledRules:
     """Compile the rules for the fallback; rule forms it cannot apply are listed (and logged) by name."""
     compiled = compile_rules(load_rules(ruleset))
-    kept = []
     for p in compiled.patterns:
         try:
             compiled.plans[p.name] = plan_matcher(p, compiled.tables)
         except CompileError as exc:
             if all(u.rule != p.base for u in compiled.unsupported):
                 compiled.unsupported.append(Unsupported(p.base, p.location, str(exc)))
-            continue
-        kept.append(p)
-    compiled.patterns = kept
+    compiled.patterns = [p for p in compiled.patterns if p.name in compiled.plans]
     _log_unsupported(compiled)
     return compiled
 
@@ -231,7 +219,6 @@ class _Plan:
     relied: tuple[str, ...] = ()  # the rules that wrote the helper rows the match read
     watch: set[int] = field(default_factory=set)  # any change to these (inputs, readers) makes it stale
     uses: set[int] = field(default_factory=set)  # these must stay alive
-    needs: set[int] = field(default_factory=set)  # nodes whose op and inputs the match inspected
     destroys: set[int] = field(default_factory=set)  # nodes the plan replaces or leaves dead
     chained: bool = False  # a step of the chain a lookahead follows
     chain: Chain | None = None  # the region's result this plan stands for (see transplant)
@@ -240,17 +227,15 @@ class _Plan:
         """Fill the sets commit needs (only for plans that pay).  A node read by a new node
         cannot die with the plan, so only its life matters; the inspected nodes, the
         replaced and dying ones and what they read can change the match or its gain."""
-        found, dead = self.found, self.dead
-        self.needs = {found[s] for s in self.matcher.shape_slots}
-        self.destroys = dead | {old for old, _ in self.unions}
+        self.destroys = self.dead | {old for old, _ in self.unions}
         kept = {i for n in self.new.values() for i in n.inputs}
-        watch = self.needs | self.destroys
+        watch = {self.found[s] for s in self.matcher.shape_slots} | self.destroys
         for d in self.destroys:
             watch.update(nodes[d].inputs)
         if self.chain is not None:  # a transplant rewrites its whole region
             watch.update(self.chain.back.values())
         watch -= kept
-        self.uses = {v for s in self.matcher.node_slots if isinstance(v := found[s], int)} | kept
+        self.uses = {v for s in self.matcher.node_slots if isinstance(v := self.found[s], int)} | kept
         self.watch = {n for n in watch if n in nodes and nodes[n].kind is not Kind.LEAF}
         self.uses |= watch - self.watch
         return self
@@ -290,12 +275,13 @@ class _Engine:
         self.rows_of = {m.pattern.name: _compile_reads(m, self.facts) for ms in self.matchers.values() for m in ms}
         self.fact_groups = {stage: _fact_order([m for m in ms if m.pattern.facts_only])
                             for stage, ms in self.matchers.items()}
-        # per stage: the ops the rules of the stages after it match (a step that makes one may open a later match)
-        self.later_ops = {stage: frozenset(atom.term.op for p in compiled.patterns if STAGES.index(p.stage) > k
-                                           for atom in p.query if isinstance(atom, NodePattern))
-                          for k, stage in enumerate(STAGES)}
-        self.later_tables = {stage: frozenset(t for p in compiled.patterns if STAGES.index(p.stage) > k
-                                              for t in p.tables_read) for k, stage in enumerate(STAGES)}
+        # per stage: the ops the rules of the stages after it match (a step that makes one may open a later match),
+        # and the tables they read
+        later = {stage: [p for p in compiled.patterns if STAGES.index(p.stage) > k] for k, stage in enumerate(STAGES)}
+        self.later_ops = {stage: frozenset(atom.term.op for p in rules for atom in p.query
+                                           if isinstance(atom, NodePattern)) for stage, rules in later.items()}
+        self.later_tables = {stage: frozenset(t for p in rules for t in p.tables_read)
+                             for stage, rules in later.items()}
         self.signature_costs: dict[tuple, float] = {}
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
@@ -322,12 +308,9 @@ class _Engine:
 
     def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
                    how: str = FOLLOW, kept: frozenset[int] = frozenset()) -> RegionRun:
-        """A lookahead's question: ``region`` optimized from ``stage`` on; with ``step`` (in the region's
-        ids), the step applied first and the chain after it followed (see :meth:`chain_start`); ``how`` ALONE: only
-        the chain's steps, and the result's ``rest_ns`` is the cost once every paying step has followed them;
-        NEVER: the nodes the step replaces are kept from the rules of ``stage``, as are ``kept``, and the steps that
-        match what the step would destroy are followed as a chain.  Stage None: a block, optimized as a whole run
-        would."""
+        """A lookahead's run: ``region`` optimized from ``stage`` on, with ``step`` (in the region's ids) taken
+        ``how`` (see :data:`.FOLLOW`) and ``kept`` kept from the rules of ``stage``; stage None: a block, optimized
+        as a whole run would."""
         self.reopen(region, levels)
         self.banned = set(kept)
         if stage is None:
@@ -393,14 +376,16 @@ class _Engine:
             tally = tallies.setdefault(id(run), [run, 0, 0])
             tally[1] += 1
             if run.cost_ns < run.before_ns - margin:
-                made = self.transplant(Chain(run.cost_ns - run.before_ns, run, back), count=False)
+                made = self.transplant(run, back)
                 self.carry_rows(run, made, back)
                 tally[2] += 1
             self.stats.blocks += 1
         for run, times, transplanted in tallies.values():  # each kind's stats once, times its blocks
             for rule, stats in run.rules.items():
                 mine = self.stats.rules[rule]
-                mine.add_matches(stats, times)
+                mine.matches += stats.matches * times
+                for reason, rejected in stats.rejected.items():
+                    mine.reject(reason, rejected * times)
                 mine.commits += stats.commits * transplanted
                 mine.chain_starts += stats.chain_starts * transplanted
         self.stats.phases["replay"] = time.perf_counter() - t0
@@ -479,11 +464,10 @@ class _Engine:
 
     def contested(self, entries: list[tuple[float, float, int, Any, _Plan]]
                   ) -> list[tuple[float, float, int, Any, _Plan]]:
-        """``entries`` with each paying plan that a plan before it (its rival) would destroy asked about, when it
-        makes an op a later stage's rule matches and the rival does not replace every node it replaces (then the
-        rival is the larger fusion of the same nodes): where the region around both ends cheaper with the plan and
-        its chain than with the rival and the rival's (see :meth:`chain_start`), the plan goes first, by itself (the
-        passes after it take the rest of its chain), those rooted nearer the inputs first."""
+        """``entries`` with each paying plan whose rival (a plan before it that would destroy it) the lookahead
+        says it beats moved first, by itself, those rooted nearer the inputs first (docs/engines.md, Lookahead).  Only
+        a plan that makes an op a later stage matches is asked, and not when its rival replaces every node it
+        replaces (the rival is then the larger fusion of the same nodes)."""
         if self.chain is not None:  # in a lookahead's region: no questions
             return entries
         later = self.later_ops[self.stage]
@@ -492,21 +476,18 @@ class _Engine:
         for k, (_, level, rank, root, plan) in enumerate(entries):
             threatened = sorted((plan.watch | plan.uses) & rivals.keys())
             rival = rivals[threatened[0]] if threatened else None
-            alone = plan.delta
             if plan.chain is None and rival is not None and not rival.destroys >= plan.destroys \
-                    and any(n.op in later for n in plan.new.values()) and self.chain_start(plan, rival) is not None:
-                plan.delta, plan.chain = alone, None  # it pays by itself: no transplant
-                entries[k] = (-math.inf, level, rank, root, plan)
+                    and any(n.op in later for n in plan.new.values()) \
+                    and self.chain_start(dataclasses.replace(plan), rival) is not None:
+                entries[k] = (-math.inf, level, rank, root, plan)  # the plan, not the copy asked: no transplant
                 moved = True
             for n in plan.destroys:
                 rivals.setdefault(n, plan)
         return sorted(entries, key=lambda e: e[:4]) if moved else entries
 
     def best_plan(self, matcher: Matcher, root: Any) -> _Plan | None:
-        """The match at ``root`` that lowers the cost most; a cost-neutral one is worth the gain of the chain it
-        starts (a paying step that would destroy it then comes after it), and a costly one is taken only when the
-        chain it starts pays (see :meth:`chain_start`).  In a region that follows a chain alone, only the chain's
-        steps are taken."""
+        """The match at ``root`` that lowers the cost most, a cost-neutral or costly one worth the gain of the chain
+        it starts (see :meth:`chain_start`); in a region that follows a chain alone, only the chain's steps."""
         stats = self.stats.rules[matcher.pattern.base]
         best: _Plan | None = None
         costly: list[_Plan] = []  # plans that cost more by themselves
@@ -535,9 +516,8 @@ class _Engine:
         return best.settle(self.nodes) if best is not None else None
 
     def kept_for_later(self, plan: _Plan) -> bool:
-        """Whether ``plan``, a step that pays, destroys a node that a helper row a later stage reads names
-        (``causal-scores``), and the region around it ends cheaper when this stage keeps the nodes it replaces (see
-        :meth:`.Lookahead.never`); then this stage keeps them."""
+        """Whether this stage keeps the nodes ``plan`` (a step that pays) replaces for a later stage's rule (see
+        :meth:`.Lookahead.never`); then it does."""
         olds = {old for old, _ in plan.unions}
         if self.lookahead is None or not any(self.later_tables[self.stage] & self.facts.tables_naming(n)
                                              for n in plan.dead | olds) or not self.lookahead.never(
@@ -547,11 +527,10 @@ class _Engine:
         return True
 
     def chain_start(self, plan: _Plan, rival: _Plan | None = None) -> _Plan | None:
-        """``plan`` with the gain of the chain it starts (see :mod:`.lookahead`), if that chain pays.  Only
-        for plans that replace nodes outright (each replaced node dies, and so does every matched node the
-        new nodes do not read), make no forms and write no rows.  In a lookahead's region, the next step of
-        the chain followed there is taken without asking if it matches or replaces a node the chain made, or
-        applies the chain's first rule to a node that shares a reader with one (BLOOM's other head splits)."""
+        """``plan`` with the gain of the chain it starts, if that chain pays (in a lookahead's region: ``plan``, if it
+        is the chain's next step; see docs/engines.md, Lookahead).  Only for plans that replace nodes outright
+        (each replaced node dies, and so does every matched node the new nodes do not read), make no forms and
+        write no rows."""
         if (not plan.unions or plan.forms or plan.writes or not math.isfinite(plan.delta)
                 or any(old not in plan.dead for old, _ in plan.unions)):
             return None
@@ -596,7 +575,9 @@ class _Engine:
                 plan = fresh
             first = self.rw.next_id  # the nodes this commit makes are numbered from here
             if plan.chain is not None:
-                self.transplant(plan.chain)
+                self.transplant(plan.chain.run, plan.chain.back)
+                for rule, stats in plan.chain.run.rules.items():  # (a block's are counted per kind: see replay)
+                    self.stats.rules[rule].commits += stats.commits
                 self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
             else:
                 self.apply(plan)
@@ -818,75 +799,51 @@ class _Engine:
         return sum(created) - sum(freed), dead  # sum: compensated, as everywhere costs are added
 
     def apply(self, plan: _Plan) -> None:
-        rw = self.rw
-        rules = (plan.matcher.pattern.base,)
-        real: dict[int, int] = {}
-        for nid, node in plan.new.items():  # the types the plan checked: no re-check
-            real[nid] = self.insert(node, tuple(real.get(i, i) for i in node.inputs), rules, plan.relied)
-        olds = []
+        """Make ``plan``: its new nodes (the types it checked: no re-check), unions, forms and helper rows."""
+        rule = plan.matcher.pattern.base
+        real: dict[int, int] = {}  # the plan's provisional ids -> live ids
+        for nid, node in plan.new.items():
+            inputs, first_new = tuple(real.get(i, i) for i in node.inputs), self.rw.next_id
+            made = real[nid] = self.rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
+                self.rw.insert_checked(node, inputs)
+            if made >= first_new:  # not a node the graph had
+                self.credit(made, (rule,), plan.relied)
         for old, rep in plan.unions:
-            self.replace(old, real.get(rep, rep), rules, plan.relied)
-            olds.append(old)
+            self.rw.replace_all_uses(old, real.get(rep, rep))
+            self.credit(real.get(rep, rep), (rule,), plan.relied, old)
         for old, form in plan.forms:
             self.add_form(old, form)
         for table, args, value in plan.writes:
-            self.facts.set_moved(table, args, value, (plan.matcher.pattern.base, *plan.relied),
-                                 lambda v: real.get(v, v))
-        rw.eliminate_dead_code(olds)
-        for r in rules:
-            self.stats.rules[r].commits += 1
+            self.facts.set_moved(table, args, value, (rule, *plan.relied), lambda v: real.get(v, v))
+        self.rw.eliminate_dead_code([old for old, _ in plan.unions])
+        self.stats.rules[rule].commits += 1
 
     def add_form(self, nid: int, form: Node) -> None:
         self.facts.add_form(nid, form)
         self.rw.touched.update((nid, *self.rw.readers.get(nid, ())))  # their matches may now go through the form
 
-    def insert(self, node: Node, inputs: tuple[int, ...], rules: Sequence[str], relied: tuple[str, ...] = ()) -> int:
-        """Insert ``node`` (checked) reading ``inputs``; a node that is new gets ``rules`` as its provenance, and
-        ``relied`` as the writers of the helper rows they read."""
-        first_new = self.rw.next_id
-        made = self.rw.insert(node.op, inputs, **node.attrs) if node.kind is Kind.LEAF else \
-            self.rw.insert_checked(node, inputs)
-        if made >= first_new:
-            self.rules_of[made] = list(rules)
-            if relied:
-                self.relied_of[made] = relied
-        return made
-
-    def replace(self, old: int, rep: int, rules: Sequence[str], relied: tuple[str, ...] = ()) -> None:
-        """Replace node ``old`` by ``rep``, with provenance (see :meth:`credit`)."""
-        self.rw.replace_all_uses(old, rep)
-        self.credit(old, rep, rules, relied)
-
-    def credit(self, old: int, rep: int, rules: Sequence[str], relied: tuple[str, ...] = ()) -> None:
-        """Provenance of a replacement: ``rep``'s gains ``rules``, then how ``old`` was made (and the writers of
-        the helper rows both rest on)."""
-        known = self.rules_of.setdefault(rep, [])
+    def credit(self, nid: int, rules: Sequence[str], relied: Sequence[str] = (), old: int | None = None) -> None:
+        """Provenance: node ``nid`` holds its value by ``rules`` too, and, when it replaced node ``old``, by the rules
+        that made ``old``; ``relied``: the writers of the helper rows they read (``old``'s are kept too)."""
+        known = self.rules_of.setdefault(nid, [])
         known.extend(r for r in (*rules, *self.rules_of.get(old, ())) if r not in known)
-        writers = (*self.relied_of.get(rep, ()), *relied, *self.relied_of.get(old, ()))
+        writers = (*self.relied_of.get(nid, ()), *relied, *self.relied_of.get(old, ()))
         if writers:
-            self.relied_of[rep] = tuple(dict.fromkeys(writers))
+            self.relied_of[nid] = tuple(dict.fromkeys(writers))
 
-    def transplant(self, chain: Chain, count: bool = True) -> dict[int, int]:
-        """Replace the region a lookahead cut out by its optimized form (a chain's steps and all, or a
-        block's; see :meth:`GraphRewriter.splice`), in the graph and in its provenance; ``count``: and its
-        commits in the stats (a block's are counted per kind, see :meth:`replay`).  Returns the live id of
-        each node of the region's result."""
-        run = chain.run
-        made, new, replaced = self.rw.splice(run.graph, chain.back, run.holders)
-        rules_of = self.rules_of
+    def transplant(self, run: RegionRun, back: Mapping[int, int]) -> dict[int, int]:
+        """Replace the region a lookahead cut out (``back``: its ids to the live ones) by its optimized form ``run``
+        (a chain's steps and all, or a block's; see :meth:`GraphRewriter.splice`), in the graph and in its
+        provenance.  Returns the live id of each node of the region's result."""
+        made, new, replaced = self.rw.splice(run.graph, back, run.holders)
         for nid in new:
-            rules_of[made[nid]] = list(run.rules_of.get(nid, ()))
-            if nid in run.relied_of:
-                self.relied_of[made[nid]] = run.relied_of[nid]
+            self.credit(made[nid], run.rules_of.get(nid, ()), run.relied_of.get(nid, ()))
         for old, rep, now in replaced:
-            self.credit(old, rep, run.rules_of.get(now, ()), run.relied_of.get(now, ()))
+            self.credit(rep, run.rules_of.get(now, ()), run.relied_of.get(now, ()), old)
         for nid, forms in run.forms.items():  # the forms the region's nodes gained
             for form in forms:
                 if nid in made and all(i in made for i in form.inputs):
                     self.add_form(made[nid], dataclasses.replace(form, inputs=tuple(made[i] for i in form.inputs)))
-        if count:
-            for rule, stats in run.rules.items():
-                self.stats.rules[rule].commits += stats.commits
         return made
 
     def carry_rows(self, run: RegionRun, made: Mapping[int, int], back: Mapping[int, int]) -> None:

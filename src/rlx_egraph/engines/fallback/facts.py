@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -74,8 +74,7 @@ class Facts:
         self.rows: dict[str, dict[tuple, Any]] = {n: {} for n in self.decls if n not in FACT_TABLES}
         # per ``tracked`` relation: row -> the rules that wrote it (see the module docstring)
         self.writers: dict[str, dict[tuple, tuple[str, ...]]] = {n: {} for n in tracked if n in self.rows}
-        self._index: dict[tuple[str, int], dict[Any, dict[tuple, None]]] = {}
-        self._indexes: dict[str, list[tuple[int, dict[Any, dict[tuple, None]]]]] = {}  # table -> its indexes
+        self._indexes: dict[str, dict[int, dict[Any, dict[tuple, None]]]] = {}  # table -> column -> its index
         self._node_columns = {name: ([c for c, s in enumerate(d.inputs) if s == "Op"],
                                      [c for c, s in enumerate(d.inputs) if s == "TensorList"], d.output == "Op")
                               for name, d in self.decls.items()}  # where a row names nodes
@@ -93,8 +92,8 @@ class Facts:
     def clear(self) -> None:
         """Forget every row and form (the rewriter was reopened on another graph); the table objects stay,
         as compiled matchers hold them."""
-        for table in (self.overlay, self._mentions, self.forms, *self.rows.values(), *self._index.values(),
-                      *self.writers.values()):
+        indexes = [index for by_column in self._indexes.values() for index in by_column.values()]
+        for table in (self.overlay, self._mentions, self.forms, *self.rows.values(), *indexes, *self.writers.values()):
             table.clear()
         self.changed = False
 
@@ -115,21 +114,18 @@ class Facts:
             return value
         return get
 
-    def lookup(self, name: str, bound: tuple[tuple[int, Any], ...]) -> list[tuple[tuple, Any]]:
-        """Rows ``(args, value)`` of a helper table whose columns ``bound`` hold the given values."""
+    def lookup(self, name: str, bound: tuple[tuple[int, Any], ...], args: tuple | None = None
+               ) -> list[tuple[tuple, Any]]:
+        """Rows ``(args, value)`` of a helper table whose columns ``bound`` hold the given values; with ``args``, only
+        the row ``args`` (if it exists)."""
         rows = self.rows[name]
-        if not bound:
+        if args is not None:
+            found: Iterable[tuple] = (args,) if args in rows else ()
+        elif not bound:
             return list(rows.items())
-        column, value = bound[0]
-        found = self.column(name, column).get(value, ())
-        return [(args, rows[args]) for args in found if all(args[c] == v for c, v in bound[1:])]
-
-    def row(self, name: str, args: tuple, bound: tuple[tuple[int, Any], ...]) -> list[tuple[tuple, Any]]:
-        """The row ``args`` of a helper table as :meth:`lookup` gives it, if it exists and fits ``bound``."""
-        rows = self.rows[name]
-        if args not in rows or any(args[c] != v for c, v in bound):
-            return []
-        return [(args, rows[args])]
+        else:
+            found, bound = self.column(name, bound[0][0]).get(bound[0][1], ()), bound[1:]
+        return [(row, rows[row]) for row in found if all(row[c] == v for c, v in bound)]
 
     def tables_naming(self, nid: int) -> set[str]:
         """The helper tables with a row that names node ``nid``."""
@@ -172,7 +168,7 @@ class Facts:
             if value == old:
                 return
         else:
-            for column, index in self._indexes.get(name, ()):
+            for column, index in self._indexes.get(name, {}).items():
                 index.setdefault(args[column], {})[args] = None
             for n in self._nodes_in(name, args, value):
                 self._mentions.setdefault(n, []).append((name, args))
@@ -197,7 +193,7 @@ class Facts:
                 continue
             value = rows.pop(args)
             writers = self.writers[name].pop(args, ()) if name in self.writers else ()
-            for column, index in self._indexes.get(name, ()):
+            for column, index in self._indexes.get(name, {}).items():
                 index[args[column]].pop(args, None)
             self.set_moved(name, args, value, writers, self.rw.find)
 
@@ -224,13 +220,12 @@ class Facts:
 
     def column(self, name: str, column: int) -> dict[Any, dict[tuple, None]]:
         """A helper table's index on one column: value -> its rows' arguments (kept up to date)."""
-        index = self._index.get((name, column))
+        by_column = self._indexes.setdefault(name, {})
+        index = by_column.get(column)
         if index is None:
-            index = {}
+            index = by_column[column] = {}
             for args in self.rows[name]:
                 index.setdefault(args[column], {})[args] = None
-            self._index[(name, column)] = index
-            self._indexes.setdefault(name, []).append((column, index))
         return index
 
 

@@ -1,10 +1,5 @@
-"""Lookahead: whether a rewrite that costs more by itself, or nothing, starts a chain of rewrites that pays.
-
-For such a step the fallback cuts out the region around it (the nodes it replaces, what they read, their readers
-:data:`DEPTH` levels down and what all those read :data:`HEIGHT` levels up) and runs itself on the region from the
-current stage on, as it is and with the step applied and its chain followed; when the chain ends cheaper, the whole
-graph takes the region's result (the *transplant*).  A step that pays is asked the other way round when a later
-stage's rule may need what it destroys (:meth:`Lookahead.never`).  docs/engines.md describes the questions.
+"""Lookahead: the fallback run on the region around a step, to see whether the chain the step starts pays (the
+questions are described in docs/engines.md); the whole graph then takes the region's result (the *transplant*).
 
 A region keeps every value the rest of the graph reads as an output, and the non-leaf nodes its nodes read as
 nodes of their own over fresh inputs, so each node is priced as in the whole graph; its nodes keep the whole graph's
@@ -33,7 +28,11 @@ if TYPE_CHECKING:
 DEPTH = 5  # levels of readers below the replaced nodes the region takes in (MPT reads its scores 5 down)
 HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
 NAMED_LEAVES = frozenset({"Input", "Param"})
-FOLLOW, ALONE, NEVER = "follow", "alone", "never"  # a step's run: its chain followed, only its chain, never taken
+# How a region runs with a step: FOLLOW, the step applied first and its chain followed (each next step that matches or
+# replaces a node the chain made, or applies the first step's rule to a node sharing a reader with one); ALONE, only
+# the chain's steps, and ``rest_ns`` is the cost once every paying step has followed them; NEVER, the nodes the step
+# replaces are kept from the stage's rules, and the steps that match what it would destroy are followed as a chain.
+FOLLOW, ALONE, NEVER = "follow", "alone", "never"
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,9 @@ def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
     def slot(name: str) -> int:
         return slots.setdefault(name, len(slots))
 
-    for name in _all_vars(pattern):
-        slot(name)
+    for atom in pattern.query:
+        for name in sorted(_atom_vars(atom)):
+            slot(name)
     for action in pattern.actions:  # slots for what the actions compute, after the query's
         if isinstance(action, Let):
             slot(action.var)
@@ -136,27 +137,23 @@ def compile_matcher(pattern: Rule, facts: Facts,
 
     pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
-    for (kind, atom), before in zip(reversed(order[1:]), reversed(plan.known[1:]), strict=True):
-        chain = _step(kind, atom, before, slots, chain, nodes, readers, facts)
+    for k in reversed(range(len(order))):
+        kind, atom = order[k]
+        chain = _step(kind, atom, plan.known[k], slots, chain, nodes, readers, facts, pinned if k == 0 else None)
     first = order[0][1]
     width = len(slots)
     root_slot: int | None
     if isinstance(first, NodePat):
-        chain = _step("top", first, set(), slots, chain, nodes, readers, facts)
-        root_slot = slots[_out(first)]
+        root_slot, alive = slots[_out(first)], nodes.__contains__
 
         def roots() -> list[Any]:
             return facts.rw.nodes_of(first.term.op)
-
-        alive: Callable[[Any], bool] = nodes.__contains__
     else:
-        chain = _lookup_step(first, set(), slots, chain, facts, pinned)
-        root_slot, rows = None, facts.rows[first.table]  # type: ignore[union-attr]
+        rows = facts.rows[first.table]  # type: ignore[union-attr]
+        root_slot, alive = None, rows.__contains__
 
         def roots() -> list[Any]:
             return list(rows)
-
-        alive = rows.__contains__
 
     def run(root: Any) -> list[tuple]:
         env: list[Any] = [None] * width
@@ -208,13 +205,6 @@ def _vars(term: Term) -> frozenset[str]:
 # --- ordering ------------------------------------------------------------------------------
 
 
-def _all_vars(pattern: Rule) -> list[str]:
-    names: dict[str, None] = {}
-    for atom in pattern.query:
-        names.update(dict.fromkeys(sorted(_atom_vars(atom))))
-    return list(names)
-
-
 @cache
 def _atom_vars(atom: Atom) -> frozenset[str]:
     """The variables of an atom (remembered: planning asks for them again and again)."""
@@ -237,12 +227,6 @@ def _node_vars(pattern: Rule, tables: Tables) -> list[str]:
     return list(out)
 
 
-def _check_providers(atom: Atom, tables: Tables) -> None:
-    for t in _calls(atom):
-        if isinstance(t, Lookup) and t.table not in tables:
-            raise CompileError(f"table {t.table!r} has no meaning on a graph in the fallback")
-
-
 def _helper_call(term: Term, tables: Tables) -> bool:
     return isinstance(term, Lookup) and term.table in tables and term.table not in FACT_TABLES
 
@@ -251,27 +235,21 @@ def schedule(pattern: Rule, tables: Tables) -> list[tuple[str, Atom]]:
     """Order the query's atoms: the first node pattern (or helper fact) is the root; then,
     at each step, the cheapest atom that can run with the variables bound so far.
     Raises CompileError when the query cannot run on a graph."""
-    for atom in pattern.query:
-        _check_providers(atom, tables)
+    for t in (t for atom in pattern.query for t in _calls(atom)):
+        if isinstance(t, Lookup) and t.table not in tables:
+            raise CompileError(f"table {t.table!r} has no meaning on a graph in the fallback")
     pending = list(pattern.query)
-    root = next((a for a in pending if isinstance(a, NodePat)), None)
+    root = next((a for a in pending if isinstance(a, NodePat)), None) or next(
+        (a for a in pending if isinstance(a, Fact) and a.value is None and _helper_call(a.lookup, tables)), None)
     if root is None:
-        root = next((a for a in pending if isinstance(a, Fact) and a.value is None and _helper_call(a.lookup, tables)),
-                    None)
-        if root is None:
-            raise CompileError("the query has no node pattern and no helper-table fact to start from")
-        pending.remove(root)
-        order = [("lookup", root)]
-    else:
-        pending.remove(root)
-        order = [("top", root)]
+        raise CompileError("the query has no node pattern and no helper-table fact to start from")
+    pending.remove(root)
+    order = [("top" if isinstance(root, NodePat) else "lookup", root)]
     bound = _atom_vars(root)
     while pending:
-        best: tuple[int, int, str] | None = None
-        for k, atom in enumerate(pending):
-            choice = _readiness(atom, bound, tables)
-            if choice is not None and (best is None or choice[0] < best[0]):
-                best = (choice[0], k, choice[1])
+        ready = [(choice[0], k, choice[1]) for k, atom in enumerate(pending)
+                 if (choice := _readiness(atom, bound, tables)) is not None]  # (priority, position, step kind)
+        best = min(ready, default=None)
         if best is None:
             missing = sorted(set().union(*(_atom_vars(a) for a in pending)) - bound)
             raise CompileError(f"no fact binds variable(s) {', '.join(missing)} before they are needed")
@@ -319,11 +297,12 @@ def _lookup_ready(call: Term, bound: set[str], tables: Tables) -> bool:
 
 # --- steps ---------------------------------------------------------------------------------
 
-BIND, EQ, LIT, ABSENT_CHECK, LIST, ZERO = range(6)  # ZERO: a float zero literal, its sign checked too
+BIND, EQ, LIT, LIST, ZERO = range(5)  # how a node's field is checked; ZERO: a float zero literal, its sign too
 
 
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
-          readers: Mapping[int, Mapping[int, None]], facts: Facts) -> Step:
+          readers: Mapping[int, Mapping[int, None]], facts: Facts, pinned: list[tuple] | None = None) -> Step:
+    """The step of one atom (``pinned``: see :func:`_lookup_step`)."""
     if isinstance(atom, NodePat):
         return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
     if kind == "check":
@@ -341,7 +320,7 @@ def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: St
                 return
             nxt(env)
         return bind
-    return _lookup_step(atom, known, slots, nxt, facts)
+    return _lookup_step(atom, known, slots, nxt, facts, pinned)
 
 
 def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
@@ -406,7 +385,7 @@ def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, 
             expected = value_check(env) if value_check is not None else None
         except NoValue:
             return
-        for args, value in facts.lookup(name, bound) if pinned is None else facts.row(name, pinned[-1], bound):
+        for args, value in facts.lookup(name, bound, None if pinned is None else pinned[-1]):
             if value_check is not None and value != expected:
                 continue
             ok = True
@@ -456,31 +435,29 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[
     """A check that node fields fit the pattern's arguments (binding new variables)."""
     readers = _readers(atom.term.op)
     seen = set(known) | {_out(atom)}
+
+    def variable(name: str) -> tuple[int, int]:
+        """The check of a variable: bind its slot where first seen, else compare with it."""
+        kind = EQ if name in seen else BIND
+        seen.add(name)
+        return kind, slots[name]
+
     checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
     for position, pat in enumerate(atom.term.args):
         how, where = readers[position]
         if isinstance(pat, Var):
-            checks.append((how, where, EQ if pat.name in seen else BIND, slots[pat.name]))
-            seen.add(pat.name)
+            checks.append((how, where, *variable(pat.name)))
         elif isinstance(pat, Absent):
-            checks.append((how, where, ABSENT_CHECK, ABSENT))
+            checks.append((how, where, LIT, ABSENT))
+        elif isinstance(pat, Lit) and pat.value.__class__ is float and pat.value == 0.0:
+            checks.append((how, where, ZERO, math.copysign(1.0, pat.value)))  # 0.0 == -0.0, but 1 / 0.0 != 1 / -0.0
         elif isinstance(pat, Lit):
-            if pat.value.__class__ is float and pat.value == 0.0:  # 0.0 == -0.0, but 1 / 0.0 != 1 / -0.0
-                checks.append((how, where, ZERO, math.copysign(1.0, pat.value)))  # type: ignore[arg-type]
-            else:
-                checks.append((how, where, LIT, pat.value))
+            checks.append((how, where, LIT, pat.value))
         else:
-            assert isinstance(pat, TensorList)
-            items = []
-            for item in pat.items:
-                assert isinstance(item, Var)
-                items.append((EQ if item.name in seen else BIND, slots[item.name]))
-                seen.add(item.name)
-            rest = None
-            if isinstance(pat.rest, Var):
-                rest = (EQ if pat.rest.name in seen else BIND, slots[pat.rest.name])
-                seen.add(pat.rest.name)
-            checks.append((how, where, LIST, (tuple(items), rest)))
+            assert isinstance(pat, TensorList) and all(isinstance(item, Var) for item in pat.items)
+            items = tuple(variable(item.name) for item in pat.items)  # type: ignore[union-attr]
+            rest = variable(pat.rest.name) if isinstance(pat.rest, Var) else None
+            checks.append((how, where, LIST, (items, rest)))
 
     # egglog holds a Scalar -0.0 leaf as (Neg (Scalar 0.0 dt)) (its f64 equates the zeros): a Scalar pattern whose
     # value is a variable does not match it there, so not here either
@@ -500,9 +477,6 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[
             elif kind == LIT:
                 if value != arg:
                     return False
-            elif kind == ABSENT_CHECK:
-                if value is not ABSENT:
-                    return False
             elif kind == ZERO:
                 if value != 0 or math.copysign(1.0, value) != arg:
                     return False
@@ -516,19 +490,17 @@ def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
     items, rest = pattern
     if len(values) < len(items) or (rest is None and len(values) != len(items)):
         return False
-    for (kind, s), value in zip(items, values, strict=False):
-        if kind == BIND:
-            env[s] = value
-        elif env[s] != value:
-            return False
-    if rest is not None:
-        kind, s = rest
-        tail = tuple(values[len(items):])
-        if kind == BIND:
-            env[s] = tail
-        elif env[s] != tail:
-            return False
-    return True
+    return all(_fits(check, value, env) for check, value in zip(items, values, strict=False)) and \
+        (rest is None or _fits(rest, tuple(values[len(items):]), env))
+
+
+def _fits(check: tuple[int, int], value: Any, env: list) -> bool:
+    """A variable's check (BIND or EQ, and its slot) on ``value``."""
+    kind, slot = check
+    if kind == BIND:
+        env[slot] = value
+        return True
+    return env[slot] == value
 
 
 def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
