@@ -21,6 +21,8 @@ queries can hold a facts-only rule's query.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -173,21 +175,41 @@ def fresh(atoms: list[Atom], tag: str, keep: frozenset[str] | set[str] = frozens
     return [rename_atom(atom, names_to) for atom in atoms]  # type: ignore[arg-type]
 
 
-def unfold(atoms: list[Atom], producers: Producers, counts: dict[str, float], used: set[str],
+def choose_producers(atoms: tuple[Atom, ...] | list[Atom], producers: Producers, counts: dict[str, float],
+                     used: set[str], depth: int = 0) -> list[int]:
+    """The producer :func:`unfold` replaces each helper-relation fact of ``atoms`` by, depth first (the facts of a
+    producer's query after its own): its index in ``producers[table]``, the least used so far (per ``counts``,
+    updated) first, so every producer gets its turn; ``used`` collects the rules chosen.  No rule is renamed:
+    the choice is cheap, and the same choices unfold to the same atoms."""
+    out: list[int] = []
+    for atom in atoms:
+        if not _unfoldable(atom, producers):
+            continue
+        assert isinstance(atom, Fact)
+        if depth > MAX_UNFOLDING:
+            raise NoInstance(f"helper relation {atom.table} nests too deep")
+        options = producers[atom.table]
+        k = min(range(len(options)), key=lambda k: (counts.get(options[k][0].name, 0), k))
+        rule = options[k][0]
+        counts[rule.name] = counts.get(rule.name, 0) + 1
+        used.add(rule.name)
+        out.append(k)
+        out += choose_producers(rule.query, producers, counts, used, depth + 1)
+    return out
+
+
+def unfold(atoms: list[Atom], producers: Producers, choices: Iterator[int], used: set[str] | None = None,
            depth: int = 0) -> list[Atom]:
-    """Replace each helper-relation fact by the query of a rule that adds its row (the least used one first, per
-    ``counts``); ``used`` collects the rules unfolded."""
+    """Replace each helper-relation fact by the query of the rule that adds its row that ``choices`` names (see
+    :func:`choose_producers`), renamed apart; ``used`` collects the rules unfolded."""
+    used = set() if used is None else used
     out: list[Atom] = []
     for atom in atoms:
         if not _unfoldable(atom, producers):
             out.append(atom)
             continue
         assert isinstance(atom, Fact)
-        if depth > MAX_UNFOLDING:
-            raise NoInstance(f"helper relation {atom.table} nests too deep")
-        options = producers[atom.table]  # the least used so far first, so every producer gets its turn
-        rule, action = options[min(range(len(options)), key=lambda k: (counts.get(options[k][0].name, 0), k))]
-        counts[rule.name] = counts.get(rule.name, 0) + 1
+        rule, action = producers[atom.table][next(choices)]
         used.add(rule.name)
         *query, head = fresh([*rule.query, Fact(action.table, action.args)], f"{depth}.{len(out)}.{len(used)}")
         assert isinstance(head, Fact)
@@ -197,7 +219,7 @@ def unfold(atoms: list[Atom], producers: Producers, counts: dict[str, float], us
                 names[produced.name] = read
             else:
                 out.append(equation(rename(produced, names), read))
-        out.extend(unfold([rename_atom(a, names) for a in query], producers, counts, used, depth + 1))
+        out.extend(unfold([rename_atom(a, names) for a in query], producers, choices, used, depth + 1))
     return out
 
 
@@ -287,78 +309,113 @@ def _as_guard(atom: Atom) -> _Guard:
     return atom_terms(atom)  # type: ignore[return-value]
 
 
-class InstanceBuilder:
-    """A random graph for a list of query atoms: op-term definitions become nodes, guards are solved or checked."""
+@dataclass(frozen=True)
+class Query:
+    """A list of query atoms made ready for drawing instances (:func:`prepare`): what no random draw changes.
 
-    def __init__(self, atoms: list[Atom], rng: np.random.Generator) -> None:
-        self.rng, self.literals = rng, literals(atoms)
+    Built once, it serves every draw: the builder only reads it."""
+
+    defs: dict[str, OpTerm]  # var -> the op term that defines it (leaf definitions taken out, see _leaf_defs)
+    guards: tuple[_Guard, ...]
+    sorts: dict[str, str]  # var -> its sort
+    leaf_op: dict[str, str]  # var defined as an Input/Param term -> that op
+    leaf_name: dict[str, Term]  # such a var -> its name argument (a literal or a variable)
+    targets: frozenset[str]  # variables a guard may solve (shapes and dtypes of leaves, equated variables)
+    literals: dict[str, list[Any]]  # the atoms' literals by sort (see :func:`literals`)
+    refuted: str = ""  # why no draw can make an instance (a guard false before anything is drawn); "" if none
+
+
+def prepare(atoms: list[Atom]) -> Query:
+    """``atoms`` ready for :func:`build_instance`: definitions merged and split from guards, variables sorted,
+    leaf definitions made leaves, and the guards found false before anything is drawn (every draw would fail
+    there, with the same message)."""
+    defs: dict[str, OpTerm] = {}
+    guards: list[_Guard] = []
+    sorts: dict[str, str] = {}
+    for atom in merge_definitions(atoms):
+        if (found := _definition(atom)) and found[0] not in defs:
+            defs[found[0]] = found[1]
+        else:
+            guards.append(_as_guard(atom))
+        for term in atom_terms(atom):
+            _sort_vars(term, sorts)
+    for v in defs:
+        sorts[v] = OP
+    leaf_op: dict[str, str] = {}
+    leaf_name: dict[str, Term] = {}
+    defs, guards = _leaf_defs(defs, guards, leaf_op, leaf_name)
+    targets = {t.args[0].name for g in guards for t in g
+               if isinstance(t, Lookup) and t.table in ("shape", "dtype") and isinstance(t.args[0], Var)}
+    targets |= {t.name for g in guards if len(g) == 2 for t in g if isinstance(t, Var)}
+    query = Query(defs, tuple(guards), sorts, leaf_op, leaf_name, frozenset(targets), literals(atoms))
+    try:  # the first pass of every build: nothing bound yet, so no draw changes what it finds
+        InstanceBuilder(query).solve_guards()
+    except NoInstance as exc:
+        return replace(query, refuted=str(exc))
+    return query
+
+
+def _leaf_defs(defs: dict[str, OpTerm], guards: list[_Guard], leaf_op: dict[str, str],
+               leaf_name: dict[str, Term]) -> tuple[dict[str, OpTerm], list[_Guard]]:
+    """Make ``?w = (Param ?n ?s ?dt)`` (or Input) a leaf drawn with the term that reads it: ``?s`` and
+    ``?dt`` stand for ``(shape ?w)`` and ``(dtype ?w)`` everywhere; a literal or reused one becomes a guard.
+    Fills ``leaf_op`` and ``leaf_name``; returns the definitions and guards left."""
+    names: dict[str, Term] = {}
+    pinned: list[_Guard] = []
+    for var, term in list(defs.items()):
+        spec = REGISTRY[term.op]
+        if spec.kind is not Kind.LEAF or "name" not in spec.attr_names:
+            continue
+        del defs[var]
+        leaf_op[var] = term.op
+        for arg, a in zip(constructor_args(spec), term.args, strict=True):
+            if arg.name == "name":
+                leaf_name[var] = a
+                continue
+            of_leaf = Lookup(arg.name, (Var(var),))
+            if isinstance(a, Var) and a.name not in names and a.name not in defs:
+                names[a.name] = of_leaf
+            else:
+                pinned.append((of_leaf, a))
+    if not leaf_op:
+        return defs, guards
+    guards = [tuple(rename(t, names) for t in g) for g in [*guards, *pinned]]  # type: ignore[misc]
+    return {v: rename(t, names) for v, t in defs.items()}, guards  # type: ignore[misc]
+
+
+def _sort_vars(term: Term, sorts: dict[str, str]) -> None:
+    """Record in ``sorts`` the sort of each variable ``term`` applies to an argument of known sort."""
+    if isinstance(term, OpTerm):
+        arg_sorts = [a.sort for a in constructor_args(REGISTRY[term.op])]
+    elif isinstance(term, TensorList):
+        arg_sorts = [OP] * len(term.items) + [TENSOR_LIST]
+    elif isinstance(term, Lookup) and term.table in FACT_TABLES:
+        arg_sorts = list(FACT_TABLES[term.table].inputs)
+    else:
+        arg_sorts = []
+    for a, sort in zip(children(term), arg_sorts, strict=False):
+        if isinstance(a, Var):
+            sorts.setdefault(a.name, sort)
+    for a in children(term):
+        _sort_vars(a, sorts)
+
+
+class InstanceBuilder:
+    """A random graph for a prepared query: op-term definitions become nodes, guards are solved or checked."""
+
+    def __init__(self, query: Query) -> None:
+        self.query = query
+        self.defs, self.guards, self.sorts = query.defs, query.guards, query.sorts
+        self.leaf_op, self.leaf_name, self.targets, self.literals = (query.leaf_op, query.leaf_name, query.targets,
+                                                                     query.literals)
         self.graph = Graph("instance")
         self.facts = _InstanceFacts(self.graph)
-        self.dtype = FLOATS[int(rng.integers(len(FLOATS)))]
         self.env: dict[str, Any] = {}  # var -> node id (Op), list of node ids (TensorList) or value
         self.leaf_shape: dict[str, tuple[int, ...]] = {}
         self.leaf_dtype: dict[str, str] = {}
-        self.defs: dict[str, OpTerm] = {}
-        self.guards: list[_Guard] = []
         self.held: set[int] = set()  # guards found to hold (by index)
-        self.sorts: dict[str, str] = {}
-        for atom in merge_definitions(atoms):
-            if (found := _definition(atom)) and found[0] not in self.defs:
-                self.defs[found[0]] = found[1]
-            else:
-                self.guards.append(_as_guard(atom))
-            for term in atom_terms(atom):
-                self._sort_vars(term)
-        for v in self.defs:
-            self.sorts[v] = OP
         self.draws = 0  # term draws of this instance (at most MAX_TERM_DRAWS)
-        self.leaf_op: dict[str, str] = {}  # var defined as an Input/Param term -> that op
-        self.leaf_name: dict[str, Term] = {}  # such a var -> its name argument (a literal or a variable)
-        self._leaf_defs()
-        self.targets = {t.args[0].name for g in self.guards for t in g
-                        if isinstance(t, Lookup) and t.table in ("shape", "dtype") and isinstance(t.args[0], Var)}
-        self.targets |= {t.name for g in self.guards if len(g) == 2 for t in g if isinstance(t, Var)}
         self.names = itertools.count()
-
-    def _leaf_defs(self) -> None:
-        """Make ``?w = (Param ?n ?s ?dt)`` (or Input) a leaf drawn with the term that reads it: ``?s`` and
-        ``?dt`` stand for ``(shape ?w)`` and ``(dtype ?w)`` everywhere; a literal or reused one becomes a guard."""
-        names: dict[str, Term] = {}
-        pinned: list[_Guard] = []
-        for var, term in list(self.defs.items()):
-            spec = REGISTRY[term.op]
-            if spec.kind is not Kind.LEAF or "name" not in spec.attr_names:
-                continue
-            del self.defs[var]
-            self.leaf_op[var] = term.op
-            for arg, a in zip(constructor_args(spec), term.args, strict=True):
-                if arg.name == "name":
-                    self.leaf_name[var] = a
-                    continue
-                of_leaf = Lookup(arg.name, (Var(var),))
-                if isinstance(a, Var) and a.name not in names and a.name not in self.defs:
-                    names[a.name] = of_leaf
-                else:
-                    pinned.append((of_leaf, a))
-        if not self.leaf_op:
-            return
-        self.guards = [tuple(rename(t, names) for t in g) for g in [*self.guards, *pinned]]  # type: ignore[misc]
-        self.defs = {v: rename(t, names) for v, t in self.defs.items()}  # type: ignore[misc]
-
-    def _sort_vars(self, term: Term) -> None:
-        if isinstance(term, OpTerm):
-            sorts = [a.sort for a in constructor_args(REGISTRY[term.op])]
-        elif isinstance(term, TensorList):
-            sorts = [OP] * len(term.items) + [TENSOR_LIST]
-        elif isinstance(term, Lookup) and term.table in FACT_TABLES:
-            sorts = list(FACT_TABLES[term.table].inputs)
-        else:
-            sorts = []
-        for a, sort in zip(children(term), sorts, strict=False):
-            if isinstance(a, Var):
-                self.sorts.setdefault(a.name, sort)
-        for a in children(term):
-            self._sort_vars(a)
 
     # -- evaluation of guard terms --
 
@@ -461,8 +518,13 @@ class InstanceBuilder:
 
     # -- building terms --
 
-    def build(self) -> Graph:
-        """The instance: every definition built, every guard holding; NoInstance when this draw fails."""
+    def build(self, rng: np.random.Generator) -> Graph:
+        """The instance drawn with ``rng``: every definition built, every guard holding; NoInstance when this draw
+        fails."""
+        self.rng = rng
+        self.dtype = FLOATS[int(rng.integers(len(FLOATS)))]
+        if self.query.refuted:
+            raise NoInstance(self.query.refuted)
         pending = list(self.defs)
         while pending:
             self.solve_guards()
@@ -692,9 +754,10 @@ class InstanceBuilder:
         return node
 
 
-def build_instance(atoms: list[Atom], rng: np.random.Generator) -> Graph:
-    """A random graph on which ``atoms`` (a query, unfolded) can match; NoInstance when this draw fails."""
-    return InstanceBuilder(atoms, rng).build()
+def build_instance(query: Query, rng: np.random.Generator) -> Graph:
+    """A random graph on which ``query`` (a query, unfolded and prepared) can match; NoInstance when this draw
+    fails."""
+    return InstanceBuilder(query).build(rng)
 
 
 def _tuple(v: Any) -> Any:

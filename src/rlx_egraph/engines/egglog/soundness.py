@@ -57,9 +57,12 @@ from ...rules import Insert, variables
 from ...rules.instances import (
     NoInstance,
     Producers,
+    Query,
     build_instance,
+    choose_producers,
     fresh,
     helper_producers,
+    prepare,
     queries,
     readers_of,
     reads_relation,
@@ -172,6 +175,7 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
         ruleset = ruleset + load_rules()
     targets = set(reported)
     producers = helper_producers(ruleset)
+    unfolded = _Unfolded(producers)
     verdicts = {r.name: RuleVerdict(r.name, r.location) for r in ruleset.rules}
     used_by: dict[str, set[str]] = {}  # facts-only rule -> readers whose instances ran it
     together: list[Rule] = []
@@ -183,7 +187,7 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
             together.append(rule)
             continue
         checked.append(rule.name)
-        _check_rule(ruleset, rule, producers, verdicts, used_by, instances, attempts, _rng(seed, rule.name))
+        _check_rule(ruleset, rule, unfolded, verdicts, used_by, instances, attempts, _rng(seed, rule.name))
     # rules that used all their attempts: forcing into them a producer that no other rule competes with would only
     # draw them again
     exhausted = {name for name in checked if verdicts[name].status != UNSOUND and verdicts[name].instances < instances}
@@ -197,7 +201,7 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
                 break
             if reader.name in exhausted and not _competes(rule, producers):
                 continue
-            _check_rule(ruleset, reader, producers, verdicts, used_by, instances, attempts,
+            _check_rule(ruleset, reader, unfolded, verdicts, used_by, instances, attempts,
                         _rng(seed, rule.name, reader.name), force=rule.name)
     for rule in ruleset.rules:
         v = verdicts[rule.name]
@@ -429,7 +433,27 @@ def _class_values(view: EGraphView, graph: Graph, node_values: dict[int, np.ndar
 # --- per rule ----------------------------------------------------------------------------------
 
 
-def _check_rule(ruleset: RuleSet, rule: Rule, producers: Producers,
+class _Unfolded:
+    """Rules' queries with their helper relations unfolded (:func:`~rlx_egraph.rules.instances.unfold`) and
+    prepared for drawing instances: once per query and choice of producers, however many draws use them."""
+
+    def __init__(self, producers: Producers) -> None:
+        self.producers = producers
+        self._prepared: dict[tuple[str, int, tuple[int, ...]], Query] = {}
+
+    def query(self, rule: Rule, attempt: int, counts: dict[str, float], used: set[str]) -> Query:
+        """The query of ``rule``'s direction for ``attempt``, each helper relation unfolded by its least used
+        producer (``counts`` updated, ``used`` filled); NoInstance when they nest too deep."""
+        directions = queries(rule)
+        index = attempt % len(directions)
+        choices = tuple(choose_producers(directions[index], self.producers, counts, used))
+        key = (rule.name, index, choices)
+        if key not in self._prepared:
+            self._prepared[key] = prepare(unfold(list(directions[index]), self.producers, iter(choices)))
+        return self._prepared[key]
+
+
+def _check_rule(ruleset: RuleSet, rule: Rule, unfolded: _Unfolded,
                 verdicts: dict[str, RuleVerdict], used_by: dict[str, set[str]], instances: int, attempts: int,
                 rng: np.random.Generator, force: str | None = None) -> None:
     """Draw instances of ``rule`` until it (or the producer ``force``, unfolded wherever it may be) has
@@ -440,11 +464,9 @@ def _check_rule(ruleset: RuleSet, rule: Rule, producers: Producers,
     for attempt in range(attempts):
         if verdicts[force or rule.name].instances >= instances:
             break
-        directions = queries(rule)
-        query = directions[attempt % len(directions)]
         used: set[str] = set()
         try:
-            graph = build_instance(unfold(list(query), producers, counts, used), rng)
+            graph = build_instance(unfolded.query(rule, attempt, counts, used), rng)
         except NoInstance as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
@@ -521,7 +543,8 @@ def _check_together(ruleset: RuleSet, together: list[Rule], producers: Producers
         shared = set(variables(head.args[0]))
         k = int(rng.integers(2, 4))
         try:
-            graph = build_instance([a for c in range(k) for a in fresh(list(root.query), f"c{c}", shared)], rng)
+            graph = build_instance(prepare([a for c in range(k) for a in fresh(list(root.query), f"c{c}", shared)]),
+                                   rng)
         except NoInstance as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
