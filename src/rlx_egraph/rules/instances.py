@@ -14,7 +14,7 @@ the query really matches is left to the engine that runs the rule.
 
 Helper relations: :func:`unfold` replaces a relation fact of the query by the
 query of a rule that adds that row (:func:`helper_producers`), so the instance holds
-the whole decomposed form; :func:`readers_of` lists the rules whose unfolded
+the whole decomposed form; :func:`readers` lists the rules whose unfolded
 queries can hold a facts-only rule's query.
 """
 
@@ -123,29 +123,32 @@ def set_tables(rule: Rule, producers: Producers) -> set[str]:
     return rule.tables_read & set_filled
 
 
-def readers_of(ruleset: RuleSet, producers: Producers, rule: Rule) -> list[Rule]:
-    """The union rules whose query, unfolded, can hold the query of the facts-only ``rule`` (not those that read
-    tables filled with ``set``)."""
-    if not unions_nothing(rule) or set_tables(rule, producers):
-        return []
+def readers(ruleset: RuleSet, producers: Producers) -> dict[str, list[Rule]]:
+    """Each facts-only rule (by name) -> the union rules whose query, unfolded, can hold its query (none for one
+    that reads tables filled with ``set``, and no reader that does)."""
+    read = {r.name: tables_read(r) for r in ruleset.rules}
+    reads_set = {r.name for r in ruleset.rules if set_tables(r, producers)}
 
     def fills(r: Rule) -> set[str]:
         return {t for t, ps in producers.items() if any(p.name == r.name for p, _ in ps)}
 
-    tables, seen, out = fills(rule), {rule.name}, []
-    changed = True
-    while changed:
-        changed = False
-        for r in ruleset.rules:
-            if r.name in seen or not tables_read(r) & tables or set_tables(r, producers):
-                continue
-            seen.add(r.name)
-            changed = True
-            if unions_nothing(r):
-                tables |= fills(r)
-            else:
-                out.append(r)
-    return out
+    def of(rule: Rule) -> list[Rule]:
+        tables, seen, out = fills(rule), {rule.name}, []
+        changed = True
+        while changed:
+            changed = False
+            for r in ruleset.rules:
+                if r.name in seen or not read[r.name] & tables or r.name in reads_set:
+                    continue
+                seen.add(r.name)
+                changed = True
+                if unions_nothing(r):
+                    tables |= fills(r)
+                else:
+                    out.append(r)
+        return out
+
+    return {r.name: of(r) for r in ruleset.rules if unions_nothing(r) and r.name not in reads_set}
 
 
 def reads_relation(rule: Rule, producers: Producers) -> bool:

@@ -64,7 +64,7 @@ from ...rules.instances import (
     helper_producers,
     prepare,
     queries,
-    readers_of,
+    readers,
     reads_relation,
     set_tables,
     unfold,
@@ -175,7 +175,7 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
         ruleset = ruleset + load_rules()
     targets = set(reported)
     producers = helper_producers(ruleset)
-    unfolded = _Unfolded(producers)
+    shared = _Shared(producers, _shipped_bases(ruleset))
     verdicts = {r.name: RuleVerdict(r.name, r.location) for r in ruleset.rules}
     used_by: dict[str, set[str]] = {}  # facts-only rule -> readers whose instances ran it
     together: list[Rule] = []
@@ -187,21 +187,22 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
             together.append(rule)
             continue
         checked.append(rule.name)
-        _check_rule(ruleset, rule, unfolded, verdicts, used_by, instances, attempts, _rng(seed, rule.name))
+        _check_rule(ruleset, rule, shared, verdicts, used_by, instances, attempts, _rng(seed, rule.name))
     # rules that used all their attempts: forcing into them a producer that no other rule competes with would only
     # draw them again
     exhausted = {name for name in checked if verdicts[name].status != UNSOUND and verdicts[name].instances < instances}
     if together:
-        _check_together(ruleset, together, producers, verdicts, instances, attempts, seed)
+        _check_together(ruleset, together, shared, verdicts, instances, attempts, seed)
+    read_by = readers(ruleset, producers)
     for rule in ruleset.rules:  # producers the readers' own instances left out or used too little
         if rule.name not in targets:
             continue
-        for reader in readers_of(ruleset, producers, rule):
+        for reader in read_by.get(rule.name, []):
             if verdicts[rule.name].instances >= instances:
                 break
             if reader.name in exhausted and not _competes(rule, producers):
                 continue
-            _check_rule(ruleset, reader, unfolded, verdicts, used_by, instances, attempts,
+            _check_rule(ruleset, reader, shared, verdicts, used_by, instances, attempts,
                         _rng(seed, rule.name, reader.name), force=rule.name)
     for rule in ruleset.rules:
         v = verdicts[rule.name]
@@ -433,12 +434,14 @@ def _class_values(view: EGraphView, graph: Graph, node_values: dict[int, np.ndar
 # --- per rule ----------------------------------------------------------------------------------
 
 
-class _Unfolded:
-    """Rules' queries with their helper relations unfolded (:func:`~rlx_egraph.rules.instances.unfold`) and
-    prepared for drawing instances: once per query and choice of producers, however many draws use them."""
+class _Shared:
+    """What every instance of one check reuses: the helper tables' producers, the base names of the shipped rules
+    (see :func:`_judge`), and rules' queries with their helper relations unfolded
+    (:func:`~rlx_egraph.rules.instances.unfold`) and prepared for drawing instances: once per query and choice
+    of producers, however many draws use them."""
 
-    def __init__(self, producers: Producers) -> None:
-        self.producers = producers
+    def __init__(self, producers: Producers, shipped: frozenset[str]) -> None:
+        self.producers, self.shipped = producers, shipped
         self._prepared: dict[tuple[str, int, tuple[int, ...]], Query] = {}
 
     def query(self, rule: Rule, attempt: int, counts: dict[str, float], used: set[str]) -> Query:
@@ -453,7 +456,7 @@ class _Unfolded:
         return self._prepared[key]
 
 
-def _check_rule(ruleset: RuleSet, rule: Rule, unfolded: _Unfolded,
+def _check_rule(ruleset: RuleSet, rule: Rule, shared: _Shared,
                 verdicts: dict[str, RuleVerdict], used_by: dict[str, set[str]], instances: int, attempts: int,
                 rng: np.random.Generator, force: str | None = None) -> None:
     """Draw instances of ``rule`` until it (or the producer ``force``, unfolded wherever it may be) has
@@ -466,12 +469,12 @@ def _check_rule(ruleset: RuleSet, rule: Rule, unfolded: _Unfolded,
             break
         used: set[str] = set()
         try:
-            graph = build_instance(unfolded.query(rule, attempt, counts, used), rng)
+            graph = build_instance(shared.query(rule, attempt, counts, used), rng)
         except NoInstance as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
         subset = replace(ruleset, rules=[r for r in ruleset.rules if r.name == rule.name or r.name in used])
-        if not _judge(_run_instance(graph, subset, attempt), {rule.name}, verdicts, ruleset):
+        if not _judge(_run_instance(graph, subset, attempt), {rule.name}, verdicts, ruleset, shared.shipped):
             reasons["egglog did not fire the rule on the instance"] = reasons.get(
                 "egglog did not fire the rule on the instance", 0) + 1
             continue
@@ -487,7 +490,8 @@ def _check_rule(ruleset: RuleSet, rule: Rule, unfolded: _Unfolded,
         verdict.reason = f"no random instance made it fire in {attempts} attempts (most often: {common})"
 
 
-def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict], ruleset: RuleSet) -> bool:
+def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict], ruleset: RuleSet,
+           shipped: frozenset[str]) -> bool:
     """Record what one instance showed for the rules in ``checked`` (operand orders by their own names);
     False when none of them fired.  Provenance names base rules: each is mapped back to the orders checked.
 
@@ -495,7 +499,6 @@ def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict
     it rests on helper-relation rows that rules from outside the shipped set wrote: then of those writers (a wrong
     row a user rule added makes a shipped reader build a wrong value)."""
     base_of = {r.name: r.base for r in ruleset.rules}
-    shipped = _shipped_bases(ruleset)
 
     def orders(bases: set[str]) -> set[str]:
         named = {name for name in checked if base_of.get(name) in bases}
@@ -525,9 +528,10 @@ def _shipped_bases(ruleset: RuleSet) -> frozenset[str]:
     return frozenset(r.base for r in ruleset.rules if r.file not in outside)
 
 
-def _check_together(ruleset: RuleSet, together: list[Rule], producers: Producers,
+def _check_together(ruleset: RuleSet, together: list[Rule], shared: _Shared,
                     verdicts: dict[str, RuleVerdict], instances: int, attempts: int, seed: int) -> None:
     """Rules that read tables filled with ``set``: k copies of the chain's first left side, whole files run."""
+    producers = shared.producers
     files = {r.file for r in together}
     subset = replace(ruleset, rules=[r for r in ruleset.rules if r.file in files])
     roots = [r for r in subset.rules if unions_nothing(r) and not set_tables(r, producers)
@@ -540,16 +544,16 @@ def _check_together(ruleset: RuleSet, together: list[Rule], producers: Producers
             break
         root = roots[attempt % len(roots)]
         head = next(a for a in root.actions if isinstance(a, Insert))
-        shared = set(variables(head.args[0]))
+        first_input = set(variables(head.args[0]))
         k = int(rng.integers(2, 4))
         try:
-            graph = build_instance(prepare([a for c in range(k) for a in fresh(list(root.query), f"c{c}", shared)]),
-                                   rng)
+            copies = [a for c in range(k) for a in fresh(list(root.query), f"c{c}", first_input)]
+            graph = build_instance(prepare(copies), rng)
         except NoInstance as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
         outcome = _run_instance(graph, subset, attempt)
-        if _judge(outcome, {r.name for r in together}, verdicts, ruleset):
+        if _judge(outcome, {r.name for r in together}, verdicts, ruleset, shared.shipped):
             for r in subset.rules:
                 if unions_nothing(r) and r.base in outcome.matched:
                     verdicts[r.name].instances += 1
