@@ -70,6 +70,7 @@ TERM_RETRIES = 60  # draws of one term before it gives up
 DEGENERATE_RETRIES = 12  # draws of one term its op calls degenerate (OpSpec.degenerate) before one is kept
 MAX_TERM_DRAWS = 600  # draws of all terms of one instance (retries of nested terms multiply)
 MAX_UNFOLDING = 8  # helper relations unfolded inside one another
+_NOT_BOUND = object()  # what the builder's environment gives for a variable it does not hold
 
 Producers = dict[str, list[tuple[Rule, Insert | SetValue]]]  # helper table -> (rule, action adding a row to it)
 
@@ -80,6 +81,14 @@ class NoInstance(Exception):
 
 class _Unknown(Exception):
     """A term depends on something not built or bound yet."""
+
+
+@dataclass(frozen=True)
+class _Unbound:
+    """What evaluating a term that waits for variable ``name`` gives (cheaper than raising _Unknown: the guards
+    are evaluated again after every draw)."""
+
+    name: str
 
 
 class _Degenerate(Exception):
@@ -424,21 +433,39 @@ class InstanceBuilder:
 
     def value(self, term: Term) -> Any:
         """The value of a term over what is built and bound so far (_Unknown when it depends on more)."""
+        value = self._value(term)
+        if isinstance(value, _Unbound):
+            raise _Unknown(value.name)
+        return value
+
+    def _value(self, term: Term) -> Any:
+        """:meth:`value`, or an _Unbound naming the first variable (left to right) the term waits for."""
         if isinstance(term, Lit):
             return term.value
         if isinstance(term, Var):
-            if term.name not in self.env:
-                raise _Unknown(term.name)
-            return self.env[term.name]
+            value = self.env.get(term.name, _NOT_BOUND)
+            return _Unbound(term.name) if value is _NOT_BOUND else value
         if isinstance(term, Lookup):
             return self._lookup(term)
         if not isinstance(term, Call) or term.name not in PRIMITIVES:
             raise NoInstance(f"cannot evaluate {term}")
-        args = [self.value(a) for a in term.args]
+        args = self._values(term.args)
+        if isinstance(args, _Unbound):
+            return args
         try:
             return PRIMITIVES[term.name](*args)
         except (IndexError, ZeroDivisionError, TypeError) as exc:
             raise NoInstance(f"{term.name}: {exc}") from None
+
+    def _values(self, terms: tuple[Term, ...]) -> list[Any] | _Unbound:
+        """The values of ``terms``, evaluated left to right up to the first that waits for a variable."""
+        out = []
+        for term in terms:
+            value = self._value(term)
+            if isinstance(value, _Unbound):
+                return value
+            out.append(value)
+        return out
 
     def _lookup(self, term: Lookup) -> Any:
         table, args = term.table, term.args
@@ -448,17 +475,17 @@ class InstanceBuilder:
                 return drawn[args[0].name]
         if table not in FACT_TABLES:
             raise NoInstance(f"cannot evaluate {table}")
-        return FACT_TABLES[table].evaluate(self.facts, *(self.value(a) for a in args))
+        values = self._values(args)
+        return values if isinstance(values, _Unbound) else FACT_TABLES[table].evaluate(self.facts, *values)
 
     def _known(self, term: Term) -> tuple[bool, Any]:
         """``(True, value)``, or ``(False, None)`` when it depends on something not built or bound yet; a term
         without a value (NoValue) does not hold: NoInstance."""
         try:
-            return True, self.value(term)
-        except _Unknown:
-            return False, None
+            value = self._value(term)
         except NoValue:
             raise NoInstance(f"{term} has no value") from None
+        return (False, None) if isinstance(value, _Unbound) else (True, value)
 
     def _assign(self, term: Term, value: Any) -> bool:
         """Make ``term`` (a free variable, or the shape/dtype of an unbuilt leaf) equal ``value``."""
@@ -499,12 +526,11 @@ class InstanceBuilder:
                 (term,) = guard
                 progress |= self._solve_check(term)
                 try:
-                    self.value(term)
-                except _Unknown:
-                    continue
+                    waits = isinstance(self._value(term), _Unbound)
                 except NoValue:
                     raise NoInstance(f"guard {term} does not hold") from None
-                self.held.add(k)
+                if not waits:
+                    self.held.add(k)
         return progress
 
     def _solve_check(self, term: Term) -> bool:
