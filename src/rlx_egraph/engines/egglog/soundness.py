@@ -175,7 +175,7 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
         ruleset = ruleset + load_rules()
     targets = set(reported)
     producers = helper_producers(ruleset)
-    shared = _Shared(producers, _shipped_bases(ruleset))
+    shared = _Shared(ruleset, producers)
     verdicts = {r.name: RuleVerdict(r.name, r.location) for r in ruleset.rules}
     used_by: dict[str, set[str]] = {}  # facts-only rule -> readers whose instances ran it
     together: list[Rule] = []
@@ -249,11 +249,17 @@ class _Outcome:
     wrong: list[tuple[tuple[str, ...], tuple[str, ...], CounterExample]]
 
 
-def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
-    """Saturate ``graph`` with ``ruleset`` and check every e-node of every class the rules touched."""
+def _schema_commands() -> list[Any]:
+    """The parsed egglog commands of the schema and the stages' rulesets (any e-graph runs them)."""
+    return eb.EGraph().parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES))
+
+
+def _run_instance(graph: Graph, ruleset: RuleSet, seed: int, schema: list[Any]) -> _Outcome:
+    """Saturate ``graph`` with ``ruleset`` on a new e-graph that ran ``schema`` (:func:`_schema_commands`) and
+    check every e-node of every class the rules touched."""
     encoding = encode_graph(graph)
     egraph = eb.EGraph()
-    egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES)))
+    egraph.run_program(*schema)
     egraph.run_program(*ruleset.commands())
     egraph.run_program(*egraph.parse_program(encoding.text))
     leaves = tuple(f"{n.name}: {n.type}" for n in graph.nodes if n.kind is Kind.LEAF)
@@ -435,13 +441,15 @@ def _class_values(view: EGraphView, graph: Graph, node_values: dict[int, np.ndar
 
 
 class _Shared:
-    """What every instance of one check reuses: the helper tables' producers, the base names of the shipped rules
-    (see :func:`_judge`), and rules' queries with their helper relations unfolded
+    """What every instance of one check reuses: the helper tables' producers, the parsed schema, each rule's base
+    name and those of the shipped rules (see :func:`_judge`), and rules' queries with their helper relations unfolded
     (:func:`~rlx_egraph.rules.instances.unfold`) and prepared for drawing instances: once per query and choice
     of producers, however many draws use them."""
 
-    def __init__(self, producers: Producers, shipped: frozenset[str]) -> None:
-        self.producers, self.shipped = producers, shipped
+    def __init__(self, ruleset: RuleSet, producers: Producers) -> None:
+        self.producers, self.schema = producers, _schema_commands()
+        self.base_of = {r.name: r.base for r in ruleset.rules}
+        self.shipped = _shipped_bases(ruleset)
         self._prepared: dict[tuple[str, int, tuple[int, ...]], Query] = {}
 
     def query(self, rule: Rule, attempt: int, counts: dict[str, float], used: set[str]) -> Query:
@@ -474,7 +482,7 @@ def _check_rule(ruleset: RuleSet, rule: Rule, shared: _Shared,
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
         subset = replace(ruleset, rules=[r for r in ruleset.rules if r.name == rule.name or r.name in used])
-        if not _judge(_run_instance(graph, subset, attempt), {rule.name}, verdicts, ruleset, shared.shipped):
+        if not _judge(_run_instance(graph, subset, attempt, shared.schema), {rule.name}, verdicts, shared):
             reasons["egglog did not fire the rule on the instance"] = reasons.get(
                 "egglog did not fire the rule on the instance", 0) + 1
             continue
@@ -490,15 +498,14 @@ def _check_rule(ruleset: RuleSet, rule: Rule, shared: _Shared,
         verdict.reason = f"no random instance made it fire in {attempts} attempts (most often: {common})"
 
 
-def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict], ruleset: RuleSet,
-           shipped: frozenset[str]) -> bool:
+def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict], shared: _Shared) -> bool:
     """Record what one instance showed for the rules in ``checked`` (operand orders by their own names);
     False when none of them fired.  Provenance names base rules: each is mapped back to the orders checked.
 
     A wrong e-node is the fault of the rules that built or merged it, but where all of those are shipped rules and
     it rests on helper-relation rows that rules from outside the shipped set wrote: then of those writers (a wrong
     row a user rule added makes a shipped reader build a wrong value)."""
-    base_of = {r.name: r.base for r in ruleset.rules}
+    base_of, shipped = shared.base_of, shared.shipped
 
     def orders(bases: set[str]) -> set[str]:
         named = {name for name in checked if base_of.get(name) in bases}
@@ -552,8 +559,8 @@ def _check_together(ruleset: RuleSet, together: list[Rule], shared: _Shared,
         except NoInstance as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
-        outcome = _run_instance(graph, subset, attempt)
-        if _judge(outcome, {r.name for r in together}, verdicts, ruleset, shared.shipped):
+        outcome = _run_instance(graph, subset, attempt, shared.schema)
+        if _judge(outcome, {r.name for r in together}, verdicts, shared):
             for r in subset.rules:
                 if unions_nothing(r) and r.base in outcome.matched:
                     verdicts[r.name].instances += 1
