@@ -143,7 +143,7 @@ def _with_specials(seed: int, name: str, value: np.ndarray, dt: str, special: in
     ``special``: the kinds in an order fixed per leaf, round k taking the next ones after round k - 1's (a
     one-element value: one kind in every other round), at positions drawn per round."""
     size, specials = value.size, special_values(dt)
-    order = _rng(seed, f"special:{name}").permutation(len(specials))
+    order = _special_order(seed, name, len(specials))
     count = special_count(size)
     if size == 1:
         if special % 2 == 0:
@@ -155,6 +155,15 @@ def _with_specials(seed: int, name: str, value: np.ndarray, dt: str, special: in
     out[_rng(seed, f"special {special}:{name}").choice(size, count, replace=False)] = \
         specials[order[(start + np.arange(count)) % len(specials)]]
     return out.reshape(value.shape)
+
+
+@lru_cache(maxsize=4096)
+def _special_order(seed: int, name: str, kinds: int) -> np.ndarray:
+    """The order leaf ``name`` takes the ``kinds`` special values in on seed ``seed`` (the same in every round;
+    read-only)."""
+    order = _rng(seed, f"special:{name}").permutation(kinds)
+    order.setflags(write=False)
+    return order
 
 
 def _key_mask(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
