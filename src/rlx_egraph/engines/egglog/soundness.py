@@ -311,6 +311,8 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
     near-largest values (see ``kernels/parity.py``).
     """
     touched = [c for c in view.classes if c.merged_by or any(view.nodes[i].built_by for i in c.nodes)]
+    if not touched:  # no rule built or merged anything: no e-node to judge, no value to compute
+        return []
     rtol, atol = PARITY_TOLERANCE[loosest(n.dtype for n in graph.nodes if not n.parts) or "f32"]
     precision, wide = precisions(graph), widened_graph(graph)
     everything = {n.id for n in graph.nodes}
