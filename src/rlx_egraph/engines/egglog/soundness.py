@@ -386,8 +386,10 @@ def _left_padded_masks(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     runs never draw, where a fill that ties with the mask decides the weights."""
     feeds = {}
     for leaf in graph.inputs:
+        if not _masks_scores(graph, leaf.id):
+            continue
         value = random_value(graph, leaf, seed)
-        if value.ndim and value.dtype in (np.float16, np.float32, np.float64) and _masks_scores(graph, leaf.id):
+        if value.ndim and value.dtype in (np.float16, np.float32, np.float64):
             value = value.copy()
             value[..., :max(1, value.shape[-1] // 2)] = np.finfo(value.dtype).min
             feeds[leaf.name] = value
