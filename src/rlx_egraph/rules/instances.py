@@ -76,7 +76,17 @@ Producers = dict[str, list[tuple[Rule, Insert | SetValue]]]  # helper table -> (
 
 
 class NoInstance(Exception):
-    """This random draw does not satisfy the query: draw another (the message says why)."""
+    """This random draw does not satisfy the query: draw another (the message says why).
+
+    The message is ``why``, or the format string ``why`` filled with ``parts`` when it is read: most failed
+    draws are drawn again without their message being read, and writing out a term costs more than the draw."""
+
+    def __init__(self, why: str, *parts: Any) -> None:
+        super().__init__(why, *parts)
+
+    def __str__(self) -> str:
+        why, *parts = self.args
+        return why.format(*parts) if parts else why
 
 
 class _Unknown(Exception):
@@ -448,7 +458,7 @@ class InstanceBuilder:
         if isinstance(term, Lookup):
             return self._lookup(term)
         if not isinstance(term, Call) or term.name not in PRIMITIVES:
-            raise NoInstance(f"cannot evaluate {term}")
+            raise NoInstance("cannot evaluate {}", term)
         args = self._values(term.args)
         if isinstance(args, _Unbound):
             return args
@@ -484,7 +494,7 @@ class InstanceBuilder:
         try:
             value = self._value(term)
         except NoValue:
-            raise NoInstance(f"{term} has no value") from None
+            raise NoInstance("{} has no value", term) from None
         return (False, None) if isinstance(value, _Unbound) else (True, value)
 
     def _assign(self, term: Term, value: Any) -> bool:
@@ -516,7 +526,7 @@ class InstanceBuilder:
                 (lk, lv), (rk, rv) = self._known(left), self._known(right)
                 if lk and rk:
                     if not same_value(_tuple(lv), _tuple(rv)):
-                        raise NoInstance(f"guard (= {left} {right}) does not hold")
+                        raise NoInstance("guard (= {} {}) does not hold", left, right)
                     self.held.add(k)
                 elif lk:
                     progress |= self._assign(right, lv)
@@ -528,7 +538,7 @@ class InstanceBuilder:
                 try:
                     waits = isinstance(self._value(term), _Unbound)
                 except NoValue:
-                    raise NoInstance(f"guard {term} does not hold") from None
+                    raise NoInstance("guard {} does not hold", term) from None
                 if not waits:
                     self.held.add(k)
         return progress
@@ -588,7 +598,7 @@ class InstanceBuilder:
         if isinstance(term, Var):
             return self.leaf(term.name, None)
         if not isinstance(term, OpTerm):
-            raise NoInstance(f"{term} is not an op term")
+            raise NoInstance("{} is not an op term", term)
         spec = REGISTRY[term.op]
         args = constructor_args(spec)
         degenerate = 0  # draws rejected as degenerate: past DEGENERATE_RETRIES the rule may need one (a literal)
@@ -606,7 +616,7 @@ class InstanceBuilder:
             except (ShapeError, GraphError, _Unknown, NoInstance) as exc:
                 last = exc
                 self.env, self.leaf_shape, self.leaf_dtype, self.held = saved
-        raise NoInstance(f"no valid {term.op}: {last}")
+        raise NoInstance("no valid {}: {}", term.op, last)
 
     def _try_term(self, term: OpTerm, spec: Any, args: Any, informative: bool = False) -> int:
         """One draw of ``term``; ``informative``: refuse dims its op calls degenerate (_Degenerate)."""
@@ -700,7 +710,7 @@ class InstanceBuilder:
             try:
                 value = self.value(term)
             except NoValue:
-                raise NoInstance(f"{term} has no value") from None
+                raise NoInstance("{} has no value", term) from None
         return _attr_value(value, attr.type)
 
     def _draw_attr(self, attr: Any, in_types: list[TensorType]) -> Any:
