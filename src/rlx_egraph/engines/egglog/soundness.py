@@ -39,6 +39,7 @@ matched.
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -81,6 +82,7 @@ SEEDS = 2  # seeds each instance is evaluated on
 # What an additive mask passes through on its way from a leaf to the Softmax it masks.
 _MASK_PATH = frozenset({"Add", "Where", "Expand", "Reshape"})
 _DERIVED_WEIGHTS = frozenset(name for name, spec in REGISTRY.items() if spec.kind is Kind.WEIGHT_PREP)
+_DECLARED_TABLE = re.compile(r"\s*\((?:relation|function)\s+([^\s()]+)")  # a table's declaration: its name
 _LIMITS = SaturationLimits(max_iterations=12, max_enodes=20_000, max_seconds=20.0)
 
 
@@ -254,13 +256,27 @@ def _schema_commands() -> list[Any]:
     return eb.EGraph().parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES))
 
 
+def _declarations(ruleset: RuleSet, text: str) -> list[Any]:
+    """The parsed declarations of ``ruleset``'s provenance and helper tables, in order, but for the tables that
+    egglog ``text`` (the rules and the graph an instance runs) never applies: such a table would stay empty, and
+    nothing reads an undeclared one differently (the view takes it for empty), so the instance runs and reads
+    back the same without it (a table applied but not declared is an egglog error, not a silent change)."""
+    out = []
+    for source, command in ruleset.provenance + ruleset.declarations:
+        table = _DECLARED_TABLE.match(source)
+        if table is None or f"({table[1]} " in text or f"({table[1]})" in text:
+            out.append(command)
+    return out
+
+
 def _run_instance(graph: Graph, ruleset: RuleSet, seed: int, schema: list[Any]) -> _Outcome:
     """Saturate ``graph`` with ``ruleset`` on a new e-graph that ran ``schema`` (:func:`_schema_commands`) and
     check every e-node of every class the rules touched."""
     encoding = encode_graph(graph)
     egraph = eb.EGraph()
     egraph.run_program(*schema)
-    egraph.run_program(*ruleset.commands())
+    egraph.run_program(*_declarations(ruleset, "\n".join([*(r.program_text for r in ruleset.rules), encoding.text])))
+    egraph.run_program(*(c for r in ruleset.rules for c in r.program))
     egraph.run_program(*egraph.parse_program(encoding.text))
     leaves = tuple(f"{n.name}: {n.type}" for n in graph.nodes if n.kind is Kind.LEAF)
     try:
