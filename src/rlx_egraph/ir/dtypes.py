@@ -74,8 +74,10 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 def to_storage(x: np.ndarray, name: str) -> np.ndarray:
     """Cast a computed array to how ``name`` is stored (bf16 is rounded)."""
     dt = dtype(name)
-    with np.errstate(over="ignore"):  # beyond the dtype's largest value is infinity, as IEEE rounding makes it
-        arr = np.asarray(x).astype(dt.storage, copy=False)
+    arr = np.asarray(x)
+    if arr.dtype != dt.storage:  # (numpy's error state costs more than most casts: set only for a cast)
+        with np.errstate(over="ignore"):  # beyond the dtype's largest value is infinity, as IEEE rounding makes it
+            arr = arr.astype(dt.storage)
     return round_bf16(arr) if name == "bf16" else arr
 
 

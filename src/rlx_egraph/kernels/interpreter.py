@@ -132,7 +132,7 @@ def random_value(graph: Graph, node: Node, seed: int = 0, special: int = 0) -> n
     if dt in ("i64", "i32"):
         return _covering_ints(rng, shape, high or 8).astype(lookup_dtype(dt).storage)
     if dt == "bool":
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     scale = 1.0 / np.sqrt(shape[-2]) if node.op == "Param" and len(shape) >= 2 else 1.0
     value = to_storage(rng.standard_normal(shape) * scale, dt)
     return _with_specials(seed, f"{node.op}:{node.name}", value, dt, special) if special else value
@@ -143,7 +143,7 @@ def _with_specials(seed: int, name: str, value: np.ndarray, dt: str, special: in
     ``special``: the kinds in an order fixed per leaf, round k taking the next ones after round k - 1's (a
     one-element value: one kind in every other round), at positions drawn per round."""
     size, specials = value.size, special_values(dt)
-    order = _rng(seed, f"special:{name}").permutation(len(specials))
+    order = _special_order(seed, name, len(specials))
     count = special_count(size)
     if size == 1:
         if special % 2 == 0:
@@ -155,6 +155,15 @@ def _with_specials(seed: int, name: str, value: np.ndarray, dt: str, special: in
     out[_rng(seed, f"special {special}:{name}").choice(size, count, replace=False)] = \
         specials[order[(start + np.arange(count)) % len(specials)]]
     return out.reshape(value.shape)
+
+
+@lru_cache(maxsize=4096)
+def _special_order(seed: int, name: str, kinds: int) -> np.ndarray:
+    """The order leaf ``name`` takes the ``kinds`` special values in on seed ``seed`` (the same in every round;
+    read-only)."""
+    order = _rng(seed, f"special:{name}").permutation(kinds)
+    order.setflags(write=False)
+    return order
 
 
 def _key_mask(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -188,7 +197,9 @@ def leaf_value(graph: Graph, node: Node, feeds: Mapping[str, np.ndarray], params
     the leaf when a given value has another shape, or is not a real array of bool, int or float values.  Every
     runner of a graph takes its leaves from here."""
     given = feeds.get(node.name) if node.op == "Input" else params.get(node.name, graph.weights.get(node.name))
-    value = random_value(graph, node, seed, special) if given is None else np.asarray(given)
+    if given is None:  # drawn as stored already
+        return random_value(graph, node, seed, special)
+    value = np.asarray(given)
     if value.dtype.kind not in "biuf":
         raise GraphError(f"node {node.id} ({node.op} {node.name!r}): given {value.dtype} values, expected a real "
                          f"array for {node.dtype} (bool, int or float)")

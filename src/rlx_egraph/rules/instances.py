@@ -14,13 +14,15 @@ the query really matches is left to the engine that runs the rule.
 
 Helper relations: :func:`unfold` replaces a relation fact of the query by the
 query of a rule that adds that row (:func:`helper_producers`), so the instance holds
-the whole decomposed form; :func:`readers_of` lists the rules whose unfolded
+the whole decomposed form; :func:`readers` lists the rules whose unfolded
 queries can hold a facts-only rule's query.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -68,16 +70,35 @@ TERM_RETRIES = 60  # draws of one term before it gives up
 DEGENERATE_RETRIES = 12  # draws of one term its op calls degenerate (OpSpec.degenerate) before one is kept
 MAX_TERM_DRAWS = 600  # draws of all terms of one instance (retries of nested terms multiply)
 MAX_UNFOLDING = 8  # helper relations unfolded inside one another
+_NOT_BOUND = object()  # what the builder's environment gives for a variable it does not hold
 
 Producers = dict[str, list[tuple[Rule, Insert | SetValue]]]  # helper table -> (rule, action adding a row to it)
 
 
 class NoInstance(Exception):
-    """This random draw does not satisfy the query: draw another (the message says why)."""
+    """This random draw does not satisfy the query: draw another (the message says why).
+
+    The message is ``why``, or the format string ``why`` filled with ``parts`` when it is read: most failed
+    draws are drawn again without their message being read, and writing out a term costs more than the draw."""
+
+    def __init__(self, why: str, *parts: Any) -> None:
+        super().__init__(why, *parts)
+
+    def __str__(self) -> str:
+        why, *parts = self.args
+        return why.format(*parts) if parts else why
 
 
 class _Unknown(Exception):
     """A term depends on something not built or bound yet."""
+
+
+@dataclass(frozen=True)
+class _Unbound:
+    """What evaluating a term that waits for variable ``name`` gives (cheaper than raising _Unknown: the guards
+    are evaluated again after every draw)."""
+
+    name: str
 
 
 class _Degenerate(Exception):
@@ -121,29 +142,32 @@ def set_tables(rule: Rule, producers: Producers) -> set[str]:
     return rule.tables_read & set_filled
 
 
-def readers_of(ruleset: RuleSet, producers: Producers, rule: Rule) -> list[Rule]:
-    """The union rules whose query, unfolded, can hold the query of the facts-only ``rule`` (not those that read
-    tables filled with ``set``)."""
-    if not unions_nothing(rule) or set_tables(rule, producers):
-        return []
+def readers(ruleset: RuleSet, producers: Producers) -> dict[str, list[Rule]]:
+    """Each facts-only rule (by name) -> the union rules whose query, unfolded, can hold its query (none for one
+    that reads tables filled with ``set``, and no reader that does)."""
+    read = {r.name: tables_read(r) for r in ruleset.rules}
+    reads_set = {r.name for r in ruleset.rules if set_tables(r, producers)}
 
     def fills(r: Rule) -> set[str]:
         return {t for t, ps in producers.items() if any(p.name == r.name for p, _ in ps)}
 
-    tables, seen, out = fills(rule), {rule.name}, []
-    changed = True
-    while changed:
-        changed = False
-        for r in ruleset.rules:
-            if r.name in seen or not tables_read(r) & tables or set_tables(r, producers):
-                continue
-            seen.add(r.name)
-            changed = True
-            if unions_nothing(r):
-                tables |= fills(r)
-            else:
-                out.append(r)
-    return out
+    def of(rule: Rule) -> list[Rule]:
+        tables, seen, out = fills(rule), {rule.name}, []
+        changed = True
+        while changed:
+            changed = False
+            for r in ruleset.rules:
+                if r.name in seen or not read[r.name] & tables or r.name in reads_set:
+                    continue
+                seen.add(r.name)
+                changed = True
+                if unions_nothing(r):
+                    tables |= fills(r)
+                else:
+                    out.append(r)
+        return out
+
+    return {r.name: of(r) for r in ruleset.rules if unions_nothing(r) and r.name not in reads_set}
 
 
 def reads_relation(rule: Rule, producers: Producers) -> bool:
@@ -173,21 +197,41 @@ def fresh(atoms: list[Atom], tag: str, keep: frozenset[str] | set[str] = frozens
     return [rename_atom(atom, names_to) for atom in atoms]  # type: ignore[arg-type]
 
 
-def unfold(atoms: list[Atom], producers: Producers, counts: dict[str, float], used: set[str],
+def choose_producers(atoms: tuple[Atom, ...] | list[Atom], producers: Producers, counts: dict[str, float],
+                     used: set[str], depth: int = 0) -> list[int]:
+    """The producer :func:`unfold` replaces each helper-relation fact of ``atoms`` by, depth first (the facts of a
+    producer's query after its own): its index in ``producers[table]``, the least used so far (per ``counts``,
+    updated) first, so every producer gets its turn; ``used`` collects the rules chosen.  No rule is renamed:
+    the choice is cheap, and the same choices unfold to the same atoms."""
+    out: list[int] = []
+    for atom in atoms:
+        if not _unfoldable(atom, producers):
+            continue
+        assert isinstance(atom, Fact)
+        if depth > MAX_UNFOLDING:
+            raise NoInstance(f"helper relation {atom.table} nests too deep")
+        options = producers[atom.table]
+        k = min(range(len(options)), key=lambda k: (counts.get(options[k][0].name, 0), k))
+        rule = options[k][0]
+        counts[rule.name] = counts.get(rule.name, 0) + 1
+        used.add(rule.name)
+        out.append(k)
+        out += choose_producers(rule.query, producers, counts, used, depth + 1)
+    return out
+
+
+def unfold(atoms: list[Atom], producers: Producers, choices: Iterator[int], used: set[str] | None = None,
            depth: int = 0) -> list[Atom]:
-    """Replace each helper-relation fact by the query of a rule that adds its row (the least used one first, per
-    ``counts``); ``used`` collects the rules unfolded."""
+    """Replace each helper-relation fact by the query of the rule that adds its row that ``choices`` names (see
+    :func:`choose_producers`), renamed apart; ``used`` collects the rules unfolded."""
+    used = set() if used is None else used
     out: list[Atom] = []
     for atom in atoms:
         if not _unfoldable(atom, producers):
             out.append(atom)
             continue
         assert isinstance(atom, Fact)
-        if depth > MAX_UNFOLDING:
-            raise NoInstance(f"helper relation {atom.table} nests too deep")
-        options = producers[atom.table]  # the least used so far first, so every producer gets its turn
-        rule, action = options[min(range(len(options)), key=lambda k: (counts.get(options[k][0].name, 0), k))]
-        counts[rule.name] = counts.get(rule.name, 0) + 1
+        rule, action = producers[atom.table][next(choices)]
         used.add(rule.name)
         *query, head = fresh([*rule.query, Fact(action.table, action.args)], f"{depth}.{len(out)}.{len(used)}")
         assert isinstance(head, Fact)
@@ -197,7 +241,7 @@ def unfold(atoms: list[Atom], producers: Producers, counts: dict[str, float], us
                 names[produced.name] = read
             else:
                 out.append(equation(rename(produced, names), read))
-        out.extend(unfold([rename_atom(a, names) for a in query], producers, counts, used, depth + 1))
+        out.extend(unfold([rename_atom(a, names) for a in query], producers, choices, used, depth + 1))
     return out
 
 
@@ -287,98 +331,151 @@ def _as_guard(atom: Atom) -> _Guard:
     return atom_terms(atom)  # type: ignore[return-value]
 
 
-class InstanceBuilder:
-    """A random graph for a list of query atoms: op-term definitions become nodes, guards are solved or checked."""
+@dataclass(frozen=True)
+class Query:
+    """A list of query atoms made ready for drawing instances (:func:`prepare`): what no random draw changes.
 
-    def __init__(self, atoms: list[Atom], rng: np.random.Generator) -> None:
-        self.rng, self.literals = rng, literals(atoms)
+    Built once, it serves every draw: the builder only reads it."""
+
+    defs: dict[str, OpTerm]  # var -> the op term that defines it (leaf definitions taken out, see _leaf_defs)
+    guards: tuple[_Guard, ...]
+    sorts: dict[str, str]  # var -> its sort
+    leaf_op: dict[str, str]  # var defined as an Input/Param term -> that op
+    leaf_name: dict[str, Term]  # such a var -> its name argument (a literal or a variable)
+    targets: frozenset[str]  # variables a guard may solve (shapes and dtypes of leaves, equated variables)
+    literals: dict[str, list[Any]]  # the atoms' literals by sort (see :func:`literals`)
+    refuted: str = ""  # why no draw can make an instance (a guard false before anything is drawn); "" if none
+
+
+def prepare(atoms: list[Atom]) -> Query:
+    """``atoms`` ready for :func:`build_instance`: definitions merged and split from guards, variables sorted,
+    leaf definitions made leaves, and the guards found false before anything is drawn (every draw would fail
+    there, with the same message)."""
+    defs: dict[str, OpTerm] = {}
+    guards: list[_Guard] = []
+    sorts: dict[str, str] = {}
+    for atom in merge_definitions(atoms):
+        if (found := _definition(atom)) and found[0] not in defs:
+            defs[found[0]] = found[1]
+        else:
+            guards.append(_as_guard(atom))
+        for term in atom_terms(atom):
+            _sort_vars(term, sorts)
+    for v in defs:
+        sorts[v] = OP
+    leaf_op: dict[str, str] = {}
+    leaf_name: dict[str, Term] = {}
+    defs, guards = _leaf_defs(defs, guards, leaf_op, leaf_name)
+    targets = {t.args[0].name for g in guards for t in g
+               if isinstance(t, Lookup) and t.table in ("shape", "dtype") and isinstance(t.args[0], Var)}
+    targets |= {t.name for g in guards if len(g) == 2 for t in g if isinstance(t, Var)}
+    query = Query(defs, tuple(guards), sorts, leaf_op, leaf_name, frozenset(targets), literals(atoms))
+    try:  # the first pass of every build: nothing bound yet, so no draw changes what it finds
+        InstanceBuilder(query).solve_guards()
+    except NoInstance as exc:
+        return replace(query, refuted=str(exc))
+    return query
+
+
+def _leaf_defs(defs: dict[str, OpTerm], guards: list[_Guard], leaf_op: dict[str, str],
+               leaf_name: dict[str, Term]) -> tuple[dict[str, OpTerm], list[_Guard]]:
+    """Make ``?w = (Param ?n ?s ?dt)`` (or Input) a leaf drawn with the term that reads it: ``?s`` and
+    ``?dt`` stand for ``(shape ?w)`` and ``(dtype ?w)`` everywhere; a literal or reused one becomes a guard.
+    Fills ``leaf_op`` and ``leaf_name``; returns the definitions and guards left."""
+    names: dict[str, Term] = {}
+    pinned: list[_Guard] = []
+    for var, term in list(defs.items()):
+        spec = REGISTRY[term.op]
+        if spec.kind is not Kind.LEAF or "name" not in spec.attr_names:
+            continue
+        del defs[var]
+        leaf_op[var] = term.op
+        for arg, a in zip(constructor_args(spec), term.args, strict=True):
+            if arg.name == "name":
+                leaf_name[var] = a
+                continue
+            of_leaf = Lookup(arg.name, (Var(var),))
+            if isinstance(a, Var) and a.name not in names and a.name not in defs:
+                names[a.name] = of_leaf
+            else:
+                pinned.append((of_leaf, a))
+    if not leaf_op:
+        return defs, guards
+    guards = [tuple(rename(t, names) for t in g) for g in [*guards, *pinned]]  # type: ignore[misc]
+    return {v: rename(t, names) for v, t in defs.items()}, guards  # type: ignore[misc]
+
+
+def _sort_vars(term: Term, sorts: dict[str, str]) -> None:
+    """Record in ``sorts`` the sort of each variable ``term`` applies to an argument of known sort."""
+    if isinstance(term, OpTerm):
+        arg_sorts = [a.sort for a in constructor_args(REGISTRY[term.op])]
+    elif isinstance(term, TensorList):
+        arg_sorts = [OP] * len(term.items) + [TENSOR_LIST]
+    elif isinstance(term, Lookup) and term.table in FACT_TABLES:
+        arg_sorts = list(FACT_TABLES[term.table].inputs)
+    else:
+        arg_sorts = []
+    for a, sort in zip(children(term), arg_sorts, strict=False):
+        if isinstance(a, Var):
+            sorts.setdefault(a.name, sort)
+    for a in children(term):
+        _sort_vars(a, sorts)
+
+
+class InstanceBuilder:
+    """A random graph for a prepared query: op-term definitions become nodes, guards are solved or checked."""
+
+    def __init__(self, query: Query) -> None:
+        self.query = query
+        self.defs, self.guards, self.sorts = query.defs, query.guards, query.sorts
+        self.leaf_op, self.leaf_name, self.targets, self.literals = (query.leaf_op, query.leaf_name, query.targets,
+                                                                     query.literals)
         self.graph = Graph("instance")
         self.facts = _InstanceFacts(self.graph)
-        self.dtype = FLOATS[int(rng.integers(len(FLOATS)))]
         self.env: dict[str, Any] = {}  # var -> node id (Op), list of node ids (TensorList) or value
         self.leaf_shape: dict[str, tuple[int, ...]] = {}
         self.leaf_dtype: dict[str, str] = {}
-        self.defs: dict[str, OpTerm] = {}
-        self.guards: list[_Guard] = []
         self.held: set[int] = set()  # guards found to hold (by index)
-        self.sorts: dict[str, str] = {}
-        for atom in merge_definitions(atoms):
-            if (found := _definition(atom)) and found[0] not in self.defs:
-                self.defs[found[0]] = found[1]
-            else:
-                self.guards.append(_as_guard(atom))
-            for term in atom_terms(atom):
-                self._sort_vars(term)
-        for v in self.defs:
-            self.sorts[v] = OP
         self.draws = 0  # term draws of this instance (at most MAX_TERM_DRAWS)
-        self.leaf_op: dict[str, str] = {}  # var defined as an Input/Param term -> that op
-        self.leaf_name: dict[str, Term] = {}  # such a var -> its name argument (a literal or a variable)
-        self._leaf_defs()
-        self.targets = {t.args[0].name for g in self.guards for t in g
-                        if isinstance(t, Lookup) and t.table in ("shape", "dtype") and isinstance(t.args[0], Var)}
-        self.targets |= {t.name for g in self.guards if len(g) == 2 for t in g if isinstance(t, Var)}
         self.names = itertools.count()
-
-    def _leaf_defs(self) -> None:
-        """Make ``?w = (Param ?n ?s ?dt)`` (or Input) a leaf drawn with the term that reads it: ``?s`` and
-        ``?dt`` stand for ``(shape ?w)`` and ``(dtype ?w)`` everywhere; a literal or reused one becomes a guard."""
-        names: dict[str, Term] = {}
-        pinned: list[_Guard] = []
-        for var, term in list(self.defs.items()):
-            spec = REGISTRY[term.op]
-            if spec.kind is not Kind.LEAF or "name" not in spec.attr_names:
-                continue
-            del self.defs[var]
-            self.leaf_op[var] = term.op
-            for arg, a in zip(constructor_args(spec), term.args, strict=True):
-                if arg.name == "name":
-                    self.leaf_name[var] = a
-                    continue
-                of_leaf = Lookup(arg.name, (Var(var),))
-                if isinstance(a, Var) and a.name not in names and a.name not in self.defs:
-                    names[a.name] = of_leaf
-                else:
-                    pinned.append((of_leaf, a))
-        if not self.leaf_op:
-            return
-        self.guards = [tuple(rename(t, names) for t in g) for g in [*self.guards, *pinned]]  # type: ignore[misc]
-        self.defs = {v: rename(t, names) for v, t in self.defs.items()}  # type: ignore[misc]
-
-    def _sort_vars(self, term: Term) -> None:
-        if isinstance(term, OpTerm):
-            sorts = [a.sort for a in constructor_args(REGISTRY[term.op])]
-        elif isinstance(term, TensorList):
-            sorts = [OP] * len(term.items) + [TENSOR_LIST]
-        elif isinstance(term, Lookup) and term.table in FACT_TABLES:
-            sorts = list(FACT_TABLES[term.table].inputs)
-        else:
-            sorts = []
-        for a, sort in zip(children(term), sorts, strict=False):
-            if isinstance(a, Var):
-                self.sorts.setdefault(a.name, sort)
-        for a in children(term):
-            self._sort_vars(a)
 
     # -- evaluation of guard terms --
 
     def value(self, term: Term) -> Any:
         """The value of a term over what is built and bound so far (_Unknown when it depends on more)."""
+        value = self._value(term)
+        if isinstance(value, _Unbound):
+            raise _Unknown(value.name)
+        return value
+
+    def _value(self, term: Term) -> Any:
+        """:meth:`value`, or an _Unbound naming the first variable (left to right) the term waits for."""
         if isinstance(term, Lit):
             return term.value
         if isinstance(term, Var):
-            if term.name not in self.env:
-                raise _Unknown(term.name)
-            return self.env[term.name]
+            value = self.env.get(term.name, _NOT_BOUND)
+            return _Unbound(term.name) if value is _NOT_BOUND else value
         if isinstance(term, Lookup):
             return self._lookup(term)
         if not isinstance(term, Call) or term.name not in PRIMITIVES:
-            raise NoInstance(f"cannot evaluate {term}")
-        args = [self.value(a) for a in term.args]
+            raise NoInstance("cannot evaluate {}", term)
+        args = self._values(term.args)
+        if isinstance(args, _Unbound):
+            return args
         try:
             return PRIMITIVES[term.name](*args)
         except (IndexError, ZeroDivisionError, TypeError) as exc:
             raise NoInstance(f"{term.name}: {exc}") from None
+
+    def _values(self, terms: tuple[Term, ...]) -> list[Any] | _Unbound:
+        """The values of ``terms``, evaluated left to right up to the first that waits for a variable."""
+        out = []
+        for term in terms:
+            value = self._value(term)
+            if isinstance(value, _Unbound):
+                return value
+            out.append(value)
+        return out
 
     def _lookup(self, term: Lookup) -> Any:
         table, args = term.table, term.args
@@ -388,17 +485,17 @@ class InstanceBuilder:
                 return drawn[args[0].name]
         if table not in FACT_TABLES:
             raise NoInstance(f"cannot evaluate {table}")
-        return FACT_TABLES[table].evaluate(self.facts, *(self.value(a) for a in args))
+        values = self._values(args)
+        return values if isinstance(values, _Unbound) else FACT_TABLES[table].evaluate(self.facts, *values)
 
     def _known(self, term: Term) -> tuple[bool, Any]:
         """``(True, value)``, or ``(False, None)`` when it depends on something not built or bound yet; a term
         without a value (NoValue) does not hold: NoInstance."""
         try:
-            return True, self.value(term)
-        except _Unknown:
-            return False, None
+            value = self._value(term)
         except NoValue:
-            raise NoInstance(f"{term} has no value") from None
+            raise NoInstance("{} has no value", term) from None
+        return (False, None) if isinstance(value, _Unbound) else (True, value)
 
     def _assign(self, term: Term, value: Any) -> bool:
         """Make ``term`` (a free variable, or the shape/dtype of an unbuilt leaf) equal ``value``."""
@@ -429,7 +526,7 @@ class InstanceBuilder:
                 (lk, lv), (rk, rv) = self._known(left), self._known(right)
                 if lk and rk:
                     if not same_value(_tuple(lv), _tuple(rv)):
-                        raise NoInstance(f"guard (= {left} {right}) does not hold")
+                        raise NoInstance("guard (= {} {}) does not hold", left, right)
                     self.held.add(k)
                 elif lk:
                     progress |= self._assign(right, lv)
@@ -439,12 +536,11 @@ class InstanceBuilder:
                 (term,) = guard
                 progress |= self._solve_check(term)
                 try:
-                    self.value(term)
-                except _Unknown:
-                    continue
+                    waits = isinstance(self._value(term), _Unbound)
                 except NoValue:
-                    raise NoInstance(f"guard {term} does not hold") from None
-                self.held.add(k)
+                    raise NoInstance("guard {} does not hold", term) from None
+                if not waits:
+                    self.held.add(k)
         return progress
 
     def _solve_check(self, term: Term) -> bool:
@@ -461,8 +557,13 @@ class InstanceBuilder:
 
     # -- building terms --
 
-    def build(self) -> Graph:
-        """The instance: every definition built, every guard holding; NoInstance when this draw fails."""
+    def build(self, rng: np.random.Generator) -> Graph:
+        """The instance drawn with ``rng``: every definition built, every guard holding; NoInstance when this draw
+        fails."""
+        self.rng = rng
+        self.dtype = FLOATS[int(rng.integers(len(FLOATS)))]
+        if self.query.refuted:
+            raise NoInstance(self.query.refuted)
         pending = list(self.defs)
         while pending:
             self.solve_guards()
@@ -497,7 +598,7 @@ class InstanceBuilder:
         if isinstance(term, Var):
             return self.leaf(term.name, None)
         if not isinstance(term, OpTerm):
-            raise NoInstance(f"{term} is not an op term")
+            raise NoInstance("{} is not an op term", term)
         spec = REGISTRY[term.op]
         args = constructor_args(spec)
         degenerate = 0  # draws rejected as degenerate: past DEGENERATE_RETRIES the rule may need one (a literal)
@@ -515,7 +616,7 @@ class InstanceBuilder:
             except (ShapeError, GraphError, _Unknown, NoInstance) as exc:
                 last = exc
                 self.env, self.leaf_shape, self.leaf_dtype, self.held = saved
-        raise NoInstance(f"no valid {term.op}: {last}")
+        raise NoInstance("no valid {}: {}", term.op, last)
 
     def _try_term(self, term: OpTerm, spec: Any, args: Any, informative: bool = False) -> int:
         """One draw of ``term``; ``informative``: refuse dims its op calls degenerate (_Degenerate)."""
@@ -609,7 +710,7 @@ class InstanceBuilder:
             try:
                 value = self.value(term)
             except NoValue:
-                raise NoInstance(f"{term} has no value") from None
+                raise NoInstance("{} has no value", term) from None
         return _attr_value(value, attr.type)
 
     def _draw_attr(self, attr: Any, in_types: list[TensorType]) -> Any:
@@ -692,9 +793,10 @@ class InstanceBuilder:
         return node
 
 
-def build_instance(atoms: list[Atom], rng: np.random.Generator) -> Graph:
-    """A random graph on which ``atoms`` (a query, unfolded) can match; NoInstance when this draw fails."""
-    return InstanceBuilder(atoms, rng).build()
+def build_instance(query: Query, rng: np.random.Generator) -> Graph:
+    """A random graph on which ``query`` (a query, unfolded and prepared) can match; NoInstance when this draw
+    fails."""
+    return InstanceBuilder(query).build(rng)
 
 
 def _tuple(v: Any) -> Any:

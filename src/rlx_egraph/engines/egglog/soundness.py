@@ -39,6 +39,7 @@ matched.
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -57,11 +58,14 @@ from ...rules import Insert, variables
 from ...rules.instances import (
     NoInstance,
     Producers,
+    Query,
     build_instance,
+    choose_producers,
     fresh,
     helper_producers,
+    prepare,
     queries,
-    readers_of,
+    readers,
     reads_relation,
     set_tables,
     unfold,
@@ -78,6 +82,7 @@ SEEDS = 2  # seeds each instance is evaluated on
 # What an additive mask passes through on its way from a leaf to the Softmax it masks.
 _MASK_PATH = frozenset({"Add", "Where", "Expand", "Reshape"})
 _DERIVED_WEIGHTS = frozenset(name for name, spec in REGISTRY.items() if spec.kind is Kind.WEIGHT_PREP)
+_DECLARED_TABLE = re.compile(r"\s*\((?:relation|function)\s+([^\s()]+)")  # a table's declaration: its name
 _LIMITS = SaturationLimits(max_iterations=12, max_enodes=20_000, max_seconds=20.0)
 
 
@@ -172,6 +177,7 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
         ruleset = ruleset + load_rules()
     targets = set(reported)
     producers = helper_producers(ruleset)
+    shared = _Shared(ruleset, producers)
     verdicts = {r.name: RuleVerdict(r.name, r.location) for r in ruleset.rules}
     used_by: dict[str, set[str]] = {}  # facts-only rule -> readers whose instances ran it
     together: list[Rule] = []
@@ -183,21 +189,22 @@ def check(rules: RuleSet | Any = None, instances: int = 3, attempts: int = 80, s
             together.append(rule)
             continue
         checked.append(rule.name)
-        _check_rule(ruleset, rule, producers, verdicts, used_by, instances, attempts, _rng(seed, rule.name))
+        _check_rule(ruleset, rule, shared, verdicts, used_by, instances, attempts, _rng(seed, rule.name))
     # rules that used all their attempts: forcing into them a producer that no other rule competes with would only
     # draw them again
     exhausted = {name for name in checked if verdicts[name].status != UNSOUND and verdicts[name].instances < instances}
     if together:
-        _check_together(ruleset, together, producers, verdicts, instances, attempts, seed)
+        _check_together(ruleset, together, shared, verdicts, instances, attempts, seed)
+    read_by = readers(ruleset, producers)
     for rule in ruleset.rules:  # producers the readers' own instances left out or used too little
         if rule.name not in targets:
             continue
-        for reader in readers_of(ruleset, producers, rule):
+        for reader in read_by.get(rule.name, []):
             if verdicts[rule.name].instances >= instances:
                 break
             if reader.name in exhausted and not _competes(rule, producers):
                 continue
-            _check_rule(ruleset, reader, producers, verdicts, used_by, instances, attempts,
+            _check_rule(ruleset, reader, shared, verdicts, used_by, instances, attempts,
                         _rng(seed, rule.name, reader.name), force=rule.name)
     for rule in ruleset.rules:
         v = verdicts[rule.name]
@@ -244,12 +251,32 @@ class _Outcome:
     wrong: list[tuple[tuple[str, ...], tuple[str, ...], CounterExample]]
 
 
-def _run_instance(graph: Graph, ruleset: RuleSet, seed: int) -> _Outcome:
-    """Saturate ``graph`` with ``ruleset`` and check every e-node of every class the rules touched."""
+def _schema_commands() -> list[Any]:
+    """The parsed egglog commands of the schema and the stages' rulesets (any e-graph runs them)."""
+    return eb.EGraph().parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES))
+
+
+def _declarations(ruleset: RuleSet, text: str) -> list[Any]:
+    """The parsed declarations of ``ruleset``'s provenance and helper tables, in order, but for the tables that
+    egglog ``text`` (the rules and the graph an instance runs) never applies: such a table would stay empty, and
+    nothing reads an undeclared one differently (the view takes it for empty), so the instance runs and reads
+    back the same without it (a table applied but not declared is an egglog error, not a silent change)."""
+    out = []
+    for source, command in ruleset.provenance + ruleset.declarations:
+        table = _DECLARED_TABLE.match(source)
+        if table is None or f"({table[1]} " in text or f"({table[1]})" in text:
+            out.append(command)
+    return out
+
+
+def _run_instance(graph: Graph, ruleset: RuleSet, seed: int, schema: list[Any]) -> _Outcome:
+    """Saturate ``graph`` with ``ruleset`` on a new e-graph that ran ``schema`` (:func:`_schema_commands`) and
+    check every e-node of every class the rules touched."""
     encoding = encode_graph(graph)
     egraph = eb.EGraph()
-    egraph.run_program(*egraph.parse_program(schema_text() + "\n".join(f"(ruleset {s})" for s in STAGES)))
-    egraph.run_program(*ruleset.commands())
+    egraph.run_program(*schema)
+    egraph.run_program(*_declarations(ruleset, "\n".join([*(r.program_text for r in ruleset.rules), encoding.text])))
+    egraph.run_program(*(c for r in ruleset.rules for c in r.program))
     egraph.run_program(*egraph.parse_program(encoding.text))
     leaves = tuple(f"{n.name}: {n.type}" for n in graph.nodes if n.kind is Kind.LEAF)
     try:
@@ -300,6 +327,8 @@ def _compare_values(view: EGraphView, graph: Graph, leaves: tuple[str, ...],
     near-largest values (see ``kernels/parity.py``).
     """
     touched = [c for c in view.classes if c.merged_by or any(view.nodes[i].built_by for i in c.nodes)]
+    if not touched:  # no rule built or merged anything: no e-node to judge, no value to compute
+        return []
     rtol, atol = PARITY_TOLERANCE[loosest(n.dtype for n in graph.nodes if not n.parts) or "f32"]
     precision, wide = precisions(graph), widened_graph(graph)
     everything = {n.id for n in graph.nodes}
@@ -373,8 +402,10 @@ def _left_padded_masks(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     runs never draw, where a fill that ties with the mask decides the weights."""
     feeds = {}
     for leaf in graph.inputs:
+        if not _masks_scores(graph, leaf.id):
+            continue
         value = random_value(graph, leaf, seed)
-        if value.ndim and value.dtype in (np.float16, np.float32, np.float64) and _masks_scores(graph, leaf.id):
+        if value.ndim and value.dtype in (np.float16, np.float32, np.float64):
             value = value.copy()
             value[..., :max(1, value.shape[-1] // 2)] = np.finfo(value.dtype).min
             feeds[leaf.name] = value
@@ -429,7 +460,31 @@ def _class_values(view: EGraphView, graph: Graph, node_values: dict[int, np.ndar
 # --- per rule ----------------------------------------------------------------------------------
 
 
-def _check_rule(ruleset: RuleSet, rule: Rule, producers: Producers,
+class _Shared:
+    """What every instance of one check reuses: the helper tables' producers, the parsed schema, each rule's base
+    name and those of the shipped rules (see :func:`_judge`), and rules' queries with their helper relations unfolded
+    (:func:`~rlx_egraph.rules.instances.unfold`) and prepared for drawing instances: once per query and choice
+    of producers, however many draws use them."""
+
+    def __init__(self, ruleset: RuleSet, producers: Producers) -> None:
+        self.producers, self.schema = producers, _schema_commands()
+        self.base_of = {r.name: r.base for r in ruleset.rules}
+        self.shipped = _shipped_bases(ruleset)
+        self._prepared: dict[tuple[str, int, tuple[int, ...]], Query] = {}
+
+    def query(self, rule: Rule, attempt: int, counts: dict[str, float], used: set[str]) -> Query:
+        """The query of ``rule``'s direction for ``attempt``, each helper relation unfolded by its least used
+        producer (``counts`` updated, ``used`` filled); NoInstance when they nest too deep."""
+        directions = queries(rule)
+        index = attempt % len(directions)
+        choices = tuple(choose_producers(directions[index], self.producers, counts, used))
+        key = (rule.name, index, choices)
+        if key not in self._prepared:
+            self._prepared[key] = prepare(unfold(list(directions[index]), self.producers, iter(choices)))
+        return self._prepared[key]
+
+
+def _check_rule(ruleset: RuleSet, rule: Rule, shared: _Shared,
                 verdicts: dict[str, RuleVerdict], used_by: dict[str, set[str]], instances: int, attempts: int,
                 rng: np.random.Generator, force: str | None = None) -> None:
     """Draw instances of ``rule`` until it (or the producer ``force``, unfolded wherever it may be) has
@@ -440,16 +495,14 @@ def _check_rule(ruleset: RuleSet, rule: Rule, producers: Producers,
     for attempt in range(attempts):
         if verdicts[force or rule.name].instances >= instances:
             break
-        directions = queries(rule)
-        query = directions[attempt % len(directions)]
         used: set[str] = set()
         try:
-            graph = build_instance(unfold(list(query), producers, counts, used), rng)
+            graph = build_instance(shared.query(rule, attempt, counts, used), rng)
         except NoInstance as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
         subset = replace(ruleset, rules=[r for r in ruleset.rules if r.name == rule.name or r.name in used])
-        if not _judge(_run_instance(graph, subset, attempt), {rule.name}, verdicts, ruleset):
+        if not _judge(_run_instance(graph, subset, attempt, shared.schema), {rule.name}, verdicts, shared):
             reasons["egglog did not fire the rule on the instance"] = reasons.get(
                 "egglog did not fire the rule on the instance", 0) + 1
             continue
@@ -465,15 +518,14 @@ def _check_rule(ruleset: RuleSet, rule: Rule, producers: Producers,
         verdict.reason = f"no random instance made it fire in {attempts} attempts (most often: {common})"
 
 
-def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict], ruleset: RuleSet) -> bool:
+def _judge(outcome: _Outcome, checked: set[str], verdicts: dict[str, RuleVerdict], shared: _Shared) -> bool:
     """Record what one instance showed for the rules in ``checked`` (operand orders by their own names);
     False when none of them fired.  Provenance names base rules: each is mapped back to the orders checked.
 
     A wrong e-node is the fault of the rules that built or merged it, but where all of those are shipped rules and
     it rests on helper-relation rows that rules from outside the shipped set wrote: then of those writers (a wrong
     row a user rule added makes a shipped reader build a wrong value)."""
-    base_of = {r.name: r.base for r in ruleset.rules}
-    shipped = _shipped_bases(ruleset)
+    base_of, shipped = shared.base_of, shared.shipped
 
     def orders(bases: set[str]) -> set[str]:
         named = {name for name in checked if base_of.get(name) in bases}
@@ -503,9 +555,10 @@ def _shipped_bases(ruleset: RuleSet) -> frozenset[str]:
     return frozenset(r.base for r in ruleset.rules if r.file not in outside)
 
 
-def _check_together(ruleset: RuleSet, together: list[Rule], producers: Producers,
+def _check_together(ruleset: RuleSet, together: list[Rule], shared: _Shared,
                     verdicts: dict[str, RuleVerdict], instances: int, attempts: int, seed: int) -> None:
     """Rules that read tables filled with ``set``: k copies of the chain's first left side, whole files run."""
+    producers = shared.producers
     files = {r.file for r in together}
     subset = replace(ruleset, rules=[r for r in ruleset.rules if r.file in files])
     roots = [r for r in subset.rules if unions_nothing(r) and not set_tables(r, producers)
@@ -518,15 +571,16 @@ def _check_together(ruleset: RuleSet, together: list[Rule], producers: Producers
             break
         root = roots[attempt % len(roots)]
         head = next(a for a in root.actions if isinstance(a, Insert))
-        shared = set(variables(head.args[0]))
+        first_input = set(variables(head.args[0]))
         k = int(rng.integers(2, 4))
         try:
-            graph = build_instance([a for c in range(k) for a in fresh(list(root.query), f"c{c}", shared)], rng)
+            copies = [a for c in range(k) for a in fresh(list(root.query), f"c{c}", first_input)]
+            graph = build_instance(prepare(copies), rng)
         except NoInstance as exc:
             reasons[str(exc)] = reasons.get(str(exc), 0) + 1
             continue
-        outcome = _run_instance(graph, subset, attempt)
-        if _judge(outcome, {r.name for r in together}, verdicts, ruleset):
+        outcome = _run_instance(graph, subset, attempt, shared.schema)
+        if _judge(outcome, {r.name for r in together}, verdicts, shared):
             for r in subset.rules:
                 if unions_nothing(r) and r.base in outcome.matched:
                     verdicts[r.name].instances += 1
