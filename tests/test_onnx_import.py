@@ -148,17 +148,28 @@ def test_every_listed_op_type_has_a_case() -> None:
     assert listed - {c[0].split("-")[0] for c in OP_CASES} == set()
 
 
-def test_multi_output_opaque_op_gives_one_node_per_used_output() -> None:
+def test_an_opaque_op_with_two_used_outputs_is_one_node_read_through_gets() -> None:
     m = OnnxBuilder(17)
     x = m.input("x", F, [2, 3, 4])
     values, indices = m.op("TopK", [x, m.ints(2)], outputs=2, axis=-1)
     model = m.model({"y": m.op("Add", [values, m.op("Cast", [indices], to=F)])})
     g = import_model(model)
-    opaque = [n for n in g.nodes if n.op == "OnnxOp"]
-    assert [(n.attrs["op_type"], n.attrs["output"], n.dtype, n.shape) for n in opaque] == \
-        [("TopK", 0, "f32", (2, 3, 2)), ("TopK", 1, "i64", (2, 3, 2))]
+    (opaque,) = [n for n in g.nodes if n.op == "OnnxOp"]
+    assert (opaque.attrs["op_type"], opaque.attrs["output"], str(opaque.type)) == \
+        ("TopK", -1, "(f32[2, 3, 2], i64[2, 3, 2])")
+    assert [(n.attrs["index"], str(n.type)) for n in g.nodes if n.op == "Get" and n.inputs == (opaque.id,)] == \
+        [(0, "f32[2, 3, 2]"), (1, "i64[2, 3, 2]")]
     xv = np.random.default_rng(2).standard_normal((2, 3, 4)).astype(np.float32)
     assert_close(evaluate(g, {"x": xv})[0], run_ort(model, {"x": xv})[0])
+
+
+def test_an_opaque_op_with_one_used_output_is_a_node_of_that_output() -> None:
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [2, 3, 4])
+    _, indices = m.op("TopK", [x, m.ints(2)], outputs=2, axis=-1)
+    g = import_model(m.model({"y": m.op("Cast", [indices], to=F)}))
+    assert [(n.attrs["output"], str(n.type)) for n in g.nodes if n.op == "OnnxOp"] == [(1, "i64[2, 3, 2]")]
+    assert not [n for n in g.nodes if n.op == "Get"]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

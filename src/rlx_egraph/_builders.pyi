@@ -96,7 +96,7 @@ class GraphBuilders:
     def non_zero(self, x: int, *, count: int) -> int:
         """Append a NonZero node (host-sync). Indices [rank, count] of x's non-zero elements (the first count, -1 past the last); the host reads back how many there are."""
     def onnx_op(self, xs: Sequence[int], *, op_type: str, domain: str = '', opset: int, output: int = 0, proto: str) -> int:
-        """Append a OnnxOp node (opaque). A standard ONNX node MIR has no op for (one output of it), kept as a one-node ONNX graph."""
+        """Append a OnnxOp node (opaque). A standard ONNX node MIR has no op for (one output of it, or all of them for output -1), kept as a one-node ONNX graph."""
     def pad(self, x: int, *, pads: Sequence[int], value: float = 0.0) -> int:
         """Append a Pad node (vision). Constant padding; pads: the begins of every axis, then the ends (ONNX's layout), each >= 0."""
     def pow(self, a: int, b: int) -> int:

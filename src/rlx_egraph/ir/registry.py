@@ -282,7 +282,9 @@ class OpSpec:
     ``results`` names the results of a multi-result op (empty: one result):
     its ``infer`` returns a :class:`TupleType` of that many parts, its kernel a
     tuple of arrays, its ``decompose`` a tuple of node ids, and a node of it is
-    read only through ``Get(node, index)`` (Kind.PROJECTION, no launch).
+    read only through ``Get(node, index)`` (Kind.PROJECTION, no launch).  One
+    name ending in ``*`` (OnnxOp's ``outputs*``): a node has one result or,
+    by its attributes, several (two or more parts).
 
     ``decompose(g, inputs, attrs)`` appends to ``g`` the nodes of other ops
     that compute the same value from the node ids ``inputs`` and returns the
@@ -419,7 +421,8 @@ class OpSpec:
         if self.canonical is not None:
             attrs = self.canonical(attrs, ins)
         out = self.infer(attrs, ins)
-        if (len(out.parts) if isinstance(out, TupleType) else 0) != len(self.results):
+        parts = len(out.parts) if isinstance(out, TupleType) else 0
+        if parts != len(self.results) and not (self.results[-1:] and self.results[-1].endswith("*") and parts != 1):
             raise ShapeError(f"{self.name} declares results {list(self.results)}, its shape rule gave {out}")
         return attrs, out
 

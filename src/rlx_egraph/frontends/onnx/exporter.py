@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 
 from ...ir.dims import Dim, Sym, floor_atoms, parse, symbol, symbols_of, to_json
 from ...ir.graph import Graph, GraphError, Node
-from ...ir.ops.onnx_op import ONNX_DTYPES, decode_graph, node_model, outer_reads, rename_node
+from ...ir.ops.onnx_op import ALL_OUTPUTS, ONNX_DTYPES, decode_graph, node_model, outer_reads, rename_node
 from ...ir.ops.reference import run_node
 from ...ir.registry import Kind, ShapeError
 from .export_table import EXPORTS, MIR_FORMS
@@ -263,8 +263,9 @@ class Builder:
         inputs = [x] if axes is None else [x, self.ints(axes)]
         return self.op(op_type, inputs, keepdims=int(keepdims))
 
-    def opaque(self, node: Node, ins: list[str]) -> str:
-        """An OnnxOp's ONNX node, converted to the export opset where its definition changed since."""
+    def opaque(self, node: Node, ins: list[str]) -> str | tuple[str, ...]:
+        """An OnnxOp's ONNX node, converted to the export opset where its definition changed since; the name of
+        its output (of each output, for a node of all of them)."""
         graph = decode_graph(node.attrs["proto"])
         domain, opset = node.attrs["domain"], node.attrs["opset"]
         if domain in ("", "ai.onnx") and _definition(graph.node[0].op_type, opset) != _definition(
@@ -279,8 +280,11 @@ class Builder:
         names = {f"in{k}": name for k, name in enumerate(ins)} | {"": ""}
         for tensor in graph.initializer:
             names[tensor.name] = self.const(numpy_helper.to_array(tensor))
-        result = self.fresh(f"{graph.node[0].op_type}_{len(self.nodes)}")
-        names[f"out{node.attrs['output']}"] = result
+        op_type, output = graph.node[0].op_type, node.attrs["output"]
+        outputs = range(len(graph.node[0].output)) if output == ALL_OUTPUTS else (output,)
+        results = tuple(self.fresh(f"{op_type}_{len(self.nodes)}" + (f"_{k}" if output == ALL_OUTPUTS else ""))
+                        for k in outputs)
+        names.update((f"out{k}", name) for k, name in zip(outputs, results, strict=True))
         for inner in graph.node:
             copy = rename_node(inner, names)  # its inputs and what its subgraphs read of the enclosing graph
             for slot, name in enumerate(inner.output):
@@ -290,7 +294,7 @@ class Builder:
             copy.name = self.fresh(self.label if self.label is not None else copy.output[0])
             self.nodes.append(copy)
             self.written_for[copy.name] = self.writing
-        return result
+        return results if output == ALL_OUTPUTS else results[0]
 
 
 def _copied(dims: tuple[Dim, ...], source: tuple[Dim, ...] | None) -> tuple[Dim, ...]:

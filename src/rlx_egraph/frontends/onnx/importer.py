@@ -34,6 +34,7 @@ from onnx import helper, numpy_helper
 from ...ir.dims import Dim, floor_atoms, minimum, symbols_of
 from ...ir.graph import Graph, GraphError
 from ...ir.ops.onnx_op import (
+    ALL_OUTPUTS,
     MIR_DTYPES,
     ONNX_DTYPES,
     STANDARD_DOMAINS,
@@ -519,8 +520,13 @@ class Importer:
         except ShapeError as exc:  # a symbolic dim that a fold or a lowering cannot decide on
             raise refuse_shape_error(self, exc) from None
         outputs += [None] * (len(node.output) - len(outputs))
-        for k, name in enumerate(node.output):
-            if name and name in used and outputs[k] is None:
+        wanted = [k for k, name in enumerate(node.output) if name and name in used and outputs[k] is None]
+        if len(wanted) > 1 and all(node.output):  # one node for all its outputs: it runs once
+            results = self.opaque(node, ALL_OUTPUTS)
+            for k in wanted:
+                outputs[k] = Value(node=self.graph.add_node("Get", [results], index=k))
+        else:
+            for k in wanted:
                 outputs[k] = Value(node=self.opaque(node, k))
         return outputs
 
@@ -590,10 +596,10 @@ class Importer:
             raise OnnxImportError(f"{self.label}: folding it for the given input shapes fails: {exc}") from None
 
     def opaque(self, node: onnx.NodeProto, output: int) -> int:
-        """An OnnxOp node for output ``output`` of ``node``: runtime inputs, weights, symbolic values and forms
-        become its inputs ``in0, ...``, other known inputs initializers of its one-node graph (small int
-        initializers too: pads, repeats, sizes, from which onnx's shape inference computes the output's shape);
-        values its subgraphs (If, Loop, Scan) read from the enclosing graph become inputs too."""
+        """An OnnxOp node for output ``output`` of ``node`` (:data:`ALL_OUTPUTS`: all of them): runtime inputs,
+        weights, symbolic values and forms become its inputs ``in0, ...``, other known inputs initializers of its
+        one-node graph (small int initializers too: pads, repeats, sizes, from which onnx's shape inference computes
+        the output's shape); values its subgraphs (If, Loop, Scan) read from the enclosing graph become inputs too."""
         inputs: list[int] = []
         renamed: dict[str, str] = {"": ""}
         constants = []

@@ -1,7 +1,10 @@
 """OnnxOp: an ONNX node with no MIR equivalent, kept in its ONNX definition.
 
 The importer (:mod:`rlx_egraph.frontends.onnx`) turns every standard ONNX op
-that MIR cannot express into one OnnxOp node per used output.  Its ``proto``
+that MIR cannot express into one OnnxOp node: of its one used output
+(``output``), or, where two or more are used (TopK's values and indices), of all
+of them (``output`` -1: a multi-result node, each output read through ``Get``),
+so the node runs once.  Its ``proto``
 attribute is a one-node ONNX graph (base64 of a serialized ``GraphProto``):
 the node, its inputs ``in0, in1, ...`` (the OnnxOp's own inputs, typed by
 canonicalisation from the input types) and its constant inputs as
@@ -20,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from ..dims import Dim, Sym, parse, symbol, symbols_of, to_json
-from ..registry import Attrs, AttrSpec, AttrType, Kind, OpSpec, ShapeError, TensorType, register
+from ..registry import Attrs, AttrSpec, AttrType, Kind, OpSpec, ShapeError, TensorType, TupleType, register
 
 # MIR dtype -> ONNX TensorProto element type (the values of onnx.TensorProto.DataType).
 ONNX_DTYPES: dict[str, int] = {"f32": 1, "f16": 10, "bf16": 16, "i64": 7, "i32": 6, "bool": 9}
 MIR_DTYPES: dict[int, str] = {v: k for k, v in ONNX_DTYPES.items()}
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training")
+ALL_OUTPUTS = -1  # the ``output`` of an OnnxOp that stands for every output of its node (a multi-result node)
 
 
 def encode_proto(message: Any) -> str:
@@ -128,7 +132,11 @@ def _canonical(a: Attrs, ins: list[TensorType]) -> dict[str, Any]:
     if (node.op_type, node.domain) != (a["op_type"], a["domain"]):
         raise ShapeError(f"proto holds {node.domain or 'ai.onnx'}.{node.op_type}, the attributes say "
                          f"{a['domain'] or 'ai.onnx'}.{a['op_type']}")
-    if not 0 <= a["output"] < len(node.output) or not node.output[a["output"]]:
+    if a["output"] == ALL_OUTPUTS:
+        if len(node.output) < 2 or not all(node.output):
+            raise ShapeError(f"output -1 (all outputs) needs two or more outputs, all named; {node.op_type} has "
+                             f"{list(node.output)}")
+    elif not 0 <= a["output"] < len(node.output) or not node.output[a["output"]]:
         raise ShapeError(f"output {a['output']} is not an output of {node.op_type}")
     names = [f"in{k}" for k in range(len(ins))]
     known = set(names) | {t.name for t in graph.initializer} | {""}
@@ -227,7 +235,10 @@ def _read_dim(dim_param: str, symbols: set[str] | None) -> Dim:
     return dim if symbols is None or symbols_of([dim]) <= symbols else -1
 
 
-def _infer(a: Attrs, ins: list[TensorType]) -> TensorType:
+def _infer(a: Attrs, ins: list[TensorType]) -> TensorType | TupleType:
+    if a["output"] == ALL_OUTPUTS:
+        outputs = range(len(decode_graph(a["proto"]).node[0].output))
+        return TupleType(tuple(_output_type(a["proto"], a["domain"], a["opset"], k) for k in outputs))
     return _output_type(a["proto"], a["domain"], a["opset"], a["output"])
 
 
@@ -277,25 +288,28 @@ def _evaluator(proto: str, domain: str, opset: int) -> Any:
     return reference_evaluator(node_model(decode_graph(proto), domain, opset))
 
 
-def _kernel(a: Attrs, *xs: np.ndarray) -> np.ndarray:
-    """onnx's reference evaluator on the node; inputs are cast back to their ONNX element types."""
+def _kernel(a: Attrs, *xs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+    """onnx's reference evaluator on the node (every output, for ``output`` -1); inputs are cast back to their ONNX
+    element types."""
     import onnx
 
     graph = decode_graph(a["proto"])
     feeds = {info.name: np.asarray(x).astype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type),
                                              copy=False)
              for info, x in zip(graph.input, xs, strict=True)}
-    outputs = _evaluator(a["proto"], a["domain"], a["opset"]).run([graph.node[0].output[a["output"]]], feeds)
-    return np.asarray(outputs[0])
+    names = list(graph.node[0].output) if a["output"] == ALL_OUTPUTS else [graph.node[0].output[a["output"]]]
+    outputs = [np.asarray(o) for o in _evaluator(a["proto"], a["domain"], a["opset"]).run(names, feeds)]
+    return tuple(outputs) if a["output"] == ALL_OUTPUTS else outputs[0]
 
 
 ONNX_OP = OpSpec(
     "OnnxOp", Kind.OPAQUE, ("xs*",), _infer, _kernel,
     (AttrSpec("op_type", AttrType.STR), AttrSpec("domain", AttrType.STR, ""), AttrSpec("opset", AttrType.INT),
      AttrSpec("output", AttrType.INT, 0), AttrSpec("proto", AttrType.STR)),
-    canonical=_canonical,
-    doc="A standard ONNX node MIR has no op for (one output of it), kept as a one-node ONNX graph.")
+    canonical=_canonical, results=("outputs*",),
+    doc="A standard ONNX node MIR has no op for (one output of it, or all of them for output -1), kept as a "
+        "one-node ONNX graph.")
 register(ONNX_OP)
 
-__all__ = ["INDEXING_OPS", "MIR_DTYPES", "ONNX_DTYPES", "ONNX_OP", "STANDARD_DOMAINS", "decode_graph", "encode_proto",
-           "index_inputs", "node_model", "outer_reads", "reference_evaluator", "rename_node"]
+__all__ = ["ALL_OUTPUTS", "INDEXING_OPS", "MIR_DTYPES", "ONNX_DTYPES", "ONNX_OP", "STANDARD_DOMAINS", "decode_graph",
+           "encode_proto", "index_inputs", "node_model", "outer_reads", "reference_evaluator", "rename_node"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..dtypes import to_compute, to_storage
+from ..registry import TUPLE
 
 if TYPE_CHECKING:
     from ..registry import OpSpec, ValueType
@@ -33,7 +34,7 @@ def run_node(spec: OpSpec, attrs: Mapping[str, Any], args: Sequence[Any], in_dty
 
     A multi-result node's value is a tuple of stored arrays, one per part of its TupleType; a
     projection (Get) returns one of them as it is."""
-    if spec.results:  # out_type is a TupleType: every result stored in its own type
+    if out_type.dtype == TUPLE:  # a TupleType: every result stored in its own type
         with np.errstate(all="ignore"):
             outs = spec.kernel(attrs, *(to_compute(x, d) for x, d in zip(args, in_dtypes, strict=True)))
         return tuple(to_storage(np.broadcast_to(o, t.shape), t.dtype)
