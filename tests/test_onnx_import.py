@@ -163,6 +163,20 @@ def test_an_opaque_op_with_two_used_outputs_is_one_node_read_through_gets() -> N
     assert_close(evaluate(g, {"x": xv})[0], run_ort(model, {"x": xv})[0])
 
 
+def test_a_shape_that_depends_on_the_values_is_refused_naming_the_node() -> None:
+    """An expert's tokens picked by NonZero (the dispatch loop of a mixture-of-experts layer, as TorchScript
+    exports it): how many there are depends on the routing, which no static or symbolic dim holds."""
+    m = OnnxBuilder(17)
+    x = m.input("x", F, [6, 4])
+    picked = m.op("NonZero", [m.op("Greater", [x, m.const(0.0)])])
+    model = m.model({"y": m.op("Cast", [picked], to=F)})
+    with pytest.raises(OnnxImportError) as err:
+        import_model(model)
+    assert str(err.value) == (
+        "NonZero node '/NonZero_2': MIR has no op for it here, and as an ONNX node its output's type is unknown: "
+        "onnx shape inference gives no static shape for output 0 of NonZero (got [2, -1])")
+
+
 def test_an_opaque_op_with_one_used_output_is_a_node_of_that_output() -> None:
     m = OnnxBuilder(17)
     x = m.input("x", F, [2, 3, 4])
