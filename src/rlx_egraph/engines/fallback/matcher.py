@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.graph import Node
-from ...ir.registry import REGISTRY, AttrType
+from ...ir.registry import REGISTRY
 from ...rules import (
     FACT_TABLES,
     Absent,
@@ -45,9 +45,9 @@ from ...rules import (
     variables,
 )
 from ...rules import Pattern as NodePat
-from ...rules.flat import input_vars
+from ...rules.flat import input_vars, is_negative_zero_scalar
 from ...rules.primitives import same_value
-from ...rules.signatures import constructor_args
+from ...rules.signatures import ConstructorArg, constructor_args, node_arg
 from .facts import ABSENT, Facts, Tables, compile_term
 from .pattern import CompileError
 
@@ -177,23 +177,17 @@ def _out(atom: NodePat) -> str:
     return atom.var.name
 
 
-def _sides(atom: Atom) -> tuple[Term, ...] | None:
-    """An equation's two sides as written (a fact with a value, an ``=`` guard); None for another atom."""
-    if (isinstance(atom, Fact) and atom.value is not None) or (isinstance(atom, Guard) and atom.name == "="):
-        return atom_terms(atom)
-    return None
+def _terms(atom: Fact | Guard) -> tuple[Term, ...]:
+    """What a fact or guard asks: its two sides (an equation: a fact with a value, an ``=`` guard) or the one
+    call that must have a value (a fact's lookup, a guard's primitive check)."""
+    if isinstance(atom, Guard) and atom.name != "=":
+        return (Call(atom.name, atom.args),)
+    return atom_terms(atom)
 
 
-def _call(atom: Fact | Guard) -> Term:
-    """The call that must have a value: a fact's lookup, a guard's primitive check."""
-    return atom.lookup if isinstance(atom, Fact) else Call(atom.name, atom.args)
-
-
-def _calls(atom: Atom) -> list[Call | Lookup]:
-    """The primitive calls and table lookups in a fact or a guard."""
-    if isinstance(atom, NodePat):
-        return []
-    return [t for term in atom_terms(atom) for t in subterms(term) if isinstance(t, Call | Lookup)]
+def _lookups(atom: Atom) -> list[Lookup]:
+    """The table lookups in an atom."""
+    return [t for term in atom_terms(atom) for t in subterms(term) if isinstance(t, Lookup)]
 
 
 @cache
@@ -202,13 +196,13 @@ def _vars(term: Term) -> frozenset[str]:
     return frozenset(variables(term))
 
 
-# --- ordering ------------------------------------------------------------------------------
-
-
 @cache
 def _atom_vars(atom: Atom) -> frozenset[str]:
     """The variables of an atom (remembered: planning asks for them again and again)."""
     return frozenset(atom_variables(atom))
+
+
+# --- ordering ------------------------------------------------------------------------------
 
 
 def _node_vars(pattern: Rule, tables: Tables) -> list[str]:
@@ -216,27 +210,21 @@ def _node_vars(pattern: Rule, tables: Tables) -> list[str]:
     out: dict[str, None] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
-            out[_out(atom)] = None
-            out.update(dict.fromkeys(input_vars(atom.term)))
-            continue
-        for t in reversed(_calls(atom)):
-            decl = tables.get(t.table) if isinstance(t, Lookup) else None
+            out.update(dict.fromkeys([_out(atom), *input_vars(atom.term)]))
+        for t in _lookups(atom):
+            decl = tables.get(t.table)
             if decl is not None:
                 out.update(dict.fromkeys(a.name for a, sort in zip(t.args, decl.inputs, strict=False)
                                          if isinstance(a, Var) and sort == "Op"))
     return list(out)
 
 
-def _helper_call(term: Term, tables: Tables) -> bool:
-    return isinstance(term, Lookup) and term.table in tables and term.table not in FACT_TABLES
-
-
 def schedule(pattern: Rule, tables: Tables) -> list[tuple[str, Atom]]:
     """Order the query's atoms: the first node pattern (or helper fact) is the root; then,
     at each step, the cheapest atom that can run with the variables bound so far.
     Raises CompileError when the query cannot run on a graph."""
-    for t in (t for atom in pattern.query for t in _calls(atom)):
-        if isinstance(t, Lookup) and t.table not in tables:
+    for t in (t for atom in pattern.query for t in _lookups(atom)):
+        if t.table not in tables:
             raise CompileError(f"table {t.table!r} has no meaning on a graph in the fallback")
     pending = list(pattern.query)
     root = next((a for a in pending if isinstance(a, NodePat)), None) or next(
@@ -267,25 +255,34 @@ def _readiness(atom: Atom, bound: set[str], tables: Tables) -> tuple[int, str] |
         if any(i in bound for i in input_vars(atom.term)):
             return 4, "join"
         return None
-    sides = _sides(atom)
-    if sides is not None:
-        (a, b), (left, right) = sides, (_vars(t) - bound for t in sides)
-        if not left and not right:
-            return 0, "check"
-        if isinstance(a, Var) and left and not right:
-            return 2, "bind"
-        if isinstance(b, Var) and right and not left:
-            return 2, "bind"
-        for side, other, other_unbound in ((a, b, right), (b, a, left)):
-            if _lookup_ready(side, bound, tables) and (not other_unbound or isinstance(other, Var)):
-                return 3, "lookup"
-        return None
-    call = _call(atom)
-    if not _vars(call) - bound:
+    terms = _terms(atom)
+    if not any(_vars(t) - bound for t in terms):
         return 0, "check"
-    if _lookup_ready(call, bound, tables):
-        bound_args = any(not _vars(a) - bound for a in call.args)  # type: ignore[union-attr]
-        return (3, "lookup") if bound_args else (5, "lookup")
+    if _binding(terms, bound) is not None:
+        return 2, "bind"
+    found = _lookup(terms, bound, tables)
+    if found is None:
+        return None
+    call, other = found
+    return (5 if other is None and all(_vars(a) - bound for a in call.args) else 3), "lookup"
+
+
+def _binding(terms: tuple[Term, ...], bound: set[str]) -> tuple[Var, Term] | None:
+    """(variable, term) when an equation's one side is an unbound variable and the other can be computed."""
+    if len(terms) == 2:
+        for target, source in (terms, terms[::-1]):
+            if isinstance(target, Var) and target.name not in bound and not _vars(source) - bound:
+                return target, source
+    return None
+
+
+def _lookup(terms: tuple[Term, ...], bound: set[str], tables: Tables) -> tuple[Lookup, Term | None] | None:
+    """The helper-table call whose rows can run ``terms`` now, and the term its value must equal (None: any)."""
+    if len(terms) == 1:
+        return (terms[0], None) if _lookup_ready(terms[0], bound, tables) else None  # type: ignore[return-value]
+    for call, other in (terms, terms[::-1]):
+        if _lookup_ready(call, bound, tables) and (isinstance(other, Var) or not _vars(other) - bound):
+            return call, other  # type: ignore[return-value]
     return None
 
 
@@ -295,9 +292,11 @@ def _lookup_ready(call: Term, bound: set[str], tables: Tables) -> bool:
                                               for a in call.args)  # type: ignore[union-attr]
 
 
-# --- steps ---------------------------------------------------------------------------------
+def _helper_call(term: Term, tables: Tables) -> bool:
+    return isinstance(term, Lookup) and term.table in tables and term.table not in FACT_TABLES
 
-BIND, EQ, LIT, LIST, ZERO = range(5)  # how a node's field is checked; ZERO: a float zero literal, its sign too
+
+# --- steps ---------------------------------------------------------------------------------
 
 
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
@@ -305,12 +304,11 @@ def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: St
     """The step of one atom (``pinned``: see :func:`_lookup_step`)."""
     if isinstance(atom, NodePat):
         return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
+    terms = _terms(atom)
     if kind == "check":
-        return _check_step(atom, slots, nxt, facts)
+        return _check_step(terms, slots, nxt, facts)
     if kind == "bind":
-        left, right = _sides(atom)  # type: ignore[misc]
-        target, source = (left, right) if isinstance(left, Var) and left.name not in known else (right, left)
-        assert isinstance(target, Var)
+        target, source = _binding(terms, known)  # type: ignore[misc]
         out, ev = slots[target.name], compile_term(source, slots, facts)
 
         def bind(env: list) -> None:
@@ -320,47 +318,38 @@ def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: St
                 return
             nxt(env)
         return bind
-    return _lookup_step(atom, known, slots, nxt, facts, pinned)
+    return _lookup_step(terms, known, slots, nxt, facts, pinned)
 
 
-def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
-    sides = _sides(atom)
-    if sides is not None:
-        left, right = (compile_term(t, slots, facts) for t in sides)
+def _check_step(terms: tuple[Term, ...], slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
+    """An equation holds where its sides are equal; a call, where it has a value (a check: where it is true)."""
+    if len(terms) == 1:
+        ev = compile_term(terms[0], slots, facts)
 
-        def equal(env: list) -> None:
+        def holds(env: list) -> None:
             try:
-                a, b = left(env), right(env)
+                ev(env)
             except NoValue:
                 return
-            if a == b or same_value(a, b):  # egglog's equality: NaN equals NaN
-                nxt(env)
-        return equal
-    assert isinstance(atom, Fact | Guard)
-    ev = compile_term(_call(atom), slots, facts)
+            nxt(env)
+        return holds
+    left, right = (compile_term(t, slots, facts) for t in terms)
 
-    def holds(env: list) -> None:  # a call holds where it has a value (a check: where it is true)
+    def equal(env: list) -> None:
         try:
-            ev(env)
+            a, b = left(env), right(env)
         except NoValue:
             return
-        nxt(env)
-    return holds
+        if a == b or same_value(a, b):  # egglog's equality: NaN equals NaN
+            nxt(env)
+    return equal
 
 
-def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
+def _lookup_step(terms: tuple[Term, ...], known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
                  pinned: list[tuple] | None = None) -> Step:
     """Rows of a helper table: known columns select rows, the others bind variables.  With
     ``pinned`` (the query's root) only the row ``pinned[-1]`` is considered."""
-    sides = _sides(atom)
-    if sides is None:
-        call, other = _call(atom), None  # type: ignore[arg-type]
-    else:
-        left, right = sides
-        unbound_right = _vars(right) - known
-        use_left = _lookup_ready(left, known, facts.decls) and (not unbound_right or isinstance(right, Var))
-        call, other = (left, right) if use_left else (right, left)
-    assert isinstance(call, Lookup)
+    call, other = _lookup(terms, known, facts.decls)  # type: ignore[misc]
     name = call.table
     selectors: list[tuple[int, Callable[[list], Any]]] = []
     binders: list[tuple[int, int, bool]] = []  # column (-1: value), slot, first occurrence
@@ -401,39 +390,11 @@ def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, 
     return lookup
 
 
-INPUT, OPTIONAL_INPUT, REST_INPUTS, ATTR, ARRAY_ATTR = range(5)  # how a constructor argument is read from a node
-
-
-def _readers(op: str) -> list[tuple[int, Any]]:
-    """Per constructor argument of ``op``: how to read it from a node (one of the kinds above) and where
-    (the input position, or the attribute's name)."""
-    spec = REGISTRY[op]
-    out: list[tuple[int, Any]] = []
-    for k, arg in enumerate(constructor_args(spec)):
-        if arg.is_input:
-            out.append((REST_INPUTS if arg.variadic else OPTIONAL_INPUT if arg.optional else INPUT, k))
-        else:
-            attr = next(a for a in spec.attrs if a.name == arg.name)
-            out.append((ARRAY_ATTR if attr.type is AttrType.ARRAY else ATTR, arg.name))
-    return out
-
-
-def _read(node: Node, how: int, where: Any) -> Any:
-    """A constructor argument of ``node`` (see :func:`_readers`)."""
-    if how == INPUT:
-        return node.inputs[where]
-    if how == ATTR:
-        return node.attrs[where]
-    if how == OPTIONAL_INPUT:
-        return node.inputs[where] if where < len(node.inputs) else ABSENT
-    if how == REST_INPUTS:
-        return node.inputs[where:]
-    return ArrayValue(node.attrs[where])
+BIND, EQ, LIT, ZERO, LIST = range(5)  # how a node's argument is checked; ZERO: a float zero literal, its sign too
 
 
 def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[[Node, list], bool]:
-    """A check that node fields fit the pattern's arguments (binding new variables)."""
-    readers = _readers(atom.term.op)
+    """A check that a node's arguments fit the pattern's (binding new variables)."""
     seen = set(known) | {_out(atom)}
 
     def variable(name: str) -> tuple[int, int]:
@@ -442,65 +403,61 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[
         seen.add(name)
         return kind, slots[name]
 
-    checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
-    for position, pat in enumerate(atom.term.args):
-        how, where = readers[position]
+    checks: list[tuple[int, ConstructorArg | None, int, Any]] = []  # (position, how to read, check kind, argument)
+    for position, (arg, pat) in enumerate(zip(constructor_args(REGISTRY[atom.term.op]), atom.term.args,
+                                              strict=True)):
+        read = None if arg.is_input and not (arg.optional or arg.variadic) else arg  # None: a plain input
         if isinstance(pat, Var):
-            checks.append((how, where, *variable(pat.name)))
+            checks.append((position, read, *variable(pat.name)))
         elif isinstance(pat, Absent):
-            checks.append((how, where, LIT, ABSENT))
+            checks.append((position, read, LIT, ABSENT))
         elif isinstance(pat, Lit) and pat.value.__class__ is float and pat.value == 0.0:
-            checks.append((how, where, ZERO, math.copysign(1.0, pat.value)))  # 0.0 == -0.0, but 1 / 0.0 != 1 / -0.0
+            checks.append((position, read, ZERO, math.copysign(1.0, pat.value)))  # 0.0 == -0.0, 1 / 0.0 != 1 / -0.0
         elif isinstance(pat, Lit):
-            checks.append((how, where, LIT, pat.value))
+            checks.append((position, read, LIT, pat.value))
         else:
             assert isinstance(pat, TensorList) and all(isinstance(item, Var) for item in pat.items)
-            items = tuple(variable(item.name) for item in pat.items)  # type: ignore[union-attr]
-            rest = variable(pat.rest.name) if isinstance(pat.rest, Var) else None
-            checks.append((how, where, LIST, (items, rest)))
-
-    # egglog holds a Scalar -0.0 leaf as (Neg (Scalar 0.0 dt)) (its f64 equates the zeros): a Scalar pattern whose
-    # value is a variable does not match it there, so not here either
+            items = [(k, None, *variable(item.name)) for k, item in enumerate(pat.items)]  # type: ignore[union-attr]
+            if isinstance(pat.rest, Var):  # the items after them, as one tuple
+                items.append((len(items), None, *variable(pat.rest.name)))
+            checks.append((position, read, LIST, (len(pat.items), pat.rest is not None, items)))
+    # egglog holds a Scalar -0.0 leaf as (Neg (Scalar 0.0 dt)): a Scalar pattern whose value is a variable does not
+    # match it there, so not here either
     any_scalar = atom.term.op == "Scalar" and isinstance(atom.term.args[0], Var)
 
     def unify(node: Node, env: list) -> bool:
-        inputs = node.inputs
-        if any_scalar and node.attrs["value"] == 0 and math.copysign(1.0, node.attrs["value"]) < 0:
-            return False
-        for how, where, kind, arg in checks:
-            value = inputs[where] if how == INPUT else _read(node, how, where)
-            if kind == BIND:
-                env[arg] = value
-            elif kind == EQ:
-                if env[arg] != value:
-                    return False
-            elif kind == LIT:
-                if value != arg:
-                    return False
-            elif kind == ZERO:
-                if value != 0 or math.copysign(1.0, value) != arg:
-                    return False
-            elif not _unify_list(value, arg, env):
-                return False
-        return True
+        return not (any_scalar and is_negative_zero_scalar(node)) and _fit(checks, node.inputs, node, env)
     return unify
 
 
-def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
-    items, rest = pattern
-    if len(values) < len(items) or (rest is None and len(values) != len(items)):
-        return False
-    return all(_fits(check, value, env) for check, value in zip(items, values, strict=False)) and \
-        (rest is None or _fits(rest, tuple(values[len(items):]), env))
-
-
-def _fits(check: tuple[int, int], value: Any, env: list) -> bool:
-    """A variable's check (BIND or EQ, and its slot) on ``value``."""
-    kind, slot = check
-    if kind == BIND:
-        env[slot] = value
-        return True
-    return env[slot] == value
+def _fit(checks: list[tuple[int, ConstructorArg | None, int, Any]], values: tuple, node: Node | None,
+         env: list) -> bool:
+    """Whether ``values`` (a node's inputs, or a list's items) pass ``checks`` (see :func:`_unifier`; reading an
+    argument other than a plain input reads ``node``)."""
+    for position, read, kind, arg in checks:
+        if read is None:
+            value = values[position]
+        else:
+            value = node_arg(node, position, read, ABSENT)
+            if value.__class__ is np.ndarray:
+                value = ArrayValue(value)
+        if kind == BIND:
+            env[arg] = value
+        elif kind == EQ:
+            if env[arg] != value:
+                return False
+        elif kind == LIT:
+            if value != arg:
+                return False
+        elif kind == ZERO:
+            if value != 0 or math.copysign(1.0, value) != arg:
+                return False
+        else:
+            count, rest, items = arg
+            if len(value) < count or (not rest and len(value) != count) or \
+                    not _fit(items, (*value[:count], tuple(value[count:])) if rest else value, None, env):
+                return False
+    return True
 
 
 def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
