@@ -1,23 +1,17 @@
-"""Matching a pattern's query on the graph.
+"""Matching a pattern's query on the graph (docs/engines.md, "The fallback engine").
 
-The query's atoms are put in an order where each one can run with what the
-atoms before it bound: a node pattern whose node is known is checked top-down;
-one reached from a known input is found among that input's readers (the
-multi-pattern joins of the shared-input rules); equalities bind a variable
-from a computable side; helper-table facts look rows up by their known
-columns.  A node pattern checked top-down also matches the node's forms
-(:attr:`Facts.forms`).  The root is the first node pattern, so only nodes of its op are
-ever visited; a query without one is rooted at a row of a helper relation,
-one row per run.  Each step is a closure that extends the variable slots and
-calls the next one, so a failed candidate costs a few attribute reads.
+The atoms run in an order where each one can run with what the atoms before it bound (:func:`schedule`); a
+node pattern checked top-down also matches the node's forms (:attr:`Facts.forms`); a query without a node
+pattern is rooted at a row of a helper relation, one row per run.  Each step is a closure that extends the
+variable slots and calls the next one, so a failed candidate costs a few attribute reads.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -99,27 +93,13 @@ class MatcherPlan:
 def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
     """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
     run)."""
-    slots: dict[str, int] = {}
-
-    def slot(name: str) -> int:
-        return slots.setdefault(name, len(slots))
-
-    for atom in pattern.query:
-        for name in sorted(_atom_vars(atom)):
-            slot(name)
-    for action in pattern.actions:  # slots for what the actions compute, after the query's
-        if isinstance(action, Let):
-            slot(action.var)
+    names = [name for atom in pattern.query for name in sorted(_atom_vars(atom))]
+    names += [action.var for action in pattern.actions if isinstance(action, Let)]  # what the actions compute
+    slots = {name: k for k, name in enumerate(dict.fromkeys(names))}
     order = schedule(pattern, tables)
-    known: list[set[str]] = []
-    bound: set[str] = set()
-    for _, atom in order:
-        known.append(set(bound))
-        bound |= _atom_vars(atom)
-    node_vars = _node_vars(pattern, tables)
-    return MatcherPlan(
-        slots, order, known, tuple(slots[v] for v in node_vars),
-        tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))))
+    known = [set().union(*(_atom_vars(atom) for _, atom in order[:k])) for k in range(len(order))]
+    return MatcherPlan(slots, order, known, tuple(slots[v] for v in _node_vars(pattern, tables)),
+                       tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))))
 
 
 def compile_matcher(pattern: Rule, facts: Facts,
@@ -129,7 +109,6 @@ def compile_matcher(pattern: Rule, facts: Facts,
     if plan is None:
         plan = plan_matcher(pattern, facts.decls)
     slots, order = plan.slots, plan.order
-    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
     sink: list[list[tuple]] = []  # the current run's matches
 
     def emit(env: list) -> None:
@@ -139,21 +118,16 @@ def compile_matcher(pattern: Rule, facts: Facts,
     chain: Step = emit
     for k in reversed(range(len(order))):
         kind, atom = order[k]
-        chain = _step(kind, atom, plan.known[k], slots, chain, nodes, readers, facts, pinned if k == 0 else None)
+        chain = _step(kind, atom, plan.known[k], slots, chain, facts, pinned if k == 0 else None)
     first = order[0][1]
     width = len(slots)
     root_slot: int | None
     if isinstance(first, NodePat):
-        root_slot, alive = slots[_out(first)], nodes.__contains__
-
-        def roots() -> list[Any]:
-            return facts.rw.nodes_of(first.term.op)
+        root_slot, alive = slots[_out(first)], facts.rw.nodes_by_id.__contains__
+        roots = partial(facts.rw.nodes_of, first.term.op)
     else:
         rows = facts.rows[first.table]  # type: ignore[union-attr]
-        root_slot, alive = None, rows.__contains__
-
-        def roots() -> list[Any]:
-            return list(rows)
+        root_slot, alive, roots = None, rows.__contains__, partial(list, rows)
 
     def run(root: Any) -> list[tuple]:
         env: list[Any] = [None] * width
@@ -299,11 +273,11 @@ def _helper_call(term: Term, tables: Tables) -> bool:
 # --- steps ---------------------------------------------------------------------------------
 
 
-def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
-          readers: Mapping[int, Mapping[int, None]], facts: Facts, pinned: list[tuple] | None = None) -> Step:
+def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
+          pinned: list[tuple] | None = None) -> Step:
     """The step of one atom (``pinned``: see :func:`_lookup_step`)."""
     if isinstance(atom, NodePat):
-        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
+        return _node_step(kind, atom, known, slots, nxt, facts)
     terms = _terms(atom)
     if kind == "check":
         return _check_step(terms, slots, nxt, facts)
@@ -460,10 +434,10 @@ def _fit(checks: list[tuple[int, ConstructorArg | None, int, Any]], values: tupl
     return True
 
 
-def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
-               nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]],
-               forms: Mapping[int, Mapping[Any, Node]]) -> Step:
+def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
+    """A node pattern checked top-down on its known node (and its forms), or joined from a known input's readers."""
     op, out = atom.term.op, slots[_out(atom)]
+    nodes, readers, forms = facts.rw.nodes_by_id, facts.rw.readers, facts.forms
     unify = _unifier(atom, known, slots)
 
     def visit(node: Node, env: list) -> None:
