@@ -93,11 +93,11 @@ class MatcherPlan:
 def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
     """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
     run)."""
-    names = [name for atom in pattern.query for name in sorted(_atom_vars(atom))]
+    names = [name for atom in pattern.query for name in sorted(_vars(atom))]
     names += [action.var for action in pattern.actions if isinstance(action, Let)]  # what the actions compute
     slots = {name: k for k, name in enumerate(dict.fromkeys(names))}
     order = schedule(pattern, tables)
-    known = [set().union(*(_atom_vars(atom) for _, atom in order[:k])) for k in range(len(order))]
+    known = [set().union(*(_vars(atom) for _, atom in order[:k])) for k in range(len(order))]
     return MatcherPlan(slots, order, known, tuple(slots[v] for v in _node_vars(pattern, tables)),
                        tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))))
 
@@ -165,15 +165,9 @@ def _lookups(atom: Atom) -> list[Lookup]:
 
 
 @cache
-def _vars(term: Term) -> frozenset[str]:
-    """The variables of a term (remembered: planning asks for them again and again)."""
-    return frozenset(variables(term))
-
-
-@cache
-def _atom_vars(atom: Atom) -> frozenset[str]:
-    """The variables of an atom (remembered: planning asks for them again and again)."""
-    return frozenset(atom_variables(atom))
+def _vars(part: Term | Atom) -> frozenset[str]:
+    """The variables of a term or an atom (remembered: planning asks for them again and again)."""
+    return frozenset(atom_variables(part) if isinstance(part, NodePat | Fact | Guard) else variables(part))
 
 
 # --- ordering ------------------------------------------------------------------------------
@@ -207,17 +201,17 @@ def schedule(pattern: Rule, tables: Tables) -> list[tuple[str, Atom]]:
         raise CompileError("the query has no node pattern and no helper-table fact to start from")
     pending.remove(root)
     order = [("top" if isinstance(root, NodePat) else "lookup", root)]
-    bound = _atom_vars(root)
+    bound = _vars(root)
     while pending:
         ready = [(choice[0], k, choice[1]) for k, atom in enumerate(pending)
                  if (choice := _readiness(atom, bound, tables)) is not None]  # (priority, position, step kind)
         best = min(ready, default=None)
         if best is None:
-            missing = sorted(set().union(*(_atom_vars(a) for a in pending)) - bound)
+            missing = sorted(set().union(*(_vars(a) for a in pending)) - bound)
             raise CompileError(f"no fact binds variable(s) {', '.join(missing)} before they are needed")
         atom = pending.pop(best[1])
         order.append((best[2], atom))
-        bound |= _atom_vars(atom)
+        bound |= _vars(atom)
     return order
 
 
@@ -440,22 +434,18 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
     nodes, readers, forms = facts.rw.nodes_by_id, facts.rw.readers, facts.forms
     unify = _unifier(atom, known, slots)
 
-    def visit(node: Node, env: list) -> None:
-        if unify(node, env):
-            nxt(env)
-
     if kind == "top":
         def top(env: list) -> None:
             node = nodes.get(env[out])
             if node is None:
                 return
-            if node.op == op:
-                visit(node, env)
+            if node.op == op and unify(node, env):
+                nxt(env)
             known = forms.get(env[out])
             if known:
                 for form in known.values():
-                    if form.op == op:
-                        visit(form, env)
+                    if form.op == op and unify(form, env):
+                        nxt(env)
         return top
 
     anchor = next(slots[v] for v in input_vars(atom.term) if v in known)
@@ -468,7 +458,8 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
             node = nodes[u]
             if node.op == op:
                 env[out] = u
-                visit(node, env)
+                if unify(node, env):
+                    nxt(env)
     return join
 
 
