@@ -277,30 +277,14 @@ def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: St
         return _check_step(terms, slots, nxt, facts)
     if kind == "bind":
         target, source = _binding(terms, known)  # type: ignore[misc]
-        out, ev = slots[target.name], compile_term(source, slots, facts)
-
-        def bind(env: list) -> None:
-            try:
-                env[out] = ev(env)
-            except NoValue:
-                return
-            nxt(env)
-        return bind
+        return _value_step(compile_term(source, slots, facts), slots[target.name], nxt)
     return _lookup_step(terms, known, slots, nxt, facts, pinned)
 
 
 def _check_step(terms: tuple[Term, ...], slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
     """An equation holds where its sides are equal; a call, where it has a value (a check: where it is true)."""
     if len(terms) == 1:
-        ev = compile_term(terms[0], slots, facts)
-
-        def holds(env: list) -> None:
-            try:
-                ev(env)
-            except NoValue:
-                return
-            nxt(env)
-        return holds
+        return _value_step(compile_term(terms[0], slots, facts), None, nxt)
     left, right = (compile_term(t, slots, facts) for t in terms)
 
     def equal(env: list) -> None:
@@ -313,6 +297,19 @@ def _check_step(terms: tuple[Term, ...], slots: dict[str, int], nxt: Step, facts
     return equal
 
 
+def _value_step(ev: Callable[[list], Any], out: int | None, nxt: Step) -> Step:
+    """Go on where ``ev`` has a value, put in slot ``out`` (None: only its having one matters)."""
+    def value(env: list) -> None:
+        try:
+            found = ev(env)
+        except NoValue:
+            return
+        if out is not None:
+            env[out] = found
+        nxt(env)
+    return value
+
+
 def _lookup_step(terms: tuple[Term, ...], known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
                  pinned: list[tuple] | None = None) -> Step:
     """Rows of a helper table: known columns select rows, the others bind variables.  With
@@ -320,21 +317,19 @@ def _lookup_step(terms: tuple[Term, ...], known: set[str], slots: dict[str, int]
     call, other = _lookup(terms, known, facts.decls)  # type: ignore[misc]
     name = call.table
     selectors: list[tuple[int, Callable[[list], Any]]] = []
-    binders: list[tuple[int, int, bool]] = []  # column (-1: value), slot, first occurrence
+    checks: list[tuple[int, None, int, int]] = []  # on a row's (*args, value), column -1 the value (see _fit)
     seen = set(known)
     for column, arg in enumerate(call.args):
         if not _vars(arg) - known:
             selectors.append((column, compile_term(arg, slots, facts)))
         else:
             assert isinstance(arg, Var)
-            binders.append((column, slots[arg.name], arg.name not in seen))
-            seen.add(arg.name)
+            checks.append((column, None, *_variable(arg.name, seen, slots)))
     value_check = None
-    if other is not None:
-        if isinstance(other, Var) and other.name not in seen:
-            binders.append((-1, slots[other.name], True))
-        else:
-            value_check = compile_term(other, slots, facts)
+    if isinstance(other, Var) and other.name not in known:
+        checks.append((-1, None, *_variable(other.name, seen, slots)))
+    elif other is not None:
+        value_check = compile_term(other, slots, facts)
 
     def lookup(env: list) -> None:
         try:
@@ -343,19 +338,16 @@ def _lookup_step(terms: tuple[Term, ...], known: set[str], slots: dict[str, int]
         except NoValue:
             return
         for args, value in facts.lookup(name, bound, None if pinned is None else pinned[-1]):
-            if value_check is not None and value != expected:
-                continue
-            ok = True
-            for column, s, first in binders:
-                v = value if column < 0 else args[column]
-                if first:
-                    env[s] = v
-                elif env[s] != v:
-                    ok = False
-                    break
-            if ok:
+            if (value_check is None or value == expected) and _fit(checks, (*args, value), None, env):
                 nxt(env)
     return lookup
+
+
+def _variable(name: str, seen: set[str], slots: dict[str, int]) -> tuple[int, int]:
+    """The check of a variable (see :func:`_fit`): bind its slot where first seen (now seen), else compare."""
+    kind = EQ if name in seen else BIND
+    seen.add(name)
+    return kind, slots[name]
 
 
 BIND, EQ, LIT, ZERO, LIST = range(5)  # how a node's argument is checked; ZERO: a float zero literal, its sign too
@@ -364,19 +356,12 @@ BIND, EQ, LIT, ZERO, LIST = range(5)  # how a node's argument is checked; ZERO: 
 def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[[Node, list], bool]:
     """A check that a node's arguments fit the pattern's (binding new variables)."""
     seen = set(known) | {_out(atom)}
-
-    def variable(name: str) -> tuple[int, int]:
-        """The check of a variable: bind its slot where first seen, else compare with it."""
-        kind = EQ if name in seen else BIND
-        seen.add(name)
-        return kind, slots[name]
-
     checks: list[tuple[int, ConstructorArg | None, int, Any]] = []  # (position, how to read, check kind, argument)
     for position, (arg, pat) in enumerate(zip(constructor_args(REGISTRY[atom.term.op]), atom.term.args,
                                               strict=True)):
         read = None if arg.is_input and not (arg.optional or arg.variadic) else arg  # None: a plain input
         if isinstance(pat, Var):
-            checks.append((position, read, *variable(pat.name)))
+            checks.append((position, read, *_variable(pat.name, seen, slots)))
         elif isinstance(pat, Absent):
             checks.append((position, read, LIT, ABSENT))
         elif isinstance(pat, Lit) and pat.value.__class__ is float and pat.value == 0.0:
@@ -385,9 +370,9 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[
             checks.append((position, read, LIT, pat.value))
         else:
             assert isinstance(pat, TensorList) and all(isinstance(item, Var) for item in pat.items)
-            items = [(k, None, *variable(item.name)) for k, item in enumerate(pat.items)]  # type: ignore[union-attr]
-            if isinstance(pat.rest, Var):  # the items after them, as one tuple
-                items.append((len(items), None, *variable(pat.rest.name)))
+            names = [item.name for item in pat.items]  # type: ignore[union-attr]
+            names += [pat.rest.name] if isinstance(pat.rest, Var) else []  # the rest: the items after them, a tuple
+            items = [(k, None, *_variable(name, seen, slots)) for k, name in enumerate(names)]
             checks.append((position, read, LIST, (len(pat.items), pat.rest is not None, items)))
     # egglog holds a Scalar -0.0 leaf as (Neg (Scalar 0.0 dt)): a Scalar pattern whose value is a variable does not
     # match it there, so not here either
