@@ -22,14 +22,8 @@ from ...ir.graph import Node
 from ...ir.rewrite import GraphRewriter, node_key
 from ...rules import FACT_TABLES, PRIMITIVES, Absent, Call, Declaration, FactTable, Lit, Lookup, NoValue, Term, Var
 
-
-class _Absent:
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
-"""The value of ``(NoInput)``: an optional input that is not there."""
+ABSENT: Any = Absent()
+"""The value of ``(NoInput)`` (the term itself): an optional input that is not there."""
 
 Tables = Mapping[str, Declaration | FactTable]
 """The tables rules read or write, by name: the fact tables and the helper relations and functions declared in rule

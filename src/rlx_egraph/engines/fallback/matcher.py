@@ -109,12 +109,12 @@ def compile_matcher(pattern: Rule, facts: Facts,
     if plan is None:
         plan = plan_matcher(pattern, facts.decls)
     slots, order = plan.slots, plan.order
-    sink: list[list[tuple]] = []  # the current run's matches
+    found: list[tuple] = []  # the current run's matches
+    pinned: list[Any] = [None]  # the current run's root (see _lookup_step)
 
     def emit(env: list) -> None:
-        sink[-1].append(tuple(env))
+        found.append(tuple(env))
 
-    pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
     for k in reversed(range(len(order))):
         kind, atom = order[k]
@@ -133,14 +133,12 @@ def compile_matcher(pattern: Rule, facts: Facts,
         env: list[Any] = [None] * width
         if root_slot is not None:
             env[root_slot] = root
-        sink.append([])
-        pinned.append(root)
+        pinned[0] = root
         try:
             chain(env)
+            return found.copy()
         finally:
-            pinned.pop()
-            found = sink.pop()
-        return found
+            found.clear()
 
     return Matcher(pattern, slots, plan.node_slots, plan.shape_slots, run, roots, alive)
 
@@ -268,7 +266,7 @@ def _helper_call(term: Term, tables: Tables) -> bool:
 
 
 def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
-          pinned: list[tuple] | None = None) -> Step:
+          pinned: list[Any] | None = None) -> Step:
     """The step of one atom (``pinned``: see :func:`_lookup_step`)."""
     if isinstance(atom, NodePat):
         return _node_step(kind, atom, known, slots, nxt, facts)
@@ -311,9 +309,9 @@ def _value_step(ev: Callable[[list], Any], out: int | None, nxt: Step) -> Step:
 
 
 def _lookup_step(terms: tuple[Term, ...], known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
-                 pinned: list[tuple] | None = None) -> Step:
+                 pinned: list[Any] | None = None) -> Step:
     """Rows of a helper table: known columns select rows, the others bind variables.  With
-    ``pinned`` (the query's root) only the row ``pinned[-1]`` is considered."""
+    ``pinned`` (the query's root) only the row ``pinned[0]`` is considered."""
     call, other = _lookup(terms, known, facts.decls)  # type: ignore[misc]
     name = call.table
     selectors: list[tuple[int, Callable[[list], Any]]] = []
@@ -337,7 +335,7 @@ def _lookup_step(terms: tuple[Term, ...], known: set[str], slots: dict[str, int]
             expected = value_check(env) if value_check is not None else None
         except NoValue:
             return
-        for args, value in facts.lookup(name, bound, None if pinned is None else pinned[-1]):
+        for args, value in facts.lookup(name, bound, None if pinned is None else pinned[0]):
             if (value_check is None or value == expected) and _fit(checks, (*args, value), None, env):
                 nxt(env)
     return lookup
