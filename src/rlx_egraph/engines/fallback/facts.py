@@ -133,8 +133,7 @@ class Facts:
         """Write a row; a function merges with the value it had (relations just add the row, and ``writers``, the
         rules that wrote it, to those it had)."""
         if name in self.builtins:
-            table = self.overlay.setdefault(name, {})
-            table.setdefault(args, value)  # the schema's tables all merge with old
+            self.overlay.setdefault(name, {}).setdefault(args, value)  # the schema's tables all merge with old
             return
         rows = self.rows[name]
         old = rows.get(args)

@@ -177,11 +177,9 @@ def _node_vars(pattern: Rule, tables: Tables) -> list[str]:
     for atom in pattern.query:
         if isinstance(atom, NodePat):
             out.update(dict.fromkeys([_out(atom), *input_vars(atom.term)]))
-        for t in _lookups(atom):
-            decl = tables.get(t.table)
-            if decl is not None:
-                out.update(dict.fromkeys(a.name for a, sort in zip(t.args, decl.inputs, strict=False)
-                                         if isinstance(a, Var) and sort == "Op"))
+        for t in _lookups(atom):  # (every table is known: see schedule)
+            out.update(dict.fromkeys(a.name for a, sort in zip(t.args, tables[t.table].inputs, strict=False)
+                                     if isinstance(a, Var) and sort == "Op"))
     return list(out)
 
 
@@ -244,10 +242,8 @@ def _binding(terms: tuple[Term, ...], bound: set[str]) -> tuple[Var, Term] | Non
 
 def _lookup(terms: tuple[Term, ...], bound: set[str], tables: Tables) -> tuple[Lookup, Term | None] | None:
     """The helper-table call whose rows can run ``terms`` now, and the term its value must equal (None: any)."""
-    if len(terms) == 1:
-        return (terms[0], None) if _lookup_ready(terms[0], bound, tables) else None  # type: ignore[return-value]
-    for call, other in (terms, terms[::-1]):
-        if _lookup_ready(call, bound, tables) and (isinstance(other, Var) or not _vars(other) - bound):
+    for call, other in [(terms[0], None)] if len(terms) == 1 else [terms, terms[::-1]]:
+        if _lookup_ready(call, bound, tables) and (other is None or isinstance(other, Var) or not _vars(other) - bound):
             return call, other  # type: ignore[return-value]
     return None
 
