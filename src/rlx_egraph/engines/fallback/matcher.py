@@ -344,7 +344,7 @@ def _variable(name: str, seen: set[str], slots: dict[str, int]) -> tuple[int, in
     return kind, slots[name]
 
 
-BIND, EQ, LIT, ZERO, LIST = range(5)  # how a node's argument is checked; ZERO: a float zero literal, its sign too
+BIND, EQ, LIT, ZERO, LIST = range(5)  # how :func:`_fit` checks a value; ZERO: a float zero literal, its sign too
 
 
 def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[[Node, list], bool]:
@@ -379,8 +379,8 @@ def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[
 
 def _fit(checks: list[tuple[int, ConstructorArg | None, int, Any]], values: tuple, node: Node | None,
          env: list) -> bool:
-    """Whether ``values`` (a node's inputs, or a list's items) pass ``checks`` (see :func:`_unifier`; reading an
-    argument other than a plain input reads ``node``)."""
+    """Whether ``values`` (a node's inputs, a list's items, a helper row's columns) pass ``checks``, binding new
+    variables: each check reads the value at its position, or with a constructor argument reads it from ``node``."""
     for position, read, kind, arg in checks:
         if read is None:
             value = values[position]
