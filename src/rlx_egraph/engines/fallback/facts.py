@@ -42,8 +42,6 @@ class Facts:
         self._node_of, self._orders = rw.nodes_by_id.get, param_order
         self.overlay: dict[str, dict[tuple, Any]] = {}
         """Values rules set in the graph's own tables (kept only where the graph has none)."""
-        self.builtins: dict[str, Callable[..., Any]] = {
-            name: partial(table.evaluate, self) for name, table in FACT_TABLES.items()}
         self.rows: dict[str, dict[tuple, Any]] = {n: {} for n in self.decls if n not in FACT_TABLES}
         # per ``tracked`` relation: row -> the rules that wrote it (see the module docstring)
         self.writers: dict[str, dict[tuple, tuple[str, ...]]] = {n: {} for n in tracked if n in self.rows}
@@ -87,8 +85,8 @@ class Facts:
 
     def getter(self, name: str) -> Callable[..., Any]:
         """A function of the arguments giving the table's value (True for a relation row); NoValue if none."""
-        if name in self.builtins:
-            return self.builtins[name]
+        if name in FACT_TABLES:  # made per call: a Facts holding it would be a reference cycle
+            return partial(FACT_TABLES[name].evaluate, self)
         rows = self.rows[name]
 
         def get(*args: Any) -> Any:
@@ -132,7 +130,7 @@ class Facts:
     def set(self, name: str, args: tuple, value: Any, writers: tuple[str, ...] = ()) -> None:
         """Write a row; a function merges with the value it had (relations just add the row, and ``writers``, the
         rules that wrote it, to those it had)."""
-        if name in self.builtins:
+        if name in FACT_TABLES:
             self.overlay.setdefault(name, {}).setdefault(args, value)  # the schema's tables all merge with old
             return
         rows = self.rows[name]
