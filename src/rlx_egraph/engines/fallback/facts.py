@@ -153,7 +153,7 @@ class Facts:
                 index.setdefault(args[column], {})[args] = None
             decl = self.decls[name]
             for sort, v in zip((*decl.inputs, decl.output), (*args, value), strict=True):
-                for n in _nodes_in(sort, v):
+                for n in (v,) if sort == "Op" else v if sort == "TensorList" else ():  # the nodes it names
                     self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
         self.changed = True
@@ -199,11 +199,6 @@ class Facts:
             for args in self.rows[name]:
                 index.setdefault(args[column], {})[args] = None
         return index
-
-
-def _nodes_in(sort: str | None, value: Any) -> tuple[int, ...]:
-    """The node ids a table column of ``sort`` holds in ``value``."""
-    return (value,) if sort == "Op" else value if sort == "TensorList" else ()
 
 
 def compile_term(term: Term, slots: Mapping[str, int], facts: Facts) -> Callable[[list], Any]:
