@@ -11,6 +11,7 @@ from rlx_egraph import Graph
 from rlx_egraph.engines.egglog.schema import FACT_TABLES as SCHEMA_TABLES
 from rlx_egraph.engines.egglog.schema import schema_text
 from rlx_egraph.frontends.onnx.rules import onnx_rules
+from rlx_egraph.ir.graph import Node
 from rlx_egraph.rules import (
     FACT_TABLES,
     PRIMITIVES,
@@ -39,6 +40,7 @@ from rlx_egraph.rules.emit import rule_text
 from rlx_egraph.rules.flat import flatten, input_vars
 from rlx_egraph.rules.parse import parse_file
 from rlx_egraph.rules.primitives import I64_MAX, I64_MIN, same_value
+from rlx_egraph.rules.signatures import constructor_args, node_arg
 from rlx_egraph.rules.tables import GraphFacts
 from rlx_egraph.rules.terms import float_text
 
@@ -278,6 +280,17 @@ def test_the_rules_reference_documents_every_stage_table_primitive_and_shipped_h
     for problem in ("it panicked: relu is not allowed here", "'rms-normed' is already declared at",
                     "egglog's primitive 'sqrt' is not one the optimizer defines"):
         assert problem in page
+
+
+def test_a_node_argument_is_read_where_its_constructor_takes_it():
+    """Inputs first (an optional input that is not there as the value given for it, a variadic one as the ids from
+    there on), then the attributes in declaration order."""
+    conv = Node(5, "Conv", (1, 2), {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1},
+                (1, 4, 8, 8), "f32")
+    assert [node_arg(conv, k, arg, "absent") for k, arg in enumerate(constructor_args(conv.spec))] == [
+        1, 2, "absent", (1, 1), (0, 0, 0, 0), (1, 1), 1]
+    concat = Node(6, "Concat", (1, 2, 3), {"axis": 0}, (3,), "f32")
+    assert [node_arg(concat, k, arg) for k, arg in enumerate(constructor_args(concat.spec))] == [(1, 2, 3), 0]
 
 
 def test_flatten_names_each_nested_op_term_top_down_and_each_built_term():

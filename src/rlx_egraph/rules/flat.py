@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..ir.graph import Node
 from ..ir.registry import REGISTRY
 from .model import Atom, Build, Fact, Guard, Insert, Let, Panic, Pattern, Rule, SetValue, Union, equation
 from .signatures import constructor_args
@@ -43,6 +44,11 @@ def negative_zero(term: OpTerm) -> OpTerm:
             and lit.sort == "f64" and lit.value == 0.0 and math.copysign(1.0, lit.value) > 0:  # type: ignore[arg-type]
         return OpTerm("Scalar", (Lit(-0.0, "f64"), *inner.args[1:]))
     return term
+
+
+def is_negative_zero_scalar(node: Node) -> bool:
+    """A Scalar -0.0 node: the term ``(Neg (Scalar 0.0 dtype))`` in egglog (see :func:`negative_zero`)."""
+    return node.op == "Scalar" and node.attrs["value"] == 0.0 and math.copysign(1.0, node.attrs["value"]) < 0
 
 
 def op_inputs(term: OpTerm) -> list[Term]:

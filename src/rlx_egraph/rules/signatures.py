@@ -11,7 +11,9 @@ is ``(NoInput)`` when absent; a variadic tail is one ``TensorList`` built from
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from ..ir.graph import Node
 from ..ir.registry import OpSpec
 
 NO_INPUT = "NoInput"
@@ -40,6 +42,16 @@ def constructor_args(spec: OpSpec) -> tuple[ConstructorArg, ...]:
         args += [ConstructorArg(a.name, a.type.egglog_sort, False) for a in spec.attrs]
         known = _CONSTRUCTOR_ARGS[spec.name] = (spec, tuple(args))
     return known[1]
+
+
+def node_arg(node: Node, position: int, arg: ConstructorArg, absent: Any = None) -> Any:
+    """Argument ``arg``, at ``position`` of the constructor, of ``node``: an input's id (``absent`` where an optional
+    input is not there; a variadic input: the ids from there on), or an attribute's value."""
+    if not arg.is_input:
+        return node.attrs[arg.name]
+    if arg.variadic:
+        return node.inputs[position:]
+    return node.inputs[position] if position < len(node.inputs) else absent
 
 
 _CONSTRUCTOR_ARGS: dict[str, tuple[OpSpec, tuple[ConstructorArg, ...]]] = {}

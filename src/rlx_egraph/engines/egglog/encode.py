@@ -31,7 +31,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import math
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +43,8 @@ import numpy as np
 
 from ...ir.graph import Graph, Node
 from ...ir.registry import REGISTRY, AttrType, OpSpec
+from ...rules.flat import is_negative_zero_scalar
+from ...rules.signatures import node_arg
 from .rules import load_rules
 from .schema import LIST_CONS, LIST_NIL, NO_INPUT, constructor_args, schema_text
 
@@ -111,11 +112,6 @@ def string_value(stored: str) -> str:
     if stored.startswith(ESCAPED_MARK):
         return json.loads(f'"{stored[len(ESCAPED_MARK):]}"')
     return stored
-
-
-def is_negative_zero_scalar(node: Node) -> bool:
-    """A Scalar -0.0: egglog's f64 equates it with 0.0, so it is encoded as ``(Neg (Scalar 0.0 dtype))``."""
-    return node.op == "Scalar" and node.attrs["value"] == 0.0 and math.copysign(1.0, node.attrs["value"]) < 0
 
 
 def array_key(value: np.ndarray) -> str:
@@ -354,18 +350,17 @@ def _term(node: Node) -> str:
         return f"(Neg (Scalar 0.0 {string_literal(node.dtype)}))"
     kinds = {a.name: a.type for a in node.spec.attrs}
     args: list[str] = []
-    k = 0
-    for arg in constructor_args(node.spec):
+    for position, arg in enumerate(constructor_args(node.spec)):
+        value = node_arg(node, position, arg)
         if arg.variadic:
             tail = f"({LIST_NIL})"
-            for i in reversed(node.inputs[k:]):
+            for i in reversed(value):
                 tail = f"({LIST_CONS} {term_name(i)} {tail})"
             args.append(tail)
         elif arg.is_input:
-            args.append(term_name(node.inputs[k]) if k < len(node.inputs) else f"({NO_INPUT})")
-            k += 1
+            args.append(f"({NO_INPUT})" if value is None else term_name(value))
         else:
-            value, kind = node.attrs[arg.name], kinds[arg.name]
+            kind = kinds[arg.name]
             args.append(string_literal(array_key(value)) if kind is AttrType.ARRAY else literal(value, kind))
     return f"({node.op}{''.join(' ' + a for a in args)})"
 

@@ -29,11 +29,12 @@ from egglog import bindings as eb
 from ...errors import RlxError
 from ...ir.graph import Graph, Node, attrs_equal
 from ...ir.registry import REGISTRY, TUPLE, AttrType, Kind, TensorType, TupleType, ValueType, ops_of_kind
+from ...rules.flat import is_negative_zero_scalar
 from ..budget import Deadline
 from ._flat import FlatEGraph
 from ._rows import ClassNumbers, EClass, ENode, ListCells, RuleRelation, link_graph_nodes, make_classes, read_enodes
 from ._typecheck import classes_of_ops, input_types, match_originals, original_flags, propagate_types
-from .encode import NODE_TABLE, is_negative_zero_scalar, string_value
+from .encode import NODE_TABLE, string_value
 from .rules import MERGED_BY, RELIED_ON, RuleSet, built_by_table
 from .schema import LIST_CONS, NO_INPUT, constructor_args
 

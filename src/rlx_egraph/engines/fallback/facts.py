@@ -22,63 +22,31 @@ from ...ir.graph import Node
 from ...ir.rewrite import GraphRewriter, node_key
 from ...rules import FACT_TABLES, PRIMITIVES, Absent, Call, Declaration, FactTable, Lit, Lookup, NoValue, Term, Var
 
-
-class _Absent:
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
-"""The value of ``(NoInput)``: an optional input that is not there."""
+ABSENT: Any = Absent()
+"""The value of ``(NoInput)`` (the term itself): an optional input that is not there."""
 
 Tables = Mapping[str, Declaration | FactTable]
 """The tables rules read or write, by name: the fact tables and the helper relations and functions declared in rule
 files."""
 
 
-class _Source:
-    """The fact tables' view of the graph (a :class:`rlx_egraph.rules.FactSource`)."""
-
-    def __init__(self, nodes: Mapping[int, Node], order: Callable[[int], int], max_tokens: int) -> None:
-        self.node_of, self.param_order, self.attention_block_max_tokens = nodes.get, order, max_tokens
-
-    def node(self, nid: int) -> Node:
-        node = self.node_of(nid)
-        if node is None:
-            raise NoValue
-        return node
-
-
 class Facts:
-    """Every table rules read or write, for one rewriter."""
+    """Every table rules read or write, for one rewriter; the fact tables read the graph through it (it is a
+    :class:`rlx_egraph.rules.FactSource`)."""
 
     def __init__(self, rw: GraphRewriter, decls: Tables, param_order: Mapping[int, int],
                  attention_block_max_tokens: int, tracked: frozenset[str] = frozenset()) -> None:
         self.rw = rw
         self.decls = dict(decls)
-        nodes = rw.nodes_by_id
-        overlay: dict[str, dict[tuple, Any]] = {}
-        self.overlay = overlay  # values rules set in the graph's own tables (kept only where the graph has none)
-
-        def order(n: int) -> int:
-            value = param_order.get(n)
-            if value is None:  # a rule may set it where the graph has none
-                value = overlay.get("param-order", {}).get((n,))
-                if value is None:
-                    raise NoValue
-            return value
-
-        source = _Source(nodes, order, attention_block_max_tokens)
-        self.builtins: dict[str, Callable[..., Any]] = {
-            name: partial(table.evaluate, source) for name, table in FACT_TABLES.items()}
+        self.attention_block_max_tokens = attention_block_max_tokens
+        self._node_of, self._orders = rw.nodes_by_id.get, param_order
+        self.overlay: dict[str, dict[tuple, Any]] = {}
+        """Values rules set in the graph's own tables (kept only where the graph has none)."""
         self.rows: dict[str, dict[tuple, Any]] = {n: {} for n in self.decls if n not in FACT_TABLES}
         # per ``tracked`` relation: row -> the rules that wrote it (see the module docstring)
         self.writers: dict[str, dict[tuple, tuple[str, ...]]] = {n: {} for n in tracked if n in self.rows}
         self._indexes: dict[str, dict[int, dict[Any, dict[tuple, None]]]] = {}  # table -> column -> its index
-        self._node_columns = {name: ([c for c, s in enumerate(d.inputs) if s == "Op"],
-                                     [c for c, s in enumerate(d.inputs) if s == "TensorList"], d.output == "Op")
-                              for name, d in self.decls.items()}  # where a row names nodes
-        self._mentions: dict[int, list[tuple[str, tuple]]] = {}
+        self._mentions: dict[int, list[tuple[str, tuple]]] = {}  # node -> the helper rows that name it
         self._merge: dict[str, Callable[[Any, Any], Any]] = {}
         for name, decl in self.decls.items():
             if isinstance(decl, Declaration) and decl.merge is not None:
@@ -88,6 +56,22 @@ class Facts:
         """Set whenever a helper row is added or a value changes; the owner may clear it."""
         self.forms: dict[int, dict[tuple | None, Node]] = {}
         """Node -> its other forms (see the module docstring), by op, inputs and attributes."""
+
+    def node(self, nid: int) -> Node:
+        """Live node ``nid``; NoValue if there is none."""
+        node = self._node_of(nid)
+        if node is None:
+            raise NoValue
+        return node
+
+    def param_order(self, nid: int) -> int:
+        """A Param's place among the graph's Params, or the one a rule set; NoValue if none."""
+        value = self._orders.get(nid)
+        if value is None:
+            value = self.overlay.get("param-order", {}).get((nid,))
+            if value is None:
+                raise NoValue
+        return value
 
     def clear(self) -> None:
         """Forget every row and form (the rewriter was reopened on another graph); the table objects stay,
@@ -101,10 +85,8 @@ class Facts:
 
     def getter(self, name: str) -> Callable[..., Any]:
         """A function of the arguments giving the table's value (True for a relation row); NoValue if none."""
-        if name in self.builtins:
-            return self.builtins[name]
-        if name not in self.rows:
-            raise KeyError(name)
+        if name in FACT_TABLES:  # made per call: a Facts holding it would be a reference cycle
+            return partial(FACT_TABLES[name].evaluate, self)
         rows = self.rows[name]
 
         def get(*args: Any) -> Any:
@@ -133,8 +115,8 @@ class Facts:
 
     def export(self) -> list[tuple[str, tuple, Any, tuple[str, ...]]]:
         """Every helper row: its table, arguments, value and writers (see :meth:`set`)."""
-        return [(name, args, value, self.writers[name].get(args, ()) if name in self.writers else ())
-                for name, rows in self.rows.items() for args, value in rows.items()]
+        return [(name, args, value, self.wrote(name, args)) for name, rows in self.rows.items()
+                for args, value in rows.items()]
 
     # --- writing -----------------------------------------------------------------------
 
@@ -142,15 +124,14 @@ class Facts:
         self.set(name, args, True)
 
     def wrote(self, name: str, args: tuple) -> tuple[str, ...]:
-        """The rules that wrote row ``args`` of relation ``name``."""
-        return self.writers[name].get(args, ())
+        """The rules that wrote row ``args`` of relation ``name`` (none for an untracked one)."""
+        return self.writers.get(name, {}).get(args, ())
 
     def set(self, name: str, args: tuple, value: Any, writers: tuple[str, ...] = ()) -> None:
         """Write a row; a function merges with the value it had (relations just add the row, and ``writers``, the
         rules that wrote it, to those it had)."""
-        if name in self.builtins:
-            table = self.overlay.setdefault(name, {})
-            table.setdefault(args, value)  # the schema's tables all merge with old
+        if name in FACT_TABLES:
+            self.overlay.setdefault(name, {}).setdefault(args, value)  # the schema's tables all merge with old
             return
         rows = self.rows[name]
         old = rows.get(args)
@@ -170,8 +151,10 @@ class Facts:
         else:
             for column, index in self._indexes.get(name, {}).items():
                 index.setdefault(args[column], {})[args] = None
-            for n in self._nodes_in(name, args, value):
-                self._mentions.setdefault(n, []).append((name, args))
+            decl = self.decls[name]
+            for sort, v in zip((*decl.inputs, decl.output), (*args, value), strict=True):
+                for n in (v,) if sort == "Op" else v if sort == "TensorList" else ():  # the nodes it names
+                    self._mentions.setdefault(n, []).append((name, args))
         rows[args] = value
         self.changed = True
 
@@ -206,17 +189,6 @@ class Facts:
             return node(v) if sort == "Op" else tuple(map(node, v)) if sort == "TensorList" else v
         self.set(name, tuple(moved(s, a) for s, a in zip(decl.inputs, args, strict=True)),
                  moved(decl.output, value), writers)
-
-    # --- internals ------------------------------------------------------------------------
-
-    def _nodes_in(self, name: str, args: tuple, value: Any) -> list[int]:
-        ops, lists, value_is_op = self._node_columns[name]
-        out = [args[c] for c in ops]
-        for c in lists:
-            out += args[c]
-        if value_is_op:
-            out.append(value)
-        return out
 
     def column(self, name: str, column: int) -> dict[Any, dict[tuple, None]]:
         """A helper table's index on one column: value -> its rows' arguments (kept up to date)."""

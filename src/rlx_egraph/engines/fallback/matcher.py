@@ -1,29 +1,23 @@
-"""Matching a pattern's query on the graph.
+"""Matching a pattern's query on the graph (docs/engines.md, "The fallback engine").
 
-The query's atoms are put in an order where each one can run with what the
-atoms before it bound: a node pattern whose node is known is checked top-down;
-one reached from a known input is found among that input's readers (the
-multi-pattern joins of the shared-input rules); equalities bind a variable
-from a computable side; helper-table facts look rows up by their known
-columns.  A node pattern checked top-down also matches the node's forms
-(:attr:`Facts.forms`).  The root is the first node pattern, so only nodes of its op are
-ever visited; a query without one is rooted at a row of a helper relation,
-one row per run.  Each step is a closure that extends the variable slots and
-calls the next one, so a failed candidate costs a few attribute reads.
+The atoms run in an order where each one can run with what the atoms before it bound (:func:`schedule`); a
+node pattern checked top-down also matches the node's forms (:attr:`Facts.forms`); a query without a node
+pattern is rooted at a row of a helper relation, one row per run.  Each step is a closure that extends the
+variable slots and calls the next one, so a failed candidate costs a few attribute reads.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
 
 from ...ir.graph import Node
-from ...ir.registry import REGISTRY, AttrType
+from ...ir.registry import REGISTRY
 from ...rules import (
     FACT_TABLES,
     Absent,
@@ -45,9 +39,9 @@ from ...rules import (
     variables,
 )
 from ...rules import Pattern as NodePat
-from ...rules.flat import input_vars
+from ...rules.flat import input_vars, is_negative_zero_scalar
 from ...rules.primitives import same_value
-from ...rules.signatures import constructor_args
+from ...rules.signatures import ConstructorArg, constructor_args, node_arg
 from .facts import ABSENT, Facts, Tables, compile_term
 from .pattern import CompileError
 
@@ -99,27 +93,13 @@ class MatcherPlan:
 def plan_matcher(pattern: Rule, tables: Tables) -> MatcherPlan:
     """Order ``pattern``'s query and work out what matching it needs (CompileError when some atom can never
     run)."""
-    slots: dict[str, int] = {}
-
-    def slot(name: str) -> int:
-        return slots.setdefault(name, len(slots))
-
-    for atom in pattern.query:
-        for name in sorted(_atom_vars(atom)):
-            slot(name)
-    for action in pattern.actions:  # slots for what the actions compute, after the query's
-        if isinstance(action, Let):
-            slot(action.var)
+    names = [name for atom in pattern.query for name in sorted(_vars(atom))]
+    names += [action.var for action in pattern.actions if isinstance(action, Let)]  # what the actions compute
+    slots = {name: k for k, name in enumerate(dict.fromkeys(names))}
     order = schedule(pattern, tables)
-    known: list[set[str]] = []
-    bound: set[str] = set()
-    for _, atom in order:
-        known.append(set(bound))
-        bound |= _atom_vars(atom)
-    node_vars = _node_vars(pattern, tables)
-    return MatcherPlan(
-        slots, order, known, tuple(slots[v] for v in node_vars),
-        tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))))
+    known = [set().union(*(_vars(atom) for _, atom in order[:k])) for k in range(len(order))]
+    return MatcherPlan(slots, order, known, tuple(slots[v] for v in _node_vars(pattern, tables)),
+                       tuple(dict.fromkeys(slots[_out(a)] for a in pattern.query if isinstance(a, NodePat))))
 
 
 def compile_matcher(pattern: Rule, facts: Facts,
@@ -129,44 +109,36 @@ def compile_matcher(pattern: Rule, facts: Facts,
     if plan is None:
         plan = plan_matcher(pattern, facts.decls)
     slots, order = plan.slots, plan.order
-    nodes, readers = facts.rw.nodes_by_id, facts.rw.readers
-    sink: list[list[tuple]] = []  # the current run's matches
+    found: list[tuple] = []  # the current run's matches
+    pinned: list[Any] = [None]  # the current run's root (see _lookup_step)
 
     def emit(env: list) -> None:
-        sink[-1].append(tuple(env))
+        found.append(tuple(env))
 
-    pinned: list[tuple] = []  # the current run's root row (a query rooted at a helper relation)
     chain: Step = emit
     for k in reversed(range(len(order))):
         kind, atom = order[k]
-        chain = _step(kind, atom, plan.known[k], slots, chain, nodes, readers, facts, pinned if k == 0 else None)
+        chain = _step(kind, atom, plan.known[k], slots, chain, facts, pinned if k == 0 else None)
     first = order[0][1]
     width = len(slots)
     root_slot: int | None
     if isinstance(first, NodePat):
-        root_slot, alive = slots[_out(first)], nodes.__contains__
-
-        def roots() -> list[Any]:
-            return facts.rw.nodes_of(first.term.op)
+        root_slot, alive = slots[_out(first)], facts.rw.nodes_by_id.__contains__
+        roots = partial(facts.rw.nodes_of, first.term.op)
     else:
         rows = facts.rows[first.table]  # type: ignore[union-attr]
-        root_slot, alive = None, rows.__contains__
-
-        def roots() -> list[Any]:
-            return list(rows)
+        root_slot, alive, roots = None, rows.__contains__, partial(list, rows)
 
     def run(root: Any) -> list[tuple]:
         env: list[Any] = [None] * width
         if root_slot is not None:
             env[root_slot] = root
-        sink.append([])
-        pinned.append(root)
+        pinned[0] = root
         try:
             chain(env)
+            return found.copy()
         finally:
-            pinned.pop()
-            found = sink.pop()
-        return found
+            found.clear()
 
     return Matcher(pattern, slots, plan.node_slots, plan.shape_slots, run, roots, alive)
 
@@ -177,38 +149,26 @@ def _out(atom: NodePat) -> str:
     return atom.var.name
 
 
-def _sides(atom: Atom) -> tuple[Term, ...] | None:
-    """An equation's two sides as written (a fact with a value, an ``=`` guard); None for another atom."""
-    if (isinstance(atom, Fact) and atom.value is not None) or (isinstance(atom, Guard) and atom.name == "="):
-        return atom_terms(atom)
-    return None
+def _terms(atom: Fact | Guard) -> tuple[Term, ...]:
+    """What a fact or guard asks: its two sides (an equation: a fact with a value, an ``=`` guard) or the one
+    call that must have a value (a fact's lookup, a guard's primitive check)."""
+    if isinstance(atom, Guard) and atom.name != "=":
+        return (Call(atom.name, atom.args),)
+    return atom_terms(atom)
 
 
-def _call(atom: Fact | Guard) -> Term:
-    """The call that must have a value: a fact's lookup, a guard's primitive check."""
-    return atom.lookup if isinstance(atom, Fact) else Call(atom.name, atom.args)
-
-
-def _calls(atom: Atom) -> list[Call | Lookup]:
-    """The primitive calls and table lookups in a fact or a guard."""
-    if isinstance(atom, NodePat):
-        return []
-    return [t for term in atom_terms(atom) for t in subterms(term) if isinstance(t, Call | Lookup)]
+def _lookups(atom: Atom) -> list[Lookup]:
+    """The table lookups in an atom."""
+    return [t for term in atom_terms(atom) for t in subterms(term) if isinstance(t, Lookup)]
 
 
 @cache
-def _vars(term: Term) -> frozenset[str]:
-    """The variables of a term (remembered: planning asks for them again and again)."""
-    return frozenset(variables(term))
+def _vars(part: Term | Atom) -> frozenset[str]:
+    """The variables of a term or an atom (remembered: planning asks for them again and again)."""
+    return frozenset(atom_variables(part) if isinstance(part, NodePat | Fact | Guard) else variables(part))
 
 
 # --- ordering ------------------------------------------------------------------------------
-
-
-@cache
-def _atom_vars(atom: Atom) -> frozenset[str]:
-    """The variables of an atom (remembered: planning asks for them again and again)."""
-    return frozenset(atom_variables(atom))
 
 
 def _node_vars(pattern: Rule, tables: Tables) -> list[str]:
@@ -216,27 +176,19 @@ def _node_vars(pattern: Rule, tables: Tables) -> list[str]:
     out: dict[str, None] = {}
     for atom in pattern.query:
         if isinstance(atom, NodePat):
-            out[_out(atom)] = None
-            out.update(dict.fromkeys(input_vars(atom.term)))
-            continue
-        for t in reversed(_calls(atom)):
-            decl = tables.get(t.table) if isinstance(t, Lookup) else None
-            if decl is not None:
-                out.update(dict.fromkeys(a.name for a, sort in zip(t.args, decl.inputs, strict=False)
-                                         if isinstance(a, Var) and sort == "Op"))
+            out.update(dict.fromkeys([_out(atom), *input_vars(atom.term)]))
+        for t in _lookups(atom):  # (every table is known: see schedule)
+            out.update(dict.fromkeys(a.name for a, sort in zip(t.args, tables[t.table].inputs, strict=False)
+                                     if isinstance(a, Var) and sort == "Op"))
     return list(out)
-
-
-def _helper_call(term: Term, tables: Tables) -> bool:
-    return isinstance(term, Lookup) and term.table in tables and term.table not in FACT_TABLES
 
 
 def schedule(pattern: Rule, tables: Tables) -> list[tuple[str, Atom]]:
     """Order the query's atoms: the first node pattern (or helper fact) is the root; then,
     at each step, the cheapest atom that can run with the variables bound so far.
     Raises CompileError when the query cannot run on a graph."""
-    for t in (t for atom in pattern.query for t in _calls(atom)):
-        if isinstance(t, Lookup) and t.table not in tables:
+    for t in (t for atom in pattern.query for t in _lookups(atom)):
+        if t.table not in tables:
             raise CompileError(f"table {t.table!r} has no meaning on a graph in the fallback")
     pending = list(pattern.query)
     root = next((a for a in pending if isinstance(a, NodePat)), None) or next(
@@ -245,17 +197,17 @@ def schedule(pattern: Rule, tables: Tables) -> list[tuple[str, Atom]]:
         raise CompileError("the query has no node pattern and no helper-table fact to start from")
     pending.remove(root)
     order = [("top" if isinstance(root, NodePat) else "lookup", root)]
-    bound = _atom_vars(root)
+    bound = _vars(root)
     while pending:
         ready = [(choice[0], k, choice[1]) for k, atom in enumerate(pending)
                  if (choice := _readiness(atom, bound, tables)) is not None]  # (priority, position, step kind)
         best = min(ready, default=None)
         if best is None:
-            missing = sorted(set().union(*(_atom_vars(a) for a in pending)) - bound)
+            missing = sorted(set().union(*(_vars(a) for a in pending)) - bound)
             raise CompileError(f"no fact binds variable(s) {', '.join(missing)} before they are needed")
         atom = pending.pop(best[1])
         order.append((best[2], atom))
-        bound |= _atom_vars(atom)
+        bound |= _vars(atom)
     return order
 
 
@@ -267,25 +219,32 @@ def _readiness(atom: Atom, bound: set[str], tables: Tables) -> tuple[int, str] |
         if any(i in bound for i in input_vars(atom.term)):
             return 4, "join"
         return None
-    sides = _sides(atom)
-    if sides is not None:
-        (a, b), (left, right) = sides, (_vars(t) - bound for t in sides)
-        if not left and not right:
-            return 0, "check"
-        if isinstance(a, Var) and left and not right:
-            return 2, "bind"
-        if isinstance(b, Var) and right and not left:
-            return 2, "bind"
-        for side, other, other_unbound in ((a, b, right), (b, a, left)):
-            if _lookup_ready(side, bound, tables) and (not other_unbound or isinstance(other, Var)):
-                return 3, "lookup"
-        return None
-    call = _call(atom)
-    if not _vars(call) - bound:
+    terms = _terms(atom)
+    if not any(_vars(t) - bound for t in terms):
         return 0, "check"
-    if _lookup_ready(call, bound, tables):
-        bound_args = any(not _vars(a) - bound for a in call.args)  # type: ignore[union-attr]
-        return (3, "lookup") if bound_args else (5, "lookup")
+    if _binding(terms, bound) is not None:
+        return 2, "bind"
+    found = _lookup(terms, bound, tables)
+    if found is None:
+        return None
+    call, other = found
+    return (5 if other is None and all(_vars(a) - bound for a in call.args) else 3), "lookup"
+
+
+def _binding(terms: tuple[Term, ...], bound: set[str]) -> tuple[Var, Term] | None:
+    """(variable, term) when an equation's one side is an unbound variable and the other can be computed."""
+    if len(terms) == 2:
+        for target, source in (terms, terms[::-1]):
+            if isinstance(target, Var) and target.name not in bound and not _vars(source) - bound:
+                return target, source
+    return None
+
+
+def _lookup(terms: tuple[Term, ...], bound: set[str], tables: Tables) -> tuple[Lookup, Term | None] | None:
+    """The helper-table call whose rows can run ``terms`` now, and the term its value must equal (None: any)."""
+    for call, other in [(terms[0], None)] if len(terms) == 1 else [terms, terms[::-1]]:
+        if _lookup_ready(call, bound, tables) and (other is None or isinstance(other, Var) or not _vars(other) - bound):
+            return call, other  # type: ignore[return-value]
     return None
 
 
@@ -295,89 +254,76 @@ def _lookup_ready(call: Term, bound: set[str], tables: Tables) -> bool:
                                               for a in call.args)  # type: ignore[union-attr]
 
 
+def _helper_call(term: Term, tables: Tables) -> bool:
+    return isinstance(term, Lookup) and term.table in tables and term.table not in FACT_TABLES
+
+
 # --- steps ---------------------------------------------------------------------------------
 
-BIND, EQ, LIT, LIST, ZERO = range(5)  # how a node's field is checked; ZERO: a float zero literal, its sign too
 
-
-def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, nodes: Mapping[int, Node],
-          readers: Mapping[int, Mapping[int, None]], facts: Facts, pinned: list[tuple] | None = None) -> Step:
+def _step(kind: str, atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
+          pinned: list[Any] | None = None) -> Step:
     """The step of one atom (``pinned``: see :func:`_lookup_step`)."""
     if isinstance(atom, NodePat):
-        return _node_step(kind, atom, known, slots, nxt, nodes, readers, facts.forms)
+        return _node_step(kind, atom, known, slots, nxt, facts)
+    terms = _terms(atom)
     if kind == "check":
-        return _check_step(atom, slots, nxt, facts)
+        return _check_step(terms, slots, nxt, facts)
     if kind == "bind":
-        left, right = _sides(atom)  # type: ignore[misc]
-        target, source = (left, right) if isinstance(left, Var) and left.name not in known else (right, left)
-        assert isinstance(target, Var)
-        out, ev = slots[target.name], compile_term(source, slots, facts)
-
-        def bind(env: list) -> None:
-            try:
-                env[out] = ev(env)
-            except NoValue:
-                return
-            nxt(env)
-        return bind
-    return _lookup_step(atom, known, slots, nxt, facts, pinned)
+        target, source = _binding(terms, known)  # type: ignore[misc]
+        return _value_step(compile_term(source, slots, facts), slots[target.name], nxt)
+    return _lookup_step(terms, known, slots, nxt, facts, pinned)
 
 
-def _check_step(atom: Atom, slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
-    sides = _sides(atom)
-    if sides is not None:
-        left, right = (compile_term(t, slots, facts) for t in sides)
+def _check_step(terms: tuple[Term, ...], slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
+    """An equation holds where its sides are equal; a call, where it has a value (a check: where it is true)."""
+    if len(terms) == 1:
+        return _value_step(compile_term(terms[0], slots, facts), None, nxt)
+    left, right = (compile_term(t, slots, facts) for t in terms)
 
-        def equal(env: list) -> None:
-            try:
-                a, b = left(env), right(env)
-            except NoValue:
-                return
-            if a == b or same_value(a, b):  # egglog's equality: NaN equals NaN
-                nxt(env)
-        return equal
-    assert isinstance(atom, Fact | Guard)
-    ev = compile_term(_call(atom), slots, facts)
-
-    def holds(env: list) -> None:  # a call holds where it has a value (a check: where it is true)
+    def equal(env: list) -> None:
         try:
-            ev(env)
+            a, b = left(env), right(env)
         except NoValue:
             return
+        if a == b or same_value(a, b):  # egglog's equality: NaN equals NaN
+            nxt(env)
+    return equal
+
+
+def _value_step(ev: Callable[[list], Any], out: int | None, nxt: Step) -> Step:
+    """Go on where ``ev`` has a value, put in slot ``out`` (None: only its having one matters)."""
+    def value(env: list) -> None:
+        try:
+            found = ev(env)
+        except NoValue:
+            return
+        if out is not None:
+            env[out] = found
         nxt(env)
-    return holds
+    return value
 
 
-def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
-                 pinned: list[tuple] | None = None) -> Step:
+def _lookup_step(terms: tuple[Term, ...], known: set[str], slots: dict[str, int], nxt: Step, facts: Facts,
+                 pinned: list[Any] | None = None) -> Step:
     """Rows of a helper table: known columns select rows, the others bind variables.  With
-    ``pinned`` (the query's root) only the row ``pinned[-1]`` is considered."""
-    sides = _sides(atom)
-    if sides is None:
-        call, other = _call(atom), None  # type: ignore[arg-type]
-    else:
-        left, right = sides
-        unbound_right = _vars(right) - known
-        use_left = _lookup_ready(left, known, facts.decls) and (not unbound_right or isinstance(right, Var))
-        call, other = (left, right) if use_left else (right, left)
-    assert isinstance(call, Lookup)
+    ``pinned`` (the query's root) only the row ``pinned[0]`` is considered."""
+    call, other = _lookup(terms, known, facts.decls)  # type: ignore[misc]
     name = call.table
     selectors: list[tuple[int, Callable[[list], Any]]] = []
-    binders: list[tuple[int, int, bool]] = []  # column (-1: value), slot, first occurrence
+    checks: list[tuple[int, None, int, int]] = []  # on a row's (*args, value), column -1 the value (see _fit)
     seen = set(known)
     for column, arg in enumerate(call.args):
         if not _vars(arg) - known:
             selectors.append((column, compile_term(arg, slots, facts)))
         else:
             assert isinstance(arg, Var)
-            binders.append((column, slots[arg.name], arg.name not in seen))
-            seen.add(arg.name)
+            checks.append((column, None, *_variable(arg.name, seen, slots)))
     value_check = None
-    if other is not None:
-        if isinstance(other, Var) and other.name not in seen:
-            binders.append((-1, slots[other.name], True))
-        else:
-            value_check = compile_term(other, slots, facts)
+    if isinstance(other, Var) and other.name not in known:
+        checks.append((-1, None, *_variable(other.name, seen, slots)))
+    elif other is not None:
+        value_check = compile_term(other, slots, facts)
 
     def lookup(env: list) -> None:
         try:
@@ -385,146 +331,100 @@ def _lookup_step(atom: Atom, known: set[str], slots: dict[str, int], nxt: Step, 
             expected = value_check(env) if value_check is not None else None
         except NoValue:
             return
-        for args, value in facts.lookup(name, bound, None if pinned is None else pinned[-1]):
-            if value_check is not None and value != expected:
-                continue
-            ok = True
-            for column, s, first in binders:
-                v = value if column < 0 else args[column]
-                if first:
-                    env[s] = v
-                elif env[s] != v:
-                    ok = False
-                    break
-            if ok:
+        for args, value in facts.lookup(name, bound, None if pinned is None else pinned[0]):
+            if (value_check is None or value == expected) and _fit(checks, (*args, value), None, env):
                 nxt(env)
     return lookup
 
 
-INPUT, OPTIONAL_INPUT, REST_INPUTS, ATTR, ARRAY_ATTR = range(5)  # how a constructor argument is read from a node
+def _variable(name: str, seen: set[str], slots: dict[str, int]) -> tuple[int, int]:
+    """The check of a variable (see :func:`_fit`): bind its slot where first seen (now seen), else compare."""
+    kind = EQ if name in seen else BIND
+    seen.add(name)
+    return kind, slots[name]
 
 
-def _readers(op: str) -> list[tuple[int, Any]]:
-    """Per constructor argument of ``op``: how to read it from a node (one of the kinds above) and where
-    (the input position, or the attribute's name)."""
-    spec = REGISTRY[op]
-    out: list[tuple[int, Any]] = []
-    for k, arg in enumerate(constructor_args(spec)):
-        if arg.is_input:
-            out.append((REST_INPUTS if arg.variadic else OPTIONAL_INPUT if arg.optional else INPUT, k))
-        else:
-            attr = next(a for a in spec.attrs if a.name == arg.name)
-            out.append((ARRAY_ATTR if attr.type is AttrType.ARRAY else ATTR, arg.name))
-    return out
-
-
-def _read(node: Node, how: int, where: Any) -> Any:
-    """A constructor argument of ``node`` (see :func:`_readers`)."""
-    if how == INPUT:
-        return node.inputs[where]
-    if how == ATTR:
-        return node.attrs[where]
-    if how == OPTIONAL_INPUT:
-        return node.inputs[where] if where < len(node.inputs) else ABSENT
-    if how == REST_INPUTS:
-        return node.inputs[where:]
-    return ArrayValue(node.attrs[where])
+BIND, EQ, LIT, ZERO, LIST = range(5)  # how :func:`_fit` checks a value; ZERO: a float zero literal, its sign too
 
 
 def _unifier(atom: NodePat, known: set[str], slots: dict[str, int]) -> Callable[[Node, list], bool]:
-    """A check that node fields fit the pattern's arguments (binding new variables)."""
-    readers = _readers(atom.term.op)
+    """A check that a node's arguments fit the pattern's (binding new variables)."""
     seen = set(known) | {_out(atom)}
-
-    def variable(name: str) -> tuple[int, int]:
-        """The check of a variable: bind its slot where first seen, else compare with it."""
-        kind = EQ if name in seen else BIND
-        seen.add(name)
-        return kind, slots[name]
-
-    checks: list[tuple[int, Any, int, Any]] = []  # (how, where, check kind, its argument)
-    for position, pat in enumerate(atom.term.args):
-        how, where = readers[position]
+    checks: list[tuple[int, ConstructorArg | None, int, Any]] = []  # (position, how to read, check kind, argument)
+    for position, (arg, pat) in enumerate(zip(constructor_args(REGISTRY[atom.term.op]), atom.term.args,
+                                              strict=True)):
+        read = None if arg.is_input and not (arg.optional or arg.variadic) else arg  # None: a plain input
         if isinstance(pat, Var):
-            checks.append((how, where, *variable(pat.name)))
+            checks.append((position, read, *_variable(pat.name, seen, slots)))
         elif isinstance(pat, Absent):
-            checks.append((how, where, LIT, ABSENT))
+            checks.append((position, read, LIT, ABSENT))
         elif isinstance(pat, Lit) and pat.value.__class__ is float and pat.value == 0.0:
-            checks.append((how, where, ZERO, math.copysign(1.0, pat.value)))  # 0.0 == -0.0, but 1 / 0.0 != 1 / -0.0
+            checks.append((position, read, ZERO, math.copysign(1.0, pat.value)))  # 0.0 == -0.0, 1 / 0.0 != 1 / -0.0
         elif isinstance(pat, Lit):
-            checks.append((how, where, LIT, pat.value))
+            checks.append((position, read, LIT, pat.value))
         else:
             assert isinstance(pat, TensorList) and all(isinstance(item, Var) for item in pat.items)
-            items = tuple(variable(item.name) for item in pat.items)  # type: ignore[union-attr]
-            rest = variable(pat.rest.name) if isinstance(pat.rest, Var) else None
-            checks.append((how, where, LIST, (items, rest)))
-
-    # egglog holds a Scalar -0.0 leaf as (Neg (Scalar 0.0 dt)) (its f64 equates the zeros): a Scalar pattern whose
-    # value is a variable does not match it there, so not here either
+            names = [item.name for item in pat.items]  # type: ignore[union-attr]
+            names += [pat.rest.name] if isinstance(pat.rest, Var) else []  # the rest: the items after them, a tuple
+            items = [(k, None, *_variable(name, seen, slots)) for k, name in enumerate(names)]
+            checks.append((position, read, LIST, (len(pat.items), pat.rest is not None, items)))
+    # egglog holds a Scalar -0.0 leaf as (Neg (Scalar 0.0 dt)): a Scalar pattern whose value is a variable does not
+    # match it there, so not here either
     any_scalar = atom.term.op == "Scalar" and isinstance(atom.term.args[0], Var)
 
     def unify(node: Node, env: list) -> bool:
-        inputs = node.inputs
-        if any_scalar and node.attrs["value"] == 0 and math.copysign(1.0, node.attrs["value"]) < 0:
-            return False
-        for how, where, kind, arg in checks:
-            value = inputs[where] if how == INPUT else _read(node, how, where)
-            if kind == BIND:
-                env[arg] = value
-            elif kind == EQ:
-                if env[arg] != value:
-                    return False
-            elif kind == LIT:
-                if value != arg:
-                    return False
-            elif kind == ZERO:
-                if value != 0 or math.copysign(1.0, value) != arg:
-                    return False
-            elif not _unify_list(value, arg, env):
-                return False
-        return True
+        return not (any_scalar and is_negative_zero_scalar(node)) and _fit(checks, node.inputs, node, env)
     return unify
 
 
-def _unify_list(values: tuple, pattern: tuple, env: list) -> bool:
-    items, rest = pattern
-    if len(values) < len(items) or (rest is None and len(values) != len(items)):
-        return False
-    return all(_fits(check, value, env) for check, value in zip(items, values, strict=False)) and \
-        (rest is None or _fits(rest, tuple(values[len(items):]), env))
+def _fit(checks: list[tuple[int, ConstructorArg | None, int, Any]], values: tuple, node: Node | None,
+         env: list) -> bool:
+    """Whether ``values`` (a node's inputs, a list's items, a helper row's columns) pass ``checks``, binding new
+    variables: each check reads the value at its position, or with a constructor argument reads it from ``node``."""
+    for position, read, kind, arg in checks:
+        if read is None:
+            value = values[position]
+        else:
+            value = node_arg(node, position, read, ABSENT)
+            if value.__class__ is np.ndarray:
+                value = ArrayValue(value)
+        if kind == BIND:
+            env[arg] = value
+        elif kind == EQ:
+            if env[arg] != value:
+                return False
+        elif kind == LIT:
+            if value != arg:
+                return False
+        elif kind == ZERO:
+            if value != 0 or math.copysign(1.0, value) != arg:
+                return False
+        else:
+            count, rest, items = arg
+            if len(value) < count or (not rest and len(value) != count) or \
+                    not _fit(items, (*value[:count], tuple(value[count:])) if rest else value, None, env):
+                return False
+    return True
 
 
-def _fits(check: tuple[int, int], value: Any, env: list) -> bool:
-    """A variable's check (BIND or EQ, and its slot) on ``value``."""
-    kind, slot = check
-    if kind == BIND:
-        env[slot] = value
-        return True
-    return env[slot] == value
-
-
-def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step,
-               nodes: Mapping[int, Node], readers: Mapping[int, Mapping[int, None]],
-               forms: Mapping[int, Mapping[Any, Node]]) -> Step:
+def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int], nxt: Step, facts: Facts) -> Step:
+    """A node pattern checked top-down on its known node (and its forms), or joined from a known input's readers."""
     op, out = atom.term.op, slots[_out(atom)]
+    nodes, readers, forms = facts.rw.nodes_by_id, facts.rw.readers, facts.forms
     unify = _unifier(atom, known, slots)
-
-    def visit(node: Node, env: list) -> None:
-        if unify(node, env):
-            nxt(env)
 
     if kind == "top":
         def top(env: list) -> None:
             node = nodes.get(env[out])
             if node is None:
                 return
-            if node.op == op:
-                visit(node, env)
+            if node.op == op and unify(node, env):
+                nxt(env)
             known = forms.get(env[out])
             if known:
                 for form in known.values():
-                    if form.op == op:
-                        visit(form, env)
+                    if form.op == op and unify(form, env):
+                        nxt(env)
         return top
 
     anchor = next(slots[v] for v in input_vars(atom.term) if v in known)
@@ -537,7 +437,8 @@ def _node_step(kind: str, atom: NodePat, known: set[str], slots: dict[str, int],
             node = nodes[u]
             if node.op == op:
                 env[out] = u
-                visit(node, env)
+                if unify(node, env):
+                    nxt(env)
     return join
 
 

@@ -111,10 +111,9 @@ def _checked(flat: Rule, tables: dict[str, Declaration | FactTable]) -> Rule:
                 raise CompileError(f"{'set of' if function else 'insert into'} {action.table!r}, which is not a "
                                    f"declared {'function' if function else 'relation'}")
     built = {a.var for a in flat.actions if isinstance(a, Let) and isinstance(a.term, OpTerm)}
-    unions = flat.unions
-    if built and not unions:
+    if built and not flat.unions:
         raise CompileError("it builds terms but unions none of them into the graph, so nothing would use them")
-    for u in unions:
+    for u in flat.unions:
         if str(u.left) in built and str(u.right) in built:
             raise CompileError(f"union of two new terms ({u.left}, {u.right}): the graph has no node to replace")
     return flat
