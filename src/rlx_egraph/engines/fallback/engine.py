@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...cost import Target, get_target
-from ...cost.enode import EPS, enode_ns
+from ...cost.enode import EPS, NodePrices
 from ...ir.graph import Graph, GraphError, Node, check_node
 from ...ir.provenance import Fusion, fold_projections
 from ...ir.registry import REGISTRY, Kind, ops_of_kind
@@ -282,7 +282,7 @@ class _Engine:
                                            if isinstance(atom, NodePattern)) for stage, rules in later.items()}
         self.later_tables = {stage: frozenset(t for p in rules for t in p.tables_read)
                              for stage, rules in later.items()}
-        self.signature_costs: dict[tuple, float] = {}
+        self.prices = NodePrices(target)
         self.checks: dict[tuple, list] = {}  # see checked()
         self.stats.cost_before_ns = self.dag_ns()
 
@@ -889,27 +889,8 @@ class _Engine:
     # --- costs -----------------------------------------------------------------------------
 
     def node_ns(self, node: Node, lookup: Callable[[int], Node]) -> float:
-        """:func:`enode_ns` of a node, remembered per (op, attributes, input and output types).
-        A leaf launches nothing, so its type alone decides (its name is not part of the key)."""
-        if not node.inputs:
-            key: tuple | None = (node.op, node.shape, node.dtype)
-            cost = self.signature_costs.get(key)
-            if cost is None:
-                cost = self.signature_costs[key] = enode_ns(self.target, node.spec, node.attrs, [], node.type, False)
-            return cost
-        ins = [lookup(i) for i in node.inputs]
-        reads_intermediate = not LEAF_OPS.issuperset([i.op for i in ins])
-        key = (node.op, tuple(node.attrs.values()) if node.attrs else (), tuple([(i.shape, i.dtype) for i in ins]),
-               node.shape, node.dtype, reads_intermediate)
-        try:
-            cost = self.signature_costs.get(key)
-        except TypeError:  # unhashable attributes
-            key, cost = None, None
-        if cost is None:
-            cost = enode_ns(self.target, node.spec, node.attrs, [i.type for i in ins], node.type, reads_intermediate)
-            if key is not None:
-                self.signature_costs[key] = cost
-        return cost
+        """:func:`enode_ns` of a node (see :meth:`NodePrices.graph_node_ns`)."""
+        return self.prices.graph_node_ns(node, [lookup(i) for i in node.inputs])
 
     def cost(self, nid: int) -> float:
         """A live node's cost, remembered while the node record stays the same (not rewired)."""
