@@ -364,7 +364,6 @@ class _Engine:
             return
         t0 = time.perf_counter()
         margin = CHAIN_EPS * self.stats.cost_before_ns
-        tallies: dict[int, list] = {}  # id of a kind's run -> [run, blocks of that kind, blocks transplanted]
         for block in pieces:
             if self.out_of_time():
                 break
@@ -373,21 +372,19 @@ class _Engine:
             run = self.lookahead.run(region, None, None)
             if run.stop_reason != STOP_DONE and self.stats.stop_reason == STOP_DONE:
                 self.stats.stop_reason = run.stop_reason
-            tally = tallies.setdefault(id(run), [run, 0, 0])
-            tally[1] += 1
-            if run.cost_ns < run.before_ns - margin:
+            transplanted = run.cost_ns < run.before_ns - margin
+            if transplanted:
                 made = self.transplant(run, back)
                 self.carry_rows(run, made, back)
-                tally[2] += 1
-            self.stats.blocks += 1
-        for run, times, transplanted in tallies.values():  # each kind's stats once, times its blocks
-            for rule, stats in run.rules.items():
+            for rule, stats in run.rules.items():  # its kind's stats, once per block of that kind
                 mine = self.stats.rules[rule]
-                mine.matches += stats.matches * times
+                mine.matches += stats.matches
                 for reason, rejected in stats.rejected.items():
-                    mine.reject(reason, rejected * times)
-                mine.commits += stats.commits * transplanted
-                mine.chain_starts += stats.chain_starts * transplanted
+                    mine.reject(reason, rejected)
+                if transplanted:
+                    mine.commits += stats.commits
+                    mine.chain_starts += stats.chain_starts
+            self.stats.blocks += 1
         self.stats.phases["replay"] = time.perf_counter() - t0
 
     def out_of_time(self) -> bool:
