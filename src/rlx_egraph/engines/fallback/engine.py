@@ -615,10 +615,8 @@ class _Engine:
             try:
                 if kind == BUILD:
                     nid = rw.next_id + len(new)
-                    op, attr_terms, input_slots, input_terms, out = compiled
-                    inputs = [env[k] for k in input_slots] if input_slots is not None else None
-                    if inputs is None or ABSENT in inputs:
-                        inputs = _inputs(op, input_terms, env, slots, pattern.base)
+                    op, attr_terms, input_terms, out = compiled
+                    inputs = _inputs(op, input_terms, env, slots, pattern.base)
                     attrs = {name: _plain(ev(env)) for name, ev in attr_terms}
                     node, check = self.checked(nid, op, inputs, attrs, lookup)
                     same = rw.existing(node) if not any(i in new for i in node.inputs) else None
@@ -952,12 +950,9 @@ def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[int, Any]]:
     for action in matcher.pattern.actions:
         if isinstance(action, Let) and isinstance(term := action.term, OpTerm):
             args = list(zip(constructor_args(REGISTRY[term.op]), term.args, strict=True))
-            inputs = [t for arg, t in args if arg.is_input]
-            # the attributes' evaluators, and the inputs' slots when each input is one variable (most rules)
             out.append((BUILD, (term.op, [(arg.name, compile_term(t, slots, facts)) for arg, t in args
                                           if not arg.is_input],
-                                tuple(slots[t.name] for t in inputs) if all(isinstance(t, Var) for t in inputs)
-                                else None, inputs, slots[action.var])))
+                                [t for arg, t in args if arg.is_input], slots[action.var])))
         elif isinstance(action, Let):
             out.append((COMPUTE, (slots[action.var], compile_term(action.term, slots, facts))))
         elif isinstance(action, Union):
