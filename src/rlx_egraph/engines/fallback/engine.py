@@ -255,20 +255,13 @@ class _Engine:
         self.param_order: dict[int, int] = {}
         self.facts = Facts(self.rw, compiled.tables, self.param_order, attention_block_max_tokens, compiled.tracked)
         self.nodes = self.rw.nodes_by_id
-        self.stats = FallbackStats()
-        self.costs: dict[int, tuple[Node, float]] = {}
-        self.rules_of: dict[int, list[str]] = {}
-        self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
-        self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
-        self.chain_rule = ""  # the rule of the chain's first step
-        self.alone = False  # in such a region: only the chain's steps are taken
+        self.prices = NodePrices(target)
+        self.checks: dict[tuple, list] = {}  # see checked()
+        self.chain_rule = ""  # in a lookahead's region: the rule of the chain's first step
         self.banned: set[int] = set()  # nodes the rules of this stage must not replace (see Lookahead.never)
-        self.stage = STAGES[0]
-        self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
         for p in compiled.patterns:
-            self.matchers[p.stage].append(compile_matcher(p, self.facts,
-                                                          compiled.plans.get(p.name)))
+            self.matchers[p.stage].append(compile_matcher(p, self.facts, compiled.plans.get(p.name)))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
         # per pattern: the helper-relation rows its query reads (see relied)
@@ -282,21 +275,22 @@ class _Engine:
                                            if isinstance(atom, NodePattern)) for stage, rules in later.items()}
         self.later_tables = {stage: frozenset(t for p in rules for t in p.tables_read)
                              for stage, rules in later.items()}
-        self.prices = NodePrices(target)
-        self.checks: dict[tuple, list] = {}  # see checked()
-        self.stats.cost_before_ns = self.dag_ns()
+        self.start(graph)
 
     def start(self, graph: Graph) -> None:
         """Per-graph state, fresh (the rewriter is open on ``graph``)."""
         params = (n.id for n in graph.nodes if n.op == "Param")
         self.param_order.clear()
         self.param_order.update((nid, k) for k, nid in enumerate(params))
-        self.stats = FallbackStats(unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
-        for p in self.compiled.patterns:
-            self.stats.rules.setdefault(p.base, RuleStats())
-        for cache in (self.costs, self.rules_of, self.relied_of):
-            cache.clear()
-        self.chain, self.stage, self.alone = None, STAGES[0], False
+        self.stats = FallbackStats({p.base: RuleStats() for p in self.compiled.patterns},
+                                   list(self.compiled.unsupported), nodes_before=len(graph))
+        self.costs: dict[int, tuple[Node, float]] = {}
+        self.rules_of: dict[int, list[str]] = {}
+        self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
+        self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
+        self.alone = False  # in such a region: only the chain's steps are taken
+        self.stage = STAGES[0]
+        self.stats.cost_before_ns = self.dag_ns()
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
@@ -304,7 +298,6 @@ class _Engine:
         self.rw.reopen(graph, levels)
         self.facts.clear()
         self.start(graph)
-        self.stats.cost_before_ns = self.dag_ns()
 
     def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
                    how: str = FOLLOW, kept: frozenset[int] = frozenset()) -> RegionRun:
