@@ -43,15 +43,12 @@ from ...rules.signatures import constructor_args
 from ..budget import Deadline, gc_paused
 from .blocks import blocks
 from .facts import ABSENT, Facts, compile_term
-from .lookahead import ALONE, FOLLOW, NEVER, Chain, Lookahead, RegionRun, cut_out, matched_names
+from .lookahead import ALONE, CHAIN_EPS, FOLLOW, NEVER, Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import ArrayValue, Matcher, compile_matcher, plan_matcher
 from .pattern import CompiledRules, CompileError, Unsupported, compile_rules
 
 log = logging.getLogger(__name__)
 
-# A chain pays when it lowers the cost by more than this share of the input graph's (float sums differ
-# in the last digits between the region as it is and with the step applied).
-CHAIN_EPS = 1e-9
 STOP_DONE = "no rewrite lowers the cost"
 STOP_ITERATIONS = "iteration limit"
 STOP_TIME = "time limit"
@@ -510,8 +507,7 @@ class _Engine:
         :meth:`.Lookahead.never`); then it does."""
         olds = {old for old, _ in plan.unions}
         if self.lookahead is None or not any(self.later_tables[self.stage] & self.facts.tables_naming(n)
-                                             for n in plan.dead | olds) or not self.lookahead.never(
-                self.rw, self.param_order, plan, self.stage, CHAIN_EPS * self.stats.cost_before_ns, self.banned):
+                                             for n in plan.dead | olds) or not self.lookahead.never(self, plan):
             return False
         self.banned |= olds
         return True
@@ -537,8 +533,7 @@ class _Engine:
         if self.lookahead is None or any(n not in plan.dead and self.nodes[n].kind is not Kind.LEAF
                                          and not any(self.reads(i, n, plan.new) for i in read) for n in inspected):
             return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
-        chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
-                                     CHAIN_EPS * self.stats.cost_before_ns, rival, self.banned)
+        chain = self.lookahead.chain(self, plan, rival)
         if chain is None:
             return None
         plan.delta, plan.chain = chain.gain_ns, chain
