@@ -240,30 +240,21 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             fields.append((("Input", (), f"v{k}"), nodes[n].shape, nodes[n].dtype, ()))
         return fresh[n]
 
-    for n in in_order(leaves):
+    for n in [*in_order(leaves), *in_order(boundary | inner)]:
         node = nodes[n]
+        if n in boundary and any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
+            local[n] = fresh_input(n)
+            continue
+        ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])  # (fresh: above the boundary)
         k = local[n] = len(cut)
         if node.op in NAMED_LEAVES:
             name = node.attrs["name"]
             head: tuple = (node.op, (), name if name in names else f"v{k}")
         else:
             own = key[n]
-            head = (own[0], (), own[2])  # node_key of the cut node
+            head = (own[0], ins, own[2])  # node_key of the cut node
         cut.append(node)
         fields.append((head, node.shape, node.dtype, node.parts))
-    for n in in_order(boundary | inner):  # no leaves: each has its key
-        node = nodes[n]
-        if n in boundary:
-            if any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
-                local[n] = fresh_input(n)
-                continue
-            ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])
-        else:
-            ins = tuple([local[i] for i in node.inputs])
-        own = key[n]
-        local[n] = len(cut)
-        cut.append(node)
-        fields.append(((own[0], ins, own[2]), node.shape, node.dtype, node.parts))
     outputs = set(rw.outputs) & (inner | boundary)
     outputs |= {n for n in inner | boundary if not inner.issuperset(readers[n])}
     back.update(zip(local.values(), local.keys(), strict=True))
