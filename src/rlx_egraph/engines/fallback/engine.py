@@ -237,9 +237,6 @@ class _Plan:
         self.uses |= watch - self.watch
         return self
 
-    def stale(self, touched: set[int], died: set[int]) -> bool:
-        return bool(self.watch & touched or self.uses & died)
-
 
 class _Engine:
     def __init__(self, graph: Graph, compiled: CompiledRules, target: Target, limits: FallbackLimits,
@@ -551,7 +548,7 @@ class _Engine:
                 break
             if self.known_forms(plan.unions, plan.forms):  # an earlier plan of this batch added them
                 continue
-            if plan.stale(touched, died):
+            if plan.watch & touched or plan.uses & died:  # an earlier commit changed what the plan relies on
                 if not plan.matcher.alive(plan.root):
                     continue
                 fresh = self.best_plan(plan.matcher, plan.root)
