@@ -174,19 +174,19 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     # Engines reopened on each region (compiling the rules takes longer): one for the blocks (stage None), which
     # asks the lookahead too, as the whole graph does, and one for the lookahead's questions.
     regions: dict[bool, _Engine] = {}
-    shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
+    lookahead: Lookahead | None = None  # (the closure's cell: set below, emptied at the end so that no cycle is left)
 
     def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
                   how: str, kept: frozenset[int]) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
-                                     shared[0] if block else None, deadline)
+                                     lookahead if block else None, deadline)
         return regions[block].run_region(region, levels, stage, step, how, kept)
 
     with gc_paused():
-        shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
-        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, shared[0], deadline)
+        lookahead = Lookahead(optimized, matched_names(compiled.patterns))
+        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, lookahead, deadline)
         engine.stats.phases["load"] = time.perf_counter() - start
         engine.replay()
         engine.optimize(STAGES)
@@ -195,7 +195,7 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
         # would otherwise scan the run's millions of objects just before they go.
         del engine
         regions.clear()
-        shared.clear()
+        lookahead = None
     return result
 
 
@@ -392,18 +392,16 @@ class _Engine:
             derive = self.fact_groups[stage]
             rewrites = [m for m in matchers if not m.pattern.facts_only]
             passes = 0
-            while True:
-                if passes >= self.limits.max_iterations:
-                    self.stats.stop_reason = STOP_ITERATIONS
-                    break
-                if self.out_of_time():
-                    break
+            while passes < self.limits.max_iterations and not self.out_of_time():
                 passes += 1
                 self.derive(derive)
                 entries = self.collect(rewrites)
                 forms = [e for e in entries if e[-1].forms]
                 if not (forms and self.commit(forms)) and not self.commit(entries):
                     break
+            else:  # out of passes (or of time: out_of_time says so)
+                if passes == self.limits.max_iterations:
+                    self.stats.stop_reason = STOP_ITERATIONS
             self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
             self.banned.clear()
             self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
