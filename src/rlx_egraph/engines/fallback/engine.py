@@ -772,9 +772,7 @@ class _Engine:
                 if check[4] is None:
                     check[4] = self.node_ns(n, lookup)
                 created.append(check[4])
-        costs, cost = self.costs, self.cost
-        freed = [known[1] if (known := costs.get(d)) is not None and known[0] is nodes[d] else cost(d) for d in dead]
-        return sum(created) - sum(freed), dead  # sum: compensated, as everywhere costs are added
+        return sum(created) - sum([self.cost(d) for d in dead]), dead  # sum: compensated, as everywhere costs are added
 
     def apply(self, plan: _Plan) -> None:
         """Make ``plan``: its new nodes (the types it checked: no re-check), unions, forms and helper rows."""
@@ -956,15 +954,11 @@ def _inputs(op: str, terms: list[Term], env: list, slots: Mapping[str, int], rul
     inputs: list[int] = []
     absent = False
     for s in terms:
-        values: list[Any]
-        if isinstance(s, Var):
-            values = [env[slots[s.name]]]
-        elif isinstance(s, Absent):
-            values = [ABSENT]
-        else:
-            assert isinstance(s, TensorList)
+        if isinstance(s, TensorList):
             values = [env[slots[i.name]] for i in s.items]  # type: ignore[union-attr]
             values += list(env[slots[s.rest.name]] if isinstance(s.rest, Var) else ())
+        else:
+            values = [ABSENT if isinstance(s, Absent) else env[slots[s.name]]]  # type: ignore[union-attr]
         for v in values:
             if v is ABSENT:
                 absent = True
