@@ -54,7 +54,7 @@ class NodePrices:
         except TypeError:  # unhashable attribute values (arrays): not remembered
             key, hit = None, None
         if hit is None:
-            hit = enode_ns(self, node.spec, node.attrs, [i.type for i in ins], node.type, reads_intermediate)
+            hit = enode_ns(self.target, node.spec, node.attrs, [i.type for i in ins], node.type, reads_intermediate)
             if key is not None:
                 self.graph_known[key] = hit
         return hit
