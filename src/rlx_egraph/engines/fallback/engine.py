@@ -547,16 +547,14 @@ class _Engine:
             if self.known_forms(plan.unions, plan.forms):  # an earlier plan of this batch added them
                 continue
             if plan.watch & touched or plan.uses & died:  # an earlier commit changed what the plan relies on
-                if not plan.matcher.alive(plan.root):
-                    continue
-                fresh = self.best_plan(plan.matcher, plan.root)
+                fresh = self.best_plan(plan.matcher, plan.root) if plan.matcher.alive(plan.root) else None
                 if fresh is None:
                     continue
                 plan = fresh
             first = self.rw.next_id  # the nodes this commit makes are numbered from here
             if plan.chain is not None:
                 self.transplant(plan.chain.run, plan.chain.back)
-                for rule, stats in plan.chain.run.rules.items():  # (a block's are counted per kind: see replay)
+                for rule, stats in plan.chain.run.rules.items():  # (replay counts a block's itself)
                     self.stats.rules[rule].commits += stats.commits
                 self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
             else:
