@@ -335,10 +335,8 @@ class _Engine:
     # --- the loop ----------------------------------------------------------------------
 
     def replay(self) -> None:
-        """Optimize the graph block by block (see :mod:`.blocks`): each block is cut out as a region, run
-        once per kind (the lookahead remembers regions by content) and transplanted when cheaper; nothing when no
-        two blocks look alike (the same ops and shapes in order), so that each block would be optimized once
-        anyway."""
+        """Optimize the graph block by block (docs/engines.md, Blocks; the lookahead remembers each kind's run), unless
+        no two blocks look alike (the same ops and shapes in order)."""
         pieces = blocks(self.rw) if self.lookahead is not None else []
         nodes = self.nodes
         looks: set[tuple] = set()
@@ -446,10 +444,8 @@ class _Engine:
 
     def contested(self, entries: list[tuple[float, float, int, Any, _Plan]]
                   ) -> list[tuple[float, float, int, Any, _Plan]]:
-        """``entries`` with each paying plan whose rival (a plan before it that would destroy it) the lookahead
-        says it beats moved first, by itself, those rooted nearer the inputs first (docs/engines.md, Lookahead).  Only
-        a plan that makes an op a later stage matches is asked, and not when its rival replaces every node it
-        replaces (the rival is then the larger fusion of the same nodes)."""
+        """``entries`` with each paying plan that the lookahead says beats its rival (a plan before it that would
+        destroy it) moved first, by itself (docs/engines.md, Lookahead, says which plans are asked)."""
         if self.chain is not None:  # in a lookahead's region: no questions
             return entries
         later = self.later_ops[self.stage]
@@ -821,10 +817,8 @@ class _Engine:
         return made
 
     def carry_rows(self, run: RegionRun, made: Mapping[int, int], back: Mapping[int, int]) -> None:
-        """Take in the helper rows a block's run derived, in the whole graph's node ids and param orders: the
-        passes over the whole graph go on from them, as a whole run goes on from its own rows (which also
-        name the nodes that rewrites replaced or dropped).  A row naming a node the block built and dropped
-        again is left out."""
+        """Take in the helper rows a block's run derived, in the whole graph's node ids and param orders
+        (docs/engines.md, Blocks); a row naming a node the block built and dropped again is left out."""
         orders = {k: self.param_order[back[p]] for p, k in run.param_order.items()}
         for table, args, value, writers in run.rows:
             columns = self.compiled.orders.get(table, ())
