@@ -221,11 +221,6 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
     leaves |= {i for b in boundary for i in nodes[b].inputs if nodes[i].kind is Kind.LEAF}
 
     level, key, order = rw.levels, rw.keys, param_order.get
-
-    def in_order(ids: set[int]) -> list[int]:
-        """``ids`` by level, then Params in graph order, then id."""
-        return [n for _, _, n in sorted([(level[n], order(n, -1), n) for n in ids])]
-
     cut: list[Node | None] = []  # per region node, the node it copies (None: a fresh input)
     fields: list[tuple] = []  # see _fields: computed as each node is cut, from the rewriter's keys
     local: dict[int, int] = {}
@@ -240,7 +235,8 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             fields.append((("Input", (), f"v{k}"), nodes[n].shape, nodes[n].dtype, ()))
         return fresh[n]
 
-    for n in [*in_order(leaves), *in_order(boundary | inner)]:
+    # leaves first, then by level, Params in graph order, id
+    for *_, n in sorted([(n not in leaves, level[n], order(n, -1), n) for n in leaves | boundary | inner]):
         node = nodes[n]
         if n in boundary and any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
             local[n] = fresh_input(n)
