@@ -102,8 +102,8 @@ class Lookahead:
         return never.cost_ns < self.run(region, engine.stage, None).cost_ns - margin
 
     def _cut(self, engine: _Engine, plans: list[_Plan]) -> tuple[Region, dict[int, int], dict[int, int], float]:
-        """A question about ``plans``, counted: their region in ``engine``'s graph (whose stage keeps the nodes
-        ``engine.banned``; see :func:`_region`), and the margin a chain must gain there (:data:`CHAIN_EPS`)."""
+        """Count a question about ``plans`` and cut their region out of ``engine``'s graph (its stage keeping the
+        nodes ``engine.banned``; see :func:`_region`); with the margin a chain must gain there (:data:`CHAIN_EPS`)."""
         self.asked += 1
         return (*_region(engine.rw, engine.param_order, plans, self.names, engine.banned),
                 CHAIN_EPS * engine.stats.cost_before_ns)
@@ -241,7 +241,7 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
         if n in boundary and any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
             local[n] = fresh_input(n)
             continue
-        ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])  # (fresh: above the boundary)
+        ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])  # (fresh: a boundary's)
         k = local[n] = len(cut)
         if node.op in NAMED_LEAVES:
             name = node.attrs["name"]
