@@ -276,8 +276,8 @@ class _Engine:
         params = (n.id for n in graph.nodes if n.op == "Param")
         self.param_order.clear()
         self.param_order.update((nid, k) for k, nid in enumerate(params))
-        self.stats = FallbackStats({p.base: RuleStats() for p in self.compiled.patterns},
-                                   list(self.compiled.unsupported), nodes_before=len(graph))
+        self.stats = FallbackStats(rules={p.base: RuleStats() for p in self.compiled.patterns},
+                                   unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
         self.costs: dict[int, tuple[Node, float]] = {}
         self.rules_of: dict[int, list[str]] = {}
         self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
