@@ -236,7 +236,7 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
         return fresh[n]
 
     # leaves first, then by level, Params in graph order, id
-    for *_, n in sorted([(n not in leaves, level[n], order(n, -1), n) for n in leaves | boundary | inner]):
+    for _, _, _, n in sorted([(n not in leaves, level[n], order(n, -1), n) for n in leaves | boundary | inner]):
         node = nodes[n]
         if n in boundary and any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
             local[n] = fresh_input(n)
