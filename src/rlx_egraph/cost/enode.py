@@ -45,11 +45,14 @@ class NodePrices:
 
     def graph_node_ns(self, node: Node, ins: list[Node]) -> float:
         """:func:`enode_ns` of a graph node reading ``ins``, remembered per (op, attributes, input and output shapes
-        and dtypes, whether it reads an intermediate): a leaf launches nothing, so its type alone decides."""
+        and dtypes, whether it reads an intermediate); a leaf launches nothing, so its type alone decides."""
         reads_intermediate = not LEAF_OPS.issuperset([i.op for i in ins])
+        if ins:
+            key: tuple | None = (node.op, tuple(node.attrs.items()) if node.attrs else (),
+                                 tuple([(i.shape, i.dtype) for i in ins]), node.shape, node.dtype, reads_intermediate)
+        else:
+            key = (node.op, node.shape, node.dtype)
         try:
-            key = (node.op, tuple(node.attrs.items()) if ins else (), tuple([(i.shape, i.dtype) for i in ins]),
-                   node.shape, node.dtype, reads_intermediate)
             hit = self.graph_known.get(key)
         except TypeError:  # unhashable attribute values (arrays): not remembered
             key, hit = None, None

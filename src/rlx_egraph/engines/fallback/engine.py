@@ -865,7 +865,7 @@ class _Engine:
         node = self.nodes[nid]
         known = self.costs.get(nid)
         if known is None or known[0] is not node:
-            known = self.costs[nid] = (node, self.node_ns(node, self.nodes.__getitem__))
+            known = self.costs[nid] = (node, self.prices.graph_node_ns(node, [self.nodes[i] for i in node.inputs]))
         return known[1]
 
     def dag_ns(self) -> float:
