@@ -71,9 +71,7 @@ class Lookahead:
     def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, str, frozenset[int]],
                                            RegionRun],
                  names: frozenset[str] = frozenset()) -> None:
-        # (region, its levels, stage, step) -> the region optimized from that stage on; with a step, the step is
-        # applied first and the chain that follows it is taken
-        self.optimized = optimized
+        self.optimized = optimized  # a region's run, as ``_Engine.run_region`` takes its arguments
         self.names = names  # names of leaves that rules match (see cut_out)
         self.runs: dict[tuple, RegionRun] = {}
         self.asked = 0  # chain starts asked about
