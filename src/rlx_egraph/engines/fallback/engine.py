@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...cost import Target, get_target
-from ...cost.enode import EPS, NodePrices
+from ...cost.enode import EPS, LEAF_OPS, NodePrices
 from ...ir.graph import Graph, GraphError, Node, check_node
 from ...ir.provenance import Fusion, fold_projections
-from ...ir.registry import REGISTRY, Kind, ops_of_kind
+from ...ir.registry import REGISTRY, Kind
 from ...ir.rewrite import GraphRewriter
 from ...rules import (
     STAGES,
@@ -56,7 +56,6 @@ NO_GAIN = "does not lower the cost"
 KNOWN_FORM = "the node already has this form"
 BANNED = "a later stage's chain pays more without it"
 TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
-LEAF_OPS = ops_of_kind(Kind.LEAF)
 
 
 @dataclass(frozen=True)
