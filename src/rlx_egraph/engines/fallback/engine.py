@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...cost import Target, get_target
-from ...cost.enode import EPS, enode_ns
+from ...cost.enode import EPS, LEAF_OPS, NodePrices
 from ...ir.graph import Graph, GraphError, Node, check_node
 from ...ir.provenance import Fusion, fold_projections
-from ...ir.registry import REGISTRY, Kind, ops_of_kind
+from ...ir.registry import REGISTRY, Kind
 from ...ir.rewrite import GraphRewriter
 from ...rules import (
     STAGES,
@@ -43,15 +43,12 @@ from ...rules.signatures import constructor_args
 from ..budget import Deadline, gc_paused
 from .blocks import blocks
 from .facts import ABSENT, Facts, compile_term
-from .lookahead import ALONE, FOLLOW, NEVER, Chain, Lookahead, RegionRun, cut_out, matched_names
+from .lookahead import ALONE, CHAIN_EPS, FOLLOW, NEVER, Chain, Lookahead, RegionRun, cut_out, matched_names
 from .matcher import ArrayValue, Matcher, compile_matcher, plan_matcher
 from .pattern import CompiledRules, CompileError, Unsupported, compile_rules
 
 log = logging.getLogger(__name__)
 
-# A chain pays when it lowers the cost by more than this share of the input graph's (float sums differ
-# in the last digits between the region as it is and with the step applied).
-CHAIN_EPS = 1e-9
 STOP_DONE = "no rewrite lowers the cost"
 STOP_ITERATIONS = "iteration limit"
 STOP_TIME = "time limit"
@@ -59,7 +56,6 @@ NO_GAIN = "does not lower the cost"
 KNOWN_FORM = "the node already has this form"
 BANNED = "a later stage's chain pays more without it"
 TYPE_TABLES = frozenset({"shape", "dtype"})  # tables the op registry already fills for every node
-LEAF_OPS = ops_of_kind(Kind.LEAF)
 
 
 @dataclass(frozen=True)
@@ -177,19 +173,19 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
     # Engines reopened on each region (compiling the rules takes longer): one for the blocks (stage None), which
     # asks the lookahead too, as the whole graph does, and one for the lookahead's questions.
     regions: dict[bool, _Engine] = {}
-    shared: list[Lookahead] = []  # the lookahead the blocks' engine asks (emptied at the end: no cycle is left)
+    lookahead: Lookahead | None = None  # (the closure's cell: set below, emptied at the end so that no cycle is left)
 
     def optimized(region: Graph, levels: tuple[float, ...], stage: str | None, step: _Plan | None,
                   how: str, kept: frozenset[int]) -> RegionRun:
         block = stage is None
         if block not in regions:
             regions[block] = _Engine(region, compiled, tgt, limits, attention_block_max_tokens,
-                                     shared[0] if block else None, deadline)
+                                     lookahead if block else None, deadline)
         return regions[block].run_region(region, levels, stage, step, how, kept)
 
     with gc_paused():
-        shared.append(Lookahead(optimized, matched_names(compiled.patterns)))
-        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, shared[0], deadline)
+        lookahead = Lookahead(optimized, matched_names(compiled.patterns))
+        engine = _Engine(graph, compiled, tgt, limits, attention_block_max_tokens, lookahead, deadline)
         engine.stats.phases["load"] = time.perf_counter() - start
         engine.replay()
         engine.optimize(STAGES)
@@ -198,7 +194,7 @@ def run(graph: Graph, ruleset: RuleSet | Any = None, target: str | Target = "cpu
         # would otherwise scan the run's millions of objects just before they go.
         del engine
         regions.clear()
-        shared.clear()
+        lookahead = None
     return result
 
 
@@ -240,9 +236,6 @@ class _Plan:
         self.uses |= watch - self.watch
         return self
 
-    def stale(self, touched: set[int], died: set[int]) -> bool:
-        return bool(self.watch & touched or self.uses & died)
-
 
 class _Engine:
     def __init__(self, graph: Graph, compiled: CompiledRules, target: Target, limits: FallbackLimits,
@@ -255,20 +248,13 @@ class _Engine:
         self.param_order: dict[int, int] = {}
         self.facts = Facts(self.rw, compiled.tables, self.param_order, attention_block_max_tokens, compiled.tracked)
         self.nodes = self.rw.nodes_by_id
-        self.stats = FallbackStats()
-        self.costs: dict[int, tuple[Node, float]] = {}
-        self.rules_of: dict[int, list[str]] = {}
-        self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
-        self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
-        self.chain_rule = ""  # the rule of the chain's first step
-        self.alone = False  # in such a region: only the chain's steps are taken
+        self.prices = NodePrices(target)
+        self.checks: dict[tuple, list] = {}  # see checked()
+        self.chain_rule = ""  # in a lookahead's region: the rule of the chain's first step
         self.banned: set[int] = set()  # nodes the rules of this stage must not replace (see Lookahead.never)
-        self.stage = STAGES[0]
-        self.start(graph)
         self.matchers: dict[str, list[Matcher]] = {stage: [] for stage in STAGES}
         for p in compiled.patterns:
-            self.matchers[p.stage].append(compile_matcher(p, self.facts,
-                                                          compiled.plans.get(p.name)))
+            self.matchers[p.stage].append(compile_matcher(p, self.facts, compiled.plans.get(p.name)))
         self.programs = {m.pattern.name: _compile_actions(m, self.facts) for ms in self.matchers.values()
                          for m in ms}
         # per pattern: the helper-relation rows its query reads (see relied)
@@ -282,21 +268,22 @@ class _Engine:
                                            if isinstance(atom, NodePattern)) for stage, rules in later.items()}
         self.later_tables = {stage: frozenset(t for p in rules for t in p.tables_read)
                              for stage, rules in later.items()}
-        self.signature_costs: dict[tuple, float] = {}
-        self.checks: dict[tuple, list] = {}  # see checked()
-        self.stats.cost_before_ns = self.dag_ns()
+        self.start(graph)
 
     def start(self, graph: Graph) -> None:
         """Per-graph state, fresh (the rewriter is open on ``graph``)."""
         params = (n.id for n in graph.nodes if n.op == "Param")
         self.param_order.clear()
         self.param_order.update((nid, k) for k, nid in enumerate(params))
-        self.stats = FallbackStats(unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
-        for p in self.compiled.patterns:
-            self.stats.rules.setdefault(p.base, RuleStats())
-        for cache in (self.costs, self.rules_of, self.relied_of):
-            cache.clear()
-        self.chain, self.stage, self.alone = None, STAGES[0], False
+        self.stats = FallbackStats(rules={p.base: RuleStats() for p in self.compiled.patterns},
+                                   unsupported=list(self.compiled.unsupported), nodes_before=len(graph))
+        self.costs: dict[int, tuple[Node, float]] = {}
+        self.rules_of: dict[int, list[str]] = {}
+        self.relied_of: dict[int, tuple[str, ...]] = {}  # node -> the rules that wrote the helper rows its rules read
+        self.chain: set[int] | None = None  # in a lookahead's region: the nodes of the chain being followed
+        self.alone = False  # in such a region: only the chain's steps are taken
+        self.stage = STAGES[0]
+        self.stats.cost_before_ns = self.dag_ns()
 
     def reopen(self, graph: Graph, levels: Sequence[float] | None = None) -> None:
         """Start over on ``graph`` with the rules compiled for this engine (their tables are reused); ``levels``:
@@ -304,7 +291,6 @@ class _Engine:
         self.rw.reopen(graph, levels)
         self.facts.clear()
         self.start(graph)
-        self.stats.cost_before_ns = self.dag_ns()
 
     def run_region(self, region: Graph, levels: Sequence[float], stage: str | None, step: _Plan | None,
                    how: str = FOLLOW, kept: frozenset[int] = frozenset()) -> RegionRun:
@@ -348,10 +334,8 @@ class _Engine:
     # --- the loop ----------------------------------------------------------------------
 
     def replay(self) -> None:
-        """Optimize the graph block by block (see :mod:`.blocks`): each block is cut out as a region, run
-        once per kind (the lookahead remembers regions by content) and transplanted when cheaper; nothing when no
-        two blocks look alike (the same ops and shapes in order), so that each block would be optimized once
-        anyway."""
+        """Optimize the graph block by block (docs/engines.md, Blocks; the lookahead remembers each kind's run), unless
+        no two blocks look alike (the same ops and shapes in order)."""
         pieces = blocks(self.rw) if self.lookahead is not None else []
         nodes = self.nodes
         looks: set[tuple] = set()
@@ -364,7 +348,6 @@ class _Engine:
             return
         t0 = time.perf_counter()
         margin = CHAIN_EPS * self.stats.cost_before_ns
-        tallies: dict[int, list] = {}  # id of a kind's run -> [run, blocks of that kind, blocks transplanted]
         for block in pieces:
             if self.out_of_time():
                 break
@@ -373,21 +356,19 @@ class _Engine:
             run = self.lookahead.run(region, None, None)
             if run.stop_reason != STOP_DONE and self.stats.stop_reason == STOP_DONE:
                 self.stats.stop_reason = run.stop_reason
-            tally = tallies.setdefault(id(run), [run, 0, 0])
-            tally[1] += 1
-            if run.cost_ns < run.before_ns - margin:
+            transplanted = run.cost_ns < run.before_ns - margin
+            if transplanted:
                 made = self.transplant(run, back)
                 self.carry_rows(run, made, back)
-                tally[2] += 1
-            self.stats.blocks += 1
-        for run, times, transplanted in tallies.values():  # each kind's stats once, times its blocks
-            for rule, stats in run.rules.items():
+            for rule, stats in run.rules.items():  # its kind's stats, once per block of that kind
                 mine = self.stats.rules[rule]
-                mine.matches += stats.matches * times
+                mine.matches += stats.matches
                 for reason, rejected in stats.rejected.items():
-                    mine.reject(reason, rejected * times)
-                mine.commits += stats.commits * transplanted
-                mine.chain_starts += stats.chain_starts * transplanted
+                    mine.reject(reason, rejected)
+                if transplanted:
+                    mine.commits += stats.commits
+                    mine.chain_starts += stats.chain_starts
+            self.stats.blocks += 1
         self.stats.phases["replay"] = time.perf_counter() - t0
 
     def out_of_time(self) -> bool:
@@ -408,18 +389,16 @@ class _Engine:
             derive = self.fact_groups[stage]
             rewrites = [m for m in matchers if not m.pattern.facts_only]
             passes = 0
-            while True:
-                if passes >= self.limits.max_iterations:
-                    self.stats.stop_reason = STOP_ITERATIONS
-                    break
-                if self.out_of_time():
-                    break
+            while passes < self.limits.max_iterations and not self.out_of_time():
                 passes += 1
                 self.derive(derive)
                 entries = self.collect(rewrites)
                 forms = [e for e in entries if e[-1].forms]
                 if not (forms and self.commit(forms)) and not self.commit(entries):
                     break
+            else:  # out of passes (or of time: out_of_time says so)
+                if passes == self.limits.max_iterations:
+                    self.stats.stop_reason = STOP_ITERATIONS
             self.stats.passes[stage] = self.stats.passes.get(stage, 0) + passes
             self.banned.clear()
             self.stats.phases[stage] = self.stats.phases.get(stage, 0.0) + time.perf_counter() - t0
@@ -464,10 +443,8 @@ class _Engine:
 
     def contested(self, entries: list[tuple[float, float, int, Any, _Plan]]
                   ) -> list[tuple[float, float, int, Any, _Plan]]:
-        """``entries`` with each paying plan whose rival (a plan before it that would destroy it) the lookahead
-        says it beats moved first, by itself, those rooted nearer the inputs first (docs/engines.md, Lookahead).  Only
-        a plan that makes an op a later stage matches is asked, and not when its rival replaces every node it
-        replaces (the rival is then the larger fusion of the same nodes)."""
+        """``entries`` with each paying plan that the lookahead says beats its rival (a plan before it that would
+        destroy it) moved first, by itself (docs/engines.md, Lookahead, says which plans are asked)."""
         if self.chain is not None:  # in a lookahead's region: no questions
             return entries
         later = self.later_ops[self.stage]
@@ -520,8 +497,7 @@ class _Engine:
         :meth:`.Lookahead.never`); then it does."""
         olds = {old for old, _ in plan.unions}
         if self.lookahead is None or not any(self.later_tables[self.stage] & self.facts.tables_naming(n)
-                                             for n in plan.dead | olds) or not self.lookahead.never(
-                self.rw, self.param_order, plan, self.stage, CHAIN_EPS * self.stats.cost_before_ns, self.banned):
+                                             for n in plan.dead | olds) or not self.lookahead.never(self, plan):
             return False
         self.banned |= olds
         return True
@@ -547,8 +523,7 @@ class _Engine:
         if self.lookahead is None or any(n not in plan.dead and self.nodes[n].kind is not Kind.LEAF
                                          and not any(self.reads(i, n, plan.new) for i in read) for n in inspected):
             return None  # the new nodes compute again a matched node that stays alive: a chain cannot undo that
-        chain = self.lookahead.chain(self.rw, self.param_order, plan, self.stage,
-                                     CHAIN_EPS * self.stats.cost_before_ns, rival, self.banned)
+        chain = self.lookahead.chain(self, plan, rival)
         if chain is None:
             return None
         plan.delta, plan.chain = chain.gain_ns, chain
@@ -566,17 +541,15 @@ class _Engine:
                 break
             if self.known_forms(plan.unions, plan.forms):  # an earlier plan of this batch added them
                 continue
-            if plan.stale(touched, died):
-                if not plan.matcher.alive(plan.root):
-                    continue
-                fresh = self.best_plan(plan.matcher, plan.root)
+            if plan.watch & touched or plan.uses & died:  # an earlier commit changed what the plan relies on
+                fresh = self.best_plan(plan.matcher, plan.root) if plan.matcher.alive(plan.root) else None
                 if fresh is None:
                     continue
                 plan = fresh
             first = self.rw.next_id  # the nodes this commit makes are numbered from here
             if plan.chain is not None:
                 self.transplant(plan.chain.run, plan.chain.back)
-                for rule, stats in plan.chain.run.rules.items():  # (a block's are counted per kind: see replay)
+                for rule, stats in plan.chain.run.rules.items():  # (replay counts a block's itself)
                     self.stats.rules[rule].commits += stats.commits
                 self.stats.rules[plan.matcher.pattern.base].chain_starts += 1
             else:
@@ -618,10 +591,8 @@ class _Engine:
             try:
                 if kind == BUILD:
                     nid = rw.next_id + len(new)
-                    op, attr_terms, input_slots, input_terms, out = compiled
-                    inputs = [env[k] for k in input_slots] if input_slots is not None else None
-                    if inputs is None or ABSENT in inputs:
-                        inputs = _inputs(op, input_terms, env, slots, pattern.base)
+                    op, attr_terms, input_terms, out = compiled
+                    inputs = _inputs(op, input_terms, env, slots, pattern.base)
                     attrs = {name: _plain(ev(env)) for name, ev in attr_terms}
                     node, check = self.checked(nid, op, inputs, attrs, lookup)
                     same = rw.existing(node) if not any(i in new for i in node.inputs) else None
@@ -794,9 +765,7 @@ class _Engine:
                 if check[4] is None:
                     check[4] = self.node_ns(n, lookup)
                 created.append(check[4])
-        costs, cost = self.costs, self.cost
-        freed = [known[1] if (known := costs.get(d)) is not None and known[0] is nodes[d] else cost(d) for d in dead]
-        return sum(created) - sum(freed), dead  # sum: compensated, as everywhere costs are added
+        return sum(created) - sum([self.cost(d) for d in dead]), dead  # sum: compensated, as everywhere costs are added
 
     def apply(self, plan: _Plan) -> None:
         """Make ``plan``: its new nodes (the types it checked: no re-check), unions, forms and helper rows."""
@@ -847,10 +816,8 @@ class _Engine:
         return made
 
     def carry_rows(self, run: RegionRun, made: Mapping[int, int], back: Mapping[int, int]) -> None:
-        """Take in the helper rows a block's run derived, in the whole graph's node ids and param orders: the
-        passes over the whole graph go on from them, as a whole run goes on from its own rows (which also
-        name the nodes that rewrites replaced or dropped).  A row naming a node the block built and dropped
-        again is left out."""
+        """Take in the helper rows a block's run derived, in the whole graph's node ids and param orders
+        (docs/engines.md, Blocks); a row naming a node the block built and dropped again is left out."""
         orders = {k: self.param_order[back[p]] for p, k in run.param_order.items()}
         for table, args, value, writers in run.rows:
             columns = self.compiled.orders.get(table, ())
@@ -889,34 +856,15 @@ class _Engine:
     # --- costs -----------------------------------------------------------------------------
 
     def node_ns(self, node: Node, lookup: Callable[[int], Node]) -> float:
-        """:func:`enode_ns` of a node, remembered per (op, attributes, input and output types).
-        A leaf launches nothing, so its type alone decides (its name is not part of the key)."""
-        if not node.inputs:
-            key: tuple | None = (node.op, node.shape, node.dtype)
-            cost = self.signature_costs.get(key)
-            if cost is None:
-                cost = self.signature_costs[key] = enode_ns(self.target, node.spec, node.attrs, [], node.type, False)
-            return cost
-        ins = [lookup(i) for i in node.inputs]
-        reads_intermediate = not LEAF_OPS.issuperset([i.op for i in ins])
-        key = (node.op, tuple(node.attrs.values()) if node.attrs else (), tuple([(i.shape, i.dtype) for i in ins]),
-               node.shape, node.dtype, reads_intermediate)
-        try:
-            cost = self.signature_costs.get(key)
-        except TypeError:  # unhashable attributes
-            key, cost = None, None
-        if cost is None:
-            cost = enode_ns(self.target, node.spec, node.attrs, [i.type for i in ins], node.type, reads_intermediate)
-            if key is not None:
-                self.signature_costs[key] = cost
-        return cost
+        """:func:`enode_ns` of a node (see :meth:`NodePrices.graph_node_ns`)."""
+        return self.prices.graph_node_ns(node, [lookup(i) for i in node.inputs])
 
     def cost(self, nid: int) -> float:
         """A live node's cost, remembered while the node record stays the same (not rewired)."""
         node = self.nodes[nid]
         known = self.costs.get(nid)
         if known is None or known[0] is not node:
-            known = self.costs[nid] = (node, self.node_ns(node, self.nodes.__getitem__))
+            known = self.costs[nid] = (node, self.prices.graph_node_ns(node, [self.nodes[i] for i in node.inputs]))
         return known[1]
 
     def dag_ns(self) -> float:
@@ -974,12 +922,9 @@ def _compile_actions(matcher: Matcher, facts: Facts) -> list[tuple[int, Any]]:
     for action in matcher.pattern.actions:
         if isinstance(action, Let) and isinstance(term := action.term, OpTerm):
             args = list(zip(constructor_args(REGISTRY[term.op]), term.args, strict=True))
-            inputs = [t for arg, t in args if arg.is_input]
-            # the attributes' evaluators, and the inputs' slots when each input is one variable (most rules)
             out.append((BUILD, (term.op, [(arg.name, compile_term(t, slots, facts)) for arg, t in args
                                           if not arg.is_input],
-                                tuple(slots[t.name] for t in inputs) if all(isinstance(t, Var) for t in inputs)
-                                else None, inputs, slots[action.var])))
+                                [t for arg, t in args if arg.is_input], slots[action.var])))
         elif isinstance(action, Let):
             out.append((COMPUTE, (slots[action.var], compile_term(action.term, slots, facts))))
         elif isinstance(action, Union):
@@ -1000,15 +945,11 @@ def _inputs(op: str, terms: list[Term], env: list, slots: Mapping[str, int], rul
     inputs: list[int] = []
     absent = False
     for s in terms:
-        values: list[Any]
-        if isinstance(s, Var):
-            values = [env[slots[s.name]]]
-        elif isinstance(s, Absent):
-            values = [ABSENT]
-        else:
-            assert isinstance(s, TensorList)
+        if isinstance(s, TensorList):
             values = [env[slots[i.name]] for i in s.items]  # type: ignore[union-attr]
             values += list(env[slots[s.rest.name]] if isinstance(s.rest, Var) else ())
+        else:
+            values = [ABSENT if isinstance(s, Absent) else env[slots[s.name]]]  # type: ignore[union-attr]
         for v in values:
             if v is ABSENT:
                 absent = True

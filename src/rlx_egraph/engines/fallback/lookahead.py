@@ -23,8 +23,11 @@ from ...ir.rewrite import GraphRewriter, node_key
 from ...rules import Lit, Pattern, Rule
 
 if TYPE_CHECKING:
-    from .engine import RuleStats, _Plan
+    from .engine import RuleStats, _Engine, _Plan
 
+# A chain (or a block's run) pays when it lowers the cost by more than this share of the input graph's (float sums
+# differ in the last digits between the region as it is and with the step applied).
+CHAIN_EPS = 1e-9
 DEPTH = 5  # levels of readers below the replaced nodes the region takes in (MPT reads its scores 5 down)
 HEIGHT = 4  # levels of inputs above those (an attention's packed projection is 4 above its matmuls)
 NAMED_LEAVES = frozenset({"Input", "Param"})
@@ -68,39 +71,40 @@ class Lookahead:
     def __init__(self, optimized: Callable[[Graph, tuple[float, ...], str | None, _Plan | None, str, frozenset[int]],
                                            RegionRun],
                  names: frozenset[str] = frozenset()) -> None:
-        # (region, its levels, stage, step) -> the region optimized from that stage on; with a step, the step is
-        # applied first and the chain that follows it is taken
-        self.optimized = optimized
+        self.optimized = optimized  # a region's run, as ``_Engine.run_region`` takes its arguments
         self.names = names  # names of leaves that rules match (see cut_out)
         self.runs: dict[tuple, RegionRun] = {}
         self.asked = 0  # chain starts asked about
 
-    def chain(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
-              margin_ns: float, rival: _Plan | None = None, kept: Collection[int] = ()) -> Chain | None:
-        """The chain ``plan`` starts, if it lowers the region's cost by more than ``margin_ns`` below the region
-        run without it; with ``rival``, a step ``plan`` excludes, below the region (around both) run with
-        ``rival`` and the chain that follows it.  ``kept``: nodes the rules of ``stage`` must not replace."""
-        self.asked += 1
-        region, local, back = _region(rw, param_order, [plan] if rival is None else [plan, rival], self.names, kept)
+    def chain(self, engine: _Engine, plan: _Plan, rival: _Plan | None = None) -> Chain | None:
+        """The chain ``plan`` starts in ``engine``'s graph and stage, if it lowers the region's cost by more than the
+        margin below the region run without it; with ``rival``, a step ``plan`` excludes, below the region (around
+        both) run with ``rival`` and the chain that follows it."""
+        region, local, back, margin = self._cut(engine, [plan] if rival is None else [plan, rival])
         step = _local_step(plan, dict(local), len(region))
-        taken = self.run(region, stage, step)
-        if taken.cost_ns >= taken.before_ns - margin_ns:  # not even below the region as it is
+        taken = self.run(region, engine.stage, step)
+        if taken.cost_ns >= taken.before_ns - margin:  # not even below the region as it is
             return None
         other = None if rival is None else _local_step(rival, dict(local), len(region))
-        gain = taken.cost_ns - self.run(region, stage, other).cost_ns
-        if gain >= -margin_ns:
+        gain = taken.cost_ns - self.run(region, engine.stage, other).cost_ns
+        if gain >= -margin:
             return None
-        alone = self.run(region, stage, step, ALONE)
-        return Chain(gain, alone if alone.rest_ns <= taken.cost_ns + margin_ns else taken, back)
+        alone = self.run(region, engine.stage, step, ALONE)
+        return Chain(gain, alone if alone.rest_ns <= taken.cost_ns + margin else taken, back)
 
-    def never(self, rw: GraphRewriter, param_order: Mapping[int, int], plan: _Plan, stage: str,
-              margin_ns: float, kept: Collection[int]) -> bool:
-        """Whether the region around ``plan`` (a step that pays) ends cheaper by more than ``margin_ns`` when the
-        rules of ``stage`` keep the nodes ``plan`` replaces (and ``kept``) than when it runs as it is."""
+    def never(self, engine: _Engine, plan: _Plan) -> bool:
+        """Whether the region around ``plan`` (a step that pays) ends cheaper by more than the margin when the rules
+        of ``engine``'s stage keep the nodes ``plan`` replaces than when it runs as it is."""
+        region, local, _, margin = self._cut(engine, [plan])
+        never = self.run(region, engine.stage, _local_step(plan, local, len(region)), NEVER)
+        return never.cost_ns < self.run(region, engine.stage, None).cost_ns - margin
+
+    def _cut(self, engine: _Engine, plans: list[_Plan]) -> tuple[Region, dict[int, int], dict[int, int], float]:
+        """Count a question about ``plans`` and cut their region out of ``engine``'s graph (its stage keeping the
+        nodes ``engine.banned``; see :func:`_region`); with the margin a chain must gain there (:data:`CHAIN_EPS`)."""
         self.asked += 1
-        region, local, _ = _region(rw, param_order, [plan], self.names, kept)
-        never = self.run(region, stage, _local_step(plan, local, len(region)), NEVER)
-        return never.cost_ns < self.run(region, stage, None).cost_ns - margin_ns
+        return (*_region(engine.rw, engine.param_order, plans, self.names, engine.banned),
+                CHAIN_EPS * engine.stats.cost_before_ns)
 
     def run(self, region: Region, stage: str | None, step: _Plan | None, how: str = FOLLOW) -> RegionRun:
         """``region`` optimized from ``stage`` on (None: as a whole run, see ``_Engine.replay``), with ``step``
@@ -215,11 +219,6 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
     leaves |= {i for b in boundary for i in nodes[b].inputs if nodes[i].kind is Kind.LEAF}
 
     level, key, order = rw.levels, rw.keys, param_order.get
-
-    def in_order(ids: set[int]) -> list[int]:
-        """``ids`` by level, then Params in graph order, then id."""
-        return [n for _, _, n in sorted([(level[n], order(n, -1), n) for n in ids])]
-
     cut: list[Node | None] = []  # per region node, the node it copies (None: a fresh input)
     fields: list[tuple] = []  # see _fields: computed as each node is cut, from the rewriter's keys
     local: dict[int, int] = {}
@@ -234,30 +233,22 @@ def cut_out(rw: GraphRewriter, param_order: Mapping[int, int], inner: set[int], 
             fields.append((("Input", (), f"v{k}"), nodes[n].shape, nodes[n].dtype, ()))
         return fresh[n]
 
-    for n in in_order(leaves):
+    # leaves first, then by level, Params in graph order, id
+    for _, _, _, n in sorted([(n not in leaves, level[n], order(n, -1), n) for n in leaves | boundary | inner]):
         node = nodes[n]
+        if n in boundary and any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
+            local[n] = fresh_input(n)
+            continue
+        ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])  # (fresh: a boundary's)
         k = local[n] = len(cut)
         if node.op in NAMED_LEAVES:
             name = node.attrs["name"]
             head: tuple = (node.op, (), name if name in names else f"v{k}")
         else:
             own = key[n]
-            head = (own[0], (), own[2])  # node_key of the cut node
+            head = (own[0], ins, own[2])  # node_key of the cut node
         cut.append(node)
         fields.append((head, node.shape, node.dtype, node.parts))
-    for n in in_order(boundary | inner):  # no leaves: each has its key
-        node = nodes[n]
-        if n in boundary:
-            if any(nodes[i].dtype == "tuple" for i in node.inputs):  # a projection: an input itself
-                local[n] = fresh_input(n)
-                continue
-            ins = tuple([local[i] if i in local else fresh_input(i) for i in node.inputs])
-        else:
-            ins = tuple([local[i] for i in node.inputs])
-        own = key[n]
-        local[n] = len(cut)
-        cut.append(node)
-        fields.append(((own[0], ins, own[2]), node.shape, node.dtype, node.parts))
     outputs = set(rw.outputs) & (inner | boundary)
     outputs |= {n for n in inner | boundary if not inner.issuperset(readers[n])}
     back.update(zip(local.values(), local.keys(), strict=True))
