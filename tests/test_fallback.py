@@ -22,7 +22,7 @@ from rlx_egraph.engines.fallback import CompiledRules, FallbackLimits, load, run
 from rlx_egraph.engines.fallback.blocks import MIN_BLOCK, blocks
 from rlx_egraph.engines.fallback.engine import BANNED, NO_GAIN, _Engine, compile_rules
 from rlx_egraph.engines.fallback.facts import Facts
-from rlx_egraph.engines.fallback.matcher import plan_matcher, schedule
+from rlx_egraph.engines.fallback.matcher import compile_matcher, plan_matcher, schedule
 from rlx_egraph.ir.decompose import decompose
 from rlx_egraph.ir.graph import Node, check_node
 from rlx_egraph.ir.registry import REGISTRY, OpSpec
@@ -1806,6 +1806,30 @@ def test_helper_rows_follow_replaced_nodes():
     assert facts.rows["r"] == {(c, 7): True}
     assert facts.rows["f"] == {(b,): c}
     assert facts.lookup("r", ((0, c),)) == [((c, 7), True)]
+
+
+SELF_KEPT = """\
+;; a lookup whose value is the variable its own argument column binds
+(relation seen (Op))
+(function keeps (Op) Op :merge old)
+(rule ((seen ?a) (= ?n (keeps ?n))) ((seen ?n)) :ruleset simplify :name "kept-by-itself")
+"""
+
+
+def test_a_lookup_compares_its_value_with_the_variable_its_own_column_binds(tmp_path):
+    g = Graph()
+    x = g.input("x", X)
+    relu, exp = g.relu(x), g.exp(x)
+    g.set_outputs([relu, exp])
+    compiled = load(write(tmp_path, SELF_KEPT))
+    [pattern] = [p for p in compiled.patterns if p.base == "kept-by-itself"]
+    facts = Facts(GraphRewriter(g), compiled.tables, {}, 64)
+    facts.insert("seen", (relu,))
+    facts.set("keeps", (relu,), relu)  # kept by itself
+    facts.set("keeps", (exp,), x)  # kept by another node
+    matcher = compile_matcher(pattern, facts, compiled.plans[pattern.name])
+    found = [match[matcher.slots["?n"]] for root in matcher.roots() for match in matcher.run(root)]
+    assert found == [relu]
 
 
 def test_forms_follow_replaced_nodes():
